@@ -1,0 +1,112 @@
+"""The ``appliance`` command.
+
+Subcommands: ``up`` (everything on one host), ``relay``, ``transceiver``, ``signaling``
+(one role each), ``ufrag mint|decode`` (inspect routing hints). Each role lives in a module
+with ``add_arguments(parser)`` and ``run(args) -> int``; this file only wires them up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+
+from .proto.ufrag import UfragCodec, UfragError, load_secrets
+
+# (subcommand, module, one-line help). A role appears here only once it really runs.
+ROLES: list[tuple[str, str, str]] = []
+
+
+def _read_secrets(path: str) -> list[bytes]:
+    try:
+        with open(path, "rb") as f:
+            return load_secrets(f.read())
+    except OSError as exc:
+        raise SystemExit(f"appliance: cannot read secret file {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise SystemExit(f"appliance: {path}: {exc}") from None
+
+
+def _ufrag_mint(args: argparse.Namespace) -> int:
+    codec = UfragCodec(_read_secrets(args.secret_file))
+    try:
+        print(codec.mint(cluster=args.cluster, transceiver=args.transceiver))
+    except ValueError as exc:
+        print(f"appliance ufrag mint: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _ufrag_decode(args: argparse.Namespace) -> int:
+    codec = UfragCodec(_read_secrets(args.secret_file))
+    # Accept a whole STUN USERNAME ("server:client") too: the server ufrag is before ':'.
+    ufrag = args.ufrag.split(":", 1)[0]
+    try:
+        hint = codec.decode_untrusted(ufrag)
+    except UfragError as exc:
+        print(f"invalid ufrag ({exc.hint}): {exc}", file=sys.stderr)
+        return 1
+    fields = {
+        "version": hint.version,
+        "cluster": hint.cluster,
+        "transceiver": hint.transceiver,
+        "nonce": hint.nonce.hex(),
+    }
+    if args.json:
+        print(json.dumps(fields))
+    else:
+        for k, v in fields.items():
+            print(f"{k}: {v}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="appliance",
+        description=(
+            "A self-hosted WebRTC voice front door for AI agents: one public UDP port, "
+            "packets routed by ICE ufrag to the transceiver that owns the session."
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    for name, module, help_text in ROLES:
+        mod = importlib.import_module(module)
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        mod.add_arguments(p)
+        p.set_defaults(func=mod.run)
+
+    uf = sub.add_parser("ufrag", help="mint or decode server ufrags (routing hints)",
+                        description="Mint or decode server ufrags (routing hints).")
+    ufsub = uf.add_subparsers(dest="ufrag_command", metavar="ACTION", required=True)
+    mint = ufsub.add_parser("mint", help="print a fresh server ufrag",
+                            description="Print a fresh server ufrag for a transceiver.")
+    mint.add_argument("--transceiver", type=int, required=True, metavar="K",
+                      help="transceiver id (0..65535)")
+    mint.add_argument("--cluster", type=int, default=0, metavar="C",
+                      help="cluster id (0..65535, default 0)")
+    mint.add_argument("--secret-file", required=True, metavar="F",
+                      help="routing secret file (one secret per line, hex or text)")
+    mint.set_defaults(func=_ufrag_mint)
+    dec = ufsub.add_parser("decode", help="print a ufrag's fields, or why it is invalid",
+                           description="Verify a server ufrag and print its fields; exits 1 "
+                           "with a one-line reason when it is invalid.")
+    dec.add_argument("ufrag", help="the server ufrag (or a whole 'server:client' USERNAME)")
+    dec.add_argument("--secret-file", required=True, metavar="F",
+                     help="routing secret file (one secret per line, hex or text)")
+    dec.add_argument("--json", action="store_true", help="print the fields as JSON")
+    dec.set_defaults(func=_ufrag_decode)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    rc: int = args.func(args)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Configuration: embedded defaults < TOML config file < command-line flags.
+
+A config file is TOML with one table per role plus shared keys::
+
+    secret_file = "/var/lib/appliance/routing.secret"   # shared by every role
+    state_dir = "/var/lib/appliance"
+    cluster = 0
+
+    [up]
+    http = "127.0.0.1:8080"
+    udp = "0.0.0.0:3478"
+    transceivers = 2
+    relay_workers = 1
+
+    [relay]
+    listen = "0.0.0.0:3478"
+    transceivers = { 0 = "127.0.0.1:4000", 1 = "127.0.0.1:4001" }
+
+Every role's argparse flags default to ``None``; :func:`resolve` fills what the command line
+left unset from the file, then from the role's defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(Exception):
+    """The config file is missing, unreadable or not valid TOML."""
+
+
+def load_config(path: str | Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+
+
+def resolve(
+    args: argparse.Namespace, config: Mapping[str, Any], role: str, defaults: Mapping[str, Any]
+) -> None:
+    """Fill unset (``None``) attributes of ``args`` from ``config[role]``, then shared
+    top-level config keys, then ``defaults``. Dashes in flag names are underscores here."""
+    table = config.get(role, {})
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"[{role}] in the config file must be a table")
+    for key in set(defaults) | set(vars(args)):
+        if getattr(args, key, None) is not None:
+            continue
+        if key in table:
+            setattr(args, key, table[key])
+        elif key in config and not isinstance(config[key], Mapping):
+            setattr(args, key, config[key])
+        elif key in defaults:
+            setattr(args, key, defaults[key])
+
+
+def parse_hostport(text: str, *, default_host: str = "0.0.0.0") -> tuple[str, int]:
+    """``"1.2.3.4:5"``, ``"[::1]:5"``, ``":5"`` or ``"5"`` → (host, port)."""
+    text = str(text).strip()
+    if text.startswith("["):
+        host, sep, port = text[1:].partition("]:")
+        if not sep:
+            raise ValueError(f"bad address {text!r}: expected [v6]:port")
+    elif text.count(":") == 1:
+        host, _, port = text.partition(":")
+    elif text.isdigit():
+        host, port = "", text
+    else:
+        raise ValueError(f"bad address {text!r}: expected host:port")
+    try:
+        portn = int(port)
+    except ValueError:
+        raise ValueError(f"bad port in {text!r}") from None
+    if not 0 <= portn <= 65535:
+        raise ValueError(f"port out of range in {text!r}")
+    return (host or default_host), portn
+
+
+def format_hostport(addr: tuple[str, int]) -> str:
+    host, port = addr[0], addr[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

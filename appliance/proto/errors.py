@@ -1,0 +1,35 @@
+"""The error tree shared by every protocol core.
+
+::
+
+    ProtocolError
+    ├── LocalProtocolError          the caller misused the API (a bug on our side)
+    └── RemoteProtocolError         the peer sent bytes that break the protocol
+        ├── stun.StunError          (hint: STUN error code, e.g. 400, 401, 487)
+        ├── dtls.DtlsError          (hint: DTLS alert description)
+        ├── proxy.ProxyError
+        ├── rtp.RtpError
+        ├── sdp.SdpError            (hint: HTTP status to answer with)
+        └── ufrag.UfragError        (hint: drop reason for counters)
+
+Every ``*_untrusted`` parser raises only its module's subclass of ``RemoteProtocolError``;
+callers convert once, at the receive boundary (h11 ``_util.py`` style).
+"""
+
+from __future__ import annotations
+
+
+class ProtocolError(Exception):
+    """Base of every protocol error. ``hint`` carries a protocol-specific code."""
+
+    def __init__(self, msg: str, *, hint: object = None) -> None:
+        super().__init__(msg)
+        self.hint = hint
+
+
+class LocalProtocolError(ProtocolError):
+    """The caller asked for something the protocol does not allow."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer's bytes broke the protocol; drop (and count) or alert."""

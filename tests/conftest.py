@@ -1,0 +1,31 @@
+"""Suite-wide test settings.
+
+Hypothesis profiles: ``ci`` (default, what ``make test`` runs) keeps the suite well inside
+its time budget; ``deep`` (HYPOTHESIS_PROFILE=deep) is for long fuzzing sessions.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "deep", max_examples=20_000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+REPO = Path(__file__).resolve().parent.parent
+# Captured bytes from ../shared/vectors, copied into the repo so a clean clone tests alone.
+VECTORS = REPO / "tests" / "vectors"
+
+
+@pytest.fixture
+def vectors() -> Path:
+    """Directory of captured protocol bytes (see tests/vectors/README.md)."""
+    return VECTORS

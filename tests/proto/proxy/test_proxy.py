@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from appliance.proto.proxy import (
+    HEADER_V4_LEN,
+    HEADER_V6_LEN,
+    SIGNATURE,
+    TLV_RELAY_ID,
+    ProxyError,
+    encode_header,
+    encode_tlv,
+    parse_untrusted,
+    tlvs_untrusted,
+)
+
+# A header as HAProxy's spec lays it out, by hand: UDP over IPv4 from 192.0.2.1:5000 to
+# 198.51.100.2:3478.
+HAPROXY_V4 = (
+    SIGNATURE + bytes([0x21, 0x12, 0x00, 0x0C]) + bytes([192, 0, 2, 1, 198, 51, 100, 2])
+    + (5000).to_bytes(2, "big") + (3478).to_bytes(2, "big")
+)
+
+
+def test_known_bytes_v4() -> None:
+    assert encode_header(("192.0.2.1", 5000), ("198.51.100.2", 3478)) == HAPROXY_V4
+    assert parse_untrusted(HAPROXY_V4 + b"payload") == (
+        ("192.0.2.1", 5000), ("198.51.100.2", 3478), HEADER_V4_LEN)
+
+
+def test_v6_round_trip() -> None:
+    h = encode_header(("2001:db8::7", 40000), ("2001:db8::1", 3478))
+    assert len(h) == HEADER_V6_LEN and h[13] == 0x22
+    assert parse_untrusted(h + b"x") == (("2001:db8::7", 40000), ("2001:db8::1", 3478), 52)
+
+
+def test_tlvs_skipped_and_readable() -> None:
+    tlvs = encode_tlv(TLV_RELAY_ID, b"relay-1") + encode_tlv(0x04, b"")
+    h = encode_header(("10.0.0.1", 1), ("10.0.0.2", 2), tlvs)
+    src, dst, off = parse_untrusted(h + b"DATA")
+    assert (h + b"DATA")[off:] == b"DATA"
+    assert tlvs_untrusted(h) == [(TLV_RELAY_ID, b"relay-1"), (0x04, b"")]
+
+
+def test_mixed_families_refused() -> None:
+    with pytest.raises(ValueError, match="family"):
+        encode_header(("10.0.0.1", 1), ("::1", 2))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "hint"),
+    [
+        (lambda b: b[:10], "short"),
+        (lambda b: b"X" + b[1:], "signature"),
+        (lambda b: b[:12] + b"\x20" + b[13:], "command"),  # LOCAL
+        (lambda b: b[:12] + b"\x11" + b[13:], "command"),  # v1-ish
+        (lambda b: b[:13] + b"\x11" + b[14:], "family"),  # TCP over IPv4
+        (lambda b: b[:14] + b"\x00\x40" + b[16:], "length"),  # longer than datagram
+        (lambda b: b[:14] + b"\x00\x04" + b[16:], "length"),  # too short for IPv4
+    ],
+)
+def test_rejections(mutate, hint: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ProxyError) as exc:
+        parse_untrusted(mutate(HAPROXY_V4))
+    assert exc.value.hint == hint
+
+
+def test_truncated_tlv() -> None:
+    h = bytearray(encode_header(("10.0.0.1", 1), ("10.0.0.2", 2), encode_tlv(0xE0, b"abc")))
+    h[-4:-2] = (9).to_bytes(2, "big")  # TLV claims more than the header holds
+    with pytest.raises(ProxyError):
+        tlvs_untrusted(bytes(h))
+
+
+@given(st.binary(max_size=80))
+def test_fuzz_random(data: bytes) -> None:
+    try:
+        parse_untrusted(data)
+        tlvs_untrusted(data)
+    except ProxyError:
+        pass
+
+
+@given(st.integers(0, len(HAPROXY_V4)), st.binary(max_size=8), st.integers(0, 40))
+def test_fuzz_mutated(cut: int, junk: bytes, pos: int) -> None:
+    data = bytearray(HAPROXY_V4 + encode_tlv(0xE0, b"r"))
+    data[pos:pos + len(junk)] = junk
+    for buf in (bytes(data), bytes(data[:cut])):
+        try:
+            parse_untrusted(buf)
+            tlvs_untrusted(buf)
+        except ProxyError:
+            pass

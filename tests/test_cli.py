@@ -1,0 +1,72 @@
+"""The `appliance` command as a user runs it: a real subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "appliance", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> Path:
+    p = tmp_path / "routing.secret"
+    p.write_text("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n")
+    return p
+
+
+def test_help_is_complete() -> None:
+    r = run("--help")
+    assert r.returncode == 0
+    assert "ufrag" in r.stdout
+    for sub in (["ufrag", "--help"], ["ufrag", "mint", "--help"], ["ufrag", "decode", "--help"]):
+        r = run(*sub)
+        assert r.returncode == 0, r.stderr
+        assert "usage:" in r.stdout
+
+
+def test_mint_then_decode(secret: Path) -> None:
+    r = run("ufrag", "mint", "--transceiver", "7", "--cluster", "3", "--secret-file", str(secret))
+    assert r.returncode == 0, r.stderr
+    ufrag = r.stdout.strip()
+    assert len(ufrag) == 28
+    r = run("ufrag", "decode", ufrag, "--secret-file", str(secret))
+    assert r.returncode == 0
+    assert "cluster: 3" in r.stdout and "transceiver: 7" in r.stdout
+    r = run("ufrag", "decode", f"{ufrag}:clientfrag", "--secret-file", str(secret), "--json")
+    assert '"transceiver": 7' in r.stdout
+
+
+def test_decode_tampered_exits_nonzero_with_reason(secret: Path) -> None:
+    r = run("ufrag", "mint", "--transceiver", "1", "--secret-file", str(secret))
+    ufrag = r.stdout.strip()
+    tampered = ufrag[:-1] + ("A" if ufrag[-1] != "A" else "B")
+    r = run("ufrag", "decode", tampered, "--secret-file", str(secret))
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and "bad-mac" in r.stderr
+
+
+def test_decode_foreign_secret(secret: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.write_text("a-completely-different-secret-value\n")
+    ufrag = run("ufrag", "mint", "--transceiver", "1", "--secret-file", str(other)).stdout.strip()
+    r = run("ufrag", "decode", ufrag, "--secret-file", str(secret))
+    assert r.returncode == 1 and "MAC" in r.stderr
+
+
+def test_decode_malformed_and_missing_file(secret: Path) -> None:
+    r = run("ufrag", "decode", "not-a-ufrag!", "--secret-file", str(secret))
+    assert r.returncode == 1 and "malformed" in r.stderr
+    r = run("ufrag", "mint", "--transceiver", "1", "--secret-file", "/nonexistent/secret")
+    assert r.returncode != 0 and "cannot read secret file" in r.stderr
+
+
+def test_mint_out_of_range(secret: Path) -> None:
+    r = run("ufrag", "mint", "--transceiver", "70000", "--secret-file", str(secret))
+    assert r.returncode == 2 and "transceiver" in r.stderr
