@@ -1,0 +1,346 @@
+"""The transceiver's ICE-lite agent: RFC 8445 §2.5 (lite implementations), §6.1.1 (a lite
+agent is always controlled), §7.3 (responding to connectivity checks: §7.3.1.1 role
+conflicts, §7.3.1.4 USE-CANDIDATE, §7.3.1.5 nomination), §9 (ICE restart) and RFC 7675
+(consent freshness, from the side that receives the checks).
+
+Sans-IO, with the STYLE.md verbs: ``handle_datagram(now, data, addr)``,
+``handle_timeout(now)``, ``poll_transmit()``, ``poll_event()``, ``poll_timeout()``. ``addr``
+is the client's address as the client's NAT presents it (the transceiver takes it from the
+PROXY v2 header), and every answer is addressed to it.
+
+What is answered, and why (a lite agent never *initiates* anything, so what it answers is
+its whole attack surface):
+
+==========================================  =================================================
+input                                       action
+==========================================  =================================================
+not STUN / malformed / no FINGERPRINT       drop, ``malformed += 1``
+indication, response, other method          drop, ``ignored += 1`` (indications are
+                                            keepalives, RFC 8445 §11; we send no requests)
+no USERNAME, or ufrag that is not ours      drop, ``unknown_ufrag += 1``: answering would
+                                            confirm which ufrags exist (an oracle) and
+                                            reflect traffic at spoofed sources
+our ufrag, bad/missing MESSAGE-INTEGRITY    401 without MESSAGE-INTEGRITY (RFC 8489 §9.1.3),
+or wrong remote ufrag                       ``AuthFailure`` event, at most
+                                            ``max_401_per_second`` answers (no
+                                            amplification: a 48-byte answer to a request
+                                            that is at least as large, and only to senders
+                                            that know the session's ufrag)
+authenticated, unknown comprehension-       420 + UNKNOWN-ATTRIBUTES, signed (§6.3.1)
+required attributes
+authenticated, ICE-CONTROLLED               487 Role Conflict, signed (§7.3.1.1; see below)
+authenticated check                         success: XOR-MAPPED-ADDRESS = addr,
+                                            MESSAGE-INTEGRITY, FINGERPRINT (§7.3.1.2)
+==========================================  =================================================
+
+Deliberately omitted: peer-reflexive candidates and the triggered-check queue (§7.3.1.3,
+§7.3.1.4 — a lite agent has neither, §2.5); 400 answers to requests without USERNAME (the
+relay answers bare discovery requests itself); the RFC 5245 "no role attribute" case is
+treated as controlling; the ICE-lite agent never sends consent checks itself (RFC 7675 §4:
+it relies on the full agent's checks, which we treat as proof of consent).
+
+States (an Enum, transitions in a table):
+
+    NEW --check--> CONNECTED --USE-CANDIDATE--> NOMINATED
+     |                 |                            |
+     +-----------------+-- consent expired/close ---+--> CLOSED
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+from collections import deque
+
+from appliance.proto.errors import LocalProtocolError
+from appliance.proto.ice.events import (
+    AuthFailure,
+    CheckReceived,
+    ConsentExpired,
+    IceEvent,
+    Nominated,
+)
+from appliance.proto.stun import (
+    Addr,
+    AttrType,
+    Class,
+    Message,
+    Method,
+    StunError,
+    binding_error,
+    binding_success,
+    verify_fingerprint,
+    verify_integrity,
+)
+
+__all__ = ["IceLiteAgent", "IceState"]
+
+
+class IceState(enum.Enum):
+    NEW = "new"  # no valid check yet
+    CONNECTED = "connected"  # valid checks answered, nothing nominated yet
+    NOMINATED = "nominated"  # a pair is selected (``IceLiteAgent.selected``)
+    CLOSED = "closed"  # consent expired or closed by the owner; terminal
+
+
+class _Input(enum.Enum):
+    CHECK = "check"
+    NOMINATE = "nominate"
+    EXPIRE = "expire"
+    CLOSE = "close"
+
+
+_S, _I = IceState, _Input
+# (state, input) -> next state. Missing entries cannot happen: CLOSED drops input earlier.
+_TRANSITIONS: dict[tuple[IceState, _Input], IceState] = {
+    (_S.NEW, _I.CHECK): _S.CONNECTED,
+    (_S.NEW, _I.NOMINATE): _S.NOMINATED,
+    (_S.NEW, _I.CLOSE): _S.CLOSED,
+    # NEW has no consent timer (it starts with the first valid check), so no EXPIRE.
+    (_S.CONNECTED, _I.CHECK): _S.CONNECTED,
+    (_S.CONNECTED, _I.NOMINATE): _S.NOMINATED,
+    (_S.CONNECTED, _I.EXPIRE): _S.CLOSED,
+    (_S.CONNECTED, _I.CLOSE): _S.CLOSED,
+    # A check without USE-CANDIDATE never un-nominates (§8.1.1: nomination is final until
+    # the controlling agent nominates another pair or restarts ICE).
+    (_S.NOMINATED, _I.CHECK): _S.NOMINATED,
+    (_S.NOMINATED, _I.NOMINATE): _S.NOMINATED,
+    (_S.NOMINATED, _I.EXPIRE): _S.CLOSED,
+    (_S.NOMINATED, _I.CLOSE): _S.CLOSED,
+    (_S.CLOSED, _I.CLOSE): _S.CLOSED,
+}
+
+#: How many distinct (address -> flag) pairs we remember for ``CheckReceived`` reporting.
+_SEEN_CAP = 16
+
+
+def _check_credentials(ufrag: str, pwd: str) -> None:
+    # RFC 8445 §5.3 asks for >= 4 and >= 22 ICE characters; we only refuse what would break
+    # the USERNAME split or the HMAC key, so tests may use short values.
+    if not ufrag or ":" in ufrag or not pwd:
+        raise LocalProtocolError("ICE ufrag must be non-empty without ':'; pwd non-empty")
+
+
+class IceLiteAgent:
+    """ICE-lite, controlled, one component (rtcp-mux), any number of client addresses.
+
+    Counters (plain ints, read them any time): ``checks_ok``, ``nominations``,
+    ``auth_failures``, ``unknown_ufrag``, ``malformed``, ``ignored``, ``role_conflicts``,
+    ``unknown_attributes``, ``dropped_closed``.
+    """
+
+    def __init__(
+        self,
+        local_ufrag: str,
+        local_pwd: str,
+        remote_ufrag: str | None = None,
+        remote_pwd: str | None = None,
+        consent_timeout: float = 30.0,
+        *,
+        max_401_per_second: int = 10,
+    ) -> None:
+        _check_credentials(local_ufrag, local_pwd)
+        if consent_timeout <= 0:
+            raise LocalProtocolError("consent_timeout must be positive")
+        self.consent_timeout = consent_timeout
+        self.max_401_per_second = max_401_per_second
+        self._set_credentials(local_ufrag, local_pwd, remote_ufrag, remote_pwd)
+        self.state = IceState.NEW
+        #: The nominated client address (where media goes), or None.
+        self.selected: Addr | None = None
+        # Time of the last valid check that proves consent: from any address before
+        # nomination, from the selected address after (RFC 7675 consent is per pair).
+        self._consent_at: float | None = None
+        # After a restart the next nomination is reported even if the address is unchanged.
+        self._renominate = False
+        self._seen: dict[Addr, bool] = {}
+        self._transmits: deque[tuple[bytes, Addr]] = deque()
+        self._events: deque[IceEvent] = deque()
+        self._401_window = float("-inf")
+        self._401_count = 0
+        self.checks_ok = 0
+        self.nominations = 0
+        self.auth_failures = 0
+        self.unknown_ufrag = 0
+        self.malformed = 0
+        self.ignored = 0
+        self.role_conflicts = 0
+        self.unknown_attributes = 0
+        self.dropped_closed = 0
+
+    # -- credentials --
+
+    def _set_credentials(
+        self, local_ufrag: str, local_pwd: str, remote_ufrag: str | None, remote_pwd: str | None
+    ) -> None:
+        self.local_ufrag = local_ufrag
+        self.remote_ufrag = remote_ufrag
+        # A lite agent never sends checks, so the remote password is only kept for callers.
+        self.remote_pwd = remote_pwd
+        self._local_ufrag_b = local_ufrag.encode("utf-8")
+        # RFC 8445 §7.2.2 / RFC 8489 §9.1.1: short-term key = the password, UTF-8.
+        self._key = local_pwd.encode("utf-8")
+
+    def set_remote_credentials(self, remote_ufrag: str, remote_pwd: str | None = None) -> None:
+        """Learn the client's ufrag (and pwd) late, e.g. from a trickled SDP fragment."""
+        self.remote_ufrag = remote_ufrag
+        self.remote_pwd = remote_pwd
+
+    def restart(
+        self,
+        local_ufrag: str,
+        local_pwd: str,
+        remote_ufrag: str | None = None,
+        remote_pwd: str | None = None,
+    ) -> None:
+        """ICE restart (RFC 8445 §9): new credentials, same session. The selected pair and
+        the consent timer survive — media keeps flowing on the old pair until the controlling
+        agent nominates with the new credentials, which is then reported as ``Nominated``
+        even if the address did not change. Checks with the old ufrag are dropped."""
+        if self.state is IceState.CLOSED:
+            raise LocalProtocolError("cannot restart a closed ICE agent")
+        _check_credentials(local_ufrag, local_pwd)
+        self._set_credentials(local_ufrag, local_pwd, remote_ufrag, remote_pwd)
+        self._renominate = True
+        self._seen.clear()
+
+    def close(self) -> None:
+        """End the agent without an event (the owner already knows)."""
+        self._fire(_Input.CLOSE)
+
+    # -- the verbs --
+
+    def handle_datagram(self, now: float, data: bytes, addr: Addr) -> None:
+        # Consent is judged before the packet: a check arriving after the deadline (because
+        # the shell had not yet called handle_timeout) must not resurrect the session.
+        self._expire(now)
+        if self.state is IceState.CLOSED:
+            self.dropped_closed += 1
+            return
+        try:
+            msg = Message.parse_untrusted(data)
+        except StunError:
+            self.malformed += 1
+            return
+        if msg.method is not Method.BINDING or msg.msg_class is not Class.REQUEST:
+            self.ignored += 1
+            return
+        # RFC 8445 §7 / §18: checks carry FINGERPRINT, which is what tells STUN apart from
+        # the DTLS and RTP sharing this 5-tuple; without it the packet is not a check.
+        if not verify_fingerprint(data):
+            self.malformed += 1
+            return
+        username = msg.username
+        local, sep, remote = (username or "").partition(":")
+        # §7.3: USERNAME is "our-ufrag:their-ufrag". Compare in constant time anyway: the
+        # ufrag gates the 401 path below.
+        if not sep or not hmac.compare_digest(local.encode("utf-8"), self._local_ufrag_b):
+            self.unknown_ufrag += 1
+            return
+        tid = msg.transaction_id
+        reason = None
+        if not msg.has(AttrType.MESSAGE_INTEGRITY):
+            reason = "missing MESSAGE-INTEGRITY"
+        elif not verify_integrity(data, self._key):
+            reason = "bad MESSAGE-INTEGRITY"
+        elif self.remote_ufrag is not None and remote != self.remote_ufrag:
+            # RFC 8489 §9.1.3: a username not currently valid gets 401 as well.
+            reason = "wrong remote ufrag"
+        if reason is not None:
+            self.auth_failures += 1
+            self._events.append(AuthFailure(addr, reason))
+            if self._allow_401(now):
+                # RFC 8489 §9.1.3: no MESSAGE-INTEGRITY on a 401 (we cannot know the key the
+                # requester holds is ours).
+                self._transmits.append((binding_error(tid, 401), addr))
+            return
+        # From here on the request is authenticated: answers are signed.
+        if msg.unknown_required:
+            self.unknown_attributes += 1
+            self._transmits.append(
+                (
+                    binding_error(
+                        tid,
+                        420,
+                        integrity_key=self._key,
+                        unknown_attributes=msg.unknown_required,
+                    ),
+                    addr,
+                )
+            )
+            return
+        if msg.ice_controlled is not None:
+            # §7.3.1.1: both sides think they are controlled. The rule compares tie-breakers
+            # and lets the larger one switch to controlling; a lite agent can never be
+            # controlling (§6.1.1), which is the same as always having the smaller value,
+            # so the answer is always 487 and the full agent switches role and retries.
+            self.role_conflicts += 1
+            self._transmits.append((binding_error(tid, 487, integrity_key=self._key), addr))
+            return
+        # §7.3.1.2: a valid check. XOR-MAPPED-ADDRESS is the source as we saw it (the PROXY
+        # header's client address), which lets the client learn its server-reflexive address.
+        self.checks_ok += 1
+        self._transmits.append((binding_success(tid, addr, integrity_key=self._key), addr))
+        nominate = msg.use_candidate
+        if self._seen.get(addr) is not nominate:
+            if addr not in self._seen and len(self._seen) >= _SEEN_CAP:
+                del self._seen[next(iter(self._seen))]
+            self._seen[addr] = nominate
+            self._events.append(CheckReceived(addr, nominate))
+        if self.selected is None or addr == self.selected:
+            # RFC 7675: a valid check on the selected pair (or on any pair before one is
+            # selected) refreshes consent.
+            self._consent_at = now
+        if nominate and (addr != self.selected or self._renominate):
+            # §7.3.1.5 / §8.1.1: USE-CANDIDATE on a succeeded pair nominates it. A different
+            # address after nomination means the client's NAT rebound (or it moved network):
+            # the newest nomination wins, as the controlling agent asked for it with valid
+            # credentials. Consent restarts with this very check.
+            self.selected = addr
+            self._consent_at = now
+            self._renominate = False
+            self.nominations += 1
+            self._events.append(Nominated(addr))
+            self._fire(_Input.NOMINATE)
+        else:
+            self._fire(_Input.CHECK)
+
+    def handle_timeout(self, now: float) -> None:
+        self._expire(now)
+
+    def poll_transmit(self) -> tuple[bytes, Addr] | None:
+        return self._transmits.popleft() if self._transmits else None
+
+    def poll_event(self) -> IceEvent | None:
+        return self._events.popleft() if self._events else None
+
+    def poll_timeout(self) -> float | None:
+        """The consent deadline, or None (closed, or no valid check yet: the shell's own
+        session-setup timeout covers a client that never shows up)."""
+        if self.state is IceState.CLOSED or self._consent_at is None:
+            return None
+        return self._consent_at + self.consent_timeout
+
+    # -- internals --
+
+    def _fire(self, inp: _Input) -> None:
+        self.state = _TRANSITIONS[(self.state, inp)]
+
+    def _expire(self, now: float) -> None:
+        deadline = self.poll_timeout()
+        if deadline is not None and now >= deadline:
+            # RFC 7675 §5.1: consent expires exactly consent_timeout after the last proof.
+            self._fire(_Input.EXPIRE)
+            self._consent_at = None
+            self._events.append(ConsentExpired())
+
+    def _allow_401(self, now: float) -> bool:
+        # A fixed one-second window is enough: it bounds what a sender that guessed or
+        # sniffed the ufrag can make us emit, whatever its rate.
+        if now - self._401_window >= 1.0:
+            self._401_window = now
+            self._401_count = 0
+        if self._401_count >= self.max_401_per_second:
+            return False
+        self._401_count += 1
+        return True
