@@ -1,0 +1,204 @@
+"""The trio shell around :class:`ClientPeer`: one call through a WHIP-style endpoint.
+
+::
+
+    async with open_call("http://127.0.0.1:8080") as call:   # returns once media can flow
+        call.send_rtp(opus_packet, timestamp)
+        pkt = await call.receive()
+
+``open_call`` POSTs the offer to ``{base}/v1/sessions``, runs the peer on its own UDP socket
+inside a nursery, waits until ICE + DTLS are up (raising :class:`CallFailed` with the reason
+otherwise), and on exit sends DTLS close_notify and DELETEs the session.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import trio
+
+from appliance.proto.dtls import Certificate
+from appliance.proto.errors import ProtocolError
+from appliance.proto.rtp import RtpPacket
+from appliance.proto.srtp import SrtpProfile
+
+from .http import HttpError, request
+from .peer import ClientPeer, Connected, Failed, RtcpReceived, RtpReceived
+
+
+class CallFailed(Exception):
+    """The call could not be set up; the message says which step failed."""
+
+
+@dataclass
+class Timeline:
+    """Seconds on trio's clock, relative to the moment the offer was POSTed."""
+
+    answer: float | None = None
+    connected: float | None = None
+    first_rtp_in: float | None = None
+
+
+@dataclass
+class Call:
+    peer: ClientPeer
+    sock: socket.socket
+    session_url: str
+    answer: str
+    started_at: float
+    timeline: Timeline = field(default_factory=Timeline)
+    _send: trio.MemorySendChannel[RtpReceived] | None = None
+    _recv: trio.MemoryReceiveChannel[RtpReceived] | None = None
+    _wake: trio.Event = field(default_factory=trio.Event)
+    rtcp: list[bytes] = field(default_factory=list)
+    failure: str | None = None
+
+    def send_rtp(self, payload: bytes, timestamp: int, *, marker: bool = False) -> None:
+        """Queue one RTP packet; it leaves on the next loop turn (at once if idle)."""
+        self.peer.send_rtp(payload, timestamp, marker=marker)
+        self._flush()
+
+    def send_rtcp(self, plain: bytes) -> None:
+        self.peer.send_rtcp(plain)
+        self._flush()
+
+    async def receive(self) -> RtpReceived:
+        assert self._recv is not None
+        return await self._recv.receive()
+
+    def receive_nowait(self) -> RtpReceived | None:
+        assert self._recv is not None
+        try:
+            return self._recv.receive_nowait()
+        except trio.WouldBlock:
+            return None
+
+    def _flush(self) -> None:
+        while (out := self.peer.poll_transmit()) is not None:
+            try:
+                self.sock.sendto(out[0], out[1])
+            except (BlockingIOError, OSError):
+                pass  # UDP: a full buffer is loss, as on the wire
+
+
+async def _run_peer(call: Call, connected: trio.Event) -> None:
+    """Feed the socket and the clock to the peer until it closes."""
+    peer, sock = call.peer, call.sock
+    assert call._send is not None
+    buf = bytearray(2048)
+    while not peer.closed:
+        deadline = peer.poll_timeout()
+        timeout = math.inf if deadline is None else max(0.0, deadline - trio.current_time())
+        with trio.move_on_after(timeout):
+            await trio.lowlevel.wait_readable(sock)
+        now = trio.current_time()
+        # Drain what is ready before yielding again (one await per datagram is the slow way).
+        while True:
+            try:
+                n, addr = sock.recvfrom_into(buf)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break  # e.g. ICMP port unreachable surfaced as ECONNREFUSED
+            peer.handle_datagram(now, bytes(buf[:n]), (addr[0], addr[1]))
+        peer.handle_timeout(now)
+        while (ev := peer.poll_event()) is not None:
+            if isinstance(ev, Connected):
+                call.timeline.connected = now - call.started_at
+                connected.set()
+            elif isinstance(ev, RtpReceived):
+                if call.timeline.first_rtp_in is None:
+                    call.timeline.first_rtp_in = now - call.started_at
+                try:
+                    call._send.send_nowait(ev)
+                except trio.WouldBlock:
+                    pass  # the reader is behind: drop, as a jitter buffer would
+            elif isinstance(ev, RtcpReceived):
+                if len(call.rtcp) < 1000:
+                    call.rtcp.append(ev.data)
+            elif isinstance(ev, Failed):
+                call.failure = ev.reason
+                connected.set()
+        call._flush()
+
+
+@asynccontextmanager
+async def open_call(
+    base_url: str,
+    *,
+    agent: str | None = None,
+    token: str | None = None,
+    srtp_profiles: tuple[SrtpProfile, ...] | None = None,
+    certificate: Certificate | None = None,
+    verify_tls: bool = True,
+    connect_timeout: float = 10.0,
+    queue: int = 500,
+) -> AsyncIterator[Call]:
+    started = trio.current_time()
+    cert = certificate or Certificate.generate(trio.current_time())
+    peer = ClientPeer(cert, srtp_profiles=srtp_profiles)
+    headers = {"Content-Type": "application/sdp"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    url = base_url.rstrip("/") + "/v1/sessions" + (f"?agent={agent}" if agent else "")
+    try:
+        resp = await request("POST", url, body=peer.offer().encode(), headers=headers,
+                             verify_tls=verify_tls)
+    except HttpError as exc:
+        raise CallFailed(f"signaling unreachable: {exc}") from exc
+    if resp.status != 201:
+        raise CallFailed(f"POST /v1/sessions → {resp.status}: {resp.body[:300]!r}")
+    location = resp.header("location") or ""
+    session_url = location if location.startswith("http") else base_url.rstrip("/") + location
+    answer = resp.body.decode()
+    try:
+        peer.accept_answer(answer, trio.current_time())
+    except ProtocolError as exc:
+        raise CallFailed(f"bad answer: {exc}") from exc
+    assert peer.remote is not None
+    family = socket.AF_INET6 if ":" in peer.remote[0] else socket.AF_INET
+    # A plain non-blocking socket: the loop drains it synchronously after wait_readable.
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    sock.setblocking(False)
+    sock.bind(("::1" if family == socket.AF_INET6 else "127.0.0.1", 0)
+              if peer.remote[0] in ("127.0.0.1", "::1") else ("", 0))
+    send, recv = trio.open_memory_channel[RtpReceived](queue)
+    call = Call(peer, sock, session_url, answer, started, _send=send, _recv=recv)
+    call.timeline.answer = trio.current_time() - started
+    call._flush()
+    connected = trio.Event()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_run_peer, call, connected)
+            with trio.move_on_after(connect_timeout) as scope:
+                await connected.wait()
+            if scope.cancelled_caught:
+                raise CallFailed(f"no ICE/DTLS connection within {connect_timeout} s")
+            if call.failure is not None:
+                raise CallFailed(call.failure)
+            try:
+                yield call
+            finally:
+                with trio.move_on_after(2, shield=True):
+                    peer.close()
+                    call._flush()
+                    try:
+                        await request("DELETE", session_url, headers=(
+                            {"Authorization": f"Bearer {token}"} if token else {}),
+                            verify_tls=verify_tls)
+                    except HttpError:
+                        pass
+                nursery.cancel_scope.cancel()
+    finally:
+        sock.close()
+
+
+def rtp_payloads(packets: list[RtpReceived]) -> list[bytes]:
+    return [p.packet.payload for p in packets]
+
+
+__all__ = ["Call", "CallFailed", "RtpPacket", "Timeline", "open_call", "rtp_payloads"]

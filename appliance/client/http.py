@@ -1,0 +1,105 @@
+"""A deliberately small HTTP/1.1 client on trio streams, for the load generator and tests.
+
+One request per connection (``Connection: close``), ``http://`` and ``https://`` (TLS
+verification may be turned off for a ``--tls self-signed`` appliance). Response bodies are
+capped, so a misbehaving server cannot make the load generator grow without bound.
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import trio
+
+MAX_RESPONSE = 1 << 20
+
+
+class HttpError(Exception):
+    """The server could not be reached or answered with something that is not HTTP/1.1."""
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name.lower())
+
+
+async def request(
+    method: str,
+    url: str,
+    *,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+    verify_tls: bool = True,
+) -> Response:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise HttpError(f"unsupported URL scheme in {url!r}")
+    host = parts.hostname or "127.0.0.1"
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    try:
+        stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+        if parts.scheme == "https":
+            ctx = ssl.create_default_context()
+            if not verify_tls:
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE
+            stream = trio.SSLStream(stream, ctx, server_hostname=host)
+        hdrs = {"Host": parts.netloc, "Connection": "close", "Content-Length": str(len(body))}
+        hdrs.update(headers or {})
+        head = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in hdrs.items())
+        async with stream:
+            await stream.send_all(head.encode("latin-1") + b"\r\n" + body)
+            raw = bytearray()
+            while True:
+                chunk = await stream.receive_some(65536)
+                if not chunk:
+                    break
+                raw += chunk
+                if len(raw) > MAX_RESPONSE:
+                    raise HttpError("response too large")
+    except (OSError, trio.BrokenResourceError) as exc:
+        raise HttpError(f"{method} {url} failed: {exc!r}") from exc
+    return _parse(bytes(raw))
+
+
+def _parse(raw: bytes) -> Response:
+    head, sep, rest = raw.partition(b"\r\n\r\n")
+    if not sep:
+        raise HttpError("truncated HTTP response")
+    lines = head.decode("latin-1").split("\r\n")
+    try:
+        _version, status, *_ = lines[0].split(" ", 2)
+        code = int(status)
+    except ValueError:
+        raise HttpError(f"bad status line {lines[0]!r}") from None
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        rest = _dechunk(rest)
+    elif "content-length" in headers:
+        rest = rest[: int(headers["content-length"])]
+    return Response(code, headers, rest)
+
+
+def _dechunk(data: bytes) -> bytes:
+    out = bytearray()
+    pos = 0
+    while True:
+        eol = data.find(b"\r\n", pos)
+        if eol < 0:
+            raise HttpError("truncated chunked body")
+        size = int(data[pos:eol].split(b";")[0], 16)
+        if size == 0:
+            return bytes(out)
+        out += data[eol + 2 : eol + 2 + size]
+        pos = eol + 2 + size + 2

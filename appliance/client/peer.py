@@ -1,0 +1,273 @@
+"""``ClientPeer``: the offerer side of one audio call, sans-IO.
+
+Composes :class:`~appliance.proto.ice.IceClient` (controlling, aggressive nomination),
+a client-role :class:`~appliance.proto.dtls.DtlsConnection` verified against the answer's
+fingerprint, and an :class:`~appliance.proto.srtp.SrtpSession` keyed from the DTLS exporter
+(RFC 5764 §4.2). Media is one Opus stream; RTP and RTCP share the 5-tuple (RFC 5761).
+
+Flow: ``offer()`` → (HTTP) → ``accept_answer(text, now)`` → ICE check to the answer's first
+candidate → on success the DTLS client starts → ``Connected`` → ``send_rtp``/``RtpReceived``.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+from collections import deque
+from dataclasses import dataclass
+
+from appliance.proto.dtls import Certificate, DtlsConnection, HandshakeComplete, Role
+from appliance.proto.dtls import ConnectionClosed as DtlsClosed
+from appliance.proto.dtls import State as DtlsState
+from appliance.proto.errors import RemoteProtocolError
+from appliance.proto.ice import CheckSucceeded, ConnectFailed, ConsentExpired, IceClient
+from appliance.proto.mux import Kind, classify
+from appliance.proto.rtp import RtpPacket
+from appliance.proto.sdp import parse_offer_untrusted
+from appliance.proto.srtp import (
+    DEFAULT_SRTP_PROFILES,
+    EXPORTER_LABEL,
+    SrtpProfile,
+    SrtpSession,
+    exporter_length,
+    srtp_key_material,
+)
+
+Addr = tuple[str, int]
+OPUS_PT = 111
+
+
+@dataclass(frozen=True, slots=True)
+class Connected:
+    """ICE and DTLS are up and SRTP is keyed; ``setup`` is seconds since ``accept_answer``."""
+
+    srtp_profile: SrtpProfile
+    setup: float
+
+
+@dataclass(frozen=True, slots=True)
+class RtpReceived:
+    packet: RtpPacket
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RtcpReceived:
+    data: bytes
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    reason: str
+
+
+ClientEvent = Connected | RtpReceived | RtcpReceived | Failed
+
+
+class ClientPeer:
+    """One call from the client side. Counters: ``rtp_sent``, ``rtp_received``,
+    ``srtp_errors``, ``dropped``."""
+
+    def __init__(
+        self,
+        certificate: Certificate,
+        *,
+        rng: random.Random | None = None,
+        srtp_profiles: tuple[SrtpProfile, ...] | None = None,
+    ) -> None:
+        self._rng = rng or random.Random(secrets.randbits(64))
+        self.certificate = certificate
+        self.local_ufrag = "".join(self._rng.choices(_ICE, k=8))
+        self.local_pwd = "".join(self._rng.choices(_ICE, k=24))
+        self.ssrc = self._rng.getrandbits(32)
+        self._seq = self._rng.getrandbits(16)
+        self._srtp_profiles = srtp_profiles
+        self.ice: IceClient | None = None
+        self.dtls: DtlsConnection | None = None
+        self.srtp: SrtpSession | None = None
+        self.remote: Addr | None = None
+        self.opus_pt = OPUS_PT
+        self._answered_at = 0.0
+        self._events: deque[ClientEvent] = deque()
+        self._tx: deque[tuple[bytes, Addr]] = deque()
+        self.closed = False
+        self.rtp_sent = 0
+        self.rtp_received = 0
+        self.srtp_errors = 0
+        self.dropped = 0
+
+    # -- signaling -------------------------------------------------------------------
+
+    def offer(self) -> str:
+        """An SDP offer shaped like a browser's: BUNDLE, rtcp-mux, actpass, Opus."""
+        sess = self._rng.getrandbits(62)
+        lines = [
+            "v=0",
+            f"o=- {sess} 2 IN IP4 127.0.0.1",
+            "s=-",
+            "t=0 0",
+            "a=group:BUNDLE 0",
+            "a=msid-semantic: WMS",
+            "m=audio 9 UDP/TLS/RTP/SAVPF 111 0",
+            "c=IN IP4 0.0.0.0",
+            "a=rtcp:9 IN IP4 0.0.0.0",
+            f"a=ice-ufrag:{self.local_ufrag}",
+            f"a=ice-pwd:{self.local_pwd}",
+            "a=ice-options:trickle",
+            f"a=fingerprint:{self.certificate.fingerprint}",
+            "a=setup:actpass",
+            "a=mid:0",
+            "a=sendrecv",
+            "a=rtcp-mux",
+            "a=rtpmap:111 opus/48000/2",
+            "a=fmtp:111 minptime=10;useinbandfec=1",
+            "a=rtpmap:0 PCMU/8000",
+            f"a=ssrc:{self.ssrc} cname:loadgen",
+        ]
+        return "\r\n".join(lines) + "\r\n"
+
+    def accept_answer(self, text: str, now: float, *, prefer: str | None = None) -> None:
+        """Take the server's answer and start ICE towards its first usable candidate.
+
+        ``prefer`` picks the candidate address family ("4" or "6")."""
+        ans = parse_offer_untrusted(text)
+        audio = next((m for m in ans.media if m.kind.value == "audio" and m.port != 0), None)
+        if audio is None:
+            raise RemoteProtocolError("answer has no accepted audio section")
+        ufrag = audio.ice_ufrag or ans.ice_ufrag
+        pwd = audio.ice_pwd or ans.ice_pwd
+        fps = audio.fingerprints or ans.fingerprints
+        if not ufrag or not pwd or not fps:
+            raise RemoteProtocolError("answer lacks ICE credentials or a fingerprint")
+        cands = [c for c in audio.candidates if c.transport.lower() == "udp"]
+        if prefer:
+            cands.sort(key=lambda c: (":" in c.address) != (prefer == "6"))
+        if not cands:
+            raise RemoteProtocolError("answer has no UDP candidate")
+        if audio.codecs:
+            self.opus_pt = audio.codecs[0].pt
+        self.remote = (cands[0].address, cands[0].port)
+        self._answered_at = now
+        self.ice = IceClient(self.local_ufrag, self.local_pwd, ufrag, pwd, self.remote,
+                             rng=self._rng)
+        self.dtls = DtlsConnection(
+            Role.CLIENT, self.certificate,
+            remote_fingerprints=[str(fp) for fp in fps],
+            srtp_profiles=self._srtp_profiles or DEFAULT_SRTP_PROFILES,
+            initial_retransmit=0.1,  # loopback and LAN: browsers retransmit after ~50 ms too
+        )
+        self.ice.start(now)
+        self._pump(now)
+
+    # -- verbs -------------------------------------------------------------------------
+
+    def handle_datagram(self, now: float, data: bytes, addr: Addr) -> None:
+        if self.closed or self.ice is None or self.dtls is None:
+            return
+        kind = classify(data)
+        if kind is Kind.STUN:
+            self.ice.handle_datagram(now, data, addr)
+        elif kind is Kind.DTLS:
+            self.dtls.handle_datagram(now, data)
+        elif kind is Kind.RTP and self.srtp is not None:
+            try:
+                plain = self.srtp.unprotect_untrusted(data)
+                pkt = RtpPacket.parse_untrusted(plain)
+            except RemoteProtocolError:
+                self.srtp_errors += 1
+            else:
+                self.rtp_received += 1
+                self._events.append(RtpReceived(pkt, now))
+        elif kind is Kind.RTCP and self.srtp is not None:
+            try:
+                self._events.append(RtcpReceived(self.srtp.unprotect_rtcp_untrusted(data), now))
+            except RemoteProtocolError:
+                self.srtp_errors += 1
+        else:
+            self.dropped += 1
+        self._pump(now)
+
+    def handle_timeout(self, now: float) -> None:
+        if self.closed or self.ice is None or self.dtls is None:
+            return
+        self.ice.handle_timeout(now)
+        self.dtls.handle_timeout(now)
+        self._pump(now)
+
+    def poll_timeout(self) -> float | None:
+        if self.closed or self.ice is None or self.dtls is None:
+            return None
+        ts = [t for t in (self.ice.poll_timeout(), self.dtls.poll_timeout()) if t is not None]
+        return min(ts) if ts else None
+
+    def poll_transmit(self) -> tuple[bytes, Addr] | None:
+        return self._tx.popleft() if self._tx else None
+
+    def poll_event(self) -> ClientEvent | None:
+        return self._events.popleft() if self._events else None
+
+    # -- media -------------------------------------------------------------------------
+
+    def send_rtp(self, payload: bytes, timestamp: int, *, marker: bool = False) -> None:
+        if self.srtp is None or self.remote is None or self.closed:
+            raise RuntimeError("call is not connected")
+        self._seq = (self._seq + 1) & 0xFFFF
+        pkt = RtpPacket(payload_type=self.opus_pt, sequence=self._seq, timestamp=timestamp,
+                        ssrc=self.ssrc, payload=payload, marker=marker)
+        self._tx.append((self.srtp.protect(bytes(pkt)), self.remote))
+        self.rtp_sent += 1
+
+    def send_rtcp(self, plain: bytes) -> None:
+        if self.srtp is None or self.remote is None or self.closed:
+            raise RuntimeError("call is not connected")
+        self._tx.append((self.srtp.protect_rtcp(plain), self.remote))
+
+    def close(self) -> None:
+        if self.dtls is not None and not self.closed:
+            self.dtls.close()
+            self._drain_dtls()
+        if self.ice is not None:
+            self.ice.close()
+        self.closed = True
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _fail(self, reason: str) -> None:
+        if not self.closed:
+            self.closed = True
+            self._events.append(Failed(reason))
+
+    def _drain_dtls(self) -> None:
+        assert self.dtls is not None and self.remote is not None
+        while (out := self.dtls.poll_transmit()) is not None:
+            self._tx.append((out, self.remote))
+
+    def _pump(self, now: float) -> None:
+        ice, dtls = self.ice, self.dtls
+        assert ice is not None and dtls is not None
+        while (t := ice.poll_transmit()) is not None:
+            self._tx.append(t)
+        while (ev := ice.poll_event()) is not None:
+            if isinstance(ev, CheckSucceeded) and dtls.state is DtlsState.CLIENT_IDLE:
+                dtls.start(now)
+            elif isinstance(ev, ConnectFailed):
+                self._fail("ICE connectivity check timed out")
+            elif isinstance(ev, ConsentExpired):
+                self._fail("ICE consent expired")
+        self._drain_dtls()
+        while (dev := dtls.poll_event()) is not None:
+            if isinstance(dev, HandshakeComplete):
+                profile = dev.srtp_profile
+                if profile is None:
+                    self._fail("DTLS did not negotiate SRTP")
+                    continue
+                material = dtls.export_keying_material(EXPORTER_LABEL, exporter_length(profile))
+                local, remote = srtp_key_material(material, profile, "client")
+                self.srtp = SrtpSession(profile, local, remote)
+                self._events.append(Connected(profile, now - self._answered_at))
+            elif isinstance(dev, DtlsClosed):
+                self._fail(f"DTLS closed: {dev.alert}")
+
+
+_ICE = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"

@@ -1,0 +1,371 @@
+"""Choose what to serve from an offer and write the answer (RFC 3264, RFC 8829 §5.3).
+
+The answer is always the same shape (DESIGN.md "SDP answer")::
+
+    v=0
+    o=- <session-id> <version> IN IP4 0.0.0.0   <- RFC 8829 §5.2.1 placeholder address
+    s=-
+    t=0 0
+    a=ice-lite                                  <- RFC 8445 §2.5: we never send checks
+    a=group:BUNDLE <audio mid>                  <- only if the offer bundled it
+    m=audio <port> <proto> <opus pt> [<telephone-event pt>]
+    c=IN IP4 <first advertised relay address>
+    a=mid:<echoed>
+    a=ice-ufrag / a=ice-pwd / a=fingerprint:sha-256 ... / a=setup:passive
+    a=<direction> / a=rtcp-mux [/ a=rtcp-rsize]
+    a=rtpmap:<pt> opus/48000/2 / a=fmtp:<pt> minptime=10;useinbandfec=1
+    a=msid / a=ssrc cname+msid                  <- only when we send
+    a=candidate:... typ host (one per advertised address) / a=end-of-candidates
+    m=<other kinds> 0 ...                       <- rejected, echoed in order (RFC 3264 §6)
+
+Implemented: RFC 3264 §6 (answer m= lines in offer order; port 0 rejects), §6.1
+(direction reversal); RFC 8843 §7.3 (BUNDLE in the answer lists only accepted mids);
+RFC 8842 §5.3 (setup:passive, we are the DTLS server); RFC 8839 §5.1 candidates with
+RFC 8445 §5.1.2.1 priorities; RFC 7587 §7 Opus parameters; RFC 4733 telephone-event.
+
+Deliberately omitted: video, data channels (SCTP), more than one audio stream (all
+rejected with port 0); header extensions and RTCP feedback (none is useful for one
+Opus stream: transport-cc needs a bandwidth estimator we do not run); TCP candidates;
+a=ice-options:trickle in the answer (an ICE-lite server has all its candidates up front).
+This module must not import DTLS or SRTP (STYLE.md rule 8): the fingerprint arrives as text.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from appliance.proto.errors import LocalProtocolError
+from appliance.proto.sdp.errors import SdpError
+from appliance.proto.sdp.model import (
+    Candidate,
+    Codec,
+    Direction,
+    Fingerprint,
+    MediaKind,
+    MediaSection,
+    Offer,
+    Setup,
+)
+
+#: Hashes the DTLS layer can check a peer certificate against (RFC 8122 §5). SHA-1 and
+#: MD5 are excluded on purpose: every browser sends sha-256.
+USABLE_HASHES: Final = ("sha-256", "sha-384", "sha-512")
+
+#: Profiles that mean DTLS-SRTP over UDP. RFC 8829 §5.3.1 makes an answerer accept the
+#: legacy RTP/SAVP(F) spellings as well; the answer echoes whatever was offered.
+SERVABLE_PROTOS: Final = frozenset(
+    {"UDP/TLS/RTP/SAVPF", "UDP/TLS/RTP/SAVP", "RTP/SAVPF", "RTP/SAVP"}
+)
+
+#: Our fmtp for Opus (RFC 7587 §6.1): we can take 10 ms packets and decode in-band FEC.
+OPUS_FMTP: Final = "minptime=10;useinbandfec=1"
+
+_ICE_CHARS_RE: Final = re.compile(r"[A-Za-z0-9+/]+", re.ASCII)
+_LOCAL_FINGERPRINT_RE: Final = re.compile(r"sha-256 (?:[0-9A-F]{2}:){31}[0-9A-F]{2}", re.ASCII)
+_SAFE_RE: Final = re.compile(r"[!-~]{1,255}", re.ASCII)  # printable, no space: cname, msid
+
+
+@dataclass(frozen=True, slots=True)
+class AudioPlan:
+    """What the offer asks of us, once judged servable (remote-side parameters)."""
+
+    section: MediaSection
+    opus: Codec
+    telephone_event: Codec | None
+    direction: Direction  # the offer's
+    ice_ufrag: str
+    ice_pwd: str
+    fingerprints: tuple[Fingerprint, ...]  # only those with a USABLE_HASHES algorithm
+    setup: Setup
+    candidates: tuple[Candidate, ...]
+    bundled: bool  # the audio mid is in the offer's BUNDLE group
+
+    @property
+    def mid(self) -> str | None:
+        return self.section.mid
+
+    @property
+    def remote_ssrc(self) -> int | None:
+        return self.section.ssrcs[0].ssrc if self.section.ssrcs else None
+
+    @property
+    def send_fec(self) -> bool:
+        """RFC 7587 §6.1: the peer's useinbandfec=1 says it can decode FEC we send."""
+        return self.opus.params.get("useinbandfec") == "1"
+
+    @property
+    def send_stereo(self) -> bool:
+        """RFC 7587 §6.1: stereo=1 means the peer prefers to receive stereo."""
+        return self.opus.params.get("stereo") == "1"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The answer text and the parameters chosen in it."""
+
+    text: str
+    audio_mid: str | None
+    audio_index: int
+    opus_pt: int
+    opus_fmtp: str
+    telephone_event_pt: int | None
+    direction: Direction  # ours
+    bundle_mids: tuple[str, ...]
+    rtcp_rsize: bool
+    plan: AudioPlan
+
+    @property
+    def media_line(self) -> str:
+        """``m=audio 9 <proto> <pts>``: the line an sdpfrag repeats (RFC 8840 §9)."""
+        pts = [str(self.opus_pt)]
+        if self.telephone_event_pt is not None:
+            pts.append(str(self.telephone_event_pt))
+        return f"m=audio 9 {self.plan.section.proto} {' '.join(pts)}"
+
+
+def _is_opus(c: Codec) -> bool:
+    # RFC 7587 §7: Opus is always signalled as opus/48000/2, whatever is actually sent.
+    return c.name.lower() == "opus" and c.clock_rate == 48000 and c.channels == 2
+
+
+def _telephone_event(m: MediaSection) -> Codec | None:
+    # RFC 4733 §2.1: events share the audio stream's timestamp clock, so prefer the
+    # 48 kHz variant Chrome offers next to the 8 kHz one.
+    events = [c for c in m.codecs if c.name.lower() == "telephone-event"]
+    for c in events:
+        if c.clock_rate == 48000:
+            return c
+    return events[0] if events else None
+
+
+def choose_audio(offer: Offer) -> AudioPlan:
+    """Pick the audio section to serve and check its transport, or raise :class:`SdpError`
+    (422). Signaling may call this before minting credentials to fail fast."""
+    audio = [
+        m
+        for m in offer.media
+        # RFC 3264 §8.2: port 0 in an offer disables the stream, unless RFC 8843
+        # bundle-only says the port is borrowed from the BUNDLE tag.
+        if m.kind is MediaKind.AUDIO and (m.port != 0 or m.bundle_only)
+    ]
+    if not audio:
+        raise SdpError("no-audio", "the offer has no enabled audio m= section")
+    first_problem: SdpError | None = None
+    chosen: tuple[MediaSection, Codec] | None = None
+    for m in audio:
+        if m.proto.upper() not in SERVABLE_PROTOS:
+            first_problem = first_problem or SdpError(
+                "unsupported-proto",
+                f"audio m= section {m.index} uses {m.proto}; DTLS-SRTP "
+                "(UDP/TLS/RTP/SAVPF) is required",
+            )
+            continue
+        opus = next((c for c in m.codecs if _is_opus(c)), None)
+        if opus is None:
+            first_problem = first_problem or SdpError(
+                "no-opus", f"audio m= section {m.index} does not offer opus/48000/2"
+            )
+            continue
+        chosen = (m, opus)
+        break
+    if chosen is None:
+        assert first_problem is not None
+        raise first_problem
+    m, opus = chosen
+
+    ufrag, pwd = offer.effective_ice(m)
+    if ufrag is None or pwd is None:
+        raise SdpError("no-ice-credentials", "no a=ice-ufrag/a=ice-pwd for the audio section")
+    fingerprints = tuple(f for f in offer.effective_fingerprints(m) if f.algorithm in USABLE_HASHES)
+    if not fingerprints:
+        raise SdpError(
+            "no-fingerprint",
+            "no a=fingerprint with " + ", ".join(USABLE_HASHES) + " (RFC 8122)",
+        )
+    # RFC 4145 §4.1: an absent setup attribute means "active".
+    setup = offer.effective_setup(m) or Setup.ACTIVE
+    if setup not in (Setup.ACTPASS, Setup.ACTIVE):
+        raise SdpError(
+            "bad-setup",
+            f"a=setup:{setup.value}: the server is always the DTLS server, "
+            "so the offer must be actpass or active",
+        )
+    if not offer.effective_rtcp_mux(m):
+        raise SdpError("no-rtcp-mux", "a=rtcp-mux is required (one port for RTP and RTCP)")
+    return AudioPlan(
+        section=m,
+        opus=opus,
+        telephone_event=_telephone_event(m),
+        direction=offer.effective_direction(m),
+        ice_ufrag=ufrag,
+        ice_pwd=pwd,
+        fingerprints=fingerprints,
+        setup=setup,
+        candidates=offer.effective_candidates(m),
+        bundled=m.mid is not None and m.mid in offer.bundle,
+    )
+
+
+def _check_ice(ice_ufrag: str, ice_pwd: str) -> None:
+    if not 4 <= len(ice_ufrag) <= 256 or not _ICE_CHARS_RE.fullmatch(ice_ufrag):
+        raise LocalProtocolError("ice_ufrag must be 4-256 ICE characters")
+    if not 22 <= len(ice_pwd) <= 256 or not _ICE_CHARS_RE.fullmatch(ice_pwd):
+        raise LocalProtocolError("ice_pwd must be 22-256 ICE characters")
+
+
+def host_candidate_lines(candidates: Sequence[tuple[str, int]]) -> list[str]:
+    """One ``a=candidate`` per advertised address, in the caller's preference order.
+
+    RFC 8445 §5.1.2.1: priority = 2^24 * type-pref + 2^8 * local-pref + (256 - component);
+    host type preference 126, local preference 65535 for the first address and one less
+    for each after it, component 1 (RTP; RTCP is muxed). Each address is its own base, so
+    each gets its own foundation (§5.1.1.3).
+    """
+    if len(candidates) > 64:
+        raise LocalProtocolError("more than 64 candidates")
+    lines = []
+    for i, (addr, port) in enumerate(candidates):
+        try:
+            ip = ipaddress.ip_address(addr)
+        except ValueError:
+            raise LocalProtocolError(f"candidate address {addr!r} is not an IP") from None
+        if not 1 <= port <= 65535:
+            raise LocalProtocolError(f"candidate port {port} out of range")
+        priority = (126 << 24) | ((65535 - i) << 8) | (256 - 1)
+        lines.append(f"a=candidate:{i + 1} 1 udp {priority} {ip.compressed} {port} typ host")
+    return lines
+
+
+def _default_address(candidates: Sequence[tuple[str, int]]) -> tuple[str, int, str]:
+    """(addrtype, port, address) for c= and m=: the first candidate, RFC 8839 §4.2.1.2."""
+    if not candidates:
+        return "IP4", 9, "0.0.0.0"  # RFC 8840 §8.2: trickle placeholder
+    ip = ipaddress.ip_address(candidates[0][0])
+    return ("IP6" if ip.version == 6 else "IP4"), candidates[0][1], ip.compressed
+
+
+def build_answer(
+    offer: Offer,
+    *,
+    ice_ufrag: str,
+    ice_pwd: str,
+    fingerprint: str,
+    candidates: Sequence[tuple[str, int]],
+    ssrc: int,
+    cname: str,
+    session_id: int,
+    session_version: int = 1,
+    msid_stream: str = "appliance",
+    msid_track: str = "audio",
+) -> Answer:
+    """Answer ``offer``: serve its first usable audio section, reject everything else.
+
+    Raises :class:`SdpError` (a ``RemoteProtocolError``) when the offer cannot be served,
+    and ``LocalProtocolError`` when our own arguments are wrong.
+    """
+    _check_ice(ice_ufrag, ice_pwd)
+    if not _LOCAL_FINGERPRINT_RE.fullmatch(fingerprint):
+        raise LocalProtocolError("fingerprint must be 'sha-256 AB:CD:...' (32 bytes, upper)")
+    if not 0 <= ssrc < 2**32:
+        raise LocalProtocolError("ssrc must fit 32 bits")
+    if not 0 <= session_id < 2**63 or not 0 <= session_version < 2**63:
+        raise LocalProtocolError("session id/version must fit 63 bits (RFC 8829 §5.2.1)")
+    for what, value in (("cname", cname), ("msid_stream", msid_stream), ("msid_track", msid_track)):
+        if not _SAFE_RE.fullmatch(value):
+            raise LocalProtocolError(f"{what} must be 1-255 printable ASCII, no spaces")
+    cand_lines = host_candidate_lines(candidates)
+
+    plan = choose_audio(offer)
+    audio = plan.section
+    direction = plan.direction.reverse()
+    addrtype, port, address = _default_address(candidates)
+    bundle = (audio.mid,) if plan.bundled and audio.mid is not None else ()
+
+    out = [
+        "v=0",
+        f"o=- {session_id} {session_version} IN IP4 0.0.0.0",
+        "s=-",
+        "t=0 0",
+        "a=ice-lite",
+    ]
+    if bundle:
+        out.append("a=group:BUNDLE " + " ".join(bundle))
+    te = plan.telephone_event
+    pts = [plan.opus.pt] if te is None else [plan.opus.pt, te.pt]
+    for m in offer.media:
+        if m is not audio:
+            # RFC 3264 §6: a rejected stream keeps its place with port 0; RFC 8829
+            # §5.3.1 keeps the mid so the offerer can match it.
+            out.append(f"m={m.media} 0 {m.proto} {' '.join(m.formats)}")
+            out.append("c=IN IP4 0.0.0.0")
+            if m.mid is not None:
+                out.append(f"a=mid:{m.mid}")
+            continue
+        out.append(f"m=audio {port} {audio.proto} {' '.join(map(str, pts))}")
+        out.append(f"c=IN {addrtype} {address}")
+        if audio.mid is not None:
+            out.append(f"a=mid:{audio.mid}")
+        out += [
+            f"a=ice-ufrag:{ice_ufrag}",
+            f"a=ice-pwd:{ice_pwd}",
+            f"a=fingerprint:{fingerprint}",
+            "a=setup:passive",
+            f"a={direction.value}",
+            "a=rtcp-mux",
+        ]
+        if audio.rtcp_rsize:
+            out.append("a=rtcp-rsize")  # RFC 5506: we parse reduced-size RTCP anyway
+        out.append(f"a=rtpmap:{plan.opus.pt} opus/48000/2")
+        out.append(f"a=fmtp:{plan.opus.pt} {OPUS_FMTP}")
+        if te is not None:
+            out.append(f"a=rtpmap:{te.pt} {te.name}/{te.clock_rate}")
+            if te.fmtp:
+                out.append(f"a=fmtp:{te.pt} {te.fmtp}")
+        if direction in (Direction.SENDRECV, Direction.SENDONLY):
+            out.append(f"a=msid:{msid_stream} {msid_track}")
+            out.append(f"a=ssrc:{ssrc} cname:{cname}")
+            out.append(f"a=ssrc:{ssrc} msid:{msid_stream} {msid_track}")
+        out += cand_lines
+        out.append("a=end-of-candidates")
+    return Answer(
+        text="\r\n".join(out) + "\r\n",
+        audio_mid=audio.mid,
+        audio_index=audio.index,
+        opus_pt=plan.opus.pt,
+        opus_fmtp=OPUS_FMTP,
+        telephone_event_pt=te.pt if te is not None else None,
+        direction=direction,
+        bundle_mids=bundle,
+        rtcp_rsize=audio.rtcp_rsize,
+        plan=plan,
+    )
+
+
+def build_sdpfrag_answer(
+    ice_ufrag: str,
+    ice_pwd: str,
+    candidates: Sequence[tuple[str, int]],
+    *,
+    answer: Answer | None = None,
+) -> str:
+    """The ``200 OK`` body for an ICE restart PATCH (RFC 9725 §4.4.1, RFC 8840 §9).
+
+    With ``answer`` the candidates sit under the answer's BUNDLE group, m= line and mid,
+    as in the RFC 9725 example; without it they are written at session level.
+    """
+    _check_ice(ice_ufrag, ice_pwd)
+    out = ["a=ice-lite"]
+    if answer is not None:
+        if answer.bundle_mids:
+            out.append("a=group:BUNDLE " + " ".join(answer.bundle_mids))
+        out.append(answer.media_line)
+        if answer.audio_mid is not None:
+            out.append(f"a=mid:{answer.audio_mid}")
+    out += [f"a=ice-ufrag:{ice_ufrag}", f"a=ice-pwd:{ice_pwd}"]
+    out += host_candidate_lines(candidates)
+    out.append("a=end-of-candidates")
+    return "\r\n".join(out) + "\r\n"

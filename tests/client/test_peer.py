@@ -1,0 +1,144 @@
+"""ClientPeer against a server assembled from the same proto pieces the transceiver uses
+(ICE-lite + DTLS server + SRTP), over an in-memory network on a virtual clock."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from appliance.client.peer import ClientPeer, Connected, Failed, RtpReceived
+from appliance.proto.dtls import Certificate, DtlsConnection, HandshakeComplete, Role
+from appliance.proto.ice import IceLiteAgent
+from appliance.proto.mux import Kind, classify
+from appliance.proto.rtp import RtpPacket
+from appliance.proto.sdp import build_answer, parse_offer_untrusted
+from appliance.proto.srtp import (
+    EXPORTER_LABEL,
+    SrtpProfile,
+    SrtpSession,
+    exporter_length,
+    srtp_key_material,
+)
+
+SERVER = ("198.51.100.1", 3478)
+CLIENT = ("203.0.113.9", 50000)
+
+
+class MiniServer:
+    """Just enough of a transceiver: answers ICE, completes DTLS, echoes RTP."""
+
+    def __init__(self, offer: str, now: float, *, srtp_profiles: tuple[SrtpProfile, ...]) -> None:
+        self.cert = Certificate.generate(now)
+        parsed = parse_offer_untrusted(offer)
+        self.answer = build_answer(
+            parsed, ice_ufrag="srvufrag", ice_pwd="serverpasswordserverpass",
+            fingerprint=self.cert.fingerprint, candidates=[SERVER], ssrc=1234, cname="srv",
+            session_id=1)
+        audio = parsed.media[0]
+        self.ice = IceLiteAgent("srvufrag", "serverpasswordserverpass", audio.ice_ufrag,
+                                audio.ice_pwd)
+        self.dtls = DtlsConnection(Role.SERVER, self.cert,
+                                   remote_fingerprints=[str(f) for f in audio.fingerprints],
+                                   srtp_profiles=srtp_profiles)
+        self.srtp: SrtpSession | None = None
+        self.out: list[tuple[bytes, tuple[str, int]]] = []
+
+    def handle(self, now: float, data: bytes, addr: tuple[str, int]) -> None:
+        kind = classify(data)
+        if kind is Kind.STUN:
+            self.ice.handle_datagram(now, data, addr)
+        elif kind is Kind.DTLS:
+            self.dtls.handle_datagram(now, data)
+        elif kind is Kind.RTP and self.srtp is not None:
+            pkt = RtpPacket.parse_untrusted(self.srtp.unprotect_untrusted(data))
+            self.out.append((self.srtp.protect(bytes(pkt)), addr))  # echo
+        self.pump()
+
+    def pump(self) -> None:
+        while (t := self.ice.poll_transmit()) is not None:
+            self.out.append(t)
+        while (d := self.dtls.poll_transmit()) is not None:
+            self.out.append((d, CLIENT))
+        while (ev := self.dtls.poll_event()) is not None:
+            if isinstance(ev, HandshakeComplete):
+                assert ev.srtp_profile is not None
+                km = self.dtls.export_keying_material(EXPORTER_LABEL,
+                                                      exporter_length(ev.srtp_profile))
+                local, remote = srtp_key_material(km, ev.srtp_profile, "server")
+                self.srtp = SrtpSession(ev.srtp_profile, local, remote)
+
+
+def run_call(profile: SrtpProfile, *, loss: float, seed: int) -> tuple[ClientPeer, list[object]]:
+    rng = random.Random(seed)
+    now = 1000.0
+    peer = ClientPeer(Certificate.generate(now), rng=random.Random(seed))
+    server = MiniServer(peer.offer(), now, srtp_profiles=(profile,))
+    peer.accept_answer(server.answer.text, now)
+    events: list[object] = []
+    sent_media = False
+    for _ in range(4000):
+        while (t := peer.poll_transmit()) is not None:
+            if rng.random() >= loss:
+                server.handle(now, t[0], CLIENT)
+        for data, _addr in server.out:
+            if rng.random() >= loss:
+                peer.handle_datagram(now, data, SERVER)
+        server.out.clear()
+        while (ev := peer.poll_event()) is not None:
+            events.append(ev)
+            if isinstance(ev, Connected) and not sent_media:
+                sent_media = True
+                for i in range(10):
+                    peer.send_rtp(bytes([i]) * 40, 960 * i, marker=i == 0)
+        if sum(isinstance(e, RtpReceived) for e in events) >= 10 * (1 - loss) - 3 and sent_media:
+            break
+        if any(isinstance(e, Failed) for e in events):
+            break
+        now += 0.01
+        peer.handle_timeout(now)
+        server.dtls.handle_timeout(now)
+        server.ice.handle_timeout(now)
+        server.pump()
+    return peer, events
+
+
+@pytest.mark.parametrize("profile", [SrtpProfile.AES128_CM_HMAC_SHA1_80,
+                                     SrtpProfile.AEAD_AES_128_GCM, SrtpProfile.AEAD_AES_256_GCM])
+def test_call_connects_and_echoes(profile: SrtpProfile) -> None:
+    peer, events = run_call(profile, loss=0.0, seed=1)
+    connected = [e for e in events if isinstance(e, Connected)]
+    assert len(connected) == 1
+    assert connected[0].srtp_profile is profile
+    echoed = [e.packet for e in events if isinstance(e, RtpReceived)]
+    assert [p.payload for p in echoed] == [bytes([i]) * 40 for i in range(10)]
+    assert peer.srtp_errors == 0
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_call_survives_loss(seed: int) -> None:
+    _, events = run_call(SrtpProfile.AEAD_AES_128_GCM, loss=0.2, seed=seed)
+    assert any(isinstance(e, Connected) for e in events)
+
+
+def test_wrong_server_fingerprint_fails() -> None:
+    now = 5.0
+    peer = ClientPeer(Certificate.generate(now), rng=random.Random(3))
+    server = MiniServer(peer.offer(), now, srtp_profiles=(SrtpProfile.AEAD_AES_128_GCM,))
+    other = Certificate.generate(now).fingerprint
+    peer.accept_answer(server.answer.text.replace(server.cert.fingerprint, other), now)
+    events: list[object] = []
+    for _ in range(200):
+        while (t := peer.poll_transmit()) is not None:
+            server.handle(now, t[0], CLIENT)
+        for data, _ in server.out:
+            peer.handle_datagram(now, data, SERVER)
+        server.out.clear()
+        while (ev := peer.poll_event()) is not None:
+            events.append(ev)
+        if events:
+            break
+        now += 0.01
+        peer.handle_timeout(now)
+    assert any(isinstance(e, Failed) for e in events)
+    assert not any(isinstance(e, Connected) for e in events)
