@@ -16,7 +16,10 @@ from collections.abc import Sequence
 from .proto.ufrag import UfragCodec, UfragError, load_secrets
 
 # (subcommand, module, one-line help). A role appears here only once it really runs.
-ROLES: list[tuple[str, str, str]] = []
+ROLES: list[tuple[str, str, str]] = [
+    ("relay", "appliance.relay.cli",
+     "run the relay: one public UDP port, flows routed by server ufrag"),
+]
 
 
 def _read_secrets(path: str) -> list[bytes]:

@@ -25,7 +25,8 @@ def test_help_is_complete() -> None:
     r = run("--help")
     assert r.returncode == 0
     assert "ufrag" in r.stdout
-    for sub in (["ufrag", "--help"], ["ufrag", "mint", "--help"], ["ufrag", "decode", "--help"]):
+    assert "relay" in r.stdout
+    for sub in (["relay", "--help"], ["ufrag", "--help"], ["ufrag", "mint", "--help"], ["ufrag", "decode", "--help"]):
         r = run(*sub)
         assert r.returncode == 0, r.stderr
         assert "usage:" in r.stdout

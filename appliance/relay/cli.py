@@ -1,0 +1,361 @@
+"""``appliance relay``: run the relay alone (one worker, or M worker processes).
+
+Flags override the ``[relay]`` table of the TOML config file, which overrides the defaults
+(see :mod:`appliance.config`). With ``--workers M`` (M > 1) this process becomes a small
+supervisor: it starts M copies of itself with ``--workers 1`` sharing the public port through
+``SO_REUSEPORT``, restarts a worker that dies (with backoff), serves ``--control`` by summing
+the workers' counters, and stops them all on SIGINT/SIGTERM.
+
+When ready it prints exactly one line (tests and the supervisor of ``appliance up`` wait for
+it)::
+
+    relay listening on HOST:PORT internal HOST:PORT
+
+With several listen addresses or workers, each field is a comma-separated list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import trio
+
+from .. import logs
+from ..config import ConfigError, format_hostport, load_config, parse_hostport, resolve
+from ..control import ControlError, control_request, serve_control
+from ..proto.ufrag import load_secrets
+from .core import Address
+from .server import RelayConfig, serve_relay
+
+log = logging.getLogger("appliance.relay")
+
+READY_PREFIX = "relay listening on "
+
+DEFAULTS: dict[str, Any] = {
+    "listen": ["0.0.0.0:3478"],
+    "internal": "127.0.0.1:0",
+    "transceivers": {},
+    "next_hops": {},
+    "cluster": 0,
+    "workers": 1,
+    "flow_timeout": 30.0,
+    "max_flows": 100_000,
+    "new_flow_rate": 20.0,
+    "pin": False,
+}
+
+
+class UsageError(Exception):
+    pass
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Run the relay: one public UDP port; the first packet of each client flow is routed "
+        "by the server ICE ufrag in its STUN USERNAME to the owning transceiver (or to the "
+        "relay of another cluster); later packets follow the flow table. Internal datagrams "
+        "carry a PROXY protocol v2 header."
+    )
+    a = parser.add_argument
+    a("--listen", action="append", metavar="HOST:PORT",
+      help="public UDP address (repeatable, e.g. once for IPv4 and once for [::]:PORT; "
+           "default 0.0.0.0:3478)")
+    a("--transceiver", dest="transceivers", action="append", metavar="K=HOST:PORT",
+      help="internal address of transceiver K of this cluster (repeatable; config file: "
+           '[relay] transceivers = {0 = "127.0.0.1:4000"})')
+    a("--cluster", type=int, metavar="C", help="this relay's cluster id (default 0)")
+    a("--next-hop", dest="next_hops", action="append", metavar="CLUSTER=HOST:PORT",
+      help="internal address of the relay serving another cluster (repeatable; config "
+           'file: [relay] next_hops = {1 = "10.0.0.2:3479"})')
+    a("--secret-file", metavar="F", help="routing secret file (one secret per line; required)")
+    a("--workers", type=int, metavar="M",
+      help="worker processes sharing the public port with SO_REUSEPORT (default 1)")
+    a("--internal", metavar="HOST:PORT",
+      help="each worker's internal UDP address (default 127.0.0.1:0, an ephemeral port per "
+           "worker; a fixed port is shared by the workers)")
+    a("--control", metavar="ADDRESS",
+      help='control channel (Unix socket path or host:port) serving {"op": "stats"}')
+    a("--redis", metavar="URL",
+      help="write established flows to Redis and look unknown flows up there, so media "
+           "resumes after a relay restart (e.g. redis://127.0.0.1:6379/0)")
+    a("--flow-timeout", type=float, metavar="S",
+      help="forget a flow after S seconds without a client datagram (default 30)")
+    a("--max-flows", type=int, metavar="N",
+      help="hard cap on flows per worker; the stalest is evicted (default 100000)")
+    a("--new-flow-rate", type=float, metavar="R",
+      help="new flows (and reflexive STUN answers) per second per source IP, burst 2R "
+           "(default 20)")
+    a("--pin", action="store_true", default=None,
+      help="pin each worker process to its own CPU (os.sched_setaffinity)")
+    a("--config", metavar="FILE", help="TOML config file (flags override it)")
+    a("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    logs.add_logging_flags(parser)
+
+
+def _mapping(value: object, what: str) -> dict[int, Address]:
+    """``["0=h:p", ...]`` (flags) or ``{"0": "h:p"}`` (TOML) -> {0: ("h", p)}."""
+    items: list[tuple[object, object]]
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, list | tuple):
+        items = []
+        for entry in value:
+            ident_text, sep, addr_text = str(entry).partition("=")
+            if not sep:
+                raise UsageError(f"{what} {entry!r}: expected ID=HOST:PORT")
+            items.append((ident_text, addr_text))
+    else:
+        raise UsageError(f"{what}: expected ID=HOST:PORT entries")
+    out: dict[int, Address] = {}
+    for key, addr in items:
+        try:
+            ident = int(str(key))
+            if not 0 <= ident <= 0xFFFF:
+                raise ValueError
+        except ValueError:
+            raise UsageError(f"{what} id {key!r}: expected an integer 0..65535") from None
+        try:
+            out[ident] = parse_hostport(str(addr), default_host="127.0.0.1")
+        except ValueError as exc:
+            raise UsageError(f"{what} {ident}: {exc}") from None
+    return out
+
+
+def _addr(text: object, what: str, default_host: str) -> Address:
+    try:
+        return parse_hostport(str(text), default_host=default_host)
+    except ValueError as exc:
+        raise UsageError(f"{what}: {exc}") from None
+
+
+def build_config(args: argparse.Namespace) -> RelayConfig:
+    """The worker configuration from resolved args; raises UsageError with a clear message."""
+    if not args.secret_file:
+        raise UsageError("--secret-file is required (or secret_file in the config file)")
+    try:
+        with open(args.secret_file, "rb") as f:
+            secrets = load_secrets(f.read())
+    except OSError as exc:
+        raise UsageError(f"cannot read secret file {args.secret_file}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise UsageError(f"{args.secret_file}: {exc}") from None
+    listen = args.listen if isinstance(args.listen, list | tuple) else [args.listen]
+    if args.flow_timeout <= 0:
+        raise UsageError("--flow-timeout must be > 0")
+    if args.max_flows < 1:
+        raise UsageError("--max-flows must be >= 1")
+    if args.new_flow_rate <= 0:
+        raise UsageError("--new-flow-rate must be > 0")
+    if not 0 <= int(args.cluster) <= 0xFFFF:
+        raise UsageError("--cluster must be 0..65535")
+    worker = args.worker_index or 0
+    return RelayConfig(
+        secrets=tuple(secrets),
+        listen=tuple(_addr(x, "--listen", "0.0.0.0") for x in listen),
+        internal=_addr(args.internal, "--internal", "127.0.0.1"),
+        transceivers=_mapping(args.transceivers, "--transceiver"),
+        cluster=int(args.cluster),
+        next_hops=_mapping(args.next_hops, "--next-hop"),
+        flow_timeout=float(args.flow_timeout),
+        max_flows=int(args.max_flows),
+        new_flow_rate=float(args.new_flow_rate),
+        new_flow_burst=max(1.0, 2 * float(args.new_flow_rate)),
+        redis_url=args.redis,
+        control=args.control,
+        relay_id=f"{socket.gethostname()[:40]}/c{int(args.cluster)}/w{worker}",
+        worker=worker,
+    )
+
+
+def _pin(index: int) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    cpu = cpus[index % len(cpus)]
+    os.sched_setaffinity(0, {cpu})
+    log.info("relay worker %d pinned to CPU %d", index, cpu)
+
+
+async def _stop_on_signals(scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("relay: %s, stopping", signal.Signals(signum).name)
+            scope.cancel()
+            return
+
+
+async def _run_worker(config: RelayConfig, pin: bool) -> None:
+    if pin:
+        _pin(config.worker)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_stop_on_signals, nursery.cancel_scope)
+        handle = await nursery.start(serve_relay, config)
+        public = ",".join(format_hostport(a) for a in handle.public)
+        print(f"{READY_PREFIX}{public} internal {format_hostport(handle.internal)}", flush=True)
+
+
+# -- M worker processes -------------------------------------------------------------------
+
+
+def _child_argv(args: argparse.Namespace, config: RelayConfig, index: int,
+                listen: Sequence[Address], control: str) -> list[str]:
+    argv = [sys.executable, "-m", "appliance.relay.cli", "--workers", "1",
+            "--worker-index", str(index), "--secret-file", str(args.secret_file),
+            "--cluster", str(config.cluster), "--internal", format_hostport(config.internal),
+            "--flow-timeout", repr(config.flow_timeout), "--max-flows", str(config.max_flows),
+            "--new-flow-rate", repr(config.new_flow_rate), "--control", control,
+            "--log-level", args.log_level, "--log-format", args.log_format]
+    for addr in listen:
+        argv += ["--listen", format_hostport(addr)]
+    for k, addr in config.transceivers.items():
+        argv += ["--transceiver", f"{k}={format_hostport(addr)}"]
+    for k, addr in config.next_hops.items():
+        argv += ["--next-hop", f"{k}={format_hostport(addr)}"]
+    if config.redis_url:
+        argv += ["--redis", config.redis_url]
+    if args.pin:
+        argv.append("--pin")
+    return argv
+
+
+class _Supervisor:
+    def __init__(self, args: argparse.Namespace, config: RelayConfig, workers: int) -> None:
+        self.args = args
+        self.config = config
+        self.workers = workers
+        self.tmp = tempfile.mkdtemp(prefix="appliance-relay-")
+        self.listen: list[Address] = list(config.listen)
+        self.internal: list[str] = ["?"] * workers
+        self.first_ready: list[trio.Event] = [trio.Event() for _ in range(workers)]
+
+    def control_path(self, index: int) -> str:
+        return os.path.join(self.tmp, f"worker-{index}.sock")
+
+    async def keep_running(self, index: int) -> None:
+        """Run worker ``index``; restart it with exponential backoff when it dies."""
+        backoff = 0.1
+        while True:
+            started = trio.current_time()
+            argv = _child_argv(self.args, self.config, index, self.listen,
+                               self.control_path(index))
+            async with trio.open_nursery() as nursery:
+                proc: trio.Process = await nursery.start(
+                    partial(trio.run_process, argv, stdout=subprocess.PIPE, check=False)
+                )
+                assert proc.stdout is not None
+                await self._read_ready(index, proc.stdout)
+            if trio.current_time() - started > 10:
+                backoff = 0.1
+            log.warning("relay worker %d exited with status %s; restarting in %.1f s",
+                        index, proc.returncode, backoff)
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    async def _read_ready(self, index: int, stdout: trio.abc.ReceiveStream) -> None:
+        buf = b""
+        ready = False
+        while True:
+            chunk = await stdout.receive_some(4096)
+            if not chunk:
+                return  # the worker exited
+            if ready:
+                continue
+            buf += chunk
+            while b"\n" in buf and not ready:
+                line, _, buf = buf.partition(b"\n")
+                text = line.decode(errors="replace")
+                if not text.startswith(READY_PREFIX):
+                    continue
+                public, _, internal = text[len(READY_PREFIX):].partition(" internal ")
+                # The first worker picks any ephemeral public port; the others (and restarts)
+                # must bind the same one.
+                self.listen = [parse_hostport(p) for p in public.split(",")]
+                self.internal[index] = internal
+                self.first_ready[index].set()
+                ready = True
+
+    async def stats(self, req: dict[str, Any]) -> dict[str, Any]:
+        if req.get("op") != "stats":
+            return {"ok": False, "status": 400, "code": "unknown-op",
+                    "detail": f"unknown op {req.get('op')!r}; this relay serves 'stats'"}
+        per: list[dict[str, Any]] = []
+        total: dict[str, Any] = {"drops": {}}
+        flows = 0
+        for i in range(self.workers):
+            try:
+                resp = await control_request(self.control_path(i), {"op": "stats"})
+            except ControlError as exc:
+                per.append({"ok": False, "worker": i, "detail": str(exc)})
+                continue
+            per.append(resp)
+            flows += int(resp.get("flows", 0))
+            for key, value in resp.get("counters", {}).items():
+                if key == "drops":
+                    for reason, n in value.items():
+                        total["drops"][reason] = total["drops"].get(reason, 0) + n
+                else:
+                    total[key] = total.get(key, 0) + value
+        return {"ok": True, "counters": total, "flows": flows, "worker": "all",
+                "workers": per}
+
+    async def run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_stop_on_signals, nursery.cancel_scope)
+                nursery.start_soon(self.keep_running, 0)
+                await self.first_ready[0].wait()
+                for i in range(1, self.workers):
+                    nursery.start_soon(self.keep_running, i)
+                for event in self.first_ready:
+                    await event.wait()
+                if self.args.control:
+                    await nursery.start(serve_control, self.args.control, self.stats)
+                public = ",".join(format_hostport(a) for a in self.listen)
+                print(f"{READY_PREFIX}{public} internal {','.join(self.internal)}", flush=True)
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        resolve(args, load_config(args.config), "relay", DEFAULTS)
+        config = build_config(args)
+    except (ConfigError, UsageError) as exc:
+        print(f"appliance relay: {exc}", file=sys.stderr)
+        return 2
+    logs.configure(level=args.log_level, fmt=args.log_format, role="relay")
+    workers = int(args.workers)
+    if workers < 1:
+        print("appliance relay: --workers must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        if workers > 1 and args.worker_index is None:
+            trio.run(_Supervisor(args, config, workers).run)
+        else:
+            trio.run(_run_worker, config, bool(args.pin))
+    except OSError as exc:
+        print(f"appliance relay: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # pragma: no cover - the signal receiver normally wins
+        pass
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m appliance.relay.cli`` (what the M-worker supervisor starts)."""
+    parser = argparse.ArgumentParser(prog="appliance relay")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

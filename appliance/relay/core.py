@@ -1,0 +1,504 @@
+"""The relay's decisions, without sockets: flow table, first-packet routing, rate limits.
+
+This is the sans-IO half of the relay (STYLE.md rule 1 in spirit: no trio, no sockets, no
+clock — ``now`` is always passed in). The trio shell (:mod:`appliance.relay.server`) owns the
+sockets and inlines only the one case that must be fast: a non-STUN datagram from a known
+flow is forwarded by looking up ``RelayCore.flows`` directly. Every other datagram comes here
+through :meth:`RelayCore.handle_datagram`, which returns what to do with it:
+
+* a :class:`Flow` — forward the datagram to ``flow.dest``, framed with ``flow.header``;
+* ``bytes`` — answer the sender with these bytes (a server-reflexive STUN response only);
+* ``None`` — drop it (already counted under a reason in ``counters.drops``).
+
+Routing of a first packet (DESIGN.md "Relay behaviour", "Server ufrag")::
+
+    datagram from an unknown client ip:port
+      ├─ first byte not STUN (RFC 7983) ─────────────── drop "no-flow" (or Redis lookup)
+      ├─ not a well-formed Binding request ──────────── drop "stun-malformed"
+      ├─ no USERNAME ─────────────────────────────────── answer: reflexive response
+      ├─ server ufrag (before ':') does not verify ──── drop "ufrag-<malformed|version|bad-mac>"
+      ├─ cluster == own, transceiver K configured ───── new flow -> transceiver K
+      ├─ cluster == other, next hop configured ──────── new flow -> next-hop relay
+      └─ otherwise ───────────────────────────────────── drop "unknown-cluster|transceiver"
+
+A STUN Binding request on a *known* flow whose server ufrag differs from the flow's re-routes
+the flow if it verifies (ICE restart, or a NAT that reused the port for a new session).
+
+Bounded memory under any input: the flow table has a hard cap (``max_flows``); creating a flow
+at the cap evicts the least recently used one (the table is an ``OrderedDict`` kept in LRU
+order, so the stalest flow is always first and idle expiry pops from the front in O(expired)).
+New flows, reflexive answers and Redis look-ups each cost a token from a per-source-IP token
+bucket; the bucket table is itself LRU-capped. Pending Redis look-ups and the negative cache
+are capped too.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..proto.mux import Kind, first_byte_kind
+from ..proto.proxy import TLV_RELAY_ID, encode_header, encode_tlv
+from ..proto.stun import MAX_AMPLIFICATION, StunError, peek_username_untrusted, reflexive_response
+from ..proto.ufrag import UfragCodec, UfragError
+
+Address = tuple[str, int]
+
+#: ``IS_STUN[b]`` is true when a datagram starting with byte ``b`` is STUN (RFC 7983 §7),
+#: derived from the pure first-byte demultiplexer so the hot path can index a ``bytes``.
+IS_STUN = bytes(1 if first_byte_kind(b) is Kind.STUN else 0 for b in range(256))
+
+#: Every counter the relay keeps (drops are separate, by reason).
+COUNTER_NAMES = (
+    "packets_in",
+    "bytes_in",
+    "packets_out",
+    "bytes_out",
+    "flows_created",
+    "flows_expired",
+    "flows_evicted",
+    "flows_recovered",
+    "reroutes",
+    "stun_answered",
+    "redis_lookups",
+    "redis_writes",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a flow goes: a transceiver of this cluster or the relay of another cluster."""
+
+    kind: str  # "t" (transceiver) or "c" (next-hop cluster)
+    ident: int
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.ident}"
+
+    @classmethod
+    def parse(cls, text: str) -> Route | None:
+        """Inverse of ``str()`` (for values read back from Redis); None if not a route."""
+        if len(text) < 2 or text[0] not in "tc" or not text[1:].isdigit():
+            return None
+        return cls(text[0], int(text[1:]))
+
+
+class Flow:
+    """One client ip:port: where its datagrams go and how they are framed.
+
+    Mutable on purpose (``last_seen`` and the counters change per packet); slotted so the
+    hot path's attribute stores are cheap.
+    """
+
+    __slots__ = (
+        "bytes_in",
+        "bytes_out",
+        "client",
+        "created",
+        "dest",
+        "header",
+        "last_seen",
+        "packets_in",
+        "packets_out",
+        "public",
+        "route",
+        "ufrag",
+        "upstream",
+        "written",
+    )
+
+    def __init__(
+        self,
+        client: Address,
+        route: Route,
+        dest: Address,
+        header: bytes,
+        public: Address,
+        upstream: Address | None,
+        ufrag: bytes,
+        now: float,
+    ) -> None:
+        self.client = client
+        self.route = route
+        #: next hop: a transceiver's or a relay's internal address
+        self.dest = dest
+        #: PROXY v2 header (source = client, destination = public, relay-id TLV)
+        self.header = header
+        self.public = public
+        #: the upstream relay's internal address when the flow reached us through a relay:
+        #: return traffic goes back there (framed) instead of out of our public socket
+        self.upstream = upstream
+        #: server ufrag of the last verified STUN request (b"" for a flow recovered from Redis)
+        self.ufrag = ufrag
+        self.created = now
+        self.last_seen = now
+        self.written = -1e300  # when the flow was last written to Redis
+        self.packets_in = 0
+        self.bytes_in = 0
+        self.packets_out = 0
+        self.bytes_out = 0
+
+
+@dataclass(slots=True)
+class Counters:
+    packets_in: int = 0
+    bytes_in: int = 0
+    packets_out: int = 0
+    bytes_out: int = 0
+    flows_created: int = 0
+    flows_expired: int = 0
+    flows_evicted: int = 0
+    flows_recovered: int = 0
+    reroutes: int = 0
+    stun_answered: int = 0
+    redis_lookups: int = 0
+    redis_writes: int = 0
+    drops: dict[str, int] = field(default_factory=dict)
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        self.drops[reason] = self.drops.get(reason, 0) + n
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {name: getattr(self, name) for name in COUNTER_NAMES}
+        out["drops"] = dict(self.drops)
+        return out
+
+
+class TokenBuckets:
+    """Per-source-IP token buckets (``rate`` tokens/s, at most ``burst``), LRU-capped.
+
+    Evicting a bucket forgets that a source spent its tokens, so the cap must be well above
+    the number of sources expected to be active within ``burst / rate`` seconds; a forgotten
+    source gets at most one extra burst, so memory stays bounded without opening a hole.
+    """
+
+    __slots__ = ("_buckets", "burst", "cap", "rate")
+
+    def __init__(self, rate: float, burst: float, cap: int) -> None:
+        if rate <= 0 or burst < 1 or cap < 1:
+            raise ValueError("rate must be > 0, burst >= 1, cap >= 1")
+        self.rate = rate
+        self.burst = burst
+        self.cap = cap
+        # ip -> [tokens, last refill time]
+        self._buckets: OrderedDict[str, list[float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def allow(self, ip: str, now: float) -> bool:
+        b = self._buckets.get(ip)
+        if b is None:
+            if len(self._buckets) >= self.cap:
+                self._buckets.popitem(last=False)
+            self._buckets[ip] = [self.burst - 1.0, now]
+            return True
+        self._buckets.move_to_end(ip)
+        tokens = min(self.burst, b[0] + (now - b[1]) * self.rate)
+        b[1] = now
+        if tokens < 1.0:
+            b[0] = tokens
+            return False
+        b[0] = tokens - 1.0
+        return True
+
+    def sweep(self, now: float) -> None:
+        """Forget buckets that have refilled completely (they behave like new ones)."""
+        full_after = self.burst / self.rate
+        while self._buckets:
+            ip, b = next(iter(self._buckets.items()))
+            if now - b[1] < full_after:
+                break  # LRU order: every later bucket was used more recently
+            del self._buckets[ip]
+
+
+@dataclass(frozen=True, slots=True)
+class CoreConfig:
+    """What the routing core needs to know (addresses already resolved to IP literals)."""
+
+    secrets: tuple[bytes, ...]
+    cluster: int = 0
+    transceivers: Mapping[int, Address] = field(default_factory=dict)
+    next_hops: Mapping[int, Address] = field(default_factory=dict)
+    relay_id: str = "relay"
+    flow_timeout: float = 30.0
+    max_flows: int = 100_000
+    new_flow_rate: float = 20.0
+    new_flow_burst: float = 40.0
+    max_sources: int = 65_536
+    redis: bool = False
+    max_pending_lookups: int = 4096
+    negative_ttl: float = 1.0
+
+
+class RelayCore:
+    """Flow table + first-packet routing. See the module docstring for the decisions."""
+
+    def __init__(self, config: CoreConfig) -> None:
+        if config.max_flows < 1:
+            raise ValueError("max_flows must be >= 1")
+        if config.flow_timeout <= 0:
+            raise ValueError("flow_timeout must be > 0")
+        self.config = config
+        self.codec = UfragCodec(list(config.secrets))
+        self.counters = Counters()
+        #: client ip:port -> Flow, least recently used first
+        self.flows: OrderedDict[Address, Flow] = OrderedDict()
+        self.buckets = TokenBuckets(
+            config.new_flow_rate, config.new_flow_burst, max(config.max_sources, 1)
+        )
+        self._tlv = encode_tlv(TLV_RELAY_ID, config.relay_id.encode()[:64])
+        #: flows to write to Redis (created, re-routed or due for a TTL refresh)
+        self._dirty: dict[Address, Flow] = {}
+        #: Redis look-ups wanted: client -> (public, upstream)
+        self._lookups: dict[Address, tuple[Address, Address | None]] = {}
+        #: look-ups in flight or recently missed: client -> time before which we do not ask
+        self._asked: OrderedDict[Address, float] = OrderedDict()
+
+    # -- the slow path -------------------------------------------------------------------
+
+    def handle_datagram(
+        self,
+        now: float,
+        client: Address,
+        data: bytes | bytearray | memoryview,
+        public: Address,
+        upstream: Address | None = None,
+    ) -> Flow | bytes | None:
+        """Decide about one datagram from ``client`` (received on ``public``, or framed by
+        the relay at ``upstream``). The caller has counted it in ``packets_in``."""
+        flow = self.flows.get(client)
+        if not data or not IS_STUN[data[0]]:
+            if flow is not None and flow.upstream == upstream:
+                self._touch(flow, now, len(data))
+                return flow
+            if self.config.redis and data:
+                self._want_lookup(now, client, public, upstream)
+            else:
+                self.counters.drop("no-flow")
+            return None
+        # STUN: only a well-formed Binding request is interesting before a flow exists.
+        try:
+            username = peek_username_untrusted(data)
+        except StunError:
+            if flow is not None and flow.upstream == upstream:
+                # Some other STUN message on a live flow (an indication, a response): it is
+                # the transceiver's business, forward it like any other datagram.
+                self._touch(flow, now, len(data))
+                return flow
+            self.counters.drop("stun-malformed")
+            return None
+        if username is None:
+            return self._reflexive(now, client, data)
+        server_ufrag = username.split(b":", 1)[0]
+        if flow is not None and flow.upstream == upstream and server_ufrag == flow.ufrag:
+            self._touch(flow, now, len(data))  # consent check of a known session
+            return flow
+        route = self._route(server_ufrag)
+        if route is None:
+            return None
+        if flow is not None and flow.upstream == upstream:
+            if route != flow.route:
+                dest = self._dest(route)
+                assert dest is not None
+                flow.route, flow.dest = route, dest
+                self.counters.reroutes += 1
+                self._mark_dirty(flow)
+            flow.ufrag = server_ufrag
+            self._touch(flow, now, len(data))
+            return flow
+        if not self.buckets.allow(client[0], now):
+            self.counters.drop("rate-limited")
+            return None
+        if flow is not None:
+            # Same client address arriving through another hop: the newest path wins.
+            del self.flows[client]
+            self.counters.reroutes += 1
+        new = self._install(now, client, route, public, upstream, server_ufrag)
+        self._touch(new, now, len(data))
+        return new
+
+    def _reflexive(self, now: float, client: Address, data: bytes | bytearray | memoryview) -> bytes | None:
+        if not self.buckets.allow(client[0], now):
+            self.counters.drop("rate-limited")
+            return None
+        try:
+            resp = reflexive_response(data, client)
+        except StunError:  # pragma: no cover - peek accepted it; the two share one walker
+            self.counters.drop("stun-malformed")
+            return None
+        # Never amplify (DESIGN.md): the answer is bounded by the request + a fixed size.
+        if len(resp) > len(data) + MAX_AMPLIFICATION:  # pragma: no cover - defence in depth
+            self.counters.drop("amplification")
+            return None
+        self.counters.stun_answered += 1
+        return resp
+
+    def _route(self, server_ufrag: bytes) -> Route | None:
+        try:
+            hint = self.codec.decode_untrusted(server_ufrag)
+        except UfragError as exc:
+            self.counters.drop(f"ufrag-{exc.hint}")
+            return None
+        if hint.cluster == self.config.cluster:
+            if hint.transceiver not in self.config.transceivers:
+                self.counters.drop("unknown-transceiver")
+                return None
+            return Route("t", hint.transceiver)
+        if hint.cluster not in self.config.next_hops:
+            self.counters.drop("unknown-cluster")
+            return None
+        return Route("c", hint.cluster)
+
+    def _dest(self, route: Route) -> Address | None:
+        table = self.config.transceivers if route.kind == "t" else self.config.next_hops
+        return table.get(route.ident)
+
+    def _touch(self, flow: Flow, now: float, n: int) -> None:
+        flow.last_seen = now
+        flow.packets_in += 1
+        flow.bytes_in += n
+        self.flows.move_to_end(flow.client)
+
+    def _install(
+        self,
+        now: float,
+        client: Address,
+        route: Route,
+        public: Address,
+        upstream: Address | None,
+        ufrag: bytes,
+    ) -> Flow:
+        dest = self._dest(route)
+        assert dest is not None
+        while len(self.flows) >= self.config.max_flows:
+            _, old = self.flows.popitem(last=False)  # LRU: the stalest flow
+            self._dirty.pop(old.client, None)
+            self.counters.flows_evicted += 1
+        header = encode_header(client, public, self._tlv)
+        flow = Flow(client, route, dest, header, public, upstream, ufrag, now)
+        self.flows[client] = flow
+        self.counters.flows_created += 1
+        self._mark_dirty(flow)
+        return flow
+
+    # -- time ----------------------------------------------------------------------------
+
+    def sweep(self, now: float) -> None:
+        """Expire idle flows (no datagram from the client for ``flow_timeout``), forget
+        refilled buckets and stale negative-cache entries, queue Redis TTL refreshes."""
+        cutoff = now - self.config.flow_timeout
+        flows = self.flows
+        while flows:
+            client, flow = next(iter(flows.items()))
+            if flow.last_seen > cutoff:
+                break  # LRU order: all later flows were seen more recently
+            del flows[client]
+            self._dirty.pop(client, None)
+            self.counters.flows_expired += 1
+        self.buckets.sweep(now)
+        asked = self._asked
+        while asked:
+            client, until = next(iter(asked.items()))
+            if until > now:
+                break
+            del asked[client]
+        if self.config.redis:
+            # Refresh the Redis TTL of flows still in use, a third of a timeout ahead.
+            refresh = now - self.config.flow_timeout / 3
+            for flow in reversed(flows.values()):
+                if flow.last_seen <= refresh:
+                    break  # the rest are older: they will expire rather than refresh
+                if flow.written <= refresh:
+                    self._mark_dirty(flow)
+
+    def next_deadline(self) -> float | None:
+        """When the stalest flow expires (None with an empty table)."""
+        if not self.flows:
+            return None
+        return next(iter(self.flows.values())).last_seen + self.config.flow_timeout
+
+    # -- Redis (the shell does the I/O) --------------------------------------------------
+
+    def _mark_dirty(self, flow: Flow) -> None:
+        if self.config.redis:
+            self._dirty[flow.client] = flow
+
+    def poll_writes(self, now: float) -> list[tuple[Address, str]]:
+        """Flows to write to Redis now, as (client, route) pairs."""
+        if not self._dirty:
+            return []
+        out = []
+        for client, flow in self._dirty.items():
+            flow.written = now
+            out.append((client, str(flow.route)))
+        self._dirty.clear()
+        self.counters.redis_writes += len(out)
+        return out
+
+    def _want_lookup(
+        self, now: float, client: Address, public: Address, upstream: Address | None
+    ) -> None:
+        if client in self._lookups or client in self._asked:
+            self.counters.drop("redis-pending")
+            return
+        if len(self._lookups) >= self.config.max_pending_lookups:
+            self.counters.drop("redis-busy")
+            return
+        if not self.buckets.allow(client[0], now):
+            self.counters.drop("rate-limited")
+            return
+        self.counters.drop("redis-pending")
+        self._lookups[client] = (public, upstream)
+
+    @property
+    def lookups_pending(self) -> bool:
+        return bool(self._lookups)
+
+    def poll_lookups(self, now: float) -> list[tuple[Address, Address, Address | None]]:
+        """Clients to look up in Redis, as (client, public, upstream). Each is remembered for
+        ``negative_ttl`` so a miss is not asked again at packet rate."""
+        if not self._lookups:
+            return []
+        out = [(c, p, u) for c, (p, u) in self._lookups.items()]
+        self._lookups.clear()
+        for client, _, _ in out:
+            self._asked[client] = now + self.config.negative_ttl
+            self._asked.move_to_end(client)
+        while len(self._asked) > self.config.max_pending_lookups * 4:
+            self._asked.popitem(last=False)
+        self.counters.redis_lookups += len(out)
+        return out
+
+    def handle_lookup(
+        self,
+        now: float,
+        client: Address,
+        public: Address,
+        upstream: Address | None,
+        value: str | None,
+    ) -> Flow | None:
+        """Install a flow recovered from Redis (``value`` is what :meth:`poll_writes`
+        produced, or None on a miss). A value naming a route this relay does not have is
+        ignored: Redis can only pick among configured next hops, never add one."""
+        if value is None:
+            self.counters.drop("redis-miss")
+            return None
+        route = Route.parse(value)
+        if route is None or self._dest(route) is None:
+            self.counters.drop("redis-bad-route")
+            return None
+        if client in self.flows:
+            return self.flows[client]  # a STUN request won the race
+        self._asked.pop(client, None)
+        flow = self._install(now, client, route, public, upstream, b"")
+        self._dirty.pop(client, None)  # it came from Redis; no need to write it back yet
+        flow.written = now
+        self.counters.flows_recovered += 1
+        return flow
+
+    def stats(self) -> dict[str, object]:
+        out = self.counters.as_dict()
+        out["flows"] = len(self.flows)
+        return out

@@ -1,0 +1,484 @@
+"""The relay's trio shell: sockets, the hot loops, housekeeping, Redis, the control channel.
+
+One call of :func:`serve_relay` is one relay worker: one public UDP socket per listen address
+(``SO_REUSEPORT``, so M worker processes share the port and the kernel spreads clients over
+them by 4-tuple hash) and one internal UDP socket (loopback, ephemeral port by default) that
+talks PROXY v2 framed datagrams with transceivers and with other relays (DESIGN.md "Relay ↔
+transceiver datagram format").
+
+Hot path (DESIGN.md "Relay behaviour"). Per-datagram event-loop round trips are what make a
+textbook trio relay slow, so each socket has one task that waits for readability once and
+then *drains* the socket with non-blocking ``recvfrom_into`` calls into a buffer allocated
+once, up to ``BATCH`` datagrams before it yields to trio. A datagram from a known flow is
+forwarded without leaving the loop: its flow's pre-encoded PROXY header is copied into the
+``HEADROOM`` bytes in front of the payload, and the header + payload slice is sent with one
+``sendto`` — no concatenation, no parsing beyond the first byte. Counters are summed in
+locals and flushed once per batch; the clock is read once per batch. Nothing is logged per
+packet. Everything else goes to :meth:`RelayCore.handle_datagram` (the slow path).
+
+Return traffic arrives on the internal socket from a transceiver (or a downstream relay) as
+``PROXY(src=client, dst=public) + payload``; it is sent from the public socket named by the
+header's destination to the client — or, for a flow that reached us through an upstream relay,
+re-framed and sent back to that relay's internal address. Only configured transceivers and
+next hops may send return traffic; any other source on the internal socket is treated as an
+upstream relay, whose datagrams are routed exactly like a client's (first packet must be a
+verified STUN request).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from ..control import serve_control
+from ..logs import redact
+from ..proto.proxy import TLV_RELAY_ID, ProxyError, encode_header, encode_tlv, parse_untrusted
+from .core import IS_STUN, Address, CoreConfig, Flow, RelayCore
+
+log = logging.getLogger(__name__)
+
+#: Room in front of a received payload for the PROXY header we prepend (≤ 52 + 3 + 64).
+HEADROOM = 256
+#: Largest UDP payload plus the headroom: nothing is ever truncated.
+BUFSIZE = HEADROOM + 65536
+#: Datagrams drained per wake-up before yielding to trio (fairness for the other tasks).
+BATCH = 512
+#: Kernel socket buffers: absorb bursts while the loop is busy with the other socket.
+SOCKET_BUFFER = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class RelayConfig:
+    """One relay worker's configuration (the CLI builds it from flags and the TOML file).
+
+    Host names in ``transceivers``/``next_hops`` are resolved once at start.
+    """
+
+    secrets: tuple[bytes, ...]
+    listen: tuple[Address, ...] = (("0.0.0.0", 3478),)
+    internal: Address = ("127.0.0.1", 0)
+    transceivers: Mapping[int, Address] = field(default_factory=dict)
+    cluster: int = 0
+    next_hops: Mapping[int, Address] = field(default_factory=dict)
+    flow_timeout: float = 30.0
+    max_flows: int = 100_000
+    new_flow_rate: float = 20.0
+    new_flow_burst: float = 40.0
+    redis_url: str | None = None
+    control: str | None = None
+    relay_id: str = "relay"
+    worker: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RelayHandle:
+    """What :func:`serve_relay` reports through ``task_status.started``."""
+
+    public: tuple[Address, ...]
+    internal: Address
+    core: RelayCore
+    worker: int = 0
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "counters": self.core.counters.as_dict(),
+            "flows": len(self.core.flows),
+            "worker": self.worker,
+        }
+
+
+def _udp_socket(addr: Address, *, reuseport: bool) -> socket.socket:
+    family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        if family == socket.AF_INET6:
+            # Let 0.0.0.0:P and [::]:P be two sockets (one per listen address).
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        if reuseport:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
+            except OSError:  # pragma: no cover - capped by the kernel, never fatal
+                pass
+        sock.bind(addr)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def _resolve(addr: Address) -> Address:
+    """A host name to an IP literal, once (``sendto`` with a name would resolve per packet)."""
+    infos = await trio.socket.getaddrinfo(addr[0], addr[1], type=trio.socket.SOCK_DGRAM)
+    if not infos:  # pragma: no cover - getaddrinfo raises instead
+        raise OSError(f"cannot resolve {addr[0]}")
+    sockaddr = infos[0][4]
+    return (str(sockaddr[0]), int(sockaddr[1]))
+
+
+class _Worker:
+    def __init__(
+        self,
+        config: RelayConfig,
+        core: RelayCore,
+        pubs: Sequence[socket.socket],
+        isock: socket.socket,
+        return_sources: frozenset[Address],
+    ) -> None:
+        self.config = config
+        self.core = core
+        self.pubs = pubs
+        self.isock = isock
+        self.public = tuple(_name(s) for s in pubs)
+        self.pub_by_addr = dict(zip(self.public, pubs, strict=True))
+        self.return_sources = return_sources
+        self.tlv = encode_tlv(TLV_RELAY_ID, config.relay_id.encode()[:64])
+        self.lookup_wanted = trio.Event()
+
+    def _wake_lookups(self) -> None:
+        if self.core.lookups_pending and not self.lookup_wanted.is_set():
+            self.lookup_wanted.set()
+
+    async def public_loop(self, sock: socket.socket, public: Address) -> None:
+        core = self.core
+        c = core.counters
+        drop = c.drop
+        flows = core.flows
+        get = flows.get
+        lru = flows.move_to_end
+        slow = core.handle_datagram
+        recv = sock.recvfrom_into
+        psend = sock.sendto
+        isend = self.isock.sendto
+        v6 = sock.family == socket.AF_INET6
+        is_stun = IS_STUN
+        H = HEADROOM
+        buf = bytearray(BUFSIZE)
+        mv = memoryview(buf)
+        rx = mv[H:]
+        clock = trio.current_time
+        readable = False
+        while True:
+            if not readable:
+                await trio.lowlevel.wait_readable(sock)
+            now = clock()
+            pin = bin_ = pout = bout = 0
+            readable = True
+            for _ in range(BATCH):
+                try:
+                    n, addr = recv(rx)
+                except BlockingIOError:
+                    readable = False
+                    break
+                except OSError:  # pragma: no cover - an ICMP error queued on the socket
+                    continue
+                if v6:
+                    addr = addr[:2]
+                pin += 1
+                bin_ += n
+                flow = get(addr)
+                # The fast path: a known flow's non-STUN datagram (DTLS, RTP, RTCP).
+                if flow is not None and n and not is_stun[buf[H]] and flow.upstream is None:
+                    h = flow.header
+                    s = H - len(h)
+                    buf[s:H] = h
+                    try:
+                        isend(mv[s : H + n], flow.dest)
+                    except OSError:
+                        drop("send-failed")
+                        continue
+                    flow.last_seen = now
+                    flow.packets_in += 1
+                    flow.bytes_in += n
+                    lru(addr)
+                    pout += 1
+                    bout += n + len(h)
+                    continue
+                res = slow(now, addr, rx[:n], public, None)
+                if res is None:
+                    continue
+                try:
+                    if isinstance(res, Flow):
+                        h = res.header
+                        s = H - len(h)
+                        buf[s:H] = h
+                        bout += isend(mv[s : H + n], res.dest)
+                    else:
+                        bout += psend(res, addr)
+                except OSError:
+                    drop("send-failed")
+                    continue
+                pout += 1
+            c.packets_in += pin
+            c.bytes_in += bin_
+            c.packets_out += pout
+            c.bytes_out += bout
+            self._wake_lookups()
+            if readable:
+                await trio.lowlevel.checkpoint()
+
+    async def internal_loop(self) -> None:
+        core = self.core
+        c = core.counters
+        drop = c.drop
+        flows = core.flows
+        get = flows.get
+        lru = flows.move_to_end
+        slow = core.handle_datagram
+        sock = self.isock
+        recv = sock.recvfrom_into
+        isend = sock.sendto
+        v6 = sock.family == socket.AF_INET6
+        pub_get = self.pub_by_addr.get
+        returners = self.return_sources
+        tlv = self.tlv
+        is_stun = IS_STUN
+        parse = parse_untrusted
+        H = HEADROOM
+        buf = bytearray(BUFSIZE)
+        mv = memoryview(buf)
+        rx = mv[H:]
+        clock = trio.current_time
+        readable = False
+        while True:
+            if not readable:
+                await trio.lowlevel.wait_readable(sock)
+            now = clock()
+            pin = bin_ = pout = bout = 0
+            readable = True
+            for _ in range(BATCH):
+                try:
+                    n, src = recv(rx)
+                except BlockingIOError:
+                    readable = False
+                    break
+                except OSError:  # pragma: no cover - an ICMP error queued on the socket
+                    continue
+                if v6:
+                    src = src[:2]
+                pin += 1
+                bin_ += n
+                try:
+                    client, public, off = parse(rx[:n])
+                except ProxyError:
+                    drop("proxy-malformed")
+                    continue
+                p = H + off  # where the client's datagram starts in buf
+                end = H + n
+                if src in returners:
+                    # Return traffic: "send this payload from `public` to `client`".
+                    flow = get(client)
+                    try:
+                        if flow is not None and flow.upstream is not None:
+                            # The flow came through an upstream relay: back along the hop.
+                            h = flow.header
+                            s = p - len(h)
+                            buf[s:p] = h
+                            bout += isend(mv[s:end], flow.upstream)
+                        else:
+                            ps = pub_get(public)
+                            if ps is None:
+                                drop("return-unknown-public")
+                                continue
+                            bout += ps.sendto(mv[p:end], client)
+                    except OSError:
+                        drop("send-failed")
+                        continue
+                    pout += 1
+                    if flow is not None:
+                        flow.packets_out += 1
+                        flow.bytes_out += end - p
+                    continue
+                # A framed datagram from an upstream relay: route it like a client's.
+                flow = get(client)
+                if flow is not None and flow.upstream == src and end > p and not is_stun[buf[p]]:
+                    h = flow.header
+                    s = p - len(h)
+                    buf[s:p] = h
+                    try:
+                        bout += isend(mv[s:end], flow.dest)
+                    except OSError:
+                        drop("send-failed")
+                        continue
+                    flow.last_seen = now
+                    flow.packets_in += 1
+                    flow.bytes_in += end - p
+                    lru(client)
+                    pout += 1
+                    continue
+                res = slow(now, client, rx[off:n], public, src)
+                if res is None:
+                    continue
+                try:
+                    if isinstance(res, Flow):
+                        h = res.header
+                        s = p - len(h)
+                        buf[s:p] = h
+                        bout += isend(mv[s:end], res.dest)
+                    else:
+                        bout += isend(encode_header(client, public, tlv) + res, src)
+                except OSError:
+                    drop("send-failed")
+                    continue
+                pout += 1
+            c.packets_in += pin
+            c.bytes_in += bin_
+            c.packets_out += pout
+            c.bytes_out += bout
+            self._wake_lookups()
+            if readable:
+                await trio.lowlevel.checkpoint()
+
+    async def housekeeping(self) -> None:
+        tick = min(1.0, self.config.flow_timeout / 4)
+        while True:
+            await trio.sleep(tick)
+            self.core.sweep(trio.current_time())
+
+    async def control_handler(self, req: dict[str, Any]) -> dict[str, Any]:
+        if req.get("op") == "stats":
+            return {
+                "ok": True,
+                "counters": self.core.counters.as_dict(),
+                "flows": len(self.core.flows),
+                "worker": self.config.worker,
+                "pid": os.getpid(),
+            }
+        return {"ok": False, "status": 400, "code": "unknown-op",
+                "detail": f"unknown op {req.get('op')!r}; this relay serves 'stats'"}
+
+    # -- Redis: everything here runs off the hot path ----------------------------------
+
+    def _key(self, client: Address) -> str:
+        return f"appliance:relay:c{self.config.cluster}:{client[0]}:{client[1]}"
+
+    async def redis_writer(self, client: Any) -> None:
+        """Batch newly established flows (and TTL refreshes) into one pipeline per tick."""
+        ttl = max(1, math.ceil(self.config.flow_timeout))
+        while True:
+            await trio.sleep(0.05)
+            writes = self.core.poll_writes(trio.current_time())
+            if not writes:
+                continue
+            keyed = [(self._key(c), v) for c, v in writes]
+
+            def write(keyed: list[tuple[str, str]] = keyed) -> None:
+                pipe = client.pipeline(transaction=False)
+                for key, value in keyed:
+                    pipe.set(key, value, ex=ttl)
+                pipe.execute()
+
+            try:
+                await trio.to_thread.run_sync(write, abandon_on_cancel=True)
+            except Exception as exc:  # redis.RedisError, OSError: keep relaying
+                self.core.counters.drop("redis-error", len(keyed))
+                log.warning("relay: redis write failed: %s", exc)
+
+    async def redis_reader(self, client: Any) -> None:
+        """Look up unknown flows' non-STUN datagrams in batches, in a worker thread."""
+        while True:
+            await self.lookup_wanted.wait()
+            self.lookup_wanted = trio.Event()
+            wanted = self.core.poll_lookups(trio.current_time())
+            if not wanted:
+                continue
+            keys = [self._key(c) for c, _, _ in wanted]
+            try:
+                raw = await trio.to_thread.run_sync(client.mget, keys, abandon_on_cancel=True)
+            except Exception as exc:  # redis.RedisError, OSError
+                self.core.counters.drop("redis-error", len(wanted))
+                log.warning("relay: redis lookup failed: %s", exc)
+                continue
+            now = trio.current_time()
+            for (c, public, upstream), value in zip(wanted, raw, strict=True):
+                text = value.decode("ascii", "replace") if isinstance(value, bytes) else None
+                flow = self.core.handle_lookup(now, c, public, upstream, text)
+                if flow is not None:
+                    log.debug("relay: flow %s recovered from redis -> %s",
+                              redact(format_addr(c)), flow.route)
+
+
+def _name(sock: socket.socket) -> Address:
+    name = sock.getsockname()
+    return (str(name[0]), int(name[1]))
+
+
+def format_addr(addr: Address) -> str:
+    return f"[{addr[0]}]:{addr[1]}" if ":" in addr[0] else f"{addr[0]}:{addr[1]}"
+
+
+async def serve_relay(
+    config: RelayConfig,
+    *,
+    task_status: trio.TaskStatus[RelayHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run one relay worker until cancelled; reports a :class:`RelayHandle` when ready."""
+    transceivers = {k: await _resolve(a) for k, a in config.transceivers.items()}
+    next_hops = {k: await _resolve(a) for k, a in config.next_hops.items()}
+    core = RelayCore(
+        CoreConfig(
+            secrets=tuple(config.secrets),
+            cluster=config.cluster,
+            transceivers=transceivers,
+            next_hops=next_hops,
+            relay_id=config.relay_id,
+            flow_timeout=config.flow_timeout,
+            max_flows=config.max_flows,
+            new_flow_rate=config.new_flow_rate,
+            new_flow_burst=config.new_flow_burst,
+            max_sources=max(65_536, config.max_flows),
+            redis=config.redis_url is not None,
+        )
+    )
+    redis_client: Any = None
+    if config.redis_url is not None:
+        import redis  # optional dependency: only relays started with --redis need it
+
+        redis_client = redis.Redis.from_url(
+            config.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0
+        )
+    socks: list[socket.socket] = []
+    try:
+        for addr in config.listen:
+            socks.append(_udp_socket(addr, reuseport=True))
+        # A fixed internal port is shared by the workers (SO_REUSEPORT) so that one next-hop
+        # address reaches all of them; the default ephemeral port is per worker.
+        isock = _udp_socket(config.internal, reuseport=config.internal[1] != 0)
+        socks.append(isock)
+        pubs = socks[:-1]
+        worker = _Worker(
+            config, core, pubs, isock, frozenset(transceivers.values()) | frozenset(next_hops.values())
+        )
+        handle = RelayHandle(worker.public, _name(isock), core, config.worker)
+        async with trio.open_nursery() as nursery:
+            for sock, public in zip(pubs, worker.public, strict=True):
+                nursery.start_soon(worker.public_loop, sock, public)
+            nursery.start_soon(worker.internal_loop)
+            nursery.start_soon(worker.housekeeping)
+            if redis_client is not None:
+                nursery.start_soon(worker.redis_writer, redis_client)
+                nursery.start_soon(worker.redis_reader, redis_client)
+            if config.control is not None:
+                await nursery.start(serve_control, config.control, worker.control_handler)
+            log.info(
+                "relay worker %d ready: public %s internal %s, %d transceivers, %d next hops",
+                config.worker, ", ".join(format_addr(a) for a in worker.public),
+                format_addr(handle.internal), len(transceivers), len(next_hops),
+            )
+            task_status.started(handle)
+    finally:
+        for sock in socks:
+            sock.close()
+        if redis_client is not None:
+            with trio.move_on_after(1, shield=True):
+                await trio.to_thread.run_sync(redis_client.close, abandon_on_cancel=True)

@@ -1,0 +1,345 @@
+"""Relay benchmark: K voice-sized flows, direct vs through the relay, in the same run.
+
+    .venv/bin/python bench/relay_bench.py [--flows 1000] [--rate 50000] [--seconds 3]
+                                          [--workers 1,2] [--no-pin]
+
+One process (this one, pinned to the last CPU) is both the load generator — K client UDP
+sockets sending 172-byte RTP-like datagrams carrying a flow id, sequence number and send
+timestamp — and the echoing stand-in transceiver (it returns every datagram, PROXY header
+included, to the address it came from). The relay runs as ``python -m appliance.relay.cli``
+with ``--pin`` (worker i on CPU i). For each worker count it measures:
+
+* fixed rate (``--rate`` datagrams/s from clients, spread over the flows) and max rate
+  (closed loop, a window of datagrams in flight per flow), first on the direct path
+  (client -> echo -> client), then through the relay (client -> relay -> echo -> relay ->
+  client);
+* the relay's forwarded datagrams/s (both directions, from its own counters), the same per
+  second of relay CPU time (utime+stime from /proc: "per relay core"), the relay's CPU load,
+  loss, and round-trip latency p50/p99 with the *added* p50/p99 (relay minus direct).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from appliance.proto.stun import binding_request  # noqa: E402
+from appliance.proto.ufrag import UfragCodec  # noqa: E402
+
+SECRET = os.urandom(32)
+PAYLOAD = 172
+_HDR = struct.Struct("!BBHIQ")  # 0x80 (RTP), payload type, flow, seq, send time (ns)
+TICK = 0.0005
+ALL_CPUS = os.sched_getaffinity(0)
+
+
+def _udp(host: str = "127.0.0.1") -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+    s.bind((host, 0))
+    s.setblocking(False)
+    return s
+
+
+@dataclass
+class Result:
+    sent: int
+    received: int
+    seconds: float
+    rtts: list[int]
+
+    @property
+    def loss(self) -> float:
+        return 1 - self.received / self.sent if self.sent else 0.0
+
+    def pct(self, q: float) -> float:
+        if not self.rtts:
+            return float("nan")
+        s = sorted(self.rtts)
+        return s[min(len(s) - 1, int(q * len(s)))] / 1000.0  # µs
+
+
+class Generator:
+    def __init__(self, flows: int) -> None:
+        self.echo = _udp()
+        self.clients = [_udp() for _ in range(flows)]
+        self.ep = select.epoll()
+        self.by_fd: dict[int, int] = {}
+        for i, c in enumerate(self.clients):
+            self.ep.register(c.fileno(), select.EPOLLIN)
+            self.by_fd[c.fileno()] = i
+        self.ep.register(self.echo.fileno(), select.EPOLLIN)
+        self.buf = bytearray(70000)
+        self.mv = memoryview(self.buf)
+        self.out = bytearray(PAYLOAD)
+        self.out[_HDR.size:] = bytes(PAYLOAD - _HDR.size)
+
+    @property
+    def echo_addr(self) -> tuple[str, int]:
+        a = self.echo.getsockname()
+        return (a[0], a[1])
+
+    def _drain_echo(self) -> None:
+        recv, send, mv = self.echo.recvfrom_into, self.echo.sendto, self.mv
+        while True:
+            try:
+                n, src = recv(mv)
+            except BlockingIOError:
+                return
+            try:
+                send(mv[:n], src)
+            except OSError:
+                pass
+
+    def handshake(self, target: tuple[str, int], codec: UfragCodec | None) -> None:
+        """With a relay: one ICE-like check per flow (waiting for its echo) opens the flow."""
+        if codec is None:
+            return
+        pending = set(range(len(self.clients)))
+        for i in pending:
+            req = binding_request(os.urandom(12), username=f"{codec.mint(cluster=0, transceiver=0)}:b{i}")
+            self.clients[i].sendto(req, target)
+        deadline = time.monotonic() + 10
+        while pending and time.monotonic() < deadline:
+            for fd, _ in self.ep.poll(0.01):
+                if fd == self.echo.fileno():
+                    self._drain_echo()
+                    continue
+                i = self.by_fd[fd]
+                try:
+                    while True:
+                        self.clients[i].recvfrom_into(self.mv)
+                        pending.discard(i)
+                except BlockingIOError:
+                    pass
+        if pending:
+            raise SystemExit(f"{len(pending)} flows did not open through the relay")
+
+    def run(self, target: tuple[str, int], seconds: float, rate: float | None,
+            window: int = 4) -> Result:
+        """Fixed ``rate`` (datagrams/s from clients) or, with None, a closed loop with
+        ``window`` datagrams in flight per flow."""
+        clients, k = self.clients, len(self.clients)
+        out, pack, unpack = self.out, _HDR.pack_into, _HDR.unpack_from
+        mv, by_fd, echo_fd = self.mv, self.by_fd, self.echo.fileno()
+        now_ns = time.perf_counter_ns
+        seqs = [0] * k
+        rtts: list[int] = []
+        sent = received = 0
+        rr = 0
+
+        def send(i: int) -> None:
+            nonlocal sent
+            pack(out, 0, 0x80, 0x6F, i, seqs[i], now_ns())
+            seqs[i] += 1
+            try:
+                clients[i].sendto(out, target)
+            except BlockingIOError:
+                pass
+            sent += 1
+
+        start = time.perf_counter()
+        end = start + seconds
+        if rate is None:
+            for _ in range(window):
+                for i in range(k):
+                    send(i)
+        last_rx = start
+        while True:
+            now = time.perf_counter()
+            if now >= end:
+                break
+            if rate is not None:
+                due = int((now - start) * rate) - sent
+                for _ in range(due):
+                    send(rr)
+                    rr = rr + 1 if rr + 1 < k else 0
+                timeout = TICK
+            else:
+                timeout = 0.01
+                if now - last_rx > 0.05:  # everything in flight was lost: refill
+                    for i in range(k):
+                        send(i)
+                    last_rx = now
+            for fd, _ in self.ep.poll(timeout):
+                if fd == echo_fd:
+                    self._drain_echo()
+                    continue
+                # One datagram per event (epoll is level-triggered): draining until
+                # BlockingIOError would raise an exception per packet on 1000 sockets.
+                i = by_fd[fd]
+                try:
+                    n = clients[i].recv_into(mv)
+                except BlockingIOError:
+                    continue
+                if n < _HDR.size:
+                    continue  # a late STUN echo
+                rtts.append(now_ns() - unpack(mv)[4])
+                received += 1
+                if rate is None:
+                    send(i)
+                    last_rx = now
+        elapsed = time.perf_counter() - start
+        # Grace period: let datagrams in flight arrive (they count as received, not lost).
+        grace = time.perf_counter() + 0.2
+        while time.perf_counter() < grace:
+            for fd, _ in self.ep.poll(0.01):
+                if fd == echo_fd:
+                    self._drain_echo()
+                    continue
+                sock = clients[by_fd[fd]]
+                try:
+                    while True:
+                        if sock.recv_into(mv) >= _HDR.size:
+                            received += 1
+                except BlockingIOError:
+                    pass
+        return Result(sent, received, elapsed, rtts)
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _control(path: str) -> dict[str, object]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(path)
+        s.sendall(b'{"op":"stats"}\n')
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = s.recv(1 << 20)
+            if not chunk:
+                break
+            data += chunk
+    out = json.loads(data)
+    assert isinstance(out, dict)
+    return out
+
+
+def _worker_stats(path: str) -> tuple[list[int], int]:
+    st = _control(path)
+    workers = st.get("workers")
+    per = workers if isinstance(workers, list) else [st]
+    pids = [int(w["pid"]) for w in per]
+    counters = st["counters"]
+    assert isinstance(counters, dict)
+    return pids, int(counters["packets_out"])
+
+
+def _start_relay(tmp: str, echo: tuple[str, int], workers: int, pin: bool,
+                 flows: int) -> tuple[subprocess.Popen[bytes], tuple[str, int], str]:
+    secret = os.path.join(tmp, "secret")
+    Path(secret).write_bytes(SECRET.hex().encode() + b"\n")
+    control = os.path.join(tmp, f"relay-{workers}.sock")
+    argv = [sys.executable, "-m", "appliance.relay.cli", "--listen", "127.0.0.1:0",
+            "--workers", str(workers), "--transceiver", f"0={echo[0]}:{echo[1]}",
+            "--secret-file", secret, "--control", control, "--log-level", "warning",
+            "--new-flow-rate", str(max(1000, flows * 10)), "--max-flows", str(flows * 2)]
+    if pin:
+        argv.append("--pin")
+    # The relay must not inherit this process's pinning (its --pin picks CPUs from what it
+    # inherits): widen our own affinity while it forks, then narrow it again.
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, ALL_CPUS)
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, cwd=ROOT)
+    finally:
+        os.sched_setaffinity(0, mine)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode()
+    if not line.startswith("relay listening on "):
+        proc.kill()
+        raise SystemExit(f"relay did not start: {line!r}")
+    public = line.split()[3]
+    host, _, port = public.rpartition(":")
+    return proc, (host, int(port)), control
+
+
+def _row(name: str, r: Result, base: Result | None, fwd: float | None, cpu: float | None) -> str:
+    cols = [f"{name:<24}", f"{r.sent / r.seconds:>9.0f}", f"{r.received / r.seconds:>9.0f}",
+            f"{100 * r.loss:>6.2f}%", f"{r.pct(0.5):>8.1f}", f"{r.pct(0.99):>8.1f}"]
+    if base is not None:
+        cols += [f"{r.pct(0.5) - base.pct(0.5):>+8.1f}", f"{r.pct(0.99) - base.pct(0.99):>+8.1f}"]
+    else:
+        cols += [f"{'':>8}", f"{'':>8}"]
+    if fwd is not None and cpu is not None:
+        cols += [f"{fwd:>10.0f}", f"{100 * cpu:>6.0f}%", f"{fwd / cpu if cpu else 0:>11.0f}"]
+    return " ".join(cols)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--flows", type=int, default=1000, help="K flows (default 1000)")
+    ap.add_argument("--rate", type=float, default=50_000,
+                    help="fixed rate, datagrams/s from clients (default 50000 = 1000 x 50/s)")
+    ap.add_argument("--seconds", type=float, default=3.0, help="length of each measurement")
+    ap.add_argument("--workers", default="1,2", help="relay worker counts to run (default 1,2)")
+    ap.add_argument("--no-pin", action="store_true", help="do not pin relay workers/generator")
+    args = ap.parse_args()
+    pin = not args.no_pin
+    cpus = sorted(os.sched_getaffinity(0))
+    if pin:
+        os.sched_setaffinity(0, {cpus[-1]})
+    print(f"# machine: {os.cpu_count()} CPUs ({_cpu_model()}), Python {sys.version.split()[0]}, "
+          f"generator on CPU {cpus[-1] if pin else 'any'}, {args.flows} flows x {PAYLOAD} B")
+    print(f"{'scenario':<24} {'sent/s':>9} {'recv/s':>9} {'loss':>7} {'p50 µs':>8} "
+          f"{'p99 µs':>8} {'+p50':>8} {'+p99':>8} {'relay fwd/s':>10} {'cpu':>7} "
+          f"{'fwd/cpu-s':>11}")
+    codec = UfragCodec(SECRET)
+    for workers in [int(w) for w in args.workers.split(",")]:
+        gen = Generator(args.flows)
+        tmp = tempfile.mkdtemp(prefix="relay-bench-")
+        proc, public, control = _start_relay(tmp, gen.echo_addr, workers, pin, args.flows)
+        try:
+            gen.handshake(public, codec)
+            for label, rate in ((f"{args.rate:.0f}/s", args.rate), ("max", None)):
+                base = gen.run(gen.echo_addr, args.seconds, rate)
+                print(_row(f"direct  {label}", base, None, None, None), flush=True)
+                pids, out0 = _worker_stats(control)
+                cpu0, t0 = _cpu_seconds(pids), time.perf_counter()
+                r = gen.run(public, args.seconds, rate)
+                pids, out1 = _worker_stats(control)
+                cpu = (_cpu_seconds(pids) - cpu0)
+                wall = time.perf_counter() - t0
+                fwd = (out1 - out0) / wall
+                print(_row(f"relay x{workers} {label}", r, base, fwd, cpu / wall), flush=True)
+            print(f"#   relay x{workers} drops: {_control(control)['counters']['drops']}")
+        finally:
+            proc.terminate()
+            proc.wait(10)
+            for c in gen.clients:
+                c.close()
+            gen.echo.close()
+    return 0
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
