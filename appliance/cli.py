@@ -19,6 +19,8 @@ from .proto.ufrag import UfragCodec, UfragError, load_secrets
 ROLES: list[tuple[str, str, str]] = [
     ("relay", "appliance.relay.cli",
      "run the relay: one public UDP port, flows routed by server ufrag"),
+    ("transceiver", "appliance.transceiver.cli",
+     "run one transceiver: ICE-lite, DTLS, SRTP and Opus for agent sessions"),
 ]
 
 

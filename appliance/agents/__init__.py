@@ -1,0 +1,43 @@
+"""Agents: the interface voice-agent code programs against, and the built-in agents.
+
+See :mod:`appliance.agents.context` for the timing model. The short version::
+
+    from appliance.agents import AgentContext
+
+    async def my_agent(ctx: AgentContext) -> None:
+        async for frame in ctx.frames():      # 20 ms mono PCM16 @ 48 kHz, .speech flag
+            if frame.speech:
+                ctx.interrupt()               # barge-in: drop what we were saying
+            await ctx.send(frame.pcm)         # any length; paced at real time
+
+Run it with ``appliance transceiver --agent mypkg.mymod:my_agent``.
+"""
+
+from __future__ import annotations
+
+from .context import (
+    FRAME_BYTES,
+    FRAME_SAMPLES,
+    SAMPLE_RATE,
+    AgentContext,
+    AgentHost,
+    AgentIdentity,
+    Frame,
+    SessionEnded,
+)
+from .registry import (
+    DEFAULT_AGENT,
+    AgentError,
+    AgentFn,
+    ResolvedAgent,
+    register,
+    register_scheme,
+    resolve,
+)
+from .vad import EnergyVad, level_dbfs
+
+__all__ = [
+    "DEFAULT_AGENT", "FRAME_BYTES", "FRAME_SAMPLES", "SAMPLE_RATE", "AgentContext",
+    "AgentError", "AgentFn", "AgentHost", "AgentIdentity", "EnergyVad", "Frame",
+    "ResolvedAgent", "SessionEnded", "level_dbfs", "register", "register_scheme", "resolve",
+]

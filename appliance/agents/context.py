@@ -1,0 +1,267 @@
+"""The session context an in-process agent programs against (issue 6, item 1).
+
+An agent is an async function ``async def agent(ctx: AgentContext) -> None`` or a class
+whose instances have ``async def run(self, ctx)`` (one instance per session). It runs as a
+task in the session's nursery and talks to the caller only through ``ctx``::
+
+    async def echo(ctx: AgentContext) -> None:
+        async for frame in ctx.frames():
+            await ctx.send(frame.pcm)
+
+Audio is **mono PCM16 little-endian at 48 kHz**; inbound frames are exactly 20 ms (960
+samples, 1920 bytes). Timing model:
+
+* inbound: each frame is handed over the moment the transceiver has decoded it (the jitter
+  buffer adds no delay while packets arrive in order); if the agent does not keep up, the
+  oldest unread frames are dropped (``frames_dropped``), never the network loop blocked;
+* outbound: :meth:`AgentContext.send` takes any even number of bytes and returns as soon
+  as they are queued; the transceiver cuts them into 20 ms frames and sends them at real
+  time. The queue is bounded (``max_output_seconds``, 2 s by default): ``send`` waits while
+  it is full — that wait is the back-pressure that paces a faster-than-real-time producer
+  such as a TTS engine. :meth:`AgentContext.interrupt` drops everything queued at once
+  (barge-in), including the unsent rest of a ``send`` that is waiting for room.
+
+Events are JSON-able dicts with a ``"type"``: the transceiver sends ``session.started``,
+``stats`` and ``session.ended`` to :meth:`AgentContext.events`; an agent may send any event
+with :meth:`AgentContext.send_event`; ``{"type": "session.end", "reason": ...}`` ends the
+call. The transceiver side of the object is :class:`AgentHost`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+SAMPLE_RATE = 48_000
+FRAME_SAMPLES = 960
+FRAME_BYTES = FRAME_SAMPLES * 2
+
+
+class SessionEnded(Exception):
+    """Raised by :meth:`AgentContext.send` once the session is over."""
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """20 ms of inbound audio."""
+
+    pcm: bytes  # 1920 bytes: 960 mono PCM16 samples at 48 kHz
+    timestamp: float  # media time in seconds since the session's first frame (RTP clock)
+    received_at: float  # trio clock time at which the frame was handed over
+    speech: bool  # "speech likely", from an energy VAD
+    level_dbfs: float = -120.0  # the frame's RMS level
+    concealed: bool = False  # True if the packet was lost and this is concealment
+
+
+@dataclass(frozen=True, slots=True)
+class AgentIdentity:
+    """Who the agent is, and for which session."""
+
+    name: str  # "echo", "pkg.mod:attr", "ws://…"
+    session_id: str
+    transceiver: int = 0
+    info: dict[str, Any] = field(default_factory=dict)  # codec, client hints…
+
+
+class AgentContext:
+    """What an agent sees. Created by the transceiver; agents never construct one."""
+
+    sample_rate = SAMPLE_RATE
+    frame_samples = FRAME_SAMPLES
+
+    def __init__(self, host: AgentHost, identity: AgentIdentity) -> None:
+        self._host = host
+        self.identity = identity
+
+    @property
+    def session_id(self) -> str:
+        return self.identity.session_id
+
+    @property
+    def ended(self) -> bool:
+        return self._host.closed
+
+    @property
+    def end_reason(self) -> str | None:
+        return self._host.end_reason
+
+    async def frames(self) -> AsyncIterator[Frame]:
+        """Inbound frames in order, until the session ends."""
+        host = self._host
+        while True:
+            if host._frames:
+                yield host._frames.popleft()
+                continue
+            if host.closed:
+                return
+            await host._frames_lot.park()
+
+    async def send(self, pcm: bytes | bytearray | memoryview) -> None:
+        """Queue PCM16 audio for playback (any even length); waits while the queue is full."""
+        await self._host._enqueue(bytes(pcm))
+
+    def interrupt(self) -> None:
+        """Drop every queued output sample now (barge-in)."""
+        self._host.interrupt()
+
+    @property
+    def queued_seconds(self) -> float:
+        """Audio queued and not yet sent."""
+        return self._host.queued_samples / SAMPLE_RATE
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        """Events from the transceiver (session.started, stats, session.ended, custom)."""
+        host = self._host
+        while True:
+            if host._events_in:
+                yield host._events_in.popleft()
+                continue
+            if host.closed:
+                return
+            await host._events_lot.park()
+
+    async def send_event(self, event: dict[str, Any]) -> None:
+        """Send an event to the transceiver; ``{"type": "session.end"}`` hangs up."""
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            raise ValueError("an event is a dict with a string 'type'")
+        await trio.lowlevel.checkpoint()
+        self._host._event_out(event)
+
+
+class AgentHost:
+    """The transceiver's half of an agent session: queues both ways, no I/O of its own.
+
+    ``push_frame``/``push_event`` never block (the network loop calls them);
+    ``pop_output_frame`` hands the pacer one 20 ms frame at a time.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_output_seconds: float = 2.0,
+        max_inbound_frames: int = 50,
+        max_events: int = 100,
+        on_event: Any = None,
+    ) -> None:
+        self._frames: deque[Frame] = deque(maxlen=max_inbound_frames)
+        self._frames_lot = trio.lowlevel.ParkingLot()
+        self._events_in: deque[dict[str, Any]] = deque(maxlen=max_events)
+        self._events_lot = trio.lowlevel.ParkingLot()
+        self._out: deque[bytes] = deque()
+        self._partial = bytearray()
+        self._out_lot = trio.lowlevel.ParkingLot()  # the pacer waits here for output
+        self._space_lot = trio.lowlevel.ParkingLot()  # senders wait here for room
+        self.max_output_frames = max(1, round(max_output_seconds * SAMPLE_RATE / FRAME_SAMPLES))
+        self._epoch = 0  # bumped by interrupt(): a waiting send() drops its remainder
+        self._on_event = on_event
+        self.closed = False
+        self.end_reason: str | None = None
+        self.frames_dropped = 0
+        self.events_dropped = 0
+        self.interrupts = 0
+
+    # -- inbound (network side) ----------------------------------------------------------
+
+    def push_frame(self, frame: Frame) -> None:
+        if len(self._frames) == self._frames.maxlen:
+            self.frames_dropped += 1  # deque drops the oldest
+        self._frames.append(frame)
+        self._frames_lot.unpark_all()
+
+    def push_event(self, event: dict[str, Any]) -> None:
+        if len(self._events_in) == self._events_in.maxlen:
+            self.events_dropped += 1
+        self._events_in.append(event)
+        self._events_lot.unpark_all()
+
+    # -- outbound (pacer side) -----------------------------------------------------------
+
+    @property
+    def queued_samples(self) -> int:
+        return len(self._out) * FRAME_SAMPLES + len(self._partial) // 2
+
+    @property
+    def queued_frames(self) -> int:
+        """Whole frames queued (the pacer's backlog)."""
+        return len(self._out)
+
+    def has_output(self) -> bool:
+        return bool(self._out) or bool(self._partial)
+
+    async def wait_output(self) -> None:
+        """Return once there is something to send (immediately if there is)."""
+        while not self._out and not self._partial:
+            await self._out_lot.park()
+
+    async def wait_drained(self) -> None:
+        """Return once every queued sample has been handed to the pacer."""
+        while (self._out or self._partial) and not self.closed:
+            await self._space_lot.park()
+
+    def pop_output_frame(self) -> bytes | None:
+        """One 20 ms frame; a trailing partial frame comes out zero-padded (underrun)."""
+        if self._out:
+            frame = self._out.popleft()
+            self._space_lot.unpark_all()
+            return frame
+        if self._partial:
+            frame = bytes(self._partial) + bytes(FRAME_BYTES - len(self._partial))
+            self._partial.clear()
+            self._space_lot.unpark_all()
+            return frame
+        return None
+
+    def interrupt(self) -> None:
+        self._out.clear()
+        self._partial.clear()
+        self._epoch += 1
+        self.interrupts += 1
+        self._space_lot.unpark_all()
+
+    async def _enqueue(self, pcm: bytes) -> None:
+        if len(pcm) % 2:
+            raise ValueError("PCM16 audio must be an even number of bytes")
+        if self.closed:
+            raise SessionEnded(self.end_reason or "session ended")
+        await trio.lowlevel.checkpoint_if_cancelled()
+        epoch = self._epoch
+        pos = 0
+        n = len(pcm)
+        while pos < n:
+            while len(self._out) >= self.max_output_frames:
+                await self._space_lot.park()
+                if self.closed:
+                    raise SessionEnded(self.end_reason or "session ended")
+                if self._epoch != epoch:
+                    return  # interrupted while waiting: the rest is dropped too
+            take = min(FRAME_BYTES - len(self._partial), n - pos)
+            if not self._partial and take == FRAME_BYTES:
+                self._out.append(pcm[pos : pos + FRAME_BYTES])  # whole frames: no partial copy
+            else:
+                self._partial += pcm[pos : pos + take]
+                if len(self._partial) == FRAME_BYTES:
+                    self._out.append(bytes(self._partial))
+                    self._partial.clear()
+            pos += take
+            self._out_lot.unpark_all()
+
+    def _event_out(self, event: dict[str, Any]) -> None:
+        if self._on_event is not None:
+            self._on_event(event)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def close(self, reason: str) -> None:
+        """The session is over: iterators finish after what is queued, send() raises."""
+        if self.closed:
+            return
+        self.closed = True
+        self.end_reason = reason
+        self._frames_lot.unpark_all()
+        self._events_lot.unpark_all()
+        self._space_lot.unpark_all()
+        self._out_lot.unpark_all()

@@ -1,0 +1,107 @@
+"""Resolve ``--agent NAME|module:attr|ws://…`` to something the transceiver can run.
+
+* ``NAME`` — a built-in or :func:`register`-ed agent (``echo``);
+* ``package.module:attr`` — imported on first use; ``attr`` is an async function
+  ``async def agent(ctx)`` or a class whose instances have ``async def run(self, ctx)``
+  (a fresh instance per session);
+* ``scheme://…`` — an external agent, handled by the factory registered for that scheme
+  with :func:`register_scheme` (the WebSocket bridge registers ``ws`` and ``wss``). Until a
+  bridge is registered such specs are rejected with a clear error.
+
+:func:`resolve` is called when a session is created, so a bad spec fails the ``create``
+request (400 ``unknown-agent``) instead of the session later.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .context import AgentContext
+
+AgentFn = Callable[[AgentContext], Awaitable[None]]
+#: A scheme factory turns the whole spec (``ws://host/path``) into an agent function.
+SchemeFactory = Callable[[str], AgentFn]
+
+DEFAULT_AGENT = "echo"
+_BUILTINS: dict[str, str] = {"echo": "appliance.agents.echo:echo"}
+_registered: dict[str, Any] = {}
+_schemes: dict[str, SchemeFactory] = {}
+
+
+class AgentError(ValueError):
+    """The agent spec names nothing runnable."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedAgent:
+    name: str  # the spec as given (for stats and the agent's identity)
+    run: AgentFn  # call once per session with that session's context
+
+
+def register(name: str, agent: Any) -> None:
+    """Make ``agent`` (function or class) available as ``--agent name``."""
+    _registered[name] = agent
+
+
+def register_scheme(scheme: str, factory: SchemeFactory) -> None:
+    """Route ``scheme://…`` specs to ``factory`` (the hook for the WebSocket bridge)."""
+    _schemes[scheme.lower()] = factory
+
+
+def _as_fn(obj: Any, spec: str) -> AgentFn:
+    if inspect.isclass(obj):
+        if not inspect.iscoroutinefunction(getattr(obj, "run", None)):
+            raise AgentError(f"agent class {spec!r} needs an 'async def run(self, ctx)'")
+        cls: Any = obj
+
+        async def run_instance(ctx: AgentContext) -> None:
+            await cls().run(ctx)
+
+        return run_instance
+    if inspect.iscoroutinefunction(obj):
+        fn: AgentFn = obj
+        return fn
+    if callable(obj) and inspect.iscoroutinefunction(getattr(obj, "run", None)):
+        bound: AgentFn = obj.run  # an instance: shared by every session
+        return bound
+    raise AgentError(f"agent {spec!r} is not an async function or an agent class")
+
+
+def _import(target: str, spec: str) -> Any:
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise AgentError(f"agent {spec!r}: expected 'module:attr'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise AgentError(f"agent {spec!r}: cannot import {module_name!r}: {exc}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise AgentError(f"agent {spec!r}: {module_name!r} has no {attr!r}") from None
+    return obj
+
+
+def resolve(spec: str | None) -> ResolvedAgent:
+    """The runnable agent for ``spec`` (``None`` or ``""``: the default, ``echo``)."""
+    spec = (spec or DEFAULT_AGENT).strip()
+    scheme, sep, _ = spec.partition("://")
+    if sep:
+        factory = _schemes.get(scheme.lower())
+        if factory is None:
+            raise AgentError(f"agent {spec!r}: no bridge for {scheme}:// agents is installed")
+        return ResolvedAgent(spec, factory(spec))
+    if spec in _registered:
+        return ResolvedAgent(spec, _as_fn(_registered[spec], spec))
+    if spec in _BUILTINS:
+        return ResolvedAgent(spec, _as_fn(_import(_BUILTINS[spec], spec), spec))
+    if ":" in spec:
+        return ResolvedAgent(spec, _as_fn(_import(spec, spec), spec))
+    known = ", ".join(sorted(set(_BUILTINS) | set(_registered)))
+    raise AgentError(f"unknown agent {spec!r} (built-in: {known}; or module:attr, ws://…)")

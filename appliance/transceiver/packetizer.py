@@ -1,0 +1,99 @@
+"""Outbound RTP packetisation and pacing for 20 ms audio frames (sans-IO: time is passed in).
+
+RFC 3550 §5.1 and RFC 7587 §4.1 (Opus): one packet per 20 ms frame; the timestamp advances
+by 960 (48 kHz clock) per frame and keeps counting through silence, so after a pause the
+next packet's timestamp reflects the wall time that passed; the **marker bit** is set on the
+first packet of each talkspurt (RFC 3551 §4.1); the sequence number advances by one per
+packet sent, whatever the gap; initial sequence number and timestamp are random (§5.1).
+
+Pacing: a frame may leave at its *due* time, ``nominal(previous) + 20 ms``. If the agent
+falls behind (its input stalled and then arrived in a burst) and frames are queued behind
+this one (``backlog``), the schedule is allowed to lag wall time by up to ``burst`` (60 ms
+by default) and the backlog leaves back-to-back, so latency does not accumulate. A late
+frame with nothing behind it re-anchors the schedule at ``now`` (a source slightly slower
+than real time must not build up lag until it looks like silence). A frame later than
+``burst`` starts a new talkspurt (marker set, timestamp jumped by the elapsed time). Sending faster than real time is never
+allowed: the schedule never runs ahead of the wall clock.
+
+Deliberately omitted: DTX/comfort noise and multi-frame packets (ptime > 20).
+"""
+
+from __future__ import annotations
+
+import secrets
+
+FRAME_SECONDS = 0.020
+SAMPLES_PER_FRAME = 960
+
+
+class Packetizer:
+    __slots__ = ("ssrc", "payload_type", "_seq", "_ts", "_nominal", "_next_due", "burst",
+                 "packets", "talkspurts")
+
+    def __init__(
+        self,
+        ssrc: int,
+        payload_type: int,
+        *,
+        initial_seq: int | None = None,
+        initial_timestamp: int | None = None,
+        burst: float = 0.060,
+    ) -> None:
+        self.ssrc = ssrc
+        self.payload_type = payload_type
+        # The seq/ts of the packet *before* the first one: the first sent is +1 / +960.
+        seq0 = secrets.randbits(16) if initial_seq is None else initial_seq
+        ts0 = secrets.randbits(32) if initial_timestamp is None else initial_timestamp
+        self._seq = (seq0 - 1) & 0xFFFF
+        self._ts = (ts0 - SAMPLES_PER_FRAME) & 0xFFFFFFFF
+        self._nominal: float | None = None  # nominal send time of the last packet
+        self._next_due: float | None = None
+        self.burst = burst
+        self.packets = 0
+        self.talkspurts = 0
+
+    def poll_timeout(self) -> float | None:
+        """Earliest time the next frame may be sent (``None``: any time)."""
+        return self._next_due
+
+    def ready(self, now: float) -> bool:
+        return self._next_due is None or now >= self._next_due - 1e-6
+
+    def next_header(self, now: float, backlog: int = 0) -> tuple[int, int, bool]:
+        """Allocate ``(sequence, timestamp, marker)`` for one frame sent at ``now``;
+        ``backlog`` is how many frames are queued behind it.
+
+        Call only when :meth:`ready`; sending earlier would run ahead of real time.
+        """
+        if self._next_due is None or self._nominal is None:
+            marker = True
+            self._ts = (self._ts + SAMPLES_PER_FRAME) & 0xFFFFFFFF
+            nominal = now
+        elif now - self._next_due > self.burst:
+            # Silence since the last packet: a new talkspurt. The timestamp keeps counting
+            # the 48 kHz clock through the silence (at least one frame's worth).
+            marker = True
+            frames = max(1, round((now - self._nominal) / FRAME_SECONDS))
+            self._ts = (self._ts + SAMPLES_PER_FRAME * frames) & 0xFFFFFFFF
+            nominal = now
+        else:
+            marker = False
+            self._ts = (self._ts + SAMPLES_PER_FRAME) & 0xFFFFFFFF
+            # Catch up only while a backlog exists; otherwise re-anchor at now.
+            nominal = self._next_due if backlog or now <= self._next_due else now
+        if marker:
+            self.talkspurts += 1
+        self._seq = (self._seq + 1) & 0xFFFF
+        self._nominal = nominal
+        self._next_due = nominal + FRAME_SECONDS
+        self.packets += 1
+        return self._seq, self._ts, marker
+
+    @property
+    def last_timestamp(self) -> int:
+        """RTP timestamp of the last packet (for RTCP SR's RTP↔NTP mapping)."""
+        return self._ts
+
+    @property
+    def last_nominal_time(self) -> float | None:
+        return self._nominal

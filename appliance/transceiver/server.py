@@ -1,0 +1,438 @@
+"""The transceiver's trio shell: one shared UDP socket, the session table, the control server.
+
+Datagram path (DESIGN.md "Relay ↔ transceiver datagram format", "Transceiver behaviour")::
+
+    relay ──PROXY v2(src=client, dst=public) + client datagram──► our socket
+       parse header (drop+count if bad) → classify first byte (RFC 7983)
+       STUN  → session by server ufrag (USERNAME before ':'), else by client address
+       DTLS/RTP/RTCP → session by client address (learnt from authenticated checks)
+    session replies: PROXY(src=client, dst=public) + payload → the internal address that
+    the flow's last packet came from
+
+Hot path: one task waits for readability, then drains the socket with non-blocking
+``recvfrom_into`` into one preallocated buffer, up to ``BATCH`` datagrams per wake-up, and
+hands each to its session synchronously (no per-packet task switch or channel). Sends are
+non-blocking ``sendto`` calls; a full socket buffer drops the datagram and counts it (UDP
+semantics, never a stalled loop). The clock is read once per batch.
+
+Sessions run in a nursery of their own; a session whose handler raises is ended
+(``internal-error``) and the others carry on. The control channel
+(docs/control-protocol.md) creates, patches, deletes and reports sessions.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import logging
+import math
+import secrets
+import socket
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from appliance.agents import AgentError, resolve
+from appliance.control import serve_control
+from appliance.logs import redact
+from appliance.proto.dtls import Certificate, DtlsConnection, Role
+from appliance.proto.errors import LocalProtocolError
+from appliance.proto.mux import Kind, classify
+from appliance.proto.proxy import ProxyError, parse_untrusted
+from appliance.proto.sdp import (
+    SdpError,
+    build_answer,
+    build_sdpfrag_answer,
+    parse_offer_untrusted,
+    parse_sdpfrag_untrusted,
+)
+from appliance.proto.stun import StunError, peek_username_untrusted
+from appliance.proto.ufrag import UfragCodec
+
+from .session import Addr, Session, _fmt
+
+log = logging.getLogger(__name__)
+
+BATCH = 256
+BUFSIZE = 65536 + 256
+SOCKET_BUFFER = 4 << 20
+RECENTLY_ENDED = 256  # ended sessions kept for list/get (end_reason, final stats)
+CERT_LIFETIME = 24 * 3600.0  # a fresh DTLS certificate per day; sessions keep theirs
+MAX_SESSION_ID = 128
+
+COUNTER_NAMES = (
+    "datagrams_in", "bytes_in", "datagrams_out", "bytes_out",
+    "drop_proxy", "drop_unknown_ufrag", "drop_unknown_flow", "drop_stun_malformed",
+    "drop_kind", "drop_srtp", "drop_rtp_before_dtls", "drop_rtp_payload_type", "drop_send",
+    "session_errors", "sessions_created", "sessions_ended", "flows_forgotten",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TransceiverConfig:
+    id: int
+    secrets: tuple[bytes, ...]
+    listen: Addr = ("127.0.0.1", 4000)
+    control: str | None = None  # Unix socket path or host:port; None: no control server
+    cluster: int = 0
+    agent: str = "echo"
+    max_sessions: int = 500
+
+
+@dataclass(frozen=True, slots=True)
+class TransceiverAddresses:
+    """What :func:`serve_transceiver` reports when ready."""
+
+    udp: Addr
+    control: str | None
+
+
+def _error(status: int, code: str, detail: str) -> dict[str, Any]:
+    return {"ok": False, "status": status, "code": code, "detail": detail}
+
+
+def _ice_pwd() -> str:
+    # RFC 8445 §5.3: >= 128 bits, ICE characters; base64 of 18 bytes is 24 of them.
+    return base64.b64encode(secrets.token_bytes(18)).decode()
+
+
+class Transceiver:
+    """Session tables, the datagram dispatcher and the control operations."""
+
+    def __init__(self, config: TransceiverConfig, sock: socket.socket) -> None:
+        self.config = config
+        self.sock = sock
+        self.codec = UfragCodec(config.secrets)
+        self.counters: dict[str, int] = dict.fromkeys(COUNTER_NAMES, 0)
+        self.sessions: dict[str, Session] = {}
+        self.by_ufrag: dict[str, Session] = {}
+        self.by_client: dict[Addr, Session] = {}
+        self.ended: deque[Session] = deque(maxlen=RECENTLY_ENDED)
+        self.draining = False
+        self._nursery: trio.Nursery | None = None
+        self._cert = Certificate.generate(time.time())
+        self._cert_at = time.time()
+
+    # -- UDP ---------------------------------------------------------------------------
+
+    def send(self, data: bytes, addr: Addr) -> None:
+        try:
+            self.sock.sendto(data, addr)
+        except OSError:  # BlockingIOError (buffer full) included: UDP may drop
+            self.counters["drop_send"] += 1
+            return
+        self.counters["datagrams_out"] += 1
+        self.counters["bytes_out"] += len(data)
+
+    async def receive_loop(self) -> None:
+        sock = self.sock
+        buf = bytearray(BUFSIZE)
+        view = memoryview(buf)
+        counters = self.counters
+        dispatch = self.dispatch
+        while True:
+            await trio.lowlevel.wait_readable(sock)
+            now = trio.current_time()
+            n_in = bytes_in = 0
+            for _ in range(BATCH):
+                try:
+                    n, relay = sock.recvfrom_into(buf)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    continue  # e.g. ICMP port unreachable reported on a later recv
+                n_in += 1
+                bytes_in += n
+                dispatch(now, view[:n], (relay[0], relay[1]))
+            else:
+                # A full batch: let the session tasks (pacers, agents) run before more.
+                counters["datagrams_in"] += n_in
+                counters["bytes_in"] += bytes_in
+                await trio.lowlevel.checkpoint()
+                continue
+            counters["datagrams_in"] += n_in
+            counters["bytes_in"] += bytes_in
+
+    def dispatch(self, now: float, data: memoryview, relay: Addr) -> None:
+        """One datagram from a relay (PROXY header + client datagram)."""
+        try:
+            client, public, offset = parse_untrusted(data)
+        except ProxyError:
+            self.counters["drop_proxy"] += 1
+            return
+        payload = data[offset:]
+        kind = classify(payload)
+        if kind is Kind.STUN:
+            session = self._route_stun(payload, client)
+            if session is None:
+                return
+            self._guard(session, session.handle_stun, now, bytes(payload), client, public, relay)
+            if client in session.flows and session.state != "ended":
+                self.by_client[client] = session
+            return
+        session = self.by_client.get(client)
+        if session is None:
+            self.counters["drop_unknown_flow"] += 1
+            return
+        if kind is Kind.RTP:
+            self._guard(session, session.handle_rtp, now, bytes(payload), client, relay)
+        elif kind is Kind.RTCP:
+            self._guard(session, session.handle_rtcp, now, bytes(payload), client, relay)
+        elif kind is Kind.DTLS:
+            self._guard(session, session.handle_dtls, now, bytes(payload), client, relay)
+        else:
+            self.counters["drop_kind"] += 1
+
+    def _route_stun(self, payload: memoryview, client: Addr) -> Session | None:
+        try:
+            username = peek_username_untrusted(payload)
+        except StunError:
+            username = None  # a response or indication: only its flow's session may care
+        if username is not None:
+            ufrag = username.split(b":", 1)[0].decode("ascii", "replace")
+            session = self.by_ufrag.get(ufrag)
+            if session is None:
+                self.counters["drop_unknown_ufrag"] += 1
+            return session
+        session = self.by_client.get(client)
+        if session is None:
+            self.counters["drop_stun_malformed"] += 1
+        return session
+
+    def _guard(self, session: Session, handler: Any, *args: Any) -> None:
+        try:
+            handler(*args)
+        except Exception:
+            self.counters["session_errors"] += 1
+            log.exception("session %s: handler failed; ending it", session.id)
+            session.end("internal-error")
+
+    # -- session table -------------------------------------------------------------------
+
+    def _on_end(self, session: Session) -> None:
+        if self.sessions.pop(session.id, None) is None:
+            return
+        self.counters["sessions_ended"] += 1
+        for ufrag in [u for u, s in self.by_ufrag.items() if s is session]:
+            del self.by_ufrag[ufrag]
+        for client in [c for c, s in self.by_client.items() if s is session]:
+            del self.by_client[client]
+        self.ended.append(session)
+
+    def _certificate(self) -> Certificate:
+        now = time.time()
+        if now - self._cert_at > CERT_LIFETIME:
+            self._cert, self._cert_at = Certificate.generate(now), now
+        return self._cert
+
+    def _find(self, req: dict[str, Any]) -> Session | dict[str, Any]:
+        sid = req.get("session_id")
+        if not isinstance(sid, str):
+            return _error(400, "bad-request", "session_id must be a string")
+        session = self.sessions.get(sid)
+        if session is None:
+            for old in self.ended:
+                if old.id == sid:
+                    return old
+            return _error(404, "unknown-session", f"no session {sid!r} on this transceiver")
+        return session
+
+    # -- control operations --------------------------------------------------------------
+
+    async def handle_control(self, req: dict[str, Any]) -> dict[str, Any]:
+        op = req["op"]
+        handler = getattr(self, f"_op_{op}", None)
+        if handler is None:
+            return _error(400, "unknown-op", f"unknown op {op!r}")
+        result: dict[str, Any] = handler(req)
+        return result
+
+    def _op_create(self, req: dict[str, Any]) -> dict[str, Any]:
+        now = trio.current_time()
+        if self.draining:
+            return _error(503, "draining", "this transceiver is draining")
+        if len(self.sessions) >= self.config.max_sessions:
+            return _error(503, "full", f"{self.config.max_sessions} sessions is the limit")
+        sid = req.get("session_id")
+        if not isinstance(sid, str) or not 0 < len(sid) <= MAX_SESSION_ID:
+            return _error(400, "bad-request", "session_id must be a 1..128 character string")
+        if sid in self.sessions:
+            return _error(409, "session-exists", f"session {sid!r} already exists")
+        offer_text = req.get("offer")
+        if not isinstance(offer_text, str):
+            return _error(400, "bad-request", "offer must be SDP text")
+        candidates = _candidates(req.get("candidates"))
+        if isinstance(candidates, dict):
+            return candidates
+        agent_spec = req.get("agent")
+        if agent_spec is not None and not isinstance(agent_spec, str):
+            return _error(400, "bad-request", "agent must be a string or null")
+        try:
+            agent = resolve(agent_spec or self.config.agent)
+        except AgentError as exc:
+            return _error(400, "unknown-agent", str(exc))
+        ufrag = self.codec.mint(cluster=self.config.cluster, transceiver=self.config.id)
+        pwd = _ice_pwd()
+        cert = self._certificate()
+        ssrc, cname = secrets.randbits(32), secrets.token_hex(8)
+        try:
+            offer = parse_offer_untrusted(offer_text)
+            answer = build_answer(
+                offer, ice_ufrag=ufrag, ice_pwd=pwd, fingerprint=cert.fingerprint,
+                candidates=candidates, ssrc=ssrc, cname=cname,
+                session_id=secrets.randbits(62),
+            )
+        except SdpError as exc:
+            return _error(exc.status, exc.code, exc.detail)
+        except LocalProtocolError as exc:
+            return _error(400, "bad-request", str(exc))
+        dtls = DtlsConnection(
+            Role.SERVER, cert, remote_fingerprints=[str(fp) for fp in answer.plan.fingerprints]
+        )
+        session = Session(
+            session_id=sid, transceiver=self.config.id, agent=agent, answer=answer,
+            candidates=candidates,
+            local_ufrag=ufrag, local_pwd=pwd, dtls=dtls, ssrc=ssrc, cname=cname,
+            send=self.send, now=now, on_end=self._on_end, counters=self.counters,
+        )
+        assert self._nursery is not None
+        self.sessions[sid] = session
+        self.by_ufrag[ufrag] = session
+        self.counters["sessions_created"] += 1
+        self._nursery.start_soon(session.run)
+        session.mark_answer_sent(trio.current_time())
+        log.info("session %s created: agent %s ufrag %s", sid, agent.name, redact(ufrag))
+        return {"ok": True, "answer": answer.text, "ufrag": ufrag}
+
+    def _op_patch(self, req: dict[str, Any]) -> dict[str, Any]:
+        found = self._find(req)
+        if isinstance(found, dict):
+            return found
+        session = found
+        if session.state == "ended":
+            return _error(404, "unknown-session", f"session {session.id!r} has ended")
+        body = req.get("sdpfrag")
+        if not isinstance(body, str):
+            return _error(400, "bad-request", "sdpfrag must be text")
+        try:
+            frag = parse_sdpfrag_untrusted(body)
+        except SdpError as exc:
+            return _error(exc.status, exc.code, exc.detail)
+        remote = session.ice.remote_ufrag or ""
+        if not frag.is_ice_restart(remote):
+            return {"ok": True, "sdpfrag": ""}  # trickle: a lite agent needs no candidates
+        # RFC 8445 §9 / RFC 9725 §4.4.1: new credentials both ways; media keeps flowing on
+        # the old pair until the client nominates with the new ones.
+        ufrag = self.codec.mint(cluster=self.config.cluster, transceiver=self.config.id)
+        pwd = _ice_pwd()
+        session.ice.restart(ufrag, pwd, frag.ice_ufrag, frag.ice_pwd)
+        for old in [u for u, s in self.by_ufrag.items() if s is session]:
+            del self.by_ufrag[old]
+        self.by_ufrag[ufrag] = session
+        session.local_ufrag = ufrag
+        candidates = _candidates(req.get("candidates"))
+        if isinstance(candidates, dict):
+            candidates = session.candidates
+        text = build_sdpfrag_answer(ufrag, pwd, candidates, answer=session.answer)
+        log.info("session %s ICE restart, new ufrag %s", session.id, redact(ufrag))
+        return {"ok": True, "sdpfrag": text}
+
+    def _op_delete(self, req: dict[str, Any]) -> dict[str, Any]:
+        found = self._find(req)
+        if isinstance(found, dict):
+            return found
+        reason = req.get("reason")
+        found.end(reason if isinstance(reason, str) and reason else "deleted")
+        return {"ok": True}
+
+    def _op_list(self, req: dict[str, Any]) -> dict[str, Any]:
+        live = [s.describe() for s in self.sessions.values()]
+        return {"ok": True, "sessions": live + [s.describe() for s in self.ended]}
+
+    def _op_get(self, req: dict[str, Any]) -> dict[str, Any]:
+        found = self._find(req)
+        if isinstance(found, dict):
+            return found
+        return {"ok": True, "session": found.describe()}
+
+    def _op_stats(self, req: dict[str, Any]) -> dict[str, Any]:
+        by_state = dict.fromkeys(("new", "connecting", "connected"), 0)
+        for s in self.sessions.values():
+            by_state[s.state] = by_state.get(s.state, 0) + 1
+        return {"ok": True, "transceiver": self.config.id, "counters": dict(self.counters),
+                "sessions_by_state": by_state, "draining": self.draining}
+
+    def _op_drain(self, req: dict[str, Any]) -> dict[str, Any]:
+        self.draining = True
+        log.info("draining: no new sessions")
+        return {"ok": True}
+
+
+def _candidates(value: object) -> list[tuple[str, int]] | dict[str, Any]:
+    bad = _error(400, "bad-request", "candidates must be a non-empty list of [ip, port]")
+    if not isinstance(value, list) or not value:
+        return bad
+    out: list[tuple[str, int]] = []
+    for item in value:
+        if not isinstance(item, list | tuple) or len(item) != 2:
+            return bad
+        ip, port = item
+        if not isinstance(ip, str) or not isinstance(port, int) or not 0 < port < 65536:
+            return bad
+        try:
+            ipaddress.ip_address(ip)
+        except ValueError:
+            return bad
+        out.append((ip, port))
+    return out
+
+
+def _bind(listen: Addr) -> socket.socket:
+    family = socket.AF_INET6 if ":" in listen[0] else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
+            except OSError:
+                pass
+        sock.bind(listen)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def serve_transceiver(
+    config: TransceiverConfig,
+    *,
+    task_status: trio.TaskStatus[TransceiverAddresses] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run one transceiver until cancelled; reports its bound UDP and control addresses."""
+    sock = _bind(config.listen)
+    try:
+        bound = sock.getsockname()
+        udp: Addr = (bound[0], bound[1])
+        tr = Transceiver(config, sock)
+        async with trio.open_nursery() as nursery:
+            control: str | None = None
+            if config.control is not None:
+                control = await nursery.start(serve_control, config.control, tr.handle_control)
+            async with trio.open_nursery() as sessions:
+                tr._nursery = sessions
+                sessions.start_soon(tr.receive_loop)
+                log.info("transceiver %d listening on %s", config.id, _fmt(udp))
+                task_status.started(TransceiverAddresses(udp, control))
+                await trio.sleep(math.inf)
+    finally:
+        sock.close()
+
+
+def candidates_of(addresses: Sequence[Addr]) -> list[list[object]]:
+    """The ``candidates`` field of a ``create`` request for these public addresses."""
+    return [[host, port] for host, port in addresses]

@@ -1,0 +1,247 @@
+"""The transceiver shell over a real UDP socket: the test plays the relay (PROXY v2
+headers) and a client built from appliance/proto (IceClient, DTLS client, SRTP)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from transceiver.support import Client, decode_all, dominant_hz, sine
+
+from appliance.control import control_request
+from appliance.proto.rtp import ReceptionStats, RtcpReceiverReport, RtcpSenderReport
+from appliance.proto.ufrag import UfragCodec
+from appliance.transceiver import session as session_mod
+from appliance.transceiver.opus import OpusEncoder
+from appliance.transceiver.server import (
+    TransceiverAddresses,
+    TransceiverConfig,
+    serve_transceiver,
+)
+
+SECRETS = (b"routing-secret-for-tests-0123456",)
+CANDIDATES = [["198.51.100.1", 3478]]
+
+
+@pytest.fixture
+async def transceiver(tmp_path: Path) -> AsyncIterator[TransceiverAddresses]:
+    config = TransceiverConfig(id=3, secrets=SECRETS, listen=("127.0.0.1", 0),
+                               control=str(tmp_path / "t3.sock"), max_sessions=2)
+    async with trio.open_nursery() as nursery:
+        addrs: TransceiverAddresses = await nursery.start(serve_transceiver, config)
+        yield addrs
+        nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+def relay_sock() -> Iterator[socket.socket]:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.setblocking(False)
+        yield s
+
+
+async def ctl(addrs: TransceiverAddresses, **req: Any) -> dict[str, Any]:
+    assert addrs.control is not None
+    return await control_request(addrs.control, req)
+
+
+async def connect(addrs: TransceiverAddresses, sock: socket.socket, sid: str = "s1",
+                  **extra: Any) -> Client:
+    client = Client(sock, addrs.udp)
+    resp = await ctl(addrs, op="create", session_id=sid, offer=client.offer(), agent=None,
+                     candidates=CANDIDATES, **extra)
+    assert resp["ok"], resp
+    hint = UfragCodec(list(SECRETS)).decode_untrusted(resp["ufrag"])
+    assert hint.transceiver == 3
+    assert "a=ice-lite" in resp["answer"] and "198.51.100.1 3478" in resp["answer"]
+    assert "127.0.0.1" not in resp["answer"]  # our internal address never leaks
+    client.start(resp["answer"], trio.current_time())
+    with trio.fail_after(5):
+        while client.srtp is None:
+            await client.pump(trio.current_time())
+            await trio.sleep(0.005)
+    return client
+
+
+async def test_echo_end_to_end(
+    transceiver: TransceiverAddresses, relay_sock: socket.socket,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(session_mod, "RTCP_INTERVAL", 0.3)
+    client = await connect(transceiver, relay_sock)
+    enc = OpusEncoder()
+    rx = ReceptionStats(0)
+    for pcm in sine(440, 75):
+        await client.send_audio(pcm, enc)
+        await client.pump(trio.current_time())
+        await trio.sleep(0.02)
+    for _ in range(10):
+        await client.pump(trio.current_time())
+        await trio.sleep(0.02)
+    packets = [p for _, p in client.received_rtp]
+    assert len(packets) >= 65
+    assert len({p.ssrc for p in packets}) == 1
+    # The first packet starts a talkspurt. A scheduling stall of > 60 ms on a loaded test
+    # machine is a real input gap and may start another (marker + timestamp jump); inside
+    # a talkspurt timestamps advance by exactly one frame.
+    assert packets[0].marker
+    assert sum(p.marker for p in packets) <= 3
+    seqs = [p.sequence for p in packets]
+    assert all((b - a) & 0xFFFF == 1 for a, b in zip(seqs, seqs[1:], strict=False))
+    for a, b in zip(packets, packets[1:], strict=False):
+        delta = (b.timestamp - a.timestamp) & 0xFFFFFFFF
+        assert delta == 960 if not b.marker else delta >= 960
+    assert dominant_hz(decode_all(packets[10:])) == pytest.approx(440, abs=5)
+
+    # RTCP: the transceiver sent SRs; answer one with an RR so it can compute RTT.
+    srs = [p for p in client.received_rtcp if isinstance(p, RtcpSenderReport)]
+    assert srs and srs[-1].ssrc == packets[0].ssrc and srs[-1].packet_count > 0
+    rx = ReceptionStats(packets[0].ssrc)
+    for p in packets:
+        rx.update(p.sequence, p.timestamp, trio.current_time())
+    rx.on_sender_report(srs[-1].ntp_msw, srs[-1].ntp_lsw, trio.current_time())
+    await trio.sleep(0.01)
+    assert client.srtp is not None
+    from appliance.proto.rtp import serialize_rtcp
+    rr = RtcpReceiverReport(0x1234, (rx.report_block(trio.current_time()),))
+    await client.send_raw(client.srtp.protect_rtcp(serialize_rtcp([rr])))
+    await trio.sleep(0.05)
+
+    got = await ctl(transceiver, op="get", session_id="s1")
+    s = got["session"]
+    assert s["state"] == "connected" and s["agent"] == "echo" and s["transceiver"] == 3
+    assert s["client_address"] == "203.0.113.7:53211"
+    assert s["relay_flow"]["public"] == "198.51.100.1:3478"
+    assert s["packets_in"] >= 75 and s["packets_out"] >= 65
+    assert s["rtt_ms"] is not None and 0 <= s["rtt_ms"] < 1000
+    assert s["jitter_ms"] is not None and s["loss"] == 0
+    assert all(v is not None for v in s["timeline"].values()), s["timeline"]
+    assert s["srtp_profile"] and s["cipher_suite"]
+
+    stats = await ctl(transceiver, op="stats")
+    assert stats["transceiver"] == 3 and stats["sessions_by_state"]["connected"] == 1
+    assert stats["counters"]["datagrams_in"] > 75
+
+    assert (await ctl(transceiver, op="delete", session_id="s1", reason="bye"))["ok"]
+    ended = (await ctl(transceiver, op="get", session_id="s1"))["session"]
+    assert ended["state"] == "ended" and ended["end_reason"] == "bye"
+    await trio.sleep(0.02)
+    await client.pump(trio.current_time())
+    assert client.dtls is not None and client.dtls.state.value == "closed"  # close_notify
+
+
+async def test_echo_latency_is_at_most_one_frame(
+    transceiver: TransceiverAddresses, relay_sock: socket.socket,
+) -> None:
+    """RTP in → echoed RTP out within one frame (20 ms) plus scheduling slack."""
+    client = await connect(transceiver, relay_sock)
+    enc = OpusEncoder()
+    delays = []
+    for pcm in sine(300, 30):
+        before = len(client.received_rtp)
+        sent = trio.current_time()
+        await client.send_audio(pcm, enc)
+        with trio.move_on_after(0.1):
+            while len(client.received_rtp) == before:
+                await trio.sleep(0.001)
+                await client.pump(trio.current_time())
+        if len(client.received_rtp) > before:
+            delays.append(client.received_rtp[-1][0] - sent)
+        await trio.sleep(0.02 - (trio.current_time() - sent) % 0.02)
+    assert len(delays) >= 25
+    delays.sort()
+    assert delays[len(delays) // 2] < 0.020
+
+
+async def test_control_errors(transceiver: TransceiverAddresses) -> None:
+    bad_sdp = await ctl(transceiver, op="create", session_id="x", offer="v=0\r\nnonsense",
+                        candidates=CANDIDATES)
+    assert not bad_sdp["ok"] and bad_sdp["status"] in (400, 422) and bad_sdp["code"]
+    client = Client(socket.socket(socket.AF_INET, socket.SOCK_DGRAM), transceiver.udp)
+    client.sock.close()
+    offer = client.offer()
+    r = await ctl(transceiver, op="create", session_id="x", offer=offer, agent="nope",
+                  candidates=CANDIDATES)
+    assert (r["status"], r["code"]) == (400, "unknown-agent")
+    r = await ctl(transceiver, op="create", session_id="x", offer=offer, candidates=[])
+    assert (r["status"], r["code"]) == (400, "bad-request")
+    for op in ("get", "patch", "delete"):
+        r = await ctl(transceiver, op=op, session_id="missing", sdpfrag="")
+        assert (r["status"], r["code"]) == (404, "unknown-session"), op
+    r = await ctl(transceiver, op="frobnicate")
+    assert r["status"] == 400
+    # Capacity (max_sessions=2), duplicates, then drain.
+    for sid in ("a", "b"):
+        assert (await ctl(transceiver, op="create", session_id=sid, offer=offer,
+                          candidates=CANDIDATES))["ok"]
+    r = await ctl(transceiver, op="create", session_id="a", offer=offer, candidates=CANDIDATES)
+    assert r["status"] in (409, 503)
+    r = await ctl(transceiver, op="create", session_id="c", offer=offer, candidates=CANDIDATES)
+    assert (r["status"], r["code"]) == (503, "full")
+    listed = await ctl(transceiver, op="list")
+    assert {s["id"] for s in listed["sessions"]} == {"a", "b"}
+    assert all(s["state"] == "new" for s in listed["sessions"])
+    assert (await ctl(transceiver, op="delete", session_id="a"))["ok"]
+    assert (await ctl(transceiver, op="drain"))["ok"]
+    r = await ctl(transceiver, op="create", session_id="d", offer=offer, candidates=CANDIDATES)
+    assert (r["status"], r["code"]) == (503, "draining")
+
+
+async def test_session_without_ice_is_reaped(
+    transceiver: TransceiverAddresses, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(session_mod, "SETUP_TIMEOUT", 0.2)
+    client = Client(socket.socket(socket.AF_INET, socket.SOCK_DGRAM), transceiver.udp)
+    client.sock.close()
+    r = await ctl(transceiver, op="create", session_id="idle", offer=client.offer(),
+                  candidates=CANDIDATES)
+    assert r["ok"]
+    await trio.sleep(0.4)
+    s = (await ctl(transceiver, op="get", session_id="idle"))["session"]
+    assert (s["state"], s["end_reason"]) == ("ended", "ice-timeout")
+    assert (await ctl(transceiver, op="stats"))["sessions_by_state"]["new"] == 0
+
+
+async def test_ice_restart_keeps_the_call(
+    transceiver: TransceiverAddresses, relay_sock: socket.socket
+) -> None:
+    client = await connect(transceiver, relay_sock)
+    frag = ("a=ice-ufrag:New1\r\na=ice-pwd:newclientpasswordnewcli\r\n"
+            "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=mid:0\r\n")
+    r = await ctl(transceiver, op="patch", session_id="s1", sdpfrag=frag)
+    assert r["ok"] and "a=ice-ufrag:" in r["sdpfrag"], r
+    new_ufrag = r["sdpfrag"].split("a=ice-ufrag:")[1].split("\r\n")[0]
+    new_pwd = r["sdpfrag"].split("a=ice-pwd:")[1].split("\r\n")[0]
+    assert client.ice is not None
+    client.ice.restart("New1", "newclientpasswordnewcli", new_ufrag, new_pwd,
+                       trio.current_time())
+    await client.flush()
+    enc = OpusEncoder()
+    for pcm in sine(440, 10):
+        await client.send_audio(pcm, enc)
+        await trio.sleep(0.02)
+        await client.pump(trio.current_time())
+    assert client.ice.state.value == "nominated"
+    assert len(client.received_rtp) >= 5
+    s = (await ctl(transceiver, op="get", session_id="s1"))["session"]
+    assert s["state"] == "connected"
+    # Plain trickle (same credentials) answers an empty fragment.
+    r = await ctl(transceiver, op="patch", session_id="s1",
+                  sdpfrag="a=ice-ufrag:New1\r\na=ice-pwd:newclientpasswordnewcli\r\n")
+    assert r == {"ok": True, "sdpfrag": ""}
+
+
+async def test_garbage_is_dropped_and_counted(
+    transceiver: TransceiverAddresses, relay_sock: socket.socket
+) -> None:
+    relay_sock.sendto(b"not a proxy header", transceiver.udp)
+    client = Client(relay_sock, transceiver.udp)
+    await client.send_raw(b"\x80" + bytes(30))  # RTP from an unknown flow
+    await trio.sleep(0.05)
+    counters = (await ctl(transceiver, op="stats"))["counters"]
+    assert counters["drop_proxy"] == 1 and counters["drop_unknown_flow"] == 1
