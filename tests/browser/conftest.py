@@ -1,0 +1,49 @@
+"""Fixtures for the browser tests: Debian's Chromium under Playwright (sync API) with a fake
+microphone playing a 440 Hz tone.
+
+The tests are plain ``def`` functions: Playwright's sync API runs its own event loop, which
+must not be nested inside pytest-trio's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from browser.helpers import CHROMIUM, launch, write_tone_wav
+from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
+
+
+@pytest.fixture(scope="session")
+def tone_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tone_wav(tmp_path_factory.mktemp("audio") / "tone-440.wav")
+
+
+@pytest.fixture(scope="session")
+def playwright_instance() -> Iterator[Playwright]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make sysdeps` installs Debian's chromium")
+    with sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture(scope="session")
+def browser(playwright_instance: Playwright, tone_wav: Path) -> Iterator[Browser]:
+    b = launch(playwright_instance, tone_wav)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def context(browser: Browser) -> Iterator[BrowserContext]:
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900}, permissions=["microphone"])
+    yield ctx
+    ctx.close()
+
+
+@pytest.fixture
+def page(context: BrowserContext) -> Page:
+    pg = context.new_page()
+    pg.set_default_timeout(15_000)
+    return pg

@@ -1,0 +1,107 @@
+"""Helpers for the browser tests: Chromium launch flags, the fake-microphone WAV, page
+error capture and screenshots.
+
+Screenshots always go to ``test-artifacts/`` (gitignored). The README's copies in
+``docs/screenshots/`` are rewritten only with ``APPLIANCE_UPDATE_SCREENSHOTS=1``, so a
+normal test run leaves the tree clean.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import struct
+import wave
+from pathlib import Path
+
+from playwright.sync_api import Browser, Page, Playwright
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts"
+DOCS_SCREENSHOTS = REPO / "docs" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+
+BASE_ARGS = [
+    "--no-sandbox",
+    "--headless=new",
+    "--allow-loopback-in-peer-connection",
+    "--autoplay-policy=no-user-gesture-required",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def write_tone_wav(path: Path, *, seconds: float = 3.0, freq: float = 440.0, rate: int = 48000) -> Path:
+    """A mono 16-bit sine at -6 dBFS; Chromium's fake capture device loops it."""
+    n = int(seconds * rate)
+    amp = 0.5 * 32767
+    frames = b"".join(struct.pack("<h", int(amp * math.sin(2 * math.pi * freq * i / rate))) for i in range(n))
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(frames)
+    return path
+
+
+def launch(p: Playwright, tone_wav: Path, *, fake_ui: bool = True) -> Browser:
+    """Chromium with a fake microphone; fake_ui=False leaves permission prompts unanswered
+    (headless Chromium then denies the microphone), which is how the denial test runs."""
+    args = [*BASE_ARGS, "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={tone_wav}"]
+    if fake_ui:
+        args.append("--use-fake-ui-for-media-stream")
+    return p.chromium.launch(executable_path=CHROMIUM, args=args, headless=True)
+
+
+class PageErrors:
+    """Uncaught page errors and console errors, so a JS exception fails the test that caused it."""
+
+    def __init__(self, page: Page) -> None:
+        self.errors: list[str] = []
+        page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
+        page.on("console", lambda m: self.errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+
+    def unexpected(self, *allowed: str) -> list[str]:
+        return [e for e in self.errors if not any(a in e for a in allowed)]
+
+
+def screenshot(page: Page, name: str, *, docs: bool = False, full_page: bool = True) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=full_page)
+    if docs and os.environ.get("APPLIANCE_UPDATE_SCREENSHOTS") == "1":
+        DOCS_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, DOCS_SCREENSHOTS / f"{name}.png")
+    return path
+
+
+def assert_no_horizontal_scroll(page: Page) -> None:
+    widths = page.evaluate(
+        "() => ({doc: document.documentElement.scrollWidth, body: document.body.scrollWidth, view: window.innerWidth})"
+    )
+    assert widths["doc"] <= widths["view"] and widths["body"] <= widths["view"], widths
+
+
+# An approximation of the accessible-name computation, enough to catch an unlabelled control.
+NAMELESS_CONTROLS_JS = """() => {
+  const name = (el) => {
+    if (el.getAttribute('aria-label')) return el.getAttribute('aria-label');
+    const by = el.getAttribute('aria-labelledby');
+    if (by) return by.split(/\\s+/).map((id) => document.getElementById(id)?.textContent || '').join(' ');
+    if (el.labels && el.labels.length) return [...el.labels].map((l) => l.textContent).join(' ');
+    if (el.tagName === 'BUTTON' || el.tagName === 'A') return el.textContent;
+    return el.getAttribute('title') || '';
+  };
+  return [...document.querySelectorAll('button, a[href], input, select, textarea, meter, [role=button]')]
+    .filter((el) => el.offsetParent !== null || el.getClientRects().length)
+    .filter((el) => !name(el).trim())
+    .map((el) => el.outerHTML.slice(0, 120));
+}"""
+
+
+def assert_controls_named(page: Page) -> None:
+    nameless = page.evaluate(NAMELESS_CONTROLS_JS)
+    assert nameless == [], nameless

@@ -1,0 +1,454 @@
+// The microphone demo (/demo): microphone → agent → speaker through the appliance.
+//
+// The browser is the offerer. The server is ICE-lite, so the offer needs no browser
+// candidates: we wait for ICE gathering for at most ~200 ms and POST whatever we have; the
+// browser then sends connectivity checks to the server's one candidate (the relay port).
+//
+// window.applianceDemo exposes the page state for tests and for the console.
+import {
+  AuthError, HttpError, UnreachableError, adoptTokenFromUrl, api, apiUrl, fmtMs, fmtNum, h,
+  httpError, renderTimeline, wireAuthForm,
+} from "./common.js";
+
+const $ = (id) => document.getElementById(id);
+const params = new URLSearchParams(location.search);
+// Overridable for tests: how long media may take to connect before we call it failed.
+const CONNECT_TIMEOUT_MS = Number(params.get("connect_timeout_ms")) || 15000;
+const GATHER_MAX_MS = 200;
+
+let state = "idle";
+let errorCode = null;
+let run = null; // the current attempt; replaced on every Start so stale callbacks can tell
+let lastStats = null;
+let audioCtx = null;
+const levels = { input: 0, output: 0 };
+
+// ---------------------------------------------------------------------------- UI state
+
+function setState(next, detail) {
+  state = next;
+  const el = $("state");
+  el.dataset.state = next;
+  el.textContent = next;
+  $("state-detail").textContent = detail ? ` · ${detail}` : "";
+  const busy = next === "starting" || next === "connecting" || next === "connected";
+  $("start").disabled = busy;
+  $("stop").disabled = !busy;
+  $("agent").disabled = busy;
+  $("agent-custom").disabled = busy;
+}
+
+/** kind: "error" | "warn" | "ok". code: a stable name tests and scripts can match. */
+function showMessage(kind, code, title, text, { auth = false } = {}) {
+  if (kind === "error") errorCode = code;
+  const box = $("message");
+  box.className = `banner ${kind}`;
+  box.dataset.code = code;
+  box.hidden = false;
+  $("message-title").textContent = title;
+  $("message-text").textContent = text;
+  $("auth-form").hidden = !auth;
+  $("play-audio").hidden = code !== "autoplay";
+}
+
+function clearMessage() {
+  errorCode = null;
+  $("message").hidden = true;
+  delete $("message").dataset.code;
+}
+
+function fail(r, code, title, text, opts) {
+  if (r !== run) return;
+  showMessage("error", code, title, text, opts);
+  teardown(r, false);
+  setState("failed", title);
+}
+
+function chosenAgent() {
+  const sel = $("agent").value;
+  return sel === "custom" ? $("agent-custom").value.trim() : sel;
+}
+
+// ---------------------------------------------------------------------------- levels
+
+function levelOf(analyser, buf) {
+  analyser.getFloatTimeDomainData(buf);
+  let sum = 0;
+  for (let i = 0; i < buf.length; i++) sum += buf[i] * buf[i];
+  const rms = Math.sqrt(sum / buf.length);
+  const db = rms > 0 ? 20 * Math.log10(rms) : -Infinity;
+  return { db, value: Math.min(Math.max((db + 60) / 60, 0), 1) };
+}
+
+function attachMeter(r, stream, which) {
+  if (!audioCtx) return;
+  const source = audioCtx.createMediaStreamSource(stream);
+  const analyser = audioCtx.createAnalyser();
+  analyser.fftSize = 1024;
+  source.connect(analyser); // not to destination: the <audio> element does the playing
+  const buf = new Float32Array(analyser.fftSize);
+  const meter = $(`level-${which === "input" ? "in" : "out"}`);
+  const out = $(`level-${which === "input" ? "in" : "out"}-db`);
+  const timer = setInterval(() => {
+    const { db, value } = levelOf(analyser, buf);
+    levels[which] = value;
+    meter.value = value;
+    meter.textContent = value.toFixed(2);
+    out.textContent = Number.isFinite(db) ? `${db.toFixed(0)} dBFS` : "silent";
+  }, 60);
+  r.cleanups.push(() => {
+    clearInterval(timer);
+    source.disconnect();
+    levels[which] = 0;
+    meter.value = 0;
+    out.textContent = "–";
+  });
+}
+
+// ---------------------------------------------------------------------------- stats
+
+async function readStats(pc) {
+  const report = await pc.getStats();
+  const out = { inbound: null, outbound: null, rttMs: null, codec: null, connectionState: pc.connectionState };
+  const codecs = {};
+  report.forEach((s) => { if (s.type === "codec") codecs[s.id] = s; });
+  report.forEach((s) => {
+    if (s.type === "inbound-rtp" && s.kind === "audio") {
+      out.inbound = {
+        packetsReceived: s.packetsReceived || 0, bytesReceived: s.bytesReceived || 0,
+        packetsLost: s.packetsLost || 0, jitterMs: typeof s.jitter === "number" ? s.jitter * 1000 : null,
+        totalAudioEnergy: s.totalAudioEnergy || 0, audioLevel: s.audioLevel || 0,
+        totalSamplesReceived: s.totalSamplesReceived || 0,
+      };
+      if (codecs[s.codecId]) out.codec = `${codecs[s.codecId].mimeType}/${codecs[s.codecId].clockRate}`;
+    } else if (s.type === "outbound-rtp" && s.kind === "audio") {
+      out.outbound = { packetsSent: s.packetsSent || 0, bytesSent: s.bytesSent || 0 };
+    } else if (s.type === "remote-inbound-rtp" && typeof s.roundTripTime === "number") {
+      out.rttMs = s.roundTripTime * 1000;
+    } else if (s.type === "candidate-pair" && s.nominated && typeof s.currentRoundTripTime === "number" && out.rttMs === null) {
+      out.rttMs = s.currentRoundTripTime * 1000;
+    }
+  });
+  return out;
+}
+
+function renderStats(st) {
+  const i = st.inbound || {};
+  const o = st.outbound || {};
+  const rows = [
+    ["Packets received / sent", `${fmtNum(i.packetsReceived)} / ${fmtNum(o.packetsSent)}`],
+    ["Packets lost", fmtNum(i.packetsLost)],
+    ["Jitter", fmtMs(i.jitterMs)],
+    ["Round trip", fmtMs(st.rttMs)],
+    ["Codec", st.codec || "–"],
+  ];
+  $("stats").replaceChildren(...rows.flatMap(([k, v]) => [h("dt", { text: k }), h("dd", { text: v })]));
+}
+
+// ---------------------------------------------------------------------------- start
+
+async function start() {
+  if (run) teardown(run, false);
+  const r = { pc: null, stream: null, sessionUrl: null, sessionId: null, cleanups: [], connected: false,
+    t0: performance.now(), setupMs: null, micMs: null, answerMs: null, serverTimeline: null, stopping: false };
+  run = r;
+  clearMessage();
+  lastStats = null;
+  $("setup-ms").textContent = "–";
+  $("setup-parts").textContent = "";
+  $("server-timeline").replaceChildren();
+  $("stats").replaceChildren();
+  setState("starting", "asking for the microphone");
+
+  // 1. Microphone. Browsers only offer it to secure contexts (https or localhost).
+  if (!navigator.mediaDevices || !navigator.mediaDevices.getUserMedia) {
+    return fail(r, "insecure", "The microphone is not available on this page",
+      window.isSecureContext
+        ? "This browser does not support getUserMedia."
+        : "Browsers only give the microphone to secure pages. Open the demo over https:// (start the appliance with --tls self-signed or a certificate) or at http://localhost.");
+  }
+  // An AudioContext made during the click may start; one made later may be suspended.
+  try {
+    audioCtx = audioCtx || new AudioContext();
+    audioCtx.resume().catch(() => {});
+  } catch { audioCtx = null; }
+  try {
+    r.stream = await navigator.mediaDevices.getUserMedia({
+      audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true },
+    });
+  } catch (e) {
+    if (e && (e.name === "NotAllowedError" || e.name === "SecurityError" || e.name === "PermissionDeniedError")) {
+      return fail(r, "mic-denied", "Microphone access was denied",
+        "The demo needs your microphone. Allow it for this site (the microphone or lock icon in the address bar), then press Start again.");
+    }
+    if (e && (e.name === "NotFoundError" || e.name === "OverconstrainedError" || e.name === "DevicesNotFoundError")) {
+      return fail(r, "mic-missing", "No microphone found", "Connect a microphone (or headset), then press Start again.");
+    }
+    if (e && (e.name === "NotReadableError" || e.name === "TrackStartError" || e.name === "AbortError")) {
+      return fail(r, "mic-busy", "The microphone could not be opened", "Another application may be using it. Close it, then press Start again.");
+    }
+    return fail(r, "mic-error", "The microphone could not be opened", String(e && e.message ? e.message : e));
+  }
+  if (r !== run) { r.stream.getTracks().forEach((t) => t.stop()); return; }
+  r.micMs = performance.now() - r.t0;
+  r.cleanups.push(() => r.stream.getTracks().forEach((t) => t.stop()));
+  attachMeter(r, r.stream, "input");
+
+  // 2. Offer.
+  setState("connecting", "sending the offer");
+  const pc = new RTCPeerConnection({ bundlePolicy: "max-bundle", rtcpMuxPolicy: "require" });
+  r.pc = pc;
+  r.cleanups.push(() => pc.close());
+  for (const track of r.stream.getAudioTracks()) pc.addTrack(track, r.stream);
+  pc.ontrack = (ev) => onTrack(r, ev);
+  pc.onconnectionstatechange = () => onConnectionState(r);
+  let answerSdp;
+  try {
+    await pc.setLocalDescription(await pc.createOffer());
+    await gathered(pc, GATHER_MAX_MS);
+    if (r !== run) return;
+    const agent = chosenAgent();
+    const path = `v1/sessions${agent ? `?agent=${encodeURIComponent(agent)}` : ""}`;
+    const tPost = performance.now();
+    const resp = await api(path, {
+      method: "POST",
+      headers: { "Content-Type": "application/sdp", Accept: "application/sdp" },
+      body: pc.localDescription.sdp,
+    });
+    if (r !== run) return;
+    if (resp.status !== 201 && resp.status !== 200) throw await httpError(resp, "The server refused the session");
+    r.answerMs = performance.now() - tPost;
+    const loc = resp.headers.get("Location");
+    if (loc) {
+      r.sessionUrl = new URL(loc, resp.url || apiUrl("v1/sessions")).toString();
+      r.sessionId = decodeURIComponent(new URL(r.sessionUrl).pathname.split("/").filter(Boolean).pop());
+    }
+    answerSdp = await resp.text();
+  } catch (e) {
+    if (e instanceof UnreachableError) return fail(r, "unreachable", "The server is unreachable", e.message);
+    if (e instanceof AuthError) return fail(r, "auth", "Access token required", e.message, { auth: true });
+    if (e instanceof HttpError) return fail(r, "server", "The server refused the session", e.message);
+    return fail(r, "offer", "Could not create the offer", String(e && e.message ? e.message : e));
+  }
+
+  // 3. Answer.
+  try {
+    await pc.setRemoteDescription({ type: "answer", sdp: answerSdp });
+  } catch (e) {
+    deleteSession(r);
+    return fail(r, "bad-answer", "The server's answer could not be used", String(e && e.message ? e.message : e));
+  }
+  if (r !== run) return;
+  const target = candidateAddresses(answerSdp);
+  setState("connecting", `connecting media to ${target || "the server"}`);
+  const connectTimer = setTimeout(() => {
+    if (r === run && !r.connected) connectionFailed(r, target);
+  }, CONNECT_TIMEOUT_MS);
+  r.cleanups.push(() => clearTimeout(connectTimer));
+  watchFirstAudio(r);
+  pollSession(r);
+}
+
+function gathered(pc, maxMs) {
+  if (pc.iceGatheringState === "complete") return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => { clearTimeout(t); pc.removeEventListener("icegatheringstatechange", check); resolve(); };
+    const check = () => { if (pc.iceGatheringState === "complete") done(); };
+    const t = setTimeout(done, maxMs);
+    pc.addEventListener("icegatheringstatechange", check);
+  });
+}
+
+function candidateAddresses(sdp) {
+  const out = [];
+  for (const m of sdp.matchAll(/^a=candidate:\S+ \d+ udp \d+ (\S+) (\d+)/gim)) {
+    out.push(m[1].includes(":") ? `[${m[1]}]:${m[2]}` : `${m[1]}:${m[2]}`);
+  }
+  return [...new Set(out)].join(", ");
+}
+
+function onTrack(r, ev) {
+  if (r !== run) return;
+  const stream = ev.streams[0] || new MediaStream([ev.track]);
+  const audio = $("remote-audio");
+  audio.srcObject = stream;
+  audio.play().catch(() => {
+    showMessage("warn", "autoplay", "The browser blocked playback", "Press the button to hear the agent.");
+  });
+  attachMeter(r, stream, "output");
+}
+
+function onConnectionState(r) {
+  if (r !== run) return;
+  const cs = r.pc.connectionState;
+  if (cs === "connected") {
+    r.connected = true;
+    if (state !== "ended") setState("connected", r.setupMs === null ? "waiting for audio" : "talk now");
+  } else if (cs === "disconnected" && r.connected) {
+    setState("connected", "connection interrupted, waiting for it to recover");
+  } else if (cs === "failed" || cs === "closed") {
+    if (r.connected) {
+      // It worked and then stopped: ended on the server (e.g. End on the dashboard), or lost.
+      checkEnded(r).then((ended) => {
+        if (!ended && r === run) {
+          fail(r, "connection-lost", "The connection was lost",
+            "Media stopped reaching this browser. The network may have changed, or the server went away.");
+        }
+      });
+    } else {
+      connectionFailed(r, candidateAddresses(r.pc.remoteDescription ? r.pc.remoteDescription.sdp : ""));
+    }
+  }
+}
+
+function connectionFailed(r, target) {
+  deleteSession(r);
+  fail(r, "connection-failed", "The connection failed",
+    `No media connection to the server's UDP address ${target || "(none in the answer)"} within ${(CONNECT_TIMEOUT_MS / 1000).toFixed(0)} s. `
+    + "UDP to that address may be blocked by a firewall, or the advertised address (appliance up --public-address) is not reachable from this browser.");
+}
+
+/** Poll getStats() quickly until the first audio packet arrives, then once a second. */
+function watchFirstAudio(r) {
+  let timer = null;
+  const tick = async () => {
+    if (r !== run || !r.pc || r.pc.connectionState === "closed") return;
+    try {
+      const st = await readStats(r.pc);
+      if (r !== run) return;
+      lastStats = st;
+      renderStats(st);
+      if (r.setupMs === null && st.inbound && st.inbound.packetsReceived > 0) {
+        r.setupMs = Math.round(performance.now() - r.t0);
+        $("setup-ms").textContent = `${r.setupMs} ms`;
+        $("setup-parts").textContent = `Microphone access ${fmtMs(r.micMs)} · offer → answer ${fmtMs(r.answerMs)} · the rest is ICE, DTLS and the first packet.`;
+        if (state === "connected") setState("connected", "talk now");
+      }
+    } catch { /* the connection closed under us */ }
+    timer = setTimeout(tick, r.setupMs === null ? 25 : 1000);
+  };
+  tick();
+  r.cleanups.push(() => clearTimeout(timer));
+}
+
+/** GET the session once a second: the server timeline, and whether it ended (dashboard End). */
+function pollSession(r) {
+  let timer = null;
+  const tick = async () => {
+    if (r !== run) return;
+    if (await checkEnded(r)) return;
+    timer = setTimeout(tick, 1000);
+  };
+  timer = setTimeout(tick, 300);
+  r.cleanups.push(() => clearTimeout(timer));
+}
+
+/** Returns true (and moves the page to "ended") when the server says the session is over. */
+async function checkEnded(r) {
+  if (!r.sessionUrl || r !== run) return false;
+  let resp;
+  try {
+    resp = await api(new URL(r.sessionUrl).pathname.replace(/^\//, ""), { headers: { Accept: "application/json" } });
+  } catch {
+    return false; // unreachable for a moment: media may still flow; the connection state decides
+  }
+  if (r !== run) return true;
+  if (resp.status === 404 || resp.status === 410) {
+    ended(r, "The server no longer knows this session (it was ended, e.g. from the dashboard).");
+    return true;
+  }
+  if (!resp.ok) return false;
+  let s;
+  try { s = await resp.json(); } catch { return false; }
+  if (s && s.session) s = s.session;
+  if (s && s.timeline) {
+    r.serverTimeline = s.timeline;
+    renderTimeline($("server-timeline"), s.timeline, "Server timeline");
+  }
+  if (s && s.state === "ended") {
+    ended(r, `The session was ended${s.end_reason ? `: ${s.end_reason}` : ""}.`);
+    return true;
+  }
+  return false;
+}
+
+function ended(r, text) {
+  if (r !== run) return;
+  teardown(r, false);
+  showMessage("ok", "ended", "Session ended", text);
+  setState("ended", r.sessionId ? `session ${r.sessionId}` : "");
+}
+
+function deleteSession(r) {
+  if (!r.sessionUrl) return Promise.resolve();
+  const path = new URL(r.sessionUrl).pathname.replace(/^\//, "");
+  const url = r.sessionUrl;
+  r.sessionUrl = null;
+  return api(path, { method: "DELETE", keepalive: true }).catch(() => {
+    void url; // the server will reap it (no consent for 30 s)
+  });
+}
+
+/** Stop media and timers. Keeps the numbers on screen. */
+function teardown(r, del) {
+  if (del) deleteSession(r);
+  const cleanups = r.cleanups.splice(0);
+  for (const c of cleanups.reverse()) {
+    try { c(); } catch { /* already gone */ }
+  }
+  $("remote-audio").srcObject = null;
+}
+
+async function stop() {
+  const r = run;
+  if (!r) return;
+  r.stopping = true;
+  setState("stopping", "ending the session");
+  if (r.pc) {
+    try { lastStats = await readStats(r.pc); } catch { /* closed */ }
+  }
+  await deleteSession(r);
+  teardown(r, false);
+  showMessage("ok", "stopped", "Session ended", "You stopped the session.");
+  setState("ended", r.sessionId ? `session ${r.sessionId}` : "");
+}
+
+// ---------------------------------------------------------------------------- wiring
+
+adoptTokenFromUrl();
+$("controls").addEventListener("submit", (ev) => { ev.preventDefault(); start(); });
+$("stop").addEventListener("click", () => stop());
+$("agent").addEventListener("change", () => {
+  const custom = $("agent").value === "custom";
+  $("custom-field").hidden = !custom;
+  if (custom) $("agent-custom").focus();
+});
+$("play-audio").addEventListener("click", () => {
+  $("remote-audio").play().then(clearMessage).catch(() => {});
+});
+wireAuthForm($("auth-form"), () => start());
+window.addEventListener("pagehide", () => { if (run) teardown(run, true); });
+
+const preset = params.get("agent");
+if (preset !== null) {
+  const known = [...$("agent").options].some((o) => o.value === preset && o.value !== "custom");
+  $("agent").value = known ? preset : "custom";
+  if (!known) { $("agent-custom").value = preset; $("custom-field").hidden = false; }
+}
+
+window.applianceDemo = {
+  get state() { return state; },
+  get error() { return errorCode; },
+  get message() { return $("message").hidden ? null : `${$("message-title").textContent}: ${$("message-text").textContent}`; },
+  get sessionId() { return run ? run.sessionId : null; },
+  get setupMs() { return run ? run.setupMs : null; },
+  get serverTimeline() { return run ? run.serverTimeline : null; },
+  get levels() { return { ...levels }; },
+  async stats() {
+    if (run && run.pc && run.pc.connectionState !== "closed") {
+      try { lastStats = await readStats(run.pc); } catch { /* closed */ }
+    }
+    return lastStats;
+  },
+  start, stop,
+};
