@@ -21,6 +21,8 @@ ROLES: list[tuple[str, str, str]] = [
      "run the relay: one public UDP port, flows routed by server ufrag"),
     ("transceiver", "appliance.transceiver.cli",
      "run one transceiver: ICE-lite, DTLS, SRTP and Opus for agent sessions"),
+    ("loadgen", "appliance.loadgen.cli",
+     "open N real WebRTC voice sessions against a WHIP-style endpoint and measure them"),
 ]
 
 

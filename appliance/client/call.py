@@ -171,30 +171,38 @@ async def open_call(
     call.timeline.answer = trio.current_time() - started
     call._flush()
     connected = trio.Event()
+    # CallFailed is raised *outside* the nursery: raised inside, trio's strict exception
+    # groups would wrap it in an ExceptionGroup and `except CallFailed` would never match.
+    failure: str | None = None
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_run_peer, call, connected)
             with trio.move_on_after(connect_timeout) as scope:
                 await connected.wait()
             if scope.cancelled_caught:
-                raise CallFailed(f"no ICE/DTLS connection within {connect_timeout} s")
-            if call.failure is not None:
-                raise CallFailed(call.failure)
-            try:
-                yield call
-            finally:
-                with trio.move_on_after(2, shield=True):
-                    peer.close()
-                    call._flush()
-                    try:
-                        await request("DELETE", session_url, headers=(
-                            {"Authorization": f"Bearer {token}"} if token else {}),
-                            verify_tls=verify_tls)
-                    except HttpError:
-                        pass
+                failure = f"no ICE/DTLS connection within {connect_timeout} s"
+            elif call.failure is not None:
+                failure = call.failure
+            if failure is not None:
                 nursery.cancel_scope.cancel()
+            else:
+                try:
+                    yield call
+                finally:
+                    with trio.move_on_after(2, shield=True):
+                        peer.close()
+                        call._flush()
+                        try:
+                            await request("DELETE", session_url, headers=(
+                                {"Authorization": f"Bearer {token}"} if token else {}),
+                                verify_tls=verify_tls)
+                        except HttpError:
+                            pass
+                    nursery.cancel_scope.cancel()
     finally:
         sock.close()
+    if failure is not None:
+        raise CallFailed(failure)
 
 
 def rtp_payloads(packets: list[RtpReceived]) -> list[bytes]:

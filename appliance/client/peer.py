@@ -7,6 +7,11 @@ fingerprint, and an :class:`~appliance.proto.srtp.SrtpSession` keyed from the DT
 
 Flow: ``offer()`` → (HTTP) → ``accept_answer(text, now)`` → ICE check to the answer's first
 candidate → on success the DTLS client starts → ``Connected`` → ``send_rtp``/``RtpReceived``.
+
+Against a full-ICE answerer (aiortc, a browser) two more things happen, both handled here:
+the answerer sends its own checks, which are answered (RFC 8445 §7.3; it learns our address
+as peer-reflexive, §7.3.1.3, since the offer carries no candidates), and it may answer
+``a=setup:active`` (RFC 8842 §5.3: the answerer picks), which makes us the DTLS *server*.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from appliance.proto.errors import RemoteProtocolError
 from appliance.proto.ice import CheckSucceeded, ConnectFailed, ConsentExpired, IceClient
 from appliance.proto.mux import Kind, classify
 from appliance.proto.rtp import RtpPacket
-from appliance.proto.sdp import parse_offer_untrusted
+from appliance.proto.sdp import Setup, parse_offer_untrusted
 from appliance.proto.srtp import (
     DEFAULT_SRTP_PROFILES,
     EXPORTER_LABEL,
@@ -31,6 +36,15 @@ from appliance.proto.srtp import (
     SrtpSession,
     exporter_length,
     srtp_key_material,
+)
+from appliance.proto.stun import (
+    Class,
+    Message,
+    Method,
+    StunError,
+    binding_success,
+    verify_fingerprint,
+    verify_integrity,
 )
 
 Addr = tuple[str, int]
@@ -88,6 +102,8 @@ class ClientPeer:
         self.srtp: SrtpSession | None = None
         self.remote: Addr | None = None
         self.opus_pt = OPUS_PT
+        self.dtls_role = Role.CLIENT
+        self._local_key = self.local_pwd.encode()
         self._answered_at = 0.0
         self._events: deque[ClientEvent] = deque()
         self._tx: deque[tuple[bytes, Addr]] = deque()
@@ -149,10 +165,14 @@ class ClientPeer:
             self.opus_pt = audio.codecs[0].pt
         self.remote = (cands[0].address, cands[0].port)
         self._answered_at = now
+        # RFC 8842 §5.3: the answerer chose. "active" means it is the DTLS client (aiortc and
+        # browsers answer that way); "passive" (our appliance) or absent: we are the client.
+        self.dtls_role = (Role.SERVER if ans.effective_setup(audio) is Setup.ACTIVE
+                          else Role.CLIENT)
         self.ice = IceClient(self.local_ufrag, self.local_pwd, ufrag, pwd, self.remote,
                              rng=self._rng)
         self.dtls = DtlsConnection(
-            Role.CLIENT, self.certificate,
+            self.dtls_role, self.certificate,
             remote_fingerprints=[str(fp) for fp in fps],
             srtp_profiles=self._srtp_profiles or DEFAULT_SRTP_PROFILES,
             initial_retransmit=0.1,  # loopback and LAN: browsers retransmit after ~50 ms too
@@ -167,7 +187,8 @@ class ClientPeer:
             return
         kind = classify(data)
         if kind is Kind.STUN:
-            self.ice.handle_datagram(now, data, addr)
+            if not self._answer_check(data, addr):
+                self.ice.handle_datagram(now, data, addr)
         elif kind is Kind.DTLS:
             self.dtls.handle_datagram(now, data)
         elif kind is Kind.RTP and self.srtp is not None:
@@ -233,6 +254,27 @@ class ClientPeer:
 
     # -- internals ---------------------------------------------------------------------
 
+    def _answer_check(self, data: bytes, addr: Addr) -> bool:
+        """Answer a full-ICE peer's connectivity check (RFC 8445 §7.3.1.2); True if ``data``
+        was a binding request (answered or not), so the controlling agent never sees it.
+        Only authenticated checks for our ufrag get a (signed) success response."""
+        if len(data) < 20 or data[0] & 0x01 or data[1] & 0x10:  # not the REQUEST class
+            return False
+        try:
+            msg = Message.parse_untrusted(data)
+        except StunError:
+            return True
+        if msg.method is not Method.BINDING or msg.msg_class is not Class.REQUEST:
+            return True
+        if (not verify_fingerprint(data)
+                or (msg.username or "").partition(":")[0] != self.local_ufrag
+                or not verify_integrity(data, self._local_key)):
+            self.dropped += 1
+            return True
+        self._tx.append((binding_success(msg.transaction_id, addr,
+                                         integrity_key=self._local_key), addr))
+        return True
+
     def _fail(self, reason: str) -> None:
         if not self.closed:
             self.closed = True
@@ -250,6 +292,7 @@ class ClientPeer:
             self._tx.append(t)
         while (ev := ice.poll_event()) is not None:
             if isinstance(ev, CheckSucceeded) and dtls.state is DtlsState.CLIENT_IDLE:
+                # (A server-role connection has no CLIENT_IDLE: it waits for ClientHello.)
                 dtls.start(now)
             elif isinstance(ev, ConnectFailed):
                 self._fail("ICE connectivity check timed out")
@@ -263,7 +306,7 @@ class ClientPeer:
                     self._fail("DTLS did not negotiate SRTP")
                     continue
                 material = dtls.export_keying_material(EXPORTER_LABEL, exporter_length(profile))
-                local, remote = srtp_key_material(material, profile, "client")
+                local, remote = srtp_key_material(material, profile, self.dtls_role)
                 self.srtp = SrtpSession(profile, local, remote)
                 self._events.append(Connected(profile, now - self._answered_at))
             elif isinstance(dev, DtlsClosed):

@@ -1,0 +1,285 @@
+"""The trio shell of the load generator: ramp, one pacer for every session, progress.
+
+Task shape (STYLE.md rule 9: only nursery-owned tasks):
+
+* the **ramp** starts one session task every ``1/rate`` s;
+* each **session** task holds :func:`~appliance.client.call.open_call` open (which runs that
+  call's socket reader) and waits until the pacer is done with it;
+* the single **pacer** wakes every 20 ms on trio's clock and, for every live session, drains
+  the echoed packets that the reader queued (each carries its arrival time, so draining late
+  does not blur the measurement), then sends that session's next packet. 50 packets/s for
+  N sessions costs N sends per wake-up and no task switches per packet.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+from appliance.client.call import Call, CallFailed, open_call
+from appliance.proto.dtls import Certificate
+
+from .media import CYCLE, GAP, SAMPLE_RATE, OnsetDetector, ToneStream, encode_tone, read_tag
+from .stats import Report, SessionResult, percentile
+
+PTIME = 0.020
+TS_STEP = 960  # RTP timestamp units (48 kHz) per 20 ms packet
+_RING = 1024  # send times kept for tag matching: ~20 s of packets, far beyond any RTT
+
+
+@dataclass(frozen=True, slots=True)
+class LoadConfig:
+    url: str
+    sessions: int = 10
+    rate: float = 5.0  # new sessions per second
+    duration: float = 10.0  # seconds each session sends media, from its connection
+    agent: str | None = None
+    token: str | None = None
+    insecure: bool = False  # skip TLS verification (a --tls self-signed appliance)
+    connect_timeout: float = 10.0
+    drain: float = 0.5  # after the last packet, how long to wait for the echo's tail
+    rtt: str = "auto"  # "auto" (tags if they come back, else onset), "tag" or "onset"
+
+
+class _Live:
+    """A connected session as the pacer sees it."""
+
+    __slots__ = ("call", "counter", "detector", "done", "first_at", "first_seq", "last_transit",
+                 "max_seq", "res", "seen", "sent_at", "start", "stop_at", "ts0")
+
+    def __init__(self, call: Call, res: SessionResult, now: float, duration: float,
+                 onset_sample: int, ts0: int) -> None:
+        self.call = call
+        self.res = res
+        self.start = now
+        self.stop_at = now + duration
+        self.counter = 0
+        self.ts0 = ts0
+        self.sent_at = [0.0] * _RING
+        self.seen = bytearray()
+        self.detector = OnsetDetector(onset_sample)
+        self.first_seq: int | None = None
+        self.max_seq = 0  # extended (wrap-counted) highest sequence number
+        self.last_transit: float | None = None
+        self.first_at: float | None = None
+        self.done = trio.Event()
+
+
+class LoadGenerator:
+    def __init__(self, cfg: LoadConfig, stream: ToneStream, certificate: Certificate) -> None:
+        self.cfg = cfg
+        self.stream = stream
+        self.certificate = certificate
+        self.results = [SessionResult(i) for i in range(cfg.sessions)]
+        self.live: list[_Live] = []
+        self.started = 0
+        self.max_concurrent = 0
+        self.pacer_late: list[float] = []
+        self._all_started = trio.Event()
+        self._finished = 0
+
+    # -- sessions ----------------------------------------------------------------------
+
+    async def _session(self, index: int) -> None:
+        res = self.results[index]
+        cfg = self.cfg
+        try:
+            async with open_call(
+                cfg.url, agent=cfg.agent, token=cfg.token, certificate=self.certificate,
+                verify_tls=not cfg.insecure, connect_timeout=cfg.connect_timeout,
+            ) as call:
+                res.setup_connected = call.timeline.connected
+                live = _Live(call, res, trio.current_time(), cfg.duration,
+                             self.stream.onset_sample, call.peer.ssrc & 0xFFFF)
+                self.live.append(live)
+                self.max_concurrent = max(self.max_concurrent, len(self.live))
+                await live.done.wait()
+        except CallFailed as exc:
+            res.failure = str(exc)
+        except Exception as exc:  # one broken session must not end the run
+            res.failure = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._finished += 1
+
+    async def _ramp(self, nursery: trio.Nursery) -> None:
+        t0 = trio.current_time()
+        for i in range(self.cfg.sessions):
+            nursery.start_soon(self._session, i)
+            self.started += 1
+            await trio.sleep_until(t0 + (i + 1) / self.cfg.rate)
+        self._all_started.set()
+
+    # -- the pacer ---------------------------------------------------------------------
+
+    async def _pacer(self) -> None:
+        next_tick = trio.current_time()
+        while not (self._all_started.is_set() and self._finished == self.cfg.sessions
+                   and not self.live):
+            await trio.sleep_until(next_tick)
+            now = trio.current_time()
+            if self.live:
+                self.pacer_late.append(now - next_tick)
+            for live in list(self.live):
+                self._receive(live)
+                if live.call.peer.closed:
+                    self._finish(live, f"call ended by peer: {live.call.failure or 'closed'}")
+                elif now < live.stop_at:
+                    self._send(live, now)
+                elif now >= live.stop_at + self.cfg.drain:
+                    self._finish(live, None)
+            next_tick += PTIME
+            if now - next_tick > 5 * PTIME:
+                next_tick = now  # far behind: drop the missed ticks rather than burst
+
+    def _send(self, live: _Live, now: float) -> None:
+        c = live.counter
+        frame = c % CYCLE
+        payload = self.stream.payload(frame, live.res.index, c)
+        live.call.send_rtp(payload, (live.ts0 + c * TS_STEP) & 0xFFFFFFFF, marker=c == 0)
+        live.sent_at[c % _RING] = now
+        live.counter = c + 1
+        live.res.sent = c + 1
+        if self.cfg.rtt != "tag" and live.res.rtt_method != "tag" and c >= CYCLE - GAP:
+            if frame == CYCLE - GAP:
+                live.detector.arm()
+            elif frame == 0:
+                live.detector.onset_sent(now)
+
+    def _receive(self, live: _Live) -> None:
+        res = live.res
+        index = res.index & 0xFFFF
+        while (ev := live.call.receive_nowait()) is not None:
+            pkt, at = ev.packet, ev.at
+            res.received += 1
+            if live.first_at is None:
+                live.first_at = at
+            res.echo_span = at - live.first_at
+            self._sequence(live, pkt.sequence)
+            # RFC 3550 §6.4.1 / A.8: jitter from transit-time differences, in seconds.
+            transit = at - pkt.timestamp / SAMPLE_RATE
+            if live.last_transit is not None:
+                d = abs(transit - live.last_transit)
+                if d < 1.0:  # a timestamp jump (new talkspurt, wrap) is not jitter
+                    res.jitter += (d - res.jitter) / 16
+            live.last_transit = transit
+            payload = pkt.payload
+            found = read_tag(payload) if self.cfg.rtt != "onset" else None
+            if found is not None and found[0] == index:
+                self._tagged(live, found[1], at)
+                continue
+            if res.setup_first_echo is None and res.rtt_method != "tag":
+                res.setup_first_echo = at - live.call.started_at
+            if res.rtt_method != "tag" and self.cfg.rtt != "tag":
+                rtt = live.detector.feed(payload, at)
+                if rtt is not None:
+                    res.rtt_method = "onset"
+                    res.rtts.append(rtt)
+
+    def _tagged(self, live: _Live, counter: int, at: float) -> None:
+        res = live.res
+        if res.rtt_method != "tag":
+            # Tags come back: the server passes media through. Onset samples (if any) and
+            # the detector are dropped; from here on every packet is a sample.
+            res.rtt_method = "tag"
+            res.rtts.clear()
+            res.setup_first_echo = at - live.call.started_at
+        if counter >= live.counter or live.counter - counter > _RING:
+            return  # not ours to match (or older than the ring): ignore
+        seen = live.seen
+        if len(seen) <= counter:
+            seen.extend(bytes(counter + 1024 - len(seen)))
+        if seen[counter]:
+            res.duplicates += 1
+            return
+        seen[counter] = 1
+        res.echoed += 1
+        res.rtts.append(at - live.sent_at[counter % _RING])
+
+    @staticmethod
+    def _sequence(live: _Live, seq: int) -> None:
+        if live.first_seq is None:
+            live.first_seq = live.max_seq = seq
+            return
+        # Extend to 32 bits around the highest seen so far (RFC 3550 A.1, simplified).
+        ext = (live.max_seq & ~0xFFFF) | seq
+        if ext < live.max_seq - 0x8000:
+            ext += 0x10000
+        elif ext > live.max_seq + 0x8000:
+            ext -= 0x10000
+        live.max_seq = max(live.max_seq, ext)
+
+    def _finish(self, live: _Live, failure: str | None) -> None:
+        res = live.res
+        self._receive(live)
+        res.srtp_errors = live.call.peer.srtp_errors
+        res.onsets_missed = live.detector.missed
+        if live.first_seq is not None:
+            expected = live.max_seq - live.first_seq + 1
+            res.return_lost = max(0, expected - res.received)
+        if failure is None and res.received == 0:
+            failure = "connected, but no RTP came back"
+        res.failure = failure
+        self.live.remove(live)
+        live.done.set()
+
+    # -- progress ----------------------------------------------------------------------
+
+    def progress_line(self, elapsed: float) -> str:
+        failed = sum(1 for r in self.results if r.failure)
+        recent = [r for live in self.live for r in live.res.rtts[-50:]]
+        p50 = percentile(recent, 50)
+        sent = sum(live.res.sent for live in self.live)
+        lost = sum(live.res.sent * (live.res.loss or 0.0) for live in self.live)
+        loss = f"{100 * lost / sent:5.2f} %" if sent else "   -   "
+        return (f"[{elapsed:6.1f} s] started {self.started}/{self.cfg.sessions}  "
+                f"live {len(self.live)}  done {self._finished}  failed {failed}  "
+                f"rtt p50 {'-' if p50 is None else f'{p50 * 1000:.1f} ms'}  loss {loss}")
+
+
+async def run_load(
+    cfg: LoadConfig,
+    *,
+    stream: ToneStream | None = None,
+    progress: Callable[[str], None] | None = None,
+    progress_interval: float = 1.0,
+) -> Report:
+    """Run the whole load and return the report (sessions that fail are in it, with why)."""
+    if cfg.sessions < 1 or cfg.rate <= 0 or cfg.duration <= 0:
+        raise ValueError("sessions ≥ 1, rate > 0 and duration > 0 are required")
+    stream = stream or encode_tone()
+    # One certificate for every session, as a browser reuses its own; generating one per
+    # call would put key generation inside the setup times we measure.
+    gen = LoadGenerator(cfg, stream, Certificate.generate(trio.current_time()))
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        if progress is not None:
+            nursery.start_soon(_progress, gen, progress, progress_interval, t0)
+        nursery.start_soon(gen._ramp, nursery)
+        await gen._pacer()
+        nursery.cancel_scope.cancel()
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    return Report(cfg.url, gen.results, trio.current_time() - t0, cpu, gen.max_concurrent,
+                  gen.pacer_late)
+
+
+async def _progress(gen: LoadGenerator, out: Callable[[str], None], every: float,
+                    t0: float) -> None:
+    while True:
+        await trio.sleep(every)
+        out(gen.progress_line(trio.current_time() - t0))
+
+
+def stderr_progress(tty: bool) -> Callable[[str], None]:
+    """A progress sink: rewrite one line on a terminal, one line per update otherwise."""
+
+    def out(line: str) -> None:
+        sys.stderr.write(("\r" + line + "\x1b[K") if tty else line + "\n")
+        sys.stderr.flush()
+
+    return out

@@ -1,0 +1,151 @@
+"""The load generator against real servers: aiortc (re-encoding echo), a passthrough echo
+built from ``appliance.proto``, a server that refuses with 4xx and one that never answers ICE.
+Plus the signal and its two RTT methods, offline."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+import trio
+from loadgen.support import serve_http, serve_passthrough, start_aiortc
+
+from appliance.loadgen import LoadConfig, run_load
+from appliance.loadgen.cli import main as cli_main
+from appliance.loadgen.media import (
+    CYCLE,
+    FRAME_SAMPLES,
+    GAP,
+    SAMPLE_RATE,
+    Decoder,
+    OnsetDetector,
+    ToneStream,
+    encode_tone,
+    read_tag,
+)
+from appliance.loadgen.stats import percentile
+from appliance.proto.dtls import Certificate
+from appliance.proto.sdp import build_answer, parse_offer_untrusted
+
+
+@pytest.fixture(scope="module")
+def stream() -> ToneStream:
+    return encode_tone()
+
+
+def test_tag_in_padding_leaves_audio_unchanged(stream: ToneStream) -> None:
+    plain, tagged = Decoder(), Decoder()
+    for i in range(CYCLE):
+        payload = stream.payload(i, 7, 1000 + i)
+        assert read_tag(payload) == (7, 1000 + i)
+        a, b = plain.decode(stream.plain[i]), tagged.decode(payload)
+        assert a is not None and b is not None
+        assert (a == b).all()
+    assert read_tag(stream.plain[0]) is None
+
+
+@pytest.mark.parametrize("delay_frames", [0, 3, 12])
+def test_onset_detector_measures_the_echo_delay(stream: ToneStream, delay_frames: int) -> None:
+    """An echo that returns our own packets ``delay_frames`` late reads as that delay."""
+    det = OnsetDetector(stream.onset_sample)
+    sent: list[tuple[float, bytes]] = []
+    rtts: list[float] = []
+    for k in range(3 * CYCLE):
+        now = k * 0.02
+        if k % CYCLE == CYCLE - GAP:
+            det.arm()
+        elif k % CYCLE == 0 and k:
+            det.onset_sent(now)
+        sent.append((now, stream.plain[k % CYCLE]))
+        if k >= delay_frames:
+            rtt = det.feed(sent[k - delay_frames][1], now)
+            if rtt is not None:
+                rtts.append(rtt)
+    assert len(rtts) == 2
+    for rtt in rtts:
+        assert rtt == pytest.approx(delay_frames * FRAME_SAMPLES / SAMPLE_RATE, abs=0.002)
+
+
+def test_percentile() -> None:
+    assert percentile([], 50) is None
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([0.0, 10.0], 99) == pytest.approx(9.9)
+
+
+async def test_calls_complete_against_aiortc(stream: ToneStream) -> None:
+    with start_aiortc() as url:
+        report = await run_load(
+            LoadConfig(url, sessions=3, rate=10, duration=1.6, connect_timeout=10),
+            stream=stream)
+    summary = report.summary()
+    assert summary["failed"] == 0, summary["failures"]
+    for s in report.sessions:
+        assert s.received > 40  # echoed audio came back, re-encoded by aiortc
+        assert s.setup_connected is not None and s.setup_first_echo is not None
+        assert s.rtt_method == "onset" and s.rtts, s
+        assert 0.0 < s.rtts[0] < 1.0
+    assert summary["rtt_p50_ms"] is not None
+
+
+async def test_passthrough_echo_is_measured_with_tags(stream: ToneStream) -> None:
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_passthrough)
+        report = await run_load(LoadConfig(url, sessions=2, rate=20, duration=1.0),
+                                stream=stream)
+        nursery.cancel_scope.cancel()
+    summary = report.summary()
+    assert summary["failed"] == 0, summary["failures"]
+    for s in report.sessions:
+        assert s.rtt_method == "tag"
+        assert s.sent >= 45 and s.echoed == s.sent and s.loss == 0.0
+        assert len(s.rtts) == s.sent and max(s.rtts) < 0.5
+    assert summary["rtt_method"] == "tag"
+
+
+async def test_4xx_is_a_failure_with_the_status(stream: ToneStream) -> None:
+    async def refuse(method: str, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        return 415, {}, b"unsupported-codec"
+
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_http, refuse)
+        report = await run_load(LoadConfig(url, sessions=2, rate=20, duration=1.0),
+                                stream=stream)
+        nursery.cancel_scope.cancel()
+    assert [s.failure for s in report.sessions] == [
+        "POST /v1/sessions → 415: b'unsupported-codec'"] * 2
+    assert report.summary()["failures"] == {"POST /v1/sessions → 415: b'unsupported-codec'": 2}
+
+
+async def test_silent_ice_is_a_failure_with_a_timeout(stream: ToneStream) -> None:
+    """A valid answer whose candidate never answers a check."""
+    hole = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # bound, never read
+    hole.bind(("127.0.0.1", 0))
+    cert = Certificate.generate(0.0)
+
+    async def answer(method: str, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        ans = build_answer(parse_offer_untrusted(body.decode()), ice_ufrag="silentuf",
+                           ice_pwd="silentpasswordsilentpass", fingerprint=cert.fingerprint,
+                           candidates=[hole.getsockname()], ssrc=1, cname="x", session_id=1)
+        return 201, {"Location": "/v1/sessions/x"}, ans.text.encode()
+
+    with hole:
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(serve_http, answer)
+            report = await run_load(
+                LoadConfig(url, sessions=1, rate=10, duration=1.0, connect_timeout=1.0),
+                stream=stream)
+            nursery.cancel_scope.cancel()
+    assert report.sessions[0].failure == "no ICE/DTLS connection within 1.0 s"
+
+
+def test_cli_reports_unreachable_signaling_as_json(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rc = cli_main(["--url", f"http://127.0.0.1:{port}", "-n", "1", "--duration", "0.1",
+                   "--json", "-"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    assert out["summary"]["failed"] == 1
+    assert out["sessions"][0]["failure"].startswith("signaling unreachable")
