@@ -10,7 +10,9 @@ See :mod:`appliance.agents.context` for the timing model. The short version::
                 ctx.interrupt()               # barge-in: drop what we were saying
             await ctx.send(frame.pcm)         # any length; paced at real time
 
-Run it with ``appliance transceiver --agent mypkg.mymod:my_agent``.
+Run it with ``appliance transceiver --agent mypkg.mymod:my_agent`` (or ``path/file.py:attr``).
+Agents in other languages serve a WebSocket instead: ``--agent ws://host:port/path`` runs
+the bridge in :mod:`appliance.agents.ws`; the protocol is docs/agent-protocol.md.
 """
 
 from __future__ import annotations

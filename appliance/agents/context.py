@@ -30,7 +30,7 @@ call. The transceiver side of the object is :class:`AgentHost`.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,7 +89,7 @@ class AgentContext:
     def end_reason(self) -> str | None:
         return self._host.end_reason
 
-    async def frames(self) -> AsyncIterator[Frame]:
+    async def frames(self) -> AsyncGenerator[Frame, None]:
         """Inbound frames in order, until the session ends."""
         host = self._host
         while True:
@@ -108,12 +108,21 @@ class AgentContext:
         """Drop every queued output sample now (barge-in)."""
         self._host.interrupt()
 
+    async def drained(self) -> None:
+        """Return once everything queued has been handed to the pacer (or the call ended)."""
+        await self._host.wait_drained()
+
+    @property
+    def frames_dropped(self) -> int:
+        """Inbound frames dropped because the agent did not read them in time."""
+        return self._host.frames_dropped
+
     @property
     def queued_seconds(self) -> float:
         """Audio queued and not yet sent."""
         return self._host.queued_samples / SAMPLE_RATE
 
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
+    async def events(self) -> AsyncGenerator[dict[str, Any], None]:
         """Events from the transceiver (session.started, stats, session.ended, custom)."""
         host = self._host
         while True:

@@ -1,7 +1,7 @@
 """Resolve ``--agent NAME|module:attr|ws://…`` to something the transceiver can run.
 
 * ``NAME`` — a built-in or :func:`register`-ed agent (``echo``);
-* ``package.module:attr`` — imported on first use; ``attr`` is an async function
+* ``package.module:attr`` or ``path/to/file.py:attr`` — imported on first use; ``attr`` is an async function
   ``async def agent(ctx)`` or a class whose instances have ``async def run(self, ctx)``
   (a fresh instance per session);
 * ``scheme://…`` — an external agent, handled by the factory registered for that scheme
@@ -14,10 +14,14 @@ request (400 ``unknown-agent``) instead of the session later.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
 import inspect
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .context import AgentContext
@@ -28,6 +32,7 @@ SchemeFactory = Callable[[str], AgentFn]
 
 DEFAULT_AGENT = "echo"
 _BUILTINS: dict[str, str] = {"echo": "appliance.agents.echo:echo"}
+_BUILTIN_SCHEMES: dict[str, str] = {"ws": "appliance.agents.ws", "wss": "appliance.agents.ws"}
 _registered: dict[str, Any] = {}
 _schemes: dict[str, SchemeFactory] = {}
 
@@ -72,13 +77,16 @@ def _as_fn(obj: Any, spec: str) -> AgentFn:
 
 
 def _import(target: str, spec: str) -> Any:
-    module_name, _, attr = target.partition(":")
+    module_name, _, attr = target.rpartition(":")
     if not module_name or not attr:
-        raise AgentError(f"agent {spec!r}: expected 'module:attr'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise AgentError(f"agent {spec!r}: cannot import {module_name!r}: {exc}") from None
+        raise AgentError(f"agent {spec!r}: expected 'module:attr' or 'path/file.py:attr'")
+    if module_name.endswith(".py"):
+        module = _load_file(module_name, spec)
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise AgentError(f"agent {spec!r}: cannot import {module_name!r}: {exc}") from None
     obj: Any = module
     for part in attr.split("."):
         try:
@@ -88,12 +96,36 @@ def _import(target: str, spec: str) -> Any:
     return obj
 
 
+def _load_file(path: str, spec: str) -> Any:
+    """Import a ``.py`` file (``--agent examples/echo.py:echo``), once per resolved path."""
+    full = Path(path).resolve()
+    name = "appliance_agent_" + hashlib.sha1(str(full).encode()).hexdigest()[:12]
+    if name in sys.modules:
+        return sys.modules[name]
+    if not full.is_file():
+        raise AgentError(f"agent {spec!r}: no such file {path!r}")
+    loader_spec = importlib.util.spec_from_file_location(name, full)
+    if loader_spec is None or loader_spec.loader is None:
+        raise AgentError(f"agent {spec!r}: cannot load {path!r}")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[name] = module
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise AgentError(f"agent {spec!r}: {path} failed to load: {exc!r}") from None
+    return module
+
+
 def resolve(spec: str | None) -> ResolvedAgent:
     """The runnable agent for ``spec`` (``None`` or ``""``: the default, ``echo``)."""
     spec = (spec or DEFAULT_AGENT).strip()
     scheme, sep, _ = spec.partition("://")
     if sep:
         factory = _schemes.get(scheme.lower())
+        if factory is None and scheme.lower() in _BUILTIN_SCHEMES:
+            importlib.import_module(_BUILTIN_SCHEMES[scheme.lower()])  # registers itself
+            factory = _schemes.get(scheme.lower())
         if factory is None:
             raise AgentError(f"agent {spec!r}: no bridge for {scheme}:// agents is installed")
         return ResolvedAgent(spec, factory(spec))

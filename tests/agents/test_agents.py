@@ -157,7 +157,8 @@ async def test_registry_resolves_every_form() -> None:
         ("no_such_module_xyz:a", "cannot import"),
         ("agents.sample_agents:missing", "has no"),
         ("agents.sample_agents:not_an_agent", "not an async function"),
-        ("ws://127.0.0.1:9/agent", "no bridge"),
+        ("gopher://127.0.0.1:9/agent", "no bridge"),
+        ("examples/missing.py:x", "no such file"),
     ],
 )
 def test_registry_rejects_bad_specs(spec: str, match: str) -> None:
