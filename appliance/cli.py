@@ -17,6 +17,10 @@ from .proto.ufrag import UfragCodec, UfragError, load_secrets
 
 # (subcommand, module, one-line help). A role appears here only once it really runs.
 ROLES: list[tuple[str, str, str]] = [
+    ("up", "appliance.supervisor",
+     "run everything on one host: signaling + web UI, relay workers, transceivers"),
+    ("signaling", "appliance.signaling.cli",
+     "run the HTTP API alone (WHIP-style signaling, web UI, metrics)"),
     ("relay", "appliance.relay.cli",
      "run the relay: one public UDP port, flows routed by server ufrag"),
     ("transceiver", "appliance.transceiver.cli",

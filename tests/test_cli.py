@@ -26,7 +26,7 @@ def test_help_is_complete() -> None:
     assert r.returncode == 0
     assert "ufrag" in r.stdout
     assert "relay" in r.stdout
-    for sub in (["relay", "--help"], ["transceiver", "--help"], ["ufrag", "--help"], ["ufrag", "mint", "--help"], ["ufrag", "decode", "--help"]):
+    for sub in (["up", "--help"], ["signaling", "--help"], ["relay", "--help"], ["transceiver", "--help"], ["ufrag", "--help"], ["ufrag", "mint", "--help"], ["ufrag", "decode", "--help"]):
         r = run(*sub)
         assert r.returncode == 0, r.stderr
         assert "usage:" in r.stdout

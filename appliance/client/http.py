@@ -58,16 +58,49 @@ async def request(
         async with stream:
             await stream.send_all(head.encode("latin-1") + b"\r\n" + body)
             raw = bytearray()
-            while True:
+            while not _complete(raw):
                 chunk = await stream.receive_some(65536)
                 if not chunk:
                     break
                 raw += chunk
                 if len(raw) > MAX_RESPONSE:
                     raise HttpError("response too large")
+                if _complete(raw):
+                    break  # a server may keep the connection open despite "close"
     except (OSError, trio.BrokenResourceError) as exc:
         raise HttpError(f"{method} {url} failed: {exc!r}") from exc
     return _parse(bytes(raw))
+
+
+def _complete(raw: bytearray) -> bool:
+    """True once the head and a Content-Length body have fully arrived."""
+    head, sep, rest = bytes(raw).partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length":
+            try:
+                return len(rest) >= int(v.strip())
+            except ValueError:
+                return False
+    return False
+
+
+def _complete(raw: bytearray) -> bool:
+    """True once a response with a Content-Length is whole. Servers need not close at once
+    after ``Connection: close`` (hypercorn waits for the client), so do not wait for EOF."""
+    end = raw.find(b"\r\n\r\n")
+    if end < 0:
+        return False
+    for line in bytes(raw[:end]).split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            try:
+                return len(raw) - end - 4 >= int(value.strip())
+            except ValueError:
+                return False
+    return False
 
 
 def _parse(raw: bytes) -> Response:

@@ -1,0 +1,308 @@
+"""The HTTP API (DESIGN.md "HTTP"), WHIP semantics per RFC 9725.
+
+==========================  =====================================================  ==========
+route                        what                                                   auth
+==========================  =====================================================  ==========
+POST   /v1/sessions          SDP offer in, 201 + answer, Location, ETag             session
+PATCH  /v1/sessions/{id}     trickle-ice-sdpfrag: 204 (trickle) / 200 (ICE restart)  session
+DELETE /v1/sessions/{id}     end the session                                        session
+GET    /v1/sessions[/{id}]   JSON, live from the transceivers + the registry        api
+GET    /v1/events            server-sent events: sessions + health, ~1 s            api
+POST   /v1/client_tokens     mint a short-lived browser token                       api
+GET    /metrics              Prometheus text                                         api
+GET    /healthz /readyz      liveness / at least one transceiver and relay answer   none
+GET    / /demo /<file>       the static web UI from ``webui/``                      none
+==========================  =====================================================  ==========
+
+"auth" applies only when signaling is bound to a non-loopback address: ``api`` wants the API
+token; ``session`` also accepts a client token (and then only for sessions it created).
+Every error is ``application/problem+json`` (RFC 9457, see problems.py); bad input is a 4xx,
+never a 500.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import math
+import re
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import trio
+from quart import Response, request, send_from_directory
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from . import metrics
+from .problems import Problem, problem_response
+from .state import SessionRecord, SignalingState, etag_matches, new_etag
+from .tokens import PREFIX as CLIENT_TOKEN_PREFIX
+from .tokens import SCOPE_SESSIONS, ClientClaims, TokenError
+
+log = logging.getLogger(__name__)
+
+SDP = "application/sdp"
+SDPFRAG = "application/trickle-ice-sdpfrag"
+_AGENT_RE = re.compile(r"^[\x21-\x7e]{1,256}$")  # names, module:attr or ws:// URLs
+_CORS_HEADERS = "Authorization, Content-Type, If-Match, X-Agent"
+_CORS_EXPOSE = "Location, ETag, Accept-Patch, Link"
+
+
+def create_app(state: SignalingState) -> QuartTrio:
+    app = QuartTrio(__name__, static_folder=None)
+    app.config["MAX_CONTENT_LENGTH"] = state.config.max_body
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
+    app.extensions["appliance.state"] = state
+
+    # -- errors -------------------------------------------------------------------------
+
+    @app.errorhandler(Problem)
+    async def _problem(exc: Problem) -> Response:
+        return problem_response(exc.status, exc.code, exc.detail, exc.headers)
+
+    @app.errorhandler(HTTPException)
+    async def _http_error(exc: HTTPException) -> Response:
+        status = exc.code or 400
+        code = re.sub(r"[^a-z0-9]+", "-", (exc.name or "error").lower()).strip("-")
+        detail = exc.description or exc.name or "error"
+        if status == 413:
+            code, detail = "body-too-large", f"request body exceeds {state.config.max_body} bytes"
+        headers = {}
+        if status == 405 and exc.get_headers():
+            headers = {k: v for k, v in exc.get_headers() if k.lower() == "allow"}
+        return problem_response(status, code, detail, headers)
+
+    @app.errorhandler(Exception)
+    async def _bug(exc: Exception) -> Response:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return problem_response(500, "internal", "internal error (logged)")
+
+    @app.after_request
+    async def _after(resp: Response) -> Response:
+        state.http_responses[resp.status_code] = state.http_responses.get(resp.status_code, 0) + 1
+        if request.path.startswith("/v1/"):
+            # Bearer tokens, never cookies: any origin may call the API (browser WHIP clients).
+            resp.headers["Access-Control-Allow-Origin"] = "*"
+            resp.headers["Access-Control-Expose-Headers"] = _CORS_EXPOSE
+            if request.method == "OPTIONS":
+                resp.headers["Access-Control-Allow-Methods"] = "GET, POST, PATCH, DELETE, OPTIONS"
+                resp.headers["Access-Control-Allow-Headers"] = _CORS_HEADERS
+                resp.headers["Access-Control-Max-Age"] = "600"
+                if request.path.startswith("/v1/sessions"):
+                    resp.headers["Accept-Post"] = SDP
+                    resp.headers["Accept-Patch"] = SDPFRAG
+        return resp
+
+    # -- auth ---------------------------------------------------------------------------
+
+    def authorize(*, sessions: bool) -> ClientClaims | None:
+        """None when the caller has full rights; the claims of a client token otherwise."""
+        if not state.config.requires_auth():
+            return None
+        challenge = {"WWW-Authenticate": 'Bearer realm="appliance"'}
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise Problem(401, "missing-token", "an Authorization: Bearer token is required",
+                          challenge)
+        if state.api_token and hmac.compare_digest(token.encode(), state.api_token.encode()):
+            return None
+        if token.startswith(CLIENT_TOKEN_PREFIX):
+            try:
+                claims = state.tokens.verify_untrusted(token, now=state.clock())
+            except TokenError as exc:
+                raise Problem(401, f"token-{exc.reason}", str(exc),
+                              {"WWW-Authenticate": 'Bearer realm="appliance", error="invalid_token"'}) from None
+            if not sessions or SCOPE_SESSIONS not in claims.scope:
+                raise Problem(403, "token-scope", "a client token may only create, patch and "
+                              "delete sessions; this needs the API token")
+            return claims
+        raise Problem(401, "bad-token", "the bearer token is not valid",
+                      {"WWW-Authenticate": 'Bearer realm="appliance", error="invalid_token"'})
+
+    def owned(rec: SessionRecord, claims: ClientClaims | None) -> None:
+        if claims is not None and rec.owner != claims.jti:
+            raise Problem(403, "not-owner", "this client token did not create this session")
+
+    async def read_body(expected: str) -> str:
+        if request.mimetype != expected:
+            got = request.mimetype or "none"
+            raise Problem(415, "unsupported-media-type",
+                          f"Content-Type must be {expected}, got {got}",
+                          {"Accept-Post" if expected == SDP else "Accept-Patch": expected})
+        length = request.content_length
+        if length is not None and length > state.config.max_body:
+            raise Problem(413, "body-too-large",
+                          f"request body exceeds {state.config.max_body} bytes")
+        raw = await request.get_data()
+        assert isinstance(raw, bytes)
+        if not raw.strip():
+            raise Problem(400, "empty-body", f"the request body must be an {expected} document")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise Problem(400, "bad-encoding", f"the body is not UTF-8 (byte {exc.start})") from None
+
+    # -- sessions -----------------------------------------------------------------------
+
+    @app.post("/v1/sessions")
+    async def create_session() -> Response:
+        claims = authorize(sessions=True)
+        offer = await read_body(SDP)
+        agent = request.args.get("agent") or request.headers.get("X-Agent") or None
+        if agent is not None and not _AGENT_RE.match(agent):
+            raise Problem(400, "bad-agent", "agent must be 1..256 printable ASCII characters")
+        rec, answer = await state.create_session(offer, agent, claims.jti if claims else None)
+        resp = Response(answer, status=201, content_type=SDP)
+        resp.headers["Location"] = f"/v1/sessions/{rec.id}"
+        resp.headers["ETag"] = rec.etag
+        resp.headers["Accept-Patch"] = SDPFRAG
+        resp.headers["Cache-Control"] = "no-store"
+        return resp
+
+    @app.patch("/v1/sessions/<sid>")
+    async def patch_session(sid: str) -> Response:
+        claims = authorize(sessions=True)
+        rec = state.lookup(sid)
+        owned(rec, claims)
+        sdpfrag = await read_body(SDPFRAG)
+        if_match = request.headers.get("If-Match")
+        # RFC 9725 §4.3.1: a stale entity-tag gets 412; "*" always matches.
+        if if_match is not None and not etag_matches(if_match, rec.etag):
+            raise Problem(412, "etag-mismatch",
+                          "If-Match does not match the session's current ETag", {"ETag": rec.etag})
+        answer = await state.patch_session(rec, sdpfrag)
+        if not answer:
+            return Response("", status=204)
+        # An ICE restart: a new ICE ufrag/pwd, hence a new entity-tag (RFC 9725 §4.3.2).
+        rec.etag = new_etag()
+        resp = Response(answer, status=200, content_type=SDPFRAG)
+        resp.headers["ETag"] = rec.etag
+        return resp
+
+    @app.delete("/v1/sessions/<sid>")
+    async def delete_session(sid: str) -> Response:
+        claims = authorize(sessions=True)
+        rec = state.lookup(sid)
+        owned(rec, claims)
+        await state.delete_session(rec)
+        return Response("", status=200)
+
+    @app.get("/v1/sessions")
+    async def list_sessions() -> Response:
+        authorize(sessions=False)
+        return json_response({"sessions": await state.list_sessions()})
+
+    @app.get("/v1/sessions/<sid>")
+    async def get_session(sid: str) -> Response:
+        authorize(sessions=False)
+        return json_response(await state.get_session(sid))
+
+    @app.post("/v1/client_tokens")
+    async def client_tokens() -> Response:
+        authorize(sessions=False)
+        ttl = state.config.client_token_ttl
+        raw = await request.get_data()
+        assert isinstance(raw, bytes)
+        if raw.strip():
+            if request.mimetype != "application/json":
+                raise Problem(415, "unsupported-media-type",
+                              "Content-Type must be application/json (or send no body)")
+            try:
+                body = json.loads(raw)
+            except ValueError as exc:
+                raise Problem(400, "bad-json", f"the body is not JSON: {exc}") from None
+            if body is None:
+                body = {}
+            if not isinstance(body, dict):
+                raise Problem(400, "bad-json", "the body must be a JSON object")
+            if "ttl" in body:
+                ttl_in = body["ttl"]
+                if (
+                    isinstance(ttl_in, bool)
+                    or not isinstance(ttl_in, int | float)
+                    or not math.isfinite(ttl_in)
+                    or not 1 <= ttl_in <= state.config.client_token_max_ttl
+                ):
+                    raise Problem(400, "bad-ttl", "ttl must be a number of seconds, 1.."
+                                  f"{state.config.client_token_max_ttl:g}")
+                ttl = float(ttl_in)
+        token, claims = state.tokens.mint(now=state.clock(), ttl=ttl)
+        resp = json_response(
+            {"token": token, "expires_at": claims.exp, "ttl": ttl, "scope": list(claims.scope)},
+            status=201,
+        )
+        resp.headers["Cache-Control"] = "no-store"
+        return resp
+
+    # -- dashboard feed, health, metrics --------------------------------------------------
+
+    @app.get("/v1/events")
+    async def events() -> Response:
+        authorize(sessions=False)
+
+        async def stream() -> AsyncGenerator[bytes, None]:
+            yield b"retry: 2000\n\n"
+            while True:
+                await state.refresh()
+                sessions = await state.list_sessions()
+                yield sse("sessions", {"sessions": sessions})
+                yield sse("health", {"processes": state.health_view()})
+                await trio.sleep(state.config.events_interval)
+
+        resp = Response(stream(), status=200, content_type="text/event-stream")
+        resp.headers["Cache-Control"] = "no-store"
+        resp.headers["X-Accel-Buffering"] = "no"
+        resp.timeout = None  # an event stream lasts as long as the dashboard is open
+        return resp
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return json_response({"status": "ok"})
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        ok, detail = await state.ready()
+        return json_response({"ready": ok, **detail}, status=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics_route() -> Response:
+        authorize(sessions=False)
+        await state.refresh()
+        return Response(metrics.render(state), status=200, content_type=metrics.CONTENT_TYPE)
+
+    # -- web UI ---------------------------------------------------------------------------
+
+    async def static_file(name: str, *, page: bool = False) -> Response:
+        root = state.config.webui_dir
+        if root is None or not root.is_dir() or name.startswith("v1/"):
+            if page:
+                raise Problem(404, "no-web-ui", "the web UI is not installed")
+            raise Problem(404, "not-found", f"nothing at /{name}")
+        resp: Response = await send_from_directory(root, name)
+        resp.headers["Cache-Control"] = "no-cache"
+        return resp
+
+    @app.get("/")
+    async def index() -> Response:
+        return await static_file("index.html", page=True)
+
+    @app.get("/demo")
+    async def demo() -> Response:
+        return await static_file("demo.html", page=True)
+
+    @app.get("/<path:name>")
+    async def webui_file(name: str) -> Response:
+        return await static_file(name)
+
+    return app
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(json.dumps(obj), status=status, content_type="application/json")
+
+
+def sse(event: str, data: Any) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()

@@ -1,0 +1,197 @@
+"""``appliance signaling``: the HTTP API alone, for multi-host deployments.
+
+Under ``appliance up`` the supervisor runs the same :func:`serve_signaling` in its own nursery;
+this entry point is for a signaling host that reaches transceivers and relay workers over
+their control addresses (``host:port`` TCP or Unix socket paths).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ..config import ConfigError, load_config, parse_hostport, resolve
+from ..logs import add_logging_flags, configure
+from .server import (
+    check_public_address,
+    default_public_addresses,
+    ensure_api_token,
+    run_until_signalled,
+    serve_signaling,
+)
+from .state import SignalingConfig
+from .tls import ensure_self_signed
+
+log = logging.getLogger(__name__)
+
+DEFAULTS: dict[str, Any] = {
+    "http": "127.0.0.1:8080",
+    "udp_port": 3478,
+    "transceiver_control": [],
+    "relay_control": [],
+    "public_address": [],
+}
+
+
+def default_webui_dir() -> Path:
+    """``webui/`` next to the package (a source checkout or an editable install)."""
+    return Path(__file__).resolve().parent.parent.parent / "webui"
+
+
+def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tls", choices=["self-signed"], default=None,
+                        help="serve HTTPS with a self-signed certificate kept in the state "
+                             "directory (its SHA-256 is printed); browsers need HTTPS for the "
+                             "microphone anywhere but localhost")
+    parser.add_argument("--tls-cert", metavar="PEM", default=None,
+                        help="serve HTTPS with this certificate chain (needs --tls-key)")
+    parser.add_argument("--tls-key", metavar="PEM", default=None,
+                        help="private key for --tls-cert")
+
+
+def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--api-token", metavar="TOKEN", default=None,
+                        help="bearer token the API requires when bound to a non-loopback "
+                             "address (default: generated and printed at start)")
+    parser.add_argument("--public-address", action="append", metavar="IP", default=None,
+                        help="media address to advertise in SDP answers, IPv4 or IPv6; "
+                             "repeatable (default: the default-route interface's address)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="TOML config file ([signaling] table)")
+    parser.add_argument("--http", metavar="HOST:PORT", default=None,
+                        help="HTTP(S) listen address (default 127.0.0.1:8080; loopback needs "
+                             "no token, any other address requires the API token)")
+    parser.add_argument("--transceiver-control", action="append", metavar="K=ADDR", default=None,
+                        help="control address of transceiver K (Unix socket path or "
+                             "host:port); repeatable")
+    parser.add_argument("--relay-control", action="append", metavar="ADDR", default=None,
+                        help="control address of a relay worker (NAME=ADDR or ADDR); repeatable")
+    parser.add_argument("--udp-port", type=int, metavar="PORT", default=None,
+                        help="the relays' public UDP port, advertised in answers (default 3478)")
+    add_auth_arguments(parser)
+    add_tls_arguments(parser)
+    parser.add_argument("--state-dir", metavar="DIR", default=None,
+                        help="where a self-signed certificate is kept (default "
+                             "./.appliance-state or $XDG_STATE_HOME/appliance)")
+    parser.add_argument("--webui-dir", metavar="DIR", default=None,
+                        help="static web UI directory served at / and /demo")
+    add_logging_flags(parser)
+
+
+def _pairs(items: Any, what: str, *, keyed: bool) -> dict[str, str]:
+    """``["0=/run/t0.sock", ...]`` or a TOML table ``{0 = "..."}`` → {key: address}."""
+    if isinstance(items, Mapping):
+        return {str(k): str(v) for k, v in items.items()}
+    if isinstance(items, str):
+        items = [items]
+    out: dict[str, str] = {}
+    for i, item in enumerate(items or []):
+        key, sep, addr = str(item).partition("=")
+        if not sep:
+            if keyed:
+                raise ValueError(f"{what} {item!r}: expected K=ADDRESS")
+            key, addr = str(i), str(item)
+        if not addr:
+            raise ValueError(f"{what} {item!r}: empty address")
+        out[key.strip()] = addr.strip()
+    return out
+
+
+def tls_settings(args: argparse.Namespace, hosts: list[str]) -> tuple[str | None, str | None, str | None]:
+    """(cert, key, fingerprint-if-self-signed) from --tls / --tls-cert / --tls-key."""
+    if args.tls == "self-signed":
+        if args.tls_cert or args.tls_key:
+            raise ValueError("--tls self-signed and --tls-cert/--tls-key are exclusive")
+        from ..supervisor import default_state_dir
+
+        cert, key, fp = ensure_self_signed(Path(args.state_dir or default_state_dir()), hosts)
+        return cert, key, fp
+    if args.tls is not None:
+        raise ValueError(f"unknown --tls mode {args.tls!r}")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    for path in (args.tls_cert, args.tls_key):
+        if path and not Path(path).is_file():
+            raise ValueError(f"TLS file {path} does not exist")
+    return args.tls_cert, args.tls_key, None
+
+
+def build_config(args: argparse.Namespace) -> tuple[SignalingConfig, str | None]:
+    """A SignalingConfig from resolved args; also the TLS fingerprint when self-signed."""
+    host, port = parse_hostport(args.http, default_host="127.0.0.1")
+    transceivers: dict[int, str] = {}
+    for k, addr in _pairs(args.transceiver_control, "--transceiver-control", keyed=True).items():
+        try:
+            transceivers[int(k)] = addr
+        except ValueError:
+            raise ValueError(f"--transceiver-control {k}={addr}: K must be an integer") from None
+    relays = _pairs(args.relay_control, "--relay-control", keyed=False)
+    public = [check_public_address(a) for a in (args.public_address or [])]
+    if not public:
+        public = default_public_addresses()
+    udp_port = int(args.udp_port)
+    if not 1 <= udp_port <= 65535:
+        raise ValueError("--udp-port must be 1..65535")
+    cert, key, fp = tls_settings(args, [host, *public])
+    webui = Path(args.webui_dir) if args.webui_dir else default_webui_dir()
+    cfg = SignalingConfig(
+        http=(host, port),
+        transceivers=transceivers,
+        relays=relays,
+        public_addresses=public,
+        udp_port=udp_port,
+        api_token=args.api_token or None,
+        tls_cert=cert,
+        tls_key=key,
+        webui_dir=webui,
+    )
+    return cfg, fp
+
+
+def run(args: argparse.Namespace) -> int:
+    configure(level=args.log_level, fmt=args.log_format, role="signaling")
+    try:
+        resolve(args, load_config(args.config), "signaling", DEFAULTS)
+        cfg, fp = build_config(args)
+    except (ConfigError, ValueError) as exc:
+        print(f"appliance signaling: {exc}", file=sys.stderr)
+        return 2
+    generated = ensure_api_token(cfg)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            binds: list[str] = await nursery.start(partial(serve_signaling, cfg))
+            if fp:
+                print(f"TLS certificate (self-signed) SHA-256 {fp}", flush=True)
+            if generated:
+                print(f"API token (generated): {generated}", flush=True)
+            base = binds[0] if binds else ""
+            print(f"signaling listening on {base} API {base}/v1/sessions", flush=True)
+
+    try:
+        trio.run(run_until_signalled, main)
+    except KeyboardInterrupt:  # before the signal receiver was installed
+        return 130
+    except (OSError, BaseExceptionGroup) as exc:
+        leaves = _leaves(exc)
+        if not all(isinstance(e, OSError) for e in leaves):
+            raise
+        for e in leaves:
+            print(f"appliance signaling: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]

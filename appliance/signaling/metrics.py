@@ -1,0 +1,170 @@
+"""Prometheus text exposition (format 0.0.4) for ``GET /metrics``.
+
+Families:
+
+* ``appliance_sessions{state}`` — gauge, sessions by state summed over the transceivers'
+  ``stats`` (what they hold now), plus ``appliance_sessions_lost_total``;
+* ``appliance_session_setup_seconds{step}`` — histogram of the setup timeline, one
+  observation per session and step (offer received → answer sent, ICE nominated, DTLS done,
+  first RTP in/out), taken the first time signaling sees that step;
+* ``appliance_transceiver_<counter>_total{transceiver}`` and
+  ``appliance_relay_<counter>_total{worker}`` — the peers' own counters from ``stats``,
+  nested objects flattened with ``_`` (``drops: {bad_proxy: 3}`` → ``drops_bad_proxy``);
+* ``appliance_relay_flows{worker}``, ``appliance_process_up{role,id}``,
+  ``appliance_process_restarts_total{role,id}``, ``appliance_http_responses_total{code}``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .state import SignalingState
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_NAME_BAD = re.compile(r"[^a-zA-Z0-9_]")
+
+
+class Histogram:
+    __slots__ = ("counts", "sum", "count")
+
+    def __init__(self) -> None:
+        self.counts = [0] * len(BUCKETS)  # non-cumulative; cumulated when rendered
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.sum += value
+        self.count += 1
+        for i, bound in enumerate(BUCKETS):
+            if value <= bound:
+                self.counts[i] += 1
+                break
+
+
+def metric_name(text: str) -> str:
+    name = _NAME_BAD.sub("_", text).strip("_").lower()
+    return name if name and not name[0].isdigit() else f"_{name}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    if not labels:
+        return ""
+    inner = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
+    return "{" + inner + "}"
+
+
+def _num(value: float) -> str:
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, int):
+        return str(value)
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+def flatten(obj: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, float]]:
+    """Numeric leaves of a (nested) counters object, names joined with ``_``."""
+    for key, value in obj.items():
+        name = f"{prefix}_{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            yield from flatten(value, name)
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            if math.isfinite(value):
+                yield metric_name(name), value
+
+
+class _Families:
+    """Collects samples by family so each family's HELP/TYPE is written once."""
+
+    def __init__(self) -> None:
+        self._fams: dict[str, tuple[str, str, list[str]]] = {}
+
+    def add(self, name: str, kind: str, help_text: str, labels: Mapping[str, str], value: float) -> None:
+        fam = self._fams.setdefault(name, (kind, help_text, []))
+        fam[2].append(f"{name}{_labels(labels)} {_num(value)}")
+
+    def add_raw(self, family: str, kind: str, help_text: str, line: str) -> None:
+        self._fams.setdefault(family, (kind, help_text, []))[2].append(line)
+
+    def render(self) -> str:
+        out: list[str] = []
+        for name, (kind, help_text, lines) in self._fams.items():
+            out.append(f"# HELP {name} {help_text}")
+            out.append(f"# TYPE {name} {kind}")
+            out.extend(lines)
+        return "\n".join(out) + "\n"
+
+
+def render(state: SignalingState) -> str:
+    fams = _Families()
+
+    by_state: dict[str, float] = {s: 0 for s in ("new", "connecting", "connected", "ended")}
+    for ep in state.transceivers.values():
+        sbs = ep.stats.get("sessions_by_state")
+        if isinstance(sbs, Mapping):
+            for st, n in sbs.items():
+                if isinstance(n, int | float) and not isinstance(n, bool):
+                    by_state[str(st)] = by_state.get(str(st), 0) + n
+    for st, n in by_state.items():
+        fams.add("appliance_sessions", "gauge", "Sessions held by the transceivers, by state.",
+                 {"state": st}, n)
+    fams.add("appliance_sessions_lost_total", "counter",
+             "Sessions ended because their transceiver died.", {}, state.sessions_lost)
+    fams.add("appliance_sessions_created_total", "counter",
+             "Sessions created through this signaling process.", {},
+             sum(state.assigned.values()))
+
+    hname = "appliance_session_setup_seconds"
+    help_h = "Time from offer received to each setup step, per session."
+    for step, h in state.setup_hist.items():
+        cum = 0
+        for bound, n in zip(BUCKETS, h.counts, strict=True):
+            cum += n
+            fams.add_raw(hname, "histogram", help_h,
+                         f'{hname}_bucket{_labels({"step": step, "le": _num(bound)})} {cum}')
+        fams.add_raw(hname, "histogram", help_h,
+                     f'{hname}_bucket{_labels({"step": step, "le": "+Inf"})} {h.count}')
+        fams.add_raw(hname, "histogram", help_h, f'{hname}_sum{_labels({"step": step})} {_num(h.sum)}')
+        fams.add_raw(hname, "histogram", help_h, f'{hname}_count{_labels({"step": step})} {h.count}')
+
+    for ep in state.transceivers.values():
+        counters = ep.stats.get("counters")
+        if isinstance(counters, Mapping):
+            for name, value in flatten(counters):
+                fams.add(f"appliance_transceiver_{name}_total", "counter",
+                         f"Transceiver counter {name}.", {"transceiver": ep.key}, value)
+    for ep in state.relays.values():
+        counters = ep.stats.get("counters")
+        if isinstance(counters, Mapping):
+            for name, value in flatten(counters):
+                fams.add(f"appliance_relay_{name}_total", "counter",
+                         f"Relay worker counter {name}.", {"worker": ep.key}, value)
+        flows = ep.stats.get("flows")
+        if isinstance(flows, int | float) and not isinstance(flows, bool):
+            fams.add("appliance_relay_flows", "gauge", "Flows in a relay worker's table.",
+                     {"worker": ep.key}, flows)
+
+    for code, n in sorted(state.http_responses.items()):
+        fams.add("appliance_http_responses_total", "counter", "HTTP responses by status code.",
+                 {"code": str(code)}, n)
+
+    for ep in state.endpoints():
+        labels = {"role": ep.role, "id": ep.key}
+        fams.add("appliance_process_up", "gauge",
+                 "1 when the process is believed up and answered its last poll.", labels,
+                 1 if ep.up and ep.failures == 0 else 0)
+        restarts = ep.process.get("restarts")
+        if isinstance(restarts, int):
+            fams.add("appliance_process_restarts_total", "counter",
+                     "Times the supervisor restarted the process.", labels, restarts)
+    return fams.render()

@@ -1,0 +1,579 @@
+"""``appliance up``: everything on one host, in ONE trio nursery (DESIGN.md "Processes").
+
+::
+
+    up()                                   the supervisor's nursery
+     ├─ transceiver task group             Supervisor.run_group: N children
+     │    └─ supervise(transceiver k)      start, wait for the ready line, restart with backoff
+     ├─ relay task group                   M relay worker children sharing the public UDP port
+     │    └─ supervise(relay w)            (SO_REUSEPORT), each with its own control socket
+     └─ serve_signaling                    hypercorn + quart-trio, the HTTP API and web UI
+
+Children run as ``python -m appliance ROLE …`` in their own process group (so a terminal's
+Ctrl-C reaches only the supervisor, which then stops them in order). A child is *ready* when
+it prints its ready line on stdout:
+
+* ``transceiver K listening on HOST:PORT control ADDRESS``
+* ``relay listening on HOST:PORT internal HOST:PORT``
+
+A child that exits is restarted after an exponential backoff (``backoff_initial`` doubling up
+to ``backoff_max``, reset once a child has stayed up for ``stable_after``); signaling is told
+at once, so a dead transceiver's sessions are reported ended, reason "transceiver lost", and
+no new session is routed to it until its replacement is ready. A child that cannot even
+start (``startup_failures`` exits in a row before its first ready line) aborts ``up`` with a
+message instead of looping forever on, say, a port already in use.
+
+Stopping (SIGINT, SIGTERM): the nursery is cancelled; each child gets SIGTERM on its process
+group, then SIGKILL after ``stop_grace`` seconds, and is reaped, so nothing is orphaned and
+the whole thing exits well within 5 s. (A supervisor killed with SIGKILL cannot clean up;
+its children then exit when their control sockets' owner is gone — that is theirs to do.)
+
+The routing secret is generated on first start into the state directory (mode 0600; the
+directory 0700) and reused afterwards, so ufrags minted before a restart stay valid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from .config import ConfigError, format_hostport, load_config, parse_hostport, resolve
+from .logs import add_logging_flags, configure
+from .proto.ufrag import load_secrets
+from .signaling.cli import add_auth_arguments, add_tls_arguments, default_webui_dir, tls_settings
+from .signaling.server import (
+    check_public_address,
+    default_public_addresses,
+    ensure_api_token,
+    run_until_signalled,
+    serve_signaling,
+)
+from .signaling.state import SignalingConfig, SignalingState
+
+log = logging.getLogger("appliance.supervisor")
+
+SECRET_NAME = "routing.secret"
+READY_PATTERNS = {
+    "transceiver": re.compile(r"^transceiver (?P<id>\S+) listening on (?P<listen>\S+) control (?P<control>.+)$"),
+    "relay": re.compile(r"^relay listening on (?P<listen>\S+) internal (?P<internal>\S+)"),
+}
+DEFAULTS: dict[str, Any] = {
+    "http": "127.0.0.1:8080",
+    "udp": "0.0.0.0:3478",
+    "public_address": [],
+    "transceivers": 2,
+    "relay_workers": 1,
+    "agent": "echo",
+    "redis": None,
+    "state_dir": None,
+    "internal_base_port": 0,
+}
+
+
+class StartupError(Exception):
+    """``up`` could not bring a child up at all (bad flags, port in use, ...)."""
+
+
+# -- state directory and routing secret ------------------------------------------------------
+
+
+def default_state_dir() -> Path:
+    """``$XDG_STATE_HOME/appliance`` when XDG_STATE_HOME is set, else ``./.appliance-state``."""
+    xdg = os.environ.get("XDG_STATE_HOME")
+    return Path(xdg) / "appliance" if xdg else Path(".appliance-state")
+
+
+def ensure_state_dir(path: str | Path) -> Path:
+    d = Path(path).resolve()
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return d
+
+
+def ensure_secret(state_dir: str | Path) -> Path:
+    """The routing secret file, created on first start (32 random bytes, hex, mode 0600)."""
+    d = ensure_state_dir(state_dir)
+    path = d / SECRET_NAME
+    try:
+        # O_EXCL: two supervisors starting at once cannot both write (one reuses the other's).
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            log.warning("routing secret %s was mode %o; tightening to 600", path, mode)
+            os.chmod(path, 0o600)
+        load_secrets(path.read_bytes())  # raises ValueError on an empty/garbled file
+        return path
+    with os.fdopen(fd, "w") as f:
+        f.write("# appliance routing secret: shared by signaling, relays and transceivers\n")
+        f.write(secrets.token_hex(32) + "\n")
+    os.chmod(path, 0o600)  # whatever the umask did
+    log.info("generated routing secret %s", path)
+    return path
+
+
+def _free_port(host: str, kind: socket.SocketKind) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, kind) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+# -- child processes -------------------------------------------------------------------------
+
+
+@dataclass
+class ChildSpec:
+    role: str  # "transceiver" | "relay"
+    key: str
+    argv: list[str]
+    control: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.role} {self.key}"
+
+
+@dataclass
+class ChildStatus:
+    state: str = "starting"  # starting | ready | backoff | stopped
+    pid: int | None = None
+    restarts: int = 0
+    last_exit: int | None = None
+    ready_line: str | None = None
+    ready_fields: dict[str, str] = field(default_factory=dict)
+    delays: list[float] = field(default_factory=list)  # every backoff slept, in order
+
+    def view(self) -> dict[str, Any]:
+        return {"pid": self.pid, "state": self.state, "restarts": self.restarts,
+                "last_exit": self.last_exit}
+
+
+class Supervisor:
+    """Starts, watches and restarts child processes; reports to signaling's state."""
+
+    def __init__(
+        self,
+        specs: Sequence[ChildSpec],
+        *,
+        state: SignalingState | None = None,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 30.0,
+        stable_after: float = 30.0,
+        ready_timeout: float = 30.0,
+        stop_grace: float = 2.0,
+        startup_failures: int = 3,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.specs = {s.name: s for s in specs}
+        self.status = {s.name: ChildStatus() for s in specs}
+        self.state = state
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.stable_after = stable_after
+        self.ready_timeout = ready_timeout
+        self.stop_grace = stop_grace
+        self.startup_failures = startup_failures
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self._changed = trio.Event()
+
+    # Tests and `up` wait on conditions over the statuses instead of sleeping.
+    def _notify(self, spec: ChildSpec) -> None:
+        if self.state is not None:
+            self.state.process_info(spec.role, spec.key, **self.status[spec.name].view())
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        while not predicate():
+            await self._changed.wait()
+
+    async def run_group(
+        self, specs: Sequence[ChildSpec], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """One task group: supervise ``specs`` until cancelled; started once all are ready."""
+        async with trio.open_nursery() as nursery:
+            for spec in specs:
+                nursery.start_soon(self.supervise, spec)
+            names = [s.name for s in specs]
+            await self.wait_until(lambda: all(self.status[n].ready_line for n in names))
+            task_status.started()
+
+    async def supervise(self, spec: ChildSpec) -> None:
+        status = self.status[spec.name]
+        backoff = self.backoff_initial
+        failures_before_ready = 0
+        ever_ready = False
+        try:
+            while True:
+                started = trio.current_time()
+                rc, was_ready = await self._one_life(spec, status)
+                ever_ready |= was_ready
+                status.last_exit, status.state, status.pid = rc, "backoff", None
+                if self.state is not None:
+                    await self.state.process_down(spec.role, spec.key, f"exited with status {rc}")
+                if not ever_ready:
+                    failures_before_ready += 1
+                    if failures_before_ready >= self.startup_failures:
+                        raise StartupError(
+                            f"{spec.name} exited with status {rc} before it was ready, "
+                            f"{failures_before_ready} times in a row; giving up "
+                            f"(command: {shlex.join(spec.argv)})"
+                        )
+                if was_ready and trio.current_time() - started >= self.stable_after:
+                    backoff = self.backoff_initial  # it ran fine for a while: a fresh failure
+                log.warning("%s exited with status %s; restarting in %.2f s", spec.name, rc, backoff)
+                status.delays.append(backoff)
+                self._notify(spec)
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, self.backoff_max)
+                status.restarts += 1
+        finally:
+            status.state, status.pid = "stopped", None
+            self._notify(spec)
+
+    async def _one_life(self, spec: ChildSpec, status: ChildStatus) -> tuple[int, bool]:
+        """Run the child once: (exit status, whether it became ready)."""
+        proc = await trio.lowlevel.open_process(
+            spec.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            env=self.env,
+            start_new_session=True,  # own process group: we signal the group, never the terminal's
+        )
+        status.pid, status.state, status.ready_line = proc.pid, "starting", None
+        log.info("started %s (pid %d)", spec.name, proc.pid)
+        self._notify(spec)
+        ready = trio.Event()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_stdout, proc, spec, status, ready)
+                nursery.start_soon(self._ready_deadline, proc, spec, ready)
+                rc = await proc.wait()
+                nursery.cancel_scope.cancel()
+            return rc, ready.is_set()
+        finally:
+            with trio.move_on_after(self.stop_grace + 2, shield=True):
+                await self._stop(proc, spec)
+
+    async def _ready_deadline(self, proc: trio.Process, spec: ChildSpec, ready: trio.Event) -> None:
+        with trio.move_on_after(self.ready_timeout):
+            await ready.wait()
+            return
+        log.error("%s not ready after %.0f s; stopping it", spec.name, self.ready_timeout)
+        await self._stop(proc, spec)
+
+    async def _read_stdout(
+        self, proc: trio.Process, spec: ChildSpec, status: ChildStatus, ready: trio.Event
+    ) -> None:
+        assert proc.stdout is not None
+        buf = b""
+        pattern = READY_PATTERNS[spec.role]
+        async with proc.stdout:
+            while True:
+                try:
+                    chunk = await proc.stdout.receive_some(65536)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+                if not chunk:
+                    return
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                if len(buf) > 65536:  # a child printing without newlines: do not grow forever
+                    lines.append(buf)
+                    buf = b""
+                for raw in lines:
+                    line = raw.decode("utf-8", "replace").rstrip("\r")
+                    m = pattern.match(line)
+                    if m and not ready.is_set():
+                        status.ready_line, status.ready_fields = line, m.groupdict()
+                        status.state = "ready"
+                        ready.set()
+                        log.info("%s ready (pid %s): %s", spec.name, proc.pid, line)
+                        if self.state is not None:
+                            self.state.process_up(spec.role, spec.key)
+                        self._notify(spec)
+                    elif line:
+                        log.info("%s: %s", spec.name, line)
+
+    async def _stop(self, proc: trio.Process, spec: ChildSpec) -> None:
+        """SIGTERM the child's process group, SIGKILL after the grace period, reap."""
+        if proc.returncode is None:
+            _killpg(proc.pid, signal.SIGTERM)
+            with trio.move_on_after(self.stop_grace):
+                await proc.wait()
+            if proc.returncode is None:
+                log.warning("%s ignored SIGTERM for %.1f s; killing it", spec.name, self.stop_grace)
+                _killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+        else:
+            # The leader is gone; take anything it left behind in its group with it.
+            _killpg(proc.pid, signal.SIGKILL)
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# -- configuration -------------------------------------------------------------------------
+
+
+@dataclass
+class UpConfig:
+    http: tuple[str, int]
+    udp: tuple[str, int]
+    public_addresses: list[str]
+    transceivers: int
+    relay_workers: int
+    agent: str
+    redis: str | None
+    state_dir: Path
+    internal_base_port: int
+    api_token: str | None
+    tls_cert: str | None
+    tls_key: str | None
+    tls_fingerprint: str | None
+    webui_dir: Path
+    log_level: str = "info"
+    log_format: str = "text"
+    child_command: list[str] = field(default_factory=lambda: [sys.executable, "-m", "appliance"])
+    backoff_initial: float = 0.5
+    stop_grace: float = 2.0
+
+
+def build_up_config(args: argparse.Namespace) -> UpConfig:
+    """Validate resolved ``up`` arguments (flags > config file > defaults)."""
+    http = parse_hostport(args.http, default_host="127.0.0.1")
+    udp = parse_hostport(args.udp, default_host="0.0.0.0")
+    n, m = int(args.transceivers), int(args.relay_workers)
+    if not 1 <= n <= 256:
+        raise ValueError("--transceivers must be 1..256")
+    if not 1 <= m <= 64:
+        raise ValueError("--relay-workers must be 1..64")
+    base = int(args.internal_base_port)
+    if base and not 1024 <= base <= 65535 - n:
+        raise ValueError("--internal-base-port must leave room for every transceiver")
+    public_in = args.public_address
+    if isinstance(public_in, str):
+        public_in = [public_in]
+    public = [check_public_address(a) for a in public_in or []]
+    if not public:
+        host = udp[0]
+        # Bound to one address: that is the one clients reach; bound to all: the default route's.
+        public = [check_public_address(host)] if host not in ("0.0.0.0", "::", "") else default_public_addresses()
+    state_dir = ensure_state_dir(args.state_dir or default_state_dir())
+    args.state_dir = str(state_dir)
+    cert, key, fp = tls_settings(args, [http[0], *public])
+    child = shlex.split(args.child_command) if getattr(args, "child_command", None) else None
+    cfg = UpConfig(
+        http=http, udp=udp, public_addresses=public, transceivers=n, relay_workers=m,
+        agent=str(args.agent), redis=args.redis or None, state_dir=state_dir,
+        internal_base_port=base, api_token=args.api_token or None,
+        tls_cert=cert, tls_key=key, tls_fingerprint=fp,
+        webui_dir=Path(args.webui_dir) if getattr(args, "webui_dir", None) else default_webui_dir(),
+        log_level=args.log_level, log_format=args.log_format,
+    )
+    if child:
+        cfg.child_command = child
+    return cfg
+
+
+def _control_dir(state_dir: Path) -> tuple[Path, bool]:
+    """Where the control sockets go; a short temp dir when the state dir's path would exceed
+    the ~107-byte limit of a Unix socket path. Returns (dir, is_temporary)."""
+    d = state_dir / "control"
+    if len(str(d / "transceiver-999.sock")) < 100:
+        d.mkdir(mode=0o700, exist_ok=True)
+        return d, False
+    return Path(tempfile.mkdtemp(prefix="appliance-")), True
+
+
+def child_specs(cfg: UpConfig, secret: Path, control_dir: Path) -> tuple[list[ChildSpec], list[ChildSpec]]:
+    logging_flags = ["--log-level", cfg.log_level, "--log-format", cfg.log_format]
+    if cfg.internal_base_port:
+        ports = [cfg.internal_base_port + k for k in range(cfg.transceivers)]
+    else:
+        ports = []
+        while len(ports) < cfg.transceivers:  # distinct free ports, kept across restarts
+            p = _free_port("127.0.0.1", socket.SOCK_DGRAM)
+            if p not in ports:
+                ports.append(p)
+    transceivers = []
+    for k, port in enumerate(ports):
+        control = str(control_dir / f"transceiver-{k}.sock")
+        argv = [*cfg.child_command, "transceiver", "--id", str(k), "--listen", f"127.0.0.1:{port}",
+                "--control", control, "--secret-file", str(secret), "--agent", cfg.agent,
+                *logging_flags]
+        transceivers.append(ChildSpec("transceiver", str(k), argv, control))
+    routes = [arg for k, port in enumerate(ports) for arg in ("--transceiver", f"{k}=127.0.0.1:{port}")]
+    relays = []
+    for w in range(cfg.relay_workers):
+        control = str(control_dir / f"relay-{w}.sock")
+        argv = [*cfg.child_command, "relay", "--listen", format_hostport(cfg.udp), *routes,
+                "--secret-file", str(secret), "--control", control, "--workers", "1",
+                *(["--redis", cfg.redis] if cfg.redis else []), *logging_flags]
+        relays.append(ChildSpec("relay", str(w), argv, control))
+    return transceivers, relays
+
+
+def _url_host(bind_url: str, public: list[str]) -> str:
+    """``http://0.0.0.0:8080`` → ``http://<public address>:8080`` (a URL one can open)."""
+    scheme, _, hostport = bind_url.partition("://")
+    host, port = parse_hostport(hostport)
+    if host in ("0.0.0.0", "::"):
+        host = public[0] if public else "127.0.0.1"
+    return f"{scheme}://{format_hostport((host, port))}"
+
+
+async def up(
+    cfg: UpConfig,
+    *,
+    task_status: trio.TaskStatus[tuple[str, Supervisor, SignalingState]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run everything until cancelled; started with (base URL, supervisor, signaling state)."""
+    secret = ensure_secret(cfg.state_dir)
+    if cfg.udp[1] == 0:  # "any port": pick one now so every relay worker shares the same
+        cfg.udp = (cfg.udp[0], _free_port(cfg.udp[0], socket.SOCK_DGRAM))
+    control_dir, temporary = _control_dir(cfg.state_dir)
+    try:
+        transceivers, relays = child_specs(cfg, secret, control_dir)
+        sig_cfg = SignalingConfig(
+            http=cfg.http,
+            transceivers={int(s.key): s.control for s in transceivers},
+            relays={s.key: s.control for s in relays},
+            public_addresses=cfg.public_addresses,
+            udp_port=cfg.udp[1],
+            api_token=cfg.api_token,
+            tls_cert=cfg.tls_cert,
+            tls_key=cfg.tls_key,
+            webui_dir=cfg.webui_dir,
+            managed=True,
+        )
+        generated = ensure_api_token(sig_cfg)
+        state = SignalingState(sig_cfg)
+        state.supervisor_info = {"supervisor": True}
+        sup = Supervisor([*transceivers, *relays], state=state,
+                         backoff_initial=cfg.backoff_initial, stop_grace=cfg.stop_grace)
+        async with trio.open_nursery() as nursery:
+            # Transceivers first: the relays route to them, signaling creates sessions on them.
+            await nursery.start(sup.run_group, transceivers)
+            await nursery.start(sup.run_group, relays)
+            binds = await nursery.start(partial(serve_signaling, sig_cfg, state=state))
+            base = _url_host(binds[0], cfg.public_addresses)
+            if cfg.tls_fingerprint:
+                print(f"TLS certificate (self-signed) SHA-256 {cfg.tls_fingerprint}", flush=True)
+            if generated:
+                print(f"API token (generated): {generated}", flush=True)
+            media = ", ".join(format_hostport((a, cfg.udp[1])) for a in cfg.public_addresses)
+            print(f"media: UDP {media}", flush=True)
+            print(f"appliance ready: web UI {base}/  demo {base}/demo  API {base}/v1/sessions",
+                  flush=True)
+            task_status.started((base, sup, state))
+    finally:
+        if temporary:
+            shutil.rmtree(control_dir, ignore_errors=True)
+
+
+# -- command line --------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Run everything on one host: signaling (HTTP API, web UI, metrics), relay workers on "
+        "the public UDP port and N transceivers, restarted with backoff if they die. "
+        "Ctrl-C or SIGTERM stops it all."
+    )
+    parser.add_argument("--config", metavar="FILE", help="TOML config file ([up] table)")
+    parser.add_argument("--http", metavar="HOST:PORT", default=None,
+                        help="HTTP(S) listen address (default 127.0.0.1:8080; any non-loopback "
+                             "address requires the API token)")
+    parser.add_argument("--udp", metavar="HOST:PORT", default=None,
+                        help="public media address of the relays (default 0.0.0.0:3478)")
+    parser.add_argument("--transceivers", type=int, metavar="N", default=None,
+                        help="number of transceiver processes (default 2)")
+    parser.add_argument("--relay-workers", type=int, metavar="M", default=None,
+                        help="relay worker processes sharing the UDP port (default 1)")
+    parser.add_argument("--agent", metavar="NAME", default=None,
+                        help="default agent: echo, module:attr or ws://URL (default echo)")
+    parser.add_argument("--redis", metavar="URL", default=None,
+                        help="optional Redis flow cache for the relays (redis://host:port/db)")
+    parser.add_argument("--state-dir", metavar="DIR", default=None,
+                        help="routing secret, control sockets, self-signed certificate "
+                             "(default $XDG_STATE_HOME/appliance or ./.appliance-state)")
+    parser.add_argument("--internal-base-port", type=int, metavar="PORT", default=None,
+                        help="transceiver k listens on 127.0.0.1:PORT+k (default: free ports)")
+    parser.add_argument("--webui-dir", metavar="DIR", default=None, help=argparse.SUPPRESS)
+    # For tests and packaging: how to start a child role (default: python -m appliance).
+    parser.add_argument("--child-command", metavar="CMD", default=None, help=argparse.SUPPRESS)
+    add_auth_arguments(parser)
+    add_tls_arguments(parser)
+    add_logging_flags(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    configure(level=args.log_level, fmt=args.log_format, role="up")
+    try:
+        resolve(args, load_config(args.config), "up", DEFAULTS)
+        cfg = build_up_config(args)
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"appliance up: {exc}", file=sys.stderr)
+        return 2
+
+    async def main() -> None:
+        await up(cfg)
+
+    try:
+        trio.run(run_until_signalled, main)
+    except KeyboardInterrupt:  # before the signal receiver was installed
+        return 130
+    except (StartupError, OSError, BaseExceptionGroup) as exc:
+        # Failures arrive wrapped in nurseries' exception groups; report the leaves we expect.
+        expected = (StartupError, OSError)
+        if isinstance(exc, BaseExceptionGroup):
+            matched, rest = exc.split(expected)
+            if matched is None or rest is not None:
+                raise
+            leaves = list(exception_leaves(matched))
+        else:
+            leaves = [exc]
+        for leaf in leaves:
+            print(f"appliance up: {leaf}", file=sys.stderr)
+        return 1
+    print("appliance stopped", flush=True)
+    return 0
+
+
+def exception_leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in exception_leaves(sub)]
+    return [exc]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m appliance.supervisor`` (the same as ``appliance up``)."""
+    parser = argparse.ArgumentParser(prog="appliance up")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
