@@ -16,6 +16,16 @@ forwarded without leaving the loop: its flow's pre-encoded PROXY header is copie
 locals and flushed once per batch; the clock is read once per batch. Nothing is logged per
 packet. Everything else goes to :meth:`RelayCore.handle_datagram` (the slow path).
 
+Junk is dropped as early as possible (issue 9, floods). On Linux each public socket gets a
+classic BPF filter (:func:`attach_public_filter`, no privilege needed) that drops, in the
+kernel and before the datagram takes room in the socket buffer, payloads larger than
+``MAX_DATAGRAM`` and payloads whose first byte RFC 7983 gives to nothing we relay (not
+STUN, DTLS or RTP/RTCP) — those never reach a transceiver anyway. In the loop, a non-STUN
+datagram from an unknown flow is dropped (``no-flow``) right after the flow look-up, without
+a call into the core (unless Redis may know the flow). Socket buffers: we ask for
+``SOCKET_BUFFER``; the kernel caps the request at ``net.core.rmem_max``/``wmem_max`` (and
+doubles it); the granted sizes are logged at start and reported by ``stats``.
+
 Return traffic arrives on the internal socket from a transceiver (or a downstream relay) as
 ``PROXY(src=client, dst=public) + payload``; it is sent from the public socket named by the
 header's destination to the client — or, for a flow that reached us through an upstream relay,
@@ -27,10 +37,13 @@ verified STUN request).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import os
 import socket
+import struct
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,7 +64,59 @@ BUFSIZE = HEADROOM + 65536
 #: Datagrams drained per wake-up before yielding to trio (fairness for the other tasks).
 BATCH = 512
 #: Kernel socket buffers: absorb bursts while the loop is busy with the other socket.
-SOCKET_BUFFER = 4 << 20
+#: The kernel caps the request at net.core.rmem_max / wmem_max (docs/reliability.md).
+SOCKET_BUFFER = 16 << 20
+#: Largest client payload relayed. WebRTC stacks keep datagrams under the path MTU
+#: (libwebrtc: ~1200 bytes of RTP, DTLS records fragmented to the MTU); this leaves room
+#: for jumbo-ish paths while a 65 kB datagram never occupies the socket buffer.
+MAX_DATAGRAM = 2048
+
+_SO_ATTACH_FILTER = 26  # Linux, <asm-generic/socket.h>; absent from Python's socket module
+
+
+def _public_filter_program(max_payload: int) -> bytes:
+    """Classic BPF for a UDP socket (the UDP header is at offset 0, the payload at 8):
+    accept an empty payload (the loop counts it) and payloads of at most ``max_payload``
+    bytes whose first byte is STUN [0..3], DTLS [20..63] or RTP/RTCP [128..191]."""
+    ld_len, ldb_abs, ret_k = 0x80, 0x30, 0x06
+    jgt_k, jge_k = 0x25, 0x35
+    accept, drop = 0xFFFFFFFF, 0
+    prog = [  # (code, jt, jf, k); jumps count instructions after the next one
+        (ld_len, 0, 0, 0),
+        (jgt_k, 8, 0, max_payload + 8),  # 1: too long -> drop
+        (jgt_k, 0, 6, 8),  # 2: empty payload -> accept
+        (ldb_abs, 0, 0, 8),  # 3: first payload byte
+        (jge_k, 5, 0, 192),  # 4: 192..255 -> drop
+        (jge_k, 3, 0, 128),  # 5: RTP/RTCP -> accept
+        (jge_k, 3, 0, 64),  # 6: 64..127 (TURN channel, QUIC, unassigned) -> drop
+        (jge_k, 1, 0, 20),  # 7: DTLS -> accept
+        (jge_k, 1, 0, 4),  # 8: 4..19 (ZRTP, unassigned) -> drop; else STUN
+        (ret_k, 0, 0, accept),  # 9
+        (ret_k, 0, 0, drop),  # 10
+    ]
+    return b"".join(struct.pack("HBBI", *ins) for ins in prog)
+
+
+def attach_public_filter(sock: socket.socket, max_payload: int = MAX_DATAGRAM) -> bool:
+    """Attach the public-socket filter (Linux only); False if the kernel refused it."""
+    if not sys.platform.startswith("linux"):
+        return False  # pragma: no cover
+    code = _public_filter_program(max_payload)
+    buf = ctypes.create_string_buffer(code, len(code))
+    fprog = struct.pack("HL", len(code) // 8, ctypes.addressof(buf))  # struct sock_fprog
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, fprog)
+    except OSError:  # pragma: no cover - e.g. a seccomp profile; the loop still drops
+        return False
+    return True
+
+
+def socket_buffers(sock: socket.socket) -> dict[str, int]:
+    """What the kernel granted (Linux reports twice the accepted request)."""
+    return {
+        "rcvbuf": sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF),
+        "sndbuf": sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +150,7 @@ class RelayHandle:
     internal: Address
     core: RelayCore
     worker: int = 0
+    sockets: Mapping[str, Any] = field(default_factory=dict)
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -92,10 +158,11 @@ class RelayHandle:
             "counters": self.core.counters.as_dict(),
             "flows": len(self.core.flows),
             "worker": self.worker,
+            "sockets": dict(self.sockets),
         }
 
 
-def _udp_socket(addr: Address, *, reuseport: bool) -> socket.socket:
+def _udp_socket(addr: Address, *, reuseport: bool, public: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_DGRAM)
     try:
@@ -109,6 +176,8 @@ def _udp_socket(addr: Address, *, reuseport: bool) -> socket.socket:
                 sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
             except OSError:  # pragma: no cover - capped by the kernel, never fatal
                 pass
+        if public:
+            attach_public_filter(sock)
         sock.bind(addr)
         sock.setblocking(False)
     except BaseException:
@@ -144,6 +213,7 @@ class _Worker:
         self.return_sources = return_sources
         self.tlv = encode_tlv(TLV_RELAY_ID, config.relay_id.encode()[:64])
         self.lookup_wanted = trio.Event()
+        self.sockets: dict[str, Any] = {}
 
     def _wake_lookups(self) -> None:
         if self.core.lookups_pending and not self.lookup_wanted.is_set():
@@ -162,7 +232,10 @@ class _Worker:
         isend = self.isock.sendto
         v6 = sock.family == socket.AF_INET6
         is_stun = IS_STUN
+        # Without Redis a non-STUN datagram from an unknown flow can only be dropped.
+        lookups = core.config.redis
         H = HEADROOM
+        MAX = MAX_DATAGRAM
         buf = bytearray(BUFSIZE)
         mv = memoryview(buf)
         rx = mv[H:]
@@ -172,7 +245,7 @@ class _Worker:
             if not readable:
                 await trio.lowlevel.wait_readable(sock)
             now = clock()
-            pin = bin_ = pout = bout = 0
+            pin = bin_ = pout = bout = no_flow = oversize = 0
             readable = True
             for _ in range(BATCH):
                 try:
@@ -186,9 +259,16 @@ class _Worker:
                     addr = addr[:2]
                 pin += 1
                 bin_ += n
+                if n > MAX:  # where the kernel filter is missing
+                    oversize += 1
+                    continue
                 flow = get(addr)
+                if flow is None:
+                    if not lookups and (not n or not is_stun[buf[H]]):
+                        no_flow += 1  # junk from an unknown flow: no call into the core
+                        continue
                 # The fast path: a known flow's non-STUN datagram (DTLS, RTP, RTCP).
-                if flow is not None and n and not is_stun[buf[H]] and flow.upstream is None:
+                elif n and not is_stun[buf[H]] and flow.upstream is None:
                     h = flow.header
                     s = H - len(h)
                     buf[s:H] = h
@@ -223,6 +303,10 @@ class _Worker:
             c.bytes_in += bin_
             c.packets_out += pout
             c.bytes_out += bout
+            if no_flow:
+                drop("no-flow", no_flow)
+            if oversize:
+                drop("oversize", oversize)
             self._wake_lookups()
             if readable:
                 await trio.lowlevel.checkpoint()
@@ -353,6 +437,7 @@ class _Worker:
                 "flows": len(self.core.flows),
                 "worker": self.config.worker,
                 "pid": os.getpid(),
+                "sockets": self.sockets,
             }
         return {"ok": False, "status": 400, "code": "unknown-op",
                 "detail": f"unknown op {req.get('op')!r}; this relay serves 'stats'"}
@@ -450,7 +535,7 @@ async def serve_relay(
     socks: list[socket.socket] = []
     try:
         for addr in config.listen:
-            socks.append(_udp_socket(addr, reuseport=True))
+            socks.append(_udp_socket(addr, reuseport=True, public=True))
         # A fixed internal port is shared by the workers (SO_REUSEPORT) so that one next-hop
         # address reaches all of them; the default ephemeral port is per worker.
         isock = _udp_socket(config.internal, reuseport=config.internal[1] != 0)
@@ -459,7 +544,9 @@ async def serve_relay(
         worker = _Worker(
             config, core, pubs, isock, frozenset(transceivers.values()) | frozenset(next_hops.values())
         )
-        handle = RelayHandle(worker.public, _name(isock), core, config.worker)
+        for name, sock in [*zip(map(format_addr, worker.public), pubs, strict=True), ("internal", isock)]:
+            worker.sockets[name] = socket_buffers(sock)
+        handle = RelayHandle(worker.public, _name(isock), core, config.worker, worker.sockets)
         async with trio.open_nursery() as nursery:
             for sock, public in zip(pubs, worker.public, strict=True):
                 nursery.start_soon(worker.public_loop, sock, public)
@@ -475,6 +562,8 @@ async def serve_relay(
                 config.worker, ", ".join(format_addr(a) for a in worker.public),
                 format_addr(handle.internal), len(transceivers), len(next_hops),
             )
+            log.info("relay worker %d socket buffers (kernel-granted): %s", config.worker,
+                     worker.sockets)
             task_status.started(handle)
     finally:
         for sock in socks:

@@ -67,6 +67,22 @@ async def _quiesce(stack: Stack, calls: list[Call]) -> list[dict[str, Any]]:
             last = key
 
 
+def _kernel_drops(port: int) -> int:
+    """The ``drops`` column of /proc/net/udp{,6} for sockets bound to ``port``: datagrams the
+    kernel discarded for the socket (its filter, or a full receive buffer)."""
+    total = 0
+    for name in ("/proc/net/udp", "/proc/net/udp6"):
+        try:
+            lines = Path(name).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                total += int(fields[-1])
+    return total
+
+
 def _loss(calls: list[Call], sessions: list[dict[str, Any]]) -> tuple[float, float]:
     sent_up = sum(c.peer.rtp_sent for c in calls)
     got_up = sum(s["packets_in"] for s in sessions)
@@ -86,6 +102,7 @@ async def test_relay_floods_leave_calls_untouched(
     await eventually(lambda: all(c.received >= 5 for c in calls), 15, "media on every call")
     before = await stack.relay_stats()
     flows_before = before["flows"]
+    kernel_before = _kernel_drops(stack.public[1])
 
     result = await _flood("--target", f"{stack.public[0]}:{stack.public[1]}",
                           "--duration", str(SECONDS), "--sockets", "128", "--kinds", kinds)
@@ -93,21 +110,35 @@ async def test_relay_floods_leave_calls_untouched(
     up, down = _loss(calls, sessions)
     stats = await stack.relay_stats()
     drops = stats["counters"]["drops"]
-    print("flood", result, "loss up", up, "down", down, "drops", drops)
+    kernel = _kernel_drops(stack.public[1]) - kernel_before
+    print("flood", result, "loss up", up, "down", down, "drops", drops, "kernel drops", kernel,
+          "sockets", stats.get("sockets"))
 
     assert result["rate"] > 10_000  # really a flood
     assert all(c.failed is None for c in calls)
     assert stats["flows"] == flows_before == N_CALLS  # no flow for any attacker datagram
-    # Each kind of junk is dropped for its own reason, and counted.
+    # Each kind of junk is dropped for its own reason, and counted: oversize datagrams and
+    # first bytes that are no protocol of ours by the public socket's filter in the kernel
+    # (its drops are counted with buffer overflows), the rest by the relay.
     sent = result["sent"]
     n_no_flow = sent.get("garbage", 0) + sent.get("oversize", 0) + sent.get("dtls-hello", 0)
-    assert drops.get("no-flow", 0) >= 0.5 * n_no_flow  # the kernel may drop some first
+    early = drops.get("no-flow", 0) + drops.get("oversize", 0) + kernel
+    assert early >= 0.5 * n_no_flow
+    if "dtls-hello" in sent:  # a DTLS first byte passes the filter: the relay drops it
+        assert drops.get("no-flow", 0) >= 0.5 * sent["dtls-hello"]
     if "stun-random" in sent:
         ufrag_drops = sum(v for k, v in drops.items() if k.startswith("ufrag-"))
         assert ufrag_drops >= 0.5 * (sent["stun-random"] + sent["stun-forged"])
         assert drops.get("ufrag-bad-mac", 0) > 0 and drops.get("ufrag-malformed", 0) > 0
     assert down < 0.01, down
-    _loss_target(up, "relay public socket overflows: one worker is slower than the flood")
+    if kinds == "oversize":
+        # Issue 9: < 1 %. Met: the public socket's kernel filter drops these before they
+        # take room in the receive buffer.
+        assert up < 0.01, up
+    else:
+        # Met in 4 of 5 runs (0.0 %), 1.6 % once at 87 k/s on a loaded host: forged STUN
+        # costs a ufrag MAC check each, and one worker is then close to the flood's rate.
+        _loss_target(up, "one relay worker is close to the flood rate (forged-ufrag MACs)")
 
 
 async def test_ice_password_guessing_storm(stack: Stack, nursery: trio.Nursery) -> None:
@@ -132,5 +163,8 @@ async def test_ice_password_guessing_storm(stack: Stack, nursery: trio.Nursery) 
     stats = (await stack.ctl(0, op="stats"))["counters"]
     print("transceiver counters", stats)
     assert down < 0.01, down
-    _loss_target(up, "the transceiver's socket overflows: it checks MESSAGE-INTEGRITY of "
-                     "every guess before the 401 limit applies")
+    # The ICE agent drops guesses from untrusted sources before parsing (rate_limited), but
+    # the transceiver still parses each datagram's PROXY header and USERNAME to find the
+    # session: ~45-65 k guesses/s per process against a flooder at ~100-130 k/s.
+    _loss_target(up, "the transceiver's single process parses PROXY + USERNAME of every "
+                     "guess to route it, and the flooder is faster (docs/reliability.md)")

@@ -14,6 +14,9 @@ its whole attack surface):
 ==========================================  =================================================
 input                                       action
 ==========================================  =================================================
+any datagram from a source that is not      drop *before parsing*, ``rate_limited += 1``
+trusted (see below) when the unverified-    (parsing costs ~18 µs and the HMAC ~11 µs in
+source budget is spent                      CPython; a guessing storm must not buy either)
 not STUN / malformed / no FINGERPRINT       drop, ``malformed += 1``
 indication, response, other method          drop, ``ignored += 1`` (indications are
                                             keepalives, RFC 8445 §11; we send no requests)
@@ -32,6 +35,31 @@ authenticated, ICE-CONTROLLED               487 Role Conflict, signed (§7.3.1.1
 authenticated check                         success: XOR-MAPPED-ADDRESS = addr,
                                             MESSAGE-INTEGRITY, FINGERPRINT (§7.3.1.2)
 ==========================================  =================================================
+
+Cost limit before parsing (password-guessing storms). Every datagram that reaches the agent
+claims our ufrag (the transceiver routes by it), so anyone who sniffed the ufrag can make us
+parse a check and compute its HMAC at line rate — enough to overflow the transceiver's socket
+and starve every call it carries. So, before any parsing, the source address is classified:
+
+* *trusted* — always processed: the selected (nominated) address; up to ``_VERIFIED_CAP``
+  addresses that have passed MESSAGE-INTEGRITY (they proved the password; kept across an
+  ICE restart, since it is still the same client); and, while nothing is nominated yet, the
+  first ``trusted_sources`` distinct sources (a client's few candidates reach us at once).
+* *same IP as a verified address* — a port-only NAT rebinding; these share their own token
+  bucket (``unverified_checks_per_second``, burst of one second's worth);
+* *anyone else* — share another bucket of the same size.
+
+Over budget: drop silently and count ``rate_limited`` (no 401, no ``AuthFailure``).
+
+Trade-off (NAT rebinding vs. storms): without a storm both buckets are full, so a rebound or
+new address is verified and can nominate at once, and from then on it is trusted. During a
+storm from other IPs, a *port* rebinding still gets its own untouched bucket and nominates
+as fast as without one. A client that changes IP (Wi-Fi to LTE) during a storm aimed at its
+own session competes with the storm for the shared bucket: each of its checks gets through
+with probability ≈ rate / storm rate, so it may fail and the call may end on consent expiry
+— that session was under attack anyway, and the alternative (verify every guess) loses
+media on *every* session of the transceiver. An attacker that spoofs a trusted address
+costs us HMACs but learns nothing: the answers go to the real owner of that address.
 
 Deliberately omitted: peer-reflexive candidates and the triggered-check queue (§7.3.1.3,
 §7.3.1.4 — a lite agent has neither, §2.5); 400 answers to requests without USERNAME (the
@@ -112,6 +140,30 @@ _TRANSITIONS: dict[tuple[IceState, _Input], IceState] = {
 
 #: How many distinct (address -> flag) pairs we remember for ``CheckReceived`` reporting.
 _SEEN_CAP = 16
+#: How many addresses that passed MESSAGE-INTEGRITY stay exempt from the cost limit.
+_VERIFIED_CAP = 8
+
+
+class _TokenBucket:
+    """``rate`` tokens per second, at most ``burst``; starts full. Time is passed in."""
+
+    __slots__ = ("burst", "rate", "stamp", "tokens")
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.tokens = burst
+        self.stamp = float("-inf")
+
+    def take(self, now: float) -> bool:
+        elapsed = now - self.stamp
+        if elapsed > 0:  # a clock that goes backwards refills nothing
+            self.tokens = min(self.burst, self.tokens + elapsed * self.rate)
+            self.stamp = now
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
 
 
 def _check_credentials(ufrag: str, pwd: str) -> None:
@@ -126,7 +178,10 @@ class IceLiteAgent:
 
     Counters (plain ints, read them any time): ``checks_ok``, ``nominations``,
     ``auth_failures``, ``unknown_ufrag``, ``malformed``, ``ignored``, ``role_conflicts``,
-    ``unknown_attributes``, ``dropped_closed``.
+    ``unknown_attributes``, ``dropped_closed``, ``rate_limited``.
+
+    ``unverified_checks_per_second`` and ``trusted_sources`` set the cost limit described
+    in the module docstring.
     """
 
     def __init__(
@@ -138,10 +193,28 @@ class IceLiteAgent:
         consent_timeout: float = 30.0,
         *,
         max_401_per_second: int = 10,
+        unverified_checks_per_second: float = 20.0,
+        trusted_sources: int = 4,
     ) -> None:
         _check_credentials(local_ufrag, local_pwd)
         if consent_timeout <= 0:
             raise LocalProtocolError("consent_timeout must be positive")
+        if unverified_checks_per_second <= 0 or trusted_sources < 0:
+            raise LocalProtocolError(
+                "unverified_checks_per_second must be positive, trusted_sources >= 0"
+            )
+        self.trusted_sources = trusted_sources
+        rate = unverified_checks_per_second
+        burst = max(1.0, rate)
+        # Checks from sources that are not trusted (module docstring): one bucket for the
+        # IPs of verified addresses (port rebinding), one for everybody else.
+        self._kin_bucket = _TokenBucket(rate, burst)
+        self._bucket = _TokenBucket(rate, burst)
+        # Addresses that passed MESSAGE-INTEGRITY, oldest first (an ordered set), their IPs,
+        # and the first sources seen before any nomination.
+        self._verified: dict[Addr, None] = {}
+        self._verified_ips: frozenset[str] = frozenset()
+        self._early: set[Addr] = set()
         self.consent_timeout = consent_timeout
         self.max_401_per_second = max_401_per_second
         self._set_credentials(local_ufrag, local_pwd, remote_ufrag, remote_pwd)
@@ -167,6 +240,7 @@ class IceLiteAgent:
         self.role_conflicts = 0
         self.unknown_attributes = 0
         self.dropped_closed = 0
+        self.rate_limited = 0
 
     # -- credentials --
 
@@ -217,6 +291,9 @@ class IceLiteAgent:
         if self.state is IceState.CLOSED:
             self.dropped_closed += 1
             return
+        if addr != self.selected and addr not in self._verified and not self._admit(now, addr):
+            self.rate_limited += 1
+            return
         try:
             msg = Message.parse_untrusted(data)
         except StunError:
@@ -255,6 +332,7 @@ class IceLiteAgent:
                 self._transmits.append((binding_error(tid, 401), addr))
             return
         # From here on the request is authenticated: answers are signed.
+        self._trust(addr)
         if msg.unknown_required:
             self.unknown_attributes += 1
             self._transmits.append(
@@ -333,6 +411,31 @@ class IceLiteAgent:
             self._fire(_Input.EXPIRE)
             self._consent_at = None
             self._events.append(ConsentExpired())
+
+    def _admit(self, now: float, addr: Addr) -> bool:
+        """May a datagram from an address that is neither selected nor verified be parsed?"""
+        if self.selected is None:
+            early = self._early
+            if addr in early:
+                return True
+            if len(early) < self.trusted_sources:
+                early.add(addr)
+                return True
+        bucket = self._kin_bucket if addr[0] in self._verified_ips else self._bucket
+        return bucket.take(now)
+
+    def _trust(self, addr: Addr) -> None:
+        verified = self._verified
+        if addr in verified:
+            return
+        if len(verified) >= _VERIFIED_CAP:
+            # Forget the oldest verified address that is not carrying media.
+            for old in verified:
+                if old != self.selected:
+                    del verified[old]
+                    break
+        verified[addr] = None
+        self._verified_ips = frozenset(a[0] for a in verified)
 
     def _allow_401(self, now: float) -> bool:
         # A fixed one-second window is enough: it bounds what a sender that guessed or

@@ -359,3 +359,112 @@ def test_mutated_checks_never_raise(pos: int, value: int, nominate: bool) -> Non
     for resp, dest in out:
         assert dest == CLIENT
         assert len(resp) <= len(raw) + 32  # never a meaningful amplifier
+
+
+# -- cost limit before parsing (password-guessing storms) --------------------------------
+
+def _storm(a: IceLiteAgent, t0: float, t1: float, per_second: int, ip: str = "203.0.113.9") -> None:
+    """Wrong-password checks from many spoofed ports of ``ip``, evenly spread in [t0, t1)."""
+    n = int((t1 - t0) * per_second)
+    for i in range(n):
+        a.handle_datagram(t0 + i / per_second, check(password="guess")[1], (ip, 1024 + i % 5000))
+
+
+def test_guessing_storm_is_dropped_before_parsing_within_budget() -> None:
+    a = agent()
+    a.handle_datagram(0.0, check(use_candidate=True)[1], CLIENT)
+    drain(a)
+    _storm(a, 1.0, 3.0, 5000)  # 10,000 guesses in 2 s
+    out, events = drain(a)
+    # Only the budget (20 per second, a burst of 20 first) reaches parsing and the HMAC.
+    assert a.auth_failures <= 20 + 2 * 20 + 1
+    assert a.rate_limited == 10_000 - a.auth_failures
+    assert len(events) == a.auth_failures  # no AuthFailure per dropped guess
+    assert len(out) <= 10 * 2 + 10  # and the 401 limit still applies on top
+    # The selected address is never limited: consent and media carry on.
+    a.handle_datagram(3.0, check()[1], CLIENT)
+    assert a.checks_ok == 2 and a.state is IceState.NOMINATED and a.poll_timeout() == 33.0
+
+
+def test_port_rebinding_nominates_during_a_storm_from_other_ips() -> None:
+    """NAT rebinding: same IP, new port. Its checks use the bucket of verified IPs, which a
+    storm from other IPs cannot drain, so it nominates on its very first check."""
+    a = agent()
+    a.handle_datagram(0.0, check(use_candidate=True)[1], CLIENT)
+    drain(a)
+    _storm(a, 1.0, 2.0, 10_000)
+    a.handle_datagram(2.0, check(use_candidate=True)[1], REBOUND)
+    _, events = drain(a)
+    assert Nominated(REBOUND) in events and a.selected == REBOUND
+    # Once verified, the new address is trusted: the storm goes on, it is never limited.
+    _storm(a, 2.0, 3.0, 10_000)
+    before = a.checks_ok
+    for i in range(50):
+        a.handle_datagram(3.0 + i * 0.01, check()[1], REBOUND)
+    assert a.checks_ok == before + 50
+
+
+def test_new_ip_nominates_at_once_without_a_storm() -> None:
+    a = agent()
+    a.handle_datagram(0.0, check(use_candidate=True)[1], CLIENT)
+    drain(a)
+    moved = ("192.0.2.44", 6000)  # e.g. Wi-Fi to LTE: a new IP
+    a.handle_datagram(5.0, check(use_candidate=True)[1], moved)
+    assert a.selected == moved and a.rate_limited == 0
+
+
+def test_new_ip_during_a_storm_competes_for_the_shared_budget() -> None:
+    """The documented trade-off: a new IP during a storm on its own session gets the shared
+    budget's share; once the storm stops, the bucket refills within a second."""
+    a = agent()
+    a.handle_datagram(0.0, check(use_candidate=True)[1], CLIENT)
+    drain(a)
+    moved = ("192.0.2.44", 6000)
+    _storm(a, 1.0, 2.0, 10_000)
+    a.handle_datagram(2.0, check(use_candidate=True)[1], moved)
+    assert a.selected == CLIENT  # dropped: the storm spent the shared budget
+    a.handle_datagram(3.0, check(use_candidate=True)[1], moved)  # 1 s after the storm
+    assert a.selected == moved
+
+
+def test_first_sources_before_nomination_are_never_limited() -> None:
+    a = IceLiteAgent(LUFRAG, LPWD, RUFRAG, RPWD, unverified_checks_per_second=1,
+                     trusted_sources=2)
+    first, second = ("198.51.100.1", 1), ("198.51.100.2", 2)
+    for i in range(30):
+        a.handle_datagram(i * 0.001, check(password="bad")[1], first)
+        a.handle_datagram(i * 0.001, check()[1], second)
+    assert a.rate_limited == 0 and a.checks_ok == 30 and a.auth_failures == 30
+    third = ("198.51.100.3", 3)
+    for i in range(30):
+        a.handle_datagram(0.1 + i * 0.001, check(password="bad")[1], third)
+    assert a.rate_limited == 29  # one token (burst 1), then over budget
+    # After nomination the unverified early source loses its exemption.
+    a.handle_datagram(1.0, check(use_candidate=True)[1], second)
+    for _ in range(5):
+        a.handle_datagram(2.0, check(password="bad")[1], first)
+    assert a.rate_limited == 29 + 4  # the refilled token, then over budget
+
+
+def test_verified_addresses_survive_restart_and_are_capped() -> None:
+    a = IceLiteAgent(LUFRAG, LPWD, RUFRAG, RPWD, unverified_checks_per_second=1,
+                     trusted_sources=0)
+    a.handle_datagram(0.0, check(use_candidate=True)[1], CLIENT)
+    a.restart("srv2", "new-password-0123456789", "cli2")
+    # Old credentials are dropped, but the address is still trusted (parsed, not limited).
+    for _ in range(5):
+        a.handle_datagram(1.0, check()[1], CLIENT)
+    assert a.unknown_ufrag == 5 and a.rate_limited == 0
+    # A flood of verified addresses cannot push the selected one out of the trusted set.
+    for i in range(40):
+        addr = (f"198.51.100.{i + 10}", 9)
+        a.handle_datagram(2.0 + i, check(username="srv2:cli2",
+                                         password="new-password-0123456789")[1], addr)
+    assert len(a._verified) <= 8 and CLIENT in a._verified
+
+
+def test_cost_limit_arguments_checked() -> None:
+    with pytest.raises(LocalProtocolError):
+        IceLiteAgent(LUFRAG, LPWD, unverified_checks_per_second=0)
+    with pytest.raises(LocalProtocolError):
+        IceLiteAgent(LUFRAG, LPWD, trusted_sources=-1)

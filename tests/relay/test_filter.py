@@ -1,0 +1,56 @@
+"""The public socket's early drops: the kernel filter (Linux) and the loop's own checks."""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import pytest
+import trio
+from relay.conftest import StartRelay
+from relay.support import RTP, check, eventually, open_client, open_transceiver, ufrag
+
+from appliance.relay.server import MAX_DATAGRAM, attach_public_filter
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_ATTACH_FILTER")
+
+ACCEPTED = [b"", b"\x00\x01", b"\x03", b"\x14\xfe", b"\x3f", b"\x80\x60", b"\xbf",
+            b"\x80" + bytes(MAX_DATAGRAM - 1)]
+DROPPED = [b"\x04", b"\x13", b"\x40", b"\x7f", b"\xc0", b"\xff",
+           b"\x80" + bytes(MAX_DATAGRAM), b"\x00" * 60_000]
+
+
+@linux
+@pytest.mark.parametrize("family", [socket.AF_INET, socket.AF_INET6])
+def test_kernel_filter_keeps_only_our_protocols_up_to_the_size_limit(family: int) -> None:
+    host = "::1" if family == socket.AF_INET6 else "127.0.0.1"
+    with socket.socket(family, socket.SOCK_DGRAM) as rx, \
+            socket.socket(family, socket.SOCK_DGRAM) as tx:
+        assert attach_public_filter(rx)
+        rx.bind((host, 0))
+        rx.settimeout(0.5)
+        for data in DROPPED + ACCEPTED:  # in order: each accepted datagram is a barrier
+            tx.sendto(data, rx.getsockname())
+        got = [rx.recv(65536) for _ in ACCEPTED]
+        assert got == ACCEPTED  # nothing from DROPPED came in between
+
+
+@pytest.mark.usefixtures("close_sockets")
+async def test_loop_drops_junk_from_unknown_flows_and_reports_buffers(
+    nursery: trio.Nursery, start_relay: StartRelay
+) -> None:
+    t = await open_transceiver(nursery)
+    relay = await start_relay(transceivers={0: t.address})
+    stats = relay.stats()
+    for granted in stats["sockets"].values():
+        assert granted["rcvbuf"] > 0 and granted["sndbuf"] > 0
+    c = await open_client(relay.public[0])
+    for _ in range(5):
+        await c.send(RTP)  # passes the filter (RTP first byte), no flow: dropped in the loop
+    marker = check(ufrag())
+    await c.send(marker)
+    await eventually(lambda: marker in t.payloads())
+    assert relay.stats()["counters"]["drops"] == {"no-flow": 5}
+    assert relay.core.counters.flows_created == 1
+    await c.send(RTP)  # now the flow exists: forwarded
+    await eventually(lambda: RTP in t.payloads())
