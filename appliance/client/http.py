@@ -65,26 +65,9 @@ async def request(
                 raw += chunk
                 if len(raw) > MAX_RESPONSE:
                     raise HttpError("response too large")
-                if _complete(raw):
-                    break  # a server may keep the connection open despite "close"
     except (OSError, trio.BrokenResourceError) as exc:
         raise HttpError(f"{method} {url} failed: {exc!r}") from exc
     return _parse(bytes(raw))
-
-
-def _complete(raw: bytearray) -> bool:
-    """True once the head and a Content-Length body have fully arrived."""
-    head, sep, rest = bytes(raw).partition(b"\r\n\r\n")
-    if not sep:
-        return False
-    for line in head.split(b"\r\n")[1:]:
-        k, _, v = line.partition(b":")
-        if k.strip().lower() == b"content-length":
-            try:
-                return len(rest) >= int(v.strip())
-            except ValueError:
-                return False
-    return False
 
 
 def _complete(raw: bytearray) -> bool:
