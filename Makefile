@@ -41,7 +41,7 @@ up: install
 	$(BIN)/appliance up
 
 lint: install-test
-	$(BIN)/ruff check appliance tests bench examples
+	$(BIN)/ruff check appliance tests bench examples fuzz
 
 typecheck: install-test
 	$(BIN)/mypy
@@ -50,6 +50,16 @@ unit: install-test sysdeps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test: lint typecheck unit
+
+# Coverage-guided fuzzing (atheris) of every network parser, FUZZ_SECONDS per target.
+FUZZ_SECONDS ?= 60
+
+$(VENV)/.installed-fuzz: $(VENV)/.installed-test
+	$(BIN)/pip install -q atheris || echo "atheris did not install: fuzz/run.py uses --engine random"
+	touch $@
+
+fuzz: $(VENV)/.installed-fuzz
+	$(BIN)/python fuzz/run.py --seconds $(FUZZ_SECONDS)
 
 bench: install-test
 	$(BIN)/python bench/run_all.py

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from appliance.proto.dtls._wire import (
@@ -1006,7 +1007,12 @@ class DtlsConnection:
         try:
             cert = x509.load_der_x509_certificate(leaf)
             key = cert.public_key()
-        except ValueError:
+        except UnsupportedAlgorithm:
+            # A well-formed certificate whose key is on a curve (or of a type) the backend
+            # cannot load, e.g. prime239v3: refuse it with an alert, never let it escape.
+            return AlertDescription.unsupported_certificate
+        except (ValueError, x509.InvalidVersion):
+            # InvalidVersion (an X.509 version other than v1/v3) is not a ValueError.
             return AlertDescription.bad_certificate
         if not isinstance(key, ec.EllipticCurvePublicKey):
             return AlertDescription.unsupported_certificate

@@ -1,0 +1,287 @@
+"""Write the seed corpus: ``fuzz/corpus/<target>/<name>``, small real messages.
+
+Seeds come from the RFC test vectors, the captured ClientHellos in ``tests/vectors/`` (real
+Chromium and OpenSSL bytes), the browser offers in ``tests/proto/sdp/data/`` and messages our
+own encoders produce. Re-run after changing a codec: ``.venv/bin/python fuzz/make_corpus.py``
+(deterministic except for the DTLS flights, which carry fresh randoms and keys).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from targets import (  # noqa: E402
+    CODEC,
+    NOW,
+    PWD,
+    TARGETS,
+    _certificate,
+    join_datagrams,
+)
+
+from appliance.proto.dtls import DtlsConnection, Role  # noqa: E402
+from appliance.proto.dtls.messages import _PARSERS  # noqa: E402
+from appliance.proto.dtls.record import HandshakeFragment, Record  # noqa: E402
+from appliance.proto.proxy import TLV_RELAY_ID, encode_header, encode_tlv  # noqa: E402
+from appliance.proto.rtp import (  # noqa: E402
+    ReportBlock,
+    RtcpBye,
+    RtcpNack,
+    RtcpPli,
+    RtcpReceiverReport,
+    RtcpSdes,
+    RtcpSenderReport,
+    RtpPacket,
+    SdesChunk,
+    serialize_rtcp,
+)
+from appliance.proto.stun import (  # noqa: E402
+    binding_error,
+    binding_request,
+    binding_success,
+    reflexive_response,
+)
+from appliance.proto.ufrag import UfragCodec  # noqa: E402
+
+VECTORS = REPO / "tests" / "vectors"
+SDP_DATA = REPO / "tests" / "proto" / "sdp" / "data"
+TID = bytes.fromhex("b7e7a701bc34d686fa87dfae")
+
+# RFC 5769 §2.1-2.4 (the same bytes as tests/proto/stun/test_rfc5769.py).
+RFC5769 = {
+    "rfc5769-request": "000100582112a442b7e7a701bc34d686fa87dfae802200105354554e207465737420"
+    "636c69656e74002400046e0001ff80290008932ff9b151263b36000600096576746a3a68367659202020"
+    "000800149aeaa70cbfd8cb56781ef2b5b2d3f249c1b571a280280004e57a3bcf",
+    "rfc5769-response-v4": "0101003c2112a442b7e7a701bc34d686fa87dfae8022000b7465737420766563"
+    "746f7220002000080001a147e112a643000800142b91f599fd9e90c38c7489f92af9ba53f06be7d7"
+    "80280004c07d4c96",
+    "rfc5769-response-v6": "010100482112a442b7e7a701bc34d686fa87dfae8022000b7465737420766563"
+    "746f7220002000140002a1470113a9faa5d3f179bc25f4b5bed2b9d900080014a382954e4be67bf11784"
+    "c97c8292c275bfe3ed4180280004c8fb0b4c",
+    "rfc5769-long-term": "000100602112a44278ad3433c6ad72c029da412e00060012e3839ee38388e383aae3"
+    "8383e382afe382b900000015001c662f2f3439396b39353464364f4c33346f4c394653547679363473410014"
+    "000b6578616d706c652e6f72670000080014f67024656dd64a3e02b8e0712e85c9a28ca89666",
+}
+
+# tests/proto/rtp/test_rtp_packet.py: an Opus packet from Chromium with RFC 8285 extensions.
+CHROME_OPUS = bytes.fromhex(
+    "906f1a2b000bb800b5917c17bede000310aa22123456310005403000fcfffe"
+)
+
+
+def _ufrag() -> str:
+    return CODEC.mint(cluster=0, transceiver=0, nonce=b"\0" * 7)
+
+
+def stun_seeds() -> dict[str, bytes]:
+    uf = _ufrag()
+    out = {k: bytes.fromhex(v) for k, v in RFC5769.items()}
+    out["plain-binding"] = binding_request(TID, fingerprint=False)
+    out["ice-check"] = binding_request(
+        TID, username=f"{uf}:cli1", password=PWD, priority=1853824767, controlling=42,
+        use_candidate=True,
+    )
+    out["success"] = binding_success(TID, ("192.0.2.1", 5000), integrity_key=PWD.encode())
+    out["error-401"] = binding_error(TID, 401)
+    out["error-420"] = binding_error(TID, 420, integrity_key=b"k", unknown_attributes=(0x7777,))
+    out["reflexive-v6"] = reflexive_response(out["plain-binding"], ("2001:db8::1", 3478))
+    return out
+
+
+def ufrag_seeds() -> dict[str, bytes]:
+    other = UfragCodec(b"another-secret-another-secret!!")
+    good = _ufrag()
+    return {
+        "valid": good.encode(),
+        "valid-cluster7": CODEC.mint(cluster=7, transceiver=3, nonce=b"1234567").encode(),
+        "other-secret": other.mint(cluster=0, transceiver=0).encode(),
+        "username": f"{good}:cli1".encode(),
+        "short": b"abcd",
+    }
+
+
+def proxy_seeds() -> dict[str, bytes]:
+    tlv = encode_tlv(TLV_RELAY_ID, b"relay-0")
+    return {
+        "v4": encode_header(("198.51.100.7", 50000), ("203.0.113.1", 3478)) + b"\x00\x01",
+        "v4-tlv": encode_header(("198.51.100.7", 50000), ("203.0.113.1", 3478), tlv) + b"x",
+        "v6-tlv": encode_header(("2001:db8::7", 1), ("2001:db8::1", 3478), tlv) + CHROME_OPUS,
+    }
+
+
+def rtp_seeds() -> dict[str, bytes]:
+    block = ReportBlock(1, 2, 3, 4, 5, 6, 7)
+    return {
+        "chrome-opus": CHROME_OPUS,
+        "csrc-ext-pad": bytes(
+            RtpPacket(111, 1, 2, 3, b"opus", True, (4, 5), 0xBEDE, b"\x10\xaa\x00\x00", 2)
+        ),
+        "two-byte-ext": bytes(RtpPacket(111, 9, 9, 9, b"x", False, (), 0x1000, b"\x01\x01\xaa\x00")),
+        "pcmu": bytes(RtpPacket(0, 65535, 0, 1, bytes(160))),
+        "rtcp-compound": serialize_rtcp(
+            [
+                RtcpSenderReport(1, 2, 3, 4, 5, 6, (block,)),
+                RtcpSdes((SdesChunk(1, ((1, b"cname"), (6, b"tool"))),)),
+            ]
+        ),
+        "rtcp-rr-bye": serialize_rtcp([RtcpReceiverReport(1, (block,)), RtcpBye((1, 2), b"bye")]),
+        "rtcp-fb": serialize_rtcp([RtcpNack(1, 2, ((10, 3),)), RtcpPli(1, 2)]),
+    }
+
+
+def sdp_seeds() -> dict[str, bytes]:
+    out = {
+        p.stem: p.read_text().replace("\n", "\r\n").encode() for p in sorted(SDP_DATA.glob("*.sdp"))
+    }
+    out["sdpfrag"] = (
+        b"a=ice-ufrag:EsAw\r\na=ice-pwd:bP+XJMM09aR8AiX1jdukzR6Y\r\n"
+        b"m=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=mid:0\r\n"
+        b"a=candidate:1 1 udp 2122260223 192.0.2.1 61764 typ host generation 0\r\n"
+        b"a=end-of-candidates\r\n"
+    )
+    out["candidate"] = b"candidate:1 1 udp 2122260223 192.0.2.1 61764 typ srflx raddr 10.0.0.1 rport 9"
+    return out
+
+
+def _client_flight1() -> bytes:
+    client = DtlsConnection(Role.CLIENT, _certificate("client"), remote_fingerprints=None)
+    client.start(NOW)
+    d = client.poll_transmit()
+    assert d is not None
+    return d
+
+
+def _record(body: bytes, msg_type: int = 1) -> bytes:
+    return bytes(Record(22, 0xFEFD, 0, 0, bytes(HandshakeFragment(msg_type, len(body), 0, 0, body))))
+
+
+def dtls_parser_seeds() -> dict[str, bytes]:
+    ch_index = sorted(_PARSERS).index(1)
+    out = {}
+    for name in ("chromium156-dtls", "openssl-dtls12"):
+        body = (VECTORS / f"{name}-clienthello.bin").read_bytes()
+        out[f"{name}-clienthello"] = bytes([ch_index]) + body
+        out[f"{name}-record"] = _record(body)
+    out["own-client-flight1"] = _client_flight1()
+    return out
+
+
+def _hvr_exchange() -> list[bytes]:
+    """ClientHello, then the ClientHello that echoes the server's cookie (cookie secret b"c"*32,
+    as the dtls_server target uses), so the cookie path is in the corpus."""
+    client = DtlsConnection(Role.CLIENT, _certificate("client"), remote_fingerprints=None)
+    server = DtlsConnection(
+        Role.SERVER, _certificate("server"), remote_fingerprints=None, cookie_secret=b"c" * 32
+    )
+    client.start(NOW)
+    first = client.poll_transmit()
+    assert first is not None
+    server.handle_datagram(NOW, first)
+    hvr = server.poll_transmit()
+    assert hvr is not None
+    client.handle_datagram(NOW, hvr)
+    second = client.poll_transmit()
+    assert second is not None
+    return [first, second]
+
+
+def dtls_server_seeds() -> dict[str, bytes]:
+    chromium = _record((VECTORS / "chromium156-dtls-clienthello.bin").read_bytes())
+    openssl = _record((VECTORS / "openssl-dtls12-clienthello.bin").read_bytes())
+    return {
+        "chromium": b"\0" + join_datagrams([chromium]),
+        "openssl-cookie": b"\1" + join_datagrams([openssl]),
+        "own-client": b"\0" + join_datagrams([_client_flight1()]),
+        "own-client-cookie": b"\1" + join_datagrams(_hvr_exchange()),
+    }
+
+
+def dtls_client_seeds() -> dict[str, bytes]:
+    client = DtlsConnection(Role.CLIENT, _certificate("client"), remote_fingerprints=None)
+    server = DtlsConnection(Role.SERVER, _certificate("server"), remote_fingerprints=None)
+    client.start(NOW)
+    first = client.poll_transmit()
+    assert first is not None
+    server.handle_datagram(NOW, first)
+    flight2 = []
+    while (d := server.poll_transmit()) is not None:
+        flight2.append(d)
+    return {"server-flight2": join_datagrams(flight2)}
+
+
+def dtls_handshake_seeds() -> dict[str, bytes]:
+    return {
+        "clean": b"",
+        "flip-client-finished": bytes([1, 0, 200, 0x01]),
+        "flip-server-cert": bytes([0x80, 0, 120, 0x22]),
+        "truncate-flight3": bytes([1, 0, 60, 0x40]),
+    }
+
+
+def ice_seeds() -> dict[str, bytes]:
+    uf = _ufrag()
+    good = binding_request(TID, username=f"{uf}:cli1", password=PWD, priority=1, controlling=7)
+    nominate = binding_request(
+        TID, username=f"{uf}:cli1", password=PWD, priority=1, controlling=7, use_candidate=True
+    )
+    conflict = binding_request(TID, username=f"{uf}:cli1", password=PWD, controlled=7)
+    wrong = binding_request(TID, username=f"{uf}:cli1", password="x" * 22, priority=1)
+    return {
+        "check-nominate": join_datagrams([good, nominate]),
+        "role-conflict": join_datagrams([conflict]),
+        "bad-password-storm": join_datagrams([wrong] * 12),
+        "rfc5769": join_datagrams([bytes.fromhex(RFC5769["rfc5769-request"])]),
+    }
+
+
+def relay_seeds() -> dict[str, bytes]:
+    plain = binding_request(TID, fingerprint=False)
+    # Selector bytes (see targets.relay): 0x80 wraps in a Binding request with a valid ufrag,
+    # bits 2-4 pick its transceiver (7 = the next-hop cluster), bits 0-1 the client.
+    body = b"cli1" + bytes(60) + TID
+    return {
+        "reflexive": join_datagrams([b"\x00" + plain, b"\x02" + plain]),
+        "new-flow-then-media": join_datagrams(
+            [bytes([0x80]) + body, b"\x02" + CHROME_OPUS, b"\x02" + bytes([23, 0xFE, 0xFD])]
+        ),
+        "reroute-and-evict": join_datagrams(
+            [bytes([0x80]) + body, bytes([0x84]) + body, bytes([0x81]) + body,
+             bytes([0x9E]) + body, bytes([0xC2]) + body]
+        ),
+        "junk": join_datagrams([b"\x01" + bytes(30), b"\x00\x00\x01\x00\x00"]),
+    }
+
+
+SEEDS = {
+    "stun": stun_seeds,
+    "ufrag": ufrag_seeds,
+    "proxy": proxy_seeds,
+    "rtp": rtp_seeds,
+    "sdp": sdp_seeds,
+    "dtls_parsers": dtls_parser_seeds,
+    "dtls_server": dtls_server_seeds,
+    "dtls_client": dtls_client_seeds,
+    "dtls_handshake": dtls_handshake_seeds,
+    "ice": ice_seeds,
+    "relay": relay_seeds,
+}
+
+
+def main() -> None:
+    assert set(SEEDS) == set(TARGETS), "every target needs seeds"
+    for target, make in SEEDS.items():
+        directory = HERE / "corpus" / target
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, data in make().items():
+            TARGETS[target](data)  # every seed must pass its own target
+            (directory / name).write_bytes(data)
+        print(f"{target}: {len(list(directory.iterdir()))} seeds")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,462 @@
+"""Fuzz targets: one ``target(data: bytes) -> None`` per untrusted-input boundary.
+
+Each target feeds ``data`` to the code that faces the network (or the HTTP body) and lets
+**only that module's error** pass (STYLE.md rule 5: every ``*_untrusted`` parser raises only
+its module's error, never ``IndexError`` or ``struct.error``). Anything else escaping — or a
+failed ``assert`` on an invariant — is a finding. State machines that promise never to raise
+for peer bytes (``DtlsConnection.handle_datagram``, ``IceLiteAgent.handle_datagram``,
+``RelayCore.handle_datagram``) get no exception at all.
+
+The same functions are driven three ways:
+
+* ``fuzz/run.py`` under atheris (libFuzzer, coverage-guided) for a fixed budget: ``make fuzz``;
+* ``fuzz/run.py --engine random`` (corpus-seeded random mutation, no extra dependency);
+* ``tests/fuzz/test_deep.py`` under hypothesis, inside ``make test``.
+
+Seeds live in ``fuzz/corpus/<target>/`` (written by ``fuzz/make_corpus.py``). Targets whose
+input is several datagrams use :func:`split_datagrams` framing: a 2-byte big-endian length
+before each datagram (a short tail is the last datagram).
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from collections.abc import Callable
+
+from appliance.proto.dtls import (
+    Certificate,
+    DtlsConnection,
+    DtlsError,
+    Role,
+)
+from appliance.proto.dtls.messages import (
+    _PARSERS,
+    parse_ec_point_formats_untrusted,
+    parse_handshake_body_untrusted,
+    parse_renegotiation_info_untrusted,
+    parse_signature_algorithms_untrusted,
+    parse_supported_groups_untrusted,
+    parse_use_srtp_untrusted,
+)
+from appliance.proto.dtls.record import (
+    parse_handshake_fragments_untrusted,
+    parse_records_untrusted,
+)
+from appliance.proto.errors import LocalProtocolError
+from appliance.proto.ice import IceLiteAgent
+from appliance.proto.mux import Kind, classify
+from appliance.proto.proxy import ProxyError, encode_header, parse_untrusted, tlvs_untrusted
+from appliance.proto.rtp import (
+    RtpError,
+    RtpPacket,
+    parse_header_extensions_untrusted,
+    parse_rtcp_untrusted,
+    rtp_header_fields_untrusted,
+    serialize_rtcp,
+)
+from appliance.proto.sdp import (
+    SdpError,
+    build_answer,
+    parse_candidate_untrusted,
+    parse_offer_untrusted,
+    parse_sdpfrag_untrusted,
+)
+from appliance.proto.stun import (
+    MAX_AMPLIFICATION,
+    Message,
+    StunError,
+    binding_request,
+    peek_username_untrusted,
+    reflexive_response,
+    verify_fingerprint,
+    verify_integrity,
+)
+from appliance.proto.ufrag import UfragCodec, UfragError
+from appliance.relay.core import CoreConfig, Flow, RelayCore
+
+Target = Callable[[bytes], None]
+
+NOW = 1_700_000_000.0
+SECRET = b"fuzz-routing-secret-0123456789ab"
+CODEC = UfragCodec(SECRET)
+PWD = "fuzzpasswordfuzzpassword"  # 24 ICE characters: the ICE-lite agent's local password
+
+
+def split_datagrams(data: bytes, limit: int = 16) -> list[bytes]:
+    """``[len16][bytes]...`` framing used by the multi-datagram targets (see module doc)."""
+    out: list[bytes] = []
+    pos = 0
+    while pos < len(data) and len(out) < limit:
+        if pos + 2 > len(data):
+            out.append(data[pos:])
+            break
+        (n,) = struct.unpack_from("!H", data, pos)
+        out.append(data[pos + 2 : pos + 2 + n])
+        pos += 2 + n
+    return out
+
+
+def join_datagrams(datagrams: list[bytes]) -> bytes:
+    """Inverse of :func:`split_datagrams` (for seeds)."""
+    return b"".join(struct.pack("!H", len(d)) + d for d in datagrams)
+
+
+# --- STUN -------------------------------------------------------------------------------
+
+
+def stun(data: bytes) -> None:
+    """``Message.parse_untrusted``, the verifiers, the relay's ``peek_username_untrusted``
+    and ``reflexive_response`` (with its amplification bound)."""
+    try:
+        msg = Message.parse_untrusted(data)
+    except StunError:
+        msg = None
+    if msg is not None:
+        # Everything the ICE agent reads from a parsed message must be safe to read.
+        _ = (msg.username, msg.priority, msg.use_candidate, msg.ice_controlled)
+        _ = (msg.ice_controlling, msg.xor_mapped_address, msg.error_code)
+    verify_fingerprint(data)
+    verify_integrity(data, b"key")
+    try:
+        username = peek_username_untrusted(data)
+    except StunError:
+        return
+    assert username is None or isinstance(username, bytes)
+    if username is None:
+        for addr in (("192.0.2.1", 1), ("2001:db8::1", 65535)):
+            resp = reflexive_response(data, addr)
+            assert len(resp) <= len(data) + MAX_AMPLIFICATION, "relay amplifies"
+            assert Message.parse_untrusted(resp).xor_mapped_address == addr
+
+
+# --- ufrag ------------------------------------------------------------------------------
+
+
+def ufrag(data: bytes) -> None:
+    """``UfragCodec.decode_untrusted`` on bytes and on the text a USERNAME would give."""
+    for value in (data, data.decode("utf-8", "replace"), data.decode("latin-1")):
+        try:
+            hint = CODEC.decode_untrusted(value)
+        except UfragError as exc:
+            reason = exc.hint  # the relay turns it into a counter name: a closed set
+            assert reason in ("malformed", "version", "bad-mac"), reason
+        else:
+            # Only a ufrag we minted verifies: re-minting it must give the same text.
+            text = value if isinstance(value, str) else value.decode("ascii")
+            again = CODEC.mint(cluster=hint.cluster, transceiver=hint.transceiver, nonce=hint.nonce)
+            assert again == text, "a forged ufrag verified"
+
+
+# --- PROXY v2 ---------------------------------------------------------------------------
+
+
+def proxy(data: bytes) -> None:
+    """``proxy.parse_untrusted`` and ``tlvs_untrusted``; a header that parses re-encodes."""
+    try:
+        src, dst, offset = parse_untrusted(data)
+    except ProxyError:
+        return
+    assert 16 <= offset <= len(data)
+    try:
+        tlvs_untrusted(data)
+    except ProxyError:
+        pass
+    # What the relay forwards is re-framed from the parsed addresses: it must be the same
+    # header, bit for bit (TLVs are carried opaquely).
+    tlvs = bytes(data[16 + (12 if data[13] == 0x12 else 36) : offset])
+    assert encode_header(src, dst, tlvs) == bytes(data[:offset])
+
+
+# --- RTP / RTCP -------------------------------------------------------------------------
+
+
+def rtp(data: bytes) -> None:
+    """RTP (hot-path header read, full parse, RFC 8285 extensions) and compound RTCP."""
+    kind = classify(data)
+    assert isinstance(kind, Kind)
+    try:
+        fields = rtp_header_fields_untrusted(data)
+    except RtpError:
+        fields = None
+    try:
+        pkt = RtpPacket.parse_untrusted(data)
+    except RtpError:
+        assert fields is None, "hot path accepted what the full parser refused"
+    else:
+        assert fields is not None and fields[:4] == (
+            pkt.payload_type,
+            pkt.sequence,
+            pkt.timestamp,
+            pkt.ssrc,
+        )
+        assert bytes(data[fields[5] : fields[6]]) == pkt.payload
+        if pkt.extension_profile is not None:
+            try:
+                parse_header_extensions_untrusted(pkt.extension_profile, pkt.extension_data)
+            except RtpError:
+                pass
+    for profile in (0xBEDE, 0x1000):
+        try:
+            parse_header_extensions_untrusted(profile, data)
+        except RtpError:
+            pass
+    try:
+        packets = parse_rtcp_untrusted(data)
+    except RtpError:
+        return
+    # What parsed must serialise again (the transceiver re-emits nothing it parsed, but a
+    # serialiser crash on parsed values would be a latent bug).
+    serialize_rtcp(packets)
+
+
+# --- SDP --------------------------------------------------------------------------------
+
+
+def sdp(data: bytes) -> None:
+    """``parse_offer_untrusted`` + ``build_answer`` (our answer must re-parse), the trickle
+    fragment parser and the candidate parser."""
+    try:
+        offer = parse_offer_untrusted(data)
+    except SdpError:
+        offer = None
+    if offer is not None:
+        try:
+            answer = build_answer(
+                offer,
+                ice_ufrag="abcd",
+                ice_pwd="p" * 22,
+                fingerprint="sha-256 " + ":".join(["AB"] * 32),
+                candidates=[("203.0.113.7", 3478), ("2001:db8::7", 3478)],
+                ssrc=1,
+                cname="c",
+                session_id=1,
+            )
+        except SdpError:
+            pass
+        else:
+            parse_offer_untrusted(answer.text)  # our own answers always parse
+    try:
+        parse_sdpfrag_untrusted(data)
+    except SdpError:
+        pass
+    line = data[:512].decode("utf-8", "replace")
+    try:
+        parse_candidate_untrusted(line.removeprefix("a=").removeprefix("candidate:"))
+    except SdpError:
+        pass
+
+
+# --- DTLS -------------------------------------------------------------------------------
+
+
+@functools.cache
+def _certificate(name: str) -> Certificate:
+    del name  # one certificate per role, made once per process (they are slow to make)
+    return Certificate.generate(NOW)
+
+
+def dtls_parsers(data: bytes) -> None:
+    """Record and handshake-fragment codecs, every handshake body parser, the extension
+    parsers. The first byte picks the handshake message type."""
+    for fn in (parse_records_untrusted, parse_handshake_fragments_untrusted):
+        try:
+            fn(data)
+        except DtlsError:
+            pass
+    if not data:
+        return
+    types = sorted(_PARSERS)
+    msg_type, body = types[data[0] % len(types)], data[1:]
+    try:
+        parse_handshake_body_untrusted(msg_type, body)
+    except DtlsError:
+        pass
+    for ext in (
+        parse_supported_groups_untrusted,
+        parse_signature_algorithms_untrusted,
+        parse_ec_point_formats_untrusted,
+        parse_use_srtp_untrusted,
+        parse_renegotiation_info_untrusted,
+    ):
+        try:
+            ext(body)
+        except DtlsError:
+            pass
+
+
+def _drive(conn: DtlsConnection, datagrams: list[bytes]) -> None:
+    now = NOW
+    for d in datagrams:
+        conn.handle_datagram(now, d)  # never raises for peer bytes
+        while conn.poll_transmit() is not None:
+            pass
+        while conn.poll_event() is not None:
+            pass
+        now += 0.5
+        conn.handle_timeout(now)
+
+
+def dtls_server(data: bytes) -> None:
+    """A fresh server (``DtlsConnection(Role.SERVER, cert, remote_fingerprints=None)``, as
+    before the offer's fingerprint is known) fed ``split_datagrams(data[1:])``. Bit 0 of the
+    first byte switches HelloVerifyRequest cookies on."""
+    if not data:
+        return
+    server = DtlsConnection(
+        Role.SERVER,
+        _certificate("server"),
+        remote_fingerprints=None,
+        cookie_secret=b"c" * 32 if data[0] & 1 else None,
+    )
+    _drive(server, split_datagrams(data[1:]))
+
+
+def dtls_client(data: bytes) -> None:
+    """A started client (``appliance.client`` is one) fed hostile server flights."""
+    client = DtlsConnection(Role.CLIENT, _certificate("client"), remote_fingerprints=None)
+    client.start(NOW)
+    while client.poll_transmit() is not None:
+        pass
+    _drive(client, split_datagrams(data))
+
+
+# --- ICE-lite ---------------------------------------------------------------------------
+
+
+def ice(data: bytes) -> None:
+    """The transceiver's ICE-lite agent. Each datagram goes in raw; if it parses as STUN it
+    also goes in re-signed with the agent's password (so the authenticated paths — 420,
+    487, nomination — see hostile attributes too). Invariant: never raises, and the 401
+    rate limit holds."""
+    agent = IceLiteAgent(CODEC.mint(cluster=0, transceiver=0, nonce=b"\0" * 7), PWD, "cli1")
+    now = NOW
+    errors_401 = 0
+    for d in split_datagrams(data):
+        inputs = [d]
+        try:
+            msg = Message.parse_untrusted(d)
+        except StunError:
+            pass
+        else:
+            try:
+                inputs.append(msg.encode(PWD.encode()))
+            except LocalProtocolError:
+                pass  # e.g. the re-signed message would exceed a datagram
+        for raw in inputs:
+            agent.handle_datagram(now, raw, ("192.0.2.9", 5000))
+        while (out := agent.poll_transmit()) is not None:
+            code = Message.parse_untrusted(out[0]).error_code
+            errors_401 += code is not None and code[0] == 401
+        while agent.poll_event() is not None:
+            pass
+        now += 0.01
+    assert errors_401 <= agent.max_401_per_second * (1 + int(now - NOW) + 1)
+
+
+# --- relay first-packet routing ---------------------------------------------------------
+
+_RELAY_CLIENTS = (("198.51.100.1", 4000), ("198.51.100.1", 4001), ("2001:db8::5", 9))
+_PUBLIC = ("203.0.113.1", 3478)
+_PUBLIC6 = ("2001:db8::1", 3478)
+
+
+def relay(data: bytes) -> None:
+    """``RelayCore.handle_datagram`` (the relay's whole slow path) on a tiny flow table.
+
+    Each datagram's first byte picks the client address and whether the rest is sent raw
+    or wrapped in a Binding request whose USERNAME starts with a *valid* minted ufrag (so
+    the routing, re-routing and eviction paths are reachable). Invariants: never raises,
+    answers only with a bounded reflexive response, flow table and buckets stay capped."""
+    core = RelayCore(
+        CoreConfig(
+            secrets=(SECRET,),
+            transceivers={0: ("127.0.0.1", 4000), 1: ("127.0.0.1", 4001)},
+            next_hops={7: ("127.0.0.1", 5000)},
+            max_flows=2,
+            max_sources=2,
+            new_flow_rate=5.0,
+            new_flow_burst=2.0,
+        )
+    )
+    now = NOW
+    for d in split_datagrams(data, limit=32):
+        if not d:
+            continue
+        sel, body = d[0], d[1:]
+        client = _RELAY_CLIENTS[sel % 3]
+        public = _PUBLIC6 if ":" in client[0] else _PUBLIC
+        if sel & 0x80:
+            target = (sel >> 2) & 7  # transceivers 0/1 known, cluster 7 a next hop
+            uf = CODEC.mint(
+                cluster=7 if target == 7 else 0, transceiver=target, nonce=bytes(7)
+            )
+            name = uf + ":" + body[:64].decode("latin-1")
+            body = binding_request(body[64:76].ljust(12, b"\0"), username=name)
+        result = core.handle_datagram(now, client, body, public)
+        if isinstance(result, bytes):
+            assert len(result) <= len(body) + MAX_AMPLIFICATION, "relay amplifies"
+        else:
+            assert result is None or isinstance(result, Flow)
+        assert len(core.flows) <= core.config.max_flows
+        assert len(core.buckets) <= core.config.max_sources
+        now += (sel & 3) * 0.25
+        if sel & 0x40:
+            core.sweep(now + 31)
+
+
+
+
+def dtls_handshake(data: bytes) -> None:
+    """A real client and server handshake in memory while ``data`` corrupts their flights:
+    reaches the parsers and states behind ServerHello (Certificate, ClientKeyExchange,
+    CertificateVerify, ChangeCipherSpec, encrypted Finished) that random bytes never reach.
+
+    ``data`` is a list of 4-byte edits ``(which, pos_hi, pos_lo, value)``: ``which`` picks
+    the datagram (bit 7: server → client, bits 0-6: its index in that direction), bit 6 of
+    ``value`` selects truncation at ``pos`` instead of xor-ing ``value`` in."""
+    edits: dict[tuple[bool, int], list[tuple[int, int]]] = {}
+    for i in range(0, len(data) - 3, 4):
+        which, hi, lo, value = data[i : i + 4]
+        edits.setdefault((bool(which & 0x80), which & 0x7F), []).append(((hi << 8) | lo, value))
+    client = DtlsConnection(Role.CLIENT, _certificate("client"), remote_fingerprints=None)
+    server = DtlsConnection(Role.SERVER, _certificate("server"), remote_fingerprints=None)
+    sent = {False: 0, True: 0}
+    now = NOW
+    client.start(now)
+    for _ in range(12):  # flights, with a retransmission round when something was lost
+        moved = False
+        for src, dst, from_server in ((client, server, False), (server, client, True)):
+            while (d := src.poll_transmit()) is not None:
+                moved = True
+                buf = bytearray(d)
+                for pos, value in edits.get((from_server, sent[from_server]), ()):
+                    if not buf:
+                        break
+                    if value & 0x40:
+                        del buf[pos % len(buf) :]
+                    else:
+                        buf[pos % len(buf)] ^= value or 1
+                sent[from_server] += 1
+                dst.handle_datagram(now, bytes(buf))
+            while src.poll_event() is not None:
+                pass
+        if not moved:
+            now += 2.0
+            client.handle_timeout(now)
+            server.handle_timeout(now)
+
+
+TARGETS: dict[str, Target] = {
+    "stun": stun,
+    "ufrag": ufrag,
+    "proxy": proxy,
+    "rtp": rtp,
+    "sdp": sdp,
+    "dtls_parsers": dtls_parsers,
+    "dtls_server": dtls_server,
+    "dtls_client": dtls_client,
+    "dtls_handshake": dtls_handshake,
+    "ice": ice,
+    "relay": relay,
+}
