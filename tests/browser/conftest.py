@@ -20,7 +20,10 @@ def tone_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tone_wav(tmp_path_factory.mktemp("audio") / "tone-440.wav")
 
 
-@pytest.fixture(scope="session")
+# Module scope: Playwright's sync API keeps an asyncio loop running on this thread while it
+# is open, which breaks any later test that starts its own (aiortc's asyncio.run, or another
+# sync_playwright). Each browser module opens and closes its own.
+@pytest.fixture(scope="module")
 def playwright_instance() -> Iterator[Playwright]:
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: `make sysdeps` installs Debian's chromium")
@@ -28,7 +31,7 @@ def playwright_instance() -> Iterator[Playwright]:
         yield p
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(playwright_instance: Playwright, tone_wav: Path) -> Iterator[Browser]:
     b = launch(playwright_instance, tone_wav)
     yield b

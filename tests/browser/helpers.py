@@ -12,8 +12,10 @@ import math
 import os
 import shutil
 import struct
+import time
 import wave
 from pathlib import Path
+from typing import Any
 
 from playwright.sync_api import Browser, Page, Playwright
 
@@ -105,3 +107,19 @@ NAMELESS_CONTROLS_JS = """() => {
 def assert_controls_named(page: Page) -> None:
     nameless = page.evaluate(NAMELESS_CONTROLS_JS)
     assert nameless == [], nameless
+
+
+def wait_for_stats(page: Any, condition: str, *, timeout: float = 15.0) -> dict[str, Any]:
+    """Poll ``applianceDemo.stats()`` (a Promise: ``page.wait_for_function`` would take the
+    Promise object itself as truthy and return at once) until ``condition`` — a JS expression
+    over ``s`` — holds, or fail with the last stats seen."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        last, ok = page.evaluate(
+            f"applianceDemo.stats().then(s => [s, !!(s && ({condition}))])")
+        if ok:
+            return dict(last)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"stats never satisfied {condition!r}: {last}")
+        page.wait_for_timeout(100)  # a poll interval, not synchronisation: the loop checks state

@@ -15,6 +15,7 @@ from browser.helpers import (
     assert_no_horizontal_scroll,
     launch,
     screenshot,
+    wait_for_stats,
 )
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, expect
 
@@ -190,11 +191,8 @@ def test_talk_to_echo_peer_then_end_from_dashboard(page: Page, context: BrowserC
         assert 0 < setup_ms < 10_000
         expect(page.locator("#setup-ms")).to_have_text(f"{setup_ms} ms")
         # The tone comes back: inbound audio energy grows, and both meters show signal.
-        page.wait_for_function(
-            "applianceDemo.stats().then(s => s && s.inbound && s.inbound.totalAudioEnergy > 0.01"
-            " && s.inbound.packetsReceived > 10 && s.outbound.packetsSent > 10)",
-            timeout=15_000,
-        )
+        wait_for_stats(page, "s.inbound && s.inbound.totalAudioEnergy > 0.01"
+                             " && s.inbound.packetsReceived > 10 && s.outbound.packetsSent > 10")
         page.wait_for_function("applianceDemo.levels.input > 0.3 && applianceDemo.levels.output > 0.3", timeout=10_000)
         sid = page.evaluate("applianceDemo.sessionId")
         # The server's setup timeline comes from polling GET /v1/sessions/{id}.

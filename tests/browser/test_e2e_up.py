@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser.helpers import REPO, PageErrors, screenshot
+from browser.helpers import REPO, PageErrors, screenshot, wait_for_stats
 from playwright.sync_api import BrowserContext, Page, expect
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -99,12 +99,8 @@ def test_demo_through_appliance_up(appliance_up: str, page: Page, context: Brows
     setup_ms = page.evaluate("applianceDemo.setupMs")
     assert 0 < setup_ms < 10_000, setup_ms
     expect(page.locator("#setup-ms")).to_have_text(f"{setup_ms} ms")
-    page.wait_for_function(
-        "applianceDemo.stats().then(s => s && s.inbound && s.inbound.packetsReceived > 25"
-        " && s.inbound.totalAudioEnergy > 0.01)",
-        timeout=15_000,
-    )
-    stats = page.evaluate("applianceDemo.stats()")
+    stats = wait_for_stats(
+        page, "s.inbound && s.inbound.packetsReceived > 25 && s.inbound.totalAudioEnergy > 0.01")
     assert stats["inbound"]["totalAudioEnergy"] > 0.01, stats
     # The server's own timeline reached first audio (GET /v1/sessions/{id}).
     page.wait_for_function(
