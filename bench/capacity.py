@@ -170,13 +170,14 @@ def start_appliance(mode: str, extra: list[str] | None = None, *,
     http, udp = free_port(), free_port(socket.SOCK_DGRAM)
     state = tempfile.mkdtemp(prefix="capacity-")
     args = [PY, "-m", "appliance", "up", "--http", f"127.0.0.1:{http}",
-            "--udp", f"127.0.0.1:{udp}", "--state-dir", state,
+            "--udp", f"127.0.0.1:{udp}", "--public-address", "127.0.0.1", "--state-dir", state,
             "--transceivers", str(transceivers), *(extra or [])]
     log = open(Path(state) / "appliance.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_http(f"http://127.0.0.1:{http}", 30, proc)
-        yield Server(f"appliance {mode}", f"http://127.0.0.1:{http}", proc, "transceiver")
+        yield Server(f"appliance {mode}", f"http://127.0.0.1:{http}", proc,
+                     "appliance transceiver ")
     finally:
         _stop(proc)
         log.close()
@@ -283,9 +284,20 @@ def judge(step: Step, baseline_rtt: float | None, *, max_loss: float, max_added:
     step.passed = not step.why
 
 
+def pin_server(server: Server, server_cpu: int, other_cpu: int) -> None:
+    """The measured process(es) alone on ``server_cpu``; the rest of the tree elsewhere."""
+    core = set(server.core_pids())
+    for pid in server.pids():
+        subprocess.run(["taskset", "-a", "-p", "-c",
+                        str(server_cpu if pid in core else other_cpu), str(pid)],
+                       capture_output=True, check=False)
+
+
 def find_capacity(server: Server, args: argparse.Namespace, agent: str | None,
                   log: list[Step]) -> tuple[int, float | None]:
     """Ladder then bisect; returns (largest passing N, baseline RTT p50 in ms)."""
+    if args.pin:
+        pin_server(server, 0, 1)
     # A throwaway call first: the first session on a fresh server pays for imports and
     # codec initialisation, which is not what the baseline should hold.
     measure(server, 1, rate=args.rate, steady=1.0, agent=agent)
@@ -372,7 +384,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--up-args-pcm", default=" ".join(DEFAULT_UP_ARGS["pcm"]))
     p.add_argument("--up-args-passthrough", default=" ".join(DEFAULT_UP_ARGS["passthrough"]))
     p.add_argument("--json", default=None, metavar="PATH", help="write every step as JSON")
+    p.add_argument("--pin", action=argparse.BooleanOptionalAction,
+                   default=(os.cpu_count() or 1) >= 2,
+                   help="measured server process on CPU 0, everything else (its helpers, "
+                   "this script, the load generator) on CPU 1 (default on with ≥ 2 CPUs)")
     args = p.parse_args(argv)
+    if args.pin:
+        os.sched_setaffinity(0, {1})  # we and the load generators we start
 
     print(f"machine: {machine()}")
     print(f"criteria: loss < {100 * args.max_loss:g} %, p99 RTT ≤ baseline p50 + "

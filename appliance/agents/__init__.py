@@ -29,6 +29,7 @@ from .context import (
 )
 from .registry import (
     DEFAULT_AGENT,
+    PASSTHROUGH,
     AgentError,
     AgentFn,
     ResolvedAgent,
@@ -39,7 +40,7 @@ from .registry import (
 from .vad import EnergyVad, level_dbfs
 
 __all__ = [
-    "DEFAULT_AGENT", "FRAME_BYTES", "FRAME_SAMPLES", "SAMPLE_RATE", "AgentContext",
+    "DEFAULT_AGENT", "FRAME_BYTES", "PASSTHROUGH", "FRAME_SAMPLES", "SAMPLE_RATE", "AgentContext",
     "AgentError", "AgentFn", "AgentHost", "AgentIdentity", "EnergyVad", "Frame",
     "ResolvedAgent", "SessionEnded", "level_dbfs", "register", "register_scheme", "resolve",
 ]

@@ -1,6 +1,9 @@
 """Resolve ``--agent NAME|module:attr|ws://…`` to something the transceiver can run.
 
 * ``NAME`` — a built-in or :func:`register`-ed agent (``echo``);
+* ``passthrough`` — no agent and no codec: the transceiver echoes the caller's RTP itself
+  after SRTP unprotect/protect (media passthrough, for capacity measurements and as the
+  cheapest possible "agent"); :attr:`ResolvedAgent.passthrough` is set;
 * ``package.module:attr`` or ``path/to/file.py:attr`` — imported on first use; ``attr`` is an async function
   ``async def agent(ctx)`` or a class whose instances have ``async def run(self, ctx)``
   (a fresh instance per session);
@@ -31,6 +34,7 @@ AgentFn = Callable[[AgentContext], Awaitable[None]]
 SchemeFactory = Callable[[str], AgentFn]
 
 DEFAULT_AGENT = "echo"
+PASSTHROUGH = "passthrough"
 _BUILTINS: dict[str, str] = {"echo": "appliance.agents.echo:echo"}
 _BUILTIN_SCHEMES: dict[str, str] = {"ws": "appliance.agents.ws", "wss": "appliance.agents.ws"}
 _registered: dict[str, Any] = {}
@@ -45,6 +49,8 @@ class AgentError(ValueError):
 class ResolvedAgent:
     name: str  # the spec as given (for stats and the agent's identity)
     run: AgentFn  # call once per session with that session's context
+    #: Media passthrough: no decode, no agent task; RTP is echoed under our SSRC.
+    passthrough: bool = False
 
 
 def register(name: str, agent: Any) -> None:
@@ -117,6 +123,10 @@ def _load_file(path: str, spec: str) -> Any:
     return module
 
 
+async def _no_agent(ctx: AgentContext) -> None:
+    """The ``passthrough`` agent's body: never run (the transceiver echoes RTP itself)."""
+
+
 def resolve(spec: str | None) -> ResolvedAgent:
     """The runnable agent for ``spec`` (``None`` or ``""``: the default, ``echo``)."""
     spec = (spec or DEFAULT_AGENT).strip()
@@ -129,11 +139,13 @@ def resolve(spec: str | None) -> ResolvedAgent:
         if factory is None:
             raise AgentError(f"agent {spec!r}: no bridge for {scheme}:// agents is installed")
         return ResolvedAgent(spec, factory(spec))
+    if spec == PASSTHROUGH:
+        return ResolvedAgent(spec, _no_agent, passthrough=True)
     if spec in _registered:
         return ResolvedAgent(spec, _as_fn(_registered[spec], spec))
     if spec in _BUILTINS:
         return ResolvedAgent(spec, _as_fn(_import(_BUILTINS[spec], spec), spec))
     if ":" in spec:
         return ResolvedAgent(spec, _as_fn(_import(spec, spec), spec))
-    known = ", ".join(sorted(set(_BUILTINS) | set(_registered)))
+    known = ", ".join(sorted(set(_BUILTINS) | set(_registered) | {PASSTHROUGH}))
     raise AgentError(f"unknown agent {spec!r} (built-in: {known}; or module:attr, ws://…)")

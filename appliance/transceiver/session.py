@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+import struct
 import time
 from collections.abc import Callable
 from typing import Any
@@ -71,7 +72,7 @@ from appliance.proto.srtp import (
 )
 
 from .jitter import JitterBuffer
-from .opus import FRAME_BYTES, OpusDecoder, OpusEncoder
+from .opus import FRAME_BYTES, Decoder, Encoder, OpusDecoder, OpusEncoder
 from .packetizer import Packetizer
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ SETUP_TIMEOUT = 30.0  # no ICE (or no DTLS) within 30 s of the answer: reaped
 CONSENT_TIMEOUT = 30.0  # RFC 7675 §5.1
 RTCP_INTERVAL = 5.0  # RFC 3550 §6.2 minimum for a two-party session is 5 s
 MAX_CLIENT_ADDRS = 8  # addresses a session answers checks from (candidate pairs)
+_RTP_HEADER = struct.Struct("!BBHII")  # V=2 P X CC | M PT | seq | timestamp | SSRC
 TIMELINE_STEPS = ("offer_received", "answer_sent", "first_stun", "ice_nominated",
                   "dtls_done", "first_rtp_in", "first_rtp_out")
 
@@ -150,10 +152,19 @@ class Session:
         self.ssrc = ssrc
         self.cname = cname
         self.opus_pt = answer.opus_pt
+        self.passthrough = agent.passthrough
         self.jitter = JitterBuffer()
-        self.decoder = OpusDecoder()
-        self.encoder = OpusEncoder()
+        # Passthrough sessions never touch the codec: no libopus state to allocate.
+        self.decoder: Decoder | None = None if self.passthrough else OpusDecoder()
+        self.encoder: Encoder | None = None if self.passthrough else OpusEncoder()
         self.packetizer = Packetizer(self.ssrc, self.opus_pt)
+        # Passthrough: the caller's (SSRC, seq, ts) map onto our stream by fixed offsets,
+        # re-anchored whenever the caller's SSRC changes, so our stream stays continuous.
+        self._pt_src: int | None = None
+        self._pt_seq_off = self._pt_ts_off = 0
+        self._pt_seq = secrets.randbits(16)  # last sequence number / timestamp we sent
+        self._pt_ts = secrets.randbits(32)
+        self._pt_sent_at: float | None = None
         self.vad = EnergyVad()
         self.rx_stats: ReceptionStats | None = None
         self.tx_stats = SenderStats(self.ssrc)
@@ -321,7 +332,7 @@ class Session:
         log.info("session %s connected (%s, %s)", self.id, self.srtp_profile, self.cipher_suite)
         self.host.push_event({"type": "session.started", "session_id": self.id,
                               "sample_rate": 48000, "frame_samples": 960})
-        if self._nursery is not None:
+        if self._nursery is not None and not self.passthrough:
             self._nursery.start_soon(self._run_agent)
 
     def handle_rtp(self, now: float, data: bytes, client: Addr, relay: Addr) -> None:
@@ -349,20 +360,54 @@ class Session:
             self.rx_stats = ReceptionStats(ssrc)
         self.rx_stats.update(seq, ts, now)
         self._mark("first_rtp_in", now)
+        if self.passthrough:
+            self._echo_rtp(now, plain, ssrc, seq, ts, _m, off, end)
+            return
         jb = self.jitter
         jb.push(now, seq, ts, plain[off:end])
         self._drain_jitter(now)
         self._poke_timer(jb.poll_timeout())
 
+    def _echo_rtp(self, now: float, plain: bytes, ssrc: int, seq: int, ts: int,
+                  marker: bool, off: int, end: int) -> None:
+        """Passthrough: the caller's packet back under our SSRC, sequence and timestamp
+        space (a plain 12-byte header: no CSRCs, no header extensions, no padding)."""
+        srtp = self.srtp
+        flow = self.media_flow
+        if srtp is None or flow is None:
+            return
+        if ssrc != self._pt_src:
+            # First packet, or the caller restarted its stream: continue ours from the last
+            # packet we sent (one sequence number on, the elapsed time on the RTP clock).
+            gap = 1 if self._pt_sent_at is None else max(1, round((now - self._pt_sent_at) * 50))
+            self._pt_src = ssrc
+            self._pt_seq_off = (self._pt_seq + 1 - seq) & 0xFFFF
+            self._pt_ts_off = (self._pt_ts + 960 * gap - ts) & 0xFFFFFFFF
+            marker = True
+        oseq = (seq + self._pt_seq_off) & 0xFFFF
+        ots = (ts + self._pt_ts_off) & 0xFFFFFFFF
+        if (oseq - self._pt_seq) & 0xFFFF < 0x8000:  # newer than the last one sent
+            self._pt_seq, self._pt_ts, self._pt_sent_at = oseq, ots, now
+        packet = srtp.protect(
+            _RTP_HEADER.pack(0x80, (0x80 if marker else 0) | self.opus_pt, oseq, ots, self.ssrc)
+            + plain[off:end])
+        self.tx_stats.on_packet(end - off, ots, now)
+        self.packets_out += 1
+        self.bytes_out += len(packet)
+        self._mark("first_rtp_out", now)
+        self._send(flow.header + packet, flow.relay)
+
     def _drain_jitter(self, now: float) -> None:
         jb = self.jitter
         host = self.host
+        decoder = self.decoder
+        assert decoder is not None
         while (item := jb.poll()) is not None:
             if item.payload is None:
-                pcm = self.decoder.conceal()
+                pcm = decoder.conceal()
                 concealed = True
             else:
-                pcm = self.decoder.decode(item.payload)
+                pcm = decoder.decode(item.payload)
                 concealed = False
             if self._first_media_ts is None:
                 self._first_media_ts = item.timestamp
@@ -417,10 +462,11 @@ class Session:
     def send_frame(self, now: float, pcm: bytes, backlog: int = 0) -> None:
         """Encode and send one 20 ms frame now (the pacer decided it is due)."""
         srtp = self.srtp
-        if srtp is None or self.media_flow is None:
+        encoder = self.encoder
+        if srtp is None or self.media_flow is None or encoder is None:
             return
         seq, ts, marker = self.packetizer.next_header(now, backlog)
-        payload = self.encoder.encode(pcm)
+        payload = encoder.encode(pcm)
         rtp = bytes(RtpPacket(self.opus_pt, seq, ts, self.ssrc, payload, marker))
         packet = srtp.protect(rtp)
         self.tx_stats.on_packet(len(payload), ts, now)
@@ -536,7 +582,8 @@ class Session:
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
                     nursery.start_soon(self._timer_loop)
-                    nursery.start_soon(self._pacer_loop)
+                    if not self.passthrough:
+                        nursery.start_soon(self._pacer_loop)
                     task_status.started()
         except Exception:
             log.exception("session %s crashed", self.id)

@@ -13,7 +13,7 @@ import trio
 from transceiver.support import Client, decode_all, dominant_hz, sine
 
 from appliance.control import control_request
-from appliance.proto.rtp import ReceptionStats, RtcpReceiverReport, RtcpSenderReport
+from appliance.proto.rtp import ReceptionStats, RtcpReceiverReport, RtcpSenderReport, RtpPacket
 from appliance.proto.ufrag import UfragCodec
 from appliance.transceiver import session as session_mod
 from appliance.transceiver.opus import OpusEncoder
@@ -51,9 +51,9 @@ async def ctl(addrs: TransceiverAddresses, **req: Any) -> dict[str, Any]:
 
 
 async def connect(addrs: TransceiverAddresses, sock: socket.socket, sid: str = "s1",
-                  **extra: Any) -> Client:
+                  agent: str | None = None, **extra: Any) -> Client:
     client = Client(sock, addrs.udp)
-    resp = await ctl(addrs, op="create", session_id=sid, offer=client.offer(), agent=None,
+    resp = await ctl(addrs, op="create", session_id=sid, offer=client.offer(), agent=agent,
                      candidates=CANDIDATES, **extra)
     assert resp["ok"], resp
     hint = UfragCodec(list(SECRETS)).decode_untrusted(resp["ufrag"])
@@ -245,3 +245,62 @@ async def test_garbage_is_dropped_and_counted(
     await trio.sleep(0.05)
     counters = (await ctl(transceiver, op="stats"))["counters"]
     assert counters["drop_proxy"] == 1 and counters["drop_unknown_flow"] == 1
+
+
+async def test_passthrough_echoes_rtp_without_the_codec(
+    transceiver: TransceiverAddresses, relay_sock: socket.socket,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """agent=passthrough: each packet comes back with the same payload (no decode/encode)
+    under our SSRC, with our sequence/timestamp space continuing across a caller SSRC
+    change; RTCP sender reports describe our stream."""
+    monkeypatch.setattr(session_mod, "RTCP_INTERVAL", 0.2)
+    client = await connect(transceiver, relay_sock, agent="passthrough")
+    assert client.srtp is not None
+    payloads = [bytes([0xF8]) + i.to_bytes(2, "big") + b"opaque" for i in range(40)]
+
+    async def send(i: int, ssrc: int, seq: int, ts: int) -> None:
+        assert client.srtp is not None
+        pkt = RtpPacket(111, seq & 0xFFFF, ts & 0xFFFFFFFF, ssrc, payloads[i], marker=i == 0)
+        await client.send_raw(client.srtp.protect(bytes(pkt)))
+
+    for i in range(20):  # the caller's stream wraps its sequence number
+        await send(i, 0x1234, 65530 + i, 4_294_960_000 + 960 * i)
+        await trio.sleep(0.01)
+        await client.pump(trio.current_time())
+    await send(20, 0x1234, 65530 + 22, 4_294_960_000 + 960 * 22)  # a gap (2 lost) ...
+    await send(21, 0x1234, 65530 + 21, 4_294_960_000 + 960 * 21)  # ... and one reordered
+    for i in range(22, 40):  # the caller restarts its stream: new SSRC, seq, timestamp
+        await send(i, 0x5678, 100 + i, 7 + 960 * i)
+        await trio.sleep(0.01)
+        await client.pump(trio.current_time())
+    for _ in range(20):
+        await trio.sleep(0.02)
+        await client.pump(trio.current_time())
+    got = [p for _, p in client.received_rtp]
+    assert [p.payload for p in got] == payloads  # byte-identical, in arrival order
+    assert len({p.ssrc for p in got}) == 1 and got[0].ssrc not in (0x1234, 0x5678)
+    assert all(p.payload_type == 111 and not p.extension for p in got)
+    seqs = [p.sequence for p in got]
+    ts = [p.timestamp for p in got]
+    base_seq, base_ts = seqs[0], ts[0]
+    for i in range(20):  # the first stream's seq/ts map by a constant offset
+        assert seqs[i] == (base_seq + i) & 0xFFFF
+        assert ts[i] == (base_ts + 960 * i) & 0xFFFFFFFF
+    assert (seqs[20], seqs[21]) == ((base_seq + 22) & 0xFFFF, (base_seq + 21) & 0xFFFF)
+    assert ts[20] == (base_ts + 960 * 22) & 0xFFFFFFFF
+    # After the SSRC change our stream continues: next seq, timestamp moved on, marker set.
+    assert seqs[22] == (seqs[20] + 1) & 0xFFFF and got[22].marker
+    assert 960 <= (ts[22] - ts[20]) & 0xFFFFFFFF <= 960 * 50
+    for i in range(23, 40):
+        assert seqs[i] == (seqs[i - 1] + 1) & 0xFFFF
+        assert (ts[i] - ts[i - 1]) & 0xFFFFFFFF == 960 and not got[i].marker
+    srs = [p for p in client.received_rtcp if isinstance(p, RtcpSenderReport)]
+    assert srs and srs[-1].ssrc == got[0].ssrc and srs[-1].packet_count == 40
+    s = (await ctl(transceiver, op="get", session_id="s1"))["session"]
+    assert s["agent"] == "passthrough" and s["packets_in"] == 40 and s["packets_out"] == 40
+
+
+async def test_passthrough_is_a_known_agent() -> None:
+    from appliance.agents import PASSTHROUGH, resolve
+    assert resolve(PASSTHROUGH).passthrough and not resolve("echo").passthrough
