@@ -255,6 +255,9 @@ def measure(server: Server, n: int, *, rate: float, steady: float,
     th.join(5)
     report = json.loads(out)
     summary = report["summary"]
+    # Per-session setup times, for the distribution plot (bench/plots.py).
+    summary["setup_first_echo_ms"] = [r.get("setup_first_echo_ms") for r in report["sessions"]
+                                      if r.get("setup_first_echo_ms") is not None]
     span = samples.get("t1", 0) - samples.get("t0", 0)
     cpu = (samples.get("c1", 0) - samples.get("c0", 0)) / span if span > 0 else 0.0
     cpu_all = (samples.get("a1", 0) - samples.get("a0", 0)) / span if span > 0 else 0.0

@@ -104,6 +104,12 @@ class AgentContext:
         """Queue PCM16 audio for playback (any even length); waits while the queue is full."""
         await self._host._enqueue(bytes(pcm))
 
+    def send_nowait(self, pcm: bytes) -> bool:
+        """Queue one whole 20 ms frame (1920 bytes) without waiting; ``False`` (and nothing
+        queued) if the queue is full. For synchronous frame handlers (see
+        :attr:`~appliance.agents.registry.ResolvedAgent.on_frame`)."""
+        return self._host.enqueue_frame_nowait(pcm)
+
     def interrupt(self) -> None:
         """Drop every queued output sample now (barge-in)."""
         self._host.interrupt()
@@ -155,6 +161,7 @@ class AgentHost:
         max_inbound_frames: int = 50,
         max_events: int = 100,
         on_event: Any = None,
+        on_output: Any = None,
     ) -> None:
         self._frames: deque[Frame] = deque(maxlen=max_inbound_frames)
         self._frames_lot = trio.lowlevel.ParkingLot()
@@ -167,6 +174,9 @@ class AgentHost:
         self.max_output_frames = max(1, round(max_output_seconds * SAMPLE_RATE / FRAME_SAMPLES))
         self._epoch = 0  # bumped by interrupt(): a waiting send() drops its remainder
         self._on_event = on_event
+        #: Called (no arguments) whenever output is queued: the transceiver sends what is
+        #: due at once, from the caller's task, instead of waking a pacer task per frame.
+        self.on_output: Any = on_output
         self.closed = False
         self.end_reason: str | None = None
         self.frames_dropped = 0
@@ -257,6 +267,22 @@ class AgentHost:
                     self._partial.clear()
             pos += take
             self._out_lot.unpark_all()
+            if self.on_output is not None:
+                self.on_output()
+
+    def enqueue_frame_nowait(self, pcm: bytes) -> bool:
+        """Queue one whole frame now (no partial-frame handling, never waits)."""
+        if len(pcm) != FRAME_BYTES:
+            raise ValueError(f"a frame is {FRAME_BYTES} bytes of PCM16, got {len(pcm)}")
+        if self.closed:
+            raise SessionEnded(self.end_reason or "session ended")
+        if self._partial or len(self._out) >= self.max_output_frames:
+            return False
+        self._out.append(pcm)
+        self._out_lot.unpark_all()
+        if self.on_output is not None:
+            self.on_output()
+        return True
 
     def _event_out(self, event: dict[str, Any]) -> None:
         if self._on_event is not None:

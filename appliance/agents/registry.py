@@ -27,15 +27,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .context import AgentContext
+from .context import AgentContext, Frame
 
 AgentFn = Callable[[AgentContext], Awaitable[None]]
+#: A synchronous per-frame handler, called by the transceiver for every decoded frame
+#: instead of running an agent task (built-ins only; see :attr:`ResolvedAgent.on_frame`).
+FrameFn = Callable[[AgentContext, Frame], None]
 #: A scheme factory turns the whole spec (``ws://host/path``) into an agent function.
 SchemeFactory = Callable[[str], AgentFn]
 
 DEFAULT_AGENT = "echo"
 PASSTHROUGH = "passthrough"
 _BUILTINS: dict[str, str] = {"echo": "appliance.agents.echo:echo"}
+#: Built-ins that also have a synchronous frame handler (same behaviour, no task per frame).
+_INLINE: dict[str, str] = {"echo": "appliance.agents.echo:echo_frame"}
 _BUILTIN_SCHEMES: dict[str, str] = {"ws": "appliance.agents.ws", "wss": "appliance.agents.ws"}
 _registered: dict[str, Any] = {}
 _schemes: dict[str, SchemeFactory] = {}
@@ -51,6 +56,11 @@ class ResolvedAgent:
     run: AgentFn  # call once per session with that session's context
     #: Media passthrough: no decode, no agent task; RTP is echoed under our SSRC.
     passthrough: bool = False
+    #: When set, the transceiver calls this for every decoded frame, synchronously in its
+    #: network loop, and does not run :attr:`run` (built-in ``echo``: no task switch per
+    #: frame). It must be quick and must not block; output goes through
+    #: :meth:`AgentContext.send_nowait`.
+    on_frame: FrameFn | None = None
 
 
 def register(name: str, agent: Any) -> None:
@@ -144,7 +154,8 @@ def resolve(spec: str | None) -> ResolvedAgent:
     if spec in _registered:
         return ResolvedAgent(spec, _as_fn(_registered[spec], spec))
     if spec in _BUILTINS:
-        return ResolvedAgent(spec, _as_fn(_import(_BUILTINS[spec], spec), spec))
+        inline = _import(_INLINE[spec], spec) if spec in _INLINE else None
+        return ResolvedAgent(spec, _as_fn(_import(_BUILTINS[spec], spec), spec), on_frame=inline)
     if ":" in spec:
         return ResolvedAgent(spec, _as_fn(_import(spec, spec), spec))
     known = ", ".join(sorted(set(_BUILTINS) | set(_registered) | {PASSTHROUGH}))

@@ -34,6 +34,7 @@ from trio_websocket import (
     connect_websocket_url,
 )
 
+from ..logs import loggable_url
 from .context import FRAME_SAMPLES, SAMPLE_RATE, AgentContext, SessionEnded
 from .registry import AgentFn, register_scheme
 
@@ -132,7 +133,7 @@ class WsBridge:
             self.end_reason = f"unreachable: {type(exc).__name__}"
         except OSError as exc:
             self.end_reason = f"unreachable: {exc.strerror or exc}"
-        log.warning("agent %s: %s", self.url, self.end_reason)
+        log.warning("agent %s: %s", loggable_url(self.url), self.end_reason)
         return None
 
     async def _hang_up(self, ctx: AgentContext) -> None:

@@ -13,6 +13,7 @@ Task shape (STYLE.md rule 9: only nursery-owned tasks):
 
 from __future__ import annotations
 
+import math
 import resource
 import sys
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from .stats import Report, SessionResult, percentile
 
 PTIME = 0.020
 TS_STEP = 960  # RTP timestamp units (48 kHz) per 20 ms packet
+SETUP_GRACE = 1.0  # s past --connect-timeout before a setup (POST included) is abandoned
 _RING = 1024  # send times kept for tag matching: ~20 s of packets, far beyond any RTT
 
 
@@ -87,23 +89,37 @@ class LoadGenerator:
     async def _session(self, index: int) -> None:
         res = self.results[index]
         cfg = self.cfg
+        # --connect-timeout bounds the whole setup, POST included: open_call's own timeout
+        # starts after the answer, so a POST that hung used to hang the run with it. The
+        # second of grace lets open_call's more specific "no ICE/DTLS" report win when the
+        # answer did come.
+        setup = trio.CancelScope(deadline=trio.current_time() + cfg.connect_timeout + SETUP_GRACE)
         try:
-            async with open_call(
-                cfg.url, agent=cfg.agent, token=cfg.token, certificate=self.certificate,
-                verify_tls=not cfg.insecure, connect_timeout=cfg.connect_timeout,
-            ) as call:
-                res.setup_connected = call.timeline.connected
-                live = _Live(call, res, trio.current_time(), cfg.duration,
-                             self.stream.onset_sample, call.peer.ssrc & 0xFFFF)
-                self.live.append(live)
-                self.max_concurrent = max(self.max_concurrent, len(self.live))
-                await live.done.wait()
+            with setup:
+                await self._call(res, setup)
+            if setup.cancelled_caught:
+                res.failure = (f"no answer and connection within "
+                               f"{cfg.connect_timeout + SETUP_GRACE:g} s of the POST")
         except CallFailed as exc:
             res.failure = str(exc)
         except Exception as exc:  # one broken session must not end the run
             res.failure = f"{type(exc).__name__}: {exc}"
         finally:
             self._finished += 1
+
+    async def _call(self, res: SessionResult, setup: trio.CancelScope) -> None:
+        cfg = self.cfg
+        async with open_call(
+            cfg.url, agent=cfg.agent, token=cfg.token, certificate=self.certificate,
+            verify_tls=not cfg.insecure, connect_timeout=cfg.connect_timeout,
+        ) as call:
+            setup.deadline = math.inf  # connected: the call runs its course
+            res.setup_connected = call.timeline.connected
+            live = _Live(call, res, trio.current_time(), cfg.duration,
+                         self.stream.onset_sample, call.peer.ssrc & 0xFFFF)
+            self.live.append(live)
+            self.max_concurrent = max(self.max_concurrent, len(self.live))
+            await live.done.wait()
 
     async def _ramp(self, nursery: trio.Nursery) -> None:
         t0 = trio.current_time()

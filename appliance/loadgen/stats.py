@@ -47,14 +47,16 @@ class SessionResult:
     def loss(self) -> float | None:
         """Tag mode: the share of our packets that never came back (exact). Otherwise (a
         re-encoding server makes packets of its own, so ours cannot be matched): the gaps
-        in the echo stream, packets received against 50/s over its span. That leaves out
-        the server's start-up (aiortc drops its first few packets while its jitter buffer
-        fills), which is setup time, not loss."""
+        in the echo stream, packets received against 50/s over its span, but never more
+        than we sent. That leaves out the server's start-up (aiortc drops its first few
+        packets while its jitter buffer fills), which is setup time, not loss. The cap
+        matters: an echo whose timing stretched under load (all packets back, but spread
+        over a few ms more than they were sent in) read as 0.5-1 % "loss" without it."""
         if self.rtt_method == "tag":
             return max(0.0, 1 - self.echoed / self.sent) if self.sent else None
         if self.received < 2:
             return None if self.sent == 0 else 1.0
-        expected = round(self.echo_span / 0.020) + 1
+        expected = min(round(self.echo_span / 0.020) + 1, self.sent)
         return max(0.0, 1 - self.received / expected)
 
     def to_json(self) -> dict[str, Any]:

@@ -139,6 +139,10 @@ class JitterBuffer:
         """The next released slot, in sequence order, or ``None``."""
         return self._ready.popleft() if self._ready else None
 
+    def peek(self) -> JitterItem | None:
+        """The slot :meth:`poll` would return next, left in place (FEC looks one ahead)."""
+        return self._ready[0] if self._ready else None
+
     def poll_timeout(self) -> float | None:
         """When :meth:`handle_timeout` must run to give up on the current hole."""
         if self._hole_since is None:

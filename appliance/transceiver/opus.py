@@ -16,17 +16,23 @@ Codec names in PyAV 18: ``libopus`` for both directions. FFmpeg's native ``opus`
 also exists but only produces float planar samples; libopus gives s16 directly, which saves a
 conversion per frame on the hot path.
 
-Loss concealment. libopus has real PLC (``opus_decode(NULL)``) and in-band FEC
-(``decode_fec=1`` on the *next* packet), but FFmpeg exposes neither: an empty packet means
-"drain" to libavcodec, and there is no FEC option on the decoder. So :meth:`OpusDecoder.conceal`
-does what we can from Python and documents it:
+Loss concealment (:meth:`OpusDecoder.conceal`), with libopus called directly:
 
-* the first lost frame repeats the last decoded frame with a linear fade to silence (a
-  repeat avoids the click a hard zero-fill makes mid-word);
-* every further consecutive lost frame is silence (repeating longer sounds robotic).
+* **FEC** when the packet *after* the lost one is already here (the jitter buffer releases a
+  hole together with the packet that ended it): ``opus_decode(next, decode_fec=1)`` decodes
+  the low-bit-rate copy of the lost frame that the sender put in the next packet (in-band
+  FEC, RFC 6716 §2.1.7; browsers send it: ``useinbandfec=1``). A next packet without FEC data
+  makes libopus fall back to PLC by itself;
+* **PLC** otherwise: ``opus_decode(NULL)``, libopus's own concealment (pitch-synchronous
+  extrapolation that fades out over consecutive losses), which also keeps the decoder state
+  continuous so the next real packet does not click.
 
-The encoder is told to put FEC in its packets (``fec=1``, ``packet_loss``) so a browser on
-the far end, whose decoder *does* use FEC, recovers our losses.
+Through PyAV (the fallback) neither is reachable — an empty packet means "drain" to
+libavcodec and there is no FEC option — so that path repeats the last frame with a linear
+fade, then silence.
+
+Our encoder puts FEC in its packets too (``fec=1``, ``packet_loss``), so the far end's
+decoder can recover our losses the same way.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ _FADE = np.linspace(1.0, 0.0, FRAME_SAMPLES, dtype=np.float32)
 MAX_FRAME_SAMPLES = 5760  # 120 ms at 48 kHz: the longest Opus packet
 _APPLICATION_VOIP = 2048
 _SET_BITRATE, _SET_COMPLEXITY, _SET_INBAND_FEC, _SET_PACKET_LOSS_PERC = 4002, 4010, 4012, 4014
+MIN_EXPECTED_LOSS, MAX_EXPECTED_LOSS = 5, 30  # percent, for OPUS_SET_PACKET_LOSS_PERC
 
 
 def _load_libopus() -> Any:
@@ -82,33 +89,18 @@ def _load_libopus() -> Any:
 _lib = _load_libopus()
 
 
-class _Concealer:
-    """Shared loss concealment (see the module docstring)."""
-
-    __slots__ = ("_last", "_lost_run", "errors")
-
-    def __init__(self) -> None:
-        self._last = SILENCE
-        self._lost_run = 0
-        #: Packets libopus rejected (corrupt payloads from a broken peer); they are concealed.
-        self.errors = 0
-
-    def conceal(self) -> bytes:
-        """One 20 ms frame standing in for a lost packet (see the module docstring)."""
-        self._lost_run += 1
-        if self._lost_run > 1 or self._last is SILENCE:
-            return SILENCE
-        faded = np.frombuffer(self._last, dtype=np.int16).astype(np.float32) * _FADE
-        return faded.astype(np.int16).tobytes()
-
-
-class _LibOpusDecoder(_Concealer):
+class _LibOpusDecoder:
     """Opus packets → mono PCM16 through ``opus_decode`` (one preallocated output buffer)."""
 
-    __slots__ = ("_dec", "_pcm")
+    __slots__ = ("_dec", "_pcm", "errors", "fec", "plc")
 
     def __init__(self) -> None:
-        super().__init__()
+        #: Packets libopus rejected (corrupt payloads from a broken peer); they are concealed.
+        self.errors = 0
+        #: Lost frames decoded from the next packet (its FEC data if it has any; libopus
+        #: falls back to PLC by itself when it has none).
+        self.fec = 0
+        self.plc = 0  # lost frames made up by libopus PLC
         err = ctypes.c_int()
         self._dec = _lib.opus_decoder_create(SAMPLE_RATE, 1, ctypes.byref(err))
         if not self._dec:
@@ -122,22 +114,37 @@ class _LibOpusDecoder(_Concealer):
 
     def decode(self, payload: bytes) -> bytes:
         """Decode one RTP payload to PCM16; a corrupt or empty packet is concealed."""
+        if not payload:
+            return self.conceal()
         n = _lib.opus_decode(self._dec, payload, len(payload), self._pcm, MAX_FRAME_SAMPLES, 0)
         if n <= 0:
             self.errors += n < 0
             return self.conceal()
-        pcm = ctypes.string_at(self._pcm, n * 2)
-        self._last = pcm[-FRAME_BYTES:] if n >= FRAME_SAMPLES else SILENCE
-        self._lost_run = 0
-        return pcm
+        return ctypes.string_at(self._pcm, n * 2)
+
+    def conceal(self, fec_from: bytes | None = None) -> bytes:
+        """One 20 ms frame for a lost packet: FEC from ``fec_from`` (the next packet) when
+        given, libopus PLC otherwise (module docstring)."""
+        if fec_from:
+            n = _lib.opus_decode(self._dec, fec_from, len(fec_from), self._pcm,
+                                 FRAME_SAMPLES, 1)
+            if n == FRAME_SAMPLES:
+                self.fec += 1
+                return ctypes.string_at(self._pcm, FRAME_BYTES)
+        n = _lib.opus_decode(self._dec, None, 0, self._pcm, FRAME_SAMPLES, 0)
+        if n != FRAME_SAMPLES:  # pragma: no cover - PLC of one 20 ms frame does not fail
+            return SILENCE
+        self.plc += 1
+        return ctypes.string_at(self._pcm, FRAME_BYTES)
 
 
 class _LibOpusEncoder:
     """20 ms mono PCM16 frames → Opus packets through ``opus_encode``."""
 
-    __slots__ = ("_enc", "_out")
+    __slots__ = ("_enc", "_out", "expected_loss")
 
-    def __init__(self, *, bitrate: int = 32_000, complexity: int = 5) -> None:
+    def __init__(self, *, bitrate: int = 32_000, complexity: int = 5,
+                 expected_loss: int = MIN_EXPECTED_LOSS) -> None:
         err = ctypes.c_int()
         self._enc = _lib.opus_encoder_create(SAMPLE_RATE, 1, _APPLICATION_VOIP,
                                              ctypes.byref(err))
@@ -146,9 +153,21 @@ class _LibOpusEncoder:
         # The same settings as the PyAV path: speech tuning, in-band FEC for the far end's
         # decoder, complexity 5 (half the CPU of the default 10, barely audible).
         for request, value in ((_SET_BITRATE, bitrate), (_SET_COMPLEXITY, complexity),
-                               (_SET_INBAND_FEC, 1), (_SET_PACKET_LOSS_PERC, 5)):
+                               (_SET_INBAND_FEC, 1)):
             _lib.opus_encoder_ctl(ctypes.c_void_p(self._enc), request, ctypes.c_int(value))
+        self.expected_loss = -1
+        self.set_expected_loss(expected_loss)
         self._out = ctypes.create_string_buffer(1500)
+
+    def set_expected_loss(self, percent: int) -> None:
+        """Tell the encoder how much loss the far end reports (RTCP fraction lost): libopus
+        adds in-band FEC only when this is high enough for the bit rate (at 32 kb/s, 1.3.1
+        sends none at 5 % and does at 20 %), as a browser's encoder does from its RTCP."""
+        percent = max(MIN_EXPECTED_LOSS, min(MAX_EXPECTED_LOSS, percent))
+        if percent != self.expected_loss:
+            self.expected_loss = percent
+            _lib.opus_encoder_ctl(ctypes.c_void_p(self._enc), _SET_PACKET_LOSS_PERC,
+                                  ctypes.c_int(percent))
 
     def __del__(self) -> None:
         if getattr(self, "_enc", None):
@@ -198,8 +217,9 @@ class _AvOpusDecoder:
         self._lost_run = 0
         return pcm
 
-    def conceal(self) -> bytes:
-        """One 20 ms frame standing in for a lost packet (see the module docstring)."""
+    def conceal(self, fec_from: bytes | None = None) -> bytes:
+        """One 20 ms frame standing in for a lost packet (see the module docstring; no FEC
+        through PyAV: ``fec_from`` is ignored)."""
         self._lost_run += 1
         if self._lost_run > 1 or self._last is SILENCE:
             return SILENCE
@@ -233,6 +253,9 @@ class _AvOpusEncoder:
         self._ctx = ctx
         self._pts = 0
 
+    def set_expected_loss(self, percent: int) -> None:
+        """Not reachable through PyAV once the codec is open: ignored."""
+
     def encode(self, pcm: bytes) -> bytes:
         """Encode exactly one 20 ms frame (1920 bytes of mono PCM16)."""
         if len(pcm) != FRAME_BYTES:
@@ -250,11 +273,12 @@ class Decoder(Protocol):
     errors: int
 
     def decode(self, payload: bytes) -> bytes: ...
-    def conceal(self) -> bytes: ...
+    def conceal(self, fec_from: bytes | None = None) -> bytes: ...
 
 
 class Encoder(Protocol):
     def encode(self, pcm: bytes) -> bytes: ...
+    def set_expected_loss(self, percent: int) -> None: ...
 
 
 OpusDecoder: type[_LibOpusDecoder] | type[_AvOpusDecoder]

@@ -6,14 +6,23 @@ next packet's timestamp reflects the wall time that passed; the **marker bit** i
 first packet of each talkspurt (RFC 3551 §4.1); the sequence number advances by one per
 packet sent, whatever the gap; initial sequence number and timestamp are random (§5.1).
 
-Pacing: a frame may leave at its *due* time, ``nominal(previous) + 20 ms``. If the agent
-falls behind (its input stalled and then arrived in a burst) and frames are queued behind
-this one (``backlog``), the schedule is allowed to lag wall time by up to ``burst`` (60 ms
-by default) and the backlog leaves back-to-back, so latency does not accumulate. A late
-frame with nothing behind it re-anchors the schedule at ``now`` (a source slightly slower
-than real time must not build up lag until it looks like silence). A frame later than
-``burst`` starts a new talkspurt (marker set, timestamp jumped by the elapsed time). Sending faster than real time is never
-allowed: the schedule never runs ahead of the wall clock.
+Pacing: a frame may leave at its *due* time, ``nominal(previous) + 20 ms``. The schedule
+does **not** follow a late frame: a frame that leaves late (its source was delayed by the
+network, the caller or the CPU) keeps its nominal slot, so the next frame, arriving on time,
+is due at once and the delay is gone — re-anchoring at ``now`` instead ratcheted every
+delay into the rest of the call (docs/performance.md, "Transceiver"). Only a schedule more
+than ``max_lag`` (40 ms) behind is dragged along to ``now - max_lag``, so a source slightly
+slower than real time does not build up lag until it looks like silence. While frames are
+queued behind the one leaving (``backlog``) the schedule may lag by up to ``burst`` (60 ms)
+and the backlog leaves back-to-back, so latency does not accumulate either. A frame later
+than ``burst`` starts a new talkspurt (marker set, timestamp jumped by the elapsed time).
+
+Sending faster than real time is never allowed with a backlog. A *lone* frame (nothing
+queued behind it) may leave up to ``early`` before its due time and then moves the
+schedule to ``now``: that lets the schedule settle on the phase of a real-time source (its
+earliest arrivals) instead of on whichever frame came first, at a worst-case rate of
+20 / (20 - early) ms for a producer that hands over one frame at a time too fast
+(``early`` is 0 unless asked for; the transceiver uses 2 ms: ≤ 1.11×).
 
 Deliberately omitted: DTX/comfort noise and multi-frame packets (ptime > 20).
 """
@@ -28,7 +37,7 @@ SAMPLES_PER_FRAME = 960
 
 class Packetizer:
     __slots__ = ("ssrc", "payload_type", "_seq", "_ts", "_nominal", "_next_due", "burst",
-                 "packets", "talkspurts")
+                 "early", "max_lag", "packets", "talkspurts")
 
     def __init__(
         self,
@@ -38,6 +47,8 @@ class Packetizer:
         initial_seq: int | None = None,
         initial_timestamp: int | None = None,
         burst: float = 0.060,
+        max_lag: float = 0.040,
+        early: float = 0.0,
     ) -> None:
         self.ssrc = ssrc
         self.payload_type = payload_type
@@ -49,15 +60,21 @@ class Packetizer:
         self._nominal: float | None = None  # nominal send time of the last packet
         self._next_due: float | None = None
         self.burst = burst
+        self.max_lag = max_lag
+        self.early = early
         self.packets = 0
         self.talkspurts = 0
 
-    def poll_timeout(self) -> float | None:
-        """Earliest time the next frame may be sent (``None``: any time)."""
-        return self._next_due
+    def poll_timeout(self, backlog: int = 0) -> float | None:
+        """Earliest time the next frame may be sent (``None``: any time); ``backlog`` is
+        how many frames are queued behind it."""
+        if self._next_due is None:
+            return None
+        return self._next_due - (0.0 if backlog else self.early)
 
-    def ready(self, now: float) -> bool:
-        return self._next_due is None or now >= self._next_due - 1e-6
+    def ready(self, now: float, backlog: int = 0) -> bool:
+        due = self.poll_timeout(backlog)
+        return due is None or now >= due - 1e-6
 
     def next_header(self, now: float, backlog: int = 0) -> tuple[int, int, bool]:
         """Allocate ``(sequence, timestamp, marker)`` for one frame sent at ``now``;
@@ -79,8 +96,14 @@ class Packetizer:
         else:
             marker = False
             self._ts = (self._ts + SAMPLES_PER_FRAME) & 0xFFFFFFFF
-            # Catch up only while a backlog exists; otherwise re-anchor at now.
-            nominal = self._next_due if backlog or now <= self._next_due else now
+            if backlog:
+                nominal = self._next_due  # catch up: back-to-back until on schedule
+            elif now < self._next_due:
+                nominal = now  # a lone frame, early (≤ ``early``): the schedule follows it
+            else:
+                # Late: keep the slot (the next frame may catch up) unless the schedule is
+                # more than max_lag behind, then drag it (a slow source).
+                nominal = max(self._next_due, now - self.max_lag)
         if marker:
             self.talkspurts += 1
         self._seq = (self._seq + 1) & 0xFFFF

@@ -18,6 +18,11 @@ semantics, never a stalled loop). The clock is read once per batch.
 Sessions run in a nursery of their own; a session whose handler raises is ended
 (``internal-error``) and the others carry on. The control channel
 (docs/control-protocol.md) creates, patches, deletes and reports sessions.
+
+Drain (issue 10, rolling upgrades): ``{"op": "drain"}`` (or :meth:`Transceiver.drain`)
+refuses new sessions (``503 draining``) and sets :attr:`Transceiver.drained` once no session
+is left. With ``exit_when_drained`` :func:`serve_transceiver` then returns (the CLI exits 0);
+without it the transceiver keeps serving the control channel, refusing sessions.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import trio
 
 from appliance.agents import AgentError, resolve
 from appliance.control import serve_control
-from appliance.logs import redact
+from appliance.logs import loggable_url, redact
 from appliance.proto.dtls import Certificate, DtlsConnection, Role
 from appliance.proto.errors import LocalProtocolError
 from appliance.proto.mux import Kind, classify
@@ -53,6 +58,7 @@ from appliance.proto.sdp import (
 from appliance.proto.stun import StunError, peek_username_untrusted
 from appliance.proto.ufrag import UfragCodec
 
+from .pacer import Pacer
 from .session import Addr, Session, _fmt
 
 log = logging.getLogger(__name__)
@@ -81,6 +87,7 @@ class TransceiverConfig:
     cluster: int = 0
     agent: str = "echo"
     max_sessions: int = 500
+    exit_when_drained: bool = False  # serve_transceiver returns once drained and idle
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +96,7 @@ class TransceiverAddresses:
 
     udp: Addr
     control: str | None
+    transceiver: Transceiver | None = None  # for the CLI's drain-on-SIGTERM
 
 
 def _error(status: int, code: str, detail: str) -> dict[str, Any]:
@@ -113,7 +121,9 @@ class Transceiver:
         self.by_client: dict[Addr, Session] = {}
         self.ended: deque[Session] = deque(maxlen=RECENTLY_ENDED)
         self.draining = False
+        self.drained = trio.Event()  # set once draining with no session left
         self._nursery: trio.Nursery | None = None
+        self.pacer = Pacer()  # one pacing task for every session (pacer.py)
         self._cert = Certificate.generate(time.time())
         self._cert_at = time.time()
 
@@ -222,6 +232,19 @@ class Transceiver:
         for client in [c for c, s in self.by_client.items() if s is session]:
             del self.by_client[client]
         self.ended.append(session)
+        self._check_drained()
+
+    def drain(self) -> None:
+        """Take no new session; :attr:`drained` is set when the last one has ended."""
+        if not self.draining:
+            self.draining = True
+            log.info("draining: no new sessions; %d session(s) left", len(self.sessions))
+        self._check_drained()
+
+    def _check_drained(self) -> None:
+        if self.draining and not self.sessions and not self.drained.is_set():
+            log.info("drained: no session left")
+            self.drained.set()
 
     def _certificate(self) -> Certificate:
         now = time.time()
@@ -298,6 +321,7 @@ class Transceiver:
             candidates=candidates,
             local_ufrag=ufrag, local_pwd=pwd, dtls=dtls, ssrc=ssrc, cname=cname,
             send=self.send, now=now, on_end=self._on_end, counters=self.counters,
+            pacer=self.pacer,
         )
         assert self._nursery is not None
         self.sessions[sid] = session
@@ -305,7 +329,8 @@ class Transceiver:
         self.counters["sessions_created"] += 1
         self._nursery.start_soon(session.run)
         session.mark_answer_sent(trio.current_time())
-        log.info("session %s created: agent %s ufrag %s", sid, agent.name, redact(ufrag))
+        log.info("session %s created: agent %s ufrag %s", sid, loggable_url(agent.name),
+                 redact(ufrag))
         return {"ok": True, "answer": answer.text, "ufrag": ufrag}
 
     def _op_patch(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -367,9 +392,9 @@ class Transceiver:
                 "sessions_by_state": by_state, "draining": self.draining}
 
     def _op_drain(self, req: dict[str, Any]) -> dict[str, Any]:
-        self.draining = True
-        log.info("draining: no new sessions")
-        return {"ok": True}
+        self.drain()
+        return {"ok": True, "sessions": len(self.sessions),
+                "exit_when_drained": self.config.exit_when_drained}
 
 
 def _candidates(value: object) -> list[tuple[str, int]] | dict[str, Any]:
@@ -426,9 +451,14 @@ async def serve_transceiver(
             async with trio.open_nursery() as sessions:
                 tr._nursery = sessions
                 sessions.start_soon(tr.receive_loop)
+                sessions.start_soon(tr.pacer.run)
                 log.info("transceiver %d listening on %s", config.id, _fmt(udp))
-                task_status.started(TransceiverAddresses(udp, control))
-                await trio.sleep(math.inf)
+                task_status.started(TransceiverAddresses(udp, control, tr))
+                if not config.exit_when_drained:
+                    await trio.sleep(math.inf)
+                await tr.drained.wait()
+                log.info("transceiver %d drained: exiting", config.id)
+                nursery.cancel_scope.cancel()
     finally:
         sock.close()
 

@@ -8,9 +8,14 @@ the session's own nursery (:meth:`Session.run`):
 
 * the **timer** task sleeps until the earliest protocol deadline (ICE consent, DTLS
   retransmission, jitter-buffer hole, RTCP report, setup reaping) and fires it;
-* the **pacer** task waits for agent output and sends one 20 ms frame per due time
-  (Opus encode → RTP → SRTP);
-* the **agent** task, started when DTLS completes (media can flow from then on).
+* the **agent** task, started when DTLS completes (media can flow from then on) — unless
+  the agent is a synchronous frame handler (the built-in ``echo``), which is called from
+  the network loop for each decoded frame instead.
+
+Outbound frames (Opus encode → RTP → SRTP) leave the moment they are queued if they are
+due, from the task that queued them; an early frame is left to the transceiver's shared
+:class:`~appliance.transceiver.pacer.Pacer`, which calls the session back at its due time.
+So the echo path — decode, agent, encode, send — runs without a task switch per packet.
 
 Anything that escapes a handler or task ends this session only (``internal-error``).
 
@@ -38,7 +43,7 @@ from appliance.agents import (
     Frame,
     ResolvedAgent,
 )
-from appliance.logs import redact
+from appliance.logs import loggable_url, redact
 from appliance.proto.dtls import (
     ConnectionClosed,
     DtlsConnection,
@@ -73,6 +78,7 @@ from appliance.proto.srtp import (
 
 from .jitter import JitterBuffer
 from .opus import FRAME_BYTES, Decoder, Encoder, OpusDecoder, OpusEncoder
+from .pacer import Pacer
 from .packetizer import Packetizer
 
 log = logging.getLogger(__name__)
@@ -85,6 +91,9 @@ SETUP_TIMEOUT = 30.0  # no ICE (or no DTLS) within 30 s of the answer: reaped
 CONSENT_TIMEOUT = 30.0  # RFC 7675 §5.1
 RTCP_INTERVAL = 5.0  # RFC 3550 §6.2 minimum for a two-party session is 5 s
 MAX_CLIENT_ADDRS = 8  # addresses a session answers checks from (candidate pairs)
+#: A lone outbound frame may leave this much before its due time (packetizer.py: lets the
+#: schedule settle on the source's phase instead of making early arrivals wait).
+EARLY = 0.002
 _RTP_HEADER = struct.Struct("!BBHII")  # V=2 P X CC | M PT | seq | timestamp | SSRC
 TIMELINE_STEPS = ("offer_received", "answer_sent", "first_stun", "ice_nominated",
                   "dtls_done", "first_rtp_in", "first_rtp_out")
@@ -121,6 +130,7 @@ class Session:
         now: float,
         on_end: Callable[[Session], None],
         counters: dict[str, int],
+        pacer: Pacer | None = None,
     ) -> None:
         self.id = session_id
         self.transceiver = transceiver
@@ -157,7 +167,12 @@ class Session:
         # Passthrough sessions never touch the codec: no libopus state to allocate.
         self.decoder: Decoder | None = None if self.passthrough else OpusDecoder()
         self.encoder: Encoder | None = None if self.passthrough else OpusEncoder()
-        self.packetizer = Packetizer(self.ssrc, self.opus_pt)
+        self.packetizer = Packetizer(self.ssrc, self.opus_pt, early=EARLY)
+        # The shared pacer (one task per transceiver); a session made without one runs its
+        # own in its nursery.
+        self._own_pacer = pacer is None
+        self.pacer = pacer if pacer is not None else Pacer()
+        self._pace_at: float | None = None  # when the pacer is due to call us back
         # Passthrough: the caller's (SSRC, seq, ts) map onto our stream by fixed offsets,
         # re-anchored whenever the caller's SSRC changes, so our stream stays continuous.
         self._pt_src: int | None = None
@@ -175,7 +190,8 @@ class Session:
         self.packets_in = self.packets_out = self.bytes_in = self.bytes_out = 0
         self._next_rtcp: float | None = None
         # Agent.
-        self.host = AgentHost(on_event=self._agent_event)
+        self.host = AgentHost(on_event=self._agent_event, on_output=self._output_queued)
+        self._on_frame = agent.on_frame  # synchronous frame handler (no agent task), or None
         self.ctx = AgentContext(
             self.host,
             AgentIdentity(agent.name, session_id, transceiver, {"codec": "opus/48000/2"}),
@@ -332,7 +348,7 @@ class Session:
         log.info("session %s connected (%s, %s)", self.id, self.srtp_profile, self.cipher_suite)
         self.host.push_event({"type": "session.started", "session_id": self.id,
                               "sample_rate": 48000, "frame_samples": 960})
-        if self._nursery is not None and not self.passthrough:
+        if self._nursery is not None and not self.passthrough and self._on_frame is None:
             self._nursery.start_soon(self._run_agent)
 
     def handle_rtp(self, now: float, data: bytes, client: Addr, relay: Addr) -> None:
@@ -402,9 +418,14 @@ class Session:
         host = self.host
         decoder = self.decoder
         assert decoder is not None
+        on_frame = self._on_frame
         while (item := jb.poll()) is not None:
             if item.payload is None:
-                pcm = decoder.conceal()
+                # Opus FEC when the next packet is already here (its in-band copy of this
+                # frame), Opus PLC otherwise.
+                nxt = jb.peek()
+                fec = nxt.payload if nxt is not None and nxt.seq == item.seq + 1 else None
+                pcm = decoder.conceal(fec)
                 concealed = True
             else:
                 pcm = decoder.decode(item.payload)
@@ -415,8 +436,17 @@ class Session:
             for i in range(0, len(pcm) - FRAME_BYTES + 1, FRAME_BYTES):
                 chunk = pcm[i : i + FRAME_BYTES] if len(pcm) != FRAME_BYTES else pcm
                 speech = self.vad.update(chunk)
-                host.push_frame(Frame(chunk, base + i / 96_000, now, speech,
-                                      self.vad.last_level, concealed))
+                frame = Frame(chunk, base + i / 96_000, now, speech, self.vad.last_level,
+                              concealed)
+                if on_frame is None:
+                    host.push_frame(frame)
+                    continue
+                try:
+                    on_frame(self.ctx, frame)
+                except Exception:
+                    log.exception("session %s: agent %s failed", self.id, loggable_url(self.agent.name))
+                    self.end("agent-error")
+                    return
 
     def handle_rtcp(self, now: float, data: bytes, client: Addr, relay: Addr) -> None:
         srtp = self.srtp
@@ -451,6 +481,8 @@ class Session:
                     self.rtt = rtt
                 self.remote_jitter = block.jitter / 48_000
                 self.remote_loss = block.fraction_lost / 256
+                if self.encoder is not None:  # more FEC in our packets when they get lost
+                    self.encoder.set_expected_loss(round(self.remote_loss * 100))
 
     # -- output ----------------------------------------------------------------------------
 
@@ -538,27 +570,61 @@ class Session:
             if now >= self.next_deadline():
                 self.handle_timeout(now)
 
-    async def _pacer_loop(self) -> None:
+    # -- pacing ---------------------------------------------------------------------------
+
+    def _output_queued(self) -> None:
+        """The agent queued output (called from its task, or from the network loop for a
+        synchronous frame handler): send what is due now."""
+        if self._pace_at is None:  # else the pacer calls us back at the due time anyway
+            self._pump(trio.current_time(), False)
+
+    def pace(self, now: float, at: float) -> None:
+        """The shared pacer's call-back (see :meth:`Pacer.schedule`)."""
+        if at != self._pace_at or self.state == "ended":
+            return  # stale: rescheduled since, or over
+        self._pace_at = None
+        try:
+            self._pump(now, True)
+        except Exception:
+            self._counters["session_errors"] += 1
+            log.exception("session %s: sending failed; ending it", self.id)
+            self.end("internal-error")
+
+    def _pump(self, now: float, from_pacer: bool) -> None:
+        """Send every queued frame that is due at ``now``; have the pacer call back for the
+        next one. A trailing partial frame is sent (zero-padded) only from the pacer's
+        call-back, so a producer that queues a frame in pieces gets to finish it."""
         host = self.host
         pk = self.packetizer
-        while True:
-            await host.wait_output()
-            due = pk.poll_timeout()
-            if due is not None and not pk.ready(trio.current_time()):
-                await trio.sleep_until(due)
+        if self.srtp is None or self.media_flow is None or self.state == "ended":
+            return  # agents start on connection; nothing is sent before or after
+        while host.has_output():
+            whole = host.queued_frames
+            backlog = whole - 1 if whole else 0
+            if not pk.ready(now, backlog):
+                due = pk.poll_timeout(backlog)
+                assert due is not None
+                self._schedule(due)
+                return
+            if not whole and not from_pacer:
+                self._schedule(now)
+                return
             pcm = host.pop_output_frame()
-            if pcm is None:
-                continue  # interrupted while we waited
-            if self.srtp is None:
-                await trio.sleep(0.02)  # not connected yet: drop, at real time
-                continue
-            self.send_frame(trio.current_time(), pcm, host.queued_frames)
+            if pcm is None:  # pragma: no cover - has_output() said there was some
+                return
+            self.send_frame(now, pcm, host.queued_frames)
+
+    def _schedule(self, at: float) -> None:
+        if self._pace_at is not None and self._pace_at <= at:
+            return
+        self._pace_at = at
+        self.pacer.schedule(at, self)
 
     async def _run_agent(self) -> None:
         try:
             await self.agent.run(self.ctx)
         except Exception:
-            log.exception("session %s: agent %s failed", self.id, self.agent.name)
+            log.exception("session %s: agent %s failed", self.id, loggable_url(self.agent.name))
             self.end("agent-error")
             return
         # The agent is done: let its last words play out, then hang up.
@@ -582,8 +648,8 @@ class Session:
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
                     nursery.start_soon(self._timer_loop)
-                    if not self.passthrough:
-                        nursery.start_soon(self._pacer_loop)
+                    if not self.passthrough and self._own_pacer:
+                        nursery.start_soon(self.pacer.run)
                     task_status.started()
         except Exception:
             log.exception("session %s crashed", self.id)

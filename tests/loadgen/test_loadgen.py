@@ -24,7 +24,7 @@ from appliance.loadgen.media import (
     encode_tone,
     read_tag,
 )
-from appliance.loadgen.stats import percentile
+from appliance.loadgen.stats import SessionResult, percentile
 from appliance.proto.dtls import Certificate
 from appliance.proto.sdp import build_answer, parse_offer_untrusted
 
@@ -137,6 +137,32 @@ async def test_silent_ice_is_a_failure_with_a_timeout(stream: ToneStream) -> Non
                 stream=stream)
             nursery.cancel_scope.cancel()
     assert report.sessions[0].failure == "no ICE/DTLS connection within 1.0 s"
+
+
+async def test_a_hung_post_fails_after_the_connect_timeout(stream: ToneStream) -> None:
+    """Regression: --connect-timeout only started after the answer, so a POST that never
+    got one hung the whole run."""
+    async def hang(method: str, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_http, hang)
+        with trio.fail_after(10):
+            report = await run_load(
+                LoadConfig(url, sessions=2, rate=20, duration=1.0, connect_timeout=0.5),
+                stream=stream)
+        nursery.cancel_scope.cancel()
+    assert [s.failure for s in report.sessions] == [
+        "no answer and connection within 1.5 s of the POST"] * 2
+
+
+def test_onset_loss_does_not_count_a_stretched_echo() -> None:
+    """Every packet came back, spread over a little more time than it was sent in."""
+    res = SessionResult(0, sent=414, received=414, rtt_method="onset", echo_span=8.33)
+    assert res.loss == 0.0
+    res = SessionResult(0, sent=414, received=400, rtt_method="onset", echo_span=8.33)
+    assert res.loss == pytest.approx(14 / 414)
 
 
 def test_cli_reports_unreachable_signaling_as_json(capsys: pytest.CaptureFixture[str]) -> None:

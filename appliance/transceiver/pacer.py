@@ -1,0 +1,64 @@
+"""One pacing task for every session of a transceiver.
+
+A session sends an outbound frame the moment it is queued *if it is due* (from whatever
+task queued it: the network loop for the built-in echo, the agent's task otherwise), so in
+steady state no task wakes up per frame at all. Only a frame that is queued before its due
+time (a burst from the agent, a producer faster than real time) is left for later: the
+session asks the pacer to call it back at that time (:meth:`Pacer.schedule`), and this one
+task, sleeping until the earliest such time of *all* sessions, calls each one back.
+
+Before, every session had a pacer task of its own that woke once per frame — two task
+switches per echoed packet with the echo agent's task (docs/performance.md, "Transceiver").
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+from typing import Protocol
+
+import trio
+
+log = logging.getLogger(__name__)
+
+
+class Paced(Protocol):
+    def pace(self, now: float, at: float) -> None:
+        """Called back at (or just after) ``at``, the time passed to :meth:`Pacer.schedule`."""
+
+
+class Pacer:
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Paced]] = []
+        self._order = itertools.count()  # ties: first scheduled, first called
+        self._lot = trio.lowlevel.ParkingLot()
+        self._wake_at = math.inf
+        self.callbacks = 0  # for tests and stats: how often a session was called back
+
+    def schedule(self, at: float, who: Paced) -> None:
+        """Call ``who.pace(now, at)`` at ``at``. A session that reschedules before that
+        leaves a stale entry; it recognises it by ``at`` and ignores the call."""
+        heapq.heappush(self._heap, (at, next(self._order), who))
+        if at < self._wake_at:
+            self._lot.unpark_all()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    async def run(self) -> None:
+        heap = self._heap
+        while True:
+            self._wake_at = heap[0][0] if heap else math.inf
+            with trio.move_on_at(self._wake_at):
+                await self._lot.park()
+            self._wake_at = -math.inf  # awake: no wake-ups needed while we work
+            now = trio.current_time()
+            while heap and heap[0][0] <= now:
+                at, _, who = heapq.heappop(heap)
+                self.callbacks += 1
+                try:
+                    who.pace(now, at)
+                except Exception:  # one session's failure must not stop the others' audio
+                    log.exception("pacer: callback failed")
