@@ -36,7 +36,7 @@ from ..config import ConfigError, format_hostport, load_config, parse_hostport, 
 from ..control import ControlError, control_request, serve_control
 from ..proto.ufrag import load_secrets
 from .core import Address
-from .server import RelayConfig, serve_relay
+from .server import RelayConfig, pattern_address, serve_relay
 
 log = logging.getLogger("appliance.relay")
 
@@ -53,6 +53,9 @@ DEFAULTS: dict[str, Any] = {
     "max_flows": 100_000,
     "new_flow_rate": 20.0,
     "pin": False,
+    "transceiver_pattern": None,
+    "transceiver_count": None,
+    "resolve_interval": 5.0,
 }
 
 
@@ -74,6 +77,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--transceiver", dest="transceivers", action="append", metavar="K=HOST:PORT",
       help="internal address of transceiver K of this cluster (repeatable; config file: "
            '[relay] transceivers = {0 = "127.0.0.1:4000"})')
+    a("--transceiver-pattern", metavar="PATTERN",
+      help="internal address of every transceiver of this cluster by id, e.g. "
+           "'transceiver-{id}.transceiver.ns.svc:4000' (a StatefulSet ordinal is the id); "
+           "names are resolved off the hot path and re-resolved every --resolve-interval")
+    a("--transceivers", dest="transceiver_count", type=int, metavar="N",
+      help="with --transceiver-pattern: resolve ids 0..N-1 at start and accept only those "
+           "(default: any id, resolved on first use)")
+    a("--resolve-interval", type=float, metavar="S",
+      help="re-resolve transceiver host names every S seconds, so a pod restarted with a "
+           "new IP keeps working (default 5)")
     a("--cluster", type=int, metavar="C", help="this relay's cluster id (default 0)")
     a("--next-hop", dest="next_hops", action="append", metavar="CLUSTER=HOST:PORT",
       help="internal address of the relay serving another cluster (repeatable; config "
@@ -160,6 +173,20 @@ def build_config(args: argparse.Namespace) -> RelayConfig:
     if not 0 <= int(args.cluster) <= 0xFFFF:
         raise UsageError("--cluster must be 0..65535")
     worker = args.worker_index or 0
+    pattern = args.transceiver_pattern or None
+    count = None if args.transceiver_count is None else int(args.transceiver_count)
+    if pattern is not None:
+        try:
+            pattern_address(str(pattern), 1)
+        except ValueError as exc:
+            raise UsageError(f"--transceiver-pattern: {exc}") from None
+    if count is not None:
+        if pattern is None:
+            raise UsageError("--transceivers N needs --transceiver-pattern")
+        if not 1 <= count <= 0x10000:
+            raise UsageError("--transceivers must be 1..65536")
+    if float(args.resolve_interval) <= 0:
+        raise UsageError("--resolve-interval must be > 0")
     return RelayConfig(
         secrets=tuple(secrets),
         listen=tuple(_addr(x, "--listen", "0.0.0.0") for x in listen),
@@ -175,6 +202,9 @@ def build_config(args: argparse.Namespace) -> RelayConfig:
         control=args.control,
         relay_id=f"{socket.gethostname()[:40]}/c{int(args.cluster)}/w{worker}",
         worker=worker,
+        transceiver_pattern=None if pattern is None else str(pattern),
+        transceiver_count=count,
+        resolve_interval=float(args.resolve_interval),
     )
 
 
@@ -222,6 +252,11 @@ def _child_argv(args: argparse.Namespace, config: RelayConfig, index: int,
         argv += ["--next-hop", f"{k}={format_hostport(addr)}"]
     if config.redis_url:
         argv += ["--redis", config.redis_url]
+    if config.transceiver_pattern is not None:
+        argv += ["--transceiver-pattern", config.transceiver_pattern]
+    if config.transceiver_count is not None:
+        argv += ["--transceivers", str(config.transceiver_count)]
+    argv += ["--resolve-interval", repr(config.resolve_interval)]
     if args.pin:
         argv.append("--pin")
     return argv

@@ -18,8 +18,17 @@ Routing of a first packet (DESIGN.md "Relay behaviour", "Server ufrag")::
       ├─ no USERNAME ─────────────────────────────────── answer: reflexive response
       ├─ server ufrag (before ':') does not verify ──── drop "ufrag-<malformed|version|bad-mac>"
       ├─ cluster == own, transceiver K configured ───── new flow -> transceiver K
+      ├─ cluster == own, K not resolved yet (pattern) ─ drop "transceiver-resolving", ask the
+      │                                                  shell to resolve K (the client's
+      │                                                  next check finds it)
       ├─ cluster == other, next hop configured ──────── new flow -> next-hop relay
       └─ otherwise ───────────────────────────────────── drop "unknown-cluster|transceiver"
+
+Transceiver addresses can change under a running relay (``resolve_transceivers``: a pod
+restarted with a new IP behind ``transceiver-{id}.…`` DNS names). The shell resolves names
+off the hot path and calls :meth:`RelayCore.set_transceiver`, which also re-points the flows
+already going to that transceiver. Only MAC-verified server ufrags can ask for a resolution,
+and pending resolutions are capped, so junk cannot make the relay query DNS.
 
 A STUN Binding request on a *known* flow whose server ufrag differs from the flow's re-routes
 the flow if it verifies (ICE restart, or a NAT that reused the port for a new session).
@@ -230,6 +239,13 @@ class CoreConfig:
     redis: bool = False
     max_pending_lookups: int = 4096
     negative_ttl: float = 1.0
+    #: transceiver ids missing from ``transceivers`` may be resolved on demand (a pattern)
+    resolve_transceivers: bool = False
+    #: ids from this one up are never resolved (``--transceivers N``)
+    resolve_limit: int = 0x10000
+    max_pending_resolutions: int = 64
+    #: a transceiver id that did not resolve is not asked for again before this many seconds
+    unresolved_ttl: float = 2.0
 
 
 class RelayCore:
@@ -243,6 +259,16 @@ class RelayCore:
         self.config = config
         self.codec = UfragCodec(list(config.secrets))
         self.counters = Counters()
+        #: transceiver id -> internal address (grows and changes with resolve_transceivers)
+        self.transceivers: dict[int, Address] = dict(config.transceivers)
+        #: transceiver ids to resolve, and ids recently asked: id -> time before which we
+        #: do not ask again
+        self._resolve: set[int] = set()
+        self._resolve_asked: dict[int, float] = {}
+        #: flows recovered from Redis that wait for their transceiver's address:
+        #: id -> client -> (public, upstream); installed by set_transceiver
+        self._parked: dict[int, dict[Address, tuple[Address, Address | None]]] = {}
+        self._parked_count = 0
         #: client ip:port -> Flow, least recently used first
         self.flows: OrderedDict[Address, Flow] = OrderedDict()
         self.buckets = TokenBuckets(
@@ -295,7 +321,7 @@ class RelayCore:
         if flow is not None and flow.upstream == upstream and server_ufrag == flow.ufrag:
             self._touch(flow, now, len(data))  # consent check of a known session
             return flow
-        route = self._route(server_ufrag)
+        route = self._route(server_ufrag, now)
         if route is None:
             return None
         if flow is not None and flow.upstream == upstream:
@@ -335,15 +361,15 @@ class RelayCore:
         self.counters.stun_answered += 1
         return resp
 
-    def _route(self, server_ufrag: bytes) -> Route | None:
+    def _route(self, server_ufrag: bytes, now: float) -> Route | None:
         try:
             hint = self.codec.decode_untrusted(server_ufrag)
         except UfragError as exc:
             self.counters.drop(f"ufrag-{exc.hint}")
             return None
         if hint.cluster == self.config.cluster:
-            if hint.transceiver not in self.config.transceivers:
-                self.counters.drop("unknown-transceiver")
+            if hint.transceiver not in self.transceivers:
+                self._want_resolve(now, hint.transceiver)
                 return None
             return Route("t", hint.transceiver)
         if hint.cluster not in self.config.next_hops:
@@ -352,8 +378,62 @@ class RelayCore:
         return Route("c", hint.cluster)
 
     def _dest(self, route: Route) -> Address | None:
-        table = self.config.transceivers if route.kind == "t" else self.config.next_hops
+        table = self.transceivers if route.kind == "t" else self.config.next_hops
         return table.get(route.ident)
+
+    # -- transceiver addresses (the shell resolves names) ----------------------------------
+
+    def _want_resolve(self, now: float, ident: int) -> None:
+        """Transceiver ``ident`` has no address: drop, and ask the shell to resolve it."""
+        if not self.config.resolve_transceivers or ident >= self.config.resolve_limit:
+            self.counters.drop("unknown-transceiver")
+            return
+        if self._resolve_asked.get(ident, -1e300) > now:
+            self.counters.drop("unknown-transceiver")  # asked recently, without success
+            return
+        self.counters.drop("transceiver-resolving")
+        if ident not in self._resolve and len(self._resolve) < self.config.max_pending_resolutions:
+            self._resolve.add(ident)
+
+    @property
+    def resolutions_pending(self) -> bool:
+        return bool(self._resolve)
+
+    def poll_resolutions(self, now: float) -> list[int]:
+        """Transceiver ids the shell should resolve now (each then rests for
+        ``unresolved_ttl`` unless :meth:`set_transceiver` gives it an address)."""
+        out = sorted(self._resolve)
+        self._resolve.clear()
+        for ident in out:
+            self._resolve_asked[ident] = now + self.config.unresolved_ttl
+        if len(self._resolve_asked) > 4 * self.config.max_pending_resolutions:
+            for ident in [i for i, t in self._resolve_asked.items() if t <= now]:
+                del self._resolve_asked[ident]
+        return out
+
+    def set_transceiver(self, ident: int, addr: Address, now: float = 0.0) -> int:
+        """Transceiver ``ident`` is (now) at ``addr``; re-point its flows and install the
+        Redis-recovered flows that were waiting for it. Returns how many flows moved."""
+        self._resolve_asked.pop(ident, None)
+        parked = self._parked.pop(ident, {})
+        self._parked_count -= len(parked)
+        moved = 0
+        if self.transceivers.get(ident) != addr:
+            self.transceivers[ident] = addr
+            for flow in self.flows.values():
+                if flow.route.kind == "t" and flow.route.ident == ident and flow.dest != addr:
+                    flow.dest = addr
+                    moved += 1
+        for client, (public, upstream) in parked.items():
+            if client not in self.flows:
+                self._recovered(now, client, Route("t", ident), public, upstream)
+        return moved
+
+    def _park(self, ident: int, client: Address, public: Address, upstream: Address | None) -> None:
+        waiting = self._parked.setdefault(ident, {})
+        if client not in waiting and self._parked_count < self.config.max_pending_lookups:
+            waiting[client] = (public, upstream)
+            self._parked_count += 1
 
     def _touch(self, flow: Flow, now: float, n: int) -> None:
         flow.last_seen = now
@@ -398,6 +478,10 @@ class RelayCore:
             self._dirty.pop(client, None)
             self.counters.flows_expired += 1
         self.buckets.sweep(now)
+        if self._parked:
+            # Parked flows whose transceiver did not resolve are forgotten.
+            for ident in [i for i in self._parked if self._resolve_asked.get(i, now + 1) <= now]:
+                self._parked_count -= len(self._parked.pop(ident))
         asked = self._asked
         while asked:
             client, until = next(iter(asked.items()))
@@ -486,11 +570,28 @@ class RelayCore:
             self.counters.drop("redis-miss")
             return None
         route = Route.parse(value)
+        if (
+            route is not None
+            and route.kind == "t"
+            and route.ident not in self.transceivers
+            and self.config.resolve_transceivers
+            and route.ident < self.config.resolve_limit
+        ):
+            # A restarted relay that has not resolved this transceiver yet: park the flow
+            # until the name resolves (set_transceiver installs it).
+            self._want_resolve(now, route.ident)
+            self._park(route.ident, client, public, upstream)
+            return None
         if route is None or self._dest(route) is None:
             self.counters.drop("redis-bad-route")
             return None
         if client in self.flows:
             return self.flows[client]  # a STUN request won the race
+        return self._recovered(now, client, route, public, upstream)
+
+    def _recovered(
+        self, now: float, client: Address, route: Route, public: Address, upstream: Address | None
+    ) -> Flow:
         self._asked.pop(client, None)
         flow = self._install(now, client, route, public, upstream, b"")
         self._dirty.pop(client, None)  # it came from Redis; no need to write it back yet

@@ -33,11 +33,23 @@ re-framed and sent back to that relay's internal address. Only configured transc
 next hops may send return traffic; any other source on the internal socket is treated as an
 upstream relay, whose datagrams are routed exactly like a client's (first packet must be a
 verified STUN request).
+
+Transceiver addresses by name (issue 10): ``transceiver_pattern`` (e.g.
+``transceiver-{id}.transceiver.ns.svc:4000``, a StatefulSet ordinal as the id) names every
+transceiver; ids ``0..transceiver_count-1`` are resolved at start (a name that does not
+resolve yet is not fatal), any other id — or all of them without a count — on first use: the
+first verified check for an unresolved id is dropped (``transceiver-resolving``) and the
+resolver task looks the name up; the client's next check (ICE retransmits) finds it. Every
+name (pattern or a host name given with ``transceivers``) is re-resolved every
+``resolve_interval`` seconds off the hot path; a changed address re-points the flows
+(:meth:`RelayCore.set_transceiver`) and is accepted as a source of return traffic, so a pod
+restarted with a new IP keeps working without restarting the relays.
 """
 
 from __future__ import annotations
 
 import ctypes
+import ipaddress
 import logging
 import math
 import os
@@ -50,6 +62,7 @@ from typing import Any
 
 import trio
 
+from ..config import parse_hostport
 from ..control import serve_control
 from ..logs import redact
 from ..proto.proxy import TLV_RELAY_ID, ProxyError, encode_header, encode_tlv, parse_untrusted
@@ -123,7 +136,9 @@ def socket_buffers(sock: socket.socket) -> dict[str, int]:
 class RelayConfig:
     """One relay worker's configuration (the CLI builds it from flags and the TOML file).
 
-    Host names in ``transceivers``/``next_hops`` are resolved once at start.
+    Host names in ``next_hops`` are resolved once at start; transceiver names (given in
+    ``transceivers`` or by ``transceiver_pattern``) are also re-resolved every
+    ``resolve_interval`` seconds (see the module docstring).
     """
 
     secrets: tuple[bytes, ...]
@@ -140,6 +155,28 @@ class RelayConfig:
     control: str | None = None
     relay_id: str = "relay"
     worker: int = 0
+    transceiver_pattern: str | None = None  # "host-{id}.domain:port"
+    transceiver_count: int | None = None  # ids 0..N-1 resolved at start (pattern only)
+    resolve_interval: float = 5.0
+    resolve_timeout: float = 2.0
+
+
+def pattern_address(pattern: str, ident: int) -> Address:
+    """``transceiver-{id}.transceiver.ns.svc:4000`` and id 3 -> (``transceiver-3...``, 4000)."""
+    if "{id}" not in pattern:
+        raise ValueError(f"transceiver pattern {pattern!r} has no {{id}}")
+    host, port = parse_hostport(pattern.replace("{id}", str(ident)), default_host="")
+    if not host or not port:
+        raise ValueError(f"transceiver pattern {pattern!r}: expected HOST:PORT with {{id}}")
+    return host, port
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,9 +223,11 @@ def _udp_socket(addr: Address, *, reuseport: bool, public: bool = False) -> sock
     return sock
 
 
-async def _resolve(addr: Address) -> Address:
-    """A host name to an IP literal, once (``sendto`` with a name would resolve per packet)."""
-    infos = await trio.socket.getaddrinfo(addr[0], addr[1], type=trio.socket.SOCK_DGRAM)
+async def _resolve(addr: Address, family: int = 0) -> Address:
+    """A host name to an IP literal (``sendto`` with a name would resolve per packet), of the
+    internal socket's family when given."""
+    infos = await trio.socket.getaddrinfo(addr[0], addr[1], family=family,
+                                          type=trio.socket.SOCK_DGRAM)
     if not infos:  # pragma: no cover - getaddrinfo raises instead
         raise OSError(f"cannot resolve {addr[0]}")
     sockaddr = infos[0][4]
@@ -202,7 +241,7 @@ class _Worker:
         core: RelayCore,
         pubs: Sequence[socket.socket],
         isock: socket.socket,
-        return_sources: frozenset[Address],
+        return_sources: set[Address],
     ) -> None:
         self.config = config
         self.core = core
@@ -210,14 +249,22 @@ class _Worker:
         self.isock = isock
         self.public = tuple(_name(s) for s in pubs)
         self.pub_by_addr = dict(zip(self.public, pubs, strict=True))
+        #: mutated in place (never rebound): internal_loop holds a reference to it
         self.return_sources = return_sources
         self.tlv = encode_tlv(TLV_RELAY_ID, config.relay_id.encode()[:64])
         self.lookup_wanted = trio.Event()
+        self.resolve_wanted = trio.Event()
         self.sockets: dict[str, Any] = {}
+        #: transceiver id -> the name it is resolved from (pattern or configured host name)
+        self.names: dict[int, Address] = {}
+        self.next_hops: dict[int, Address] = {}
 
     def _wake_lookups(self) -> None:
-        if self.core.lookups_pending and not self.lookup_wanted.is_set():
+        core = self.core
+        if core.lookups_pending and not self.lookup_wanted.is_set():
             self.lookup_wanted.set()
+        if core.resolutions_pending and not self.resolve_wanted.is_set():
+            self.resolve_wanted.set()
 
     async def public_loop(self, sock: socket.socket, public: Address) -> None:
         core = self.core
@@ -423,6 +470,68 @@ class _Worker:
             if readable:
                 await trio.lowlevel.checkpoint()
 
+    # -- transceiver names: resolved here, off the hot path --------------------------------
+
+    def name_of(self, ident: int) -> Address | None:
+        name = self.names.get(ident)
+        if name is not None:
+            return name
+        cfg = self.config
+        if cfg.transceiver_pattern is None or ident in cfg.transceivers:
+            return None
+        if cfg.transceiver_count is not None and ident >= cfg.transceiver_count:
+            return None
+        return pattern_address(cfg.transceiver_pattern, ident)
+
+    def update_return_sources(self) -> None:
+        wanted = set(self.core.transceivers.values()) | set(self.next_hops.values())
+        self.return_sources.intersection_update(wanted)
+        self.return_sources.update(wanted)
+
+    async def resolve_one(self, ident: int) -> None:
+        name = self.name_of(ident)
+        if name is None:
+            return
+        try:
+            with trio.fail_after(self.config.resolve_timeout):
+                addr = await _resolve(name, self.isock.family)
+        except (OSError, trio.TooSlowError) as exc:
+            log.debug("relay: transceiver %d (%s) does not resolve: %s", ident, name[0], exc)
+            return
+        self.names.setdefault(ident, name)
+        old = self.core.transceivers.get(ident)
+        if old == addr:
+            self.core.set_transceiver(ident, addr, trio.current_time())  # parked flows
+            return
+        moved = self.core.set_transceiver(ident, addr, trio.current_time())
+        self.update_return_sources()
+        log.info("relay: transceiver %d %s is at %s%s", ident, name[0], format_addr(addr),
+                 "" if old is None else f" (was {format_addr(old)}, {moved} flows moved)")
+
+    async def resolver(self) -> None:
+        """Resolve ids the core asks for as soon as it asks; re-resolve every known name
+        every ``resolve_interval`` seconds."""
+        limiter = trio.CapacityLimiter(8)
+
+        async def limited(ident: int) -> None:
+            async with limiter:
+                await self.resolve_one(ident)
+
+        next_sweep = trio.current_time() + self.config.resolve_interval
+        while True:
+            with trio.move_on_at(next_sweep):
+                await self.resolve_wanted.wait()
+            self.resolve_wanted = trio.Event()
+            now = trio.current_time()
+            ids = set(self.core.poll_resolutions(now))
+            if now >= next_sweep:
+                ids |= set(self.names)
+                next_sweep = now + self.config.resolve_interval
+            if ids:
+                async with trio.open_nursery() as nursery:
+                    for ident in sorted(ids):
+                        nursery.start_soon(limited, ident)
+
     async def housekeeping(self) -> None:
         tick = min(1.0, self.config.flow_timeout / 4)
         while True:
@@ -438,6 +547,8 @@ class _Worker:
                 "worker": self.config.worker,
                 "pid": os.getpid(),
                 "sockets": self.sockets,
+                "transceivers": {str(k): format_addr(a)
+                                 for k, a in sorted(self.core.transceivers.items())},
             }
         return {"ok": False, "status": 400, "code": "unknown-op",
                 "detail": f"unknown op {req.get('op')!r}; this relay serves 'stats'"}
@@ -508,8 +619,23 @@ async def serve_relay(
     task_status: trio.TaskStatus[RelayHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run one relay worker until cancelled; reports a :class:`RelayHandle` when ready."""
-    transceivers = {k: await _resolve(a) for k, a in config.transceivers.items()}
-    next_hops = {k: await _resolve(a) for k, a in config.next_hops.items()}
+    family = socket.AF_INET6 if ":" in config.internal[0] else socket.AF_INET
+    transceivers = {k: await _resolve(a, family) for k, a in config.transceivers.items()}
+    next_hops = {k: await _resolve(a, family) for k, a in config.next_hops.items()}
+    names = {k: a for k, a in config.transceivers.items() if not _is_ip(a[0])}
+    if config.transceiver_pattern is not None:
+        pattern_address(config.transceiver_pattern, 1)  # a bad pattern fails now
+        for k in range(config.transceiver_count or 0):
+            if k in transceivers:
+                continue
+            names[k] = tname = pattern_address(config.transceiver_pattern, k)
+            try:
+                with trio.fail_after(config.resolve_timeout):
+                    transceivers[k] = await _resolve(tname, family)
+            except (OSError, trio.TooSlowError) as exc:
+                # Not fatal: a StatefulSet pod that is not ready has no DNS record yet.
+                log.warning("relay: transceiver %d (%s) does not resolve yet (%s); will retry",
+                            k, tname[0], exc)
     core = RelayCore(
         CoreConfig(
             secrets=tuple(config.secrets),
@@ -523,6 +649,8 @@ async def serve_relay(
             new_flow_burst=config.new_flow_burst,
             max_sources=max(65_536, config.max_flows),
             redis=config.redis_url is not None,
+            resolve_transceivers=config.transceiver_pattern is not None,
+            resolve_limit=0x10000 if config.transceiver_count is None else config.transceiver_count,
         )
     )
     redis_client: Any = None
@@ -541,9 +669,10 @@ async def serve_relay(
         isock = _udp_socket(config.internal, reuseport=config.internal[1] != 0)
         socks.append(isock)
         pubs = socks[:-1]
-        worker = _Worker(
-            config, core, pubs, isock, frozenset(transceivers.values()) | frozenset(next_hops.values())
-        )
+        worker = _Worker(config, core, pubs, isock, set())
+        worker.names = names
+        worker.next_hops = next_hops
+        worker.update_return_sources()
         for name, sock in [*zip(map(format_addr, worker.public), pubs, strict=True), ("internal", isock)]:
             worker.sockets[name] = socket_buffers(sock)
         handle = RelayHandle(worker.public, _name(isock), core, config.worker, worker.sockets)
@@ -552,6 +681,8 @@ async def serve_relay(
                 nursery.start_soon(worker.public_loop, sock, public)
             nursery.start_soon(worker.internal_loop)
             nursery.start_soon(worker.housekeeping)
+            if names or config.transceiver_pattern is not None:
+                nursery.start_soon(worker.resolver)
             if redis_client is not None:
                 nursery.start_soon(worker.redis_writer, redis_client)
                 nursery.start_soon(worker.redis_reader, redis_client)

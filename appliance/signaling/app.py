@@ -53,6 +53,8 @@ _CORS_EXPOSE = "Location, ETag, Accept-Patch, Link"
 def create_app(state: SignalingState) -> QuartTrio:
     app = QuartTrio(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = state.config.max_body
+    # A body that stalls (slow upload) gets 408 after this, not Quart's 60 s default.
+    app.config["BODY_TIMEOUT"] = state.config.body_timeout
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
     app.extensions["appliance.state"] = state
 
@@ -154,7 +156,19 @@ def create_app(state: SignalingState) -> QuartTrio:
         agent = request.args.get("agent") or request.headers.get("X-Agent") or None
         if agent is not None and not _AGENT_RE.match(agent):
             raise Problem(400, "bad-agent", "agent must be 1..256 printable ASCII characters")
-        rec, answer = await state.create_session(offer, agent, claims.jti if claims else None)
+        ingress = None
+        if state.config.ingress.enabled:
+            geo = state.config.ingress
+            client = request.scope.get("client")
+            ingress = state.pick_ingress(
+                peer=str(client[0]) if client else None,
+                forwarded_for=request.headers.getlist("X-Forwarded-For")
+                if geo.trusted_proxies else [],
+                region=request.headers.get(geo.region_header) if geo.region_header else None,
+            )
+        rec, answer = await state.create_session(
+            offer, agent, claims.jti if claims else None, ingress=ingress
+        )
         resp = Response(answer, status=201, content_type=SDP)
         resp.headers["Location"] = f"/v1/sessions/{rec.id}"
         resp.headers["ETag"] = rec.etag

@@ -19,6 +19,7 @@ import trio
 
 from ..config import ConfigError, load_config, parse_hostport, resolve
 from ..logs import add_logging_flags, configure
+from .geo import parse_ingress_map
 from .server import (
     check_public_address,
     default_public_addresses,
@@ -37,6 +38,10 @@ DEFAULTS: dict[str, Any] = {
     "transceiver_control": [],
     "relay_control": [],
     "public_address": [],
+    "ingress": [],
+    "ingress_prefix": [],
+    "region_header": None,
+    "trusted_proxy": [],
 }
 
 
@@ -65,6 +70,25 @@ def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
                              "repeatable (default: the default-route interface's address)")
 
 
+def add_geo_arguments(parser: argparse.ArgumentParser) -> None:
+    """Geo-steered ingress (appliance/signaling/geo.py); config file keys: ingress (a table
+    REGION = "HOST:PORT,..." or a list), ingress_prefix (a table "CIDR" = "REGION"),
+    region_header, trusted_proxy (a list)."""
+    parser.add_argument("--ingress", action="append", metavar="REGION=HOST:PORT[,HOST:PORT]",
+                        default=None,
+                        help="relay ingress addresses (IP literals) advertised to clients "
+                             "steered to REGION; repeatable")
+    parser.add_argument("--ingress-prefix", action="append", metavar="CIDR=REGION", default=None,
+                        help="clients whose address is in CIDR get REGION's ingress "
+                             "(longest prefix wins); repeatable")
+    parser.add_argument("--region-header", metavar="NAME", default=None,
+                        help="request header set by a CDN/load balancer naming the client's "
+                             "region (e.g. X-Region); it wins over --ingress-prefix")
+    parser.add_argument("--trusted-proxy", action="append", metavar="CIDR", default=None,
+                        help="proxies whose X-Forwarded-For (and region header) is believed; "
+                             "repeatable. Without one the HTTP peer address is the client's")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="TOML config file ([signaling] table)")
     parser.add_argument("--http", metavar="HOST:PORT", default=None,
@@ -78,6 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--udp-port", type=int, metavar="PORT", default=None,
                         help="the relays' public UDP port, advertised in answers (default 3478)")
     add_auth_arguments(parser)
+    add_geo_arguments(parser)
     add_tls_arguments(parser)
     parser.add_argument("--state-dir", metavar="DIR", default=None,
                         help="where a self-signed certificate is kept (default "
@@ -141,6 +166,13 @@ def build_config(args: argparse.Namespace) -> tuple[SignalingConfig, str | None]
     udp_port = int(args.udp_port)
     if not 1 <= udp_port <= 65535:
         raise ValueError("--udp-port must be 1..65535")
+    ingress = parse_ingress_map(
+        ingress=getattr(args, "ingress", None),
+        prefixes=getattr(args, "ingress_prefix", None),
+        region_header=getattr(args, "region_header", None),
+        trusted_proxies=getattr(args, "trusted_proxy", None),
+        default_port=udp_port,
+    )
     cert, key, fp = tls_settings(args, [host, *public])
     webui = Path(args.webui_dir) if args.webui_dir else default_webui_dir()
     cfg = SignalingConfig(
@@ -153,6 +185,7 @@ def build_config(args: argparse.Namespace) -> tuple[SignalingConfig, str | None]
         tls_cert=cert,
         tls_key=key,
         webui_dir=webui,
+        ingress=ingress,
     )
     return cfg, fp
 

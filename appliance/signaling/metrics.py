@@ -154,6 +154,11 @@ def render(state: SignalingState) -> str:
             fams.add("appliance_relay_flows", "gauge", "Flows in a relay worker's table.",
                      {"worker": ep.key}, flows)
 
+    for region, n in sorted(state.ingress_picks.items()):
+        fams.add("appliance_ingress_answers_total", "counter",
+                 "Answers by the geo-steered ingress region advertised (\"\" = default).",
+                 {"region": region}, n)
+
     for code, n in sorted(state.http_responses.items()):
         fams.add("appliance_http_responses_total", "counter", "HTTP responses by status code.",
                  {"code": str(code)}, n)

@@ -27,6 +27,7 @@ from typing import Any
 import trio
 
 from ..control import ControlClient, ControlError
+from .geo import IngressChoice, IngressMap
 from .metrics import Histogram
 from .problems import Problem, from_control
 from .tokens import ClientTokens
@@ -58,11 +59,13 @@ class SignalingConfig:
     tls_key: str | None = None
     webui_dir: Path | None = None
     max_body: int = 64 * 1024
+    body_timeout: float = 10.0  # seconds for a request body to arrive in full (else 408)
     client_token_ttl: float = 600.0
     client_token_max_ttl: float = 3600.0
     control_timeout: float = 5.0
     managed: bool = False  # True under the supervisor: it, not polling, decides who is lost
     events_interval: float = 1.0
+    ingress: IngressMap = field(default_factory=IngressMap)  # geo-steered ingress (geo.py)
 
     def requires_auth(self) -> bool:
         if self.auth_required is not None:
@@ -203,6 +206,7 @@ class SignalingState:
         self.sessions_lost = 0
         self.http_responses: dict[int, int] = {}
         self.supervisor_info: dict[str, Any] = {}
+        self.ingress_picks: dict[str, int] = {}  # region ("" = default) -> answers
 
     # -- endpoints ------------------------------------------------------------------------
 
@@ -210,7 +214,19 @@ class SignalingState:
         return [*self.transceivers.values(), *self.relays.values()]
 
     def candidates(self) -> list[list[Any]]:
+        """The default candidates: every public address with the relays' UDP port."""
         return [[addr, self.config.udp_port] for addr in self.config.public_addresses]
+
+    def pick_ingress(
+        self, *, peer: str | None, forwarded_for: list[str], region: str | None
+    ) -> IngressChoice:
+        """The relay ingress to advertise for a request (geo.py); the default candidates
+        when no geo map is configured or nothing in it matches."""
+        default = [(str(a), int(p)) for a, p in self.candidates()]
+        choice = self.config.ingress.pick(default, peer=peer, forwarded_for=forwarded_for,
+                                          region=region)
+        self.ingress_picks[choice.region or ""] = self.ingress_picks.get(choice.region or "", 0) + 1
+        return choice
 
     def process_info(self, role: str, key: str, **info: Any) -> None:
         """The supervisor reports pid, restarts, state of the child behind an endpoint."""
@@ -315,8 +331,16 @@ class SignalingState:
     # -- operations (raise Problem for anything the HTTP layer should answer) ----------------
 
     async def create_session(
-        self, offer: str, agent: str | None, owner: str | None
+        self,
+        offer: str,
+        agent: str | None,
+        owner: str | None,
+        *,
+        ingress: IngressChoice | None = None,
     ) -> tuple[SessionRecord, str]:
+        candidates = (
+            self.candidates() if ingress is None else [[h, p] for h, p in ingress.candidates]
+        )
         order = self.pick_order()
         if not order:
             raise Problem(503, "no-transceiver", "no transceiver is available", {"Retry-After": "1"})
@@ -329,7 +353,7 @@ class SignalingState:
                 "session_id": sid,
                 "offer": offer,
                 "agent": agent,
-                "candidates": self.candidates(),
+                "candidates": candidates,
             }
             try:
                 resp = await ep.client.request(req)
@@ -358,7 +382,11 @@ class SignalingState:
                 agent=agent,
             )
             self._add(rec)
-            log.info("session %s created on transceiver %s", sid, k)
+            if ingress is not None and ingress.region is not None:
+                log.info("session %s created on transceiver %s, ingress %s (by %s)",
+                         sid, k, ingress.region, ingress.reason)
+            else:
+                log.info("session %s created on transceiver %s", sid, k)
             return rec, answer
         assert last is not None
         raise last

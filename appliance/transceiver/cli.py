@@ -3,6 +3,13 @@
 Flags override the ``[transceiver]`` table of ``--config``, which overrides the defaults.
 When ready it prints one line, ``transceiver K listening on HOST:PORT control ADDRESS``,
 which the supervisor (and humans) wait for.
+
+Draining (rolling upgrades, docs/kubernetes.md): ``--exit-when-drained`` makes the process
+exit 0 once a ``{"op": "drain"}`` has arrived and its last session has ended (without it a
+drained transceiver stays up, refusing sessions). ``--drain-on-sigterm`` turns SIGTERM into
+the same drain, bounded by ``--drain-grace`` seconds, after which the remaining calls are
+ended (``shutdown``); a second SIGTERM, or SIGINT, ends them at once. Without it SIGTERM ends
+every call immediately.
 """
 
 from __future__ import annotations
@@ -10,7 +17,6 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from functools import partial
 
 import trio
 
@@ -20,10 +26,11 @@ from appliance.config import ConfigError, format_hostport, load_config, parse_ho
 from appliance.logs import add_logging_flags, configure
 from appliance.proto.ufrag import load_secrets
 
-from .server import TransceiverConfig, serve_transceiver
+from .server import TransceiverAddresses, TransceiverConfig, serve_transceiver
 
 DEFAULTS = {"id": 0, "cluster": 0, "agent": "echo", "max_sessions": 500, "listen": None,
-            "control": None}
+            "control": None, "exit_when_drained": False, "drain_on_sigterm": False,
+            "drain_grace": 3600.0}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +52,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "ws://… (default echo)")
     parser.add_argument("--max-sessions", type=int, default=None, metavar="N",
                         help="refuse new sessions beyond N (503 full; default 500)")
+    parser.add_argument("--exit-when-drained", action="store_true", default=None,
+                        help="after a drain (control op), exit 0 when the last session ends")
+    parser.add_argument("--drain-on-sigterm", action="store_true", default=None,
+                        help="SIGTERM drains (no new sessions, exit when the last call ends, "
+                        "at most --drain-grace seconds) instead of ending calls at once")
+    parser.add_argument("--drain-grace", type=float, default=None, metavar="S",
+                        help="with --drain-on-sigterm: end the calls still up after S "
+                        "seconds (default 3600; keep it below Kubernetes' "
+                        "terminationGracePeriodSeconds)")
     parser.add_argument("--config", default=None, metavar="FILE",
                         help="TOML config file ([transceiver] table and shared keys)")
     add_logging_flags(parser)
@@ -79,22 +95,54 @@ def run(args: argparse.Namespace) -> int:
             id=tid, secrets=tuple(secrets), listen=listen, control=args.control,
             cluster=int(args.cluster), agent=str(args.agent),
             max_sessions=int(args.max_sessions),
+            exit_when_drained=bool(args.exit_when_drained),
         )
+        grace = float(args.drain_grace)
+        if not grace >= 0:
+            raise ValueError("--drain-grace must be >= 0")
         resolve_agent(config.agent)  # fail now, not at the first session
     except (ValueError, AgentError) as exc:
         print(f"appliance transceiver: {exc}", file=sys.stderr)
         return 2
 
+    drain_on_sigterm = bool(args.drain_on_sigterm)
+
     async def main() -> None:
         # SIGTERM/SIGINT: cancel everything; sessions end with "shutdown" (close_notify sent).
+        # With --drain-on-sigterm the first SIGTERM drains first (bounded by the grace).
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
-                ready = await nursery.start(partial(serve_transceiver, config))
+
+                async def serve(
+                    *, task_status: trio.TaskStatus[TransceiverAddresses] = trio.TASK_STATUS_IGNORED
+                ) -> None:
+                    await serve_transceiver(config, task_status=task_status)
+                    nursery.cancel_scope.cancel()  # drained (--exit-when-drained): done
+
+                ready = await nursery.start(serve)
                 print(f"transceiver {config.id} listening on {format_hostport(ready.udp)} "
                       f"control {ready.control or '-'}", flush=True)
-                async for _ in signals:
+                draining = False
+                async for signum in signals:
+                    tr = ready.transceiver
+                    if signum == signal.SIGTERM and drain_on_sigterm and tr is not None \
+                            and not draining:
+                        draining = True
+                        tr.drain()
+                        nursery.start_soon(_end_when_drained, nursery.cancel_scope,
+                                           tr.drained, grace)
+                        continue
                     nursery.cancel_scope.cancel()
                     break
+
+    async def _end_when_drained(scope: trio.CancelScope, drained: trio.Event,
+                                grace: float) -> None:
+        with trio.move_on_after(grace) as timer:
+            await drained.wait()
+        if timer.cancelled_caught:
+            print(f"appliance transceiver: drain grace of {grace:g} s is over; ending the "
+                  "remaining calls", file=sys.stderr, flush=True)
+        scope.cancel()
 
     try:
         trio.run(main)

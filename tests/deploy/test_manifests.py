@@ -175,16 +175,26 @@ def test_transceiver_ids_are_statefulset_ordinals() -> None:
                      rf"{NAMESPACE}\.svc\.cluster\.local:(\d+)$")
     media = {p["containerPort"] for p in containers(sts)[0]["ports"] if p["name"] == "media"}
     control = {p["containerPort"] for p in containers(sts)[0]["ports"] if p["name"] == "control"}
-    for workload, flag, ports in (("relay", "--transceiver=", media),
-                                  ("signaling", "--transceiver-control=", control)):
-        w = [d for d in WORKLOADS if d["metadata"]["name"] == workload][0]
-        entries = [a[len(flag):] for a in command_line(containers(w)[0]) if a.startswith(flag)]
-        ids = []
-        for e in entries:
-            m = dns.match(e)
-            assert m and m[1] == m[2] and int(m[3]) in ports, e
-            ids.append(int(m[1]))
-        assert sorted(ids) == list(range(replicas)), (workload, ids, replicas)
+    # Signaling lists the control addresses: exactly the ordinals 0..replicas-1.
+    w = one("Deployment", "signaling")
+    flag = "--transceiver-control="
+    ids = []
+    for e in [a[len(flag):] for a in command_line(containers(w)[0]) if a.startswith(flag)]:
+        m = dns.match(e)
+        assert m and m[1] == m[2] and int(m[3]) in control, e
+        ids.append(int(m[1]))
+    assert sorted(ids) == list(range(replicas)), (ids, replicas)
+    # The relays derive the media address from the id: the pattern names every pod.
+    from appliance.relay.server import pattern_address
+
+    flag = "--transceiver-pattern="
+    relay_argv = command_line(containers(one("Deployment", "relay"))[0])
+    (pattern,) = [a[len(flag):] for a in relay_argv if a.startswith(flag)]
+    assert not any(a.startswith("--transceiver=") for a in relay_argv)
+    for k in range(replicas + 3):  # scaling up needs no relay change
+        host, port = pattern_address(pattern, k)
+        m = dns.match(f"{k}={host}:{port}")
+        assert m and m[1] == m[2] and int(m[3]) in media, (pattern, k)
 
 
 def parse(add_arguments: Any, argv: list[str]) -> argparse.Namespace:
@@ -207,7 +217,8 @@ def test_role_command_lines_parse(tmp_path: Path) -> None:
     args = parse(relay_cli.add_arguments, relay[2:])
     resolve(args, load_config(args.config), "relay", relay_cli.DEFAULTS)
     config = relay_cli.build_config(args)
-    assert config.cluster == 0 and len(config.transceivers) == 4
+    assert config.cluster == 0 and not config.transceivers
+    assert config.transceiver_pattern and config.transceiver_count is None
     assert config.redis_url == "redis://redis.appliance.svc.cluster.local:6379/0"
 
     tx = command_line(containers(one("StatefulSet", "transceiver"))[0])
@@ -215,6 +226,27 @@ def test_role_command_lines_parse(tmp_path: Path) -> None:
     argv = [("3" if a == "${HOSTNAME##*-}" else a) for a in tx[2:]]
     args = parse(transceiver_cli.add_arguments, argv)
     assert args.id == 3
+
+
+def test_transceiver_drains_on_sigterm_within_the_grace_period() -> None:
+    """Rolling upgrades keep calls: SIGTERM drains and the process exits when the last call
+    ends, and the drain grace ends the stragglers cleanly before the kubelet's SIGKILL."""
+    from appliance.transceiver import cli as transceiver_cli
+
+    sts = one("StatefulSet", "transceiver")
+    c = containers(sts)[0]
+    argv = [("3" if a == "${HOSTNAME##*-}" else a) for a in command_line(c)[2:]]
+    args = parse(transceiver_cli.add_arguments, argv)
+    assert args.drain_on_sigterm and args.exit_when_drained
+    grace = sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert 0 < args.drain_grace < grace - 30, (args.drain_grace, grace)
+    # SIGTERM comes right away (no preStop hook holding it back), and readiness drops while
+    # draining so signaling stops choosing the pod.
+    assert "preStop" not in c.get("lifecycle", {})
+    assert "draining" in " ".join(c["readinessProbe"]["exec"]["command"])
+    assert sts["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    pdb = one("PodDisruptionBudget", "transceiver")
+    assert pdb["spec"]["maxUnavailable"] == 1
 
 
 def test_schema_validation_catches_mistakes() -> None:

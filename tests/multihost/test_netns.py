@@ -4,15 +4,18 @@ client → global relay (cluster 0) → regional relay (cluster 1) → transceiv
 Hosts and networks (all made by the test, private 10.77.x addresses, nothing on the host's
 own interfaces):
 
-    public   10.77.1.0/24  client .10, global relay .1
+    public   10.77.1.0/24  client .10, global relay .1, signaling .5 (HTTP :8080)
     backbone 10.77.2.0/24  global relay .1, regional relay .2
     cluster  10.77.3.0/24  regional relay .2, transceivers .20/.21, redis .30
 
 The client has no route to the backbone or cluster networks, so it *cannot* reach a
 transceiver; the test also checks that the answer advertises only the global relay and that
 every datagram the client's ICE agent received came from the global relay's address.
-Signaling is the transceiver's control channel over a Unix socket on the shared filesystem
-(path sockets cross network namespaces), as in tests/e2e/test_aiortc_relay.py.
+The aiortc client does signaling itself: the transceiver's control channel over a Unix socket
+on the shared filesystem (path sockets cross network namespaces), as in
+tests/e2e/test_aiortc_relay.py. Our loadgen needs the HTTP API, so `appliance signaling` runs
+on its own host on the public network with those same Unix sockets as --transceiver-control
+and the global relay as --public-address.
 
 Where network namespaces cannot be created (not root, no iproute2, no CAP_NET_ADMIN) the
 module fails loudly with the reason — it does not skip."""
@@ -39,14 +42,19 @@ GLOBAL_PUBLIC = "10.77.1.1:3478"
 GLOBAL_INTERNAL = "10.77.2.1:3479"
 REGIONAL_INTERNAL = "10.77.2.2:3479"  # bound as 0.0.0.0:3479: also reached from 10.77.3.0/24
 TRANSCEIVERS = {0: "10.77.3.20:4000", 1: "10.77.3.21:4000"}
+TRANSCEIVER_PATTERN = "10.77.3.2{id}:4000"
 REDIS = "10.77.3.30:6379"
+SIGNALING = "10.77.1.5:8080"
+API_TOKEN = "multihost-test-api-token"
 
 
 def _regional_args(tmp: Path, secret: Path) -> list[str]:
     return ["-m", "appliance", "relay", "--cluster", "1", "--listen", "10.77.2.2:3478",
             "--internal", "0.0.0.0:3479", "--secret-file", str(secret),
             "--control", str(tmp / "regional.sock"), "--redis", f"redis://{REDIS}/0",
-            *[a for k, addr in TRANSCEIVERS.items() for a in ("--transceiver", f"{k}={addr}")]]
+            # Transceiver K by pattern, resolved on first use (as in deploy/kubernetes/ with
+            # DNS names; here the id completes an address literal).
+            "--transceiver-pattern", TRANSCEIVER_PATTERN]
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +78,7 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             for k, addr in TRANSCEIVERS.items():
                 n.host(f"tx{k}", {"cluster": addr.split(":")[0] + "/24"})
             n.host("redis", {"cluster": REDIS.split(":")[0] + "/24"})
+            n.host("sig", {"public": SIGNALING.split(":")[0] + "/24"})
         except NetnsUnavailable as exc:
             pytest.fail(f"cannot create network namespaces on this machine: {exc}",
                         pytrace=False)
@@ -89,7 +98,16 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                                 "--next-hop", f"1={REGIONAL_INTERNAL}",
                                 "--secret-file", str(secret),
                                 "--control", str(tmp / "global.sock")], "relay listening")
-        yield {"net": n, "tmp": tmp, "secret": secret, "regional": regional, "global": glob}
+        sig = n.run("sig", ["-m", "appliance", "signaling", "--http", SIGNALING,
+                            "--api-token", API_TOKEN, "--udp-port", GLOBAL_PUBLIC.split(":")[1],
+                            "--public-address", GLOBAL_PUBLIC.split(":")[0],
+                            *[a for k in TRANSCEIVERS for a in
+                              ("--transceiver-control", f"{k}={tmp / f't{k}.sock'}")],
+                            "--relay-control", f"global={tmp / 'global.sock'}",
+                            "--relay-control", f"regional={tmp / 'regional.sock'}"],
+                    "signaling listening on")
+        yield {"net": n, "tmp": tmp, "secret": secret, "regional": regional, "global": glob,
+               "signaling": sig}
     finally:
         if n is not None:
             errors = n.close()
@@ -160,6 +178,40 @@ def test_call_crosses_global_and_regional_relay(net: dict[str, Any], k: int) -> 
     for relay in ("global", "regional"):
         stats = control(net["tmp"] / f"{relay}.sock", {"op": "stats"})
         assert stats["flows"] >= 1, (relay, stats)
+
+
+def test_loadgen_calls_cross_both_relays(net: dict[str, Any]) -> None:
+    """Our loadgen in the client host, through `appliance signaling` over HTTP: every
+    session completes with its echo measured, on both transceivers, and the transceivers saw
+    the client's address through the global relay."""
+    n: Net = net["net"]
+    sessions = 4
+
+    def listed() -> dict[str, tuple[int, dict[str, Any]]]:
+        return {s["id"]: (k, s) for k in TRANSCEIVERS
+                for s in control(net["tmp"] / f"t{k}.sock", {"op": "list"})["sessions"]}
+
+    before = listed()
+    proc = n.run("client", ["-m", "appliance", "loadgen", "--url", f"http://{SIGNALING}",
+                            "--token", API_TOKEN, "-n", str(sessions), "--rate", "4",
+                            "--duration", "3", "--json", "-"], None)
+    rc = proc.wait(120)
+    out = "".join(proc.stdout)
+    assert rc == 0, f"loadgen failed ({rc}):\n{''.join(proc.stderr)[-3000:]}"
+    report = json.loads(out[out.index("{"):])
+    summary = report.get("summary", report)
+    assert summary["completed"] == sessions and summary["failed"] == 0, summary
+    assert summary["rtt_samples"] > 0 and summary["rtt_p50_ms"] is not None, summary
+    assert (summary["loss"] or 0.0) < 0.05, summary
+    new = {sid: v for sid, v in listed().items() if sid not in before}
+    assert len(new) == sessions, new
+    for _, s in new.values():
+        # The transceiver saw the client's real address, arriving via the global relay.
+        assert str(s["client_address"]).startswith("10.77.1.10:"), s
+        assert GLOBAL_PUBLIC in json.dumps(s["relay_flow"]), s
+        assert s["packets_in"] > 50 and s["packets_out"] > 50, s
+    # Signaling placed them least-loaded first: both transceivers took some.
+    assert {k for k, _ in new.values()} == set(TRANSCEIVERS), new
 
 
 def test_regional_relay_restart_keeps_the_call(net: dict[str, Any]) -> None:
