@@ -61,3 +61,44 @@ def test_slow_source_does_not_accumulate_lag() -> None:
     pk = Packetizer(1, 111, initial_seq=0, initial_timestamp=0)
     markers = [pk.next_header(i * 0.022)[2] for i in range(200)]
     assert markers[0] and not any(markers[1:])
+
+
+def test_a_late_frame_does_not_delay_the_frames_after_it() -> None:
+    """Regression: a lone late frame re-anchored the schedule at its send time, so every
+    delay (a stalled caller, a busy CPU) stayed in the echo for the rest of the call."""
+    pk = Packetizer(1, 111, initial_seq=0, initial_timestamp=0)
+    pk.next_header(0.0)
+    pk.next_header(0.02)
+    pk.next_header(0.047)  # 7 ms late, nothing behind it
+    assert pk.ready(0.06)  # the next one, on time, leaves at once
+    pk.next_header(0.06)
+    assert pk.poll_timeout() == pytest.approx(0.08)
+
+
+def test_a_schedule_far_behind_is_dragged_not_kept() -> None:
+    pk = Packetizer(1, 111, initial_seq=0, initial_timestamp=0, max_lag=0.040)
+    pk.next_header(0.0)
+    pk.next_header(0.075)  # 55 ms late: more than max_lag, less than a new talkspurt
+    assert pk.poll_timeout() == pytest.approx(0.075 - 0.040 + 0.020)
+    assert pk.talkspurts == 1
+
+
+def test_a_lone_frame_may_leave_early_and_moves_the_schedule() -> None:
+    pk = Packetizer(1, 111, initial_seq=0, initial_timestamp=0, early=0.002)
+    pk.next_header(0.0)
+    assert not pk.ready(0.0175)
+    assert pk.ready(0.0185)  # within `early` of its due time, nothing queued behind it
+    assert not pk.ready(0.0185, backlog=1)  # a backlog never leaves ahead of real time
+    pk.next_header(0.0185)
+    assert pk.poll_timeout(backlog=1) == pytest.approx(0.0385)
+
+
+def test_lone_frames_pushed_too_fast_are_bounded() -> None:
+    pk = Packetizer(1, 111, early=0.002)
+    t, sent = 0.0, 0
+    while t < 1.0:
+        if pk.ready(t):
+            pk.next_header(t)
+            sent += 1
+        t += 0.0005
+    assert sent <= 56  # 20 / (20 - 2) ms: at most 1.11 × real time
