@@ -23,6 +23,19 @@ def redact(value: object) -> str:
     return f"<redacted:{digest}>"
 
 
+def loggable_url(spec: str) -> str:
+    """An agent spec or URL for a log line: no ``user:password@``, query or fragment (where
+    tokens live). Names and ``module:attr`` specs come out unchanged."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(spec)
+    if not parts.netloc:
+        return spec
+    rest = "?…" if parts.query or parts.fragment else ""
+    netloc = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, netloc, parts.path, "", "")) + rest
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out = {
