@@ -2,20 +2,35 @@
 
 Our own client (``appliance.client``, built on ``appliance.proto``) opens ``--concurrent``
 sessions at once, ``--rounds`` times, against ``appliance up`` (started here on loopback with
-its own state directory, one transceiver) and, side by side in the same run, the aiortc echo
-server of bench/aiortc_echo_server.py. Issue 5 target for the appliance on loopback with 20
-concurrent setups: p50 ≤ 25 ms and p99 ≤ 60 ms to the first echoed packet.
+its own state directory and ``--transceivers`` transceivers, default 2 as ``up`` itself) and,
+side by side in the same run, the aiortc echo server of bench/aiortc_echo_server.py. Issue 5
+target for the appliance on loopback with 20 concurrent setups: p50 ≤ 25 ms and p99 ≤ 60 ms
+to the first echoed packet.
 
     .venv/bin/python bench/setup_bench.py                   # both servers
+    .venv/bin/python bench/setup_bench.py --servers appliance --rounds 10
     .venv/bin/python bench/setup_bench.py --url http://127.0.0.1:8080   # an existing server
 
 Each session sends media for ``--hold`` s (enough for the first echo to come back), then
 hangs up (DELETE); rounds are spaced so sessions from one round are gone before the next.
+
+For an appliance it also prints where the time went on the server: the p50/p99 of each step
+of the transceivers' own setup timelines (``GET /v1/sessions``, milliseconds from the moment
+the transceiver got the offer), so POST → first echo minus the server's share is the HTTP
+round trip, the client's own work and the scheduling of everything on the same CPUs. The
+load average is printed too: on a shared machine it explains most of the spread.
+
+And the CPU each process used per session (setup, ``--hold`` s of media, DELETE), from
+``/proc`` for the server's processes and ``getrusage`` for this client: with S setups at once
+on C CPUs, S × (total CPU per setup) / C is a floor under the time the last one can take.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
 import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -27,11 +42,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from capacity import (  # noqa: E402  (bench scripts import their sibling)
     Server,
     appliance_up_available,
+    cmdline,
+    cpu_seconds,
     machine,
     start_aiortc,
     start_appliance,
 )
 
+from appliance.client.http import HttpError, request  # noqa: E402
 from appliance.loadgen import LoadConfig, run_load  # noqa: E402
 from appliance.loadgen.media import encode_tone  # noqa: E402
 from appliance.loadgen.stats import percentile  # noqa: E402
@@ -60,6 +78,39 @@ async def rounds(url: str, *, concurrent: int, n_rounds: int, hold: float,
     return connected, first_echo, failures
 
 
+TIMELINE = ("answer_sent", "first_stun", "ice_nominated", "dtls_done", "first_rtp_in",
+            "first_rtp_out")
+
+
+async def server_timelines(url: str) -> dict[str, list[float]]:
+    """Each setup step in ms from the transceivers' timelines of the sessions they still
+    remember (the last 256 ended ones each); empty for a server without this API."""
+    try:
+        resp = await request("GET", url.rstrip("/") + "/v1/sessions")
+        sessions = json.loads(resp.body)["sessions"] if resp.status == 200 else []
+    except (HttpError, ValueError, KeyError, TypeError):
+        return {}
+    steps: dict[str, list[float]] = {k: [] for k in TIMELINE}
+    if not isinstance(sessions, list):
+        return {}  # not the appliance's API (the aiortc baseline answers a count)
+    for s in sessions:
+        timeline = (s.get("timeline") if isinstance(s, dict) else None) or {}
+        if timeline.get("first_rtp_out") is None:
+            continue  # not one of ours (or never got media)
+        for k in TIMELINE:
+            if isinstance(timeline.get(k), int | float):
+                steps[k].append(float(timeline[k]) / 1000)
+    return steps
+
+
+async def measure(url: str, *, concurrent: int, n_rounds: int, hold: float,
+                  agent: str | None) -> tuple[list[float], list[float], list[str],
+                                              dict[str, list[float]]]:
+    conn, echo, fails = await rounds(url, concurrent=concurrent, n_rounds=n_rounds, hold=hold,
+                                     agent=agent)
+    return conn, echo, fails, await server_timelines(url)
+
+
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.1f}"
 
@@ -67,6 +118,21 @@ def _ms(v: float | None) -> str:
 @contextmanager
 def _existing(url: str) -> Iterator[Server | str]:
     yield url
+
+
+def _roles(server: Server) -> dict[str, list[int]]:
+    """The server's processes by role (``appliance up`` = supervisor + signaling)."""
+    roles: dict[str, list[int]] = {}
+    for pid in server.pids():
+        cmd = cmdline(pid).split()
+        role = next((r for r in ("transceiver", "relay", "up") if r in cmd[2:4]), "other")
+        roles.setdefault("signaling+supervisor" if role == "up" else role, []).append(pid)
+    return roles
+
+
+def _self_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,10 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
     p.add_argument("--hold", type=float, default=1.0, help="media seconds per session")
     p.add_argument("--agent", default=None)
+    p.add_argument("--transceivers", type=int, default=2,
+                   help="transceivers of the appliance started here (default 2, as `up`)")
     args = p.parse_args(argv)
 
     print(f"machine: {machine()}")
-    print(f"{args.rounds} rounds × {args.concurrent} concurrent setups, loopback\n")
+    print("load average at start: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    print(f"{args.rounds} rounds × {args.concurrent} concurrent setups, loopback"
+          + ("" if args.url else f", appliance with {args.transceivers} transceiver(s)") + "\n")
     print(f"{'server':<12} {'n':>4} {'connected p50':>14} {'p99':>7} {'first echo p50':>15} "
           f"{'p99':>7}  failures")
     targets: list[tuple[str, AbstractContextManager[Server | str]]] = []
@@ -93,19 +163,54 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{'appliance':<12} skipped: `python -m appliance up` is not "
                           "available in this tree yet")
                     continue
-                targets.append((name, start_appliance("pcm", [])))
+                targets.append((name, start_appliance("pcm", [],
+                                                      transceivers=args.transceivers)))
             elif name == "aiortc":
                 targets.append((name, start_aiortc()))
+    breakdowns: list[tuple[str, dict[str, list[float]]]] = []
+    verdicts: list[str] = []
+    cpu_lines: list[str] = []
     for name, ctx in targets:
         with ctx as server:
             url = server if isinstance(server, str) else server.url
-            conn, echo, fails = trio.run(lambda u=url: rounds(
+            roles = _roles(server) if isinstance(server, Server) else {}
+            before = {role: cpu_seconds(pids) for role, pids in roles.items()}
+            me = _self_cpu()
+            conn, echo, fails, steps = trio.run(lambda u=url: measure(
                 u, concurrent=args.concurrent, n_rounds=args.rounds, hold=args.hold,
                 agent=args.agent))
+            n = args.rounds * args.concurrent
+            used = {role: (cpu_seconds(pids) - before[role]) / n for role, pids in roles.items()}
+            used["client (this process)"] = (_self_cpu() - me) / n
+            cpu_lines.append(f"{name}: " + ", ".join(f"{role} {v * 1000:.1f}"
+                                                     for role, v in used.items())
+                             + f"; total {sum(used.values()) * 1000:.1f}")
         print(f"{name:<12} {len(echo):>4} {_ms(percentile(conn, 50)):>14} "
               f"{_ms(percentile(conn, 99)):>7} {_ms(percentile(echo, 50)):>15} "
               f"{_ms(percentile(echo, 99)):>7}  "
               f"{len(fails)}{': ' + fails[0] if fails else ''}", flush=True)
+        if any(steps.values()):
+            breakdowns.append((name, steps))
+        p50, p99 = percentile(echo, 50), percentile(echo, 99)
+        if name != "aiortc" and p50 is not None and p99 is not None:
+            met = p50 <= 0.025 and p99 <= 0.060 and not fails
+            verdicts.append(f"{name}: POST → first echo p50 {p50 * 1000:.1f} ms (≤ 25), "
+                            f"p99 {p99 * 1000:.1f} ms (≤ 60): {'met' if met else 'NOT met'}")
+    for name, steps in breakdowns:
+        print(f"\n{name}: transceiver timeline, ms after it got the offer (p50 / p99)")
+        for k in TIMELINE:
+            print(f"  {k:<14} {_ms(percentile(steps[k], 50)):>7} / "
+                  f"{_ms(percentile(steps[k], 99))}")
+    if cpu_lines:
+        print(f"\nCPU ms per session (setup + {args.hold:g} s of media + DELETE), by process:")
+        for line in cpu_lines:
+            print("  " + line)
+    if verdicts:
+        print(f"\ntarget (issue 5: 20 concurrent setups on loopback; this run "
+              f"{args.concurrent}):")
+        for line in verdicts:
+            print("  " + line)
+    print("load average at end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     return 0
 
 

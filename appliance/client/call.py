@@ -50,6 +50,8 @@ class Call:
     session_url: str
     answer: str
     started_at: float
+    #: The 201's ETag: send it as If-Match on PATCH (RFC 9725 §4.4.1).
+    etag: str | None = None
     timeline: Timeline = field(default_factory=Timeline)
     _send: trio.MemorySendChannel[RtpReceived] | None = None
     _recv: trio.MemoryReceiveChannel[RtpReceived] | None = None
@@ -155,9 +157,22 @@ async def open_call(
     location = resp.header("location") or ""
     session_url = location if location.startswith("http") else base_url.rstrip("/") + location
     answer = resp.body.decode()
+    etag = resp.header("etag")
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def hang_up() -> None:
+        # Every path after the 201 ends here, failures included: a session the server
+        # created must not linger until its setup timeout reaps it.
+        with trio.move_on_after(2, shield=True):
+            try:
+                await request("DELETE", session_url, headers=auth, verify_tls=verify_tls)
+            except HttpError:
+                pass
+
     try:
         peer.accept_answer(answer, trio.current_time())
     except ProtocolError as exc:
+        await hang_up()
         raise CallFailed(f"bad answer: {exc}") from exc
     assert peer.remote is not None
     family = socket.AF_INET6 if ":" in peer.remote[0] else socket.AF_INET
@@ -167,7 +182,7 @@ async def open_call(
     sock.bind(("::1" if family == socket.AF_INET6 else "127.0.0.1", 0)
               if peer.remote[0] in ("127.0.0.1", "::1") else ("", 0))
     send, recv = trio.open_memory_channel[RtpReceived](queue)
-    call = Call(peer, sock, session_url, answer, started, _send=send, _recv=recv)
+    call = Call(peer, sock, session_url, answer, started, etag=etag, _send=send, _recv=recv)
     call.timeline.answer = trio.current_time() - started
     call._flush()
     connected = trio.Event()
@@ -189,19 +204,14 @@ async def open_call(
                 try:
                     yield call
                 finally:
-                    with trio.move_on_after(2, shield=True):
-                        peer.close()
-                        call._flush()
-                        try:
-                            await request("DELETE", session_url, headers=(
-                                {"Authorization": f"Bearer {token}"} if token else {}),
-                                verify_tls=verify_tls)
-                        except HttpError:
-                            pass
+                    peer.close()
+                    call._flush()
+                    await hang_up()
                     nursery.cancel_scope.cancel()
     finally:
         sock.close()
     if failure is not None:
+        await hang_up()
         raise CallFailed(failure)
 
 

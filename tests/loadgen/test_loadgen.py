@@ -122,8 +122,12 @@ async def test_silent_ice_is_a_failure_with_a_timeout(stream: ToneStream) -> Non
     hole = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # bound, never read
     hole.bind(("127.0.0.1", 0))
     cert = Certificate.generate(0.0)
+    deleted: list[str] = []
 
     async def answer(method: str, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        if method == "DELETE":  # the client hangs up the session it could not connect
+            deleted.append(path)
+            return 200, {}, b""
         ans = build_answer(parse_offer_untrusted(body.decode()), ice_ufrag="silentuf",
                            ice_pwd="silentpasswordsilentpass", fingerprint=cert.fingerprint,
                            candidates=[hole.getsockname()], ssrc=1, cname="x", session_id=1)
@@ -137,6 +141,7 @@ async def test_silent_ice_is_a_failure_with_a_timeout(stream: ToneStream) -> Non
                 stream=stream)
             nursery.cancel_scope.cancel()
     assert report.sessions[0].failure == "no ICE/DTLS connection within 1.0 s"
+    assert deleted == ["/v1/sessions/x"]
 
 
 async def test_a_hung_post_fails_after_the_connect_timeout(stream: ToneStream) -> None:
