@@ -19,7 +19,7 @@ def level_dbfs(pcm: bytes) -> float:
     if len(pcm) < 2:
         return -120.0
     samples = np.frombuffer(pcm, dtype=np.int16, count=len(pcm) // 2).astype(np.float32)
-    mean_sq = float(np.dot(samples, samples)) / len(samples)
+    mean_sq = float(samples.dot(samples)) / len(samples)
     if mean_sq <= 1.0:
         return -120.0
     return 10.0 * math.log10(mean_sq / (32768.0 * 32768.0))

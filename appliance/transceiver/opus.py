@@ -56,6 +56,11 @@ SILENCE = bytes(FRAME_BYTES)
 _FADE = np.linspace(1.0, 0.0, FRAME_SAMPLES, dtype=np.float32)
 
 
+#: Encoder complexity (0-10). 5: half the CPU of libopus's default 10. 3 would save another
+#: ~20 % of encode time (docs/performance.md, "Opus complexity"); the measured proxies show
+#: no difference on speech-like input and a small loss on tones, but no listening test has
+#: been done, so the default stays 5. Per session: ``Session(opus_complexity=...)``.
+DEFAULT_COMPLEXITY = 5
 MAX_FRAME_SAMPLES = 5760  # 120 ms at 48 kHz: the longest Opus packet
 _APPLICATION_VOIP = 2048
 _SET_BITRATE, _SET_COMPLEXITY, _SET_INBAND_FEC, _SET_PACKET_LOSS_PERC = 4002, 4010, 4012, 4014
@@ -143,7 +148,7 @@ class _LibOpusEncoder:
 
     __slots__ = ("_enc", "_out", "expected_loss")
 
-    def __init__(self, *, bitrate: int = 32_000, complexity: int = 5,
+    def __init__(self, *, bitrate: int = 32_000, complexity: int = DEFAULT_COMPLEXITY,
                  expected_loss: int = MIN_EXPECTED_LOSS) -> None:
         err = ctypes.c_int()
         self._enc = _lib.opus_encoder_create(SAMPLE_RATE, 1, _APPLICATION_VOIP,
@@ -233,7 +238,7 @@ class _AvOpusEncoder:
 
     __slots__ = ("_ctx", "_pts")
 
-    def __init__(self, *, bitrate: int = 32_000, complexity: int = 5) -> None:
+    def __init__(self, *, bitrate: int = 32_000, complexity: int = DEFAULT_COMPLEXITY) -> None:
         ctx: Any = av.CodecContext.create("libopus", "w")
         ctx.sample_rate = SAMPLE_RATE
         ctx.layout = "mono"

@@ -58,7 +58,6 @@ from appliance.proto.rtp import (
     RtcpSdes,
     RtcpSenderReport,
     RtpError,
-    RtpPacket,
     SdesChunk,
     SdesItem,
     SenderStats,
@@ -77,7 +76,14 @@ from appliance.proto.srtp import (
 )
 
 from .jitter import JitterBuffer
-from .opus import FRAME_BYTES, Decoder, Encoder, OpusDecoder, OpusEncoder
+from .opus import (
+    DEFAULT_COMPLEXITY,
+    FRAME_BYTES,
+    Decoder,
+    Encoder,
+    OpusDecoder,
+    OpusEncoder,
+)
 from .pacer import Pacer
 from .packetizer import Packetizer
 
@@ -131,6 +137,7 @@ class Session:
         on_end: Callable[[Session], None],
         counters: dict[str, int],
         pacer: Pacer | None = None,
+        opus_complexity: int = DEFAULT_COMPLEXITY,
     ) -> None:
         self.id = session_id
         self.transceiver = transceiver
@@ -166,7 +173,8 @@ class Session:
         self.jitter = JitterBuffer()
         # Passthrough sessions never touch the codec: no libopus state to allocate.
         self.decoder: Decoder | None = None if self.passthrough else OpusDecoder()
-        self.encoder: Encoder | None = None if self.passthrough else OpusEncoder()
+        self.encoder: Encoder | None = (
+            None if self.passthrough else OpusEncoder(complexity=opus_complexity))
         self.packetizer = Packetizer(self.ssrc, self.opus_pt, early=EARLY)
         # The shared pacer (one task per transceiver); a session made without one runs its
         # own in its nursery.
@@ -375,7 +383,8 @@ class Session:
         if self.rx_stats is None or self.rx_stats.ssrc != ssrc:
             self.rx_stats = ReceptionStats(ssrc)
         self.rx_stats.update(seq, ts, now)
-        self._mark("first_rtp_in", now)
+        if self.timeline["first_rtp_in"] is None:
+            self._mark("first_rtp_in", now)
         if self.passthrough:
             self._echo_rtp(now, plain, ssrc, seq, ts, _m, off, end)
             return
@@ -495,17 +504,21 @@ class Session:
         """Encode and send one 20 ms frame now (the pacer decided it is due)."""
         srtp = self.srtp
         encoder = self.encoder
-        if srtp is None or self.media_flow is None or encoder is None:
+        flow = self.media_flow
+        if srtp is None or flow is None or encoder is None:
             return
         seq, ts, marker = self.packetizer.next_header(now, backlog)
         payload = encoder.encode(pcm)
-        rtp = bytes(RtpPacket(self.opus_pt, seq, ts, self.ssrc, payload, marker))
-        packet = srtp.protect(rtp)
+        # A plain 12-byte header, packed directly (no RtpPacket object per frame).
+        packet = srtp.protect(
+            _RTP_HEADER.pack(0x80, (0x80 if marker else 0) | self.opus_pt, seq, ts, self.ssrc)
+            + payload)
         self.tx_stats.on_packet(len(payload), ts, now)
         self.packets_out += 1
         self.bytes_out += len(packet)
-        self._mark("first_rtp_out", now)
-        self._send_media(packet)
+        if self.packets_out == 1:
+            self._mark("first_rtp_out", now)
+        self._send(flow.header + packet, flow.relay)
 
     def _send_rtcp(self, now: float) -> None:
         srtp = self.srtp
