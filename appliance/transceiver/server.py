@@ -69,11 +69,20 @@ SOCKET_BUFFER = 4 << 20
 RECENTLY_ENDED = 256  # ended sessions kept for list/get (end_reason, final stats)
 CERT_LIFETIME = 24 * 3600.0  # a fresh DTLS certificate per day; sessions keep theirs
 MAX_SESSION_ID = 128
+# Early drop (issue 9, ICE password-guessing storm): STUN from a client address that is no
+# session's known flow passes a per-address budget (GCRA: 10/s, burst 20) *before* its
+# USERNAME is decoded; known flows always pass. A browser's checks from a new address stay
+# well inside it (a few per pair, then the address is a known flow). The table is bounded:
+# when full it is cleared, which only ever makes the budget more lenient.
+STUN_SOURCE_INTERVAL = 0.1  # seconds per token
+STUN_SOURCE_TOLERANCE = 19 * STUN_SOURCE_INTERVAL  # burst 20
+STUN_SOURCES = 16384
 
 COUNTER_NAMES = (
     "datagrams_in", "bytes_in", "datagrams_out", "bytes_out",
     "drop_proxy", "drop_unknown_ufrag", "drop_unknown_flow", "drop_stun_malformed",
-    "drop_kind", "drop_srtp", "drop_rtp_before_dtls", "drop_rtp_payload_type", "drop_send",
+    "drop_stun_rate", "drop_kind", "drop_srtp", "drop_rtp_before_dtls",
+    "drop_rtp_payload_type", "drop_send",
     "session_errors", "sessions_created", "sessions_ended", "flows_forgotten",
 )
 
@@ -119,6 +128,7 @@ class Transceiver:
         self.sessions: dict[str, Session] = {}
         self.by_ufrag: dict[str, Session] = {}
         self.by_client: dict[Addr, Session] = {}
+        self.stun_tat: dict[Addr, float] = {}  # unknown source -> GCRA theoretical arrival
         self.ended: deque[Session] = deque(maxlen=RECENTLY_ENDED)
         self.draining = False
         self.drained = trio.Event()  # set once draining with no session left
@@ -177,6 +187,16 @@ class Transceiver:
         payload = data[offset:]
         kind = classify(payload)
         if kind is Kind.STUN:
+            if client not in self.by_client:
+                tat = self.stun_tat.get(client, now)
+                if tat < now:
+                    tat = now
+                elif tat - now > STUN_SOURCE_TOLERANCE:
+                    self.counters["drop_stun_rate"] += 1
+                    return
+                if len(self.stun_tat) >= STUN_SOURCES:
+                    self.stun_tat.clear()
+                self.stun_tat[client] = tat + STUN_SOURCE_INTERVAL
             session = self._route_stun(payload, client)
             if session is None:
                 return
@@ -372,7 +392,8 @@ class Transceiver:
             return found
         reason = req.get("reason")
         found.end(reason if isinstance(reason, str) and reason else "deleted")
-        return {"ok": True}
+        # An already-ended session keeps its own reason: tell signaling which one it is.
+        return {"ok": True, "end_reason": found.end_reason, "ended_at": found.ended_at}
 
     def _op_list(self, req: dict[str, Any]) -> dict[str, Any]:
         live = [s.describe() for s in self.sessions.values()]

@@ -198,7 +198,9 @@ class Call:
                     peer.handle_datagram(now, data, (addr[0], addr[1]))
                 peer.handle_timeout(now)
                 if next_media is not None and now >= next_media:
-                    if self.sending:
+                    # handle_timeout may just have failed the call (consent expired): a
+                    # failed peer is closed and send_rtp would raise.
+                    if self.sending and not peer.closed:
                         peer.send_rtp(payload, ts)
                         ts += 960
                     next_media += 0.02
@@ -241,3 +243,41 @@ async def open_call(nursery: trio.Nursery, stack: Stack, k: int, sid: str, paylo
     call = Call(sid, k, peer, sock)
     nursery.start_soon(call.run, payload)
     return call
+
+
+# -- relay worker restarts (`appliance relay --workers M`) ---------------------------------
+
+
+async def worker_pids(stack: Stack) -> dict[int, int]:
+    """Worker index -> pid of the workers the supervisor can reach right now."""
+    stats = await stack.relay_stats()
+    return {int(w["worker"]): int(w["pid"]) for w in stats.get("workers", []) if w.get("ok")}
+
+
+async def restart_worker(stack: Stack, index: int, sig: int, within: float = 15.0) -> float:
+    """Send ``sig`` to worker ``index``; wait (bounded) until the supervisor has a new worker
+    ``index`` answering; the trio time it was seen back."""
+    old = (await worker_pids(stack))[index]
+    os.kill(old, sig)
+    with trio.fail_after(within):
+        while (await worker_pids(stack)).get(index, old) == old:  # noqa: ASYNC110
+            await trio.sleep(0.02)  # bounded polling of the supervisor's state
+    return trio.current_time()
+
+
+async def media_settled(calls: list[Call], since: float, within: float) -> None:
+    """Every call has had 0.5 s of media after ``since`` (>= 20 packets) and a packet in the
+    last 0.2 s: the calls a restart interrupted have resumed."""
+    def settled() -> bool:
+        now = trio.current_time()
+        return all(len(c.rx_after(since)) >= 20 and c.rx_times[-1] > now - 0.2
+                   for c in calls if c.failed is None)
+
+    await eventually(settled, within, "media to resume on every call")
+
+
+def max_gap(call: Call, start: float, end: float) -> float:
+    """The longest time without a received packet between ``start`` and ``end``."""
+    rx = [t for t in call.rx_times if start <= t <= end]
+    edges = [start, *rx, end]
+    return max(b - a for a, b in zip(edges, edges[1:], strict=False))

@@ -5,13 +5,23 @@ two transceivers, during live calls. Real processes: ``python -m appliance relay
 from __future__ import annotations
 
 import shutil
+import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import trio
 from relay.support import redis_server
-from reliability.support import Call, Stack, eventually, open_call, opus_frame
+from reliability.support import (
+    Call,
+    Stack,
+    eventually,
+    max_gap,
+    media_settled,
+    open_call,
+    opus_frame,
+    restart_worker,
+)
 
 N_CALLS = 10
 
@@ -138,3 +148,30 @@ async def test_kill9_one_of_two_transceivers(stack: Stack, nursery: trio.Nursery
     assert [s["state"] for s in sessions] == ["connected"] * len(kept)
     stats = await stack.relay_stats()
     assert stats["ok"]
+
+
+async def test_rolling_restart_of_two_relay_workers(stack: Stack, nursery: trio.Nursery) -> None:
+    """Issue 9 item 1, test-sized (bench/relay_restart.py runs 50 calls): SIGTERM each of the
+    relay's 2 workers in turn, the next only once the supervisor's restarted worker answers
+    and every call has media again. Without Redis a call whose flow is gone (or moved to the
+    other worker by the SO_REUSEPORT hash) resumes at its next consent check."""
+    await stack.start_transceiver(0)
+    await stack.start_transceiver(1)
+    await stack.start_relay("--workers", "2", "--new-flow-rate", "1000")
+    calls = await _calls(nursery, stack, [0, 1], N_CALLS, consent_interval=0.3,
+                         consent_timeout=10.0)
+    start = trio.current_time()
+    for index in (0, 1):
+        back = await restart_worker(stack, index, signal.SIGTERM)
+        await media_settled(calls, back, 10)
+    end = trio.current_time()
+    for c in calls:
+        assert c.failed is None, (c.sid, c.failed)
+        # Consent interval 0.3 s (x1.2 jitter) per restart step, plus the restart itself.
+        assert max_gap(c, start, end) < 2.0, (c.sid, max_gap(c, start, end))
+    stats = await stack.relay_stats()
+    assert [w["ok"] for w in stats["workers"]] == [True, True]
+    assert stats["flows"] >= N_CALLS  # every call has a flow on the worker it hashes to
+    for k in (0, 1):
+        sessions = (await stack.ctl(k, op="list"))["sessions"]
+        assert [s["state"] for s in sessions] == ["connected"] * (N_CALLS // 2)
