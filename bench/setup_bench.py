@@ -53,11 +53,15 @@ from appliance.client.http import HttpError, request  # noqa: E402
 from appliance.loadgen import LoadConfig, run_load  # noqa: E402
 from appliance.loadgen.media import encode_tone  # noqa: E402
 from appliance.loadgen.stats import percentile  # noqa: E402
+from appliance.proto.dtls import Certificate  # noqa: E402
 
 
 async def rounds(url: str, *, concurrent: int, n_rounds: int, hold: float,
                  agent: str | None) -> tuple[list[float], list[float], list[str]]:
+    # Encoded once and one DTLS certificate for every round, as a browser keeps its own:
+    # neither belongs in the setup CPU or time we measure.
     stream = encode_tone()
+    certificate = Certificate.generate(trio.current_time())
     connected: list[float] = []
     first_echo: list[float] = []
     failures: list[str] = []
@@ -66,7 +70,7 @@ async def rounds(url: str, *, concurrent: int, n_rounds: int, hold: float,
         report = await run_load(
             LoadConfig(url, sessions=concurrent, rate=1e6, duration=hold, agent=agent,
                        drain=0.1),
-            stream=stream)
+            stream=stream, certificate=certificate)
         for s in report.sessions:
             if s.failure:
                 failures.append(s.failure)

@@ -260,6 +260,7 @@ async def run_load(
     cfg: LoadConfig,
     *,
     stream: ToneStream | None = None,
+    certificate: Certificate | None = None,
     progress: Callable[[str], None] | None = None,
     progress_interval: float = 1.0,
 ) -> Report:
@@ -268,8 +269,9 @@ async def run_load(
         raise ValueError("sessions ≥ 1, rate > 0 and duration > 0 are required")
     stream = stream or encode_tone()
     # One certificate for every session, as a browser reuses its own; generating one per
-    # call would put key generation inside the setup times we measure.
-    gen = LoadGenerator(cfg, stream, Certificate.generate(trio.current_time()))
+    # call would put key generation inside the setup times we measure. Pass ``certificate``
+    # to share one across runs too (bench/setup_bench.py does, round after round).
+    gen = LoadGenerator(cfg, stream, certificate or Certificate.generate(trio.current_time()))
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = trio.current_time()
     async with trio.open_nursery() as nursery:

@@ -13,6 +13,8 @@ die and come back; run alone, :meth:`SignalingState.refresh` does it after
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import logging
 import math
 import os
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 SETUP_STEPS = ("answer_sent", "ice_nominated", "dtls_done", "first_rtp_in", "first_rtp_out")
 MAX_RECORDS = 10_000  # bounded memory: ended sessions are forgotten oldest first past this
 ENDED_RETENTION = 3600.0  # seconds an ended session stays listed
+PURGE_EVERY = 1.0  # seconds between retention sweeps (a sweep walks every record)
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 POLL_TIMEOUT = 1.0  # a stats/list poll that takes longer counts as a failure
 LOST_AFTER = 3  # consecutive failed polls before a standalone signaling gives up on a peer
@@ -73,9 +76,9 @@ class SignalingConfig:
         return not is_loopback(self.http[0])
 
 
+@functools.lru_cache(maxsize=64)
 def is_loopback(host: str) -> bool:
-    import ipaddress
-
+    """Cached: asked on every request (``requires_auth``) for the same bind address."""
     if host.lower() == "localhost":
         return True
     try:
@@ -201,6 +204,10 @@ class SignalingState:
             for k, a in sorted(config.relays.items())
         }
         self.sessions: dict[str, SessionRecord] = {}
+        # Records not known to have ended, so placing a session does not walk the whole
+        # registry (up to MAX_RECORDS, mostly ended); ended ones are dropped lazily.
+        self._live: dict[str, SessionRecord] = {}
+        self._purged_at = -math.inf
         self.assigned: dict[int, int] = dict.fromkeys(self.transceivers, 0)
         self.setup_hist = {step: Histogram() for step in SETUP_STEPS}
         self.sessions_lost = 0
@@ -268,30 +275,47 @@ class SignalingState:
 
     # -- registry ---------------------------------------------------------------------------
 
+    def active_counts(self) -> dict[int, int]:
+        """Live sessions per transceiver, from the live index (pruned as it is walked)."""
+        counts: dict[int, int] = {}
+        for sid in [sid for sid, r in self._live.items() if r.ended or self.sessions.get(sid) is not r]:
+            del self._live[sid]
+        for r in self._live.values():
+            if (r.last or {}).get("state") != "ended":
+                counts[r.transceiver] = counts.get(r.transceiver, 0) + 1
+        return counts
+
     def active_on(self, k: int) -> int:
-        return sum(
-            1
-            for r in self.sessions.values()
-            if r.transceiver == k and not r.ended and (r.last or {}).get("state") != "ended"
-        )
+        return self.active_counts().get(k, 0)
 
     def pick_order(self) -> list[int]:
         """Live transceivers, least loaded first (then fewest ever assigned, so equal loads
         alternate)."""
         live = [k for k, ep in self.transceivers.items() if ep.up]
-        return sorted(live, key=lambda k: (self.active_on(k), self.assigned.get(k, 0), k))
+        active = self.active_counts()
+        return sorted(live, key=lambda k: (active.get(k, 0), self.assigned.get(k, 0), k))
 
     def _add(self, rec: SessionRecord) -> None:
         self.sessions[rec.id] = rec
-        self.purge()
+        if not rec.ended:
+            self._live[rec.id] = rec
+        self.purge(force=False)
         if len(self.sessions) > MAX_RECORDS:
+            # Forget the oldest ended records down to 90 % of the cap, so the sort runs once
+            # per MAX_RECORDS/10 new sessions rather than on every one at the cap.
             ended = sorted((r for r in self.sessions.values() if r.ended), key=lambda r: r.created_at)
-            for r in ended[: len(self.sessions) - MAX_RECORDS]:
+            for r in ended[: len(self.sessions) - MAX_RECORDS * 9 // 10]:
                 del self.sessions[r.id]
 
-    def purge(self) -> None:
-        """Forget sessions that ended more than :data:`ENDED_RETENTION` seconds ago."""
-        horizon = self.clock() - ENDED_RETENTION
+    def purge(self, *, force: bool = True) -> None:
+        """Forget sessions that ended more than :data:`ENDED_RETENTION` seconds ago. Every
+        record is looked at, so when a session is added (``force=False``) it runs at most
+        every :data:`PURGE_EVERY` s: retention is an hour, a second more does not matter."""
+        now = self.clock()
+        if not force and now - self._purged_at < PURGE_EVERY:
+            return
+        self._purged_at = now
+        horizon = now - ENDED_RETENTION
         for sid in [s for s, r in self.sessions.items() if r.ended and (r.ended_at or 0) < horizon]:
             del self.sessions[sid]
 
@@ -425,15 +449,29 @@ class SignalingState:
         return answer if isinstance(answer, str) else ""
 
     async def delete_session(self, rec: SessionRecord, reason: str = "deleted") -> None:
+        """End the session; if its transceiver had already ended it (consent timeout, the
+        agent hung up, ...), the record keeps the transceiver's reason and time, not ours."""
         ep = self._live_endpoint(rec)
+        ended_at: Any = None
         try:
-            await self._call(ep, {"op": "delete", "session_id": rec.id, "reason": reason})
+            resp = await self._call(ep, {"op": "delete", "session_id": rec.id, "reason": reason})
+            # The transceiver answers with the session's end_reason/ended_at after the delete:
+            # ours if it ended it now, the earlier one if it had already ended.
+            if isinstance(resp.get("end_reason"), str) and resp["end_reason"]:
+                reason, ended_at = resp["end_reason"], resp.get("ended_at")
         except Problem as p:
             if p.status != 404:
                 raise
-            # The transceiver already forgot it (ended by consent timeout): it is ended.
-        rec.ended_at, rec.end_reason = self.clock(), reason
-        log.info("session %s deleted", rec.id)
+            # The transceiver ended it and has already forgotten it: keep what we last saw
+            # of it, else say so as a list poll would ("gone"), not "deleted".
+            last = rec.last or {}
+            if last.get("state") == "ended" and last.get("end_reason"):
+                reason, ended_at = str(last["end_reason"]), last.get("ended_at")
+            else:
+                reason = "gone"
+        rec.end_reason = reason
+        rec.ended_at = float(ended_at) if isinstance(ended_at, int | float) else self.clock()
+        log.info("session %s deleted (%s)", rec.id, reason)
 
     async def get_session(self, sid: str) -> dict[str, Any]:
         if not _SESSION_ID.match(sid):

@@ -57,8 +57,10 @@ class FakeTransceiver:
             return {"ok": True, "sdpfrag": ""}
         if op == "delete":
             assert isinstance(sid, str)
-            self.sessions[sid].update(state="ended", end_reason=req.get("reason"))
-            return {"ok": True}
+            obj = self.sessions[sid]
+            if obj["state"] != "ended":  # ending is idempotent: the first reason stays
+                obj.update(state="ended", end_reason=req.get("reason"), ended_at=1001.0)
+            return {"ok": True, "end_reason": obj["end_reason"], "ended_at": obj["ended_at"]}
         if op == "get":
             assert isinstance(sid, str)
             return {"ok": True, "session": self.sessions[sid]}

@@ -134,6 +134,29 @@ async def test_delete_ends_the_session(make_env: Any) -> None:
     await problem(await c.patch(loc, data=TRICKLE, headers=SDPFRAG), 404, "session-ended")
 
 
+async def test_delete_keeps_the_transceivers_end_reason(make_env: Any) -> None:
+    """A session the transceiver had already ended (consent timeout) keeps that reason and
+    time after a DELETE; one it ended and then forgot is "gone", not "deleted"."""
+    env = await make_env()
+    c = env.client()
+    loc = (await create(c)).headers["Location"]
+    sid = loc.rsplit("/", 1)[1]
+    fake = next(f for f in env.fakes.values() if sid in f.sessions)
+    fake.sessions[sid].update(state="ended", end_reason="consent timeout", ended_at=1000.5)
+    assert (await c.delete(loc)).status_code == 200
+    detail = json.loads(await (await c.get(loc)).get_data())
+    assert (detail["state"], detail["end_reason"], detail["ended_at"]) == (
+        "ended", "consent timeout", 1000.5)
+
+    loc = (await create(c)).headers["Location"]
+    sid = loc.rsplit("/", 1)[1]
+    fake = next(f for f in env.fakes.values() if sid in f.sessions)
+    del fake.sessions[sid]  # ended and forgotten (past RECENTLY_ENDED) before the DELETE
+    assert (await c.delete(loc)).status_code == 200
+    detail = json.loads(await (await c.get(loc)).get_data())
+    assert (detail["state"], detail["end_reason"]) == ("ended", "gone")
+
+
 async def test_list_and_get(make_env: Any) -> None:
     env = await make_env()
     c = env.client()
