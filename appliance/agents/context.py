@@ -24,7 +24,9 @@ samples, 1920 bytes). Timing model:
 Events are JSON-able dicts with a ``"type"``: the transceiver sends ``session.started``,
 ``stats`` and ``session.ended`` to :meth:`AgentContext.events`; an agent may send any event
 with :meth:`AgentContext.send_event`; ``{"type": "session.end", "reason": ...}`` ends the
-call. The transceiver side of the object is :class:`AgentHost`.
+call. At most one ``stats`` event waits unread: a newer one replaces it (a snapshot is
+superseded, and an agent that never reads events must not make the session grow). The
+transceiver side of the object is :class:`AgentHost`.
 """
 
 from __future__ import annotations
@@ -181,6 +183,7 @@ class AgentHost:
         self.end_reason: str | None = None
         self.frames_dropped = 0
         self.events_dropped = 0
+        self.events_coalesced = 0  # unread stats events replaced by a newer one
         self.interrupts = 0
 
     # -- inbound (network side) ----------------------------------------------------------
@@ -193,10 +196,22 @@ class AgentHost:
             self._frames_lot.unpark_all()
 
     def push_event(self, event: dict[str, Any]) -> None:
-        if len(self._events_in) == self._events_in.maxlen:
+        queue = self._events_in
+        if event.get("type") == "stats":
+            # A stats event is a snapshot: an unread one is superseded by the newer one.
+            # Without this, a session whose agent never reads events() (passthrough, a
+            # synchronous frame handler, an agent that ignores them) accumulated one dict
+            # per RTCP interval, up to max_events (~40 KB per call after ~8 min).
+            for i, pending in enumerate(queue):
+                if pending.get("type") == "stats":
+                    del queue[i]
+                    self.events_coalesced += 1
+                    break
+        if len(queue) == queue.maxlen:
             self.events_dropped += 1
-        self._events_in.append(event)
-        self._events_lot.unpark_all()
+        queue.append(event)
+        if self._events_lot:
+            self._events_lot.unpark_all()
 
     # -- outbound (pacer side) -----------------------------------------------------------
 

@@ -59,7 +59,7 @@ from appliance.proto.stun import StunError, peek_username_untrusted
 from appliance.proto.ufrag import UfragCodec
 
 from .pacer import Pacer
-from .session import Addr, Session, _fmt
+from .session import Addr, EndedSession, Session, _fmt
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class Transceiver:
         self.by_ufrag: dict[str, Session] = {}
         self.by_client: dict[Addr, Session] = {}
         self.stun_tat: dict[Addr, float] = {}  # unknown source -> GCRA theoretical arrival
-        self.ended: deque[Session] = deque(maxlen=RECENTLY_ENDED)
+        self.ended: deque[EndedSession] = deque(maxlen=RECENTLY_ENDED)  # describe() only
         self.draining = False
         self.drained = trio.Event()  # set once draining with no session left
         self._nursery: trio.Nursery | None = None
@@ -251,7 +251,7 @@ class Transceiver:
             del self.by_ufrag[ufrag]
         for client in [c for c, s in self.by_client.items() if s is session]:
             del self.by_client[client]
-        self.ended.append(session)
+        self.ended.append(EndedSession(session))
         self._check_drained()
 
     def drain(self) -> None:
@@ -272,7 +272,7 @@ class Transceiver:
             self._cert, self._cert_at = Certificate.generate(now), now
         return self._cert
 
-    def _find(self, req: dict[str, Any]) -> Session | dict[str, Any]:
+    def _find(self, req: dict[str, Any]) -> Session | EndedSession | dict[str, Any]:
         sid = req.get("session_id")
         if not isinstance(sid, str):
             return _error(400, "bad-request", "session_id must be a string")
@@ -357,9 +357,9 @@ class Transceiver:
         found = self._find(req)
         if isinstance(found, dict):
             return found
+        if isinstance(found, EndedSession) or found.state == "ended":
+            return _error(404, "unknown-session", f"session {found.id!r} has ended")
         session = found
-        if session.state == "ended":
-            return _error(404, "unknown-session", f"session {session.id!r} has ended")
         body = req.get("sdpfrag")
         if not isinstance(body, str):
             return _error(400, "bad-request", "sdpfrag must be text")

@@ -694,6 +694,28 @@ class Session:
         self._on_end(self)
 
 
+class EndedSession:
+    """What the transceiver keeps of an ended session for ``list``/``get``/``delete``: its
+    final :meth:`Session.describe` (a small dict) and nothing else. The :class:`Session`
+    itself — Opus encoder/decoder, DTLS, SRTP, jitter buffer, agent queues, ~70 KiB — is
+    dropped at once instead of living on for the last ``RECENTLY_ENDED`` calls."""
+
+    __slots__ = ("id", "state", "end_reason", "ended_at", "_info")
+
+    def __init__(self, session: Session) -> None:
+        self.id = session.id
+        self.state = "ended"
+        self.end_reason = session.end_reason
+        self.ended_at = session.ended_at
+        self._info = session.describe()
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self._info)
+
+    def end(self, reason: str) -> None:
+        """Already ended: keeps its own reason (like :meth:`Session.end` on an ended one)."""
+
+
 def _fmt(addr: Addr) -> str:
     host, port = addr[0], addr[1]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -137,6 +137,25 @@ async def test_events_both_ways() -> None:
         await ctx.send_event({"no": "type"})
 
 
+async def test_unread_stats_events_do_not_accumulate() -> None:
+    """Soak regression: a session whose agent never reads events() (passthrough, echo's
+    frame handler) got a stats dict per RTCP interval, kept up to max_events (~40 KB a
+    call). An unread stats event is replaced by the newer one; other events are kept."""
+    host, ctx = make()
+    host.push_event({"type": "session.started"})
+    for i in range(1000):
+        host.push_event({"type": "stats", "packets_in": i})
+        if i == 500:
+            host.push_event({"type": "transcript", "text": "kept"})
+    assert len(host._events_in) == 3
+    assert host.events_coalesced == 999 and host.events_dropped == 0
+    host.push_event({"type": "session.ended"})
+    host.close("done")
+    assert [e async for e in ctx.events()] == [
+        {"type": "session.started"}, {"type": "transcript", "text": "kept"},
+        {"type": "stats", "packets_in": 999}, {"type": "session.ended"}]
+
+
 async def test_registry_resolves_every_form() -> None:
     assert resolve(None).name == "echo"
     assert resolve("echo").name == "echo"

@@ -3,7 +3,9 @@ headers) and a client built from appliance/proto (IceClient, DTLS client, SRTP).
 
 from __future__ import annotations
 
+import gc
 import socket
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from appliance.transceiver.server import (
     TransceiverConfig,
     serve_transceiver,
 )
+from appliance.transceiver.session import EndedSession, Session
 
 SECRETS = (b"routing-secret-for-tests-0123456",)
 CANDIDATES = [["198.51.100.1", 3478]]
@@ -299,6 +302,45 @@ async def test_passthrough_echoes_rtp_without_the_codec(
     assert srs and srs[-1].ssrc == got[0].ssrc and srs[-1].packet_count == 40
     s = (await ctl(transceiver, op="get", session_id="s1"))["session"]
     assert s["agent"] == "passthrough" and s["packets_in"] == 40 and s["packets_out"] == 40
+
+
+async def test_held_call_state_stays_bounded_and_ended_sessions_are_small(
+    transceiver: TransceiverAddresses, relay_sock: socket.socket,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Soak regressions (docs/reliability.md): (a) a held call must not accumulate per RTCP
+    report (nobody reads a passthrough session's agent events: the stats event posted at
+    each report piled up); (b) an ended session is kept as its describe() only, not as the
+    Session with its codec, DTLS and queues."""
+    monkeypatch.setattr(session_mod, "RTCP_INTERVAL", 0.02)
+    tr = transceiver.transceiver
+    assert tr is not None
+    refs: list[weakref.ref[Session]] = []
+    for sid, agent in (("s1", "passthrough"), ("s2", "echo")):
+        client = await connect(transceiver, relay_sock, sid=sid, agent=agent)
+        session = tr.sessions[sid]
+        refs.append(weakref.ref(session))
+        assert (session.decoder is None) == (agent == "passthrough")
+        client.received_rtcp.clear()
+        for _ in range(50):  # ~50 RTCP reports (0.01-0.03 s apart) in 1 s
+            await trio.sleep(0.02)
+            await client.pump(trio.current_time())
+        assert sum(isinstance(p, RtcpSenderReport | RtcpReceiverReport)
+                   for p in client.received_rtcp) >= 20
+        assert session.host.events_coalesced >= 20
+        assert len(session.host._events_in) <= 2  # session.started + the latest stats
+        assert (await ctl(transceiver, op="delete", session_id=sid, reason="bye"))["ok"]
+        del session
+    await trio.sleep(0.05)
+    gc.collect()
+    assert [r() for r in refs] == [None, None]  # nothing keeps an ended Session alive
+    assert [type(e) for e in tr.ended] == [EndedSession, EndedSession]
+    got = (await ctl(transceiver, op="get", session_id="s2"))["session"]
+    assert got["state"] == "ended" and got["end_reason"] == "bye" and got["agent"] == "echo"
+    listed = (await ctl(transceiver, op="list"))["sessions"]
+    assert [s["id"] for s in listed] == ["s1", "s2"]
+    again = await ctl(transceiver, op="delete", session_id="s1", reason="again")
+    assert again["ok"] and again["end_reason"] == "bye"
 
 
 async def test_passthrough_is_a_known_agent() -> None:
