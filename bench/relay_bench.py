@@ -15,7 +15,16 @@ with ``--pin`` (worker i on CPU i). For each worker count it measures:
   client);
 * the relay's forwarded datagrams/s (both directions, from its own counters), the same per
   second of relay CPU time (utime+stime from /proc: "per relay core"), the relay's CPU load,
+  its datagrams per wake-up (received datagrams / hot-loop wake-ups, from its counters),
   loss, and round-trip latency p50/p99 with the *added* p50/p99 (relay minus direct).
+
+Latency is measured with kernel receive timestamps (``SO_TIMESTAMPNS``), so that the load
+generator's own delays do not count: RTT = (kernel arrival at the client socket - send
+time) - (time the datagram sat in the echo: its kernel arrival there until the echo sent it
+back, written into the payload by the echo). Both paths are measured the same way; the
+generator's lateness (kernel arrival to when it read the datagram) is reported separately
+as ``gen-late p50/p99`` — it used to inflate the direct path, whose echo and client reads
+compete with the generator's send bursts, so that "relay minus direct" could go negative.
 """
 
 from __future__ import annotations
@@ -41,7 +50,12 @@ from appliance.proto.ufrag import UfragCodec  # noqa: E402
 
 SECRET = os.urandom(32)
 PAYLOAD = 172
-_HDR = struct.Struct("!BBHIQ")  # 0x80 (RTP), payload type, flow, seq, send time (ns)
+_HDR = struct.Struct("!BBHIQQ")  # 0x80 (RTP), PT, flow, seq, send time, echo hold (ns)
+_HOLD = struct.Struct("!Q")
+_HOLD_AT = _HDR.size - _HOLD.size  # offset of the echo hold time in the payload
+_TS = struct.Struct("@qq")  # struct timespec
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; SCM_TIMESTAMPNS is the same
+ANC = socket.CMSG_SPACE(_TS.size)
 TICK = 0.0005
 ALL_CPUS = os.sched_getaffinity(0)
 
@@ -50,9 +64,19 @@ def _udp(host: str = "127.0.0.1") -> socket.socket:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+    s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)  # kernel arrival time (realtime)
     s.bind((host, 0))
     s.setblocking(False)
     return s
+
+
+def _stamp(anc: list[tuple[int, int, bytes]]) -> int:
+    """The kernel arrival time (ns, CLOCK_REALTIME) from SCM_TIMESTAMPNS, or 0."""
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TS.size:
+            sec, nsec = _TS.unpack_from(data)
+            return sec * 1_000_000_000 + nsec
+    return 0
 
 
 @dataclass
@@ -61,15 +85,17 @@ class Result:
     received: int
     seconds: float
     rtts: list[int]
+    late: list[int]
 
     @property
     def loss(self) -> float:
         return 1 - self.received / self.sent if self.sent else 0.0
 
-    def pct(self, q: float) -> float:
-        if not self.rtts:
+    def pct(self, q: float, what: str = "rtts") -> float:
+        values = getattr(self, what)
+        if not values:
             return float("nan")
-        s = sorted(self.rtts)
+        s = sorted(values)
         return s[min(len(s) - 1, int(q * len(s)))] / 1000.0  # µs
 
 
@@ -94,12 +120,17 @@ class Generator:
         return (a[0], a[1])
 
     def _drain_echo(self) -> None:
-        recv, send, mv = self.echo.recvfrom_into, self.echo.sendto, self.mv
+        recv, send, mv, buf = self.echo.recvmsg_into, self.echo.sendto, self.mv, self.buf
+        bufs = [mv]
+        now_ns, hold = time.time_ns, _HOLD.pack_into
         while True:
             try:
-                n, src = recv(mv)
+                n, anc, _, src = recv(bufs, ANC)
             except BlockingIOError:
                 return
+            if n >= PAYLOAD:  # a benchmark datagram: note how long it sat here
+                arrived = _stamp(anc)
+                hold(buf, n - PAYLOAD + _HOLD_AT, now_ns() - arrived if arrived else 0)
             try:
                 send(mv[:n], src)
             except OSError:
@@ -136,15 +167,17 @@ class Generator:
         clients, k = self.clients, len(self.clients)
         out, pack, unpack = self.out, _HDR.pack_into, _HDR.unpack_from
         mv, by_fd, echo_fd = self.mv, self.by_fd, self.echo.fileno()
-        now_ns = time.perf_counter_ns
+        bufs = [mv]
+        now_ns = time.time_ns  # the kernel's receive timestamps are CLOCK_REALTIME
         seqs = [0] * k
         rtts: list[int] = []
+        late: list[int] = []
         sent = received = 0
         rr = 0
 
         def send(i: int) -> None:
             nonlocal sent
-            pack(out, 0, 0x80, 0x6F, i, seqs[i], now_ns())
+            pack(out, 0, 0x80, 0x6F, i, seqs[i], now_ns(), 0)
             seqs[i] += 1
             try:
                 clients[i].sendto(out, target)
@@ -183,12 +216,16 @@ class Generator:
                 # BlockingIOError would raise an exception per packet on 1000 sockets.
                 i = by_fd[fd]
                 try:
-                    n = clients[i].recv_into(mv)
+                    n, anc, _, _ = clients[i].recvmsg_into(bufs, ANC)
                 except BlockingIOError:
                     continue
                 if n < _HDR.size:
                     continue  # a late STUN echo
-                rtts.append(now_ns() - unpack(mv)[4])
+                read = now_ns()
+                arrived = _stamp(anc) or read
+                fields = unpack(mv)
+                rtts.append(arrived - fields[4] - fields[5])
+                late.append(read - arrived)
                 received += 1
                 if rate is None:
                     send(i)
@@ -208,7 +245,7 @@ class Generator:
                             received += 1
                 except BlockingIOError:
                     pass
-        return Result(sent, received, elapsed, rtts)
+        return Result(sent, received, elapsed, rtts, late)
 
 
 def _cpu_seconds(pids: list[int]) -> float:
@@ -234,14 +271,14 @@ def _control(path: str) -> dict[str, object]:
     return out
 
 
-def _worker_stats(path: str) -> tuple[list[int], int]:
+def _worker_stats(path: str) -> tuple[list[int], dict[str, int]]:
     st = _control(path)
     workers = st.get("workers")
     per = workers if isinstance(workers, list) else [st]
     pids = [int(w["pid"]) for w in per]
     counters = st["counters"]
     assert isinstance(counters, dict)
-    return pids, int(counters["packets_out"])
+    return pids, {k: int(v) for k, v in counters.items() if isinstance(v, int)}
 
 
 def _start_relay(tmp: str, echo: tuple[str, int], workers: int, pin: bool,
@@ -273,15 +310,18 @@ def _start_relay(tmp: str, echo: tuple[str, int], workers: int, pin: bool,
     return proc, (host, int(port)), control
 
 
-def _row(name: str, r: Result, base: Result | None, fwd: float | None, cpu: float | None) -> str:
-    cols = [f"{name:<24}", f"{r.sent / r.seconds:>9.0f}", f"{r.received / r.seconds:>9.0f}",
-            f"{100 * r.loss:>6.2f}%", f"{r.pct(0.5):>8.1f}", f"{r.pct(0.99):>8.1f}"]
+def _row(name: str, r: Result, base: Result | None, fwd: float | None, cpu: float | None,
+         per_wake: float | None = None) -> str:
+    cols = [f"{name:<18}", f"{r.sent / r.seconds:>7.0f}", f"{r.received / r.seconds:>7.0f}",
+            f"{100 * r.loss:>6.2f}%", f"{r.pct(0.5, 'late'):>8.1f}", f"{r.pct(0.99, 'late'):>8.1f}",
+            f"{r.pct(0.5):>8.1f}", f"{r.pct(0.99):>8.1f}"]
     if base is not None:
         cols += [f"{r.pct(0.5) - base.pct(0.5):>+8.1f}", f"{r.pct(0.99) - base.pct(0.99):>+8.1f}"]
     else:
         cols += [f"{'':>8}", f"{'':>8}"]
     if fwd is not None and cpu is not None:
-        cols += [f"{fwd:>10.0f}", f"{100 * cpu:>6.0f}%", f"{fwd / cpu if cpu else 0:>11.0f}"]
+        cols += [f"{fwd:>10.0f}", f"{100 * cpu:>6.0f}%", f"{fwd / cpu if cpu else 0:>9.0f}",
+                 f"{1e6 * cpu / fwd if fwd else 0:>7.2f}", f"{per_wake or 0:>6.1f}"]
     return " ".join(cols)
 
 
@@ -300,9 +340,11 @@ def main() -> int:
         os.sched_setaffinity(0, {cpus[-1]})
     print(f"# machine: {os.cpu_count()} CPUs ({_cpu_model()}), Python {sys.version.split()[0]}, "
           f"generator on CPU {cpus[-1] if pin else 'any'}, {args.flows} flows x {PAYLOAD} B")
-    print(f"{'scenario':<24} {'sent/s':>9} {'recv/s':>9} {'loss':>7} {'p50 µs':>8} "
-          f"{'p99 µs':>8} {'+p50':>8} {'+p99':>8} {'relay fwd/s':>10} {'cpu':>7} "
-          f"{'fwd/cpu-s':>11}")
+    print("# latency in µs; gen-late = the generator's read delay (excluded from p50/p99); "
+          "µs/fwd = relay CPU per forwarded datagram; /wake = datagrams per relay wake-up")
+    print(f"{'scenario':<18} {'sent/s':>7} {'recv/s':>7} {'loss':>7} {'gen-late':>8} "
+          f"{'late p99':>8} {'p50':>8} {'p99':>8} {'+p50':>8} {'+p99':>8} {'relay fwd/s':>10} "
+          f"{'cpu':>7} {'fwd/cpu-s':>9} {'µs/fwd':>7} {'/wake':>6}")
     codec = UfragCodec(SECRET)
     for workers in [int(w) for w in args.workers.split(",")]:
         gen = Generator(args.flows)
@@ -313,14 +355,17 @@ def main() -> int:
             for label, rate in ((f"{args.rate:.0f}/s", args.rate), ("max", None)):
                 base = gen.run(gen.echo_addr, args.seconds, rate)
                 print(_row(f"direct  {label}", base, None, None, None), flush=True)
-                pids, out0 = _worker_stats(control)
+                pids, c0 = _worker_stats(control)
                 cpu0, t0 = _cpu_seconds(pids), time.perf_counter()
                 r = gen.run(public, args.seconds, rate)
-                pids, out1 = _worker_stats(control)
+                pids, c1 = _worker_stats(control)
                 cpu = (_cpu_seconds(pids) - cpu0)
                 wall = time.perf_counter() - t0
-                fwd = (out1 - out0) / wall
-                print(_row(f"relay x{workers} {label}", r, base, fwd, cpu / wall), flush=True)
+                fwd = (c1["packets_out"] - c0["packets_out"]) / wall
+                wakes = c1.get("wakeups", 0) - c0.get("wakeups", 0)
+                per_wake = (c1["packets_in"] - c0["packets_in"]) / wakes if wakes else None
+                print(_row(f"relay x{workers} {label}", r, base, fwd, cpu / wall, per_wake),
+                      flush=True)
             print(f"#   relay x{workers} drops: {_control(control)['counters']['drops']}")
         finally:
             proc.terminate()

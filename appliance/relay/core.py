@@ -72,6 +72,7 @@ COUNTER_NAMES = (
     "stun_answered",
     "redis_lookups",
     "redis_writes",
+    "wakeups",
 )
 
 
@@ -96,20 +97,18 @@ class Route:
 class Flow:
     """One client ip:port: where its datagrams go and how they are framed.
 
-    Mutable on purpose (``last_seen`` and the counters change per packet); slotted so the
-    hot path's attribute stores are cheap.
+    Mutable on purpose (``last_seen`` changes per packet); slotted so the hot path's
+    attribute store is cheap. There are no per-flow packet/byte counters: nothing reads them,
+    and two attribute updates per datagram and direction are measurable on the hot path
+    (docs/performance.md "Relay"); the relay-wide counters are in :class:`Counters`.
     """
 
     __slots__ = (
-        "bytes_in",
-        "bytes_out",
         "client",
         "created",
         "dest",
         "header",
         "last_seen",
-        "packets_in",
-        "packets_out",
         "public",
         "route",
         "ufrag",
@@ -143,10 +142,6 @@ class Flow:
         self.created = now
         self.last_seen = now
         self.written = -1e300  # when the flow was last written to Redis
-        self.packets_in = 0
-        self.bytes_in = 0
-        self.packets_out = 0
-        self.bytes_out = 0
 
 
 @dataclass(slots=True)
@@ -163,6 +158,8 @@ class Counters:
     stun_answered: int = 0
     redis_lookups: int = 0
     redis_writes: int = 0
+    #: hot-loop wake-ups (packets_in / wakeups = datagrams handled per event-loop round trip)
+    wakeups: int = 0
     drops: dict[str, int] = field(default_factory=dict)
 
     def drop(self, reason: str, n: int = 1) -> None:
@@ -437,8 +434,6 @@ class RelayCore:
 
     def _touch(self, flow: Flow, now: float, n: int) -> None:
         flow.last_seen = now
-        flow.packets_in += 1
-        flow.bytes_in += n
         self.flows.move_to_end(flow.client)
 
     def _install(

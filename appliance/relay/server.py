@@ -7,9 +7,12 @@ talks PROXY v2 framed datagrams with transceivers and with other relays (DESIGN.
 transceiver datagram format").
 
 Hot path (DESIGN.md "Relay behaviour"). Per-datagram event-loop round trips are what make a
-textbook trio relay slow, so each socket has one task that waits for readability once and
-then *drains* the socket with non-blocking ``recvfrom_into`` calls into a buffer allocated
-once, up to ``BATCH`` datagrams before it yields to trio. A datagram from a known flow is
+textbook trio relay slow, so one task (:meth:`_Worker.hot_loop`) serves all of a worker's
+sockets: it waits for readability of an epoll set holding them, then *drains* each ready
+socket with non-blocking ``recvfrom_into`` calls into a buffer allocated once (up to
+``BATCH`` datagrams per socket and round), and while traffic keeps coming it waits on that
+epoll set directly (at most ``HOLD``) rather than through trio, yielding to trio every
+``YIELD_EVERY``. A datagram from a known flow is
 forwarded without leaving the loop: its flow's pre-encoded PROXY header is copied into the
 ``HEADROOM`` bytes in front of the payload, and the header + payload slice is sent with one
 ``sendto`` — no concatenation, no parsing beyond the first byte. Counters are summed in
@@ -53,10 +56,11 @@ import ipaddress
 import logging
 import math
 import os
+import select
 import socket
 import struct
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,7 +69,14 @@ import trio
 from ..config import parse_hostport
 from ..control import serve_control
 from ..logs import redact
-from ..proto.proxy import TLV_RELAY_ID, ProxyError, encode_header, encode_tlv, parse_untrusted
+from ..proto.proxy import (
+    FAM_UDP4,
+    TLV_RELAY_ID,
+    ProxyError,
+    encode_header,
+    encode_tlv,
+    parse_untrusted,
+)
 from .core import IS_STUN, Address, CoreConfig, Flow, RelayCore
 
 log = logging.getLogger(__name__)
@@ -76,6 +87,11 @@ HEADROOM = 256
 BUFSIZE = HEADROOM + 65536
 #: Datagrams drained per wake-up before yielding to trio (fairness for the other tasks).
 BATCH = 512
+#: Longest blocking wait on the worker's own epoll set before going back to trio's
+#: ``wait_readable`` (epoll's timeout has millisecond granularity).
+HOLD = 0.001
+#: While traffic keeps the hot loop off trio's scheduler, it yields this often.
+YIELD_EVERY = 0.002
 #: Kernel socket buffers: absorb bursts while the loop is busy with the other socket.
 #: The kernel caps the request at net.core.rmem_max / wmem_max (docs/reliability.md).
 SOCKET_BUFFER = 16 << 20
@@ -83,6 +99,11 @@ SOCKET_BUFFER = 16 << 20
 #: (libwebrtc: ~1200 bytes of RTP, DTLS records fragmented to the MTU); this leaves room
 #: for jumbo-ish paths while a 65 kB datagram never occupies the socket buffer.
 MAX_DATAGRAM = 2048
+
+#: Internal socket: parsed PROXY headers are cached by their first 28 bytes (the fixed
+#: 16-byte part and the IPv4 address block); the cache is cleared when it reaches this size.
+PARSED_MAX = 65_536
+_PARSED_KEY = struct.Struct("28s")
 
 _SO_ATTACH_FILTER = 26  # Linux, <asm-generic/socket.h>; absent from Python's socket module
 
@@ -249,7 +270,7 @@ class _Worker:
         self.isock = isock
         self.public = tuple(_name(s) for s in pubs)
         self.pub_by_addr = dict(zip(self.public, pubs, strict=True))
-        #: mutated in place (never rebound): internal_loop holds a reference to it
+        #: mutated in place (never rebound): internal_drain holds a reference to it
         self.return_sources = return_sources
         self.tlv = encode_tlv(TLV_RELAY_ID, config.relay_id.encode()[:64])
         self.lookup_wanted = trio.Event()
@@ -266,7 +287,56 @@ class _Worker:
         if core.resolutions_pending and not self.resolve_wanted.is_set():
             self.resolve_wanted.set()
 
-    async def public_loop(self, sock: socket.socket, public: Address) -> None:
+    async def hot_loop(self) -> None:
+        """Every socket of the worker, in one task (see the module docstring).
+
+        trio waits on an epoll set of our own (level-triggered, the public sockets and the
+        internal one): one trio wake-up serves both directions. While datagrams keep
+        coming, the task stays on that epoll set — a blocking ``poll`` of at most
+        ``HOLD`` — instead of going back through trio's scheduler for every wake-up (a
+        trio round trip costs about twice a bare epoll one, docs/performance.md "Relay");
+        it yields to trio at least every ``YIELD_EVERY`` seconds and goes back to
+        ``wait_readable`` after ``HOLD`` without traffic.
+        """
+        drains: dict[int, Callable[[float], bool]] = {
+            sock.fileno(): self.public_drain(sock, public)
+            for sock, public in zip(self.pubs, self.public, strict=True)
+        }
+        drains[self.isock.fileno()] = self.internal_drain()
+        c = self.core.counters
+        clock = trio.current_time
+        wake = self._wake_lookups
+        ep = select.epoll()
+        try:
+            for fd in drains:
+                ep.register(fd, select.EPOLLIN)
+            poll = ep.poll
+            while True:
+                await trio.lowlevel.wait_readable(ep)
+                now = clock()
+                yield_at = now + YIELD_EVERY
+                timeout = 0.0
+                while True:
+                    events = poll(timeout)
+                    if not events:
+                        break  # HOLD without traffic: back to trio
+                    c.wakeups += 1
+                    now = clock()
+                    more = False
+                    for fd, _ in events:
+                        if drains[fd](now):
+                            more = True
+                    wake()
+                    if now >= yield_at:
+                        await trio.lowlevel.checkpoint()
+                        yield_at = clock() + YIELD_EVERY
+                    timeout = 0.0 if more else HOLD
+        finally:
+            ep.close()
+
+    def public_drain(self, sock: socket.socket, public: Address) -> Callable[[float], bool]:
+        """The public socket's drain: up to ``BATCH`` datagrams per call; True if the
+        socket may hold more."""
         core = self.core
         c = core.counters
         drop = c.drop
@@ -286,12 +356,8 @@ class _Worker:
         buf = bytearray(BUFSIZE)
         mv = memoryview(buf)
         rx = mv[H:]
-        clock = trio.current_time
-        readable = False
-        while True:
-            if not readable:
-                await trio.lowlevel.wait_readable(sock)
-            now = clock()
+
+        def drain(now: float) -> bool:
             pin = bin_ = pout = bout = no_flow = oversize = 0
             readable = True
             for _ in range(BATCH):
@@ -325,8 +391,6 @@ class _Worker:
                         drop("send-failed")
                         continue
                     flow.last_seen = now
-                    flow.packets_in += 1
-                    flow.bytes_in += n
                     lru(addr)
                     pout += 1
                     bout += n + len(h)
@@ -354,11 +418,13 @@ class _Worker:
                 drop("no-flow", no_flow)
             if oversize:
                 drop("oversize", oversize)
-            self._wake_lookups()
-            if readable:
-                await trio.lowlevel.checkpoint()
+            return readable
 
-    async def internal_loop(self) -> None:
+        return drain
+
+    def internal_drain(self) -> Callable[[float], bool]:
+        """The internal socket's drain (return traffic, upstream relays), like
+        :meth:`public_drain`."""
         core = self.core
         c = core.counters
         drop = c.drop
@@ -370,21 +436,20 @@ class _Worker:
         recv = sock.recvfrom_into
         isend = sock.sendto
         v6 = sock.family == socket.AF_INET6
-        pub_get = self.pub_by_addr.get
+        pub_get = {a: s.sendto for a, s in self.pub_by_addr.items()}.get
         returners = self.return_sources
         tlv = self.tlv
         is_stun = IS_STUN
         parse = parse_untrusted
+        parsed: dict[bytes, tuple[Address, Address, int]] = {}
+        parsed_get = parsed.get
+        key_of = _PARSED_KEY.unpack_from
         H = HEADROOM
         buf = bytearray(BUFSIZE)
         mv = memoryview(buf)
         rx = mv[H:]
-        clock = trio.current_time
-        readable = False
-        while True:
-            if not readable:
-                await trio.lowlevel.wait_readable(sock)
-            now = clock()
+
+        def drain(now: float) -> bool:
             pin = bin_ = pout = bout = 0
             readable = True
             for _ in range(BATCH):
@@ -399,11 +464,26 @@ class _Worker:
                     src = src[:2]
                 pin += 1
                 bin_ += n
-                try:
-                    client, public, off = parse(rx[:n])
-                except ProxyError:
-                    drop("proxy-malformed")
-                    continue
+                # The PROXY header of a flow's datagrams is the same every time: its first
+                # PARSED_KEY bytes (signature .. IPv4 addresses, length field included)
+                # determine the parse, so a cache hit skips parse_untrusted (~1 µs).
+                key = key_of(buf, H)[0]
+                hit = parsed_get(key)
+                if hit is not None:
+                    client, public, off = hit
+                    if off > n:  # shorter than its header says
+                        drop("proxy-malformed")
+                        continue
+                else:
+                    try:
+                        client, public, off = parse(rx[:n])
+                    except ProxyError:
+                        drop("proxy-malformed")
+                        continue
+                    if buf[H + 13] == FAM_UDP4:  # IPv6 addresses do not fit in the key
+                        if len(parsed) >= PARSED_MAX:
+                            parsed.clear()
+                        parsed[key] = (client, public, off)
                 p = H + off  # where the client's datagram starts in buf
                 end = H + n
                 if src in returners:
@@ -417,18 +497,15 @@ class _Worker:
                             buf[s:p] = h
                             bout += isend(mv[s:end], flow.upstream)
                         else:
-                            ps = pub_get(public)
-                            if ps is None:
+                            psend = pub_get(public)
+                            if psend is None:
                                 drop("return-unknown-public")
                                 continue
-                            bout += ps.sendto(mv[p:end], client)
+                            bout += psend(mv[p:end], client)
                     except OSError:
                         drop("send-failed")
                         continue
                     pout += 1
-                    if flow is not None:
-                        flow.packets_out += 1
-                        flow.bytes_out += end - p
                     continue
                 # A framed datagram from an upstream relay: route it like a client's.
                 flow = get(client)
@@ -442,8 +519,6 @@ class _Worker:
                         drop("send-failed")
                         continue
                     flow.last_seen = now
-                    flow.packets_in += 1
-                    flow.bytes_in += end - p
                     lru(client)
                     pout += 1
                     continue
@@ -466,9 +541,9 @@ class _Worker:
             c.bytes_in += bin_
             c.packets_out += pout
             c.bytes_out += bout
-            self._wake_lookups()
-            if readable:
-                await trio.lowlevel.checkpoint()
+            return readable
+
+        return drain
 
     # -- transceiver names: resolved here, off the hot path --------------------------------
 
@@ -677,9 +752,7 @@ async def serve_relay(
             worker.sockets[name] = socket_buffers(sock)
         handle = RelayHandle(worker.public, _name(isock), core, config.worker, worker.sockets)
         async with trio.open_nursery() as nursery:
-            for sock, public in zip(pubs, worker.public, strict=True):
-                nursery.start_soon(worker.public_loop, sock, public)
-            nursery.start_soon(worker.internal_loop)
+            nursery.start_soon(worker.hot_loop)
             nursery.start_soon(worker.housekeeping)
             if names or config.transceiver_pattern is not None:
                 nursery.start_soon(worker.resolver)

@@ -285,6 +285,26 @@ async def test_internal_socket_rejects_bad_frames(
     }
 
 
+async def test_cached_proxy_headers_are_still_checked(
+    nursery: trio.Nursery, start_relay: StartRelay
+) -> None:
+    """Return traffic's parsed PROXY headers are cached by their first 28 bytes: repeats
+    are forwarded, and a truncated copy of a cached header (whose first bytes match) is
+    still dropped as malformed."""
+    t = await open_transceiver(nursery)
+    relay = await start_relay(transceivers={0: t.address})
+    c = await open_client(relay.public[0])
+    header = encode_header(c.address, relay.public[0])
+    for i in range(3):  # a parse, then cache hits
+        await t.sock.sendto(header + RTP + bytes([i]), relay.internal)
+        assert await c.recv() == (RTP + bytes([i]), relay.public[0])
+    await t.sock.sendto(header[:27], relay.internal)  # shorter than the cache key
+    await t.sock.sendto(header[:16], relay.internal)  # no address block
+    await t.sock.sendto(header + DTLS, relay.internal)
+    assert (await c.recv())[0] == DTLS
+    assert relay.stats()["counters"]["drops"] == {"proxy-malformed": 2}
+
+
 async def test_return_traffic_needs_no_flow(
     nursery: trio.Nursery, start_relay: StartRelay
 ) -> None:
