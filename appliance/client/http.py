@@ -55,16 +55,30 @@ async def request(
         hdrs = {"Host": parts.netloc, "Connection": "close", "Content-Length": str(len(body))}
         hdrs.update(headers or {})
         head = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in hdrs.items())
+        raw = bytearray()
         async with stream:
-            await stream.send_all(head.encode("latin-1") + b"\r\n" + body)
-            raw = bytearray()
+            try:
+                await stream.send_all(head.encode("latin-1") + b"\r\n" + body)
+            except trio.BrokenResourceError as exc:
+                # A server may answer early and close (e.g. 413 before reading an oversized
+                # body): the answer is already in our receive buffer, so read it.
+                send_error: Exception | None = exc
+            else:
+                send_error = None
             while not _complete(raw):
-                chunk = await stream.receive_some(65536)
+                try:
+                    chunk = await stream.receive_some(65536)
+                except trio.BrokenResourceError:
+                    if send_error is None:
+                        raise
+                    break
                 if not chunk:
                     break
                 raw += chunk
                 if len(raw) > MAX_RESPONSE:
                     raise HttpError("response too large")
+            if send_error is not None and not raw:
+                raise send_error
     except (OSError, trio.BrokenResourceError) as exc:
         raise HttpError(f"{method} {url} failed: {exc!r}") from exc
     return _parse(bytes(raw))
