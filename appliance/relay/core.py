@@ -519,7 +519,7 @@ class RelayCore:
     def _want_lookup(
         self, now: float, client: Address, public: Address, upstream: Address | None
     ) -> None:
-        if client in self._lookups or client in self._asked:
+        if client in self._lookups or self._asked.get(client, now) > now:
             self.counters.drop("redis-pending")
             return
         if len(self._lookups) >= self.config.max_pending_lookups:
@@ -581,6 +581,7 @@ class RelayCore:
             self.counters.drop("redis-bad-route")
             return None
         if client in self.flows:
+            self._asked.pop(client, None)
             return self.flows[client]  # a STUN request won the race
         return self._recovered(now, client, route, public, upstream)
 
@@ -588,9 +589,11 @@ class RelayCore:
         self, now: float, client: Address, route: Route, public: Address, upstream: Address | None
     ) -> Flow:
         self._asked.pop(client, None)
+        # _install marks the flow dirty: it is written back at once. The entry's TTL was set
+        # by the worker that had the flow before (possibly itself recovered it a moment
+        # earlier, so never refreshed it); rewriting gives it a full flow_timeout from now
+        # and makes this worker its keeper, so the next restart still finds it.
         flow = self._install(now, client, route, public, upstream, b"")
-        self._dirty.pop(client, None)  # it came from Redis; no need to write it back yet
-        flow.written = now
         self.counters.flows_recovered += 1
         return flow
 

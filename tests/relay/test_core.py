@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from relay.support import DTLS, RTP, SECRET, check, stun_request, ufrag
 
 from appliance.proto.proxy import parse_untrusted, tlvs_untrusted
-from appliance.relay.core import CoreConfig, Flow, RelayCore, Route, TokenBuckets
+from appliance.relay.core import Address, CoreConfig, Flow, RelayCore, Route, TokenBuckets
 
 PUBLIC = ("198.51.100.1", 3478)
 T = {0: ("127.0.0.1", 4000), 1: ("127.0.0.1", 4001)}
@@ -100,6 +100,8 @@ def test_redis_writes_and_lookups() -> None:
     flow = r.handle_lookup(0.4, client(5), PUBLIC, None, "t0")
     assert flow is not None and flow.dest == T[0] and flow.ufrag == b""
     assert r.handle_datagram(0.5, client(5), RTP, PUBLIC) is flow
+    # A recovered flow is written back at once (full TTL; the next restart finds it).
+    assert r.poll_writes(0.5) == [(client(5), "t0")]
     # Redis cannot add a route this relay does not have.
     assert r.handle_lookup(0.5, client(6), PUBLIC, None, "t9") is None
     assert r.handle_lookup(0.5, client(7), PUBLIC, None, "garbage") is None
@@ -113,6 +115,47 @@ def test_redis_writes_and_lookups() -> None:
     r.handle_datagram(25.0, client(5), RTP, PUBLIC)
     r.sweep(25.0)
     assert r.poll_writes(25.0) == [(client(5), "t0")]
+
+
+def test_recovered_flow_hopping_between_workers_keeps_its_redis_entry() -> None:
+    """Rolling restart: a flow recovered by one worker moves on (its worker restarts)
+    before that worker's periodic TTL refresh; each recovery must write the entry back, or
+    the entry only lives as long as the first worker's last write (docs/reliability.md)."""
+    store: dict[Address, tuple[str, float]] = {}  # a Redis with TTLs
+    ttl = 30.0
+
+    def write(r: RelayCore, now: float) -> None:
+        for c, v in r.poll_writes(now):
+            store[c] = (v, now + ttl)
+
+    def get(c: Address, now: float) -> str | None:
+        v = store.get(c)
+        return v[0] if v is not None and v[1] > now else None
+
+    a = core(redis=True)
+    a.handle_datagram(0.0, client(0), check(ufrag(transceiver=1)), PUBLIC)
+    write(a, 0.0)
+    now = 0.0
+    for _ in range(6):  # six restarts, 8 s apart (< flow_timeout / 3): no periodic refresh
+        now += 8.0
+        b = core(redis=True)  # the worker the client hashes to now
+        assert b.handle_datagram(now, client(0), RTP, PUBLIC) is None
+        [(c, pub, up)] = b.poll_lookups(now)
+        flow = b.handle_lookup(now, c, pub, up, get(c, now))
+        assert flow is not None and str(flow.route) == "t1", now
+        write(b, now)
+        b.sweep(now + 1.0)
+
+
+def test_redis_miss_is_retried_after_negative_ttl_without_a_sweep() -> None:
+    r = core(redis=True, negative_ttl=1.0)
+    assert r.handle_datagram(0.0, client(5), RTP, PUBLIC) is None
+    assert r.poll_lookups(0.0) == [(client(5), PUBLIC, None)]
+    assert r.handle_lookup(0.0, client(5), PUBLIC, None, None) is None  # a miss
+    r.handle_datagram(0.5, client(5), RTP, PUBLIC)
+    assert r.poll_lookups(0.5) == []  # negatively cached
+    r.handle_datagram(1.0, client(5), RTP, PUBLIC)
+    assert r.poll_lookups(1.0) == [(client(5), PUBLIC, None)]  # asked again, no sweep ran
 
 
 def test_route_text_round_trip() -> None:

@@ -221,7 +221,8 @@ def test_redis_recovered_flow_waits_for_its_transceiver_to_resolve() -> None:
     assert r.flows[c1].dest == ("10.0.0.3", 4000) and r.flows[c1].upstream is None
     assert r.flows[c2].upstream == up
     assert r.counters.flows_recovered == 2
-    assert r.poll_writes(0.2) == []  # they came from Redis: nothing to write back
+    # Written back at once: a full TTL from now, so the next restart still finds them.
+    assert sorted(r.poll_writes(0.2)) == [(c1, "t3"), (c2, "t3")]
     # A transceiver that never resolves: its parked flows are forgotten after the retry time.
     assert r.handle_lookup(1.0, ("203.0.113.3", 3), PUB, None, "t4") is None
     assert r.poll_resolutions(1.0) == [4]

@@ -175,3 +175,47 @@ async def test_rolling_restart_of_two_relay_workers(stack: Stack, nursery: trio.
     for k in (0, 1):
         sessions = (await stack.ctl(k, op="list"))["sessions"]
         assert [s["state"] for s in sessions] == ["connected"] * (N_CALLS // 2)
+
+
+async def test_rolling_restart_with_redis_both_steps_resume_without_stun(
+    stack: Stack, nursery: trio.Nursery, redis_url: str
+) -> None:
+    """Two successive worker restarts (SIGTERM worker 0, then worker 1) of a 2-worker relay
+    with Redis, consent checks disabled: each step moves every client to a worker without
+    its flow (SO_REUSEPORT reshuffle), so only Redis can bring media back — at the second
+    step too, when the flows' entries were last recovered, not created, by a worker
+    (docs/reliability.md "Relay rolling restart, --redis")."""
+    await stack.start_transceiver(0)
+    await stack.start_transceiver(1)
+    # A short flow timeout (Redis TTL 4 s): entries must be kept alive by whichever worker
+    # has the flow now, and the pause between the steps lets stale flows expire.
+    await stack.start_relay("--workers", "2", "--redis", redis_url, "--new-flow-rate", "1000",
+                            "--flow-timeout", "4")
+    calls = await _calls(nursery, stack, [0, 1], N_CALLS, consent_interval=600.0)
+    import redis as redislib
+
+    db = redislib.Redis.from_url(redis_url)
+    try:
+        await eventually(lambda: len(list(db.scan_iter("appliance:relay:*"))) >= N_CALLS, 10,
+                         "flows written to Redis")
+        stun_before = {c.sid: len(c.stun_sent) for c in calls}
+        recovered = []
+        for index in (0, 1):
+            await trio.sleep(4.5)  # > flow timeout: stale flows expire, only Redis remains
+            other = (await stack.relay_stats())["workers"][1 - index]
+            before = other["counters"]["flows_recovered"]  # the restarted one starts at 0
+            t0 = trio.current_time()
+            back = await restart_worker(stack, index, signal.SIGTERM)
+            await media_settled(calls, back, 5)
+            for c in calls:
+                assert c.failed is None, (c.sid, c.failed)
+                gap = max_gap(c, t0, trio.current_time())
+                assert gap < back - t0 + 1.0, (index, c.sid, gap)  # no consent check to wait for
+            recovered.append((await stack.relay_stats())["counters"]["flows_recovered"] - before)
+            # Every call's entry is still there, with a full TTL (written back on recovery).
+            ttls = [db.ttl(k) for k in db.scan_iter("appliance:relay:*")]
+            assert len(ttls) >= N_CALLS and min(ttls) > 0, ttls
+        assert {c.sid: len(c.stun_sent) for c in calls} == stun_before  # no STUN was needed
+        assert all(n > 0 for n in recovered), recovered
+    finally:
+        db.close()
