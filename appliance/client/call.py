@@ -215,8 +215,4 @@ async def open_call(
         raise CallFailed(failure)
 
 
-def rtp_payloads(packets: list[RtpReceived]) -> list[bytes]:
-    return [p.packet.payload for p in packets]
-
-
-__all__ = ["Call", "CallFailed", "RtpPacket", "Timeline", "open_call", "rtp_payloads"]
+__all__ = ["Call", "CallFailed", "RtpPacket", "Timeline", "open_call"]

@@ -31,11 +31,8 @@ from appliance.proto.rtp import RtpPacket
 from appliance.proto.sdp import Setup, parse_offer_untrusted
 from appliance.proto.srtp import (
     DEFAULT_SRTP_PROFILES,
-    EXPORTER_LABEL,
     SrtpProfile,
     SrtpSession,
-    exporter_length,
-    srtp_key_material,
 )
 from appliance.proto.stun import (
     Class,
@@ -305,9 +302,8 @@ class ClientPeer:
                 if profile is None:
                     self._fail("DTLS did not negotiate SRTP")
                     continue
-                material = dtls.export_keying_material(EXPORTER_LABEL, exporter_length(profile))
-                local, remote = srtp_key_material(material, profile, self.dtls_role)
-                self.srtp = SrtpSession(profile, local, remote)
+                self.srtp = SrtpSession.from_exporter(dtls.export_keying_material, profile,
+                                                      self.dtls_role)
                 self._events.append(Connected(profile, now - self._answered_at))
             elif isinstance(dev, DtlsClosed):
                 self._fail(f"DTLS closed: {dev.alert}")

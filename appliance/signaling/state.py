@@ -285,9 +285,6 @@ class SignalingState:
                 counts[r.transceiver] = counts.get(r.transceiver, 0) + 1
         return counts
 
-    def active_on(self, k: int) -> int:
-        return self.active_counts().get(k, 0)
-
     def pick_order(self) -> list[int]:
         """Live transceivers, least loaded first (then fewest ever assigned, so equal loads
         alternate)."""

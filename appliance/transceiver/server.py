@@ -35,7 +35,6 @@ import secrets
 import socket
 import time
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -483,7 +482,3 @@ async def serve_transceiver(
     finally:
         sock.close()
 
-
-def candidates_of(addresses: Sequence[Addr]) -> list[list[object]]:
-    """The ``candidates`` field of a ``create`` request for these public addresses."""
-    return [[host, port] for host, port in addresses]

@@ -68,11 +68,8 @@ from appliance.proto.rtp import (
 )
 from appliance.proto.sdp import Answer
 from appliance.proto.srtp import (
-    EXPORTER_LABEL,
     SrtpError,
     SrtpSession,
-    exporter_length,
-    srtp_key_material,
 )
 
 from .jitter import JitterBuffer
@@ -344,9 +341,7 @@ class Session:
         if profile is None:
             self.end("dtls-failed: no SRTP profile negotiated")
             return
-        material = self.dtls.export_keying_material(EXPORTER_LABEL, exporter_length(profile))
-        local, remote = srtp_key_material(material, profile, "server")
-        self.srtp = SrtpSession(profile, local, remote)
+        self.srtp = SrtpSession.from_exporter(self.dtls.export_keying_material, profile, "server")
         self.srtp_profile = profile.name
         self.cipher_suite = ev.cipher_suite.name
         self.state = "connected"

@@ -14,11 +14,8 @@ from appliance.proto.mux import Kind, classify
 from appliance.proto.rtp import RtpPacket
 from appliance.proto.sdp import build_answer, parse_offer_untrusted
 from appliance.proto.srtp import (
-    EXPORTER_LABEL,
     SrtpProfile,
     SrtpSession,
-    exporter_length,
-    srtp_key_material,
 )
 
 SERVER = ("198.51.100.1", 3478)
@@ -63,10 +60,8 @@ class MiniServer:
         while (ev := self.dtls.poll_event()) is not None:
             if isinstance(ev, HandshakeComplete):
                 assert ev.srtp_profile is not None
-                km = self.dtls.export_keying_material(EXPORTER_LABEL,
-                                                      exporter_length(ev.srtp_profile))
-                local, remote = srtp_key_material(km, ev.srtp_profile, "server")
-                self.srtp = SrtpSession(ev.srtp_profile, local, remote)
+                self.srtp = SrtpSession.from_exporter(
+                    self.dtls.export_keying_material, ev.srtp_profile, "server")
 
 
 def run_call(profile: SrtpProfile, *, loss: float, seed: int) -> tuple[ClientPeer, list[object]]:

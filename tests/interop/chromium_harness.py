@@ -51,12 +51,9 @@ from appliance.proto.rtp import RtpError, RtpPacket
 from appliance.proto.sdp import build_answer, parse_offer_untrusted
 from appliance.proto.srtp import (
     DEFAULT_SRTP_PROFILES,
-    EXPORTER_LABEL,
     SrtpError,
     SrtpProfile,
     SrtpSession,
-    exporter_length,
-    srtp_key_material,
 )
 
 Addr = tuple[str, int]
@@ -350,9 +347,8 @@ class ChromiumHarness:
         while (ev := dtls.poll_event()) is not None:
             if isinstance(ev, HandshakeComplete):
                 assert ev.srtp_profile is not None
-                km = dtls.export_keying_material(EXPORTER_LABEL, exporter_length(ev.srtp_profile))
-                local, remote = srtp_key_material(km, ev.srtp_profile, "server")
-                self._srtp = SrtpSession(ev.srtp_profile, local, remote)
+                self._srtp = SrtpSession.from_exporter(
+                    dtls.export_keying_material, ev.srtp_profile, "server")
                 self.state.complete = ev
             elif isinstance(ev, ConnectionClosed):
                 self.state.closed = ev

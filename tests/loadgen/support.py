@@ -24,7 +24,7 @@ from appliance.proto.ice import IceLiteAgent
 from appliance.proto.mux import Kind, classify
 from appliance.proto.rtp import RtpPacket
 from appliance.proto.sdp import build_answer, parse_offer_untrusted
-from appliance.proto.srtp import EXPORTER_LABEL, SrtpSession, exporter_length, srtp_key_material
+from appliance.proto.srtp import SrtpSession
 
 REPO = Path(__file__).resolve().parents[2]
 Handler = Callable[[str, str, bytes], Awaitable[tuple[int, dict[str, str], bytes]]]
@@ -125,10 +125,8 @@ class PassthroughEcho:
                 await self.sock.sendto(d, addr)
             while (ev := dtls.poll_event()) is not None:
                 if isinstance(ev, HandshakeComplete) and ev.srtp_profile is not None:
-                    km = dtls.export_keying_material(EXPORTER_LABEL,
-                                                     exporter_length(ev.srtp_profile))
-                    local, remote = srtp_key_material(km, ev.srtp_profile, "server")
-                    srtp.append(SrtpSession(ev.srtp_profile, local, remote))
+                    srtp.append(SrtpSession.from_exporter(
+                        dtls.export_keying_material, ev.srtp_profile, "server"))
 
 
 async def serve_passthrough(*, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,

@@ -17,7 +17,7 @@ from appliance.proto.ice import IceClient
 from appliance.proto.mux import Kind, classify
 from appliance.proto.proxy import encode_header, parse_untrusted
 from appliance.proto.rtp import RtpPacket, parse_rtcp_untrusted
-from appliance.proto.srtp import EXPORTER_LABEL, SrtpSession, exporter_length, srtp_key_material
+from appliance.proto.srtp import SrtpSession
 from appliance.transceiver.opus import FRAME_BYTES, OpusDecoder, OpusEncoder
 
 CHROME = Path(__file__).resolve().parents[1] / "proto" / "sdp" / "data" / "chrome-audio-only.sdp"
@@ -114,10 +114,8 @@ class Client:
             while (ev := self.dtls.poll_event()) is not None:
                 if isinstance(ev, HandshakeComplete):
                     assert ev.srtp_profile is not None
-                    material = self.dtls.export_keying_material(
-                        EXPORTER_LABEL, exporter_length(ev.srtp_profile))
-                    local, remote = srtp_key_material(material, ev.srtp_profile, "client")
-                    self.srtp = SrtpSession(ev.srtp_profile, local, remote)
+                    self.srtp = SrtpSession.from_exporter(
+                        self.dtls.export_keying_material, ev.srtp_profile, "client")
         elif kind is Kind.RTP and self.srtp is not None:
             self.received_rtp.append(
                 (now, RtpPacket.parse_untrusted(self.srtp.unprotect_untrusted(payload))))

@@ -15,6 +15,7 @@ window by default; RFC 7714 for AEAD-GCM). MKI is not supported (WebRTC never us
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pylibsrtp
@@ -92,6 +93,17 @@ class SrtpSession:
         self.counters = SrtpCounters()
         self._tx = pylibsrtp.Session(self._policy(local, pylibsrtp.Policy.SSRC_ANY_OUTBOUND))
         self._rx = pylibsrtp.Session(self._policy(remote, pylibsrtp.Policy.SSRC_ANY_INBOUND))
+
+    @classmethod
+    def from_exporter(
+        cls, export: Callable[[bytes, int], bytes], profile: SrtpProfile, role: str | enum.Enum
+    ) -> SrtpSession:
+        """Key a session from a DTLS exporter (RFC 5764 §4.2): ``export`` is the DTLS
+        connection's ``export_keying_material``; passing the callable keeps this module free
+        of any DTLS import (STYLE.md rule 8)."""
+        material = export(EXPORTER_LABEL, exporter_length(profile))
+        local, remote = srtp_key_material(material, profile, role)
+        return cls(profile, local, remote)
 
     def _policy(self, keying: KeyingMaterial, ssrc_type: int) -> pylibsrtp.Policy:
         policy = pylibsrtp.Policy(
