@@ -1,13 +1,16 @@
 """Relay benchmark: K voice-sized flows, direct vs through the relay, in the same run.
 
     .venv/bin/python bench/relay_bench.py [--flows 1000] [--rate 50000] [--seconds 3]
-                                          [--workers 1,2] [--no-pin]
+                                          [--workers 1,2] [--io python,mmsg] [--no-pin]
 
 One process (this one, pinned to the last CPU) is both the load generator — K client UDP
 sockets sending 172-byte RTP-like datagrams carrying a flow id, sequence number and send
 timestamp — and the echoing stand-in transceiver (it returns every datagram, PROXY header
 included, to the address it came from). The relay runs as ``python -m appliance.relay.cli``
-with ``--pin`` (worker i on CPU i). For each worker count it measures:
+with ``--pin`` (worker i on CPU i) and ``--io MODE`` for each mode of ``--io`` (default:
+``python`` — one recvfrom_into/sendto per datagram — then ``mmsg`` — batched
+recvmmsg/sendmmsg, when the C extension is built), so one run compares the two hot loops.
+For each worker count and I/O mode it measures:
 
 * fixed rate (``--rate`` datagrams/s from clients, spread over the flows) and max rate
   (closed loop, a window of datagrams in flight per flow), first on the direct path
@@ -282,14 +285,15 @@ def _worker_stats(path: str) -> tuple[list[int], dict[str, int]]:
 
 
 def _start_relay(tmp: str, echo: tuple[str, int], workers: int, pin: bool,
-                 flows: int) -> tuple[subprocess.Popen[bytes], tuple[str, int], str]:
+                 flows: int, io: str) -> tuple[subprocess.Popen[bytes], tuple[str, int], str]:
     secret = os.path.join(tmp, "secret")
     Path(secret).write_bytes(SECRET.hex().encode() + b"\n")
     control = os.path.join(tmp, f"relay-{workers}.sock")
     argv = [sys.executable, "-m", "appliance.relay.cli", "--listen", "127.0.0.1:0",
             "--workers", str(workers), "--transceiver", f"0={echo[0]}:{echo[1]}",
             "--secret-file", secret, "--control", control, "--log-level", "warning",
-            "--new-flow-rate", str(max(1000, flows * 10)), "--max-flows", str(flows * 2)]
+            "--new-flow-rate", str(max(1000, flows * 10)), "--max-flows", str(flows * 2),
+            "--io", io]
     if pin:
         argv.append("--pin")
     # The relay must not inherit this process's pinning (its --pin picks CPUs from what it
@@ -312,7 +316,7 @@ def _start_relay(tmp: str, echo: tuple[str, int], workers: int, pin: bool,
 
 def _row(name: str, r: Result, base: Result | None, fwd: float | None, cpu: float | None,
          per_wake: float | None = None) -> str:
-    cols = [f"{name:<18}", f"{r.sent / r.seconds:>7.0f}", f"{r.received / r.seconds:>7.0f}",
+    cols = [f"{name:<22}", f"{r.sent / r.seconds:>7.0f}", f"{r.received / r.seconds:>7.0f}",
             f"{100 * r.loss:>6.2f}%", f"{r.pct(0.5, 'late'):>8.1f}", f"{r.pct(0.99, 'late'):>8.1f}",
             f"{r.pct(0.5):>8.1f}", f"{r.pct(0.99):>8.1f}"]
     if base is not None:
@@ -333,7 +337,16 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=3.0, help="length of each measurement")
     ap.add_argument("--workers", default="1,2", help="relay worker counts to run (default 1,2)")
     ap.add_argument("--no-pin", action="store_true", help="do not pin relay workers/generator")
+    ap.add_argument("--io", default=None,
+                    help="relay I/O paths to compare, comma-separated: python, mmsg, auto "
+                         "(default python,mmsg; python alone when the extension is not built)")
     args = ap.parse_args()
+    if args.io is None:
+        try:
+            import appliance.relay._mmsg  # noqa: F401
+            args.io = "python,mmsg"
+        except ImportError:
+            args.io = "python"
     pin = not args.no_pin
     cpus = sorted(os.sched_getaffinity(0))
     if pin:
@@ -342,14 +355,15 @@ def main() -> int:
           f"generator on CPU {cpus[-1] if pin else 'any'}, {args.flows} flows x {PAYLOAD} B")
     print("# latency in µs; gen-late = the generator's read delay (excluded from p50/p99); "
           "µs/fwd = relay CPU per forwarded datagram; /wake = datagrams per relay wake-up")
-    print(f"{'scenario':<18} {'sent/s':>7} {'recv/s':>7} {'loss':>7} {'gen-late':>8} "
+    print(f"{'scenario':<22} {'sent/s':>7} {'recv/s':>7} {'loss':>7} {'gen-late':>8} "
           f"{'late p99':>8} {'p50':>8} {'p99':>8} {'+p50':>8} {'+p99':>8} {'relay fwd/s':>10} "
           f"{'cpu':>7} {'fwd/cpu-s':>9} {'µs/fwd':>7} {'/wake':>6}")
     codec = UfragCodec(SECRET)
-    for workers in [int(w) for w in args.workers.split(",")]:
+    runs = [(int(w), io) for w in args.workers.split(",") for io in args.io.split(",")]
+    for workers, io in runs:
         gen = Generator(args.flows)
         tmp = tempfile.mkdtemp(prefix="relay-bench-")
-        proc, public, control = _start_relay(tmp, gen.echo_addr, workers, pin, args.flows)
+        proc, public, control = _start_relay(tmp, gen.echo_addr, workers, pin, args.flows, io)
         try:
             gen.handshake(public, codec)
             for label, rate in ((f"{args.rate:.0f}/s", args.rate), ("max", None)):
@@ -364,9 +378,11 @@ def main() -> int:
                 fwd = (c1["packets_out"] - c0["packets_out"]) / wall
                 wakes = c1.get("wakeups", 0) - c0.get("wakeups", 0)
                 per_wake = (c1["packets_in"] - c0["packets_in"]) / wakes if wakes else None
-                print(_row(f"relay x{workers} {label}", r, base, fwd, cpu / wall, per_wake),
-                      flush=True)
-            print(f"#   relay x{workers} drops: {_control(control)['counters']['drops']}")
+                print(_row(f"relay x{workers} {io} {label}", r, base, fwd, cpu / wall,
+                           per_wake), flush=True)
+            st = _control(control)
+            print(f"#   relay x{workers} {io} (reports io {st.get('io')}): drops "
+                  f"{st['counters']['drops']}")
         finally:
             proc.terminate()
             proc.wait(10)

@@ -36,7 +36,7 @@ from ..config import ConfigError, format_hostport, load_config, parse_hostport, 
 from ..control import ControlError, control_request, serve_control
 from ..proto.ufrag import load_secrets
 from .core import Address
-from .server import RelayConfig, pattern_address, serve_relay
+from .server import IO_ENV, IO_MODES, RelayConfig, pattern_address, select_io, serve_relay
 
 log = logging.getLogger("appliance.relay")
 
@@ -56,6 +56,7 @@ DEFAULTS: dict[str, Any] = {
     "transceiver_pattern": None,
     "transceiver_count": None,
     "resolve_interval": 5.0,
+    "io": "auto",
 }
 
 
@@ -111,6 +112,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
            "(default 20)")
     a("--pin", action="store_true", default=None,
       help="pin each worker process to its own CPU (os.sched_setaffinity)")
+    a("--io", choices=IO_MODES, default=None,
+      help="hot-loop syscalls: 'mmsg' batches them (recvmmsg/sendmmsg, the optional C "
+           "extension appliance.relay._mmsg), 'python' is one recvfrom_into/sendto per "
+           f"datagram, 'auto' (default) is mmsg when built; ${IO_ENV} overrides auto")
     a("--config", metavar="FILE", help="TOML config file (flags override it)")
     a("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     logs.add_logging_flags(parser)
@@ -187,6 +192,10 @@ def build_config(args: argparse.Namespace) -> RelayConfig:
             raise UsageError("--transceivers must be 1..65536")
     if float(args.resolve_interval) <= 0:
         raise UsageError("--resolve-interval must be > 0")
+    try:
+        select_io(str(args.io))
+    except ValueError as exc:
+        raise UsageError(f"--io: {exc}") from None
     return RelayConfig(
         secrets=tuple(secrets),
         listen=tuple(_addr(x, "--listen", "0.0.0.0") for x in listen),
@@ -205,6 +214,7 @@ def build_config(args: argparse.Namespace) -> RelayConfig:
         transceiver_pattern=None if pattern is None else str(pattern),
         transceiver_count=count,
         resolve_interval=float(args.resolve_interval),
+        io=str(args.io),
     )
 
 
@@ -256,7 +266,7 @@ def _child_argv(args: argparse.Namespace, config: RelayConfig, index: int,
         argv += ["--transceiver-pattern", config.transceiver_pattern]
     if config.transceiver_count is not None:
         argv += ["--transceivers", str(config.transceiver_count)]
-    argv += ["--resolve-interval", repr(config.resolve_interval)]
+    argv += ["--resolve-interval", repr(config.resolve_interval), "--io", config.io]
     if args.pin:
         argv.append("--pin")
     return argv
@@ -339,8 +349,9 @@ class _Supervisor:
                         total["drops"][reason] = total["drops"].get(reason, 0) + n
                 else:
                     total[key] = total.get(key, 0) + value
+        io = ",".join(sorted({str(r["io"]) for r in per if "io" in r}))
         return {"ok": True, "counters": total, "flows": flows, "worker": "all",
-                "workers": per}
+                "workers": per, "io": io}
 
     async def run(self) -> None:
         try:

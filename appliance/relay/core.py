@@ -33,6 +33,35 @@ and pending resolutions are capped, so junk cannot make the relay query DNS.
 A STUN Binding request on a *known* flow whose server ufrag differs from the flow's re-routes
 the flow if it verifies (ICE restart, or a NAT that reused the port for a new session).
 
+STUN budget per server ufrag (issue 9, the ICE password-guessing storm). A flow is
+*established* once its transceiver has answered it with a Binding success response or with
+any non-STUN datagram (the shell reports return traffic of unanswered flows through
+:meth:`RelayCore.note_answer`) — i.e. once the client has proved it knows the session's ICE
+password. STUN from an established flow with its own ufrag is never budgeted (consent
+checks, media keep-alives). Every other Binding request carrying a verified server ufrag —
+a new flow, a flow the transceiver has not answered yet, an ICE restart on a flow — spends
+one unit of a GCRA budget kept *per server ufrag* (``stun_budget_rate``/s, burst
+``stun_budget_burst``); over budget it is dropped and counted ``stun-budget``, so a storm of
+wrong passwords against one session, from any number of source addresses, reaches the
+transceiver at that rate whatever the storm's. A ufrag only enters the table after its MAC
+verified, so an over-budget guess is dropped with a dict look-up, before the MAC check; the
+table is bounded (cleared when full: only ever more lenient) and swept of entries that have
+refilled. Ahead of it, STUN from *unknown* client addresses (any ufrag) spends a
+worker-wide GCRA budget (``unknown_stun_rate``) before it is parsed: past it, a spoofed
+flood of first packets is dropped as ``stun-overload`` for the price of a comparison
+instead of a USERNAME parse and a MAC check (3-6 µs), so it cannot outrun the worker and
+overflow its socket with live calls' packets in it. Trade-offs: a *new* address of the
+attacked session (a client changing IP during the storm) competes with the storm for the
+per-ufrag budget, as it does for the ICE agent's own 20/s, and a new call competes with a
+spoofed flood for the worker-wide one (docs/reliability.md); established flows never do.
+
+DTLS handshake records (content type 22) of a known flow leave the shell's fast path
+(``SLOW_FIRST``) and spend a per-flow GCRA budget (``dtls_budget_rate``, burst
+``dtls_budget_burst``; a handshake is ~5-10 records): over it they are dropped as
+``dtls-budget``. That bounds a ClientHello flood from addresses an attacker authenticated
+for sessions of its own (the transceiver's cookie exchange, ``transceiver/admission.py``,
+handles the rest).
+
 Bounded memory under any input: the flow table has a hard cap (``max_flows``); creating a flow
 at the cap evicts the least recently used one (the table is an ``OrderedDict`` kept in LRU
 order, so the stalest flow is always first and idle expiry pops from the front in O(expired)).
@@ -58,6 +87,13 @@ Address = tuple[str, int]
 #: derived from the pure first-byte demultiplexer so the hot path can index a ``bytes``.
 IS_STUN = bytes(1 if first_byte_kind(b) is Kind.STUN else 0 for b in range(256))
 
+#: ``SLOW_FIRST[b]``: a datagram of a known flow starting with byte ``b`` goes through
+#: :meth:`RelayCore.handle_datagram` rather than the shell's fast path: STUN, and DTLS
+#: handshake records (content type 22, RFC 6347 §4.1), which spend the flow's handshake
+#: budget (``dtls-budget``). A call sends a handful of those; a ClientHello flood from a flow
+#: the attacker authenticated for a session of its own is thousands a second.
+SLOW_FIRST = bytes(1 if IS_STUN[b] or b == 22 else 0 for b in range(256))
+
 #: Every counter the relay keeps (drops are separate, by reason).
 COUNTER_NAMES = (
     "packets_in",
@@ -73,6 +109,7 @@ COUNTER_NAMES = (
     "redis_lookups",
     "redis_writes",
     "wakeups",
+    "flows_answered",
 )
 
 
@@ -104,7 +141,9 @@ class Flow:
     """
 
     __slots__ = (
+        "answered",
         "client",
+        "hs_tat",
         "created",
         "dest",
         "header",
@@ -142,6 +181,11 @@ class Flow:
         self.created = now
         self.last_seen = now
         self.written = -1e300  # when the flow was last written to Redis
+        #: the transceiver has answered this flow (a Binding success or non-STUN return
+        #: traffic): its STUN with its own ufrag is no longer budgeted (stun-budget)
+        self.answered = False
+        #: GCRA theoretical arrival time of the flow's DTLS handshake records (dtls-budget)
+        self.hs_tat = -1e300
 
 
 @dataclass(slots=True)
@@ -158,6 +202,8 @@ class Counters:
     stun_answered: int = 0
     redis_lookups: int = 0
     redis_writes: int = 0
+    #: flows that became established (their transceiver answered them)
+    flows_answered: int = 0
     #: hot-loop wake-ups (packets_in / wakeups = datagrams handled per event-loop round trip)
     wakeups: int = 0
     drops: dict[str, int] = field(default_factory=dict)
@@ -243,6 +289,17 @@ class CoreConfig:
     max_pending_resolutions: int = 64
     #: a transceiver id that did not resolve is not asked for again before this many seconds
     unresolved_ttl: float = 2.0
+    #: STUN from flows their transceiver has not answered, per server ufrag (GCRA)
+    stun_budget_rate: float = 20.0
+    stun_budget_burst: float = 40.0
+    max_budget_ufrags: int = 65_536
+    #: STUN from unknown client addresses (any ufrag), per worker (GCRA): above this rate a
+    #: flood of spoofed first packets is dropped before it is parsed (stun-overload)
+    unknown_stun_rate: float = 20_000.0
+    unknown_stun_burst: float = 5_000.0
+    #: DTLS handshake records (content type 22) per flow (GCRA): a handshake is ~5-10
+    dtls_budget_rate: float = 5.0
+    dtls_budget_burst: float = 20.0
 
 
 class RelayCore:
@@ -253,6 +310,10 @@ class RelayCore:
             raise ValueError("max_flows must be >= 1")
         if config.flow_timeout <= 0:
             raise ValueError("flow_timeout must be > 0")
+        if min(config.stun_budget_rate, config.dtls_budget_rate, config.unknown_stun_rate) <= 0 or min(
+            config.stun_budget_burst, config.dtls_budget_burst, config.unknown_stun_burst
+        ) < 1:
+            raise ValueError("budget rates must be > 0 and bursts >= 1")
         self.config = config
         self.codec = UfragCodec(list(config.secrets))
         self.counters = Counters()
@@ -278,6 +339,16 @@ class RelayCore:
         self._lookups: dict[Address, tuple[Address, Address | None]] = {}
         #: look-ups in flight or recently missed: client -> time before which we do not ask
         self._asked: OrderedDict[Address, float] = OrderedDict()
+        #: STUN budget: verified server ufrag -> GCRA theoretical arrival time
+        self.stun_tat: dict[bytes, float] = {}
+        self._stun_interval = 1.0 / config.stun_budget_rate
+        # (+1 ns: a burst of exactly ``burst`` must not fail on float rounding)
+        self._stun_tolerance = (config.stun_budget_burst - 1.0) * self._stun_interval + 1e-9
+        self._unknown_interval = 1.0 / config.unknown_stun_rate
+        self._unknown_tolerance = (config.unknown_stun_burst - 1.0) * self._unknown_interval
+        self._unknown_tat = -1e300
+        self._hs_interval = 1.0 / config.dtls_budget_rate
+        self._hs_tolerance = (config.dtls_budget_burst - 1.0) * self._hs_interval + 1e-9
 
     # -- the slow path -------------------------------------------------------------------
 
@@ -294,6 +365,13 @@ class RelayCore:
         flow = self.flows.get(client)
         if not data or not IS_STUN[data[0]]:
             if flow is not None and flow.upstream == upstream:
+                if data and data[0] == 22:
+                    # A DTLS handshake record: the flow's handshake budget (GCRA).
+                    hs = flow.hs_tat if flow.hs_tat > now else now
+                    if hs - now > self._hs_tolerance:
+                        self.counters.drop("dtls-budget")
+                        return None
+                    flow.hs_tat = hs + self._hs_interval
                 self._touch(flow, now, len(data))
                 return flow
             if self.config.redis and data:
@@ -301,6 +379,16 @@ class RelayCore:
             else:
                 self.counters.drop("no-flow")
             return None
+        if flow is None:
+            # STUN from an unknown address: parsing it (USERNAME, then the ufrag's MAC) costs
+            # 3-6 µs, so a spoofed flood would outrun the worker and overflow its socket,
+            # established calls' packets included. Past a worker-wide rate they are dropped
+            # unparsed; new calls then compete with the flood (their checks are retried).
+            t = self._unknown_tat if self._unknown_tat > now else now
+            if t - now > self._unknown_tolerance:
+                self.counters.drop("stun-overload")
+                return None
+            self._unknown_tat = t + self._unknown_interval
         # STUN: only a well-formed Binding request is interesting before a flow exists.
         try:
             username = peek_username_untrusted(data)
@@ -315,12 +403,31 @@ class RelayCore:
         if username is None:
             return self._reflexive(now, client, data)
         server_ufrag = username.split(b":", 1)[0]
-        if flow is not None and flow.upstream == upstream and server_ufrag == flow.ufrag:
-            self._touch(flow, now, len(data))  # consent check of a known session
-            return flow
+        same = flow is not None and flow.upstream == upstream
+        if same and flow is not None and flow.answered and (
+            server_ufrag == flow.ufrag or not flow.ufrag
+        ):
+            # Established (its transceiver answered it): never budgeted. A flow recovered
+            # from Redis (no ufrag yet) was established on the worker that had it.
+            if server_ufrag == flow.ufrag:
+                self._touch(flow, now, len(data))  # consent check of a known session
+                return flow
+        else:
+            # Not established: spend the ufrag's budget. A ufrag over budget is in the
+            # table, which only holds ufrags that verified: drop before the MAC check.
+            tat = self.stun_tat.get(server_ufrag)
+            if tat is not None and tat - now > self._stun_tolerance:
+                self.counters.drop("stun-budget")
+                return None
+            if same and flow is not None and server_ufrag == flow.ufrag:
+                self._spend(server_ufrag, tat, now)  # verified when the flow was made
+                self._touch(flow, now, len(data))
+                return flow
         route = self._route(server_ufrag, now)
         if route is None:
             return None
+        if not (same and flow is not None and flow.answered and not flow.ufrag):
+            self._spend(server_ufrag, self.stun_tat.get(server_ufrag), now)
         if flow is not None and flow.upstream == upstream:
             if route != flow.route:
                 dest = self._dest(route)
@@ -328,6 +435,10 @@ class RelayCore:
                 flow.route, flow.dest = route, dest
                 self.counters.reroutes += 1
                 self._mark_dirty(flow)
+            if flow.ufrag:
+                # Another session's ufrag (ICE restart, or someone guessing from an
+                # established flow of their own): not established for this one yet.
+                flow.answered = False
             flow.ufrag = server_ufrag
             self._touch(flow, now, len(data))
             return flow
@@ -341,6 +452,26 @@ class RelayCore:
         new = self._install(now, client, route, public, upstream, server_ufrag)
         self._touch(new, now, len(data))
         return new
+
+    def _spend(self, ufrag: bytes, tat: float | None, now: float) -> None:
+        """Charge one unit of ``ufrag``'s STUN budget (the caller checked it has one)."""
+        if tat is None or tat < now:
+            tat = now
+            if len(self.stun_tat) >= self.config.max_budget_ufrags:
+                self.stun_tat.clear()  # bounded; only ever more lenient
+        self.stun_tat[ufrag] = tat + self._stun_interval
+
+    def note_answer(self, flow: Flow, data: bytes | bytearray | memoryview) -> None:
+        """The transceiver sent ``data`` to the client of ``flow``, which is not established
+        yet (the shell calls this for return traffic of unanswered flows only). A Binding
+        success response (type 0x0101, RFC 8489 §5) or any non-STUN datagram (DTLS, SRTP:
+        only ever sent after a successful check) establishes the flow; an error response
+        (a 401 to a wrong password) does not."""
+        if len(data) >= 2 and IS_STUN[data[0]] and (data[0] != 0x01 or data[1] != 0x01):
+            return
+        if data:
+            flow.answered = True
+            self.counters.flows_answered += 1
 
     def _reflexive(self, now: float, client: Address, data: bytes | bytearray | memoryview) -> bytes | None:
         if not self.buckets.allow(client[0], now):
@@ -473,6 +604,10 @@ class RelayCore:
             self._dirty.pop(client, None)
             self.counters.flows_expired += 1
         self.buckets.sweep(now)
+        if self.stun_tat:
+            # Entries whose budget has refilled behave like absent ones.
+            for u in [u for u, t in self.stun_tat.items() if t <= now]:
+                del self.stun_tat[u]
         if self._parked:
             # Parked flows whose transceiver did not resolve are forgotten.
             for ident in [i for i in self._parked if self._resolve_asked.get(i, now + 1) <= now]:
@@ -594,10 +729,12 @@ class RelayCore:
         # earlier, so never refreshed it); rewriting gives it a full flow_timeout from now
         # and makes this worker its keeper, so the next restart still finds it.
         flow = self._install(now, client, route, public, upstream, b"")
+        flow.answered = True  # established on the worker that wrote it
         self.counters.flows_recovered += 1
         return flow
 
     def stats(self) -> dict[str, object]:
         out = self.counters.as_dict()
         out["flows"] = len(self.flows)
+        out["budget_ufrags"] = len(self.stun_tat)
         return out

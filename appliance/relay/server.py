@@ -77,9 +77,49 @@ from ..proto.proxy import (
     encode_tlv,
     parse_untrusted,
 )
-from .core import IS_STUN, Address, CoreConfig, Flow, RelayCore
+from .core import IS_STUN, SLOW_FIRST, Address, CoreConfig, Flow, RelayCore
+
+try:  # optional C extension (setup.py): recvmmsg/sendmmsg batching, Linux only
+    from . import _mmsg
+except ImportError:  # pragma: no cover - not built (no compiler/headers) or not Linux
+    _mmsg = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
+
+#: ``io`` modes: ``python`` (one recvfrom_into/sendto per datagram), ``mmsg`` (the batch
+#: syscalls of :mod:`appliance.relay._mmsg`), ``auto`` (mmsg when the module is built; the
+#: environment variable ``APPLIANCE_RELAY_IO`` can force either).
+IO_MODES = ("auto", "python", "mmsg")
+IO_ENV = "APPLIANCE_RELAY_IO"
+#: Datagrams per recvmmsg call (the hot loop still drains up to ``BATCH`` per socket).
+MMSG_BATCH = 64
+#: Internal socket slots hold any UDP datagram (nothing is truncated, as in the Python loop);
+#: the odd stride keeps the slots' first cache lines off the same L1 sets.
+INTERNAL_SLOT = 256 + 65536 + 320
+
+
+#: ``APPLIANCE_RELAY_GSO=0`` turns off UDP GSO in the batch path's sends (A/B measurements).
+GSO_ENV = "APPLIANCE_RELAY_GSO"
+
+
+def mmsg_available() -> bool:
+    return _mmsg is not None
+
+
+def select_io(mode: str = "auto") -> str:
+    """The I/O path a worker uses: ``python`` or ``mmsg``. ``auto`` defers to
+    ``$APPLIANCE_RELAY_IO`` when set, else picks ``mmsg`` if the extension is built; asking
+    for ``mmsg`` without it is an error (ValueError)."""
+    if mode == "auto":
+        mode = os.environ.get(IO_ENV, "") or "auto"
+    if mode not in IO_MODES:
+        raise ValueError(f"relay io {mode!r}: expected one of {', '.join(IO_MODES)}")
+    if mode == "auto":
+        return "mmsg" if _mmsg is not None else "python"
+    if mode == "mmsg" and _mmsg is None:
+        raise ValueError("relay io 'mmsg': the appliance.relay._mmsg extension is not built "
+                         "(pip install -e . needs gcc and the Python headers)")
+    return mode
 
 #: Room in front of a received payload for the PROXY header we prepend (≤ 52 + 3 + 64).
 HEADROOM = 256
@@ -180,6 +220,7 @@ class RelayConfig:
     transceiver_count: int | None = None  # ids 0..N-1 resolved at start (pattern only)
     resolve_interval: float = 5.0
     resolve_timeout: float = 2.0
+    io: str = "auto"  # "python", "mmsg" or "auto" (see select_io)
 
 
 def pattern_address(pattern: str, ident: int) -> Address:
@@ -209,6 +250,7 @@ class RelayHandle:
     core: RelayCore
     worker: int = 0
     sockets: Mapping[str, Any] = field(default_factory=dict)
+    io: str = "python"
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -217,6 +259,7 @@ class RelayHandle:
             "flows": len(self.core.flows),
             "worker": self.worker,
             "sockets": dict(self.sockets),
+            "io": self.io,
         }
 
 
@@ -263,8 +306,10 @@ class _Worker:
         pubs: Sequence[socket.socket],
         isock: socket.socket,
         return_sources: set[Address],
+        io: str = "python",
     ) -> None:
         self.config = config
+        self.io = io
         self.core = core
         self.pubs = pubs
         self.isock = isock
@@ -298,11 +343,14 @@ class _Worker:
         it yields to trio at least every ``YIELD_EVERY`` seconds and goes back to
         ``wait_readable`` after ``HOLD`` without traffic.
         """
+        mmsg = self.io == "mmsg"
+        public_drain = self.public_drain_mmsg if mmsg else self.public_drain
         drains: dict[int, Callable[[float], bool]] = {
-            sock.fileno(): self.public_drain(sock, public)
+            sock.fileno(): public_drain(sock, public)
             for sock, public in zip(self.pubs, self.public, strict=True)
         }
-        drains[self.isock.fileno()] = self.internal_drain()
+        drains[self.isock.fileno()] = (self.internal_drain_mmsg if mmsg
+                                       else self.internal_drain)()
         c = self.core.counters
         clock = trio.current_time
         wake = self._wake_lookups
@@ -319,6 +367,7 @@ class _Worker:
                 while True:
                     events = poll(timeout)
                     if not events:
+                        wake()
                         break  # HOLD without traffic: back to trio
                     c.wakeups += 1
                     now = clock()
@@ -326,8 +375,10 @@ class _Worker:
                     for fd, _ in events:
                         if drains[fd](now):
                             more = True
-                    wake()
                     if now >= yield_at:
+                        # Only here (and before going back to wait_readable) can the Redis
+                        # and resolver tasks run, so this is where they are woken.
+                        wake()
                         await trio.lowlevel.checkpoint()
                         yield_at = clock() + YIELD_EVERY
                     timeout = 0.0 if more else HOLD
@@ -349,6 +400,7 @@ class _Worker:
         isend = self.isock.sendto
         v6 = sock.family == socket.AF_INET6
         is_stun = IS_STUN
+        slow_first = SLOW_FIRST
         # Without Redis a non-STUN datagram from an unknown flow can only be dropped.
         lookups = core.config.redis
         H = HEADROOM
@@ -380,8 +432,9 @@ class _Worker:
                     if not lookups and (not n or not is_stun[buf[H]]):
                         no_flow += 1  # junk from an unknown flow: no call into the core
                         continue
-                # The fast path: a known flow's non-STUN datagram (DTLS, RTP, RTCP).
-                elif n and not is_stun[buf[H]] and flow.upstream is None:
+                # The fast path: a known flow's non-STUN datagram (DTLS, RTP, RTCP) — not
+                # DTLS handshake records (issue 9: dtls-budget, core.SLOW_FIRST).
+                elif n and not slow_first[buf[H]] and flow.upstream is None:
                     h = flow.header
                     s = H - len(h)
                     buf[s:H] = h
@@ -489,6 +542,8 @@ class _Worker:
                 if src in returners:
                     # Return traffic: "send this payload from `public` to `client`".
                     flow = get(client)
+                    if flow is not None and not flow.answered:
+                        core.note_answer(flow, rx[off:n])  # issue 9: stun-budget (core.py)
                     try:
                         if flow is not None and flow.upstream is not None:
                             # The flow came through an upstream relay: back along the hop.
@@ -541,6 +596,223 @@ class _Worker:
             c.bytes_in += bin_
             c.packets_out += pout
             c.bytes_out += bout
+            return readable
+
+        return drain
+
+    # -- the same two drains over recvmmsg/sendmmsg (appliance.relay._mmsg) -----------------
+    #
+    # Routing is line for line that of public_drain/internal_drain; only the syscalls differ.
+    # One recv_batch fills up to MMSG_BATCH slots of a buffer allocated once (datagram i at
+    # i*slot + HEADROOM) and returns [(length, source), ...]; instead of one sendto per
+    # datagram, each datagram's (header, offset, length, destination) is queued per outgoing
+    # socket and the queues go out with one send_batch (sendmmsg, header and payload as two
+    # iovecs: nothing is copied in Python) before the next recv_batch reuses the buffer. A
+    # short batch means the socket is drained (level-triggered epoll reports later arrivals),
+    # so the trailing EAGAIN receive of the Python loop is saved too. Send failures are
+    # counted per datagram (``send-failed``), never raised.
+
+    def public_drain_mmsg(self, sock: socket.socket, public: Address) -> Callable[[float], bool]:
+        """:meth:`public_drain` with batched syscalls."""
+        assert _mmsg is not None
+        recv_batch = _mmsg.recv_batch
+        send_batch = _mmsg.send_batch
+        core = self.core
+        c = core.counters
+        drop = c.drop
+        flows = core.flows
+        get = flows.get
+        lru = flows.move_to_end
+        slow = core.handle_datagram
+        fd = sock.fileno()
+        ifd = self.isock.fileno()
+        is_stun = IS_STUN
+        slow_first = SLOW_FIRST  # issue 9: DTLS handshake records take the slow path
+        lookups = core.config.redis
+        H = HEADROOM
+        MAX = MAX_DATAGRAM
+        NB = MMSG_BATCH
+        SLOT = H + MAX + 64  # MSG_TRUNC reports a longer datagram's real length: n > MAX
+        buf = bytearray(SLOT * NB)
+        mv = memoryview(buf)
+        fwd: list[tuple[bytes, int, int, Address]] = []  # to the internal socket
+        back: list[tuple[bytes, int, int, Address]] = []  # STUN answers, from this socket
+        forward = fwd.append
+        answer = back.append
+        rounds = max(1, BATCH // NB)
+
+        def drain(now: float) -> bool:
+            pin = bin_ = pout = bout = no_flow = oversize = failed = 0
+            readable = True
+            for _ in range(rounds):
+                msgs = recv_batch(fd, buf, SLOT, H, MAX, NB)
+                p = H - SLOT
+                for n, addr in msgs:
+                    p += SLOT  # where this datagram starts in buf
+                    pin += 1
+                    bin_ += n
+                    if n > MAX:  # where the kernel filter is missing
+                        oversize += 1
+                        continue
+                    flow = get(addr)
+                    if flow is None:
+                        if not lookups and (not n or not is_stun[buf[p]]):
+                            no_flow += 1
+                            continue
+                    elif n and not slow_first[buf[p]] and flow.upstream is None:
+                        forward((flow.header, p, n, flow.dest))
+                        flow.last_seen = now
+                        lru(addr)
+                        continue
+                    res = slow(now, addr, mv[p : p + n], public, None)
+                    if res is None:
+                        continue
+                    if isinstance(res, Flow):
+                        forward((res.header, p, n, res.dest))
+                    else:
+                        answer((res, 0, 0, addr))
+                if fwd:
+                    sent, nbytes, bad = send_batch(ifd, buf, fwd)
+                    fwd.clear()
+                    pout += sent
+                    bout += nbytes
+                    failed += bad
+                if back:
+                    sent, nbytes, bad = send_batch(fd, buf, back)
+                    back.clear()
+                    pout += sent
+                    bout += nbytes
+                    failed += bad
+                if len(msgs) < NB:
+                    readable = False
+                    break
+            c.packets_in += pin
+            c.bytes_in += bin_
+            c.packets_out += pout
+            c.bytes_out += bout
+            if no_flow:
+                drop("no-flow", no_flow)
+            if oversize:
+                drop("oversize", oversize)
+            if failed:
+                drop("send-failed", failed)
+            return readable
+
+        return drain
+
+    def internal_drain_mmsg(self) -> Callable[[float], bool]:
+        """:meth:`internal_drain` with batched syscalls."""
+        assert _mmsg is not None
+        recv_batch = _mmsg.recv_batch
+        send_batch = _mmsg.send_batch
+        core = self.core
+        c = core.counters
+        drop = c.drop
+        flows = core.flows
+        get = flows.get
+        lru = flows.move_to_end
+        slow = core.handle_datagram
+        note_answer = core.note_answer
+        sock = self.isock
+        fd = sock.fileno()
+        returners = self.return_sources
+        tlv = self.tlv
+        is_stun = IS_STUN
+        parse = parse_untrusted
+        parsed: dict[bytes, tuple[Address, Address, int]] = {}
+        parsed_get = parsed.get
+        key_of = _PARSED_KEY.unpack_from
+        H = HEADROOM
+        NB = MMSG_BATCH // 2  # 32 slots of 64 kB: any datagram fits
+        SLOT = INTERNAL_SLOT
+        CAP = SLOT - H - 64
+        buf = bytearray(SLOT * NB)
+        mv = memoryview(buf)
+        out: list[tuple[bytes, int, int, Address]] = []  # from the internal socket
+        send_internal = out.append
+        queues: dict[Address, list[tuple[bytes, int, int, Address]]] = {
+            a: [] for a in self.pub_by_addr
+        }
+        queue_of = queues.get
+        flushes = [(fd, out)] + [(s.fileno(), queues[a]) for a, s in self.pub_by_addr.items()]
+        nothing = b""
+        rounds = max(1, BATCH // NB)
+
+        def drain(now: float) -> bool:
+            pin = bin_ = pout = bout = failed = 0
+            readable = True
+            for _ in range(rounds):
+                msgs = recv_batch(fd, buf, SLOT, H, CAP, NB)
+                q = H - SLOT
+                for n, src in msgs:
+                    q += SLOT  # where this datagram (PROXY header first) starts in buf
+                    pin += 1
+                    bin_ += n
+                    # Cached parses by the header's first 28 bytes, as in internal_drain.
+                    key = key_of(buf, q)[0]
+                    hit = parsed_get(key)
+                    if hit is not None:
+                        client, public, off = hit
+                        if off > n:  # shorter than its header says
+                            drop("proxy-malformed")
+                            continue
+                    else:
+                        try:
+                            client, public, off = parse(mv[q : q + n])
+                        except ProxyError:
+                            drop("proxy-malformed")
+                            continue
+                        if buf[q + 13] == FAM_UDP4:  # IPv6 addresses do not fit in the key
+                            if len(parsed) >= PARSED_MAX:
+                                parsed.clear()
+                            parsed[key] = (client, public, off)
+                    p = q + off  # where the client's datagram starts in buf
+                    size = n - off
+                    if src in returners:
+                        # Return traffic: "send this payload from `public` to `client`".
+                        flow = get(client)
+                        if flow is not None and not flow.answered:
+                            note_answer(flow, mv[p : q + n])  # issue 9: stun-budget (core.py)
+                        if flow is not None and flow.upstream is not None:
+                            # The flow came through an upstream relay: back along the hop.
+                            send_internal((flow.header, p, size, flow.upstream))
+                        else:
+                            queue = queue_of(public)
+                            if queue is None:
+                                drop("return-unknown-public")
+                                continue
+                            queue.append((nothing, p, size, client))
+                        continue
+                    # A framed datagram from an upstream relay: route it like a client's.
+                    flow = get(client)
+                    if flow is not None and flow.upstream == src and size > 0 and not is_stun[buf[p]]:
+                        send_internal((flow.header, p, size, flow.dest))
+                        flow.last_seen = now
+                        lru(client)
+                        continue
+                    res = slow(now, client, mv[p : q + n], public, src)
+                    if res is None:
+                        continue
+                    if isinstance(res, Flow):
+                        send_internal((res.header, p, size, res.dest))
+                    else:
+                        send_internal((encode_header(client, public, tlv) + res, 0, 0, src))
+                for sfd, queue in flushes:
+                    if queue:
+                        sent, nbytes, bad = send_batch(sfd, buf, queue)
+                        queue.clear()
+                        pout += sent
+                        bout += nbytes
+                        failed += bad
+                if len(msgs) < NB:
+                    readable = False
+                    break
+            c.packets_in += pin
+            c.bytes_in += bin_
+            c.packets_out += pout
+            c.bytes_out += bout
+            if failed:
+                drop("send-failed", failed)
             return readable
 
         return drain
@@ -621,6 +893,7 @@ class _Worker:
                 "flows": len(self.core.flows),
                 "worker": self.config.worker,
                 "pid": os.getpid(),
+                "io": self.io,
                 "sockets": self.sockets,
                 "transceivers": {str(k): format_addr(a)
                                  for k, a in sorted(self.core.transceivers.items())},
@@ -694,6 +967,9 @@ async def serve_relay(
     task_status: trio.TaskStatus[RelayHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run one relay worker until cancelled; reports a :class:`RelayHandle` when ready."""
+    io = select_io(config.io)  # a bad mode fails before any socket is bound
+    if io == "mmsg" and _mmsg is not None and os.environ.get(GSO_ENV) == "0":
+        _mmsg.set_gso(False)
     family = socket.AF_INET6 if ":" in config.internal[0] else socket.AF_INET
     transceivers = {k: await _resolve(a, family) for k, a in config.transceivers.items()}
     next_hops = {k: await _resolve(a, family) for k, a in config.next_hops.items()}
@@ -744,13 +1020,14 @@ async def serve_relay(
         isock = _udp_socket(config.internal, reuseport=config.internal[1] != 0)
         socks.append(isock)
         pubs = socks[:-1]
-        worker = _Worker(config, core, pubs, isock, set())
+        worker = _Worker(config, core, pubs, isock, set(), io)
         worker.names = names
         worker.next_hops = next_hops
         worker.update_return_sources()
         for name, sock in [*zip(map(format_addr, worker.public), pubs, strict=True), ("internal", isock)]:
             worker.sockets[name] = socket_buffers(sock)
-        handle = RelayHandle(worker.public, _name(isock), core, config.worker, worker.sockets)
+        handle = RelayHandle(worker.public, _name(isock), core, config.worker, worker.sockets,
+                             io)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(worker.hot_loop)
             nursery.start_soon(worker.housekeeping)
@@ -762,9 +1039,10 @@ async def serve_relay(
             if config.control is not None:
                 await nursery.start(serve_control, config.control, worker.control_handler)
             log.info(
-                "relay worker %d ready: public %s internal %s, %d transceivers, %d next hops",
+                "relay worker %d ready: public %s internal %s, %d transceivers, %d next hops, "
+                "io %s",
                 config.worker, ", ".join(format_addr(a) for a in worker.public),
-                format_addr(handle.internal), len(transceivers), len(next_hops),
+                format_addr(handle.internal), len(transceivers), len(next_hops), io,
             )
             log.info("relay worker %d socket buffers (kernel-granted): %s", config.worker,
                      worker.sockets)

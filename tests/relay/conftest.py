@@ -1,4 +1,9 @@
-"""Fixtures for the relay tests: an in-process relay worker and a throwaway redis-server."""
+"""Fixtures for the relay tests: an in-process relay worker and a throwaway redis-server.
+
+``start_relay`` (and ``io``) run every test that uses them twice: over the pure-Python hot
+loop (``io="python"``) and over the batched syscalls of the C extension (``io="mmsg"``).
+The extension is built by ``pip install -e .``; a missing build fails the mmsg runs (it is
+not skipped)."""
 
 from __future__ import annotations
 
@@ -11,20 +16,32 @@ import trio
 from relay.support import OPEN_SOCKETS, SECRET, redis_server
 
 from appliance.relay import RelayConfig, RelayHandle, serve_relay
+from appliance.relay.server import mmsg_available
 
 StartRelay = Callable[..., Awaitable[RelayHandle]]
 
 
+@pytest.fixture(params=["python", "mmsg"])
+def io(request: pytest.FixtureRequest) -> str:
+    """The relay's hot-loop I/O path under test."""
+    mode = str(request.param)
+    if mode == "mmsg" and not mmsg_available():
+        pytest.fail("appliance.relay._mmsg is not built: run .venv/bin/pip install -e .")
+    return mode
+
+
 @pytest.fixture
-def start_relay(nursery: trio.Nursery) -> StartRelay:
+def start_relay(nursery: trio.Nursery, io: str) -> StartRelay:
     """``await start_relay(transceivers={0: addr}, ...)``: a relay worker on loopback,
-    cancelled with the test's nursery."""
+    cancelled with the test's nursery, on the ``io`` path of the test's parameter."""
 
     async def start(**overrides: Any) -> RelayHandle:
         overrides.setdefault("listen", (("127.0.0.1", 0),))
+        overrides.setdefault("io", io)
         handle: RelayHandle = await nursery.start(
             serve_relay, RelayConfig(secrets=(SECRET,), **overrides)
         )
+        assert handle.io == overrides["io"]
         return handle
 
     return start

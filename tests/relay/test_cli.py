@@ -95,13 +95,14 @@ async def _stats(path: str) -> dict[str, Any]:
 
 @pytest.mark.usefixtures("close_sockets")
 async def test_two_worker_processes(
-    nursery: trio.Nursery, secret_file: Path, tmp_path: Path
+    nursery: trio.Nursery, secret_file: Path, tmp_path: Path, io: str
 ) -> None:
     t = await open_transceiver(nursery)
     control = str(tmp_path / "relay.sock")
     argv = [sys.executable, "-m", "appliance.relay.cli", "--listen", "127.0.0.1:0",
             "--workers", "2", "--transceiver", f"0={t.address[0]}:{t.address[1]}",
-            "--secret-file", str(secret_file), "--control", control, "--log-level", "warning"]
+            "--secret-file", str(secret_file), "--control", control, "--log-level", "warning",
+            "--io", io]
     proc = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE)
     try:
         assert proc.stdout is not None
@@ -121,6 +122,7 @@ async def test_two_worker_processes(
             assert await c.recv() == (RTP, public)
         stats = await _stats(control)
         assert stats["ok"] and stats["flows"] == 24
+        assert stats["io"] == io and all(w["io"] == io for w in stats["workers"])
         assert stats["counters"]["flows_created"] == 24
         workers = stats["workers"]
         assert sorted(w["worker"] for w in workers) == [0, 1]

@@ -13,14 +13,14 @@ pytestmark = pytest.mark.usefixtures("close_sockets")
 
 
 async def test_media_resumes_after_restart_without_new_stun(
-    nursery: trio.Nursery, redis_url: str
+    nursery: trio.Nursery, redis_url: str, io: str
 ) -> None:
     t = await open_transceiver(nursery)
     db = redis.Redis.from_url(redis_url)
     try:
         def config(listen: tuple[str, int]) -> RelayConfig:
             return RelayConfig(secrets=(SECRET,), listen=(listen,), transceivers={0: t.address},
-                               redis_url=redis_url, flow_timeout=30.0)
+                               redis_url=redis_url, flow_timeout=30.0, io=io)
 
         async with trio.open_nursery() as first:
             relay = await first.start(serve_relay, config(("127.0.0.1", 0)))
