@@ -12,9 +12,15 @@ A config file is TOML with one table per role plus shared keys::
     transceivers = 2
     relay_workers = 1
 
+    opus_complexity = 5          # Opus encoder complexity 0-10 (transceivers; see below)
+
     [relay]
     listen = "0.0.0.0:3478"
     transceivers = { 0 = "127.0.0.1:4000", 1 = "127.0.0.1:4001" }
+
+``opus_complexity`` (``--opus-complexity`` of ``up`` and ``transceiver``) trades the
+transceivers' CPU for audio quality; its default and the measurements behind it are in
+``appliance/transceiver/opus.py`` (``DEFAULT_COMPLEXITY``) and docs/performance.md.
 
 Every role's argparse flags default to ``None``; :func:`resolve` fills what the command line
 left unset from the file, then from the role's defaults.
@@ -62,6 +68,20 @@ def resolve(
             setattr(args, key, config[key])
         elif key in defaults:
             setattr(args, key, defaults[key])
+
+
+def parse_opus_complexity(value: object) -> int:
+    """An Opus encoder complexity (``OPUS_SET_COMPLEXITY``: an integer 0..10), from a flag or
+    the config file; ``ValueError`` naming the option otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"--opus-complexity must be an integer 0..10, got {value!r}")
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(f"--opus-complexity must be an integer 0..10, got {value!r}") from None
+    if not 0 <= n <= 10:
+        raise ValueError(f"--opus-complexity must be 0..10, got {n}")
+    return n
 
 
 def parse_hostport(text: str, *, default_host: str = "0.0.0.0") -> tuple[str, int]:

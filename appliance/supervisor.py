@@ -54,7 +54,14 @@ from typing import Any
 
 import trio
 
-from .config import ConfigError, format_hostport, load_config, parse_hostport, resolve
+from .config import (
+    ConfigError,
+    format_hostport,
+    load_config,
+    parse_hostport,
+    parse_opus_complexity,
+    resolve,
+)
 from .logs import add_logging_flags, configure
 from .proto.ufrag import load_secrets
 from .signaling.cli import add_auth_arguments, add_tls_arguments, default_webui_dir, tls_settings
@@ -81,6 +88,7 @@ DEFAULTS: dict[str, Any] = {
     "transceivers": 2,
     "relay_workers": 1,
     "agent": "echo",
+    "opus_complexity": None,  # None: the transceivers' own default
     "redis": None,
     "state_dir": None,
     "internal_base_port": 0,
@@ -355,6 +363,7 @@ class UpConfig:
     webui_dir: Path
     log_level: str = "info"
     log_format: str = "text"
+    opus_complexity: int | None = None  # passed to every transceiver when set
     child_command: list[str] = field(default_factory=lambda: [sys.executable, "-m", "appliance"])
     backoff_initial: float = 0.5
     stop_grace: float = 2.0
@@ -391,6 +400,8 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
         tls_cert=cert, tls_key=key, tls_fingerprint=fp,
         webui_dir=Path(args.webui_dir) if getattr(args, "webui_dir", None) else default_webui_dir(),
         log_level=args.log_level, log_format=args.log_format,
+        opus_complexity=None if getattr(args, "opus_complexity", None) is None
+        else parse_opus_complexity(args.opus_complexity),
     )
     if child:
         cfg.child_command = child
@@ -422,6 +433,8 @@ def child_specs(cfg: UpConfig, secret: Path, control_dir: Path) -> tuple[list[Ch
         control = str(control_dir / f"transceiver-{k}.sock")
         argv = [*cfg.child_command, "transceiver", "--id", str(k), "--listen", f"127.0.0.1:{port}",
                 "--control", control, "--secret-file", str(secret), "--agent", cfg.agent,
+                *([] if cfg.opus_complexity is None
+                  else ["--opus-complexity", str(cfg.opus_complexity)]),
                 *logging_flags]
         transceivers.append(ChildSpec("transceiver", str(k), argv, control))
     routes = [arg for k, port in enumerate(ports) for arg in ("--transceiver", f"{k}=127.0.0.1:{port}")]
@@ -514,6 +527,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="relay worker processes sharing the UDP port (default 1)")
     parser.add_argument("--agent", metavar="NAME", default=None,
                         help="default agent: echo, module:attr or ws://URL (default echo)")
+    parser.add_argument("--opus-complexity", metavar="0-10", default=None,
+                        help="Opus encoder complexity of the transceivers (lower: less CPU "
+                             "per call; default: the transceiver's, see appliance transceiver "
+                             "--help)")
     parser.add_argument("--redis", metavar="URL", default=None,
                         help="optional Redis flow cache for the relays (redis://host:port/db)")
     parser.add_argument("--state-dir", metavar="DIR", default=None,

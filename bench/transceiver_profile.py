@@ -7,6 +7,7 @@ process — supervisor, signaling, relay, and the load generator — to the othe
 transceiver's utime+stime from /proc over the window in which all N are up.
 
     .venv/bin/python bench/transceiver_profile.py -n 50 --agent echo
+    .venv/bin/python bench/transceiver_profile.py -n 50 --agent echo --opus-complexity 3
     .venv/bin/python bench/transceiver_profile.py -n 200 --agent passthrough \\
         --profile /tmp/pt.txt      # py-spy (raw, --idle off) over the steady window
 
@@ -72,12 +73,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--other-cpu", type=int, default=1)
     p.add_argument("--profile", default=None, metavar="PATH",
                    help="py-spy record the transceiver over the steady window (raw stacks)")
+    p.add_argument("--opus-complexity", type=int, default=None, metavar="N",
+                   help="passed to `appliance up` (default: the transceiver's default)")
     p.add_argument("--json", default=None, metavar="PATH")
     args = p.parse_args(argv)
 
     print(f"machine: {machine()}", flush=True)
     os.sched_setaffinity(0, {args.other_cpu})  # we and the load generator: the other CPU
-    with start_appliance(args.agent, ["--relay-workers", "1"]) as server:
+    extra = ["--relay-workers", "1"]
+    if args.opus_complexity is not None:
+        extra += ["--opus-complexity", str(args.opus_complexity)]
+    with start_appliance(args.agent, extra) as server:
         tree = server.pids()
         trans = [pid for pid in tree if "appliance transceiver " in cmdline(pid)]
         if len(trans) != 1:

@@ -13,16 +13,23 @@ import math
 
 import numpy as np
 
+_INT16 = np.dtype(np.int16)
+_FLOAT32 = np.dtype(np.float32)
+_FULL_SCALE_SQ = 32768.0 * 32768.0
+
 
 def level_dbfs(pcm: bytes) -> float:
     """RMS level of mono PCM16 in dB relative to full scale (silence is -120)."""
-    if len(pcm) < 2:
+    n = len(pcm) >> 1
+    if not n:
         return -120.0
-    samples = np.frombuffer(pcm, dtype=np.int16, count=len(pcm) // 2).astype(np.float32)
-    mean_sq = float(samples.dot(samples)) / len(samples)
+    # Called for every 20 ms frame of every session (~1.8 µs): three numpy calls (view,
+    # convert, dot) are the floor; positional dtypes and ``.item()`` skip keyword parsing.
+    samples = np.frombuffer(pcm, _INT16, n).astype(_FLOAT32)
+    mean_sq = samples.dot(samples).item() / n
     if mean_sq <= 1.0:
         return -120.0
-    return 10.0 * math.log10(mean_sq / (32768.0 * 32768.0))
+    return 10.0 * math.log10(mean_sq / _FULL_SCALE_SQ)
 
 
 class EnergyVad:

@@ -22,15 +22,23 @@ import trio
 
 from appliance.agents import AgentError
 from appliance.agents import resolve as resolve_agent
-from appliance.config import ConfigError, format_hostport, load_config, parse_hostport, resolve
+from appliance.config import (
+    ConfigError,
+    format_hostport,
+    load_config,
+    parse_hostport,
+    parse_opus_complexity,
+    resolve,
+)
 from appliance.logs import add_logging_flags, configure
 from appliance.proto.ufrag import load_secrets
 
+from .opus import DEFAULT_COMPLEXITY
 from .server import TransceiverAddresses, TransceiverConfig, serve_transceiver
 
 DEFAULTS = {"id": 0, "cluster": 0, "agent": "echo", "max_sessions": 500, "listen": None,
             "control": None, "exit_when_drained": False, "drain_on_sigterm": False,
-            "drain_grace": 3600.0}
+            "drain_grace": 3600.0, "opus_complexity": DEFAULT_COMPLEXITY}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "ws://… (default echo)")
     parser.add_argument("--max-sessions", type=int, default=None, metavar="N",
                         help="refuse new sessions beyond N (503 full; default 500)")
+    parser.add_argument("--opus-complexity", default=None, metavar="0-10",
+                        help="Opus encoder complexity for the audio sent to callers: lower "
+                        f"costs less CPU per session (default {DEFAULT_COMPLEXITY}; "
+                        "docs/performance.md, \"Opus complexity\")")
     parser.add_argument("--exit-when-drained", action="store_true", default=None,
                         help="after a drain (control op), exit 0 when the last session ends")
     parser.add_argument("--drain-on-sigterm", action="store_true", default=None,
@@ -64,6 +76,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None, metavar="FILE",
                         help="TOML config file ([transceiver] table and shared keys)")
     add_logging_flags(parser)
+
+
+def build_config(args: argparse.Namespace, secrets: tuple[bytes, ...]) -> TransceiverConfig:
+    """The :class:`TransceiverConfig` of resolved arguments; ``ValueError`` names a bad one."""
+    tid = int(args.id)
+    listen = parse_hostport(args.listen or f"127.0.0.1:{4000 + tid}", default_host="127.0.0.1")
+    if not 0 <= tid <= 0xFFFF:
+        raise ValueError("--id must be 0..65535")
+    return TransceiverConfig(
+        id=tid, secrets=secrets, listen=listen, control=args.control,
+        cluster=int(args.cluster), agent=str(args.agent),
+        max_sessions=int(args.max_sessions),
+        exit_when_drained=bool(args.exit_when_drained),
+        opus_complexity=parse_opus_complexity(args.opus_complexity),
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,16 +114,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"appliance transceiver: {args.secret_file}: {exc}", file=sys.stderr)
         return 2
     try:
-        tid = int(args.id)
-        listen = parse_hostport(args.listen or f"127.0.0.1:{4000 + tid}", default_host="127.0.0.1")
-        if not 0 <= tid <= 0xFFFF:
-            raise ValueError("--id must be 0..65535")
-        config = TransceiverConfig(
-            id=tid, secrets=tuple(secrets), listen=listen, control=args.control,
-            cluster=int(args.cluster), agent=str(args.agent),
-            max_sessions=int(args.max_sessions),
-            exit_when_drained=bool(args.exit_when_drained),
-        )
+        config = build_config(args, tuple(secrets))
         grace = float(args.drain_grace)
         if not grace >= 0:
             raise ValueError("--drain-grace must be >= 0")

@@ -56,14 +56,18 @@ SILENCE = bytes(FRAME_BYTES)
 _FADE = np.linspace(1.0, 0.0, FRAME_SAMPLES, dtype=np.float32)
 
 
-#: Encoder complexity (0-10). 5: half the CPU of libopus's default 10. 3 would save another
-#: ~20 % of encode time (docs/performance.md, "Opus complexity"); the measured proxies show
-#: no difference on speech-like input and a small loss on tones, but no listening test has
-#: been done, so the default stays 5. Per session: ``Session(opus_complexity=...)``.
+#: Encoder complexity (0-10), ``--opus-complexity`` of ``appliance up``/``transceiver``. 5:
+#: half the CPU of libopus's default 10. Measured (bench/opus_complexity.py; docs/performance.md,
+#: "Opus complexity"): 3 would save ~10 % of a PCM session's CPU (~+12 % sessions per core)
+#: but costs 0.13 PESQ-WB on average (0.05-0.26, worse on every one of six voice-like
+#: signals; the largest single step of the 0-10 scale: below 4 SILK drops its delayed-decision
+#: quantiser, NLSF interpolation and warped noise shaping, silk/control_codec.c), so the
+#: default stays 5. 4 encodes bit-identically to 5 with libopus 1.3.1 (same SILK settings).
 DEFAULT_COMPLEXITY = 5
 MAX_FRAME_SAMPLES = 5760  # 120 ms at 48 kHz: the longest Opus packet
 _APPLICATION_VOIP = 2048
 _SET_BITRATE, _SET_COMPLEXITY, _SET_INBAND_FEC, _SET_PACKET_LOSS_PERC = 4002, 4010, 4012, 4014
+_GET_COMPLEXITY = 4011
 MIN_EXPECTED_LOSS, MAX_EXPECTED_LOSS = 5, 30  # percent, for OPUS_SET_PACKET_LOSS_PERC
 
 
@@ -97,7 +101,7 @@ _lib = _load_libopus()
 class _LibOpusDecoder:
     """Opus packets → mono PCM16 through ``opus_decode`` (one preallocated output buffer)."""
 
-    __slots__ = ("_dec", "_pcm", "errors", "fec", "plc")
+    __slots__ = ("_dec", "_pcm", "_view", "errors", "fec", "plc")
 
     def __init__(self) -> None:
         #: Packets libopus rejected (corrupt payloads from a broken peer); they are concealed.
@@ -111,6 +115,8 @@ class _LibOpusDecoder:
         if not self._dec:
             raise MemoryError(f"opus_decoder_create failed ({err.value})")
         self._pcm = ctypes.create_string_buffer(MAX_FRAME_SAMPLES * 2)
+        # Copy-out through a memoryview slice: ~0.2 µs against ~0.5 µs for string_at.
+        self._view = memoryview(self._pcm).cast("B")
 
     def __del__(self) -> None:
         if getattr(self, "_dec", None):
@@ -125,7 +131,7 @@ class _LibOpusDecoder:
         if n <= 0:
             self.errors += n < 0
             return self.conceal()
-        return ctypes.string_at(self._pcm, n * 2)
+        return self._view[: n * 2].tobytes()
 
     def conceal(self, fec_from: bytes | None = None) -> bytes:
         """One 20 ms frame for a lost packet: FEC from ``fec_from`` (the next packet) when
@@ -135,18 +141,18 @@ class _LibOpusDecoder:
                                  FRAME_SAMPLES, 1)
             if n == FRAME_SAMPLES:
                 self.fec += 1
-                return ctypes.string_at(self._pcm, FRAME_BYTES)
+                return self._view[:FRAME_BYTES].tobytes()
         n = _lib.opus_decode(self._dec, None, 0, self._pcm, FRAME_SAMPLES, 0)
         if n != FRAME_SAMPLES:  # pragma: no cover - PLC of one 20 ms frame does not fail
             return SILENCE
         self.plc += 1
-        return ctypes.string_at(self._pcm, FRAME_BYTES)
+        return self._view[:FRAME_BYTES].tobytes()
 
 
 class _LibOpusEncoder:
     """20 ms mono PCM16 frames → Opus packets through ``opus_encode``."""
 
-    __slots__ = ("_enc", "_out", "expected_loss")
+    __slots__ = ("_enc", "_out", "_view", "expected_loss")
 
     def __init__(self, *, bitrate: int = 32_000, complexity: int = DEFAULT_COMPLEXITY,
                  expected_loss: int = MIN_EXPECTED_LOSS) -> None:
@@ -163,6 +169,7 @@ class _LibOpusEncoder:
         self.expected_loss = -1
         self.set_expected_loss(expected_loss)
         self._out = ctypes.create_string_buffer(1500)
+        self._view = memoryview(self._out).cast("B")
 
     def set_expected_loss(self, percent: int) -> None:
         """Tell the encoder how much loss the far end reports (RTCP fraction lost): libopus
@@ -173,6 +180,13 @@ class _LibOpusEncoder:
             self.expected_loss = percent
             _lib.opus_encoder_ctl(ctypes.c_void_p(self._enc), _SET_PACKET_LOSS_PERC,
                                   ctypes.c_int(percent))
+
+    @property
+    def complexity(self) -> int:
+        """The encoder's complexity as libopus reports it (``OPUS_GET_COMPLEXITY``)."""
+        value = ctypes.c_int()
+        _lib.opus_encoder_ctl(ctypes.c_void_p(self._enc), _GET_COMPLEXITY, ctypes.byref(value))
+        return value.value
 
     def __del__(self) -> None:
         if getattr(self, "_enc", None):
@@ -186,7 +200,7 @@ class _LibOpusEncoder:
         n = _lib.opus_encode(self._enc, pcm, FRAME_SAMPLES, self._out, 1500)
         if n < 0:
             raise RuntimeError(f"opus_encode failed ({n})")
-        return ctypes.string_at(self._out, n)
+        return self._view[:n].tobytes()
 
 
 class _AvOpusDecoder:

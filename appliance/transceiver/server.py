@@ -5,7 +5,9 @@ Datagram path (DESIGN.md "Relay ↔ transceiver datagram format", "Transceiver b
     relay ──PROXY v2(src=client, dst=public) + client datagram──► our socket
        parse header (drop+count if bad) → classify first byte (RFC 7983)
        STUN  → session by server ufrag (USERNAME before ':'), else by client address
-       DTLS/RTP/RTCP → session by client address (learnt from authenticated checks)
+       DTLS/RTP/RTCP → session by client address (learnt from authenticated checks);
+         a ClientHello to a connection still waiting for one first gets the DTLS admission
+         decision (admission.py: HelloVerifyRequest cookies under load)
     session replies: PROXY(src=client, dst=public) + payload → the internal address that
     the flow's last packet came from
 
@@ -44,6 +46,7 @@ from appliance.agents import AgentError, resolve
 from appliance.control import serve_control
 from appliance.logs import loggable_url, redact
 from appliance.proto.dtls import Certificate, DtlsConnection, Role
+from appliance.proto.dtls import State as DtlsState
 from appliance.proto.errors import LocalProtocolError
 from appliance.proto.mux import Kind, classify
 from appliance.proto.proxy import ProxyError, parse_untrusted
@@ -57,6 +60,8 @@ from appliance.proto.sdp import (
 from appliance.proto.stun import StunError, peek_username_untrusted
 from appliance.proto.ufrag import UfragCodec
 
+from .admission import DtlsAdmission
+from .opus import DEFAULT_COMPLEXITY
 from .pacer import Pacer
 from .session import Addr, EndedSession, Session, _fmt
 
@@ -76,12 +81,24 @@ MAX_SESSION_ID = 128
 STUN_SOURCE_INTERVAL = 0.1  # seconds per token
 STUN_SOURCE_TOLERANCE = 19 * STUN_SOURCE_INTERVAL  # burst 20
 STUN_SOURCES = 16384
+# DTLS admission under load (issue 9; admission.py explains why and when): a ClientHello
+# that reaches a connection still waiting for one gets a HelloVerifyRequest cookie exchange
+# first while cookie mode is on.
+_DTLS_DONE = (DtlsState.ESTABLISHED, DtlsState.CLOSED)
+
+
+def _is_client_hello(payload: memoryview) -> bool:
+    """An epoch-0 handshake record (RFC 6347 §4.1) whose first message is a ClientHello
+    (type 1, §4.2.2: the byte after the 13-byte record header)."""
+    return (len(payload) > 25 and payload[0] == 22 and payload[3] == 0 and payload[4] == 0
+            and payload[13] == 1)
 
 COUNTER_NAMES = (
     "datagrams_in", "bytes_in", "datagrams_out", "bytes_out",
     "drop_proxy", "drop_unknown_ufrag", "drop_unknown_flow", "drop_stun_malformed",
     "drop_stun_rate", "drop_kind", "drop_srtp", "drop_rtp_before_dtls",
     "drop_rtp_payload_type", "drop_send",
+    "dtls_client_hellos", "dtls_hello_verify", "dtls_handshakes_started",
     "session_errors", "sessions_created", "sessions_ended", "flows_forgotten",
 )
 
@@ -96,6 +113,7 @@ class TransceiverConfig:
     agent: str = "echo"
     max_sessions: int = 500
     exit_when_drained: bool = False  # serve_transceiver returns once drained and idle
+    opus_complexity: int = DEFAULT_COMPLEXITY  # encoder complexity of every PCM session
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +153,8 @@ class Transceiver:
         self.pacer = Pacer()  # one pacing task for every session (pacer.py)
         self._cert = Certificate.generate(time.time())
         self._cert_at = time.time()
+        self.admission = DtlsAdmission()
+        self._cookie_secret = secrets.token_bytes(32)
 
     # -- UDP ---------------------------------------------------------------------------
 
@@ -212,9 +232,31 @@ class Transceiver:
         elif kind is Kind.RTCP:
             self._guard(session, session.handle_rtcp, now, bytes(payload), client, relay)
         elif kind is Kind.DTLS:
-            self._guard(session, session.handle_dtls, now, bytes(payload), client, relay)
+            self._dtls(now, session, payload, client, relay)
         else:
             self.counters["drop_kind"] += 1
+
+    def _dtls(self, now: float, session: Session, payload: memoryview, client: Addr,
+              relay: Addr) -> None:
+        """DTLS admission (admission.py): cookie mode decided per ClientHello."""
+        dtls = session.dtls
+        if dtls.awaiting_client_hello and _is_client_hello(payload):
+            c = self.counters
+            c["dtls_client_hellos"] += 1
+            cookies = self.admission.client_hello(now)
+            # The cookie is bound to the address the ClientHello came from.
+            dtls.require_cookies(self._cookie_secret if cookies else None,
+                                 f"{client[0]}:{client[1]}".encode())
+            hvr = dtls.counters.hello_verify_requests
+            self._guard(session, session.handle_dtls, now, bytes(payload), client, relay)
+            c["dtls_hello_verify"] += dtls.counters.hello_verify_requests - hvr
+            if not dtls.awaiting_client_hello and session.state != "ended":
+                c["dtls_handshakes_started"] += 1
+                self.admission.started(session)
+            return
+        self._guard(session, session.handle_dtls, now, bytes(payload), client, relay)
+        if dtls.state in _DTLS_DONE:
+            self.admission.finished(session)
 
     def _route_stun(self, payload: memoryview, client: Addr) -> Session | None:
         try:
@@ -246,6 +288,7 @@ class Transceiver:
         if self.sessions.pop(session.id, None) is None:
             return
         self.counters["sessions_ended"] += 1
+        self.admission.finished(session)
         for ufrag in [u for u, s in self.by_ufrag.items() if s is session]:
             del self.by_ufrag[ufrag]
         for client in [c for c, s in self.by_client.items() if s is session]:
@@ -340,7 +383,7 @@ class Transceiver:
             candidates=candidates,
             local_ufrag=ufrag, local_pwd=pwd, dtls=dtls, ssrc=ssrc, cname=cname,
             send=self.send, now=now, on_end=self._on_end, counters=self.counters,
-            pacer=self.pacer,
+            pacer=self.pacer, opus_complexity=self.config.opus_complexity,
         )
         assert self._nursery is not None
         self.sessions[sid] = session
@@ -408,8 +451,13 @@ class Transceiver:
         by_state = dict.fromkeys(("new", "connecting", "connected"), 0)
         for s in self.sessions.values():
             by_state[s.state] = by_state.get(s.state, 0) + 1
+        now = trio.current_time()
+        admission = {"cookie_mode": self.admission.active(now),
+                     "handshakes": self.admission.handshakes,
+                     "switched_on": self.admission.switched_on}
         return {"ok": True, "transceiver": self.config.id, "counters": dict(self.counters),
-                "sessions_by_state": by_state, "draining": self.draining}
+                "sessions_by_state": by_state, "draining": self.draining,
+                "dtls_admission": admission}
 
     def _op_drain(self, req: dict[str, Any]) -> dict[str, Any]:
         self.drain()

@@ -30,7 +30,7 @@ import math
 import secrets
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import trio
@@ -423,6 +423,8 @@ class Session:
         decoder = self.decoder
         assert decoder is not None
         on_frame = self._on_frame
+        vad = self.vad
+        ctx = self.ctx
         while (item := jb.poll()) is not None:
             if item.payload is None:
                 # Opus FEC when the next packet is already here (its in-band copy of this
@@ -437,16 +439,19 @@ class Session:
             if self._first_media_ts is None:
                 self._first_media_ts = item.timestamp
             base = ((item.timestamp - self._first_media_ts) & 0xFFFFFFFF) / 48_000
-            for i in range(0, len(pcm) - FRAME_BYTES + 1, FRAME_BYTES):
-                chunk = pcm[i : i + FRAME_BYTES] if len(pcm) != FRAME_BYTES else pcm
-                speech = self.vad.update(chunk)
-                frame = Frame(chunk, base + i / 96_000, now, speech, self.vad.last_level,
-                              concealed)
+            if len(pcm) == FRAME_BYTES:  # WebRTC's 20 ms ptime: one frame, no slicing
+                chunks: Iterable[tuple[int, bytes]] = ((0, pcm),)
+            else:  # longer packets (40-120 ms) come out as several 20 ms frames
+                chunks = ((i, pcm[i : i + FRAME_BYTES])
+                          for i in range(0, len(pcm) - FRAME_BYTES + 1, FRAME_BYTES))
+            for i, chunk in chunks:
+                speech = vad.update(chunk)
+                frame = Frame(chunk, base + i / 96_000, now, speech, vad.last_level, concealed)
                 if on_frame is None:
                     host.push_frame(frame)
                     continue
                 try:
-                    on_frame(self.ctx, frame)
+                    on_frame(ctx, frame)
                 except Exception:
                     log.exception("session %s: agent %s failed", self.id, loggable_url(self.agent.name))
                     self.end("agent-error")

@@ -7,7 +7,12 @@ What is implemented, and where the rules come from:
   when the peer retransmits its previous one.
 * Stateless cookies: RFC 6347 §4.2.1 — HelloVerifyRequest with an HMAC over the caller's
   client-address bytes and the ClientHello parameters; nothing is committed until the
-  ClientHello comes back with a valid cookie.
+  ClientHello comes back with a valid cookie. Fixed at construction (``cookie_secret``) or
+  switched on or off by the owner while the server still waits for a ClientHello
+  (:meth:`DtlsConnection.require_cookies`: a transceiver turns them on under load).
+* A peer's repeated flight triggers a retransmission of ours (§4.2.4) at most once per
+  ``DUP_RETRANSMIT_INTERVAL``: a flood of copies of a ClientHello is not answered with a
+  full server flight each.
 * Handshake: RFC 5246 §7.3 full handshake with ECDHE_ECDSA (RFC 8422), mutual
   authentication (CertificateRequest/CertificateVerify, RFC 5246 §7.4.4, §7.4.8) and
   WebRTC fingerprint checks of the peer certificate (RFC 8122 §5, RFC 8827 §6.5).
@@ -31,6 +36,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import math
 import os
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -235,6 +241,16 @@ class Counters:
     replays_dropped: int = 0
     auth_failures: int = 0
     retransmissions: int = 0
+    #: HelloVerifyRequests sent (ClientHellos without a valid cookie while cookies are on)
+    hello_verify_requests: int = 0
+    #: retransmissions a repeated peer flight did not trigger (DUP_RETRANSMIT_INTERVAL)
+    retransmissions_suppressed: int = 0
+
+
+#: A retransmission triggered by the peer repeating its flight (RFC 6347 §4.2.4) happens at
+#: most this often; the timer-driven ones are not affected. Peers retransmit on their own
+#: timer (≥ 50 ms in browsers, 1 s by the RFC), so a genuine repeat is always answered.
+DUP_RETRANSMIT_INTERVAL = 0.05
 
 
 class DtlsConnection:
@@ -323,8 +339,31 @@ class DtlsConnection:
         self._retransmit_at: float | None = None
         self._retransmit_count = 0
         self._dup_seen = False
+        self._dup_retransmit_at = -math.inf
 
     # --- public verbs -----------------------------------------------------------------
+
+    @property
+    def awaiting_client_hello(self) -> bool:
+        """A server that has not accepted a ClientHello yet (cookies can still change)."""
+        return self.state is State.SERVER_WAIT_CLIENT_HELLO
+
+    @property
+    def cookies_required(self) -> bool:
+        return self._cookie_secret is not None
+
+    def require_cookies(self, secret: bytes | None, context: bytes = b"") -> None:
+        """Server, before a ClientHello is accepted: demand a HelloVerifyRequest cookie
+        exchange (RFC 6347 §4.2.1) from the next ClientHello on (``secret``), or stop
+        (None). ``context`` binds cookies to the caller's view of the peer (its address
+        bytes), so a cookie is only good from where it was sent. Switching between
+        ClientHellos is safe: the stateless phase commits nothing."""
+        if self.role is not Role.SERVER or self.state is not State.SERVER_WAIT_CLIENT_HELLO:
+            raise LocalProtocolError("cookies can only change before a ClientHello is accepted")
+        if secret is not None and len(secret) < 16:
+            raise LocalProtocolError("a cookie secret needs at least 16 bytes")
+        self._cookie_secret = secret
+        self._cookie_context = context
 
     @property
     def _closed(self) -> bool:
@@ -380,6 +419,10 @@ class DtlsConnection:
             return
         # RFC 6347 §4.2.4: the peer retransmitted its previous flight, so ours was lost.
         if self._dup_seen and self._flight is not None and not self._closed:
+            if now < self._dup_retransmit_at:
+                self.counters.retransmissions_suppressed += 1
+                return
+            self._dup_retransmit_at = now + DUP_RETRANSMIT_INTERVAL
             self.counters.retransmissions += 1
             self._emit_flight(self._flight)
 
@@ -630,6 +673,7 @@ class DtlsConnection:
             # record sequence number and message_seq (RFC 6347 §4.2.1, §4.2.2), commit
             # nothing, and do not arm a timer (the client retransmits).
             hvr = HelloVerifyRequest(DTLS_1_0, self._make_cookie(now, body, 0))
+            self.counters.hello_verify_requests += 1
             self._write_seq[0] = max(self._write_seq[0], self._last_epoch0_seq)
             out = _Outgoing(ContentType.HANDSHAKE, 0, hvr.msg_type, msg.message_seq, bytes(hvr))
             self._emit_flight([out])
