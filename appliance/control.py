@@ -2,11 +2,17 @@
 
 Newline-delimited JSON over a Unix stream socket (``/path/to.sock``) or loopback TCP
 (``host:port``, for roles on separate hosts behind a private network). One request, one
-response per line; a connection may carry many requests in sequence.
+response per line; a connection may carry many requests, several of them in flight at once.
 
-Requests are objects with an ``op`` field. Responses are ``{"ok": true, ...}`` or
+Requests are objects with an ``op`` field and, optionally, an ``id`` (any JSON scalar the
+client picks); the response to a request with an ``id`` carries the same ``id``, so a client
+may send the next request before the previous answer came back and match answers by id
+(:class:`ControlClient` does: 20 concurrent ``POST /v1/sessions`` no longer queue a whole
+round trip each behind a lock). The server strips ``id`` before its handler sees the
+request, and today answers one connection's requests in order. Responses are
+``{"ok": true, ...}`` or
 ``{"ok": false, "status": <HTTP-ish status>, "code": "<machine code>", "detail": "..."}``.
-The operations each role serves are documented in docs/architecture.md.
+The operations each role serves are documented in docs/control-protocol.md.
 """
 
 from __future__ import annotations
@@ -78,8 +84,11 @@ async def _serve_connection(stream: trio.SocketStream, handler: Handler) -> None
                 return
             if line is None:
                 return
+            rid: Any = None
             try:
                 req = json.loads(line)
+                if isinstance(req, dict):
+                    rid = req.pop("id", None)
                 if not isinstance(req, dict) or not isinstance(req.get("op"), str):
                     raise ValueError("request must be an object with an 'op'")
             except ValueError as exc:
@@ -92,6 +101,8 @@ async def _serve_connection(stream: trio.SocketStream, handler: Handler) -> None
                 except Exception as exc:  # a handler bug must not kill the control server
                     log.exception("control handler failed for op=%s", req.get("op"))
                     resp = {"ok": False, "status": 500, "code": "internal", "detail": str(exc)}
+            if rid is not None:
+                resp = {**resp, "id": rid}  # a copy: the handler may keep its dict
             try:
                 await stream.send_all(_encode(resp))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -132,45 +143,127 @@ async def serve_control(
         task_status.started(bound)
 
 
+class _Connection:
+    """One open control connection and the requests in flight on it."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.reader = _LineReader(stream)
+        self.send_lock = trio.Lock()  # one line at a time on the wire
+        self.read_lock = trio.Lock()  # one task reads (for everyone) at a time
+        self.answers: dict[int, dict[str, Any]] = {}  # id -> answer not yet collected
+        self.waiting: set[int] = set()  # ids sent and not yet answered
+        self.broken: str | None = None  # why the connection can no longer be used
+
+
 class ControlClient:
-    """A persistent connection to a control server; requests are serialised by a lock and
-    the connection is re-opened after an error."""
+    """A persistent connection to a control server, re-opened after an error.
+
+    Requests are pipelined: each goes out with its own ``id`` as soon as the line before it
+    has been written, without waiting for earlier answers. Whoever is waiting takes the read
+    lock and reads lines, filing each answer under its id, until its own has come; the
+    others find theirs filed when they get the lock. No task outlives a request, so the
+    client needs no nursery.
+
+    A request cancelled while it waits (a caller's ``move_on_after``) just stops waiting:
+    its late answer is dropped. A request cancelled while *writing* its line, a timeout, or
+    a broken or garbled stream closes the connection; the other requests in flight on it
+    then fail with :class:`ControlError`, and the next request opens a new connection.
+    """
 
     def __init__(self, address: str, *, timeout: float = 5.0) -> None:
         self.address = address
         self.timeout = timeout
-        self._stream: trio.SocketStream | None = None
-        self._reader: _LineReader | None = None
-        self._lock = trio.Lock()
+        self._conn: _Connection | None = None
+        self._open_lock = trio.Lock()
+        self._next_id = 0
+
+    async def _connection(self) -> _Connection:
+        async with self._open_lock:
+            if self._conn is None or self._conn.broken is not None:
+                self._conn = _Connection(await _open(self.address))
+            return self._conn
 
     async def request(self, msg: dict[str, Any]) -> dict[str, Any]:
-        async with self._lock:
-            try:
-                with trio.fail_after(self.timeout):
-                    if self._stream is None:
-                        self._stream = await _open(self.address)
-                        self._reader = _LineReader(self._stream)
-                    assert self._reader is not None
-                    await self._stream.send_all(_encode(msg))
-                    line = await self._reader.readline()
-                if line is None:
-                    raise ControlError(f"{self.address} closed the control connection")
-                resp = json.loads(line)
-                if not isinstance(resp, dict):
-                    raise ControlError("control response is not an object")
-                return resp
-            except (OSError, trio.BrokenResourceError, trio.TooSlowError, ValueError) as exc:
-                await self.aclose()
-                raise ControlError(f"control request to {self.address} failed: {exc!r}") from exc
-            except BaseException:
-                await self.aclose()
-                raise
+        conn: _Connection | None = None
+        rid = self._next_id = self._next_id + 1
+        try:
+            with trio.fail_after(self.timeout):
+                conn = await self._connection()
+                line = _encode({**msg, "id": rid})
+                conn.waiting.add(rid)
+                try:
+                    async with conn.send_lock:
+                        if conn.broken is not None:
+                            raise ControlError(conn.broken)
+                        try:
+                            await conn.stream.send_all(line)
+                        except BaseException:
+                            # A line cut short leaves the stream unusable for everyone.
+                            conn.broken = "a request was cut short while being written"
+                            raise
+                    return await self._answer(conn, rid)
+                finally:
+                    conn.waiting.discard(rid)
+                    conn.answers.pop(rid, None)  # cancelled: the late answer is dropped
+        except ControlError as exc:
+            await self._close(conn)
+            raise ControlError(f"control request to {self.address} failed: {exc}") from exc
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
+                ValueError) as exc:
+            await self._close(conn)
+            raise ControlError(f"control request to {self.address} failed: {exc!r}") from exc
+        except BaseException:
+            if conn is not None and conn.broken is not None:
+                await self._close(conn)
+            raise
+
+    async def _answer(self, conn: _Connection, rid: int) -> dict[str, Any]:
+        while True:
+            if rid in conn.answers:
+                return conn.answers.pop(rid)
+            async with conn.read_lock:
+                while rid not in conn.answers:
+                    if conn.broken is not None:
+                        raise ControlError(conn.broken)
+                    try:
+                        # Cancelled here, receive_some consumed nothing: the buffer and the
+                        # stream stay whole for the next reader.
+                        raw = await conn.reader.readline()
+                    except ControlError as exc:
+                        conn.broken = str(exc)
+                        raise
+                    if raw is None:
+                        conn.broken = f"{self.address} closed the control connection"
+                        raise ControlError(conn.broken)
+                    try:
+                        resp = json.loads(raw)
+                        if not isinstance(resp, dict):
+                            raise ValueError("control response is not an object")
+                    except ValueError:
+                        conn.broken = "control response is not a JSON object"
+                        raise
+                    got = resp.pop("id", None)
+                    if isinstance(got, int) and got in conn.waiting:
+                        conn.answers[got] = resp
+                    # else: the answer to a request that stopped waiting; dropped
+
+    async def _close(self, conn: _Connection | None) -> None:
+        if conn is None:
+            return
+        if conn.broken is None:
+            conn.broken = "the connection was closed after an error"
+        if self._conn is conn:
+            self._conn = None
+        with trio.CancelScope(shield=True):
+            await conn.stream.aclose()
 
     async def aclose(self) -> None:
-        if self._stream is not None:
-            stream, self._stream, self._reader = self._stream, None, None
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.broken = "the client was closed"
             with trio.CancelScope(shield=True):
-                await stream.aclose()
+                await conn.stream.aclose()
 
 
 async def control_request(address: str, msg: dict[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -374,7 +375,8 @@ def machine() -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--servers", default="aiortc,pcm,passthrough",
-                   help="comma list of aiortc, pcm, passthrough (default all three)")
+                   help="comma list of aiortc, pcm, passthrough (default all three); "
+                   "pcm-cN is the PCM agent with --opus-complexity N (e.g. pcm-c3)")
     p.add_argument("--rate", type=float, default=25.0, help="sessions/s while ramping")
     p.add_argument("--steady", type=float, default=8.0, help="seconds at full N per step")
     p.add_argument("--start", type=int, default=4, help="first N after the baseline N=1")
@@ -405,12 +407,16 @@ def main(argv: list[str] | None = None) -> int:
         log: list[Step] = []
         if name == "aiortc":
             ctx = start_aiortc()
-        elif name in ("pcm", "passthrough"):
+        elif name in ("pcm", "passthrough") or re.fullmatch(r"pcm-c\d+", name):
             if not up:
                 print(f"{'appliance ' + name:<22} skipped: `python -m appliance up` is not "
                       "available in this tree yet")
                 continue
-            ctx = start_appliance(name, getattr(args, f"up_args_{name}").split())
+            mode, _, complexity = name.partition("-c")
+            extra = getattr(args, f"up_args_{mode}").split()
+            if complexity:
+                extra += ["--opus-complexity", complexity]
+            ctx = start_appliance(name, extra)
         else:
             p.error(f"unknown server {name!r}")
         with ctx as server:

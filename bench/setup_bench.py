@@ -10,6 +10,12 @@ to the first echoed packet.
     .venv/bin/python bench/setup_bench.py                   # both servers
     .venv/bin/python bench/setup_bench.py --servers appliance --rounds 10
     .venv/bin/python bench/setup_bench.py --url http://127.0.0.1:8080   # an existing server
+    .venv/bin/python bench/setup_bench.py --servers appliance --http-only --rounds 20
+
+``--http-only`` measures signaling's share alone: each round POSTs ``--concurrent`` real
+offers at once (each on its own TCP connection, as browsers do), then DELETEs them all at
+once, with no ICE, DTLS or media; it prints POST and DELETE latency p50/p99 and the CPU per
+POST + DELETE pair of each server process. Far less noisy than a whole setup.
 
 Each session sends media for ``--hold`` s (enough for the first echo to come back), then
 hangs up (DELETE); rounds are spaced so sessions from one round are gone before the next.
@@ -56,6 +62,46 @@ from appliance.loadgen.stats import percentile  # noqa: E402
 from appliance.proto.dtls import Certificate  # noqa: E402
 
 
+async def http_rounds(url: str, *, concurrent: int, n_rounds: int
+                      ) -> tuple[list[float], list[float], list[str]]:
+    """POST ``concurrent`` offers at once, then DELETE them at once; ``n_rounds`` times."""
+    from appliance.client.peer import ClientPeer
+
+    certificate = Certificate.generate(trio.current_time())
+    offers = [ClientPeer(certificate).offer().encode() for _ in range(concurrent)]
+    base = url.rstrip("/")
+    posts: list[float] = []
+    deletes: list[float] = []
+    failures: list[str] = []
+    for _ in range(n_rounds):
+        locations: list[str] = []
+
+        async def post(offer: bytes, locations: list[str]) -> None:
+            t0 = trio.current_time()
+            resp = await request("POST", base + "/v1/sessions", body=offer,
+                                 headers={"Content-Type": "application/sdp"})
+            posts.append(trio.current_time() - t0)
+            if resp.status != 201:
+                failures.append(f"POST → {resp.status}")
+            else:
+                locations.append(resp.header("location") or "")
+
+        async def delete(location: str) -> None:
+            t0 = trio.current_time()
+            resp = await request("DELETE", base + location)
+            deletes.append(trio.current_time() - t0)
+            if resp.status != 200:
+                failures.append(f"DELETE → {resp.status}")
+
+        async with trio.open_nursery() as nursery:
+            for offer in offers:
+                nursery.start_soon(post, offer, locations)
+        async with trio.open_nursery() as nursery:
+            for location in locations:
+                nursery.start_soon(delete, location)
+    return posts, deletes, failures
+
+
 async def rounds(url: str, *, concurrent: int, n_rounds: int, hold: float,
                  agent: str | None) -> tuple[list[float], list[float], list[str]]:
     # Encoded once and one DTLS certificate for every round, as a browser keeps its own:
@@ -65,6 +111,7 @@ async def rounds(url: str, *, concurrent: int, n_rounds: int, hold: float,
     connected: list[float] = []
     first_echo: list[float] = []
     failures: list[str] = []
+    ANSWERS.clear()
     for _ in range(n_rounds):
         # rate so high that every session of the round is started in the same instant
         report = await run_load(
@@ -76,11 +123,15 @@ async def rounds(url: str, *, concurrent: int, n_rounds: int, hold: float,
                 failures.append(s.failure)
             if s.setup_connected is not None:
                 connected.append(s.setup_connected)
+            if getattr(s, "setup_answer", None) is not None:  # absent in older trees
+                ANSWERS.append(s.setup_answer)
             if s.setup_first_echo is not None:
                 first_echo.append(s.setup_first_echo)
         await trio.sleep(0.5)
     return connected, first_echo, failures
 
+
+ANSWERS: list[float] = []  # POST → 201 read, of the last rounds() call
 
 TIMELINE = ("answer_sent", "first_stun", "ice_nominated", "dtls_done", "first_rtp_in",
             "first_rtp_out")
@@ -149,7 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agent", default=None)
     p.add_argument("--transceivers", type=int, default=2,
                    help="transceivers of the appliance started here (default 2, as `up`)")
+    p.add_argument("--http-only", action="store_true",
+                   help="POST then DELETE only (no ICE/DTLS/media): signaling's share")
     args = p.parse_args(argv)
+    if args.http_only:
+        return http_main(args)
 
     print(f"machine: {machine()}")
     print("load average at start: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
@@ -193,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{_ms(percentile(conn, 99)):>7} {_ms(percentile(echo, 50)):>15} "
               f"{_ms(percentile(echo, 99)):>7}  "
               f"{len(fails)}{': ' + fails[0] if fails else ''}", flush=True)
+        if ANSWERS:
+            print(f"{'':<12} POST → answer read p50 {_ms(percentile(ANSWERS, 50))} / "
+                  f"p99 {_ms(percentile(ANSWERS, 99))} ms", flush=True)
         if any(steps.values()):
             breakdowns.append((name, steps))
         p50, p99 = percentile(echo, 50), percentile(echo, 99)
@@ -214,6 +272,36 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.concurrent}):")
         for line in verdicts:
             print("  " + line)
+    print("load average at end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    return 0
+
+
+def http_main(args: argparse.Namespace) -> int:
+    print(f"machine: {machine()}")
+    print("load average at start: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    print(f"{args.rounds} rounds × {args.concurrent} concurrent POSTs, then as many DELETEs; "
+          f"loopback, no ICE/DTLS/media\n")
+    ctx: AbstractContextManager[Server | str] = (
+        _existing(args.url) if args.url
+        else start_appliance("pcm", [], transceivers=args.transceivers))
+    with ctx as server:
+        url = server if isinstance(server, str) else server.url
+        roles = _roles(server) if isinstance(server, Server) else {}
+        trio.run(lambda: http_rounds(url, concurrent=args.concurrent, n_rounds=1))  # warm-up
+        before = {role: cpu_seconds(pids) for role, pids in roles.items()}
+        me = _self_cpu()
+        posts, deletes, fails = trio.run(lambda: http_rounds(
+            url, concurrent=args.concurrent, n_rounds=args.rounds))
+        n = args.rounds * args.concurrent
+        used = {role: (cpu_seconds(pids) - before[role]) / n for role, pids in roles.items()}
+        used["client (this process)"] = (_self_cpu() - me) / n
+    print(f"POST   n {len(posts)}  p50 {_ms(percentile(posts, 50))}  "
+          f"p99 {_ms(percentile(posts, 99))} ms")
+    print(f"DELETE n {len(deletes)}  p50 {_ms(percentile(deletes, 50))}  "
+          f"p99 {_ms(percentile(deletes, 99))} ms")
+    print(f"failures {len(fails)}{': ' + fails[0] if fails else ''}")
+    print("CPU ms per POST + DELETE: " + ", ".join(f"{role} {v * 1000:.2f}"
+                                                    for role, v in used.items()))
     print("load average at end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     return 0
 

@@ -5,10 +5,23 @@ Task shape (STYLE.md rule 9: only nursery-owned tasks):
 * the **ramp** starts one session task every ``1/rate`` s;
 * each **session** task holds :func:`~appliance.client.call.open_call` open (which runs that
   call's socket reader) and waits until the pacer is done with it;
-* the single **pacer** wakes every 20 ms on trio's clock and, for every live session, drains
-  the echoed packets that the reader queued (each carries its arrival time, so draining late
-  does not blur the measurement), then sends that session's next packet. 50 packets/s for
-  N sessions costs N sends per wake-up and no task switches per packet.
+* the single **pacer** wakes every 2 ms on trio's clock (``SUBTICKS`` = 10 slots of the
+  20 ms packet time) and, for every live session of that slot, drains the echoed packets that
+  the reader queued (each carries its arrival time, so draining late does not blur the
+  measurement), then sends that session's next packet. 50 packets/s for N sessions costs
+  N sends per 20 ms and no task switches per packet.
+
+Sessions are spread over the slots by when they connected, as real callers are: each
+microphone runs on its own clock. An earlier pacer sent every session's packet in one burst
+per 20 ms, so the server under test saw N packets at once and the last session's echo waited
+behind N-1 others (N × the server's cost per packet: 70 PCM sessions × 245 µs ≈ 17 ms); the
+"largest N with p99 ≤ 20 ms" of bench/capacity.py then measured the burst, not the server.
+
+A session's *first* packet leaves the moment it connects, not on the pacer's next tick: a
+browser with an open microphone has a frame ready when DTLS completes, and waiting 0-20 ms
+for the tick was pure measurement artefact in POST → first echo. From then on the pacer
+keeps the 20 ms cadence: the next packet goes on the first tick at least half a packet
+time after the previous one (10-30 ms for the second, one per tick after that).
 """
 
 from __future__ import annotations
@@ -28,6 +41,8 @@ from .media import CYCLE, GAP, SAMPLE_RATE, OnsetDetector, ToneStream, encode_to
 from .stats import Report, SessionResult, percentile
 
 PTIME = 0.020
+SUBTICKS = 10  # pacer slots per packet time: sessions are spread over them
+SUB = PTIME / SUBTICKS
 TS_STEP = 960  # RTP timestamp units (48 kHz) per 20 ms packet
 SETUP_GRACE = 1.0  # s past --connect-timeout before a setup (POST included) is abandoned
 _RING = 1024  # send times kept for tag matching: ~20 s of packets, far beyond any RTT
@@ -51,7 +66,8 @@ class _Live:
     """A connected session as the pacer sees it."""
 
     __slots__ = ("call", "counter", "detector", "done", "first_at", "first_seq", "last_transit",
-                 "max_seq", "res", "seen", "sent_at", "start", "stop_at", "ts0")
+                 "max_seq", "next_due", "res", "seen", "sent_at", "slot", "start", "stop_at",
+                 "ts0")
 
     def __init__(self, call: Call, res: SessionResult, now: float, duration: float,
                  onset_sample: int, ts0: int) -> None:
@@ -60,6 +76,8 @@ class _Live:
         self.start = now
         self.stop_at = now + duration
         self.counter = 0
+        self.next_due = now  # when this session's next packet is due (trio time)
+        self.slot = 0  # the pacer slot this session is served in (set by the generator)
         self.ts0 = ts0
         self.sent_at = [0.0] * _RING
         self.seen = bytearray()
@@ -78,6 +96,9 @@ class LoadGenerator:
         self.certificate = certificate
         self.results = [SessionResult(i) for i in range(cfg.sessions)]
         self.live: list[_Live] = []
+        # The pacer's slots: each live session is in exactly one, served once per 20 ms.
+        self.slots: list[list[_Live]] = [[] for _ in range(SUBTICKS)]
+        self._slot = 0  # the slot the pacer served last
         self.started = 0
         self.max_concurrent = 0
         self.pacer_late: list[float] = []
@@ -114,11 +135,18 @@ class LoadGenerator:
             verify_tls=not cfg.insecure, connect_timeout=cfg.connect_timeout,
         ) as call:
             setup.deadline = math.inf  # connected: the call runs its course
+            res.setup_answer = call.timeline.answer
             res.setup_connected = call.timeline.connected
             live = _Live(call, res, trio.current_time(), cfg.duration,
                          self.stream.onset_sample, call.peer.ssrc & 0xFFFF)
             self.live.append(live)
+            # Served from the slot of its connection time on: its second packet goes ~20 ms
+            # after the first, and sessions that connect at different times stay spread.
+            live.slot = self._slot
+            self.slots[live.slot].append(live)
             self.max_concurrent = max(self.max_concurrent, len(self.live))
+            if not call.peer.closed:
+                self._send(live, live.start)  # the first frame is ready: no wait for the tick
             await live.done.wait()
 
     async def _ramp(self, nursery: trio.Nursery) -> None:
@@ -133,21 +161,27 @@ class LoadGenerator:
 
     async def _pacer(self) -> None:
         next_tick = trio.current_time()
+        slot = 0
         while not (self._all_started.is_set() and self._finished == self.cfg.sessions
                    and not self.live):
             await trio.sleep_until(next_tick)
             now = trio.current_time()
-            if self.live:
+            self._slot = slot = (slot + 1) % SUBTICKS
+            due = self.slots[slot]
+            if due:
                 self.pacer_late.append(now - next_tick)
-            for live in list(self.live):
+            for live in list(due):
                 self._receive(live)
                 if live.call.peer.closed:
                     self._finish(live, f"call ended by peer: {live.call.failure or 'closed'}")
                 elif now < live.stop_at:
-                    self._send(live, now)
+                    # Half a packet time of slack: ticks come late by a little, and the
+                    # first packet left between two ticks.
+                    if now >= live.next_due - PTIME / 2:
+                        self._send(live, now)
                 elif now >= live.stop_at + self.cfg.drain:
                     self._finish(live, None)
-            next_tick += PTIME
+            next_tick += SUB
             if now - next_tick > 5 * PTIME:
                 next_tick = now  # far behind: drop the missed ticks rather than burst
 
@@ -157,6 +191,8 @@ class LoadGenerator:
         payload = self.stream.payload(frame, live.res.index, c)
         live.call.send_rtp(payload, (live.ts0 + c * TS_STEP) & 0xFFFFFFFF, marker=c == 0)
         live.sent_at[c % _RING] = now
+        # One packet per tick at most: a late pacer drops ticks, it does not burst.
+        live.next_due = max(live.next_due + PTIME, now - PTIME / 2)
         live.counter = c + 1
         live.res.sent = c + 1
         if self.cfg.rtt != "tag" and live.res.rtt_method != "tag" and c >= CYCLE - GAP:
@@ -240,6 +276,7 @@ class LoadGenerator:
             failure = "connected, but no RTP came back"
         res.failure = failure
         self.live.remove(live)
+        self.slots[live.slot].remove(live)
         live.done.set()
 
     # -- progress ----------------------------------------------------------------------

@@ -29,6 +29,7 @@ class SessionResult:
 
     index: int
     failure: str | None = None
+    setup_answer: float | None = None  # POST → the 201 and its SDP answer read
     setup_connected: float | None = None  # POST → ICE + DTLS up (SRTP keyed)
     setup_first_echo: float | None = None  # POST → first echoed RTP packet
     sent: int = 0
@@ -68,6 +69,7 @@ class SessionResult:
         d["rtt_samples"] = len(rtts)
         d["jitter_ms"] = _ms(d.pop("jitter"))
         d["echo_span_s"] = round(d.pop("echo_span"), 3)
+        d["setup_answer_ms"] = _ms(d.pop("setup_answer"))
         d["setup_connected_ms"] = _ms(d.pop("setup_connected"))
         d["setup_first_echo_ms"] = _ms(d.pop("setup_first_echo"))
         return d

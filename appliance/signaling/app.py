@@ -18,6 +18,11 @@ GET    / /demo /<file>       the static web UI from ``webui/``                  
 token; ``session`` also accepts a client token (and then only for sessions it created).
 Every error is ``application/problem+json`` (RFC 9457, see problems.py); bad input is a 4xx,
 never a 500.
+
+``POST /v1/sessions`` and ``DELETE /v1/sessions/{id}`` are answered in front of Quart by
+fastpath.py (the WHIP hot path, no request contexts); the rules both paths apply are the
+module-level functions at the end of this file, so the routes below and the fast path
+cannot drift apart (tests/signaling/test_fastpath.py compares their answers).
 """
 
 from __future__ import annotations
@@ -66,15 +71,8 @@ def create_app(state: SignalingState) -> QuartTrio:
 
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException) -> Response:
-        status = exc.code or 400
-        code = re.sub(r"[^a-z0-9]+", "-", (exc.name or "error").lower()).strip("-")
-        detail = exc.description or exc.name or "error"
-        if status == 413:
-            code, detail = "body-too-large", f"request body exceeds {state.config.max_body} bytes"
-        headers = {}
-        if status == 405 and exc.get_headers():
-            headers = {k: v for k, v in exc.get_headers() if k.lower() == "allow"}
-        return problem_response(status, code, detail, headers)
+        p = http_problem(exc, state.config.max_body)
+        return problem_response(p.status, p.code, p.detail, p.headers)
 
     @app.errorhandler(Exception)
     async def _bug(exc: Exception) -> Response:
@@ -85,9 +83,8 @@ def create_app(state: SignalingState) -> QuartTrio:
     async def _after(resp: Response) -> Response:
         state.http_responses[resp.status_code] = state.http_responses.get(resp.status_code, 0) + 1
         if request.path.startswith("/v1/"):
-            # Bearer tokens, never cookies: any origin may call the API (browser WHIP clients).
-            resp.headers["Access-Control-Allow-Origin"] = "*"
-            resp.headers["Access-Control-Expose-Headers"] = _CORS_EXPOSE
+            for k, v in CORS_RESPONSE_HEADERS:
+                resp.headers[k] = v
             if request.method == "OPTIONS":
                 resp.headers["Access-Control-Allow-Methods"] = "GET, POST, PATCH, DELETE, OPTIONS"
                 resp.headers["Access-Control-Allow-Headers"] = _CORS_HEADERS
@@ -101,51 +98,15 @@ def create_app(state: SignalingState) -> QuartTrio:
 
     def authorize(*, sessions: bool) -> ClientClaims | None:
         """None when the caller has full rights; the claims of a client token otherwise."""
-        if not state.config.requires_auth():
-            return None
-        challenge = {"WWW-Authenticate": 'Bearer realm="appliance"'}
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            raise Problem(401, "missing-token", "an Authorization: Bearer token is required",
-                          challenge)
-        if state.api_token and hmac.compare_digest(token.encode(), state.api_token.encode()):
-            return None
-        if token.startswith(CLIENT_TOKEN_PREFIX):
-            try:
-                claims = state.tokens.verify_untrusted(token, now=state.clock())
-            except TokenError as exc:
-                raise Problem(401, f"token-{exc.reason}", str(exc),
-                              {"WWW-Authenticate": 'Bearer realm="appliance", error="invalid_token"'}) from None
-            if not sessions or SCOPE_SESSIONS not in claims.scope:
-                raise Problem(403, "token-scope", "a client token may only create, patch and "
-                              "delete sessions; this needs the API token")
-            return claims
-        raise Problem(401, "bad-token", "the bearer token is not valid",
-                      {"WWW-Authenticate": 'Bearer realm="appliance", error="invalid_token"'})
-
-    def owned(rec: SessionRecord, claims: ClientClaims | None) -> None:
-        if claims is not None and rec.owner != claims.jti:
-            raise Problem(403, "not-owner", "this client token did not create this session")
+        return authorize_header(state, request.headers.get("Authorization", ""),
+                                sessions=sessions)
 
     async def read_body(expected: str) -> str:
-        if request.mimetype != expected:
-            got = request.mimetype or "none"
-            raise Problem(415, "unsupported-media-type",
-                          f"Content-Type must be {expected}, got {got}",
-                          {"Accept-Post" if expected == SDP else "Accept-Patch": expected})
-        length = request.content_length
-        if length is not None and length > state.config.max_body:
-            raise Problem(413, "body-too-large",
-                          f"request body exceeds {state.config.max_body} bytes")
+        check_body_headers(request.mimetype, request.content_length, expected,
+                           state.config.max_body)
         raw = await request.get_data()
         assert isinstance(raw, bytes)
-        if not raw.strip():
-            raise Problem(400, "empty-body", f"the request body must be an {expected} document")
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise Problem(400, "bad-encoding", f"the body is not UTF-8 (byte {exc.start})") from None
+        return decode_body(raw, expected)
 
     # -- sessions -----------------------------------------------------------------------
 
@@ -153,9 +114,7 @@ def create_app(state: SignalingState) -> QuartTrio:
     async def create_session() -> Response:
         claims = authorize(sessions=True)
         offer = await read_body(SDP)
-        agent = request.args.get("agent") or request.headers.get("X-Agent") or None
-        if agent is not None and not _AGENT_RE.match(agent):
-            raise Problem(400, "bad-agent", "agent must be 1..256 printable ASCII characters")
+        agent = check_agent(request.args.get("agent") or request.headers.get("X-Agent") or None)
         ingress = None
         if state.config.ingress.enabled:
             geo = state.config.ingress
@@ -170,17 +129,15 @@ def create_app(state: SignalingState) -> QuartTrio:
             offer, agent, claims.jti if claims else None, ingress=ingress
         )
         resp = Response(answer, status=201, content_type=SDP)
-        resp.headers["Location"] = f"/v1/sessions/{rec.id}"
-        resp.headers["ETag"] = rec.etag
-        resp.headers["Accept-Patch"] = SDPFRAG
-        resp.headers["Cache-Control"] = "no-store"
+        for k, v in created_headers(rec):
+            resp.headers[k] = v
         return resp
 
     @app.patch("/v1/sessions/<sid>")
     async def patch_session(sid: str) -> Response:
         claims = authorize(sessions=True)
         rec = state.lookup(sid)
-        owned(rec, claims)
+        check_owner(rec, claims)
         sdpfrag = await read_body(SDPFRAG)
         if_match = request.headers.get("If-Match")
         # RFC 9725 §4.3.1: a stale entity-tag gets 412; "*" always matches.
@@ -200,7 +157,7 @@ def create_app(state: SignalingState) -> QuartTrio:
     async def delete_session(sid: str) -> Response:
         claims = authorize(sessions=True)
         rec = state.lookup(sid)
-        owned(rec, claims)
+        check_owner(rec, claims)
         await state.delete_session(rec)
         return Response("", status=200)
 
@@ -311,7 +268,99 @@ def create_app(state: SignalingState) -> QuartTrio:
     async def webui_file(name: str) -> Response:
         return await static_file(name)
 
+    # The WHIP create/delete are answered in front of Quart (fastpath.py), through the same
+    # checks above; installed as asgi_app so hypercorn and the test client both use it.
+    from .fastpath import WhipFastPath
+
+    app.asgi_app = WhipFastPath(app.asgi_app, state)  # type: ignore[method-assign,assignment]
     return app
+
+
+# -- shared with the WHIP fast path (fastpath.py): one definition of each rule -------------
+
+#: Added to every /v1/ answer. Bearer tokens, never cookies: any origin may call the API
+#: (browser WHIP clients).
+CORS_RESPONSE_HEADERS = (("Access-Control-Allow-Origin", "*"),
+                         ("Access-Control-Expose-Headers", _CORS_EXPOSE))
+
+
+def authorize_header(state: SignalingState, authorization: str, *,
+                     sessions: bool) -> ClientClaims | None:
+    """Check an ``Authorization`` header value: None when the caller has full rights, the
+    claims of a client token otherwise; raises :class:`Problem` (401/403)."""
+    if not state.config.requires_auth():
+        return None
+    challenge = {"WWW-Authenticate": 'Bearer realm="appliance"'}
+    scheme, _, token = authorization.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise Problem(401, "missing-token", "an Authorization: Bearer token is required",
+                      challenge)
+    if state.api_token and hmac.compare_digest(token.encode(), state.api_token.encode()):
+        return None
+    if token.startswith(CLIENT_TOKEN_PREFIX):
+        try:
+            claims = state.tokens.verify_untrusted(token, now=state.clock())
+        except TokenError as exc:
+            raise Problem(401, f"token-{exc.reason}", str(exc),
+                          {"WWW-Authenticate": 'Bearer realm="appliance", error="invalid_token"'}) from None
+        if not sessions or SCOPE_SESSIONS not in claims.scope:
+            raise Problem(403, "token-scope", "a client token may only create, patch and "
+                          "delete sessions; this needs the API token")
+        return claims
+    raise Problem(401, "bad-token", "the bearer token is not valid",
+                  {"WWW-Authenticate": 'Bearer realm="appliance", error="invalid_token"'})
+
+
+def check_owner(rec: SessionRecord, claims: ClientClaims | None) -> None:
+    if claims is not None and rec.owner != claims.jti:
+        raise Problem(403, "not-owner", "this client token did not create this session")
+
+
+def check_body_headers(mimetype: str, content_length: int | None, expected: str,
+                       max_body: int) -> None:
+    """Content-Type and Content-Length, before any of the body is read (415, 413)."""
+    if mimetype != expected:
+        got = mimetype or "none"
+        raise Problem(415, "unsupported-media-type",
+                      f"Content-Type must be {expected}, got {got}",
+                      {"Accept-Post" if expected == SDP else "Accept-Patch": expected})
+    if content_length is not None and content_length > max_body:
+        raise Problem(413, "body-too-large", f"request body exceeds {max_body} bytes")
+
+
+def decode_body(raw: bytes, expected: str) -> str:
+    if not raw.strip():
+        raise Problem(400, "empty-body", f"the request body must be an {expected} document")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Problem(400, "bad-encoding", f"the body is not UTF-8 (byte {exc.start})") from None
+
+
+def check_agent(agent: str | None) -> str | None:
+    if agent is not None and not _AGENT_RE.match(agent):
+        raise Problem(400, "bad-agent", "agent must be 1..256 printable ASCII characters")
+    return agent
+
+
+def created_headers(rec: SessionRecord) -> list[tuple[str, str]]:
+    """The 201's headers after Content-Type/Length (RFC 9725 §4.2)."""
+    return [("Location", f"/v1/sessions/{rec.id}"), ("ETag", rec.etag),
+            ("Accept-Patch", SDPFRAG), ("Cache-Control", "no-store")]
+
+
+def http_problem(exc: HTTPException, max_body: int) -> Problem:
+    """A werkzeug HTTP error (404, 405, 408, 413, ...) as the problem we answer with."""
+    status = exc.code or 400
+    code = re.sub(r"[^a-z0-9]+", "-", (exc.name or "error").lower()).strip("-")
+    detail = exc.description or exc.name or "error"
+    if status == 413:
+        code, detail = "body-too-large", f"request body exceeds {max_body} bytes"
+    headers = {}
+    if status == 405 and exc.get_headers():
+        headers = {k: v for k, v in exc.get_headers() if k.lower() == "allow"}
+    return Problem(status, code, detail, headers)
 
 
 def json_response(obj: Any, status: int = 200) -> Response:

@@ -75,7 +75,14 @@ def test_detail_timeline_sparklines_and_processes(page: Page, backend: FakeBacke
     phases = [segs.nth(i).get_attribute("data-phase") for i in range(4)]
     assert phases == ["answer", "ice", "dtls", "audio"]
     # ICE took 10.1 - 1.4 = 8.7 ms of 32.2: its segment is about 27 % of the bar.
-    widths = segs.evaluate_all("els => els.map(e => e.getBoundingClientRect().width)")
+    # Read the widths once the bar is laid out: the dashboard re-renders the detail on every
+    # poll, and a read between two renders saw all-zero rectangles (flaked once in make test).
+    widths = page.wait_for_function(
+        """() => {
+            const w = [...document.querySelectorAll('#detail .tl-seg')]
+                .map(e => e.getBoundingClientRect().width);
+            return w.length === 4 && w.every(x => x > 0) ? w : null;
+        }""").json_value()
     assert abs(widths[1] / sum(widths) - 8.7 / 32.2) < 0.02, widths
     expect(detail.locator(".timeline h3")).to_have_text("Setup timeline: 32.2 ms")
     expect(detail.locator("ol.tl-steps")).to_contain_text("DTLS done 16.7 ms")
