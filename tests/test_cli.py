@@ -71,3 +71,26 @@ def test_decode_malformed_and_missing_file(secret: Path) -> None:
 def test_mint_out_of_range(secret: Path) -> None:
     r = run("ufrag", "mint", "--transceiver", "70000", "--secret-file", str(secret))
     assert r.returncode == 2 and "transceiver" in r.stderr
+
+
+def test_roles_run_with_the_start_up_heap_frozen(secret: Path) -> None:
+    """Every role runs with start-up's objects frozen (cli.settle_heap): a full collection
+    then walks only what the role itself made. Checked in a real process, through main()."""
+    code = (
+        "import gc, sys\n"
+        "from appliance import cli\n"
+        "seen = []\n"
+        "real = cli._ufrag_mint\n"
+        "def mint(args):\n"
+        "    seen.append(gc.get_freeze_count())\n"
+        "    return real(args)\n"
+        "cli._ufrag_mint = mint\n"
+        "assert gc.get_freeze_count() == 0\n"
+        f"rc = cli.main(['ufrag', 'mint', '--transceiver', '1', '--secret-file', {str(secret)!r}])\n"
+        "print(rc, seen[0], file=sys.stderr)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rc, frozen = r.stderr.split()
+    assert rc == "0"
+    assert int(frozen) > 10_000  # trio, cryptography, numpy... all imported by then

@@ -77,4 +77,8 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="appliance loadgen", description=__doc__.split("\n")[0])
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    from appliance.cli import settle_heap  # the same start-up freeze as `appliance loadgen`
+
+    settle_heap()
+    return run(args)
