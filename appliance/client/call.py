@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import math
 import socket
+import struct
+import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -28,6 +31,57 @@ from appliance.proto.srtp import SrtpProfile
 
 from .http import HttpError, request
 from .peer import ClientPeer, Connected, Failed, RtcpReceived, RtpReceived
+
+# Python 3.11's socket module lacks the constant; 35 is SO_TIMESTAMPNS (= SCM_TIMESTAMPNS) on
+# Linux for x86, ARM and most other architectures.
+_SO_TIMESTAMPNS: int | None = getattr(socket, "SO_TIMESTAMPNS",
+                                      35 if sys.platform.startswith("linux") else None)
+_TIMESPEC = struct.Struct("@qq")  # struct timespec (64-bit Linux)
+_ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size)
+
+
+def enable_rx_timestamps(sock: socket.socket) -> bool:
+    """Ask the kernel to stamp each datagram with its arrival time (``SO_TIMESTAMPNS``);
+    False where the platform has no such option (then arrival = when the reader woke)."""
+    if _SO_TIMESTAMPNS is None:
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+    except OSError:
+        return False
+    return True
+
+
+def read_ready(sock: socket.socket, buf: bytearray, now: float, offset: float, stamped: bool,
+               not_before: float = -math.inf) -> list[tuple[bytes, tuple[str, int], float]]:
+    """Every datagram ready on ``sock``: ``(data, (host, port), arrival)`` with the arrival
+    on trio's clock. ``offset`` is trio's clock minus the wall clock, read at ``now``.
+
+    With kernel stamps (``stamped``), the arrival is when the datagram reached the socket,
+    not when this process got round to reading it: the load generator's RTT figures then
+    exclude its own scheduling delays and garbage-collection pauses (docs/performance.md).
+    Arrivals are clamped to ``[max(not_before, now - 1 s), now]`` so a wall-clock step cannot
+    move time backwards or into the future."""
+    out: list[tuple[bytes, tuple[str, int], float]] = []
+    floor = max(not_before, now - 1.0)
+    while True:
+        try:
+            if stamped:
+                n, anc, _flags, addr = sock.recvmsg_into([buf], _ANCILLARY)
+            else:
+                n, addr = sock.recvfrom_into(buf)
+                anc = []
+        except (BlockingIOError, InterruptedError):
+            break
+        except OSError:
+            break  # e.g. ICMP port unreachable surfaced as ECONNREFUSED
+        at = now
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= 16:
+                sec, nsec = _TIMESPEC.unpack_from(data)
+                at = min(now, max(floor, sec + nsec * 1e-9 + offset))
+        out.append((bytes(buf[:n]), (addr[0], addr[1]), at))
+    return out
 
 
 class CallFailed(Exception):
@@ -92,21 +146,19 @@ async def _run_peer(call: Call, connected: trio.Event) -> None:
     peer, sock = call.peer, call.sock
     assert call._send is not None
     buf = bytearray(2048)
+    stamped = enable_rx_timestamps(sock)
+    last = -math.inf
     while not peer.closed:
         deadline = peer.poll_timeout()
         timeout = math.inf if deadline is None else max(0.0, deadline - trio.current_time())
         with trio.move_on_after(timeout):
             await trio.lowlevel.wait_readable(sock)
         now = trio.current_time()
+        offset = now - time.time()
         # Drain what is ready before yielding again (one await per datagram is the slow way).
-        while True:
-            try:
-                n, addr = sock.recvfrom_into(buf)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                break  # e.g. ICMP port unreachable surfaced as ECONNREFUSED
-            peer.handle_datagram(now, bytes(buf[:n]), (addr[0], addr[1]))
+        for data, addr, at in read_ready(sock, buf, now, offset, stamped, last):
+            peer.handle_datagram(at, data, addr)
+        last = now
         peer.handle_timeout(now)
         while (ev := peer.poll_event()) is not None:
             if isinstance(ev, Connected):
