@@ -38,6 +38,7 @@ import hashlib
 import hmac
 import math
 import os
+import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.utils import CryptographyDeprecationWarning
 
 from appliance.proto.dtls._wire import (
     CLIENT_CERT_TYPE_ECDSA_SIGN,
@@ -1049,8 +1051,14 @@ class DtlsConnection:
         else:
             self._peer_fingerprint = fingerprint_of(leaf)
         try:
-            cert = x509.load_der_x509_certificate(leaf)
-            key = cert.public_key()
+            with warnings.catch_warnings():
+                # A non-positive serial number makes cryptography warn (and, in a later
+                # release, raise ValueError: then bad_certificate below). RFC 5280 §4.1.2.2
+                # asks certificate users to handle such serials gracefully, and a WebRTC
+                # peer is identified by its certificate's fingerprint, never its serial.
+                warnings.simplefilter("ignore", CryptographyDeprecationWarning)
+                cert = x509.load_der_x509_certificate(leaf)
+                key = cert.public_key()
         except UnsupportedAlgorithm:
             # A well-formed certificate whose key is on a curve (or of a type) the backend
             # cannot load, e.g. prime239v3: refuse it with an alert, never let it escape.

@@ -69,3 +69,28 @@ def test_certificate_with_unknown_x509_version_is_an_alert_not_a_crash() -> None
     for d in flight2:
         client.handle_datagram(NOW, d.replace(V3_VERSION, BOGUS_VERSION))  # must not raise
     _assert_closed_with(client, AlertDescription.bad_certificate)
+
+
+def test_certificate_with_negative_serial_is_accepted_without_a_warning() -> None:
+    """Bug: a peer Certificate whose serial number is negative (found by the ``dtls_client``
+    hypothesis target in ``make test``) made ``x509.load_der_x509_certificate`` emit a
+    ``CryptographyDeprecationWarning`` ("will cause an exception in a future release"), which
+    the suite turns into an error escaping ``handle_datagram``. RFC 5280 §4.1.2.2: users
+    SHOULD handle non-positive serials gracefully, and DTLS-SRTP identifies the peer by
+    fingerprint, so the handshake goes on. Scenario: the server's certificate gets its
+    serial's sign bit set; the client must answer with its flight 3, not raise or close."""
+    client, flight2 = _client_and_server_flight2()
+    serial = V3_VERSION + b"\x02\x14"  # then 20 bytes of positive serial
+    assert sum(serial in d for d in flight2) == 1
+    tampered = []
+    for d in flight2:
+        i = d.find(serial)
+        if i >= 0:
+            j = i + len(serial)
+            assert d[j] < 0x80
+            d = d[:j] + bytes([d[j] | 0x80]) + d[j + 1:]
+        tampered.append(d)
+    for d in tampered:
+        client.handle_datagram(NOW, d)  # must not raise (warnings are errors in the suite)
+    assert client.state.value != "closed"
+    assert client.poll_transmit() is not None  # flight 3 (ClientKeyExchange ...)
