@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/relay_bench.py [--flows 1000] [--rate 50000] [--seconds 3]
                                           [--workers 1,2] [--io python,mmsg] [--no-pin]
+                                          [--coalesce-us 0,20]
 
 One process (this one, pinned to the last CPU) is both the load generator — K client UDP
 sockets sending 172-byte RTP-like datagrams carrying a flow id, sequence number and send
@@ -9,7 +10,9 @@ timestamp — and the echoing stand-in transceiver (it returns every datagram, P
 included, to the address it came from). The relay runs as ``python -m appliance.relay.cli``
 with ``--pin`` (worker i on CPU i) and ``--io MODE`` for each mode of ``--io`` (default:
 ``python`` — one recvfrom_into/sendto per datagram — then ``mmsg`` — batched
-recvmmsg/sendmmsg, when the C extension is built), so one run compares the two hot loops.
+recvmmsg/sendmmsg, when the C extension is built), so one run compares the two hot loops,
+and ``--coalesce-us US`` for each value of ``--coalesce-us`` (default: the relay's own
+default, 20; ``0,20`` compares coalescing off and on).
 For each worker count and I/O mode it measures:
 
 * fixed rate (``--rate`` datagrams/s from clients, spread over the flows) and max rate
@@ -285,7 +288,8 @@ def _worker_stats(path: str) -> tuple[list[int], dict[str, int]]:
 
 
 def _start_relay(tmp: str, echo: tuple[str, int], workers: int, pin: bool,
-                 flows: int, io: str) -> tuple[subprocess.Popen[bytes], tuple[str, int], str]:
+                 flows: int, io: str, coalesce_us: str,
+                 ) -> tuple[subprocess.Popen[bytes], tuple[str, int], str]:
     secret = os.path.join(tmp, "secret")
     Path(secret).write_bytes(SECRET.hex().encode() + b"\n")
     control = os.path.join(tmp, f"relay-{workers}.sock")
@@ -293,7 +297,7 @@ def _start_relay(tmp: str, echo: tuple[str, int], workers: int, pin: bool,
             "--workers", str(workers), "--transceiver", f"0={echo[0]}:{echo[1]}",
             "--secret-file", secret, "--control", control, "--log-level", "warning",
             "--new-flow-rate", str(max(1000, flows * 10)), "--max-flows", str(flows * 2),
-            "--io", io]
+            "--io", io, "--coalesce-us", coalesce_us]
     if pin:
         argv.append("--pin")
     # The relay must not inherit this process's pinning (its --pin picks CPUs from what it
@@ -316,7 +320,7 @@ def _start_relay(tmp: str, echo: tuple[str, int], workers: int, pin: bool,
 
 def _row(name: str, r: Result, base: Result | None, fwd: float | None, cpu: float | None,
          per_wake: float | None = None) -> str:
-    cols = [f"{name:<22}", f"{r.sent / r.seconds:>7.0f}", f"{r.received / r.seconds:>7.0f}",
+    cols = [f"{name:<27}", f"{r.sent / r.seconds:>7.0f}", f"{r.received / r.seconds:>7.0f}",
             f"{100 * r.loss:>6.2f}%", f"{r.pct(0.5, 'late'):>8.1f}", f"{r.pct(0.99, 'late'):>8.1f}",
             f"{r.pct(0.5):>8.1f}", f"{r.pct(0.99):>8.1f}"]
     if base is not None:
@@ -340,6 +344,8 @@ def main() -> int:
     ap.add_argument("--io", default=None,
                     help="relay I/O paths to compare, comma-separated: python, mmsg, auto "
                          "(default python,mmsg; python alone when the extension is not built)")
+    ap.add_argument("--coalesce-us", default="20",
+                    help="relay --coalesce-us values to compare, comma-separated (default 20)")
     args = ap.parse_args()
     if args.io is None:
         try:
@@ -355,15 +361,18 @@ def main() -> int:
           f"generator on CPU {cpus[-1] if pin else 'any'}, {args.flows} flows x {PAYLOAD} B")
     print("# latency in µs; gen-late = the generator's read delay (excluded from p50/p99); "
           "µs/fwd = relay CPU per forwarded datagram; /wake = datagrams per relay wake-up")
-    print(f"{'scenario':<22} {'sent/s':>7} {'recv/s':>7} {'loss':>7} {'gen-late':>8} "
+    print(f"{'scenario':<27} {'sent/s':>7} {'recv/s':>7} {'loss':>7} {'gen-late':>8} "
           f"{'late p99':>8} {'p50':>8} {'p99':>8} {'+p50':>8} {'+p99':>8} {'relay fwd/s':>10} "
           f"{'cpu':>7} {'fwd/cpu-s':>9} {'µs/fwd':>7} {'/wake':>6}")
     codec = UfragCodec(SECRET)
-    runs = [(int(w), io) for w in args.workers.split(",") for io in args.io.split(",")]
-    for workers, io in runs:
+    runs = [(int(w), io, cu) for w in args.workers.split(",") for io in args.io.split(",")
+            for cu in args.coalesce_us.split(",")]
+    for workers, io, coalesce_us in runs:
         gen = Generator(args.flows)
         tmp = tempfile.mkdtemp(prefix="relay-bench-")
-        proc, public, control = _start_relay(tmp, gen.echo_addr, workers, pin, args.flows, io)
+        proc, public, control = _start_relay(tmp, gen.echo_addr, workers, pin, args.flows, io,
+                                             coalesce_us)
+        name = f"{io} c{float(coalesce_us):g}"
         try:
             gen.handshake(public, codec)
             for label, rate in ((f"{args.rate:.0f}/s", args.rate), ("max", None)):
@@ -378,10 +387,10 @@ def main() -> int:
                 fwd = (c1["packets_out"] - c0["packets_out"]) / wall
                 wakes = c1.get("wakeups", 0) - c0.get("wakeups", 0)
                 per_wake = (c1["packets_in"] - c0["packets_in"]) / wakes if wakes else None
-                print(_row(f"relay x{workers} {io} {label}", r, base, fwd, cpu / wall,
+                print(_row(f"relay x{workers} {name} {label}", r, base, fwd, cpu / wall,
                            per_wake), flush=True)
             st = _control(control)
-            print(f"#   relay x{workers} {io} (reports io {st.get('io')}): drops "
+            print(f"#   relay x{workers} {name} (reports io {st.get('io')}): drops "
                   f"{st['counters']['drops']}")
         finally:
             proc.terminate()

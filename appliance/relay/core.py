@@ -109,6 +109,7 @@ COUNTER_NAMES = (
     "redis_lookups",
     "redis_writes",
     "wakeups",
+    "coalesced",
     "flows_answered",
 )
 
@@ -206,6 +207,8 @@ class Counters:
     flows_answered: int = 0
     #: hot-loop wake-ups (packets_in / wakeups = datagrams handled per event-loop round trip)
     wakeups: int = 0
+    #: wake-ups after which the hot loop waited to gather a batch (server.coalesce_wait)
+    coalesced: int = 0
     drops: dict[str, int] = field(default_factory=dict)
 
     def drop(self, reason: str, n: int = 1) -> None:

@@ -60,6 +60,7 @@ import select
 import socket
 import struct
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,6 +131,38 @@ BATCH = 512
 #: Longest blocking wait on the worker's own epoll set before going back to trio's
 #: ``wait_readable`` (epoll's timeout has millisecond granularity).
 HOLD = 0.001
+#: Coalescing (see :func:`coalesce_wait`): a wake-up that found fewer than this many
+#: datagrams, less than ``DENSE`` after the previous one, waits ``RelayConfig.coalesce``.
+COALESCE_BELOW = 4
+DENSE = 200e-6
+
+
+def coalesce_wait(coalesce: float, got: int, since_last_wake: float) -> float:
+    """How long the hot loop waits before its next poll, so that the next wake-up finds a
+    batch instead of one datagram.
+
+    Measured (docs/performance.md, "Relay", coalescing): at 50 000 datagrams/s each way
+    most wake-ups carried 1-2 datagrams, each paying a poll, a ``recvmmsg`` and a
+    ``sendmmsg`` of its own; waiting 20 µs after such a sparse wake-up gathers ~5 per
+    wake-up and cuts the relay's CPU from ~83 % to ~69 % of a core, adding ≤ 20 µs (plus
+    the wake-up) to the datagrams that arrive meanwhile. Only under dense traffic (the
+    previous wake-up less than ``DENSE`` ago): at low rates nothing would arrive in the
+    window, so nothing is waited.
+    """
+    if coalesce > 0 and got < COALESCE_BELOW and since_last_wake < DENSE:
+        return coalesce
+    return 0.0
+
+
+def _fine_timer_slack() -> None:
+    """Linux rounds a thread's timed sleeps up by its timer slack (50 µs by default), which
+    would turn a 20 µs coalescing wait into 70 µs: ask for 1 µs (``PR_SET_TIMERSLACK``)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK, ns
+    except (OSError, AttributeError):  # pragma: no cover - not glibc/musl Linux
+        pass
 #: While traffic keeps the hot loop off trio's scheduler, it yields this often.
 YIELD_EVERY = 0.002
 #: Kernel socket buffers: absorb bursts while the loop is busy with the other socket.
@@ -221,6 +254,7 @@ class RelayConfig:
     resolve_interval: float = 5.0
     resolve_timeout: float = 2.0
     io: str = "auto"  # "python", "mmsg" or "auto" (see select_io)
+    coalesce: float = 20e-6  # s; 0 = off (see coalesce_wait)
 
 
 def pattern_address(pattern: str, ident: int) -> Address:
@@ -354,6 +388,10 @@ class _Worker:
         c = self.core.counters
         clock = trio.current_time
         wake = self._wake_lookups
+        coalesce = self.config.coalesce
+        sleep = time.sleep
+        if coalesce:
+            _fine_timer_slack()
         ep = select.epoll()
         try:
             for fd in drains:
@@ -364,6 +402,7 @@ class _Worker:
                 now = clock()
                 yield_at = now + YIELD_EVERY
                 timeout = 0.0
+                last_wake = -math.inf
                 while True:
                     events = poll(timeout)
                     if not events:
@@ -371,6 +410,7 @@ class _Worker:
                         break  # HOLD without traffic: back to trio
                     c.wakeups += 1
                     now = clock()
+                    before = c.packets_in
                     more = False
                     for fd, _ in events:
                         if drains[fd](now):
@@ -381,7 +421,15 @@ class _Worker:
                         wake()
                         await trio.lowlevel.checkpoint()
                         yield_at = clock() + YIELD_EVERY
-                    timeout = 0.0 if more else HOLD
+                    if more:
+                        timeout = 0.0
+                    else:
+                        timeout = HOLD
+                        wait = coalesce_wait(coalesce, c.packets_in - before, now - last_wake)
+                        if wait:
+                            c.coalesced += 1
+                            sleep(wait)  # blocking on purpose: see coalesce_wait
+                    last_wake = now
         finally:
             ep.close()
 
