@@ -687,6 +687,7 @@ class _Worker:
         back: list[tuple[bytes, int, int, Address]] = []  # STUN answers, from this socket
         forward = fwd.append
         answer = back.append
+        flushes = ((ifd, fwd), (fd, back))
         rounds = max(1, BATCH // NB)
 
         def drain(now: float) -> bool:
@@ -719,18 +720,13 @@ class _Worker:
                         forward((res.header, p, n, res.dest))
                     else:
                         answer((res, 0, 0, addr))
-                if fwd:
-                    sent, nbytes, bad = send_batch(ifd, buf, fwd)
-                    fwd.clear()
-                    pout += sent
-                    bout += nbytes
-                    failed += bad
-                if back:
-                    sent, nbytes, bad = send_batch(fd, buf, back)
-                    back.clear()
-                    pout += sent
-                    bout += nbytes
-                    failed += bad
+                for sfd, queue in flushes:
+                    if queue:
+                        sent, nbytes, bad = send_batch(sfd, buf, queue)
+                        queue.clear()
+                        pout += sent
+                        bout += nbytes
+                        failed += bad
                 if len(msgs) < NB:
                     readable = False
                     break
