@@ -12,14 +12,17 @@ from typing import Any
 
 import pytest
 import trio
-from transceiver.support import Client, decode_all, dominant_hz, sine
+from transceiver.support import PUBLIC, Client, decode_all, dominant_hz, sine
 
 from appliance.control import control_request
+from appliance.proto.proxy import encode_header
 from appliance.proto.rtp import ReceptionStats, RtcpReceiverReport, RtcpSenderReport, RtpPacket
 from appliance.proto.ufrag import UfragCodec
+from appliance.transceiver import server as server_mod
 from appliance.transceiver import session as session_mod
 from appliance.transceiver.opus import OpusEncoder
 from appliance.transceiver.server import (
+    Transceiver,
     TransceiverAddresses,
     TransceiverConfig,
     serve_transceiver,
@@ -30,10 +33,16 @@ SECRETS = (b"routing-secret-for-tests-0123456",)
 CANDIDATES = [["198.51.100.1", 3478]]
 
 
-@pytest.fixture
-async def transceiver(tmp_path: Path) -> AsyncIterator[TransceiverAddresses]:
+@pytest.fixture(params=[True, False], ids=["sendmmsg", "sendto"])
+async def transceiver(tmp_path: Path, request: pytest.FixtureRequest
+                      ) -> AsyncIterator[TransceiverAddresses]:
+    """Every test here runs with the receive loop's batched sends (the C extension must be
+    built: ``pip install -e .``) and with one ``sendto`` per datagram."""
+    if request.param:
+        assert server_mod._mmsg is not None, "appliance.relay._mmsg is not built"
     config = TransceiverConfig(id=3, secrets=SECRETS, listen=("127.0.0.1", 0),
-                               control=str(tmp_path / "t3.sock"), max_sessions=2)
+                               control=str(tmp_path / "t3.sock"), max_sessions=2,
+                               batch_sends=request.param)
     async with trio.open_nursery() as nursery:
         addrs: TransceiverAddresses = await nursery.start(serve_transceiver, config)
         yield addrs
@@ -346,3 +355,65 @@ async def test_held_call_state_stays_bounded_and_ended_sessions_are_small(
 async def test_passthrough_is_a_known_agent() -> None:
     from appliance.agents import PASSTHROUGH, resolve
     assert resolve(PASSTHROUGH).passthrough and not resolve("echo").passthrough
+
+
+@pytest.mark.parametrize("flush_after", [1.0, 0.0], ids=["one-batch", "flush-each"])
+async def test_a_receive_batch_is_answered_in_one_sendmmsg(
+    transceiver: TransceiverAddresses, relay_sock: socket.socket,
+    monkeypatch: pytest.MonkeyPatch, flush_after: float,
+) -> None:
+    """Datagrams that arrive together are handled in one drain of the socket; what the
+    sessions send meanwhile leaves together at its end (one ``send_batch`` call with the
+    sendmmsg path), in order and counted — unless the drain takes longer than
+    ``FLUSH_AFTER``: then what is queued goes out before the next datagram is handled."""
+    monkeypatch.setattr(server_mod, "FLUSH_AFTER", flush_after)
+    client = await connect(transceiver, relay_sock, agent="passthrough")
+    assert client.srtp is not None and transceiver.transceiver is not None
+    tr = transceiver.transceiver
+    batches: list[int] = []
+    if tr._send_batch is not None:
+        real = tr._send_batch
+
+        def recording(fd: int, buf: bytes, msgs: list[Any]) -> tuple[int, int, int]:
+            batches.append(len(msgs))
+            return real(fd, buf, msgs)
+
+        tr._send_batch = recording
+    before = (await ctl(transceiver, op="stats"))["counters"]["datagrams_out"]
+    payloads = [bytes([0xF8]) + i.to_bytes(2, "big") + b"burst" for i in range(30)]
+    for i, payload in enumerate(payloads):  # no checkpoint: all 30 wait in the socket
+        pkt = RtpPacket(111, 100 + i, 960 * i, 0x1234, payload, marker=i == 0)
+        relay_sock.sendto(encode_header(client.client_addr, PUBLIC) + client.srtp.protect(bytes(pkt)),
+                        transceiver.udp)
+    with trio.fail_after(5):
+        while len(client.received_rtp) < 30:
+            await trio.sleep(0.005)
+            await client.pump(trio.current_time())
+    assert [p.payload for _, p in client.received_rtp] == payloads
+    if tr._send_batch is not None:
+        assert batches == ([30] if flush_after else [1] * 30)
+    after = (await ctl(transceiver, op="stats"))["counters"]
+    assert after["datagrams_out"] - before >= 30 and after["drop_send"] == 0
+
+
+@pytest.mark.parametrize("batch", [True, False], ids=["sendmmsg", "sendto"])
+def test_a_datagram_that_cannot_be_sent_is_dropped_and_counted_alone(batch: bool) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+        sock.bind(("127.0.0.1", 0))
+        sock.setblocking(False)
+        peer.bind(("127.0.0.1", 0))
+        peer.settimeout(2)
+        tr = Transceiver(TransceiverConfig(id=1, secrets=SECRETS, batch_sends=batch), sock)
+        assert (tr._send_batch is not None) == batch
+        dest = peer.getsockname()
+        tr._queued = []
+        tr.send(b"first", dest)
+        tr.send(b"unroutable", ("::1", 9))  # an IPv6 address on an IPv4 socket
+        tr.send(b"third", dest)
+        assert tr.counters["datagrams_out"] == 0  # queued, not sent yet
+        tr._flush()
+        assert tr._queued is None
+        assert [peer.recv(100), peer.recv(100)] == [b"first", b"third"]
+        assert tr.counters["datagrams_out"] == 2 and tr.counters["drop_send"] == 1
+        assert tr.counters["bytes_out"] == len(b"first") + len(b"third")
