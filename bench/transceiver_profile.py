@@ -1,4 +1,5 @@
-"""One transceiver under a fixed load: CPU µs per packet, loss, and optionally a py-spy profile.
+"""One transceiver under a fixed load: CPU µs per packet, wake-ups, loss, and optionally a py-spy
+profile.
 
 Starts ``appliance up --transceivers 1 --relay-workers 1`` (its own state directory), pins
 the **transceiver process alone to one CPU** (``--server-cpu``, default 0) and every other
@@ -13,6 +14,8 @@ transceiver's utime+stime from /proc over the window in which all N are up.
 
 "µs/pkt" is transceiver CPU divided by packets *received* per second (N × 50); each received
 packet also produces one sent packet, so it is the cost of one echo, both directions.
+"wake-ups" are the transceiver's voluntary context switches per second (each time it slept in
+`epoll_wait` and was woken again), from /proc/PID/task/*/status.
 """
 
 from __future__ import annotations
@@ -43,6 +46,18 @@ from capacity import (  # noqa: E402  (bench scripts import their sibling)
 def pin(pid: int, cpu: int) -> None:
     subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(pid)], capture_output=True,
                    check=False)
+
+
+def sleeps(pid: int) -> int:
+    """Times the process's threads went to sleep voluntarily (``voluntary_ctxt_switches``
+    summed over /proc/PID/task): with one busy thread, its wake-ups."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/status") as f:
+            for line in f:
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+    return total
 
 
 def top_frames(raw: str, k: int = 15) -> list[tuple[str, float, float]]:
@@ -107,9 +122,10 @@ def main(argv: list[str] | None = None) -> int:
                      "--format", "raw", "--rate", "200", "--duration",
                      str(int(args.steady)), "--output", args.profile, "--nonblocking"],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            got.update(t0=time.monotonic(), c0=cpu_seconds([tpid]))
+            got.update(t0=time.monotonic(), c0=cpu_seconds([tpid]), w0=sleeps(tpid))
             time.sleep(max(0.0, win[1] - time.monotonic()))
-            got.update(t1=time.monotonic(), c1=cpu_seconds([tpid]), rss=rss_bytes([tpid]))
+            got.update(t1=time.monotonic(), c1=cpu_seconds([tpid]), rss=rss_bytes([tpid]),
+                       w1=sleeps(tpid))
             if spy is not None:
                 spy.wait(30)
 
@@ -122,18 +138,21 @@ def main(argv: list[str] | None = None) -> int:
     live = s["completed"] or args.n
     us = cpu / (live * 50) * 1e6
     loss = s["loss"]
+    wakes = (got["w1"] - got["w0"]) / (got["t1"] - got["t0"])
     print(f"agent {args.agent} n {args.n}: transceiver cpu {100 * cpu:.1f} % "
           f"({us:.0f} µs/pkt, ~{live / cpu if cpu else 0:.0f} sessions/core by CPU), "
           f"loss {'-' if loss is None else f'{100 * loss:.2f} %'}, "
           f"rtt p50/p99 {s['rtt_p50_ms']}/{s['rtt_p99_ms']} ms, failed {s['failed']}, "
           f"loadgen cpu {100 * s['loadgen_cpu_s'] / max(s['wall_s'], 1e-9):.0f} %, "
-          f"rss {got['rss'] / 2**20:.0f} MiB", flush=True)
+          f"rss {got['rss'] / 2**20:.0f} MiB, wake-ups {wakes:.0f}/s "
+          f"({wakes / (live * 50) if live else 0:.2f} per packet)", flush=True)
     if args.profile and Path(args.profile).exists():
         print(f"{'self %':>7} {'total %':>7}  function (py-spy, {args.profile})")
         for f, sp, tp in top_frames(Path(args.profile).read_text()):
             print(f"{sp:>7.1f} {tp:>7.1f}  {f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"cpu": cpu, "us_per_packet": us,
+                                               "wakeups_per_s": wakes,
                                                "summary": s}, indent=1))
     return 0
 
