@@ -182,7 +182,8 @@ class Transceiver:
     def send(self, data: bytes, addr: Addr) -> None:
         queued = self._queued
         if queued is not None:
-            queued.append((data, 0, 0, addr))
+            # send_batch takes bytes headers only; sessions always pass bytes.
+            queued.append((data if type(data) is bytes else bytes(data), 0, 0, addr))
             return
         try:
             self.sock.sendto(data, addr)
