@@ -209,6 +209,11 @@ class SignalingState:
         self._live: dict[str, SessionRecord] = {}
         self._purged_at = -math.inf
         self.assigned: dict[int, int] = dict.fromkeys(self.transceivers, 0)
+        # Creates sent to each transceiver and not answered yet. A burst of POSTs (20 callers
+        # at once) is placed before any answer comes back: counted only once answered, every
+        # one of them saw the same loads and went to the same transceiver, which then set up
+        # all 20 on its one core while the other idled (docs/performance.md, "Setup time").
+        self.placing: dict[int, int] = dict.fromkeys(self.transceivers, 0)
         self.setup_hist = {step: Histogram() for step in SETUP_STEPS}
         self.sessions_lost = 0
         self.http_responses: dict[int, int] = {}
@@ -287,10 +292,12 @@ class SignalingState:
 
     def pick_order(self) -> list[int]:
         """Live transceivers, least loaded first (then fewest ever assigned, so equal loads
-        alternate)."""
+        alternate). A create still in flight counts as load: concurrent POSTs spread."""
         live = [k for k, ep in self.transceivers.items() if ep.up]
         active = self.active_counts()
-        return sorted(live, key=lambda k: (active.get(k, 0), self.assigned.get(k, 0), k))
+        placing = self.placing
+        return sorted(live, key=lambda k: (active.get(k, 0) + placing.get(k, 0),
+                                           self.assigned.get(k, 0), k))
 
     def _add(self, rec: SessionRecord) -> None:
         self.sessions[rec.id] = rec
@@ -376,6 +383,7 @@ class SignalingState:
                 "agent": agent,
                 "candidates": candidates,
             }
+            self.placing[k] = self.placing.get(k, 0) + 1
             try:
                 resp = await ep.client.request(req)
             except ControlError as exc:
@@ -383,6 +391,8 @@ class SignalingState:
                 ep.last_error = str(exc)
                 last = Problem(503, "no-transceiver", "no transceiver answered", {"Retry-After": "1"})
                 continue
+            finally:
+                self.placing[k] -= 1
             if not resp.get("ok"):
                 problem = from_control(resp)
                 if problem.status == 503:  # draining or full: another one may take it

@@ -3,7 +3,11 @@ forgets ended ones (oldest first) and never a live one, retention sweeps are rat
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+import trio
+import trio.testing
 
 from appliance.signaling import state as S
 
@@ -29,6 +33,40 @@ def test_pick_order_counts_live_sessions_only() -> None:
     recs[0].end_reason = recs[1].end_reason = "deleted"  # ended outside the index's sight
     recs[2].last = {"state": "ended"}  # seen ended by a poll, not yet marked
     assert st.active_counts() == {1: 1}
+    assert st.pick_order() == [0, 1]
+
+
+class _HeldTransceiver:
+    """A control client whose creates are answered only when the test says so."""
+
+    def __init__(self, k: int, log: list[int], release: trio.Event) -> None:
+        self.k, self.log, self.release = k, log, release
+
+    async def request(self, req: dict[str, Any]) -> dict[str, Any]:
+        self.log.append(self.k)
+        await self.release.wait()
+        return {"ok": True, "answer": "v=0\r\n"}
+
+
+async def test_concurrent_creates_spread_over_transceivers() -> None:
+    """Regression: placement counted a session only once its transceiver had answered, so a
+    burst of concurrent POSTs (bench/setup_bench.py: 20 at once) all saw equal loads and all
+    went to the same transceiver, which set up every one on its single core while the other
+    idled. Creates in flight now count as load: 10 at once split 5/5, then alternate."""
+    st = _state([1000.0])
+    placed: list[int] = []
+    release = trio.Event()
+    for k, ep in st.transceivers.items():
+        ep.client = _HeldTransceiver(k, placed, release)  # type: ignore[assignment]
+    async with trio.open_nursery() as nursery:
+        for _ in range(10):
+            nursery.start_soon(st.create_session, "offer", None, None)
+        await trio.testing.wait_all_tasks_blocked()
+        assert sorted(placed) == [0] * 5 + [1] * 5
+        assert st.placing == {0: 5, 1: 5}
+        release.set()
+    assert st.placing == {0: 0, 1: 0}
+    assert st.active_counts() == {0: 5, 1: 5}
     assert st.pick_order() == [0, 1]
 
 
