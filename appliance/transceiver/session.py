@@ -168,10 +168,15 @@ class Session:
         self.opus_pt = answer.opus_pt
         self.passthrough = agent.passthrough
         self.jitter = JitterBuffer()
-        # Passthrough sessions never touch the codec: no libopus state to allocate.
-        self.decoder: Decoder | None = None if self.passthrough else OpusDecoder()
-        self.encoder: Encoder | None = (
-            None if self.passthrough else OpusEncoder(complexity=opus_complexity))
+        # Passthrough sessions never touch the codec: no libopus state to allocate. The
+        # others get theirs from run(), once the answer is on its way: the two libopus
+        # states cost ~0.1-0.3 ms, and made inside `create` they held up this answer and
+        # every create queued behind it on the control connection (a burst of POSTs is
+        # answered one after the other), while the caller still needs ~2 round trips of
+        # ICE and DTLS before the first frame arrives (docs/performance.md, "Setup time").
+        self._opus_complexity = opus_complexity
+        self._decoder: Decoder | None = None
+        self._encoder: Encoder | None = None
         self.packetizer = Packetizer(self.ssrc, self.opus_pt, early=EARLY)
         # The shared pacer (one task per transceiver); a session made without one runs its
         # own in its nursery.
@@ -206,6 +211,20 @@ class Session:
         self._cancel = trio.CancelScope()
         self._timer_lot = trio.lowlevel.ParkingLot()
         self._timer_at = math.inf
+
+    @property
+    def decoder(self) -> Decoder | None:
+        """The Opus decoder (None for passthrough), made on first use if run() has not yet."""
+        if self._decoder is None and not self.passthrough:
+            self._decoder = OpusDecoder()
+        return self._decoder
+
+    @property
+    def encoder(self) -> Encoder | None:
+        """The Opus encoder (None for passthrough), made on first use if run() has not yet."""
+        if self._encoder is None and not self.passthrough:
+            self._encoder = OpusEncoder(complexity=self._opus_complexity)
+        return self._encoder
 
     # -- snapshot for the control channel ------------------------------------------------
 
@@ -305,7 +324,9 @@ class Session:
                 if flow is not None:
                     self.media_flow = flow
                 self._mark("ice_nominated", now)
-                log.info("session %s nominated %s", self.id, redact(_fmt(ev.addr)))
+                # At debug: "connected" names the address a few ms later, and one log line
+                # fewer per setup is CPU off the setup path (docs/performance.md).
+                log.debug("session %s nominated %s", self.id, redact(_fmt(ev.addr)))
             elif isinstance(ev, ConsentExpired):
                 self.end("consent-expired")
             elif isinstance(ev, CheckReceived):
@@ -348,7 +369,10 @@ class Session:
         self._mark("dtls_done", now)
         self._next_rtcp = now + RTCP_INTERVAL * (0.5 + secrets.randbelow(1000) / 1000)
         self._poke_timer(self._next_rtcp)
-        log.info("session %s connected (%s, %s)", self.id, self.srtp_profile, self.cipher_suite)
+        flow = self.media_flow
+        log.info("session %s connected from %s (%s, %s)", self.id,
+                 redact(_fmt(flow.client)) if flow is not None else "-", self.srtp_profile,
+                 self.cipher_suite)
         self.host.push_event({"type": "session.started", "session_id": self.id,
                               "sample_rate": 48000, "frame_samples": 960})
         if self._nursery is not None and not self.passthrough and self._on_frame is None:
@@ -490,8 +514,9 @@ class Session:
                     self.rtt = rtt
                 self.remote_jitter = block.jitter / 48_000
                 self.remote_loss = block.fraction_lost / 256
-                if self.encoder is not None:  # more FEC in our packets when they get lost
-                    self.encoder.set_expected_loss(round(self.remote_loss * 100))
+                encoder = self.encoder
+                if encoder is not None:  # more FEC in our packets when they get lost
+                    encoder.set_expected_loss(round(self.remote_loss * 100))
 
     # -- output ----------------------------------------------------------------------------
 
@@ -658,6 +683,8 @@ class Session:
         """The session's tasks, until it ends. Never raises (except Cancelled)."""
         try:
             with self._cancel:
+                # The codec states, now that `create` has answered (see __init__).
+                _ = self.decoder, self.encoder
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
                     nursery.start_soon(self._timer_loop)
