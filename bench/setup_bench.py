@@ -103,7 +103,8 @@ async def http_rounds(url: str, *, concurrent: int, n_rounds: int
 
 
 async def rounds(url: str, *, concurrent: int, n_rounds: int, hold: float,
-                 agent: str | None) -> tuple[list[float], list[float], list[str]]:
+                 agent: str | None, false_start: bool = False,
+                 ) -> tuple[list[float], list[float], list[str]]:
     # Encoded once and one DTLS certificate for every round, as a browser keeps its own:
     # neither belongs in the setup CPU or time we measure.
     stream = encode_tone()
@@ -116,7 +117,7 @@ async def rounds(url: str, *, concurrent: int, n_rounds: int, hold: float,
         # rate so high that every session of the round is started in the same instant
         report = await run_load(
             LoadConfig(url, sessions=concurrent, rate=1e6, duration=hold, agent=agent,
-                       drain=0.1),
+                       drain=0.1, false_start=false_start),
             stream=stream, certificate=certificate)
         for s in report.sessions:
             if s.failure:
@@ -159,10 +160,10 @@ async def server_timelines(url: str) -> dict[str, list[float]]:
 
 
 async def measure(url: str, *, concurrent: int, n_rounds: int, hold: float,
-                  agent: str | None) -> tuple[list[float], list[float], list[str],
-                                              dict[str, list[float]]]:
+                  agent: str | None, false_start: bool = False,
+                  ) -> tuple[list[float], list[float], list[str], dict[str, list[float]]]:
     conn, echo, fails = await rounds(url, concurrent=concurrent, n_rounds=n_rounds, hold=hold,
-                                     agent=agent)
+                                     agent=agent, false_start=false_start)
     return conn, echo, fails, await server_timelines(url)
 
 
@@ -200,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agent", default=None)
     p.add_argument("--transceivers", type=int, default=2,
                    help="transceivers of the appliance started here (default 2, as `up`)")
+    p.add_argument("--false-start", action="store_true",
+                   help="the client uses DTLS False Start (RFC 7918; browsers do not)")
     p.add_argument("--http-only", action="store_true",
                    help="POST then DELETE only (no ICE/DTLS/media): signaling's share")
     args = p.parse_args(argv)
@@ -209,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine()}")
     print("load average at start: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     print(f"{args.rounds} rounds × {args.concurrent} concurrent setups, loopback"
+          + (", client DTLS False Start" if args.false_start else "")
           + ("" if args.url else f", appliance with {args.transceivers} transceiver(s)") + "\n")
     print(f"{'server':<12} {'n':>4} {'connected p50':>14} {'p99':>7} {'first echo p50':>15} "
           f"{'p99':>7}  failures")
@@ -237,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             me = _self_cpu()
             conn, echo, fails, steps = trio.run(lambda u=url: measure(
                 u, concurrent=args.concurrent, n_rounds=args.rounds, hold=args.hold,
-                agent=args.agent))
+                agent=args.agent, false_start=args.false_start))
             n = args.rounds * args.concurrent
             used = {role: (cpu_seconds(pids) - before[role]) / n for role, pids in roles.items()}
             used["client (this process)"] = (_self_cpu() - me) / n

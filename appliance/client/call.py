@@ -191,10 +191,11 @@ async def open_call(
     verify_tls: bool = True,
     connect_timeout: float = 10.0,
     queue: int = 500,
+    false_start: bool = False,
 ) -> AsyncIterator[Call]:
     started = trio.current_time()
     cert = certificate or Certificate.generate(trio.current_time())
-    peer = ClientPeer(cert, srtp_profiles=srtp_profiles)
+    peer = ClientPeer(cert, srtp_profiles=srtp_profiles, false_start=false_start)
     headers = {"Content-Type": "application/sdp"}
     if token:
         headers["Authorization"] = f"Bearer {token}"

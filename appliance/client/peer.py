@@ -8,6 +8,11 @@ fingerprint, and an :class:`~appliance.proto.srtp.SrtpSession` keyed from the DT
 Flow: ``offer()`` → (HTTP) → ``accept_answer(text, now)`` → ICE check to the answer's first
 candidate → on success the DTLS client starts → ``Connected`` → ``send_rtp``/``RtpReceived``.
 
+With ``false_start=True`` (RFC 7918; off by default, browsers do not do it for DTLS-SRTP)
+the call counts as connected, and media may flow, once our DTLS Finished is sent rather
+than once the server's arrives: half a round trip earlier for the first packet, a whole one
+for its echo. Only when we are the DTLS client; a bad server Finished still fails the call.
+
 Against a full-ICE answerer (aiortc, a browser) two more things happen, both handled here:
 the answerer sends its own checks, which are answered (RFC 8445 §7.3; it learns our address
 as peer-reflexive, §7.3.1.3, since the offer carries no candidates), and it may answer
@@ -21,7 +26,13 @@ import secrets
 from collections import deque
 from dataclasses import dataclass
 
-from appliance.proto.dtls import Certificate, DtlsConnection, HandshakeComplete, Role
+from appliance.proto.dtls import (
+    Certificate,
+    DtlsConnection,
+    FalseStart,
+    HandshakeComplete,
+    Role,
+)
 from appliance.proto.dtls import ConnectionClosed as DtlsClosed
 from appliance.proto.dtls import State as DtlsState
 from appliance.proto.errors import RemoteProtocolError
@@ -50,7 +61,8 @@ OPUS_PT = 111
 
 @dataclass(frozen=True, slots=True)
 class Connected:
-    """ICE and DTLS are up and SRTP is keyed; ``setup`` is seconds since ``accept_answer``."""
+    """ICE and DTLS are up and SRTP is keyed; ``setup`` is seconds since ``accept_answer``.
+    With ``false_start``: our DTLS Finished is sent (the server's may still be on its way)."""
 
     srtp_profile: SrtpProfile
     setup: float
@@ -86,6 +98,7 @@ class ClientPeer:
         *,
         rng: random.Random | None = None,
         srtp_profiles: tuple[SrtpProfile, ...] | None = None,
+        false_start: bool = False,
     ) -> None:
         self._rng = rng or random.Random(secrets.randbits(64))
         self.certificate = certificate
@@ -94,6 +107,7 @@ class ClientPeer:
         self.ssrc = self._rng.getrandbits(32)
         self._seq = self._rng.getrandbits(16)
         self._srtp_profiles = srtp_profiles
+        self._false_start = false_start
         self.ice: IceClient | None = None
         self.dtls: DtlsConnection | None = None
         self.srtp: SrtpSession | None = None
@@ -173,6 +187,7 @@ class ClientPeer:
             remote_fingerprints=[str(fp) for fp in fps],
             srtp_profiles=self._srtp_profiles or DEFAULT_SRTP_PROFILES,
             initial_retransmit=0.1,  # loopback and LAN: browsers retransmit after ~50 ms too
+            false_start=self._false_start and self.dtls_role is Role.CLIENT,
         )
         self.ice.start(now)
         self._pump(now)
@@ -297,7 +312,9 @@ class ClientPeer:
                 self._fail("ICE consent expired")
         self._drain_dtls()
         while (dev := dtls.poll_event()) is not None:
-            if isinstance(dev, HandshakeComplete):
+            if isinstance(dev, HandshakeComplete | FalseStart):
+                if self.srtp is not None:
+                    continue  # keyed at False Start already: the keys do not change
                 profile = dev.srtp_profile
                 if profile is None:
                     self._fail("DTLS did not negotiate SRTP")

@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rtt", choices=("auto", "tag", "onset"), default="auto",
                         help="echo round-trip method: tags in Opus padding (passthrough "
                              "servers), tone onset (re-encoding servers), or auto (default)")
+    parser.add_argument("--false-start", action="store_true",
+                        help="DTLS False Start (RFC 7918): send media from our Finished on, "
+                             "half a round trip early (browsers do not; off by default)")
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="write the full report (summary + per session) as JSON; '-' = stdout")
     parser.add_argument("--progress", action="store_true",
@@ -49,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         url=args.url, sessions=args.sessions, rate=args.rate, duration=args.duration,
         agent=args.agent, token=args.token, insecure=args.insecure,
         connect_timeout=args.connect_timeout, drain=args.drain, rtt=args.rtt,
+        false_start=args.false_start,
     )
     tty = sys.stderr.isatty()
     progress = stderr_progress(tty) if (tty or args.progress) else None

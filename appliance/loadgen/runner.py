@@ -60,6 +60,9 @@ class LoadConfig:
     connect_timeout: float = 10.0
     drain: float = 0.5  # after the last packet, how long to wait for the echo's tail
     rtt: str = "auto"  # "auto" (tags if they come back, else onset), "tag" or "onset"
+    # RFC 7918 DTLS False Start: media from our Finished on, not the server's (browsers do
+    # not do this for DTLS-SRTP, so it is off unless asked for; see appliance/client/peer.py).
+    false_start: bool = False
 
 
 class _Live:
@@ -133,6 +136,7 @@ class LoadGenerator:
         async with open_call(
             cfg.url, agent=cfg.agent, token=cfg.token, certificate=self.certificate,
             verify_tls=not cfg.insecure, connect_timeout=cfg.connect_timeout,
+            false_start=cfg.false_start,
         ) as call:
             setup.deadline = math.inf  # connected: the call runs its course
             res.setup_answer = call.timeline.answer

@@ -64,15 +64,18 @@ class MiniServer:
                     self.dtls.export_keying_material, ev.srtp_profile, "server")
 
 
-def run_call(profile: SrtpProfile, *, loss: float, seed: int) -> tuple[ClientPeer, list[object]]:
+def run_call(profile: SrtpProfile, *, loss: float, seed: int, false_start: bool = False,
+             ) -> tuple[ClientPeer, list[object]]:
+    """Each loop turn is one round trip: what the client sent reaches the server, and what
+    the server sent back reaches the client. Events are tagged with the turn they came in."""
     rng = random.Random(seed)
     now = 1000.0
-    peer = ClientPeer(Certificate.generate(now), rng=random.Random(seed))
+    peer = ClientPeer(Certificate.generate(now), rng=random.Random(seed), false_start=false_start)
     server = MiniServer(peer.offer(), now, srtp_profiles=(profile,))
     peer.accept_answer(server.answer.text, now)
     events: list[object] = []
     sent_media = False
-    for _ in range(4000):
+    for turn in range(4000):
         while (t := peer.poll_transmit()) is not None:
             if rng.random() >= loss:
                 server.handle(now, t[0], CLIENT)
@@ -82,6 +85,7 @@ def run_call(profile: SrtpProfile, *, loss: float, seed: int) -> tuple[ClientPee
         server.out.clear()
         while (ev := peer.poll_event()) is not None:
             events.append(ev)
+            TURN[id(ev)] = turn
             if isinstance(ev, Connected) and not sent_media:
                 sent_media = True
                 for i in range(10):
@@ -96,6 +100,9 @@ def run_call(profile: SrtpProfile, *, loss: float, seed: int) -> tuple[ClientPee
         server.ice.handle_timeout(now)
         server.pump()
     return peer, events
+
+
+TURN: dict[int, int] = {}  # id(event) -> the round trip it arrived in
 
 
 @pytest.mark.parametrize("profile", [SrtpProfile.AES128_CM_HMAC_SHA1_80,
@@ -137,3 +144,29 @@ def test_wrong_server_fingerprint_fails() -> None:
         peer.handle_timeout(now)
     assert any(isinstance(e, Failed) for e in events)
     assert not any(isinstance(e, Connected) for e in events)
+
+
+@pytest.mark.parametrize("profile", [SrtpProfile.AES128_CM_HMAC_SHA1_80,
+                                     SrtpProfile.AEAD_AES_128_GCM])
+def test_false_start_echoes_one_round_trip_sooner(profile: SrtpProfile) -> None:
+    """RFC 7918 (opt-in): media goes out right behind our DTLS Finished, so the server,
+    keyed by that Finished, echoes the first packet in the same round trip as its own
+    Finished: the first echo comes one round trip sooner (ICE, DTLS x2, echo: 4 -> 3),
+    with the same packets and a single Connected."""
+    firsts = {}
+    for fs in (False, True):
+        peer, events = run_call(profile, loss=0.0, seed=1, false_start=fs)
+        assert sum(isinstance(e, Connected) for e in events) == 1
+        echoed = [e for e in events if isinstance(e, RtpReceived)]
+        assert [e.packet.payload for e in echoed] == [bytes([i]) * 40 for i in range(10)]
+        assert peer.srtp_errors == 0
+        assert peer.dtls is not None and peer.dtls.state.value == "established"
+        firsts[fs] = TURN[id(echoed[0])]
+    assert firsts == {False: 3, True: 2}  # turns counted from 0
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_false_start_survives_loss(seed: int) -> None:
+    _, events = run_call(SrtpProfile.AEAD_AES_128_GCM, loss=0.2, seed=seed, false_start=True)
+    assert sum(isinstance(e, Connected) for e in events) == 1
+    assert not any(isinstance(e, Failed) for e in events)

@@ -103,6 +103,20 @@ async def test_passthrough_echo_is_measured_with_tags(stream: ToneStream) -> Non
     assert summary["rtt_method"] == "tag"
 
 
+async def test_false_start_calls_echo_over_real_sockets(stream: ToneStream) -> None:
+    """--false-start (RFC 7918, opt-in): media from our Finished on; the server, keyed by
+    that Finished, gets every packet (none arrives before its keys) and echoes them all."""
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_passthrough)
+        report = await run_load(LoadConfig(url, sessions=2, rate=20, duration=0.5,
+                                           false_start=True), stream=stream)
+        nursery.cancel_scope.cancel()
+    summary = report.summary()
+    assert summary["failed"] == 0, summary["failures"]
+    for s in report.sessions:
+        assert s.rtt_method == "tag" and s.sent >= 20 and s.echoed == s.sent
+
+
 async def test_4xx_is_a_failure_with_the_status(stream: ToneStream) -> None:
     async def refuse(method: str, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
         return 415, {}, b"unsupported-codec"

@@ -21,6 +21,12 @@ What is implemented, and where the rules come from:
 * Records: epochs 0 and 1 only, 64-entry anti-replay window (§4.1.2.6), invalid records
   silently dropped (§4.1.2.7), next-epoch records buffered until keys exist (§4.1).
 * Exporter: RFC 5705 for DTLS-SRTP keying (RFC 5764 §4.2).
+* False Start (RFC 7918), client role, opt-in (``false_start=True``): once flight 5 is out
+  the client's keys are final, so :class:`FalseStart` is emitted and the exporter answers
+  before the server's Finished arrives; the caller may send SRTP half a round trip earlier.
+  §3's conditions hold by construction: every suite here is ECDHE with an AEAD cipher, and
+  the server's certificate (fingerprint) and ServerKeyExchange signature are verified
+  before flight 5 is sent. A bad or missing server Finished still fails the handshake.
 
 Deliberately omitted: session resumption and tickets (WebRTC never resumes),
 renegotiation (refused with a no_renegotiation warning), compression, non-AEAD suites,
@@ -203,6 +209,16 @@ class HandshakeComplete:
 
 
 @dataclass(frozen=True, slots=True)
+class FalseStart:
+    """Client with ``false_start``: flight 5 is sent and the keys are final (RFC 7918); the
+    exporter works from now on. :class:`HandshakeComplete` follows with the server's Finished."""
+
+    srtp_profile: SrtpProfile | None
+    cipher_suite: CipherSuite
+    peer_fingerprint: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class ApplicationData:
     data: bytes
 
@@ -216,7 +232,7 @@ class ConnectionClosed:
     reason: str = ""
 
 
-Event = HandshakeComplete | ApplicationData | ConnectionClosed
+Event = HandshakeComplete | FalseStart | ApplicationData | ConnectionClosed
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +290,7 @@ class DtlsConnection:
         initial_retransmit: float = DEFAULT_INITIAL_RTO,
         max_retransmissions: int = 10,
         rng: Callable[[int], bytes] = os.urandom,
+        false_start: bool = False,
     ) -> None:
         if remote_fingerprints is not None:
             if not remote_fingerprints:
@@ -288,6 +305,8 @@ class DtlsConnection:
             raise LocalProtocolError("mtu below 256 cannot carry the handshake")
         if cookie_secret is not None and role is not Role.SERVER:
             raise LocalProtocolError("cookies are a server feature")
+        if false_start and role is not Role.CLIENT:
+            raise LocalProtocolError("False Start is a client feature (RFC 7918)")
         self.role = role
         self.certificate = certificate
         self.mtu = mtu
@@ -301,6 +320,7 @@ class DtlsConnection:
         self._initial_rto = initial_retransmit
         self._max_retransmissions = max_retransmissions
         self._rng = rng
+        self._false_start = false_start
 
         self.state = State.CLIENT_IDLE if role is Role.CLIENT else State.SERVER_WAIT_CLIENT_HELLO
         self._reassembler = Reassembler(max_handshake_buffer)
@@ -472,11 +492,9 @@ class DtlsConnection:
 
     def export_keying_material(self, label: bytes, length: int) -> bytes:
         """RFC 5705 §4 exporter without context, e.g. ``b"EXTRACTOR-dtls_srtp"``."""
-        if (
-            self._master_secret is None
-            or self._suite is None
-            or self.state is not State.ESTABLISHED
-        ):
+        ready = self.state is State.ESTABLISHED or (
+            self._false_start and self.state is State.CLIENT_WAIT_FINISHED)
+        if self._master_secret is None or self._suite is None or not ready:
             raise LocalProtocolError("keying material is available once the handshake completes")
         if label in _RESERVED_LABELS:
             raise LocalProtocolError(f"label {label!r} is reserved (RFC 5705 §4)")
@@ -652,6 +670,14 @@ class DtlsConnection:
             raise DtlsError(f"{self._type_name(msg.msg_type)} refused", hint=alert)
         if flight is not None:
             self._send_new_flight(now, flight)
+            if self._false_start and self.state is State.CLIENT_WAIT_FINISHED:
+                # Flight 5 is queued (only it moves a client here with a flight): RFC 7918
+                # §3, our keys are final and the server is authenticated (certificate
+                # against the SDP fingerprint, ServerKeyExchange signature), so the caller
+                # may send from now on; anything it sends goes out behind our Finished.
+                assert self._suite is not None
+                self._events.append(FalseStart(self._srtp_profile, self._suite,
+                                               self._peer_fingerprint))
 
     @staticmethod
     def _type_name(msg_type: int) -> str:

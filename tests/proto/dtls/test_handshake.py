@@ -10,6 +10,7 @@ from appliance.proto.dtls import (
     CipherSuite,
     ConnectionClosed,
     DtlsConnection,
+    FalseStart,
     HandshakeComplete,
     NamedGroup,
     Role,
@@ -281,3 +282,79 @@ def test_sha1_and_sha512_fingerprints_are_accepted() -> None:
     pair.run()
     c = pair.completed("client")
     assert c is not None and c.peer_fingerprint == fingerprint_of(der, "sha-1")
+
+
+def _false_start_pair() -> Pair:
+    client = DtlsConnection(Role.CLIENT, cert("client"),
+                            remote_fingerprints=[cert("server").fingerprint], false_start=True)
+    return Pair(client=client)
+
+
+def test_false_start_keys_the_client_before_the_server_finished() -> None:
+    """RFC 7918: with ``false_start`` the client's exporter works as soon as flight 5 is
+    queued, gives the keys the server derives from that flight, and the ordinary
+    HandshakeComplete still follows the server's Finished (flight 6)."""
+    pair = _false_start_pair()
+    pair.client.start(pair.now)
+    pair.server.handle_datagram(pair.now, pair.client.poll_transmit() or b"")
+    flight4 = pair.server.poll_transmit()
+    assert flight4 is not None
+    with pytest.raises(LocalProtocolError):
+        pair.client.export_keying_material(LABEL, 60)  # not before flight 5
+    pair.client.handle_datagram(pair.now, flight4)
+    assert pair.client.state is State.CLIENT_WAIT_FINISHED
+    flight5 = pair.client.poll_transmit()
+    assert flight5 is not None
+    event = pair.client.poll_event()
+    assert isinstance(event, FalseStart) and event.srtp_profile is not None
+    assert event.peer_fingerprint == cert("server").fingerprint
+    assert pair.client.poll_event() is None  # not complete yet
+    early = pair.client.export_keying_material(LABEL, 60)
+    pair.server.handle_datagram(pair.now, flight5)
+    assert pair.server.state is State.ESTABLISHED
+    assert pair.server.export_keying_material(LABEL, 60) == early
+    flight6 = pair.server.poll_transmit()
+    assert flight6 is not None
+    pair.client.handle_datagram(pair.now, flight6)
+    done = pair.client.poll_event()
+    assert isinstance(done, HandshakeComplete) and done.srtp_profile == event.srtp_profile
+    assert pair.client.export_keying_material(LABEL, 60) == early
+
+
+def test_false_start_still_fails_on_a_bad_server_finished() -> None:
+    """False Start sends early, it does not trust early: a flight 6 that is not this
+    server's (here another handshake's: its Finished is under other keys) is dropped, and
+    the client stays waiting for the real one instead of reporting HandshakeComplete."""
+    pair = _false_start_pair()
+    pair.client.start(pair.now)
+    pair.server.handle_datagram(pair.now, pair.client.poll_transmit() or b"")
+    pair.client.handle_datagram(pair.now, pair.server.poll_transmit() or b"")
+    assert isinstance(pair.client.poll_event(), FalseStart)
+    # A different server's flight 6: same keys are impossible, so its records fail to
+    # decrypt and are dropped; the client keeps waiting, retransmits, and never completes.
+    other = make_pair()
+    other.run()
+    pair.client.handle_datagram(pair.now, bytes(other.server.poll_transmit() or b""))
+    assert pair.client.state is State.CLIENT_WAIT_FINISHED
+    assert not any(isinstance(e, HandshakeComplete) for e in iter(pair.client.poll_event, None))
+
+
+def test_false_start_handshake_over_a_terrible_network() -> None:
+    """The early event comes once, even with flight 5 retransmitted many times."""
+    for seed in range(5):
+        pair = _false_start_pair()
+        pair.network = Network(loss=0.3, duplicate=0.3, reorder=0.5, seed=seed)
+        pair.run()
+        assert_complete(pair)
+        starts = [e for e in pair.events["client"] if isinstance(e, FalseStart)]
+        assert len(starts) == 1
+        assert pair.events["client"].index(starts[0]) < pair.events["client"].index(
+            next(e for e in pair.events["client"] if isinstance(e, HandshakeComplete)))
+
+
+def test_false_start_is_client_only_and_off_by_default() -> None:
+    with pytest.raises(LocalProtocolError):
+        DtlsConnection(Role.SERVER, cert("server"), remote_fingerprints=None, false_start=True)
+    pair = make_pair()
+    pair.run()
+    assert not any(isinstance(e, FalseStart) for e in pair.events["client"])
