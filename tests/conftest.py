@@ -7,6 +7,8 @@ its time budget; ``deep`` (HYPOTHESIS_PROFILE=deep) is for long fuzzing sessions
 from __future__ import annotations
 
 import os
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,3 +31,13 @@ VECTORS = REPO / "tests" / "vectors"
 def vectors() -> Path:
     """Directory of captured protocol bytes (see tests/vectors/README.md)."""
     return VECTORS
+
+
+@pytest.fixture
+def relay_sock() -> Iterator[socket.socket]:
+    """A non-blocking UDP socket on 127.0.0.1 for a test that plays the relay in front of a
+    transceiver (PROXY v2 header + client datagram)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.setblocking(False)
+        yield s

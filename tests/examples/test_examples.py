@@ -31,14 +31,6 @@ CANDIDATES = [["198.51.100.1", 3478]]
 SILENCE = bytes(FRAME_BYTES)
 
 
-@pytest.fixture
-def relay_sock() -> Iterator[socket.socket]:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        s.setblocking(False)
-        yield s
-
-
 @asynccontextmanager
 async def call(agent: str, sock: socket.socket, tmp: Path) -> AsyncIterator[Caller]:
     config = TransceiverConfig(id=1, secrets=SECRETS, listen=("127.0.0.1", 0),

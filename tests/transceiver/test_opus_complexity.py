@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -97,14 +96,6 @@ def test_up_passes_the_complexity_to_every_transceiver(tmp_path: Path) -> None:
     args = parser.parse_args(argv[argv.index("transceiver") + 1 :])
     resolve(args, {}, "transceiver", cli.DEFAULTS)
     assert cli.build_config(args, SECRETS).opus_complexity == 8
-
-
-@pytest.fixture
-def relay_sock() -> Iterator[socket.socket]:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        s.setblocking(False)
-        yield s
 
 
 async def test_sessions_of_a_transceiver_encode_at_its_complexity(

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +18,6 @@ from appliance.transceiver.opus import OpusEncoder
 from appliance.transceiver.server import TransceiverAddresses, TransceiverConfig, serve_transceiver
 
 SECRETS = (b"routing-secret-for-tests-0123456",)
-
-
-@pytest.fixture
-def relay_sock() -> Iterator[socket.socket]:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        s.setblocking(False)
-        yield s
 
 
 class _Counting:

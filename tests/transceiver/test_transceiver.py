@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import socket
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +47,6 @@ async def transceiver(tmp_path: Path, request: pytest.FixtureRequest
         addrs: TransceiverAddresses = await nursery.start(serve_transceiver, config)
         yield addrs
         nursery.cancel_scope.cancel()
-
-
-@pytest.fixture
-def relay_sock() -> Iterator[socket.socket]:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        s.setblocking(False)
-        yield s
 
 
 async def ctl(addrs: TransceiverAddresses, **req: Any) -> dict[str, Any]:
