@@ -53,6 +53,16 @@ def _server() -> DtlsConnection:
                           remote_fingerprints=[cert("client").fingerprint])
 
 
+def _client_hello() -> tuple[DtlsConnection, bytes]:
+    """A started client and its first datagram (the ClientHello)."""
+    client = DtlsConnection(Role.CLIENT, cert("client"),
+                            remote_fingerprints=[cert("server").fingerprint])
+    client.start(NOW)
+    hello = client.poll_transmit()
+    assert hello is not None
+    return client, hello
+
+
 def test_cookies_switched_on_after_creation_cost_one_round_trip() -> None:
     """A server made without cookies, switched on before the ClientHello (what the
     transceiver does under load): the client gets a HelloVerifyRequest, echoes the cookie,
@@ -71,11 +81,7 @@ def test_cookie_bound_to_another_address_is_refused() -> None:
     context between the HelloVerifyRequest and the echo makes the server ask again."""
     server = _server()
     server.require_cookies(b"k" * 32, b"127.0.0.1:5000")
-    client = DtlsConnection(Role.CLIENT, cert("client"),
-                            remote_fingerprints=[cert("server").fingerprint])
-    client.start(NOW)
-    hello = client.poll_transmit()
-    assert hello is not None
+    client, hello = _client_hello()
     server.handle_datagram(NOW, hello)
     hvr = server.poll_transmit()
     assert hvr is not None and server.counters.hello_verify_requests == 1
@@ -103,11 +109,7 @@ def test_a_flood_of_repeated_client_hellos_does_not_retransmit_each_time() -> No
     answered it made the server re-send its whole flight (~1 kB, an amplifier and a CPU
     cost per datagram); now at most once per DUP_RETRANSMIT_INTERVAL."""
     server = _server()
-    client = DtlsConnection(Role.CLIENT, cert("client"),
-                            remote_fingerprints=[cert("server").fingerprint])
-    client.start(NOW)
-    hello = client.poll_transmit()
-    assert hello is not None
+    client, hello = _client_hello()
     server.handle_datagram(NOW, hello)
     while server.poll_transmit() is not None:
         pass
