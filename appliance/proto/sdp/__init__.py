@@ -2,7 +2,7 @@
 
 * :mod:`.parse` — ``parse_offer_untrusted`` (RFC 8866 and the WebRTC attribute RFCs) and
   ``parse_sdpfrag_untrusted`` (RFC 8840 trickle-ice-sdpfrag, WHIP PATCH bodies).
-* :mod:`.answer` — ``choose_audio`` / ``build_answer`` (RFC 3264, RFC 8829 §5.3) and
+* :mod:`.answer` — ``choose_audio`` / ``choose_application`` / ``build_answer`` (RFC 3264, RFC 8829 §5.3) and
   ``build_sdpfrag_answer`` (RFC 9725 §4.4.1 ICE restart).
 * :mod:`.errors` — ``SdpError`` with the HTTP status to answer and a machine ``code``.
 
@@ -13,12 +13,17 @@ package never imports DTLS or SRTP (STYLE.md rule 8) and does no I/O.
 from __future__ import annotations
 
 from appliance.proto.sdp.answer import (
+    DATACHANNEL_FORMAT,
+    MAX_MESSAGE_SIZE,
     OPUS_FMTP,
+    SCTP_PORT,
     USABLE_HASHES,
     Answer,
+    ApplicationPlan,
     AudioPlan,
     build_answer,
     build_sdpfrag_answer,
+    choose_application,
     choose_audio,
     host_candidate_lines,
 )
@@ -49,12 +54,16 @@ from appliance.proto.sdp.parse import (
 
 __all__ = [
     "CODES",
+    "DATACHANNEL_FORMAT",
     "MAX_BYTES",
     "MAX_LINES",
+    "MAX_MESSAGE_SIZE",
     "MAX_MEDIA",
     "OPUS_FMTP",
+    "SCTP_PORT",
     "USABLE_HASHES",
     "Answer",
+    "ApplicationPlan",
     "AudioPlan",
     "Candidate",
     "Codec",
@@ -72,6 +81,7 @@ __all__ = [
     "SsrcAttribute",
     "build_answer",
     "build_sdpfrag_answer",
+    "choose_application",
     "choose_audio",
     "host_candidate_lines",
     "parse_candidate_untrusted",

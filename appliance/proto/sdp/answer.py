@@ -16,6 +16,9 @@ The answer is always the same shape (DESIGN.md "SDP answer")::
     a=rtpmap:<pt> opus/48000/2 / a=fmtp:<pt> minptime=10;useinbandfec=1
     a=msid / a=ssrc cname+msid                  <- only when we send
     a=candidate:... typ host (one per advertised address) / a=end-of-candidates
+    m=application <port> UDP/DTLS/SCTP webrtc-datachannel   <- only with datachannel=True
+    c= / a=mid / a=ice-* / a=fingerprint / a=setup   (the same transport as the audio)
+    a=sctp-port:5000 / a=max-message-size:262144 / candidates
     m=<other kinds> 0 ...                       <- rejected, echoed in order (RFC 3264 §6)
 
 Implemented: RFC 3264 §6 (answer m= lines in offer order; port 0 rejects), §6.1
@@ -23,8 +26,15 @@ Implemented: RFC 3264 §6 (answer m= lines in offer order; port 0 rejects), §6.
 RFC 8842 §5.3 (setup:passive, we are the DTLS server); RFC 8839 §5.1 candidates with
 RFC 8445 §5.1.2.1 priorities; RFC 7587 §7 Opus parameters; RFC 4733 telephone-event.
 
-Deliberately omitted: video, data channels (SCTP), more than one audio stream (all
-rejected with port 0); header extensions and RTCP feedback (none is useful for one
+Data channels (RFC 8841): with ``datachannel=True`` the first enabled application section
+is answered when it is ``UDP/DTLS/SCTP webrtc-datachannel`` (or ICE-TCP's
+``TCP/DTLS/SCTP``) and shares the audio's BUNDLE transport; we have one transport per call,
+so an unbundled one, another proto, or an ``a=sctp-port`` of 0 is refused with a 4xx that
+names it (RFC 8841 §5.2: an absent sctp-port means 5000; §6.1: an absent max-message-size
+means 64 KiB and 0 means no limit).
+
+Deliberately omitted: video, more than one audio or application stream (all rejected with
+port 0); header extensions and RTCP feedback (none is useful for one
 Opus stream: transport-cc needs a bandwidth estimator we do not run); TCP candidates;
 a=ice-options:trickle in the answer (an ICE-lite server has all its candidates up front).
 This module must not import DTLS or SRTP (STYLE.md rule 8): the fingerprint arrives as text.
@@ -60,6 +70,17 @@ USABLE_HASHES: Final = ("sha-256", "sha-384", "sha-512")
 SERVABLE_PROTOS: Final = frozenset(
     {"UDP/TLS/RTP/SAVPF", "UDP/TLS/RTP/SAVP", "RTP/SAVPF", "RTP/SAVP"}
 )
+
+#: RFC 8841 §4.1 proto values for SCTP over DTLS; TCP/DTLS/SCTP is ICE-TCP's (RFC 8841 §4.3).
+SCTP_PROTOS: Final = frozenset({"UDP/DTLS/SCTP", "TCP/DTLS/SCTP"})
+#: RFC 8841 §4.1 / RFC 8832: the only application format we serve.
+DATACHANNEL_FORMAT: Final = "webrtc-datachannel"
+#: Our SCTP port (RFC 8841 §5.2: any value works over DTLS; 5000 is what every browser uses).
+SCTP_PORT: Final = 5000
+#: The largest message we take (DESIGN.md "SDP answer": a=max-message-size:262144).
+MAX_MESSAGE_SIZE: Final = 262144
+#: RFC 8841 §6.1: what a peer can receive when it says nothing.
+DEFAULT_PEER_MAX_MESSAGE_SIZE: Final = 65536
 
 #: Our fmtp for Opus (RFC 7587 §6.1): we can take 10 ms packets and decode in-band FEC.
 OPUS_FMTP: Final = "minptime=10;useinbandfec=1"
@@ -104,6 +125,24 @@ class AudioPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class ApplicationPlan:
+    """The data-channel section we serve (RFC 8841), with the peer's SCTP parameters."""
+
+    section: MediaSection
+    sctp_port: int  # the peer's SCTP port (RFC 8841 §5.2; 5000 when absent)
+    #: The largest message the peer takes; 0 means no limit (RFC 8841 §6.1).
+    max_message_size: int
+
+    @property
+    def mid(self) -> str | None:
+        return self.section.mid
+
+    def can_send(self, size: int) -> bool:
+        """Whether a message of ``size`` bytes fits the peer's max-message-size."""
+        return self.max_message_size == 0 or size <= self.max_message_size
+
+
+@dataclass(frozen=True, slots=True)
 class Answer:
     """The answer text and the parameters chosen in it."""
 
@@ -117,6 +156,7 @@ class Answer:
     bundle_mids: tuple[str, ...]
     rtcp_rsize: bool
     plan: AudioPlan
+    application: ApplicationPlan | None = None  # the data-channel section, when answered
 
     @property
     def media_line(self) -> str:
@@ -210,6 +250,43 @@ def choose_audio(offer: Offer) -> AudioPlan:
     )
 
 
+def choose_application(offer: Offer, audio: AudioPlan) -> ApplicationPlan | None:
+    """The data-channel section to serve beside ``audio``, ``None`` when the offer has no
+    enabled application section, or :class:`SdpError` (422) when it has one we cannot serve.
+    """
+    apps = [
+        m for m in offer.media if m.kind is MediaKind.APPLICATION and (m.port != 0 or m.bundle_only)
+    ]
+    if not apps:
+        return None
+    m = apps[0]
+    if m.proto.upper() not in SCTP_PROTOS or DATACHANNEL_FORMAT not in m.formats:
+        raise SdpError(
+            "unsupported-application",
+            f"application m= section {m.index} is {m.proto} {' '.join(m.formats)}; "
+            f"UDP/DTLS/SCTP {DATACHANNEL_FORMAT} is required (RFC 8841)",
+        )
+    if m.sctp_port == 0:
+        raise SdpError(
+            "bad-sctp-port", f"application m= section {m.index}: a=sctp-port:0 is not a port"
+        )
+    # One ICE/DTLS transport per call: the data channel must ride the audio's (RFC 8843).
+    bundle = offer.bundle
+    if not (audio.bundled and m.mid is not None and m.mid in bundle):
+        raise SdpError(
+            "not-bundled",
+            f"application m= section {m.index} is not in the audio's BUNDLE group; the "
+            "server has one transport per call (a=group:BUNDLE with both mids)",
+        )
+    return ApplicationPlan(
+        section=m,
+        sctp_port=SCTP_PORT if m.sctp_port is None else m.sctp_port,
+        max_message_size=(
+            DEFAULT_PEER_MAX_MESSAGE_SIZE if m.max_message_size is None else m.max_message_size
+        ),
+    )
+
+
 def _check_ice(ice_ufrag: str, ice_pwd: str) -> None:
     if not 4 <= len(ice_ufrag) <= 256 or not _ICE_CHARS_RE.fullmatch(ice_ufrag):
         raise LocalProtocolError("ice_ufrag must be 4-256 ICE characters")
@@ -261,8 +338,10 @@ def build_answer(
     session_version: int = 1,
     msid_stream: str = "appliance",
     msid_track: str = "audio",
+    datachannel: bool = False,
 ) -> Answer:
-    """Answer ``offer``: serve its first usable audio section, reject everything else.
+    """Answer ``offer``: serve its first usable audio section and, with ``datachannel``,
+    its data-channel section on the same transport; reject everything else.
 
     Raises :class:`SdpError` (a ``RemoteProtocolError``) when the offer cannot be served,
     and ``LocalProtocolError`` when our own arguments are wrong.
@@ -280,10 +359,19 @@ def build_answer(
     cand_lines = host_candidate_lines(candidates)
 
     plan = choose_audio(offer)
+    app = choose_application(offer, plan) if datachannel else None
     audio = plan.section
     direction = plan.direction.reverse()
     addrtype, port, address = _default_address(candidates)
-    bundle = (audio.mid,) if plan.bundled and audio.mid is not None else ()
+    # RFC 8843 §7.3.1: the answer's group lists the accepted mids, in the offer's order.
+    accepted = {audio.mid} | ({app.mid} if app is not None else set())
+    bundle = tuple(mid for mid in offer.bundle if mid in accepted) if plan.bundled else ()
+    transport = [
+        f"a=ice-ufrag:{ice_ufrag}",
+        f"a=ice-pwd:{ice_pwd}",
+        f"a=fingerprint:{fingerprint}",
+        "a=setup:passive",
+    ]
 
     out = [
         "v=0",
@@ -297,6 +385,19 @@ def build_answer(
     te = plan.telephone_event
     pts = [plan.opus.pt] if te is None else [plan.opus.pt, te.pt]
     for m in offer.media:
+        if app is not None and m is app.section:
+            # RFC 8841 §5: the data channel shares the audio's transport (BUNDLE), so it
+            # repeats the same ICE/DTLS attributes and candidates, as browsers' answers do.
+            out.append(f"m=application {port} {m.proto} {DATACHANNEL_FORMAT}")
+            out.append(f"c=IN {addrtype} {address}")
+            if m.mid is not None:
+                out.append(f"a=mid:{m.mid}")
+            out += transport
+            out.append(f"a=sctp-port:{SCTP_PORT}")
+            out.append(f"a=max-message-size:{MAX_MESSAGE_SIZE}")
+            out += cand_lines
+            out.append("a=end-of-candidates")
+            continue
         if m is not audio:
             # RFC 3264 §6: a rejected stream keeps its place with port 0; RFC 8829
             # §5.3.1 keeps the mid so the offerer can match it.
@@ -309,14 +410,8 @@ def build_answer(
         out.append(f"c=IN {addrtype} {address}")
         if audio.mid is not None:
             out.append(f"a=mid:{audio.mid}")
-        out += [
-            f"a=ice-ufrag:{ice_ufrag}",
-            f"a=ice-pwd:{ice_pwd}",
-            f"a=fingerprint:{fingerprint}",
-            "a=setup:passive",
-            f"a={direction.value}",
-            "a=rtcp-mux",
-        ]
+        out += transport
+        out += [f"a={direction.value}", "a=rtcp-mux"]
         if audio.rtcp_rsize:
             out.append("a=rtcp-rsize")  # RFC 5506: we parse reduced-size RTCP anyway
         out.append(f"a=rtpmap:{plan.opus.pt} opus/48000/2")
@@ -342,6 +437,7 @@ def build_answer(
         bundle_mids=bundle,
         rtcp_rsize=audio.rtcp_rsize,
         plan=plan,
+        application=app,
     )
 
 

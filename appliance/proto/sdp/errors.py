@@ -37,6 +37,9 @@ CODES: Final[dict[str, int]] = {
     "no-ice-credentials": STATUS_UNSERVABLE,  # a=ice-ufrag / a=ice-pwd missing
     "bad-setup": STATUS_UNSERVABLE,  # a=setup:passive/holdconn: we are DTLS server only
     "no-rtcp-mux": STATUS_UNSERVABLE,  # we have one port: RTCP must be muxed (RFC 5761)
+    "unsupported-application": STATUS_UNSERVABLE,  # not UDP/DTLS/SCTP webrtc-datachannel
+    "bad-sctp-port": STATUS_UNSERVABLE,  # a=sctp-port:0
+    "not-bundled": STATUS_UNSERVABLE,  # data channel not on the audio's BUNDLE transport
 }
 
 

@@ -40,20 +40,22 @@ def _offer_and_answer(data: str | bytes) -> None:
         offer = parse_offer_untrusted(data)
     except SdpError:
         return
-    try:
-        a = build_answer(
-            offer,
-            ice_ufrag="abcd",
-            ice_pwd="p" * 22,
-            fingerprint="sha-256 " + ":".join(["AB"] * 32),
-            candidates=[("203.0.113.7", 3478), ("2001:db8::7", 3478)],
-            ssrc=1,
-            cname="c",
-            session_id=1,
-        )
-    except SdpError:
-        return
-    parse_offer_untrusted(a.text)  # our own answers always parse
+    for datachannel in (False, True):
+        try:
+            a = build_answer(
+                offer,
+                ice_ufrag="abcd",
+                ice_pwd="p" * 22,
+                fingerprint="sha-256 " + ":".join(["AB"] * 32),
+                candidates=[("203.0.113.7", 3478), ("2001:db8::7", 3478)],
+                ssrc=1,
+                cname="c",
+                session_id=1,
+                datachannel=datachannel,
+            )
+        except SdpError:
+            continue
+        parse_offer_untrusted(a.text)  # our own answers always parse
 
 
 def _frag(data: str | bytes) -> None:
