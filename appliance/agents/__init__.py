@@ -17,6 +17,14 @@ the bridge in :mod:`appliance.agents.ws`; the protocol is docs/agent-protocol.md
 
 from __future__ import annotations
 
+from .channels import (
+    ChannelClosed,
+    ChannelError,
+    ChannelEvent,
+    ChannelInfo,
+    ChannelMessage,
+    ChannelOpened,
+)
 from .context import (
     FRAME_BYTES,
     FRAME_SAMPLES,
@@ -40,6 +48,8 @@ from .registry import (
 from .vad import EnergyVad, level_dbfs
 
 __all__ = [
+    "ChannelClosed", "ChannelError", "ChannelEvent", "ChannelInfo", "ChannelMessage",
+    "ChannelOpened",
     "DEFAULT_AGENT", "FRAME_BYTES", "PASSTHROUGH", "FRAME_SAMPLES", "SAMPLE_RATE", "AgentContext",
     "AgentError", "AgentFn", "AgentHost", "AgentIdentity", "EnergyVad", "Frame",
     "ResolvedAgent", "SessionEnded", "level_dbfs", "register", "register_scheme", "resolve",

@@ -27,6 +27,12 @@ with :meth:`AgentContext.send_event`; ``{"type": "session.end", "reason": ...}``
 call. At most one ``stats`` event waits unread: a newer one replaces it (a snapshot is
 superseded, and an agent that never reads events must not make the session grow). The
 transceiver side of the object is :class:`AgentHost`.
+
+Data channels (RFC 8831) come beside the audio: :meth:`AgentContext.channel_events` yields
+typed, frozen ``ChannelOpened`` / ``ChannelMessage`` / ``ChannelClosed`` events, and
+:meth:`AgentContext.send_message` sends text (``str``) or binary (``bytes``) on a channel
+by id or label, waiting while the channel's unacknowledged bytes are above a high-water
+mark (the browser's ``bufferedAmount``). The bounds are in :mod:`appliance.agents.channels`.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
+
+from .channels import ChannelEvent, ChannelHub, ChannelInfo
 
 SAMPLE_RATE = 48_000
 FRAME_SAMPLES = 960
@@ -149,6 +157,55 @@ class AgentContext:
         self._host._event_out(event)
 
 
+    # -- data channels (appliance.agents.channels) -------------------------------------------
+
+    @property
+    def channels(self) -> dict[int, ChannelInfo]:
+        """The call's open data channels, by id (a snapshot is a ``dict(...)`` away)."""
+        return self._host.channels.channels
+
+    async def channel_events(self) -> AsyncGenerator[ChannelEvent, None]:
+        """Channel opened / message / closed events, in order, until the session ends."""
+        async for event in self._host.channels.events():
+            yield event
+
+    async def send_message(self, channel: int | str, data: str | bytes) -> None:
+        """Send one message (``str``: text, ``bytes``: binary) on a channel given by id or
+        label; waits while the channel's buffered amount is above the high-water mark."""
+        await self._host.channels.send(channel, data)
+
+    def send_message_nowait(self, channel: int | str, data: str | bytes) -> None:
+        """Send one message without waiting for buffer room (synchronous handlers)."""
+        self._host.channels.send_nowait(channel, data)
+
+    def open_channel(
+        self,
+        label: str,
+        *,
+        protocol: str = "",
+        ordered: bool = True,
+        max_retransmits: int | None = None,
+        max_packet_lifetime_ms: int | None = None,
+        negotiated_id: int | None = None,
+    ) -> ChannelInfo:
+        """Open a data channel to the caller (DCEP, or pre-negotiated with an id)."""
+        return self._host.channels.open(
+            label,
+            protocol=protocol,
+            ordered=ordered,
+            max_retransmits=max_retransmits,
+            max_packet_lifetime_ms=max_packet_lifetime_ms,
+            negotiated_id=negotiated_id,
+        )
+
+    def close_channel(self, channel: int | str) -> None:
+        self._host.channels.close_channel(channel)
+
+    def buffered_amount(self, channel: int | str) -> int:
+        """Bytes sent on the channel and not yet acknowledged by the caller."""
+        return self._host.channels.buffered_amount(channel)
+
+
 class AgentHost:
     """The transceiver's half of an agent session: queues both ways, no I/O of its own.
 
@@ -185,6 +242,8 @@ class AgentHost:
         self.events_dropped = 0
         self.events_coalesced = 0  # unread stats events replaced by a newer one
         self.interrupts = 0
+        #: The call's data channels; the transceiver sets ``channels.port`` once SCTP is up.
+        self.channels = ChannelHub()
 
     # -- inbound (network side) ----------------------------------------------------------
 
@@ -319,3 +378,4 @@ class AgentHost:
         self._events_lot.unpark_all()
         self._space_lot.unpark_all()
         self._out_lot.unpark_all()
+        self.channels.close()
