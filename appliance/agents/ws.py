@@ -10,6 +10,12 @@ too slowly the transceiver drops the oldest unsent frames (``input.dropped``), n
 queues without bound. Outbound audio goes into the session's bounded output queue (2 s);
 while it is full the bridge stops reading the socket, so TCP pushes back on the agent.
 
+Data channels (RFC 8831) travel as JSON text frames, since binary frames are audio:
+``channel.opened`` / ``channel.message`` / ``channel.closed`` to the agent, and
+``channel.send`` / ``channel.open`` / ``channel.close`` from it; binary messages are
+base64 in a ``binary`` field, text ones a ``text`` field. A channel operation that fails
+(no such channel, too large) answers ``channel.error`` and leaves the call alone.
+
 The call ends with a reason (``agent: …``) when the agent is unreachable
 (``unreachable: …``), does not accept in time (``timeout: …``), breaks the protocol
 (``protocol-error: …``), closes the socket (``closed[: its reason]``, after its queued
@@ -18,6 +24,8 @@ audio has played), drops it (``disconnected: CODE``) or hangs up (its ``reason``
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 from collections.abc import Callable
@@ -35,6 +43,7 @@ from trio_websocket import (
 )
 
 from ..logs import loggable_url
+from .channels import ChannelClosed, ChannelError, ChannelEvent, ChannelMessage, ChannelOpened
 from .context import FRAME_SAMPLES, SAMPLE_RATE, AgentContext, SessionEnded
 from .registry import AgentFn, register_scheme
 
@@ -175,6 +184,7 @@ class WsBridge:
             self._scope = nursery.cancel_scope
             nursery.start_soon(self._uplink, ctx, ws)
             nursery.start_soon(self._events, ctx, ws)
+            nursery.start_soon(self._channel_events, ctx, ws)
             await self._downlink(ctx, ws)
             nursery.cancel_scope.cancel()
 
@@ -216,6 +226,46 @@ class WsBridge:
                         return  # sent by _goodbye, shielded, once the session is cancelled
                     await ws.send_message(json.dumps(event))
 
+    async def _channel_events(self, ctx: AgentContext, ws: WebSocketConnection) -> None:
+        """Data-channel events → text frames (``channel.opened/message/closed``)."""
+        with _quietly_closed():
+            async with aclosing(ctx.channel_events()) as events:
+                async for event in events:
+                    await ws.send_message(json.dumps(channel_event_json(event)))
+
+    async def _channel_op(self, ctx: AgentContext, ws: WebSocketConnection,
+                          event: dict[str, Any]) -> None:
+        """``channel.send`` / ``channel.open`` / ``channel.close`` from the agent."""
+        kind = event["type"]
+        try:
+            if kind == "channel.open":
+                label = event.get("label")
+                if not isinstance(label, str):
+                    raise ProtocolError("channel.open needs a string 'label'")
+                info = ctx.open_channel(
+                    label,
+                    protocol=_opt(event, "protocol", str) or "",
+                    ordered=_opt(event, "ordered", bool) is not False,
+                    max_retransmits=_opt(event, "max_retransmits", int),
+                    max_packet_lifetime_ms=_opt(event, "max_packet_lifetime", int),
+                    negotiated_id=_opt(event, "negotiated_id", int),
+                )
+                await ws.send_message(json.dumps({"type": "channel.opened",
+                                                  "channel": info.to_json()}))
+                return
+            channel = event.get("channel")
+            if not isinstance(channel, int | str) or isinstance(channel, bool):
+                raise ProtocolError(f"{kind} needs 'channel': an id or a label")
+            if kind == "channel.close":
+                ctx.close_channel(channel)
+            else:
+                await ctx.send_message(channel, _message_data(event))
+        except ChannelError as exc:
+            await ws.send_message(json.dumps({"type": "channel.error",
+                                              "channel": event.get("channel",
+                                                                   event.get("label")),
+                                              "message": str(exc)}))
+
     async def _downlink(self, ctx: AgentContext, ws: WebSocketConnection) -> None:
         """Agent messages → audio queue, interrupt, events. Returns when the socket closes."""
         rs = Resampler(self.sample_rate, SAMPLE_RATE)
@@ -237,6 +287,8 @@ class WsBridge:
                     if event["type"] == "interrupt":
                         ctx.interrupt()
                         rs = Resampler(self.sample_rate, SAMPLE_RATE)  # drop its tail too
+                    elif event["type"] in CHANNEL_OPS:
+                        await self._channel_op(ctx, ws, event)
                     elif await self._on_event(ctx, event):
                         return
             except ProtocolError as exc:
@@ -301,6 +353,50 @@ def _parse(text: str) -> dict[str, Any]:
     if not isinstance(event, dict) or not isinstance(event.get("type"), str):
         raise ProtocolError("events are JSON objects with a string 'type'")
     return event
+
+
+CHANNEL_OPS = frozenset({"channel.send", "channel.open", "channel.close"})
+
+
+def channel_event_json(event: ChannelEvent) -> dict[str, Any]:
+    """The agent-protocol form of a data-channel event (docs/agent-protocol.md)."""
+    if isinstance(event, ChannelOpened):
+        return {"type": "channel.opened", "channel": event.channel.to_json()}
+    if isinstance(event, ChannelClosed):
+        return {"type": "channel.closed", "id": event.channel_id, "label": event.label}
+    assert isinstance(event, ChannelMessage)
+    out: dict[str, Any] = {"type": "channel.message", "id": event.channel_id,
+                           "label": event.label}
+    if isinstance(event.data, str):
+        out["text"] = event.data
+    else:
+        out["binary"] = base64.b64encode(event.data).decode()
+    return out
+
+
+def _message_data(event: dict[str, Any]) -> str | bytes:
+    text, binary = event.get("text"), event.get("binary")
+    if (text is None) == (binary is None):
+        raise ProtocolError("channel.send needs exactly one of 'text' or 'binary' (base64)")
+    if text is not None:
+        if not isinstance(text, str):
+            raise ProtocolError("channel.send 'text' must be a string")
+        return text
+    if not isinstance(binary, str):
+        raise ProtocolError("channel.send 'binary' must be a base64 string")
+    try:
+        return base64.b64decode(binary, validate=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError("channel.send 'binary' is not valid base64") from None
+
+
+def _opt(event: dict[str, Any], key: str, kind: type) -> Any:
+    value = event.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ProtocolError(f"{event['type']} '{key}' must be {kind.__name__}")
+    return value
 
 
 def _closed_reason(exc: ConnectionClosed) -> str:
