@@ -200,6 +200,10 @@ async function start() {
   r.pc = pc;
   r.cleanups.push(() => pc.close());
   for (const track of r.stream.getAudioTracks()) pc.addTrack(track, r.stream);
+  // A data channel beside the audio (RFC 8831): created before the offer, so the offer
+  // carries the application m= section; channels the agent opens arrive in ondatachannel.
+  attachChannel(r, pc.createDataChannel("chat"));
+  pc.ondatachannel = (ev) => attachChannel(r, ev.channel);
   pc.ontrack = (ev) => onTrack(r, ev);
   pc.onconnectionstatechange = () => onConnectionState(r);
   let answerSdp;
@@ -265,6 +269,50 @@ function candidateAddresses(sdp) {
     out.push(m[1].includes(":") ? `[${m[1]}]:${m[2]}` : `${m[1]}:${m[2]}`);
   }
   return [...new Set(out)].join(", ");
+}
+
+// ---------------------------------------------------------------------------- messages
+
+const MAX_LOG = 200;
+
+function chatState(text, open) {
+  const el = $("chat-state");
+  el.textContent = text;
+  el.dataset.state = open ? "open" : "closed";
+  $("chat-text").disabled = !open;
+  $("chat-send").disabled = !open;
+}
+
+function chatLog(who, label, data) {
+  const li = document.createElement("li");
+  li.className = `msg msg-${who}`;
+  const text = typeof data === "string" ? data : `[binary, ${data.byteLength} bytes]`;
+  const tag = label === "chat" ? "" : ` (${label})`;
+  li.textContent = `${who === "you" ? "you" : "agent"}${tag}: ${text}`;
+  const log = $("chat-log");
+  log.append(li);
+  while (log.childElementCount > MAX_LOG) log.firstElementChild.remove();
+  li.scrollIntoView({ block: "nearest" });
+}
+
+function attachChannel(r, dc) {
+  dc.binaryType = "arraybuffer";
+  if (dc.label === "chat") r.chat = dc;
+  dc.onopen = () => { if (r === run && dc === r.chat) chatState("open", true); };
+  dc.onclose = () => { if (r === run && dc === r.chat) chatState("closed", false); };
+  dc.onmessage = (ev) => { if (r === run) chatLog("agent", dc.label, ev.data); };
+  r.cleanups.push(() => { dc.onopen = dc.onclose = dc.onmessage = null; chatState("closed", false); });
+}
+
+function sendChat() {
+  const r = run;
+  const input = $("chat-text");
+  const text = input.value;
+  if (!r || !r.chat || r.chat.readyState !== "open" || !text) return;
+  r.chat.send(text);
+  chatLog("you", "chat", text);
+  input.value = "";
+  input.focus();
 }
 
 function onTrack(r, ev) {
@@ -417,6 +465,7 @@ async function stop() {
 
 adoptTokenFromUrl();
 $("controls").addEventListener("submit", (ev) => { ev.preventDefault(); start(); });
+$("chat-form").addEventListener("submit", (ev) => { ev.preventDefault(); sendChat(); });
 $("stop").addEventListener("click", () => stop());
 $("agent").addEventListener("change", () => {
   const custom = $("agent").value === "custom";

@@ -128,8 +128,20 @@ def fake_answer(offer: str, port: int) -> str:
         "a=ice-ufrag:fakeUfragForTests", "a=ice-pwd:fakePasswordForTheBrowserTests",
         f"a=fingerprint:sha-256 {fingerprint}", "a=setup:passive", f"a=mid:{mid_v}", "a=sendrecv",
         "a=rtcp-mux", f"a=rtpmap:{pt} opus/48000/2", f"a=fmtp:{pt} minptime=10;useinbandfec=1",
-        f"a=candidate:1 1 udp 2130706431 127.0.0.1 {port} typ host", "a=end-of-candidates", "",
+        f"a=candidate:1 1 udp 2130706431 127.0.0.1 {port} typ host", "a=end-of-candidates",
+        *_rejected_sections(offer), "",
     ])
+
+
+def _rejected_sections(offer: str) -> list[str]:
+    """RFC 3264 §6: every m= section after the audio keeps its place, rejected (port 0)."""
+    out: list[str] = []
+    for section in re.split(r"\r?\n(?=m=)", offer)[2:]:
+        m_line = section.splitlines()[0].split()
+        out += [f"{m_line[0]} 0 {' '.join(m_line[2:])}", "c=IN IP4 0.0.0.0"]
+        if mid := re.search(r"^a=mid:(\S+)", section, re.M):
+            out.append(f"a=mid:{mid.group(1)}")
+    return out
 
 
 class FakeBackend:
