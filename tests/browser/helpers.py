@@ -17,12 +17,12 @@ import wave
 from pathlib import Path
 from typing import Any
 
+from peers import chromium_executable
 from playwright.sync_api import Browser, Page, Playwright
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 DOCS_SCREENSHOTS = REPO / "docs" / "screenshots"
-CHROMIUM = "/usr/bin/chromium"
 
 BASE_ARGS = [
     "--no-sandbox",
@@ -55,7 +55,7 @@ def launch(p: Playwright, tone_wav: Path, *, fake_ui: bool = True) -> Browser:
     args = [*BASE_ARGS, "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={tone_wav}"]
     if fake_ui:
         args.append("--use-fake-ui-for-media-stream")
-    return p.chromium.launch(executable_path=CHROMIUM, args=args, headless=True)
+    return p.chromium.launch(executable_path=chromium_executable(), args=args, headless=True)
 
 
 class PageErrors:
