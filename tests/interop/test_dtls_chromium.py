@@ -17,7 +17,6 @@ thread the harness starts and joins (see the harness docstring).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
