@@ -530,7 +530,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--relay-workers", type=int, metavar="M", default=None,
                         help="relay worker processes sharing the UDP port (default 1)")
     parser.add_argument("--agent", metavar="NAME", default=None,
-                        help="default agent: echo, module:attr or ws://URL (default echo)")
+                        help="default agent (default echo): a built-in name (echo), "
+                             "passthrough (media echoed without decoding), package.module:attr, "
+                             "path/file.py:attr, or ws://host:port/path (an external agent); "
+                             "loaded at start, exit 2 if it cannot be")
     parser.add_argument("--opus-complexity", metavar="0-10", default=None,
                         help="Opus encoder complexity of the transceivers (lower: less CPU "
                              "per call; default: the transceiver's, see appliance transceiver "
