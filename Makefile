@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: up test lint typecheck unit sysdeps venv install install-test bench fuzz clean
+.PHONY: up test lint typecheck unit sysdeps venv install install-test bench fuzz screenshots clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -72,6 +72,10 @@ $(VENV)/.installed-fuzz: $(VENV)/.installed-test
 
 fuzz: $(VENV)/.installed-fuzz
 	$(BIN)/python fuzz/run.py --seconds $(FUZZ_SECONDS)
+
+# The README's pictures, from a real `appliance up` driven by Chromium (commit the PNGs).
+screenshots: install-test sysdeps
+	$(BIN)/python tests/browser/readme_screenshots.py
 
 bench: install-test
 	$(BIN)/python bench/run_all.py
