@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: up test lint typecheck unit sysdeps venv install install-test bench fuzz clean
+.PHONY: up test lint typecheck unit sysdeps venv install install-test bench fuzz screenshots clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -15,19 +15,31 @@ $(VENV)/.installed: pyproject.toml setup.py appliance/relay/_mmsg.c | $(BIN)/pyt
 	$(BIN)/pip install -q -e .
 	touch $@
 
-# Runtime + test extras (make test).
+# Runtime + test extras (make test). They include the runtime install, so both stamps are
+# touched: `make up` after `make test` does not install again.
 $(VENV)/.installed-test: pyproject.toml setup.py appliance/relay/_mmsg.c | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
-	touch $@
+	touch $(VENV)/.installed $@
 
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 # System packages the tests drive for real: Debian's Chromium, redis-server, iproute2, openssl.
-# Installed only when one is missing, so a warm machine pays nothing.
+# Installed only when one is missing, so a warm machine pays nothing; a Chromium older than
+# CHROMIUM_MIN (the oldest major the suite is known to work with, tests/peers.py) is
+# upgraded. Between CHROMIUM_MIN and the newest tested major the suite accepts each version's
+# getStats() spellings; set APPLIANCE_CHROMIUM=/path/to/chromium to test another binary.
+CHROMIUM_MIN := 150
+
 sysdeps:
 	@missing=""; \
-	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	if command -v chromium >/dev/null; then \
+	  major=$$(chromium --version 2>/dev/null | sed -n 's/^Chromium \([0-9][0-9]*\)\..*/\1/p'); \
+	  if [ -n "$$major" ] && [ "$$major" -lt $(CHROMIUM_MIN) ]; then \
+	    echo "chromium $$major is older than $(CHROMIUM_MIN), the oldest the suite is known to work with"; \
+	    missing="$$missing chromium"; \
+	  fi; \
+	else missing="$$missing chromium"; fi; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
@@ -60,6 +72,10 @@ $(VENV)/.installed-fuzz: $(VENV)/.installed-test
 
 fuzz: $(VENV)/.installed-fuzz
 	$(BIN)/python fuzz/run.py --seconds $(FUZZ_SECONDS)
+
+# The README's pictures, from a real `appliance up` driven by Chromium (commit the PNGs).
+screenshots: install-test sysdeps
+	$(BIN)/python tests/browser/readme_screenshots.py
 
 bench: install-test
 	$(BIN)/python bench/run_all.py

@@ -13,8 +13,10 @@ import importlib
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from .proto.ufrag import UfragCodec, UfragError, load_secrets
+from .supervisor import SECRET_NAME, default_state_dir
 
 # (subcommand, module, one-line help). A role appears here only once it really runs.
 ROLES: list[tuple[str, str, str]] = [
@@ -31,10 +33,24 @@ ROLES: list[tuple[str, str, str]] = [
 ]
 
 
-def _read_secrets(path: str) -> list[bytes]:
+def _secret_path(args: argparse.Namespace) -> str:
+    """``--secret-file``, else the routing secret ``appliance up`` keeps in its state directory
+    (``--state-dir``, default as for ``up``), so the two commands agree with no flags."""
+    if args.secret_file:
+        return str(args.secret_file)
+    return str(Path(args.state_dir or default_state_dir()) / SECRET_NAME)
+
+
+def _read_secrets(args: argparse.Namespace) -> list[bytes]:
+    path = _secret_path(args)
     try:
         with open(path, "rb") as f:
             return load_secrets(f.read())
+    except FileNotFoundError:
+        if args.secret_file:
+            raise SystemExit(f"appliance: cannot read secret file {path}: no such file") from None
+        raise SystemExit(f"appliance: no routing secret at {path}: `appliance up` creates it on "
+                         "first start (in --state-dir); or pass --secret-file F") from None
     except OSError as exc:
         raise SystemExit(f"appliance: cannot read secret file {path}: {exc.strerror}") from None
     except ValueError as exc:
@@ -42,7 +58,7 @@ def _read_secrets(path: str) -> list[bytes]:
 
 
 def _ufrag_mint(args: argparse.Namespace) -> int:
-    codec = UfragCodec(_read_secrets(args.secret_file))
+    codec = UfragCodec(_read_secrets(args))
     try:
         print(codec.mint(cluster=args.cluster, transceiver=args.transceiver))
     except ValueError as exc:
@@ -52,7 +68,7 @@ def _ufrag_mint(args: argparse.Namespace) -> int:
 
 
 def _ufrag_decode(args: argparse.Namespace) -> int:
-    codec = UfragCodec(_read_secrets(args.secret_file))
+    codec = UfragCodec(_read_secrets(args))
     # Accept a whole STUN USERNAME ("server:client") too: the server ufrag is before ':'.
     ufrag = args.ufrag.split(":", 1)[0]
     try:
@@ -72,6 +88,15 @@ def _ufrag_decode(args: argparse.Namespace) -> int:
         for k, v in fields.items():
             print(f"{k}: {v}")
     return 0
+
+
+def _add_secret_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--secret-file", default=None, metavar="F",
+                   help="routing secret file (one secret per line, hex or text; default: "
+                        f"{SECRET_NAME} in the state directory, the one `appliance up` uses)")
+    p.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="the state directory of `appliance up` (default $XDG_STATE_HOME/"
+                        "appliance or ./.appliance-state); ignored with --secret-file")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,15 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="transceiver id (0..65535)")
     mint.add_argument("--cluster", type=int, default=0, metavar="C",
                       help="cluster id (0..65535, default 0)")
-    mint.add_argument("--secret-file", required=True, metavar="F",
-                      help="routing secret file (one secret per line, hex or text)")
+    _add_secret_arguments(mint)
     mint.set_defaults(func=_ufrag_mint)
     dec = ufsub.add_parser("decode", help="print a ufrag's fields, or why it is invalid",
                            description="Verify a server ufrag and print its fields; exits 1 "
                            "with a one-line reason when it is invalid.")
     dec.add_argument("ufrag", help="the server ufrag (or a whole 'server:client' USERNAME)")
-    dec.add_argument("--secret-file", required=True, metavar="F",
-                     help="routing secret file (one secret per line, hex or text)")
+    _add_secret_arguments(dec)
     dec.add_argument("--json", action="store_true", help="print the fields as JSON")
     dec.set_defaults(func=_ufrag_decode)
     return parser

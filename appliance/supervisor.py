@@ -54,6 +54,7 @@ from typing import Any
 
 import trio
 
+from .agents import resolve as resolve_agent
 from .config import (
     ConfigError,
     format_hostport,
@@ -393,6 +394,9 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
     args.state_dir = str(state_dir)
     cert, key, fp = tls_settings(args, [http[0], *public])
     child = shlex.split(args.child_command) if getattr(args, "child_command", None) else None
+    # Load the agent once here (AgentError is a ValueError: exit 2 with its message), so a
+    # typo fails `up` at once instead of every transceiver failing to start three times.
+    resolve_agent(str(args.agent))
     cfg = UpConfig(
         http=http, udp=udp, public_addresses=public, transceivers=n, relay_workers=m,
         agent=str(args.agent), redis=args.redis or None, state_dir=state_dir,
@@ -526,7 +530,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--relay-workers", type=int, metavar="M", default=None,
                         help="relay worker processes sharing the UDP port (default 1)")
     parser.add_argument("--agent", metavar="NAME", default=None,
-                        help="default agent: echo, module:attr or ws://URL (default echo)")
+                        help="default agent (default echo): a built-in name (echo), "
+                             "passthrough (media echoed without decoding), package.module:attr, "
+                             "path/file.py:attr, or ws://host:port/path (an external agent); "
+                             "loaded at start, exit 2 if it cannot be")
     parser.add_argument("--opus-complexity", metavar="0-10", default=None,
                         help="Opus encoder complexity of the transceivers (lower: less CPU "
                              "per call; default: the transceiver's, see appliance transceiver "

@@ -23,8 +23,16 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 REPO = Path(__file__).resolve().parent.parent
-# Captured bytes from ../shared/vectors, copied into the repo so a clean clone tests alone.
+# Captured protocol bytes, kept in the repo so a clean clone tests alone.
 VECTORS = REPO / "tests" / "vectors"
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The versions of the independent peers this run tests against (tests/peers.py), so a
+    red run on another machine says what it ran against."""
+    from peers import peer_versions
+
+    return [f"peer {name}: {version}" for name, version in peer_versions().items()]
 
 
 @pytest.fixture

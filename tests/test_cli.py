@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -94,3 +95,28 @@ def test_roles_run_with_the_start_up_heap_frozen(secret: Path) -> None:
     rc, frozen = r.stderr.split()
     assert rc == "0"
     assert int(frozen) > 10_000  # trio, cryptography, numpy... all imported by then
+
+
+def test_ufrag_finds_the_state_directorys_secret(tmp_path: Path) -> None:
+    """Regression (issue 22): the README's `ufrag mint --secret-file routing.secret` named a
+    file nobody has; `appliance up` keeps it in its state directory, and with no
+    --secret-file the ufrag commands now read that one."""
+    from appliance.supervisor import ensure_secret
+
+    secret = ensure_secret(tmp_path / "xdg" / "appliance")  # what `appliance up` creates
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg")}
+    mint = subprocess.run([sys.executable, "-m", "appliance", "ufrag", "mint", "--transceiver",
+                           "3"], capture_output=True, text=True, timeout=60, env=env)
+    assert mint.returncode == 0, mint.stderr
+    ufrag = mint.stdout.strip()
+    # Minted with up's secret: the explicit file, and --state-dir, decode it.
+    for flags in (["--secret-file", str(secret)], ["--state-dir", str(secret.parent)]):
+        r = run("ufrag", "decode", ufrag, *flags)
+        assert r.returncode == 0 and "transceiver: 3" in r.stdout, r.stderr
+    # No secret in the default state directory: say where it looked and how to get one.
+    r = subprocess.run([sys.executable, "-m", "appliance", "ufrag", "mint", "--transceiver", "1"],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                       env={k: v for k, v in os.environ.items() if k != "XDG_STATE_HOME"})
+    assert r.returncode != 0
+    assert "no routing secret at .appliance-state/routing.secret" in r.stderr
+    assert "appliance up" in r.stderr

@@ -12,7 +12,8 @@
   bridge is registered such specs are rejected with a clear error.
 
 :func:`resolve` is called when a session is created, so a bad spec fails the ``create``
-request (400 ``unknown-agent``) instead of the session later.
+request (400 ``unknown-agent``) instead of the session later; ``appliance up`` and
+``appliance transceiver`` call it on their ``--agent`` at start and exit 2 when it fails.
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ def _import(target: str, spec: str) -> Any:
             module = importlib.import_module(module_name)
         except ImportError as exc:
             raise AgentError(f"agent {spec!r}: cannot import {module_name!r}: {exc}") from None
+        except Exception as exc:  # the module itself failed while importing
+            raise AgentError(f"agent {spec!r}: {module_name} failed to load: {exc!r}") from None
     obj: Any = module
     for part in attr.split("."):
         try:
@@ -159,4 +162,5 @@ def resolve(spec: str | None) -> ResolvedAgent:
     if ":" in spec:
         return ResolvedAgent(spec, _as_fn(_import(spec, spec), spec))
     known = ", ".join(sorted(set(_BUILTINS) | set(_registered) | {PASSTHROUGH}))
-    raise AgentError(f"unknown agent {spec!r} (built-in: {known}; or module:attr, ws://…)")
+    raise AgentError(f"unknown agent {spec!r} (built-in: {known}; or package.module:attr, "
+                     "path/file.py:attr, ws://host:port/path)")

@@ -4,7 +4,8 @@ Each session is a full client from :mod:`appliance.client` (ICE checks, DTLS cli
 RTCP mux) that POSTs its offer to ``{url}/v1/sessions``, sends pre-encoded Opus at 50 packets/s
 and measures what comes back. One pacing task drives every session (no task per packet).
 
-* :mod:`.media` — the test signal (a tone with a silent gap once a second, encoded once),
+* :mod:`.media` — the test signal (a tone with a silent gap once a second, or for
+  turn-taking agents talk-then-listen turns; encoded once),
   the sequence tag hidden in Opus padding, and the onset detector for re-encoding servers.
 * :mod:`.stats` — per-session results and the p50/p99 aggregate.
 * :mod:`.runner` — the trio shell: ramp, pacer, progress line.

@@ -41,6 +41,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--false-start", action="store_true",
                         help="DTLS False Start (RFC 7918): send media from our Finished on, "
                              "half a round trip early (browsers do not; off by default)")
+    parser.add_argument("--pattern", choices=("continuous", "turns"), default="continuous",
+                        help="continuous: a tone with a 100 ms gap every second (echoes, "
+                             "capacity); turns: talk --talk s, then listen --listen s, and "
+                             "report when the agent answered (turn-taking agents such as "
+                             "examples/parrot.py, which reply only after you stop)")
+    parser.add_argument("--talk", type=float, default=1.0, metavar="S",
+                        help="with --pattern turns: seconds of tone per turn (default 1)")
+    parser.add_argument("--listen", type=float, default=2.5, metavar="S",
+                        help="with --pattern turns: seconds of silence after it, waiting "
+                             "for the answer (default 2.5); make --duration a multiple of "
+                             "talk + listen")
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="write the full report (summary + per session) as JSON; '-' = stdout")
     parser.add_argument("--progress", action="store_true",
@@ -52,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
         url=args.url, sessions=args.sessions, rate=args.rate, duration=args.duration,
         agent=args.agent, token=args.token, insecure=args.insecure,
         connect_timeout=args.connect_timeout, drain=args.drain, rtt=args.rtt,
-        false_start=args.false_start,
+        false_start=args.false_start, pattern=args.pattern, talk=args.talk,
+        listen=args.listen,
     )
     tty = sys.stderr.isatty()
     progress = stderr_progress(tty) if (tty or args.progress) else None

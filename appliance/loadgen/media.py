@@ -1,9 +1,12 @@
 """The load generator's test signal and the two ways of recognising its echo.
 
-The signal is one second of audio, repeated: 45 frames of a 440 Hz tone then a 5-frame
-(100 ms) silent gap, encoded once at start-up with libopus (PyAV) at 48 kHz mono, 20 ms
-frames. The tone keeps the server's codec as busy as speech would; the gap gives every
-second one sharp onset that survives any re-encoding.
+The signal is one cycle of audio, repeated: by default one second, 45 frames of a 440 Hz
+tone then a 5-frame (100 ms) silent gap, encoded once at start-up with libopus (PyAV) at
+48 kHz mono, 20 ms frames. The tone keeps the server's codec as busy as speech would; the gap
+gives every cycle one sharp onset that survives any re-encoding. For turn-taking agents
+(``--pattern turns``) the cycle is a *turn*: ``--talk`` seconds of tone, then ``--listen``
+seconds of silence in which the caller waits for the answer (:func:`encode_tone` with
+``tone_frames``/``gap_frames``).
 
 Opus padding (RFC 6716 §3.2.5) carries the sequence tag. A single-frame packet (code 0)
 is rewritten as a code-3 packet with one CBR frame and padding::
@@ -79,6 +82,16 @@ class ToneStream:
     plain: tuple[bytes, ...]
     prefixes: tuple[bytes | None, ...]
     onset_sample: int
+    gap: int = GAP  # the silent frames at the end of the cycle (the listening part of a turn)
+
+    @property
+    def cycle(self) -> int:
+        """Frames per cycle: the tone (talking) then the ``gap`` (silence)."""
+        return len(self.plain)
+
+    @property
+    def tone_frames(self) -> int:
+        return self.cycle - self.gap
 
     def payload(self, index: int, session: int, counter: int) -> bytes:
         prefix = self.prefixes[index]
@@ -87,16 +100,21 @@ class ToneStream:
         return prefix + tag(session, counter)
 
 
-def _pcm_cycle() -> np.ndarray[Any, np.dtype[np.int16]]:
-    t = np.arange(CYCLE * FRAME_SAMPLES) / SAMPLE_RATE
+def _pcm_cycle(cycle: int, gap: int) -> np.ndarray[Any, np.dtype[np.int16]]:
+    t = np.arange(cycle * FRAME_SAMPLES) / SAMPLE_RATE
     pcm = (AMPLITUDE * 32767 * np.sin(2 * np.pi * TONE_HZ * t)).astype(np.int16)
-    pcm[(CYCLE - GAP) * FRAME_SAMPLES:] = 0
+    pcm[(cycle - gap) * FRAME_SAMPLES:] = 0
     return pcm
 
 
-def encode_tone(*, bitrate: int = 32_000) -> ToneStream:
-    """Encode the cycle once. Three cycles go through the encoder and the last is kept, so
-    frame 0 was coded after a real gap, exactly as it is played on the wire."""
+def encode_tone(*, bitrate: int = 32_000, tone_frames: int = CYCLE - GAP,
+                gap_frames: int = GAP) -> ToneStream:
+    """Encode the cycle (``tone_frames`` of tone, then ``gap_frames`` of silence) once.
+    Three cycles go through the encoder and the last is kept, so frame 0 was coded after a
+    real gap, exactly as it is played on the wire."""
+    if tone_frames < 1 or gap_frames < 1:
+        raise ValueError("a cycle needs at least one frame of tone and one of silence")
+    n = tone_frames + gap_frames  # frames per cycle
     ctx: Any = av.CodecContext.create("libopus", "w")
     ctx.sample_rate = SAMPLE_RATE
     ctx.layout = "mono"
@@ -105,26 +123,27 @@ def encode_tone(*, bitrate: int = 32_000) -> ToneStream:
     ctx.time_base = fractions.Fraction(1, SAMPLE_RATE)
     ctx.options = {"application": "voip", "frame_duration": "20"}
     ctx.open()
-    pcm = _pcm_cycle()
+    pcm = _pcm_cycle(n, gap_frames)
     packets: list[bytes] = []
-    for i in range(3 * CYCLE):
+    for i in range(3 * n):
         frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
-        start = (i % CYCLE) * FRAME_SAMPLES
+        start = (i % n) * FRAME_SAMPLES
         frame.planes[0].update(pcm[start:start + FRAME_SAMPLES].tobytes())
         frame.sample_rate = SAMPLE_RATE
         frame.pts = i * FRAME_SAMPLES
         packets.extend(bytes(p) for p in ctx.encode(frame))
-    if len(packets) < 3 * CYCLE:
-        raise RuntimeError(f"libopus returned {len(packets)} packets for {3 * CYCLE} frames")
-    cycle = packets[-CYCLE:]
+    if len(packets) < 3 * n:
+        raise RuntimeError(f"libopus returned {len(packets)} packets for {3 * n} frames")
+    cycle = packets[-n:]
     # Where does the onset land in decoded frame 0? Decode the stream as a receiver would.
     dec = Decoder()
-    for p in packets[:-CYCLE]:
+    for p in packets[:-n]:
         dec.decode(p)
     onset = dec.onset(cycle[0])
     if onset is None:
         raise RuntimeError("the encoded tone has no detectable onset in frame 0")
-    return ToneStream(tuple(cycle), tuple(padded_prefix(p) for p in cycle), onset[0])
+    return ToneStream(tuple(cycle), tuple(padded_prefix(p) for p in cycle), onset[0],
+                      gap_frames)
 
 
 class Decoder:
@@ -160,6 +179,11 @@ class Decoder:
     def is_quiet(self, payload: bytes) -> bool:
         mag = self.decode(payload)
         return mag is not None and int(mag.max(initial=0)) < QUIET
+
+    def is_loud(self, payload: bytes) -> bool:
+        """Any sample above :data:`LOUD`: the far end is saying something (turn taking)."""
+        mag = self.decode(payload)
+        return mag is not None and int(mag.max(initial=0)) > LOUD
 
 
 class Phase(Enum):

@@ -17,6 +17,12 @@ per 20 ms, so the server under test saw N packets at once and the last session's
 behind N-1 others (N × the server's cost per packet: 70 PCM sessions × 245 µs ≈ 17 ms); the
 "largest N with p99 ≤ 20 ms" of bench/capacity.py then measured the burst, not the server.
 
+Turn taking (``pattern="turns"``): the signal is ``talk`` seconds of tone then ``listen``
+seconds of silence, over and over, as a caller who speaks and then waits for the answer.
+Every returned packet is decoded and each turn records when loud audio came back: while the
+caller talked, and how long after it stopped (``TurnResult``). An echo answers while you
+talk; a turn-taking agent (examples/parrot.py) only once you have stopped.
+
 A session's *first* packet leaves the moment it connects, not on the pacer's next tick: a
 browser with an open microphone has a frame ready when DTLS completes, and waiting 0-20 ms
 for the tick was pure measurement artefact in POST → first echo. From then on the pacer
@@ -37,8 +43,8 @@ import trio
 from appliance.client.call import Call, CallFailed, open_call
 from appliance.proto.dtls import Certificate
 
-from .media import CYCLE, GAP, SAMPLE_RATE, OnsetDetector, ToneStream, encode_tone, read_tag
-from .stats import Report, SessionResult, percentile
+from .media import SAMPLE_RATE, Decoder, OnsetDetector, ToneStream, encode_tone, read_tag
+from .stats import Report, SessionResult, TurnResult, percentile
 
 PTIME = 0.020
 SUBTICKS = 10  # pacer slots per packet time: sessions are spread over them
@@ -63,14 +69,19 @@ class LoadConfig:
     # RFC 7918 DTLS False Start: media from our Finished on, not the server's (browsers do
     # not do this for DTLS-SRTP, so it is off unless asked for; see appliance/client/peer.py).
     false_start: bool = False
+    # "continuous" (the tone with a 100 ms gap every second) or "turns": talk for ``talk``
+    # seconds, then stay silent for ``listen`` seconds, for agents that wait for their turn.
+    pattern: str = "continuous"
+    talk: float = 1.0
+    listen: float = 2.5
 
 
 class _Live:
     """A connected session as the pacer sees it."""
 
     __slots__ = ("call", "counter", "detector", "done", "first_at", "first_seq", "last_transit",
-                 "max_seq", "next_due", "res", "seen", "sent_at", "slot", "start", "stop_at",
-                 "ts0")
+                 "loudness", "max_seq", "next_due", "res", "seen", "sent_at", "slot", "start",
+                 "stop_at", "talk_end", "ts0", "turn")
 
     def __init__(self, call: Call, res: SessionResult, now: float, duration: float,
                  onset_sample: int, ts0: int) -> None:
@@ -90,14 +101,20 @@ class _Live:
         self.last_transit: float | None = None
         self.first_at: float | None = None
         self.done = trio.Event()
+        # Turn taking: the turn in progress, when its talking stopped, a decoder for loudness.
+        self.turn: TurnResult | None = None
+        self.talk_end: float | None = None
+        self.loudness: Decoder | None = None
 
 
 class LoadGenerator:
     def __init__(self, cfg: LoadConfig, stream: ToneStream, certificate: Certificate) -> None:
         self.cfg = cfg
         self.stream = stream
+        self.turns = cfg.pattern == "turns"
         self.certificate = certificate
-        self.results = [SessionResult(i) for i in range(cfg.sessions)]
+        self.results = [SessionResult(i, turn_taking=cfg.pattern == "turns")
+                        for i in range(cfg.sessions)]
         self.live: list[_Live] = []
         # The pacer's slots: each live session is in exactly one, served once per 20 ms.
         self.slots: list[list[_Live]] = [[] for _ in range(SUBTICKS)]
@@ -191,7 +208,15 @@ class LoadGenerator:
 
     def _send(self, live: _Live, now: float) -> None:
         c = live.counter
-        frame = c % CYCLE
+        stream = self.stream
+        frame = c % stream.cycle
+        if self.turns:
+            if frame == 0:  # a new turn: the caller starts talking
+                self._close_turn(live)
+                live.turn = TurnResult()
+                live.talk_end = None
+            elif frame == stream.tone_frames:  # ... and now stops and listens
+                live.talk_end = now
         payload = self.stream.payload(frame, live.res.index, c)
         live.call.send_rtp(payload, (live.ts0 + c * TS_STEP) & 0xFFFFFFFF, marker=c == 0)
         live.sent_at[c % _RING] = now
@@ -199,8 +224,9 @@ class LoadGenerator:
         live.next_due = max(live.next_due + PTIME, now - PTIME / 2)
         live.counter = c + 1
         live.res.sent = c + 1
-        if self.cfg.rtt != "tag" and live.res.rtt_method != "tag" and c >= CYCLE - GAP:
-            if frame == CYCLE - GAP:
+        gap_at = stream.tone_frames
+        if self.cfg.rtt != "tag" and live.res.rtt_method != "tag" and c >= gap_at:
+            if frame == gap_at:
                 live.detector.arm()
             elif frame == 0:
                 live.detector.onset_sent(now)
@@ -223,6 +249,8 @@ class LoadGenerator:
                     res.jitter += (d - res.jitter) / 16
             live.last_transit = transit
             payload = pkt.payload
+            if live.turn is not None:
+                self._turn_heard(live, live.turn, payload, at)
             found = read_tag(payload) if self.cfg.rtt != "onset" else None
             if found is not None and found[0] == index:
                 self._tagged(live, found[1], at)
@@ -256,6 +284,28 @@ class LoadGenerator:
         res.rtts.append(at - live.sent_at[counter % _RING])
 
     @staticmethod
+    def _turn_heard(live: _Live, turn: TurnResult, payload: bytes, at: float) -> None:
+        if live.loudness is None:
+            live.loudness = Decoder()
+        if not live.loudness.is_loud(payload):
+            return
+        if live.talk_end is None or at < live.talk_end:
+            turn.loud_while_talking += 1
+            return
+        turn.loud_while_listening += 1
+        after = at - live.talk_end
+        if turn.reply_after is None:
+            turn.reply_after = after
+        turn.reply_end = after
+
+    @staticmethod
+    def _close_turn(live: _Live) -> None:
+        # Only turns that reached their listening part count (the run may end mid-talk).
+        if live.turn is not None and live.talk_end is not None:
+            live.res.turns.append(live.turn)
+        live.turn = None
+
+    @staticmethod
     def _sequence(live: _Live, seq: int) -> None:
         if live.first_seq is None:
             live.first_seq = live.max_seq = seq
@@ -271,6 +321,7 @@ class LoadGenerator:
     def _finish(self, live: _Live, failure: str | None) -> None:
         res = live.res
         self._receive(live)
+        self._close_turn(live)
         res.srtp_errors = live.call.peer.srtp_errors
         res.onsets_missed = live.detector.missed
         if live.first_seq is not None:
@@ -308,6 +359,13 @@ async def run_load(
     """Run the whole load and return the report (sessions that fail are in it, with why)."""
     if cfg.sessions < 1 or cfg.rate <= 0 or cfg.duration <= 0:
         raise ValueError("sessions ≥ 1, rate > 0 and duration > 0 are required")
+    if cfg.pattern not in ("continuous", "turns"):
+        raise ValueError(f"pattern must be 'continuous' or 'turns', not {cfg.pattern!r}")
+    if cfg.pattern == "turns":
+        if cfg.talk < PTIME or cfg.listen < PTIME:
+            raise ValueError("talk and listen must each be at least one packet (0.02 s)")
+        stream = stream or encode_tone(tone_frames=round(cfg.talk / PTIME),
+                                       gap_frames=round(cfg.listen / PTIME))
     stream = stream or encode_tone()
     # One certificate for every session, as a browser reuses its own; generating one per
     # call would put key generation inside the setup times we measure. Pass ``certificate``

@@ -24,6 +24,23 @@ def _ms(v: float | None) -> float | None:
 
 
 @dataclass
+class TurnResult:
+    """One talk-then-listen turn (``--pattern turns``), as the caller heard it. "Loud" is a
+    returned packet whose decoded audio rises above the loud threshold (media.LOUD): the
+    far end said something. Times are seconds from the moment the caller stopped talking."""
+
+    loud_while_talking: int = 0  # loud packets that arrived while the caller talked
+    loud_while_listening: int = 0  # ... and after it stopped (the answer, or an echo's tail)
+    reply_after: float | None = None  # first loud packet of the listening part
+    reply_end: float | None = None  # last loud packet of the listening part
+
+    def to_json(self) -> dict[str, Any]:
+        return {"loud_while_talking": self.loud_while_talking,
+                "loud_while_listening": self.loud_while_listening,
+                "reply_after_ms": _ms(self.reply_after), "reply_end_ms": _ms(self.reply_end)}
+
+
+@dataclass
 class SessionResult:
     """What one session saw. Times are seconds; ``setup_*`` count from the POST."""
 
@@ -43,6 +60,8 @@ class SessionResult:
     jitter: float = 0.0  # RFC 3550 §6.4.1 interarrival jitter of the echo, seconds
     srtp_errors: int = 0
     echo_span: float = 0.0  # seconds from the first to the last packet that came back
+    turns: list[TurnResult] = field(default_factory=list)  # --pattern turns only
+    turn_taking: bool = False  # --pattern turns: the server talks in turns, not 50 packets/s
 
     @property
     def loss(self) -> float | None:
@@ -55,6 +74,11 @@ class SessionResult:
         over a few ms more than they were sent in) read as 0.5-1 % "loss" without it."""
         if self.rtt_method == "tag":
             return max(0.0, 1 - self.echoed / self.sent) if self.sent else None
+        if self.turn_taking:
+            # An agent that answers in turns is silent between them: only the sequence gaps
+            # in what it did send are loss.
+            total = self.received + self.return_lost
+            return self.return_lost / total if total else None
         if self.received < 2:
             return None if self.sent == 0 else 1.0
         expected = min(round(self.echo_span / 0.020) + 1, self.sent)
@@ -63,6 +87,7 @@ class SessionResult:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         rtts = d.pop("rtts")
+        d["turns"] = [t.to_json() for t in self.turns]
         d["loss"] = self.loss
         d["rtt_p50_ms"] = _ms(percentile(rtts, 50))
         d["rtt_p99_ms"] = _ms(percentile(rtts, 99))
@@ -119,6 +144,7 @@ class Report:
             "jitter_p50_ms": _ms(percentile([s.jitter for s in ok], 50)),
             "jitter_p99_ms": _ms(percentile([s.jitter for s in ok], 99)),
             "onsets_missed": sum(s.onsets_missed for s in ok),
+            **_turn_summary([t for s in ok for t in s.turns]),
             "wall_s": round(self.wall, 3),
             "loadgen_cpu_s": round(self.cpu, 3),
             "pacer_late_p99_ms": _ms(percentile(self.pacer_late, 99)),
@@ -126,6 +152,17 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         return {"summary": self.summary(), "sessions": [s.to_json() for s in self.sessions]}
+
+
+def _turn_summary(turns: list[TurnResult]) -> dict[str, Any]:
+    replies = [t.reply_after for t in turns if t.reply_after is not None]
+    return {
+        "turns": len(turns),
+        "turns_answered": len(replies),  # something loud came back after the caller stopped
+        "turns_overlapped": sum(1 for t in turns if t.loud_while_talking),
+        "reply_after_p50_ms": _ms(percentile(replies, 50)),
+        "reply_after_p99_ms": _ms(percentile(replies, 99)),
+    }
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -156,6 +193,16 @@ def format_summary(summary: dict[str, Any]) -> str:
          f"{100 * loss:.2f} % / {100 * (summary['loss_worst_session'] or 0):.2f} %"),
         ("jitter p50/p99 (per session)",
          f"{f(summary['jitter_p50_ms'], ' ms')} / {f(summary['jitter_p99_ms'], ' ms')}"),
+    ]
+    if summary.get("turns"):
+        rows += [
+            ("turns (answered / heard while talking)",
+             f"{summary['turns']} ({summary['turns_answered']} / {summary['turns_overlapped']})"),
+            ("reply after the caller stops p50/p99",
+             f"{f(summary['reply_after_p50_ms'], ' ms')} / "
+             f"{f(summary['reply_after_p99_ms'], ' ms')}"),
+        ]
+    rows += [
         ("load generator", f"{summary['loadgen_cpu_s']} s CPU in {summary['wall_s']} s, "
                            f"pacer late p99 {f(summary['pacer_late_p99_ms'], ' ms')}"),
     ]

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser.helpers import CHROMIUM, launch, write_tone_wav
+from browser.helpers import launch, write_tone_wav
+from peers import chromium_executable
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
 
 
@@ -25,8 +26,7 @@ def tone_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # sync_playwright). Each browser module opens and closes its own.
 @pytest.fixture(scope="module")
 def playwright_instance() -> Iterator[Playwright]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: `make sysdeps` installs Debian's chromium")
+    chromium_executable()  # fails the module at once, saying how to get one
     with sync_playwright() as p:
         yield p
 

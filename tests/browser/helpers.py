@@ -1,28 +1,26 @@
 """Helpers for the browser tests: Chromium launch flags, the fake-microphone WAV, page
 error capture and screenshots.
 
-Screenshots always go to ``test-artifacts/`` (gitignored). The README's copies in
-``docs/screenshots/`` are rewritten only with ``APPLIANCE_UPDATE_SCREENSHOTS=1``, so a
-normal test run leaves the tree clean.
+Screenshots go to ``test-artifacts/`` (gitignored), so a test run leaves the tree clean.
+The README's pictures in ``docs/screenshots/`` come from a real ``appliance up``, not from
+the tests' fake backend: ``make screenshots`` (tests/browser/readme_screenshots.py).
 """
 
 from __future__ import annotations
 
 import math
-import os
-import shutil
 import struct
 import time
 import wave
 from pathlib import Path
 from typing import Any
 
+from peers import chromium_executable
 from playwright.sync_api import Browser, Page, Playwright
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 DOCS_SCREENSHOTS = REPO / "docs" / "screenshots"
-CHROMIUM = "/usr/bin/chromium"
 
 BASE_ARGS = [
     "--no-sandbox",
@@ -55,7 +53,7 @@ def launch(p: Playwright, tone_wav: Path, *, fake_ui: bool = True) -> Browser:
     args = [*BASE_ARGS, "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={tone_wav}"]
     if fake_ui:
         args.append("--use-fake-ui-for-media-stream")
-    return p.chromium.launch(executable_path=CHROMIUM, args=args, headless=True)
+    return p.chromium.launch(executable_path=chromium_executable(), args=args, headless=True)
 
 
 class PageErrors:
@@ -70,13 +68,10 @@ class PageErrors:
         return [e for e in self.errors if not any(a in e for a in allowed)]
 
 
-def screenshot(page: Page, name: str, *, docs: bool = False, full_page: bool = True) -> Path:
+def screenshot(page: Page, name: str, *, full_page: bool = True) -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=full_page)
-    if docs and os.environ.get("APPLIANCE_UPDATE_SCREENSHOTS") == "1":
-        DOCS_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, DOCS_SCREENSHOTS / f"{name}.png")
     return path
 
 

@@ -127,8 +127,9 @@ def test_detail_timeline_sparklines_and_processes(page: Page, backend: FakeBacke
     assert not errors.unexpected()
 
 
-def test_screenshot_for_readme(page: Page) -> None:
-    """A busy dashboard with counters moving, one session open: docs/screenshots/dashboard.png."""
+def test_busy_dashboard_layout(page: Page) -> None:
+    """A busy dashboard with counters moving, one session open, fits a desktop width (the
+    README's picture is taken from a real `appliance up`: make screenshots)."""
     with FakeBackend(animate=True) as backend:
         backend.sessions[:] = [
             sample_session(1, age=95), sample_session(2, age=42), sample_session(3, state="connecting", age=1),
@@ -141,7 +142,7 @@ def test_screenshot_for_readme(page: Page) -> None:
         assert_no_horizontal_scroll(page)
         # At desktop width the whole table fits: no scrolling inside its wrapper either.
         assert page.locator(".table-wrap").evaluate("e => e.scrollWidth <= e.clientWidth")
-        screenshot(page, "dashboard", docs=True)
+        screenshot(page, "dashboard-fake-backend")
 
 
 def test_end_button_sends_delete(page: Page, backend: FakeBackend) -> None:

@@ -199,7 +199,7 @@ def test_talk_to_echo_peer_then_end_from_dashboard(page: Page, context: BrowserC
         page.wait_for_function("applianceDemo.serverTimeline && applianceDemo.serverTimeline.dtls_done !== null")
         expect(page.locator("#server-timeline .tl-seg")).to_have_count(4)
         page.wait_for_timeout(1200)  # one more stats refresh for the screenshot
-        screenshot(page, "demo", docs=True)
+        screenshot(page, "demo-fake-backend")
 
         dash = context.new_page()
         dash.goto(backend.url + "/")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -144,25 +144,6 @@ async def test_parrot_turn_taking_and_barge_in(
         answer = c.arrivals(second_from)
         assert len(answer) >= 25
         assert dominant_hz(decode_all(answer[2:25])) == pytest.approx(880, abs=5)
-
-
-@pytest.fixture
-def ws_agent() -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    proc = subprocess.Popen(
-        [sys.executable, str(EXAMPLES / "ws_agent.py"), "--port", "0", "--rate", "16000"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("listening on ws://"), line + (proc.stderr.read()
-                                                             if proc.stderr else "")
-        yield line.split()[-1], proc
-    finally:
-        proc.kill()
-        proc.wait()
-        for f in (proc.stdout, proc.stderr):
-            if f is not None:
-                f.close()
 
 
 async def test_ws_agent_echoes_at_16k_and_its_death_ends_the_call(

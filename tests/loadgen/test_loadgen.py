@@ -103,6 +103,40 @@ async def test_passthrough_echo_is_measured_with_tags(stream: ToneStream) -> Non
     assert summary["rtt_method"] == "tag"
 
 
+async def test_turns_against_an_echo_hear_it_while_talking() -> None:
+    """pattern="turns": talk 0.4 s then listen 0.6 s. A passthrough echo answers while the
+    caller talks, and only its round-trip tail comes back after the caller stops."""
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_passthrough)
+        report = await run_load(LoadConfig(url, sessions=1, duration=2.0, pattern="turns",
+                                           talk=0.4, listen=0.6, drain=0.2))
+        nursery.cancel_scope.cancel()
+    [res] = report.sessions
+    assert res.failure is None, res.failure
+    assert len(res.turns) == 2, res.turns
+    for t in res.turns:
+        assert t.loud_while_talking >= 15, t  # 20 frames of tone, echoed
+        assert t.reply_end is not None and t.reply_end < 0.3, t
+    summary = report.summary()
+    assert (summary["turns"], summary["turns_overlapped"]) == (2, 2)
+    assert res.loss == 0.0  # tags came back: exact loss, as in the continuous pattern
+
+
+def test_turns_stream_is_talk_then_silence() -> None:
+    s = encode_tone(tone_frames=30, gap_frames=90)
+    assert (s.cycle, s.tone_frames, s.gap) == (120, 30, 90)
+    dec = Decoder()
+    loud = [dec.is_loud(p) for p in s.plain]
+    assert all(loud[2:30]) and not any(loud[35:])
+
+
+async def test_bad_pattern_is_refused() -> None:
+    with pytest.raises(ValueError, match="pattern"):
+        await run_load(LoadConfig("http://127.0.0.1:9", pattern="bursts"))
+    with pytest.raises(ValueError, match="talk and listen"):
+        await run_load(LoadConfig("http://127.0.0.1:9", pattern="turns", listen=0.0))
+
+
 async def test_false_start_calls_echo_over_real_sockets(stream: ToneStream) -> None:
     """--false-start (RFC 7918, opt-in): media from our Finished on; the server, keyed by
     that Finished, gets every packet (none arrives before its keys) and echoes them all."""

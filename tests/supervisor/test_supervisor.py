@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import stat
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -322,3 +323,29 @@ async def test_signaling_runs_alone(tmp_path: Path) -> None:
             proc.kill()
             await proc.wait()
         await proc.stdout.aclose()
+
+
+@pytest.mark.parametrize(("agent", "says"), [
+    ("nosuch", "unknown agent 'nosuch'"),
+    ("no_such_module_xyz:agent", "cannot import 'no_such_module_xyz'"),
+    ("examples/tone.py:nope", "has no 'nope'"),
+    ("missing/file.py:agent", "no such file"),
+    ("{broken}:agent", "failed to load: RuntimeError('broken at import')"),
+    ("gopher://host/agent", "no bridge for gopher:// agents"),
+])
+def test_an_agent_that_cannot_load_fails_up_at_start(tmp_path: Path, agent: str, says: str) -> None:
+    """Regression (issue 22): `up --agent nosuch` started every transceiver, each exited on
+    the bad spec, and `up` restarted them three times before giving up with a transceiver's
+    exit status. Now the spec is loaded once, before any child starts: one line, status 2."""
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('broken at import')\n")
+    agent = agent.replace("{broken}", str(broken))
+    r = subprocess.run(
+        [sys.executable, "-m", "appliance", "up", "--agent", agent, "--state-dir",
+         str(tmp_path / "state"), "--http", "127.0.0.1:0", "--udp", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2])
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("appliance up: ") and says in lines[0], lines[0]
+    assert "transceiver" not in r.stdout + r.stderr  # no child was started
