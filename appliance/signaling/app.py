@@ -61,7 +61,6 @@ log = logging.getLogger(__name__)
 _CORS_HEADERS = "Authorization, Content-Type, If-Match, X-Agent"  # a preflight may send these
 
 
-
 def create_app(state: SignalingState) -> QuartTrio:
     app = QuartTrio(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = state.config.max_body
