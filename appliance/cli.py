@@ -8,13 +8,13 @@ with ``add_arguments(parser)`` and ``run(args) -> int``; this file only wires th
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .heap import settle_heap
 from .proto.ufrag import UfragCodec, UfragError, load_secrets
 from .supervisor import SECRET_NAME, default_state_dir
 
@@ -134,19 +134,6 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--json", action="store_true", help="print the fields as JSON")
     dec.set_defaults(func=_ufrag_decode)
     return parser
-
-
-def settle_heap() -> None:
-    """Move everything start-up made (modules, classes, functions: ~70 000 objects once
-    trio, cryptography, numpy and PyAV are imported) out of the cyclic collector's reach.
-
-    A full (generation 2) collection walks every tracked object; measured in a transceiver
-    carrying 70 PCM sessions, one took 41 ms — a 41 ms stall of every session's audio —
-    and 3 ms with the start-up objects frozen (docs/performance.md, "Fifth pass"). Nothing
-    frozen is ever garbage: it lives as long as the process does anyway.
-    """
-    gc.collect()
-    gc.freeze()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

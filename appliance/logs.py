@@ -7,11 +7,13 @@ one session without revealing the value.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import logging
 import sys
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 _DEBUG = False
 
@@ -26,8 +28,6 @@ def redact(value: object) -> str:
 def loggable_url(spec: str) -> str:
     """An agent spec or URL for a log line: no ``user:password@``, query or fragment (where
     tokens live). Names and ``module:attr`` specs come out unchanged."""
-    from urllib.parse import urlsplit, urlunsplit
-
     parts = urlsplit(spec)
     if not parts.netloc:
         return spec
@@ -69,11 +69,8 @@ def configure(*, level: str = "info", fmt: str = "text", role: str = "") -> None
     root.setLevel(level.upper())
 
 
-def add_logging_flags(parser: object) -> None:
+def add_logging_flags(parser: argparse.ArgumentParser) -> None:
     """--log-level / --log-format on an argparse parser."""
-    import argparse
-
-    assert isinstance(parser, argparse.ArgumentParser)
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"], help="log verbosity")
     parser.add_argument("--log-format", default="text", choices=["text", "json"],

@@ -38,7 +38,6 @@ import argparse
 import logging
 import os
 import re
-import secrets
 import shlex
 import shutil
 import signal
@@ -64,8 +63,12 @@ from .config import (
     resolve,
 )
 from .logs import add_logging_flags, configure
-from .proto.ufrag import load_secrets
-from .signaling.cli import add_auth_arguments, add_tls_arguments, default_webui_dir, tls_settings
+from .signaling.options import (
+    add_auth_arguments,
+    add_tls_arguments,
+    default_webui_dir,
+    tls_settings,
+)
 from .signaling.server import (
     check_public_address,
     default_public_addresses,
@@ -74,10 +77,10 @@ from .signaling.server import (
     serve_signaling,
 )
 from .signaling.state import SignalingConfig, SignalingState
+from .statedir import default_state_dir, ensure_secret, ensure_state_dir
 
 log = logging.getLogger("appliance.supervisor")
 
-SECRET_NAME = "routing.secret"
 READY_PATTERNS = {
     "transceiver": re.compile(r"^transceiver (?P<id>\S+) listening on (?P<listen>\S+) control (?P<control>.+)$"),
     "relay": re.compile(r"^relay listening on (?P<listen>\S+) internal (?P<internal>\S+)"),
@@ -98,43 +101,6 @@ DEFAULTS: dict[str, Any] = {
 
 class StartupError(Exception):
     """``up`` could not bring a child up at all (bad flags, port in use, ...)."""
-
-
-# -- state directory and routing secret ------------------------------------------------------
-
-
-def default_state_dir() -> Path:
-    """``$XDG_STATE_HOME/appliance`` when XDG_STATE_HOME is set, else ``./.appliance-state``."""
-    xdg = os.environ.get("XDG_STATE_HOME")
-    return Path(xdg) / "appliance" if xdg else Path(".appliance-state")
-
-
-def ensure_state_dir(path: str | Path) -> Path:
-    d = Path(path).resolve()
-    d.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return d
-
-
-def ensure_secret(state_dir: str | Path) -> Path:
-    """The routing secret file, created on first start (32 random bytes, hex, mode 0600)."""
-    d = ensure_state_dir(state_dir)
-    path = d / SECRET_NAME
-    try:
-        # O_EXCL: two supervisors starting at once cannot both write (one reuses the other's).
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        mode = path.stat().st_mode & 0o777
-        if mode & 0o077:
-            log.warning("routing secret %s was mode %o; tightening to 600", path, mode)
-            os.chmod(path, 0o600)
-        load_secrets(path.read_bytes())  # raises ValueError on an empty/garbled file
-        return path
-    with os.fdopen(fd, "w") as f:
-        f.write("# appliance routing secret: shared by signaling, relays and transceivers\n")
-        f.write(secrets.token_hex(32) + "\n")
-    os.chmod(path, 0o600)  # whatever the umask did
-    log.info("generated routing secret %s", path)
-    return path
 
 
 def _free_port(host: str, kind: socket.SocketKind) -> int:

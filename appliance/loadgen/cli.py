@@ -12,6 +12,7 @@ import sys
 
 import trio
 
+from ..heap import settle_heap
 from .runner import LoadConfig, run_load, stderr_progress
 from .stats import format_summary
 
@@ -94,7 +95,5 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="appliance loadgen", description=__doc__.split("\n")[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
-    from appliance.cli import settle_heap  # the same start-up freeze as `appliance loadgen`
-
-    settle_heap()
+    settle_heap()  # the same start-up freeze as `appliance loadgen`
     return run(args)

@@ -20,18 +20,16 @@ Every error is ``application/problem+json`` (RFC 9457, see problems.py); bad inp
 never a 500.
 
 ``POST /v1/sessions`` and ``DELETE /v1/sessions/{id}`` are answered in front of Quart by
-fastpath.py (the WHIP hot path, no request contexts); the rules both paths apply are the
-module-level functions at the end of this file, so the routes below and the fast path
-cannot drift apart (tests/signaling/test_fastpath.py compares their answers).
+fastpath.py (the WHIP hot path, no request contexts); the rules both paths apply are in
+rules.py, so the routes below and the fast path cannot drift apart
+(tests/signaling/test_fastpath.py compares their answers).
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import math
-import re
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -41,18 +39,26 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from . import metrics
+from .fastpath import WhipFastPath
 from .problems import Problem, problem_response
-from .state import SessionRecord, SignalingState, etag_matches, new_etag
-from .tokens import PREFIX as CLIENT_TOKEN_PREFIX
-from .tokens import SCOPE_SESSIONS, ClientClaims, TokenError
+from .registry import etag_matches, new_etag
+from .rules import (
+    CORS_RESPONSE_HEADERS,
+    SDP,
+    SDPFRAG,
+    authorize_header,
+    check_agent,
+    check_body_headers,
+    check_owner,
+    created_headers,
+    decode_body,
+    http_problem,
+)
+from .state import SignalingState
+from .tokens import ClientClaims
 
 log = logging.getLogger(__name__)
-
-SDP = "application/sdp"
-SDPFRAG = "application/trickle-ice-sdpfrag"
-_AGENT_RE = re.compile(r"^[\x21-\x7e]{1,256}$")  # names, module:attr or ws:// URLs
-_CORS_HEADERS = "Authorization, Content-Type, If-Match, X-Agent"
-_CORS_EXPOSE = "Location, ETag, Accept-Patch, Link"
+_CORS_HEADERS = "Authorization, Content-Type, If-Match, X-Agent"  # a preflight may send these
 
 
 def create_app(state: SignalingState) -> QuartTrio:
@@ -269,98 +275,9 @@ def create_app(state: SignalingState) -> QuartTrio:
         return await static_file(name)
 
     # The WHIP create/delete are answered in front of Quart (fastpath.py), through the same
-    # checks above; installed as asgi_app so hypercorn and the test client both use it.
-    from .fastpath import WhipFastPath
-
+    # rules (rules.py); installed as asgi_app so hypercorn and the test client both use it.
     app.asgi_app = WhipFastPath(app.asgi_app, state)  # type: ignore[method-assign,assignment]
     return app
-
-
-# -- shared with the WHIP fast path (fastpath.py): one definition of each rule -------------
-
-#: Added to every /v1/ answer. Bearer tokens, never cookies: any origin may call the API
-#: (browser WHIP clients).
-CORS_RESPONSE_HEADERS = (("Access-Control-Allow-Origin", "*"),
-                         ("Access-Control-Expose-Headers", _CORS_EXPOSE))
-
-
-def authorize_header(state: SignalingState, authorization: str, *,
-                     sessions: bool) -> ClientClaims | None:
-    """Check an ``Authorization`` header value: None when the caller has full rights, the
-    claims of a client token otherwise; raises :class:`Problem` (401/403)."""
-    if not state.config.requires_auth():
-        return None
-    challenge = {"WWW-Authenticate": 'Bearer realm="appliance"'}
-    scheme, _, token = authorization.partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
-        raise Problem(401, "missing-token", "an Authorization: Bearer token is required",
-                      challenge)
-    if state.api_token and hmac.compare_digest(token.encode(), state.api_token.encode()):
-        return None
-    if token.startswith(CLIENT_TOKEN_PREFIX):
-        try:
-            claims = state.tokens.verify_untrusted(token, now=state.clock())
-        except TokenError as exc:
-            raise Problem(401, f"token-{exc.reason}", str(exc),
-                          {"WWW-Authenticate": 'Bearer realm="appliance", error="invalid_token"'}) from None
-        if not sessions or SCOPE_SESSIONS not in claims.scope:
-            raise Problem(403, "token-scope", "a client token may only create, patch and "
-                          "delete sessions; this needs the API token")
-        return claims
-    raise Problem(401, "bad-token", "the bearer token is not valid",
-                  {"WWW-Authenticate": 'Bearer realm="appliance", error="invalid_token"'})
-
-
-def check_owner(rec: SessionRecord, claims: ClientClaims | None) -> None:
-    if claims is not None and rec.owner != claims.jti:
-        raise Problem(403, "not-owner", "this client token did not create this session")
-
-
-def check_body_headers(mimetype: str, content_length: int | None, expected: str,
-                       max_body: int) -> None:
-    """Content-Type and Content-Length, before any of the body is read (415, 413)."""
-    if mimetype != expected:
-        got = mimetype or "none"
-        raise Problem(415, "unsupported-media-type",
-                      f"Content-Type must be {expected}, got {got}",
-                      {"Accept-Post" if expected == SDP else "Accept-Patch": expected})
-    if content_length is not None and content_length > max_body:
-        raise Problem(413, "body-too-large", f"request body exceeds {max_body} bytes")
-
-
-def decode_body(raw: bytes, expected: str) -> str:
-    if not raw.strip():
-        raise Problem(400, "empty-body", f"the request body must be an {expected} document")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise Problem(400, "bad-encoding", f"the body is not UTF-8 (byte {exc.start})") from None
-
-
-def check_agent(agent: str | None) -> str | None:
-    if agent is not None and not _AGENT_RE.match(agent):
-        raise Problem(400, "bad-agent", "agent must be 1..256 printable ASCII characters")
-    return agent
-
-
-def created_headers(rec: SessionRecord) -> list[tuple[str, str]]:
-    """The 201's headers after Content-Type/Length (RFC 9725 §4.2)."""
-    return [("Location", f"/v1/sessions/{rec.id}"), ("ETag", rec.etag),
-            ("Accept-Patch", SDPFRAG), ("Cache-Control", "no-store")]
-
-
-def http_problem(exc: HTTPException, max_body: int) -> Problem:
-    """A werkzeug HTTP error (404, 405, 408, 413, ...) as the problem we answer with."""
-    status = exc.code or 400
-    code = re.sub(r"[^a-z0-9]+", "-", (exc.name or "error").lower()).strip("-")
-    detail = exc.description or exc.name or "error"
-    if status == 413:
-        code, detail = "body-too-large", f"request body exceeds {max_body} bytes"
-    headers = {}
-    if status == 405 and exc.get_headers():
-        headers = {k: v for k, v in exc.get_headers() if k.lower() == "allow"}
-    return Problem(status, code, detail, headers)
 
 
 def json_response(obj: Any, status: int = 200) -> Response:

@@ -20,6 +20,7 @@ import trio
 from ..config import ConfigError, load_config, parse_hostport, resolve
 from ..logs import add_logging_flags, configure
 from .geo import parse_ingress_map
+from .options import add_auth_arguments, add_tls_arguments, default_webui_dir, tls_settings
 from .server import (
     check_public_address,
     default_public_addresses,
@@ -28,7 +29,6 @@ from .server import (
     serve_signaling,
 )
 from .state import SignalingConfig
-from .tls import ensure_self_signed
 
 log = logging.getLogger(__name__)
 
@@ -43,31 +43,6 @@ DEFAULTS: dict[str, Any] = {
     "region_header": None,
     "trusted_proxy": [],
 }
-
-
-def default_webui_dir() -> Path:
-    """``webui/`` next to the package (a source checkout or an editable install)."""
-    return Path(__file__).resolve().parent.parent.parent / "webui"
-
-
-def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tls", choices=["self-signed"], default=None,
-                        help="serve HTTPS with a self-signed certificate kept in the state "
-                             "directory (its SHA-256 is printed); browsers need HTTPS for the "
-                             "microphone anywhere but localhost")
-    parser.add_argument("--tls-cert", metavar="PEM", default=None,
-                        help="serve HTTPS with this certificate chain (needs --tls-key)")
-    parser.add_argument("--tls-key", metavar="PEM", default=None,
-                        help="private key for --tls-cert")
-
-
-def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--api-token", metavar="TOKEN", default=None,
-                        help="bearer token the API requires when bound to a non-loopback "
-                             "address (default: generated and printed at start)")
-    parser.add_argument("--public-address", action="append", metavar="IP", default=None,
-                        help="media address to advertise in SDP answers, IPv4 or IPv6; "
-                             "repeatable (default: the default-route interface's address)")
 
 
 def add_geo_arguments(parser: argparse.ArgumentParser) -> None:
@@ -129,25 +104,6 @@ def _pairs(items: Any, what: str, *, keyed: bool) -> dict[str, str]:
             raise ValueError(f"{what} {item!r}: empty address")
         out[key.strip()] = addr.strip()
     return out
-
-
-def tls_settings(args: argparse.Namespace, hosts: list[str]) -> tuple[str | None, str | None, str | None]:
-    """(cert, key, fingerprint-if-self-signed) from --tls / --tls-cert / --tls-key."""
-    if args.tls == "self-signed":
-        if args.tls_cert or args.tls_key:
-            raise ValueError("--tls self-signed and --tls-cert/--tls-key are exclusive")
-        from ..supervisor import default_state_dir
-
-        cert, key, fp = ensure_self_signed(Path(args.state_dir or default_state_dir()), hosts)
-        return cert, key, fp
-    if args.tls is not None:
-        raise ValueError(f"unknown --tls mode {args.tls!r}")
-    if bool(args.tls_cert) != bool(args.tls_key):
-        raise ValueError("--tls-cert and --tls-key go together")
-    for path in (args.tls_cert, args.tls_key):
-        if path and not Path(path).is_file():
-            raise ValueError(f"TLS file {path} does not exist")
-    return args.tls_cert, args.tls_key, None
 
 
 def build_config(args: argparse.Namespace) -> tuple[SignalingConfig, str | None]:

@@ -12,7 +12,7 @@ unchanged. It is installed as the app's ``asgi_app``, so the Quart test client g
 it too and the API tests cover both paths.
 
 Same answers as the Quart routes, byte for byte apart from the ``date`` header: the checks,
-their order and their problem details are the functions of app.py both paths call
+their order and their problem details are the functions of rules.py both paths call
 (``authorize_header``, ``check_body_headers``, ``decode_body``, ``check_agent``,
 ``created_headers``, ``http_problem``), then the same :class:`SignalingState` operations;
 the response headers come in the order Quart writes them (Content-Type, Content-Length, the
@@ -40,7 +40,9 @@ from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 from werkzeug.http import parse_options_header
 from werkzeug.sansio.utils import get_content_length
 
-from .app import (
+from .problems import CONTENT_TYPE as PROBLEM_TYPE
+from .problems import Problem, problem_body
+from .rules import (
     CORS_RESPONSE_HEADERS,
     SDP,
     authorize_header,
@@ -51,8 +53,6 @@ from .app import (
     decode_body,
     http_problem,
 )
-from .problems import CONTENT_TYPE as PROBLEM_TYPE
-from .problems import Problem, problem_body
 from .state import SignalingState
 
 log = logging.getLogger("appliance.signaling.app")  # where Quart's handler logs bugs

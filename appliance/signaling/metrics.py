@@ -19,31 +19,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .state import SignalingState
+from .histogram import BUCKETS
+from .state import SignalingState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _NAME_BAD = re.compile(r"[^a-zA-Z0-9_]")
-
-
-class Histogram:
-    __slots__ = ("counts", "sum", "count")
-
-    def __init__(self) -> None:
-        self.counts = [0] * len(BUCKETS)  # non-cumulative; cumulated when rendered
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        self.sum += value
-        self.count += 1
-        for i, bound in enumerate(BUCKETS):
-            if value <= bound:
-                self.counts[i] += 1
-                break
 
 
 def metric_name(text: str) -> str:
@@ -119,14 +101,14 @@ def render(state: SignalingState) -> str:
         fams.add("appliance_sessions", "gauge", "Sessions held by the transceivers, by state.",
                  {"state": st}, n)
     fams.add("appliance_sessions_lost_total", "counter",
-             "Sessions ended because their transceiver died.", {}, state.sessions_lost)
+             "Sessions ended because their transceiver died.", {}, state.registry.sessions_lost)
     fams.add("appliance_sessions_created_total", "counter",
              "Sessions created through this signaling process.", {},
-             sum(state.assigned.values()))
+             state.placement.created_total())
 
     hname = "appliance_session_setup_seconds"
     help_h = "Time from offer received to each setup step, per session."
-    for step, h in state.setup_hist.items():
+    for step, h in state.registry.setup_hist.items():
         cum = 0
         for bound, n in zip(BUCKETS, h.counts, strict=True):
             cum += n

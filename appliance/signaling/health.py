@@ -1,0 +1,196 @@
+"""Process health: the control peers (transceivers, relay workers), whether each is up,
+what it last reported, and readiness.
+
+Endpoints are believed up until proven otherwise: under ``appliance up`` the supervisor flips
+them (:meth:`ProcessHealth.process_down` / :meth:`ProcessHealth.process_up`) as children die
+and come back; run alone (``managed=False``), :meth:`ProcessHealth.refresh` does it after
+:data:`LOST_AFTER` consecutive failed polls. A transceiver going down is reported to the
+``on_transceiver_lost`` callback (the registry ends its sessions).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from ..control import ControlClient, ControlError
+
+# The name these log lines had before health left state.py (log filters key on it).
+log = logging.getLogger("appliance.signaling.state")
+
+POLL_TIMEOUT = 1.0  # a stats/list poll that takes longer counts as a failure
+LOST_AFTER = 3  # consecutive failed polls before a standalone signaling gives up on a peer
+
+
+@dataclass
+class Endpoint:
+    """One control peer (a transceiver or a relay worker) and what we last heard from it."""
+
+    role: str
+    key: str
+    address: str
+    client: ControlClient
+    up: bool = True
+    failures: int = 0
+    last_ok: float | None = None  # trio time
+    last_error: str | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+    process: dict[str, Any] = field(default_factory=dict)  # pid/restarts from the supervisor
+
+    def view(self, now: float) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "role": self.role,
+            "id": self.key,
+            "control": self.address,
+            "up": self.up,
+            "answering": self.failures == 0 and self.last_ok is not None,
+            "last_ok_age_s": None if self.last_ok is None else round(now - self.last_ok, 3),
+            "error": self.last_error,
+            "counters": self.stats.get("counters", {}),
+        }
+        if "sessions_by_state" in self.stats:
+            out["sessions_by_state"] = self.stats["sessions_by_state"]
+        if "flows" in self.stats:
+            out["flows"] = self.stats["flows"]
+        out.update(self.process)
+        return out
+
+
+class ProcessHealth:
+    def __init__(
+        self,
+        transceivers: Mapping[int, str],
+        relays: Mapping[str, str],
+        *,
+        control_timeout: float,
+        managed: bool,
+        clock: Callable[[], float],
+        on_transceiver_lost: Callable[[int], object],
+    ) -> None:
+        self.transceivers: dict[int, Endpoint] = {
+            int(k): Endpoint("transceiver", str(k), a, ControlClient(a, timeout=control_timeout))
+            for k, a in sorted(transceivers.items())
+        }
+        self.relays: dict[str, Endpoint] = {
+            str(k): Endpoint("relay", str(k), a, ControlClient(a, timeout=control_timeout))
+            for k, a in sorted(relays.items())
+        }
+        self.managed = managed  # True under the supervisor: it, not polling, decides who is lost
+        self.clock = clock
+        self.started_at = clock()
+        self.supervisor_info: dict[str, Any] = {}
+        self._lost = on_transceiver_lost
+
+    def endpoints(self) -> list[Endpoint]:
+        return [*self.transceivers.values(), *self.relays.values()]
+
+    def up_transceivers(self) -> list[int]:
+        return [k for k, ep in self.transceivers.items() if ep.up]
+
+    def _endpoint(self, role: str, key: str) -> Endpoint | None:
+        return self.transceivers.get(int(key)) if role == "transceiver" else self.relays.get(key)
+
+    # -- what the supervisor tells us -----------------------------------------------------
+
+    def process_info(self, role: str, key: str, **info: Any) -> None:
+        """The supervisor reports pid, restarts, state of the child behind an endpoint."""
+        ep = self._endpoint(role, key)
+        if ep is not None:
+            ep.process.update(info)
+
+    def process_up(self, role: str, key: str) -> None:
+        ep = self._endpoint(role, key)
+        if ep is not None:
+            ep.up = True
+            ep.failures = 0
+            ep.last_error = None
+
+    async def process_down(self, role: str, key: str, reason: str = "process exited") -> None:
+        """A child is gone: stop routing to it and, for a transceiver, end its sessions."""
+        ep = self._endpoint(role, key)
+        if ep is None:
+            return
+        ep.up = False
+        ep.last_error = reason
+        ep.stats = {}
+        await ep.client.aclose()  # the next request reconnects to the new process
+        if role == "transceiver":
+            self._lost(int(key))
+
+    # -- what polling finds out -----------------------------------------------------------
+
+    async def refresh(self) -> None:
+        """Poll every endpoint's ``stats`` once (bounded by :data:`POLL_TIMEOUT`)."""
+
+        async def one(ep: Endpoint) -> None:
+            ok = False
+            with trio.move_on_after(POLL_TIMEOUT):
+                try:
+                    resp = await ep.client.request({"op": "stats"})
+                    ok = bool(resp.get("ok"))
+                    if ok:
+                        ep.stats = {k: v for k, v in resp.items() if k != "ok"}
+                    else:
+                        ep.last_error = str(resp.get("detail"))
+                except ControlError as exc:
+                    ep.last_error = str(exc)
+            if ok:
+                if not ep.up and not self.managed:
+                    log.info("%s %s answers again", ep.role, ep.key)
+                    ep.up = True
+                ep.failures, ep.last_ok, ep.last_error = 0, trio.current_time(), None
+                return
+            if ep.last_error is None:
+                ep.last_error = f"no answer within {POLL_TIMEOUT:.1f} s"
+            ep.failures += 1
+            if not self.managed and ep.up and ep.failures >= LOST_AFTER:
+                log.warning("%s %s stopped answering: %s", ep.role, ep.key, ep.last_error)
+                ep.up = False
+                if ep.role == "transceiver":
+                    self._lost(int(ep.key))
+
+        async with trio.open_nursery() as nursery:
+            for ep in self.endpoints():
+                nursery.start_soon(one, ep)
+
+    async def ready(self) -> tuple[bool, dict[str, Any]]:
+        """Ready when at least one transceiver and one relay worker answer ``stats`` now."""
+        answering: dict[str, list[str]] = {"transceiver": [], "relay": []}
+
+        async def one(ep: Endpoint) -> None:
+            with trio.move_on_after(POLL_TIMEOUT):
+                try:
+                    resp = await ep.client.request({"op": "stats"})
+                except ControlError:
+                    return
+                if resp.get("ok"):
+                    answering[ep.role].append(ep.key)
+
+        async with trio.open_nursery() as nursery:
+            for ep in self.endpoints():
+                if ep.up:
+                    nursery.start_soon(one, ep)
+        ok = bool(answering["transceiver"]) and bool(answering["relay"])
+        return ok, {"transceivers": sorted(answering["transceiver"]), "relays": sorted(answering["relay"])}
+
+    def health_view(self) -> list[dict[str, Any]]:
+        now = trio.current_time()
+        me: dict[str, Any] = {
+            "role": "signaling",
+            "id": "0",
+            "up": True,
+            "answering": True,
+            "pid": os.getpid(),
+            "uptime_s": round(self.clock() - self.started_at, 3),
+        }
+        me.update(self.supervisor_info)
+        return [me, *(ep.view(now) for ep in self.endpoints())]
+
+    async def aclose(self) -> None:
+        for ep in self.endpoints():
+            await ep.client.aclose()

@@ -1,0 +1,56 @@
+"""Command-line options that ``appliance signaling`` and ``appliance up`` share: TLS, the
+API token and advertised addresses, and where the web UI is.
+
+Both commands serve the same HTTP API, so both take these flags with the same meaning;
+they live here, not in either command's module, so neither imports the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..statedir import default_state_dir
+from .tls import ensure_self_signed
+
+
+def default_webui_dir() -> Path:
+    """``webui/`` next to the package (a source checkout or an editable install)."""
+    return Path(__file__).resolve().parent.parent.parent / "webui"
+
+
+def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tls", choices=["self-signed"], default=None,
+                        help="serve HTTPS with a self-signed certificate kept in the state "
+                             "directory (its SHA-256 is printed); browsers need HTTPS for the "
+                             "microphone anywhere but localhost")
+    parser.add_argument("--tls-cert", metavar="PEM", default=None,
+                        help="serve HTTPS with this certificate chain (needs --tls-key)")
+    parser.add_argument("--tls-key", metavar="PEM", default=None,
+                        help="private key for --tls-cert")
+
+
+def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--api-token", metavar="TOKEN", default=None,
+                        help="bearer token the API requires when bound to a non-loopback "
+                             "address (default: generated and printed at start)")
+    parser.add_argument("--public-address", action="append", metavar="IP", default=None,
+                        help="media address to advertise in SDP answers, IPv4 or IPv6; "
+                             "repeatable (default: the default-route interface's address)")
+
+
+def tls_settings(args: argparse.Namespace, hosts: list[str]) -> tuple[str | None, str | None, str | None]:
+    """(cert, key, fingerprint-if-self-signed) from --tls / --tls-cert / --tls-key."""
+    if args.tls == "self-signed":
+        if args.tls_cert or args.tls_key:
+            raise ValueError("--tls self-signed and --tls-cert/--tls-key are exclusive")
+        cert, key, fp = ensure_self_signed(Path(args.state_dir or default_state_dir()), hosts)
+        return cert, key, fp
+    if args.tls is not None:
+        raise ValueError(f"unknown --tls mode {args.tls!r}")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    for path in (args.tls_cert, args.tls_key):
+        if path and not Path(path).is_file():
+            raise ValueError(f"TLS file {path} does not exist")
+    return args.tls_cert, args.tls_key, None
