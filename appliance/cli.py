@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .heap import settle_heap
 from .proto.ufrag import UfragCodec, UfragError, load_secrets
-from .supervisor import SECRET_NAME, default_state_dir
+from .statedir import SECRET_NAME, default_state_dir
 
 # (subcommand, module, one-line help). A role appears here only once it really runs.
 ROLES: list[tuple[str, str, str]] = [
