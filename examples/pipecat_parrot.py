@@ -38,7 +38,7 @@ from websockets.asyncio.server import ServerConnection
 from appliance.integrations.pipecat import ApplianceParams, ApplianceTransport, run
 
 
-class Parrot(FrameProcessor):  # type: ignore[misc]
+class Parrot(FrameProcessor):
     """Records the caller between user-started and user-stopped, then plays it back."""
 
     def __init__(self, **kwargs: Any) -> None:

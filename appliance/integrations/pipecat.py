@@ -76,7 +76,7 @@ from pipecat.frames.frames import (
     VADUserStartedSpeakingFrame,
     VADUserStoppedSpeakingFrame,
 )
-from pipecat.processors.frame_processor import FrameDirection, FrameProcessorSetup
+from pipecat.processors.frame_processor import FrameDirection
 from pipecat.transports.base_input import BaseInputTransport
 from pipecat.transports.base_output import BaseOutputTransport
 from pipecat.transports.base_transport import BaseTransport, TransportParams
@@ -228,7 +228,7 @@ class _Connection:
             await self.send_message(message, channel)
 
 
-class ApplianceInputTransport(BaseInputTransport):  # type: ignore[misc]
+class ApplianceInputTransport(BaseInputTransport):
     """Caller audio, VAD and channel messages into the pipeline."""
 
     def __init__(self, transport: ApplianceTransport, conn: _Connection,
@@ -263,7 +263,7 @@ class ApplianceInputTransport(BaseInputTransport):  # type: ignore[misc]
         await self._stop_receiving()
 
     async def cleanup(self) -> None:
-        await super().cleanup()
+        await super().cleanup()  # type: ignore[no-untyped-call]
         await self._stop_receiving()
 
     async def _stop_receiving(self) -> None:
@@ -322,7 +322,7 @@ class ApplianceInputTransport(BaseInputTransport):  # type: ignore[misc]
                 await self._in_order(VADUserStartedSpeakingFrame(start_secs=0.0))
             if params.user_turn_frames:
                 await self.broadcast_frame(UserStartedSpeakingFrame)
-                await self.broadcast_interruption()
+                await self.broadcast_interruption()  # type: ignore[no-untyped-call]
         elif kind == "speech.stopped":
             if params.vad_frames:
                 await self._in_order(VADUserStoppedSpeakingFrame(stop_secs=VAD_STOP_SECS))
@@ -371,7 +371,7 @@ class ApplianceInputTransport(BaseInputTransport):  # type: ignore[misc]
         await self.broadcast_frame_instance(frame)
 
 
-class ApplianceOutputTransport(BaseOutputTransport):  # type: ignore[misc]
+class ApplianceOutputTransport(BaseOutputTransport):
     """Pipeline audio and messages to the caller; interruptions drop queued audio."""
 
     def __init__(self, transport: ApplianceTransport, conn: _Connection,
@@ -444,7 +444,7 @@ class ApplianceOutputTransport(BaseOutputTransport):  # type: ignore[misc]
         return not conn.closed
 
 
-class ApplianceTransport(BaseTransport):  # type: ignore[misc]
+class ApplianceTransport(BaseTransport):
     """One appliance call (one WebSocket connection from a transceiver) as a transport.
 
     Event handlers: ``on_client_connected(transport, session_start)``,
