@@ -52,8 +52,6 @@ import base64
 import binascii
 import json
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from loguru import logger
@@ -80,8 +78,10 @@ from pipecat.processors.frame_processor import FrameDirection
 from pipecat.transports.base_input import BaseInputTransport
 from pipecat.transports.base_output import BaseOutputTransport
 from pipecat.transports.base_transport import BaseTransport, TransportParams
-from websockets.asyncio.server import ServerConnection, serve
+from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
+
+from ._wsagent import AgentSocket, close_reason, json_object, run, serve_bots
 
 __all__ = [
     "ApplianceParams",
@@ -91,11 +91,8 @@ __all__ = [
     "serve_bots",
 ]
 
-PROTOCOL = "appliance.agent.v1"
 #: The appliance's VAD holds "speech" for 10 frames (appliance/agents/vad.py).
 VAD_STOP_SECS = 0.2
-MAX_MESSAGE = 1 << 20  # docs/agent-protocol.md: messages are at most 1 MiB
-MAX_PENDING_MESSAGES = 64  # outbound messages held while no channel is open
 
 
 class ApplianceParams(TransportParams):
@@ -141,97 +138,10 @@ def channel_message(message: Any, channel: str | int | None = None, *,
     return frame
 
 
-class _Connection:
-    """One call's WebSocket, shared by the input and output processors."""
-
-    def __init__(self, websocket: ServerConnection, params: ApplianceParams) -> None:
-        self.ws = websocket
-        self.params = params
-        self.start: dict[str, Any] | None = None
-        self.rate = 0  # the accepted wire rate; 0 until session.accept is sent
-        self.channels: dict[int, dict[str, Any]] = {}
-        self.end_reason: str | None = None
-        self.closed = False
-        self._accept_lock = asyncio.Lock()
-        self._send_lock = asyncio.Lock()
-        self._pending: deque[tuple[str | int | None, Any]] = deque()
-
-    async def accept(self, preferred: int) -> None:
-        """Read ``session.start`` and answer ``session.accept`` (once, whoever asks first)."""
-        async with self._accept_lock:
-            if self.rate:
-                return
-            async with asyncio.timeout(self.params.start_timeout_secs):
-                first = await self.ws.recv()
-            start = _json_object(first) if isinstance(first, str) else None
-            if start is None or start.get("type") != "session.start":
-                raise ConnectionError(f"expected session.start, got {first!r:.80}")
-            if start.get("protocol") != PROTOCOL:
-                logger.warning(f"appliance: unknown protocol {start.get('protocol')!r}")
-            offered = [r for r in start.get("sample_rates", [48_000]) if isinstance(r, int)]
-            rate = self.params.wire_sample_rate or (preferred if preferred in offered
-                                                    else 48_000)
-            if rate not in offered:
-                raise ConnectionError(f"the transceiver does not offer {rate} Hz: {offered}")
-            self.start = start
-            await self.send_json({"type": "session.accept", "sample_rate": rate})
-            self.rate = rate
-
-    async def send_json(self, event: dict[str, Any]) -> None:
-        await self.send(json.dumps(event))
-
-    async def send(self, data: str | bytes) -> None:
-        if self.closed:
-            return
-        async with self._send_lock:
-            try:
-                await self.ws.send(data)
-            except ConnectionClosed:
-                self.closed = True
-
-    async def close(self, reason: str) -> None:
-        self.closed = True
-        async with self._send_lock:
-            await self.ws.close(1000, reason[:120])
-
-    # -- data channels -----------------------------------------------------------------------
-
-    def pick_channel(self, wanted: str | int | None) -> str | int | None:
-        if wanted is None:
-            wanted = self.params.default_channel
-        if wanted is None:
-            return min(self.channels) if self.channels else None
-        if isinstance(wanted, int):
-            return wanted if wanted in self.channels else None
-        return wanted if any(c.get("label") == wanted for c in self.channels.values()) else None
-
-    async def send_message(self, message: Any, channel: str | int | None) -> None:
-        target = self.pick_channel(channel)
-        if target is None:
-            if len(self._pending) >= MAX_PENDING_MESSAGES:
-                self._pending.popleft()
-                logger.warning("appliance: no data channel open; dropped the oldest message")
-            self._pending.append((channel, message))
-            return
-        event: dict[str, Any] = {"type": "channel.send", "channel": target}
-        if isinstance(message, bytes | bytearray | memoryview):
-            event["binary"] = base64.b64encode(bytes(message)).decode()
-        elif isinstance(message, str):
-            event["text"] = message
-        else:
-            event["text"] = json.dumps(message)
-        await self.send_json(event)
-
-    async def flush_pending(self) -> None:
-        held, self._pending = self._pending, deque()
-        for channel, message in held:
-            await self.send_message(message, channel)
-
-
 class ApplianceInputTransport(BaseInputTransport):
     """Caller audio, VAD and channel messages into the pipeline."""
 
-    def __init__(self, transport: ApplianceTransport, conn: _Connection,
+    def __init__(self, transport: ApplianceTransport, conn: AgentSocket,
                  params: ApplianceParams, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
         self._transport = transport
@@ -278,14 +188,14 @@ class ApplianceInputTransport(BaseInputTransport):
                 if isinstance(msg, bytes):
                     await self._audio(msg)
                 else:
-                    event = _json_object(msg)
+                    event = json_object(msg)
                     if event is not None:
                         await self._event(event)
                 if conn.end_reason is not None:
                     break
         except ConnectionClosed:
             pass
-        reason = conn.end_reason or _close_reason(conn.ws)
+        reason = conn.end_reason or close_reason(conn.ws)
         await self._hung_up(reason)
 
     async def _hung_up(self, reason: str) -> None:
@@ -374,7 +284,7 @@ class ApplianceInputTransport(BaseInputTransport):
 class ApplianceOutputTransport(BaseOutputTransport):
     """Pipeline audio and messages to the caller; interruptions drop queued audio."""
 
-    def __init__(self, transport: ApplianceTransport, conn: _Connection,
+    def __init__(self, transport: ApplianceTransport, conn: AgentSocket,
                  params: ApplianceParams, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
         self._transport = transport
@@ -456,7 +366,9 @@ class ApplianceTransport(BaseTransport):
                  *, input_name: str | None = None, output_name: str | None = None) -> None:
         super().__init__(input_name=input_name, output_name=output_name)
         self._params = params or ApplianceParams()
-        self._conn = _Connection(websocket, self._params)
+        self._conn = AgentSocket(websocket, wire_sample_rate=self._params.wire_sample_rate,
+                                 default_channel=self._params.default_channel,
+                                 start_timeout=self._params.start_timeout_secs)
         self._input = ApplianceInputTransport(self, self._conn, self._params,
                                               name=self._input_name)
         self._output = ApplianceOutputTransport(self, self._conn, self._params,
@@ -493,45 +405,3 @@ class ApplianceTransport(BaseTransport):
         await self._call_event_handler(name, *args)
 
 
-Bot = Callable[[ServerConnection], Awaitable[None]]
-
-
-async def serve_bots(bot: Bot, host: str = "127.0.0.1", port: int = 8765, *,
-                     ready: Callable[[str], None] | None = None) -> None:
-    """Serve ``bot`` to transceivers: one call per connection, until cancelled.
-
-    ``ready`` gets the ``ws://`` URL to give ``appliance up --agent`` once listening."""
-
-    async def handler(websocket: ServerConnection) -> None:
-        try:
-            await bot(websocket)
-        finally:
-            await websocket.close()
-
-    async with serve(handler, host, port, max_size=MAX_MESSAGE) as server:
-        bound = next(iter(server.sockets)).getsockname()
-        if ready is not None:
-            ready(f"ws://{bound[0]}:{bound[1]}/")
-        await server.serve_forever()
-
-
-def run(bot: Bot, host: str = "127.0.0.1", port: int = 8765, *,
-        ready: Callable[[str], None] | None = None) -> None:
-    """:func:`serve_bots` in a fresh asyncio loop; returns on Ctrl-C."""
-    try:
-        asyncio.run(serve_bots(bot, host, port, ready=ready))
-    except KeyboardInterrupt:
-        pass
-
-
-def _json_object(text: str) -> dict[str, Any] | None:
-    try:
-        event = json.loads(text)
-    except ValueError:
-        return None
-    return event if isinstance(event, dict) and isinstance(event.get("type"), str) else None
-
-
-def _close_reason(ws: ServerConnection) -> str:
-    code = ws.close_code
-    return "closed" if code in (1000, 1001) else f"disconnected: {code}"
