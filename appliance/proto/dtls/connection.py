@@ -30,8 +30,8 @@ What is implemented, and where the rules come from:
 
 Deliberately omitted: session resumption and tickets (WebRTC never resumes),
 renegotiation (refused with a no_renegotiation warning), compression, non-AEAD suites,
-RSA certificates, DTLS 1.3 (a 1.3-capable ClientHello is answered with 1.2, RFC 8446
-§4.2.1: a 1.2 server ignores supported_versions), connection IDs.
+RSA certificates, connection IDs. DTLS 1.3 is ``connection13`` (RFC 9147); ``versioned``
+picks the engine and hands over between them (RFC 8446 §4.2.1, §4.1.3 downgrade sentinel).
 
 Usage (STYLE.md rule 2): after any ``handle_*``/``start``/``send_*``/``close``, drain
 ``poll_transmit()`` and ``poll_event()`` until ``None``, then wake at ``poll_timeout()``.

@@ -132,7 +132,7 @@ class KeySchedule:
 class RecordProtection13:
     """AEAD and record-number protection for one direction of one epoch."""
 
-    __slots__ = ("_aead", "_iv", "_sn", "_chacha")
+    __slots__ = ("_aead", "_iv", "_sn", "_chacha", "_ecb")
 
     def __init__(self, suite: CipherSuite13, traffic_secret: bytes) -> None:
         p = SUITES13[suite]
@@ -142,6 +142,8 @@ class RecordProtection13:
         self._chacha = p.chacha
         self._aead: AESGCM | ChaCha20Poly1305 = ChaCha20Poly1305(key) if p.chacha else AESGCM(key)
         self._sn = sn_key
+        # ECB has no state between blocks, so one encryptor serves every record.
+        self._ecb = None if p.chacha else Cipher(algorithms.AES(sn_key), modes.ECB()).encryptor()
 
     def _nonce(self, seq: int) -> bytes:
         n = int.from_bytes(self._iv, "big") ^ seq
@@ -165,8 +167,8 @@ class RecordProtection13:
             # exactly "Ciphertext[0..3] as counter, Ciphertext[4..15] as nonce".
             enc = Cipher(algorithms.ChaCha20(self._sn, sample), mode=None).encryptor()
             return enc.update(bytes(16))
-        ecb = Cipher(algorithms.AES(self._sn), modes.ECB()).encryptor()
-        return ecb.update(sample) + ecb.finalize()
+        assert self._ecb is not None
+        return self._ecb.update(sample)
 
 
 # --- key exchange ----------------------------------------------------------------------
