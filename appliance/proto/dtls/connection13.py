@@ -87,7 +87,7 @@ DEFAULT_CIPHER_SUITES_13: tuple[CipherSuite13, ...] = (
 MAX_RTO = 60.0
 _MAX_EARLY = 32
 # Raw datagrams kept while the version is undecided, replayed into the 1.2 engine.
-_MAX_FALLBACK_DATAGRAMS = 32
+_MAX_FALLBACK_DATAGRAMS = 16
 
 _PUBLIC_STATE = {
     S13.CLIENT_IDLE: State.CLIENT_IDLE,
@@ -326,7 +326,7 @@ class Dtls13Connection:
                     self.counters.records_dropped += 1
                     return
                 epoch = self.rl.match_epoch(rec.epoch_bits)
-                if epoch is None or (epoch == 2 and rec.epoch_bits == 2 and not self.rl.has_read(2)):
+                if epoch is None:
                     # RFC 9147 §4.2.1: keys for this epoch may still come (a reordered
                     # ServerHello); hold a bounded number of such records.
                     if len(self._early_records) < _MAX_EARLY and self._state is not S13.ESTABLISHED:

@@ -360,9 +360,12 @@ def _on_certificate(c: Dtls13Connection, now: float, body: Body13, raw: bytes,
 def _on_certificate_verify(c: Dtls13Connection, now: float, body: Body13, raw: bytes,
                            msg: HandshakeMessage) -> Result:
     assert isinstance(body, CertificateVerify) and c._peer_key is not None
-    if body.signature_scheme != _P256:
-        return None, AlertDescription.illegal_parameter  # the only scheme we offered
-    context = _SERVER_CV if c._state is S13.C_WAIT_CV else _CLIENT_CV
+    from_server = c._state is S13.C_WAIT_CV
+    # Only schemes we offered: signature_algorithms in our ClientHello (all ECDSA ones we
+    # verify) or our CertificateRequest (P-256 only). RFC 8446 §4.4.3.
+    if body.signature_scheme not in (SUPPORTED_SIGNATURE_SCHEMES if from_server else (_P256,)):
+        return None, AlertDescription.illegal_parameter
+    context = _SERVER_CV if from_server else _CLIENT_CV
     verify_untrusted(c._peer_key, body.signature_scheme, body.signature,
                      _signed_content(c, context))
     c._transcript += raw
@@ -460,6 +463,8 @@ def _on_client_hello(c: Dtls13Connection, now: float, body: Body13, raw: bytes,
     restored = _check_cookie(c, now, body, cookie) if cookie else None
     if restored is not None:
         ch1_hash, suite_value, group_value = restored
+        if suite_value not in body.cipher_suites:
+            return None, AlertDescription.illegal_parameter  # RFC 8446 §4.1.2: CH2 ≈ CH1
         suite = CipherSuite13(suite_value)
         group = next((g for g in c._groups if g in shares and g in client_groups), None)
         if group is None or (group_value and group != group_value):

@@ -364,3 +364,15 @@ def test_handshake_complete_event_carries_version() -> None:
     pair.run()
     ev = pair.completed("client")
     assert isinstance(ev, HandshakeComplete) and ev.version == "1.3"
+
+
+@pytest.mark.skipif(not HAVE_MLKEM, reason="the client needs ML-KEM to offer the hybrid share")
+def test_hybrid_only_share_to_server_without_mlkem_gets_hrr() -> None:
+    """A server without ML-KEM (groups_13 without the hybrid, as when ``cryptography``
+    lacks it) answers a ClientHello whose only share is X25519MLKEM768 with an HRR for a
+    group from its supported_groups (docs/dtls13.md, "ML-KEM status")."""
+    pair = Pair(client(ONLY13, groups_13=[Group13.X25519MLKEM768, Group13.secp256r1]),
+                server(ONLY13, groups_13=[Group13.x25519, Group13.secp256r1]))
+    pair.run()
+    assert_established(pair, "1.3")
+    assert pair.server.counters.hello_verify_requests == 1
