@@ -257,6 +257,59 @@ def relay_seeds() -> dict[str, bytes]:
     }
 
 
+def _pair13_flights(versions: frozenset[str], cookie: bool = False) -> tuple[list[bytes], list[bytes]]:
+    """(client datagrams, server datagrams) of one in-memory handshake."""
+    client = DtlsConnection(Role.CLIENT, _certificate("client"), remote_fingerprints=None,
+                            versions=versions)
+    server = DtlsConnection(Role.SERVER, _certificate("server"), remote_fingerprints=None,
+                            versions=frozenset({"1.2", "1.3"}),
+                            cookie_secret=b"c" * 32 if cookie else None)
+    sent: tuple[list[bytes], list[bytes]] = ([], [])
+    client.start(NOW)
+    for _ in range(6):
+        for src, dst, out in ((client, server, sent[0]), (server, client, sent[1])):
+            while (d := src.poll_transmit()) is not None:
+                out.append(d)
+                dst.handle_datagram(NOW, d)
+    return sent
+
+
+def dtls13_parser_seeds() -> dict[str, bytes]:
+    client, server = _pair13_flights(frozenset({"1.3"}))
+    out = {f"server-{i}": b"\0" + d for i, d in enumerate(server)}
+    out.update({f"client-{i}": b"\0" + d for i, d in enumerate(client)})
+    return out
+
+
+def dtls13_server_seeds() -> dict[str, bytes]:
+    chromium = (VECTORS / "chromium156-dtls-clienthello.bin").read_bytes()
+    frags = [HandshakeFragment(1, len(chromium), 0, 0, chromium[:1175]),
+             HandshakeFragment(1, len(chromium), 0, 1175, chromium[1175:])]
+    two = [bytes(Record(22, 0xFEFD, 0, i, bytes(f))) for i, f in enumerate(frags)]
+    client13, _ = _pair13_flights(frozenset({"1.3"}))
+    cookie_client, _ = _pair13_flights(frozenset({"1.3"}), cookie=True)
+    return {
+        "chromium-fragmented": b"\0" + join_datagrams(two),
+        "chromium-cookie": b"\1" + join_datagrams(two),
+        "own-13-client": b"\0" + join_datagrams(client13),
+        "own-13-client-cookie": b"\1" + join_datagrams(cookie_client),
+    }
+
+
+def dtls13_client_seeds() -> dict[str, bytes]:
+    _, server13 = _pair13_flights(frozenset({"1.2", "1.3"}))
+    return {"server-13-flights": join_datagrams(server13)}
+
+
+def dtls13_handshake_seeds() -> dict[str, bytes]:
+    return {
+        "clean": b"",
+        "flip-server-ee": bytes([0x80, 0, 150, 0x04]),
+        "flip-client-finished": bytes([1, 0, 40, 0x01]),
+        "truncate-ack": bytes([0x82, 0, 10, 0x40]),
+    }
+
+
 SEEDS = {
     "stun": stun_seeds,
     "ufrag": ufrag_seeds,
@@ -267,6 +320,10 @@ SEEDS = {
     "dtls_server": dtls_server_seeds,
     "dtls_client": dtls_client_seeds,
     "dtls_handshake": dtls_handshake_seeds,
+    "dtls13_parsers": dtls13_parser_seeds,
+    "dtls13_server": dtls13_server_seeds,
+    "dtls13_client": dtls13_client_seeds,
+    "dtls13_handshake": dtls13_handshake_seeds,
     "ice": ice_seeds,
     "relay": relay_seeds,
 }

@@ -39,9 +39,24 @@ from appliance.proto.dtls.messages import (
     parse_supported_groups_untrusted,
     parse_use_srtp_untrusted,
 )
+from appliance.proto.dtls.messages13 import (
+    _PARSERS13,
+    parse_body13_untrusted,
+    parse_cookie_untrusted,
+    parse_key_share_ch_untrusted,
+    parse_key_share_hrr_untrusted,
+    parse_key_share_sh_untrusted,
+    parse_supported_versions_ch_untrusted,
+    parse_supported_versions_sh_untrusted,
+)
 from appliance.proto.dtls.record import (
     parse_handshake_fragments_untrusted,
     parse_records_untrusted,
+)
+from appliance.proto.dtls.record13 import (
+    Ack,
+    parse_ciphertext_untrusted,
+    split_inner_plaintext_untrusted,
 )
 from appliance.proto.errors import LocalProtocolError
 from appliance.proto.ice import IceLiteAgent
@@ -415,12 +430,18 @@ def dtls_handshake(data: bytes) -> None:
     ``data`` is a list of 4-byte edits ``(which, pos_hi, pos_lo, value)``: ``which`` picks
     the datagram (bit 7: server → client, bits 0-6: its index in that direction), bit 6 of
     ``value`` selects truncation at ``pos`` instead of xor-ing ``value`` in."""
+    _handshake(data, frozenset({"1.2"}))
+
+
+def _handshake(data: bytes, versions: frozenset[str]) -> None:
     edits: dict[tuple[bool, int], list[tuple[int, int]]] = {}
     for i in range(0, len(data) - 3, 4):
         which, hi, lo, value = data[i : i + 4]
         edits.setdefault((bool(which & 0x80), which & 0x7F), []).append(((hi << 8) | lo, value))
-    client = DtlsConnection(Role.CLIENT, _certificate("client"), remote_fingerprints=None)
-    server = DtlsConnection(Role.SERVER, _certificate("server"), remote_fingerprints=None)
+    client = DtlsConnection(Role.CLIENT, _certificate("client"), remote_fingerprints=None,
+                            versions=versions)
+    server = DtlsConnection(Role.SERVER, _certificate("server"), remote_fingerprints=None,
+                            versions=versions)
     sent = {False: 0, True: 0}
     now = NOW
     client.start(now)
@@ -447,6 +468,63 @@ def dtls_handshake(data: bytes) -> None:
             server.handle_timeout(now)
 
 
+# --- DTLS 1.3 (RFC 9147) -----------------------------------------------------------------
+
+_BOTH = frozenset({"1.2", "1.3"})
+
+
+def dtls13_parsers(data: bytes) -> None:
+    """Unified-header records, ACK, inner plaintext, every 1.3 body parser (first byte picks
+    the type) and the 1.3 extension payload parsers."""
+    for fn in (
+        lambda b: parse_ciphertext_untrusted(b, 0),
+        Ack.parse_untrusted,
+        split_inner_plaintext_untrusted,
+        parse_supported_versions_ch_untrusted,
+        parse_supported_versions_sh_untrusted,
+        parse_key_share_ch_untrusted,
+        parse_key_share_sh_untrusted,
+        parse_key_share_hrr_untrusted,
+        parse_cookie_untrusted,
+    ):
+        try:
+            fn(data[1:])
+        except DtlsError:
+            pass
+    if data:
+        types = sorted(_PARSERS13)
+        try:
+            parse_body13_untrusted(types[data[0] % len(types)], data[1:])
+        except DtlsError:
+            pass
+
+
+def dtls13_server(data: bytes) -> None:
+    """A 1.2+1.3 server fed ``split_datagrams(data[1:])``; bit 0 of the first byte turns
+    cookies (HelloRetryRequest / HelloVerifyRequest) on."""
+    if not data:
+        return
+    server = DtlsConnection(Role.SERVER, _certificate("server"), remote_fingerprints=None,
+                            cookie_secret=b"c" * 32 if data[0] & 1 else None, versions=_BOTH)
+    _drive(server, split_datagrams(data[1:]))
+
+
+def dtls13_client(data: bytes) -> None:
+    """A started 1.2+1.3 client fed hostile server flights (1.3 or 1.2 shaped)."""
+    client = DtlsConnection(Role.CLIENT, _certificate("client"), remote_fingerprints=None,
+                            versions=_BOTH)
+    client.start(NOW)
+    while client.poll_transmit() is not None:
+        pass
+    _drive(client, split_datagrams(data))
+
+
+def dtls13_handshake(data: bytes) -> None:
+    """:func:`dtls_handshake` with DTLS 1.3 on both sides: corrupts encrypted flights,
+    record numbers and ACKs that random bytes never reach."""
+    _handshake(data, frozenset({"1.3"}))
+
+
 TARGETS: dict[str, Target] = {
     "stun": stun,
     "ufrag": ufrag,
@@ -457,6 +535,10 @@ TARGETS: dict[str, Target] = {
     "dtls_server": dtls_server,
     "dtls_client": dtls_client,
     "dtls_handshake": dtls_handshake,
+    "dtls13_parsers": dtls13_parsers,
+    "dtls13_server": dtls13_server,
+    "dtls13_client": dtls13_client,
+    "dtls13_handshake": dtls13_handshake,
     "ice": ice,
     "relay": relay,
 }

@@ -55,6 +55,10 @@ EXAMPLES = {
     "dtls_server": 1000,
     "dtls_client": 1000,
     "dtls_handshake": 200,
+    "dtls13_parsers": 2000,
+    "dtls13_server": 300,
+    "dtls13_client": 300,
+    "dtls13_handshake": 100,
     "ice": 1000,
     "relay": 1000,
 }

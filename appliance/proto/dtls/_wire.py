@@ -69,7 +69,9 @@ class AlertDescription(enum.IntEnum):
     inappropriate_fallback = 86
     user_canceled = 90
     no_renegotiation = 100
+    missing_extension = 109  # RFC 8446 §6.2 (DTLS 1.3)
     unsupported_extension = 110
+    certificate_required = 116  # RFC 8446 §6.2 (DTLS 1.3)
 
 
 class CipherSuite(enum.IntEnum):

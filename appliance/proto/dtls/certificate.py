@@ -10,14 +10,18 @@ from __future__ import annotations
 import datetime
 import hashlib
 import secrets
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.utils import CryptographyDeprecationWarning
 from cryptography.x509.oid import NameOID
 
+from appliance.proto.dtls._wire import AlertDescription
 from appliance.proto.errors import LocalProtocolError
 
 # RFC 8122 §5 hash-func names we can compute; the SDP spelling is lower case.
@@ -50,6 +54,39 @@ def fingerprint_matches(der: bytes, expected: Sequence[str]) -> str | None:
         if secrets.compare_digest(mine, f"{algorithm} {value}"):
             return mine
     return None
+
+
+def check_peer_certificate(
+    leaf: bytes, expected: Sequence[str] | None
+) -> tuple[AlertDescription | None, str | None, ec.EllipticCurvePublicKey | None]:
+    """``(alert, fingerprint, public key)`` for the peer's leaf certificate (DER), shared by
+    both DTLS versions: the SDP fingerprint decides (RFC 8122 §5, RFC 8827 §6.5), not a CA.
+    ``expected=None`` opts out of the check. On an alert the key is None."""
+    if expected is not None:
+        fingerprint = fingerprint_matches(leaf, expected)
+        if fingerprint is None:
+            # RFC 8122 §5 / RFC 8842 §5: a fingerprint mismatch ends the association.
+            return AlertDescription.bad_certificate, None, None
+    else:
+        fingerprint = fingerprint_of(leaf)
+    try:
+        with warnings.catch_warnings():
+            # A non-positive serial number makes cryptography warn (and, in a later
+            # release, raise ValueError: then bad_certificate below). RFC 5280 §4.1.2.2
+            # asks certificate users to handle such serials gracefully, and a WebRTC
+            # peer is identified by its certificate's fingerprint, never its serial.
+            warnings.simplefilter("ignore", CryptographyDeprecationWarning)
+            key = x509.load_der_x509_certificate(leaf).public_key()
+    except UnsupportedAlgorithm:
+        # A well-formed certificate whose key is on a curve (or of a type) the backend
+        # cannot load, e.g. prime239v3: refuse it with an alert, never let it escape.
+        return AlertDescription.unsupported_certificate, fingerprint, None
+    except (ValueError, x509.InvalidVersion):
+        # InvalidVersion (an X.509 version other than v1/v3) is not a ValueError.
+        return AlertDescription.bad_certificate, fingerprint, None
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        return AlertDescription.unsupported_certificate, fingerprint, None
+    return None, fingerprint, key
 
 
 @dataclass(frozen=True, slots=True, eq=False)

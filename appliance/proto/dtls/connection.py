@@ -9,7 +9,7 @@ What is implemented, and where the rules come from:
   client-address bytes and the ClientHello parameters; nothing is committed until the
   ClientHello comes back with a valid cookie. Fixed at construction (``cookie_secret``) or
   switched on or off by the owner while the server still waits for a ClientHello
-  (:meth:`DtlsConnection.require_cookies`: a transceiver turns them on under load).
+  (:meth:`Dtls12Connection.require_cookies`: a transceiver turns them on under load).
 * A peer's repeated flight triggers a retransmission of ours (§4.2.4) at most once per
   ``DUP_RETRANSMIT_INTERVAL``: a flood of copies of a ClientHello is not answered with a
   full server flight each.
@@ -30,8 +30,8 @@ What is implemented, and where the rules come from:
 
 Deliberately omitted: session resumption and tickets (WebRTC never resumes),
 renegotiation (refused with a no_renegotiation warning), compression, non-AEAD suites,
-RSA certificates, DTLS 1.3 (a 1.3-capable ClientHello is answered with 1.2, RFC 8446
-§4.2.1: a 1.2 server ignores supported_versions), connection IDs.
+RSA certificates, connection IDs. DTLS 1.3 is ``connection13`` (RFC 9147); ``versioned``
+picks the engine and hands over between them (RFC 8446 §4.2.1, §4.1.3 downgrade sentinel).
 
 Usage (STYLE.md rule 2): after any ``handle_*``/``start``/``send_*``/``close``, drain
 ``poll_transmit()`` and ``poll_event()`` until ``None``, then wake at ``poll_timeout()``.
@@ -39,20 +39,15 @@ Usage (STYLE.md rule 2): after any ``handle_*``/``start``/``send_*``/``close``, 
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import hmac
 import math
 import os
-import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from cryptography import x509
-from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.utils import CryptographyDeprecationWarning
 
 from appliance.proto.dtls._wire import (
     CLIENT_CERT_TYPE_ECDSA_SIGN,
@@ -71,10 +66,10 @@ from appliance.proto.dtls._wire import (
     SignatureScheme,
     u16,
 )
+from appliance.proto.dtls._wire13 import DOWNGRADE_SENTINELS
 from appliance.proto.dtls.certificate import (
     Certificate,
-    fingerprint_matches,
-    fingerprint_of,
+    check_peer_certificate,
     normalize_fingerprint,
 )
 from appliance.proto.dtls.crypto import (
@@ -89,6 +84,17 @@ from appliance.proto.dtls.crypto import (
     sign,
     transcript_hash,
     verify_untrusted,
+)
+from appliance.proto.dtls.events import (
+    DUP_RETRANSMIT_INTERVAL,
+    ApplicationData,
+    ConnectionClosed,
+    Counters,
+    Event,
+    FalseStart,
+    HandshakeComplete,
+    Role,
+    State,
 )
 from appliance.proto.dtls.messages import (
     CertificateMessage,
@@ -153,29 +159,6 @@ _RESERVED_LABELS = {
 _MAX_EARLY_RECORDS = 32
 
 
-class Role(enum.Enum):
-    CLIENT = "client"
-    SERVER = "server"
-
-
-class State(enum.Enum):
-    """Where the handshake is; each waiting state names the message it wants next."""
-
-    CLIENT_IDLE = "client-idle"
-    CLIENT_WAIT_SERVER_HELLO = "client-wait-server-hello"  # flight 1 or 3 sent
-    CLIENT_WAIT_CERTIFICATE = "client-wait-certificate"
-    CLIENT_WAIT_KEY_EXCHANGE = "client-wait-server-key-exchange"
-    CLIENT_WAIT_HELLO_DONE = "client-wait-hello-done"  # CertificateRequest optional
-    CLIENT_WAIT_FINISHED = "client-wait-finished"  # flight 5 sent
-    SERVER_WAIT_CLIENT_HELLO = "server-wait-client-hello"  # flight 0 (or 2: HVR sent)
-    SERVER_WAIT_CERTIFICATE = "server-wait-certificate"  # flight 4 sent
-    SERVER_WAIT_KEY_EXCHANGE = "server-wait-client-key-exchange"
-    SERVER_WAIT_CERTIFICATE_VERIFY = "server-wait-certificate-verify"
-    SERVER_WAIT_FINISHED = "server-wait-finished"
-    ESTABLISHED = "established"
-    CLOSED = "closed"
-
-
 # The transition table: which handshake messages each state accepts (RFC 5246 §7.3
 # message order). Anything else is an unexpected_message.
 _ACCEPTS: dict[State, frozenset[HandshakeType]] = {
@@ -198,43 +181,6 @@ _ACCEPTS: dict[State, frozenset[HandshakeType]] = {
 }
 
 
-# --- events -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class HandshakeComplete:
-    srtp_profile: SrtpProfile | None
-    cipher_suite: CipherSuite
-    peer_fingerprint: str | None  # "sha-256 AB:…"; None only when verification opted out
-
-
-@dataclass(frozen=True, slots=True)
-class FalseStart:
-    """Client with ``false_start``: flight 5 is sent and the keys are final (RFC 7918); the
-    exporter works from now on. :class:`HandshakeComplete` follows with the server's Finished."""
-
-    srtp_profile: SrtpProfile | None
-    cipher_suite: CipherSuite
-    peer_fingerprint: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class ApplicationData:
-    data: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionClosed:
-    """The connection is over. ``alert`` is the alert sent or received (None: timeout/close)."""
-
-    alert: AlertDescription | None
-    by_peer: bool
-    reason: str = ""
-
-
-Event = HandshakeComplete | FalseStart | ApplicationData | ConnectionClosed
-
-
 @dataclass(frozen=True, slots=True)
 class _Outgoing:
     """One element of a flight, kept in plaintext so retransmissions get fresh record
@@ -251,27 +197,7 @@ Flight = list[_Outgoing]
 HandlerResult = tuple[Flight | None, AlertDescription | None]
 
 
-@dataclass(slots=True)
-class Counters:
-    """Per-connection drop counters for metrics."""
-
-    records_dropped: int = 0
-    replays_dropped: int = 0
-    auth_failures: int = 0
-    retransmissions: int = 0
-    #: HelloVerifyRequests sent (ClientHellos without a valid cookie while cookies are on)
-    hello_verify_requests: int = 0
-    #: retransmissions a repeated peer flight did not trigger (DUP_RETRANSMIT_INTERVAL)
-    retransmissions_suppressed: int = 0
-
-
-#: A retransmission triggered by the peer repeating its flight (RFC 6347 §4.2.4) happens at
-#: most this often; the timer-driven ones are not affected. Peers retransmit on their own
-#: timer (≥ 50 ms in browsers, 1 s by the RFC), so a genuine repeat is always answered.
-DUP_RETRANSMIT_INTERVAL = 0.05
-
-
-class DtlsConnection:
+class Dtls12Connection:
     """One DTLS 1.2 association with one peer. See the module docstring for usage."""
 
     def __init__(
@@ -351,6 +277,11 @@ class DtlsConnection:
         self._certificate_requested = False
         self._signal_reneg = False
         self._hvr_count = 0
+        # Set by the version-negotiating wrapper (versioned.py): a 1.3-capable server marks
+        # a 1.2 ServerHello.random (RFC 8446 §4.1.3); a 1.3-capable client resends the
+        # combined ClientHello it first sent (after a HelloVerifyRequest) and checks it.
+        self.downgrade_sentinel = b""
+        self._hello_template: ClientHello | None = None
 
         # Output queues and the retransmission timer.
         self._flight: Flight | None = None
@@ -711,7 +642,7 @@ class DtlsConnection:
             return None, alert
         self._client_hello = body
         self._client_random = body.random
-        self._server_random = self._rng(32)
+        self._server_random = self._rng(32 - len(self.downgrade_sentinel)) + self.downgrade_sentinel
         # Our message_seq continues from the client's (0, or 1 after a HelloVerifyRequest),
         # and our epoch-0 record numbers from its ClientHello, as OpenSSL does after
         # DTLSv1_listen; clients may run replay detection on epoch 0.
@@ -914,7 +845,7 @@ class DtlsConnection:
             extensions.append((ExtensionType.use_srtp, encode_use_srtp(self._srtp_profiles)))
         hello = ClientHello(
             DTLS_1_2, self._client_random, b"", cookie, self._suites, b"\x00", tuple(extensions)
-        )
+        ) if self._hello_template is None else replace(self._hello_template, cookie=cookie)
         self._client_hello = hello
         out = self._handshake_out(hello)
         # RFC 6347 §4.2.6: the first ClientHello and the HelloVerifyRequest are not part
@@ -923,6 +854,14 @@ class DtlsConnection:
             handshake_header(out.msg_type, len(out.body), out.message_seq) + out.body
         )
         return out
+
+    def adopt_client_hello(self, now: float, hello: ClientHello, next_record_seq: int) -> None:
+        """Continue as 1.2 after a 1.3-capable ClientHello (versioned.py) got a 1.2 answer:
+        that ClientHello is flight 1 and the start of the transcript (RFC 8446 §4.1.3)."""
+        self._hello_template, self._client_random = hello, hello.random
+        self._write_seq[0] = next_record_seq
+        self.state = State.CLIENT_WAIT_SERVER_HELLO
+        self._send_new_flight(now, [self._client_hello_out(hello.cookie)], emit=False)
 
     def _on_hello_verify_request(
         self, now: float, body: HandshakeBody, raw: bytes, msg: HandshakeMessage
@@ -940,6 +879,8 @@ class DtlsConnection:
         assert isinstance(body, ServerHello) and self._client_hello is not None
         if body.server_version != DTLS_1_2:
             return None, AlertDescription.protocol_version
+        if self._hello_template is not None and body.random[-8:] in DOWNGRADE_SENTINELS:
+            return None, AlertDescription.illegal_parameter  # RFC 8446 §4.1.3 downgrade
         if body.cipher_suite not in self._suites or body.compression_method != 0:
             return None, AlertDescription.illegal_parameter
         offered = {t for t, _ in self._client_hello.extensions}
@@ -1053,7 +994,7 @@ class DtlsConnection:
 
     _HANDLERS: dict[
         int,
-        Callable[[DtlsConnection, float, HandshakeBody, bytes, HandshakeMessage], HandlerResult],
+        Callable[[Dtls12Connection, float, HandshakeBody, bytes, HandshakeMessage], HandlerResult],
     ] = {}
 
     # --- shared helpers ---------------------------------------------------------------
@@ -1067,35 +1008,10 @@ class DtlsConnection:
                 if self._remote_fingerprints is not None
                 else None
             )
-        leaf = body.certificates[0]
-        if self._remote_fingerprints is not None:
-            matched = fingerprint_matches(leaf, self._remote_fingerprints)
-            if matched is None:
-                # RFC 8122 §5 / RFC 8842 §5: a fingerprint mismatch ends the association.
-                return AlertDescription.bad_certificate
-            self._peer_fingerprint = matched
-        else:
-            self._peer_fingerprint = fingerprint_of(leaf)
-        try:
-            with warnings.catch_warnings():
-                # A non-positive serial number makes cryptography warn (and, in a later
-                # release, raise ValueError: then bad_certificate below). RFC 5280 §4.1.2.2
-                # asks certificate users to handle such serials gracefully, and a WebRTC
-                # peer is identified by its certificate's fingerprint, never its serial.
-                warnings.simplefilter("ignore", CryptographyDeprecationWarning)
-                cert = x509.load_der_x509_certificate(leaf)
-                key = cert.public_key()
-        except UnsupportedAlgorithm:
-            # A well-formed certificate whose key is on a curve (or of a type) the backend
-            # cannot load, e.g. prime239v3: refuse it with an alert, never let it escape.
-            return AlertDescription.unsupported_certificate
-        except (ValueError, x509.InvalidVersion):
-            # InvalidVersion (an X.509 version other than v1/v3) is not a ValueError.
-            return AlertDescription.bad_certificate
-        if not isinstance(key, ec.EllipticCurvePublicKey):
-            return AlertDescription.unsupported_certificate
-        self._peer_public_key = key
-        return None
+        alert, self._peer_fingerprint, self._peer_public_key = check_peer_certificate(
+            body.certificates[0], self._remote_fingerprints
+        )
+        return alert
 
     def _derive_keys(self, pre_master: bytes) -> None:
         assert self._suite is not None
@@ -1171,14 +1087,17 @@ class DtlsConnection:
             payload = self._write_cipher.encrypt(content_type, DTLS_1_2, epoch, seq, payload)
         return Record(content_type, DTLS_1_2, epoch, seq, payload).__bytes__()
 
-    def _send_new_flight(self, now: float, flight: Flight, *, arm_timer: bool = True) -> None:
+    def _send_new_flight(
+        self, now: float, flight: Flight, *, arm_timer: bool = True, emit: bool = True
+    ) -> None:
         self._flight = flight
         # A new flight means the previous one got through: start again from the initial
         # timer (RFC 6347 §4.2.4.1 backs off only on loss).
         self._rto = self._initial_rto
         self._retransmit_count = 0
         self._retransmit_at = now + self._rto if arm_timer else None
-        self._emit_flight(flight)
+        if emit:
+            self._emit_flight(flight)
 
     def _emit_flight(self, flight: Flight) -> None:
         """Fragment and pack a flight into datagrams of at most ``mtu`` bytes."""
@@ -1255,19 +1174,19 @@ def _u16_vector(values: Sequence[int]) -> bytes:
     return u16(len(data)) + data
 
 
-DtlsConnection._HANDLERS = {
-    HandshakeType.CLIENT_HELLO: DtlsConnection._on_client_hello,
+Dtls12Connection._HANDLERS = {
+    HandshakeType.CLIENT_HELLO: Dtls12Connection._on_client_hello,
     HandshakeType.CERTIFICATE: lambda self, now, body, raw, msg: (
         self._on_server_certificate(now, body, raw, msg)
         if self.role is Role.CLIENT
         else self._on_client_certificate(now, body, raw, msg)
     ),
-    HandshakeType.CLIENT_KEY_EXCHANGE: DtlsConnection._on_client_key_exchange,
-    HandshakeType.CERTIFICATE_VERIFY: DtlsConnection._on_certificate_verify,
-    HandshakeType.FINISHED: DtlsConnection._on_finished,
-    HandshakeType.HELLO_VERIFY_REQUEST: DtlsConnection._on_hello_verify_request,
-    HandshakeType.SERVER_HELLO: DtlsConnection._on_server_hello,
-    HandshakeType.SERVER_KEY_EXCHANGE: DtlsConnection._on_server_key_exchange,
-    HandshakeType.CERTIFICATE_REQUEST: DtlsConnection._on_certificate_request,
-    HandshakeType.SERVER_HELLO_DONE: DtlsConnection._on_server_hello_done,
+    HandshakeType.CLIENT_KEY_EXCHANGE: Dtls12Connection._on_client_key_exchange,
+    HandshakeType.CERTIFICATE_VERIFY: Dtls12Connection._on_certificate_verify,
+    HandshakeType.FINISHED: Dtls12Connection._on_finished,
+    HandshakeType.HELLO_VERIFY_REQUEST: Dtls12Connection._on_hello_verify_request,
+    HandshakeType.SERVER_HELLO: Dtls12Connection._on_server_hello,
+    HandshakeType.SERVER_KEY_EXCHANGE: Dtls12Connection._on_server_key_exchange,
+    HandshakeType.CERTIFICATE_REQUEST: Dtls12Connection._on_certificate_request,
+    HandshakeType.SERVER_HELLO_DONE: Dtls12Connection._on_server_hello_done,
 }

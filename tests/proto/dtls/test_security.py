@@ -17,6 +17,7 @@ from appliance.proto.dtls import (
     State,
 )
 from appliance.proto.dtls._wire import ExtensionType
+from appliance.proto.dtls.connection import Dtls12Connection
 from appliance.proto.dtls.messages import ClientHello
 from appliance.proto.dtls.record import Record, parse_records_untrusted
 
@@ -167,17 +168,19 @@ def test_duplicate_extension_is_illegal_parameter(vectors: Path) -> None:
 
 def test_client_without_certificate_is_refused_when_sdp_promised_one() -> None:
     client = DtlsConnection(Role.CLIENT, cert("client"), remote_fingerprints=None)
-    client._certificate_requested = False  # noqa: SLF001 - simulate a client that ignores CR
     pair = Pair(client, None)
-    original = client._on_certificate_request  # noqa: SLF001
+    engine = client.engine
+    assert isinstance(engine, Dtls12Connection)
+    engine._certificate_requested = False  # noqa: SLF001 - simulate a client that ignores CR
+    original = engine._on_certificate_request  # noqa: SLF001
 
     def ignore(*args: object) -> object:
         result = original(*args)  # type: ignore[arg-type]
-        client._certificate_requested = False  # noqa: SLF001
+        engine._certificate_requested = False  # noqa: SLF001
         return result
 
-    client._HANDLERS = dict(client._HANDLERS)  # noqa: SLF001
-    client._HANDLERS[13] = lambda self, *a: ignore(*a)  # noqa: SLF001
+    engine._HANDLERS = dict(engine._HANDLERS)  # noqa: SLF001
+    engine._HANDLERS[13] = lambda self, *a: ignore(*a)  # noqa: SLF001
     pair.run()
     assert fatal(pair, "server").alert is AlertDescription.handshake_failure
 
@@ -257,7 +260,9 @@ def test_renegotiation_is_refused_with_a_warning(vectors: Path) -> None:
     hello = bytes(openssl_hello(vectors))
     frag = handshake_datagram(hello, message_seq=5)[0]
     payload = parse_records_untrusted(frag)[0].fragment
-    pair.client._pending_records.append(pair.client._encode_record(22, 1, payload))  # noqa: SLF001
+    engine = pair.client.engine
+    assert isinstance(engine, Dtls12Connection)
+    engine._pending_records.append(engine._encode_record(22, 1, payload))  # noqa: SLF001
     for d in drain(pair.client):
         pair.server.handle_datagram(pair.now, d)
     (warning,) = drain(pair.server)
@@ -277,5 +282,6 @@ def test_handshake_buffer_is_bounded() -> None:
     for seq in range(16):
         frag = HandshakeFragment(1, 1_000_000, seq, 0, b"\x00" * 100)
         server.handle_datagram(NOW, bytes(Record(22, 0xFEFD, 0, seq, bytes(frag))))
-    assert server._reassembler._held <= 4096  # noqa: SLF001
+    assert isinstance(server.engine, Dtls12Connection)
+    assert server.engine._reassembler._held <= 4096  # noqa: SLF001
     assert server.poll_transmit() is None and server.state is State.SERVER_WAIT_CLIENT_HELLO
