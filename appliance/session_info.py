@@ -111,7 +111,10 @@ class SessionInfo:
         if flow is not None:
             if not isinstance(flow, Mapping):
                 raise ValueError("relay_flow must be an object or null")
-            relay_flow = RelayFlow(_str(flow, "public"), _str(flow, "relay"))
+            try:
+                relay_flow = RelayFlow(_str(flow, "public"), _str(flow, "relay"))
+            except ValueError as exc:
+                raise ValueError(f"relay_flow.{exc}") from None
         state = _str(obj, "state", "new")
         if state not in STATES:
             raise ValueError(f"state must be one of {', '.join(STATES)}")
