@@ -66,6 +66,7 @@ from appliance.proto.ice.events import ConsentExpired, Nominated
 from appliance.proto.mux import Kind, classify
 from appliance.proto.proxy import encode_header
 from appliance.proto.rtp import (
+    ReceptionStats,
     RtpError,
     parse_rtcp_untrusted,
     rtp_header,
@@ -495,7 +496,11 @@ class ServerCall:
         if pt != self.opus_pt:
             self._counters["drop_rtp_payload_type"] += 1  # telephone-event, CN: ignored
             return
-        self.rtcp.on_rtp(now, ssrc, seq, ts)
+        # RtcpMonitor.on_rtp, inlined: one call fewer per packet on the echo path.
+        rx = self.rtcp.rx
+        if rx is None or rx.ssrc != ssrc:  # first packet, or the client changed SSRC
+            rx = self.rtcp.rx = ReceptionStats(ssrc)
+        rx.update(seq, ts, now)
         if self.timeline["first_rtp_in"] is None:
             self._mark("first_rtp_in", now)
         media = self.media

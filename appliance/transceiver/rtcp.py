@@ -67,6 +67,7 @@ class RtcpMonitor:
     # -- in ---------------------------------------------------------------------------
 
     def on_rtp(self, now: float, ssrc: int, seq: int, ts: int) -> None:
+        """One RTP packet of the client's stream (ServerCall.handle_rtp inlines this)."""
         rx = self.rx
         if rx is None or rx.ssrc != ssrc:  # first packet, or the client changed SSRC
             rx = self.rx = ReceptionStats(ssrc)

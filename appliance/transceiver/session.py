@@ -328,7 +328,7 @@ class Session:
         pipeline = self.pipeline
         if pipeline is None or pipeline.pace_at is not None:
             return  # passthrough has no agent output; else the pacer calls back anyway
-        pipeline.output_queued(trio.current_time())
+        pipeline.pump(trio.current_time(), False)  # (PcmPipeline.output_queued, inlined)
         if not self._busy:  # from the agent's task: nobody else sends what it queued
             self._service()
 
