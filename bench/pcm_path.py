@@ -135,8 +135,11 @@ def _measure(packets: int, stub: bool, complexity: int | None) -> float:
                 ssrc=0xABCDEF, cname="bench", send=send, now=trio.current_time(),
                 on_end=lambda s: None, counters=Counters(), **kwargs)
             if stub:
-                session.decoder = StubDecoder()
-                session.encoder = StubEncoder()
+                for name, stand_in in (("decoder", StubDecoder()), ("encoder", StubEncoder())):
+                    try:
+                        setattr(session, name, stand_in)
+                    except AttributeError:  # a tree whose Session had no setter: its field
+                        setattr(session, f"_{name}", stand_in)
             await nursery.start(session.run)
             ice.start(trio.current_time())
             for _ in range(50):

@@ -35,10 +35,10 @@ from appliance.proto.dtls import (
 )
 from appliance.proto.dtls import ConnectionClosed as DtlsClosed
 from appliance.proto.dtls import State as DtlsState
-from appliance.proto.errors import RemoteProtocolError
+from appliance.proto.errors import LocalProtocolError, RemoteProtocolError
 from appliance.proto.ice import CheckSucceeded, ConnectFailed, ConsentExpired, IceClient
 from appliance.proto.mux import Kind, classify
-from appliance.proto.rtp import RtpPacket
+from appliance.proto.rtp import RtpPacket, rtp_header
 from appliance.proto.sdp import Setup, parse_offer_untrusted
 from appliance.proto.srtp import (
     DEFAULT_SRTP_PROFILES,
@@ -245,10 +245,12 @@ class ClientPeer:
     def send_rtp(self, payload: bytes, timestamp: int, *, marker: bool = False) -> None:
         if self.srtp is None or self.remote is None or self.closed:
             raise RuntimeError("call is not connected")
+        if not 0 <= timestamp <= 0xFFFFFFFF:
+            raise LocalProtocolError("timestamp must be a 32-bit RTP timestamp")
         self._seq = (self._seq + 1) & 0xFFFF
-        pkt = RtpPacket(payload_type=self.opus_pt, sequence=self._seq, timestamp=timestamp,
-                        ssrc=self.ssrc, payload=payload, marker=marker)
-        self._tx.append((self.srtp.protect(bytes(pkt)), self.remote))
+        # The one RTP header packer (proto/rtp), not an RtpPacket object per packet.
+        header = rtp_header(self.opus_pt, self._seq, timestamp, self.ssrc, marker)
+        self._tx.append((self.srtp.protect(header + payload), self.remote))
         self.rtp_sent += 1
 
     def send_rtcp(self, plain: bytes) -> None:

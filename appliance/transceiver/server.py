@@ -67,9 +67,10 @@ from appliance.proto.stun import StunError, peek_username_untrusted
 from appliance.proto.ufrag import UfragCodec
 
 from .admission import DtlsAdmission
+from .call import Addr
 from .opus import DEFAULT_COMPLEXITY
 from .pacer import Pacer
-from .session import Addr, EndedSession, Session, _fmt
+from .session import EndedSession, Session, _fmt
 
 try:  # optional C extension (setup.py): sendmmsg batching, Linux only
     from appliance.relay import _mmsg
@@ -430,6 +431,9 @@ class Transceiver:
             return _error(exc.status, exc.code, exc.detail)
         except LocalProtocolError as exc:
             return _error(400, "bad-request", str(exc))
+        # The one place a call's DTLS server is made. DTLS 1.3 (RFC 9147): the version
+        # setting goes here, as DtlsConnection(..., versions=self.config.dtls_versions),
+        # once proto/dtls takes it; the ClientHello then negotiates within it.
         dtls = DtlsConnection(
             Role.SERVER, cert, remote_fingerprints=[str(fp) for fp in answer.plan.fingerprints]
         )
@@ -464,22 +468,22 @@ class Transceiver:
             frag = parse_sdpfrag_untrusted(body)
         except SdpError as exc:
             return _error(exc.status, exc.code, exc.detail)
-        remote = session.ice.remote_ufrag or ""
+        call = session.call
+        remote = call.ice.remote_ufrag or ""
         if not frag.is_ice_restart(remote):
             return {"ok": True, "sdpfrag": ""}  # trickle: a lite agent needs no candidates
         # RFC 8445 §9 / RFC 9725 §4.4.1: new credentials both ways; media keeps flowing on
         # the old pair until the client nominates with the new ones.
         ufrag = self.codec.mint(cluster=self.config.cluster, transceiver=self.config.id)
         pwd = _ice_pwd()
-        session.ice.restart(ufrag, pwd, frag.ice_ufrag, frag.ice_pwd)
+        call.restart_ice(ufrag, pwd, frag.ice_ufrag, frag.ice_pwd)
         for old in [u for u, s in self.by_ufrag.items() if s is session]:
             del self.by_ufrag[old]
         self.by_ufrag[ufrag] = session
-        session.local_ufrag = ufrag
         candidates = _candidates(req.get("candidates"))
         if isinstance(candidates, dict):
             candidates = session.candidates
-        text = build_sdpfrag_answer(ufrag, pwd, candidates, answer=session.answer)
+        text = build_sdpfrag_answer(ufrag, pwd, candidates, answer=call.answer)
         log.info("session %s ICE restart, new ufrag %s", session.id, redact(ufrag))
         return {"ok": True, "sdpfrag": text}
 

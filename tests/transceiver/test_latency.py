@@ -31,8 +31,9 @@ from appliance.proto.proxy import parse_untrusted
 from appliance.proto.rtp import RtpPacket
 from appliance.proto.sdp import build_answer, parse_offer_untrusted
 from appliance.proto.srtp import SrtpSession
+from appliance.transceiver.media import EARLY
 from appliance.transceiver.opus import Encoder, OpusEncoder
-from appliance.transceiver.session import EARLY, Session
+from appliance.transceiver.session import Session
 
 FRAME = 0.020
 CLIENT = ("203.0.113.7", 53211)

@@ -13,6 +13,7 @@ import trio.testing
 from transceiver.support import Client
 
 from appliance.control import control_request
+from appliance.transceiver import media as media_mod
 from appliance.transceiver import session as session_mod
 from appliance.transceiver.opus import OpusEncoder
 from appliance.transceiver.server import TransceiverAddresses, TransceiverConfig, serve_transceiver
@@ -41,10 +42,10 @@ async def test_create_answers_before_the_codec_is_made(
     creates queued before it. They are now made by the session's task after the answer is
     out, once each, and never for a passthrough session; the call still echoes."""
     in_create = [False]
-    dec = _Counting(session_mod.OpusDecoder, in_create)
-    enc = _Counting(session_mod.OpusEncoder, in_create)
-    monkeypatch.setattr(session_mod, "OpusDecoder", dec)
-    monkeypatch.setattr(session_mod, "OpusEncoder", enc)
+    dec = _Counting(media_mod.OpusDecoder, in_create)
+    enc = _Counting(media_mod.OpusEncoder, in_create)
+    monkeypatch.setattr(media_mod, "OpusDecoder", dec)
+    monkeypatch.setattr(media_mod, "OpusEncoder", enc)
     config = TransceiverConfig(id=3, secrets=SECRETS, listen=("127.0.0.1", 0),
                                control=str(tmp_path / "t.sock"))
     async with trio.open_nursery() as nursery:
@@ -90,10 +91,12 @@ async def test_codec_is_made_on_first_use_if_the_task_has_not_run() -> None:
     """The session's task normally makes the codec; media that somehow comes first (or a
     caller reading ``encoder``) gets one made on the spot, once."""
     session = _bare_session("echo")
-    assert session._decoder is None and session._encoder is None
+    pipeline = session.pipeline
+    assert pipeline is not None
+    assert pipeline._decoder is None and pipeline._encoder is None
     enc = session.encoder
     assert enc is not None and session.encoder is enc
-    assert session.decoder is not None and session.decoder is session._decoder
+    assert session.decoder is not None and session.decoder is pipeline._decoder
     assert _bare_session("passthrough").encoder is None
 
 

@@ -1,7 +1,8 @@
 """RTP and RTCP for one audio stream: codecs, statistics, NTP arithmetic.
 
-* :mod:`.packet` — ``RtpPacket`` (RFC 3550 §5.1) and ``rtp_header_fields_untrusted`` for
-  the per-packet hot path; RFC 8285 header-extension elements.
+* :mod:`.packet` — ``RtpPacket`` (RFC 3550 §5.1); ``rtp_header`` and
+  ``rtp_header_fields_untrusted`` for the per-packet hot path (the one place an RTP header
+  is packed); RFC 8285 header-extension elements.
 * :mod:`.rtcp` — compound RTCP: SR, RR, SDES, BYE (RFC 3550 §6), generic NACK and PLI
   (RFC 4585 §6); everything else kept raw.
 * :mod:`.stats` — ``ReceptionStats`` (RFC 3550 A.1/A.3/A.8), ``SenderStats``, NTP helpers
@@ -16,6 +17,7 @@ from appliance.proto.rtp.errors import RtpError
 from appliance.proto.rtp.packet import (
     RtpPacket,
     parse_header_extensions_untrusted,
+    rtp_header,
     rtp_header_fields_untrusted,
 )
 from appliance.proto.rtp.rtcp import (
@@ -69,6 +71,7 @@ __all__ = [
     "ntp_from_unix",
     "parse_header_extensions_untrusted",
     "parse_rtcp_untrusted",
+    "rtp_header",
     "rtp_header_fields_untrusted",
     "rtt_from_compact",
     "rtt_from_report_block",

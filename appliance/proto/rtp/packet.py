@@ -53,6 +53,15 @@ TWO_BYTE_PROFILE_MASK: Final = 0xFFF0
 TWO_BYTE_PROFILE: Final = 0x1000
 
 
+def rtp_header(payload_type: int, sequence: int, timestamp: int, ssrc: int,
+               marker: bool = False) -> bytes:
+    """The plain 12-byte fixed header (V=2; no padding, extension or CSRCs) for the
+    per-packet send path: one ``struct`` pack, no :class:`RtpPacket` object. The caller
+    passes values in range (``payload_type`` 0..127, 16-bit sequence, 32-bit timestamp and
+    SSRC); ``bytes(RtpPacket(...))`` is the validating, general form."""
+    return _HEADER.pack(0x80, (0x80 if marker else 0) | payload_type, sequence, timestamp, ssrc)
+
+
 def rtp_header_fields_untrusted(
     buf: bytes | bytearray | memoryview,
 ) -> tuple[int, int, int, int, bool, int, int]:

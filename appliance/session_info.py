@@ -1,0 +1,195 @@
+"""The session object: the one definition of the JSON shape that ``GET /v1/sessions/{id}``
+returns and the transceiver reports over the control channel (``list``/``get``,
+docs/control-protocol.md). STYLE.md rule 15: one definition of each JSON shape that
+crosses a process boundary.
+
+::
+
+    {"id": "…", "state": "new|connecting|connected|ended", "end_reason": null | "…",
+     "transceiver": 0, "agent": "echo" | null,
+     "client_address": "203.0.113.7:53211" | null,
+     "relay_flow": {"public": "198.51.100.1:3478", "relay": "127.0.0.1:40001"} | null,
+     "codec": "opus/48000/2" | null, "srtp_profile": "…" | null, "cipher_suite": "…" | null,
+     "created_at": 1764460800.123, "ended_at": null | 1764460860.5,     (Unix seconds)
+     "packets_in": 0, "packets_out": 0, "bytes_in": 0, "bytes_out": 0,
+     "rtt_ms": null | 12.3, "jitter_ms": null | 1.2, "loss": null | 0.001,
+     "timeline": {"offer_received": 0.0, "answer_sent": 0.4, …}}       (ms after the offer)
+
+``SessionInfo(...).to_json()`` makes the dict (key order as above); ``from_json(obj)``
+reads one back, checking each field's type (raises :class:`ValueError` naming the field;
+unknown keys are ignored, missing ones take the defaults below, so a reader copes with an
+older or newer writer). ``SessionInfo.placeholder(...)`` is what a reader that lost touch
+with the transceiver shows: the identity it knows, everything else unknown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The values of ``state`` (the transceiver's ``CallState``), in lifecycle order.
+STATES = ("new", "connecting", "connected", "ended")
+#: The ``timeline`` steps, in the order they happen (ms after the transceiver got the offer).
+TIMELINE_STEPS = ("offer_received", "answer_sent", "first_stun", "ice_nominated",
+                  "dtls_done", "first_rtp_in", "first_rtp_out")
+
+
+@dataclass(frozen=True, slots=True)
+class RelayFlow:
+    """The path the call's media takes through the relay: the public address the client
+    sends to, and the relay's internal address that forwards it."""
+
+    public: str
+    relay: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"public": self.public, "relay": self.relay}
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    id: str
+    transceiver: int
+    created_at: float
+    state: str = "new"
+    end_reason: str | None = None
+    agent: str | None = None
+    client_address: str | None = None
+    relay_flow: RelayFlow | None = None
+    codec: str | None = None
+    srtp_profile: str | None = None
+    cipher_suite: str | None = None
+    ended_at: float | None = None
+    packets_in: int = 0
+    packets_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    rtt_ms: float | None = None
+    jitter_ms: float | None = None
+    loss: float | None = None
+    timeline: Mapping[str, float | None] = field(default_factory=dict)
+
+    @classmethod
+    def placeholder(cls, id: str, transceiver: int, created_at: float,
+                    agent: str | None = None) -> SessionInfo:
+        """A session nothing is known about yet (or any more) beyond who it is."""
+        return cls(id=id, transceiver=transceiver, created_at=created_at, agent=agent)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "state": self.state,
+            "end_reason": self.end_reason,
+            "transceiver": self.transceiver,
+            "agent": self.agent,
+            "client_address": self.client_address,
+            "relay_flow": self.relay_flow.to_json() if self.relay_flow is not None else None,
+            "codec": self.codec,
+            "srtp_profile": self.srtp_profile,
+            "cipher_suite": self.cipher_suite,
+            "created_at": self.created_at,
+            "ended_at": self.ended_at,
+            "packets_in": self.packets_in,
+            "packets_out": self.packets_out,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "rtt_ms": self.rtt_ms,
+            "jitter_ms": self.jitter_ms,
+            "loss": self.loss,
+            "timeline": dict(self.timeline),
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> SessionInfo:
+        """Read a session object (e.g. from a transceiver's ``get``). Raises only
+        :class:`ValueError`, naming the first field of the wrong type."""
+        if not isinstance(obj, Mapping):
+            raise ValueError("a session object must be a JSON object")
+        flow = obj.get("relay_flow")
+        relay_flow = None
+        if flow is not None:
+            if not isinstance(flow, Mapping):
+                raise ValueError("relay_flow must be an object or null")
+            try:
+                relay_flow = RelayFlow(_str(flow, "public"), _str(flow, "relay"))
+            except ValueError as exc:
+                raise ValueError(f"relay_flow.{exc}") from None
+        state = _str(obj, "state", "new")
+        if state not in STATES:
+            raise ValueError(f"state must be one of {', '.join(STATES)}")
+        timeline = obj.get("timeline", {})
+        if not isinstance(timeline, Mapping) or not all(
+                isinstance(k, str) and _is_num_or_none(v) for k, v in timeline.items()):
+            raise ValueError("timeline must map step names to milliseconds or null")
+        return cls(
+            id=_str(obj, "id"),
+            transceiver=_int(obj, "transceiver"),
+            created_at=_num(obj, "created_at"),
+            state=state,
+            end_reason=_opt_str(obj, "end_reason"),
+            agent=_opt_str(obj, "agent"),
+            client_address=_opt_str(obj, "client_address"),
+            relay_flow=relay_flow,
+            codec=_opt_str(obj, "codec"),
+            srtp_profile=_opt_str(obj, "srtp_profile"),
+            cipher_suite=_opt_str(obj, "cipher_suite"),
+            ended_at=_opt_num(obj, "ended_at"),
+            packets_in=_int(obj, "packets_in", 0),
+            packets_out=_int(obj, "packets_out", 0),
+            bytes_in=_int(obj, "bytes_in", 0),
+            bytes_out=_int(obj, "bytes_out", 0),
+            rtt_ms=_opt_num(obj, "rtt_ms"),
+            jitter_ms=_opt_num(obj, "jitter_ms"),
+            loss=_opt_num(obj, "loss"),
+            timeline={k: (None if v is None else float(v)) for k, v in timeline.items()},
+        )
+
+
+_MISSING: Any = object()
+
+
+def _get(obj: Mapping[str, Any], key: str, default: Any) -> Any:
+    value = obj.get(key, default)
+    if value is _MISSING:
+        raise ValueError(f"{key} is missing")
+    return value
+
+
+def _str(obj: Mapping[str, Any], key: str, default: Any = _MISSING) -> str:
+    value = _get(obj, key, default)
+    if not isinstance(value, str):
+        raise ValueError(f"{key} must be a string")
+    return value
+
+
+def _opt_str(obj: Mapping[str, Any], key: str) -> str | None:
+    value = obj.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{key} must be a string or null")
+    return value
+
+
+def _int(obj: Mapping[str, Any], key: str, default: Any = _MISSING) -> int:
+    value = _get(obj, key, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{key} must be an integer")
+    return value
+
+
+def _is_num_or_none(value: object) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
+def _num(obj: Mapping[str, Any], key: str) -> float:
+    value = _get(obj, key, _MISSING)
+    if value is None or not _is_num_or_none(value):
+        raise ValueError(f"{key} must be a number")
+    return float(value)
+
+
+def _opt_num(obj: Mapping[str, Any], key: str) -> float | None:
+    value = obj.get(key)
+    if not _is_num_or_none(value):
+        raise ValueError(f"{key} must be a number or null")
+    return None if value is None else float(value)

@@ -1,0 +1,208 @@
+"""The PCM media pipeline of one call: the ``media`` slot of a
+:class:`~appliance.transceiver.call.ServerCall` for every agent that takes audio.
+
+::
+
+    in:   RTP payload ─► JitterBuffer ─► Opus decode (FEC / PLC for holes) ─► 20 ms frames
+                         ─► EnergyVad ─► agent (a synchronous frame handler, or the queue
+                            its task reads)
+    out:  agent output queue ─► pump: Packetizer (20 ms schedule) ─► Opus encode
+                         ─► ServerCall.send_rtp (RTP header, SRTP)
+
+Outbound frames leave the moment they are queued *if they are due*, from the task that
+queued them (the network loop, for the built-in echo whose frame handler runs inside
+:meth:`PcmPipeline.handle_rtp`); an early frame is left to the transceiver's shared pacer
+(``schedule(at)``, supplied by the shell), which calls back :meth:`PcmPipeline.pace` at its
+due time. So the echo path — decode, agent, encode, send — runs without a task switch per
+packet (docs/performance.md, "Transceiver").
+
+The codec states are made on first use (:attr:`decoder`, :attr:`encoder`): the shell
+makes them once the answer is on its way, not while ``create`` holds up the answers queued
+behind it (docs/performance.md, "Setup time").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from appliance.agents import AgentContext, AgentHost, EnergyVad, Frame
+from appliance.agents.registry import FrameFn
+from appliance.logs import loggable_url
+
+from .call import CallState, ServerCall
+from .jitter import JitterBuffer
+from .opus import DEFAULT_COMPLEXITY, FRAME_BYTES, Decoder, Encoder, OpusDecoder, OpusEncoder
+from .packetizer import Packetizer
+
+log = logging.getLogger(__name__)
+
+#: A lone outbound frame may leave this much before its due time (packetizer.py: lets the
+#: schedule settle on the source's phase instead of making early arrivals wait).
+EARLY = 0.002
+SAMPLE_RATE = 48_000
+#: PCM16 mono bytes per second (``Frame.pts`` steps of a sample are 1/96 000 s of bytes).
+_BYTES_PER_SECOND = 2 * SAMPLE_RATE
+
+
+class PcmPipeline:
+    """Jitter → decode → VAD → agent in; pacer pump → packetizer → encode out."""
+
+    def __init__(
+        self,
+        call: ServerCall,
+        host: AgentHost,
+        ctx: AgentContext,
+        *,
+        on_frame: FrameFn | None,
+        schedule: Callable[[float], None],
+        agent_name: str = "",
+        opus_complexity: int = DEFAULT_COMPLEXITY,
+    ) -> None:
+        self.call = call
+        self.host = host
+        self.ctx = ctx
+        self._on_frame = on_frame  # a synchronous frame handler (no agent task), or None
+        self._schedule_at = schedule
+        self._agent_name = agent_name
+        self.jitter = JitterBuffer()
+        self.vad = EnergyVad()
+        self.packetizer = Packetizer(call.ssrc, call.opus_pt, early=EARLY)
+        self._opus_complexity = opus_complexity
+        self._decoder: Decoder | None = None
+        self._encoder: Encoder | None = None
+        self._first_media_ts: int | None = None
+        self.pace_at: float | None = None  # when the pacer is due to call us back
+
+    @property
+    def decoder(self) -> Decoder:
+        if self._decoder is None:
+            self._decoder = OpusDecoder()
+        return self._decoder
+
+    @decoder.setter
+    def decoder(self, value: Decoder) -> None:  # benchmarks stub the codec
+        self._decoder = value
+
+    @property
+    def encoder(self) -> Encoder:
+        if self._encoder is None:
+            self._encoder = OpusEncoder(complexity=self._opus_complexity)
+        return self._encoder
+
+    @encoder.setter
+    def encoder(self, value: Encoder) -> None:
+        self._encoder = value
+
+    # -- in (the MediaStream slot) ---------------------------------------------------------
+
+    def handle_rtp(self, now: float, plain: bytes, ssrc: int, seq: int, ts: int,
+                   marker: bool, off: int, end: int) -> None:
+        self.jitter.push(now, seq, ts, plain[off:end])
+        self._drain_jitter(now)
+
+    def poll_timeout(self) -> float | None:
+        return self.jitter.poll_timeout()
+
+    def handle_timeout(self, now: float) -> None:
+        self.jitter.handle_timeout(now)
+        self._drain_jitter(now)
+
+    def set_expected_loss(self, loss: float) -> None:
+        """The client's reported loss (RTCP): more in-band FEC in our packets when high."""
+        self.encoder.set_expected_loss(round(loss * 100))
+
+    def _drain_jitter(self, now: float) -> None:
+        jb = self.jitter
+        host = self.host
+        decoder = self.decoder
+        on_frame = self._on_frame
+        vad = self.vad
+        ctx = self.ctx
+        while (item := jb.poll()) is not None:
+            if item.payload is None:
+                # Opus FEC when the next packet is already here (its in-band copy of this
+                # frame), Opus PLC otherwise.
+                nxt = jb.peek()
+                fec = nxt.payload if nxt is not None and nxt.seq == item.seq + 1 else None
+                pcm = decoder.conceal(fec)
+                concealed = True
+            else:
+                pcm = decoder.decode(item.payload)
+                concealed = False
+            if self._first_media_ts is None:
+                self._first_media_ts = item.timestamp
+            base = ((item.timestamp - self._first_media_ts) & 0xFFFFFFFF) / SAMPLE_RATE
+            if len(pcm) == FRAME_BYTES:  # WebRTC's 20 ms ptime: one frame, no slicing
+                chunks: Iterable[tuple[int, bytes]] = ((0, pcm),)
+            else:  # longer packets (40-120 ms) come out as several 20 ms frames
+                chunks = ((i, pcm[i : i + FRAME_BYTES])
+                          for i in range(0, len(pcm) - FRAME_BYTES + 1, FRAME_BYTES))
+            for i, chunk in chunks:
+                speech = vad.update(chunk)
+                frame = Frame(chunk, base + i / _BYTES_PER_SECOND, now, speech, vad.last_level,
+                              concealed)
+                if on_frame is None:
+                    host.push_frame(frame)
+                    continue
+                try:
+                    on_frame(ctx, frame)
+                except Exception:
+                    log.exception("session %s: agent %s failed", ctx.session_id,
+                                  loggable_url(self._agent_name))
+                    self.call.close("agent-error")
+                    return
+
+    # -- out ---------------------------------------------------------------------------------
+
+    def send_frame(self, now: float, pcm: bytes, backlog: int = 0) -> None:
+        """Encode and send one 20 ms frame now (the pump decided it is due)."""
+        call = self.call
+        if call.srtp is None or call.media_flow is None:
+            return
+        seq, ts, marker = self.packetizer.next_header(now, backlog)
+        call.send_rtp(now, seq, ts, marker, self.encoder.encode(pcm))
+
+    def output_queued(self, now: float) -> None:
+        """The agent queued output: send what is due now (unless the pacer is calling back
+        anyway)."""
+        if self.pace_at is None:
+            self.pump(now, False)
+
+    def pace(self, now: float, at: float) -> None:
+        """The shared pacer's call-back (see :meth:`Pacer.schedule`)."""
+        if at != self.pace_at or self.call.state is CallState.ENDED:
+            return  # stale: rescheduled since, or over
+        self.pace_at = None
+        self.pump(now, True)
+
+    def pump(self, now: float, from_pacer: bool) -> None:
+        """Send every queued frame that is due at ``now``; have the pacer call back for the
+        next one. A trailing partial frame is sent (zero-padded) only from the pacer's
+        call-back, so a producer that queues a frame in pieces gets to finish it."""
+        host = self.host
+        pk = self.packetizer
+        call = self.call
+        if call.srtp is None or call.media_flow is None or call.state is CallState.ENDED:
+            return  # agents start on connection; nothing is sent before or after
+        while host.has_output():
+            whole = host.queued_frames
+            backlog = whole - 1 if whole else 0
+            if not pk.ready(now, backlog):
+                due = pk.poll_timeout(backlog)
+                assert due is not None
+                self._schedule(due)
+                return
+            if not whole and not from_pacer:
+                self._schedule(now)
+                return
+            pcm = host.pop_output_frame()
+            if pcm is None:  # pragma: no cover - has_output() said there was some
+                return
+            self.send_frame(now, pcm, host.queued_frames)
+
+    def _schedule(self, at: float) -> None:
+        if self.pace_at is not None and self.pace_at <= at:
+            return
+        self.pace_at = at
+        self._schedule_at(at)
