@@ -45,12 +45,13 @@ class Pair:
     """``a`` is the client (calls connect), ``b`` the server (passive unless both=True)."""
 
     def __init__(self, network: Network | None = None, *, seed: int = 1,
-                 both_connect: bool = False, a: SctpAssociation | None = None,
-                 b: SctpAssociation | None = None, **kwargs: Any) -> None:
+                 both_connect: bool = False, a: Any = None, b: Any = None,
+                 **kwargs: Any) -> None:
         self.now = NOW
         self.network = network or Network()
-        self.a = a or SctpAssociation(rng=random.Random(seed), **kwargs)
-        self.b = b or SctpAssociation(rng=random.Random(seed + 1000), **kwargs)
+        # a/b: SctpAssociation or DataChannelEndpoint (the same verbs)
+        self.a: Any = a or SctpAssociation(rng=random.Random(seed), **kwargs)
+        self.b: Any = b or SctpAssociation(rng=random.Random(seed + 1000), **kwargs)
         self.both_connect = both_connect
         self.events: dict[str, list[Event]] = {"a": [], "b": []}
         self._queue: list[tuple[float, int, str, bytes]] = []
@@ -58,14 +59,14 @@ class Pair:
         self.sent = {"a": 0, "b": 0}
         self.blackhole: set[str] = set()  # names whose outgoing packets vanish
 
-    def side(self, name: str) -> SctpAssociation:
+    def side(self, name: str) -> Any:
         return self.a if name == "a" else self.b
 
     def pump(self) -> None:
         """Move every queued packet of both sides onto the network; collect events."""
         for name, src in (("a", self.a), ("b", self.b)):
             while (p := src.poll_transmit()) is not None:
-                assert len(p) <= src.mtu
+                assert len(p) <= getattr(src, "association", src).mtu
                 self.sent[name] += 1
                 if name in self.blackhole:
                     continue
@@ -120,3 +121,13 @@ class Pair:
 
     def of(self, name: str, kind: type) -> list[Any]:
         return [e for e in self.events[name] if isinstance(e, kind)]
+
+
+def dc_pair(network: Network | None = None, *, seed: int = 1, **kwargs: Any) -> Pair:
+    """Two DataChannelEndpoints: ``a`` is the DTLS client (even ids), ``b`` the server;
+    both connect, as browsers do (RFC 8841 §9.3)."""
+    from appliance.proto.sctp.datachannel import DataChannelEndpoint
+
+    a = DataChannelEndpoint(dtls_client=True, rng=random.Random(seed), **kwargs)
+    b = DataChannelEndpoint(dtls_client=False, rng=random.Random(seed + 1000), **kwargs)
+    return Pair(network, a=a, b=b, both_connect=True)
