@@ -625,6 +625,7 @@ class SctpAssociation(ReconfigMixin):
         if abort and self.peer_tag:
             self._packet(self.peer_tag, bytes(c.AbortChunk(False, causes)))
         self._ended = True
+        self._sync_stats()
         self.state = State.CLOSED
         self._t1 = self._t2 = None
         self._sack_due = None

@@ -325,8 +325,9 @@ class AbortChunk:
                 name = ErrorCause(code).name.lower().replace("_", "-")
             except ValueError:
                 name = f"cause-{code}"
-            text = info.decode("utf-8", "replace") if code == ErrorCause.USER_INITIATED_ABORT \
-                else ""
+            # §3.3.10.12 / §3.3.10.13: these two causes carry human-readable text.
+            text = info.decode("utf-8", "replace") if code in (
+                ErrorCause.USER_INITIATED_ABORT, ErrorCause.PROTOCOL_VIOLATION) else ""
             parts.append(f"{name}: {text}" if text else name)
         return "; ".join(parts) or "no cause given"
 
