@@ -14,8 +14,8 @@ from appliance.proto.sctp.errors import (
 )
 from appliance.proto.sctp.events import (
     BufferedAmountLow,
-    Closed,
     CloseCause,
+    Closed,
     Connected,
     Event,
     MessageReceived,

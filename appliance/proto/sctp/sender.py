@@ -275,21 +275,21 @@ class Sender:
         for start, end in sack.gaps:
             lo, hi = cum + start, min(cum + end, top)
             for t in range(max(lo, cum + 1), hi + 1):
-                item = inflight.get(t)
-                if item is None or item.acked:
+                gap_item = inflight.get(t)
+                if gap_item is None or gap_item.acked:
                     continue
-                item.acked = True
-                if item.abandoned:
+                gap_item.acked = True
+                if gap_item.abandoned:
                     continue
-                acked += item.size
-                if item.in_flight:
-                    self.flight -= item.size
-                    item.in_flight = False
-                if item.rtx:
-                    item.rtx = item.fast = False
+                acked += gap_item.size
+                if gap_item.in_flight:
+                    self.flight -= gap_item.size
+                    gap_item.in_flight = False
+                if gap_item.rtx:
+                    gap_item.rtx = gap_item.fast = False
                     self.rtx_pending -= 1
-                if item.nsent == 1:
-                    rtt_from = item.sent_at
+                if gap_item.nsent == 1:
+                    rtt_from = gap_item.sent_at
                 highest = t
         if rtt_from is not None:
             self.rto.sample(now - rtt_from)
