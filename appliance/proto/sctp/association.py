@@ -130,7 +130,7 @@ class SctpAssociation(ReconfigMixin):
         self.sack_delay = sack_delay
         self.cookie_lifetime = cookie_lifetime
         self.state = State.CLOSED
-        self.stats = SctpStats()
+        self._stats = SctpStats()
         self._ended = False
         self._out: deque[bytes] = deque()
         self._ctrl: list[bytes] = []
@@ -156,6 +156,12 @@ class SctpAssociation(ReconfigMixin):
         self._init_reconfig()
 
     # --- the caller's verbs -----------------------------------------------------------------
+
+    @property
+    def stats(self) -> SctpStats:
+        """Counters, including ``drops`` by reason (a dropped packet never raises)."""
+        self._sync_stats()
+        return self._stats
 
     @property
     def is_established(self) -> bool:
@@ -201,7 +207,7 @@ class SctpAssociation(ReconfigMixin):
         expires = None if max_lifetime is None else now + max_lifetime
         self.sender.enqueue(OutMessage(stream_id, ppid, bytes(message), not ordered,
                                        max_retransmits, expires))
-        self.stats.messages_out += 1
+        self._stats.messages_out += 1
         self._flush(now)
 
     def reset_streams(self, now: float, stream_ids: Iterable[int]) -> None:
@@ -251,8 +257,9 @@ class SctpAssociation(ReconfigMixin):
     def poll_transmit(self) -> bytes | None:
         if self._out:
             pkt = self._out.popleft()
-            self.stats.packets_out += 1
-            self.stats.bytes_out += len(pkt)
+            st = self._stats
+            st.packets_out += 1
+            st.bytes_out += len(pkt)
             return pkt
         return None
 
@@ -295,7 +302,6 @@ class SctpAssociation(ReconfigMixin):
                              "peer stopped acknowledging data (T3-rtx retransmission limit)",
                              abort=True)
                 return
-            self._sync_stats()
         if self._sack_due is not None and now >= self._sack_due:
             self._sack_now = True
         if self._reconfig_timeout(now):
@@ -308,13 +314,14 @@ class SctpAssociation(ReconfigMixin):
 
     def handle_input(self, now: float, packet: bytes) -> None:
         self._now = now
-        st = self.stats
+        st = self._stats
         st.packets_in += 1
         st.bytes_in += len(packet)
         if self._ended:
             st.drops["closed"] += 1
             return
-        packet = bytes(packet)
+        if not isinstance(packet, bytes):
+            packet = bytes(packet)
         if len(packet) < c.MIN_PACKET:
             st.drops["truncated"] += 1
             return
@@ -373,7 +380,7 @@ class SctpAssociation(ReconfigMixin):
                 self._on_data(chunk)
             elif isinstance(chunk, c.SackChunk):
                 if self.state in _DATA_STATES and not self.sender.on_sack(now, chunk):
-                    self.stats.drops["stale-sack"] += 1
+                    self._stats.drops["stale-sack"] += 1
             elif isinstance(chunk, c.CookieEchoChunk):
                 self._on_cookie_echo(now, vtag, chunk)
             elif isinstance(chunk, c.InitAckChunk):
@@ -405,16 +412,16 @@ class SctpAssociation(ReconfigMixin):
             elif isinstance(chunk, c.AbortChunk):
                 self._finish(CloseCause.PEER_ABORT, chunk.describe())
             elif isinstance(chunk, c.ErrorChunk):
-                self.stats.drops["error-chunk-received"] += 1
+                self._stats.drops["error-chunk-received"] += 1
             elif isinstance(chunk, c.UnknownChunk):
-                self.stats.drops["unknown-chunk"] += 1
+                self._stats.drops["unknown-chunk"] += 1
                 if chunk.report:  # §3.2: report types with bit 0x40 set
                     self._ctrl.append(bytes(c.ErrorChunk(
                         ((c.ErrorCause.UNRECOGNIZED_CHUNK, bytes(chunk)),))))
                 if not chunk.skip:
                     break  # §3.2: "00"/"01": stop processing this packet
             else:  # an INIT bundled after another chunk
-                self.stats.drops["misplaced-chunk"] += 1
+                self._stats.drops["misplaced-chunk"] += 1
         if data_seen:
             self._data_packets += 1
             if self._data_packets >= 2:
@@ -445,11 +452,11 @@ class SctpAssociation(ReconfigMixin):
                                  ((c.ParamType.STATE_COOKIE, cookie),) + self._init_params())
             self._packet(init.initiate_tag, bytes(ack))
         else:
-            self.stats.drops["init-restart-unsupported"] += 1
+            self._stats.drops["init-restart-unsupported"] += 1
 
     def _on_init_ack(self, now: float, ack: c.InitAckChunk) -> None:
         if self.state is not State.COOKIE_WAIT:
-            self.stats.drops["unexpected-init-ack"] += 1
+            self._stats.drops["unexpected-init-ack"] += 1
             return
         cookie = ack.cookie
         if cookie is None:
@@ -508,10 +515,10 @@ class SctpAssociation(ReconfigMixin):
     def _on_data(self, chunk: c.DataChunk) -> None:
         rx = self.receiver
         if rx is None or self.state not in _DATA_STATES:
-            self.stats.drops["data-before-established"] += 1
+            self._stats.drops["data-before-established"] += 1
             return
         if chunk.stream_id >= self.inbound_streams:
-            self.stats.drops["invalid-stream"] += 1
+            self._stats.drops["invalid-stream"] += 1
             self._ctrl.append(bytes(c.ErrorChunk(((c.ErrorCause.INVALID_STREAM,
                                                    chunk.stream_id.to_bytes(2, "big") +
                                                    b"\0\0"),))))
@@ -545,18 +552,18 @@ class SctpAssociation(ReconfigMixin):
                 for d in rx.delivered:
                     self._events.append(MessageReceived(d.stream_id, d.ppid, d.data,
                                                         d.unordered))
-                self.stats.messages_in += len(rx.delivered)
+                self._stats.messages_in += len(rx.delivered)
                 rx.delivered.clear()
             if rx.violation is not None:
                 self._finish(CloseCause.PROTOCOL_ERROR, rx.violation, abort=True, causes=(
                     (c.ErrorCause.PROTOCOL_VIOLATION, rx.violation.encode()[:200]),))
                 return
-            self._after_data_reconfig(now)
-        self._sync_stats()
+            if self._deferred_seq is not None:
+                self._after_data_reconfig(now)
         self._flush(now)
 
     def _sync_stats(self) -> None:
-        s, st = self.sender, self.stats
+        s, st = self.sender, self._stats
         st.retransmissions, st.fast_retransmits = s.retransmissions, s.fast_retransmits
         st.t3_expiries, st.abandoned_messages = s.t3_expiries, s.abandoned_messages
 
@@ -571,7 +578,8 @@ class SctpAssociation(ReconfigMixin):
         if self._ended:
             return
         data_ok = self.state in _DATA_STATES
-        if data_ok:
+        sender = self.sender
+        if data_ok and self._reset_wanted:
             self._maybe_send_reconfig(now)
         budget = self.mtu - c.COMMON_HEADER.size
         while True:
@@ -593,23 +601,23 @@ class SctpAssociation(ReconfigMixin):
                         parts.insert(0, sack)  # SACK first in the bundle (§6.10 ordering)
                         room -= len(sack)
                         self._sack_now, self._sack_due, self._data_packets = False, None, 0
-                fwd = self.sender.forward_tsn()
-                if fwd is not None:
+                if sender.fwd_pending and (fwd := sender.forward_tsn()) is not None:
                     raw = bytes(fwd)
                     if len(raw) <= room:
                         parts.append(raw)
                         room -= len(raw)
                     else:
-                        self.sender.fwd_pending = True
-                parts.extend(self.sender.produce(now, room))
+                        sender.fwd_pending = True
+                if sender.queue or sender.rtx_pending:
+                    parts.extend(sender.produce(now, room))
             if not parts:
                 break
-            self._packet(self.peer_tag, b"".join(parts))
+            self._packet(self.peer_tag, parts[0] if len(parts) == 1 else b"".join(parts))
         if data_ok:
-            for sid in self.sender.low_events:
-                self._events.append(BufferedAmountLow(sid))
-            self.sender.low_events.clear()
-            self._sync_stats()
+            if sender.low_events:
+                for sid in sender.low_events:
+                    self._events.append(BufferedAmountLow(sid))
+                sender.low_events.clear()
             if self.state is State.SHUTDOWN_PENDING and self.sender.idle:
                 self._send_t2(now, bytes(c.ShutdownChunk(self._cum_tsn())), State.SHUTDOWN_SENT)
             elif self.state is State.SHUTDOWN_RECEIVED and self.sender.idle:

@@ -37,11 +37,38 @@ def unwrap(value: int, ref: int, bits: int = 32) -> int:
     return ref + d
 
 
+@dataclass(slots=True, eq=False)
+class _Partial:
+    """The fragments of one ordered message (one SSN) received so far."""
+
+    chunks: dict[int, DataChunk] = field(default_factory=dict)  # unwrapped TSN -> chunk
+    size: int = 0
+    first: int | None = None  # TSN of the B fragment
+    last: int | None = None  # TSN of the E fragment
+
+    def add(self, t: int, chunk: DataChunk) -> None:
+        self.chunks[t] = chunk
+        self.size += len(chunk.payload)
+        if chunk.begin:
+            self.first = t
+        if chunk.end:
+            self.last = t
+
+    def complete(self) -> list[DataChunk] | None:
+        first, last = self.first, self.last
+        if first is None or last is None or last - first + 1 != len(self.chunks):
+            return None
+        chunks = self.chunks
+        if not all(t in chunks for t in range(first, last + 1)):
+            return None
+        return [chunks[t] for t in range(first, last + 1)]
+
+
 @dataclass(slots=True)
 class _InStream:
     next_ssn: int = 0  # unwrapped SSN of the next ordered message to deliver
-    # unwrapped SSN -> {unwrapped TSN: chunk} for ordered messages not yet delivered
-    pending: dict[int, dict[int, DataChunk]] = field(default_factory=dict)
+    # unwrapped SSN -> fragments of ordered messages not yet delivered
+    pending: dict[int, _Partial] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,27 +198,21 @@ class Receiver:
             st.next_ssn += 1  # the common case: a whole message, in order
             self._deliver(chunk.stream_id, chunk.ppid, chunk.payload, False)
             return
-        group = st.pending.setdefault(ssn, {})
-        group[t] = chunk
+        group = st.pending.get(ssn)
+        if group is None:
+            group = st.pending[ssn] = _Partial()
+        group.add(t, chunk)
         self.buffered += size
-        if sum(len(c.payload) for c in group.values()) > self.max_message_size:
+        if group.size > self.max_message_size:
             self.violation = (f"peer message on stream {chunk.stream_id} exceeds "
                               f"max_message_size {self.max_message_size}")
             return
-        self._drain_stream(chunk.stream_id, st)
-
-    @staticmethod
-    def _complete(group: dict[int, DataChunk]) -> list[DataChunk] | None:
-        first, last = min(group), max(group)
-        if last - first + 1 != len(group):
-            return None
-        if not group[first].begin or not group[last].end:
-            return None
-        return [group[t] for t in range(first, last + 1)]
+        if ssn == st.next_ssn and group.last is not None:
+            self._drain_stream(chunk.stream_id, st)
 
     def _drain_stream(self, sid: int, st: _InStream) -> None:
         while (group := st.pending.get(st.next_ssn)) is not None:
-            parts = self._complete(group)
+            parts = group.complete()
             if parts is None:
                 return
             del st.pending[st.next_ssn]
@@ -250,7 +271,7 @@ class Receiver:
             if ssn < st.next_ssn:
                 continue
             for k in [k for k in st.pending if k <= ssn]:
-                self.buffered -= sum(len(c.payload) for c in st.pending.pop(k).values())
+                self.buffered -= st.pending.pop(k).size
             st.next_ssn = ssn + 1
             self._drain_stream(sid, st)
 
@@ -274,7 +295,7 @@ class Receiver:
             st = self.streams.pop(sid, None)
             if st is not None:
                 for group in st.pending.values():
-                    self.buffered -= sum(len(c.payload) for c in group.values())
+                    self.buffered -= group.size
 
     def _maybe_perform_deferred(self) -> tuple[int, ...] | None:
         d = self.deferred

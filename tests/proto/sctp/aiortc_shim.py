@@ -86,9 +86,9 @@ class OursDriver:
 
 
 async def wait_until(changed: asyncio.Event, predicate: Callable[[], object],
-                     timeout: float = 20.0) -> None:
+                     limit: float = 20.0) -> None:
     """Wait (event-driven, no polling sleeps) until ``predicate()`` holds."""
-    async with asyncio.timeout(timeout):
+    async with asyncio.timeout(limit):
         while not predicate():
             changed.clear()
             await changed.wait()
