@@ -32,7 +32,7 @@ import enum
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, Final
+from typing import ClassVar, Final, NamedTuple
 
 from appliance.proto.sctp.crc32c import crc32c
 from appliance.proto.sctp.errors import SctpError
@@ -40,6 +40,7 @@ from appliance.proto.sctp.errors import SctpError
 COMMON_HEADER = struct.Struct("!HHII")
 CHUNK_HEADER = struct.Struct("!BBH")
 _DATA_HEAD = struct.Struct("!BBHIHHI")  # chunk header + TSN, stream, SSN, PPID
+_DATA_FIELDS = struct.Struct("!IHHI")
 _U32 = struct.Struct("!I")
 _U16 = struct.Struct("!H")
 _PARAM = struct.Struct("!HH")
@@ -149,12 +150,14 @@ def serialize_params(params: tuple[tuple[int, bytes], ...]) -> bytes:
 # --- chunk classes ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class DataChunk:
+class DataChunk(NamedTuple):
     """RFC 9260 §3.3.1. Flags: U(nordered) 0x04, B(eginning) 0x02, E(nding) 0x01,
-    I(mmediate, RFC 7053) 0x08."""
+    I(mmediate, RFC 7053) 0x08.
 
-    TYPE: ClassVar[int] = ChunkType.DATA
+    A NamedTuple rather than a frozen dataclass: one is built per fragment on both sides,
+    and a frozen slotted dataclass measured 7x slower to construct (7.6 vs 1.1 µs).
+    It is just as immutable."""
+
     tsn: int
     stream_id: int
     ssn: int
@@ -178,11 +181,17 @@ class DataChunk:
                    bool(flags & 4), bool(flags & 8))
 
     def __bytes__(self) -> bytes:
-        flags = (self.end and 1) | (self.begin and 2) | (self.unordered and 4) | (
-            self.immediate and 8)
-        n = DATA_HEADER_SIZE + len(self.payload)
-        return (_DATA_HEAD.pack(0, flags, n, self.tsn, self.stream_id, self.ssn, self.ppid)
-                + self.payload + b"\0" * _pad(n))
+        flags = (1 if self.end else 0) | (2 if self.begin else 0) | (
+            4 if self.unordered else 0) | (8 if self.immediate else 0)
+        return encode_data(self.tsn, self.stream_id, self.ssn, self.ppid, self.payload, flags)
+
+
+def encode_data(tsn: int, sid: int, ssn: int, ppid: int, payload: bytes, flags: int) -> bytes:
+    """DATA chunk bytes without building a :class:`DataChunk` (the sender's hot path)."""
+    n = DATA_HEADER_SIZE + len(payload)
+    pad = -n % 4
+    return _DATA_HEAD.pack(0, flags, n, tsn, sid, ssn, ppid) + payload + (b"\0" * pad
+                                                                          if pad else b"")
 
 
 @dataclass(frozen=True, slots=True)
@@ -607,10 +616,18 @@ def parse_packet_untrusted(packet: bytes) -> tuple[CommonHeader, list[Chunk]]:
         ctype, flags, clen = CHUNK_HEADER.unpack_from(packet, pos)
         if clen < CHUNK_HEADER.size or pos + clen > end:
             raise SctpError(f"chunk length {clen} out of bounds", hint="length")
-        value = packet[pos + CHUNK_HEADER.size : pos + clen]
-        parser = PARSERS.get(ctype)
-        chunks.append(parser(flags, value) if parser else UnknownChunk(ctype, flags, value))
-        pos += clen + _pad(clen)
+        if ctype == 0 and clen > DATA_HEADER_SIZE:
+            # The hot path: DATA parsed in place, one copy of the payload (§3.3.1).
+            tsn, sid, ssn, ppid = _DATA_FIELDS.unpack_from(packet, pos + 4)
+            chunks.append(DataChunk(tsn, sid, ssn, ppid,
+                                    packet[pos + DATA_HEADER_SIZE : pos + clen],
+                                    bool(flags & 2), bool(flags & 1), bool(flags & 4),
+                                    bool(flags & 8)))
+        else:
+            value = packet[pos + CHUNK_HEADER.size : pos + clen]
+            parser = PARSERS.get(ctype)
+            chunks.append(parser(flags, value) if parser else UnknownChunk(ctype, flags, value))
+        pos += clen + (-clen % 4)
     if pos < end and any(packet[pos:end]):
         raise SctpError("trailing bytes after the last chunk", hint="trailing")
     return CommonHeader(sport, dport, vtag), chunks

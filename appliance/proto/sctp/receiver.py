@@ -18,6 +18,7 @@ as a_rwnd); the TSN window above the cumulative TSN is capped; a message that gr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from appliance.proto.sctp.chunks import DataChunk, SackChunk
 
@@ -71,8 +72,7 @@ class _InStream:
     pending: dict[int, _Partial] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class Delivered:
+class Delivered(NamedTuple):
     stream_id: int
     ppid: int
     data: bytes

@@ -21,7 +21,12 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from appliance.proto.sctp.chunks import DATA_HEADER_SIZE, DataChunk, ForwardTsnChunk, SackChunk
+from appliance.proto.sctp.chunks import (
+    DATA_HEADER_SIZE,
+    ForwardTsnChunk,
+    SackChunk,
+    encode_data,
+)
 from appliance.proto.sctp.receiver import M32, unwrap
 
 # Smallest fragment worth starting in a packet that already carries other chunks; a
@@ -222,8 +227,9 @@ class Sender:
             tsn = self.next_tsn
             self.next_tsn += 1
             payload = msg.data[msg.offset : msg.offset + take]
-            wire = bytes(DataChunk(tsn & M32, msg.stream_id, msg.ssn, msg.ppid, payload,
-                                   msg.offset == 0, take == remaining, msg.unordered))
+            flags = (2 if msg.offset == 0 else 0) | (1 if take == remaining else 0) | (
+                4 if msg.unordered else 0)
+            wire = encode_data(tsn & M32, msg.stream_id, msg.ssn, msg.ppid, payload, flags)
             size = DATA_HEADER_SIZE + take
             self.inflight[tsn] = _Inflight(tsn, wire, size, msg, now)
             msg.tsns.append(tsn)
@@ -254,12 +260,11 @@ class Sender:
         rtt_from: float | None = None
         advanced = cum > self.cum_ack
         if advanced:
-            while inflight:
-                t = next(iter(inflight))
-                if t > cum:
-                    break
-                item = inflight.pop(t)
-                if item.acked or item.abandoned:
+            # In-flight TSNs are consecutive from cum_ack + 1, so pop by number: iterating a
+            # dict from its front after many front deletions is O(deleted) in CPython.
+            for t in range(self.cum_ack + 1, cum + 1):
+                item = inflight.pop(t, None)
+                if item is None or item.acked or item.abandoned:
                     continue
                 acked += item.size
                 if item.in_flight:
