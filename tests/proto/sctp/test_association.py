@@ -407,3 +407,47 @@ def test_fast_retransmit_recovers_a_single_loss_without_t3() -> None:
     p.run(30, until=lambda: p.messages("b"))
     assert [m.data for m in p.messages("b")] == [data]
     assert p.a.stats.fast_retransmits >= 1 and p.a.stats.t3_expiries == 0
+
+
+def test_pure_python_crc_path_end_to_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the optional C extension the table-driven CRC32c carries the association."""
+    from appliance.proto.sctp import crc32c
+
+    monkeypatch.setattr(crc32c, "_FAST", None)
+    p = Pair()
+    p.connect()
+    data = payload(20_000)
+    p.a.send(p.now, 0, 53, data)
+    p.run(10, until=lambda: p.messages("b"))
+    assert [m.data for m in p.messages("b")] == [data]
+    assert p.b.stats.drops["checksum"] == 0
+
+
+def test_init_with_unknown_parameters_is_answered() -> None:
+    """Browsers add parameters we do not implement (e.g. Zero Checksum Acceptable 0x8001,
+    RFC 9653); their type's upper bits say "skip", so the INIT is still answered and the
+    INIT ACK does not advertise them."""
+    init = c.InitChunk(0x1234, 131072, 65535, 65535, 77, (
+        (0x8001, b"\x00\x00\x00\x01"),
+        (c.ParamType.SUPPORTED_EXTENSIONS, bytes([130, 192, 64])),
+        (c.ParamType.FORWARD_TSN_SUPPORTED, b""),
+    ))
+    b = SctpAssociation(rng=random.Random(3))
+    b.handle_input(NOW, c.serialize_packet(5000, 5000, 0, bytes(init)))
+    out = b.poll_transmit()
+    assert out is not None
+    header, chunks = c.parse_packet_untrusted(out)
+    assert header.vtag == 0x1234
+    ack = chunks[0]
+    assert isinstance(ack, c.InitAckChunk) and ack.cookie is not None
+    assert ack.forward_tsn and ack.reconfig
+    assert 0x8001 not in {t for t, _ in ack.params} and 64 not in ack.extensions
+
+
+def test_reset_needs_peer_support() -> None:
+    """RFC 6525 is an extension: a peer that did not advertise RE-CONFIG cannot reset."""
+    p = Pair()
+    p.connect()
+    p.a.peer_reconfig = False
+    with pytest.raises(SctpUsageError, match="RE-CONFIG"):
+        p.a.reset_streams(p.now, [1])
