@@ -79,6 +79,24 @@ _DATA_STATES = frozenset({State.ESTABLISHED, State.SHUTDOWN_PENDING, State.SHUTD
                           State.SHUTDOWN_RECEIVED})
 _SENDABLE = frozenset({State.CLOSED, State.COOKIE_WAIT, State.COOKIE_ECHOED, State.ESTABLISHED})
 
+#: (state, trigger) -> next state: RFC 9260 §4 (Figure 3) for what we implement. Every
+#: state change except "ended" (ABORT / failure / shutdown complete -> CLOSED, from any
+#: state) goes through this table.
+TRANSITIONS: dict[tuple[State, str], State] = {
+    (State.CLOSED, "connect"): State.COOKIE_WAIT,
+    (State.COOKIE_WAIT, "init-ack"): State.COOKIE_ECHOED,
+    (State.CLOSED, "cookie-echo"): State.ESTABLISHED,
+    (State.COOKIE_WAIT, "cookie-echo"): State.ESTABLISHED,
+    (State.COOKIE_ECHOED, "cookie-echo"): State.ESTABLISHED,
+    (State.COOKIE_ECHOED, "cookie-ack"): State.ESTABLISHED,
+    (State.ESTABLISHED, "shutdown"): State.SHUTDOWN_PENDING,
+    (State.SHUTDOWN_PENDING, "idle"): State.SHUTDOWN_SENT,
+    (State.ESTABLISHED, "peer-shutdown"): State.SHUTDOWN_RECEIVED,
+    (State.SHUTDOWN_PENDING, "peer-shutdown"): State.SHUTDOWN_RECEIVED,
+    (State.SHUTDOWN_RECEIVED, "idle"): State.SHUTDOWN_ACK_SENT,
+    (State.SHUTDOWN_SENT, "peer-shutdown"): State.SHUTDOWN_ACK_SENT,
+}
+
 
 @dataclass(slots=True)
 class SctpStats:
@@ -180,7 +198,7 @@ class SctpAssociation(ReconfigMixin):
         wire = bytes(init)
         self._packet(0, wire)
         self._t1 = (wire, now + self._rto.rto_initial, 0)
-        self.state = State.COOKIE_WAIT
+        self._go("connect")
 
     def send(self, now: float, stream_id: int, ppid: int, message: bytes, *,
              ordered: bool = True, max_retransmits: int | None = None,
@@ -243,7 +261,7 @@ class SctpAssociation(ReconfigMixin):
                          abort=self.state is State.COOKIE_ECHOED)
             return
         if self.state is State.ESTABLISHED:
-            self.state = State.SHUTDOWN_PENDING
+            self._go("shutdown")
         self._flush(now)
 
     def abort(self, now: float, reason: str = "") -> None:
@@ -388,7 +406,7 @@ class SctpAssociation(ReconfigMixin):
             elif isinstance(chunk, c.CookieAckChunk):
                 if self.state is State.COOKIE_ECHOED:
                     self._t1 = None
-                    self._establish()
+                    self._establish("cookie-ack")
             elif isinstance(chunk, c.HeartbeatAckChunk):
                 pass  # we send no HEARTBEATs; an unsolicited ACK is harmless
             elif isinstance(chunk, c.HeartbeatChunk):
@@ -466,7 +484,7 @@ class SctpAssociation(ReconfigMixin):
         wire = bytes(c.CookieEchoChunk(cookie))
         self._packet(self.peer_tag, wire)
         self._t1 = (wire, now + self._rto.rto_initial, 0)
-        self.state = State.COOKIE_ECHOED
+        self._go("init-ack")
 
     def _on_cookie_echo(self, now: float, vtag: int, echo: c.CookieEchoChunk) -> None:
         cs = CookieState.open_untrusted(echo.cookie, self._secret, now, self.cookie_lifetime)
@@ -489,7 +507,7 @@ class SctpAssociation(ReconfigMixin):
                          cs.peer_reconfig)
         self._t1 = None
         self._ctrl.append(bytes(c.CookieAckChunk()))
-        self._establish()
+        self._establish("cookie-echo")
 
     def _learn_peer(self, tag: int, tsn: int, rwnd: int, os_: int, mis: int, fwd: bool,
                     reconfig: bool) -> None:
@@ -501,8 +519,11 @@ class SctpAssociation(ReconfigMixin):
         self.peer_forward_tsn = fwd
         self.peer_reconfig = reconfig
 
-    def _establish(self) -> None:
-        self.state = State.ESTABLISHED
+    def _go(self, trigger: str) -> None:
+        self.state = TRANSITIONS[(self.state, trigger)]
+
+    def _establish(self, trigger: str) -> None:
+        self._go(trigger)
         self.receiver = Receiver(self._peer_tsn, max_buffer=self.max_receive_buffer,
                                  max_message_size=self.max_message_size)
         self.sender.start(self._my_tsn, self._peer_rwnd, self.peer_forward_tsn)
@@ -536,14 +557,14 @@ class SctpAssociation(ReconfigMixin):
         self.sender.on_cum_ack(now, chunk.cum_tsn)
         if self.state is State.SHUTDOWN_SENT:
             # §9.2: both sides sent SHUTDOWN; answer with SHUTDOWN ACK.
-            self._send_t2(now, bytes(c.ShutdownAckChunk()), State.SHUTDOWN_ACK_SENT)
+            self._send_t2(now, bytes(c.ShutdownAckChunk()), "peer-shutdown")
         elif self.state in (State.ESTABLISHED, State.SHUTDOWN_PENDING):
-            self.state = State.SHUTDOWN_RECEIVED
+            self._go("peer-shutdown")
 
-    def _send_t2(self, now: float, wire: bytes, state: State) -> None:
+    def _send_t2(self, now: float, wire: bytes, trigger: str) -> None:
         self._packet(self.peer_tag, wire)
         self._t2 = (wire, now + self._rto.rto, 0)
-        self.state = state
+        self._go(trigger)
 
     def _after_input(self, now: float) -> None:
         rx = self.receiver
@@ -619,9 +640,9 @@ class SctpAssociation(ReconfigMixin):
                     self._events.append(BufferedAmountLow(sid))
                 sender.low_events.clear()
             if self.state is State.SHUTDOWN_PENDING and self.sender.idle:
-                self._send_t2(now, bytes(c.ShutdownChunk(self._cum_tsn())), State.SHUTDOWN_SENT)
+                self._send_t2(now, bytes(c.ShutdownChunk(self._cum_tsn())), "idle")
             elif self.state is State.SHUTDOWN_RECEIVED and self.sender.idle:
-                self._send_t2(now, bytes(c.ShutdownAckChunk()), State.SHUTDOWN_ACK_SENT)
+                self._send_t2(now, bytes(c.ShutdownAckChunk()), "idle")
 
     def _cum_tsn(self) -> int:
         return (self.receiver.cum & M32) if self.receiver is not None else 0

@@ -451,3 +451,10 @@ def test_reset_needs_peer_support() -> None:
     p.a.peer_reconfig = False
     with pytest.raises(SctpUsageError, match="RE-CONFIG"):
         p.a.reset_streams(p.now, [1])
+
+
+def test_transition_table_reaches_every_state() -> None:
+    from appliance.proto.sctp.association import TRANSITIONS
+
+    reached = {State.CLOSED} | set(TRANSITIONS.values())
+    assert reached == set(State)
