@@ -434,8 +434,9 @@ class SctpAssociation(ReconfigMixin):
             elif isinstance(chunk, c.UnknownChunk):
                 self._stats.drops["unknown-chunk"] += 1
                 if chunk.report:  # §3.2: report types with bit 0x40 set
+                    # The cause echoes the chunk, cut so the ERROR always fits a packet.
                     self._ctrl.append(bytes(c.ErrorChunk(
-                        ((c.ErrorCause.UNRECOGNIZED_CHUNK, bytes(chunk)),))))
+                        ((c.ErrorCause.UNRECOGNIZED_CHUNK, bytes(chunk)[:256]),))))
                 if not chunk.skip:
                     break  # §3.2: "00"/"01": stop processing this packet
             else:  # an INIT bundled after another chunk
@@ -611,7 +612,10 @@ class SctpAssociation(ReconfigMixin):
                     room -= len(self._ctrl[0])
                     parts.append(self._ctrl.pop(0))
                 if self._ctrl and not parts:
-                    self._ctrl.pop(0)  # larger than a packet (cannot happen with our chunks)
+                    # Larger than a packet: none of our chunks can be (an ERROR echoing a
+                    # huge unknown chunk is the only candidate); count rather than loop.
+                    self._ctrl.pop(0)
+                    self._stats.drops["oversized-control-chunk"] += 1
                     continue
             if data_ok:
                 if self._sack_now or (self._sack_due is not None and (parts or

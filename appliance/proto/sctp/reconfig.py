@@ -25,6 +25,9 @@ from appliance.proto.sctp.receiver import M32, Receiver
 from appliance.proto.sctp.sender import RtoEstimator, Sender
 
 
+MAX_STREAMS_PER_REQUEST = 256
+
+
 class ReconfigMixin:
     sender: Sender
     receiver: Receiver | None
@@ -58,6 +61,9 @@ class ReconfigMixin:
         if self._req is not None or not self._reset_wanted:
             return
         ready = tuple(sorted(s for s in self._reset_wanted if not self.sender.has_queued(s)))
+        # One request must fit one packet with room to spare: at most 256 streams (528
+        # bytes); the rest go in the next request once this one is answered.
+        ready = ready[:MAX_STREAMS_PER_REQUEST]
         if not ready:
             return
         self._reset_wanted.difference_update(ready)

@@ -458,3 +458,16 @@ def test_transition_table_reaches_every_state() -> None:
 
     reached = {State.CLOSED} | set(TRANSITIONS.values())
     assert reached == set(State)
+
+
+def test_resetting_many_streams_spans_several_requests() -> None:
+    """A reset of more streams than fit in one packet goes out as several requests, each
+    answered in turn (RFC 6525 §5.1.1: one outstanding request at a time)."""
+    p = Pair()
+    p.connect()
+    ids = list(range(600))
+    p.a.reset_streams(p.now, ids)
+    p.run(30, until=lambda: sum(len(e.outgoing) for e in p.of("a", StreamsReset)) == 600)
+    done = [s for e in p.of("a", StreamsReset) for s in e.outgoing]
+    assert sorted(done) == ids and len(p.of("a", StreamsReset)) == 3
+    assert sorted(s for e in p.of("b", StreamsReset) for s in e.incoming) == ids
