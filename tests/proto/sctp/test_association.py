@@ -471,3 +471,24 @@ def test_resetting_many_streams_spans_several_requests() -> None:
     done = [s for e in p.of("a", StreamsReset) for s in e.outgoing]
     assert sorted(done) == ids and len(p.of("a", StreamsReset)) == 3
     assert sorted(s for e in p.of("b", StreamsReset) for s in e.incoming) == ids
+
+
+def test_delayed_sack_then_every_second_packet() -> None:
+    """RFC 9260 §6.2: one packet of DATA is acknowledged after the delay; the second packet
+    triggers a SACK at once."""
+    p = Pair()
+    p.connect()
+    p.a.send(p.now, 0, 53, b"one")
+    first = p.a.poll_transmit()
+    assert first
+    p.b.handle_input(p.now, first)
+    assert p.b.poll_transmit() is None
+    assert p.b.poll_timeout() == pytest.approx(p.now + 0.2)
+    p.a.send(p.now, 0, 53, b"two")
+    second = p.a.poll_transmit()
+    assert second
+    p.b.handle_input(p.now, second)
+    sack = p.b.poll_transmit()
+    assert sack is not None
+    chunks = c.parse_packet_untrusted(sack)[1]
+    assert isinstance(chunks[0], c.SackChunk) and chunks[0].cum_tsn == p.a.sender.last_assigned_tsn
