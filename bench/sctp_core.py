@@ -149,6 +149,45 @@ def aiortc(count: int, size: int) -> tuple[float, float] | None:
     return asyncio.run(_aiortc(count, size))
 
 
+def memory() -> tuple[float, float]:
+    """(KiB per established idle association, KiB per idle open channel), one side."""
+    import tracemalloc
+
+    def pair() -> tuple[DataChannelEndpoint, DataChannelEndpoint]:
+        a = DataChannelEndpoint(dtls_client=True, rng=random.Random(1))
+        b = DataChannelEndpoint(dtls_client=False, rng=random.Random(2))
+        a.connect(NOW)
+        b.connect(NOW)
+        for _ in range(10):
+            for src, dst in ((a, b), (b, a)):
+                while (p := src.poll_transmit()) is not None:
+                    dst.handle_input(NOW, p)
+            for ep in (a, b):
+                while ep.poll_event() is not None:
+                    pass
+        return a, b
+
+    pair()  # warm caches (struct formats, enum lookups)
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    keep = [pair() for _ in range(20)]
+    per_assoc = (tracemalloc.get_traced_memory()[0] - base) / 40 / 1024
+    a, b = keep[0]
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(100):
+        a.open_channel(NOW, f"c{i}")
+    for _ in range(10):
+        for src, dst in ((a, b), (b, a)):
+            while (p := src.poll_transmit()) is not None:
+                dst.handle_input(NOW, p)
+        for ep in (a, b):
+            while ep.poll_event() is not None:
+                pass
+    per_channel = (tracemalloc.get_traced_memory()[0] - before) / 200 / 1024
+    tracemalloc.stop()
+    return per_assoc, per_channel
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer messages (for CI smoke)")
@@ -159,6 +198,9 @@ def main() -> None:
     cases = [(20000 // scale, 100), (10000 // scale, 1024), (2000 // scale, 16 * 1024),
              (200 // scale, 256 * 1024)]
     print(f"crc32c: {'google_crc32c (C)' if ACCELERATED else 'pure Python'}")
+    per_assoc, per_channel = memory()
+    print(f"memory: {per_assoc:.1f} KiB per idle association, {per_channel:.2f} KiB per idle "
+          "channel (each side, tracemalloc)")
     print(f"best of {args.repeat}; µs/msg is CPU for both ends together; ratios ours/aiortc "
           "by wall-clock throughput and by CPU per message")
     print(f"{'size':>8} {'msgs':>6} | {'ours msg/s':>10} {'MB/s':>7} {'µs/msg':>8} |"
