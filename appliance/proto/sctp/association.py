@@ -491,10 +491,18 @@ class SctpAssociation(ReconfigMixin):
         cs = CookieState.open_untrusted(echo.cookie, self._secret, now, self.cookie_lifetime)
         if vtag != cs.local_tag:
             raise SctpError("COOKIE ECHO tag differs from the cookie's", hint="vtag")
-        if self.state is State.CLOSED:
-            self.my_tag, self._my_tsn = cs.local_tag, cs.local_initial_tsn
-            self._init_tsn_state(self._my_tsn)
-        elif self.state in (State.COOKIE_WAIT, State.COOKIE_ECHOED):
+        if self.state in (State.CLOSED, State.COOKIE_WAIT):
+            # CLOSED: the stateless INIT ACK's tag and TSN come back in the cookie. In
+            # COOKIE-WAIT the cookie normally carries our own tag (§5.2.1); if it does not,
+            # we answered the peer's INIT before calling connect() ourselves. Only our INIT
+            # went out with the new tag and we have learned nothing from the peer, so
+            # adopting the cookie's tag and TSN is safe (the peer already holds them).
+            if cs.local_tag != self.my_tag:
+                self.my_tag, self._my_tsn = cs.local_tag, cs.local_initial_tsn
+                self._init_tsn_state(self._my_tsn)
+        elif self.state is State.COOKIE_ECHOED:
+            # We already echoed the peer's cookie, which names our current tag: a cookie
+            # with another tag must not win, or the two sides would disagree on tags.
             if cs.local_tag != self.my_tag:
                 raise SctpError("COOKIE ECHO for another association", hint="vtag")
         else:

@@ -492,3 +492,39 @@ def test_delayed_sack_then_every_second_packet() -> None:
     assert sack is not None
     chunks = c.parse_packet_untrusted(sack)[1]
     assert isinstance(chunks[0], c.SackChunk) and chunks[0].cum_tsn == p.a.sender.last_assigned_tsn
+
+
+def test_connect_after_answering_the_peers_init() -> None:
+    """The shell may call connect() just after the browser's INIT was answered (statelessly):
+    the COOKIE ECHO that then arrives in COOKIE-WAIT carries the stateless tag and is
+    adopted, so setup still takes one round trip more at most and the tags agree."""
+    p = Pair(Network(delay=0.01))
+    p.a.connect(p.now)
+    p.pump()
+    p.run(0.015)  # the INIT has reached b, its INIT ACK is on the way back
+    p.b.connect(p.now)
+    p.run(5, until=lambda: p.connected("a") and p.connected("b"))
+    assert p.connected("a") and p.connected("b")
+    assert p.a.my_tag == p.b.peer_tag and p.b.my_tag == p.a.peer_tag
+    p.b.send(p.now, 0, 51, b"hi")
+    p.a.send(p.now, 0, 51, b"ho")
+    p.run(5, until=lambda: p.messages("a") and p.messages("b"))
+    assert [m.data for m in p.messages("a")] == [b"hi"]
+    assert [m.data for m in p.messages("b")] == [b"ho"]
+
+
+@pytest.mark.parametrize("delay_ms", [0, 3, 8, 12, 15, 18, 25, 40])
+def test_late_connect_on_the_passive_side_at_any_moment(delay_ms: int) -> None:
+    """Whenever the passive side's own connect() lands during the handshake, both ends
+    establish with matching tags and data flows both ways."""
+    p = Pair(Network(delay=0.01))
+    p.a.connect(p.now)
+    p.run(delay_ms / 1000)
+    p.b.connect(p.now)
+    p.run(10, until=lambda: p.connected("a") and p.connected("b"))
+    assert p.a.my_tag == p.b.peer_tag and p.b.my_tag == p.a.peer_tag
+    p.b.send(p.now, 0, 51, b"hi")
+    p.a.send(p.now, 0, 51, b"ho")
+    p.run(10, until=lambda: p.messages("a") and p.messages("b"))
+    assert [m.data for m in p.messages("a")] == [b"hi"]
+    assert [m.data for m in p.messages("b")] == [b"ho"]
