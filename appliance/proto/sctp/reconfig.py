@@ -24,7 +24,6 @@ from appliance.proto.sctp.events import Event, StreamResetFailed, StreamsReset
 from appliance.proto.sctp.receiver import M32, Receiver
 from appliance.proto.sctp.sender import RtoEstimator, Sender
 
-
 MAX_STREAMS_PER_REQUEST = 256
 
 
