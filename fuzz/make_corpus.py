@@ -310,6 +310,49 @@ def dtls13_handshake_seeds() -> dict[str, bytes]:
     }
 
 
+def sctp_seeds() -> dict[str, bytes]:
+    """Packets of a real data-channel session between two of our endpoints (setup, DCEP,
+    data, SACK, stream reset, shutdown), framed as datagrams for the live-endpoint target."""
+    import random
+
+    from appliance.proto.sctp import chunks
+    from appliance.proto.sctp.datachannel import DataChannelEndpoint
+
+    a = DataChannelEndpoint(dtls_client=True, rng=random.Random(7), secret=b"a" * 32)
+    b = DataChannelEndpoint(dtls_client=False, rng=random.Random(8), secret=b"b" * 32)
+    wire: list[bytes] = []
+
+    def pump() -> None:
+        for _ in range(20):
+            for src, dst in ((a, b), (b, a)):
+                while (pkt := src.poll_transmit()) is not None:
+                    wire.append(pkt)
+                    dst.handle_input(NOW, pkt)
+
+    a.connect(NOW)
+    b.connect(NOW)
+    pump()
+    cid = a.open_channel(NOW, "seed", protocol="p", ordered=False, max_retransmits=2)
+    pump()
+    a.send(NOW, cid, "hello")
+    b.send(NOW, cid, b"z" * 2500)
+    pump()
+    a.close_channel(NOW, cid)
+    pump()
+    a.shutdown(NOW)
+    pump()
+    setup, data, tail = wire[:4], wire[4:12], wire[12:]
+    chunk = chunks.parse_packet_untrusted(wire[-1])[1][0]
+    return {
+        "setup": join_datagrams(setup),
+        "data": join_datagrams(data),
+        "reset-shutdown": join_datagrams(tail),
+        "forward-tsn": join_datagrams([wire[5], bytes(chunks.COMMON_HEADER.pack(5000, 5000, 0, 0))
+                                       + bytes(chunks.ForwardTsnChunk(7, ((1, 2),)))]),
+        "chunk-" + type(chunk).__name__.lower(): bytes([chunk.TYPE, 0]) + bytes(chunk)[4:],
+    }
+
+
 SEEDS = {
     "stun": stun_seeds,
     "ufrag": ufrag_seeds,
@@ -326,12 +369,15 @@ SEEDS = {
     "dtls13_handshake": dtls13_handshake_seeds,
     "ice": ice_seeds,
     "relay": relay_seeds,
+    "sctp": sctp_seeds,
 }
 
 
-def main() -> None:
+def main(only: list[str] | None = None) -> None:
     assert set(SEEDS) == set(TARGETS), "every target needs seeds"
     for target, make in SEEDS.items():
+        if only and target not in only:
+            continue
         directory = HERE / "corpus" / target
         directory.mkdir(parents=True, exist_ok=True)
         for name, data in make().items():
@@ -341,4 +387,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:] or None)  # optional target names: regenerate only those

@@ -4,8 +4,10 @@
 
     ProtocolError
     ├── LocalProtocolError          the caller misused the API (a bug on our side)
+    │   └── sctp.SctpUsageError     (MessageTooLargeError, SendBufferFullError, ...)
     └── RemoteProtocolError         the peer sent bytes that break the protocol
         ├── stun.StunError          (hint: STUN error code, e.g. 400, 401, 487)
+        ├── sctp.SctpError          (hint: drop reason for counters)
         ├── dtls.DtlsError          (hint: DTLS alert description)
         ├── proxy.ProxyError
         ├── rtp.RtpError

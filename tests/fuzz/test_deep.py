@@ -61,6 +61,7 @@ EXAMPLES = {
     "dtls13_handshake": 100,
     "ice": 1000,
     "relay": 1000,
+    "sctp": 300,
 }
 
 _TOKENS = [b"\r\n", b":", b" ", b"/", b"=", b"\x00", b"\xff", b"999999", b"\x80\x28", b"\xfe\xfd"]

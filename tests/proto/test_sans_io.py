@@ -38,3 +38,9 @@ def test_checker_catches_a_violation(tmp_path: Path) -> None:
     p = tmp_path / "bad.py"
     p.write_text("import trio\nfrom time import monotonic\n")
     assert _imports(p) == {"trio", "time"}
+
+
+def test_sctp_core_is_covered() -> None:
+    """The SCTP/DCEP core (issue 16) is checked like every other protocol package."""
+    names = {str(p.relative_to(PROTO)) for p in FILES}
+    assert {"sctp/association.py", "sctp/datachannel.py", "sctp/chunks.py"} <= names
