@@ -13,7 +13,13 @@ crosses a process boundary.
      "created_at": 1764460800.123, "ended_at": null | 1764460860.5,     (Unix seconds)
      "packets_in": 0, "packets_out": 0, "bytes_in": 0, "bytes_out": 0,
      "rtt_ms": null | 12.3, "jitter_ms": null | 1.2, "loss": null | 0.001,
-     "timeline": {"offer_received": 0.0, "answer_sent": 0.4, …}}       (ms after the offer)
+     "timeline": {"offer_received": 0.0, "answer_sent": 0.4, …},       (ms after the offer)
+     "datachannels": null | {"sctp": "connecting|connected|<why it closed>",
+                             "open": [{"id": 1, "label": "chat", "protocol": "",
+                                       "ordered": true, "max_retransmits": null,
+                                       "max_packet_lifetime": null, "negotiated": false}],
+                             "messages_in": 0, "bytes_in": 0, "messages_out": 0,
+                             "bytes_out": 0, "messages_dropped": 0}}
 
 ``SessionInfo(...).to_json()`` makes the dict (key order as above); ``from_json(obj)``
 reads one back, checking each field's type (raises :class:`ValueError` naming the field;
@@ -69,6 +75,8 @@ class SessionInfo:
     jitter_ms: float | None = None
     loss: float | None = None
     timeline: Mapping[str, float | None] = field(default_factory=dict)
+    #: The call's data channels (null when the offer negotiated none).
+    datachannels: Mapping[str, Any] | None = None
 
     @classmethod
     def placeholder(cls, id: str, transceiver: int, created_at: float,
@@ -98,6 +106,7 @@ class SessionInfo:
             "jitter_ms": self.jitter_ms,
             "loss": self.loss,
             "timeline": dict(self.timeline),
+            "datachannels": dict(self.datachannels) if self.datachannels is not None else None,
         }
 
     @classmethod
@@ -122,6 +131,9 @@ class SessionInfo:
         if not isinstance(timeline, Mapping) or not all(
                 isinstance(k, str) and _is_num_or_none(v) for k, v in timeline.items()):
             raise ValueError("timeline must map step names to milliseconds or null")
+        channels = obj.get("datachannels")
+        if channels is not None and not isinstance(channels, Mapping):
+            raise ValueError("datachannels must be an object or null")
         return cls(
             id=_str(obj, "id"),
             transceiver=_int(obj, "transceiver"),
@@ -143,6 +155,7 @@ class SessionInfo:
             jitter_ms=_opt_num(obj, "jitter_ms"),
             loss=_opt_num(obj, "loss"),
             timeline={k: (None if v is None else float(v)) for k, v in timeline.items()},
+            datachannels=dict(channels) if channels is not None else None,
         )
 
 

@@ -155,8 +155,9 @@ class ChannelHub:
 
     # -- transceiver side (never blocks) ---------------------------------------------------
 
-    def push(self, event: ChannelEvent) -> None:
-        """An event from the network. Messages past the bounds push out the oldest message."""
+    def note(self, event: ChannelEvent) -> None:
+        """Account for an event from the network (open channels, counters) without queueing
+        it: for a synchronous channel handler that takes the event at once."""
         if isinstance(event, ChannelOpened):
             self.channels[event.channel.id] = event.channel
         elif isinstance(event, ChannelClosed):
@@ -164,9 +165,14 @@ class ChannelHub:
             self._room_lot.unpark_all()  # a sender waiting on it must learn it is gone
         else:
             self.messages_in += 1
-            size = message_size(event.data)
-            self.bytes_in += size
-            self._inbound_bytes += size
+            self.bytes_in += message_size(event.data)
+
+    def push(self, event: ChannelEvent) -> None:
+        """An event from the network, queued for the agent. Messages past the bounds push
+        out the oldest queued message (opened/closed events are never dropped)."""
+        self.note(event)
+        if isinstance(event, ChannelMessage):
+            self._inbound_bytes += message_size(event.data)
             while (
                 self._inbound_bytes > self.max_inbound_bytes or len(self._events) >= self.max_events
             ) and self._drop_oldest_message():

@@ -28,12 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .channels import ChannelEvent
 from .context import AgentContext, Frame
 
 AgentFn = Callable[[AgentContext], Awaitable[None]]
 #: A synchronous per-frame handler, called by the transceiver for every decoded frame
 #: instead of running an agent task (built-ins only; see :attr:`ResolvedAgent.on_frame`).
 FrameFn = Callable[[AgentContext, Frame], None]
+#: A synchronous data-channel handler, the channel counterpart of :data:`FrameFn`.
+ChannelFn = Callable[[AgentContext, ChannelEvent], None]
 #: A scheme factory turns the whole spec (``ws://host/path``) into an agent function.
 SchemeFactory = Callable[[str], AgentFn]
 
@@ -42,6 +45,8 @@ PASSTHROUGH = "passthrough"
 _BUILTINS: dict[str, str] = {"echo": "appliance.agents.echo:echo"}
 #: Built-ins that also have a synchronous frame handler (same behaviour, no task per frame).
 _INLINE: dict[str, str] = {"echo": "appliance.agents.echo:echo_frame"}
+#: ... and their synchronous data-channel handlers (see :attr:`ResolvedAgent.on_channel`).
+_INLINE_CHANNEL: dict[str, str] = {"echo": "appliance.agents.echo:echo_channel"}
 _BUILTIN_SCHEMES: dict[str, str] = {"ws": "appliance.agents.ws", "wss": "appliance.agents.ws"}
 _registered: dict[str, Any] = {}
 _schemes: dict[str, SchemeFactory] = {}
@@ -62,6 +67,9 @@ class ResolvedAgent:
     #: frame). It must be quick and must not block; output goes through
     #: :meth:`AgentContext.send_nowait`.
     on_frame: FrameFn | None = None
+    #: With :attr:`on_frame`: called for every data-channel event, synchronously in the
+    #: network loop (the agent has no task to read ``channel_events()``).
+    on_channel: ChannelFn | None = None
 
 
 def register(name: str, agent: Any) -> None:
@@ -158,7 +166,9 @@ def resolve(spec: str | None) -> ResolvedAgent:
         return ResolvedAgent(spec, _as_fn(_registered[spec], spec))
     if spec in _BUILTINS:
         inline = _import(_INLINE[spec], spec) if spec in _INLINE else None
-        return ResolvedAgent(spec, _as_fn(_import(_BUILTINS[spec], spec), spec), on_frame=inline)
+        on_channel = _import(_INLINE_CHANNEL[spec], spec) if spec in _INLINE_CHANNEL else None
+        return ResolvedAgent(spec, _as_fn(_import(_BUILTINS[spec], spec), spec), on_frame=inline,
+                             on_channel=on_channel)
     if ":" in spec:
         return ResolvedAgent(spec, _as_fn(_import(spec, spec), spec))
     known = ", ".join(sorted(set(_BUILTINS) | set(_registered) | {PASSTHROUGH}))

@@ -425,7 +425,7 @@ class Transceiver:
             answer = build_answer(
                 offer, ice_ufrag=ufrag, ice_pwd=pwd, fingerprint=cert.fingerprint,
                 candidates=candidates, ssrc=ssrc, cname=cname,
-                session_id=secrets.randbits(62),
+                session_id=secrets.randbits(62), datachannel=True,
             )
         except SdpError as exc:
             return _error(exc.status, exc.code, exc.detail)

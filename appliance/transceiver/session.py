@@ -50,8 +50,10 @@ from .call import (
     FlowNominated,
     RemoteReport,
     ReportSent,
+    SctpEvent,
     ServerCall,
 )
+from .datachannels import CallChannels
 from .media import PcmPipeline
 from .opus import DEFAULT_COMPLEXITY, Decoder, Encoder
 from .pacer import Pacer
@@ -105,6 +107,7 @@ class Session:
         self.passthrough = agent.passthrough
         self._ended = False  # the shell's teardown ran (the call may have ended first)
         self._busy = False  # inside a handle_*: _service runs once, at its end
+        self._servicing = False  # inside _service: its loop sends what handlers queue
         # Agent.
         self.host = AgentHost(on_event=self._agent_event, on_output=self._output_queued)
         self._on_frame = agent.on_frame  # synchronous frame handler (no agent task), or None
@@ -128,6 +131,13 @@ class Session:
                 schedule=self._schedule, agent_name=agent.name,
                 opus_complexity=opus_complexity)
             self.call.media = self.pipeline
+        # Data channels, when the answer served the offer's application section.
+        self.channels: CallChannels | None = None
+        if answer.application is not None:
+            self.channels = CallChannels(
+                self.call, answer.application, self.host.channels, self.ctx,
+                clock=trio.current_time, flush=self._flush,
+                on_channel=agent.on_channel if agent.on_frame is not None else None)
         # Tasks.
         self._nursery: trio.Nursery | None = None
         self._cancel = trio.CancelScope()
@@ -199,6 +209,7 @@ class Session:
             jitter_ms=rtcp.jitter_ms(),
             loss=rtcp.loss(),
             timeline=dict(call.timeline),
+            datachannels=self.channels.stats() if self.channels is not None else None,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -251,14 +262,25 @@ class Session:
         """Send the call's transmits, then act on its events (which may queue more)."""
         call = self.call
         send = self._send
-        while True:
-            while (t := call.poll_transmit()) is not None:
-                payload, flow = t
-                send(flow.header + payload, flow.relay)
-            ev = call.poll_event()
-            if ev is None:
-                return
-            self._on_event(ev)
+        self._servicing = True
+        try:
+            while True:
+                while (t := call.poll_transmit()) is not None:
+                    payload, flow = t
+                    send(flow.header + payload, flow.relay)
+                ev = call.poll_event()
+                if ev is None:
+                    return
+                self._on_event(ev)
+        finally:
+            self._servicing = False
+
+    def _flush(self) -> None:
+        """Something outside a ``handle_*`` fed the call (an agent's channel message): send
+        it now, unless a handler or the service loop already running will."""
+        if not self._busy and not self._servicing and not self._ended:
+            self._service()
+        self._poke_timer(self.call.poll_timeout())  # e.g. SCTP's T3-rtx for what was sent
 
     def _on_event(self, ev: CallEvent) -> None:
         if isinstance(ev, Connected):
@@ -268,6 +290,8 @@ class Session:
                      ev.cipher_suite)
             self.host.push_event({"type": "session.started", "session_id": self.id,
                                   "sample_rate": 48000, "frame_samples": 960})
+            if self.channels is not None:
+                self.channels.start(trio.current_time())
             if self._nursery is not None and self.pipeline is not None and self._on_frame is None:
                 self._nursery.start_soon(self._run_agent)
         elif isinstance(ev, RemoteReport):
@@ -279,9 +303,11 @@ class Session:
             # At debug: "connected" names the address a few ms later, and one log line
             # fewer per setup is CPU off the setup path (docs/performance.md).
             log.debug("session %s nominated %s", self.id, redact(_fmt(ev.client)))
+        elif isinstance(ev, SctpEvent):
+            if self.channels is not None:
+                self.channels.on_event(ev.event)
         elif isinstance(ev, Ended):
             self._teardown(ev.reason)
-        # SctpEvent: no data channel is negotiated yet, so none arrives.
 
     def _stats_event(self) -> dict[str, Any]:
         call = self.call

@@ -98,7 +98,9 @@ class Sender:
     def __init__(self, *, mtu: int, rto: RtoEstimator, cwnd_initial_mtus: int,
                  max_retransmissions: int) -> None:
         self.mtu = mtu
-        self.max_payload = mtu - 12 - DATA_HEADER_SIZE
+        # Chunks are padded to 4 bytes on the wire (RFC 9260 §3.2): a payload size that is
+        # a multiple of 4 is what keeps a full DATA chunk within an MTU that is not.
+        self.max_payload = (mtu - 12 - DATA_HEADER_SIZE) & ~3
         self.rto = rto
         self.max_retransmissions = max_retransmissions
         self.queue: deque[OutMessage] = deque()
@@ -217,7 +219,7 @@ class Sender:
                 self.abandoned_messages += 1
                 continue
             remaining = len(msg.data) - msg.offset
-            take = min(room - DATA_HEADER_SIZE, self.max_payload, remaining)
+            take = min((room - DATA_HEADER_SIZE) & ~3, self.max_payload, remaining)
             if take < remaining and take < MIN_FRAGMENT and out:
                 break
             if msg.offset == 0 and not msg.unordered:

@@ -528,3 +528,18 @@ def test_late_connect_on_the_passive_side_at_any_moment(delay_ms: int) -> None:
     p.run(10, until=lambda: p.messages("a") and p.messages("b"))
     assert [m.data for m in p.messages("a")] == [b"hi"]
     assert [m.data for m in p.messages("b")] == [b"ho"]
+
+
+@pytest.mark.parametrize("mtu", [1163, 1161, 1162, 1200])
+def test_packets_fit_an_mtu_that_is_not_a_multiple_of_four(mtu: int) -> None:
+    """Regression: DATA chunks are padded to 4 bytes, so a payload sized to fill the MTU
+    exactly produced a packet 1-3 bytes over it (1164 at mtu 1163, the DTLS 1.2 AES-GCM
+    record limit at a 1200-byte datagram) and the transceiver's DTLS refused to send it.
+    The pair asserts every packet fits ``mtu``."""
+    p = Pair(mtu=mtu)
+    p.connect()
+    msg = payload(20_000, 3)
+    p.a.send(p.now, 1, 53, msg)
+    p.a.send(p.now, 1, 53, payload(mtu - 40, 4))
+    p.run(30, until=lambda: len(p.messages("b")) == 2)
+    assert [m.data for m in p.messages("b")] == [msg, payload(mtu - 40, 4)]
