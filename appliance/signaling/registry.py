@@ -24,6 +24,8 @@ from typing import Any
 
 import trio
 
+from appliance.session_info import SessionInfo
+
 from .histogram import Histogram
 from .problems import Problem
 
@@ -60,26 +62,9 @@ class SessionRecord:
     def view(self) -> dict[str, Any]:
         """The session object from what signaling remembers (used when the transceiver
         cannot tell us any more)."""
-        base: dict[str, Any] = {
-            "id": self.id,
-            "state": "new",
-            "end_reason": None,
-            "transceiver": self.transceiver,
-            "agent": self.agent,
-            "client_address": None,
-            "relay_flow": None,
-            "codec": None,
-            "created_at": self.created_at,
-            "ended_at": None,
-            "packets_in": 0,
-            "packets_out": 0,
-            "bytes_in": 0,
-            "bytes_out": 0,
-            "rtt_ms": None,
-            "jitter_ms": None,
-            "loss": None,
-            "timeline": {},
-        }
+        # The one definition of the shape (appliance/session_info.py), nothing known yet.
+        base = SessionInfo.placeholder(self.id, self.transceiver, self.created_at,
+                                       self.agent).to_json()
         if self.last:
             base.update(self.last)
         if self.ended:
