@@ -11,12 +11,12 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 # Runtime install (make up).
-$(VENV)/.installed: pyproject.toml setup.py appliance/relay/_mmsg.c | $(BIN)/python
+$(VENV)/.installed: pyproject.toml setup.py appliance/netio/_mmsg.c | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
 # Runtime + test extras (make test).
-$(VENV)/.installed-test: pyproject.toml setup.py appliance/relay/_mmsg.c | $(BIN)/python
+$(VENV)/.installed-test: pyproject.toml setup.py appliance/netio/_mmsg.c | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 

@@ -115,7 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="pin each worker process to its own CPU (os.sched_setaffinity)")
     a("--io", choices=IO_MODES, default=None,
       help="hot-loop syscalls: 'mmsg' batches them (recvmmsg/sendmmsg, the optional C "
-           "extension appliance.relay._mmsg), 'python' is one recvfrom_into/sendto per "
+           "extension appliance.netio._mmsg), 'python' is one recvfrom_into/sendto per "
            f"datagram, 'auto' (default) is mmsg when built; ${IO_ENV} overrides auto")
     a("--coalesce-us", type=float, metavar="US",
       help="under dense traffic, after a wake-up that found fewer than 4 datagrams, wait US "

@@ -81,14 +81,14 @@ from ..proto.proxy import (
 from .core import IS_STUN, SLOW_FIRST, Address, CoreConfig, Flow, RelayCore
 
 try:  # optional C extension (setup.py): recvmmsg/sendmmsg batching, Linux only
-    from . import _mmsg
+    from ..netio import _mmsg
 except ImportError:  # pragma: no cover - not built (no compiler/headers) or not Linux
     _mmsg = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
 #: ``io`` modes: ``python`` (one recvfrom_into/sendto per datagram), ``mmsg`` (the batch
-#: syscalls of :mod:`appliance.relay._mmsg`), ``auto`` (mmsg when the module is built; the
+#: syscalls of :mod:`appliance.netio._mmsg`), ``auto`` (mmsg when the module is built; the
 #: environment variable ``APPLIANCE_RELAY_IO`` can force either).
 IO_MODES = ("auto", "python", "mmsg")
 IO_ENV = "APPLIANCE_RELAY_IO"
@@ -118,7 +118,7 @@ def select_io(mode: str = "auto") -> str:
     if mode == "auto":
         return "mmsg" if _mmsg is not None else "python"
     if mode == "mmsg" and _mmsg is None:
-        raise ValueError("relay io 'mmsg': the appliance.relay._mmsg extension is not built "
+        raise ValueError("relay io 'mmsg': the appliance.netio._mmsg extension is not built "
                          "(pip install -e . needs gcc and the Python headers)")
     return mode
 
@@ -648,7 +648,7 @@ class _Worker:
 
         return drain
 
-    # -- the same two drains over recvmmsg/sendmmsg (appliance.relay._mmsg) -----------------
+    # -- the same two drains over recvmmsg/sendmmsg (appliance.netio._mmsg) -----------------
     #
     # Routing is line for line that of public_drain/internal_drain; only the syscalls differ.
     # One recv_batch fills up to MMSG_BATCH slots of a buffer allocated once (datagram i at

@@ -72,7 +72,7 @@ from .pacer import Pacer
 from .session import Addr, EndedSession, Session, _fmt
 
 try:  # optional C extension (setup.py): sendmmsg batching, Linux only
-    from appliance.relay import _mmsg
+    from appliance.netio import _mmsg
 except ImportError:  # pragma: no cover - not built (no compiler/headers) or not Linux
     _mmsg = None  # type: ignore[assignment]
 

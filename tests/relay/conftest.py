@@ -26,7 +26,7 @@ def io(request: pytest.FixtureRequest) -> str:
     """The relay's hot-loop I/O path under test."""
     mode = str(request.param)
     if mode == "mmsg" and not mmsg_available():
-        pytest.fail("appliance.relay._mmsg is not built: run .venv/bin/pip install -e .")
+        pytest.fail("appliance.netio._mmsg is not built: run .venv/bin/pip install -e .")
     return mode
 
 

@@ -1,4 +1,4 @@
-"""The batch syscalls of ``appliance.relay._mmsg`` (recvmmsg/sendmmsg) on real loopback
+"""The batch syscalls of ``appliance.netio._mmsg`` (recvmmsg/sendmmsg) on real loopback
 sockets, and the relay behaviours that only the batch path could get wrong (truncation,
 per-message send failures, the I/O mode selection).
 
@@ -26,10 +26,10 @@ from appliance.relay import RelayConfig, server
 from appliance.relay.cli import DEFAULTS, UsageError, add_arguments, build_config
 
 if not server.mmsg_available():  # a missing build fails here: it is never skipped
-    pytest.fail("appliance.relay._mmsg is not built: run .venv/bin/pip install -e .",
+    pytest.fail("appliance.netio._mmsg is not built: run .venv/bin/pip install -e .",
                 pytrace=False)
 
-from appliance.relay import _mmsg  # noqa: E402
+from appliance.netio import _mmsg  # noqa: E402
 
 SLOT, HEAD, CAP = 512, 64, 256
 IP_RECVERR = 11  # Linux <linux/in.h>; absent from Python's socket module
