@@ -23,6 +23,7 @@ from relay.support import RTP, SECRET, check, open_client, open_transceiver, ufr
 
 from appliance.config import resolve
 from appliance.relay import RelayConfig, server
+from appliance.relay import io as relay_io
 from appliance.relay.cli import DEFAULTS, UsageError, add_arguments, build_config
 
 if not server.mmsg_available():  # a missing build fails here: it is never skipped
@@ -266,7 +267,7 @@ def test_io_mode_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     assert server.select_io("mmsg") == "mmsg"  # an explicit mode wins over the environment
     with pytest.raises(ValueError, match="expected one of"):
         server.select_io("epoll")
-    monkeypatch.setattr(server, "_mmsg", None)
+    monkeypatch.setattr(relay_io, "_mmsg", None)
     monkeypatch.delenv(server.IO_ENV)
     assert server.select_io("auto") == "python"  # the fallback when the build failed
     with pytest.raises(ValueError, match="not built"):
@@ -291,6 +292,6 @@ def test_io_flag_and_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         config(toml={"relay": {"io": "uring"}})
     with pytest.raises(SystemExit):  # argparse: invalid choice
         config("--io", "uring")
-    monkeypatch.setattr(server, "_mmsg", None)
+    monkeypatch.setattr(relay_io, "_mmsg", None)
     with pytest.raises(UsageError, match="not built"):
         config("--io", "mmsg")
