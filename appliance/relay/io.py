@@ -9,7 +9,9 @@ one shape for both paths:
   ``length > capacity``); fewer than ``count`` means the socket is drained.
 * ``flusher(sock)(buf, pending) -> (sent, bytes, failed)`` sends each ``(header, offset,
   length, dest)`` entry as ``header + buf[offset:offset+length]``; a datagram the kernel
-  refuses is counted in ``failed``, never raised.
+  refuses is counted in ``failed``, never raised. The headroom in front of an entry's
+  payload is scratch (the python adapter writes the header there), so entries must not
+  share a slot — the drains queue at most one per received datagram.
 
 ``python`` does that with one ``recvfrom_into``/``sendto`` per datagram (the header is
 copied into the headroom in front of the payload, so one ``sendto`` of one slice carries
