@@ -90,18 +90,37 @@ class PythonIO:
         def receive() -> list[tuple[int, Address]]:
             out: list[tuple[int, Address]] = []
             append = out.append
-            i = 0
-            for _ in range(count):  # at most `count` calls: an error costs one
+            for view in views:  # datagram i goes to slot i
                 try:
-                    got = recv(views[i], 0, trunc)
+                    append(recv(view, 0, trunc))
                 except BlockingIOError:
                     break
                 except OSError:  # pragma: no cover - an ICMP error queued on the socket
-                    continue
-                append((got[0], got[1][:2]) if v6 else got)
-                i += 1
+                    try:  # it took this call; the slot is still free
+                        append(recv(view, 0, trunc))
+                    except OSError:
+                        break  # a short batch: epoll (level-triggered) reports the rest
             return out
 
+        def receive6() -> list[tuple[int, Address]]:
+            # IPv6 sources come as (host, port, flowinfo, scope_id): keep (host, port).
+            out: list[tuple[int, Address]] = []
+            append = out.append
+            for view in views:
+                try:
+                    n, src = recv(view, 0, trunc)
+                except BlockingIOError:
+                    break
+                except OSError:  # pragma: no cover - as above
+                    try:
+                        n, src = recv(view, 0, trunc)
+                    except OSError:
+                        break
+                append((n, src[:2]))
+            return out
+
+        if v6:
+            return receive6
         return receive
 
     def flusher(self, sock: socket.socket) -> Flush:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -59,14 +59,15 @@ from .fastpath import (
     make_drain,
 )
 from .filter import MAX_DATAGRAM, attach_public_filter
-from .io import IO_ENV, IO_MODES, adapter, mmsg_available, select_io
+from .io import IO_ENV, IO_MODES, IoAdapter, adapter, mmsg_available, select_io
 from .redis_cache import RedisFlowCache, open_client
 from .resolver import Resolver, pattern_address, resolve_at_start
 from .transport import ReturnSink, UdpSink
 
 __all__ = [
     "COALESCE_BELOW", "DENSE", "IO_ENV", "IO_MODES", "MAX_DATAGRAM", "SOCKET_BUFFER",
-    "RelayConfig", "RelayHandle", "attach_public_filter", "coalesce_wait", "format_addr",
+    "RelayConfig", "RelayHandle", "attach_public_filter", "build_drains", "coalesce_wait",
+    "format_addr",
     "mmsg_available", "pattern_address", "select_io", "serve_relay", "socket_buffers",
 ]
 
@@ -152,6 +153,39 @@ def _core(config: RelayConfig, transceivers: Mapping[int, Address],
     )
 
 
+def build_drains(
+    core: RelayCore,
+    public: Sequence[tuple[Address, socket.socket]],
+    isock: socket.socket,
+    syscalls: IoAdapter,
+    returners: set[Address],
+    relay_id: str = "relay",
+) -> dict[int, Drain]:
+    """Every socket's drain, by fd: the return sinks and the internal outbox the drains
+    queue on (transport.py), registered with the core, then one :func:`make_drain` per
+    socket over ``syscalls`` (io.py)."""
+    internal_out = Outbox(syscalls.flusher(isock))
+    sinks: dict[Address, ReturnSink] = {}
+    for addr, sock in public:
+        sinks[addr] = core.sinks[(Transport.UDP, addr)] = UdpSink(addr, syscalls.flusher(sock))
+    drains: dict[int, Drain] = {}
+    for addr, sock in public:
+        buf = bytearray(PUBLIC_SLOT * MMSG_BATCH)
+        drains[sock.fileno()] = make_drain(
+            core, recv=syscalls.receiver(sock, buf, PUBLIC_SLOT, HEADROOM, MAX_DATAGRAM,
+                                         MMSG_BATCH),
+            buf=buf, slot=PUBLIC_SLOT, count=MMSG_BATCH, internal=internal_out,
+            public=addr, reply=sinks[addr])
+    ibuf = bytearray(INTERNAL_SLOT * INTERNAL_BATCH)
+    drains[isock.fileno()] = make_drain(
+        core, recv=syscalls.receiver(isock, ibuf, INTERNAL_SLOT, HEADROOM,
+                                     INTERNAL_SLOT - HEADROOM - 64, INTERNAL_BATCH),
+        buf=ibuf, slot=INTERNAL_SLOT, count=INTERNAL_BATCH, internal=internal_out,
+        sinks=sinks, returners=returners,
+        tlv=encode_tlv(TLV_RELAY_ID, relay_id.encode()[:64]))
+    return drains
+
+
 async def _housekeeping(core: RelayCore, flow_timeout: float) -> None:
     tick = min(1.0, flow_timeout / 4)
     while True:
@@ -191,27 +225,8 @@ async def serve_relay(
         public = tuple(sockname(s) for s in pubs)
         resolver.update_return_sources()
 
-        # The sinks and outboxes the drains queue on (transport.py), then the drains.
-        internal_out = Outbox(syscalls.flusher(isock))
-        sinks: dict[Address, ReturnSink] = {}
-        for addr, sock in zip(public, pubs, strict=True):
-            sinks[addr] = core.sinks[(Transport.UDP, addr)] = UdpSink(addr,
-                                                                      syscalls.flusher(sock))
-        drains: dict[int, Drain] = {}
-        for addr, sock in zip(public, pubs, strict=True):
-            buf = bytearray(PUBLIC_SLOT * MMSG_BATCH)
-            drains[sock.fileno()] = make_drain(
-                core, recv=syscalls.receiver(sock, buf, PUBLIC_SLOT, HEADROOM, MAX_DATAGRAM,
-                                             MMSG_BATCH),
-                buf=buf, slot=PUBLIC_SLOT, count=MMSG_BATCH, internal=internal_out,
-                public=addr, reply=sinks[addr])
-        ibuf = bytearray(INTERNAL_SLOT * INTERNAL_BATCH)
-        drains[isock.fileno()] = make_drain(
-            core, recv=syscalls.receiver(isock, ibuf, INTERNAL_SLOT, HEADROOM,
-                                         INTERNAL_SLOT - HEADROOM - 64, INTERNAL_BATCH),
-            buf=ibuf, slot=INTERNAL_SLOT, count=INTERNAL_BATCH, internal=internal_out,
-            sinks=sinks, returners=resolver.return_sources,
-            tlv=encode_tlv(TLV_RELAY_ID, config.relay_id.encode()[:64]))
+        drains = build_drains(core, list(zip(public, pubs, strict=True)), isock, syscalls,
+                              resolver.return_sources, config.relay_id)
 
         def wake() -> None:
             if cache is not None and core.lookups_pending and not cache.wanted.is_set():
