@@ -3,8 +3,9 @@
 Flags override the ``[relay]`` table of the TOML config file, which overrides the defaults
 (see :mod:`appliance.config`). With ``--workers M`` (M > 1) this process becomes a small
 supervisor: it starts M copies of itself with ``--workers 1`` sharing the public port through
-``SO_REUSEPORT``, restarts a worker that dies (with backoff), serves ``--control`` by summing
-the workers' counters, and stops them all on SIGINT/SIGTERM.
+``SO_REUSEPORT`` (their argv from :mod:`.argv`), restarts a worker that dies (with backoff,
+through :class:`appliance.children.Supervisor`, the one ``appliance up`` uses), serves
+``--control`` by summing the workers' counters, and stops them all on SIGINT/SIGTERM.
 
 When ready it prints exactly one line (tests and the supervisor of ``appliance up`` wait for
 it)::

@@ -87,6 +87,7 @@ from ..proto.proxy import TLV_RELAY_ID, encode_tlv
 from ..proto.ratelimit import NEVER, Gcra, GcraRule, GcraTable, TokenBuckets
 from ..proto.stun import MAX_AMPLIFICATION, StunError, peek_username_untrusted, reflexive_response
 from ..proto.ufrag import UfragCodec, UfragError
+from .counters import COUNTER_NAMES, Counters
 from .transport import Address, ReturnSink, Transport, encode_flow_header
 
 __all__ = [
@@ -109,26 +110,6 @@ SLOW_FIRST = bytes(1 if IS_STUN[b] or b == 22 else 0 for b in range(256))
 #: core (exactly what :meth:`RelayCore.handle_datagram` would decide, minus the call: it
 #: returns the flow and touches it). tests/relay/test_fastpath.py checks the agreement.
 FAST_FIRST = bytes(1 - x for x in SLOW_FIRST)
-
-#: Every counter the relay keeps (drops are separate, by reason).
-COUNTER_NAMES = (
-    "packets_in",
-    "bytes_in",
-    "packets_out",
-    "bytes_out",
-    "flows_created",
-    "flows_expired",
-    "flows_evicted",
-    "flows_recovered",
-    "reroutes",
-    "stun_answered",
-    "redis_lookups",
-    "redis_writes",
-    "wakeups",
-    "coalesced",
-    "flows_answered",
-)
-
 
 @dataclass(frozen=True, slots=True)
 class Route:
@@ -215,37 +196,6 @@ class Flow:
         #: GCRA theoretical arrival time of the flow's DTLS handshake records (dtls-budget;
         #: a slot on the flow, with the rule in RelayCore, rather than a budget object each)
         self.hs_tat = NEVER
-
-
-@dataclass(slots=True)
-class Counters:
-    packets_in: int = 0
-    bytes_in: int = 0
-    packets_out: int = 0
-    bytes_out: int = 0
-    flows_created: int = 0
-    flows_expired: int = 0
-    flows_evicted: int = 0
-    flows_recovered: int = 0
-    reroutes: int = 0
-    stun_answered: int = 0
-    redis_lookups: int = 0
-    redis_writes: int = 0
-    #: flows that became established (their transceiver answered them)
-    flows_answered: int = 0
-    #: hot-loop wake-ups (packets_in / wakeups = datagrams handled per event-loop round trip)
-    wakeups: int = 0
-    #: wake-ups after which the hot loop waited to gather a batch (server.coalesce_wait)
-    coalesced: int = 0
-    drops: dict[str, int] = field(default_factory=dict)
-
-    def drop(self, reason: str, n: int = 1) -> None:
-        self.drops[reason] = self.drops.get(reason, 0) + n
-
-    def as_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {name: getattr(self, name) for name in COUNTER_NAMES}
-        out["drops"] = dict(self.drops)
-        return out
 
 
 @dataclass(frozen=True, slots=True)
