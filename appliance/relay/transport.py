@@ -28,7 +28,12 @@ ICE-TCP connection (RFC 6544) tomorrow. What it needs from a transport is three 
 Adding ICE-TCP is therefore: a listener that accepts connections and strips RFC 4571
 framing into a slot buffer, a sink that frames back, and registering the sink under
 ``(Transport.TCP, public address)`` (``RelayCore.sinks``) — no change to the routing.
-The internal leg itself stays UDP (one internal datagram per frame).
+The internal leg itself stays UDP (one internal datagram per frame). Two things that issue
+also needs outside this package: ``appliance.proto.proxy.parse_untrusted`` drops STREAM
+headers today (a return datagram with one would count as ``proxy-malformed``), so it must
+return the transport for the internal drain to pick the sink table by it; and
+:func:`encode_flow_header` sets the STREAM nibble itself because
+``proto.proxy.encode_header`` writes DGRAM only.
 """
 
 from __future__ import annotations
