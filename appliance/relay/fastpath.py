@@ -186,10 +186,10 @@ def make_drain(
         hop: Address | None = None
         for _ in range(rounds):
             msgs = recv()
+            pin += len(msgs)
             p = H - SLOT
             for n, src in msgs:
                 p += SLOT  # where this datagram starts in buf
-                pin += 1
                 bin_ += n
                 if framed:
                     # PROXY v2 first. A flow's header is the same every time: its first

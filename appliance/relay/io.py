@@ -131,12 +131,12 @@ class PythonIO:
             sent = nbytes = failed = 0
             for header, p, n, dest in pending:
                 try:
-                    if not header:
-                        nbytes += send(mv[p : p + n], dest)
-                    elif n:
+                    if header and n:
                         s = p - len(header)  # into the headroom: one slice, one sendto
                         buf[s:p] = header
                         nbytes += send(mv[s : p + n], dest)
+                    elif n or not header:
+                        nbytes += send(mv[p : p + n], dest)  # bare: return traffic
                     else:
                         nbytes += send(header, dest)  # a reply the core built whole
                 except OSError:

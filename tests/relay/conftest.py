@@ -16,7 +16,7 @@ import trio
 from relay.support import OPEN_SOCKETS, SECRET, redis_server
 
 from appliance.relay import RelayConfig, RelayHandle, serve_relay
-from appliance.relay.server import mmsg_available
+from appliance.relay.io import mmsg_available
 
 StartRelay = Callable[..., Awaitable[RelayHandle]]
 

@@ -26,7 +26,7 @@ from appliance.relay import RelayConfig, server
 from appliance.relay import io as relay_io
 from appliance.relay.cli import DEFAULTS, UsageError, add_arguments, build_config
 
-if not server.mmsg_available():  # a missing build fails here: it is never skipped
+if not relay_io.mmsg_available():  # a missing build fails here: it is never skipped
     pytest.fail("appliance.netio._mmsg is not built: run .venv/bin/pip install -e .",
                 pytrace=False)
 
@@ -259,19 +259,19 @@ async def test_oversize_datagrams_are_dropped_where_the_kernel_filter_is_missing
 
 
 def test_io_mode_selection(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(server.IO_ENV, raising=False)
-    assert server.select_io("auto") == "mmsg"
-    assert server.select_io("python") == "python"
-    monkeypatch.setenv(server.IO_ENV, "python")
-    assert server.select_io("auto") == "python"
-    assert server.select_io("mmsg") == "mmsg"  # an explicit mode wins over the environment
+    monkeypatch.delenv(relay_io.IO_ENV, raising=False)
+    assert relay_io.select_io("auto") == "mmsg"
+    assert relay_io.select_io("python") == "python"
+    monkeypatch.setenv(relay_io.IO_ENV, "python")
+    assert relay_io.select_io("auto") == "python"
+    assert relay_io.select_io("mmsg") == "mmsg"  # an explicit mode wins over the environment
     with pytest.raises(ValueError, match="expected one of"):
-        server.select_io("epoll")
+        relay_io.select_io("epoll")
     monkeypatch.setattr(relay_io, "_mmsg", None)
-    monkeypatch.delenv(server.IO_ENV)
-    assert server.select_io("auto") == "python"  # the fallback when the build failed
+    monkeypatch.delenv(relay_io.IO_ENV)
+    assert relay_io.select_io("auto") == "python"  # the fallback when the build failed
     with pytest.raises(ValueError, match="not built"):
-        server.select_io("mmsg")
+        relay_io.select_io("mmsg")
 
 
 def test_io_flag_and_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

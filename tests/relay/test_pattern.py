@@ -35,7 +35,7 @@ from appliance.proto.proxy import encode_header
 from appliance.relay import cli
 from appliance.relay import resolver as relay_resolver
 from appliance.relay.core import CoreConfig, Flow, RelayCore, Route
-from appliance.relay.server import pattern_address
+from appliance.relay.resolver import pattern_address
 
 Address = tuple[str, int]
 PUB = ("198.51.100.1", 3478)
