@@ -11,13 +11,13 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 # Runtime install (make up).
-$(VENV)/.installed: pyproject.toml setup.py appliance/relay/_mmsg.c | $(BIN)/python
+$(VENV)/.installed: pyproject.toml setup.py appliance/netio/_mmsg.c | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
 # Runtime + test extras (make test). They include the runtime install, so both stamps are
 # touched: `make up` after `make test` does not install again.
-$(VENV)/.installed-test: pyproject.toml setup.py appliance/relay/_mmsg.c | $(BIN)/python
+$(VENV)/.installed-test: pyproject.toml setup.py appliance/netio/_mmsg.c | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(VENV)/.installed $@
 

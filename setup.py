@@ -1,9 +1,9 @@
 """Build hook for the one optional C extension; everything else is in pyproject.toml.
 
-``appliance.relay._mmsg`` batches the relay's UDP syscalls (recvmmsg/sendmmsg, Linux). It is
-*optional*: without a compiler or the Python headers the install still succeeds and the relay
-uses its pure-Python loop (``appliance relay --io python``; ``--io auto`` picks the batch
-path when the module imports).
+``appliance.netio._mmsg`` batches UDP syscalls (recvmmsg/sendmmsg, Linux) for the relay and the
+transceiver. It is *optional*: without a compiler or the Python headers the install still
+succeeds and the relay uses its pure-Python loop (``appliance relay --io python``; ``--io
+auto`` picks the batch path when the module imports).
 """
 
 import sys
@@ -14,8 +14,8 @@ ext_modules = []
 if sys.platform.startswith("linux"):
     ext_modules.append(
         Extension(
-            "appliance.relay._mmsg",
-            sources=["appliance/relay/_mmsg.c"],
+            "appliance.netio._mmsg",
+            sources=["appliance/netio/_mmsg.c"],
             optional=True,  # a failed build is a warning, not a failed install
             extra_compile_args=["-O2"],
         )

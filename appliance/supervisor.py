@@ -9,7 +9,8 @@
      │    └─ supervise(relay w)            (SO_REUSEPORT), each with its own control socket
      └─ serve_signaling                    hypercorn + quart-trio, the HTTP API and web UI
 
-Children run as ``python -m appliance ROLE …`` in their own process group (so a terminal's
+Children are run by :class:`appliance.children.Supervisor` (shared with ``appliance relay
+--workers M``) as ``python -m appliance ROLE …`` in their own process group (so a terminal's
 Ctrl-C reaches only the supervisor, which then stops them in order). A child is *ready* when
 it prints its ready line on stdout:
 
@@ -36,16 +37,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import re
 import shlex
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -54,6 +51,7 @@ from typing import Any
 import trio
 
 from .agents import resolve as resolve_agent
+from .children import ChildSpec, StartupError, Supervisor
 from .config import (
     ConfigError,
     format_hostport,
@@ -63,6 +61,7 @@ from .config import (
     resolve,
 )
 from .logs import add_logging_flags, configure
+from .relay.argv import relay_argv
 from .signaling.options import (
     add_auth_arguments,
     add_tls_arguments,
@@ -81,10 +80,6 @@ from .statedir import default_state_dir, ensure_secret, ensure_state_dir
 
 log = logging.getLogger("appliance.supervisor")
 
-READY_PATTERNS = {
-    "transceiver": re.compile(r"^transceiver (?P<id>\S+) listening on (?P<listen>\S+) control (?P<control>.+)$"),
-    "relay": re.compile(r"^relay listening on (?P<listen>\S+) internal (?P<internal>\S+)"),
-}
 DEFAULTS: dict[str, Any] = {
     "http": "127.0.0.1:8080",
     "udp": "0.0.0.0:3478",
@@ -99,214 +94,11 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-class StartupError(Exception):
-    """``up`` could not bring a child up at all (bad flags, port in use, ...)."""
-
-
 def _free_port(host: str, kind: socket.SocketKind) -> int:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, kind) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-# -- child processes -------------------------------------------------------------------------
-
-
-@dataclass
-class ChildSpec:
-    role: str  # "transceiver" | "relay"
-    key: str
-    argv: list[str]
-    control: str
-
-    @property
-    def name(self) -> str:
-        return f"{self.role} {self.key}"
-
-
-@dataclass
-class ChildStatus:
-    state: str = "starting"  # starting | ready | backoff | stopped
-    pid: int | None = None
-    restarts: int = 0
-    last_exit: int | None = None
-    ready_line: str | None = None
-    ready_fields: dict[str, str] = field(default_factory=dict)
-    delays: list[float] = field(default_factory=list)  # every backoff slept, in order
-
-    def view(self) -> dict[str, Any]:
-        return {"pid": self.pid, "state": self.state, "restarts": self.restarts,
-                "last_exit": self.last_exit}
-
-
-class Supervisor:
-    """Starts, watches and restarts child processes; reports to signaling's state."""
-
-    def __init__(
-        self,
-        specs: Sequence[ChildSpec],
-        *,
-        state: SignalingState | None = None,
-        backoff_initial: float = 0.5,
-        backoff_max: float = 30.0,
-        stable_after: float = 30.0,
-        ready_timeout: float = 30.0,
-        stop_grace: float = 2.0,
-        startup_failures: int = 3,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        self.specs = {s.name: s for s in specs}
-        self.status = {s.name: ChildStatus() for s in specs}
-        self.state = state
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
-        self.stable_after = stable_after
-        self.ready_timeout = ready_timeout
-        self.stop_grace = stop_grace
-        self.startup_failures = startup_failures
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self._changed = trio.Event()
-
-    # Tests and `up` wait on conditions over the statuses instead of sleeping.
-    def _notify(self, spec: ChildSpec) -> None:
-        if self.state is not None:
-            self.state.process_info(spec.role, spec.key, **self.status[spec.name].view())
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def wait_until(self, predicate: Callable[[], bool]) -> None:
-        while not predicate():
-            await self._changed.wait()
-
-    async def run_group(
-        self, specs: Sequence[ChildSpec], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """One task group: supervise ``specs`` until cancelled; started once all are ready."""
-        async with trio.open_nursery() as nursery:
-            for spec in specs:
-                nursery.start_soon(self.supervise, spec)
-            names = [s.name for s in specs]
-            await self.wait_until(lambda: all(self.status[n].ready_line for n in names))
-            task_status.started()
-
-    async def supervise(self, spec: ChildSpec) -> None:
-        status = self.status[spec.name]
-        backoff = self.backoff_initial
-        failures_before_ready = 0
-        ever_ready = False
-        try:
-            while True:
-                started = trio.current_time()
-                rc, was_ready = await self._one_life(spec, status)
-                ever_ready |= was_ready
-                status.last_exit, status.state, status.pid = rc, "backoff", None
-                if self.state is not None:
-                    await self.state.process_down(spec.role, spec.key, f"exited with status {rc}")
-                if not ever_ready:
-                    failures_before_ready += 1
-                    if failures_before_ready >= self.startup_failures:
-                        raise StartupError(
-                            f"{spec.name} exited with status {rc} before it was ready, "
-                            f"{failures_before_ready} times in a row; giving up "
-                            f"(command: {shlex.join(spec.argv)})"
-                        )
-                if was_ready and trio.current_time() - started >= self.stable_after:
-                    backoff = self.backoff_initial  # it ran fine for a while: a fresh failure
-                log.warning("%s exited with status %s; restarting in %.2f s", spec.name, rc, backoff)
-                status.delays.append(backoff)
-                self._notify(spec)
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, self.backoff_max)
-                status.restarts += 1
-        finally:
-            status.state, status.pid = "stopped", None
-            self._notify(spec)
-
-    async def _one_life(self, spec: ChildSpec, status: ChildStatus) -> tuple[int, bool]:
-        """Run the child once: (exit status, whether it became ready)."""
-        proc = await trio.lowlevel.open_process(
-            spec.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            env=self.env,
-            start_new_session=True,  # own process group: we signal the group, never the terminal's
-        )
-        status.pid, status.state, status.ready_line = proc.pid, "starting", None
-        log.info("started %s (pid %d)", spec.name, proc.pid)
-        self._notify(spec)
-        ready = trio.Event()
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._read_stdout, proc, spec, status, ready)
-                nursery.start_soon(self._ready_deadline, proc, spec, ready)
-                rc = await proc.wait()
-                nursery.cancel_scope.cancel()
-            return rc, ready.is_set()
-        finally:
-            with trio.move_on_after(self.stop_grace + 2, shield=True):
-                await self._stop(proc, spec)
-
-    async def _ready_deadline(self, proc: trio.Process, spec: ChildSpec, ready: trio.Event) -> None:
-        with trio.move_on_after(self.ready_timeout):
-            await ready.wait()
-            return
-        log.error("%s not ready after %.0f s; stopping it", spec.name, self.ready_timeout)
-        await self._stop(proc, spec)
-
-    async def _read_stdout(
-        self, proc: trio.Process, spec: ChildSpec, status: ChildStatus, ready: trio.Event
-    ) -> None:
-        assert proc.stdout is not None
-        buf = b""
-        pattern = READY_PATTERNS[spec.role]
-        async with proc.stdout:
-            while True:
-                try:
-                    chunk = await proc.stdout.receive_some(65536)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    return
-                if not chunk:
-                    return
-                buf += chunk
-                *lines, buf = buf.split(b"\n")
-                if len(buf) > 65536:  # a child printing without newlines: do not grow forever
-                    lines.append(buf)
-                    buf = b""
-                for raw in lines:
-                    line = raw.decode("utf-8", "replace").rstrip("\r")
-                    m = pattern.match(line)
-                    if m and not ready.is_set():
-                        status.ready_line, status.ready_fields = line, m.groupdict()
-                        status.state = "ready"
-                        ready.set()
-                        log.info("%s ready (pid %s): %s", spec.name, proc.pid, line)
-                        if self.state is not None:
-                            self.state.process_up(spec.role, spec.key)
-                        self._notify(spec)
-                    elif line:
-                        log.info("%s: %s", spec.name, line)
-
-    async def _stop(self, proc: trio.Process, spec: ChildSpec) -> None:
-        """SIGTERM the child's process group, SIGKILL after the grace period, reap."""
-        if proc.returncode is None:
-            _killpg(proc.pid, signal.SIGTERM)
-            with trio.move_on_after(self.stop_grace):
-                await proc.wait()
-            if proc.returncode is None:
-                log.warning("%s ignored SIGTERM for %.1f s; killing it", spec.name, self.stop_grace)
-                _killpg(proc.pid, signal.SIGKILL)
-                await proc.wait()
-        else:
-            # The leader is gone; take anything it left behind in its group with it.
-            _killpg(proc.pid, signal.SIGKILL)
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 # -- configuration -------------------------------------------------------------------------
@@ -407,13 +199,13 @@ def child_specs(cfg: UpConfig, secret: Path, control_dir: Path) -> tuple[list[Ch
                   else ["--opus-complexity", str(cfg.opus_complexity)]),
                 *logging_flags]
         transceivers.append(ChildSpec("transceiver", str(k), argv, control))
-    routes = [arg for k, port in enumerate(ports) for arg in ("--transceiver", f"{k}=127.0.0.1:{port}")]
+    routes = {k: ("127.0.0.1", port) for k, port in enumerate(ports)}
     relays = []
     for w in range(cfg.relay_workers):
         control = str(control_dir / f"relay-{w}.sock")
-        argv = [*cfg.child_command, "relay", "--listen", format_hostport(cfg.udp), *routes,
-                "--secret-file", str(secret), "--control", control, "--workers", "1",
-                *(["--redis", cfg.redis] if cfg.redis else []), *logging_flags]
+        argv = relay_argv([*cfg.child_command, "relay"], listen=[cfg.udp], transceivers=routes,
+                          secret_file=str(secret), control=control, redis=cfg.redis,
+                          log_level=cfg.log_level, log_format=cfg.log_format)
         relays.append(ChildSpec("relay", str(w), argv, control))
     return transceivers, relays
 

@@ -349,7 +349,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.io is None:
         try:
-            import appliance.relay._mmsg  # noqa: F401
+            import appliance.netio._mmsg  # noqa: F401
             args.io = "python,mmsg"
         except ImportError:
             args.io = "python"

@@ -3,8 +3,9 @@
 Flags override the ``[relay]`` table of the TOML config file, which overrides the defaults
 (see :mod:`appliance.config`). With ``--workers M`` (M > 1) this process becomes a small
 supervisor: it starts M copies of itself with ``--workers 1`` sharing the public port through
-``SO_REUSEPORT``, restarts a worker that dies (with backoff), serves ``--control`` by summing
-the workers' counters, and stops them all on SIGINT/SIGTERM.
+``SO_REUSEPORT`` (their argv from :mod:`.argv`), restarts a worker that dies (with backoff,
+through :class:`appliance.children.Supervisor`, the one ``appliance up`` uses), serves
+``--control`` by summing the workers' counters, and stops them all on SIGINT/SIGTERM.
 
 When ready it prints exactly one line (tests and the supervisor of ``appliance up`` wait for
 it)::
@@ -22,21 +23,24 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from functools import partial
 from typing import Any
 
 import trio
 
 from .. import logs
+from ..children import ChildSpec, Supervisor
 from ..config import ConfigError, format_hostport, load_config, parse_hostport, resolve
-from ..control import ControlError, control_request, serve_control
+from ..control import serve_control
 from ..proto.ufrag import load_secrets
+from .argv import relay_argv
+from .control import merged_stats, unknown_op
 from .core import Address
-from .server import IO_ENV, IO_MODES, RelayConfig, pattern_address, select_io, serve_relay
+from .io import IO_ENV, IO_MODES, select_io
+from .resolver import pattern_address
+from .server import RelayConfig, serve_relay
 
 log = logging.getLogger("appliance.relay")
 
@@ -115,7 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="pin each worker process to its own CPU (os.sched_setaffinity)")
     a("--io", choices=IO_MODES, default=None,
       help="hot-loop syscalls: 'mmsg' batches them (recvmmsg/sendmmsg, the optional C "
-           "extension appliance.relay._mmsg), 'python' is one recvfrom_into/sendto per "
+           "extension appliance.netio._mmsg), 'python' is one recvfrom_into/sendto per "
            f"datagram, 'auto' (default) is mmsg when built; ${IO_ENV} overrides auto")
     a("--coalesce-us", type=float, metavar="US",
       help="under dense traffic, after a wake-up that found fewer than 4 datagrams, wait US "
@@ -257,126 +261,77 @@ async def _run_worker(config: RelayConfig, pin: bool) -> None:
 
 def _child_argv(args: argparse.Namespace, config: RelayConfig, index: int,
                 listen: Sequence[Address], control: str) -> list[str]:
-    argv = [sys.executable, "-m", "appliance.relay.cli", "--workers", "1",
-            "--worker-index", str(index), "--secret-file", str(args.secret_file),
-            "--cluster", str(config.cluster), "--internal", format_hostport(config.internal),
-            "--flow-timeout", repr(config.flow_timeout), "--max-flows", str(config.max_flows),
-            "--new-flow-rate", repr(config.new_flow_rate), "--control", control,
-            "--log-level", args.log_level, "--log-format", args.log_format]
-    for addr in listen:
-        argv += ["--listen", format_hostport(addr)]
-    for k, addr in config.transceivers.items():
-        argv += ["--transceiver", f"{k}={format_hostport(addr)}"]
-    for k, addr in config.next_hops.items():
-        argv += ["--next-hop", f"{k}={format_hostport(addr)}"]
-    if config.redis_url:
-        argv += ["--redis", config.redis_url]
-    if config.transceiver_pattern is not None:
-        argv += ["--transceiver-pattern", config.transceiver_pattern]
-    if config.transceiver_count is not None:
-        argv += ["--transceivers", str(config.transceiver_count)]
-    argv += ["--resolve-interval", repr(config.resolve_interval), "--io", config.io,
-             "--coalesce-us", repr(config.coalesce * 1e6)]
-    if args.pin:
-        argv.append("--pin")
-    return argv
+    """Worker ``index``'s command line: this relay's settings, one worker, its own control
+    socket (the one argv builder, :func:`.argv.relay_argv`)."""
+    return relay_argv(
+        [sys.executable, "-m", "appliance.relay.cli"], workers=1, worker_index=index,
+        listen=listen, secret_file=str(args.secret_file), control=control,
+        transceivers=config.transceivers, next_hops=config.next_hops, cluster=config.cluster,
+        internal=config.internal, flow_timeout=config.flow_timeout,
+        max_flows=config.max_flows, new_flow_rate=config.new_flow_rate,
+        redis=config.redis_url, transceiver_pattern=config.transceiver_pattern,
+        transceiver_count=config.transceiver_count, resolve_interval=config.resolve_interval,
+        io=config.io, coalesce_us=config.coalesce * 1e6, pin=bool(args.pin),
+        log_level=args.log_level, log_format=args.log_format,
+    )
 
 
-class _Supervisor:
+class _Workers:
+    """M workers under the one child supervisor (:class:`appliance.children.Supervisor`):
+    restarted with backoff (0.1 s doubling to 5 s, reset after 10 s up), stopped with
+    SIGTERM then SIGKILL, never given up on."""
+
     def __init__(self, args: argparse.Namespace, config: RelayConfig, workers: int) -> None:
         self.args = args
         self.config = config
         self.workers = workers
         self.tmp = tempfile.mkdtemp(prefix="appliance-relay-")
-        self.listen: list[Address] = list(config.listen)
-        self.internal: list[str] = ["?"] * workers
-        self.first_ready: list[trio.Event] = [trio.Event() for _ in range(workers)]
+        self.specs = [ChildSpec("relay", str(i), [], self.control_path(i))
+                      for i in range(workers)]
+        self.listen(config.listen)
+        self.supervisor = Supervisor(self.specs, backoff_initial=0.1, backoff_max=5.0,
+                                     stable_after=10.0, ready_timeout=None,
+                                     startup_failures=None)
 
     def control_path(self, index: int) -> str:
         return os.path.join(self.tmp, f"worker-{index}.sock")
 
-    async def keep_running(self, index: int) -> None:
-        """Run worker ``index``; restart it with exponential backoff when it dies."""
-        backoff = 0.1
-        while True:
-            started = trio.current_time()
-            argv = _child_argv(self.args, self.config, index, self.listen,
-                               self.control_path(index))
-            async with trio.open_nursery() as nursery:
-                proc: trio.Process = await nursery.start(
-                    partial(trio.run_process, argv, stdout=subprocess.PIPE, check=False)
-                )
-                assert proc.stdout is not None
-                await self._read_ready(index, proc.stdout)
-            if trio.current_time() - started > 10:
-                backoff = 0.1
-            log.warning("relay worker %d exited with status %s; restarting in %.1f s",
-                        index, proc.returncode, backoff)
-            await trio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
+    def listen(self, listen: Sequence[Address]) -> None:
+        """(Re)write every worker's argv for these public addresses: the first worker picks
+        any ephemeral public port; the others (and restarts) must bind the same one."""
+        for i, spec in enumerate(self.specs):
+            spec.argv = _child_argv(self.args, self.config, i, listen, spec.control)
 
-    async def _read_ready(self, index: int, stdout: trio.abc.ReceiveStream) -> None:
-        buf = b""
-        ready = False
-        while True:
-            chunk = await stdout.receive_some(4096)
-            if not chunk:
-                return  # the worker exited
-            if ready:
-                continue
-            buf += chunk
-            while b"\n" in buf and not ready:
-                line, _, buf = buf.partition(b"\n")
-                text = line.decode(errors="replace")
-                if not text.startswith(READY_PREFIX):
-                    continue
-                public, _, internal = text[len(READY_PREFIX):].partition(" internal ")
-                # The first worker picks any ephemeral public port; the others (and restarts)
-                # must bind the same one.
-                self.listen = [parse_hostport(p) for p in public.split(",")]
-                self.internal[index] = internal
-                self.first_ready[index].set()
-                ready = True
+    def ready(self, index: int) -> dict[str, str] | None:
+        status = self.supervisor.status[self.specs[index].name]
+        return status.ready_fields if status.ready_line else None
 
     async def stats(self, req: dict[str, Any]) -> dict[str, Any]:
         if req.get("op") != "stats":
-            return {"ok": False, "status": 400, "code": "unknown-op",
-                    "detail": f"unknown op {req.get('op')!r}; this relay serves 'stats'"}
-        per: list[dict[str, Any]] = []
-        total: dict[str, Any] = {"drops": {}}
-        flows = 0
-        for i in range(self.workers):
-            try:
-                resp = await control_request(self.control_path(i), {"op": "stats"})
-            except ControlError as exc:
-                per.append({"ok": False, "worker": i, "detail": str(exc)})
-                continue
-            per.append(resp)
-            flows += int(resp.get("flows", 0))
-            for key, value in resp.get("counters", {}).items():
-                if key == "drops":
-                    for reason, n in value.items():
-                        total["drops"][reason] = total["drops"].get(reason, 0) + n
-                else:
-                    total[key] = total.get(key, 0) + value
-        io = ",".join(sorted({str(r["io"]) for r in per if "io" in r}))
-        return {"ok": True, "counters": total, "flows": flows, "worker": "all",
-                "workers": per, "io": io}
+            return unknown_op(req)
+        return await merged_stats([s.control for s in self.specs])
 
     async def run(self) -> None:
+        sup = self.supervisor
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_stop_on_signals, nursery.cancel_scope)
-                nursery.start_soon(self.keep_running, 0)
-                await self.first_ready[0].wait()
-                for i in range(1, self.workers):
-                    nursery.start_soon(self.keep_running, i)
-                for event in self.first_ready:
-                    await event.wait()
+                nursery.start_soon(sup.supervise, self.specs[0])
+                await sup.wait_until(lambda: self.ready(0) is not None)
+                first = self.ready(0)
+                assert first is not None
+                public = [parse_hostport(p) for p in first["listen"].split(",")]
+                self.listen(public)
+                for spec in self.specs[1:]:
+                    nursery.start_soon(sup.supervise, spec)
+                await sup.wait_until(lambda: all(self.ready(i) is not None
+                                                 for i in range(self.workers)))
                 if self.args.control:
                     await nursery.start(serve_control, self.args.control, self.stats)
-                public = ",".join(format_hostport(a) for a in self.listen)
-                print(f"{READY_PREFIX}{public} internal {','.join(self.internal)}", flush=True)
+                internal = ",".join((self.ready(i) or {})["internal"]
+                                    for i in range(self.workers))
+                print(f"{READY_PREFIX}{','.join(format_hostport(a) for a in public)} "
+                      f"internal {internal}", flush=True)
         finally:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
@@ -395,7 +350,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         if workers > 1 and args.worker_index is None:
-            trio.run(_Supervisor(args, config, workers).run)
+            trio.run(_Workers(args, config, workers).run)
         else:
             trio.run(_run_worker, config, bool(args.pin))
     except OSError as exc:

@@ -2,11 +2,15 @@
 
 This is the sans-IO half of the relay (STYLE.md rule 1 in spirit: no trio, no sockets, no
 clock — ``now`` is always passed in). The trio shell (:mod:`appliance.relay.server`) owns the
-sockets and inlines only the one case that must be fast: a non-STUN datagram from a known
-flow is forwarded by looking up ``RelayCore.flows`` directly. Every other datagram comes here
-through :meth:`RelayCore.handle_datagram`, which returns what to do with it:
+sockets; its one hot loop (:mod:`appliance.relay.fastpath`) decides nothing of its own: it
+applies two tables defined here — :data:`FAST_FIRST` (a known flow's datagram with this
+first byte, from the flow's own hop, is forwarded without a call into the core) and
+:attr:`RelayCore.no_flow_first` (an unknown flow's datagram with this first byte is dropped
+``no-flow`` without one) — and hands every other datagram to
+:meth:`RelayCore.handle_datagram`, which returns what to do with it:
 
-* a :class:`Flow` — forward the datagram to ``flow.dest``, framed with ``flow.header``;
+* a :class:`Flow` — forward the datagram to ``flow.dest``, framed with ``flow.header``
+  (whose PROXY v2 transport is the flow's :class:`~.transport.Transport`);
 * ``bytes`` — answer the sender with these bytes (a server-reflexive STUN response only);
 * ``None`` — drop it (already counted under a reason in ``counters.drops``).
 
@@ -62,6 +66,8 @@ DTLS handshake records (content type 22) of a known flow leave the shell's fast 
 for sessions of its own (the transceiver's cookie exchange, ``transceiver/admission.py``,
 handles the rest).
 
+Every rate limit here is one of :mod:`appliance.proto.ratelimit` (GCRA budgets, token buckets).
+
 Bounded memory under any input: the flow table has a hard cap (``max_flows``); creating a flow
 at the cap evicts the least recently used one (the table is an ``OrderedDict`` kept in LRU
 order, so the stalest flow is always first and idle expiry pops from the front in O(expired)).
@@ -77,11 +83,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..proto.mux import Kind, first_byte_kind
-from ..proto.proxy import TLV_RELAY_ID, encode_header, encode_tlv
+from ..proto.proxy import TLV_RELAY_ID, encode_tlv
+from ..proto.ratelimit import NEVER, Gcra, GcraRule, GcraTable, TokenBuckets
 from ..proto.stun import MAX_AMPLIFICATION, StunError, peek_username_untrusted, reflexive_response
 from ..proto.ufrag import UfragCodec, UfragError
+from .counters import COUNTER_NAMES, Counters
+from .transport import Address, ReturnSink, Transport, encode_flow_header
 
-Address = tuple[str, int]
+__all__ = [
+    "COUNTER_NAMES", "FAST_FIRST", "IS_STUN", "SLOW_FIRST", "Address", "CoreConfig",
+    "Counters", "Flow", "RelayCore", "Route", "TokenBuckets", "Transport",
+]
 
 #: ``IS_STUN[b]`` is true when a datagram starting with byte ``b`` is STUN (RFC 7983 §7),
 #: derived from the pure first-byte demultiplexer so the hot path can index a ``bytes``.
@@ -93,26 +105,11 @@ IS_STUN = bytes(1 if first_byte_kind(b) is Kind.STUN else 0 for b in range(256))
 #: budget (``dtls-budget``). A call sends a handful of those; a ClientHello flood from a flow
 #: the attacker authenticated for a session of its own is thousands a second.
 SLOW_FIRST = bytes(1 if IS_STUN[b] or b == 22 else 0 for b in range(256))
-
-#: Every counter the relay keeps (drops are separate, by reason).
-COUNTER_NAMES = (
-    "packets_in",
-    "bytes_in",
-    "packets_out",
-    "bytes_out",
-    "flows_created",
-    "flows_expired",
-    "flows_evicted",
-    "flows_recovered",
-    "reroutes",
-    "stun_answered",
-    "redis_lookups",
-    "redis_writes",
-    "wakeups",
-    "coalesced",
-    "flows_answered",
-)
-
+#: ``FAST_FIRST[b]``: the complement — a known flow's datagram from the flow's own hop
+#: starting with ``b`` is forwarded to ``flow.dest`` by the shell without a call into the
+#: core (exactly what :meth:`RelayCore.handle_datagram` would decide, minus the call: it
+#: returns the flow and touches it). tests/relay/test_fastpath.py checks the agreement.
+FAST_FIRST = bytes(1 - x for x in SLOW_FIRST)
 
 @dataclass(frozen=True, slots=True)
 class Route:
@@ -151,6 +148,8 @@ class Flow:
         "last_seen",
         "public",
         "route",
+        "sink",
+        "transport",
         "ufrag",
         "upstream",
         "written",
@@ -166,14 +165,23 @@ class Flow:
         upstream: Address | None,
         ufrag: bytes,
         now: float,
+        transport: Transport = Transport.UDP,
+        sink: ReturnSink | None = None,
     ) -> None:
         self.client = client
         self.route = route
         #: next hop: a transceiver's or a relay's internal address
         self.dest = dest
-        #: PROXY v2 header (source = client, destination = public, relay-id TLV)
+        #: PROXY v2 header (source = client, destination = public, relay-id TLV; its
+        #: transport nibble is ``transport``'s)
         self.header = header
         self.public = public
+        #: how the client reaches us (UDP now; TCP for ICE-TCP, transport.py)
+        self.transport = transport
+        #: where its return traffic goes when it does not go back to an upstream relay:
+        #: the public socket (or, for TCP, the connection) it arrived on; None when the
+        #: shell registered no sink for (transport, public) — a core driven by tests
+        self.sink = sink
         #: the upstream relay's internal address when the flow reached us through a relay:
         #: return traffic goes back there (framed) instead of out of our public socket
         self.upstream = upstream
@@ -185,87 +193,9 @@ class Flow:
         #: the transceiver has answered this flow (a Binding success or non-STUN return
         #: traffic): its STUN with its own ufrag is no longer budgeted (stun-budget)
         self.answered = False
-        #: GCRA theoretical arrival time of the flow's DTLS handshake records (dtls-budget)
-        self.hs_tat = -1e300
-
-
-@dataclass(slots=True)
-class Counters:
-    packets_in: int = 0
-    bytes_in: int = 0
-    packets_out: int = 0
-    bytes_out: int = 0
-    flows_created: int = 0
-    flows_expired: int = 0
-    flows_evicted: int = 0
-    flows_recovered: int = 0
-    reroutes: int = 0
-    stun_answered: int = 0
-    redis_lookups: int = 0
-    redis_writes: int = 0
-    #: flows that became established (their transceiver answered them)
-    flows_answered: int = 0
-    #: hot-loop wake-ups (packets_in / wakeups = datagrams handled per event-loop round trip)
-    wakeups: int = 0
-    #: wake-ups after which the hot loop waited to gather a batch (server.coalesce_wait)
-    coalesced: int = 0
-    drops: dict[str, int] = field(default_factory=dict)
-
-    def drop(self, reason: str, n: int = 1) -> None:
-        self.drops[reason] = self.drops.get(reason, 0) + n
-
-    def as_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {name: getattr(self, name) for name in COUNTER_NAMES}
-        out["drops"] = dict(self.drops)
-        return out
-
-
-class TokenBuckets:
-    """Per-source-IP token buckets (``rate`` tokens/s, at most ``burst``), LRU-capped.
-
-    Evicting a bucket forgets that a source spent its tokens, so the cap must be well above
-    the number of sources expected to be active within ``burst / rate`` seconds; a forgotten
-    source gets at most one extra burst, so memory stays bounded without opening a hole.
-    """
-
-    __slots__ = ("_buckets", "burst", "cap", "rate")
-
-    def __init__(self, rate: float, burst: float, cap: int) -> None:
-        if rate <= 0 or burst < 1 or cap < 1:
-            raise ValueError("rate must be > 0, burst >= 1, cap >= 1")
-        self.rate = rate
-        self.burst = burst
-        self.cap = cap
-        # ip -> [tokens, last refill time]
-        self._buckets: OrderedDict[str, list[float]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._buckets)
-
-    def allow(self, ip: str, now: float) -> bool:
-        b = self._buckets.get(ip)
-        if b is None:
-            if len(self._buckets) >= self.cap:
-                self._buckets.popitem(last=False)
-            self._buckets[ip] = [self.burst - 1.0, now]
-            return True
-        self._buckets.move_to_end(ip)
-        tokens = min(self.burst, b[0] + (now - b[1]) * self.rate)
-        b[1] = now
-        if tokens < 1.0:
-            b[0] = tokens
-            return False
-        b[0] = tokens - 1.0
-        return True
-
-    def sweep(self, now: float) -> None:
-        """Forget buckets that have refilled completely (they behave like new ones)."""
-        full_after = self.burst / self.rate
-        while self._buckets:
-            ip, b = next(iter(self._buckets.items()))
-            if now - b[1] < full_after:
-                break  # LRU order: every later bucket was used more recently
-            del self._buckets[ip]
+        #: GCRA theoretical arrival time of the flow's DTLS handshake records (dtls-budget;
+        #: a slot on the flow, with the rule in RelayCore, rather than a budget object each)
+        self.hs_tat = NEVER
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,7 +262,7 @@ class RelayCore:
         self._parked_count = 0
         #: client ip:port -> Flow, least recently used first
         self.flows: OrderedDict[Address, Flow] = OrderedDict()
-        self.buckets = TokenBuckets(
+        self.buckets: TokenBuckets[str] = TokenBuckets(
             config.new_flow_rate, config.new_flow_burst, max(config.max_sources, 1)
         )
         self._tlv = encode_tlv(TLV_RELAY_ID, config.relay_id.encode()[:64])
@@ -342,16 +272,28 @@ class RelayCore:
         self._lookups: dict[Address, tuple[Address, Address | None]] = {}
         #: look-ups in flight or recently missed: client -> time before which we do not ask
         self._asked: OrderedDict[Address, float] = OrderedDict()
-        #: STUN budget: verified server ufrag -> GCRA theoretical arrival time
-        self.stun_tat: dict[bytes, float] = {}
-        self._stun_interval = 1.0 / config.stun_budget_rate
-        # (+1 ns: a burst of exactly ``burst`` must not fail on float rounding)
-        self._stun_tolerance = (config.stun_budget_burst - 1.0) * self._stun_interval + 1e-9
-        self._unknown_interval = 1.0 / config.unknown_stun_rate
-        self._unknown_tolerance = (config.unknown_stun_burst - 1.0) * self._unknown_interval
-        self._unknown_tat = -1e300
-        self._hs_interval = 1.0 / config.dtls_budget_rate
-        self._hs_tolerance = (config.dtls_budget_burst - 1.0) * self._hs_interval + 1e-9
+        #: STUN budget per verified server ufrag (GCRA; see the module docstring)
+        self.stun_budget: GcraTable[bytes] = GcraTable(
+            config.stun_budget_rate, config.stun_budget_burst, config.max_budget_ufrags
+        )
+        #: STUN from unknown client addresses, worker-wide (stun-overload)
+        self._unknown_stun = Gcra(config.unknown_stun_rate, config.unknown_stun_burst)
+        #: DTLS handshake records per flow; each flow keeps its TAT in ``Flow.hs_tat``
+        self._handshake = GcraRule.of(config.dtls_budget_rate, config.dtls_budget_burst)
+        #: ``no_flow_first[b]``: a datagram from an unknown client address starting with
+        #: ``b`` can only be dropped ``no-flow`` (not STUN, and no Redis to ask), so the
+        #: shell's fast path drops it without a call; all zeros with Redis configured.
+        self.no_flow_first = bytes(
+            0 if config.redis else 1 - IS_STUN[b] for b in range(256)
+        )
+        #: return sinks the shell registered, by (transport, public address): a new flow
+        #: gets the one it arrived through (transport.py)
+        self.sinks: dict[tuple[Transport, Address], ReturnSink] = {}
+
+    @property
+    def stun_tat(self) -> dict[bytes, float]:
+        """The STUN budget's table: verified server ufrag -> GCRA theoretical arrival time."""
+        return self.stun_budget.tat
 
     # -- the slow path -------------------------------------------------------------------
 
@@ -362,19 +304,21 @@ class RelayCore:
         data: bytes | bytearray | memoryview,
         public: Address,
         upstream: Address | None = None,
+        transport: Transport = Transport.UDP,
     ) -> Flow | bytes | None:
-        """Decide about one datagram from ``client`` (received on ``public``, or framed by
-        the relay at ``upstream``). The caller has counted it in ``packets_in``."""
+        """Decide about one datagram from ``client`` (received on ``public`` over
+        ``transport``, or framed by the relay at ``upstream``). The caller has counted it in
+        ``packets_in``."""
         flow = self.flows.get(client)
         if not data or not IS_STUN[data[0]]:
             if flow is not None and flow.upstream == upstream:
                 if data and data[0] == 22:
                     # A DTLS handshake record: the flow's handshake budget (GCRA).
-                    hs = flow.hs_tat if flow.hs_tat > now else now
-                    if hs - now > self._hs_tolerance:
+                    hs = self._handshake.step(flow.hs_tat, now)
+                    if hs is None:
                         self.counters.drop("dtls-budget")
                         return None
-                    flow.hs_tat = hs + self._hs_interval
+                    flow.hs_tat = hs
                 self._touch(flow, now, len(data))
                 return flow
             if self.config.redis and data:
@@ -387,11 +331,9 @@ class RelayCore:
             # 3-6 µs, so a spoofed flood would outrun the worker and overflow its socket,
             # established calls' packets included. Past a worker-wide rate they are dropped
             # unparsed; new calls then compete with the flood (their checks are retried).
-            t = self._unknown_tat if self._unknown_tat > now else now
-            if t - now > self._unknown_tolerance:
+            if not self._unknown_stun.allow(now):
                 self.counters.drop("stun-overload")
                 return None
-            self._unknown_tat = t + self._unknown_interval
         # STUN: only a well-formed Binding request is interesting before a flow exists.
         try:
             username = peek_username_untrusted(data)
@@ -418,19 +360,18 @@ class RelayCore:
         else:
             # Not established: spend the ufrag's budget. A ufrag over budget is in the
             # table, which only holds ufrags that verified: drop before the MAC check.
-            tat = self.stun_tat.get(server_ufrag)
-            if tat is not None and tat - now > self._stun_tolerance:
+            if self.stun_budget.over(server_ufrag, now):
                 self.counters.drop("stun-budget")
                 return None
             if same and flow is not None and server_ufrag == flow.ufrag:
-                self._spend(server_ufrag, tat, now)  # verified when the flow was made
+                self.stun_budget.spend(server_ufrag, now)  # verified when the flow was made
                 self._touch(flow, now, len(data))
                 return flow
         route = self._route(server_ufrag, now)
         if route is None:
             return None
         if not (same and flow is not None and flow.answered and not flow.ufrag):
-            self._spend(server_ufrag, self.stun_tat.get(server_ufrag), now)
+            self.stun_budget.spend(server_ufrag, now)
         if flow is not None and flow.upstream == upstream:
             if route != flow.route:
                 dest = self._dest(route)
@@ -452,17 +393,9 @@ class RelayCore:
             # Same client address arriving through another hop: the newest path wins.
             del self.flows[client]
             self.counters.reroutes += 1
-        new = self._install(now, client, route, public, upstream, server_ufrag)
+        new = self._install(now, client, route, public, upstream, server_ufrag, transport)
         self._touch(new, now, len(data))
         return new
-
-    def _spend(self, ufrag: bytes, tat: float | None, now: float) -> None:
-        """Charge one unit of ``ufrag``'s STUN budget (the caller checked it has one)."""
-        if tat is None or tat < now:
-            tat = now
-            if len(self.stun_tat) >= self.config.max_budget_ufrags:
-                self.stun_tat.clear()  # bounded; only ever more lenient
-        self.stun_tat[ufrag] = tat + self._stun_interval
 
     def note_answer(self, flow: Flow, data: bytes | bytearray | memoryview) -> None:
         """The transceiver sent ``data`` to the client of ``flow``, which is not established
@@ -578,6 +511,7 @@ class RelayCore:
         public: Address,
         upstream: Address | None,
         ufrag: bytes,
+        transport: Transport = Transport.UDP,
     ) -> Flow:
         dest = self._dest(route)
         assert dest is not None
@@ -585,8 +519,9 @@ class RelayCore:
             _, old = self.flows.popitem(last=False)  # LRU: the stalest flow
             self._dirty.pop(old.client, None)
             self.counters.flows_evicted += 1
-        header = encode_header(client, public, self._tlv)
-        flow = Flow(client, route, dest, header, public, upstream, ufrag, now)
+        header = encode_flow_header(transport, client, public, self._tlv)
+        sink = self.sinks.get((transport, public))
+        flow = Flow(client, route, dest, header, public, upstream, ufrag, now, transport, sink)
         self.flows[client] = flow
         self.counters.flows_created += 1
         self._mark_dirty(flow)
@@ -607,10 +542,7 @@ class RelayCore:
             self._dirty.pop(client, None)
             self.counters.flows_expired += 1
         self.buckets.sweep(now)
-        if self.stun_tat:
-            # Entries whose budget has refilled behave like absent ones.
-            for u in [u for u, t in self.stun_tat.items() if t <= now]:
-                del self.stun_tat[u]
+        self.stun_budget.sweep(now)  # refilled budgets behave like absent ones
         if self._parked:
             # Parked flows whose transceiver did not resolve are forgotten.
             for ident in [i for i in self._parked if self._resolve_asked.get(i, now + 1) <= now]:
@@ -739,5 +671,5 @@ class RelayCore:
     def stats(self) -> dict[str, object]:
         out = self.counters.as_dict()
         out["flows"] = len(self.flows)
-        out["budget_ufrags"] = len(self.stun_tat)
+        out["budget_ufrags"] = len(self.stun_budget)
         return out

@@ -16,7 +16,7 @@ Hot path: one task waits for readability, then drains the socket with non-blocki
 hands each to its session synchronously (no per-packet task switch or channel). What the
 sessions send meanwhile (the echo, STUN answers, DTLS flights) is queued and goes out in one
 ``sendmmsg`` when the drain ends, or ``FLUSH_AFTER`` into a long one (the relay's optional
-C extension, ``appliance.relay._mmsg``; per-datagram ``sendto`` without it). Measured
+C extension, ``appliance.netio._mmsg``; per-datagram ``sendto`` without it). Measured
 (docs/performance.md, "Transceiver", sixth pass): 4-7 % less CPU per echoed packet at 60
 PCM sessions, and the relay is woken once per batch instead of once per datagram. Sends
 from other tasks (pacer, agents, timers) go out at once. Sends never block: a full socket buffer drops the datagram and counts it (UDP
@@ -73,7 +73,7 @@ from .pacer import Pacer
 from .session import EndedSession, Session, _fmt
 
 try:  # optional C extension (setup.py): sendmmsg batching, Linux only
-    from appliance.relay import _mmsg
+    from appliance.netio import _mmsg
 except ImportError:  # pragma: no cover - not built (no compiler/headers) or not Linux
     _mmsg = None  # type: ignore[assignment]
 

@@ -16,7 +16,7 @@ import trio
 from relay.support import OPEN_SOCKETS, SECRET, redis_server
 
 from appliance.relay import RelayConfig, RelayHandle, serve_relay
-from appliance.relay.server import mmsg_available
+from appliance.relay.io import mmsg_available
 
 StartRelay = Callable[..., Awaitable[RelayHandle]]
 
@@ -26,7 +26,7 @@ def io(request: pytest.FixtureRequest) -> str:
     """The relay's hot-loop I/O path under test."""
     mode = str(request.param)
     if mode == "mmsg" and not mmsg_available():
-        pytest.fail("appliance.relay._mmsg is not built: run .venv/bin/pip install -e .")
+        pytest.fail("appliance.netio._mmsg is not built: run .venv/bin/pip install -e .")
     return mode
 
 

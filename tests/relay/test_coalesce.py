@@ -18,7 +18,7 @@ from relay.support import RTP, check, eventually, open_transceiver, ufrag
 from appliance.config import resolve
 from appliance.relay import RelayConfig
 from appliance.relay.cli import DEFAULTS, UsageError, add_arguments, build_config
-from appliance.relay.server import COALESCE_BELOW, DENSE, coalesce_wait
+from appliance.relay.fastpath import COALESCE_BELOW, DENSE, coalesce_wait
 
 
 def test_waits_only_after_a_sparse_wake_up_under_dense_traffic() -> None:

@@ -10,7 +10,7 @@ import trio
 from relay.conftest import StartRelay
 from relay.support import RTP, check, eventually, open_client, open_transceiver, ufrag
 
-from appliance.relay.server import MAX_DATAGRAM, attach_public_filter
+from appliance.relay.filter import MAX_DATAGRAM, attach_public_filter
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_ATTACH_FILTER")
 

@@ -1,4 +1,4 @@
-"""The batch syscalls of ``appliance.relay._mmsg`` (recvmmsg/sendmmsg) on real loopback
+"""The batch syscalls of ``appliance.netio._mmsg`` (recvmmsg/sendmmsg) on real loopback
 sockets, and the relay behaviours that only the batch path could get wrong (truncation,
 per-message send failures, the I/O mode selection).
 
@@ -23,13 +23,14 @@ from relay.support import RTP, SECRET, check, open_client, open_transceiver, ufr
 
 from appliance.config import resolve
 from appliance.relay import RelayConfig, server
+from appliance.relay import io as relay_io
 from appliance.relay.cli import DEFAULTS, UsageError, add_arguments, build_config
 
-if not server.mmsg_available():  # a missing build fails here: it is never skipped
-    pytest.fail("appliance.relay._mmsg is not built: run .venv/bin/pip install -e .",
+if not relay_io.mmsg_available():  # a missing build fails here: it is never skipped
+    pytest.fail("appliance.netio._mmsg is not built: run .venv/bin/pip install -e .",
                 pytrace=False)
 
-from appliance.relay import _mmsg  # noqa: E402
+from appliance.netio import _mmsg  # noqa: E402
 
 SLOT, HEAD, CAP = 512, 64, 256
 IP_RECVERR = 11  # Linux <linux/in.h>; absent from Python's socket module
@@ -258,19 +259,19 @@ async def test_oversize_datagrams_are_dropped_where_the_kernel_filter_is_missing
 
 
 def test_io_mode_selection(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(server.IO_ENV, raising=False)
-    assert server.select_io("auto") == "mmsg"
-    assert server.select_io("python") == "python"
-    monkeypatch.setenv(server.IO_ENV, "python")
-    assert server.select_io("auto") == "python"
-    assert server.select_io("mmsg") == "mmsg"  # an explicit mode wins over the environment
+    monkeypatch.delenv(relay_io.IO_ENV, raising=False)
+    assert relay_io.select_io("auto") == "mmsg"
+    assert relay_io.select_io("python") == "python"
+    monkeypatch.setenv(relay_io.IO_ENV, "python")
+    assert relay_io.select_io("auto") == "python"
+    assert relay_io.select_io("mmsg") == "mmsg"  # an explicit mode wins over the environment
     with pytest.raises(ValueError, match="expected one of"):
-        server.select_io("epoll")
-    monkeypatch.setattr(server, "_mmsg", None)
-    monkeypatch.delenv(server.IO_ENV)
-    assert server.select_io("auto") == "python"  # the fallback when the build failed
+        relay_io.select_io("epoll")
+    monkeypatch.setattr(relay_io, "_mmsg", None)
+    monkeypatch.delenv(relay_io.IO_ENV)
+    assert relay_io.select_io("auto") == "python"  # the fallback when the build failed
     with pytest.raises(ValueError, match="not built"):
-        server.select_io("mmsg")
+        relay_io.select_io("mmsg")
 
 
 def test_io_flag_and_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -291,6 +292,6 @@ def test_io_flag_and_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         config(toml={"relay": {"io": "uring"}})
     with pytest.raises(SystemExit):  # argparse: invalid choice
         config("--io", "uring")
-    monkeypatch.setattr(server, "_mmsg", None)
+    monkeypatch.setattr(relay_io, "_mmsg", None)
     with pytest.raises(UsageError, match="not built"):
         config("--io", "mmsg")

@@ -33,9 +33,9 @@ from appliance.config import load_config, resolve
 from appliance.control import control_request
 from appliance.proto.proxy import encode_header
 from appliance.relay import cli
-from appliance.relay import server as relay_server
+from appliance.relay import resolver as relay_resolver
 from appliance.relay.core import CoreConfig, Flow, RelayCore, Route
-from appliance.relay.server import pattern_address
+from appliance.relay.resolver import pattern_address
 
 Address = tuple[str, int]
 PUB = ("198.51.100.1", 3478)
@@ -87,7 +87,7 @@ async def test_unresolvable_ids_are_negatively_cached_and_junk_never_resolves(
         asked.append(addr[0])
         raise OSError("Name or service not known")
 
-    monkeypatch.setattr(relay_server, "_resolve", fake_resolve)
+    monkeypatch.setattr(relay_resolver, "resolve", fake_resolve)
     relay = await start_relay(transceiver_pattern="transceiver-{id}.t.ns.svc:4000")
     c = await open_client(relay.public[0])
     for _ in range(20):
@@ -112,7 +112,7 @@ async def test_count_resolves_at_start_tolerates_missing_names_and_bounds_ids(
             raise OSError("NXDOMAIN")
         return dns[addr[0]]
 
-    monkeypatch.setattr(relay_server, "_resolve", fake_resolve)
+    monkeypatch.setattr(relay_resolver, "resolve", fake_resolve)
     relay = await start_relay(transceiver_pattern="transceiver-{id}.t.ns.svc:4000",
                               transceiver_count=2, resolve_interval=0.1)
     assert relay.core.transceivers == {0: t0.address}  # resolved before ready, 1 is not fatal
@@ -140,7 +140,7 @@ async def test_a_pod_with_a_new_ip_keeps_the_call(
     async def fake_resolve(addr: Address, family: int = 0) -> Address:
         return dns[addr[0]]
 
-    monkeypatch.setattr(relay_server, "_resolve", fake_resolve)
+    monkeypatch.setattr(relay_resolver, "resolve", fake_resolve)
     relay = await start_relay(transceiver_pattern="transceiver-{id}.t.ns.svc:4000",
                               transceiver_count=1, resolve_interval=0.1)
     c = await open_client(relay.public[0])

@@ -1,4 +1,4 @@
-"""Batched UDP receive/send for the relay's hot loop (appliance/relay/_mmsg.c, Linux)."""
+"""Batched UDP receive/send for the relay and the transceiver (appliance/netio/_mmsg.c, Linux)."""
 
 from typing_extensions import Buffer
 

@@ -1,7 +1,8 @@
-/* appliance.relay._mmsg: batched UDP receive/send (recvmmsg(2) / sendmmsg(2)) for the relay.
+/* appliance.netio._mmsg: batched UDP receive/send (recvmmsg(2) / sendmmsg(2)), shared by the
+ * relay and the transceiver.
  *
  * Only the syscall batching lives here, the way Python's socket module is C: every routing
- * decision (flow table, ufrag checks, counters) stays in appliance/relay/server.py. Linux
+ * decision (flow table, ufrag checks, counters) stays in appliance/relay/fastpath.py. Linux
  * only; the relay falls back to its pure-Python loop when this module is not built.
  *
  *   recv_batch(fd, buf, slot, headroom, capacity, max_msgs) -> list[(n, (host, port))]
@@ -525,8 +526,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "appliance.relay._mmsg",
-    "Batched UDP receive/send (recvmmsg/sendmmsg) for the relay's hot loop.", -1, methods,
+    PyModuleDef_HEAD_INIT, "appliance.netio._mmsg",
+    "Batched UDP receive/send (recvmmsg/sendmmsg) for the relay and the transceiver.", -1, methods,
 };
 
 PyMODINIT_FUNC

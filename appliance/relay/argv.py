@@ -1,0 +1,78 @@
+"""The one builder of a relay worker's command line.
+
+Two parents start relay workers: ``appliance up`` (:func:`appliance.supervisor.child_specs`,
+as ``python -m appliance relay …``) and ``appliance relay --workers M``
+(:mod:`.cli`, as ``python -m appliance.relay.cli --workers 1 --worker-index I …``). Both
+build the argv here, so a flag added to the relay is passed on in one place. Only what is
+given is written; anything left ``None`` falls to the worker's own defaults (flags > config
+file > defaults), exactly as if the flag had not been typed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ..config import format_hostport
+
+Address = tuple[str, int]
+
+
+def relay_argv(
+    command: Sequence[str],
+    *,
+    listen: Sequence[Address],
+    secret_file: str,
+    control: str | None = None,
+    transceivers: Mapping[int, Address] | None = None,
+    next_hops: Mapping[int, Address] | None = None,
+    workers: int | None = 1,
+    worker_index: int | None = None,
+    cluster: int | None = None,
+    internal: Address | None = None,
+    flow_timeout: float | None = None,
+    max_flows: int | None = None,
+    new_flow_rate: float | None = None,
+    redis: str | None = None,
+    transceiver_pattern: str | None = None,
+    transceiver_count: int | None = None,
+    resolve_interval: float | None = None,
+    io: str | None = None,
+    coalesce_us: float | None = None,
+    pin: bool = False,
+    log_level: str | None = None,
+    log_format: str | None = None,
+) -> list[str]:
+    """``command`` (e.g. ``[python, "-m", "appliance", "relay"]``) plus the flags for the
+    given settings. Floats are written with ``repr`` so they survive the round trip."""
+    argv = list(command)
+
+    def opt(flag: str, value: object) -> None:
+        if value is not None:
+            argv.extend((flag, repr(value) if isinstance(value, float) else str(value)))
+
+    opt("--workers", workers)
+    opt("--worker-index", worker_index)
+    for addr in listen:
+        argv += ["--listen", format_hostport(addr)]
+    for k, addr in (transceivers or {}).items():
+        argv += ["--transceiver", f"{k}={format_hostport(addr)}"]
+    for k, addr in (next_hops or {}).items():
+        argv += ["--next-hop", f"{k}={format_hostport(addr)}"]
+    opt("--secret-file", secret_file)
+    opt("--control", control)
+    opt("--cluster", cluster)
+    opt("--internal", None if internal is None else format_hostport(internal))
+    opt("--flow-timeout", flow_timeout)
+    opt("--max-flows", max_flows)
+    opt("--new-flow-rate", new_flow_rate)
+    opt("--redis", redis or None)
+    opt("--transceiver-pattern", transceiver_pattern)
+    opt("--transceivers", transceiver_count)
+    opt("--resolve-interval", resolve_interval)
+    opt("--io", io)
+    opt("--coalesce-us", coalesce_us)
+    if pin:
+        argv.append("--pin")
+    opt("--log-level", log_level)
+    opt("--log-format", log_format)
+    return argv

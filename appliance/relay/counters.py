@@ -1,0 +1,60 @@
+"""The relay's counters: what ``{"op": "stats"}`` reports and signaling's metrics export.
+
+The names are part of the relay's interface (Prometheus series are built from them), so
+they do not change; drops are counted separately, by reason (the reasons are the core's
+and the hot path's: ``no-flow``, ``stun-budget``, ``proxy-malformed``, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: Every counter the relay keeps (drops are separate, by reason).
+COUNTER_NAMES = (
+    "packets_in",
+    "bytes_in",
+    "packets_out",
+    "bytes_out",
+    "flows_created",
+    "flows_expired",
+    "flows_evicted",
+    "flows_recovered",
+    "reroutes",
+    "stun_answered",
+    "redis_lookups",
+    "redis_writes",
+    "wakeups",
+    "coalesced",
+    "flows_answered",
+)
+
+
+@dataclass(slots=True)
+class Counters:
+    packets_in: int = 0
+    bytes_in: int = 0
+    packets_out: int = 0
+    bytes_out: int = 0
+    flows_created: int = 0
+    flows_expired: int = 0
+    flows_evicted: int = 0
+    flows_recovered: int = 0
+    reroutes: int = 0
+    stun_answered: int = 0
+    redis_lookups: int = 0
+    redis_writes: int = 0
+    #: flows that became established (their transceiver answered them)
+    flows_answered: int = 0
+    #: hot-loop wake-ups (packets_in / wakeups = datagrams handled per event-loop round trip)
+    wakeups: int = 0
+    #: wake-ups after which the hot loop waited to gather a batch (server.coalesce_wait)
+    coalesced: int = 0
+    drops: dict[str, int] = field(default_factory=dict)
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        self.drops[reason] = self.drops.get(reason, 0) + n
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {name: getattr(self, name) for name in COUNTER_NAMES}
+        out["drops"] = dict(self.drops)
+        return out
