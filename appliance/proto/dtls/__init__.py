@@ -6,7 +6,8 @@ Modules: ``_wire`` (constants, bounds-checked reader, :class:`DtlsError`), ``rec
 ECDSA certificate, SDP fingerprints), ``events`` (what callers see), ``connection`` (the
 1.2 state machine), ``versioned`` (:class:`DtlsConnection`: version negotiation). DTLS
 1.3: ``_wire13``, ``record13`` (unified header, ACK), ``messages13``, ``keyschedule13``,
-``recordlayer13``, ``handshake13``, ``connection13``. See docs/dtls13.md.
+``recordlayer13``, ``conn13_protocol`` (the handshake state enum and the connection
+surface the handlers use), ``handshake13``, ``connection13``. See docs/dtls13.md.
 """
 
 from appliance.proto.dtls._wire import (

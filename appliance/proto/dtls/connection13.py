@@ -49,6 +49,7 @@ from appliance.proto.dtls._wire13 import (
     HandshakeType13,
 )
 from appliance.proto.dtls.certificate import Certificate
+from appliance.proto.dtls.conn13_protocol import S13
 from appliance.proto.dtls.events import (
     DUP_RETRANSMIT_INTERVAL,
     ApplicationData,
@@ -59,7 +60,6 @@ from appliance.proto.dtls.events import (
     Role,
     State,
 )
-from appliance.proto.dtls.handshake13 import S13
 from appliance.proto.dtls.keyschedule13 import (
     KeySchedule,
     KeyShare13,

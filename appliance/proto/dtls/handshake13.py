@@ -1,7 +1,8 @@
 """The DTLS 1.3 handshake flights: one handler per message, ``(next_flight, alert)``.
 
-The state and record layer live in :mod:`.connection13`; this module is the message
-order of RFC 8446 §2 / §4 (with RFC 9147 §5) written as a transition table
+The state and record layer live in :mod:`.connection13`, which handlers see only as a
+:class:`~.conn13_protocol.Conn13` (so neither module imports the other). This module is
+the message order of RFC 8446 §2 / §4 (with RFC 9147 §5) written as a transition table
 (:data:`_ACCEPTS`) and handlers (STYLE.md rule 4, pion's ``flight*handler.go``).
 
 Stateless HelloRetryRequest cookie (RFC 8446 §4.2.2, RFC 9147 §5.1)::
@@ -16,11 +17,9 @@ ClientHello2`` (RFC 8446 §4.4.1) without having kept anything.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import hmac
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from appliance.proto.dtls._wire import (
     DTLS_1_2,
@@ -40,6 +39,7 @@ from appliance.proto.dtls._wire13 import (
     HandshakeType13,
 )
 from appliance.proto.dtls.certificate import check_peer_certificate
+from appliance.proto.dtls.conn13_protocol import S13, Conn13
 from appliance.proto.dtls.crypto import SUPPORTED_SIGNATURE_SCHEMES, sign, verify_untrusted
 from appliance.proto.dtls.keyschedule13 import (
     SUITES13,
@@ -78,29 +78,8 @@ from appliance.proto.dtls.messages13 import (
 from appliance.proto.dtls.record import HandshakeMessage
 from appliance.proto.dtls.recordlayer13 import OutMessage
 
-if TYPE_CHECKING:
-    from appliance.proto.dtls.connection13 import Dtls13Connection
-
 _COOKIE_BUCKET_SECONDS = 60.0
 _P256 = SignatureScheme.ecdsa_secp256r1_sha256
-
-
-class S13(enum.Enum):
-    """Where a 1.3 handshake is; the public :class:`~.events.State` is derived from it."""
-
-    CLIENT_IDLE = "client-idle"
-    C_WAIT_SH = "client-wait-server-hello"
-    C_WAIT_EE = "client-wait-encrypted-extensions"
-    C_WAIT_CERT_CR = "client-wait-certificate-or-request"
-    C_WAIT_CERT = "client-wait-certificate"
-    C_WAIT_CV = "client-wait-certificate-verify"
-    C_WAIT_FIN = "client-wait-finished"
-    S_WAIT_CH = "server-wait-client-hello"
-    S_WAIT_CERT = "server-wait-certificate"
-    S_WAIT_CV = "server-wait-certificate-verify"
-    S_WAIT_FIN = "server-wait-finished"
-    ESTABLISHED = "established"
-    CLOSED = "closed"
 
 
 T = HandshakeType13
@@ -143,7 +122,7 @@ def _u16_list(values: tuple[int, ...] | list[int]) -> bytes:
     return vec(2, b"".join(u16(v) for v in values))
 
 
-def _signed_content(c: Dtls13Connection, context: bytes) -> bytes:
+def _signed_content(c: Conn13, context: bytes) -> bytes:
     """RFC 8446 §4.4.3: 64 spaces ‖ context string ‖ 0 ‖ Transcript-Hash."""
     assert c._suite is not None
     return b" " * 64 + context + b"\x00" + _hash(c._suite, bytes(c._transcript))
@@ -153,7 +132,7 @@ _SERVER_CV = b"TLS 1.3, server CertificateVerify"
 _CLIENT_CV = b"TLS 1.3, client CertificateVerify"
 
 
-def handle_message(c: Dtls13Connection, now: float, msg: HandshakeMessage) -> None:
+def handle_message(c: Conn13, now: float, msg: HandshakeMessage) -> None:
     allowed = _ACCEPTS.get(c._state, frozenset())
     if msg.msg_type not in allowed:
         raise DtlsError(f"handshake type {msg.msg_type} in state {c._state.value}",
@@ -184,7 +163,7 @@ def handle_message(c: Dtls13Connection, now: float, msg: HandshakeMessage) -> No
         c._send_flight(now, flight)
 
 
-def _fall_back(c: Dtls13Connection) -> None:
+def _fall_back(c: Conn13) -> None:
     c.fallback = list(c._raw or [])
     c.fallback_hello = c._hello
 
@@ -192,7 +171,7 @@ def _fall_back(c: Dtls13Connection) -> None:
 # --- client -------------------------------------------------------------------------
 
 
-def client_start(c: Dtls13Connection, now: float) -> None:
+def client_start(c: Conn13, now: float) -> None:
     c._client_random = c._rng(32)
     c._state = S13.C_WAIT_SH
     first = c._groups[0]
@@ -206,7 +185,7 @@ def client_start(c: Dtls13Connection, now: float) -> None:
     c._send_flight(now, [c._out(T.CLIENT_HELLO, bytes(c._hello), 0)])
 
 
-def _client_hello(c: Dtls13Connection, cookie: bytes) -> ClientHello:
+def _client_hello(c: Conn13, cookie: bytes) -> ClientHello:
     versions = [DTLS_1_3] + ([DTLS_1_2] if c._fallback_12 else [])
     extensions: list[tuple[int, bytes]] = [
         (Ext13.supported_versions, encode_versions_ch(versions)),
@@ -223,7 +202,7 @@ def _client_hello(c: Dtls13Connection, cookie: bytes) -> ClientHello:
     return ClientHello(DTLS_1_2, c._client_random, b"", b"", suites, b"\x00", tuple(extensions))
 
 
-def _on_server_hello(c: Dtls13Connection, now: float, body: Body13, raw: bytes,
+def _on_server_hello(c: Conn13, now: float, body: Body13, raw: bytes,
                      msg: HandshakeMessage) -> Result:
     assert isinstance(body, ServerHello)
     sv = find_extension(body.extensions, Ext13.supported_versions)
@@ -269,7 +248,7 @@ def _on_server_hello(c: Dtls13Connection, now: float, body: Body13, raw: bytes,
     return None, None
 
 
-def _on_hello_retry_request(c: Dtls13Connection, now: float, body: ServerHello, raw: bytes,
+def _on_hello_retry_request(c: Conn13, now: float, body: ServerHello, raw: bytes,
                             suite: CipherSuite13) -> Result:
     if c._hrr_done:
         return None, AlertDescription.unexpected_message  # RFC 8446 §4.1.4: only one
@@ -294,7 +273,7 @@ def _on_hello_retry_request(c: Dtls13Connection, now: float, body: ServerHello, 
     return [c._out(T.CLIENT_HELLO, bytes(c._hello), 0)], None
 
 
-def _on_encrypted_extensions(c: Dtls13Connection, now: float, body: Body13, raw: bytes,
+def _on_encrypted_extensions(c: Conn13, now: float, body: Body13, raw: bytes,
                              msg: HandshakeMessage) -> Result:
     assert isinstance(body, EncryptedExtensions) and c._hello is not None
     offered = {t for t, _ in c._hello.extensions}
@@ -318,7 +297,7 @@ def _on_encrypted_extensions(c: Dtls13Connection, now: float, body: Body13, raw:
     return None, None
 
 
-def _on_certificate_request(c: Dtls13Connection, now: float, body: Body13, raw: bytes,
+def _on_certificate_request(c: Conn13, now: float, body: Body13, raw: bytes,
                             msg: HandshakeMessage) -> Result:
     assert isinstance(body, CertificateRequest13)
     sigalgs = find_extension(body.extensions, Ext13.signature_algorithms)
@@ -333,7 +312,7 @@ def _on_certificate_request(c: Dtls13Connection, now: float, body: Body13, raw: 
     return None, None
 
 
-def _on_certificate(c: Dtls13Connection, now: float, body: Body13, raw: bytes,
+def _on_certificate(c: Conn13, now: float, body: Body13, raw: bytes,
                     msg: HandshakeMessage) -> Result:
     assert isinstance(body, Certificate13)
     # Our CertificateRequest context is empty, and a server's Certificate has none.
@@ -357,7 +336,7 @@ def _on_certificate(c: Dtls13Connection, now: float, body: Body13, raw: bytes,
     return None, None
 
 
-def _on_certificate_verify(c: Dtls13Connection, now: float, body: Body13, raw: bytes,
+def _on_certificate_verify(c: Conn13, now: float, body: Body13, raw: bytes,
                            msg: HandshakeMessage) -> Result:
     assert isinstance(body, CertificateVerify) and c._peer_key is not None
     from_server = c._state is S13.C_WAIT_CV
@@ -373,7 +352,7 @@ def _on_certificate_verify(c: Dtls13Connection, now: float, body: Body13, raw: b
     return None, None
 
 
-def _on_finished(c: Dtls13Connection, now: float, body: Body13, raw: bytes,
+def _on_finished(c: Conn13, now: float, body: Body13, raw: bytes,
                  msg: HandshakeMessage) -> Result:
     assert isinstance(body, Finished13) and c._ks is not None
     client = c._state is S13.C_WAIT_FIN
@@ -408,7 +387,7 @@ def _on_finished(c: Dtls13Connection, now: float, body: Body13, raw: bytes,
     return flight, None
 
 
-def _on_key_update(c: Dtls13Connection, now: float, body: Body13, raw: bytes,
+def _on_key_update(c: Conn13, now: float, body: Body13, raw: bytes,
                    msg: HandshakeMessage) -> Result:
     assert isinstance(body, KeyUpdate) and c._ks is not None and c._suite is not None
     if msg.epoch != c.rl.max_read_epoch:
@@ -424,7 +403,7 @@ def _on_key_update(c: Dtls13Connection, now: float, body: Body13, raw: bytes,
 # --- server -------------------------------------------------------------------------
 
 
-def _on_client_hello(c: Dtls13Connection, now: float, body: Body13, raw: bytes,
+def _on_client_hello(c: Conn13, now: float, body: Body13, raw: bytes,
                      msg: HandshakeMessage) -> Result:
     assert isinstance(body, ClientHello)
     exts = body.extensions
@@ -498,7 +477,7 @@ def _hrr_body(suite: CipherSuite13, group: int | None, cookie: bytes) -> bytes:
     return bytes(ServerHello(DTLS_1_2, HRR_RANDOM, b"", suite, 0, tuple(exts)))
 
 
-def _cookie_mac(secret: bytes, c: Dtls13Connection, bucket: int, random: bytes,
+def _cookie_mac(secret: bytes, c: Conn13, bucket: int, random: bytes,
                 payload: bytes) -> bytes:
     mac = hmac.new(secret, digestmod=hashlib.sha256)
     mac.update(u16(len(c._cookie_context)) + c._cookie_context)
@@ -506,7 +485,7 @@ def _cookie_mac(secret: bytes, c: Dtls13Connection, bucket: int, random: bytes,
     return mac.digest()
 
 
-def _send_hrr(c: Dtls13Connection, now: float, hello: ClientHello, raw: bytes,
+def _send_hrr(c: Conn13, now: float, hello: ClientHello, raw: bytes,
               msg: HandshakeMessage, suite: CipherSuite13, group: int | None) -> None:
     """Stateless: the HRR and its cookie are all that is left of this ClientHello."""
     payload = u16(suite) + u16(group or 0) + vec(1, _hash(suite, raw))
@@ -522,7 +501,7 @@ def _send_hrr(c: Dtls13Connection, now: float, hello: ClientHello, raw: bytes,
     c._raw = []
 
 
-def _check_cookie(c: Dtls13Connection, now: float, hello: ClientHello,
+def _check_cookie(c: Conn13, now: float, hello: ClientHello,
                   cookie: bytes) -> tuple[bytes, int, int] | None:
     try:
         r = Reader(cookie)
@@ -546,7 +525,7 @@ def _check_cookie(c: Dtls13Connection, now: float, hello: ClientHello,
     return None
 
 
-def _server_flight(c: Dtls13Connection, hello: ClientHello, raw: bytes, msg: HandshakeMessage,
+def _server_flight(c: Conn13, hello: ClientHello, raw: bytes, msg: HandshakeMessage,
                    suite: CipherSuite13, group: Group13, client_share: bytes,
                    profile: object, prefix: bytes) -> Result:
     c._suite = suite
@@ -582,7 +561,7 @@ def _server_flight(c: Dtls13Connection, hello: ClientHello, raw: bytes, msg: Han
     return flight, None
 
 
-_Handler = Callable[["Dtls13Connection", float, Body13, bytes, HandshakeMessage], Result]
+_Handler = Callable[[Conn13, float, Body13, bytes, HandshakeMessage], Result]
 _HANDLERS: dict[int, _Handler] = {
     T.CLIENT_HELLO: _on_client_hello,
     T.SERVER_HELLO: _on_server_hello,
