@@ -5,7 +5,7 @@ any monotonic clock the caller picks), so the same code serves the relay's hot l
 transceiver's shell and the sans-IO cores in ``appliance/proto`` (ICE-lite's check limits),
 and tests drive it on a virtual clock.
 
-Two algorithms, because they answer two questions:
+Three algorithms, because they answer different questions:
 
 * **GCRA** (the Generic Cell Rate Algorithm, ITU-T I.371 "virtual scheduling"): one float
   per budget, the *theoretical arrival time* (TAT) of the next unit. A unit at ``now``
@@ -20,6 +20,10 @@ Two algorithms, because they answer two questions:
   unit. The same conformance as GCRA for a single budget, kept where the state is naturally
   "tokens left" (:class:`TokenBucket`) or per source with an LRU cap
   (:class:`TokenBuckets`).
+* **Fixed window**: at most ``limit`` units per ``window`` seconds, counted from the first
+  unit of each window (:class:`FixedWindow`). Coarser than GCRA (up to ``2 * limit`` units
+  can pass within one window's length across a boundary) but it is a hard cap on what one
+  window emits, which is what ICE-lite's 401 answers want.
 
 Floating-point: with ``burst`` units spent at one instant, ``TAT - now`` is exactly
 ``(burst - 1) * interval`` in real numbers but may round a hair above it, so GCRA
@@ -33,7 +37,9 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-__all__ = ["EPSILON", "Gcra", "GcraRule", "GcraTable", "TokenBucket", "TokenBuckets"]
+__all__ = [
+    "EPSILON", "FixedWindow", "Gcra", "GcraRule", "GcraTable", "TokenBucket", "TokenBuckets",
+]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -216,3 +222,29 @@ class TokenBuckets(Generic[K]):
             if now - b.stamp < full_after:
                 break  # LRU order: every later bucket was used more recently
             del buckets[key]
+
+
+class FixedWindow:
+    """At most ``limit`` units per ``window`` seconds; a window starts at the first unit
+    seen ``window`` or more after the previous window's start. ``limit <= 0`` allows
+    nothing. Time is passed in; a clock that goes backwards opens no new window."""
+
+    __slots__ = ("count", "limit", "start", "window")
+
+    def __init__(self, limit: int, window: float = 1.0) -> None:
+        if not window > 0:
+            raise ValueError("window must be > 0")
+        self.limit = limit
+        self.window = window
+        self.start = float("-inf")
+        self.count = 0
+
+    def allow(self, now: float) -> bool:
+        """Count one unit if this window has room; whether it had."""
+        if now - self.start >= self.window:
+            self.start = now
+            self.count = 0
+        if self.count >= self.limit:
+            return False
+        self.count += 1
+        return True

@@ -25,12 +25,14 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable
 
+from appliance.proto.ratelimit import Gcra
+
 
 class DtlsAdmission:
     """The "cookies on?" decision and its counters. ``keys`` are the transceiver's sessions."""
 
-    __slots__ = ("_handshaking", "_interval", "_on_until", "_tat", "_tolerance", "hold",
-                 "max_handshakes", "switched_on")
+    __slots__ = ("_handshaking", "_hellos", "_on_until", "hold", "max_handshakes",
+                 "switched_on")
 
     def __init__(self, *, max_handshakes: int = 32, hello_rate: float = 100.0,
                  hello_burst: float = 100.0, hold: float = 5.0) -> None:
@@ -38,9 +40,7 @@ class DtlsAdmission:
             raise ValueError("max_handshakes >= 1, hello_rate > 0, hello_burst >= 1, hold >= 0")
         self.max_handshakes = max_handshakes
         self.hold = hold
-        self._interval = 1.0 / hello_rate
-        self._tolerance = (hello_burst - 1.0) * self._interval
-        self._tat = -math.inf
+        self._hellos = Gcra(hello_rate, hello_burst)  # ClientHellos to waiting connections
         self._on_until = -math.inf
         self._handshaking: set[Hashable] = set()
         #: how many times cookie mode was switched on (it was off before)
@@ -57,11 +57,7 @@ class DtlsAdmission:
 
     def client_hello(self, now: float) -> bool:
         """A ClientHello reached a connection that waits for one: demand a cookie?"""
-        tat = self._tat if self._tat > now else now
-        over = tat - now > self._tolerance
-        if not over:
-            self._tat = tat + self._interval
-        if over or len(self._handshaking) >= self.max_handshakes:
+        if not self._hellos.allow(now) or len(self._handshaking) >= self.max_handshakes:
             if now >= self._on_until:
                 self.switched_on += 1
             self._on_until = now + self.hold

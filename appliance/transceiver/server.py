@@ -51,11 +51,13 @@ import trio
 from appliance.agents import AgentError, resolve
 from appliance.control import serve_control
 from appliance.logs import loggable_url, redact
+from appliance.netio.sockets import udp_socket
 from appliance.proto.dtls import Certificate, DtlsConnection, Role
 from appliance.proto.dtls import State as DtlsState
 from appliance.proto.errors import LocalProtocolError
 from appliance.proto.mux import Kind, classify
 from appliance.proto.proxy import ProxyError, parse_untrusted
+from appliance.proto.ratelimit import GcraTable
 from appliance.proto.sdp import (
     SdpError,
     build_answer,
@@ -92,9 +94,10 @@ MAX_SESSION_ID = 128
 # session's known flow passes a per-address budget (GCRA: 10/s, burst 20) *before* its
 # USERNAME is decoded; known flows always pass. A browser's checks from a new address stay
 # well inside it (a few per pair, then the address is a known flow). The table is bounded:
-# when full it is cleared, which only ever makes the budget more lenient.
-STUN_SOURCE_INTERVAL = 0.1  # seconds per token
-STUN_SOURCE_TOLERANCE = 19 * STUN_SOURCE_INTERVAL  # burst 20
+# a new address at the cap clears it, which only ever makes the budget more lenient
+# (appliance.proto.ratelimit.GcraTable).
+STUN_SOURCE_RATE = 10.0  # per second
+STUN_SOURCE_BURST = 20.0
 STUN_SOURCES = 16384
 # DTLS admission under load (issue 9; admission.py explains why and when): a ClientHello
 # that reaches a connection still waiting for one gets a HelloVerifyRequest cookie exchange
@@ -163,7 +166,9 @@ class Transceiver:
         self.sessions: dict[str, Session] = {}
         self.by_ufrag: dict[str, Session] = {}
         self.by_client: dict[Addr, Session] = {}
-        self.stun_tat: dict[Addr, float] = {}  # unknown source -> GCRA theoretical arrival
+        #: STUN budgets of client addresses that are no session's known flow
+        self.stun_budget: GcraTable[Addr] = GcraTable(
+            STUN_SOURCE_RATE, STUN_SOURCE_BURST, STUN_SOURCES)
         self.ended: deque[EndedSession] = deque(maxlen=RECENTLY_ENDED)  # describe() only
         self.draining = False
         self.drained = trio.Event()  # set once draining with no session left
@@ -252,6 +257,11 @@ class Transceiver:
                 # A full batch: let the session tasks (pacers, agents) run before more.
                 await trio.lowlevel.checkpoint()
 
+    @property
+    def stun_tat(self) -> dict[Addr, float]:
+        """The STUN budget's table: unknown client address -> GCRA theoretical arrival."""
+        return self.stun_budget.tat
+
     def dispatch(self, now: float, data: memoryview, relay: Addr) -> None:
         """One datagram from a relay (PROXY header + client datagram)."""
         try:
@@ -262,16 +272,9 @@ class Transceiver:
         payload = data[offset:]
         kind = classify(payload)
         if kind is Kind.STUN:
-            if client not in self.by_client:
-                tat = self.stun_tat.get(client, now)
-                if tat < now:
-                    tat = now
-                elif tat - now > STUN_SOURCE_TOLERANCE:
-                    self.counters["drop_stun_rate"] += 1
-                    return
-                if len(self.stun_tat) >= STUN_SOURCES:
-                    self.stun_tat.clear()
-                self.stun_tat[client] = tat + STUN_SOURCE_INTERVAL
+            if client not in self.by_client and not self.stun_budget.allow(client, now):
+                self.counters["drop_stun_rate"] += 1
+                return
             session = self._route_stun(payload, client)
             if session is None:
                 return
@@ -544,20 +547,8 @@ def _candidates(value: object) -> list[tuple[str, int]] | dict[str, Any]:
 
 
 def _bind(listen: Addr) -> socket.socket:
-    family = socket.AF_INET6 if ":" in listen[0] else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_DGRAM)
-    try:
-        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
-            except OSError:
-                pass
-        sock.bind(listen)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    # No SO_REUSEPORT (one transceiver per port) and the system's IPV6_V6ONLY default.
+    return udp_socket(listen, buffer=SOCKET_BUFFER, v6only=None)
 
 
 async def serve_transceiver(

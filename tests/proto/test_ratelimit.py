@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.proto.ratelimit import Gcra, GcraRule, GcraTable, TokenBucket, TokenBuckets
+from appliance.proto.ratelimit import (
+    FixedWindow,
+    Gcra,
+    GcraRule,
+    GcraTable,
+    TokenBucket,
+    TokenBuckets,
+)
 
 # Times on a 1/8 s grid and power-of-two rates keep every float exact, so GCRA and the token
 # bucket can be compared decision by decision.
@@ -118,3 +125,33 @@ def test_bad_parameters(rate: float, burst: float) -> None:
             make()
     with pytest.raises(ValueError, match="cap"):
         GcraTable(1.0, 1.0, 0)
+
+
+def test_fixed_window_caps_each_window() -> None:
+    w = FixedWindow(3)
+    assert [w.allow(10.0) for _ in range(5)] == [True] * 3 + [False] * 2
+    assert not w.allow(10.99)  # same window (it started at 10.0)
+    assert not w.allow(9.0)  # a clock going backwards opens no window
+    assert w.allow(11.0) and w.allow(11.5) and w.allow(11.9)
+    assert not w.allow(11.95)
+    assert w.allow(12.5)  # the window that started at 11.0 is over
+
+
+@given(steps, st.integers(min_value=-1, max_value=6), st.sampled_from([0.5, 1.0, 2.0]))
+def test_fixed_window_never_exceeds_limit_per_window(
+        gaps: list[int], limit: int, window: float) -> None:
+    w = FixedWindow(limit, window)
+    now, start, count = 0.0, float("-inf"), 0
+    for gap in gaps:
+        now += gap / 8
+        if now - start >= window:  # a reference model of the same windows
+            start, count = now, 0
+        ok = w.allow(now)
+        assert ok == (count < limit)
+        count += ok
+        assert count <= max(limit, 0)
+
+
+def test_fixed_window_needs_a_positive_window() -> None:
+    with pytest.raises(ValueError, match="window"):
+        FixedWindow(1, 0.0)

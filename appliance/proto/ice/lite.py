@@ -50,6 +50,7 @@ and starve every call it carries. So, before any parsing, the source address is 
 * *anyone else* — share another bucket of the same size.
 
 Over budget: drop silently and count ``rate_limited`` (no 401, no ``AuthFailure``).
+Both buckets (and the 401 cap) are :mod:`appliance.proto.ratelimit`'s.
 
 Trade-off (NAT rebinding vs. storms): without a storm both buckets are full, so a rebound or
 new address is verified and can nominate at once, and from then on it is trusted. During a
@@ -88,6 +89,7 @@ from appliance.proto.ice.events import (
     IceEvent,
     Nominated,
 )
+from appliance.proto.ratelimit import FixedWindow, TokenBucket
 from appliance.proto.stun import (
     Addr,
     AttrType,
@@ -144,28 +146,6 @@ _SEEN_CAP = 16
 _VERIFIED_CAP = 8
 
 
-class _TokenBucket:
-    """``rate`` tokens per second, at most ``burst``; starts full. Time is passed in."""
-
-    __slots__ = ("burst", "rate", "stamp", "tokens")
-
-    def __init__(self, rate: float, burst: float) -> None:
-        self.rate = rate
-        self.burst = burst
-        self.tokens = burst
-        self.stamp = float("-inf")
-
-    def take(self, now: float) -> bool:
-        elapsed = now - self.stamp
-        if elapsed > 0:  # a clock that goes backwards refills nothing
-            self.tokens = min(self.burst, self.tokens + elapsed * self.rate)
-            self.stamp = now
-        if self.tokens < 1.0:
-            return False
-        self.tokens -= 1.0
-        return True
-
-
 def _check_credentials(ufrag: str, pwd: str) -> None:
     # RFC 8445 §5.3 asks for >= 4 and >= 22 ICE characters; we only refuse what would break
     # the USERNAME split or the HMAC key, so tests may use short values.
@@ -208,15 +188,14 @@ class IceLiteAgent:
         burst = max(1.0, rate)
         # Checks from sources that are not trusted (module docstring): one bucket for the
         # IPs of verified addresses (port rebinding), one for everybody else.
-        self._kin_bucket = _TokenBucket(rate, burst)
-        self._bucket = _TokenBucket(rate, burst)
+        self._kin_bucket = TokenBucket(rate, burst)
+        self._bucket = TokenBucket(rate, burst)
         # Addresses that passed MESSAGE-INTEGRITY, oldest first (an ordered set), their IPs,
         # and the first sources seen before any nomination.
         self._verified: dict[Addr, None] = {}
         self._verified_ips: frozenset[str] = frozenset()
         self._early: set[Addr] = set()
         self.consent_timeout = consent_timeout
-        self.max_401_per_second = max_401_per_second
         self._set_credentials(local_ufrag, local_pwd, remote_ufrag, remote_pwd)
         self.state = IceState.NEW
         #: The nominated client address (where media goes), or None.
@@ -229,8 +208,9 @@ class IceLiteAgent:
         self._seen: dict[Addr, bool] = {}
         self._transmits: deque[tuple[bytes, Addr]] = deque()
         self._events: deque[IceEvent] = deque()
-        self._401_window = float("-inf")
-        self._401_count = 0
+        # 401 answers: a fixed one-second window is enough — it bounds what a sender that
+        # guessed or sniffed the ufrag can make us emit, whatever its rate.
+        self._401s = FixedWindow(max_401_per_second)
         self.checks_ok = 0
         self.nominations = 0
         self.auth_failures = 0
@@ -326,7 +306,7 @@ class IceLiteAgent:
         if reason is not None:
             self.auth_failures += 1
             self._events.append(AuthFailure(addr, reason))
-            if self._allow_401(now):
+            if self._401s.allow(now):
                 # RFC 8489 §9.1.3: no MESSAGE-INTEGRITY on a 401 (we cannot know the key the
                 # requester holds is ours).
                 self._transmits.append((binding_error(tid, 401), addr))
@@ -437,13 +417,11 @@ class IceLiteAgent:
         verified[addr] = None
         self._verified_ips = frozenset(a[0] for a in verified)
 
-    def _allow_401(self, now: float) -> bool:
-        # A fixed one-second window is enough: it bounds what a sender that guessed or
-        # sniffed the ufrag can make us emit, whatever its rate.
-        if now - self._401_window >= 1.0:
-            self._401_window = now
-            self._401_count = 0
-        if self._401_count >= self.max_401_per_second:
-            return False
-        self._401_count += 1
-        return True
+    @property
+    def max_401_per_second(self) -> int:
+        """The cap on 401 answers per second (settable)."""
+        return self._401s.limit
+
+    @max_401_per_second.setter
+    def max_401_per_second(self, limit: int) -> None:
+        self._401s.limit = limit
