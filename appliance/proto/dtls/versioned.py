@@ -104,7 +104,7 @@ class DtlsConnection:
         hello_12: tuple[tuple[int, ...], tuple[tuple[int, bytes], ...]] = ((), ())
         if with_12 and role is Role.CLIENT:
             # What the 1.2 engine's own ClientHello carries besides the shared extensions
-            # (messages.py / connection.py _client_hello_out), so a 1.2 server can accept.
+            # (messages.py / handshake12_client.py client_hello_out), so a 1.2 server can accept.
             hello_12 = (tuple(int(s) for s in cipher_suites), (
                 (ExtensionType.ec_point_formats, bytes((1, EC_POINT_FORMAT_UNCOMPRESSED))),
                 (ExtensionType.extended_master_secret, b""),

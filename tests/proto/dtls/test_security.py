@@ -8,13 +8,15 @@ import pytest
 from proto.dtls.dtls_frames import alerts, drain, handshake_datagram, with_extensions
 from proto.dtls.dtls_pair import NOW, Pair, cert
 
-import appliance.proto.dtls.connection as connection_module
+import appliance.proto.dtls.handshake12_client as client_flights
+import appliance.proto.dtls.handshake12_server as server_flights
 from appliance.proto.dtls import (
     AlertDescription,
     ConnectionClosed,
     DtlsConnection,
     Role,
     State,
+    recordlayer12,
 )
 from appliance.proto.dtls._wire import ExtensionType
 from appliance.proto.dtls.connection import Dtls12Connection
@@ -56,12 +58,13 @@ def test_wrong_server_fingerprint_is_fatal_bad_certificate() -> None:
 
 
 def _flight5_with(monkeypatch: pytest.MonkeyPatch, name: str, fake: object) -> Pair:
-    """Run to flight 5 with one crypto helper replaced while the *client* builds it."""
+    """Run to flight 5 with one crypto helper replaced while the *client* builds it
+    (flight 5 is built in handshake12_client.py)."""
     pair = Pair()
     pair.client.start(pair.now)
     pair.server.handle_datagram(pair.now, pair.client.poll_transmit() or b"")
     with monkeypatch.context() as m:
-        m.setattr(connection_module, name, fake)
+        m.setattr(client_flights, name, fake)
         pair.client.handle_datagram(pair.now, pair.server.poll_transmit() or b"")
     for d in drain(pair.client):
         pair.server.handle_datagram(pair.now, d)
@@ -70,14 +73,14 @@ def _flight5_with(monkeypatch: pytest.MonkeyPatch, name: str, fake: object) -> P
 
 
 def test_bad_certificate_verify_is_decrypt_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = connection_module.sign
+    real = client_flights.sign
     pair = _flight5_with(monkeypatch, "sign", lambda key, data: real(key, data + b"x"))
     assert fatal(pair, "server").alert is AlertDescription.decrypt_error
     assert fatal(pair, "client").alert is AlertDescription.decrypt_error
 
 
 def test_tampered_finished_is_decrypt_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = connection_module.finished_verify_data
+    real = client_flights.finished_verify_data
 
     def tampered(hash_name: str, master: bytes, label: bytes, transcript: bytes) -> bytes:
         data = real(hash_name, master, label, transcript)
@@ -92,8 +95,8 @@ def test_tampered_server_key_exchange_signature_is_decrypt_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     pair = Pair()
-    real = connection_module.sign
-    monkeypatch.setattr(connection_module, "sign", lambda key, data: real(key, b"other" + data))
+    real = server_flights.sign  # the server signs its ServerKeyExchange there
+    monkeypatch.setattr(server_flights, "sign", lambda key, data: real(key, b"other" + data))
     pair.run()
     assert fatal(pair, "client").alert is AlertDescription.decrypt_error
 
@@ -172,10 +175,10 @@ def test_client_without_certificate_is_refused_when_sdp_promised_one() -> None:
     engine = client.engine
     assert isinstance(engine, Dtls12Connection)
     engine._certificate_requested = False  # noqa: SLF001 - simulate a client that ignores CR
-    original = engine._on_certificate_request  # noqa: SLF001
+    original = client_flights.on_certificate_request
 
     def ignore(*args: object) -> object:
-        result = original(*args)  # type: ignore[arg-type]
+        result = original(engine, *args)  # type: ignore[arg-type]
         engine._certificate_requested = False  # noqa: SLF001
         return result
 
@@ -262,7 +265,7 @@ def test_renegotiation_is_refused_with_a_warning(vectors: Path) -> None:
     payload = parse_records_untrusted(frag)[0].fragment
     engine = pair.client.engine
     assert isinstance(engine, Dtls12Connection)
-    engine._pending_records.append(engine._encode_record(22, 1, payload))  # noqa: SLF001
+    engine._pending_records.append(recordlayer12.encode_record(engine, 22, 1, payload))  # noqa: SLF001
     for d in drain(pair.client):
         pair.server.handle_datagram(pair.now, d)
     (warning,) = drain(pair.server)
