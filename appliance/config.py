@@ -13,6 +13,7 @@ A config file is TOML with one table per role plus shared keys::
     relay_workers = 1
 
     opus_complexity = 5          # Opus encoder complexity 0-10 (transceivers; see below)
+    dtls_versions = "1.2,1.3"    # DTLS versions the transceivers accept (see below)
 
     [relay]
     listen = "0.0.0.0:3478"
@@ -21,6 +22,11 @@ A config file is TOML with one table per role plus shared keys::
 ``opus_complexity`` (``--opus-complexity`` of ``up`` and ``transceiver``) trades the
 transceivers' CPU for audio quality; its default and the measurements behind it are in
 ``appliance/transceiver/opus.py`` (``DEFAULT_COMPLEXITY``) and docs/performance.md.
+
+``dtls_versions`` (``--dtls-versions`` of ``up`` and ``transceiver``): the DTLS versions a
+transceiver negotiates, a comma list of ``1.2`` and ``1.3`` (or a TOML list of them). The
+default ``"1.2,1.3"`` gives DTLS 1.3 (RFC 9147) to clients that offer it and 1.2 to the rest;
+docs/dtls13.md and docs/operations.md, "DTLS versions".
 
 Every role's argparse flags default to ``None``; :func:`resolve` fills what the command line
 left unset from the file, then from the role's defaults.
@@ -82,6 +88,34 @@ def parse_opus_complexity(value: object) -> int:
     if not 0 <= n <= 10:
         raise ValueError(f"--opus-complexity must be 0..10, got {n}")
     return n
+
+
+#: What ``--dtls-versions`` defaults to: 1.3 when the client offers it, 1.2 otherwise.
+DEFAULT_DTLS_VERSIONS = "1.2,1.3"
+
+
+def parse_dtls_versions(value: object) -> frozenset[str]:
+    """``--dtls-versions`` / ``dtls_versions``: ``"1.2,1.3"``, ``"1.2"``, ``"1.3"`` (or a TOML
+    list such as ``["1.2", "1.3"]``) -> the ``versions=`` set of ``DtlsConnection``;
+    ``ValueError`` naming the option otherwise."""
+    # Imported here: every role reads this module, and only transceivers need proto.dtls
+    # (and its cryptography import) loaded.
+    from appliance.proto.dtls import parse_versions
+
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        value = ",".join(value)
+    if not isinstance(value, str):
+        raise ValueError(f"--dtls-versions must be a comma list of 1.2 and 1.3, got {value!r}")
+    try:
+        return parse_versions(value)
+    except ValueError:
+        raise ValueError(
+            f"--dtls-versions must be a comma list of 1.2 and 1.3, got {value!r}") from None
+
+
+def format_dtls_versions(versions: frozenset[str]) -> str:
+    """The flag spelling of a versions set, oldest first (what ``up`` passes on)."""
+    return ",".join(sorted(versions))
 
 
 def parse_hostport(text: str, *, default_host: str = "0.0.0.0") -> tuple[str, int]:

@@ -54,8 +54,10 @@ from .agents import resolve as resolve_agent
 from .children import ChildSpec, StartupError, Supervisor
 from .config import (
     ConfigError,
+    format_dtls_versions,
     format_hostport,
     load_config,
+    parse_dtls_versions,
     parse_hostport,
     parse_opus_complexity,
     resolve,
@@ -88,6 +90,7 @@ DEFAULTS: dict[str, Any] = {
     "relay_workers": 1,
     "agent": "echo",
     "opus_complexity": None,  # None: the transceivers' own default
+    "dtls_versions": None,  # None: the transceivers' own default (1.2,1.3)
     "redis": None,
     "state_dir": None,
     "internal_base_port": 0,
@@ -123,6 +126,7 @@ class UpConfig:
     log_level: str = "info"
     log_format: str = "text"
     opus_complexity: int | None = None  # passed to every transceiver when set
+    dtls_versions: frozenset[str] | None = None  # passed to every transceiver when set
     child_command: list[str] = field(default_factory=lambda: [sys.executable, "-m", "appliance"])
     backoff_initial: float = 0.5
     stop_grace: float = 2.0
@@ -164,6 +168,8 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
         log_level=args.log_level, log_format=args.log_format,
         opus_complexity=None if getattr(args, "opus_complexity", None) is None
         else parse_opus_complexity(args.opus_complexity),
+        dtls_versions=None if getattr(args, "dtls_versions", None) is None
+        else parse_dtls_versions(args.dtls_versions),
     )
     if child:
         cfg.child_command = child
@@ -197,6 +203,8 @@ def child_specs(cfg: UpConfig, secret: Path, control_dir: Path) -> tuple[list[Ch
                 "--control", control, "--secret-file", str(secret), "--agent", cfg.agent,
                 *([] if cfg.opus_complexity is None
                   else ["--opus-complexity", str(cfg.opus_complexity)]),
+                *([] if cfg.dtls_versions is None
+                  else ["--dtls-versions", format_dtls_versions(cfg.dtls_versions)]),
                 *logging_flags]
         transceivers.append(ChildSpec("transceiver", str(k), argv, control))
     routes = {k: ("127.0.0.1", port) for k, port in enumerate(ports)}
@@ -296,6 +304,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Opus encoder complexity of the transceivers (lower: less CPU "
                              "per call; default: the transceiver's, see appliance transceiver "
                              "--help)")
+    parser.add_argument("--dtls-versions", metavar="1.2,1.3", default=None,
+                        help="DTLS versions the transceivers negotiate (default 1.2,1.3: 1.3 "
+                             "when the browser offers it, else 1.2; docs/dtls13.md)")
     parser.add_argument("--redis", metavar="URL", default=None,
                         help="optional Redis flow cache for the relays (redis://host:port/db)")
     parser.add_argument("--state-dir", metavar="DIR", default=None,

@@ -192,10 +192,12 @@ async def open_call(
     connect_timeout: float = 10.0,
     queue: int = 500,
     false_start: bool = False,
+    dtls_versions: frozenset[str] = frozenset({"1.2"}),
 ) -> AsyncIterator[Call]:
     started = trio.current_time()
     cert = certificate or Certificate.generate(trio.current_time())
-    peer = ClientPeer(cert, srtp_profiles=srtp_profiles, false_start=false_start)
+    peer = ClientPeer(cert, srtp_profiles=srtp_profiles, false_start=false_start,
+                      dtls_versions=dtls_versions)
     headers = {"Content-Type": "application/sdp"}
     if token:
         headers["Authorization"] = f"Bearer {token}"

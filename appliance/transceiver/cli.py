@@ -23,9 +23,11 @@ import trio
 from appliance.agents import AgentError
 from appliance.agents import resolve as resolve_agent
 from appliance.config import (
+    DEFAULT_DTLS_VERSIONS,
     ConfigError,
     format_hostport,
     load_config,
+    parse_dtls_versions,
     parse_hostport,
     parse_opus_complexity,
     resolve,
@@ -38,7 +40,8 @@ from .server import TransceiverAddresses, TransceiverConfig, serve_transceiver
 
 DEFAULTS = {"id": 0, "cluster": 0, "agent": "echo", "max_sessions": 500, "listen": None,
             "control": None, "exit_when_drained": False, "drain_on_sigterm": False,
-            "drain_grace": 3600.0, "opus_complexity": DEFAULT_COMPLEXITY}
+            "drain_grace": 3600.0, "opus_complexity": DEFAULT_COMPLEXITY,
+            "dtls_versions": DEFAULT_DTLS_VERSIONS}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,6 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Opus encoder complexity for the audio sent to callers: lower "
                         f"costs less CPU per session (default {DEFAULT_COMPLEXITY}; "
                         "docs/performance.md, \"Opus complexity\")")
+    parser.add_argument("--dtls-versions", default=None, metavar="1.2,1.3",
+                        help="DTLS versions to negotiate: 1.3 (RFC 9147) when the client "
+                        "offers it and it is listed, else 1.2 if listed (default "
+                        f"{DEFAULT_DTLS_VERSIONS}; docs/dtls13.md)")
     parser.add_argument("--exit-when-drained", action="store_true", default=None,
                         help="after a drain (control op), exit 0 when the last session ends")
     parser.add_argument("--drain-on-sigterm", action="store_true", default=None,
@@ -90,6 +97,7 @@ def build_config(args: argparse.Namespace, secrets: tuple[bytes, ...]) -> Transc
         max_sessions=int(args.max_sessions),
         exit_when_drained=bool(args.exit_when_drained),
         opus_complexity=parse_opus_complexity(args.opus_complexity),
+        dtls_versions=parse_dtls_versions(args.dtls_versions),
     )
 
 

@@ -132,6 +132,8 @@ class TransceiverConfig:
     max_sessions: int = 500
     exit_when_drained: bool = False  # serve_transceiver returns once drained and idle
     opus_complexity: int = DEFAULT_COMPLEXITY  # encoder complexity of every PCM session
+    # DTLS versions a call's handshake may negotiate (--dtls-versions; docs/dtls13.md).
+    dtls_versions: frozenset[str] = frozenset({"1.2", "1.3"})
     # Queue what sessions send while a receive batch is handled and send it with one
     # sendmmsg (module docstring); False, or the C extension not built: one sendto each.
     batch_sends: bool = True
@@ -434,11 +436,12 @@ class Transceiver:
             return _error(exc.status, exc.code, exc.detail)
         except LocalProtocolError as exc:
             return _error(400, "bad-request", str(exc))
-        # The one place a call's DTLS server is made. DTLS 1.3 (RFC 9147): the version
-        # setting goes here, as DtlsConnection(..., versions=self.config.dtls_versions),
-        # once proto/dtls takes it; the ClientHello then negotiates within it.
+        # The one place a call's DTLS server is made. The ClientHello's supported_versions
+        # (RFC 9147 §5.3, RFC 8446 §4.2.1) negotiates within --dtls-versions: 1.3 when both
+        # list it, else 1.2 with the RFC 8446 §4.1.3 downgrade sentinel (proto/dtls/versioned.py).
         dtls = DtlsConnection(
-            Role.SERVER, cert, remote_fingerprints=[str(fp) for fp in answer.plan.fingerprints]
+            Role.SERVER, cert, remote_fingerprints=[str(fp) for fp in answer.plan.fingerprints],
+            versions=self.config.dtls_versions,
         )
         session = Session(
             session_id=sid, transceiver=self.config.id, agent=agent, answer=answer,

@@ -434,6 +434,21 @@ async def test_each_srtp_profile(appliance: Appliance, profile: SrtpProfile) -> 
         assert 0 < tl.answer <= tl.connected <= tl.first_rtp_in
 
 
+@pytest.mark.parametrize(("offered", "negotiated"), [
+    ({"1.2", "1.3"}, "1.3"), ({"1.2"}, "1.2"), ({"1.3"}, "1.3")])
+async def test_our_client_negotiates_dtls13_with_up(appliance: Appliance, offered: set[str],
+                                                     negotiated: str) -> None:
+    """Our client offering DTLS 1.3 (RFC 9147) gets it from `up`'s default --dtls-versions;
+    offering 1.2 only, it gets 1.2 (the RFC 8446 §4.1.3 sentinel is checked by its engine)."""
+    async with calls() as c:
+        talker = await c.open(appliance.base, 440.0, dtls_versions=frozenset(offered))
+        await talker.wait_for(15)
+        dtls = talker.call.peer.dtls
+        assert dtls is not None and dtls.version == negotiated
+        assert talker.call.peer.srtp_errors == 0
+
+
+
 async def test_unsupported_srtp_profile_is_refused(appliance: Appliance,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The transceiver offers the profiles of DESIGN.md (GCM and SHA1_80) only: a client that

@@ -135,7 +135,8 @@ class ChromiumHarness:
 
     ``srtp_profiles`` and ``cipher_suites`` force the server's preference (the DTLS server
     picks the first of its own list the client offers); ``cookies`` turns on stateless
-    HelloVerifyRequest cookies bound to the client's address.
+    HelloVerifyRequest cookies bound to the client's address; ``dtls_versions`` the versions
+    the server negotiates (``cipher_suites`` then restricts the 1.2 suites only).
     """
 
     def __init__(
@@ -145,7 +146,9 @@ class ChromiumHarness:
         srtp_profiles: Sequence[SrtpProfile] = DEFAULT_SRTP_PROFILES,
         cipher_suites: Sequence[CipherSuite] = DEFAULT_CIPHER_SUITES,
         cookies: bool = False,
+        dtls_versions: frozenset[str] = frozenset({"1.2"}),
     ) -> None:
+        self._dtls_versions = frozenset(dtls_versions)
         self._page_html = page_html.encode()
         self._srtp_profiles = tuple(srtp_profiles)
         self._cipher_suites = tuple(cipher_suites)
@@ -311,6 +314,7 @@ class ChromiumHarness:
             cookie_context=f"{addr[0]}:{addr[1]}".encode(),
             # Chromium retransmits from ~60 ms on; a 1 s first timer only slows lossy runs.
             initial_retransmit=0.1,
+            versions=self._dtls_versions,
         )
 
     def _echo_rtp(self, data: bytes, addr: Addr) -> None:

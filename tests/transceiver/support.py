@@ -61,6 +61,7 @@ class Client:
     received_rtcp: list[object] = field(default_factory=list)
     seq: int = 1000
     ts: int = 0
+    dtls_versions: frozenset[str] = frozenset({"1.2"})  # what our DTLS client offers
 
     def offer(self) -> str:
         return make_offer(self.ufrag, self.pwd, self.cert.fingerprint)
@@ -71,7 +72,8 @@ class Client:
         fingerprint = answer_field(answer, "fingerprint")
         self.ice = IceClient(self.ufrag, self.pwd, server_ufrag, server_pwd, PUBLIC)
         self.ice.start(now)
-        self.dtls = DtlsConnection(Role.CLIENT, self.cert, remote_fingerprints=[fingerprint])
+        self.dtls = DtlsConnection(Role.CLIENT, self.cert, remote_fingerprints=[fingerprint],
+                                   versions=self.dtls_versions)
 
     async def send_raw(self, payload: bytes) -> None:
         self.sock.sendto(encode_header(self.client_addr, PUBLIC) + payload, self.transceiver)
