@@ -19,6 +19,9 @@ FULL: dict[str, Any] = {
     "ended_at": None, "packets_in": 10, "packets_out": 9, "bytes_in": 1000, "bytes_out": 900,
     "rtt_ms": 12.3, "jitter_ms": 1.25, "loss": 0.01,
     "timeline": dict(zip(TIMELINE_STEPS, (0.0, 0.4, 10.0, 11.0, 20.5, None, None), strict=True)),
+    "datachannels": {"sctp": "connected", "open": [{"id": 1, "label": "chat"}],
+                     "messages_in": 3, "bytes_in": 12, "messages_out": 3, "bytes_out": 12,
+                     "messages_dropped": 0},
 }
 
 
@@ -45,6 +48,7 @@ def test_missing_optional_fields_take_defaults_and_unknown_keys_are_ignored() ->
     ("id", None), ("transceiver", "0"), ("transceiver", True), ("state", "weird"),
     ("created_at", None), ("rtt_ms", "1"), ("relay_flow", []), ("relay_flow", {"public": 1}),
     ("timeline", {"x": "1"}), ("timeline", []), ("packets_in", 1.5), ("agent", 3),
+    ("datachannels", []), ("datachannels", "open"),
 ])
 def test_wrong_types_raise_value_error_naming_the_field(key: str, value: object) -> None:
     with pytest.raises(ValueError, match=key.split("_")[0]):
