@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser.helpers import PageErrors
+from browser.helpers import PageErrors, screenshot
 from browser.test_e2e_up import appliance_up
 from peers import chromium_version
-from playwright.sync_api import Page
+from playwright.sync_api import Page, expect
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -137,4 +137,31 @@ def test_negotiated_channel_and_server_close_with_chromium(appliance_up: str, pa
     assert got == want
     wait_for(page, f"dcHarness.inbound().then((n) => n > {audio_before} + 25)")
     page.evaluate("dcHarness.close()")
+    assert not errors.unexpected(), errors.errors
+
+
+def test_demo_chat_through_appliance_up(appliance_up: str, page: Page) -> None:
+    """The demo's message box (webui/demo.js): after Start its "chat" channel opens, what is
+    typed shows as "you: …" and the echo agent's answer as "agent: …"."""
+    errors = PageErrors(page)
+    page.goto(appliance_up + "/demo")
+    expect(page.locator("#chat-state")).to_have_text("closed")
+    expect(page.get_by_role("textbox", name="Message")).to_be_disabled()
+    page.get_by_role("button", name="Start", exact=True).click()
+    expect(page.locator("#state")).to_have_text("connected", timeout=20_000)
+    expect(page.locator("#chat-state")).to_have_text("open", timeout=20_000)
+    box = page.get_by_role("textbox", name="Message")
+    expect(box).to_be_enabled()
+    box.fill("hello, agent")
+    page.get_by_role("button", name="Send", exact=True).click()
+    log = page.locator("#chat-log li")
+    expect(log).to_have_text(["you: hello, agent", "agent: hello, agent"])
+    expect(box).to_have_value("")
+    box.fill("second")
+    box.press("Enter")  # the form submits on Enter too
+    expect(log).to_have_count(4)
+    expect(log.nth(3)).to_have_text("agent: second")
+    screenshot(page, "e2e-demo-chat")
+    page.get_by_role("button", name="Stop").click()
+    expect(page.locator("#chat-state")).to_have_text("closed")
     assert not errors.unexpected(), errors.errors
