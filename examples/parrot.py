@@ -40,6 +40,7 @@ class Parrot:
                         speech = self.utterance[: len(self.utterance) - self.silent]
                         self.utterance = []
                         self.playback = trio.CancelScope()
+                        self.turn(ctx, "speaking")
                         nursery.start_soon(self.play, ctx, b"".join(f.pcm for f in speech),
                                            self.playback)
                 elif frame.speech:
@@ -55,9 +56,15 @@ class Parrot:
             await ctx.drained()
         if self.playback is scope:
             self.playback = None
+            self.turn(ctx, "listening")
 
     def stop(self, ctx: AgentContext) -> None:
         ctx.interrupt()  # drops the queued audio, and the unsent rest of send()
         if self.playback is not None:
             self.playback.cancel()
             self.playback = None
+            self.turn(ctx, "listening")
+
+    def turn(self, ctx: AgentContext, state: str) -> None:
+        """The turn changed hands ("speaking": the parrot talks, "listening": the caller
+        may). A hook for subclasses (examples/chatty_parrot.py announces it)."""

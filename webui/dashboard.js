@@ -201,12 +201,25 @@ function renderDetail() {
     ["Duration", fmtDuration(duration(s))],
     ["Packets in / out", `${fmtNum(s.packets_in)} / ${fmtNum(s.packets_out)}`],
     ["Bytes in / out", `${fmtNum(s.bytes_in)} / ${fmtNum(s.bytes_out)}`],
+    ...channelFields(s.datachannels),
   ];
   $("detail-fields").replaceChildren(...fields.flatMap(([k, v]) => [h("dt", { text: k }), h("dd", { text: String(v) })]));
   renderTimeline($("detail-timeline"), s.timeline);
   renderSparkline($("spark-rtt"), "RTT", entry.history.map((x) => x.rtt), (v) => fmtMs(v));
   renderSparkline($("spark-jitter"), "Jitter", entry.history.map((x) => x.jitter), (v) => fmtMs(v));
   renderSparkline($("spark-loss"), "Loss", entry.history.map((x) => x.loss), fmtLoss);
+}
+
+// A session's data channels (its `datachannels` object; null when the offer had none).
+function channelFields(dc) {
+  if (!dc) return [["Data channels", "none offered"]];
+  const open = Array.isArray(dc.open) ? dc.open : [];
+  const names = open.map((c) => `${c.label || "(no label)"} #${c.id}${c.ordered === false ? " unordered" : ""}`);
+  return [
+    ["Data channels", `SCTP ${dc.sctp || dash} · ${open.length} open${names.length ? `: ${names.join(", ")}` : ""}`],
+    ["Messages in / out", `${fmtNum(dc.messages_in)} / ${fmtNum(dc.messages_out)}${dc.messages_dropped ? ` (${fmtNum(dc.messages_dropped)} dropped)` : ""}`],
+    ["Message bytes in / out", `${fmtNum(dc.bytes_in)} / ${fmtNum(dc.bytes_out)}`],
+  ];
 }
 
 // ---------------------------------------------------------------------------- end

@@ -248,6 +248,7 @@ def create_app(state: SignalingState) -> QuartTrio:
     async def metrics_route() -> Response:
         authorize(sessions=False)
         await state.refresh()
+        await state.list_sessions()  # the sessions' datachannels objects, fresh
         return Response(metrics.render(state), status=200, content_type=metrics.CONTENT_TYPE)
 
     # -- web UI ---------------------------------------------------------------------------

@@ -10,6 +10,11 @@ Families:
 * ``appliance_transceiver_<counter>_total{transceiver}`` and
   ``appliance_relay_<counter>_total{worker}`` — the peers' own counters from ``stats``,
   nested objects flattened with ``_`` (``drops: {bad_proxy: 3}`` → ``drops_bad_proxy``);
+* ``appliance_datachannels_open`` and ``appliance_datachannel_associations{sctp}`` —
+  gauges over the live sessions' ``datachannels`` objects (GET /v1/sessions/{id});
+  ``appliance_datachannel_messages_total{direction}``, ``…_bytes_total{direction}`` and
+  ``…_messages_dropped_total`` — counters summed from them, kept monotonic by
+  :class:`ChannelTotals` across sessions that end and are purged;
 * ``appliance_relay_flows{worker}``, ``appliance_process_up{role,id}``,
   ``appliance_process_restarts_total{role,id}``, ``appliance_http_responses_total{code}``.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -87,6 +93,79 @@ class _Families:
         return "\n".join(out) + "\n"
 
 
+#: The counters of a session's ``datachannels`` object (appliance/session_info.py) that
+#: /metrics sums, and the (family, labels) each one adds to.
+_DC_COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
+    "messages_in": ("appliance_datachannel_messages_total", {"direction": "in"}),
+    "messages_out": ("appliance_datachannel_messages_total", {"direction": "out"}),
+    "bytes_in": ("appliance_datachannel_bytes_total", {"direction": "in"}),
+    "bytes_out": ("appliance_datachannel_bytes_total", {"direction": "out"}),
+    "messages_dropped": ("appliance_datachannel_messages_dropped_total", {}),
+}
+
+_DC_HELP = {
+    "appliance_datachannel_messages_total": "Data-channel messages, summed over sessions.",
+    "appliance_datachannel_bytes_total": "Data-channel message bytes, summed over sessions.",
+    "appliance_datachannel_messages_dropped_total":
+        "Data-channel messages dropped (the agent's queue was full), summed over sessions.",
+}
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+class ChannelTotals:
+    """Data-channel counters summed over sessions, monotonic (a Prometheus counter must
+    not fall): each session adds what its counters grew by since the last scrape, and a
+    session that ends and leaves the registry keeps what it added."""
+
+    def __init__(self) -> None:
+        self.totals = dict.fromkeys(_DC_COUNTERS, 0)
+        self._seen: dict[str, dict[str, int]] = {}
+
+    def update(self, views: Iterable[Mapping[str, Any]]) -> tuple[int, dict[str, int]]:
+        """Take the sessions' views; return (open channels, live associations by sctp state)."""
+        open_channels = 0
+        assocs = {"connecting": 0, "connected": 0}
+        seen: dict[str, dict[str, int]] = {}
+        for view in views:
+            dc = view.get("datachannels")
+            sid = view.get("id")
+            if not isinstance(dc, Mapping) or not isinstance(sid, str):
+                continue
+            before = self._seen.get(sid, {})
+            now = seen[sid] = {}
+            for key in _DC_COUNTERS:
+                n = now[key] = max(_count(dc.get(key)), before.get(key, 0))
+                self.totals[key] += n - before.get(key, 0)
+            if view.get("state") == "ended":
+                continue
+            chans = dc.get("open")
+            open_channels += len(chans) if isinstance(chans, list) else 0
+            sctp = dc.get("sctp")
+            # "connecting", "connected", or the reason it closed (RFC 9260 §9): one bucket.
+            key = sctp if sctp in assocs else "closed"
+            assocs[key] = assocs.get(key, 0) + 1
+        self._seen = seen
+        return open_channels, assocs
+
+
+_channel_totals: weakref.WeakKeyDictionary[SignalingState, ChannelTotals] = weakref.WeakKeyDictionary()
+
+
+def _render_channels(fams: _Families, state: SignalingState) -> None:
+    totals = _channel_totals.setdefault(state, ChannelTotals())
+    open_channels, assocs = totals.update(rec.view() for rec in state.registry.sessions.values())
+    fams.add("appliance_datachannels_open", "gauge",
+             "Data channels open in live sessions.", {}, open_channels)
+    for sctp, n in assocs.items():
+        fams.add("appliance_datachannel_associations", "gauge",
+                 "Live sessions with data channels, by SCTP association state.", {"sctp": sctp}, n)
+    for key, (family, labels) in _DC_COUNTERS.items():
+        fams.add(family, "counter", _DC_HELP[family], labels, totals.totals[key])
+
+
 def render(state: SignalingState) -> str:
     fams = _Families()
 
@@ -105,6 +184,8 @@ def render(state: SignalingState) -> str:
     fams.add("appliance_sessions_created_total", "counter",
              "Sessions created through this signaling process.", {},
              state.placement.created_total())
+
+    _render_channels(fams, state)
 
     hname = "appliance_session_setup_seconds"
     help_h = "Time from offer received to each setup step, per session."

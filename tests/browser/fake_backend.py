@@ -73,6 +73,16 @@ def sample_session(n: int, *, state: str = "connected", age: float = 30.0) -> di
         "rtt_ms": 2.0 + n if connected else None,
         "jitter_ms": 1.5 + n / 2 if connected else None,
         "loss": 0.004 * n if connected else None,
+        # Every other session offered a data channel (appliance/session_info.py's shape).
+        "datachannels": None if n % 2 else {
+            "sctp": "connected" if connected else "connecting",
+            "open": [{"id": 1, "label": "chat", "protocol": "", "ordered": True,
+                      "max_retransmits": None, "max_packet_lifetime_ms": None,
+                      "negotiated": False}] if connected else [],
+            "messages_in": 12 if connected else 0, "bytes_in": 340 if connected else 0,
+            "messages_out": 12 if connected else 0, "bytes_out": 340 if connected else 0,
+            "messages_dropped": 0,
+        },
         "timeline": {
             "offer_received": 0.0,
             "answer_sent": 1.4,

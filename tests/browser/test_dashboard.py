@@ -245,3 +245,24 @@ def test_narrow_layout_and_accessible_names(browser: Browser, backend: FakeBacke
         screenshot(page, "dashboard-360px")
     finally:
         ctx.close()
+
+
+def test_detail_shows_data_channels(page: Page, backend: FakeBackend) -> None:
+    errors = PageErrors(page)
+    with_dc, without = sample_session(2), sample_session(1)
+    backend.sessions[:] = [with_dc, without]
+    page.goto(backend.url + "/")
+    page.get_by_role("button", name=f"Details of session {with_dc['id']}").click()
+    fields = page.locator("#detail-fields")
+    expect(fields).to_contain_text("SCTP connected · 1 open: chat #1")
+    expect(fields).to_contain_text("Messages in / out12 / 12")
+    # The counters follow the feed.
+    with backend.lock:
+        with_dc["datachannels"].update(messages_in=1500, messages_out=1499, messages_dropped=1,
+                                       bytes_in=2_000_000)
+    expect(fields).to_contain_text("Messages in / out1,500 / 1,499 (1 dropped)")
+    expect(fields).to_contain_text("Message bytes in / out2,000,000 / 340")
+    page.get_by_role("button", name=f"Details of session {without['id']}").click()
+    expect(fields).to_contain_text("Data channelsnone offered")
+    screenshot(page, "dashboard-datachannels")
+    assert not errors.unexpected()
