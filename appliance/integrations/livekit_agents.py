@@ -329,8 +329,9 @@ class ApplianceIO:
                     self._output.on_idle(float(played))
                 else:
                     dropped = event.get("dropped")
-                    ok = isinstance(dropped, int | float) and not isinstance(dropped, bool)
-                    self._output.on_cleared(float(played), float(dropped) if ok else 0.0)
+                    if not isinstance(dropped, int | float) or isinstance(dropped, bool):
+                        dropped = 0.0
+                    self._output.on_cleared(float(played), float(dropped))
         elif kind == "session.ended":
             self._conn.end_reason = str(event.get("reason") or "ended")
 
