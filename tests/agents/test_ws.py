@@ -203,15 +203,21 @@ async def test_playout_acknowledgements_say_exactly_what_was_sent() -> None:
 
     async with agent_server(agent) as url, trio.open_nursery() as nursery:
         nursery.start_soon(call.run, url, 20)
+        async def output_until(done: Callable[[], bool]) -> None:
+            while not done():  # woken by each queued chunk (the host's on_output hook)
+                queued_now = trio.Event()
+                call.host.on_output = queued_now.set
+                await queued_now.wait()
+
         with trio.fail_after(10):
-            while call.host.queued_samples < 24_000 - 64:  # all but the resampler's tail
-                await trio.sleep(0.005)
+            await output_until(lambda: call.host.queued_samples >= 24_000 - 64)  # less the
+            # resampler's tail
         for _ in range(10):  # "play" 200 ms
             assert call.host.pop_output_frame() is not None
         go.set()
         with trio.fail_after(10):
-            while call.host.interrupts == 0 or call.host.queued_samples < 4_800 - 64:
-                await trio.sleep(0.005)
+            await output_until(
+                lambda: call.host.interrupts > 0 and call.host.queued_samples >= 4_800 - 64)
             while call.host.pop_output_frame() is not None:
                 pass
             await queued.wait()

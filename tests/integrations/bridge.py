@@ -59,7 +59,7 @@ def bot_process(script: str) -> Iterator[str]:
 
 @dataclass
 class Port:
-    """The transceiver's data-channel endpoint, standing in for SCTP (not on main yet)."""
+    """The transceiver's data-channel endpoint, standing in for SCTP in-process."""
 
     sent: list[tuple[int, str | bytes]] = field(default_factory=list)
     arrived: trio.Event = field(default_factory=trio.Event)
