@@ -86,6 +86,7 @@ class AgentContext:
     def __init__(self, host: AgentHost, identity: AgentIdentity) -> None:
         self._host = host
         self.identity = identity
+        self._output_seen = 0  # host.queued_total at the last output_queued()
 
     @property
     def session_id(self) -> str:
@@ -120,13 +121,32 @@ class AgentContext:
         :attr:`~appliance.agents.registry.ResolvedAgent.on_frame`)."""
         return self._host.enqueue_frame_nowait(pcm)
 
-    def interrupt(self) -> None:
-        """Drop every queued output sample now (barge-in)."""
-        self._host.interrupt()
+    def interrupt(self) -> float:
+        """Drop every queued output sample now (barge-in); returns the seconds dropped."""
+        return self._host.interrupt() / SAMPLE_RATE
+
+    @property
+    def played_seconds(self) -> float:
+        """Seconds of agent audio handed to the network so far (silence fill not counted).
+
+        Counted when the pacer takes a frame off the queue and sends it, so after an
+        :meth:`interrupt` ``played_seconds`` is exactly how much of what was queued the
+        caller got (their own jitter buffer plays it some tens of ms later)."""
+        return self._host.played_samples / SAMPLE_RATE
 
     async def drained(self) -> None:
         """Return once everything queued has been handed to the pacer (or the call ended)."""
         await self._host.wait_drained()
+
+    async def output_queued(self) -> None:
+        """Return once audio has been queued since the last return (or since the start).
+
+        It counts samples ever queued, so audio queued and already sent before the caller
+        got to wait still counts: no wake-up is lost to the pacer being quicker."""
+        host = self._host
+        while host.queued_total == self._output_seen and not host.closed:
+            await host._out_lot.park()
+        self._output_seen = host.queued_total
 
     @property
     def frames_dropped(self) -> int:
@@ -242,6 +262,11 @@ class AgentHost:
         self.events_dropped = 0
         self.events_coalesced = 0  # unread stats events replaced by a newer one
         self.interrupts = 0
+        #: Output samples (48 kHz) handed to the pacer, and dropped by interrupt(): every
+        #: sample ever queued is one or the other, or still queued.
+        self.played_samples = 0
+        self.dropped_samples = 0
+        self.queued_total = 0  # samples ever queued (bytes // 2)
         #: The call's data channels; the transceiver sets ``channels.port`` once SCTP is up.
         self.channels = ChannelHub()
 
@@ -300,22 +325,28 @@ class AgentHost:
         """One 20 ms frame; a trailing partial frame comes out zero-padded (underrun)."""
         if self._out:
             frame = self._out.popleft()
+            self.played_samples += FRAME_SAMPLES
             if self._space_lot:
                 self._space_lot.unpark_all()
             return frame
         if self._partial:
             frame = bytes(self._partial) + bytes(FRAME_BYTES - len(self._partial))
+            self.played_samples += len(self._partial) // 2
             self._partial.clear()
             self._space_lot.unpark_all()
             return frame
         return None
 
-    def interrupt(self) -> None:
+    def interrupt(self) -> int:
+        """Drop the queue; returns how many samples (48 kHz) were dropped."""
+        dropped = self.queued_samples
+        self.dropped_samples += dropped
         self._out.clear()
         self._partial.clear()
         self._epoch += 1
         self.interrupts += 1
         self._space_lot.unpark_all()
+        return dropped
 
     async def _enqueue(self, pcm: bytes) -> None:
         if len(pcm) % 2:
@@ -334,6 +365,7 @@ class AgentHost:
                 if self._epoch != epoch:
                     return  # interrupted while waiting: the rest is dropped too
             take = min(FRAME_BYTES - len(self._partial), n - pos)
+            self.queued_total += take // 2
             if not self._partial and take == FRAME_BYTES:
                 self._out.append(pcm[pos : pos + FRAME_BYTES])  # whole frames: no partial copy
             else:
@@ -356,6 +388,7 @@ class AgentHost:
         if self._partial or len(self._out) >= self.max_output_frames:
             return False
         self._out.append(pcm)
+        self.queued_total += FRAME_SAMPLES
         if self._out_lot:
             self._out_lot.unpark_all()
         if self.on_output is not None:

@@ -113,6 +113,7 @@ class WsBridge:
         self.url = url
         self.sample_rate = SAMPLE_RATE
         self.end_reason: str | None = None
+        self._reported = 0.0  # the last "played" told to the agent (output.idle/.cleared)
         self._scope = trio.CancelScope()
 
     async def run(self, ctx: AgentContext) -> None:
@@ -185,6 +186,7 @@ class WsBridge:
             nursery.start_soon(self._uplink, ctx, ws)
             nursery.start_soon(self._events, ctx, ws)
             nursery.start_soon(self._channel_events, ctx, ws)
+            nursery.start_soon(self._playout, ctx, ws)
             await self._downlink(ctx, ws)
             nursery.cancel_scope.cancel()
 
@@ -266,6 +268,21 @@ class WsBridge:
                                                                    event.get("label")),
                                               "message": str(exc)}))
 
+    async def _playout(self, ctx: AgentContext, ws: WebSocketConnection) -> None:
+        """``output.idle`` each time the output queue runs dry after audio: the agent learns
+        where playback stands (``played``) instead of modelling it from its own clock."""
+        with _quietly_closed():
+            while True:
+                await ctx.output_queued()
+                await ctx.drained()
+                if ctx.ended:
+                    return
+                if ctx.played_seconds <= self._reported:
+                    continue  # emptied by an interrupt, and output.cleared said so
+                self._reported = ctx.played_seconds
+                await ws.send_message(json.dumps(
+                    {"type": "output.idle", "played": round(self._reported, 6)}))
+
     async def _downlink(self, ctx: AgentContext, ws: WebSocketConnection) -> None:
         """Agent messages → audio queue, interrupt, events. Returns when the socket closes."""
         rs = Resampler(self.sample_rate, SAMPLE_RATE)
@@ -285,8 +302,12 @@ class WsBridge:
                 else:
                     event = _parse(msg)
                     if event["type"] == "interrupt":
-                        ctx.interrupt()
+                        dropped = ctx.interrupt()
+                        self._reported = ctx.played_seconds
                         rs = Resampler(self.sample_rate, SAMPLE_RATE)  # drop its tail too
+                        await ws.send_message(json.dumps({
+                            "type": "output.cleared", "played": round(ctx.played_seconds, 6),
+                            "dropped": round(dropped, 6)}))
                     elif event["type"] in CHANNEL_OPS:
                         await self._channel_op(ctx, ws, event)
                     elif await self._on_event(ctx, event):

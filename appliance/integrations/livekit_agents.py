@@ -27,8 +27,8 @@ connection per call from the transceiver, asyncio here and trio there::
   ``clear_buffer()`` (barge-in) an ``interrupt`` to the transceiver and
   ``on_playback_finished(playback_position=<seconds actually played>, interrupted=True)``,
   so the session truncates the assistant's turn where the caller stopped hearing it.
-  Played time is derived from the transceiver's timing model (real-time playout from the
-  first frame, docs/agent-protocol.md) — the protocol has no playout acknowledgement.
+  Played time is the transceiver's own count (``output.cleared`` / ``output.idle``,
+  docs/agent-protocol.md), not a model of it.
 * the appliance's VAD reaches you as ``on_speech_started`` / ``on_speech_stopped``; data
   channel messages as ``on_message(label, data)`` and :meth:`ApplianceIO.send_message`.
 """
@@ -40,7 +40,7 @@ import base64
 import binascii
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from livekit import rtc
@@ -53,6 +53,9 @@ from ._wsagent import AgentSocket, close_reason, json_object, run, serve_bots
 __all__ = ["ApplianceAudioInput", "ApplianceAudioOutput", "ApplianceIO", "run", "serve_bots"]
 
 MAX_INPUT_FRAMES = 50  # 1 s of 20 ms frames, the transceiver's own bound
+#: The transceiver's resampler holds a few samples of a segment's tail (a windowed-sinc
+#: filter's delay, < 1 ms) until more audio comes: "played out" allows for them.
+PLAYED_SLACK = 0.005
 
 
 class ApplianceAudioInput(AudioInput):
@@ -86,7 +89,17 @@ class ApplianceAudioInput(AudioInput):
 
 
 class ApplianceAudioOutput(AudioOutput):
-    """The agent's speech to the caller, with playback positions for truncation."""
+    """The agent's speech to the caller, with playback positions for truncation.
+
+    Positions come from the transceiver's own count of what it sent (``output.cleared``
+    in reply to an ``interrupt``, ``output.idle`` when its queue runs dry;
+    docs/agent-protocol.md), kept on the same timeline as what we sent: every second we
+    send is played or dropped there, in order. Against a transceiver that does not send
+    them, the real-time playout model is used after a grace period.
+    """
+
+    #: How long to wait for ``output.cleared`` before falling back to the model.
+    ACK_GRACE = 0.5
 
     def __init__(self, conn: AgentSocket, *, max_ahead_secs: float = 0.06) -> None:
         super().__init__(label="appliance", capabilities=AudioOutputCapabilities(pause=False),
@@ -95,15 +108,26 @@ class ApplianceAudioOutput(AudioOutput):
         self._rate = conn.rate
         self.max_ahead_secs = max_ahead_secs
         self._playout_end = 0.0  # monotonic time at which the transceiver's queue runs dry
-        self._segment_start: float | None = None  # when its first sample plays
+        self._segment_start: float | None = None  # when its first sample plays (model)
         self._segment_secs = 0.0  # audio sent in the current segment
         self._open = False  # a segment has frames and no playback_finished yet
         self._finish: asyncio.Task[None] | None = None
+        # The shared timeline: seconds we sent, and the transceiver's "played" for them.
+        self._sent = 0.0
+        self._offset = 0.0  # transceiver seconds - our seconds (resampling rounding)
+        self._seg_at = 0.0  # _sent when the current segment's first sample was sent
+        self._played = 0.0  # the last "played" the transceiver reported
+        self._acked = asyncio.Event()  # set on each output.idle / output.cleared
+        self.acknowledged = False  # the transceiver sends output.* (it is new enough)
+        #: Interrupts not yet answered: (_sent, _seg_at, the position's future or None).
+        self._clears: deque[tuple[float, float, asyncio.Future[float] | None]] = deque()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def capture_frame(self, frame: rtc.AudioFrame) -> None:
         await super().capture_frame(frame)  # counts the segment
         if not self._open:
             self._open, self._segment_secs, self._segment_start = True, 0.0, None
+            self._seg_at = self._sent
         pcm = bytes(frame.data)
         if not pcm:
             return
@@ -114,6 +138,7 @@ class ApplianceAudioOutput(AudioOutput):
         await self._conn.send(pcm)
         secs = len(pcm) / 2 / self._rate
         self._segment_secs += secs
+        self._sent += secs
         self._playout_end = max(now, self._playout_end) + secs
         ahead = self._playout_end - time.monotonic() - self.max_ahead_secs
         if ahead > 0:
@@ -122,25 +147,78 @@ class ApplianceAudioOutput(AudioOutput):
     def flush(self) -> None:
         super().flush()
         if self._open and self._finish is None:
-            self._finish = asyncio.get_running_loop().create_task(self._played_out())
+            self._finish = asyncio.get_running_loop().create_task(
+                self._played_out(self._seg_at + self._segment_secs))
 
-    async def _played_out(self) -> None:
-        await asyncio.sleep(max(0.0, self._playout_end - time.monotonic()))
+    async def _played_out(self, end: float) -> None:
+        # Played out when the transceiver says it sent up to the segment's end; the model's
+        # time plus a grace period bounds the wait if it never says so.
+        deadline = max(self._playout_end, time.monotonic()) + self.ACK_GRACE
+        while self._played + PLAYED_SLACK < end + self._offset:
+            if self.acknowledged:
+                deadline = max(deadline, time.monotonic() + self.ACK_GRACE)
+            self._acked.clear()
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                break
+            try:
+                await asyncio.wait_for(self._acked.wait(), timeout)
+            except TimeoutError:
+                if not self.acknowledged:
+                    break
         self._finish = None
         self._finished(self._segment_secs, interrupted=False)
 
     def clear_buffer(self) -> None:
-        # The transceiver drops its queue when it reads this; it reads in order and we
-        # keep at most max_ahead_secs queued there, so that is within a frame or so.
-        asyncio.get_running_loop().create_task(self._conn.send_json({"type": "interrupt"}))
-        self._playout_end = 0.0
+        # The transceiver drops its queue when it reads this and answers with what it had
+        # sent (output.cleared): the position is then exact.
+        loop = asyncio.get_running_loop()
+        self._spawn(self._conn.send_json({"type": "interrupt"}))
         if self._finish is not None:
             self._finish.cancel()
             self._finish = None
+        answer: asyncio.Future[float] | None = None
         if self._open:
             start = self._segment_start
-            played = 0.0 if start is None else time.monotonic() - start
-            self._finished(min(max(played, 0.0), self._segment_secs), interrupted=True)
+            model = 0.0 if start is None else time.monotonic() - start
+            answer = loop.create_future()
+            self._spawn(self._interrupted(answer, model, self._segment_secs))
+            self._open = False  # a new segment may start before the answer comes
+        self._clears.append((self._sent, self._seg_at, answer))
+        self._playout_end = 0.0
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        # The loop keeps only weak references to tasks: hold them until they are done.
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _interrupted(self, answer: asyncio.Future[float], model: float,
+                           secs: float) -> None:
+        try:
+            position = await asyncio.wait_for(asyncio.shield(answer), self.ACK_GRACE)
+        except TimeoutError:
+            position = model  # a transceiver that does not answer: the real-time model
+        self.on_playback_finished(playback_position=min(max(position, 0.0), secs),
+                                  interrupted=True)
+
+    # -- the transceiver's acknowledgements (ApplianceIO routes them here) ---------------
+
+    def on_idle(self, played: float) -> None:
+        self.acknowledged = True
+        self._played = played
+        self._acked.set()
+
+    def on_cleared(self, played: float, dropped: float) -> None:
+        self.acknowledged = True
+        self._played = played
+        if self._clears:
+            sent, seg_at, answer = self._clears.popleft()
+            if answer is not None and not answer.done():
+                answer.set_result(played - (seg_at + self._offset))
+            # Everything sent before the interrupt was played or dropped: re-align.
+            self._offset = played + dropped - sent
+        self._acked.set()
 
     def _finished(self, position: float, *, interrupted: bool) -> None:
         self._open = False
@@ -244,6 +322,16 @@ class ApplianceIO:
             else:
                 return
             await _maybe_await(self.on_message(str(event.get("label", "")), data))
+        elif kind in ("output.idle", "output.cleared") and self._output is not None:
+            played = event.get("played")
+            if isinstance(played, int | float) and not isinstance(played, bool):
+                if kind == "output.idle":
+                    self._output.on_idle(float(played))
+                else:
+                    dropped = event.get("dropped")
+                    if not isinstance(dropped, int | float) or isinstance(dropped, bool):
+                        dropped = 0.0
+                    self._output.on_cleared(float(played), float(dropped))
         elif kind == "session.ended":
             self._conn.end_reason = str(event.get("reason") or "ended")
 

@@ -180,6 +180,56 @@ async def test_interrupt_and_back_pressure() -> None:
     assert call.host.interrupts == 1
 
 
+async def test_playout_acknowledgements_say_exactly_what_was_sent() -> None:
+    """``output.cleared`` answers an interrupt with the seconds played and dropped, and
+    ``output.idle`` says when the queue ran dry and how much had been played: an agent
+    truncates its utterance at the transceiver's count, not at a model of it."""
+    call = Call()
+    got: list[dict[str, Any]] = []
+    queued, go = trio.Event(), trio.Event()
+
+    async def agent(ws: WebSocketConnection) -> None:
+        await accept(ws, 24_000)
+        await ws.send_message(bytes(24_000))  # 0.5 s at 24 kHz
+        await go.wait()
+        await ws.send_message(json.dumps({"type": "interrupt"}))
+        await ws.send_message(bytes(4_800))  # 0.1 s more, after the interrupt
+        while len(got) < 2:
+            msg = await ws.get_message()
+            if isinstance(msg, str) and json.loads(msg)["type"].startswith("output."):
+                got.append(json.loads(msg))
+        queued.set()
+        await trio.sleep_forever()
+
+    async with agent_server(agent) as url, trio.open_nursery() as nursery:
+        nursery.start_soon(call.run, url, 20)
+        async def output_until(done: Callable[[], bool]) -> None:
+            while not done():  # woken by each queued chunk (the host's on_output hook)
+                queued_now = trio.Event()
+                call.host.on_output = queued_now.set
+                await queued_now.wait()
+
+        with trio.fail_after(10):
+            await output_until(lambda: call.host.queued_samples >= 24_000 - 64)  # less the
+            # resampler's tail
+        for _ in range(10):  # "play" 200 ms
+            assert call.host.pop_output_frame() is not None
+        go.set()
+        with trio.fail_after(10):
+            await output_until(
+                lambda: call.host.interrupts > 0 and call.host.queued_samples >= 4_800 - 64)
+            while call.host.pop_output_frame() is not None:
+                pass
+            await queued.wait()
+        call.end("test over")
+    cleared, idle = got
+    assert cleared["type"] == "output.cleared" and idle["type"] == "output.idle"
+    assert cleared["played"] == pytest.approx(0.2)  # the pacer's count, exactly
+    assert cleared["dropped"] == pytest.approx(0.3, abs=0.002)  # less the resampler's tail
+    assert idle["played"] == pytest.approx(0.3, abs=0.002)
+    assert call.ctx.played_seconds == pytest.approx(idle["played"], abs=1e-6)
+
+
 async def test_agent_disconnect_ends_the_call_with_a_reason() -> None:
     call = Call()
 

@@ -47,6 +47,26 @@ def write_tone_wav(path: Path, *, seconds: float = 3.0, freq: float = 440.0, rat
     return path
 
 
+def write_turns_wav(path: Path, *, freq: float = 440.0, rate: int = 48000) -> Path:
+    """A caller taking turns, 5 s looped: 1 s of tone, 0.6 s pause, 1 s of tone (talking
+    over the answer to the first), 2.4 s pause (listening to the answer)."""
+    amp = 0.5 * 32767
+    plan = [(1.0, True), (0.6, False), (1.0, True), (2.4, False)]
+    out = bytearray()
+    i0 = 0
+    for secs, tone in plan:
+        n = int(secs * rate)
+        for i in range(i0, i0 + n):
+            out += struct.pack("<h", int(amp * math.sin(2 * math.pi * freq * i / rate)) if tone else 0)
+        i0 += n
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(bytes(out))
+    return path
+
+
 def launch(p: Playwright, tone_wav: Path, *, fake_ui: bool = True) -> Browser:
     """Chromium with a fake microphone; fake_ui=False leaves permission prompts unanswered
     (headless Chromium then denies the microphone), which is how the denial test runs."""

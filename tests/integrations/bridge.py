@@ -59,7 +59,7 @@ def bot_process(script: str) -> Iterator[str]:
 
 @dataclass
 class Port:
-    """The transceiver's data-channel endpoint, standing in for SCTP (not on main yet)."""
+    """The transceiver's data-channel endpoint, standing in for SCTP in-process."""
 
     sent: list[tuple[int, str | bytes]] = field(default_factory=list)
     arrived: trio.Event = field(default_factory=trio.Event)
@@ -90,9 +90,10 @@ class ObservedHost(AgentHost):
     def _output(self) -> None:
         self.output_queued.set()
 
-    def interrupt(self) -> None:
-        super().interrupt()
+    def interrupt(self) -> int:
+        dropped = super().interrupt()
         self.interrupted.set()
+        return dropped
 
 
 @dataclass
@@ -112,19 +113,44 @@ class Bridged:
             self.push(pcm, speech=speech)
             await trio.sleep_until(start + (i + 1) * 0.02)
 
+    paced: bytearray | None = None  # what the pacer sent, with pace=True
+
     def take_output(self) -> bytes:
+        """What the caller got since the last call: with a pacer, what it sent (one frame
+        per 20 ms, as the transceiver does); without, the whole queue at once."""
+        if self.paced is not None:
+            out = bytes(self.paced)
+            self.paced.clear()
+            return out
         out = b""
         while (frame := self.host.pop_output_frame()) is not None:
             out += frame
         return out
 
+    async def pace(self) -> None:
+        """The transceiver's pacer: one frame off the queue every 20 ms of wall clock."""
+        assert self.paced is not None
+        start = trio.current_time()
+        tick = 0
+        while not self.host.closed:
+            tick += 1
+            await trio.sleep_until(start + tick * 0.02)
+            frame = self.host.pop_output_frame()
+            if frame is not None:
+                self.paced += frame
 
-async def bridged(nursery: trio.Nursery, url: str) -> Bridged:
+
+async def bridged(nursery: trio.Nursery, url: str, *, pace: bool = False) -> Bridged:
+    """The bridge running against a host; ``pace`` plays its output in real time, so the
+    transceiver's ``output.idle`` / ``output.cleared`` counts are what a call's would be."""
     host = ObservedHost()
     ctx = AgentContext(host, AgentIdentity(name=url, session_id="pipecat-test"))
     b = Bridged(host, WsBridge(url), Port())
     host.channels.port = b.port
     nursery.start_soon(b.bridge.run, ctx)
+    if pace:
+        b.paced = bytearray()
+        nursery.start_soon(b.pace)
     return b
 
 

@@ -55,7 +55,7 @@ async def turn_end(b: Bridged) -> float:
 
 async def test_speech_barge_in_and_playback_positions(bot: str) -> None:
     async with trio.open_nursery() as nursery:
-        b = await bridged(nursery, bot)
+        b = await bridged(nursery, bot, pace=True)
         b.host.channels.push(ChannelOpened(ChannelInfo(id=1, label="events")))
         await b.talk([SILENCE] * 5, speech=False)
         assert b.bridge.sample_rate == 24_000
@@ -70,8 +70,9 @@ async def test_speech_barge_in_and_playback_positions(bot: str) -> None:
         whole = await report(b)
         assert whole["interrupted"] is False
         assert whole["position"] == pytest.approx(TONE_SECS, abs=0.05)
-        assert trio.current_time() - started >= TONE_SECS - 0.1  # played out, not just sent
-        b.take_output()
+        # Played out (the transceiver's output.idle), not just sent: the pacer sent it all.
+        assert trio.current_time() - started >= TONE_SECS - 0.1
+        assert len(heard + b.take_output()) // 2 >= (TONE_SECS - 0.03) * RATE
         # Turn 2, barged into 0.5 s in: the queue is dropped and the position is 0.5 s.
         await b.talk(sine(440, 20), speech=True)
         turnaround = await turn_end(b)
@@ -84,6 +85,7 @@ async def test_speech_barge_in_and_playback_positions(bot: str) -> None:
         with trio.fail_after(2):
             await b.host.interrupted.wait()
         interrupt_latency = trio.current_time() - barged
+        sent = b.host.played_samples / RATE  # what the pacer had sent when it was cut
         b.take_output()
         await b.talk(sine(880, 20), speech=True)
         leaked = b.take_output()
@@ -91,6 +93,8 @@ async def test_speech_barge_in_and_playback_positions(bot: str) -> None:
         cut = await report(b)
         assert cut["interrupted"] is True
         assert cut["position"] == pytest.approx(barged - first, abs=0.1)
+        # Exact, from output.cleared: the pacer's count for this segment, to the frame.
+        assert cut["position"] == pytest.approx(sent - TONE_SECS, abs=0.021)
         print(f"\nlivekit adapter: speech.stopped -> first audio {turnaround * 1e3:.1f} ms, "
               f"speech.started -> interrupt {interrupt_latency * 1e3:.1f} ms, "
               f"truncated at {cut['position']} s of {TONE_SECS}")

@@ -10,9 +10,9 @@ process) serves the WebSocket agent protocol. Two ways in:
 2. **the transceiver's own bridge** (``appliance.agents.ws.WsBridge``, the code the
    transceiver runs for ``--agent ws://``) driven in this process with an
    ``AgentHost``: precise timing of the adapter (frame in -> frame out, interrupt), and
-   data-channel messages. The transceiver does not terminate SCTP yet (no data channels
-   on main), so the channel side is a ``ChannelPort`` here: what crosses the WebSocket
-   is exactly what the transceiver would send and receive.
+   data-channel messages. The channel side is a ``ChannelPort`` here: what crosses the
+   WebSocket is exactly what the transceiver sends and receives (Chromium's real SCTP
+   into this pipeline: tests/browser/test_integrations_chromium.py).
 """
 
 from __future__ import annotations
