@@ -162,6 +162,9 @@ def resolve(spec: str | None) -> ResolvedAgent:
         return ResolvedAgent(spec, factory(spec))
     if spec == PASSTHROUGH:
         return ResolvedAgent(spec, _no_agent, passthrough=True)
+    if spec == "realtime" or spec.startswith("realtime:"):  # the OpenAI Realtime protocol
+        realtime = importlib.import_module("appliance.realtime.agent")  # (issue 17)
+        return ResolvedAgent(spec, realtime.resolve_spec(spec))
     if spec in _registered:
         return ResolvedAgent(spec, _as_fn(_registered[spec], spec))
     if spec in _BUILTINS:
