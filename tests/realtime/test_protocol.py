@@ -84,3 +84,15 @@ def test_every_ga_client_event_is_listed() -> None:
         "conversation.item.truncate", "input_audio_buffer.append", "input_audio_buffer.clear",
         "output_audio_buffer.clear", "input_audio_buffer.commit", "response.cancel",
         "response.create", "session.update"}
+
+
+def test_the_docs_table_is_the_code_table() -> None:
+    import re
+    from pathlib import Path
+
+    from appliance.realtime.protocol import SERVER_EVENTS
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "realtime.md").read_text()
+    rows = dict(re.findall(r"^\| `([a-z_.]+)` \| ([a-z ]+) \|", page, re.M))
+    want = {k: v[0].value for k, v in {**CLIENT_EVENTS, **SERVER_EVENTS}.items()}
+    assert rows == want
