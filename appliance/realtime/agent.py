@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import secrets
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import trio
 
-from ..agents.channels import ChannelError, ChannelMessage, ChannelOpened
+from ..agents.channels import ChannelClosed, ChannelError, ChannelMessage, ChannelOpened
 from ..agents.context import AgentContext
 from .interface import AudioDelta, Delta, RealtimeAgent, ResponseRequest
 from .machine import (
@@ -39,6 +40,7 @@ from .machine import (
     Transcribe,
 )
 
+log = logging.getLogger("appliance.realtime")
 LABEL = "oai-events"
 AUDIO_PIECE = 9_600  # 100 ms of 48 kHz PCM16
 SPEC_PREFIX = "realtime"
@@ -148,6 +150,9 @@ class RealtimeShell:
             elif isinstance(event, ChannelMessage) and event.channel_id == self.channel:
                 data = event.data
                 self.machine.handle_message(data if isinstance(data, str) else bytes(data))
+            elif isinstance(event, ChannelClosed) and event.channel_id == self.channel:
+                self.channel = None  # events from now on have nowhere to go
+                continue
             else:
                 continue
             self._drain()
@@ -206,8 +211,9 @@ class RealtimeShell:
                     else:
                         self.machine.handle_delta(rid, delta)
                         self._drain()
-            except Exception as exc:  # the agent's bug must not end the call
+            except Exception as exc:  # the agent's bug fails the response, not the call
                 error = type(exc).__name__
+                log.warning("realtime agent failed on %s: %r", rid, exc)
         self._runs.pop(rid, None)
         if not scope.cancelled_caught:
             self.machine.handle_response_end(rid, error)

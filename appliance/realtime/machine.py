@@ -109,6 +109,44 @@ class _Response:
     done: bool = False
 
 
+class _Buffer:
+    """The input audio buffer: chunks with a byte count, the oldest dropped past ``limit``
+    (a push-to-talk caller who never commits must not grow the call, and dropping the
+    front of one bytearray per frame would copy the whole buffer every 20 ms)."""
+
+    __slots__ = ("chunks", "size", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.chunks: deque[bytes] = deque()
+        self.size = 0
+        self.limit = limit
+
+    def __len__(self) -> int:
+        return self.size
+
+    def append(self, pcm: bytes) -> None:
+        self.chunks.append(pcm)
+        self.size += len(pcm)
+        while self.size > self.limit:
+            excess = self.size - self.limit
+            head = self.chunks[0]
+            if len(head) <= excess:
+                self.chunks.popleft()
+                self.size -= len(head)
+            else:
+                self.chunks[0] = head[excess:]
+                self.size -= excess
+
+    def clear(self) -> None:
+        self.chunks.clear()
+        self.size = 0
+
+    def take(self) -> bytes:
+        out = b"".join(self.chunks)
+        self.clear()
+        return out
+
+
 def _tokens_text(text: str) -> int:
     return math.ceil(len(text) / 4)
 
@@ -145,7 +183,7 @@ class RealtimeConnection:
         self._actions: deque[Action] = deque()
         self.opened = False
         # input side
-        self._buffer = bytearray()
+        self._buffer = _Buffer(int(MAX_BUFFER_SECONDS * RATE) * 2)
         self._prefix: deque[bytes] = deque()
         self._in_speech = False
         self._silence_ms = 0
@@ -249,10 +287,7 @@ class RealtimeConnection:
     # -- input audio and turns -----------------------------------------------------------------
 
     def _append(self, pcm: bytes) -> None:
-        self._buffer += pcm
-        excess = len(self._buffer) - int(MAX_BUFFER_SECONDS * RATE) * 2
-        if excess > 0:
-            del self._buffer[:excess]
+        self._buffer.append(pcm)
 
     def handle_frame(self, pcm: bytes, speech: bool) -> None:
         """20 ms of the caller's audio (48 kHz PCM16) and its VAD flag (``Frame.speech``)."""
@@ -298,8 +333,7 @@ class RealtimeConnection:
     def _commit(self) -> None:
         item_id = self._pending_item or self._ids("item")
         self._pending_item = None
-        audio = bytes(self._buffer)
-        self._buffer.clear()
+        audio = self._buffer.take()
         item = Item({"id": item_id, "object": "realtime.item", "type": "message",
                      "status": "completed", "role": "user",
                      "content": [{"type": "input_audio", "transcript": None}]}, audio, 0)
