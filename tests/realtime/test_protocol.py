@@ -52,8 +52,10 @@ def test_machine_answers_any_events_and_never_raises(evs: list[dict[str, Any]],
         raw = json.dumps(ev)
         try:
             parse_client_event_untrusted(raw)
+            message = "parsed"
         except EventError as exc:
-            assert exc.to_event("event_x")["error"]["message"]
+            message = exc.to_event("event_x")["error"]["message"]
+        assert message
         before = len(h.events)
         h.m.handle_message(raw)
         h.drain()
