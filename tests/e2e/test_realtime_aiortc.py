@@ -9,12 +9,17 @@ server-VAD turn (speech_started/stopped, committed, the user item) answered by t
 realtime agent: its transcript "(echo, N s)" and the turn's audio coming back on the media
 track between ``output_audio_buffer.started`` and ``stopped``. The second answer is cut
 with ``output_audio_buffer.clear`` half a second in: ``cleared`` and the item truncated at
-what was played."""
+what was played.
+
+The pre-negotiated mode (OpenAI's ``?dcid=``) runs through real relay and transceiver
+processes with the per-call params set in-process (tests/e2e/rt_dcid_agent.py), as the
+``/v1/realtime/calls`` route's plumbing will set them."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 import wave
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,10 +30,13 @@ import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.contrib.media import MediaPlayer
 from e2e.procs import Proc, free_tcp_port, free_udp_port
+from e2e.rt_dcid_agent import DCID
+from e2e.test_aiortc_relay import ToneTrack, cluster, control
 from e2e.test_up_http import http_json, in_fresh_thread
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow]
 RATE = 48_000
+__all__ = ["cluster"]  # the module fixture, re-used
 
 
 def write_wav(path: Path) -> None:
@@ -176,3 +184,39 @@ def test_realtime_events_turns_and_clear_through_up(up: str, tmp_path: Path) -> 
     assert out["cleared"]["response_id"] == out["started2"]["response_id"]
     assert 300 <= out["truncated"]["audio_end_ms"] <= 1500, out["truncated"]
     assert out["loud_after_clear"] <= 3, out["loud_after_clear"]
+
+
+async def prenegotiated_call(cluster: dict[str, Any]) -> list[dict[str, Any]]:
+    pc = RTCPeerConnection()
+    pc.addTrack(ToneTrack())
+    channel = pc.createDataChannel("oai-events", negotiated=True, id=DCID)
+    events = Events()
+    channel.on("message", lambda m: asyncio.ensure_future(events.add(m)))
+    await pc.setLocalDescription(await pc.createOffer())
+    resp = await asyncio.to_thread(control, str(cluster["tmp"] / "t0.sock"), {
+        "op": "create", "session_id": uuid.uuid4().hex, "offer": pc.localDescription.sdp,
+        "agent": str(Path(__file__).with_name("rt_dcid_agent.py")) + ":agent",
+        "candidates": [["127.0.0.1", cluster["public"]]]})
+    assert resp["ok"], resp
+    await pc.setRemoteDescription(RTCSessionDescription(resp["answer"], "answer"))
+    try:
+        created = await events.wait("session.created")
+        assert created["session"]["instructions"] == "pre-negotiated"
+        channel.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "over a negotiated channel"}]}}))
+        channel.send(json.dumps({"type": "response.create",
+                                 "response": {"output_modalities": ["text"]}}))
+        await events.wait("response.done")
+        return list(events.got)
+    finally:
+        await pc.close()
+
+
+def test_prenegotiated_oai_events_channel(cluster: dict[str, Any]) -> None:
+    """OpenAI's ``?dcid=`` mode: the agent opens the channel by id, no DCEP round trip;
+    session.created is its first message, and it carries the session from the params."""
+    got = in_fresh_thread(lambda: asyncio.run(prenegotiated_call(cluster)))
+    assert got[0]["type"] == "session.created"
+    text = next(e for e in got if e["type"] == "response.output_text.done")
+    assert text["text"] == "over a negotiated channel"
