@@ -33,6 +33,7 @@ from e2e.procs import Proc, free_tcp_port, free_udp_port
 from e2e.rt_dcid_agent import DCID
 from e2e.test_aiortc_relay import ToneTrack, cluster, control
 from e2e.test_up_http import http_json, in_fresh_thread
+from realtime.shapes import check_event
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow]
 RATE = 48_000
@@ -163,6 +164,8 @@ def test_realtime_events_turns_and_clear_through_up(up: str, tmp_path: Path) -> 
     out = in_fresh_thread(lambda: asyncio.run(realtime_call(up, wav)))
     kinds = [e["type"] for e in out["events"]]
     print("event types:", kinds)
+    for e in out["events"]:
+        check_event(e)  # every event of the GA shape
     assert kinds[0] == "session.created"
     assert out["created"]["session"]["object"] == "realtime.session"
     session = out["updated"]["session"]
@@ -218,5 +221,7 @@ def test_prenegotiated_oai_events_channel(cluster: dict[str, Any]) -> None:
     session.created is its first message, and it carries the session from the params."""
     got = in_fresh_thread(lambda: asyncio.run(prenegotiated_call(cluster)))
     assert got[0]["type"] == "session.created"
+    for e in got:
+        check_event(e)
     text = next(e for e in got if e["type"] == "response.output_text.done")
     assert text["text"] == "over a negotiated channel"

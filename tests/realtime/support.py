@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import numpy as np
+from realtime.shapes import check_event
 
 from appliance.realtime.agent import id_source
 from appliance.realtime.interface import Delta
@@ -38,6 +39,7 @@ class Harness:
         new = []
         while (e := self.m.poll_event()) is not None:
             json.dumps(e)  # every event is JSON
+            check_event(e)  # ... of its GA shape
             new.append(e)
         while (a := self.m.poll_action()) is not None:
             self.actions.append(a)

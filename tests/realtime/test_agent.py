@@ -12,6 +12,7 @@ from typing import Any
 import trio
 import trio.testing
 from agents.test_channels import MemoryPort
+from realtime.shapes import check_event
 from realtime.support import tone
 
 from appliance.agents import AgentContext, AgentHost, AgentIdentity, ChannelMessage
@@ -36,7 +37,10 @@ async def run_call(spec: str, params: dict[str, Any], script: Any) -> tuple[Memo
 
 
 def sent_events(port: MemoryPort) -> list[dict[str, Any]]:
-    return [json.loads(d) for _, d in port.sent if isinstance(d, str)]
+    events = [json.loads(d) for _, d in port.sent if isinstance(d, str)]
+    for e in events:
+        check_event(e)
+    return events
 
 
 async def wait_for(port: MemoryPort, kind: str) -> dict[str, Any]:

@@ -98,3 +98,11 @@ def test_the_docs_table_is_the_code_table() -> None:
     rows = dict(re.findall(r"^\| `([a-z_.]+)` \| ([a-z ]+) \|", page, re.M))
     want = {k: v[0].value for k, v in {**CLIENT_EVENTS, **SERVER_EVENTS}.items()}
     assert rows == want
+
+
+def test_every_ga_server_event_is_listed() -> None:
+    from realtime.shapes import REQUIRED
+
+    from appliance.realtime.protocol import SERVER_EVENTS
+
+    assert set(SERVER_EVENTS) == set(REQUIRED)  # the 46 of openai-python's union
