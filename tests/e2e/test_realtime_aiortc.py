@@ -3,13 +3,14 @@
 on the plain WHIP route ``POST /v1/sessions`` with a DCEP channel labelled ``oai-events``.
 
 The caller's microphone is a WAV file played by aiortc's MediaPlayer at real time: 0.5 s
-of silence, a 1.2 s "utterance", 3 s of silence, a 2.5 s one, then silence. Over the
+of silence, a 1.2 s "utterance", 3 s of silence, a 2.5 s one, and two more. Over the
 channel: ``session.created`` on open, ``session.update`` acknowledged; each utterance is a
 server-VAD turn (speech_started/stopped, committed, the user item) answered by the echo
 realtime agent: its transcript "(echo, N s)" and the turn's audio coming back on the media
 track between ``output_audio_buffer.started`` and ``stopped``. The second answer is cut
 with ``output_audio_buffer.clear`` half a second in: ``cleared`` and the item truncated at
-what was played.
+what was played. The fourth utterance starts while the third is being answered: a
+barge-in, cut by the server VAD alone (``interrupt_response``).
 
 The pre-negotiated mode (OpenAI's ``?dcid=``) runs through real relay and transceiver
 processes with the per-call params set in-process (tests/e2e/rt_dcid_agent.py), as the
@@ -48,8 +49,12 @@ def write_wav(path: Path) -> None:
         env = np.minimum(1.0, np.minimum(np.arange(n), n - np.arange(n)) / 480)
         return 0.3 * 32767 * env * np.sin(2 * np.pi * 300 * np.resize(t, n))
 
-    pcm = np.concatenate([np.zeros(RATE // 2), utter(1.2), np.zeros(3 * RATE), utter(2.5),
-                          np.zeros(8 * RATE)]).astype("<i2")
+    def silence(seconds: float) -> np.ndarray:
+        return np.zeros(int(seconds * RATE))
+
+    # Turn 3's answer starts ~0.5 s after it ends (12.2 s); turn 4 (13.5 s) talks over it.
+    pcm = np.concatenate([silence(0.5), utter(1.2), silence(3.0), utter(2.5), silence(3.0),
+                          utter(2.0), silence(1.3), utter(1.0), silence(5.0)]).astype("<i2")
     with wave.open(str(path), "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
@@ -151,6 +156,11 @@ async def realtime_call(base: str, wav: Path) -> dict[str, Any]:
         await asyncio.sleep(1.0)  # listen on: nothing of the cut answer may follow
         out["loud_after_clear"] = loud(t_clear + 0.25, loop.time())
         out["started2"] = started
+        # Turn 4 barges in on turn 3's answer: no client event, the server VAD cuts it.
+        out["started3"] = await events.wait("output_audio_buffer.started", 3)
+        out["speech4"] = await events.wait("input_audio_buffer.speech_started", 4)
+        out["cleared3"] = await events.wait("output_audio_buffer.cleared", 2)
+        out["truncated3"] = await events.wait("conversation.item.truncated", 2)
         out["events"] = list(events.got)
     finally:
         await pc.close()
@@ -187,6 +197,11 @@ def test_realtime_events_turns_and_clear_through_up(up: str, tmp_path: Path) -> 
     assert out["cleared"]["response_id"] == out["started2"]["response_id"]
     assert 300 <= out["truncated"]["audio_end_ms"] <= 1500, out["truncated"]
     assert out["loud_after_clear"] <= 3, out["loud_after_clear"]
+    # Barge-in: cleared right after the caller's speech started, the item cut where heard.
+    assert out["cleared3"]["response_id"] == out["started3"]["response_id"]
+    got = out["events"]
+    assert got.index(out["speech4"]) < got.index(out["cleared3"])
+    assert 200 <= out["truncated3"]["audio_end_ms"] <= 2000, out["truncated3"]
 
 
 async def prenegotiated_call(cluster: dict[str, Any]) -> list[dict[str, Any]]:
