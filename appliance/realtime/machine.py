@@ -305,7 +305,7 @@ class RealtimeConnection:
                 return
             self._in_speech = True
             self._silence_ms = 0
-            self._buffer.clear()
+            # The buffer keeps what input_audio_buffer.append put there; the turn follows it.
             for p in self._prefix:
                 self._append(p)
             start_ms = self._audio_ms - FRAME_MS - FRAME_MS * len(self._prefix)
@@ -396,6 +396,14 @@ class RealtimeConnection:
         metadata = params.get("metadata")
         if metadata is not None:
             check(metadata, dict, param="response.metadata", event_id=eid)
+        max_tokens = (sessions._max_tokens(params["max_output_tokens"],
+                                           "response.max_output_tokens", eid)
+                      if params.get("max_output_tokens") is not None
+                      else s.get("max_output_tokens", "inf"))
+        if voice is not None and not isinstance(voice, str | dict):
+            raise EventError("Invalid type for 'response.audio.output.voice': expected a "
+                             "string.", code="invalid_type",
+                             param="response.audio.output.voice", event_id=eid)
         turn = self._turn(params, eid)
         rid = self._ids("resp")
         item = Item({"id": self._ids("item"), "object": "realtime.item", "type": "message",
@@ -405,10 +413,11 @@ class RealtimeConnection:
                "status_details": None, "output": [],
                "conversation_id": self.conversation_id if conv == "auto" else None,
                "output_modalities": modalities,
-               "max_output_tokens": params.get("max_output_tokens",
-                                               s.get("max_output_tokens", "inf")),
+               "max_output_tokens": max_tokens,
+               # agents-js parses response voices as strings: a custom voice shows its id.
                "audio": {"output": {"format": copy.deepcopy(out_cfg.get("format")),
-                                    "voice": copy.deepcopy(voice)}},
+                                    "voice": voice.get("id") if isinstance(voice, dict)
+                                    else voice}},
                "usage": None, "metadata": copy.deepcopy(metadata)}
         r = _Response(rid, obj, item, modality, conv == "auto", turn)
         self.response = r

@@ -228,3 +228,24 @@ def test_initial_session_from_params_and_bad_initial_session() -> None:
     h = Harness(session={"output_modalities": ["smell"]})
     h.m.handle_open()
     assert h.types(h.drain()) == ["session.created", "error"]
+
+
+def test_appended_audio_joins_the_next_vad_turn() -> None:
+    """Regression: speech starting cleared the buffer, so audio the client had appended
+    with input_audio_buffer.append in server-VAD mode was silently lost."""
+    h = opened()
+    h.send(type="input_audio_buffer.append", audio=base64.b64encode(bytes(4800)).decode())
+    spoken_turn(h, 400)
+    req = start(h).request
+    assert req.turn is not None  # 100 ms appended + 300 ms prefix + 400 speech + 300 silence
+    assert req.turn.seconds == pytest.approx(1.1, abs=0.03)
+
+
+def test_response_params_are_checked_and_a_custom_voice_shows_its_id() -> None:
+    h = opened()
+    [err] = h.send(type="response.create", event_id="r1", response={"max_output_tokens": "x"})
+    assert err["error"]["param"] == "response.max_output_tokens"
+    h.send(type="session.update", session={"audio": {"output": {"voice": {"id": "voice_1"}}}})
+    [created, *_] = h.send(type="response.create", response={"max_output_tokens": 50})
+    assert created["response"]["audio"]["output"]["voice"] == "voice_1"
+    assert created["response"]["max_output_tokens"] == 50
