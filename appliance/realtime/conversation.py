@@ -14,13 +14,12 @@ their JSON stays). Nothing here does I/O.
 
 from __future__ import annotations
 
-import copy
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 from .audio import RATE, to_48k
-from .protocol import EventError, b64decode_untrusted, check, optional, require
+from .protocol import EventError, b64decode_untrusted, check, json_copy, optional, require
 
 MAX_ITEMS = 256
 MAX_AUDIO_SECONDS = 60.0
@@ -128,7 +127,7 @@ class Conversation:
         return None
 
     def public(self) -> tuple[dict[str, Any], ...]:
-        return tuple(copy.deepcopy(i.data) for i in self.items.values())
+        return tuple(json_copy(i.data) for i in self.items.values())
 
 
 def truncate(item: Item, content_index: int, audio_end_ms: int,
@@ -154,7 +153,7 @@ def item_from_client_untrusted(obj: dict[str, Any], item_id: str, input_format: 
     eid = event_id
     kind = require(obj, "type", str, where="item.", event_id=eid)
     given_id = optional(obj, "id", str, where="item.", event_id=eid)
-    data: dict[str, Any] = {k: copy.deepcopy(v) for k, v in obj.items()}
+    data: dict[str, Any] = {k: json_copy(v) for k, v in obj.items()}
     data.update(id=given_id or item_id, object="realtime.item", status="completed")
     audio = b""
     part_index: int | None = None

@@ -35,7 +35,6 @@ cancels it (``response.done`` with ``status: cancelled``, reason ``turn_detected
 from __future__ import annotations
 
 import base64
-import copy
 import math
 from collections import deque
 from collections.abc import Callable
@@ -52,6 +51,7 @@ from .protocol import (
     EventError,
     b64decode_untrusted,
     check,
+    json_copy,
     parse_client_event_untrusted,
 )
 
@@ -214,7 +214,7 @@ class RealtimeConnection:
         if self.opened:
             return
         self.opened = True
-        self._emit("session.created", session=copy.deepcopy(self.session))
+        self._emit("session.created", session=json_copy(self.session))
         if self._initial_error is not None:
             self._error(self._initial_error)
 
@@ -230,7 +230,7 @@ class RealtimeConnection:
         d, eid = ev.data, ev.event_id
         if ev.type == "session.update":
             self.session = sessions.apply_update_untrusted(self.session, d["session"], eid)
-            self._emit("session.updated", session=copy.deepcopy(self.session))
+            self._emit("session.updated", session=json_copy(self.session))
             self._actions.append(_SESSION_UPDATED)
             if sessions.turn_detection(self.session) is None and self._in_speech:
                 self._in_speech = False  # VAD turned off mid-turn: the buffer stays
@@ -355,12 +355,12 @@ class RealtimeConnection:
 
     def _item_events(self, item: Item, prev: str | None) -> None:
         self._emit("conversation.item.added", previous_item_id=prev,
-                   item=copy.deepcopy(item.data))
+                   item=json_copy(item.data))
         self._emit("conversation.item.done", previous_item_id=prev,
-                   item=copy.deepcopy(item.data))
+                   item=json_copy(item.data))
 
     def _retrieve(self, item: Item, eid: str | None) -> None:
-        data = copy.deepcopy(item.data)
+        data = json_copy(item.data)
         if item.audio and item.audio_part is not None:
             b64 = base64.b64encode(pcm48k_to_24k(item.audio)).decode()
             if len(b64) > MAX_EVENT_BYTES - 4096:  # one channel message must hold it
@@ -415,23 +415,23 @@ class RealtimeConnection:
                "output_modalities": modalities,
                "max_output_tokens": max_tokens,
                # agents-js parses response voices as strings: a custom voice shows its id.
-               "audio": {"output": {"format": copy.deepcopy(out_cfg.get("format")),
+               "audio": {"output": {"format": json_copy(out_cfg.get("format")),
                                     "voice": voice.get("id") if isinstance(voice, dict)
                                     else voice}},
-               "usage": None, "metadata": copy.deepcopy(metadata)}
+               "usage": None, "metadata": json_copy(metadata)}
         r = _Response(rid, obj, item, modality, conv == "auto", turn)
         self.response = r
         self._last_response = rid
-        self._emit("response.created", response=copy.deepcopy(obj))
+        self._emit("response.created", response=json_copy(obj))
         self._emit("rate_limits.updated", rate_limits=[
             {"name": "requests", "limit": 10_000, "remaining": 9_999, "reset_seconds": 0.006},
             {"name": "tokens", "limit": 1_000_000, "remaining": 1_000_000, "reset_seconds": 0.0}])
         self._emit("response.output_item.added", response_id=rid, output_index=0,
-                   item=copy.deepcopy(item.data))
+                   item=json_copy(item.data))
         if r.in_conversation:
             prev = self.conversation.add(item)
             self._emit("conversation.item.added", previous_item_id=prev,
-                       item=copy.deepcopy(item.data))
+                       item=json_copy(item.data))
         part = {"type": "audio", "transcript": ""} if modality == "audio" else {
             "type": "text", "text": ""}
         item.data["content"].append(
@@ -443,10 +443,10 @@ class RealtimeConnection:
         known = {"instructions", "output_modalities", "conversation", "audio", "metadata",
                  "input", "max_output_tokens"}
         self._actions.append(StartResponse(ResponseRequest(
-            response_id=rid, session=copy.deepcopy(s), instructions=instructions,
-            output_modalities=tuple(modalities), voice=copy.deepcopy(voice), turn=turn,
-            conversation=self.conversation.public(), metadata=copy.deepcopy(metadata),
-            extra={k: copy.deepcopy(v) for k, v in params.items() if k not in known})))
+            response_id=rid, session=json_copy(s), instructions=instructions,
+            output_modalities=tuple(modalities), voice=json_copy(voice), turn=turn,
+            conversation=self.conversation.public(), metadata=json_copy(metadata),
+            extra={k: json_copy(v) for k, v in params.items() if k not in known})))
 
     def _turn(self, params: dict[str, Any], eid: str | None) -> UserTurn | None:
         """The user item the response answers: the last in ``input`` or the conversation."""
@@ -533,11 +533,11 @@ class RealtimeConnection:
             part = {"type": "text", "text": text}
         self._emit("response.content_part.done", **base, part=part)
         r.item.data["status"] = "completed" if status == "completed" else "incomplete"
-        item = copy.deepcopy(r.item.data)
+        item = json_copy(r.item.data)
         self._emit("response.output_item.done", response_id=r.id, output_index=0, item=item)
         if r.in_conversation and r.item.id in self.conversation.items:
             self._emit("conversation.item.done", previous_item_id=self._prev_of(r.item.id),
-                       item=copy.deepcopy(item))
+                       item=json_copy(item))
         turn = r.turn
         instr = _tokens_text(self.session.get("instructions") or "")
         in_text = instr + (_tokens_text(turn.text) if turn and turn.text else 0)
@@ -552,7 +552,7 @@ class RealtimeConnection:
                                                               "audio_tokens": 0,
                                                               "image_tokens": 0}},
             "output_token_details": {"text_tokens": out_text, "audio_tokens": out_audio}})
-        self._emit("response.done", response=copy.deepcopy(r.obj))
+        self._emit("response.done", response=json_copy(r.obj))
 
     def _prev_of(self, item_id: str) -> str | None:
         prev = None

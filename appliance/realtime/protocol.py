@@ -198,6 +198,16 @@ def loads_untrusted(data: str | bytes) -> Any:
     return obj
 
 
+def json_copy(value: Any) -> Any:
+    """A deep copy of a JSON value (dicts, lists, scalars): ~10x ``copy.deepcopy``, which
+    the machine would otherwise spend most of a turn in (a memo per node)."""
+    if type(value) is dict:
+        return {k: json_copy(v) for k, v in value.items()}
+    if type(value) is list:
+        return [json_copy(v) for v in value]
+    return value
+
+
 # -- field checks ------------------------------------------------------------------------
 
 def require(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], *,

@@ -18,10 +18,9 @@ kept before speech, ``create_response`` / ``interrupt_response`` are honoured;
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
-from .protocol import EventError, check, optional
+from .protocol import EventError, check, json_copy, optional
 
 VOICES = ("alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin",
           "cedar")
@@ -141,7 +140,7 @@ def _audio_input(patch: dict[str, Any], current: dict[str, Any], eid: str | None
         current["noise_reduction"] = nr
     for key, value in patch.items():  # unknown input fields: kept and echoed
         if key not in ("format", "turn_detection", "transcription", "noise_reduction"):
-            current[key] = copy.deepcopy(value)
+            current[key] = json_copy(value)
 
 
 def _audio_output(patch: dict[str, Any], current: dict[str, Any], eid: str | None) -> None:
@@ -152,7 +151,7 @@ def _audio_output(patch: dict[str, Any], current: dict[str, Any], eid: str | Non
         voice = check(patch["voice"], (str, dict), param=f"{where}.voice", event_id=eid)
         if isinstance(voice, dict):  # a custom voice: {"id": "voice_…"}
             check(voice.get("id"), str, param=f"{where}.voice.id", event_id=eid)
-        current["voice"] = copy.deepcopy(voice)
+        current["voice"] = json_copy(voice)
     if "speed" in patch and patch["speed"] is not None:
         speed = check(patch["speed"], float, param=f"{where}.speed", event_id=eid)
         if not 0.25 <= speed <= 1.5:
@@ -160,7 +159,7 @@ def _audio_output(patch: dict[str, Any], current: dict[str, Any], eid: str | Non
         current["speed"] = speed
     for key, value in patch.items():
         if key not in ("format", "voice", "speed"):
-            current[key] = copy.deepcopy(value)
+            current[key] = json_copy(value)
 
 
 def _modalities(value: Any, param: str, eid: str | None) -> list[str]:
@@ -191,7 +190,7 @@ def apply_update_untrusted(current: dict[str, Any], patch: dict[str, Any],
     Raises :class:`EventError` (param: the field's path) on the first invalid field.
     """
     eid = event_id
-    out = copy.deepcopy(current)
+    out: dict[str, Any] = json_copy(current)
     kind = patch.get("type", "realtime")
     if kind != "realtime":
         raise _bad("session.type", "only 'realtime' sessions are supported (no "
@@ -212,7 +211,7 @@ def apply_update_untrusted(current: dict[str, Any], patch: dict[str, Any],
             tools = check(value, list, param=param, event_id=eid)
             for i, tool in enumerate(tools):
                 check(tool, dict, param=f"{param}[{i}]", event_id=eid)
-            out[key] = copy.deepcopy(tools)
+            out[key] = json_copy(tools)
         elif key == "audio":
             audio = check(value, dict, param=param, event_id=eid)
             target = out.setdefault("audio", {})
@@ -224,9 +223,9 @@ def apply_update_untrusted(current: dict[str, Any], patch: dict[str, Any],
                                     event_id=eid), target.setdefault("output", {}), eid)
             for sub, v in audio.items():
                 if sub not in ("input", "output"):
-                    target[sub] = copy.deepcopy(v)
+                    target[sub] = json_copy(v)
         else:  # tool_choice, tracing, truncation, prompt, include, unknown: kept and echoed
-            out[key] = copy.deepcopy(value)
+            out[key] = json_copy(value)
     return out
 
 
