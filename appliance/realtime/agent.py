@@ -164,7 +164,7 @@ class RealtimeShell:
             try:
                 await self.ctx.send_message(self.channel, text)
             except ChannelError:
-                return  # the channel closed: nobody to tell
+                continue  # closed meanwhile: this one is lost, a reopened channel gets the rest
 
     def _drain(self) -> None:
         m = self.machine
