@@ -353,6 +353,41 @@ def sctp_seeds() -> dict[str, bytes]:
     }
 
 
+def realtime_seeds() -> dict[str, bytes]:
+    """Client events as @openai/agents-realtime and the OpenAI guide send them."""
+    import base64
+    import json
+
+    def ev(**e: object) -> bytes:
+        return json.dumps(e).encode()
+
+    audio = base64.b64encode(bytes(4800)).decode()
+    return {
+        "session-update": join_datagrams([ev(type="session.update", event_id="e1", session={
+            "type": "realtime", "instructions": "hi", "output_modalities": ["audio"],
+            "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000},
+                                "turn_detection": {"type": "semantic_vad"},
+                                "transcription": {"model": "gpt-4o-mini-transcribe"},
+                                "noise_reduction": None},
+                      "output": {"voice": "alloy", "speed": 1}}})]),
+        "text-turn": join_datagrams([
+            ev(type="conversation.item.create", item={"type": "message", "role": "user",
+                                                      "content": [{"type": "input_text",
+                                                                   "text": "hello"}]}),
+            ev(type="response.create", response={"output_modalities": ["text"]}),
+            ev(type="response.cancel"), ev(type="output_audio_buffer.clear")]),
+        "push-to-talk": join_datagrams([
+            ev(type="session.update", session={"audio": {"input": {"turn_detection": None}}}),
+            ev(type="input_audio_buffer.append", audio=audio),
+            ev(type="input_audio_buffer.commit"), ev(type="response.create"),
+            ev(type="conversation.item.truncate", item_id="item_f00001", content_index=0,
+               audio_end_ms=10),
+            ev(type="conversation.item.retrieve", item_id="item_f00002"),
+            ev(type="conversation.item.delete", item_id="item_f00002"),
+            ev(type="input_audio_buffer.clear")]),
+    }
+
+
 SEEDS = {
     "stun": stun_seeds,
     "ufrag": ufrag_seeds,
@@ -370,6 +405,7 @@ SEEDS = {
     "ice": ice_seeds,
     "relay": relay_seeds,
     "sctp": sctp_seeds,
+    "realtime": realtime_seeds,
 }
 
 

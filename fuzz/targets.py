@@ -587,6 +587,32 @@ def sctp(data: bytes) -> None:
     assert assoc.sender.total_queued <= assoc.max_send_buffer
 
 
+def realtime(data: bytes) -> None:
+    """OpenAI Realtime client events (the ``oai-events`` channel, issue 17): each datagram is
+    one channel message. The parser raises only ``EventError``; the state machine, fed the
+    same messages between audio frames, never raises and answers every message."""
+    from appliance.realtime.agent import id_source
+    from appliance.realtime.interface import AudioDelta
+    from appliance.realtime.machine import RealtimeConnection, StartResponse
+    from appliance.realtime.protocol import EventError, parse_client_event_untrusted
+
+    conn = RealtimeConnection(session_id="sess_fuzz", ids=id_source("f"),
+                              queued_seconds=lambda: 0.05)
+    conn.handle_open()
+    for i, message in enumerate(split_datagrams(data)):
+        try:
+            parse_client_event_untrusted(message)
+        except EventError:
+            pass
+        conn.handle_message(message)
+        conn.handle_frame(bytes(1920), speech=bool(i % 3))
+        while (action := conn.poll_action()) is not None:
+            if isinstance(action, StartResponse):
+                conn.handle_delta(action.request.response_id, AudioDelta(bytes(960)))
+        while conn.poll_event() is not None:
+            pass
+
+
 TARGETS: dict[str, Target] = {
     "stun": stun,
     "ufrag": ufrag,
@@ -604,4 +630,5 @@ TARGETS: dict[str, Target] = {
     "ice": ice,
     "relay": relay,
     "sctp": sctp,
+    "realtime": realtime,
 }

@@ -7,6 +7,9 @@
 * ``package.module:attr`` or ``path/to/file.py:attr`` — imported on first use; ``attr`` is an async function
   ``async def agent(ctx)`` or a class whose instances have ``async def run(self, ctx)``
   (a fresh instance per session);
+* ``realtime`` / ``realtime:<module:attr|file.py:attr>`` — the OpenAI Realtime event
+  protocol on the ``oai-events`` channel, answered by the built-in echo realtime agent or a
+  user ``RealtimeAgent`` (:mod:`appliance.realtime.agent`, docs/realtime.md);
 * ``scheme://…`` — an external agent, handled by the factory registered for that scheme
   with :func:`register_scheme` (the WebSocket bridge registers ``ws`` and ``wss``). Until a
   bridge is registered such specs are rejected with a clear error.
@@ -162,6 +165,9 @@ def resolve(spec: str | None) -> ResolvedAgent:
         return ResolvedAgent(spec, factory(spec))
     if spec == PASSTHROUGH:
         return ResolvedAgent(spec, _no_agent, passthrough=True)
+    if spec == "realtime" or spec.startswith("realtime:"):  # the OpenAI Realtime protocol
+        realtime = importlib.import_module("appliance.realtime.agent")  # (issue 17)
+        return ResolvedAgent(spec, realtime.resolve_spec(spec))
     if spec in _registered:
         return ResolvedAgent(spec, _as_fn(_registered[spec], spec))
     if spec in _BUILTINS:

@@ -122,3 +122,21 @@ def test_loadgen_cli_drives_the_parrot(up: str) -> None:
         TURNS, TURNS, 0), summary
     assert 700 <= summary["reply_after_p50_ms"] <= 1400, summary
     assert "turns (answered / heard while talking)" in r.stderr  # the human table
+
+
+def test_realtime_example_is_at_most_30_lines() -> None:
+    assert len((EXAMPLES / "realtime_backwards.py").read_text().splitlines()) <= 30
+
+
+async def test_realtime_backwards_answers_after_each_turn(up: str) -> None:
+    """examples/realtime_backwards.py behind the Realtime event machine (issue 17): with no
+    oai-events channel at all the server-VAD turns still run, and each is answered after
+    it ends, never while the caller talks."""
+    spec = "realtime:" + agent("realtime_backwards.py:Backwards")
+    result, _ = await turns(up, spec)
+    for t in result:
+        assert t.loud_while_talking == 0, t
+        # 500 ms of end-of-turn silence, then the turn reversed: its trailing silence first.
+        assert t.reply_after is not None and 0.6 <= t.reply_after <= 1.7, t
+        assert t.loud_while_listening >= 0.5 * TALK_FRAMES, t
+    assert spec in session_agents(up)

@@ -1,0 +1,1 @@
+"""OpenAI Realtime API compatibility (issue 17): see docs/realtime.md."""

@@ -1,0 +1,233 @@
+"""The trio shell that runs a :class:`~appliance.realtime.machine.RealtimeConnection` over an
+:class:`~appliance.agents.context.AgentContext`: ``--agent realtime`` (the built-in echo
+realtime agent) and ``--agent realtime:<spec>`` (a user :class:`RealtimeAgent`).
+
+The ``oai-events`` channel is the browser's (DCEP, RFC 8832) unless signaling gave a
+pre-negotiated id (``ctx.params["realtime"]["dcid"]``, OpenAI's ``?dcid=``): then the agent
+opens that id itself at start, with no round trip. Tasks, all in one nursery:
+
+* frames: every 20 ms frame -> ``handle_frame`` (server VAD turns);
+* channel: ``ChannelOpened("oai-events")`` -> ``handle_open``, messages -> ``handle_message``;
+* one task per response: the agent's deltas -> ``handle_delta``; audio is queued with
+  ``ctx.send`` in 100 ms pieces (so a cancel or clear cuts within one piece), and once the
+  generator is done the task waits for the queue to drain to report
+  ``output_audio_buffer.stopped``. ``CancelResponse`` cancels only the generating part.
+
+After each ``handle_*`` the shell drains events (sent in order on the channel) and actions
+(``ClearAudio`` -> ``ctx.interrupt()`` at once, before anything else runs).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import secrets
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import trio
+
+from ..agents.channels import ChannelClosed, ChannelError, ChannelMessage, ChannelOpened
+from ..agents.context import AgentContext
+from .interface import AudioDelta, Delta, RealtimeAgent, ResponseRequest
+from .machine import (
+    CancelResponse,
+    ClearAudio,
+    RealtimeConnection,
+    SessionUpdated,
+    StartResponse,
+    Transcribe,
+)
+
+log = logging.getLogger("appliance.realtime")
+LABEL = "oai-events"
+AUDIO_PIECE = 9_600  # 100 ms of 48 kHz PCM16
+SPEC_PREFIX = "realtime"
+
+
+def id_source(token: str | None = None) -> Callable[[str], str]:
+    """``ids("event")`` -> ``"event_<token><n>"``: unique in the call, unguessable across."""
+    base = token or secrets.token_hex(6)
+    counter = 0
+
+    def ids(prefix: str) -> str:
+        nonlocal counter
+        counter += 1
+        return f"{prefix}_{base}{counter:05d}"
+
+    return ids
+
+
+class _Generator:
+    """A plain ``async def respond(request)`` generator function as a RealtimeAgent."""
+
+    def __init__(self, fn: Callable[[ResponseRequest], AsyncIterator[Delta]]) -> None:
+        self._fn = fn
+
+    def respond(self, request: ResponseRequest) -> AsyncIterator[Delta]:
+        return self._fn(request)
+
+
+def agent_factory(obj: Any, spec: str) -> Callable[[], RealtimeAgent]:
+    """A class (one instance per call), an instance, or an async generator function."""
+    from ..agents.registry import AgentError
+
+    if inspect.isclass(obj):
+        if not callable(getattr(obj, "respond", None)):
+            raise AgentError(f"realtime agent {spec!r} needs a 'respond(self, request)' method")
+        cls: Any = obj
+        return lambda: cls()  # noqa: PLW0108 (a fresh instance per call)
+    if inspect.isasyncgenfunction(obj):
+        return lambda: _Generator(obj)
+    if callable(getattr(obj, "respond", None)):
+        return lambda: obj
+    raise AgentError(f"realtime agent {spec!r} is not a RealtimeAgent class, instance or "
+                     "async generator function")
+
+
+def realtime_agent(factory: Callable[[], RealtimeAgent]) -> Callable[[AgentContext], Any]:
+    async def run(ctx: AgentContext) -> None:
+        await RealtimeShell(ctx, factory()).run()
+
+    return run
+
+
+def resolve_spec(spec: str) -> Callable[[AgentContext], Any]:
+    """``realtime`` or ``realtime:<module:attr | file.py:attr>`` -> an agent function."""
+    from ..agents.registry import AgentError, _import
+
+    if spec == SPEC_PREFIX:
+        from .echo import EchoRealtime
+
+        return realtime_agent(EchoRealtime)
+    target = spec[len(SPEC_PREFIX) + 1 :]
+    if not target:
+        raise AgentError(f"agent {spec!r}: expected realtime:<module:attr|file.py:attr>")
+    return realtime_agent(agent_factory(_import(target, spec), spec))
+
+
+class RealtimeShell:
+    def __init__(self, ctx: AgentContext, agent: RealtimeAgent) -> None:
+        self.ctx = ctx
+        self.agent = agent
+        params = ctx.params.get("realtime") if isinstance(ctx.params, dict) else None
+        params = params if isinstance(params, dict) else {}
+        session = params.get("session")
+        dcid = params.get("dcid")
+        self.dcid = dcid if isinstance(dcid, int) and not isinstance(dcid, bool) else None
+        self.machine = RealtimeConnection(
+            session_id=f"sess_{secrets.token_hex(8)}", ids=id_source(),
+            queued_seconds=lambda: ctx.queued_seconds,
+            session=session if isinstance(session, dict) else None,
+            can_transcribe=callable(getattr(agent, "transcribe", None)))
+        self.channel: int | None = None
+        self._runs: dict[str, trio.CancelScope] = {}
+        self._nursery: trio.Nursery | None = None
+        # Events go out in order through one sender task (send_message waits for room).
+        self._out_send, self._out_recv = trio.open_memory_channel[str](1024)
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            if self.dcid is not None:
+                try:
+                    self.ctx.open_channel(LABEL, negotiated_id=self.dcid)
+                except ChannelError:
+                    pass  # no data channels in the offer: audio only, nothing to speak to
+            nursery.start_soon(self._sender)
+            nursery.start_soon(self._channel_loop)
+            async for frame in self.ctx.frames():
+                self.machine.handle_frame(frame.pcm, frame.speech)
+                self._drain()
+            nursery.cancel_scope.cancel()
+
+    async def _channel_loop(self) -> None:
+        async for event in self.ctx.channel_events():
+            if isinstance(event, ChannelOpened) and event.channel.label == LABEL:
+                self.channel = event.channel.id
+                self.machine.handle_open()
+            elif isinstance(event, ChannelMessage) and event.channel_id == self.channel:
+                data = event.data
+                self.machine.handle_message(data if isinstance(data, str) else bytes(data))
+            elif isinstance(event, ChannelClosed) and event.channel_id == self.channel:
+                self.channel = None  # events from now on have nowhere to go
+                continue
+            else:
+                continue
+            self._drain()
+
+    async def _sender(self) -> None:
+        async for text in self._out_recv:
+            if self.channel is None:
+                continue
+            try:
+                await self.ctx.send_message(self.channel, text)
+            except ChannelError:
+                continue  # closed meanwhile: this one is lost, a reopened channel gets the rest
+
+    def _drain(self) -> None:
+        m = self.machine
+        while (action := m.poll_action()) is not None:
+            if isinstance(action, ClearAudio):
+                self.ctx.interrupt()
+            elif isinstance(action, CancelResponse):
+                scope = self._runs.pop(action.response_id, None)
+                if scope is not None:
+                    scope.cancel()
+            elif isinstance(action, StartResponse) and self._nursery is not None:
+                scope = trio.CancelScope()
+                self._runs[action.request.response_id] = scope
+                self._nursery.start_soon(self._respond, action.request, scope)
+            elif isinstance(action, Transcribe) and self._nursery is not None:
+                self._nursery.start_soon(self._transcribe, action)
+            elif isinstance(action, SessionUpdated):
+                hook = getattr(self.agent, "session_updated", None)
+                if callable(hook):
+                    hook(dict(m.session))
+        while (event := m.poll_event()) is not None:
+            if self.channel is None:
+                continue  # nothing is sent before session.created; the machine queues none
+            try:
+                self._out_send.send_nowait(json.dumps(event, separators=(",", ":")))
+            except trio.WouldBlock:
+                pass  # 1024 unsent events: the peer stopped reading; drop, never block
+
+    async def _respond(self, request: ResponseRequest, scope: trio.CancelScope) -> None:
+        rid = request.response_id
+        error: str | None = None
+        with scope:
+            try:
+                async for delta in self.agent.respond(request):
+                    if isinstance(delta, AudioDelta):
+                        pcm = delta.pcm[: len(delta.pcm) & ~1]
+                        for i in range(0, len(pcm), AUDIO_PIECE):
+                            piece = AudioDelta(pcm[i : i + AUDIO_PIECE])
+                            ok = self.machine.handle_delta(rid, piece)
+                            self._drain()
+                            if not ok:
+                                break
+                            await self.ctx.send(piece.pcm)
+                    else:
+                        self.machine.handle_delta(rid, delta)
+                        self._drain()
+            except Exception as exc:  # the agent's bug fails the response, not the call
+                error = type(exc).__name__
+                log.warning("realtime agent failed on %s: %r", rid, exc)
+        self._runs.pop(rid, None)
+        if not scope.cancelled_caught:
+            self.machine.handle_response_end(rid, error)
+            self._drain()
+        await self.ctx.drained()
+        self.machine.handle_output_drained(rid)
+        self._drain()
+
+    async def _transcribe(self, action: Transcribe) -> None:
+        fn = getattr(self.agent, "transcribe", None)
+        try:
+            text = await fn(action.turn) if fn is not None else None
+        except Exception:
+            text = None
+        if isinstance(text, str):
+            self.machine.handle_transcript(action.item_id, text)
+            self._drain()

@@ -1,0 +1,72 @@
+"""Audio conversions between the appliance (48 kHz mono PCM16) and the Realtime API's
+formats (``audio/pcm`` at 24 kHz, ``audio/pcmu``, ``audio/pcma`` at 8 kHz, ITU-T G.711).
+
+Only the paths the event protocol needs: ``input_audio_buffer.append`` decodes into the
+appliance's rate; ``conversation.item.retrieve`` encodes stored audio as 24 kHz PCM.
+Rates change by integer factors (2 and 6), so a linear interpolation up and a pair/group
+mean down are enough for speech (the band of interest is far below either Nyquist).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+RATE = 48_000
+
+
+def _up(samples: np.ndarray, factor: int) -> bytes:
+    """Linear interpolation by an integer factor (the last sample is held)."""
+    n = len(samples)
+    if not n:
+        return b""
+    x = np.arange(n * factor, dtype=np.float64) / factor
+    out = np.interp(x, np.arange(n, dtype=np.float64), samples.astype(np.float64))
+    return bytes(np.clip(np.round(out), -32768, 32767).astype("<i2").tobytes())
+
+
+def pcm24k_to_48k(pcm: bytes) -> bytes:
+    return _up(np.frombuffer(pcm[: len(pcm) & ~1], "<i2"), 2)
+
+
+def pcm48k_to_24k(pcm: bytes) -> bytes:
+    s = np.frombuffer(pcm[: len(pcm) & ~3], "<i2").astype(np.int32)
+    return bytes(((s[0::2] + s[1::2]) // 2).astype("<i2").tobytes())
+
+
+def _ulaw_table() -> np.ndarray:
+    # ITU-T G.711 µ-law expansion: invert, sign bit 7, exponent bits 4-6, mantissa 0-3.
+    u = ~np.arange(256, dtype=np.int32) & 0xFF
+    mag = (((u & 0x0F) << 3) + 0x84) << ((u >> 4) & 0x07)
+    return np.where(u & 0x80, 0x84 - mag, mag - 0x84).astype(np.int16)
+
+
+def _alaw_table() -> np.ndarray:
+    # G.711 A-law expansion: even bits inverted (XOR 0x55), then sign/exponent/mantissa.
+    a = np.arange(256, dtype=np.int32) ^ 0x55
+    exp = (a >> 4) & 0x07
+    mant = a & 0x0F
+    mag = np.where(exp == 0, (mant << 4) + 8, ((mant << 4) + 0x108) << np.maximum(exp - 1, 0))
+    return np.where(a & 0x80, mag, -mag).astype(np.int16)
+
+
+_ULAW = _ulaw_table()
+_ALAW = _alaw_table()
+
+
+def g711_to_48k(data: bytes, *, alaw: bool) -> bytes:
+    table = _ALAW if alaw else _ULAW
+    return _up(table[np.frombuffer(data, np.uint8)], 6)
+
+
+def to_48k(data: bytes, fmt: str) -> bytes:
+    """Decode appended audio in the session's input format to the appliance's PCM."""
+    if fmt == "audio/pcmu":
+        return g711_to_48k(data, alaw=False)
+    if fmt == "audio/pcma":
+        return g711_to_48k(data, alaw=True)
+    return pcm24k_to_48k(data)
+
+
+def seconds(pcm48k: bytes | int) -> float:
+    n = pcm48k if isinstance(pcm48k, int) else len(pcm48k)
+    return n / 2 / RATE

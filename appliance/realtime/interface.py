@@ -1,0 +1,96 @@
+"""The in-process realtime agent interface: what answers behind the Realtime event protocol.
+
+The appliance owns the protocol — items, responses, turn detection, truncation, barge-in —
+and asks a :class:`RealtimeAgent` only for *content*::
+
+    from appliance.realtime.interface import AudioDelta, ResponseRequest, TranscriptDelta
+
+    class Shout:
+        async def respond(self, request: ResponseRequest):
+            turn = request.turn
+            if turn is not None and turn.text is not None:
+                yield TranscriptDelta(turn.text.upper())   # a text turn: text back
+            elif turn is not None:
+                yield TranscriptDelta(f"({turn.seconds:.1f} s)")
+                yield AudioDelta(turn.audio)               # an audio turn: audio back
+
+Run it with ``appliance up --agent realtime:path/to/file.py:Shout`` (a class: one instance
+per call; a plain ``async def respond(request)`` generator function works too).
+
+* **In**: one :class:`ResponseRequest` per response: the session config as the client set
+  it (``session``: the GA ``realtime.session`` object, unknown fields included), the
+  response's ``instructions`` / ``output_modalities`` / ``voice`` / ``metadata``, the user
+  ``turn`` it answers (the latest user item: its audio as 48 kHz mono PCM16, or its text),
+  and the conversation so far (GA item objects, without audio).
+* **Out**: an async iterator of deltas. :class:`AudioDelta` is 48 kHz mono PCM16 (any even
+  length; played at real time, the iterator is paced by the output queue's back-pressure);
+  :class:`TranscriptDelta` is the spoken text; :class:`TextDelta` text for a text-only
+  response. The machine maps them onto the session's modality: with ``["audio"]`` audio and
+  transcript go out (text deltas count as transcript), with ``["text"]`` text and
+  transcript deltas become ``response.output_text.delta`` and audio is dropped.
+* **Cancellation**: ``response.cancel``, ``output_audio_buffer.clear`` after the response
+  and a barge-in (speech while the answer plays, ``interrupt_response``) cancel the task
+  iterating — trio cancellation at the generator's next ``await``; ``finally`` blocks run.
+* Optional: ``session_updated(session)`` (sync) is called after each ``session.update``;
+  ``transcribe(turn) -> str | None`` (async) gives the user turn's transcript for
+  ``conversation.item.input_audio_transcription.completed`` when transcription is on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from .audio import seconds as _seconds
+
+
+@dataclass(frozen=True, slots=True)
+class UserTurn:
+    """The user item a response answers: audio (48 kHz mono PCM16) or text."""
+
+    item_id: str
+    audio: bytes = b""
+    text: str | None = None
+
+    @property
+    def seconds(self) -> float:
+        return _seconds(self.audio)
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseRequest:
+    response_id: str
+    session: dict[str, Any]  # the whole session config (GA shape, unknown fields kept)
+    instructions: str
+    output_modalities: tuple[str, ...]  # ("audio",) or ("text",)
+    voice: Any
+    turn: UserTurn | None  # None: no user item yet (a greeting, say)
+    conversation: tuple[dict[str, Any], ...] = ()  # GA items so far, audio left out
+    metadata: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # response.create's unknown fields
+
+
+@dataclass(frozen=True, slots=True)
+class AudioDelta:
+    pcm: bytes  # 48 kHz mono PCM16
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+Delta = AudioDelta | TranscriptDelta | TextDelta
+
+
+@runtime_checkable
+class RealtimeAgent(Protocol):
+    def respond(self, request: ResponseRequest) -> AsyncIterator[Delta]:
+        """The response's content, streamed; cancelled on response.cancel / barge-in."""
+        ...

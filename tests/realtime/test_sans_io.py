@@ -1,0 +1,28 @@
+"""The Realtime protocol core is sans-IO like appliance/proto (STYLE.md rule 1): only the
+shell, appliance/realtime/agent.py, may import trio; the machine takes no clock at all
+(what was heard comes from the injected queue measure)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from proto.test_sans_io import FORBIDDEN, _imports
+
+REALTIME = Path(__file__).resolve().parents[2] / "appliance" / "realtime"
+SHELLS = {"agent.py"}  # the trio shell over AgentContext
+# rthttp's routes (http.py) and rtbridge's upstream bridge (bridge.py) are shells too.
+CORE = [p for p in sorted(REALTIME.glob("*.py"))
+        if p.name not in SHELLS | {"http.py", "bridge.py"}]
+
+
+def test_core_modules_exist() -> None:
+    assert {"protocol.py", "session.py", "conversation.py", "machine.py"} <= {
+        p.name for p in CORE}
+
+
+@pytest.mark.parametrize("path", CORE, ids=lambda p: p.name)
+def test_no_io_imports(path: Path) -> None:
+    bad = {n for n in _imports(path) for f in FORBIDDEN if n == f or n.startswith(f + ".")}
+    assert not bad, f"{path} imports {sorted(bad)}; the realtime core must stay sans-IO"
+    assert "..agents" not in path.read_text(), f"{path}: the core does not know AgentContext"
