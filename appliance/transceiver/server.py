@@ -440,7 +440,7 @@ class Transceiver:
         # (RFC 9147 §5.3, RFC 8446 §4.2.1) negotiates within --dtls-versions: 1.3 when both
         # list it, else 1.2 with the RFC 8446 §4.1.3 downgrade sentinel (proto/dtls/versioned.py).
         dtls = DtlsConnection(
-            Role.SERVER, cert, remote_fingerprints=[str(fp) for fp in answer.plan.fingerprints],
+            Role.SERVER, cert, remote_fingerprints=[str(fp) for fp in answer.transport.fingerprints],
             versions=self.config.dtls_versions,
         )
         session = Session(

@@ -81,7 +81,7 @@ class CallPair:
         self.server = ServerCall(
             answer=self.answer, local_ufrag=self.server_ufrag, local_pwd=self.server_pwd,
             dtls=DtlsConnection(Role.SERVER, cert("server"),
-                                remote_fingerprints=[str(f) for f in self.answer.plan.fingerprints]),
+                                remote_fingerprints=[str(f) for f in self.answer.transport.fingerprints]),
             ssrc=SERVER_SSRC, cname="pair", now=self.now, wall_offset=WALL,
             counters=self.counters, rng=random.Random(self.seed + 2))
         if self.passthrough:
