@@ -32,6 +32,7 @@ The box is shared: the load average is printed with the figures.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -169,12 +170,30 @@ async def audio_during_transfer(server: Server, mb: float, size: int, window: in
             await trio.sleep(1.0)  # the echo's jitter buffer fills, its pacer settles
             phase["name"] = "idle"
             await trio.sleep(3.0)
+            counts0 = await _rtp_counts(server, call)
             phase["name"] = "bulk"
+            t0 = trio.current_time()
             mbps, _ = await bulk(call, cid, int(mb * MB), size, window)
+            seconds = trio.current_time() - t0
             phase["name"] = "after"
+            counts1 = await _rtp_counts(server, call)
             nursery.cancel_scope.cancel()
     idle, during = _jitter(by_phase["idle"]), _jitter(by_phase["bulk"])
-    return {"idle": idle, "bulk": during, "mbps": mbps}
+    # Where audio went during the transfer: sent by us, taken in and sent by the server
+    # (appliance only: its session counters), echoed back to us; 50 a second is all of it.
+    flow = {k: (counts1[k] - counts0[k]) / seconds for k in counts0 if k in counts1}
+    return {"idle": idle, "bulk": during, "mbps": mbps, "flow": flow}
+
+
+async def _rtp_counts(server: Server, call: Call) -> dict[str, int]:
+    out = {"client_sent": call.peer.rtp_sent, "client_received": call.peer.rtp_received}
+    if server.name.startswith("appliance"):
+        def get() -> dict[str, Any]:
+            with urllib.request.urlopen(call.session_url, timeout=5) as r:
+                return json.loads(r.read())  # type: ignore[no-any-return]
+        s = await trio.to_thread.run_sync(get)
+        out.update(server_in=s["packets_in"], server_out=s["packets_out"])
+    return out
 
 
 async def ours(server: Server, args: argparse.Namespace) -> dict[str, Any]:
@@ -332,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
             (ji, wi, ni), (jb, wb, nb) = a["idle"], a["bulk"]
             print(f"  {server:14} idle {ji:5.2f} / {wi:6.1f} / {ni:4d}   during transfer "
                   f"{jb:5.2f} / {wb:6.1f} / {nb:4d}   ({a['mbps']:.2f} MB/s)")
+            print("  " + " " * 14 + " packets/s during the transfer: "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in a["flow"].items()))
     return 0
 
 
