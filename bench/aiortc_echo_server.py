@@ -1,4 +1,5 @@
-"""An aiortc voice echo server behind ``POST /v1/sessions``: the baseline for bench/capacity.py.
+"""An aiortc voice echo server behind ``POST /v1/sessions``: the baseline for bench/capacity.py
+(audio) and bench/datachannel.py (it echoes data channel messages too).
 
 Written the way an aiortc user writes it (the shape of aiortc's ``examples/server``): one
 ``RTCPeerConnection`` per offer, the received audio track added straight back as the
@@ -40,6 +41,14 @@ async def create_session(offer_sdp: str) -> tuple[str, str]:
     def on_track(track):  # type: ignore[no-untyped-def]
         if track.kind == "audio":
             pc.addTrack(relay.subscribe(track))  # echo
+
+    @pc.on("datachannel")
+    def on_datachannel(channel):  # type: ignore[no-untyped-def]
+        # Echo every message on the channel it came from (aiortc's examples/server "chat"
+        # shape without the ping prefix): the baseline for bench/datachannel.py.
+        @channel.on("message")
+        def on_message(message):  # type: ignore[no-untyped-def]
+            channel.send(message)
 
     @pc.on("connectionstatechange")
     async def on_state() -> None:

@@ -131,7 +131,7 @@ def _measure(packets: int, stub: bool, complexity: int | None) -> float:
                 session_id="bench", transceiver=0, agent=resolve("echo"), answer=answer,
                 candidates=[PUBLIC], local_ufrag=ufrag, local_pwd=pwd,
                 dtls=DtlsConnection(Role.SERVER, server_cert,
-                                    remote_fingerprints=[str(f) for f in answer.plan.fingerprints]),
+                                    remote_fingerprints=[str(f) for f in answer.transport.fingerprints]),
                 ssrc=0xABCDEF, cname="bench", send=send, now=trio.current_time(),
                 on_end=lambda s: None, counters=Counters(), **kwargs)
             if stub:

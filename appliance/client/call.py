@@ -9,6 +9,14 @@
 ``open_call`` POSTs the offer to ``{base}/v1/sessions``, runs the peer on its own UDP socket
 inside a nursery, waits until ICE + DTLS are up (raising :class:`CallFailed` with the reason
 otherwise), and on exit sends DTLS close_notify and DELETEs the session.
+
+Data channels (``open_call(..., datachannel=True)``, or ``audio=False`` for a data-only
+call): the peer's ``sctp`` slot (the transceiver's own SCTP core, in the DTLS client role)
+is driven by the same loop; the call object has a small channel API::
+
+    cid = call.open_channel("chat")          # DCEP; await call.channel_open(cid)
+    await call.send_message(cid, "hi")       # waits while bufferedAmount > high_water
+    msg = await call.receive_message()       # dc.ChannelMessage (channel_id, data)
 """
 
 from __future__ import annotations
@@ -27,10 +35,14 @@ import trio
 from appliance.proto.dtls import Certificate
 from appliance.proto.errors import ProtocolError
 from appliance.proto.rtp import RtpPacket
+from appliance.proto.sctp import datachannel as dc
 from appliance.proto.srtp import SrtpProfile
 
 from .http import HttpError, request
-from .peer import ClientPeer, Connected, Failed, RtcpReceived, RtpReceived
+from .peer import ChannelEvent, ClientPeer, Connected, Failed, RtcpReceived, RtpReceived
+
+#: A sender waits while more than this is queued on its channel (W3C bufferedAmount).
+HIGH_WATER = 1024 * 1024
 
 # Python 3.11's socket module lacks the constant; 35 is SO_TIMESTAMPNS (= SCM_TIMESTAMPNS) on
 # Linux for x86, ARM and most other architectures.
@@ -112,6 +124,14 @@ class Call:
     _wake: trio.Event = field(default_factory=trio.Event)
     rtcp: list[bytes] = field(default_factory=list)
     failure: str | None = None
+    _msg_send: trio.MemorySendChannel[dc.ChannelMessage] | None = None
+    _msg_recv: trio.MemoryReceiveChannel[dc.ChannelMessage] | None = None
+    #: Channels open now, and every other channel event seen (opened, closed), in order.
+    open_channels: set[int] = field(default_factory=set)
+    channel_events: list[dc.EndpointEvent] = field(default_factory=list)
+    messages_dropped: int = 0  # the reader fell behind a whole queue
+    _turn: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
+    _wait_scope: trio.CancelScope | None = None
 
     def send_rtp(self, payload: bytes, timestamp: int, *, marker: bool = False) -> None:
         """Queue one RTP packet; it leaves on the next loop turn (at once if idle)."""
@@ -133,7 +153,46 @@ class Call:
         except trio.WouldBlock:
             return None
 
+    # -- data channels -------------------------------------------------------------------
+
+    def open_channel(self, label: str = "", **options: object) -> int:
+        """Open a data channel (options as ``ClientPeer.open_channel``); its stream id."""
+        cid = self.peer.open_channel(trio.current_time(), label, **options)
+        self._flush()
+        return cid
+
+    async def channel_open(self, channel_id: int) -> None:
+        """Return once the channel is open (DCEP ACKed, or the association up)."""
+        while channel_id not in self.open_channels:
+            if self.peer.closed:
+                raise CallFailed(self.failure or "call ended")
+            await self._turn.park()
+
+    async def send_message(self, channel_id: int, data: bytes | str, *,
+                           high_water: int = HIGH_WATER) -> None:
+        """Send one message, first waiting while the channel has more than ``high_water``
+        bytes queued (back-pressure from the peer's SACKs and windows)."""
+        while self.peer.buffered_amount(channel_id) > high_water:
+            await self._turn.park()
+        self.send_message_nowait(channel_id, data)
+
+    def send_message_nowait(self, channel_id: int, data: bytes | str) -> None:
+        self.peer.send_message(trio.current_time(), channel_id, data)
+        self._flush()
+
+    def close_channel(self, channel_id: int) -> None:
+        self.peer.close_channel(trio.current_time(), channel_id)
+        self._flush()
+
+    async def receive_message(self) -> dc.ChannelMessage:
+        assert self._msg_recv is not None
+        return await self._msg_recv.receive()
+
     def _flush(self) -> None:
+        # Something may have armed an earlier timer (SCTP T3-rtx for a message just sent):
+        # wake the loop so it re-reads poll_timeout.
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
         while (out := self.peer.poll_transmit()) is not None:
             try:
                 self.sock.sendto(out[0], out[1])
@@ -151,8 +210,10 @@ async def _run_peer(call: Call, connected: trio.Event) -> None:
     while not peer.closed:
         deadline = peer.poll_timeout()
         timeout = math.inf if deadline is None else max(0.0, deadline - trio.current_time())
-        with trio.move_on_after(timeout):
+        with trio.move_on_after(timeout) as scope:
+            call._wait_scope = scope
             await trio.lowlevel.wait_readable(sock)
+        call._wait_scope = None
         now = trio.current_time()
         offset = now - time.time()
         # Drain what is ready before yielding again (one await per datagram is the slow way).
@@ -174,10 +235,30 @@ async def _run_peer(call: Call, connected: trio.Event) -> None:
             elif isinstance(ev, RtcpReceived):
                 if len(call.rtcp) < 1000:
                     call.rtcp.append(ev.data)
+            elif isinstance(ev, ChannelEvent):
+                _on_channel_event(call, ev.event)
             elif isinstance(ev, Failed):
                 call.failure = ev.reason
                 connected.set()
         call._flush()
+        call._wait_scope = None  # (_flush cancels it; nothing is waiting on it here)
+        call._turn.unpark_all()
+
+
+def _on_channel_event(call: Call, ev: dc.EndpointEvent) -> None:
+    if isinstance(ev, dc.ChannelMessage):
+        assert call._msg_send is not None
+        try:
+            call._msg_send.send_nowait(ev)
+        except trio.WouldBlock:
+            call.messages_dropped += 1
+        return
+    if isinstance(ev, dc.ChannelOpened):
+        call.open_channels.add(ev.channel_id)
+    elif isinstance(ev, dc.ChannelClosed):
+        call.open_channels.discard(ev.channel_id)
+    if not isinstance(ev, dc.ChannelBufferedAmountLow) and len(call.channel_events) < 10000:
+        call.channel_events.append(ev)
 
 
 @asynccontextmanager
@@ -193,11 +274,14 @@ async def open_call(
     queue: int = 500,
     false_start: bool = False,
     dtls_versions: frozenset[str] = frozenset({"1.2"}),
+    audio: bool = True,
+    datachannel: bool = False,
+    message_queue: int = 100_000,
 ) -> AsyncIterator[Call]:
     started = trio.current_time()
     cert = certificate or Certificate.generate(trio.current_time())
     peer = ClientPeer(cert, srtp_profiles=srtp_profiles, false_start=false_start,
-                      dtls_versions=dtls_versions)
+                      dtls_versions=dtls_versions, audio=audio, datachannel=datachannel)
     headers = {"Content-Type": "application/sdp"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
@@ -237,7 +321,9 @@ async def open_call(
     sock.bind(("::1" if family == socket.AF_INET6 else "127.0.0.1", 0)
               if peer.remote[0] in ("127.0.0.1", "::1") else ("", 0))
     send, recv = trio.open_memory_channel[RtpReceived](queue)
-    call = Call(peer, sock, session_url, answer, started, etag=etag, _send=send, _recv=recv)
+    msg_send, msg_recv = trio.open_memory_channel[dc.ChannelMessage](message_queue)
+    call = Call(peer, sock, session_url, answer, started, etag=etag, _send=send, _recv=recv,
+                _msg_send=msg_send, _msg_recv=msg_recv)
     call.timeline.answer = trio.current_time() - started
     call._flush()
     connected = trio.Event()

@@ -13,6 +13,15 @@ the call counts as connected, and media may flow, once our DTLS Finished is sent
 than once the server's arrives: half a round trip earlier for the first packet, a whole one
 for its echo. Only when we are the DTLS client; a bad server Finished still fails the call.
 
+Data channels (``datachannel=True``): the offer gains an ``m=application ... UDP/DTLS/SCTP
+webrtc-datachannel`` section (RFC 8841) bundled with the audio, or alone with
+``audio=False`` (a data-only call: no SRTP needed, none keyed). Once DTLS is up, the
+``sctp`` slot — a :class:`~appliance.proto.sctp.datachannel.DataChannelEndpoint`, the same
+sans-IO core the transceiver uses — sends its INIT and rides DTLS application data
+(RFC 8261: one SCTP packet per record). The DTLS role picks the channels' stream-id parity
+(RFC 8832 §6: client even). Its events come out as :class:`ChannelEvent`; ``open_channel``,
+``send_message``, ``close_channel`` feed it.
+
 Against a full-ICE answerer (aiortc, a browser) two more things happen, both handled here:
 the answerer sends its own checks, which are answered (RFC 8445 §7.3; it learns our address
 as peer-reflexive, §7.3.1.3, since the offer carries no candidates), and it may answer
@@ -27,6 +36,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from appliance.proto.dtls import (
+    ApplicationData,
     Certificate,
     DtlsConnection,
     FalseStart,
@@ -39,7 +49,8 @@ from appliance.proto.errors import LocalProtocolError, RemoteProtocolError
 from appliance.proto.ice import CheckSucceeded, ConnectFailed, ConsentExpired, IceClient
 from appliance.proto.mux import Kind, classify
 from appliance.proto.rtp import RtpPacket, rtp_header
-from appliance.proto.sdp import Setup, parse_offer_untrusted
+from appliance.proto.sctp import datachannel as dc
+from appliance.proto.sdp import MAX_MESSAGE_SIZE, SCTP_PORT, MediaKind, Setup, parse_offer_untrusted
 from appliance.proto.srtp import (
     DEFAULT_SRTP_PROFILES,
     SrtpProfile,
@@ -57,15 +68,29 @@ from appliance.proto.stun import (
 
 Addr = tuple[str, int]
 OPUS_PT = 111
+#: The most a DTLS record adds to an SCTP packet with our suites (the transceiver's figure,
+#: appliance/transceiver/datachannels.py): an SCTP packet must fit one record (RFC 8261 §5).
+DTLS_RECORD_OVERHEAD = 37
 
 
 @dataclass(frozen=True, slots=True)
 class Connected:
     """ICE and DTLS are up and SRTP is keyed; ``setup`` is seconds since ``accept_answer``.
-    With ``false_start``: our DTLS Finished is sent (the server's may still be on its way)."""
+    With ``false_start``: our DTLS Finished is sent (the server's may still be on its way).
+    A data-only call keys no SRTP: ``srtp_profile`` is None."""
 
-    srtp_profile: SrtpProfile
+    srtp_profile: SrtpProfile | None
     setup: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelEvent:
+    """An event of the ``sctp`` slot (``dc.ChannelOpened``/``ChannelMessage``/
+    ``ChannelClosed``/``ChannelBufferedAmountLow``, or the association's ``Connected``/
+    ``Closed``), passed on unchanged with when it happened."""
+
+    event: dc.EndpointEvent
+    at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +110,7 @@ class Failed:
     reason: str
 
 
-ClientEvent = Connected | RtpReceived | RtcpReceived | Failed
+ClientEvent = Connected | RtpReceived | RtcpReceived | ChannelEvent | Failed
 
 
 class ClientPeer:
@@ -100,7 +125,16 @@ class ClientPeer:
         srtp_profiles: tuple[SrtpProfile, ...] | None = None,
         false_start: bool = False,
         dtls_versions: frozenset[str] = frozenset({"1.2"}),
+        audio: bool = True,
+        datachannel: bool = False,
     ) -> None:
+        if not audio and not datachannel:
+            raise LocalProtocolError("a call needs audio, a data channel or both")
+        self.audio = audio
+        self.datachannel = datachannel
+        #: The data-channel endpoint, made by accept_answer when the answer served the
+        #: application section; None otherwise.
+        self.sctp: dc.DataChannelEndpoint | None = None
         self._rng = rng or random.Random(secrets.randbits(64))
         self.certificate = certificate
         self.local_ufrag = "".join(self._rng.choices(_ICE, k=8))
@@ -124,6 +158,8 @@ class ClientPeer:
         self._events: deque[ClientEvent] = deque()
         self._tx: deque[tuple[bytes, Addr]] = deque()
         self.closed = False
+        self._sctp_started = False
+        self.peer_max_message_size = 65536
         self.rtp_sent = 0
         self.rtp_received = 0
         self.srtp_errors = 0
@@ -132,31 +168,48 @@ class ClientPeer:
     # -- signaling -------------------------------------------------------------------
 
     def offer(self) -> str:
-        """An SDP offer shaped like a browser's: BUNDLE, rtcp-mux, actpass, Opus."""
+        """An SDP offer shaped like a browser's: BUNDLE, rtcp-mux, actpass, Opus; with
+        ``datachannel`` an RFC 8841 application section in the same BUNDLE group."""
         sess = self._rng.getrandbits(62)
+        mids = [str(i) for i in range(int(self.audio) + int(self.datachannel))]
         lines = [
             "v=0",
             f"o=- {sess} 2 IN IP4 127.0.0.1",
             "s=-",
             "t=0 0",
-            "a=group:BUNDLE 0",
+            "a=group:BUNDLE " + " ".join(mids),
             "a=msid-semantic: WMS",
-            "m=audio 9 UDP/TLS/RTP/SAVPF 111 0",
-            "c=IN IP4 0.0.0.0",
-            "a=rtcp:9 IN IP4 0.0.0.0",
+        ]
+        transport = [
             f"a=ice-ufrag:{self.local_ufrag}",
             f"a=ice-pwd:{self.local_pwd}",
             "a=ice-options:trickle",
             f"a=fingerprint:{self.certificate.fingerprint}",
             "a=setup:actpass",
-            "a=mid:0",
-            "a=sendrecv",
-            "a=rtcp-mux",
-            "a=rtpmap:111 opus/48000/2",
-            "a=fmtp:111 minptime=10;useinbandfec=1",
-            "a=rtpmap:0 PCMU/8000",
-            f"a=ssrc:{self.ssrc} cname:loadgen",
         ]
+        if self.audio:
+            lines += [
+                "m=audio 9 UDP/TLS/RTP/SAVPF 111 0",
+                "c=IN IP4 0.0.0.0",
+                "a=rtcp:9 IN IP4 0.0.0.0",
+                *transport,
+                "a=mid:0",
+                "a=sendrecv",
+                "a=rtcp-mux",
+                "a=rtpmap:111 opus/48000/2",
+                "a=fmtp:111 minptime=10;useinbandfec=1",
+                "a=rtpmap:0 PCMU/8000",
+                f"a=ssrc:{self.ssrc} cname:loadgen",
+            ]
+        if self.datachannel:
+            lines += [
+                "m=application 9 UDP/DTLS/SCTP webrtc-datachannel",
+                "c=IN IP4 0.0.0.0",
+                *transport,
+                f"a=mid:{mids[-1]}",
+                f"a=sctp-port:{SCTP_PORT}",
+                f"a=max-message-size:{MAX_MESSAGE_SIZE}",
+            ]
         return "\r\n".join(lines) + "\r\n"
 
     def accept_answer(self, text: str, now: float, *, prefer: str | None = None) -> None:
@@ -164,26 +217,33 @@ class ClientPeer:
 
         ``prefer`` picks the candidate address family ("4" or "6")."""
         ans = parse_offer_untrusted(text)
-        audio = next((m for m in ans.media if m.kind.value == "audio" and m.port != 0), None)
-        if audio is None:
+        audio = next((m for m in ans.media if m.kind is MediaKind.AUDIO and m.port != 0), None)
+        app = next((m for m in ans.media
+                    if m.kind is MediaKind.APPLICATION and m.port != 0), None)
+        if self.audio and audio is None:
             raise RemoteProtocolError("answer has no accepted audio section")
-        ufrag = audio.ice_ufrag or ans.ice_ufrag
-        pwd = audio.ice_pwd or ans.ice_pwd
-        fps = audio.fingerprints or ans.fingerprints
+        if self.datachannel and app is None and audio is None:
+            raise RemoteProtocolError("answer has no accepted application section")
+        # One transport (BUNDLE, RFC 8843): the audio's, or a data-only call's application.
+        carrier = audio if audio is not None else app
+        assert carrier is not None
+        ufrag = carrier.ice_ufrag or ans.ice_ufrag
+        pwd = carrier.ice_pwd or ans.ice_pwd
+        fps = carrier.fingerprints or ans.fingerprints
         if not ufrag or not pwd or not fps:
             raise RemoteProtocolError("answer lacks ICE credentials or a fingerprint")
-        cands = [c for c in audio.candidates if c.transport.lower() == "udp"]
+        cands = [c for c in carrier.candidates if c.transport.lower() == "udp"]
         if prefer:
             cands.sort(key=lambda c: (":" in c.address) != (prefer == "6"))
         if not cands:
             raise RemoteProtocolError("answer has no UDP candidate")
-        if audio.codecs:
+        if audio is not None and audio.codecs:
             self.opus_pt = audio.codecs[0].pt
         self.remote = (cands[0].address, cands[0].port)
         self._answered_at = now
         # RFC 8842 §5.3: the answerer chose. "active" means it is the DTLS client (aiortc and
         # browsers answer that way); "passive" (our appliance) or absent: we are the client.
-        self.dtls_role = (Role.SERVER if ans.effective_setup(audio) is Setup.ACTIVE
+        self.dtls_role = (Role.SERVER if ans.effective_setup(carrier) is Setup.ACTIVE
                           else Role.CLIENT)
         self.ice = IceClient(self.local_ufrag, self.local_pwd, ufrag, pwd, self.remote,
                              rng=self._rng)
@@ -195,6 +255,15 @@ class ClientPeer:
             false_start=self._false_start and self.dtls_role is Role.CLIENT,
             versions=self._dtls_versions,
         )
+        if self.datachannel and app is not None:
+            # RFC 8841 §6.1: an absent max-message-size is 64 KiB, 0 means no limit.
+            peer_max = app.max_message_size
+            self.peer_max_message_size = 65536 if peer_max is None else peer_max
+            self.sctp = dc.DataChannelEndpoint(
+                dtls_client=self.dtls_role is Role.CLIENT,
+                remote_port=SCTP_PORT if app.sctp_port is None else app.sctp_port,
+                max_message_size=MAX_MESSAGE_SIZE,
+                mtu=self.dtls.mtu - DTLS_RECORD_OVERHEAD, rng=self._rng)
         self.ice.start(now)
         self._pump(now)
 
@@ -232,12 +301,19 @@ class ClientPeer:
             return
         self.ice.handle_timeout(now)
         self.dtls.handle_timeout(now)
+        sctp = self.sctp
+        if sctp is not None:
+            deadline = sctp.poll_timeout()
+            if deadline is not None and now >= deadline:
+                sctp.handle_timeout(now)
         self._pump(now)
 
     def poll_timeout(self) -> float | None:
         if self.closed or self.ice is None or self.dtls is None:
             return None
-        ts = [t for t in (self.ice.poll_timeout(), self.dtls.poll_timeout()) if t is not None]
+        sctp = self.sctp.poll_timeout() if self.sctp is not None else None
+        ts = [t for t in (self.ice.poll_timeout(), self.dtls.poll_timeout(), sctp)
+              if t is not None]
         return min(ts) if ts else None
 
     def poll_transmit(self) -> tuple[bytes, Addr] | None:
@@ -263,6 +339,40 @@ class ClientPeer:
         if self.srtp is None or self.remote is None or self.closed:
             raise RuntimeError("call is not connected")
         self._tx.append((self.srtp.protect_rtcp(plain), self.remote))
+
+    # -- data channels (the sctp slot) --------------------------------------------------
+
+    def _endpoint(self) -> dc.DataChannelEndpoint:
+        if self.sctp is None or self.closed:
+            raise RuntimeError("no data channel on this call")
+        return self.sctp
+
+    def open_channel(self, now: float, label: str = "", **options: object) -> int:
+        """Open a data channel (``DataChannelEndpoint.open_channel`` options: ``ordered``,
+        ``max_retransmits``, ``max_packet_lifetime``, ``negotiated``, ``id``, ``protocol``);
+        its stream id. Before SCTP is up the endpoint holds it until the association is."""
+        cid = self._endpoint().open_channel(now, label, **options)  # type: ignore[arg-type]
+        self._pump_sctp(now)
+        return cid
+
+    def send_message(self, now: float, channel_id: int, data: bytes | str) -> None:
+        """One message: ``str`` as text (PPID 51), ``bytes`` as binary (53). Larger than the
+        answer's a=max-message-size is refused here, never silently dropped."""
+        size = len(data.encode()) if isinstance(data, str) else len(data)
+        limit = self.peer_max_message_size
+        if limit and size > limit:
+            raise LocalProtocolError(
+                f"message of {size} bytes exceeds the answer's a=max-message-size ({limit})")
+        self._endpoint().send(now, channel_id, data)
+        self._pump_sctp(now)
+
+    def close_channel(self, now: float, channel_id: int) -> None:
+        self._endpoint().close_channel(now, channel_id)
+        self._pump_sctp(now)
+
+    def buffered_amount(self, channel_id: int) -> int:
+        """Bytes queued on the channel and not yet sent (W3C ``bufferedAmount``)."""
+        return self._endpoint().buffered_amount(channel_id)
 
     def close(self) -> None:
         if self.dtls is not None and not self.closed:
@@ -320,18 +430,43 @@ class ClientPeer:
                 self._fail("ICE consent expired")
         self._drain_dtls()
         while (dev := dtls.poll_event()) is not None:
-            if isinstance(dev, HandshakeComplete | FalseStart):
-                if self.srtp is not None:
-                    continue  # keyed at False Start already: the keys do not change
+            if isinstance(dev, ApplicationData):
+                if self.sctp is not None:  # RFC 8261 §5: one SCTP packet per record
+                    self.sctp.handle_input(now, dev.data)
+                else:
+                    self.dropped += 1
+            elif isinstance(dev, HandshakeComplete | FalseStart):
+                if self._sctp_started or self.srtp is not None:
+                    continue  # connected at False Start already: the keys do not change
                 profile = dev.srtp_profile
-                if profile is None:
-                    self._fail("DTLS did not negotiate SRTP")
-                    continue
-                self.srtp = SrtpSession.from_exporter(dtls.export_keying_material, profile,
-                                                      self.dtls_role)
-                self._events.append(Connected(profile, now - self._answered_at))
+                if self.audio:
+                    if profile is None:
+                        self._fail("DTLS did not negotiate SRTP")
+                        continue
+                    self.srtp = SrtpSession.from_exporter(dtls.export_keying_material,
+                                                          profile, self.dtls_role)
+                self._events.append(Connected(profile if self.audio else None,
+                                              now - self._answered_at))
+                self._sctp_started = True  # (also: "connected", for a data-only call)
+                if self.sctp is not None:
+                    # RFC 8261 §5: SCTP starts once DTLS is up; either side may send INIT
+                    # (the transceiver does too: RFC 9260 §5.2.1 resolves the collision).
+                    self.sctp.connect(now)
             elif isinstance(dev, DtlsClosed):
                 self._fail(f"DTLS closed: {dev.alert}")
+        self._pump_sctp(now)
+
+    def _pump_sctp(self, now: float) -> None:
+        """The endpoint's packets out as DTLS records, its events out as ours."""
+        sctp, dtls = self.sctp, self.dtls
+        if sctp is None or dtls is None or self.remote is None:
+            return
+        if self._sctp_started:
+            while (packet := sctp.poll_transmit()) is not None:
+                dtls.send_application_data(packet)
+            self._drain_dtls()
+        while (ev := sctp.poll_event()) is not None:
+            self._events.append(ChannelEvent(ev, now))
 
 
 _ICE = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"

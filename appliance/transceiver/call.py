@@ -41,7 +41,8 @@ address, public relay address, relay internal address and its PROXY v2 header) t
 it on; the shell sends ``flow.header + payload`` to ``flow.relay``.
 
 Lifecycle (:class:`CallState`, transitions in ``_TRANSITIONS``): ``new`` (answer sent) →
-``connecting`` (first authenticated STUN check) → ``connected`` (DTLS done, SRTP keyed) →
+``connecting`` (first authenticated STUN check) → ``connected`` (DTLS done, SRTP keyed; a
+data-only session, ``answer.plan`` None, keys no SRTP and sends no RTCP) →
 ``ended`` (:class:`Ended` says why). Setup must finish within ``setup_timeout`` of the
 answer; consent (RFC 7675) must keep coming every ``consent_timeout`` after.
 """
@@ -130,9 +131,10 @@ class FlowNominated:
 
 @dataclass(frozen=True, slots=True)
 class Connected:
-    """DTLS is done and SRTP keyed (``state`` is ``connected``); media may flow."""
+    """DTLS is done and SRTP keyed (``state`` is ``connected``); media may flow. A data-only
+    session keys no SRTP: ``srtp_profile`` is None."""
 
-    srtp_profile: str
+    srtp_profile: str | None
     cipher_suite: str
 
 
@@ -240,19 +242,22 @@ class ServerCall:
         rtcp_interval: float = RTCP_INTERVAL,
         rng: random.Random | None = None,
     ) -> None:
-        plan = answer.plan
+        remote = answer.transport  # the audio's, or a data-only session's application
         self.answer = answer
         self.state = CallState.NEW
         self.end_reason: str | None = None
         self.local_ufrag = local_ufrag
-        self.ice = IceLiteAgent(local_ufrag, local_pwd, plan.ice_ufrag, plan.ice_pwd,
+        self.ice = IceLiteAgent(local_ufrag, local_pwd, remote.ice_ufrag, remote.ice_pwd,
                                 consent_timeout=consent_timeout)
         self.dtls = dtls
         self.srtp: SrtpSession | None = None
         self.srtp_profile: str | None = None
         self.cipher_suite: str | None = None
         self.ssrc = ssrc
+        #: None for a data-only session: no RTP is ours then (every packet is dropped by
+        #: payload type, no SRTP is keyed, no RTCP is sent).
         self.opus_pt = answer.opus_pt
+        self.audio = answer.plan is not None
         self.rtcp = RtcpMonitor(ssrc, cname, wall_offset=wall_offset, interval=rtcp_interval,
                                 rng=rng)
         self.flows: dict[Addr, Flow] = {}
@@ -443,12 +448,20 @@ class ServerCall:
 
     def _on_handshake(self, now: float, ev: HandshakeComplete) -> None:
         profile = ev.srtp_profile
+        self.cipher_suite = ev.cipher_suite.name
+        if not self.audio:
+            # A data-only session (RFC 8841 without audio): DTLS carries SCTP alone. The
+            # peer may still have offered use_srtp (browsers do); nothing is keyed from it,
+            # so no RTP or RTCP is accepted or sent, and no RTCP timer runs.
+            self._fire(_Input.DTLS_DONE)
+            self._mark("dtls_done", now)
+            self._events.append(Connected(None, ev.cipher_suite.name))
+            return
         if profile is None:
             self.close("dtls-failed: no SRTP profile negotiated")
             return
         self.srtp = SrtpSession.from_exporter(self.dtls.export_keying_material, profile, "server")
         self.srtp_profile = profile.name
-        self.cipher_suite = ev.cipher_suite.name
         self._fire(_Input.DTLS_DONE)
         self._mark("dtls_done", now)
         self.rtcp.start(now)
@@ -534,9 +547,10 @@ class ServerCall:
         out on the media flow. Before SRTP is keyed, or with no flow, nothing is sent."""
         srtp = self.srtp
         flow = self.media_flow
-        if srtp is None or flow is None or self.state is CallState.ENDED:
+        pt = self.opus_pt
+        if srtp is None or flow is None or pt is None or self.state is CallState.ENDED:
             return
-        packet = srtp.protect(rtp_header(self.opus_pt, seq, ts, self.ssrc, marker) + payload)
+        packet = srtp.protect(rtp_header(pt, seq, ts, self.ssrc, marker) + payload)
         self.rtcp.tx.on_packet(len(payload), ts, now)
         self.packets_out += 1
         self.bytes_out += len(packet)

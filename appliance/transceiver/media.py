@@ -67,6 +67,7 @@ class PcmPipeline:
         self._agent_name = agent_name
         self.jitter = JitterBuffer()
         self.vad = EnergyVad()
+        assert call.opus_pt is not None, "a data-only call has no audio pipeline"
         self.packetizer = Packetizer(call.ssrc, call.opus_pt, early=EARLY)
         self._opus_complexity = opus_complexity
         self._decoder: Decoder | None = None

@@ -85,6 +85,11 @@ BATCH = 256
 #: Sends queued during a receive batch wait at most this long (plus the datagram being
 #: handled) before they go out, however long the batch.
 FLUSH_AFTER = 0.0005
+#: A receive batch yields to the session tasks (the pacer above all) after this long, however
+#: many datagrams are left: a bulk data-channel transfer keeps the socket full, and a
+#: 256-datagram batch of SCTP (~40 µs each) held every call's audio back by 10-20 ms, enough
+#: for the echo's 60 ms bound to drop frames (bench/datachannel.py, audio beside a transfer).
+YIELD_AFTER = 0.002
 BUFSIZE = 65536 + 256
 SOCKET_BUFFER = 4 << 20
 RECENTLY_ENDED = 256  # ended sessions kept for list/get (end_reason, final stats)
@@ -232,6 +237,7 @@ class Transceiver:
                 self._queued = []
                 flush_at = perf_counter() + FLUSH_AFTER
             full = True  # unless the socket runs dry first
+            yield_at = perf_counter() + YIELD_AFTER
             try:
                 for _ in range(BATCH):
                     try:
@@ -244,6 +250,8 @@ class Transceiver:
                     n_in += 1
                     bytes_in += n
                     dispatch(now, view[:n], (relay[0], relay[1]))
+                    if perf_counter() > yield_at:
+                        break  # (full stays True: the checkpoint below lets others run)
                     if batching and perf_counter() > flush_at:
                         # A long batch (a backlog of PCM sessions, each ~0.2 ms of codec
                         # work): what is queued goes out now, not after the whole batch.
@@ -440,7 +448,7 @@ class Transceiver:
         # (RFC 9147 §5.3, RFC 8446 §4.2.1) negotiates within --dtls-versions: 1.3 when both
         # list it, else 1.2 with the RFC 8446 §4.1.3 downgrade sentinel (proto/dtls/versioned.py).
         dtls = DtlsConnection(
-            Role.SERVER, cert, remote_fingerprints=[str(fp) for fp in answer.plan.fingerprints],
+            Role.SERVER, cert, remote_fingerprints=[str(fp) for fp in answer.transport.fingerprints],
             versions=self.config.dtls_versions,
         )
         session = Session(

@@ -111,8 +111,13 @@ class Session:
         # Agent.
         self.host = AgentHost(on_event=self._agent_event, on_output=self._output_queued)
         self._on_frame = agent.on_frame  # synchronous frame handler (no agent task), or None
+        #: False for a data-only session (RFC 8841 without audio): no media slot, no codec,
+        #: no pacing; the agent still runs and gets the channels, frames() just ends with
+        #: the session, and audio it sends is discarded (there is no stream to carry it).
+        self.audio = answer.plan is not None
         self.ctx = AgentContext(
-            self.host, AgentIdentity(agent.name, session_id, transceiver, {"codec": CODEC}))
+            self.host, AgentIdentity(agent.name, session_id, transceiver,
+                                     {"codec": CODEC if self.audio else None}))
         # The shared pacer (one task per transceiver); a session made without one runs its
         # own in its nursery.
         self._own_pacer = pacer is None
@@ -123,7 +128,9 @@ class Session:
         # every create queued behind it on the control connection (docs/performance.md,
         # "Setup time").
         self.pipeline: PcmPipeline | None = None
-        if self.passthrough:
+        if not self.audio:
+            pass  # no media slot: the call drops RTP by payload type
+        elif self.passthrough:
             self.call.media = PassthroughStream(self.call)
         else:
             self.pipeline = PcmPipeline(
@@ -196,7 +203,7 @@ class Session:
             agent=self.agent.name,
             client_address=_fmt(flow.client) if flow else None,
             relay_flow=RelayFlow(_fmt(flow.public), _fmt(flow.relay)) if flow else None,
-            codec=CODEC,
+            codec=CODEC if self.audio else None,
             srtp_profile=call.srtp_profile,
             cipher_suite=call.cipher_suite,
             created_at=round(self.created_at, 3),
@@ -292,8 +299,8 @@ class Session:
                                   "sample_rate": 48000, "frame_samples": 960})
             if self.channels is not None:
                 self.channels.start(trio.current_time())
-            if self._nursery is not None and self.pipeline is not None and self._on_frame is None:
-                self._nursery.start_soon(self._run_agent)
+            if self._nursery is not None and not self.passthrough and self._on_frame is None:
+                self._nursery.start_soon(self._run_agent)  # with or without audio
         elif isinstance(ev, RemoteReport):
             if self.pipeline is not None:  # more FEC in our packets when they get lost
                 self.pipeline.set_expected_loss(ev.loss)
@@ -352,8 +359,13 @@ class Session:
         """The agent queued output (called from its task, or from the network loop for a
         synchronous frame handler): send what is due now."""
         pipeline = self.pipeline
-        if pipeline is None or pipeline.pace_at is not None:
-            return  # passthrough has no agent output; else the pacer calls back anyway
+        if pipeline is None:
+            if not self.audio:  # data-only: no stream to play it on, so drain() returns
+                while self.host.pop_output_frame() is not None:
+                    pass
+            return  # passthrough has no agent output
+        if pipeline.pace_at is not None:
+            return  # the pacer calls back anyway
         pipeline.pump(trio.current_time(), False)  # (PcmPipeline.output_queued, inlined)
         if not self._busy:  # from the agent's task: nobody else sends what it queued
             self._service()

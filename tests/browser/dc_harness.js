@@ -24,11 +24,15 @@ window.dcHarness = (() => {
     dc.onclose = () => { t.closed[dc.label] = true; };
   }
 
-  async function connect(agent, channels) {
-    const stream = await navigator.mediaDevices.getUserMedia({ audio: true });
+  // audio=false is the data-only variant: no microphone, no track, so the offer has only
+  // an m=application section (RFC 8841 without audio).
+  async function connect(agent, channels, audio = true) {
     const pc = new RTCPeerConnection({ bundlePolicy: "max-bundle", rtcpMuxPolicy: "require" });
     t.pc = pc;
-    for (const track of stream.getAudioTracks()) pc.addTrack(track, stream);
+    if (audio) {
+      const stream = await navigator.mediaDevices.getUserMedia({ audio: true });
+      for (const track of stream.getAudioTracks()) pc.addTrack(track, stream);
+    }
     for (const [label, opts] of channels) watch(pc.createDataChannel(label, opts));
     pc.ondatachannel = (ev) => watch(ev.channel);
     await pc.setLocalDescription(await pc.createOffer());
@@ -41,7 +45,8 @@ window.dcHarness = (() => {
     await pc.setRemoteDescription({ type: "answer", sdp: t.answer });
     await until(() => Object.values(t.chans).every((dc) => dc.readyState === "open"), 20000,
       () => JSON.stringify(Object.fromEntries(Object.entries(t.chans).map(([k, d]) => [k, d.readyState]))));
-    return { sid: t.sid, answer: t.answer, maxMessageSize: pc.sctp.maxMessageSize,
+    return { sid: t.sid, answer: t.answer, offer: pc.localDescription.sdp,
+             maxMessageSize: pc.sctp.maxMessageSize,
              ids: Object.fromEntries(Object.entries(t.chans).map(([k, d]) => [k, d.id])) };
   }
 

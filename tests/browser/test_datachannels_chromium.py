@@ -10,7 +10,11 @@ fake microphone and channels (tests/browser/dc_harness.js) and POSTs its offer t
   the transceiver's answering stream reset (RFC 8831 §6.7);
 * tests/e2e/dc_agent.py: a pre-negotiated channel (id 10, no DCEP) both sides open, and a
   close the agent starts (``ctx.close_channel``) that the browser sees as ``onclose``.
-Audio keeps flowing all along: inbound-rtp packetsReceived grows."""
+Audio keeps flowing all along: inbound-rtp packetsReceived grows.
+
+* the data-only variant (no microphone, an offer with only ``m=application``): answered
+  with the application section alone, channels both ways with ``echo`` and with an agent
+  task, and the session shows no codec and no SRTP."""
 
 from __future__ import annotations
 
@@ -40,8 +44,10 @@ def harness(page: Page, base: str) -> None:
     page.add_script_tag(content=HARNESS.read_text())
 
 
-def connect(page: Page, agent: str, channels: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-    out: dict[str, Any] = page.evaluate("([a, c]) => dcHarness.connect(a, c)", [agent, channels])
+def connect(page: Page, agent: str, channels: list[tuple[str, dict[str, Any]]],
+            audio: bool = True) -> dict[str, Any]:
+    out: dict[str, Any] = page.evaluate("([a, c, au]) => dcHarness.connect(a, c, au)",
+                                        [agent, channels, audio])
     assert "m=application" in out["answer"] and f"a=max-message-size:{MAX}" in out["answer"]
     return out
 
@@ -136,6 +142,31 @@ def test_negotiated_channel_and_server_close_with_chromium(appliance_up: str, pa
     want, got = round_trip(page, "pre", [["s", "after"]], prefix="pre:")
     assert got == want
     wait_for(page, f"dcHarness.inbound().then((n) => n > {audio_before} + 25)")
+    page.evaluate("dcHarness.close()")
+    assert not errors.unexpected(), errors.errors
+
+
+@pytest.mark.parametrize("agent", ["echo", DC_AGENT], ids=["echo", "task-agent"])
+def test_data_only_session_with_chromium(appliance_up: str, page: Page, agent: str) -> None:
+    errors = PageErrors(page)
+    harness(page, appliance_up)
+    out = connect(page, agent, [("chat", {})], audio=False)
+    assert "m=audio" not in out["offer"] and "m=audio" not in out["answer"]
+    m_lines = [x for x in out["answer"].splitlines() if x.startswith("m=")]
+    assert len(m_lines) == 1 and m_lines[0].startswith("m=application ")
+    assert m_lines[0].endswith(" UDP/DTLS/SCTP webrtc-datachannel")
+    assert "a=group:BUNDLE 0" in out["answer"] and "a=sctp-port:5000" in out["answer"]
+    prefix = "" if agent == "echo" else "chat:"
+    # 200 KiB: room for the task agent's "chat:" prefix under the 256 KiB max-message-size.
+    specs = [["s", "hi"], ["s", ""], ["b", 64 * KiB, 3], ["s", "x" * (200 * KiB)]]
+    want, got = round_trip(page, "chat", specs, prefix=prefix)
+    assert got == want
+    want, got = round_trip(page, "chat", [["s", f"m{i}"] for i in range(1000)], prefix=prefix)
+    assert got == want
+    s = session(page, out["sid"])
+    assert s["state"] == "connected" and s["codec"] is None and s["srtp_profile"] is None
+    assert s["packets_out"] == 0 and s["datachannels"]["sctp"] == "connected"
+    assert page.evaluate("dcHarness.closeLocal('chat')") == "closed"
     page.evaluate("dcHarness.close()")
     assert not errors.unexpected(), errors.errors
 

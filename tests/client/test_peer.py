@@ -9,6 +9,7 @@ import pytest
 
 from appliance.client.peer import ClientPeer, Connected, Failed, RtpReceived
 from appliance.proto.dtls import Certificate, DtlsConnection, HandshakeComplete, Role
+from appliance.proto.errors import LocalProtocolError
 from appliance.proto.ice import IceLiteAgent
 from appliance.proto.mux import Kind, classify
 from appliance.proto.rtp import RtpPacket
@@ -170,3 +171,28 @@ def test_false_start_survives_loss(seed: int) -> None:
     _, events = run_call(SrtpProfile.AEAD_AES_128_GCM, loss=0.2, seed=seed, false_start=True)
     assert sum(isinstance(e, Connected) for e in events) == 1
     assert not any(isinstance(e, Failed) for e in events)
+
+
+# -- the sctp slot (data channels; whole calls in tests/transceiver/test_call_datachannel.py) --
+
+
+@pytest.mark.parametrize("audio", [True, False])
+def test_datachannel_offer_is_served_by_our_answerer(audio: bool) -> None:
+    from appliance.proto.sdp import choose_plans
+
+    peer = ClientPeer(Certificate.generate(0.0), audio=audio, datachannel=True)
+    offer = parse_offer_untrusted(peer.offer())
+    plan, app, transport = choose_plans(offer)
+    assert (plan is not None) is audio and app is not None
+    assert app.sctp_port == 5000 and app.max_message_size == 262144
+    assert offer.bundle == (("0", "1") if audio else ("0",))
+    assert transport.ice_ufrag == peer.local_ufrag
+
+
+def test_channel_verbs_need_a_data_channel() -> None:
+    with pytest.raises(LocalProtocolError):
+        ClientPeer(Certificate.generate(0.0), audio=False, datachannel=False)
+    peer = ClientPeer(Certificate.generate(0.0))
+    with pytest.raises(RuntimeError, match="no data channel"):
+        peer.open_channel(0.0, "chat")
+    assert "m=application" not in peer.offer()

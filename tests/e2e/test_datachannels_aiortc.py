@@ -29,10 +29,11 @@ TASK_AGENT = str(Path(__file__).with_name("dc_agent.py")) + ":agent"
 class Client:
     """An aiortc peer with audio and data channels, set up over the control channel."""
 
-    def __init__(self, cluster: dict[str, Any], agent: str) -> None:
+    def __init__(self, cluster: dict[str, Any], agent: str, *, audio: bool = True) -> None:
         self.cluster, self.agent = cluster, agent
         self.pc = RTCPeerConnection()
-        self.pc.addTrack(ToneTrack())
+        if audio:  # without: a data-only offer (only an m=application section)
+            self.pc.addTrack(ToneTrack())
         self.got: dict[str, list[Any]] = {}
         self._want: dict[str, tuple[int, asyncio.Event]] = {}
         self.ctl = str(cluster["tmp"] / "t0.sock")
@@ -78,9 +79,13 @@ class Client:
             raise AssertionError(f"{label}: {n} of {len(messages)} came back") from None
         return self.got[label][start:]
 
-    async def detail(self) -> dict[str, Any]:
+    async def session(self) -> dict[str, Any]:
         resp = await asyncio.to_thread(control, self.ctl, {"op": "get", "session_id": self.sid})
-        channels: dict[str, Any] = resp["session"]["datachannels"]
+        session: dict[str, Any] = resp["session"]
+        return session
+
+    async def detail(self) -> dict[str, Any]:
+        channels: dict[str, Any] = (await self.session())["datachannels"]
         return channels
 
 
@@ -137,3 +142,32 @@ def test_agent_task_opens_a_negotiated_channel_and_answers(cluster: dict[str, An
     assert out["pre"] == ["pre:negotiated"]
     negotiated = {ch["label"]: ch["negotiated"] for ch in out["detail"]["open"]}
     assert negotiated == {"chat": False, "pre": True}
+
+
+async def data_only_session(cluster: dict[str, Any], agent: str) -> dict[str, Any]:
+    c = Client(cluster, agent, audio=False)
+    chat = c.channel("chat")
+    await c.pc.setLocalDescription(await c.pc.createOffer())
+    offer = c.pc.localDescription.sdp
+    await c.connect(chat)
+    out = {"offer": offer, "chat": await c.round_trip(chat, ["hi", b"\x00", "z" * 65536]),
+           "session": await c.session()}
+    await c.pc.close()
+    return out
+
+
+@pytest.mark.parametrize("agent", ["echo", TASK_AGENT], ids=["echo", "task-agent"])
+def test_data_only_session_with_aiortc(cluster: dict[str, Any], agent: str) -> None:
+    """An offer with only an application section (RFC 8841, no audio) is a data-only
+    session: answered with the application line alone, no SRTP, no codec; the built-in echo
+    (synchronous) and an agent task (whose frames() simply has nothing) both get the
+    channel."""
+    out = asyncio.run(data_only_session(cluster, agent))
+    assert "m=audio" not in out["offer"] and "m=application" in out["offer"]
+    prefix = "" if agent == "echo" else "chat:"
+    assert out["chat"][0] == prefix + "hi" and out["chat"][1] == b"\x00"
+    assert out["chat"][2] == prefix + "z" * 65536
+    session = out["session"]
+    assert session["state"] == "connected" and session["codec"] is None
+    assert session["srtp_profile"] is None and session["packets_out"] == 0
+    assert session["datachannels"]["sctp"] == "connected"

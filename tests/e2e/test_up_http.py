@@ -434,6 +434,27 @@ async def test_each_srtp_profile(appliance: Appliance, profile: SrtpProfile) -> 
         assert 0 < tl.answer <= tl.connected <= tl.first_rtp_in
 
 
+@pytest.mark.parametrize("audio", [False, True], ids=["data-only", "audio+data"])
+async def test_our_client_data_channel_through_up(appliance: Appliance, audio: bool) -> None:
+    """Our client's sctp slot (the transceiver's SCTP core in the DTLS client role) through
+    signaling, the relay and the transceiver: the echo agent answers on the channel; a
+    data-only call (only an m=application section) shows no codec and no SRTP."""
+    async with open_call(appliance.base, audio=audio, datachannel=True) as call:
+        cid = call.open_channel("chat")
+        with trio.fail_after(10):
+            await call.channel_open(cid)
+            sent: list[str | bytes] = ["", "hi", b"\x00\x01", bytes(200_000)]
+            for m in sent:
+                await call.send_message(cid, m)
+            got = [(await call.receive_message()).data for _ in sent]
+        assert got == sent
+        s = await get_session(call)
+        assert s["state"] == "connected" and s["datachannels"]["sctp"] == "connected"
+        assert (s["codec"] is None) is (not audio)
+        assert (s["srtp_profile"] is None) is (not audio)
+        assert s["datachannels"]["messages_in"] == len(sent)
+
+
 @pytest.mark.parametrize(("offered", "negotiated"), [
     ({"1.2", "1.3"}, "1.3"), ({"1.2"}, "1.2"), ({"1.3"}, "1.3")])
 async def test_our_client_negotiates_dtls13_with_up(appliance: Appliance, offered: set[str],

@@ -272,13 +272,13 @@ class ChromiumHarness:
             cname="appliance-interop",
             session_id=1,
         )
-        audio = answer.plan.section
+        audio = answer.transport.section
         self._remote_fingerprints = [str(f) for f in audio.fingerprints]
         self._ice = IceLiteAgent(ICE_UFRAG, ICE_PWD, audio.ice_ufrag, audio.ice_pwd)
         with self.cond:
             self.state.offer = offer_text
             self.state.answer = answer.text
-            self.state.opus_pt = answer.opus_pt
+            self.state.opus_pt = answer.opus_pt or 0  # audio is always offered here
         return answer.text
 
     def _handle(self, now: float, data: bytes, addr: Addr) -> None:

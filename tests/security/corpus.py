@@ -267,10 +267,19 @@ def build(seed: int = 9) -> list[Case]:
     add("setup-bogus", _replace(L, "a=setup", "a=setup:bogus"), codes=MALFORMED)
     add("no-audio-video-only", [x.replace("m=audio", "m=video") for x in L],
         codes=_codes("no-audio", "no-opus"), status=422)
-    add("no-audio-datachannel", _session(L) + [
-        "m=application 9 UDP/DTLS/SCTP webrtc-datachannel", "c=IN IP4 0.0.0.0", "a=mid:0",
-        *[x for x in audio if x.startswith(("a=ice", "a=fingerprint", "a=setup"))]],
-        codes=_codes("no-audio"), status=422)
+    # An application section alone is a data-only session (RFC 8841 without audio): served;
+    # its own faults get the application codes.
+    data_only = [*_session(L), "m=application 9 UDP/DTLS/SCTP webrtc-datachannel",
+                 "c=IN IP4 0.0.0.0", "a=mid:0",
+                 *[x for x in audio if x.startswith(("a=ice", "a=fingerprint", "a=setup"))]]
+    add("data-only-datachannel", data_only, expect="any")
+    add("data-only-draft-spelling", [x.replace("UDP/DTLS/SCTP webrtc-datachannel",
+                                               "DTLS/SCTP 5000") for x in data_only],
+        codes=_codes("unsupported-application"), status=422)
+    add("data-only-sctp-port-0", [*data_only, "a=sctp-port:0"], codes=_codes("bad-sctp-port"),
+        status=422)
+    add("data-only-no-fingerprint", _drop(data_only, "a=fingerprint"),
+        codes=_codes("no-fingerprint"), status=422)
     add("no-audio-no-m-lines", _drop(_session(L), "a=group"), codes=_codes("no-audio"),
         status=422)
     add("audio-port-0", [x.replace("m=audio 9", "m=audio 0") for x in L],

@@ -33,7 +33,7 @@ from signaling.fakes import FakeClock, FakeRelay, FakeTransceiver
 from appliance.client.call import open_call
 from appliance.client.http import Response, request
 from appliance.control import serve_control
-from appliance.proto.sdp import SdpError, choose_audio, parse_offer_untrusted
+from appliance.proto.sdp import SdpError, choose_plans, parse_offer_untrusted
 from appliance.signaling import SignalingConfig, SignalingState, create_app
 from appliance.signaling.server import serve_signaling
 from appliance.signaling.state import is_loopback
@@ -173,7 +173,7 @@ class ParsingTransceiver(FakeTransceiver):
     async def handle(self, req: dict[str, Any]) -> dict[str, Any]:
         if req["op"] == "create":
             try:
-                choose_audio(parse_offer_untrusted(req["offer"]))
+                choose_plans(parse_offer_untrusted(req["offer"]))
             except SdpError as exc:
                 return {"ok": False, "status": exc.status, "code": exc.code, "detail": exc.detail}
         return await super().handle(req)

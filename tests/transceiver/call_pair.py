@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 
 from appliance.client.peer import ClientEvent, ClientPeer
 from appliance.proto.dtls import Certificate, DtlsConnection, Role
+from appliance.proto.sctp import datachannel as dc
 from appliance.proto.sdp import build_answer, parse_offer_untrusted
-from appliance.transceiver.call import CallEvent, ServerCall
+from appliance.transceiver.call import CallEvent, Connected, SctpEvent, ServerCall
+from appliance.transceiver.datachannels import DTLS_RECORD_OVERHEAD
 from appliance.transceiver.passthrough import PassthroughStream
 
 CLIENT = ("203.0.113.7", 53211)
@@ -66,26 +68,39 @@ class CallPair:
     net: Netem = field(default_factory=Netem)
     passthrough: bool = True
     drop: Callable[[str, bytes], bool] | None = None
+    #: ``audio=False, datachannel=True`` is a data-only call. With ``datachannel`` the
+    #: server's ``sctp`` slot holds a real DataChannelEndpoint, connected when DTLS is up,
+    #: and ``on_server_channel`` (if set) sees each of its events (an echo, say).
+    audio: bool = True
+    datachannel: bool = False
+    on_server_channel: Callable[[float, object], None] | None = None
 
     def __post_init__(self) -> None:
         self.now = 0.0
         self.rng = random.Random(self.seed)
-        self.client = ClientPeer(cert("client"), rng=random.Random(self.seed + 1))
+        self.client = ClientPeer(cert("client"), rng=random.Random(self.seed + 1),
+                                 audio=self.audio, datachannel=self.datachannel)
         offer = parse_offer_untrusted(self.client.offer())
         self.server_ufrag, self.server_pwd = "srvufrag" + str(self.seed), "p" * 24
         self.answer = build_answer(
             offer, ice_ufrag=self.server_ufrag, ice_pwd=self.server_pwd,
             fingerprint=cert("server").fingerprint, candidates=[PUBLIC], ssrc=SERVER_SSRC,
-            cname="pair", session_id=1)
+            cname="pair", session_id=1, datachannel=self.datachannel)
         self.counters: defaultdict[str, int] = defaultdict(int)
         self.server = ServerCall(
             answer=self.answer, local_ufrag=self.server_ufrag, local_pwd=self.server_pwd,
             dtls=DtlsConnection(Role.SERVER, cert("server"),
-                                remote_fingerprints=[str(f) for f in self.answer.plan.fingerprints]),
+                                remote_fingerprints=[str(f) for f in self.answer.transport.fingerprints]),
             ssrc=SERVER_SSRC, cname="pair", now=self.now, wall_offset=WALL,
             counters=self.counters, rng=random.Random(self.seed + 2))
-        if self.passthrough:
+        if self.passthrough and self.answer.plan is not None:
             self.server.media = PassthroughStream(self.server)
+        self.server_channels: dc.DataChannelEndpoint | None = None
+        if self.answer.application is not None:
+            self.server_channels = dc.DataChannelEndpoint(
+                dtls_client=False, remote_port=self.answer.application.sctp_port,
+                mtu=self.server.dtls.mtu - DTLS_RECORD_OVERHEAD, rng=random.Random(self.seed + 3))
+            self.server.sctp = self.server_channels
         self.server.mark_answer_sent(self.now)
         self.client_events: list[ClientEvent] = []
         self.server_events: list[CallEvent] = []
@@ -138,6 +153,21 @@ class CallPair:
                 self.client_events.append(ev)
             while (sev := self.server.poll_event()) is not None:
                 self.server_events.append(sev)
+                self._on_server_event(sev)
+                moved = True
+
+    def _on_server_event(self, ev: CallEvent) -> None:
+        """What the transceiver's session does with its call's events, for the sctp slot:
+        start SCTP once DTLS is up (datachannels.py ``CallChannels.start``)."""
+        endpoint = self.server_channels
+        if endpoint is None:
+            return
+        if isinstance(ev, Connected):
+            endpoint.connect(self.now)
+            self.server.poll_sctp()
+        elif self.on_server_channel is not None and isinstance(ev, SctpEvent):
+            self.on_server_channel(self.now, ev.event)
+            self.server.poll_sctp()
 
     # -- the clock -----------------------------------------------------------------------
 

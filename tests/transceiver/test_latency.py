@@ -122,7 +122,7 @@ async def open_session(nursery: trio.Nursery, agent: ResolvedAgent) -> Harness:
         session_id="lat", transceiver=0, agent=agent, answer=answer, candidates=[PUBLIC],
         local_ufrag=ufrag, local_pwd=pwd,
         dtls=DtlsConnection(Role.SERVER, server_cert,
-                            remote_fingerprints=[str(f) for f in answer.plan.fingerprints]),
+                            remote_fingerprints=[str(f) for f in answer.transport.fingerprints]),
         ssrc=0xABCDEF, cname="latency", send=send, now=trio.current_time(),
         on_end=lambda s: None, counters=_Counters(),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import socket
+import time
 import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -409,3 +410,46 @@ def test_a_datagram_that_cannot_be_sent_is_dropped_and_counted_alone(batch: bool
         assert [peer.recv(100), peer.recv(100)] == [b"first", b"third"]
         assert tr.counters["datagrams_out"] == 2 and tr.counters["drop_send"] == 1
         assert tr.counters["bytes_out"] == len(b"first") + len(b"third")
+
+
+async def test_a_full_socket_yields_to_other_tasks_within_a_batch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: a bulk data-channel transfer keeps the socket full, and the receive loop
+    only yielded after 256 datagrams (~10-20 ms of SCTP), so the pacer sent every call's
+    audio late and the echo dropped frames (bench/datachannel.py: 10 of 50 packets/s came
+    back during a 10 MB transfer). It now yields after YIELD_AFTER, however full."""
+    handled: list[int] = []
+    all_handled = trio.Event()
+
+    def slow_dispatch(self: Transceiver, now: float, data: memoryview, relay: Any) -> None:
+        end = time.perf_counter() + 0.001  # ~1 ms of work per datagram
+        while time.perf_counter() < end:
+            pass
+        handled.append(1)
+        if len(handled) == 100:
+            all_handled.set()
+
+    monkeypatch.setattr(Transceiver, "dispatch", slow_dispatch)
+    config = TransceiverConfig(id=3, secrets=SECRETS, listen=("127.0.0.1", 0),
+                               control=str(tmp_path / "t3.sock"))
+    seen: list[int] = []  # how many datagrams were handled each time the other task ran
+    async with trio.open_nursery() as nursery:
+        addrs: TransceiverAddresses = await nursery.start(serve_transceiver, config)
+
+        async def other() -> None:
+            while True:
+                seen.append(len(handled))
+                await trio.lowlevel.checkpoint()
+
+        nursery.start_soon(other)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for _ in range(100):  # all queued before the loop reads one
+                s.sendto(b"x" * 100, addrs.udp)
+        with trio.fail_after(10):
+            await all_handled.wait()
+        nursery.cancel_scope.cancel()
+    counts = sorted(set(seen))
+    gaps = [b - a for a, b in zip(counts, counts[1:], strict=False)]
+    # YIELD_AFTER is 2 ms: a few 1 ms datagrams between two turns of the other task, not 100.
+    assert server_mod.YIELD_AFTER <= 0.002
+    assert gaps and max(gaps) <= 5, counts

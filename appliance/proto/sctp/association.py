@@ -441,7 +441,11 @@ class SctpAssociation(ReconfigMixin):
                     break  # §3.2: "00"/"01": stop processing this packet
             else:  # an INIT bundled after another chunk
                 self._stats.drops["misplaced-chunk"] += 1
-        if data_seen:
+        # DATA before we are ESTABLISHED (a COOKIE-ACK lost while the peer, established,
+        # already sends) was dropped by _on_data: nothing to acknowledge, and a SACK timer
+        # armed for it could never be served by _flush (no receiver state to SACK from), so
+        # poll_timeout would stay in the past for ever.
+        if data_seen and self.state in _DATA_STATES:
             self._data_packets += 1
             if self._data_packets >= 2:
                 self._sack_now = True  # §6.2: acknowledge at least every second packet

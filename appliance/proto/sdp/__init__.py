@@ -2,7 +2,7 @@
 
 * :mod:`.parse` — ``parse_offer_untrusted`` (RFC 8866 and the WebRTC attribute RFCs) and
   ``parse_sdpfrag_untrusted`` (RFC 8840 trickle-ice-sdpfrag, WHIP PATCH bodies).
-* :mod:`.answer` — ``choose_audio`` / ``choose_application`` / ``build_answer`` (RFC 3264, RFC 8829 §5.3) and
+* :mod:`.answer` — ``choose_plans`` (``choose_audio`` / ``choose_application``) / ``build_answer`` (RFC 3264, RFC 8829 §5.3) and
   ``build_sdpfrag_answer`` (RFC 9725 §4.4.1 ICE restart).
 * :mod:`.errors` — ``SdpError`` with the HTTP status to answer and a machine ``code``.
 
@@ -21,10 +21,12 @@ from appliance.proto.sdp.answer import (
     Answer,
     ApplicationPlan,
     AudioPlan,
+    TransportPlan,
     build_answer,
     build_sdpfrag_answer,
     choose_application,
     choose_audio,
+    choose_plans,
     host_candidate_lines,
 )
 from appliance.proto.sdp.errors import CODES, SdpError
@@ -79,10 +81,12 @@ __all__ = [
     "SdpFrag",
     "Setup",
     "SsrcAttribute",
+    "TransportPlan",
     "build_answer",
     "build_sdpfrag_answer",
     "choose_application",
     "choose_audio",
+    "choose_plans",
     "host_candidate_lines",
     "parse_candidate_untrusted",
     "parse_offer_untrusted",

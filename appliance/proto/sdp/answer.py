@@ -21,6 +21,9 @@ The answer is always the same shape (DESIGN.md "SDP answer")::
     a=sctp-port:5000 / a=max-message-size:262144 / candidates
     m=<other kinds> 0 ...                       <- rejected, echoed in order (RFC 3264 §6)
 
+A data-only session's answer (no enabled audio in the offer) is the same without the
+m=audio section: a=group:BUNDLE <application mid> and the m=application section alone.
+
 Implemented: RFC 3264 §6 (answer m= lines in offer order; port 0 rejects), §6.1
 (direction reversal); RFC 8843 §7.3 (BUNDLE in the answer lists only accepted mids);
 RFC 8842 §5.3 (setup:passive, we are the DTLS server); RFC 8839 §5.1 candidates with
@@ -32,6 +35,13 @@ is answered when it is ``UDP/DTLS/SCTP webrtc-datachannel`` (or ICE-TCP's
 so an unbundled one, another proto, or an ``a=sctp-port`` of 0 is refused with a 4xx that
 names it (RFC 8841 §5.2: an absent sctp-port means 5000; §6.1: an absent max-message-size
 means 64 KiB and 0 means no limit).
+
+Data-only sessions (RFC 8841 without audio): when the offer has no enabled audio section
+and ``datachannel=True``, its application section alone is served and carries the call's
+transport (its own ICE/DTLS attributes, its own BUNDLE group); :attr:`Answer.plan` is then
+``None`` and :attr:`Answer.transport` says where the peer's ICE and DTLS parameters came
+from. An offer that has an enabled audio section must still have a servable one (its
+4xx is precise; we never drop audio the caller asked for to serve the data alone).
 
 Deliberately omitted: video, more than one audio or application stream (all rejected with
 port 0); header extensions and RTCP feedback (none is useful for one
@@ -91,6 +101,21 @@ _SAFE_RE: Final = re.compile(r"[!-~]{1,255}", re.ASCII)  # printable, no space: 
 
 
 @dataclass(frozen=True, slots=True)
+class TransportPlan:
+    """The peer's side of the call's one ICE/DTLS transport, read from the section that
+    carries it (RFC 8843: the BUNDLE's): the audio, or the application section of a
+    data-only session."""
+
+    section: MediaSection
+    ice_ufrag: str
+    ice_pwd: str
+    fingerprints: tuple[Fingerprint, ...]  # only those with a USABLE_HASHES algorithm
+    setup: Setup
+    candidates: tuple[Candidate, ...]
+    bundled: bool  # the section's mid is in the offer's BUNDLE group
+
+
+@dataclass(frozen=True, slots=True)
 class AudioPlan:
     """What the offer asks of us, once judged servable (remote-side parameters)."""
 
@@ -98,12 +123,31 @@ class AudioPlan:
     opus: Codec
     telephone_event: Codec | None
     direction: Direction  # the offer's
-    ice_ufrag: str
-    ice_pwd: str
-    fingerprints: tuple[Fingerprint, ...]  # only those with a USABLE_HASHES algorithm
-    setup: Setup
-    candidates: tuple[Candidate, ...]
-    bundled: bool  # the audio mid is in the offer's BUNDLE group
+    transport: TransportPlan
+
+    @property
+    def ice_ufrag(self) -> str:
+        return self.transport.ice_ufrag
+
+    @property
+    def ice_pwd(self) -> str:
+        return self.transport.ice_pwd
+
+    @property
+    def fingerprints(self) -> tuple[Fingerprint, ...]:
+        return self.transport.fingerprints
+
+    @property
+    def setup(self) -> Setup:
+        return self.transport.setup
+
+    @property
+    def candidates(self) -> tuple[Candidate, ...]:
+        return self.transport.candidates
+
+    @property
+    def bundled(self) -> bool:
+        return self.transport.bundled
 
     @property
     def mid(self) -> str | None:
@@ -148,23 +192,32 @@ class Answer:
 
     text: str
     audio_mid: str | None
-    audio_index: int
-    opus_pt: int
-    opus_fmtp: str
+    audio_index: int | None  # None: a data-only session (so are the audio fields below)
+    opus_pt: int | None
+    opus_fmtp: str | None
     telephone_event_pt: int | None
-    direction: Direction  # ours
+    direction: Direction | None  # ours, for the audio
     bundle_mids: tuple[str, ...]
     rtcp_rsize: bool
-    plan: AudioPlan
+    plan: AudioPlan | None  # None: a data-only session
+    transport: TransportPlan  # the peer's ICE/DTLS parameters (audio's or application's)
     application: ApplicationPlan | None = None  # the data-channel section, when answered
 
     @property
     def media_line(self) -> str:
-        """``m=audio 9 <proto> <pts>``: the line an sdpfrag repeats (RFC 8840 §9)."""
+        """The first served m= line with port 9, which an sdpfrag repeats (RFC 8840 §9):
+        ``m=audio 9 <proto> <pts>``, or a data-only session's application line."""
+        if self.plan is None:
+            return f"m=application 9 {self.transport.section.proto} {DATACHANNEL_FORMAT}"
         pts = [str(self.opus_pt)]
         if self.telephone_event_pt is not None:
             pts.append(str(self.telephone_event_pt))
         return f"m=audio 9 {self.plan.section.proto} {' '.join(pts)}"
+
+    @property
+    def transport_mid(self) -> str | None:
+        """The mid of the section whose line :attr:`media_line` is."""
+        return self.transport.section.mid
 
 
 def _is_opus(c: Codec) -> bool:
@@ -216,10 +269,24 @@ def choose_audio(offer: Offer) -> AudioPlan:
         assert first_problem is not None
         raise first_problem
     m, opus = chosen
+    transport = _choose_transport(offer, m, "audio")
+    if not offer.effective_rtcp_mux(m):
+        raise SdpError("no-rtcp-mux", "a=rtcp-mux is required (one port for RTP and RTCP)")
+    return AudioPlan(
+        section=m,
+        opus=opus,
+        telephone_event=_telephone_event(m),
+        direction=offer.effective_direction(m),
+        transport=transport,
+    )
 
+
+def _choose_transport(offer: Offer, m: MediaSection, what: str) -> TransportPlan:
+    """The peer's ICE/DTLS parameters for section ``m`` (``what`` names it in errors), or
+    :class:`SdpError` (422). The same checks whichever section carries the transport."""
     ufrag, pwd = offer.effective_ice(m)
     if ufrag is None or pwd is None:
-        raise SdpError("no-ice-credentials", "no a=ice-ufrag/a=ice-pwd for the audio section")
+        raise SdpError("no-ice-credentials", f"no a=ice-ufrag/a=ice-pwd for the {what} section")
     fingerprints = tuple(f for f in offer.effective_fingerprints(m) if f.algorithm in USABLE_HASHES)
     if not fingerprints:
         raise SdpError(
@@ -234,13 +301,8 @@ def choose_audio(offer: Offer) -> AudioPlan:
             f"a=setup:{setup.value}: the server is always the DTLS server, "
             "so the offer must be actpass or active",
         )
-    if not offer.effective_rtcp_mux(m):
-        raise SdpError("no-rtcp-mux", "a=rtcp-mux is required (one port for RTP and RTCP)")
-    return AudioPlan(
+    return TransportPlan(
         section=m,
-        opus=opus,
-        telephone_event=_telephone_event(m),
-        direction=offer.effective_direction(m),
         ice_ufrag=ufrag,
         ice_pwd=pwd,
         fingerprints=fingerprints,
@@ -250,9 +312,18 @@ def choose_audio(offer: Offer) -> AudioPlan:
     )
 
 
-def choose_application(offer: Offer, audio: AudioPlan) -> ApplicationPlan | None:
-    """The data-channel section to serve beside ``audio``, ``None`` when the offer has no
-    enabled application section, or :class:`SdpError` (422) when it has one we cannot serve.
+def _has_audio(offer: Offer) -> bool:
+    # RFC 3264 §8.2: port 0 in an offer disables the stream, unless RFC 8843
+    # bundle-only says the port is borrowed from the BUNDLE tag.
+    return any(
+        m.kind is MediaKind.AUDIO and (m.port != 0 or m.bundle_only) for m in offer.media
+    )
+
+
+def choose_application(offer: Offer, audio: AudioPlan | None) -> ApplicationPlan | None:
+    """The data-channel section to serve beside ``audio`` (``None``: a data-only session,
+    the section carries the transport itself), ``None`` when the offer has no enabled
+    application section, or :class:`SdpError` (422) when it has one we cannot serve.
     """
     apps = [
         m for m in offer.media if m.kind is MediaKind.APPLICATION and (m.port != 0 or m.bundle_only)
@@ -272,7 +343,7 @@ def choose_application(offer: Offer, audio: AudioPlan) -> ApplicationPlan | None
         )
     # One ICE/DTLS transport per call: the data channel must ride the audio's (RFC 8843).
     bundle = offer.bundle
-    if not (audio.bundled and m.mid is not None and m.mid in bundle):
+    if audio is not None and not (audio.bundled and m.mid is not None and m.mid in bundle):
         raise SdpError(
             "not-bundled",
             f"application m= section {m.index} is not in the audio's BUNDLE group; the "
@@ -285,6 +356,29 @@ def choose_application(offer: Offer, audio: AudioPlan) -> ApplicationPlan | None
             DEFAULT_PEER_MAX_MESSAGE_SIZE if m.max_message_size is None else m.max_message_size
         ),
     )
+
+
+def choose_plans(
+    offer: Offer, *, datachannel: bool = True
+) -> tuple[AudioPlan | None, ApplicationPlan | None, TransportPlan]:
+    """What :func:`build_answer` serves: the audio plan (``None`` for a data-only session),
+    the data-channel plan (with ``datachannel``) and the transport they share; or
+    :class:`SdpError` (422). Signaling may call this before minting credentials to fail fast.
+
+    An offer with an enabled audio section is judged by it (:func:`choose_audio`); one
+    without is a data-only session when ``datachannel`` allows and it has an enabled
+    application section, and ``no-audio`` otherwise (nothing we could serve).
+    """
+    if _has_audio(offer) or not datachannel:
+        plan = choose_audio(offer)
+        app = choose_application(offer, plan) if datachannel else None
+        return plan, app, plan.transport
+    app = choose_application(offer, None)
+    if app is None:
+        raise SdpError(
+            "no-audio", "the offer has no enabled audio or application (data channel) m= section"
+        )
+    return None, app, _choose_transport(offer, app.section, "application")
 
 
 def _check_ice(ice_ufrag: str, ice_pwd: str) -> None:
@@ -341,7 +435,8 @@ def build_answer(
     datachannel: bool = False,
 ) -> Answer:
     """Answer ``offer``: serve its first usable audio section and, with ``datachannel``,
-    its data-channel section on the same transport; reject everything else.
+    its data-channel section on the same transport (or that section alone, for an offer
+    without audio: a data-only session); reject everything else.
 
     Raises :class:`SdpError` (a ``RemoteProtocolError``) when the offer cannot be served,
     and ``LocalProtocolError`` when our own arguments are wrong.
@@ -358,15 +453,13 @@ def build_answer(
             raise LocalProtocolError(f"{what} must be 1-255 printable ASCII, no spaces")
     cand_lines = host_candidate_lines(candidates)
 
-    plan = choose_audio(offer)
-    app = choose_application(offer, plan) if datachannel else None
-    audio = plan.section
-    direction = plan.direction.reverse()
+    plan, app, transport = choose_plans(offer, datachannel=datachannel)
+    served = plan.section if plan is not None else transport.section
     addrtype, port, address = _default_address(candidates)
     # RFC 8843 §7.3.1: the answer's group lists the accepted mids, in the offer's order.
-    accepted = {audio.mid} | ({app.mid} if app is not None else set())
-    bundle = tuple(mid for mid in offer.bundle if mid in accepted) if plan.bundled else ()
-    transport = [
+    accepted = {served.mid} | ({app.mid} if app is not None else set())
+    bundle = tuple(mid for mid in offer.bundle if mid in accepted) if transport.bundled else ()
+    transport_lines = [
         f"a=ice-ufrag:{ice_ufrag}",
         f"a=ice-pwd:{ice_pwd}",
         f"a=fingerprint:{fingerprint}",
@@ -382,8 +475,6 @@ def build_answer(
     ]
     if bundle:
         out.append("a=group:BUNDLE " + " ".join(bundle))
-    te = plan.telephone_event
-    pts = [plan.opus.pt] if te is None else [plan.opus.pt, te.pt]
     for m in offer.media:
         if app is not None and m is app.section:
             # RFC 8841 §5: the data channel shares the audio's transport (BUNDLE), so it
@@ -392,13 +483,13 @@ def build_answer(
             out.append(f"c=IN {addrtype} {address}")
             if m.mid is not None:
                 out.append(f"a=mid:{m.mid}")
-            out += transport
+            out += transport_lines
             out.append(f"a=sctp-port:{SCTP_PORT}")
             out.append(f"a=max-message-size:{MAX_MESSAGE_SIZE}")
             out += cand_lines
             out.append("a=end-of-candidates")
             continue
-        if m is not audio:
+        if plan is None or m is not plan.section:
             # RFC 3264 §6: a rejected stream keeps its place with port 0; RFC 8829
             # §5.3.1 keeps the mid so the offerer can match it.
             out.append(f"m={m.media} 0 {m.proto} {' '.join(m.formats)}")
@@ -406,39 +497,62 @@ def build_answer(
             if m.mid is not None:
                 out.append(f"a=mid:{m.mid}")
             continue
-        out.append(f"m=audio {port} {audio.proto} {' '.join(map(str, pts))}")
-        out.append(f"c=IN {addrtype} {address}")
-        if audio.mid is not None:
-            out.append(f"a=mid:{audio.mid}")
-        out += transport
-        out += [f"a={direction.value}", "a=rtcp-mux"]
-        if audio.rtcp_rsize:
-            out.append("a=rtcp-rsize")  # RFC 5506: we parse reduced-size RTCP anyway
-        out.append(f"a=rtpmap:{plan.opus.pt} opus/48000/2")
-        out.append(f"a=fmtp:{plan.opus.pt} {OPUS_FMTP}")
-        if te is not None:
-            out.append(f"a=rtpmap:{te.pt} {te.name}/{te.clock_rate}")
-            if te.fmtp:
-                out.append(f"a=fmtp:{te.pt} {te.fmtp}")
-        if direction in (Direction.SENDRECV, Direction.SENDONLY):
-            out.append(f"a=msid:{msid_stream} {msid_track}")
-            out.append(f"a=ssrc:{ssrc} cname:{cname}")
-            out.append(f"a=ssrc:{ssrc} msid:{msid_stream} {msid_track}")
-        out += cand_lines
-        out.append("a=end-of-candidates")
+        out += _audio_lines(plan, port, addrtype, address, transport_lines, cand_lines,
+                            ssrc=ssrc, cname=cname, msid=(msid_stream, msid_track))
+    text = "\r\n".join(out) + "\r\n"
+    if plan is None:
+        return Answer(
+            text=text, audio_mid=None, audio_index=None, opus_pt=None, opus_fmtp=None,
+            telephone_event_pt=None, direction=None, bundle_mids=bundle, rtcp_rsize=False,
+            plan=None, transport=transport, application=app,
+        )
+    audio = plan.section
+    te = plan.telephone_event
     return Answer(
-        text="\r\n".join(out) + "\r\n",
+        text=text,
         audio_mid=audio.mid,
         audio_index=audio.index,
         opus_pt=plan.opus.pt,
         opus_fmtp=OPUS_FMTP,
         telephone_event_pt=te.pt if te is not None else None,
-        direction=direction,
+        direction=plan.direction.reverse(),
         bundle_mids=bundle,
         rtcp_rsize=audio.rtcp_rsize,
         plan=plan,
+        transport=transport,
         application=app,
     )
+
+
+def _audio_lines(plan: AudioPlan, port: int, addrtype: str, address: str,
+                 transport: list[str], cand_lines: list[str], *, ssrc: int, cname: str,
+                 msid: tuple[str, str]) -> list[str]:
+    """The served audio section (RFC 8829 §5.3.1, RFC 7587 §7, RFC 4733)."""
+    audio = plan.section
+    direction = plan.direction.reverse()
+    te = plan.telephone_event
+    pts = [plan.opus.pt] if te is None else [plan.opus.pt, te.pt]
+    out = [f"m=audio {port} {audio.proto} {' '.join(map(str, pts))}",
+           f"c=IN {addrtype} {address}"]
+    if audio.mid is not None:
+        out.append(f"a=mid:{audio.mid}")
+    out += transport
+    out += [f"a={direction.value}", "a=rtcp-mux"]
+    if audio.rtcp_rsize:
+        out.append("a=rtcp-rsize")  # RFC 5506: we parse reduced-size RTCP anyway
+    out.append(f"a=rtpmap:{plan.opus.pt} opus/48000/2")
+    out.append(f"a=fmtp:{plan.opus.pt} {OPUS_FMTP}")
+    if te is not None:
+        out.append(f"a=rtpmap:{te.pt} {te.name}/{te.clock_rate}")
+        if te.fmtp:
+            out.append(f"a=fmtp:{te.pt} {te.fmtp}")
+    if direction in (Direction.SENDRECV, Direction.SENDONLY):
+        out.append(f"a=msid:{msid[0]} {msid[1]}")
+        out.append(f"a=ssrc:{ssrc} cname:{cname}")
+        out.append(f"a=ssrc:{ssrc} msid:{msid[0]} {msid[1]}")
+    out += cand_lines
+    out.append("a=end-of-candidates")
+    return out
 
 
 def build_sdpfrag_answer(
@@ -459,8 +573,8 @@ def build_sdpfrag_answer(
         if answer.bundle_mids:
             out.append("a=group:BUNDLE " + " ".join(answer.bundle_mids))
         out.append(answer.media_line)
-        if answer.audio_mid is not None:
-            out.append(f"a=mid:{answer.audio_mid}")
+        if answer.transport_mid is not None:
+            out.append(f"a=mid:{answer.transport_mid}")
     out += [f"a=ice-ufrag:{ice_ufrag}", f"a=ice-pwd:{ice_pwd}"]
     out += host_candidate_lines(candidates)
     out.append("a=end-of-candidates")

@@ -90,6 +90,7 @@ def test_chromium_answer_shape() -> None:
         "a=candidate:1 1 udp 2130706431 203.0.113.7 3478 typ host",
         "a=candidate:2 1 udp 2130706175 2001:db8::7 3478 typ host",
     ]
+    assert a.plan is not None
     assert a.plan.remote_ssrc == 3046219543 and a.plan.send_fec and not a.plan.send_stereo
     # The rejected data section keeps its mid and carries no transport.
     rejected = ls[ls.index(m_lines[1]) :]
@@ -108,6 +109,7 @@ def test_firefox_answer() -> None:
     assert (a.opus_pt, a.telephone_event_pt, a.audio_mid) == (109, 101, "0")
     assert "a=fmtp:101 0-15" in lines(a)
     plan = a.plan
+    assert plan is not None
     assert plan.fingerprints[0].algorithm == "sha-256"  # from session level
     assert plan.ice_ufrag == "8f3e2a1b" and len(plan.candidates) == 4
     assert plan.send_stereo and plan.send_fec
@@ -203,7 +205,8 @@ def test_bundle_only_audio_inherits_transport_from_tag() -> None:
     data = data.replace("a=mid:1", "a=mid:1\r\na=rtcp-mux")
     text = head.replace("BUNDLE 0 1", "BUNDLE 1 0") + data + "m=audio" + stripped
     a = answer(text)
-    assert a.audio_mid == "0" and a.plan.ice_ufrag == "Qx7k" and a.plan.setup is Setup.ACTPASS
+    assert a.audio_mid == "0" and a.transport.ice_ufrag == "Qx7k"
+    assert a.transport.setup is Setup.ACTPASS
 
 
 def _err(text: str) -> SdpError:
@@ -244,9 +247,9 @@ def test_unservable_offers_are_422_with_codes() -> None:
 
 def test_active_and_absent_setup_are_served() -> None:
     chrome = load("chrome-audio-only.sdp")
-    assert answer(chrome.replace("actpass", "active")).plan.setup is Setup.ACTIVE
+    assert answer(chrome.replace("actpass", "active")).transport.setup is Setup.ACTIVE
     # RFC 4145 §4.1: absent means active.
-    assert answer(chrome.replace("a=setup:actpass\r\n", "")).plan.setup is Setup.ACTIVE
+    assert answer(chrome.replace("a=setup:actpass\r\n", "")).transport.setup is Setup.ACTIVE
 
 
 def test_choose_audio_fails_fast_without_credentials() -> None:
