@@ -96,10 +96,4 @@ def encode_flow_header(
 ) -> bytes:
     """The PROXY v2 header a flow's datagrams carry on the internal leg (source = client,
     destination = public; DESIGN.md), with the transport nibble of ``transport``."""
-    header = encode_header(client, public, tlvs)
-    if transport is Transport.UDP:
-        return header
-    # Byte 13 is the family byte (HAProxy spec §2.2): keep the address family, set STREAM.
-    framed = bytearray(header)
-    framed[13] = (framed[13] & 0xF0) | transport.value
-    return bytes(framed)
+    return encode_header(client, public, tlvs, transport.value)
