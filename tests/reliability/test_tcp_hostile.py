@@ -1,0 +1,192 @@
+"""Issue 18 #5/#6: hostile input on the relay's ICE-TCP port while real calls run through it
+— two UDP calls and one ICE-TCP call (our ClientPeer speaking RFC 4571 frames on a TCP
+connection: ICE, DTLS, SRTP end to end with a transceiver process) — and none of them
+notices. The relay and the transceiver are processes (reliability/support.py).
+
+Hostile connections: garbage first frames (HTTP, TLS, RTP before any check, checks whose
+ufrag does not verify), half-open connections that never send, slowloris connections that
+dribble one byte of a length prefix, oversize frames, a connection flood past the per-IP
+cap, and a reader that has made a flow and then never reads. Each is closed or refused and
+counted under its reason; the calls keep receiving media at their rate.
+
+The slow reader's *overflow* (its backlog reaching the cap, its frames dropped) needs more
+return traffic than an echo call makes in a test's time: tests/relay/test_tcp.py drives it
+with a fake transceiver that bursts.
+"""
+
+from __future__ import annotations
+
+import socket as stdsocket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+from reliability.support import Call, Stack, eventually, open_call, opus_frame
+
+from appliance.client.peer import ClientPeer, Connected, Failed, RtpReceived
+from appliance.proto.dtls import Certificate
+from appliance.proto.framing import Deframer, encode_frame
+from appliance.proto.stun import binding_request
+
+SECONDS = 3.0
+
+
+@pytest.fixture
+async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
+    s = Stack.make(tmp_path)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+class TcpCall(Call):
+    """A :class:`Call` whose datagrams travel as RFC 4571 frames on one TCP connection."""
+
+    async def run(self, payload: bytes) -> None:
+        peer, sock = self.peer, self.sock
+        assert peer.remote is not None
+        remote = peer.remote
+        deframer = Deframer()
+        next_media: float | None = None
+        ts = 0
+        try:
+            while not peer.closed:
+                now = trio.current_time()
+                deadlines = [d for d in (peer.poll_timeout(), next_media) if d is not None]
+                with trio.move_on_at(min(deadlines) if deadlines else now + 0.05):
+                    await trio.lowlevel.wait_readable(sock)
+                now = trio.current_time()
+                try:
+                    data = sock.recv(65536)
+                except (BlockingIOError, InterruptedError):
+                    data = None
+                if data == b"":
+                    self.failed = "relay closed the connection"
+                    return
+                if data:
+                    deframer.handle_data(data)
+                    while (frame := deframer.poll_frame()) is not None:
+                        peer.handle_datagram(now, frame, remote)
+                peer.handle_timeout(now)
+                if next_media is not None and now >= next_media:
+                    if self.sending and not peer.closed:
+                        peer.send_rtp(payload, ts)
+                        ts += 960
+                    next_media = max(next_media + 0.02, now)
+                while (ev := peer.poll_event()) is not None:
+                    if isinstance(ev, Connected):
+                        self.connected.set()
+                        next_media = now
+                    elif isinstance(ev, RtpReceived):
+                        self.rx_times.append(ev.at)
+                    elif isinstance(ev, Failed):
+                        self.failed = ev.reason
+                while (out := peer.poll_transmit()) is not None:
+                    sock.sendall(encode_frame(out[0]))  # small frames: never blocks here
+                await trio.lowlevel.checkpoint()
+        finally:
+            sock.close()
+            self.done.set()
+
+
+async def _tcp_call(nursery: trio.Nursery, stack: Stack, tcp: tuple[str, int], sid: str,
+                    payload: bytes) -> TcpCall:
+    peer = ClientPeer(Certificate.generate(time.time()))
+    resp = await stack.ctl(0, op="create", session_id=sid, offer=peer.offer(), agent=None,
+                           candidates=[list(stack.public)], tcp_candidates=[list(tcp)])
+    assert resp["ok"], resp
+    assert "tcptype passive" in resp["answer"]
+    peer.accept_answer(resp["answer"], trio.current_time())
+    sock = stdsocket.create_connection(tcp)
+    sock.setblocking(False)
+    call = TcpCall(sid, 0, peer, sock)
+    nursery.start_soon(call.run, payload)
+    return call
+
+
+def _connect(tcp: tuple[str, int], src: str = "127.0.0.1") -> stdsocket.socket:
+    s = stdsocket.socket()
+    s.bind((src, 0))
+    s.connect(tcp)
+    return s
+
+
+def _closed(s: stdsocket.socket) -> bool:
+    s.settimeout(0)
+    try:
+        return s.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True  # reset
+
+
+async def test_tcp_hostile_input_leaves_calls_untouched(stack: Stack) -> None:
+    await stack.start_transceiver(0)
+    await stack.start_relay("--tcp", "127.0.0.1:0", "--tcp-max-per-ip", "40")
+    assert stack.relay is not None
+    host, port = stack.relay.line.split(" tcp ")[1].split(",")[0].rsplit(":", 1)
+    tcp = (host, int(port))
+    payload = opus_frame()
+    async with trio.open_nursery() as nursery:
+        calls = [await open_call(nursery, stack, 0, f"udp{i}", payload) for i in range(2)]
+        calls.append(await _tcp_call(nursery, stack, tcp, "tcp0", payload))
+        with trio.fail_after(15):
+            for c in calls:
+                await c.connected.wait()
+        await eventually(lambda: all(c.received > 10 for c in calls), 10, "media on every call")
+        start = trio.current_time()
+        before = [c.received for c in calls]
+
+        ufrag = calls[2].peer.ice.remote_ufrag if calls[2].peer.ice else ""  # a live session's
+        junk: list[stdsocket.socket] = []
+        # Garbage first frames: each closed at its first frame.
+        for first in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",  # unframed: a huge length
+                      encode_frame(b"\x80" + bytes(100)),  # RTP before any check
+                      encode_frame(binding_request(bytes(12), username="notaufrag:x")),
+                      b"\xff\xff" + bytes(64)):  # an oversize frame
+            s = _connect(tcp)
+            s.sendall(first)
+            junk.append(s)
+        half_open = [_connect(tcp) for _ in range(5)]  # never send a byte
+        slowloris = [_connect(tcp) for _ in range(5)]
+        for s in slowloris:
+            s.sendall(b"\x00")  # half a length prefix, then silence
+        # A reader that makes a flow (a check with the live session's ufrag: it verifies,
+        # the transceiver answers 401 to the wrong password) and then never reads.
+        silent = _connect(tcp)
+        silent.setsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_RCVBUF, 2048)
+        silent.sendall(encode_frame(binding_request(bytes(12), username=f"{ufrag}:evil")))
+        # A connection flood from another loopback address past the per-IP cap (40).
+        flood = [_connect(tcp, "127.0.0.2") for _ in range(60)]
+        await trio.sleep(SECONDS)  # the calls run meanwhile; their media is the measurement
+
+        stats = (await stack.relay_stats())["counters"]
+        drops = stats["drops"]
+        assert drops.get("tcp-first-frame", 0) >= 2, drops  # RTP first, bad ufrag
+        assert drops.get("tcp-frame-too-long", 0) >= 2, drops  # HTTP as a length, 0xffff
+        assert drops.get("tcp-refused-ip", 0) >= 20, drops
+        # The TCP call and the silent reader made flows; nothing hostile did.
+        assert stats["tcp_established"] == 2, stats
+        assert all(_closed(s) for s in junk)
+        # Half-open and slowloris: closed at the first-frame timeout (5 s by default).
+        await eventually(lambda: all(_closed(s) for s in half_open + slowloris), 10,
+                         "half-open and slowloris connections to be closed")
+        drops = (await stack.relay_stats())["counters"]["drops"]
+        assert drops.get("tcp-first-timeout", 0) >= 10, drops
+
+        end = trio.current_time()
+        for c, n0 in zip(calls, before, strict=True):
+            assert c.failed is None, c.failed
+            got = c.received - n0
+            # 50 packets/s echoed: allow the echo agent's jitter, not an outage.
+            assert got >= 0.8 * 50 * (end - start), (c.sid, got, end - start)
+            gaps = [b - a for a, b in zip(c.rx_times, c.rx_times[1:], strict=False)
+                    if a >= start]
+            assert max(gaps) < 0.5, (c.sid, max(gaps))
+        for s in [*junk, *half_open, *slowloris, silent, *flood]:
+            s.close()
+        nursery.cancel_scope.cancel()
