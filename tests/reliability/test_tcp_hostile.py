@@ -138,8 +138,12 @@ async def test_tcp_hostile_input_leaves_calls_untouched(stack: Stack) -> None:
             for c in calls:
                 await c.connected.wait()
         await eventually(lambda: all(c.received > 10 for c in calls), 10, "media on every call")
+        # A quiet window first: the rate each call gets on this (shared, loaded) machine.
+        t0, base0 = trio.current_time(), [c.received for c in calls]
+        await trio.sleep(SECONDS)
         start = trio.current_time()
         before = [c.received for c in calls]
+        baseline = [(n1 - n0) / (start - t0) for n0, n1 in zip(base0, before, strict=True)]
 
         ufrag = calls[2].peer.ice.remote_ufrag if calls[2].peer.ice else ""  # a live session's
         junk: list[stdsocket.socket] = []
@@ -179,11 +183,11 @@ async def test_tcp_hostile_input_leaves_calls_untouched(stack: Stack) -> None:
         assert drops.get("tcp-first-timeout", 0) >= 10, drops
 
         end = trio.current_time()
-        for c, n0 in zip(calls, before, strict=True):
+        for c, n0, base in zip(calls, before, baseline, strict=True):
             assert c.failed is None, c.failed
-            got = c.received - n0
-            # 50 packets/s echoed: allow the echo agent's jitter, not an outage.
-            assert got >= 0.8 * 50 * (end - start), (c.sid, got, end - start)
+            rate = (c.received - n0) / (end - start)
+            # The same rate as in the quiet window, give or take the machine's load.
+            assert rate >= 0.7 * base, (c.sid, rate, base)
             gaps = [b - a for a, b in zip(c.rx_times, c.rx_times[1:], strict=False)
                     if a >= start]
             assert max(gaps) < 0.5, (c.sid, max(gaps))
