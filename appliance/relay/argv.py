@@ -44,6 +44,7 @@ def relay_argv(
     tcp: Sequence[Address] = (),
     tcp_max_connections: int | None = None,
     tcp_max_per_ip: int | None = None,
+    tcp_https: Address | None = None,
 ) -> list[str]:
     """``command`` (e.g. ``[python, "-m", "appliance", "relay"]``) plus the flags for the
     given settings. Floats are written with ``repr`` so they survive the round trip."""
@@ -80,6 +81,7 @@ def relay_argv(
         argv += ["--tcp", format_hostport(addr)]
     opt("--tcp-max-connections", tcp_max_connections)
     opt("--tcp-max-per-ip", tcp_max_per_ip)
+    opt("--tcp-https", None if tcp_https is None else format_hostport(tcp_https))
     opt("--log-level", log_level)
     opt("--log-format", log_format)
     return argv

@@ -67,6 +67,7 @@ DEFAULTS: dict[str, Any] = {
     "tcp": [],
     "tcp_max_connections": 10_000,
     "tcp_max_per_ip": 64,
+    "tcp_https": None,
 }
 
 
@@ -137,6 +138,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="ICE-TCP connections per worker, at most (default 10000)")
     a("--tcp-max-per-ip", type=int, metavar="N",
       help="ICE-TCP connections per client IP and worker, at most (default 64)")
+    a("--tcp-https", metavar="HOST:PORT",
+      help="one port for HTTPS and ICE-TCP: a --tcp connection whose first byte starts a TLS "
+           "record is relayed, as is, to this HTTPS address (e.g. signaling on loopback)")
     a("--config", metavar="FILE", help="TOML config file (flags override it)")
     a("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     logs.add_logging_flags(parser)
@@ -246,6 +250,8 @@ def build_config(args: argparse.Namespace) -> RelayConfig:
         tcp=tuple(_addr(x, "--tcp", "0.0.0.0") for x in tcp),
         tcp_limits=TcpLimits(max_connections=int(args.tcp_max_connections),
                              max_per_ip=int(args.tcp_max_per_ip)),
+        tcp_https=None if not args.tcp_https else _addr(args.tcp_https, "--tcp-https",
+                                                        "127.0.0.1"),
     )
 
 
@@ -297,6 +303,7 @@ def _child_argv(args: argparse.Namespace, config: RelayConfig, index: int,
         tcp=config.tcp if tcp is None else tcp,
         tcp_max_connections=config.tcp_limits.max_connections,
         tcp_max_per_ip=config.tcp_limits.max_per_ip,
+        tcp_https=config.tcp_https,
     )
 
 

@@ -29,6 +29,7 @@ COUNTER_NAMES = (
     "tcp_accepted",
     "tcp_established",
     "tcp_closed",
+    "tcp_https",
 )
 
 
@@ -57,6 +58,8 @@ class Counters:
     tcp_accepted: int = 0
     tcp_established: int = 0
     tcp_closed: int = 0
+    #: shared-port mode: TLS connections relayed to the HTTPS backend (relay/tcp.py)
+    tcp_https: int = 0
     drops: dict[str, int] = field(default_factory=dict)
 
     def drop(self, reason: str, n: int = 1) -> None:

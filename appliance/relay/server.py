@@ -107,6 +107,8 @@ class RelayConfig:
     #: ICE-TCP listen addresses (tcp.py; ``--tcp``) and their bounds
     tcp: tuple[Address, ...] = ()
     tcp_limits: TcpLimits = field(default_factory=TcpLimits)
+    #: shared-port mode: TLS connections on the ICE-TCP listeners go to this HTTPS address
+    tcp_https: Address | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +170,7 @@ def build_drains(
     tcp: Sequence[socket.socket] = (),
     tcp_limits: TcpLimits | None = None,
     listeners: list[TcpListener] | None = None,
+    tcp_https: Address | None = None,
 ) -> dict[int, Drain]:
     """Every socket's drain, by fd: the return sinks and the internal outbox the drains
     queue on (transport.py), registered with the core, then one :func:`make_drain` per
@@ -186,7 +189,8 @@ def build_drains(
                                          MMSG_BATCH),
             buf=buf, slot=PUBLIC_SLOT, count=MMSG_BATCH, internal=internal_out,
             public=addr, reply=sinks[addr])
-    tcps = [TcpListener(core, sock, internal_out, tcp_limits or TcpLimits()) for sock in tcp]
+    tcps = [TcpListener(core, sock, internal_out, tcp_limits or TcpLimits(), tcp_https)
+            for sock in tcp]
     if listeners is not None:
         listeners.extend(tcps)
     ibuf = bytearray(INTERNAL_SLOT * INTERNAL_BATCH)
@@ -246,7 +250,7 @@ async def serve_relay(
 
         drains = build_drains(core, list(zip(public, pubs, strict=True)), isock, syscalls,
                               resolver.return_sources, config.relay_id, tcp_socks,
-                              config.tcp_limits, listeners)
+                              config.tcp_limits, listeners, config.tcp_https)
 
         def wake() -> None:
             if cache is not None and core.lookups_pending and not cache.wanted.is_set():

@@ -31,6 +31,14 @@ and counted (``tcp-write-full``), so a slow reader costs at most that much memor
 delays another connection (every send is non-blocking; a connection with a backlog is
 drained by its own writer task when the kernel says it is writable).
 
+One port for HTTPS and ICE-TCP (issue 18 #4, ``https`` / ``--tcp-https``): RFC 4571 frames
+the relay accepts are at most 2048 bytes, so a connection's first byte is 0x00-0x07; a TLS
+connection starts with a handshake record, byte 0x16 (RFC 8446 §5.1). With an HTTPS backend
+configured, a connection whose first byte is 0x16 is spliced, bytes as they are, to that
+address (signaling's HTTPS listener on loopback; ``tcp_https`` counts them); anything else
+goes through the ICE-TCP rules above. The backend sees the relay as the client (one IP for
+every HTTPS client: docs/operations.md lists what that costs).
+
 Reads: one ``recv_into`` (up to 64 kB) per readability, its frames handed to the drain as
 one batch. That is a trio wake-up per TCP segment burst rather than the UDP path's batched
 epoll loop — ICE-TCP is the fallback path, measured in docs/performance.md.
@@ -64,6 +72,8 @@ RELAYED = bytes(0 if first_byte_kind(b) is Kind.UNKNOWN else 1 for b in range(25
 #: Frames handed to the drain per batch (slots of the listener's buffer).
 TCP_BATCH = 32
 READ_SIZE = 65536
+#: RFC 8446 §5.1: ContentType.handshake, the first byte of every TLS connection.
+TLS_HANDSHAKE = 0x16
 BACKLOG = 1024
 
 
@@ -184,8 +194,10 @@ class TcpListener:
     """One ``--tcp`` address: accepts, reads frames into the drain, writes frames back."""
 
     def __init__(self, core: RelayCore, sock: socket.socket, internal: Outbox,
-                 limits: TcpLimits) -> None:
+                 limits: TcpLimits, https: Address | None = None) -> None:
         self.core = core
+        #: where TLS connections go in shared-port mode (module docstring), or None
+        self.https = https
         self.sock = sock
         self.public = sockname(sock)
         self.limits = limits
@@ -318,6 +330,10 @@ class TcpListener:
                 return  # reset by the peer
             if n == 0:
                 return  # the client closed (or half-closed: nothing more will come)
+            if self.https is not None and not conn.flowed and rbuf[0] == TLS_HANDSHAKE \
+                    and deframer.buffered == 0:
+                await self._splice(conn, bytes(rmv[:n]))
+                return
             try:
                 deframer.handle_data(rmv[:n])
                 batch = self._batch
@@ -346,6 +362,38 @@ class TcpListener:
             if not conn.flowed and client in core.flows:
                 conn.flowed = True
                 counters.tcp_established += 1
+
+    async def _splice(self, conn: TcpConnection, head: bytes) -> None:
+        """Shared-port mode: relay a TLS connection to the HTTPS backend, both ways, until
+        either side closes."""
+        assert self.https is not None
+        counters = self.core.counters
+        try:
+            with trio.fail_after(self.limits.first_frame_timeout):
+                backend = await trio.open_tcp_stream(*self.https)
+        except (OSError, trio.TooSlowError):
+            counters.drop("tcp-https-unreachable")
+            return
+        counters.tcp_https += 1
+        client = trio.SocketStream(trio.socket.from_stdlib_socket(conn.sock))
+
+        async def pump(src: trio.SocketStream, dst: trio.SocketStream,
+                       scope: trio.CancelScope) -> None:
+            try:
+                while data := await src.receive_some(READ_SIZE):
+                    await dst.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            scope.cancel()  # one side is done: HTTP/1.1 and h2 need no half-close
+
+        async with backend:
+            try:
+                await backend.send_all(head)
+            except trio.BrokenResourceError:
+                return
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pump, client, backend, nursery.cancel_scope)
+                nursery.start_soon(pump, backend, client, nursery.cancel_scope)
 
     def _first_frame_ok(self, frame: bytes) -> bool:
         """A frame before the connection has a flow: a Binding request whose server ufrag
