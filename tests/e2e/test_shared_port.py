@@ -20,7 +20,7 @@ import pytest
 import trio
 from e2e.procs import Proc
 from reliability.support import opus_frame
-from reliability.test_tcp_hostile import TcpCall
+from reliability.tcp_support import TcpCall
 
 from appliance.client.peer import ClientPeer
 from appliance.proto.dtls import Certificate

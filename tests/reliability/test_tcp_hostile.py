@@ -17,17 +17,15 @@ with a fake transceiver that bursts.
 from __future__ import annotations
 
 import socket as stdsocket
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import trio
-from reliability.support import Call, Stack, eventually, open_call, opus_frame
+from reliability.support import Stack, eventually, open_call, opus_frame
+from reliability.tcp_support import open_tcp_call
 
-from appliance.client.peer import ClientPeer, Connected, Failed, RtpReceived
-from appliance.proto.dtls import Certificate
-from appliance.proto.framing import Deframer, encode_frame
+from appliance.proto.framing import encode_frame
 from appliance.proto.stun import binding_request
 
 SECONDS = 3.0
@@ -40,71 +38,6 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
         yield s
     finally:
         s.close()
-
-
-class TcpCall(Call):
-    """A :class:`Call` whose datagrams travel as RFC 4571 frames on one TCP connection."""
-
-    async def run(self, payload: bytes) -> None:
-        peer, sock = self.peer, self.sock
-        assert peer.remote is not None
-        remote = peer.remote
-        deframer = Deframer()
-        next_media: float | None = None
-        ts = 0
-        try:
-            while not peer.closed:
-                now = trio.current_time()
-                deadlines = [d for d in (peer.poll_timeout(), next_media) if d is not None]
-                with trio.move_on_at(min(deadlines) if deadlines else now + 0.05):
-                    await trio.lowlevel.wait_readable(sock)
-                now = trio.current_time()
-                try:
-                    data = sock.recv(65536)
-                except (BlockingIOError, InterruptedError):
-                    data = None
-                if data == b"":
-                    self.failed = "relay closed the connection"
-                    return
-                if data:
-                    deframer.handle_data(data)
-                    while (frame := deframer.poll_frame()) is not None:
-                        peer.handle_datagram(now, frame, remote)
-                peer.handle_timeout(now)
-                if next_media is not None and now >= next_media:
-                    if self.sending and not peer.closed:
-                        peer.send_rtp(payload, ts)
-                        ts += 960
-                    next_media = max(next_media + 0.02, now)
-                while (ev := peer.poll_event()) is not None:
-                    if isinstance(ev, Connected):
-                        self.connected.set()
-                        next_media = now
-                    elif isinstance(ev, RtpReceived):
-                        self.rx_times.append(ev.at)
-                    elif isinstance(ev, Failed):
-                        self.failed = ev.reason
-                while (out := peer.poll_transmit()) is not None:
-                    sock.sendall(encode_frame(out[0]))  # small frames: never blocks here
-                await trio.lowlevel.checkpoint()
-        finally:
-            sock.close()
-            self.done.set()
-
-
-async def _tcp_call(nursery: trio.Nursery, stack: Stack, tcp: tuple[str, int], sid: str,
-                    payload: bytes) -> TcpCall:
-    peer = ClientPeer(Certificate.generate(time.time()))
-    resp = await stack.ctl(0, op="create", session_id=sid, offer=peer.offer(), agent=None,
-                           candidates=[list(stack.public)], tcp_candidates=[list(tcp)])
-    assert resp["ok"], resp
-    assert "tcptype passive" in resp["answer"]
-    peer.accept_answer(resp["answer"], trio.current_time())
-    sock = stdsocket.create_connection(tcp)
-    sock.setblocking(False)
-    call = TcpCall(sid, 0, peer, sock)
-    nursery.start_soon(call.run, payload)
-    return call
 
 
 def _connect(tcp: tuple[str, int], src: str = "127.0.0.1") -> stdsocket.socket:
@@ -133,7 +66,7 @@ async def test_tcp_hostile_input_leaves_calls_untouched(stack: Stack) -> None:
     payload = opus_frame()
     async with trio.open_nursery() as nursery:
         calls = [await open_call(nursery, stack, 0, f"udp{i}", payload) for i in range(2)]
-        calls.append(await _tcp_call(nursery, stack, tcp, "tcp0", payload))
+        calls.append(await open_tcp_call(nursery, stack, tcp, "tcp0", payload))
         with trio.fail_after(15):
             for c in calls:
                 await c.connected.wait()
