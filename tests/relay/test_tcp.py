@@ -10,13 +10,17 @@ their echoes keep coming, and the drop is counted under its own reason.
 
 from __future__ import annotations
 
+import signal
 import socket as stdsocket
+import subprocess
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import trio
 from relay.conftest import StartRelay
-from relay.support import OPEN_SOCKETS, RTP, check, eventually, open_client, ufrag
+from relay.support import OPEN_SOCKETS, RTP, SECRET, check, eventually, open_client, ufrag
 
 from appliance.proto.framing import Deframer, encode_frame
 from appliance.proto.proxy import STREAM, StreamAddr, encode_header, parse_transport_untrusted
@@ -35,6 +39,7 @@ class StreamEcho:
 
     sock: trio.socket.SocketType
     got: list[tuple[Address, Address, int, bytes]] = field(default_factory=list)
+    sources: set[Address] = field(default_factory=set)  # the relays' internal addresses
     flood: int = 0
 
     @property
@@ -45,6 +50,7 @@ class StreamEcho:
     async def run(self) -> None:
         while True:
             data, src = await self.sock.recvfrom(65536)
+            self.sources.add((src[0], src[1]))
             client, public, off, transport = parse_transport_untrusted(data)
             payload = data[off:]
             self.got.append((client, public, transport, payload))
@@ -271,3 +277,47 @@ async def test_slow_reader_drops_its_own_frames_only(
     echo.flood = 0
     for i in range(5):
         await _echoes(live, bytes([i]))
+
+
+@pytest.mark.usefixtures("close_sockets")
+async def test_two_worker_processes_share_the_tcp_port(
+    nursery: trio.Nursery, tmp_path: Path, io: str
+) -> None:
+    """``appliance relay --workers 2 --tcp 127.0.0.1:0``: the first worker picks the port,
+    the second binds the same one (SO_REUSEPORT), the ready line names it, and connections
+    spread over both workers echo through whichever got them."""
+    secret = tmp_path / "routing.secret"
+    secret.write_bytes(SECRET + b"\n")
+    echo = await open_echo(nursery)
+    argv = [sys.executable, "-m", "appliance.relay.cli", "--listen", "127.0.0.1:0",
+            "--tcp", "127.0.0.1:0", "--workers", "2",
+            "--transceiver", f"0={echo.address[0]}:{echo.address[1]}",
+            "--secret-file", str(secret), "--log-level", "warning", "--io", io]
+    proc = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        with trio.fail_after(30):
+            line = b""
+            while not line.endswith(b"\n"):
+                line += await proc.stdout.receive_some(1)
+        text = line.decode().strip()
+        assert " tcp 127.0.0.1:" in text, text
+        host, port = text.split(" tcp ")[1].rsplit(":", 1)
+        addr = (host, int(port))
+        clients = []
+        for i in range(12):
+            stream = await trio.open_tcp_stream(*addr)
+            OPEN_SOCKETS.append(stream.socket)
+            c = TcpClient(stream)
+            await c.send(check(ufrag()))
+            await c.recv()
+            await _echoes(c, bytes([i]))
+            clients.append(c)
+        assert len(echo.sources) == 2, echo.sources  # both workers' internal sockets forwarded frames
+        proc.send_signal(signal.SIGTERM)
+        with trio.fail_after(10):
+            await proc.wait()
+        assert proc.returncode == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
