@@ -321,3 +321,19 @@ async def test_two_worker_processes_share_the_tcp_port(
     finally:
         if proc.returncode is None:
             proc.kill()
+
+
+async def test_ipv6_listener(nursery: trio.Nursery, start_relay: StartRelay) -> None:
+    """An IPv6 ``--tcp`` listener: its frames carry a STREAM-over-IPv6 header (0x21)."""
+    if not stdsocket.has_ipv6:
+        pytest.fail("no IPv6 on this host: the IPv6 listener cannot be tested")
+    echo = await open_echo(nursery)
+    relay = await start_relay(transceivers={0: echo.address}, tcp=(("::1", 0),))
+    assert relay.tcp[0][0] == "::1"
+    c = await tcp_client(relay)
+    await c.send(check(ufrag()))
+    await c.recv()
+    await _echoes(c)
+    client, public, transport, _ = echo.got[-1]
+    assert transport == STREAM and public == relay.tcp[0] and client[0] == "::1"
+    assert relay.core.flows[StreamAddr(client)].header[13] == 0x21
