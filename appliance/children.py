@@ -37,7 +37,8 @@ log = logging.getLogger("appliance.supervisor")
 
 READY_PATTERNS = {
     "transceiver": re.compile(r"^transceiver (?P<id>\S+) listening on (?P<listen>\S+) control (?P<control>.+)$"),
-    "relay": re.compile(r"^relay listening on (?P<listen>\S+) internal (?P<internal>\S+)"),
+    "relay": re.compile(
+        r"^relay listening on (?P<listen>\S+) internal (?P<internal>\S+)(?: tcp (?P<tcp>\S+))?"),
 }
 
 
@@ -226,7 +227,9 @@ class Supervisor:
                     line = raw.decode("utf-8", "replace").rstrip("\r")
                     m = pattern.match(line)
                     if m and not ready.is_set():
-                        status.ready_line, status.ready_fields = line, m.groupdict()
+                        status.ready_line = line
+                        status.ready_fields = {k: v for k, v in m.groupdict().items()
+                                               if v is not None}  # optional groups
                         status.state = "ready"
                         ready.set()
                         log.info("%s ready (pid %s): %s", spec.name, proc.pid, line)

@@ -94,6 +94,9 @@ DEFAULTS: dict[str, Any] = {
     "redis": None,
     "state_dir": None,
     "internal_base_port": 0,
+    "ice_tcp": True,
+    "public_tcp_port": None,
+    "https_on_media_port": False,
 }
 
 
@@ -102,6 +105,30 @@ def _free_port(host: str, kind: socket.SocketKind) -> int:
     with socket.socket(family, kind) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _https_backend(cfg: UpConfig) -> tuple[str, int]:
+    """Where the relays send TLS connections in shared-port mode: signaling's listener."""
+    host = cfg.http[0]
+    return ("127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host,
+            cfg.http[1])
+
+
+def _free_port_pair(host: str, *, tcp: bool) -> int:
+    """A port free for UDP (and, with ``tcp``, for TCP too: ICE-TCP listens on the same
+    number). A race with another process remains; the relay then fails to start, loudly."""
+    for _ in range(64):
+        port = _free_port(host, socket.SOCK_DGRAM)
+        if not tcp:
+            return port
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        return port
+    raise OSError("no port free for both UDP and TCP")
 
 
 # -- configuration -------------------------------------------------------------------------
@@ -127,6 +154,12 @@ class UpConfig:
     log_format: str = "text"
     opus_complexity: int | None = None  # passed to every transceiver when set
     dtls_versions: frozenset[str] | None = None  # passed to every transceiver when set
+    #: ICE-TCP (RFC 6544): the relays listen on TCP at the UDP address's port too, and
+    #: answers list a TCP passive candidate (at public_tcp_port when a load balancer maps it)
+    ice_tcp: bool = True
+    public_tcp_port: int | None = None
+    #: one TCP port for HTTPS and ICE-TCP: the relays pass TLS connections to signaling
+    https_on_media_port: bool = False
     child_command: list[str] = field(default_factory=lambda: [sys.executable, "-m", "appliance"])
     backoff_initial: float = 0.5
     stop_grace: float = 2.0
@@ -171,6 +204,16 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
         dtls_versions=None if getattr(args, "dtls_versions", None) is None
         else parse_dtls_versions(args.dtls_versions),
     )
+    cfg.ice_tcp = bool(getattr(args, "ice_tcp", True))
+    cfg.https_on_media_port = bool(getattr(args, "https_on_media_port", False))
+    if cfg.https_on_media_port and not (cfg.ice_tcp and cfg.tls_cert):
+        raise ValueError("--https-on-media-port needs ICE-TCP and --tls (or --tls-cert): the "
+                         "relays tell HTTPS from ICE-TCP by the TLS record's first byte")
+    tcp_port = getattr(args, "public_tcp_port", None)
+    if tcp_port is not None:
+        cfg.public_tcp_port = int(tcp_port)
+        if not 1 <= cfg.public_tcp_port <= 65535:
+            raise ValueError("--public-tcp-port must be 1..65535")
     if child:
         cfg.child_command = child
     return cfg
@@ -213,7 +256,9 @@ def child_specs(cfg: UpConfig, secret: Path, control_dir: Path) -> tuple[list[Ch
         control = str(control_dir / f"relay-{w}.sock")
         argv = relay_argv([*cfg.child_command, "relay"], listen=[cfg.udp], transceivers=routes,
                           secret_file=str(secret), control=control, redis=cfg.redis,
-                          log_level=cfg.log_level, log_format=cfg.log_format)
+                          log_level=cfg.log_level, log_format=cfg.log_format,
+                          tcp=[cfg.udp] if cfg.ice_tcp else [],
+                          tcp_https=_https_backend(cfg) if cfg.https_on_media_port else None)
         relays.append(ChildSpec("relay", str(w), argv, control))
     return transceivers, relays
 
@@ -235,7 +280,9 @@ async def up(
     """Run everything until cancelled; started with (base URL, supervisor, signaling state)."""
     secret = ensure_secret(cfg.state_dir)
     if cfg.udp[1] == 0:  # "any port": pick one now so every relay worker shares the same
-        cfg.udp = (cfg.udp[0], _free_port(cfg.udp[0], socket.SOCK_DGRAM))
+        cfg.udp = (cfg.udp[0], _free_port_pair(cfg.udp[0], tcp=cfg.ice_tcp))
+    if cfg.https_on_media_port and cfg.http[1] == 0:  # the relays need the port up front
+        cfg.http = (cfg.http[0], _free_port(cfg.http[0], socket.SOCK_STREAM))
     control_dir, temporary = _control_dir(cfg.state_dir)
     try:
         transceivers, relays = child_specs(cfg, secret, control_dir)
@@ -245,6 +292,7 @@ async def up(
             relays={s.key: s.control for s in relays},
             public_addresses=cfg.public_addresses,
             udp_port=cfg.udp[1],
+            tcp_port=(cfg.public_tcp_port or cfg.udp[1]) if cfg.ice_tcp else None,
             api_token=cfg.api_token,
             tls_cert=cfg.tls_cert,
             tls_key=cfg.tls_key,
@@ -268,6 +316,14 @@ async def up(
                 print(f"API token (generated): {generated}", flush=True)
             media = ", ".join(format_hostport((a, cfg.udp[1])) for a in cfg.public_addresses)
             print(f"media: UDP {media}", flush=True)
+            if cfg.ice_tcp:
+                port = cfg.public_tcp_port or cfg.udp[1]
+                tcp = ", ".join(format_hostport((a, port)) for a in cfg.public_addresses)
+                print(f"media: ICE-TCP {tcp} (listening on {format_hostport(cfg.udp)})",
+                      flush=True)
+            if cfg.https_on_media_port:
+                print(f"HTTPS also on the media port: https://{format_hostport((cfg.public_addresses[0], cfg.public_tcp_port or cfg.udp[1]))}/",
+                      flush=True)
             print(f"appliance ready: web UI {base}/  demo {base}/demo  API {base}/v1/sessions",
                   flush=True)
             task_status.started((base, sup, state))
@@ -291,6 +347,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "address requires the API token)")
     parser.add_argument("--udp", metavar="HOST:PORT", default=None,
                         help="public media address of the relays (default 0.0.0.0:3478)")
+    parser.add_argument("--no-ice-tcp", dest="ice_tcp", action="store_false", default=None,
+                        help="no ICE-TCP: by default the relays also listen on TCP at the "
+                             "--udp port (RFC 6544, for networks that drop UDP) and answers "
+                             "list a TCP passive candidate beside the UDP one")
+    parser.add_argument("--public-tcp-port", type=int, metavar="PORT", default=None,
+                        help="the ICE-TCP port clients reach when a load balancer maps "
+                             "another one to the relays' (e.g. 443 outside; default: the "
+                             "--udp port)")
+    parser.add_argument("--https-on-media-port", action="store_true", default=None,
+                        help="with --tls: serve HTTPS on the relays' TCP port too (a "
+                             "connection whose first byte starts a TLS record goes to "
+                             "signaling, an RFC 4571 frame to ICE-TCP): e.g. --udp "
+                             "0.0.0.0:443 for a network that opens only 443")
     parser.add_argument("--transceivers", type=int, metavar="N", default=None,
                         help="number of transceiver processes (default 2)")
     parser.add_argument("--relay-workers", type=int, metavar="M", default=None,

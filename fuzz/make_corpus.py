@@ -27,7 +27,8 @@ from targets import (  # noqa: E402
 from appliance.proto.dtls import DtlsConnection, Role  # noqa: E402
 from appliance.proto.dtls.messages import _PARSERS  # noqa: E402
 from appliance.proto.dtls.record import HandshakeFragment, Record  # noqa: E402
-from appliance.proto.proxy import TLV_RELAY_ID, encode_header, encode_tlv  # noqa: E402
+from appliance.proto.framing import encode_frame  # noqa: E402
+from appliance.proto.proxy import STREAM, TLV_RELAY_ID, encode_header, encode_tlv  # noqa: E402
 from appliance.proto.rtp import (  # noqa: E402
     ReportBlock,
     RtcpBye,
@@ -111,6 +112,19 @@ def proxy_seeds() -> dict[str, bytes]:
         "v4": encode_header(("198.51.100.7", 50000), ("203.0.113.1", 3478)) + b"\x00\x01",
         "v4-tlv": encode_header(("198.51.100.7", 50000), ("203.0.113.1", 3478), tlv) + b"x",
         "v6-tlv": encode_header(("2001:db8::7", 1), ("2001:db8::1", 3478), tlv) + CHROME_OPUS,
+        "tcp4-tlv": encode_header(("198.51.100.7", 50000), ("203.0.113.1", 443), tlv, STREAM)
+        + b"x",
+        "tcp6": encode_header(("2001:db8::7", 1), ("2001:db8::1", 443), b"", STREAM) + b"\x00",
+    }
+
+
+def framing_seeds() -> dict[str, bytes]:
+    # First byte: the cap (1 + 8 * byte) and the read size; then an RFC 4571 stream.
+    stun = binding_request(b"\x01" * 12, username=f"{CODEC.mint(cluster=0, transceiver=0)}:c")
+    return {
+        "stun-then-rtp": bytes([255]) + encode_frame(stun) + encode_frame(CHROME_OPUS),
+        "empty-frames": bytes([3]) + encode_frame(b"") + encode_frame(b"") + b"\x00",
+        "over-cap": bytes([1]) + encode_frame(bytes(100)),
     }
 
 
@@ -406,6 +420,7 @@ SEEDS = {
     "relay": relay_seeds,
     "sctp": sctp_seeds,
     "realtime": realtime_seeds,
+    "framing": framing_seeds,
 }
 
 

@@ -59,9 +59,16 @@ from appliance.proto.dtls.record13 import (
     split_inner_plaintext_untrusted,
 )
 from appliance.proto.errors import LocalProtocolError
+from appliance.proto.framing import Deframer, FramingError, encode_frame
 from appliance.proto.ice import IceLiteAgent
 from appliance.proto.mux import Kind, classify
-from appliance.proto.proxy import ProxyError, encode_header, parse_untrusted, tlvs_untrusted
+from appliance.proto.proxy import (
+    ProxyError,
+    encode_header,
+    parse_transport_untrusted,
+    parse_untrusted,
+    tlvs_untrusted,
+)
 from appliance.proto.rtp import (
     RtpError,
     RtpPacket,
@@ -170,11 +177,13 @@ def ufrag(data: bytes) -> None:
 
 
 def proxy(data: bytes) -> None:
-    """``proxy.parse_untrusted`` and ``tlvs_untrusted``; a header that parses re-encodes."""
+    """``proxy.parse_untrusted`` and ``tlvs_untrusted``; a header that parses re-encodes
+    (DGRAM or STREAM: ICE-TCP flows, RFC 6544)."""
     try:
-        src, dst, offset = parse_untrusted(data)
+        src, dst, offset, transport = parse_transport_untrusted(data)
     except ProxyError:
         return
+    assert parse_untrusted(data) == (src, dst, offset)
     assert 16 <= offset <= len(data)
     try:
         tlvs_untrusted(data)
@@ -182,8 +191,46 @@ def proxy(data: bytes) -> None:
         pass
     # What the relay forwards is re-framed from the parsed addresses: it must be the same
     # header, bit for bit (TLVs are carried opaquely).
-    tlvs = bytes(data[16 + (12 if data[13] == 0x12 else 36) : offset])
-    assert encode_header(src, dst, tlvs) == bytes(data[:offset])
+    tlvs = bytes(data[16 + (12 if data[13] >> 4 == 1 else 36) : offset])
+    assert encode_header(src, dst, tlvs, transport) == bytes(data[:offset])
+
+
+# --- RFC 4571 framing (ICE-TCP) -------------------------------------------------------------
+
+
+def framing(data: bytes) -> None:
+    """``framing.Deframer`` on a stream cut at points the first byte picks: only FramingError
+    escapes, the frames polled are the stream re-cut at its length prefixes (checked against
+    a one-shot reading of the same bytes), and a partial frame never holds more than the
+    cap allows."""
+    cap = 1 + (data[0] if data else 0) * 8
+    stream = data[1:]
+    deframer = Deframer(cap)
+    got: list[bytes] = []
+    failed = False
+    step = 1 + (data[0] % 7 if data else 0)
+    try:
+        for i in range(0, len(stream), step):
+            deframer.handle_data(stream[i : i + step])
+            while (frame := deframer.poll_frame()) is not None:
+                got.append(frame)
+            assert deframer.buffered <= cap + 1 + step, "deframer buffers without bound"
+    except FramingError:
+        failed = True
+    # The reference reading: walk the prefixes directly.
+    want: list[bytes] = []
+    pos, bad = 0, False
+    while pos + 2 <= len(stream):
+        n = int.from_bytes(stream[pos : pos + 2], "big")
+        if n > cap:
+            bad = True
+            break
+        if pos + 2 + n > len(stream):
+            break
+        want.append(stream[pos + 2 : pos + 2 + n])
+        pos += 2 + n
+    assert failed == bad and got == want
+    assert b"".join(encode_frame(f) for f in got) == stream[:pos]
 
 
 # --- RTP / RTCP -------------------------------------------------------------------------
@@ -631,4 +678,5 @@ TARGETS: dict[str, Target] = {
     "relay": relay,
     "sctp": sctp,
     "realtime": realtime,
+    "framing": framing,
 }

@@ -10,6 +10,7 @@
         ├── sctp.SctpError          (hint: drop reason for counters)
         ├── dtls.DtlsError          (hint: DTLS alert description)
         ├── proxy.ProxyError
+        ├── framing.FramingError   (hint: drop reason, RFC 4571 over ICE-TCP)
         ├── rtp.RtpError
         ├── sdp.SdpError            (hint: HTTP status to answer with)
         └── ufrag.UfragError        (hint: drop reason for counters)

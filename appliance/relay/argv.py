@@ -41,6 +41,10 @@ def relay_argv(
     pin: bool = False,
     log_level: str | None = None,
     log_format: str | None = None,
+    tcp: Sequence[Address] = (),
+    tcp_max_connections: int | None = None,
+    tcp_max_per_ip: int | None = None,
+    tcp_https: Address | None = None,
 ) -> list[str]:
     """``command`` (e.g. ``[python, "-m", "appliance", "relay"]``) plus the flags for the
     given settings. Floats are written with ``repr`` so they survive the round trip."""
@@ -73,6 +77,11 @@ def relay_argv(
     opt("--coalesce-us", coalesce_us)
     if pin:
         argv.append("--pin")
+    for addr in tcp:
+        argv += ["--tcp", format_hostport(addr)]
+    opt("--tcp-max-connections", tcp_max_connections)
+    opt("--tcp-max-per-ip", tcp_max_per_ip)
+    opt("--tcp-https", None if tcp_https is None else format_hostport(tcp_https))
     opt("--log-level", log_level)
     opt("--log-format", log_format)
     return argv

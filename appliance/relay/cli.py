@@ -10,9 +10,10 @@ through :class:`appliance.children.Supervisor`, the one ``appliance up`` uses), 
 When ready it prints exactly one line (tests and the supervisor of ``appliance up`` wait for
 it)::
 
-    relay listening on HOST:PORT internal HOST:PORT
+    relay listening on HOST:PORT internal HOST:PORT [tcp HOST:PORT]
 
-With several listen addresses or workers, each field is a comma-separated list.
+With several listen addresses or workers, each field is a comma-separated list; ``tcp``
+(the ICE-TCP listeners, ``--tcp``) is there only when there are some.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from .core import Address
 from .io import IO_ENV, IO_MODES, select_io
 from .resolver import pattern_address
 from .server import RelayConfig, serve_relay
+from .tcp import TcpLimits
 
 log = logging.getLogger("appliance.relay")
 
@@ -62,6 +64,10 @@ DEFAULTS: dict[str, Any] = {
     "resolve_interval": 5.0,
     "io": "auto",
     "coalesce_us": 20.0,
+    "tcp": [],
+    "tcp_max_connections": 10_000,
+    "tcp_max_per_ip": 64,
+    "tcp_https": None,
 }
 
 
@@ -125,6 +131,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="under dense traffic, after a wake-up that found fewer than 4 datagrams, wait US "
            "microseconds so the next one finds a batch: less CPU per datagram for at most "
            "US of added latency (default 20; 0 turns it off)")
+    a("--tcp", action="append", metavar="HOST:PORT",
+      help="ICE-TCP listen address (RFC 6544; repeatable, IPv4 and IPv6): RFC 4571 framed "
+           "STUN/DTLS/SRTP over TCP for clients whose networks drop UDP (default: none)")
+    a("--tcp-max-connections", type=int, metavar="N",
+      help="ICE-TCP connections per worker, at most (default 10000)")
+    a("--tcp-max-per-ip", type=int, metavar="N",
+      help="ICE-TCP connections per client IP and worker, at most (default 64)")
+    a("--tcp-https", metavar="HOST:PORT",
+      help="one port for HTTPS and ICE-TCP: a --tcp connection whose first byte starts a TLS "
+           "record is relayed, as is, to this HTTPS address (e.g. signaling on loopback)")
     a("--config", metavar="FILE", help="TOML config file (flags override it)")
     a("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     logs.add_logging_flags(parser)
@@ -205,6 +221,9 @@ def build_config(args: argparse.Namespace) -> RelayConfig:
         select_io(str(args.io))
     except ValueError as exc:
         raise UsageError(f"--io: {exc}") from None
+    tcp = args.tcp if isinstance(args.tcp, list | tuple) else [args.tcp]
+    if int(args.tcp_max_connections) < 1 or int(args.tcp_max_per_ip) < 1:
+        raise UsageError("--tcp-max-connections and --tcp-max-per-ip must be >= 1")
     coalesce_us = float(args.coalesce_us)
     if not 0 <= coalesce_us <= 1000:
         raise UsageError("--coalesce-us must be 0..1000")
@@ -228,6 +247,11 @@ def build_config(args: argparse.Namespace) -> RelayConfig:
         resolve_interval=float(args.resolve_interval),
         io=str(args.io),
         coalesce=coalesce_us / 1e6,
+        tcp=tuple(_addr(x, "--tcp", "0.0.0.0") for x in tcp),
+        tcp_limits=TcpLimits(max_connections=int(args.tcp_max_connections),
+                             max_per_ip=int(args.tcp_max_per_ip)),
+        tcp_https=None if not args.tcp_https else _addr(args.tcp_https, "--tcp-https",
+                                                        "127.0.0.1"),
     )
 
 
@@ -253,14 +277,17 @@ async def _run_worker(config: RelayConfig, pin: bool) -> None:
         nursery.start_soon(_stop_on_signals, nursery.cancel_scope)
         handle = await nursery.start(serve_relay, config)
         public = ",".join(format_hostport(a) for a in handle.public)
-        print(f"{READY_PREFIX}{public} internal {format_hostport(handle.internal)}", flush=True)
+        tcp = ",".join(format_hostport(a) for a in handle.tcp)
+        print(f"{READY_PREFIX}{public} internal {format_hostport(handle.internal)}"
+              + (f" tcp {tcp}" if tcp else ""), flush=True)
 
 
 # -- M worker processes -------------------------------------------------------------------
 
 
 def _child_argv(args: argparse.Namespace, config: RelayConfig, index: int,
-                listen: Sequence[Address], control: str) -> list[str]:
+                listen: Sequence[Address], control: str,
+                tcp: Sequence[Address] | None = None) -> list[str]:
     """Worker ``index``'s command line: this relay's settings, one worker, its own control
     socket (the one argv builder, :func:`.argv.relay_argv`)."""
     return relay_argv(
@@ -273,6 +300,10 @@ def _child_argv(args: argparse.Namespace, config: RelayConfig, index: int,
         transceiver_count=config.transceiver_count, resolve_interval=config.resolve_interval,
         io=config.io, coalesce_us=config.coalesce * 1e6, pin=bool(args.pin),
         log_level=args.log_level, log_format=args.log_format,
+        tcp=config.tcp if tcp is None else tcp,
+        tcp_max_connections=config.tcp_limits.max_connections,
+        tcp_max_per_ip=config.tcp_limits.max_per_ip,
+        tcp_https=config.tcp_https,
     )
 
 
@@ -296,11 +327,11 @@ class _Workers:
     def control_path(self, index: int) -> str:
         return os.path.join(self.tmp, f"worker-{index}.sock")
 
-    def listen(self, listen: Sequence[Address]) -> None:
+    def listen(self, listen: Sequence[Address], tcp: Sequence[Address] | None = None) -> None:
         """(Re)write every worker's argv for these public addresses: the first worker picks
         any ephemeral public port; the others (and restarts) must bind the same one."""
         for i, spec in enumerate(self.specs):
-            spec.argv = _child_argv(self.args, self.config, i, listen, spec.control)
+            spec.argv = _child_argv(self.args, self.config, i, listen, spec.control, tcp)
 
     def ready(self, index: int) -> dict[str, str] | None:
         status = self.supervisor.status[self.specs[index].name]
@@ -321,7 +352,8 @@ class _Workers:
                 first = self.ready(0)
                 assert first is not None
                 public = [parse_hostport(p) for p in first["listen"].split(",")]
-                self.listen(public)
+                tcp = [parse_hostport(p) for p in (first.get("tcp") or "").split(",") if p]
+                self.listen(public, tcp)
                 for spec in self.specs[1:]:
                     nursery.start_soon(sup.supervise, spec)
                 await sup.wait_until(lambda: all(self.ready(i) is not None
@@ -331,7 +363,9 @@ class _Workers:
                 internal = ",".join((self.ready(i) or {})["internal"]
                                     for i in range(self.workers))
                 print(f"{READY_PREFIX}{','.join(format_hostport(a) for a in public)} "
-                      f"internal {internal}", flush=True)
+                      f"internal {internal}"
+                      + (f" tcp {','.join(format_hostport(a) for a in tcp)}" if tcp else ""),
+                      flush=True)
         finally:
             shutil.rmtree(self.tmp, ignore_errors=True)
 

@@ -26,6 +26,10 @@ COUNTER_NAMES = (
     "wakeups",
     "coalesced",
     "flows_answered",
+    "tcp_accepted",
+    "tcp_established",
+    "tcp_closed",
+    "tcp_https",
 )
 
 
@@ -49,6 +53,13 @@ class Counters:
     wakeups: int = 0
     #: wake-ups after which the hot loop waited to gather a batch (server.coalesce_wait)
     coalesced: int = 0
+    #: ICE-TCP connections (relay/tcp.py): accepted, that made a flow, closed (open =
+    #: accepted - closed); their frames are in packets_in/out, refusals in drops (tcp-*)
+    tcp_accepted: int = 0
+    tcp_established: int = 0
+    tcp_closed: int = 0
+    #: shared-port mode: TLS connections relayed to the HTTPS backend (relay/tcp.py)
+    tcp_https: int = 0
     drops: dict[str, int] = field(default_factory=dict)
 
     def drop(self, reason: str, n: int = 1) -> None:

@@ -34,8 +34,10 @@ Per-datagram event-loop round trips are what make a textbook trio relay slow (DE
   through trio's scheduler per wake-up (a trio round trip costs about twice a bare epoll
   one, docs/performance.md "Relay"), yielding to trio at least every ``YIELD_EVERY``.
 
-A future ICE-TCP listener is another source for a public-style drain and another sink
-(:mod:`.transport`); neither this loop nor the core changes for it.
+The ICE-TCP listener (:mod:`.tcp`) is another source for a public-style drain (its frames
+are handed over in the same slot layout, ``transport=Transport.TCP``, client addresses as
+:class:`~appliance.proto.proxy.StreamAddr`) and another sink (:mod:`.transport`); the
+internal drain picks the sink table by the return header's transport (DGRAM or STREAM).
 """
 
 from __future__ import annotations
@@ -50,10 +52,19 @@ from collections.abc import Callable, Mapping
 
 import trio
 
-from ..proto.proxy import FAM_UDP4, ProxyError, encode_header, parse_untrusted
+from ..proto.proxy import (
+    DGRAM,
+    FAM_TCP4,
+    FAM_UDP4,
+    STREAM,
+    ProxyError,
+    StreamAddr,
+    encode_header,
+    parse_transport_untrusted,
+)
 from .core import FAST_FIRST, Address, Counters, Flow, RelayCore
 from .filter import MAX_DATAGRAM
-from .transport import Flush, Out, ReturnSink
+from .transport import Flush, Out, ReturnSink, Transport
 
 #: Room in front of a received payload for the PROXY header we prepend (≤ 52 + 3 + 64).
 HEADROOM = 256
@@ -136,6 +147,8 @@ def make_drain(
     sinks: Mapping[Address, ReturnSink] | None = None,
     returners: set[Address] | None = None,
     tlv: bytes = b"",
+    transport: Transport = Transport.UDP,
+    stream_sinks: Mapping[Address, ReturnSink] | None = None,
 ) -> Drain:
     """The drain of one socket: ``drain(now)`` handles up to ``BATCH`` datagrams and says
     whether the socket may hold more.
@@ -144,7 +157,9 @@ def make_drain(
     core's STUN answers go out of it). The internal socket's drain gets ``sinks`` (every
     return sink by public address), ``returners`` (the sources whose datagrams are return
     traffic; mutated in place by the resolver) and ``tlv`` (the relay-id TLV of framed
-    replies); its datagrams are PROXY v2 framed.
+    replies); its datagrams are PROXY v2 framed. ``stream_sinks`` are the ICE-TCP
+    listeners' sinks by public address (return datagrams with a STREAM header go there);
+    ``transport`` is how a public drain's clients reach us (TCP for the listener's).
     """
     framed = public is None
     public_addr: Address = public if public is not None else ("", 0)  # framed: per datagram
@@ -170,11 +185,14 @@ def make_drain(
         answer = reply.pending.append
         outboxes.append((reply.flush, reply.pending))
     sink_get = {a: s.pending.append for a, s in (sinks or {}).items()}.get
+    stream_get = {a: s.pending.append for a, s in (stream_sinks or {}).items()}.get
     outboxes += [(s.flush, s.pending) for s in (sinks or {}).values()]
+    outboxes += [(s.flush, s.pending) for s in (stream_sinks or {}).values()]
+    tcp = Transport.TCP
     flushes = tuple(outboxes)
     returning = returners if returners is not None else set()
-    parse = parse_untrusted
-    parsed: dict[bytes, tuple[Address, Address, int]] = {}
+    parse = parse_transport_untrusted
+    parsed: dict[bytes, tuple[Address, Address, int, bool]] = {}
     parsed_get = parsed.get
     key_of = _PARSED_KEY.unpack_from
     nothing = b""
@@ -184,6 +202,8 @@ def make_drain(
         readable = True
         pub = public_addr
         hop: Address | None = None
+        tp = transport
+        stream = False
         for _ in range(rounds):
             msgs = recv()
             pin += len(msgs)
@@ -198,20 +218,24 @@ def make_drain(
                     key = key_of(buf, p)[0]
                     hit = parsed_get(key)
                     if hit is not None:
-                        client, pub, off = hit
+                        client, pub, off, stream = hit
                         if off > n:  # shorter than its header says
                             drop("proxy-malformed")
                             continue
                     else:
                         try:
-                            client, pub, off = parse(mv[p : p + n])
+                            client, pub, off, kind = parse(mv[p : p + n])
                         except ProxyError:
                             drop("proxy-malformed")
                             continue
-                        if buf[p + 13] == FAM_UDP4:  # IPv6 addresses do not fit the key
+                        # An ICE-TCP flow's client is keyed apart from a UDP one's.
+                        stream = kind == STREAM
+                        if stream:
+                            client = StreamAddr(client)
+                        if buf[p + 13] in (FAM_UDP4, FAM_TCP4):  # IPv6 does not fit the key
                             if len(parsed) >= PARSED_MAX:
                                 parsed.clear()
-                            parsed[key] = (client, pub, off)
+                            parsed[key] = (client, pub, off, stream)
                     q = p + off  # where the client's datagram starts in buf
                     size = n - off
                     if src in returning:
@@ -224,13 +248,14 @@ def make_drain(
                                 # The flow came through an upstream relay: back along the hop.
                                 forward((flow.header, q, size, flow.upstream))
                                 continue
-                        back = sink_get(pub)
+                        back = stream_get(pub) if stream else sink_get(pub)
                         if back is None:
                             drop("return-unknown-public")
                             continue
                         back((nothing, q, size, client))
                         continue
                     hop = src  # an upstream relay's client datagram: route it like ours
+                    tp = tcp if stream else transport
                 else:
                     if n > MAX:  # where the kernel filter is missing
                         oversize += 1
@@ -249,7 +274,7 @@ def make_drain(
                         flow.last_seen = now
                         lru(client)
                         continue
-                res = slow(now, client, mv[q : q + size], pub, hop)
+                res = slow(now, client, mv[q : q + size], pub, hop, tp)
                 if res is None:
                     continue
                 if isinstance(res, Flow):
@@ -257,7 +282,8 @@ def make_drain(
                 elif answer is not None:
                     answer((res, 0, 0, client))
                 else:  # a reflexive answer to an upstream relay's client goes back framed
-                    forward((encode_header(client, pub, tlv) + res, 0, 0, src))
+                    h = encode_header(client, pub, tlv, STREAM if stream else DGRAM)
+                    forward((h + res, 0, 0, src))
             for flush, queue in flushes:
                 if queue:
                     sent, nbytes, bad = flush(buf, queue)

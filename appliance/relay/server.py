@@ -62,6 +62,7 @@ from .filter import MAX_DATAGRAM, attach_public_filter
 from .io import IO_ENV, IO_MODES, IoAdapter, adapter, mmsg_available, select_io
 from .redis_cache import RedisFlowCache, open_client
 from .resolver import Resolver, pattern_address, resolve_at_start
+from .tcp import TcpLimits, TcpListener, tcp_listener
 from .transport import ReturnSink, UdpSink
 
 __all__ = [
@@ -103,6 +104,11 @@ class RelayConfig:
     resolve_timeout: float = 2.0
     io: str = "auto"  # "python", "mmsg" or "auto" (see select_io)
     coalesce: float = 20e-6  # s; 0 = off (see coalesce_wait)
+    #: ICE-TCP listen addresses (tcp.py; ``--tcp``) and their bounds
+    tcp: tuple[Address, ...] = ()
+    tcp_limits: TcpLimits = field(default_factory=TcpLimits)
+    #: shared-port mode: TLS connections on the ICE-TCP listeners go to this HTTPS address
+    tcp_https: Address | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +121,7 @@ class RelayHandle:
     worker: int = 0
     sockets: Mapping[str, Any] = field(default_factory=dict)
     io: str = "python"
+    tcp: tuple[Address, ...] = ()  # the ICE-TCP listeners' bound addresses
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -160,10 +167,16 @@ def build_drains(
     syscalls: IoAdapter,
     returners: set[Address],
     relay_id: str = "relay",
+    tcp: Sequence[socket.socket] = (),
+    tcp_limits: TcpLimits | None = None,
+    listeners: list[TcpListener] | None = None,
+    tcp_https: Address | None = None,
 ) -> dict[int, Drain]:
     """Every socket's drain, by fd: the return sinks and the internal outbox the drains
     queue on (transport.py), registered with the core, then one :func:`make_drain` per
-    socket over ``syscalls`` (io.py)."""
+    socket over ``syscalls`` (io.py). Each ICE-TCP listening socket in ``tcp`` becomes a
+    :class:`~.tcp.TcpListener` appended to ``listeners`` (its drain is its own: it runs
+    from the listener's connection tasks, not from the hot loop)."""
     internal_out = Outbox(syscalls.flusher(isock))
     sinks: dict[Address, ReturnSink] = {}
     for addr, sock in public:
@@ -176,13 +189,18 @@ def build_drains(
                                          MMSG_BATCH),
             buf=buf, slot=PUBLIC_SLOT, count=MMSG_BATCH, internal=internal_out,
             public=addr, reply=sinks[addr])
+    tcps = [TcpListener(core, sock, internal_out, tcp_limits or TcpLimits(), tcp_https)
+            for sock in tcp]
+    if listeners is not None:
+        listeners.extend(tcps)
     ibuf = bytearray(INTERNAL_SLOT * INTERNAL_BATCH)
     drains[isock.fileno()] = make_drain(
         core, recv=syscalls.receiver(isock, ibuf, INTERNAL_SLOT, HEADROOM,
                                      INTERNAL_SLOT - HEADROOM - 64, INTERNAL_BATCH),
         buf=ibuf, slot=INTERNAL_SLOT, count=INTERNAL_BATCH, internal=internal_out,
         sinks=sinks, returners=returners,
-        tlv=encode_tlv(TLV_RELAY_ID, relay_id.encode()[:64]))
+        tlv=encode_tlv(TLV_RELAY_ID, relay_id.encode()[:64]),
+        stream_sinks={t.public: t.sink for t in tcps})
     return drains
 
 
@@ -222,11 +240,17 @@ async def serve_relay(
         isock = udp_socket(config.internal, reuseport=config.internal[1] != 0)
         socks.append(isock)
         pubs = socks[:-1]
+        tcp_socks = []
+        for addr in config.tcp:
+            tcp_socks.append(tcp_listener(addr))
+            socks.append(tcp_socks[-1])
+        listeners: list[TcpListener] = []
         public = tuple(sockname(s) for s in pubs)
         resolver.update_return_sources()
 
         drains = build_drains(core, list(zip(public, pubs, strict=True)), isock, syscalls,
-                              resolver.return_sources, config.relay_id)
+                              resolver.return_sources, config.relay_id, tcp_socks,
+                              config.tcp_limits, listeners, config.tcp_https)
 
         def wake() -> None:
             if cache is not None and core.lookups_pending and not cache.wanted.is_set():
@@ -237,11 +261,14 @@ async def serve_relay(
         buffers: dict[str, Any] = {format_addr(a): socket_buffers(s)
                                    for a, s in zip(public, pubs, strict=True)}
         buffers["internal"] = socket_buffers(isock)
-        handle = RelayHandle(public, sockname(isock), core, config.worker, buffers, io)
+        handle = RelayHandle(public, sockname(isock), core, config.worker, buffers, io,
+                             tuple(t.public for t in listeners))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(partial(hot_loop, drains, core.counters, wake=wake,
                                        coalesce=config.coalesce))
             nursery.start_soon(_housekeeping, core, config.flow_timeout)
+            for listener in listeners:
+                nursery.start_soon(listener.serve)
             if resolver.needed:
                 nursery.start_soon(resolver.run)
             if cache is not None:
@@ -251,9 +278,10 @@ async def serve_relay(
                 await nursery.start(serve_control, config.control,
                                     worker_handler(core, config.worker, io, buffers))
             log.info(
-                "relay worker %d ready: public %s internal %s, %d transceivers, %d next hops, "
+                "relay worker %d ready: public %s%s internal %s, %d transceivers, %d next hops, "
                 "io %s",
                 config.worker, ", ".join(format_addr(a) for a in public),
+                "".join(f", tcp {format_addr(a)}" for a in handle.tcp),
                 format_addr(handle.internal), len(transceivers), len(next_hops), io,
             )
             log.info("relay worker %d socket buffers (kernel-granted): %s", config.worker,

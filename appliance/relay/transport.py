@@ -21,19 +21,18 @@ ICE-TCP connection (RFC 6544) tomorrow. What it needs from a transport is three 
 ::
 
     client --UDP--> public socket --+                     +--> internal socket --> transceiver
-    client --TCP--> listener (later)-+-> fastpath (core) -+
+    client --TCP--> TcpListener -----+-> fastpath (core) -+
     client <-UDP--- UdpSink  <------+                     +<-- internal socket <-- transceiver
-    client <-TCP--- TcpSink (later) <-+
+    client <-TCP--- TcpSink  <-------+
 
-Adding ICE-TCP is therefore: a listener that accepts connections and strips RFC 4571
-framing into a slot buffer, a sink that frames back, and registering the sink under
-``(Transport.TCP, public address)`` (``RelayCore.sinks``) — no change to the routing.
-The internal leg itself stays UDP (one internal datagram per frame). Two things that issue
-also needs outside this package: ``appliance.proto.proxy.parse_untrusted`` drops STREAM
-headers today (a return datagram with one would count as ``proxy-malformed``), so it must
-return the transport for the internal drain to pick the sink table by it; and
-:func:`encode_flow_header` sets the STREAM nibble itself because
-``proto.proxy.encode_header`` writes DGRAM only.
+ICE-TCP (:mod:`.tcp`) is exactly that: a listener that accepts connections and strips
+RFC 4571 framing into a slot buffer, a sink that frames back, registered under
+``(Transport.TCP, public address)`` (``RelayCore.sinks``) — no change to the routing. The
+internal leg itself stays UDP (one internal datagram per frame); its PROXY header says STREAM
+(:func:`encode_flow_header`), and the internal drain reads the transport back with
+``appliance.proto.proxy.parse_transport_untrusted`` to pick the sink table. A TCP flow's
+client address is a :class:`~appliance.proto.proxy.StreamAddr`, so a UDP and a TCP flow
+from the same ``ip:port`` are two flows.
 """
 
 from __future__ import annotations
@@ -60,7 +59,7 @@ class Transport(enum.Enum):
     """How a flow's client reaches the relay; the value is the PROXY v2 transport nibble."""
 
     UDP = 0x2  # DGRAM
-    TCP = 0x1  # STREAM (ICE-TCP, RFC 6544; the listener is a later issue)
+    TCP = 0x1  # STREAM (ICE-TCP, RFC 6544; relay/tcp.py)
 
 
 class ReturnSink(Protocol):
@@ -96,10 +95,4 @@ def encode_flow_header(
 ) -> bytes:
     """The PROXY v2 header a flow's datagrams carry on the internal leg (source = client,
     destination = public; DESIGN.md), with the transport nibble of ``transport``."""
-    header = encode_header(client, public, tlvs)
-    if transport is Transport.UDP:
-        return header
-    # Byte 13 is the family byte (HAProxy spec §2.2): keep the address family, set STREAM.
-    framed = bytearray(header)
-    framed[13] = (framed[13] & 0xF0) | transport.value
-    return bytes(framed)
+    return encode_header(client, public, tlvs, transport.value)

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 DEFAULTS: dict[str, Any] = {
     "http": "127.0.0.1:8080",
     "udp_port": 3478,
+    "public_tcp_port": None,
     "transceiver_control": [],
     "relay_control": [],
     "public_address": [],
@@ -76,6 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="control address of a relay worker (NAME=ADDR or ADDR); repeatable")
     parser.add_argument("--udp-port", type=int, metavar="PORT", default=None,
                         help="the relays' public UDP port, advertised in answers (default 3478)")
+    parser.add_argument("--public-tcp-port", type=int, metavar="PORT", default=None,
+                        help="the relays' public ICE-TCP port (relay --tcp, or the port a load "
+                             "balancer maps to it, e.g. 443): answers then list a TCP passive "
+                             "candidate per address beside the UDP one (default: none)")
     add_auth_arguments(parser)
     add_geo_arguments(parser)
     add_tls_arguments(parser)
@@ -104,6 +109,15 @@ def _pairs(items: Any, what: str, *, keyed: bool) -> dict[str, str]:
             raise ValueError(f"{what} {item!r}: empty address")
         out[key.strip()] = addr.strip()
     return out
+
+
+def _tcp_port(value: object) -> int | None:
+    if value is None:
+        return None
+    port = int(str(value))
+    if not 1 <= port <= 65535:
+        raise ValueError("--public-tcp-port must be 1..65535")
+    return port
 
 
 def build_config(args: argparse.Namespace) -> tuple[SignalingConfig, str | None]:
@@ -137,6 +151,7 @@ def build_config(args: argparse.Namespace) -> tuple[SignalingConfig, str | None]
         relays=relays,
         public_addresses=public,
         udp_port=udp_port,
+        tcp_port=_tcp_port(args.public_tcp_port),
         api_token=args.api_token or None,
         tls_cert=cert,
         tls_key=key,

@@ -49,6 +49,9 @@ class SignalingConfig:
     relays: Mapping[str, str] = field(default_factory=dict)  # worker name -> control address
     public_addresses: list[str] = field(default_factory=lambda: ["127.0.0.1"])
     udp_port: int = 3478
+    #: the relays' public ICE-TCP port (RFC 6544 passive candidates beside the UDP ones, the
+    #: same addresses); None: UDP only. Behind a load balancer, the port clients reach.
+    tcp_port: int | None = None
     api_token: str | None = None
     auth_required: bool | None = None  # None: decided by the bind address (loopback = no)
     tls_cert: str | None = None
@@ -195,6 +198,8 @@ class SignalingState:
                 "offer": offer,
                 "agent": agent,
                 "candidates": candidates,
+                **({} if self.config.tcp_port is None else
+                   {"tcp_candidates": [[h, self.config.tcp_port] for h, _ in candidates]}),
             }
             try:
                 with self.placement.in_flight(k):

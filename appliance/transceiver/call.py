@@ -65,7 +65,7 @@ from appliance.proto.errors import LocalProtocolError
 from appliance.proto.ice import IceLiteAgent
 from appliance.proto.ice.events import ConsentExpired, Nominated
 from appliance.proto.mux import Kind, classify
-from appliance.proto.proxy import encode_header
+from appliance.proto.proxy import encode_header, transport_of
 from appliance.proto.rtp import (
     ReceptionStats,
     RtpError,
@@ -214,7 +214,9 @@ class Flow:
         self.client = client
         self.public = public
         self.relay = relay
-        self.header = encode_header(client, public)
+        # An ICE-TCP client (a StreamAddr key) is answered with a STREAM header: the relay
+        # frames those back onto its connection (DESIGN.md, RFC 6544).
+        self.header = encode_header(client, public, b"", transport_of(client))
 
 
 Transmit = tuple[bytes, Flow]

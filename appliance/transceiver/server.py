@@ -56,7 +56,7 @@ from appliance.proto.dtls import Certificate, DtlsConnection, Role
 from appliance.proto.dtls import State as DtlsState
 from appliance.proto.errors import LocalProtocolError
 from appliance.proto.mux import Kind, classify
-from appliance.proto.proxy import ProxyError, parse_untrusted
+from appliance.proto.proxy import STREAM, ProxyError, StreamAddr, parse_transport_untrusted
 from appliance.proto.ratelimit import GcraTable
 from appliance.proto.sdp import (
     SdpError,
@@ -173,6 +173,8 @@ class Transceiver:
         self.sessions: dict[str, Session] = {}
         self.by_ufrag: dict[str, Session] = {}
         self.by_client: dict[Addr, Session] = {}
+        #: a session's ICE-TCP passive candidates (control "tcp_candidates"), for restarts
+        self.tcp_candidates: dict[str, list[tuple[str, int]]] = {}
         #: STUN budgets of client addresses that are no session's known flow
         self.stun_budget: GcraTable[Addr] = GcraTable(
             STUN_SOURCE_RATE, STUN_SOURCE_BURST, STUN_SOURCES)
@@ -275,10 +277,14 @@ class Transceiver:
     def dispatch(self, now: float, data: memoryview, relay: Addr) -> None:
         """One datagram from a relay (PROXY header + client datagram)."""
         try:
-            client, public, offset = parse_untrusted(data)
+            client, public, offset, transport = parse_transport_untrusted(data)
         except ProxyError:
             self.counters["drop_proxy"] += 1
             return
+        if transport == STREAM:
+            # ICE-TCP (RFC 6544): a flow of its own, keyed apart from a UDP one from the same
+            # ip:port; replies to it carry a STREAM header (call.Flow).
+            client = StreamAddr(client)
         payload = data[offset:]
         kind = classify(payload)
         if kind is Kind.STUN:
@@ -357,6 +363,7 @@ class Transceiver:
         if self.sessions.pop(session.id, None) is None:
             return
         self.counters["sessions_ended"] += 1
+        self.tcp_candidates.pop(session.id, None)
         self.admission.finished(session)
         for ufrag in [u for u, s in self.by_ufrag.items() if s is session]:
             del self.by_ufrag[ufrag]
@@ -422,6 +429,9 @@ class Transceiver:
         candidates = _candidates(req.get("candidates"))
         if isinstance(candidates, dict):
             return candidates
+        tcp = _candidates(req.get("tcp_candidates")) if req.get("tcp_candidates") else []
+        if isinstance(tcp, dict):
+            return tcp
         agent_spec = req.get("agent")
         if agent_spec is not None and not isinstance(agent_spec, str):
             return _error(400, "bad-request", "agent must be a string or null")
@@ -438,7 +448,7 @@ class Transceiver:
             answer = build_answer(
                 offer, ice_ufrag=ufrag, ice_pwd=pwd, fingerprint=cert.fingerprint,
                 candidates=candidates, ssrc=ssrc, cname=cname,
-                session_id=secrets.randbits(62), datachannel=True,
+                session_id=secrets.randbits(62), datachannel=True, tcp_candidates=tcp,
             )
         except SdpError as exc:
             return _error(exc.status, exc.code, exc.detail)
@@ -461,6 +471,8 @@ class Transceiver:
         assert self._nursery is not None
         self.sessions[sid] = session
         self.by_ufrag[ufrag] = session
+        if tcp:
+            self.tcp_candidates[sid] = tcp
         self.counters["sessions_created"] += 1
         self._nursery.start_soon(session.run)
         session.mark_answer_sent(trio.current_time())
@@ -497,7 +509,8 @@ class Transceiver:
         candidates = _candidates(req.get("candidates"))
         if isinstance(candidates, dict):
             candidates = session.candidates
-        text = build_sdpfrag_answer(ufrag, pwd, candidates, answer=call.answer)
+        text = build_sdpfrag_answer(ufrag, pwd, candidates, answer=call.answer,
+                                    tcp_candidates=self.tcp_candidates.get(session.id, ()))
         log.info("session %s ICE restart, new ufrag %s", session.id, redact(ufrag))
         return {"ok": True, "sdpfrag": text}
 

@@ -31,10 +31,10 @@ class Proc:
     joins it at stop()."""
 
     def __init__(self, args: Sequence[str], ready_prefix: str, *, timeout: float = 30.0,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, prefix: Sequence[str] = ()) -> None:
         self.args = list(args)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "appliance", *args], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(  # prefix: e.g. ["ip", "netns", "exec", NAME]
+            [*prefix, sys.executable, "-m", "appliance", *args], stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, start_new_session=True,
             env={**os.environ, **(env or {})})
         self.stderr: list[str] = []

@@ -63,6 +63,7 @@ EXAMPLES = {
     "relay": 1000,
     "sctp": 300,
     "realtime": 500,
+    "framing": 2000,
 }
 
 _TOKENS = [b"\r\n", b":", b" ", b"/", b"=", b"\x00", b"\xff", b"999999", b"\x80\x28", b"\xfe\xfd"]

@@ -77,13 +77,13 @@ def test_up_builds_its_relay_workers_with_the_same_builder(tmp_path: Path,
     for spec in relays:
         assert spec.argv[: len(cfg.child_command) + 1] == [*cfg.child_command, "relay"]
         _, config = _parse(spec.argv[len(cfg.child_command) + 1 :])
-        assert config.listen == (("0.0.0.0", 3478),)
+        assert config.listen == (("0.0.0.0", 3478),) and config.tcp == config.listen
         assert config.control == spec.control and config.redis_url == cfg.redis
         assert sorted(config.transceivers) == list(range(len(transceivers)))
     assert relays[0].argv == relay_argv(
         [*cfg.child_command, "relay"], listen=[cfg.udp], secret_file=str(secret_file),
         control=relays[0].control, redis=cfg.redis, log_level=cfg.log_level,
-        log_format=cfg.log_format,
+        log_format=cfg.log_format, tcp=[cfg.udp],  # ICE-TCP on the UDP port by default
         transceivers={int(t.key): ("127.0.0.1", int(t.argv[t.argv.index("--listen") + 1]
                                                     .rsplit(":", 1)[1]))
                       for t in transceivers})

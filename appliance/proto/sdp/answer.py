@@ -45,7 +45,8 @@ from. An offer that has an enabled audio section must still have a servable one 
 
 Deliberately omitted: video, more than one audio or application stream (all rejected with
 port 0); header extensions and RTCP feedback (none is useful for one
-Opus stream: transport-cc needs a bandwidth estimator we do not run); TCP candidates;
+Opus stream: transport-cc needs a bandwidth estimator we do not run); active and
+simultaneous-open TCP candidates (we only ever listen: ``tcptype passive``, RFC 6544 §4.5);
 a=ice-options:trickle in the answer (an ICE-lite server has all its candidates up front).
 This module must not import DTLS or SRTP (STYLE.md rule 8): the fingerprint arrives as text.
 """
@@ -388,16 +389,36 @@ def _check_ice(ice_ufrag: str, ice_pwd: str) -> None:
         raise LocalProtocolError("ice_pwd must be 22-256 ICE characters")
 
 
-def host_candidate_lines(candidates: Sequence[tuple[str, int]]) -> list[str]:
-    """One ``a=candidate`` per advertised address, in the caller's preference order.
+#: RFC 6544 §4.2: TCP candidates get a lower type preference than UDP ones of the same type
+#: so that UDP wins whenever it works (libwebrtc uses 90 for host TCP beside 126 for host
+#: UDP); their local preference is 2^13 * direction-pref + other-pref, passive = 4.
+TCP_HOST_TYPE_PREF = 90
+TCP_PASSIVE_DIRECTION_PREF = 4
+
+
+def host_candidate_lines(
+    candidates: Sequence[tuple[str, int]], tcp: Sequence[tuple[str, int]] = ()
+) -> list[str]:
+    """One ``a=candidate`` per advertised address, in the caller's preference order, then
+    one ICE-TCP passive candidate (RFC 6544 §4.5) per address in ``tcp``.
 
     RFC 8445 §5.1.2.1: priority = 2^24 * type-pref + 2^8 * local-pref + (256 - component);
     host type preference 126, local preference 65535 for the first address and one less
     for each after it, component 1 (RTP; RTCP is muxed). Each address is its own base, so
-    each gets its own foundation (§5.1.1.3).
+    each gets its own foundation (§5.1.1.3); a TCP candidate differs in transport, so it
+    gets its own too. TCP: type preference 90, local preference 2^13 * 4 + (8191 - i)
+    (RFC 6544 §4.2), and ``tcptype passive`` (the client connects to us).
     """
-    if len(candidates) > 64:
+    if len(candidates) + len(tcp) > 64:
         raise LocalProtocolError("more than 64 candidates")
+    lines = _candidate_lines(candidates, "udp", 1)
+    lines += _candidate_lines(tcp, "tcp", len(candidates) + 1)
+    return lines
+
+
+def _candidate_lines(
+    candidates: Sequence[tuple[str, int]], transport: str, foundation: int
+) -> list[str]:
     lines = []
     for i, (addr, port) in enumerate(candidates):
         try:
@@ -406,8 +427,15 @@ def host_candidate_lines(candidates: Sequence[tuple[str, int]]) -> list[str]:
             raise LocalProtocolError(f"candidate address {addr!r} is not an IP") from None
         if not 1 <= port <= 65535:
             raise LocalProtocolError(f"candidate port {port} out of range")
-        priority = (126 << 24) | ((65535 - i) << 8) | (256 - 1)
-        lines.append(f"a=candidate:{i + 1} 1 udp {priority} {ip.compressed} {port} typ host")
+        if transport == "udp":
+            priority = (126 << 24) | ((65535 - i) << 8) | (256 - 1)
+            lines.append(f"a=candidate:{foundation + i} 1 udp {priority} {ip.compressed} "
+                         f"{port} typ host")
+        else:
+            local = (TCP_PASSIVE_DIRECTION_PREF << 13) | (8191 - i)
+            priority = (TCP_HOST_TYPE_PREF << 24) | (local << 8) | (256 - 1)
+            lines.append(f"a=candidate:{foundation + i} 1 tcp {priority} {ip.compressed} "
+                         f"{port} typ host tcptype passive")
     return lines
 
 
@@ -433,6 +461,7 @@ def build_answer(
     msid_stream: str = "appliance",
     msid_track: str = "audio",
     datachannel: bool = False,
+    tcp_candidates: Sequence[tuple[str, int]] = (),
 ) -> Answer:
     """Answer ``offer``: serve its first usable audio section and, with ``datachannel``,
     its data-channel section on the same transport (or that section alone, for an offer
@@ -451,7 +480,7 @@ def build_answer(
     for what, value in (("cname", cname), ("msid_stream", msid_stream), ("msid_track", msid_track)):
         if not _SAFE_RE.fullmatch(value):
             raise LocalProtocolError(f"{what} must be 1-255 printable ASCII, no spaces")
-    cand_lines = host_candidate_lines(candidates)
+    cand_lines = host_candidate_lines(candidates, tcp_candidates)
 
     plan, app, transport = choose_plans(offer, datachannel=datachannel)
     served = plan.section if plan is not None else transport.section
@@ -561,6 +590,7 @@ def build_sdpfrag_answer(
     candidates: Sequence[tuple[str, int]],
     *,
     answer: Answer | None = None,
+    tcp_candidates: Sequence[tuple[str, int]] = (),
 ) -> str:
     """The ``200 OK`` body for an ICE restart PATCH (RFC 9725 §4.4.1, RFC 8840 §9).
 
@@ -576,6 +606,6 @@ def build_sdpfrag_answer(
         if answer.transport_mid is not None:
             out.append(f"a=mid:{answer.transport_mid}")
     out += [f"a=ice-ufrag:{ice_ufrag}", f"a=ice-pwd:{ice_pwd}"]
-    out += host_candidate_lines(candidates)
+    out += host_candidate_lines(candidates, tcp_candidates)
     out.append("a=end-of-candidates")
     return "\r\n".join(out) + "\r\n"

@@ -1,0 +1,103 @@
+"""RFC 4571 framing: datagrams over a byte stream, as ICE-TCP carries them (RFC 6544 §3).
+
+RFC 4571 §2 prefixes every packet with its length as a 16-bit unsigned integer in network
+order; nothing else is on the wire::
+
+     0                   1                   2                   3
+     0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1
+    +-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
+    |             LENGTH            |  STUN / DTLS / SRTP packet ...
+    +-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
+
+The format allows frames of up to 65 535 bytes; a receiver that relays them as datagrams
+has no use for more than its datagram limit, so :class:`Deframer` takes a cap and refuses
+(:class:`FramingError`, hint ``frame-too-long``) a frame whose *announced* length exceeds
+it — before any of its body is buffered, so a peer cannot make it hold more than
+``max_frame + 1`` bytes of partial frame. A zero-length frame is legal RFC 4571 and is
+delivered as ``b""`` (the caller decides what an empty packet means).
+
+Sans-IO (STYLE.md rule 1): :meth:`Deframer.handle_data` takes bytes as they came off the
+stream, in any split; :meth:`Deframer.poll_frame` yields the complete frames in order.
+Deliberately omitted: RFC 4571's RTCP multiplexing rules (they are ICE's business above us).
+"""
+
+from __future__ import annotations
+
+from .errors import RemoteProtocolError
+
+#: Largest length RFC 4571's 16-bit prefix can announce.
+MAX_FRAME = 0xFFFF
+
+
+class FramingError(RemoteProtocolError):
+    """The stream broke RFC 4571 framing or our cap; ``hint`` is the drop reason."""
+
+
+def encode_frame(payload: bytes | bytearray | memoryview) -> bytes:
+    """``payload`` with its 2-byte RFC 4571 length prefix (ValueError above 65 535 bytes:
+    a caller's bug, there is no way to frame it)."""
+    n = len(payload)
+    if n > MAX_FRAME:
+        raise ValueError(f"an RFC 4571 frame holds at most {MAX_FRAME} bytes, not {n}")
+    return n.to_bytes(2, "big") + bytes(payload)
+
+
+class Deframer:
+    """Bytes of one stream in, RFC 4571 frames out (the module docstring).
+
+    After a :class:`FramingError` the stream is unusable (there is no way to find the next
+    frame boundary): every later :meth:`handle_data` raises again.
+    """
+
+    __slots__ = ("_buf", "_failed", "_need", "max_frame")
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        if not 0 < max_frame <= MAX_FRAME:
+            raise ValueError(f"max_frame must be in 1..{MAX_FRAME}")
+        self.max_frame = max_frame
+        self._buf = bytearray()
+        #: length of the frame whose body is being collected, or -1 when a prefix is due
+        self._need = -1
+        self._failed = False
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held that do not make a complete frame yet (bounded by ``max_frame + 1``
+        once the complete frames are polled)."""
+        return len(self._buf)
+
+    def handle_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Bytes read from the stream, in order. Raises only :class:`FramingError`, when a
+        frame announces more than ``max_frame`` bytes (then for every later call)."""
+        self._check()
+        self._buf += data
+        self._check()
+
+    def _check(self) -> None:
+        # Only the next frame's prefix is looked at here: frames behind it are checked as
+        # poll_frame reaches them, so the bound holds for whatever the caller polls.
+        if self._failed:
+            raise FramingError("stream already failed", hint="frame-too-long")
+        if self._need < 0 and len(self._buf) >= 2:
+            need = (self._buf[0] << 8) | self._buf[1]
+            if need > self.max_frame:
+                self._failed = True
+                self._buf.clear()
+                raise FramingError(
+                    f"frame of {need} bytes over the cap of {self.max_frame}",
+                    hint="frame-too-long",
+                )
+            self._need = need
+            del self._buf[:2]
+
+    def poll_frame(self) -> bytes | None:
+        """The next complete frame, or None until more bytes arrive. Raises only
+        :class:`FramingError` (the next frame announced more than the cap)."""
+        self._check()
+        need = self._need
+        if need < 0 or len(self._buf) < need:
+            return None
+        frame = bytes(self._buf[:need])
+        del self._buf[:need]
+        self._need = -1
+        return frame

@@ -1,0 +1,413 @@
+"""ICE-TCP (RFC 6544) through the relay: a TCP listener as one more source and sink.
+
+The client (a browser that found the answer's ``tcptype passive`` candidate, RFC 6544 §4.2)
+opens a TCP connection to the relay and speaks RFC 4571 framing on it: each frame is one
+STUN, DTLS or SRTP packet (:mod:`appliance.proto.framing`). The relay keeps its design
+(DESIGN.md "Relay <-> transceiver datagram format", ICE-TCP paragraph):
+
+* the **first frame** must be a well-formed STUN Binding request whose USERNAME carries a
+  server ufrag that verifies (the relay's own codec, ``RelayCore.codec``), within
+  ``first_frame_timeout`` of the accept; otherwise the connection is closed and counted
+  (``tcp-first-frame`` / ``tcp-first-timeout``). Until the core has made a flow of the
+  connection (its rate limits and STUN budget apply as on UDP) only such frames are taken;
+* after that **each frame is one opaque datagram** of the flow: it is copied into the
+  listener's slot buffer and handed to the same routing loop as the UDP sockets'
+  (:func:`.fastpath.make_drain`, ``transport=Transport.TCP``), which forwards it on the
+  internal UDP leg with a STREAM PROXY v2 header (source = the client's TCP address as a
+  :class:`~appliance.proto.proxy.StreamAddr`, destination = the listener's address);
+* return datagrams whose header says STREAM are queued on this listener's
+  :class:`TcpSink` by the internal drain and framed back onto the connection;
+* the **flow ends with the connection** (``RelayCore.flows`` loses it at once).
+
+Bounded under abuse (issue 18 #5): connections per source IP (``max_per_ip``) and in total
+(``max_connections``) are capped at accept (``tcp-refused-ip`` / ``tcp-refused-total``, the
+socket is closed before a byte is read); frames longer than ``max_frame`` close the
+connection (``tcp-frame-too-long``) before their body is buffered; a frame whose first byte
+RFC 7983 gives to nothing we relay is dropped (``tcp-junk``: the UDP sockets' kernel filter,
+:mod:`.filter`, has no TCP equivalent); a connection silent for ``idle_timeout`` is closed
+(``tcp-idle``: half-open peers); and writes are **back-pressured per connection**: a
+connection's unsent bytes are capped at ``write_buffer``; a frame that does not fit is dropped
+and counted (``tcp-write-full``), so a slow reader costs at most that much memory and never
+delays another connection (every send is non-blocking; a connection with a backlog is
+drained by its own writer task when the kernel says it is writable).
+
+One port for HTTPS and ICE-TCP (issue 18 #4, ``https`` / ``--tcp-https``): RFC 4571 frames
+the relay accepts are at most 2048 bytes, so a connection's first byte is 0x00-0x07; a TLS
+connection starts with a handshake record, byte 0x16 (RFC 8446 §5.1). With an HTTPS backend
+configured, a connection whose first byte is 0x16 is spliced, bytes as they are, to that
+address (signaling's HTTPS listener on loopback; ``tcp_https`` counts them); anything else
+goes through the ICE-TCP rules above. The backend sees the relay as the client (one IP for
+every HTTPS client: docs/operations.md lists what that costs).
+
+Reads: one ``recv_into`` (up to 64 kB) per readability, its frames handed to the drain as
+one batch. That is a trio wake-up per TCP segment burst rather than the UDP path's batched
+epoll loop — ICE-TCP is the fallback path, measured in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from ..netio.sockets import family_of, format_addr, sockname
+from ..proto.framing import Deframer, FramingError
+from ..proto.mux import Kind, first_byte_kind
+from ..proto.proxy import StreamAddr
+from ..proto.stun import StunError, peek_username_untrusted
+from ..proto.ufrag import UfragError
+from .core import IS_STUN, Address, RelayCore
+from .fastpath import HEADROOM, PUBLIC_SLOT, Drain, Outbox, make_drain
+from .filter import MAX_DATAGRAM
+from .transport import Out, Transport
+
+log = logging.getLogger(__name__)
+
+#: ``RELAYED[b]``: a frame starting with ``b`` is STUN, DTLS or RTP/RTCP (RFC 7983 §7), the
+#: same classes the UDP sockets' kernel filter lets through.
+RELAYED = bytes(0 if first_byte_kind(b) is Kind.UNKNOWN else 1 for b in range(256))
+#: Frames handed to the drain per batch (slots of the listener's buffer).
+TCP_BATCH = 32
+READ_SIZE = 65536
+#: RFC 8446 §5.1: ContentType.handshake, the first byte of every TLS connection.
+TLS_HANDSHAKE = 0x16
+BACKLOG = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TcpLimits:
+    """The ICE-TCP listener's bounds (module docstring)."""
+
+    max_connections: int = 10_000
+    max_per_ip: int = 64
+    first_frame_timeout: float = 5.0
+    idle_timeout: float = 60.0
+    max_frame: int = MAX_DATAGRAM
+    write_buffer: int = 64 * 1024
+
+
+def tcp_listener(addr: Address, *, reuseport: bool = True) -> socket.socket:
+    """A bound, listening, non-blocking TCP socket on ``addr`` (IPv6: v6only, so an IPv4
+    listener on the same port is separate). ``SO_REUSEPORT`` lets worker processes share it:
+    the kernel spreads connections over them."""
+    sock = socket.socket(family_of(addr[0]), socket.SOCK_STREAM)
+    try:
+        if sock.family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuseport:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(addr)
+        sock.listen(BACKLOG)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class TcpConnection:
+    """One accepted client connection: its socket, write backlog and state."""
+
+    __slots__ = ("backlog", "blocked", "client", "closed", "flowed", "sock", "wake")
+
+    def __init__(self, sock: socket.socket, client: StreamAddr) -> None:
+        self.sock = sock
+        self.client = client
+        #: framed bytes the kernel has not taken yet (bounded by TcpLimits.write_buffer)
+        self.backlog = bytearray()
+        #: the writer task owns the backlog until it is empty (no direct sends meanwhile,
+        #: so frames stay in order)
+        self.blocked = False
+        self.wake = trio.Event()
+        self.flowed = False  # the core made a flow of it
+        self.closed = False
+
+
+class TcpSink:
+    """The return sink of one TCP listener (:class:`~.transport.ReturnSink`): frames each
+    queued datagram onto its client's connection."""
+
+    transport = Transport.TCP
+
+    def __init__(self, public: Address, core: RelayCore, write_buffer: int) -> None:
+        self.public = public
+        self.pending: list[Out] = []
+        self.conns: dict[Address, TcpConnection] = {}
+        self._core = core
+        self._cap = write_buffer
+
+    def flush(self, buf: bytearray, pending: list[Out]) -> tuple[int, int, int]:
+        """Frame every entry onto its connection, then one non-blocking ``send`` per
+        connection touched. Never blocks, never raises; drops are counted here."""
+        drop = self._core.counters.drop
+        cap = self._cap
+        get = self.conns.get
+        sent = nbytes = 0
+        touched: list[TcpConnection] = []
+        for header, p, n, dest in pending:
+            conn = get(dest)
+            if conn is None or conn.closed:
+                drop("tcp-gone")  # the connection closed while the transceiver answered
+                continue
+            size = len(header) + n
+            backlog = conn.backlog
+            if len(backlog) + 2 + size > cap:
+                drop("tcp-write-full")  # a slow reader: its own frames go, nobody else's
+                continue
+            if not backlog:
+                touched.append(conn)
+            backlog += size.to_bytes(2, "big")  # RFC 4571 §2 length prefix
+            if header:
+                backlog += header
+            if n:
+                backlog += memoryview(buf)[p : p + n]
+            sent += 1
+            nbytes += size
+        for conn in touched:
+            if not conn.blocked:
+                push(conn)
+        return sent, nbytes, 0
+
+
+def push(conn: TcpConnection) -> None:
+    """Send what the kernel takes now; leave the rest to the connection's writer task."""
+    try:
+        n = conn.sock.send(conn.backlog)
+    except BlockingIOError:
+        n = 0
+    except OSError:
+        conn.backlog.clear()
+        conn.closed = True  # the reader sees the error or EOF and cleans up
+        conn.wake.set()
+        return
+    del conn.backlog[:n]
+    if conn.backlog:
+        conn.blocked = True
+        conn.wake.set()
+
+
+class TcpListener:
+    """One ``--tcp`` address: accepts, reads frames into the drain, writes frames back."""
+
+    def __init__(self, core: RelayCore, sock: socket.socket, internal: Outbox,
+                 limits: TcpLimits, https: Address | None = None) -> None:
+        self.core = core
+        #: where TLS connections go in shared-port mode (module docstring), or None
+        self.https = https
+        self.sock = sock
+        self.public = sockname(sock)
+        self.limits = limits
+        self.sink = TcpSink(self.public, core, limits.write_buffer)
+        core.sinks[(Transport.TCP, self.public)] = self.sink
+        self.per_ip: dict[str, int] = {}
+        self.buf = bytearray(PUBLIC_SLOT * TCP_BATCH)
+        self._batch: list[tuple[int, Address]] = []
+        self.drain: Drain = make_drain(
+            core, recv=self._take, buf=self.buf, slot=PUBLIC_SLOT, count=TCP_BATCH,
+            internal=internal, public=self.public, reply=self.sink, transport=Transport.TCP)
+
+    def _take(self) -> list[tuple[int, Address]]:
+        batch, self._batch = self._batch, []
+        return batch
+
+    def stats(self) -> dict[str, Any]:
+        return {"public": format_addr(self.public), "connections": len(self.sink.conns)}
+
+    async def serve(self) -> None:
+        """Accept until cancelled; every connection runs in this nursery."""
+        limits = self.limits
+        counters = self.core.counters
+        async with trio.open_nursery() as nursery:
+            while True:
+                await trio.lowlevel.wait_readable(self.sock)
+                try:
+                    csock, peer = self.sock.accept()
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:  # ECONNABORTED, EMFILE: not fatal for the listener
+                    counters.drop("tcp-accept-failed")
+                    await trio.sleep(0.01)  # EMFILE would spin: let connections close
+                    continue
+                ip = str(peer[0])
+                if len(self.sink.conns) >= limits.max_connections:
+                    csock.close()
+                    counters.drop("tcp-refused-total")
+                    continue
+                if self.per_ip.get(ip, 0) >= limits.max_per_ip:
+                    csock.close()
+                    counters.drop("tcp-refused-ip")
+                    continue
+                csock.setblocking(False)
+                csock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # media: no Nagle
+                client = StreamAddr((ip, int(peer[1])))
+                if client in self.sink.conns:  # pragma: no cover - the kernel reused a live 4-tuple
+                    csock.close()
+                    continue
+                conn = TcpConnection(csock, client)
+                self.sink.conns[client] = conn
+                self.per_ip[ip] = self.per_ip.get(ip, 0) + 1
+                counters.tcp_accepted += 1
+                nursery.start_soon(self._connection, conn)
+
+    async def _connection(self, conn: TcpConnection) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._writer, conn)
+                await self._reader(conn)
+                nursery.cancel_scope.cancel()
+        finally:
+            self._close(conn)
+
+    def _close(self, conn: TcpConnection) -> None:
+        conn.closed = True
+        client = conn.client
+        if self.sink.conns.get(client) is conn:
+            del self.sink.conns[client]
+            ip = client[0]
+            left = self.per_ip.get(ip, 1) - 1
+            if left > 0:
+                self.per_ip[ip] = left
+            else:
+                self.per_ip.pop(ip, None)
+        flow = self.core.flows.get(client)
+        if flow is not None and flow.upstream is None:
+            del self.core.flows[client]  # the flow ends with its connection
+        self.core.counters.tcp_closed += 1
+        conn.sock.close()
+
+    async def _writer(self, conn: TcpConnection) -> None:
+        """Drains the backlog when the kernel could not take it at once."""
+        sock = conn.sock
+        while True:
+            await conn.wake.wait()
+            conn.wake = trio.Event()
+            while conn.backlog and not conn.closed:
+                await trio.lowlevel.wait_writable(sock)
+                try:
+                    n = sock.send(conn.backlog)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    conn.backlog.clear()
+                    conn.closed = True
+                    break
+                del conn.backlog[:n]
+            conn.blocked = False
+
+    async def _reader(self, conn: TcpConnection) -> None:
+        limits = self.limits
+        core = self.core
+        counters = core.counters
+        drop = counters.drop
+        sock = conn.sock
+        client = conn.client
+        deframer = Deframer(limits.max_frame)
+        rbuf = bytearray(READ_SIZE)
+        rmv = memoryview(rbuf)
+        buf = self.buf
+        slot = PUBLIC_SLOT
+        deadline = trio.current_time() + limits.first_frame_timeout
+        drain = self.drain
+        while not conn.closed:
+            if not conn.flowed:
+                when = deadline
+            else:
+                when = trio.current_time() + limits.idle_timeout
+            with trio.move_on_at(when):
+                await trio.lowlevel.wait_readable(sock)
+            if trio.current_time() >= when:
+                drop("tcp-idle" if conn.flowed else "tcp-first-timeout")
+                return
+            try:
+                n = sock.recv_into(rbuf)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                return  # reset by the peer
+            if n == 0:
+                return  # the client closed (or half-closed: nothing more will come)
+            if self.https is not None and not conn.flowed and rbuf[0] == TLS_HANDSHAKE \
+                    and deframer.buffered == 0:
+                await self._splice(conn, bytes(rmv[:n]))
+                return
+            try:
+                deframer.handle_data(rmv[:n])
+                batch = self._batch
+                while (frame := deframer.poll_frame()) is not None:
+                    size = len(frame)
+                    if not conn.flowed:
+                        if not self._first_frame_ok(frame):
+                            drop("tcp-first-frame")
+                            return
+                    elif not size or not RELAYED[frame[0]]:
+                        drop("tcp-junk")
+                        continue
+                    at = len(batch) * slot + HEADROOM
+                    buf[at : at + size] = frame
+                    batch.append((size, client))
+                    if len(batch) == TCP_BATCH:
+                        drain(trio.current_time())
+                        batch = self._batch
+                        conn.flowed = conn.flowed or client in core.flows
+            except FramingError:
+                drop("tcp-frame-too-long")
+                return
+            finally:
+                if self._batch:
+                    drain(trio.current_time())
+            if not conn.flowed and client in core.flows:
+                conn.flowed = True
+                counters.tcp_established += 1
+
+    async def _splice(self, conn: TcpConnection, head: bytes) -> None:
+        """Shared-port mode: relay a TLS connection to the HTTPS backend, both ways, until
+        either side closes."""
+        assert self.https is not None
+        counters = self.core.counters
+        try:
+            with trio.fail_after(self.limits.first_frame_timeout):
+                backend = await trio.open_tcp_stream(*self.https)
+        except (OSError, trio.TooSlowError):
+            counters.drop("tcp-https-unreachable")
+            return
+        counters.tcp_https += 1
+        client = trio.SocketStream(trio.socket.from_stdlib_socket(conn.sock))
+
+        async def pump(src: trio.SocketStream, dst: trio.SocketStream,
+                       scope: trio.CancelScope) -> None:
+            try:
+                while data := await src.receive_some(READ_SIZE):
+                    await dst.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            scope.cancel()  # one side is done: HTTP/1.1 and h2 need no half-close
+
+        async with backend:
+            try:
+                await backend.send_all(head)
+            except trio.BrokenResourceError:
+                return
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pump, client, backend, nursery.cancel_scope)
+                nursery.start_soon(pump, backend, client, nursery.cancel_scope)
+
+    def _first_frame_ok(self, frame: bytes) -> bool:
+        """A frame before the connection has a flow: a Binding request whose server ufrag
+        verifies (the core's own codec; the core then applies its budgets)."""
+        if not frame or not IS_STUN[frame[0]]:
+            return False
+        try:
+            username = peek_username_untrusted(frame)
+        except StunError:
+            return False
+        if username is None:
+            return False
+        try:
+            self.core.codec.decode_untrusted(username.split(b":", 1)[0])
+        except UfragError:
+            return False
+        return True
