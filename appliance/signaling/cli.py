@@ -20,7 +20,14 @@ import trio
 from ..config import ConfigError, load_config, parse_hostport, resolve
 from ..logs import add_logging_flags, configure
 from .geo import parse_ingress_map
-from .options import add_auth_arguments, add_tls_arguments, default_webui_dir, tls_settings
+from .options import (
+    DEFAULT_REALTIME_AGENT,
+    add_auth_arguments,
+    add_realtime_arguments,
+    add_tls_arguments,
+    default_webui_dir,
+    tls_settings,
+)
 from .server import (
     check_public_address,
     default_public_addresses,
@@ -42,6 +49,7 @@ DEFAULTS: dict[str, Any] = {
     "ingress_prefix": [],
     "region_header": None,
     "trusted_proxy": [],
+    "realtime_agent": DEFAULT_REALTIME_AGENT,
 }
 
 
@@ -77,6 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--udp-port", type=int, metavar="PORT", default=None,
                         help="the relays' public UDP port, advertised in answers (default 3478)")
     add_auth_arguments(parser)
+    add_realtime_arguments(parser)
     add_geo_arguments(parser)
     add_tls_arguments(parser)
     parser.add_argument("--state-dir", metavar="DIR", default=None,
@@ -142,6 +151,7 @@ def build_config(args: argparse.Namespace) -> tuple[SignalingConfig, str | None]
         tls_key=key,
         webui_dir=webui,
         ingress=ingress,
+        realtime_agent=str(args.realtime_agent),
     )
     return cfg, fp
 

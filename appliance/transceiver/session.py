@@ -89,6 +89,7 @@ class Session:
         counters: dict[str, int],
         pacer: Pacer | None = None,
         opus_complexity: int = DEFAULT_COMPLEXITY,
+        params: dict[str, Any] | None = None,
     ) -> None:
         self.id = session_id
         self.transceiver = transceiver
@@ -112,7 +113,8 @@ class Session:
         self.host = AgentHost(on_event=self._agent_event, on_output=self._output_queued)
         self._on_frame = agent.on_frame  # synchronous frame handler (no agent task), or None
         self.ctx = AgentContext(
-            self.host, AgentIdentity(agent.name, session_id, transceiver, {"codec": CODEC}))
+            self.host, AgentIdentity(agent.name, session_id, transceiver, {"codec": CODEC},
+                                     params=dict(params or {})))
         # The shared pacer (one task per transceiver); a session made without one runs its
         # own in its nursery.
         self._own_pacer = pacer is None
