@@ -112,8 +112,11 @@ class Session:
         # Agent.
         self.host = AgentHost(on_event=self._agent_event, on_output=self._output_queued)
         self._on_frame = agent.on_frame  # synchronous frame handler (no agent task), or None
+        # Opus, or the G.711 law an offer without Opus got (proto/sdp/answer.py, g711.py).
+        codec_name = answer.plan.codec_name
+        self.codec = CODEC if codec_name == "opus" else f"{codec_name.upper()}/8000"
         self.ctx = AgentContext(
-            self.host, AgentIdentity(agent.name, session_id, transceiver, {"codec": CODEC},
+            self.host, AgentIdentity(agent.name, session_id, transceiver, {"codec": self.codec},
                                      params=dict(params or {})))
         # The shared pacer (one task per transceiver); a session made without one runs its
         # own in its nursery.
@@ -131,7 +134,7 @@ class Session:
             self.pipeline = PcmPipeline(
                 self.call, self.host, self.ctx, on_frame=self._on_frame,
                 schedule=self._schedule, agent_name=agent.name,
-                opus_complexity=opus_complexity)
+                opus_complexity=opus_complexity, codec=codec_name)
             self.call.media = self.pipeline
         # Data channels, when the answer served the offer's application section.
         self.channels: CallChannels | None = None
@@ -198,7 +201,7 @@ class Session:
             agent=self.agent.name,
             client_address=_fmt(flow.client) if flow else None,
             relay_flow=RelayFlow(_fmt(flow.public), _fmt(flow.relay)) if flow else None,
-            codec=CODEC,
+            codec=self.codec,
             srtp_profile=call.srtp_profile,
             cipher_suite=call.cipher_suite,
             created_at=round(self.created_at, 3),

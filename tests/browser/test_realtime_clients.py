@@ -173,6 +173,28 @@ def test_guide_sample_reaches_the_agent_with_its_params(
     assert errors.unexpected() == []
 
 
+@pytest.mark.parametrize("law", ["PCMU", "PCMA"])
+def test_g711_alone_is_answered_and_echoed(params_up: str, pages: PageServer, page: Page, law: str) -> None:
+    """An offer with only G.711 (Chromium told to offer one codec) gets that law in the
+    answer, and the call's audio goes through the G.711 codec both ways (the agent echoes
+    it; the page hears it)."""
+    errors = PageErrors(page)
+    page.goto(pages.base + "/guide.html")
+    out = page.evaluate("(a) => guide.connect(a)",
+                        {"base": params_up, "key": mint(params_up), "only": law.lower()})
+    assert out["status"] == 201, out
+    assert "opus" not in out["answer"].lower()
+    pt = {"PCMU": 0, "PCMA": 8}[law]
+    assert re.search(rf"^m=audio \d+ \S+ {pt}(\r|$| )", out["answer"], re.M), out["answer"]
+    assert f"a=rtpmap:{pt} {law}/8000" in out["answer"]
+    wait_for(page, "guide.inboundAudio().then((a) => a.packets > 50 && a.energy > 0.01)", timeout=30)
+    call = page.evaluate("([b, k]) => guide.call('GET', b, k)", [params_up, ""])["body"]
+    assert call["media"]["codec"] == f"{law}/8000"
+    assert call["media"]["packets_in"] > 0 and call["media"]["packets_out"] > 0
+    page.evaluate("guide.close()")
+    assert errors.unexpected() == []
+
+
 def test_guide_sample_errors_are_openai_shaped(params_up: str, pages: PageServer, page: Page) -> None:
     page.goto(pages.base + "/guide.html")
     out = page.evaluate("(a) => guide.connect(a)", {"base": params_up, "key": "ek_bogus.AAAA"})
