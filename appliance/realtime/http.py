@@ -476,3 +476,22 @@ def register(app: QuartTrio, state: SignalingState) -> None:
                      errors(hangup), methods=["DELETE"])
     app.add_url_rule("/v1/realtime/calls/<call_id>/hangup", "realtime_hangup",
                      errors(hangup), methods=["POST"])
+
+    # Any other method on these paths: 405 in OpenAI's shape too (werkzeug's own 405 would
+    # reach app.py's problem+json handler).
+    async def not_allowed(**_: str) -> Response:
+        allowed = {"/v1/realtime/client_secrets": "POST, OPTIONS",
+                   "/v1/realtime/calls": "POST, OPTIONS"}.get(request.path)
+        if allowed is None:
+            allowed = ("POST, OPTIONS" if request.path.endswith("/hangup")
+                       else "GET, DELETE, OPTIONS")
+        return error_response(RealtimeProblem(405, "method_not_allowed",
+                                              f"{request.method} is not allowed here",
+                                              headers={"Allow": allowed}))
+
+    others = ["GET", "PUT", "PATCH", "DELETE"]
+    for rule, methods in (("/v1/realtime/client_secrets", others),
+                          ("/v1/realtime/calls", others),
+                          ("/v1/realtime/calls/<call_id>", ["POST", "PUT", "PATCH"]),
+                          ("/v1/realtime/calls/<call_id>/hangup", ["GET", "PUT", "PATCH", "DELETE"])):
+        app.add_url_rule(rule, f"realtime_405_{rule}", not_allowed, methods=methods)

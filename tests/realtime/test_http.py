@@ -19,9 +19,11 @@ from appliance.realtime.http import (
     RealtimeProblem,
     Secret,
     SecretTable,
+    check_session,
     effective_session,
     merge_session,
     parse_dcid,
+    parse_expires_after,
 )
 
 __all__ = ["make_env"]  # the signaling tests' fixture, re-used
@@ -199,6 +201,11 @@ async def test_call_errors_are_openai_shaped(make_env: Any) -> None:
     # Too large a body: 413, before it is read.
     big = "v=0\r\n" + "a=x\r\n" * (env.state.config.max_body // 5)
     await openai_error(await c.post("/v1/realtime/calls", data=big, headers=SDP), 413)
+    # Wrong methods too.
+    resp = await c.get("/v1/realtime/calls")
+    await openai_error(resp, 405)
+    assert "POST" in resp.headers["Allow"]
+    await openai_error(await c.put("/v1/realtime/calls/rtc_x"), 405)
     # The rest of the API keeps problem+json.
     resp = await c.get("/v1/sessions/nope")
     assert resp.mimetype == "application/problem+json"
@@ -316,3 +323,32 @@ def test_parse_dcid_raises_only_its_problem(text: str) -> None:
     except RealtimeProblem as p:
         param = p.param
     assert param == "dcid" or n is None or 0 <= n <= 65534
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                    lambda kids: st.lists(kids, max_size=4)
+                    | st.dictionaries(st.text(max_size=8), kids, max_size=4), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(JSON, st.dictionaries(st.sampled_from(["anchor", "seconds"]), JSON)))
+def test_expires_after_raises_only_its_problem(value: Any) -> None:
+    problem: RealtimeProblem | None = None
+    try:
+        assert 10 <= parse_expires_after(value) <= SECRET_TTL_MAX
+    except RealtimeProblem as p:
+        problem = p
+    if problem is not None:
+        assert problem.status == 400 and str(problem.param).startswith("expires_after")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(JSON, st.dictionaries(st.sampled_from(["type", "audio", "x"]), JSON)))
+def test_check_session_raises_only_its_problem(value: Any) -> None:
+    problem: RealtimeProblem | None = None
+    try:
+        assert effective_session(check_session(value))["type"] == "realtime"
+    except RealtimeProblem as p:
+        problem = p
+    if problem is not None:
+        assert problem.status == 400 and str(problem.param).startswith("session")
