@@ -1,2 +1,1 @@
-"""The OpenAI-Realtime-compatible surface: HTTP routes (http.py), the event state machine
-and realtime agents (issue 17)."""
+"""OpenAI Realtime API compatibility (issue 17): see docs/realtime.md."""
