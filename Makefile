@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: up test lint typecheck unit sysdeps venv install install-test bench fuzz screenshots clean
+.PHONY: up test lint typecheck unit sysdeps realtime-client venv install install-test bench fuzz screenshots clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -24,7 +24,8 @@ $(VENV)/.installed-test: pyproject.toml setup.py appliance/netio/_mmsg.c | $(BIN
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
-# System packages the tests drive for real: Debian's Chromium, redis-server, iproute2, openssl.
+# System packages the tests drive for real: Debian's Chromium, redis-server, iproute2, openssl,
+# and node + npm (they bundle the official @openai/agents-realtime for the browser tests).
 # Installed only when one is missing, so a warm machine pays nothing; a Chromium older than
 # CHROMIUM_MIN (the oldest major the suite is known to work with, tests/peers.py) is
 # upgraded. Between CHROMIUM_MIN and the newest tested major the suite accepts each version's
@@ -43,6 +44,8 @@ sysdeps:
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	command -v node >/dev/null || missing="$$missing nodejs"; \
+	command -v npm >/dev/null || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -58,8 +61,13 @@ lint: install-test
 typecheck: install-test
 	$(BIN)/mypy
 
-unit: install-test sysdeps
+unit: install-test sysdeps realtime-client
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The official @openai/agents-realtime from npm, bundled into one file for the browser tests
+# (npm ci + esbuild; node_modules/ and the bundle are cached, so a rerun does nothing).
+realtime-client: sysdeps
+	sh tests/browser/realtime_client/build.sh
 
 test: lint typecheck unit
 

@@ -29,6 +29,26 @@ log = logging.getLogger(__name__)
 
 MAX_LINE = 1 << 20  # 1 MiB: an SDP offer is far smaller; anything bigger is hostile.
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+#: The largest ``params`` object a ``create`` may carry (its compact JSON): per-call
+#: parameters for the agent (e.g. a Realtime session config with long instructions), far
+#: below MAX_LINE so an offer always fits beside it. Signaling and transceivers both check it.
+MAX_PARAMS_BYTES = 64 * 1024
+
+
+def check_params(value: object) -> dict[str, Any]:
+    """A ``create`` request's ``params`` (absent/None: ``{}``); raises ValueError saying why
+    it is refused: not a JSON object, or bigger than :data:`MAX_PARAMS_BYTES`."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError("params must be a JSON object")
+    try:
+        size = len(json.dumps(value, separators=(",", ":"), allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"params is not JSON-safe: {exc}") from None
+    if size > MAX_PARAMS_BYTES:
+        raise ValueError(f"params is {size} bytes of JSON; at most {MAX_PARAMS_BYTES}")
+    return value
 
 
 class ControlError(Exception):

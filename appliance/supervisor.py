@@ -65,7 +65,9 @@ from .config import (
 from .logs import add_logging_flags, configure
 from .relay.argv import relay_argv
 from .signaling.options import (
+    DEFAULT_REALTIME_AGENT,
     add_auth_arguments,
+    add_realtime_arguments,
     add_tls_arguments,
     default_webui_dir,
     tls_settings,
@@ -89,6 +91,7 @@ DEFAULTS: dict[str, Any] = {
     "transceivers": 2,
     "relay_workers": 1,
     "agent": "echo",
+    "realtime_agent": DEFAULT_REALTIME_AGENT,
     "opus_complexity": None,  # None: the transceivers' own default
     "dtls_versions": None,  # None: the transceivers' own default (1.2,1.3)
     "redis": None,
@@ -152,6 +155,7 @@ class UpConfig:
     webui_dir: Path
     log_level: str = "info"
     log_format: str = "text"
+    realtime_agent: str = DEFAULT_REALTIME_AGENT  # the agent of /v1/realtime/calls
     opus_complexity: int | None = None  # passed to every transceiver when set
     dtls_versions: frozenset[str] | None = None  # passed to every transceiver when set
     #: ICE-TCP (RFC 6544): the relays listen on TCP at the UDP address's port too, and
@@ -192,13 +196,16 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
     # Load the agent once here (AgentError is a ValueError: exit 2 with its message), so a
     # typo fails `up` at once instead of every transceiver failing to start three times.
     resolve_agent(str(args.agent))
+    realtime_agent = str(getattr(args, "realtime_agent", None) or DEFAULT_REALTIME_AGENT)
+    if realtime_agent != DEFAULT_REALTIME_AGENT:  # the built-in one is always there
+        resolve_agent(realtime_agent)
     cfg = UpConfig(
         http=http, udp=udp, public_addresses=public, transceivers=n, relay_workers=m,
         agent=str(args.agent), redis=args.redis or None, state_dir=state_dir,
         internal_base_port=base, api_token=args.api_token or None,
         tls_cert=cert, tls_key=key, tls_fingerprint=fp,
         webui_dir=Path(args.webui_dir) if getattr(args, "webui_dir", None) else default_webui_dir(),
-        log_level=args.log_level, log_format=args.log_format,
+        log_level=args.log_level, log_format=args.log_format, realtime_agent=realtime_agent,
         opus_complexity=None if getattr(args, "opus_complexity", None) is None
         else parse_opus_complexity(args.opus_complexity),
         dtls_versions=None if getattr(args, "dtls_versions", None) is None
@@ -298,6 +305,7 @@ async def up(
             tls_key=cfg.tls_key,
             webui_dir=cfg.webui_dir,
             managed=True,
+            realtime_agent=cfg.realtime_agent,
         )
         generated = ensure_api_token(sig_cfg)
         state = SignalingState(sig_cfg)
@@ -387,6 +395,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # For tests and packaging: how to start a child role (default: python -m appliance).
     parser.add_argument("--child-command", metavar="CMD", default=None, help=argparse.SUPPRESS)
     add_auth_arguments(parser)
+    add_realtime_arguments(parser)
     add_tls_arguments(parser)
     add_logging_flags(parser)
 

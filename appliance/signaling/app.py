@@ -38,6 +38,7 @@ from quart import Response, request, send_from_directory
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from ..realtime import http as realtime
 from . import metrics
 from .fastpath import WhipFastPath
 from .problems import Problem, problem_response
@@ -68,6 +69,7 @@ def create_app(state: SignalingState) -> QuartTrio:
     app.config["BODY_TIMEOUT"] = state.config.body_timeout
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
     app.extensions["appliance.state"] = state
+    realtime.register(app, state)  # /v1/realtime/*: before _after below, so its CORS wins
 
     # -- errors -------------------------------------------------------------------------
 

@@ -20,7 +20,14 @@ import trio
 from ..config import ConfigError, load_config, parse_hostport, resolve
 from ..logs import add_logging_flags, configure
 from .geo import parse_ingress_map
-from .options import add_auth_arguments, add_tls_arguments, default_webui_dir, tls_settings
+from .options import (
+    DEFAULT_REALTIME_AGENT,
+    add_auth_arguments,
+    add_realtime_arguments,
+    add_tls_arguments,
+    default_webui_dir,
+    tls_settings,
+)
 from .server import (
     check_public_address,
     default_public_addresses,
@@ -43,6 +50,7 @@ DEFAULTS: dict[str, Any] = {
     "ingress_prefix": [],
     "region_header": None,
     "trusted_proxy": [],
+    "realtime_agent": DEFAULT_REALTIME_AGENT,
 }
 
 
@@ -82,6 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "balancer maps to it, e.g. 443): answers then list a TCP passive "
                              "candidate per address beside the UDP one (default: none)")
     add_auth_arguments(parser)
+    add_realtime_arguments(parser)
     add_geo_arguments(parser)
     add_tls_arguments(parser)
     parser.add_argument("--state-dir", metavar="DIR", default=None,
@@ -157,6 +166,7 @@ def build_config(args: argparse.Namespace) -> tuple[SignalingConfig, str | None]
         tls_key=key,
         webui_dir=webui,
         ingress=ingress,
+        realtime_agent=str(args.realtime_agent),
     )
     return cfg, fp
 

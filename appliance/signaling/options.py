@@ -39,6 +39,20 @@ def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
                              "repeatable (default: the default-route interface's address)")
 
 
+#: The agent of ``/v1/realtime/calls`` unless set: the appliance's Realtime event state
+#: machine with the built-in echo backend (appliance/realtime/).
+DEFAULT_REALTIME_AGENT = "realtime"
+
+
+def add_realtime_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--realtime-agent", metavar="SPEC", default=None,
+                        help="agent for OpenAI-Realtime-style calls (POST /v1/realtime/calls; "
+                             f"default {DEFAULT_REALTIME_AGENT}: the built-in event state "
+                             "machine with its echo backend; realtime:module:attr for your "
+                             "own RealtimeAgent, realtime+wss://host/v1/realtime?model=… for "
+                             "an upstream Realtime WebSocket service)")
+
+
 def tls_settings(args: argparse.Namespace, hosts: list[str]) -> tuple[str | None, str | None, str | None]:
     """(cert, key, fingerprint-if-self-signed) from --tls / --tls-cert / --tls-key."""
     if args.tls == "self-signed":

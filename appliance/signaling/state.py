@@ -29,7 +29,7 @@ from typing import Any
 
 import trio
 
-from ..control import ControlError
+from ..control import ControlError, check_params
 from .geo import IngressChoice, IngressMap
 from .health import POLL_TIMEOUT, Endpoint, ProcessHealth
 from .placement import Placement
@@ -65,6 +65,7 @@ class SignalingConfig:
     managed: bool = False  # True under the supervisor: it, not polling, decides who is lost
     events_interval: float = 1.0
     ingress: IngressMap = field(default_factory=IngressMap)  # geo-steered ingress (geo.py)
+    realtime_agent: str = "realtime"  # the agent of /v1/realtime/calls (appliance/realtime/http.py)
 
     def requires_auth(self) -> bool:
         if self.auth_required is not None:
@@ -181,7 +182,13 @@ class SignalingState:
         owner: str | None,
         *,
         ingress: IngressChoice | None = None,
+        params: Callable[[str], dict[str, Any]] | None = None,
+        id_prefix: str = "",
     ) -> tuple[SessionRecord, str]:
+        """Create a session on the best transceiver that takes it. ``params(session_id)``
+        gives the per-call parameters the agent sees as ``ctx.params`` (a function, since
+        each attempt mints its own id; size-capped by control.check_params); ``id_prefix``
+        starts the id (``"rtc_"`` for a realtime call)."""
         candidates = (
             self.candidates() if ingress is None else [[h, p] for h, p in ingress.candidates]
         )
@@ -191,8 +198,8 @@ class SignalingState:
         last: Problem | None = None
         for k in order:
             ep = self.health.transceivers[k]
-            sid = secrets.token_urlsafe(12)
-            req = {
+            sid = id_prefix + secrets.token_urlsafe(12)
+            req: dict[str, Any] = {
                 "op": "create",
                 "session_id": sid,
                 "offer": offer,
@@ -201,6 +208,11 @@ class SignalingState:
                 **({} if self.config.tcp_port is None else
                    {"tcp_candidates": [[h, self.config.tcp_port] for h, _ in candidates]}),
             }
+            if params is not None:
+                try:
+                    req["params"] = check_params(params(sid))
+                except ValueError as exc:
+                    raise Problem(400, "bad-params", str(exc)) from None
             try:
                 with self.placement.in_flight(k):
                     resp = await ep.client.request(req)

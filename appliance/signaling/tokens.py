@@ -69,8 +69,15 @@ def _unb64(text: str) -> bytes:
 class ClientTokens:
     """Mints and verifies client tokens with one HMAC key."""
 
-    def __init__(self, key: bytes | None = None) -> None:
+    def __init__(self, key: bytes | None = None, *, prefix: str = PREFIX) -> None:
         self._key = key if key is not None else secrets.token_bytes(32)
+        # The prefix is inside the MAC, so tokens of one prefix never verify as another's
+        # (the Realtime ``ek_`` client secrets, appliance/realtime/http.py, use "ek_").
+        self._prefix = prefix
+
+    def with_prefix(self, prefix: str) -> ClientTokens:
+        """The same key minting and verifying tokens that start with ``prefix``."""
+        return ClientTokens(self._key, prefix=prefix)
 
     def _mac(self, signed: bytes) -> bytes:
         return hmac.new(self._key, signed, hashlib.sha256).digest()[:_MAC_LEN]
@@ -80,19 +87,20 @@ class ClientTokens:
         body = json.dumps(
             {"exp": claims.exp, "jti": claims.jti, "scope": list(scope)}, separators=(",", ":")
         ).encode()
-        signed = (PREFIX + _b64(body)).encode("ascii")
+        signed = (self._prefix + _b64(body)).encode("ascii")
         return f"{signed.decode()}.{_b64(self._mac(signed))}", claims
 
     def verify_untrusted(self, token: str, *, now: float) -> ClientClaims:
         """Check format, MAC (constant time) and expiry; raises only :class:`TokenError`."""
-        if len(token) > MAX_TOKEN_LEN or not token.startswith(PREFIX):
+        prefix = self._prefix
+        if len(token) > MAX_TOKEN_LEN or not token.startswith(prefix):
             raise TokenError("not a client token", "malformed")
         signed, dot, mac_text = token.rpartition(".")
-        if not dot or signed == PREFIX[:-1]:
+        if not dot or len(signed) < len(prefix):
             raise TokenError("not a client token", "malformed")
         try:
             mac = _unb64(mac_text)
-            body = _unb64(signed[len(PREFIX) :])
+            body = _unb64(signed[len(prefix) :])
         except (ValueError, UnicodeEncodeError):
             raise TokenError("client token is not base64url", "malformed") from None
         if not hmac.compare_digest(self._mac(signed.encode("ascii", "replace")), mac):

@@ -45,7 +45,7 @@ class JitterBuffer:
     __slots__ = (
         "_held", "_next", "_last_ts", "_last_seq", "_hole_since", "_ready",
         "_concealed", "wait", "min_wait", "max_wait", "max_depth", "max_jump",
-        "received", "duplicates", "late", "lost", "resyncs",
+        "received", "duplicates", "late", "lost", "resyncs", "_step",
     )
 
     def __init__(
@@ -56,7 +56,9 @@ class JitterBuffer:
         max_wait: float = 0.080,
         max_depth: int = 8,
         max_jump: int = 100,
+        samples_per_frame: int = SAMPLES_PER_FRAME,
     ) -> None:
+        self._step = samples_per_frame  # RTP clock units per packet (48 kHz Opus, 8 kHz G.711)
         self._held: dict[int, tuple[int, bytes]] = {}  # ext seq -> (timestamp, payload)
         self._next: int | None = None  # next extended seq to release
         self._last_seq = 0
@@ -93,7 +95,7 @@ class JitterBuffer:
             # slightly older packet after it unwraps to a smaller, still positive number.
             self._next = (1 << 32) + seq
             self._last_seq = self._next - 1
-            self._last_ts = timestamp - SAMPLES_PER_FRAME
+            self._last_ts = timestamp - self._step
         ext = self._unwrap(seq)
         if ext < self._next:
             if ext in self._concealed:
@@ -113,7 +115,7 @@ class JitterBuffer:
             self.resyncs += 1
             self._next = ext
             self._last_seq = ext - 1
-            self._last_ts = timestamp - SAMPLES_PER_FRAME
+            self._last_ts = timestamp - self._step
         if ext == self._next:
             self._emit(ext, timestamp, payload)
             if self._hole_since is not None:
@@ -180,7 +182,7 @@ class JitterBuffer:
         first = min(self._held)
         while self._next < first:
             ext = self._next
-            ts = self._last_ts + SAMPLES_PER_FRAME * (ext - self._last_seq)
+            ts = self._last_ts + self._step * (ext - self._last_seq)
             self._concealed.append(ext)
             self.lost += 1
             self._emit(ext, ts & 0xFFFFFFFF, None)

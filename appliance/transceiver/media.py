@@ -30,6 +30,7 @@ from appliance.agents import AgentContext, AgentHost, EnergyVad, Frame
 from appliance.agents.registry import FrameFn
 from appliance.logs import loggable_url
 
+from . import g711
 from .call import CallState, ServerCall
 from .jitter import JitterBuffer
 from .opus import DEFAULT_COMPLEXITY, FRAME_BYTES, Decoder, Encoder, OpusDecoder, OpusEncoder
@@ -58,6 +59,7 @@ class PcmPipeline:
         schedule: Callable[[float], None],
         agent_name: str = "",
         opus_complexity: int = DEFAULT_COMPLEXITY,
+        codec: str = "opus",
     ) -> None:
         self.call = call
         self.host = host
@@ -65,10 +67,15 @@ class PcmPipeline:
         self._on_frame = on_frame  # a synchronous frame handler (no agent task), or None
         self._schedule_at = schedule
         self._agent_name = agent_name
-        self.jitter = JitterBuffer()
+        # "opus", or a G.711 law ("pcmu"/"pcma", g711.py) when the offer had no Opus: its
+        # RTP clock is 8 kHz, so timestamps step 160 per 20 ms packet instead of 960.
+        self.codec = codec
+        self._clock = SAMPLE_RATE if codec == "opus" else g711.RATE
+        step = self._clock // 50
+        self.jitter = JitterBuffer(samples_per_frame=step)
         self.vad = EnergyVad()
         assert call.opus_pt is not None, "a data-only call has no audio pipeline"
-        self.packetizer = Packetizer(call.ssrc, call.opus_pt, early=EARLY)
+        self.packetizer = Packetizer(call.ssrc, call.opus_pt, early=EARLY, samples_per_frame=step)
         self._opus_complexity = opus_complexity
         self._decoder: Decoder | None = None
         self._encoder: Encoder | None = None
@@ -78,7 +85,7 @@ class PcmPipeline:
     @property
     def decoder(self) -> Decoder:
         if self._decoder is None:
-            self._decoder = OpusDecoder()
+            self._decoder = OpusDecoder() if self.codec == "opus" else g711.G711Decoder(self.codec)
         return self._decoder
 
     @decoder.setter
@@ -88,7 +95,8 @@ class PcmPipeline:
     @property
     def encoder(self) -> Encoder:
         if self._encoder is None:
-            self._encoder = OpusEncoder(complexity=self._opus_complexity)
+            self._encoder = (OpusEncoder(complexity=self._opus_complexity) if self.codec == "opus"
+                             else g711.G711Encoder(self.codec))
         return self._encoder
 
     @encoder.setter
@@ -133,7 +141,7 @@ class PcmPipeline:
                 concealed = False
             if self._first_media_ts is None:
                 self._first_media_ts = item.timestamp
-            base = ((item.timestamp - self._first_media_ts) & 0xFFFFFFFF) / SAMPLE_RATE
+            base = ((item.timestamp - self._first_media_ts) & 0xFFFFFFFF) / self._clock
             if len(pcm) == FRAME_BYTES:  # WebRTC's 20 ms ptime: one frame, no slicing
                 chunks: Iterable[tuple[int, bytes]] = ((0, pcm),)
             else:  # longer packets (40-120 ms) come out as several 20 ms frames

@@ -37,7 +37,7 @@ SAMPLES_PER_FRAME = 960
 
 class Packetizer:
     __slots__ = ("ssrc", "payload_type", "_seq", "_ts", "_nominal", "_next_due", "burst",
-                 "early", "max_lag", "packets", "talkspurts")
+                 "early", "max_lag", "packets", "talkspurts", "_step")
 
     def __init__(
         self,
@@ -49,14 +49,17 @@ class Packetizer:
         burst: float = 0.060,
         max_lag: float = 0.040,
         early: float = 0.0,
+        samples_per_frame: int = SAMPLES_PER_FRAME,
     ) -> None:
         self.ssrc = ssrc
+        # RTP timestamp units per 20 ms frame: 960 at Opus's 48 kHz clock, 160 at G.711's 8 kHz.
+        self._step = samples_per_frame
         self.payload_type = payload_type
         # The seq/ts of the packet *before* the first one: the first sent is +1 / +960.
         seq0 = secrets.randbits(16) if initial_seq is None else initial_seq
         ts0 = secrets.randbits(32) if initial_timestamp is None else initial_timestamp
         self._seq = (seq0 - 1) & 0xFFFF
-        self._ts = (ts0 - SAMPLES_PER_FRAME) & 0xFFFFFFFF
+        self._ts = (ts0 - samples_per_frame) & 0xFFFFFFFF
         self._nominal: float | None = None  # nominal send time of the last packet
         self._next_due: float | None = None
         self.burst = burst
@@ -84,18 +87,18 @@ class Packetizer:
         """
         if self._next_due is None or self._nominal is None:
             marker = True
-            self._ts = (self._ts + SAMPLES_PER_FRAME) & 0xFFFFFFFF
+            self._ts = (self._ts + self._step) & 0xFFFFFFFF
             nominal = now
         elif now - self._next_due > self.burst:
             # Silence since the last packet: a new talkspurt. The timestamp keeps counting
             # the 48 kHz clock through the silence (at least one frame's worth).
             marker = True
             frames = max(1, round((now - self._nominal) / FRAME_SECONDS))
-            self._ts = (self._ts + SAMPLES_PER_FRAME * frames) & 0xFFFFFFFF
+            self._ts = (self._ts + self._step * frames) & 0xFFFFFFFF
             nominal = now
         else:
             marker = False
-            self._ts = (self._ts + SAMPLES_PER_FRAME) & 0xFFFFFFFF
+            self._ts = (self._ts + self._step) & 0xFFFFFFFF
             if backlog:
                 nominal = self._next_due  # catch up: back-to-back until on schedule
             elif now < self._next_due:

@@ -49,7 +49,7 @@ from typing import Any
 import trio
 
 from appliance.agents import AgentError, resolve
-from appliance.control import serve_control
+from appliance.control import check_params, serve_control
 from appliance.logs import loggable_url, redact
 from appliance.netio.sockets import udp_socket
 from appliance.proto.dtls import Certificate, DtlsConnection, Role
@@ -439,6 +439,10 @@ class Transceiver:
             agent = resolve(agent_spec or self.config.agent)
         except AgentError as exc:
             return _error(400, "unknown-agent", str(exc))
+        try:
+            params = check_params(req.get("params"))  # per-call, for ctx.params
+        except ValueError as exc:
+            return _error(400, "bad-params", str(exc))
         ufrag = self.codec.mint(cluster=self.config.cluster, transceiver=self.config.id)
         pwd = _ice_pwd()
         cert = self._certificate()
@@ -466,7 +470,7 @@ class Transceiver:
             candidates=candidates,
             local_ufrag=ufrag, local_pwd=pwd, dtls=dtls, ssrc=ssrc, cname=cname,
             send=self.send, now=now, on_end=self._on_end, counters=self.counters,
-            pacer=self.pacer, opus_complexity=self.config.opus_complexity,
+            pacer=self.pacer, opus_complexity=self.config.opus_complexity, params=params,
         )
         assert self._nursery is not None
         self.sessions[sid] = session

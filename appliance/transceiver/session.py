@@ -89,6 +89,7 @@ class Session:
         counters: dict[str, int],
         pacer: Pacer | None = None,
         opus_complexity: int = DEFAULT_COMPLEXITY,
+        params: dict[str, Any] | None = None,
     ) -> None:
         self.id = session_id
         self.transceiver = transceiver
@@ -115,9 +116,14 @@ class Session:
         #: no pacing; the agent still runs and gets the channels, frames() just ends with
         #: the session, and audio it sends is discarded (there is no stream to carry it).
         self.audio = answer.plan is not None
+        # Opus, or the G.711 law an offer without Opus got (proto/sdp/answer.py, g711.py).
+        codec_name = answer.plan.codec_name if answer.plan is not None else None
+        self.codec: str | None = (
+            None if codec_name is None
+            else CODEC if codec_name == "opus" else f"{codec_name.upper()}/8000")
         self.ctx = AgentContext(
-            self.host, AgentIdentity(agent.name, session_id, transceiver,
-                                     {"codec": CODEC if self.audio else None}))
+            self.host, AgentIdentity(agent.name, session_id, transceiver, {"codec": self.codec},
+                                     params=dict(params or {})))
         # The shared pacer (one task per transceiver); a session made without one runs its
         # own in its nursery.
         self._own_pacer = pacer is None
@@ -133,10 +139,11 @@ class Session:
         elif self.passthrough:
             self.call.media = PassthroughStream(self.call)
         else:
+            assert codec_name is not None  # self.audio: the answer has an audio plan
             self.pipeline = PcmPipeline(
                 self.call, self.host, self.ctx, on_frame=self._on_frame,
                 schedule=self._schedule, agent_name=agent.name,
-                opus_complexity=opus_complexity)
+                opus_complexity=opus_complexity, codec=codec_name)
             self.call.media = self.pipeline
         # Data channels, when the answer served the offer's application section.
         self.channels: CallChannels | None = None
@@ -203,7 +210,7 @@ class Session:
             agent=self.agent.name,
             client_address=_fmt(flow.client) if flow else None,
             relay_flow=RelayFlow(_fmt(flow.public), _fmt(flow.relay)) if flow else None,
-            codec=CODEC if self.audio else None,
+            codec=self.codec,
             srtp_profile=call.srtp_profile,
             cipher_suite=call.cipher_suite,
             created_at=round(self.created_at, 3),

@@ -297,9 +297,11 @@ def build(seed: int = 9) -> list[Case]:
         codes=_codes("no-fingerprint", "unsupported-proto"), status=422)
     add("dtls-no-fingerprint", _drop(L, "a=fingerprint"), codes=_codes("no-fingerprint"),
         status=422)
-    add("no-opus", _drop([x.replace(" 111 0", " 0") for x in L], "a=rtpmap:111", "a=fmtp"),
+    # Neither Opus nor the G.711 fallback (static pt 0 is PCMU, RFC 3551): G.722 (pt 9) only.
+    add("no-opus", _drop([x.replace(" 111 0", " 9") for x in L], "a=rtpmap:111", "a=fmtp"),
         codes=_codes("no-opus"), status=422)
-    add("opus-wrong-clock", _replace(L, "a=rtpmap:111", "a=rtpmap:111 opus/8000/2"),
+    add("opus-wrong-clock", _replace([x.replace(" 111 0", " 111") for x in L], "a=rtpmap:111",
+                                     "a=rtpmap:111 opus/8000/2"),
         codes=_codes("no-opus"), status=422)
     add("no-ice", _drop(L, "a=ice-ufrag", "a=ice-pwd"), codes=_codes("no-ice-credentials"),
         status=422)

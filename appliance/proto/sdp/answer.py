@@ -14,6 +14,8 @@ The answer is always the same shape (DESIGN.md "SDP answer")::
     a=ice-ufrag / a=ice-pwd / a=fingerprint:sha-256 ... / a=setup:passive
     a=<direction> / a=rtcp-mux [/ a=rtcp-rsize]
     a=rtpmap:<pt> opus/48000/2 / a=fmtp:<pt> minptime=10;useinbandfec=1
+                                                <- or PCMU/8000 | PCMA/8000 (RFC 3551), no
+                                                   fmtp, only when the offer has no Opus
     a=msid / a=ssrc cname+msid                  <- only when we send
     a=candidate:... typ host (one per advertised address) / a=end-of-candidates
     m=application <port> UDP/DTLS/SCTP webrtc-datachannel   <- only with datachannel=True
@@ -95,6 +97,8 @@ DEFAULT_PEER_MAX_MESSAGE_SIZE: Final = 65536
 
 #: Our fmtp for Opus (RFC 7587 §6.1): we can take 10 ms packets and decode in-band FEC.
 OPUS_FMTP: Final = "minptime=10;useinbandfec=1"
+#: G.711 laws accepted when an audio section offers no Opus (RFC 3551 §4.5.14).
+G711: Final = frozenset({"pcmu", "pcma"})
 
 _ICE_CHARS_RE: Final = re.compile(r"[A-Za-z0-9+/]+", re.ASCII)
 _LOCAL_FINGERPRINT_RE: Final = re.compile(r"sha-256 (?:[0-9A-F]{2}:){31}[0-9A-F]{2}", re.ASCII)
@@ -121,7 +125,7 @@ class AudioPlan:
     """What the offer asks of us, once judged servable (remote-side parameters)."""
 
     section: MediaSection
-    opus: Codec
+    opus: Codec  # the audio codec: Opus, or PCMU/PCMA when the offer has no Opus
     telephone_event: Codec | None
     direction: Direction  # the offer's
     transport: TransportPlan
@@ -157,6 +161,11 @@ class AudioPlan:
     @property
     def remote_ssrc(self) -> int | None:
         return self.section.ssrcs[0].ssrc if self.section.ssrcs else None
+
+    @property
+    def codec_name(self) -> str:
+        """``"opus"``, ``"pcmu"`` or ``"pcma"``."""
+        return self.opus.name.lower()
 
     @property
     def send_fec(self) -> bool:
@@ -226,14 +235,26 @@ def _is_opus(c: Codec) -> bool:
     return c.name.lower() == "opus" and c.clock_rate == 48000 and c.channels == 2
 
 
-def _telephone_event(m: MediaSection) -> Codec | None:
+def _is_g711(c: Codec) -> bool:
+    # RFC 3551 §4.5.14 / table 4: PCMU (pt 0) and PCMA (pt 8), 8000 Hz, one channel.
+    return c.name.lower() in G711 and c.clock_rate == 8000 and c.channels in (None, 1)
+
+
+def _pick_codec(m: MediaSection) -> Codec | None:
+    """Opus wherever it is offered; else the first G.711 law the offer lists (a fallback
+    for offers that carry nothing else: SIP gateways, some embedded clients)."""
+    return next((c for c in m.codecs if _is_opus(c)), None) or next(
+        (c for c in m.codecs if _is_g711(c)), None)
+
+
+def _telephone_event(m: MediaSection, clock_rate: int = 48000) -> Codec | None:
     # RFC 4733 §2.1: events share the audio stream's timestamp clock, so prefer the
-    # 48 kHz variant Chrome offers next to the 8 kHz one.
+    # variant at the audio codec's rate (Chrome offers 48 kHz next to 8 kHz).
     events = [c for c in m.codecs if c.name.lower() == "telephone-event"]
     for c in events:
-        if c.clock_rate == 48000:
+        if c.clock_rate == clock_rate:
             return c
-    return events[0] if events else None
+    return events[0] if events and clock_rate == 48000 else None
 
 
 def choose_audio(offer: Offer) -> AudioPlan:
@@ -258,10 +279,11 @@ def choose_audio(offer: Offer) -> AudioPlan:
                 "(UDP/TLS/RTP/SAVPF) is required",
             )
             continue
-        opus = next((c for c in m.codecs if _is_opus(c)), None)
+        opus = _pick_codec(m)
         if opus is None:
             first_problem = first_problem or SdpError(
-                "no-opus", f"audio m= section {m.index} does not offer opus/48000/2"
+                "no-opus", f"audio m= section {m.index} does not offer opus/48000/2 "
+                "(nor PCMU/PCMA 8000)"
             )
             continue
         chosen = (m, opus)
@@ -276,7 +298,7 @@ def choose_audio(offer: Offer) -> AudioPlan:
     return AudioPlan(
         section=m,
         opus=opus,
-        telephone_event=_telephone_event(m),
+        telephone_event=_telephone_event(m, opus.clock_rate),
         direction=offer.effective_direction(m),
         transport=transport,
     )
@@ -542,7 +564,7 @@ def build_answer(
         audio_mid=audio.mid,
         audio_index=audio.index,
         opus_pt=plan.opus.pt,
-        opus_fmtp=OPUS_FMTP,
+        opus_fmtp=OPUS_FMTP if plan.codec_name == "opus" else "",
         telephone_event_pt=te.pt if te is not None else None,
         direction=plan.direction.reverse(),
         bundle_mids=bundle,
@@ -569,8 +591,11 @@ def _audio_lines(plan: AudioPlan, port: int, addrtype: str, address: str,
     out += [f"a={direction.value}", "a=rtcp-mux"]
     if audio.rtcp_rsize:
         out.append("a=rtcp-rsize")  # RFC 5506: we parse reduced-size RTCP anyway
-    out.append(f"a=rtpmap:{plan.opus.pt} opus/48000/2")
-    out.append(f"a=fmtp:{plan.opus.pt} {OPUS_FMTP}")
+    if plan.codec_name == "opus":
+        out.append(f"a=rtpmap:{plan.opus.pt} opus/48000/2")
+        out.append(f"a=fmtp:{plan.opus.pt} {OPUS_FMTP}")
+    else:  # G.711: no fmtp (RFC 3551 §4.5.14)
+        out.append(f"a=rtpmap:{plan.opus.pt} {plan.codec_name.upper()}/8000")
     if te is not None:
         out.append(f"a=rtpmap:{te.pt} {te.name}/{te.clock_rate}")
         if te.fmtp:

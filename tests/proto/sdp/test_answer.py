@@ -220,9 +220,11 @@ def test_unservable_offers_are_422_with_codes() -> None:
     chrome = load("chrome.sdp")
     no_audio = chrome.replace("m=audio 9 ", "m=audio 0 ")
     assert _err(no_audio).code == "no-audio"
-    no_opus = re.sub(r"a=rtpmap:111 opus/48000/2\r\n", "", chrome)
+    # No Opus and no G.711 fallback (PCMU/PCMA, RFC 3551) either.
+    no_opus = re.sub(r"a=rtpmap:(111 opus/48000/2|0 PCMU/8000|8 PCMA/8000)\r\n", "",
+                     chrome).replace(" 111 63 9 0 8 13 ", " 111 63 9 13 ")
     assert _err(no_opus).code == "no-opus"
-    mono_opus = chrome.replace("opus/48000/2", "opus/48000")
+    mono_opus = no_opus.replace("a=fmtp:111", "a=rtpmap:111 opus/48000\r\na=fmtp:111")
     assert _err(mono_opus).code == "no-opus"
     plain = chrome.replace("UDP/TLS/RTP/SAVPF 111", "RTP/AVP 111")
     assert _err(plain).code == "unsupported-proto"
@@ -293,3 +295,22 @@ def test_ipv6_first_candidate_sets_ip6_connection() -> None:
 def test_local_misuse_is_local_protocol_error(bad: dict[str, Any]) -> None:
     with pytest.raises(LocalProtocolError):
         answer(load("chrome.sdp"), **bad)
+
+
+@pytest.mark.parametrize(("law", "pt"), [("PCMU", 0), ("PCMA", 8)])
+def test_g711_alone_is_answered(law: str, pt: int) -> None:
+    """An offer with no Opus but G.711 (RFC 3551 §4.5.14) gets that law, with no fmtp, and
+    the 8 kHz telephone-event (RFC 4733 §2.1: the audio's clock); Opus still wins when both
+    are offered (the tests above)."""
+    chrome = load("chrome.sdp")
+    other = "PCMA" if law == "PCMU" else "PCMU"
+    offer = re.sub(rf"a=rtpmap:(111 opus/48000/2|\d+ {other}/8000)\r\na=fmtp:111 [^\r]*\r\n|"
+                   rf"a=rtpmap:\d+ {other}/8000\r\n", "", chrome)
+    offer = offer.replace(" 111 63 9 0 8 13 ", f" 63 9 {pt} 13 ")
+    offer = re.sub(r"a=rtpmap:111 opus/48000/2\r\n", "", offer)
+    a = answer(offer)
+    assert a.plan.codec_name == law.lower() and a.opus_pt == pt and a.opus_fmtp == ""
+    assert f"a=rtpmap:{pt} {law}/8000\r\n" in a.text
+    assert "opus" not in a.text and f"a=fmtp:{pt}" not in a.text
+    assert a.telephone_event_pt == 126
+    assert re.search(rf"^m=audio \d+ UDP/TLS/RTP/SAVPF {pt} 126\r$", a.text, re.M)
