@@ -189,7 +189,10 @@ def test_data_only_needs_datachannel() -> None:
 def test_unservable_audio_is_not_dropped_to_serve_data_only() -> None:
     """An enabled audio section we cannot serve keeps its precise code even beside an
     application section: the caller asked for audio."""
-    no_opus = load("chrome.sdp").replace("opus/48000/2", "opus/48000")
+    # Neither Opus nor the G.711 fallback (static pts 0 and 8 dropped too, RFC 3551).
+    no_opus = (load("chrome.sdp").replace("opus/48000/2", "opus/48000")
+               .replace(" 9 0 8 13 ", " 9 13 ").replace("a=rtpmap:0 PCMU/8000\r\n", "")
+               .replace("a=rtpmap:8 PCMA/8000\r\n", ""))
     with pytest.raises(SdpError) as info:
         answer(no_opus, datachannel=True)
     assert info.value.code == "no-opus"
