@@ -75,6 +75,7 @@ class AgentIdentity:
     session_id: str
     transceiver: int = 0
     info: dict[str, Any] = field(default_factory=dict)  # codec, client hints…
+    params: dict[str, Any] = field(default_factory=dict)  # per-call parameters from signaling (e.g. "realtime")
 
 
 class AgentContext:
@@ -90,6 +91,11 @@ class AgentContext:
     @property
     def session_id(self) -> str:
         return self.identity.session_id
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """Per-call parameters given by signaling (e.g. ``params["realtime"]``)."""
+        return self.identity.params
 
     @property
     def ended(self) -> bool:
