@@ -233,6 +233,8 @@ class RealtimeBridge:
         self.end_reason: str | None = None
         self._outbox: deque[str] = deque()
         self._outbox_lot = trio.lowlevel.ParkingLot()
+        self._inbox: deque[str | bytes] = deque()  # browser messages, not yet handled
+        self._inbox_lot = trio.lowlevel.ParkingLot()
         self.events_dropped = 0
         self.playout = Playout()
         self._pending: deque[tuple[_Segment, bytes]] = deque()  # decoded, not yet queued
@@ -270,6 +272,7 @@ class RealtimeBridge:
                     log.warning("session %s: cannot open %s id %s: %s", ctx.session_id,
                                 LABEL, dcid, exc)
             nursery.start_soon(self._to_browser, ctx)
+            nursery.start_soon(self._channel, ctx)
             failure = await self._call(ctx, session)
             if failure is not None and not ctx.ended:
                 self.end_reason = f"upstream: {failure}"
@@ -316,14 +319,13 @@ class RealtimeBridge:
             raise UpstreamFailed("upstream_unreachable", exc.strerror or str(exc)) from None
 
     async def _close(self, ctx: AgentContext, ws: WebSocketConnection) -> None:
-        if ws.closed is not None:
-            return
-        with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
-            try:
-                with trio.move_on_after(0.05):  # its reply frame is nobody's business
-                    await ws.aclose(1000, (ctx.end_reason or "call ended")[:120])
-            except ConnectionClosed:
-                pass
+        if ws.closed is None:
+            with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
+                try:
+                    with trio.move_on_after(0.05):  # its reply frame is nobody's business
+                        await ws.aclose(1000, (ctx.end_reason or "call ended")[:120])
+                except ConnectionClosed:
+                    pass
         stream = getattr(ws, "_stream", None)  # see agents/ws.py _close_transport
         if stream is not None:
             with trio.CancelScope(shield=True):
@@ -412,29 +414,39 @@ class RealtimeBridge:
 
     # -- events from the browser ------------------------------------------------------------
 
-    async def _from_browser(self, ctx: AgentContext, ws: WebSocketConnection) -> None:
+    async def _channel(self, ctx: AgentContext) -> None:
+        """The whole call long: find ``oai-events`` and queue what the browser sends on it
+        (the upstream may not be connected yet)."""
         async with aclosing(ctx.channel_events()) as events:
             async for ev in events:
                 if isinstance(ev, ChannelOpened) and ev.channel.label == LABEL:
                     if self.channel_id is None:
                         self.channel_id = ev.channel.id
                         self._outbox_lot.unpark_all()
-                    continue
-                if not isinstance(ev, ChannelMessage) or ev.channel_id != self.channel_id:
-                    continue
-                event = _parse_browser(ev.data)
-                if isinstance(event, str):
-                    self._emit(_error("invalid_request_error", "invalid_event", event))
-                    continue
-                kind = event["type"]
-                if kind == "output_audio_buffer.clear":
-                    await self._barge_in(ctx, ws, cancel=True)
-                    continue
-                if kind == "session.update" and isinstance(event.get("session"), dict):
-                    event = {**event, "session": _pin_formats(event["session"])}
-                elif kind == "response.cancel":
-                    self._cancel_sent = self._active
-                await self._send(ws, event)
+                elif isinstance(ev, ChannelMessage) and ev.channel_id == self.channel_id:
+                    if len(self._inbox) >= MAX_PENDING_EVENTS:
+                        self._inbox.popleft()
+                        self.events_dropped += 1
+                    self._inbox.append(ev.data)
+                    self._inbox_lot.unpark_all()
+
+    async def _from_browser(self, ctx: AgentContext, ws: WebSocketConnection) -> None:
+        while True:
+            while not self._inbox:
+                await self._inbox_lot.park()
+            event = _parse_browser(self._inbox.popleft())
+            if isinstance(event, str):
+                self._emit(_error("invalid_request_error", "invalid_event", event))
+                continue
+            kind = event["type"]
+            if kind == "output_audio_buffer.clear":
+                await self._barge_in(ctx, ws, cancel=True)
+                continue
+            if kind == "session.update" and isinstance(event.get("session"), dict):
+                event = {**event, "session": _pin_formats(event["session"])}
+            elif kind == "response.cancel":
+                self._cancel_sent = self._active
+            await self._send(ws, event)
 
     # -- events and audio from the upstream ------------------------------------------------------
 
