@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import trio
 from agents.test_channels import MemoryPort
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from realtime.rt_server import Upstream, serving
 
 from appliance.agents import (
@@ -379,3 +381,38 @@ async def test_audio_delta_that_is_not_base64_is_dropped_not_fatal() -> None:
                      "delta": base64.b64encode(b"\0" * 4800).decode(), "item_id": "i",
                      "response_id": "r", "content_index": 0})
     assert br._pending_samples > 0 and not b.host.closed
+
+
+# -- untrusted input: whatever either peer sends, the bridge answers or drops, never raises ------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12)
+
+
+@given(st.text() | st.binary())
+def test_browser_messages_parse_or_explain(data: str | bytes) -> None:
+    out = bridge_mod._parse_browser(data)
+    assert isinstance(out, str) or isinstance(out.get("type"), str)
+
+
+@given(st.dictionaries(st.text(), json_values, max_size=6))
+@settings(max_examples=100)
+def test_any_session_gets_pinned_formats(session: dict[str, Any]) -> None:
+    out = bridge_mod._pin_formats(session)
+    assert out["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24_000}
+    assert out["audio"]["output"]["format"] == {"type": "audio/pcm", "rate": 24_000}
+
+
+@given(st.dictionaries(st.sampled_from(["delta", "item_id", "response_id", "content_index",
+                                        "session", "audio", "x"]), json_values, max_size=5))
+@settings(max_examples=100)
+def test_upstream_fields_of_any_shape(fields: dict[str, Any]) -> None:
+    async def one() -> None:
+        br = bridge_mod.RealtimeBridge(Spec.parse("realtime+ws://127.0.0.1:1/x"))
+        br._audio_delta({"type": "response.output_audio.delta", **fields})
+        br._note_session(fields.get("session"))
+        br._note_session(fields)
+
+    trio.run(one)
