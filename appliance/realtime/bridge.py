@@ -57,142 +57,53 @@ import base64
 import binascii
 import json
 import logging
-import os
-import secrets
+import ssl
 from collections import deque
 from collections.abc import Callable
 from contextlib import aclosing
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import trio
 from trio_websocket import (
     ConnectionClosed,
     HandshakeError,
     WebSocketConnection,
-    connect_websocket_url,
+    wrap_client_stream,
 )
 
 from ..agents.channels import ChannelError, ChannelMessage, ChannelOpened
 from ..agents.context import FRAME_BYTES, SAMPLE_RATE, AgentContext, SessionEnded
-from ..agents.registry import AgentError, AgentFn, register_scheme
+from ..agents.registry import AgentFn, register_scheme
 from ..agents.ws import Resampler
 from ..logs import loggable_url
+from .bridge_state import (
+    KEY_ENV,
+    KEY_FILE_ENV,
+    PCM_FORMAT,
+    SCHEMES,
+    UPSTREAM_RATE,
+    Playout,
+    Upstream,
+    _Segment,
+    error_event,
+    event_id,
+    parse_browser,
+    pin_formats,
+)
+
+__all__ = ["KEY_ENV", "KEY_FILE_ENV", "LABEL", "PCM_FORMAT", "SCHEMES", "UPSTREAM_RATE",
+           "Playout", "RealtimeBridge", "Upstream", "bridge", "error_event", "install",
+           "parse_browser", "pin_formats"]
 
 log = logging.getLogger("appliance.realtime.bridge")
 
-SCHEMES = ("realtime+wss", "realtime+ws")
 LABEL = "oai-events"
-UPSTREAM_RATE = 24_000  # GA ``audio/pcm``: PCM16 LE mono, rate always 24000
-PCM_FORMAT: dict[str, Any] = {"type": "audio/pcm", "rate": UPSTREAM_RATE}
-KEY_ENV = "APPLIANCE_REALTIME_KEY"
-KEY_FILE_ENV = "APPLIANCE_REALTIME_KEY_FILE"
 CONNECT_TIMEOUT = 10.0  # TCP + TLS + WebSocket handshake + session.created
 CLOSE_TIMEOUT = 1.0
 MAX_MESSAGE = 16 << 20  # an append may carry up to 15 MiB (GA reference)
 MAX_PENDING_EVENTS = 1024  # upstream events waiting for the browser's channel
 MAX_PENDING_AUDIO_S = 120.0  # decoded audio ahead of the 2 s playout queue; then TCP pushes back
-_SAMPLES_PER_MS = SAMPLE_RATE // 1000
-
-
-# -- the spec ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Upstream:
-    """A parsed ``realtime+ws(s)://`` spec: the WebSocket URL and where its key comes from."""
-
-    url: str  # ws:// or wss://, the spec's query minus our own parameters
-    key_env: str = KEY_ENV
-    explicit: bool = False  # key_env= was given: the variable must be set
-
-    @classmethod
-    def parse(cls, spec: str) -> Upstream:
-        parts = urlsplit(spec)
-        scheme = parts.scheme.lower()
-        if scheme not in SCHEMES or not parts.hostname:
-            raise AgentError(f"agent {loggable_url(spec)!r}: expected "
-                             "realtime+wss://host[:port]/path?model=…")
-        query = parse_qsl(parts.query, keep_blank_values=True)
-        key_env, explicit = KEY_ENV, False
-        rest = []
-        for k, v in query:
-            if k == "key_env":
-                if not v.startswith(KEY_ENV):
-                    raise AgentError(f"agent {loggable_url(spec)!r}: key_env must name a "
-                                     f"variable starting with {KEY_ENV}")
-                key_env, explicit = v, True
-            else:
-                rest.append((k, v))
-        url = urlunsplit((scheme.removeprefix("realtime+"), parts.netloc, parts.path or "/",
-                          urlencode(rest), ""))
-        up = cls(url, key_env, explicit)
-        if explicit and not os.environ.get(key_env):
-            raise AgentError(f"agent {loggable_url(spec)!r}: ${key_env} is not set")
-        return up
-
-    def key(self) -> str | None:
-        """The bearer key, read per call (so a rotated key file applies to the next call)."""
-        value = os.environ.get(self.key_env)
-        if value:
-            return value.strip()
-        if self.explicit:
-            return None
-        path = os.environ.get(KEY_FILE_ENV)
-        if path:
-            try:
-                return Path(path).read_text().strip() or None
-            except OSError as exc:
-                log.warning("realtime key file unreadable: %s", exc.strerror)
-        return None
-
-
-# -- what was played (pure bookkeeping) ----------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Segment:
-    response_id: str
-    item_id: str
-    content_index: int
-    samples: int = 0  # 48 kHz samples handed to the playout queue
-
-
-@dataclass(slots=True)
-class Playout:
-    """Which response's audio is in the playout queue, and how much of it has been played.
-
-    Only the bridge can answer "where was the user when they interrupted": the upstream sent
-    the audio faster than real time, and the transceiver only counts samples. ``handed`` is
-    every sample given to :meth:`AgentContext.send`; ``unsent`` (passed in) what is still
-    queued; so the played position is ``handed - unsent`` into the segment list."""
-
-    segments: deque[_Segment] = field(default_factory=deque)
-    handed: int = 0
-
-    def add(self, response_id: str, item_id: str, content_index: int, samples: int) -> None:
-        last = self.segments[-1] if self.segments else None
-        if last is None or (last.item_id, last.content_index) != (item_id, content_index):
-            last = _Segment(response_id, item_id, content_index)
-            self.segments.append(last)
-        last.samples += samples
-        self.handed += samples
-
-    def playing(self, unsent: int) -> tuple[_Segment, int] | None:
-        """The segment now playing and the milliseconds of it played (None: silence)."""
-        played = self.handed - unsent
-        start = 0
-        for seg in self.segments:
-            if played < start + seg.samples:
-                return seg, (played - start) // _SAMPLES_PER_MS
-            start += seg.samples
-        return None
-
-    def clear(self) -> None:
-        self.segments.clear()
-        self.handed = 0
 
 
 # -- the bridge ------------------------------------------------------------------------------
@@ -204,24 +115,6 @@ class UpstreamFailed(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-def _event_id() -> str:
-    return "event_" + secrets.token_hex(10)
-
-
-def _pin_formats(session: dict[str, Any]) -> dict[str, Any]:
-    """``session`` with both audio formats set to ``audio/pcm`` 24 kHz (the upstream leg's)."""
-    out = dict(session)
-    out.setdefault("type", "realtime")
-    audio = dict(out.get("audio") or {}) if isinstance(out.get("audio"), dict | None) else {}
-    for way in ("input", "output"):
-        leg = audio.get(way)
-        leg = dict(leg) if isinstance(leg, dict) else {}
-        leg["format"] = dict(PCM_FORMAT)
-        audio[way] = leg
-    out["audio"] = audio
-    return out
 
 
 class RealtimeBridge:
@@ -247,6 +140,7 @@ class RealtimeBridge:
         self._active: str | None = None  # response being generated (created .. done)
         self._cancel_sent: str | None = None
         self._in_flight: _Segment | None = None  # the chunk the player is queueing
+        self._stream: trio.SocketStream | trio.SSLStream[trio.SocketStream] | None = None
         self._interrupt_response = True  # server VAD's interrupt_response, as last configured
         self._rs_down = Resampler(UPSTREAM_RATE, SAMPLE_RATE)
         #: Latency the bridge itself adds, in seconds (bench/realtime_bridge.py reads them):
@@ -278,10 +172,7 @@ class RealtimeBridge:
                 self.end_reason = f"upstream: {failure}"
                 log.warning("session %s: realtime upstream %s: %s", ctx.session_id,
                             loggable_url(self.upstream.url), failure)
-                self._emit({"type": "error", "event_id": _event_id(),
-                            "error": {"type": "server_error", "code": failure.code,
-                                      "message": f"upstream: {failure}", "param": None,
-                                      "event_id": None}})
+                self._emit(error_event("server_error", failure.code, f"upstream: {failure}"))
                 await self._flushed(ctx)
                 await ctx.send_event({"type": "session.end", "reason": self.end_reason})
             nursery.cancel_scope.cancel()
@@ -290,6 +181,19 @@ class RealtimeBridge:
         """The upstream leg, until the call or the upstream ends; why the upstream did."""
         failed: list[UpstreamFailed] = []
         try:
+            await self._upstream(ctx, session)
+        except* UpstreamFailed as group:
+            failed += _leaves(group)
+        except* HandshakeError as group:
+            # A refusal with a body is raised by trio-websocket's reader task, in `call`.
+            exc = group.exceptions[0]
+            status = getattr(exc, "status_code", None)
+            failed.append(UpstreamFailed("upstream_unreachable",
+                                         f"handshake refused ({status or type(exc).__name__})"))
+        return failed[0] if failed else None
+
+    async def _upstream(self, ctx: AgentContext, session: dict[str, Any]) -> None:
+        try:
             async with trio.open_nursery() as call:
                 ws = await self._connect(call)
                 try:
@@ -297,18 +201,32 @@ class RealtimeBridge:
                 finally:
                     await self._close(ctx, ws)
                     call.cancel_scope.cancel()  # trio-websocket's reader task
-        except* UpstreamFailed as group:
-            failed += _leaves(group)
-        return failed[0] if failed else None
+        finally:
+            if self._stream is not None:
+                with trio.CancelScope(shield=True):
+                    await trio.aclose_forcefully(self._stream)
 
     async def _connect(self, nursery: trio.Nursery) -> WebSocketConnection:
+        """TCP (+ TLS for wss) opened here, so the stream is ours to close whatever happens
+        (trio-websocket leaks it when the handshake is refused), then the WebSocket."""
         key = self.upstream.key()
         headers = [(b"Authorization", b"Bearer " + key.encode())] if key else []
+        parts = urlsplit(self.upstream.url)
+        tls = parts.scheme == "wss"
+        host = parts.hostname or ""
+        port = parts.port or (443 if tls else 80)
+        resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         try:
             with trio.fail_after(CONNECT_TIMEOUT):
-                return await connect_websocket_url(
-                    nursery, self.upstream.url, extra_headers=headers,
-                    message_queue_size=64, max_message_size=MAX_MESSAGE)
+                if tls:
+                    self._stream = await trio.open_ssl_over_tcp_stream(
+                        host, port, ssl_context=ssl.create_default_context(),
+                        https_compatible=True)
+                else:
+                    self._stream = await trio.open_tcp_stream(host, port)
+                return await wrap_client_stream(
+                    nursery, self._stream, parts.netloc.rpartition("@")[2], resource,
+                    extra_headers=headers, message_queue_size=64, max_message_size=MAX_MESSAGE)
         except trio.TooSlowError:
             raise UpstreamFailed("upstream_unreachable", "connect timed out") from None
         except HandshakeError as exc:
@@ -326,10 +244,6 @@ class RealtimeBridge:
                         await ws.aclose(1000, (ctx.end_reason or "call ended")[:120])
                 except ConnectionClosed:
                     pass
-        stream = getattr(ws, "_stream", None)  # see agents/ws.py _close_transport
-        if stream is not None:
-            with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(stream)
 
     async def _session(self, ctx: AgentContext, ws: WebSocketConnection,
                        session: dict[str, Any]) -> None:
@@ -340,9 +254,9 @@ class RealtimeBridge:
             if created.get("type") != "session.created":
                 raise UpstreamFailed("upstream_disconnected",
                                      f"expected session.created, got {created.get('type')!r}")
-            update_id = _event_id()
+            update_id = event_id()
             await self._send(ws, {"type": "session.update", "event_id": update_id,
-                                  "session": _pin_formats(session)})
+                                  "session": pin_formats(session)})
             with trio.fail_after(CONNECT_TIMEOUT):
                 while True:
                     event = await self._recv(ws)
@@ -434,16 +348,16 @@ class RealtimeBridge:
         while True:
             while not self._inbox:
                 await self._inbox_lot.park()
-            event = _parse_browser(self._inbox.popleft())
+            event = parse_browser(self._inbox.popleft())
             if isinstance(event, str):
-                self._emit(_error("invalid_request_error", "invalid_event", event))
+                self._emit(error_event("invalid_request_error", "invalid_event", event))
                 continue
             kind = event["type"]
             if kind == "output_audio_buffer.clear":
                 await self._barge_in(ctx, ws, cancel=True)
                 continue
             if kind == "session.update" and isinstance(event.get("session"), dict):
-                event = {**event, "session": _pin_formats(event["session"])}
+                event = {**event, "session": pin_formats(event["session"])}
             elif kind == "response.cancel":
                 self._cancel_sent = self._active
             await self._send(ws, event)
@@ -536,7 +450,7 @@ class RealtimeBridge:
                     if self._playing is not None:
                         self._stopped(self._playing)
                     self._playing = seg.response_id
-                    self._emit({"type": "output_audio_buffer.started", "event_id": _event_id(),
+                    self._emit({"type": "output_audio_buffer.started", "event_id": event_id(),
                                 "response_id": seg.response_id})
                 await ctx.send(chunk)
                 self._in_flight = None
@@ -563,7 +477,7 @@ class RealtimeBridge:
             await self._poke.wait()
 
     def _stopped(self, rid: str) -> None:
-        self._emit({"type": "output_audio_buffer.stopped", "event_id": _event_id(),
+        self._emit({"type": "output_audio_buffer.stopped", "event_id": event_id(),
                     "response_id": rid})
 
     def _interrupt(self, ctx: AgentContext) -> tuple[_Segment, int] | None:
@@ -585,7 +499,7 @@ class RealtimeBridge:
         self.playout.clear()
         self._rs_down = Resampler(UPSTREAM_RATE, SAMPLE_RATE)  # its buffered tail too
         self._playing = None
-        self._emit({"type": "output_audio_buffer.cleared", "event_id": _event_id(),
+        self._emit({"type": "output_audio_buffer.cleared", "event_id": event_id(),
                     "response_id": rid})
         return at
 
@@ -597,10 +511,10 @@ class RealtimeBridge:
             # OpenAI's clear "stops generating audio": a response still running is
             # cancelled (unless the browser did it already, as the SDKs do first).
             self._cancel_sent = active
-            await self._send(ws, {"type": "response.cancel", "event_id": _event_id()})
+            await self._send(ws, {"type": "response.cancel", "event_id": event_id()})
         if at is not None:
             seg, ms = at
-            await self._send(ws, {"type": "conversation.item.truncate", "event_id": _event_id(),
+            await self._send(ws, {"type": "conversation.item.truncate", "event_id": event_id(),
                                   "item_id": seg.item_id, "content_index": seg.content_index,
                                   "audio_end_ms": max(0, ms)})
 
@@ -644,25 +558,6 @@ def _leaves(group: BaseExceptionGroup[UpstreamFailed]) -> list[UpstreamFailed]:
         elif isinstance(exc, UpstreamFailed):
             out.append(exc)
     return out
-
-
-def _error(kind: str, code: str, message: str, event_id: str | None = None) -> dict[str, Any]:
-    return {"type": "error", "event_id": _event_id(),
-            "error": {"type": kind, "code": code, "message": message, "param": None,
-                      "event_id": event_id}}
-
-
-def _parse_browser(data: str | bytes) -> dict[str, Any] | str:
-    """A browser event, or why it is not one (answered with an ``error`` event)."""
-    if not isinstance(data, str):
-        return "events are JSON text messages, not binary"
-    try:
-        event = json.loads(data)
-    except ValueError:
-        return "the message is not JSON"
-    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-        return "an event is a JSON object with a string 'type'"
-    return event
 
 
 def bridge(spec: str) -> AgentFn:

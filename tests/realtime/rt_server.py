@@ -149,6 +149,9 @@ class Upstream:
     reply_seconds: float = 1.0  # audio in each response
     delta_ms: int = 100  # audio per response.output_audio.delta
     reply_freq: float = 1000.0
+    pace: float = 0.0  # seconds between deltas (0: all at once, faster than real time)
+    reject_status: int | None = None  # refuse every handshake with this HTTP status
+    refuse_update: bool = False  # answer every session.update with an error
     headers: list[dict[str, str]] = field(default_factory=list)  # each handshake's headers
     received: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
@@ -172,6 +175,9 @@ class Upstream:
 
     async def handle(self, request: WebSocketRequest) -> None:
         self.headers.append({k.decode().lower(): v.decode() for k, v in request.headers})
+        if self.reject_status is not None:
+            await request.reject(self.reject_status, body=b'{"error": "no"}')
+            return
         ws = await request.accept()
         self.connections.append(ws)
         await Conn(self, ws).run()
@@ -202,12 +208,20 @@ class Conn:
         self.silent_ms = 0
         self.buffer_ms = 0
         self.conversation: list[str] = []
+        self.active: str | None = None  # the response being generated
+        self.cancelled = False
 
     async def send(self, event: dict[str, Any]) -> None:
         await self.ws.send_message(json.dumps({"event_id": _id("event"), **event}))
 
     async def run(self) -> None:
         await self.send({"type": "session.created", "session": self.session})
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            await self._serve()
+            nursery.cancel_scope.cancel()
+
+    async def _serve(self) -> None:
         try:
             while True:
                 msg = await self.ws.get_message()
@@ -230,6 +244,12 @@ class Conn:
     # -- client events ---------------------------------------------------------------------
 
     async def on_session_update(self, event: dict[str, Any]) -> None:
+        if self.up.refuse_update:
+            await self.send({"type": "error", "error": {
+                "type": "invalid_request_error", "code": "unsupported", "param": "session",
+                "message": "this server takes no session.update",
+                "event_id": event.get("event_id")}})
+            return
         new = event["session"]
         for k, v in new.items():
             if k == "audio":
@@ -263,7 +283,7 @@ class Conn:
                                  "audio_end_ms": self.buffer_ms, "item_id": self.item})
                 await self._commit(self.item)
                 if td.get("create_response", True):
-                    await self._respond()
+                    self.nursery.start_soon(self._respond)
 
     async def _commit(self, item_id: str) -> None:
         prev = self.conversation[-1] if self.conversation else None
@@ -306,9 +326,12 @@ class Conn:
                          "content_index": 0, "audio_end_ms": event["audio_end_ms"]})
 
     async def on_response_create(self, event: dict[str, Any]) -> None:
-        await self._respond()
+        self.nursery.start_soon(self._respond)
 
     async def on_response_cancel(self, event: dict[str, Any]) -> None:
+        if self.active is not None and not self.cancelled:
+            self.cancelled = True  # _respond ends it with status "cancelled"
+            return
         await self.send({"type": "error", "error": {
             "type": "invalid_request_error", "code": "response_cancel_not_active",
             "message": "Cancellation failed: no active response found", "param": None,
@@ -317,7 +340,13 @@ class Conn:
     # -- a response ------------------------------------------------------------------------
 
     async def _respond(self) -> None:
+        if self.active is not None:
+            await self.send({"type": "error", "error": {
+                "type": "invalid_request_error", "code": "conversation_already_has_active_response",
+                "message": "a response is in progress", "param": None, "event_id": None}})
+            return
         rid, item_id = _id("resp"), _id("item")
+        self.active, self.cancelled = rid, False
         base = {"response_id": rid, "item_id": item_id, "output_index": 0, "content_index": 0}
         resp = {"object": "realtime.response", "id": rid, "status": "in_progress",
                 "output": [], "usage": None}
@@ -333,10 +362,19 @@ class Conn:
         step = RATE * self.up.delta_ms // 1000 * 2
         self.up.sent_audio_ms[item_id] = 0
         for i in range(0, len(pcm), step):
+            if self.cancelled:
+                break
             chunk = pcm[i : i + step]
             await self.send({"type": "response.output_audio.delta", **base,
                              "delta": base64.b64encode(chunk).decode()})
             self.up.sent_audio_ms[item_id] += len(chunk) * 1000 // (2 * RATE)
+            if self.up.pace:
+                await trio.sleep(self.up.pace)  # a model generating at its own speed
+        if self.cancelled:
+            self.active = None
+            await self.send({"type": "response.done", "response": {
+                **resp, "status": "cancelled", "usage": None}})
+            return
         transcript = f"(tone, {self.up.reply_seconds:.1f} s)"
         await self.send({"type": "response.output_audio_transcript.delta", **base,
                          "delta": transcript})
@@ -351,6 +389,7 @@ class Conn:
                          "output_index": 0, "item": done_item})
         await self.send({"type": "conversation.item.done", "item": done_item})
         self.conversation.append(item_id)
+        self.active = None
         await self.send({"type": "response.done", "response": {
             **resp, "status": "completed", "output": [done_item],
             "usage": {"total_tokens": 10, "input_tokens": 5, "output_tokens": 5}}})

@@ -135,7 +135,9 @@ def test_playout_positions() -> None:
     assert seg is not None and (seg.item_id, ms) == ("i1", 1100)
     seg, ms = p.playing(unsent=48_000 - 480) or (None, 0)
     assert seg is not None and (seg.item_id, ms) == ("i2", 10)
-    assert p.playing(unsent=0) is None
+    seg, ms = p.playing(unsent=0) or (None, 0)  # all played: the last item, whole
+    assert seg is not None and (seg.item_id, ms) == ("i2", 1000)
+    assert Playout().playing(unsent=0) is None
 
 
 # -- a call, in process --------------------------------------------------------------------------
@@ -321,11 +323,14 @@ async def test_speech_during_playback_interrupts_and_truncates() -> None:
         await b.until("session.created")
         b.send({"type": "response.create"})
         await b.until("output_audio_buffer.started")
+        while len(b.played) < 15:  # 300 ms of the reply heard, then the caller talks
+            await b.tick.wait()
+        heard = len(b.played)
         await b.talk(0.3)
         await b.until("output_audio_buffer.cleared")
         await up.wait_for(lambda: "conversation.item.truncate" in up.kinds())
     truncate = next(e for _, e in up.received if e["type"] == "conversation.item.truncate")
-    assert 0 < truncate["audio_end_ms"] < 2000
+    assert truncate["audio_end_ms"] == pytest.approx(heard * 20, abs=80)
     assert up.violations == []
 
 
@@ -393,14 +398,14 @@ json_values = st.recursive(
 
 @given(st.text() | st.binary())
 def test_browser_messages_parse_or_explain(data: str | bytes) -> None:
-    out = bridge_mod._parse_browser(data)
+    out = bridge_mod.parse_browser(data)
     assert isinstance(out, str) or isinstance(out.get("type"), str)
 
 
 @given(st.dictionaries(st.text(), json_values, max_size=6))
 @settings(max_examples=100)
 def test_any_session_gets_pinned_formats(session: dict[str, Any]) -> None:
-    out = bridge_mod._pin_formats(session)
+    out = bridge_mod.pin_formats(session)
     assert out["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24_000}
     assert out["audio"]["output"]["format"] == {"type": "audio/pcm", "rate": 24_000}
 
@@ -416,3 +421,43 @@ def test_upstream_fields_of_any_shape(fields: dict[str, Any]) -> None:
         br._note_session(fields)
 
     trio.run(one)
+
+
+async def test_clear_while_generating_cancels_then_truncates() -> None:
+    """A response still being generated (upstream at real time) is cancelled by the clear,
+    and truncated where the caller was; a later delta of it is not played."""
+    async with call(Upstream(reply_seconds=4.0, pace=0.1)) as (b, up, _):
+        await b.until("session.created")
+        b.send({"type": "response.create"})
+        await b.until("output_audio_buffer.started")
+        while len(b.played) < 20:
+            await b.tick.wait()
+        b.send({"type": "output_audio_buffer.clear"})
+        await up.wait_for(lambda: "conversation.item.truncate" in up.kinds())
+        done = await b.until("response.done")
+        before = len(b.played)
+        await b.talk(0.2, amp=0)  # 200 ms more of the pacer: nothing of the reply plays
+    assert done["response"]["status"] == "cancelled"
+    kinds = up.kinds()
+    assert kinds.index("response.cancel") < kinds.index("conversation.item.truncate")
+    truncate = next(e for _, e in up.received if e["type"] == "conversation.item.truncate")
+    assert 250 <= truncate["audio_end_ms"] <= 600
+    assert all(not np.frombuffer(f, "<i2").any() for f in b.played[before + 1:])
+    assert up.violations == []
+
+
+async def test_refused_handshake_is_an_error_event() -> None:
+    async with call(Upstream(reject_status=401)) as (b, _, _n):
+        with trio.fail_after(5):
+            await b.ended.wait()
+    err = b.events()[0]["error"]
+    assert (err["type"], err["code"]) == ("server_error", "upstream_unreachable")
+    assert "401" in err["message"]
+
+
+async def test_refused_session_update_still_gives_session_created() -> None:
+    async with call(Upstream(refuse_update=True), params={"realtime": {"session": {
+            "instructions": "x"}}}) as (b, _, _n):
+        await b.until("session.created")
+    assert b.kinds()[:2] == ["error", "session.created"]
+    assert b.events()[0]["error"]["code"] == "unsupported"
