@@ -143,10 +143,7 @@ class RealtimeBridge:
         self._stream: trio.SocketStream | trio.SSLStream[trio.SocketStream] | None = None
         self._interrupt_response = True  # server VAD's interrupt_response, as last configured
         self._rs_down = Resampler(UPSTREAM_RATE, SAMPLE_RATE)
-        #: Latency the bridge itself adds, in seconds (bench/realtime_bridge.py reads them):
-        #: frame handed over -> its append written to the socket; delta read -> queued.
-        self.up_latency: deque[float] = deque(maxlen=4096)
-        self.down_latency: deque[float] = deque(maxlen=4096)
+        self._connected = False  # the WebSocket handshake completed
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -190,6 +187,14 @@ class RealtimeBridge:
             status = getattr(exc, "status_code", None)
             failed.append(UpstreamFailed("upstream_unreachable",
                                          f"handshake refused ({status or type(exc).__name__})"))
+        except* (trio.BrokenResourceError, ssl.SSLError, OSError) as group:
+            # The transport broke: a TLS handshake that failed (wss:// to a plain server, an
+            # untrusted certificate) surfaces only when the WebSocket handshake is written.
+            broken = group.exceptions[0]
+            cause = broken.__cause__ or broken
+            failed.append(UpstreamFailed(
+                "upstream_disconnected" if self._connected else "upstream_unreachable",
+                f"transport failed ({type(cause).__name__}: {str(cause)[:120]})"))
         return failed[0] if failed else None
 
     async def _upstream(self, ctx: AgentContext, session: dict[str, Any]) -> None:
@@ -219,14 +224,20 @@ class RealtimeBridge:
         try:
             with trio.fail_after(CONNECT_TIMEOUT):
                 if tls:
-                    self._stream = await trio.open_ssl_over_tcp_stream(
+                    tls_stream = await trio.open_ssl_over_tcp_stream(
                         host, port, ssl_context=ssl.create_default_context(),
                         https_compatible=True)
+                    self._stream = tls_stream
+                    # Now, not lazily: trio-websocket's reader would swallow a TLS failure
+                    # and leave the WebSocket handshake waiting until the timeout.
+                    await tls_stream.do_handshake()
                 else:
                     self._stream = await trio.open_tcp_stream(host, port)
-                return await wrap_client_stream(
+                ws = await wrap_client_stream(
                     nursery, self._stream, parts.netloc.rpartition("@")[2], resource,
                     extra_headers=headers, message_queue_size=64, max_message_size=MAX_MESSAGE)
+                self._connected = True
+                return ws
         except trio.TooSlowError:
             raise UpstreamFailed("upstream_unreachable", "connect timed out") from None
         except HandshakeError as exc:
@@ -235,6 +246,10 @@ class RealtimeBridge:
                                  f"handshake refused ({status or type(exc).__name__})") from None
         except OSError as exc:
             raise UpstreamFailed("upstream_unreachable", exc.strerror or str(exc)) from None
+        except trio.BrokenResourceError as exc:
+            cause = exc.__cause__ or exc
+            raise UpstreamFailed("upstream_unreachable", f"TLS failed ({type(cause).__name__}: "
+                                 f"{str(cause)[:120]})") from None
 
     async def _close(self, ctx: AgentContext, ws: WebSocketConnection) -> None:
         if ws.closed is None:
@@ -323,7 +338,6 @@ class RealtimeBridge:
                     continue
                 await self._send(ws, {"type": "input_audio_buffer.append",
                                       "audio": base64.b64encode(pcm).decode()})
-                self.up_latency.append(trio.current_time() - frame.received_at)
         legs.cancel()  # the call is over
 
     # -- events from the browser ------------------------------------------------------------
@@ -402,7 +416,6 @@ class RealtimeBridge:
             self._interrupt_response = td["interrupt_response"]
 
     def _audio_delta(self, event: dict[str, Any]) -> None:
-        start = trio.current_time()
         item_id, rid = str(event.get("item_id")), str(event.get("response_id"))
         if item_id in self._cut:
             return  # generated before the upstream heard our truncate
@@ -421,7 +434,6 @@ class RealtimeBridge:
             self._pending.append((seg, chunk))
             self._pending_samples += len(chunk) // 2
         self._player_lot.unpark_all()
-        self.down_latency.append(trio.current_time() - start)
 
     async def _backpressure(self) -> None:
         """Stop reading the upstream while more than MAX_PENDING_AUDIO_S waits to be played."""

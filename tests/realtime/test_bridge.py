@@ -10,6 +10,7 @@ import logging
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -461,3 +462,26 @@ async def test_refused_session_update_still_gives_session_created() -> None:
         await b.until("session.created")
     assert b.kinds()[:2] == ["error", "session.created"]
     assert b.events()[0]["error"]["code"] == "unsupported"
+
+
+async def test_tls_to_a_plain_server_fails_cleanly() -> None:
+    """wss:// to a server that answers in plain text: the TLS handshake breaks at once (not
+    at the connect timeout), the caller is told why, nothing leaks."""
+
+    async def plain(stream: trio.SocketStream) -> None:
+        await stream.send_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        [listener] = await nursery.start(partial(trio.serve_tcp, plain, 0, host="127.0.0.1"))
+        port = listener.socket.getsockname()[1]
+        b = Browser()
+        agent = resolve(f"realtime+wss://127.0.0.1:{port}/v1/realtime?model=x")
+        b.open()
+        with trio.fail_after(5):
+            await agent.run(b.ctx)
+        nursery.cancel_scope.cancel()
+    err = b.events()[0]["error"]
+    assert err["code"] == "upstream_unreachable", err
+    assert "TLS failed (SSLError" in err["message"], err
+    assert b.agent_events[-1]["type"] == "session.end"
