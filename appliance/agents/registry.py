@@ -50,7 +50,10 @@ _BUILTINS: dict[str, str] = {"echo": "appliance.agents.echo:echo"}
 _INLINE: dict[str, str] = {"echo": "appliance.agents.echo:echo_frame"}
 #: ... and their synchronous data-channel handlers (see :attr:`ResolvedAgent.on_channel`).
 _INLINE_CHANNEL: dict[str, str] = {"echo": "appliance.agents.echo:echo_channel"}
-_BUILTIN_SCHEMES: dict[str, str] = {"ws": "appliance.agents.ws", "wss": "appliance.agents.ws"}
+_BUILTIN_SCHEMES: dict[str, str] = {"ws": "appliance.agents.ws", "wss": "appliance.agents.ws",
+                                     # The OpenAI-Realtime upstream bridge (issue 17).
+                                     "realtime+ws": "appliance.realtime.bridge",
+                                     "realtime+wss": "appliance.realtime.bridge"}
 _registered: dict[str, Any] = {}
 _schemes: dict[str, SchemeFactory] = {}
 
