@@ -122,7 +122,8 @@ def create_app(state: SignalingState) -> QuartTrio:
     async def create_session() -> Response:
         claims = authorize(sessions=True)
         offer = await read_body(SDP)
-        agent = check_agent(request.args.get("agent") or request.headers.get("X-Agent") or None)
+        agent = check_agent(request.args.get("agent") or request.headers.get("X-Agent") or None,
+                            full_rights=claims is None)
         ingress = None
         if state.config.ingress.enabled:
             geo = state.config.ingress

@@ -158,7 +158,8 @@ class WhipFastPath:
         state = self.state
         claims = authorize_header(state, _first(headers, "authorization") or "", sessions=True)
         offer = await self._read_body(headers, receive, SDP)
-        agent = check_agent(_query_arg(scope, "agent") or _first(headers, "x-agent") or None)
+        agent = check_agent(_query_arg(scope, "agent") or _first(headers, "x-agent") or None,
+                            full_rights=claims is None)
         ingress = None
         if state.config.ingress.enabled:
             geo = state.config.ingress

@@ -85,9 +85,17 @@ def decode_body(raw: bytes, expected: str) -> str:
         raise Problem(400, "bad-encoding", f"the body is not UTF-8 (byte {exc.start})") from None
 
 
-def check_agent(agent: str | None) -> str | None:
+def check_agent(agent: str | None, *, full_rights: bool = True) -> str | None:
+    """The agent a caller asked for, checked. Only a full-rights caller (the API token, or
+    anyone on a loopback bind) may name one: a spec is code to import, a file to load or a
+    URL the transceiver connects to with the deployment's own keys (a ``realtime+wss://``
+    bridge sends ``$APPLIANCE_REALTIME_KEY``), so a browser's client token gets the
+    configured agent and a 403 for asking otherwise."""
     if agent is not None and not _AGENT_RE.match(agent):
         raise Problem(400, "bad-agent", "agent must be 1..256 printable ASCII characters")
+    if agent is not None and not full_rights:
+        raise Problem(403, "agent-not-allowed",
+                      "a client token cannot choose the agent: the deployment's is used")
     return agent
 
 

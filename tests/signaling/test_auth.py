@@ -106,6 +106,23 @@ async def test_client_token_creates_patches_and_deletes_its_own_sessions(make_en
     assert (await c.delete(loc, headers=tok)).status_code == 200
 
 
+async def test_only_a_full_rights_caller_may_choose_the_agent(make_env: Any) -> None:
+    """An agent spec is code to import or a URL the transceiver dials with the deployment's
+    keys: a browser's client token gets the configured agent, and a 403 for naming one."""
+    env = await public_env(make_env)
+    c = env.client()
+    tok = bearer((await mint(c))["token"])
+    for how in ({"query_string": {"agent": "realtime+wss://attacker.example/v1/realtime"}},
+                {"headers": {**SDP, **tok, "X-Agent": "/tmp/evil.py:agent"}}):
+        kw: dict[str, Any] = {"headers": {**SDP, **tok}, **how}
+        r = await c.post("/v1/sessions", data=OFFER, **kw)
+        assert await code_of(r) == (403, "agent-not-allowed"), how
+    assert (await c.post("/v1/sessions", data=OFFER, headers={**SDP, **tok})).status_code == 201
+    r = await c.post("/v1/sessions", data=OFFER, headers={**SDP, **API},
+                     query_string={"agent": "echo"})
+    assert r.status_code == 201
+
+
 async def test_client_token_expires(make_env: Any) -> None:
     env = await public_env(make_env)
     c = env.client()
