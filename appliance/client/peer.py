@@ -17,6 +17,10 @@ Against a full-ICE answerer (aiortc, a browser) two more things happen, both han
 the answerer sends its own checks, which are answered (RFC 8445 §7.3; it learns our address
 as peer-reflexive, §7.3.1.3, since the offer carries no candidates), and it may answer
 ``a=setup:active`` (RFC 8842 §5.3: the answerer picks), which makes us the DTLS *server*.
+The appliance answers that way too (docs/adr-dtls-active.md). As DTLS server we check the
+pair every ``SETUP_CHECK_INTERVAL`` until the handshake is done, as Chromium pings a pair
+that is not yet stable (~0.9 s): an ICE-lite DTLS client sends, and retransmits, a flight
+only after a fresh check from us, so these checks are what its retransmissions ride on.
 """
 
 from __future__ import annotations
@@ -57,6 +61,10 @@ from appliance.proto.stun import (
 
 Addr = tuple[str, int]
 OPUS_PT = 111
+#: Seconds between our checks while we are the DTLS server and the handshake is not done
+#: (then RFC 7675's 5 s consent interval takes over).
+SETUP_CHECK_INTERVAL = 0.5
+CONSENT_INTERVAL = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +194,9 @@ class ClientPeer:
         self.dtls_role = (Role.SERVER if ans.effective_setup(audio) is Setup.ACTIVE
                           else Role.CLIENT)
         self.ice = IceClient(self.local_ufrag, self.local_pwd, ufrag, pwd, self.remote,
-                             rng=self._rng)
+                             rng=self._rng,
+                             consent_interval=(SETUP_CHECK_INTERVAL if self.dtls_role is Role.SERVER
+                                               else CONSENT_INTERVAL))
         self.dtls = DtlsConnection(
             self.dtls_role, self.certificate,
             remote_fingerprints=[str(fp) for fp in fps],
@@ -329,6 +339,7 @@ class ClientPeer:
                     continue
                 self.srtp = SrtpSession.from_exporter(dtls.export_keying_material, profile,
                                                       self.dtls_role)
+                ice.consent_interval = CONSENT_INTERVAL  # setup's quick checks are over
                 self._events.append(Connected(profile, now - self._answered_at))
             elif isinstance(dev, DtlsClosed):
                 self._fail(f"DTLS closed: {dev.alert}")

@@ -7,6 +7,11 @@ is dropped, ``duplicate`` it arrives twice (the copy with its own delay), ``reor
 held back by another ``hold``. All randomness comes from ``seed``, so a seed is a run.
 ``drop(direction, data)`` lets a test discard chosen datagrams ("c2s" or "s2c").
 
+DTLS roles: the client offers ``a=setup:actpass`` and the answer makes the server the DTLS
+client (``a=setup:active``); ``offer_setup="active"`` munges the offer (as a browser test
+munges its SDP) so the server falls back to passive. ``versions`` are both sides' DTLS
+versions.
+
 The loop (:meth:`CallPair.step`) is the shell's contract (STYLE.md rule 2): after every
 ``handle_*``, drain ``poll_transmit`` and ``poll_event``; then jump the clock to the
 earliest of the next delivery, either side's ``poll_timeout`` and the media tick.
@@ -66,12 +71,16 @@ class CallPair:
     net: Netem = field(default_factory=Netem)
     passthrough: bool = True
     drop: Callable[[str, bytes], bool] | None = None
+    offer_setup: str = "actpass"
+    versions: frozenset[str] = frozenset({"1.2"})
 
     def __post_init__(self) -> None:
         self.now = 0.0
         self.rng = random.Random(self.seed)
-        self.client = ClientPeer(cert("client"), rng=random.Random(self.seed + 1))
-        offer = parse_offer_untrusted(self.client.offer())
+        self.client = ClientPeer(cert("client"), rng=random.Random(self.seed + 1),
+                                 dtls_versions=self.versions)
+        offer = parse_offer_untrusted(
+            self.client.offer().replace("a=setup:actpass", f"a=setup:{self.offer_setup}"))
         self.server_ufrag, self.server_pwd = "srvufrag" + str(self.seed), "p" * 24
         self.answer = build_answer(
             offer, ice_ufrag=self.server_ufrag, ice_pwd=self.server_pwd,
@@ -80,7 +89,8 @@ class CallPair:
         self.counters: defaultdict[str, int] = defaultdict(int)
         self.server = ServerCall(
             answer=self.answer, local_ufrag=self.server_ufrag, local_pwd=self.server_pwd,
-            dtls=DtlsConnection(Role.SERVER, cert("server"),
+            dtls=DtlsConnection(Role.CLIENT if self.answer.dtls_client else Role.SERVER,
+                                cert("server"), versions=self.versions,
                                 remote_fingerprints=[str(f) for f in self.answer.plan.fingerprints]),
             ssrc=SERVER_SSRC, cname="pair", now=self.now, wall_offset=WALL,
             counters=self.counters, rng=random.Random(self.seed + 2))
