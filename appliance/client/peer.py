@@ -11,7 +11,11 @@ candidate → on success the DTLS client starts → ``Connected`` → ``send_rtp
 With ``false_start=True`` (RFC 7918; off by default, browsers do not do it for DTLS-SRTP)
 the call counts as connected, and media may flow, once our DTLS Finished is sent rather
 than once the server's arrives: half a round trip earlier for the first packet, a whole one
-for its echo. Only when we are the DTLS client; a bad server Finished still fails the call.
+for its echo. As DTLS client; a bad server Finished still fails the call. As DTLS *1.3
+server* (the appliance answers ``a=setup:active``) the same option keys SRTP once our flight
+(…Finished) is sent — 0.5-RTT data (RFC 8446 §4.4.4, Appendix E.1) — so the first packet
+leaves a round trip before the client's Finished: sent to a client whose certificate has
+not been checked yet (a bad one still fails the call). A 1.2 server ignores it.
 
 Against a full-ICE answerer (aiortc, a browser) two more things happen, both handled here:
 the answerer sends its own checks, which are answered (RFC 8445 §7.3; it learns our address
@@ -203,6 +207,10 @@ class ClientPeer:
             srtp_profiles=self._srtp_profiles or DEFAULT_SRTP_PROFILES,
             initial_retransmit=0.1,  # loopback and LAN: browsers retransmit after ~50 ms too
             false_start=self._false_start and self.dtls_role is Role.CLIENT,
+            # As DTLS 1.3 server, the same option sends media once our flight is out
+            # (0.5-RTT data, RFC 8446 §4.4.4): one round trip sooner, before the client's
+            # certificate is checked (a bad one still fails the call).
+            half_rtt=self._false_start and self.dtls_role is Role.SERVER,
             versions=self._dtls_versions,
         )
         self.ice.start(now)

@@ -73,12 +73,13 @@ class CallPair:
     drop: Callable[[str, bytes], bool] | None = None
     offer_setup: str = "actpass"
     versions: frozenset[str] = frozenset({"1.2"})
+    false_start: bool = False  # the client's (as DTLS 1.3 server: 0.5-RTT media)
 
     def __post_init__(self) -> None:
         self.now = 0.0
         self.rng = random.Random(self.seed)
         self.client = ClientPeer(cert("client"), rng=random.Random(self.seed + 1),
-                                 dtls_versions=self.versions)
+                                 dtls_versions=self.versions, false_start=self.false_start)
         offer = parse_offer_untrusted(
             self.client.offer().replace("a=setup:actpass", f"a=setup:{self.offer_setup}"))
         self.server_ufrag, self.server_pwd = "srvufrag" + str(self.seed), "p" * 24

@@ -16,6 +16,7 @@ import pytest
 from transceiver.call_pair import CLIENT, PUBLIC, RELAY, CallPair, Netem
 
 from appliance.client.peer import Connected as ClientConnected
+from appliance.client.peer import Failed, RtpReceived
 from appliance.proto.dtls import Role, State
 from appliance.proto.mux import Kind, classify
 from appliance.proto.sdp import Setup
@@ -258,3 +259,41 @@ def test_one_flight_per_check() -> None:
         budget.earn(VICTIM, os.urandom(12))
         spent += budget.spend(VICTIM, pair.now)
     assert spent <= OWN_FLIGHT_BURST
+
+
+# -- 0.5-RTT media from our client as DTLS 1.3 server ------------------------------------
+
+
+@pytest.mark.parametrize(("versions", "expect_ms"), [(BOTH, 40.0), (frozenset({"1.2"}), 60.0)],
+                         ids=["1.3", "1.2"])
+def test_half_rtt_media_echoes_one_round_trip_sooner(versions: frozenset[str],
+                                                     expect_ms: float) -> None:
+    """Our client with ``false_start`` as DTLS 1.3 server keys SRTP once its flight is out
+    (RFC 8446 §4.4.4): its first packet rides right behind that flight, so with the
+    transceiver starting DTLS the first echo is back 2 RTT after the client's first check
+    (40 ms at 10 ms each way) instead of 3. A 1.2 server has no such flight: 3 RTT."""
+    pair = CallPair(versions=versions, false_start=True)
+    sent: list[float] = []
+
+    def tick(now: float) -> None:
+        if pair.client.srtp is not None and not sent:
+            pair.client.send_rtp(b"\xfc" + bytes(40), 0, marker=True)
+            sent.append(now)
+
+    pair.tick, pair.tick_every = tick, 0.001
+    assert pair.run_until(lambda: any(isinstance(e, RtpReceived) for e in pair.client_events),
+                          within=1.0)
+    echo = next(e.at for e in pair.client_events if isinstance(e, RtpReceived))
+    assert echo == pytest.approx(expect_ms / 1000, abs=0.003)
+    assert pair.run_until(lambda: connected(pair), within=1.0)  # and the handshake completes
+
+
+def test_half_rtt_media_with_a_bad_client_certificate_fails_the_call() -> None:
+    """The price of 0.5-RTT media: it leaves before the client's certificate is checked. A
+    certificate that does not match the SDP fingerprint still ends the handshake."""
+    pair = CallPair(versions=BOTH, false_start=True)
+    assert pair.client.dtls is not None
+    pair.client.dtls.engine._remote_fingerprints = ("sha-256 " + ":".join(["00"] * 32),)  # type: ignore[union-attr]
+    pair.run_for(1.0)
+    assert pair.server.state is not CallState.CONNECTED
+    assert any(isinstance(e, Failed) for e in pair.client_events)
