@@ -47,7 +47,8 @@ server we wait for the client's ClientHello, as before. As the *client* (we answ
 authenticated check has shown the client's address, and retransmit on the DTLS core's own
 timers — but every flight we send on our own initiative (the first ClientHello, and each
 timer retransmission while the call is setting up) is paid for by one fresh
-MESSAGE-INTEGRITY-valid check from the address it goes to (:class:`_FlightBudget`). What
+MESSAGE-INTEGRITY-valid check from the address it goes to
+(:class:`~.flight_budget.FlightBudget`). What
 permits an ICE-lite agent to do this is cited at :meth:`ServerCall._client_check`.
 
 Lifecycle (:class:`CallState`, transitions in ``_TRANSITIONS``): ``new`` (answer sent) →
@@ -76,7 +77,6 @@ from appliance.proto.ice import IceLiteAgent
 from appliance.proto.ice.events import ConsentExpired, Nominated
 from appliance.proto.mux import Kind, classify
 from appliance.proto.proxy import encode_header
-from appliance.proto.ratelimit import Gcra
 from appliance.proto.rtp import (
     ReceptionStats,
     RtpError,
@@ -88,6 +88,7 @@ from appliance.proto.sdp import Answer
 from appliance.proto.srtp import SrtpError, SrtpSession
 from appliance.session_info import TIMELINE_STEPS
 
+from .flight_budget import FlightBudget
 from .rtcp import RTCP_INTERVAL, RtcpMonitor
 
 Addr = tuple[str, int]
@@ -99,13 +100,6 @@ Source = tuple[Addr, Addr, Addr]
 SETUP_TIMEOUT = 30.0  # no ICE (or no DTLS) within 30 s of the answer: reaped
 CONSENT_TIMEOUT = 30.0  # RFC 7675 §5.1
 MAX_CLIENT_ADDRS = 8  # addresses a call answers checks from (candidate pairs)
-#: As DTLS client: flights we send on our own (first ClientHello, timer retransmissions)
-#: per second at most, whatever the checks (a per-call ceiling under the per-check credit).
-OWN_FLIGHT_RATE = 2.0
-OWN_FLIGHT_BURST = 3.0
-#: Transaction ids of recent valid checks remembered, so that a retransmitted or replayed
-#: check (RFC 8489 §6.2.1: a retransmission keeps its id) buys no second flight.
-_TID_MEMORY = 32
 
 
 class CallState(enum.StrEnum):
@@ -237,54 +231,6 @@ class Flow:
 Transmit = tuple[bytes, Flow]
 
 
-class _FlightBudget:
-    """When we are the DTLS client: which of our own flights may leave now.
-
-    ICE-lite authenticates the *password*, not the address (admission.py says why): a
-    hostile holder of the password can send valid checks "from" a victim's address. So
-    each flight we send on our own initiative costs one *credit* of the address it goes
-    to, and a credit is earned only by a MESSAGE-INTEGRITY-valid check (the ICE-lite
-    agent has checked it, FINGERPRINT included) from that address with a transaction id not
-    seen before. At most one credit is held per address, and a per-call GCRA
-    (``OWN_FLIGHT_RATE``/``OWN_FLIGHT_BURST``, :mod:`appliance.proto.ratelimit`) caps
-    flights whatever the checks. A flight the budget refuses is *held*, not dropped: the
-    next fresh check from its address releases it (so a lost ClientHello is resent right
-    after the proof that the peer is still there). Unauthenticated checks never reach this
-    class: the agent answers them 401 at most, and nothing else.
-    """
-
-    __slots__ = ("_order", "_tids", "credit", "gcra", "held", "held_count", "sent")
-
-    def __init__(self) -> None:
-        self.credit: set[Addr] = set()
-        self._tids: set[bytes] = set()
-        self._order: deque[bytes] = deque()
-        self.gcra = Gcra(OWN_FLIGHT_RATE, OWN_FLIGHT_BURST)
-        self.held: list[bytes] | None = None  # the newest refused flight
-        self.sent = 0  # own flights sent
-        self.held_count = 0  # own flights refused (held) at least once
-
-    def earn(self, addr: Addr, tid: bytes) -> bool:
-        """A valid check with transaction id ``tid`` from ``addr``: a credit, unless the id
-        was seen (a retransmission or a replay); whether it earned one."""
-        if tid in self._tids:
-            return False
-        self._tids.add(tid)
-        self._order.append(tid)
-        if len(self._order) > _TID_MEMORY:
-            self._tids.discard(self._order.popleft())
-        self.credit.add(addr)
-        return True
-
-    def spend(self, addr: Addr, now: float) -> bool:
-        """Pay for one flight to ``addr`` now; whether it may go."""
-        if addr not in self.credit or not self.gcra.allow(now):
-            return False
-        self.credit.discard(addr)
-        self.sent += 1
-        return True
-
-
 class ServerCall:
     """One call, server side. ``counters`` is the transceiver's shared dict of drop
     counters (``drop_unknown_flow``, ``drop_srtp``, ``drop_rtp_before_dtls``,
@@ -316,7 +262,7 @@ class ServerCall:
                                 consent_timeout=consent_timeout)
         self.dtls = dtls
         # As DTLS client (answer a=setup:active) our own flights are budgeted by checks.
-        self.flight_budget = _FlightBudget() if dtls.role is Role.CLIENT else None
+        self.flight_budget = FlightBudget() if dtls.role is Role.CLIENT else None
         self._dtls_started = False
         self.srtp: SrtpSession | None = None
         self.srtp_profile: str | None = None

@@ -21,7 +21,8 @@ from appliance.proto.dtls import Role, State
 from appliance.proto.mux import Kind, classify
 from appliance.proto.sdp import Setup
 from appliance.proto.stun import binding_request
-from appliance.transceiver.call import OWN_FLIGHT_BURST, CallState
+from appliance.transceiver.call import CallState
+from appliance.transceiver.flight_budget import OWN_FLIGHT_BURST
 
 CPU_BUDGET = 1.5  # CPU seconds per test (virtual time is free; 1.3 handshakes are not)
 BOTH = frozenset({"1.2", "1.3"})
