@@ -22,7 +22,7 @@ the answerer sends its own checks, which are answered (RFC 8445 §7.3; it learns
 as peer-reflexive, §7.3.1.3, since the offer carries no candidates), and it may answer
 ``a=setup:active`` (RFC 8842 §5.3: the answerer picks), which makes us the DTLS *server*.
 The appliance answers that way too (docs/adr-dtls-active.md). As DTLS server we check the
-pair every ``SETUP_CHECK_INTERVAL`` until the handshake is done, as Chromium pings a pair
+pair every ``SETUP_CHECK_INTERVAL`` (0.4 s) until the handshake is done, as Chromium pings a pair
 that is not yet stable (~0.9 s): an ICE-lite DTLS client sends, and retransmits, a flight
 only after a fresh check from us, so these checks are what its retransmissions ride on.
 """
@@ -67,7 +67,7 @@ Addr = tuple[str, int]
 OPUS_PT = 111
 #: Seconds between our checks while we are the DTLS server and the handshake is not done
 #: (then RFC 7675's 5 s consent interval takes over).
-SETUP_CHECK_INTERVAL = 0.5
+SETUP_CHECK_INTERVAL = 0.4
 CONSENT_INTERVAL = 5.0
 
 
@@ -347,7 +347,9 @@ class ClientPeer:
                     continue
                 self.srtp = SrtpSession.from_exporter(dtls.export_keying_material, profile,
                                                       self.dtls_role)
-                ice.consent_interval = CONSENT_INTERVAL  # setup's quick checks are over
+                if ice.consent_interval == SETUP_CHECK_INTERVAL:
+                    # Setup's quick checks are over (unless the caller set its own interval).
+                    ice.consent_interval = CONSENT_INTERVAL
                 self._events.append(Connected(profile, now - self._answered_at))
             elif isinstance(dev, DtlsClosed):
                 self._fail(f"DTLS closed: {dev.alert}")
