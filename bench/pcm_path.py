@@ -91,7 +91,8 @@ def _measure(packets: int, stub: bool, complexity: int | None) -> float:
     ufrag, pwd = "srvufrag", secrets.token_hex(12)
     answer = build_answer(offer, ice_ufrag=ufrag, ice_pwd=pwd,
                           fingerprint=server_cert.fingerprint, candidates=[PUBLIC],
-                          ssrc=0xABCDEF, cname="bench", session_id=1)
+                          ssrc=0xABCDEF, cname="bench", session_id=1,
+                          prefer_active=False)  # the client below is the DTLS client
     ice = IceClient("Clnt", "clientpasswordclientpass", ufrag, pwd, PUBLIC)
     dtls = DtlsConnection(Role.CLIENT, cert, remote_fingerprints=[server_cert.fingerprint])
     state: dict[str, Any] = {"srtp": None, "rtp_out": 0}

@@ -30,6 +30,14 @@ from ``answer_sent``, as the cross-check of where the round trips go.
     .venv/bin/python bench/wan_setup.py --rtts 100 --calls 3 --clients ours
     .venv/bin/python bench/wan_setup.py --jitter-ms 5 --loss 0.01 --seed 2
 
+Client variants (``--clients``): ``ours`` offers DTLS 1.2 only (the load generator's
+default), ``ours13`` offers 1.2 and 1.3 (as browsers do), ``ours13fs`` / ``oursfs`` add
+``false_start`` (as DTLS 1.3 server: media once its flight is out); a ``+active`` suffix (e.g.
+``chromium+active``) munges the offer to ``a=setup:active`` before it is POSTed, which
+forces the server into the passive DTLS role (the appliance's behaviour before issue 19:
+docs/adr-dtls-active.md). Each row says the DTLS version and the *client's* DTLS role it
+ended with (``cli``/``srv``: our client's own state; Chromium's ``getStats()`` transport).
+
 POST → answer is 2 RTT for our client (a fresh TCP connection per request: the proxy holds
 its first bytes one RTT for the handshake the kernel did locally) and may be less for
 Chromium, which can have preconnected while the page loaded; the steps after the answer do
@@ -83,13 +91,13 @@ CALL_TIMEOUT = 15.0
 
 
 @contextmanager
-def start_appliance(transceivers: int) -> Iterator[tuple[str, int]]:
+def start_appliance(transceivers: int, extra: tuple[str, ...] = ()) -> Iterator[tuple[str, int]]:
     """``appliance up`` on 127.0.0.1, advertising the proxy's address; yields (url, udp)."""
     http, udp = free_port(), free_port_on(APPLIANCE_PUBLIC)
     state = tempfile.mkdtemp(prefix="wan-setup-")
     args = [PY, "-m", "appliance", "up", "--http", f"127.0.0.1:{http}",
             "--udp", f"127.0.0.1:{udp}", "--public-address", APPLIANCE_PUBLIC,
-            "--state-dir", state, "--transceivers", str(transceivers), "--agent", "echo"]
+            "--state-dir", state, "--transceivers", str(transceivers), "--agent", "echo", *extra]
     log = open(Path(state) / "appliance.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -154,16 +162,20 @@ def _is_binding_success(data: bytes) -> bool:
     return classify(data) is Kind.STUN and data[:2] == b"\x01\x01"
 
 
-async def our_call(base: str, cert: Certificate, tone: ToneStream, index: int
-                   ) -> tuple[dict[str, float | None], str]:
-    """One call; (timeline in ms from the POST, session location)."""
+async def our_call(base: str, cert: Certificate, tone: ToneStream, index: int,
+                   variant: str = "ours") -> tuple[dict[str, float | None], str, dict[str, Any]]:
+    """One call; (timeline in ms from the POST, session location, DTLS version and role)."""
     import socket
 
-    peer = ClientPeer(cert)
-    offer = peer.offer().encode()
+    versions = frozenset({"1.2", "1.3"}) if variant.startswith("ours13") else frozenset({"1.2"})
+    # "fs": --false-start (as DTLS client, RFC 7918; as DTLS 1.3 server, 0.5-RTT media).
+    peer = ClientPeer(cert, dtls_versions=versions, false_start="fs" in variant.split("+")[0])
+    offer = peer.offer()
+    if variant.endswith("+active"):
+        offer = offer.replace("a=setup:actpass", "a=setup:active")
     t: dict[str, float | None] = dict.fromkeys(STEPS)
     t0 = trio.current_time()
-    resp = await request("POST", base + "/v1/sessions", body=offer,
+    resp = await request("POST", base + "/v1/sessions", body=offer.encode(),
                          headers={"Content-Type": "application/sdp"})
     now = trio.current_time()
     if resp.status != 201:
@@ -220,11 +232,14 @@ async def our_call(base: str, cert: Certificate, tone: ToneStream, index: int
             if next_media is not None and now >= next_media and t["echo"] is None:
                 send_frame(now)
             flush()
+        dtls = peer.dtls
+        transport = {"tlsVersion": dtls.version if dtls else None,
+                     "dtlsRole": peer.dtls_role.value}
         peer.close()
         flush()
     finally:
         sock.close()
-    return t, location
+    return t, location, transport
 
 
 async def _delete(url: str) -> None:
@@ -242,15 +257,15 @@ async def _timeline(api: str, location: str) -> dict[str, Any]:
     return {}
 
 
-def run_ours(base: str, api: str | None, cert: Certificate, tone: ToneStream, index: int
-             ) -> tuple[dict[str, float | None], dict[str, Any]]:
-    async def go() -> tuple[dict[str, float | None], dict[str, Any]]:
-        t, location = await our_call(base, cert, tone, index)
+def run_ours(base: str, api: str | None, cert: Certificate, tone: ToneStream, index: int,
+             variant: str) -> tuple[dict[str, float | None], dict[str, Any], dict[str, Any]]:
+    async def go() -> tuple[dict[str, float | None], dict[str, Any], dict[str, Any]]:
+        t, location, transport = await our_call(base, cert, tone, index, variant)
         # The timeline before the DELETE: an ended session may be forgotten. The DELETE goes
         # through the proxy (the SDP front closes that session's UDP listener on it).
         server = await _timeline(api, location) if api else {}
         await _delete(base + location)
-        return t, server
+        return t, server, transport
 
     return trio.run(go)
 
@@ -267,7 +282,7 @@ function gathered(pc, maxMs) {
     });
   });
 }
-async function runCall() {
+async function runCall(munge) {
   const stream = await navigator.mediaDevices.getUserMedia({ audio: true });
   const pc = new RTCPeerConnection({ bundlePolicy: "max-bundle", rtcpMuxPolicy: "require" });
   pc.addTrack(stream.getAudioTracks()[0], stream);
@@ -290,7 +305,9 @@ async function runCall() {
   }
   t0 = performance.now();
   const resp = await fetch("/v1/sessions", {
-    method: "POST", headers: { "Content-Type": "application/sdp" }, body: pc.localDescription.sdp });
+    method: "POST", headers: { "Content-Type": "application/sdp" },
+    body: munge ? pc.localDescription.sdp.replaceAll("a=setup:actpass", "a=setup:" + munge)
+                : pc.localDescription.sdp });
   const answer = await resp.text();
   t.answer = since();
   if (resp.status !== 201) throw new Error(`POST -> ${resp.status}: ${answer.slice(0, 200)}`);
@@ -330,7 +347,7 @@ def launch_chromium(pw: Any, tone_wav: Path) -> Any:
     return launch(pw, tone_wav)
 
 
-def run_chromium(browser: Any, base: str, api: str | None
+def run_chromium(browser: Any, base: str, api: str | None, variant: str = "chromium"
                  ) -> tuple[dict[str, float | None], dict[str, Any], dict[str, Any]]:
     ctx = browser.new_context(permissions=["microphone"])
     try:
@@ -338,7 +355,8 @@ def run_chromium(browser: Any, base: str, api: str | None
         page.route(base + "/__wan_bench",
                    lambda route: route.fulfill(status=200, content_type="text/html", body=PAGE))
         page.goto(base + "/__wan_bench")
-        r = page.evaluate("runCall()")
+        r = page.evaluate("(m) => runCall(m)",
+                          "active" if variant.endswith("+active") else None)
     finally:
         ctx.close()
     t = r["t"]
@@ -375,10 +393,11 @@ def report(results: dict[tuple[float, str, str], list[dict[str, Any]]]) -> None:
     print("\nmedian ms (round trips = ms / RTT): POST → answer read; then ICE, DTLS and the"
           " first echo from the answer; and POST → first echo")
     cols = ("POST→answer", "→ICE", "→DTLS", "→echo", "POST→echo")
-    print(f"{'RTT':>4} {'client':9} {'server':10} {'n':>2} "
+    print(f"{'RTT':>4} {'client':15} {'server':10} {'DTLS':8} {'n':>2} "
           + " ".join(f"{c:>15}" for c in cols))
     for (rtt, client, server), calls in results.items():
         ok = [c["t"] for c in calls if c.get("t")]
+        dtls = sorted({_dtls_label(c.get("transport") or {}) for c in calls if c.get("t")})
 
         def med(step: str, base: str | None = "answer", ok: list[Any] = ok) -> float | None:
             return _median([t[step] - (t[base] if base else 0.0) for t in ok
@@ -386,11 +405,11 @@ def report(results: dict[tuple[float, str, str], list[dict[str, Any]]]) -> None:
 
         cells = [med("answer", None), med("ice"), med("dtls"), med("echo"), med("echo", None)]
         fails = len(calls) - len(ok)
-        print(f"{rtt:4.0f} {client:9} {server:10} {len(ok):2d} "
+        print(f"{rtt:4.0f} {client:15} {server:10} {'/'.join(dtls):8} {len(ok):2d} "
               + " ".join(f"{_cell(v, rtt):>15}" for v in cells)
               + (f"  {fails} failed" if fails else ""))
     print("\nthe appliance's own timeline (GET /v1/sessions/{id}), median ms after answer_sent")
-    print(f"{'RTT':>4} {'client':9} " + " ".join(f"{s:>15}" for s in SERVER_STEPS))
+    print(f"{'RTT':>4} {'client':15} " + " ".join(f"{s:>15}" for s in SERVER_STEPS))
     for (rtt, client, server), calls in results.items():
         if server != "appliance":
             continue
@@ -400,20 +419,32 @@ def report(results: dict[tuple[float, str, str], list[dict[str, Any]]]) -> None:
             v = _median([float(tl[s]) - float(tl.get("answer_sent") or 0) for tl in tls
                          if isinstance(tl.get(s), int | float)])
             scells.append(f"{_cell(v, rtt):>15}")
-        print(f"{rtt:4.0f} {client:9} " + " ".join(scells))
+        print(f"{rtt:4.0f} {client:15} " + " ".join(scells))
     seen = sorted({(k[2], str(c["transport"].get("tlsVersion")), str(c["transport"].get("dtlsRole")))
                    for k, calls in results.items() for c in calls if c.get("transport")})
     for server, version, role in seen:
         print(f"Chromium against {server}: DTLS version {version}, Chromium's role {role}")
 
 
+def _dtls_label(transport: dict[str, Any]) -> str:
+    """``1.3 srv``: the DTLS version and the client's DTLS role (Chromium spells versions as
+    its tlsVersion, FEFD/FEFC)."""
+    version = {"FEFD": "1.2", "FEFC": "1.3"}.get(str(transport.get("tlsVersion")),
+                                                 str(transport.get("tlsVersion") or "?"))
+    role = {"client": "cli", "server": "srv"}.get(str(transport.get("dtlsRole")), "?")
+    return f"{version} {role}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rtts", default="0,50,100,200", help="emulated round trips, ms")
     p.add_argument("--calls", type=int, default=5, help="calls per client, server and RTT")
-    p.add_argument("--clients", default="ours,chromium")
+    p.add_argument("--clients", default="ours,ours13,chromium",
+                   help="ours, ours13, chromium; a +active suffix forces the server passive")
     p.add_argument("--servers", default="appliance,aiortc")
     p.add_argument("--transceivers", type=int, default=1)
+    p.add_argument("--dtls-versions", default=None,
+                   help="passed to appliance up (default: its own, 1.2,1.3)")
     p.add_argument("--jitter-ms", type=float, default=0.0)
     p.add_argument("--loss", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=1)
@@ -423,15 +454,18 @@ def main(argv: list[str] | None = None) -> int:
     clients = args.clients.split(",")
     servers = args.servers.split(",")
     print(f"wan_setup {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  load {_load()}  "
-          f"rtts {rtts} calls {args.calls} clients {clients} servers {servers}", flush=True)
+          f"rtts {rtts} calls {args.calls} clients {clients} servers {servers} "
+          f"appliance --dtls-versions {args.dtls_versions or 'default'}", flush=True)
     results: dict[tuple[float, str, str], list[dict[str, Any]]] = {}
     cert = Certificate.generate(0.0)
     tone = encode_tone()
     with ExitStack() as stack:
-        app = stack.enter_context(start_appliance(args.transceivers)) if "appliance" in servers else None
+        extra = ("--dtls-versions", args.dtls_versions) if args.dtls_versions else ()
+        app = (stack.enter_context(start_appliance(args.transceivers, extra))
+               if "appliance" in servers else None)
         aio = stack.enter_context(start_aiortc()).url if "aiortc" in servers else None
         browser = None
-        if "chromium" in clients:
+        if any(c.startswith("chromium") for c in clients):
             from playwright.sync_api import sync_playwright
 
             sys.path.insert(0, str(REPO / "tests"))
@@ -452,12 +486,12 @@ def main(argv: list[str] | None = None) -> int:
                             rec: dict[str, Any] = {"rtt": rtt, "client": client,
                                                    "server": server, "i": i}
                             try:
-                                if client == "ours":
-                                    rec["t"], rec["server"] = run_ours(
-                                        bases[server], api[server], cert, tone, i)
+                                if client.startswith("ours"):
+                                    rec["t"], rec["server"], rec["transport"] = run_ours(
+                                        bases[server], api[server], cert, tone, i, client)
                                 else:
                                     rec["t"], rec["server"], rec["transport"] = run_chromium(
-                                        browser, bases[server], api[server])
+                                        browser, bases[server], api[server], client)
                             except Exception as exc:  # one failed call must not end the run
                                 rec["error"] = f"{type(exc).__name__}: {exc}"[:300]
                                 print(f"  {key}: {rec['error']}", flush=True)

@@ -11,7 +11,11 @@ candidate → on success the DTLS client starts → ``Connected`` → ``send_rtp
 With ``false_start=True`` (RFC 7918; off by default, browsers do not do it for DTLS-SRTP)
 the call counts as connected, and media may flow, once our DTLS Finished is sent rather
 than once the server's arrives: half a round trip earlier for the first packet, a whole one
-for its echo. Only when we are the DTLS client; a bad server Finished still fails the call.
+for its echo. As DTLS client; a bad server Finished still fails the call. As DTLS *1.3
+server* (the appliance answers ``a=setup:active``) the same option keys SRTP once our flight
+(…Finished) is sent — 0.5-RTT data (RFC 8446 §4.4.4, Appendix E.1) — so the first packet
+leaves a round trip before the client's Finished: sent to a client whose certificate has
+not been checked yet (a bad one still fails the call). A 1.2 server ignores it.
 
 Data channels (``datachannel=True``): the offer gains an ``m=application ... UDP/DTLS/SCTP
 webrtc-datachannel`` section (RFC 8841) bundled with the audio, or alone with
@@ -26,6 +30,10 @@ Against a full-ICE answerer (aiortc, a browser) two more things happen, both han
 the answerer sends its own checks, which are answered (RFC 8445 §7.3; it learns our address
 as peer-reflexive, §7.3.1.3, since the offer carries no candidates), and it may answer
 ``a=setup:active`` (RFC 8842 §5.3: the answerer picks), which makes us the DTLS *server*.
+The appliance answers that way too (docs/adr-dtls-active.md). As DTLS server we check the
+pair every ``SETUP_CHECK_INTERVAL`` (0.4 s) until the handshake is done, as Chromium pings a pair
+that is not yet stable (~0.9 s): an ICE-lite DTLS client sends, and retransmits, a flight
+only after a fresh check from us, so these checks are what its retransmissions ride on.
 """
 
 from __future__ import annotations
@@ -71,6 +79,10 @@ OPUS_PT = 111
 #: The most a DTLS record adds to an SCTP packet with our suites (the transceiver's figure,
 #: appliance/transceiver/datachannels.py): an SCTP packet must fit one record (RFC 8261 §5).
 DTLS_RECORD_OVERHEAD = 37
+#: Seconds between our checks while we are the DTLS server and the handshake is not done
+#: (then RFC 7675's 5 s consent interval takes over).
+SETUP_CHECK_INTERVAL = 0.4
+CONSENT_INTERVAL = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,13 +258,19 @@ class ClientPeer:
         self.dtls_role = (Role.SERVER if ans.effective_setup(carrier) is Setup.ACTIVE
                           else Role.CLIENT)
         self.ice = IceClient(self.local_ufrag, self.local_pwd, ufrag, pwd, self.remote,
-                             rng=self._rng)
+                             rng=self._rng,
+                             consent_interval=(SETUP_CHECK_INTERVAL if self.dtls_role is Role.SERVER
+                                               else CONSENT_INTERVAL))
         self.dtls = DtlsConnection(
             self.dtls_role, self.certificate,
             remote_fingerprints=[str(fp) for fp in fps],
             srtp_profiles=self._srtp_profiles or DEFAULT_SRTP_PROFILES,
             initial_retransmit=0.1,  # loopback and LAN: browsers retransmit after ~50 ms too
             false_start=self._false_start and self.dtls_role is Role.CLIENT,
+            # As DTLS 1.3 server, the same option sends media once our flight is out
+            # (0.5-RTT data, RFC 8446 §4.4.4): one round trip sooner, before the client's
+            # certificate is checked (a bad one still fails the call).
+            half_rtt=self._false_start and self.dtls_role is Role.SERVER,
             versions=self._dtls_versions,
         )
         if self.datachannel and app is not None:
@@ -445,6 +463,9 @@ class ClientPeer:
                         continue
                     self.srtp = SrtpSession.from_exporter(dtls.export_keying_material,
                                                           profile, self.dtls_role)
+                if ice.consent_interval == SETUP_CHECK_INTERVAL:
+                    # Setup's quick checks are over (unless the caller set its own interval).
+                    ice.consent_interval = CONSENT_INTERVAL
                 self._events.append(Connected(profile if self.audio else None,
                                               now - self._answered_at))
                 self._sctp_started = True  # (also: "connected", for a data-only call)

@@ -17,6 +17,7 @@ Inside one call::
 
     datagram ─► RFC 7983 first byte
       STUN ─► IceLiteAgent   an authenticated check makes its source a Flow (≤ 8)
+                             as DTLS client: a fresh one starts/releases our flight
       DTLS ─► DtlsConnection handshake → SRTP keyed from the exporter (RFC 5764 §4.2)
                              application data ─► sctp slot (RFC 8261) — None: dropped
       RTP  ─► SRTP unprotect → header fields → RtcpMonitor ─► media slot
@@ -40,6 +41,16 @@ A transmit is ``(payload, flow)``: the client datagram and the :class:`Flow` (cl
 address, public relay address, relay internal address and its PROXY v2 header) to send
 it on; the shell sends ``flow.header + payload`` to ``flow.relay``.
 
+DTLS role (``dtls.role``, from the answer's ``a=setup``; docs/adr-dtls-active.md): as the
+server we wait for the client's ClientHello, as before. As the *client* (we answered
+``a=setup:active`` to an ``actpass`` offer) we send the ClientHello as soon as an
+authenticated check has shown the client's address, and retransmit on the DTLS core's own
+timers — but every flight we send on our own initiative (the first ClientHello, and each
+timer retransmission while the call is setting up) is paid for by one fresh
+MESSAGE-INTEGRITY-valid check from the address it goes to
+(:class:`~.flight_budget.FlightBudget`). What
+permits an ICE-lite agent to do this is cited at :meth:`ServerCall._client_check`.
+
 Lifecycle (:class:`CallState`, transitions in ``_TRANSITIONS``): ``new`` (answer sent) →
 ``connecting`` (first authenticated STUN check) → ``connected`` (DTLS done, SRTP keyed; a
 data-only session, ``answer.plan`` None, keys no SRTP and sends no RTCP) →
@@ -60,6 +71,7 @@ from appliance.proto.dtls import (
     ConnectionClosed,
     DtlsConnection,
     HandshakeComplete,
+    Role,
 )
 from appliance.proto.errors import LocalProtocolError
 from appliance.proto.ice import IceLiteAgent
@@ -77,6 +89,7 @@ from appliance.proto.sdp import Answer
 from appliance.proto.srtp import SrtpError, SrtpSession
 from appliance.session_info import TIMELINE_STEPS
 
+from .flight_budget import FlightBudget
 from .rtcp import RTCP_INTERVAL, RtcpMonitor
 
 Addr = tuple[str, int]
@@ -252,6 +265,9 @@ class ServerCall:
         self.ice = IceLiteAgent(local_ufrag, local_pwd, remote.ice_ufrag, remote.ice_pwd,
                                 consent_timeout=consent_timeout)
         self.dtls = dtls
+        # As DTLS client (answer a=setup:active) our own flights are budgeted by checks.
+        self.flight_budget = FlightBudget() if dtls.role is Role.CLIENT else None
+        self._dtls_started = False
         self.srtp: SrtpSession | None = None
         self.srtp_profile: str | None = None
         self.cipher_suite: str | None = None
@@ -337,6 +353,8 @@ class ServerCall:
         if self.end_reason is not None:  # consent expired
             return
         self.dtls.handle_timeout(now)
+        if self.flight_budget is not None and self.state in _SETTING_UP:
+            self._own_flight(now)  # a retransmission: paid for by a check, or held
         self._drain_dtls(now)
         if self.end_reason is not None:  # retransmissions ran out
             return
@@ -395,6 +413,10 @@ class ServerCall:
             if f is None:
                 f = Flow(addr, public, relay)
             self._tx.append((data_out, f))
+        if (self.flight_budget is not None and ice.checks_ok != before and flow is not None
+                and self.state in _SETTING_UP):
+            # After the check's answer, so the client sees its check succeed first.
+            self._client_check(now, data[8:20], flow)
 
     def _drain_ice(self, now: float) -> None:
         while (ev := self.ice.poll_event()) is not None:
@@ -418,6 +440,62 @@ class ServerCall:
         self.local_ufrag = local_ufrag
 
     # -- DTLS (and what runs over it) -----------------------------------------------------
+
+    def _client_check(self, now: float, tid: bytes, flow: Flow) -> None:
+        """A MESSAGE-INTEGRITY-valid check (``tid``: its transaction id) from ``flow`` while
+        we are the DTLS client and setting up: start the handshake, or release a held flight.
+
+        Why an ICE-lite agent may send here, before any nomination:
+
+        * RFC 8445 §2.5 / §6.1.1: a lite agent sends no checks and is always controlled;
+          the pairs it may use are those the full agent's checks have validated.
+        * RFC 8445 §7.3.1.4 and §12.1.1 (procedures for lite implementations): a valid
+          check received makes its pair valid for the lite agent, which may then send data
+          on it; data before nomination is allowed on any valid pair (§12.1), and the
+          DTLS handshake is such data.
+        * RFC 8839 §4.2.3: the ICE role (we are controlled) says nothing about the DTLS
+          role; ``a=setup`` decides it. RFC 8842 §5.3: the answerer picks ``active`` or
+          ``passive`` for an ``actpass`` offer, and the ``active`` endpoint initiates the
+          DTLS handshake (RFC 8842 §5 / RFC 5763 §5: once ICE has a usable pair).
+        """
+        budget = self.flight_budget
+        assert budget is not None
+        if not budget.earn(flow.client, tid):
+            return  # a retransmitted or replayed check: no new credit
+        if self.ice.selected is None:
+            # Before a nomination our flights follow the address that last proved the
+            # password with a fresh check; afterwards the nominated one (_drain_ice).
+            self.media_flow = flow
+        if not self._dtls_started:
+            self._dtls_started = True
+            self.dtls.start(now)
+            self._own_flight(now)
+            self._drain_dtls(now)
+        elif (budget.held is not None and self.media_flow is not None
+              and self.media_flow.client == flow.client):
+            held, budget.held = budget.held, None
+            if budget.spend(flow.client, now):
+                self._tx.extend((d, flow) for d in held)
+            else:
+                budget.held = held
+
+    def _own_flight(self, now: float) -> None:
+        """What the DTLS core queued on its own (start, a timer retransmission): out to the
+        media flow if the budget pays for it, else held for the next fresh check."""
+        budget = self.flight_budget
+        assert budget is not None
+        flight: list[bytes] = []
+        while (out := self.dtls.poll_transmit()) is not None:
+            flight.append(out)
+        flow = self.media_flow
+        if not flight or flow is None:
+            return
+        if budget.spend(flow.client, now):
+            budget.held = None
+            self._tx.extend((d, flow) for d in flight)
+        else:
+            budget.held = flight  # the newest retransmission supersedes an older one
+            budget.held_count += 1
 
     def handle_dtls(self, now: float, data: bytes, client: Addr, relay: Addr) -> None:
         flow = self.flows.get(client)
@@ -462,7 +540,8 @@ class ServerCall:
         if profile is None:
             self.close("dtls-failed: no SRTP profile negotiated")
             return
-        self.srtp = SrtpSession.from_exporter(self.dtls.export_keying_material, profile, "server")
+        self.srtp = SrtpSession.from_exporter(self.dtls.export_keying_material, profile,
+                                              self.dtls.role)
         self.srtp_profile = profile.name
         self._fire(_Input.DTLS_DONE)
         self._mark("dtls_done", now)

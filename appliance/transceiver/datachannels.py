@@ -33,6 +33,7 @@ from appliance.agents.channels import (
     message_size,
 )
 from appliance.agents.registry import ChannelFn
+from appliance.proto.dtls import Role
 from appliance.proto.sctp import Closed, Connected, SctpUsageError
 from appliance.proto.sctp import datachannel as dc
 from appliance.proto.sdp import MAX_MESSAGE_SIZE, ApplicationPlan
@@ -63,7 +64,7 @@ class CallChannels:
         on_channel: ChannelFn | None = None,
     ) -> None:
         self.endpoint = dc.DataChannelEndpoint(
-            dtls_client=False, remote_port=plan.sctp_port, max_message_size=MAX_MESSAGE_SIZE,
+            dtls_client=call.dtls.role is Role.CLIENT, remote_port=plan.sctp_port, max_message_size=MAX_MESSAGE_SIZE,
             mtu=call.dtls.mtu - DTLS_RECORD_OVERHEAD)
         call.sctp = self.endpoint
         self._call = call

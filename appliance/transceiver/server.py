@@ -453,16 +453,22 @@ class Transceiver:
                 offer, ice_ufrag=ufrag, ice_pwd=pwd, fingerprint=cert.fingerprint,
                 candidates=candidates, ssrc=ssrc, cname=cname,
                 session_id=secrets.randbits(62), datachannel=True, tcp_candidates=tcp,
+                # actpass -> a=setup:active (we start DTLS, one round trip sooner), except
+                # while DTLS cookie mode is on: then the client starts it and admission.py
+                # bounds what it costs (docs/adr-dtls-active.md).
+                prefer_active=not self.admission.active(now),
             )
         except SdpError as exc:
             return _error(exc.status, exc.code, exc.detail)
         except LocalProtocolError as exc:
             return _error(400, "bad-request", str(exc))
-        # The one place a call's DTLS server is made. The ClientHello's supported_versions
-        # (RFC 9147 §5.3, RFC 8446 §4.2.1) negotiates within --dtls-versions: 1.3 when both
-        # list it, else 1.2 with the RFC 8446 §4.1.3 downgrade sentinel (proto/dtls/versioned.py).
+        # The one place a call's DTLS connection is made, in the role the answer's a=setup
+        # chose. The ClientHello's supported_versions (RFC 9147 §5.3, RFC 8446 §4.2.1)
+        # negotiates within --dtls-versions: 1.3 when both list it, else 1.2 with the
+        # RFC 8446 §4.1.3 downgrade sentinel (proto/dtls/versioned.py).
         dtls = DtlsConnection(
-            Role.SERVER, cert, remote_fingerprints=[str(fp) for fp in answer.transport.fingerprints],
+            Role.CLIENT if answer.dtls_client else Role.SERVER, cert,
+            remote_fingerprints=[str(fp) for fp in answer.transport.fingerprints],
             versions=self.config.dtls_versions,
         )
         session = Session(

@@ -126,7 +126,9 @@ def test_negotiated_channel_and_server_close_with_chromium(appliance_up: str, pa
     harness(page, appliance_up)
     out = connect(page, DC_AGENT, [("chat", {}), ("pre", {"negotiated": True, "id": 10})])
     assert out["ids"]["pre"] == 10
-    assert out["ids"]["chat"] % 2 == 0  # the DTLS client's DCEP channels take even ids (RFC 8832 §6)
+    # RFC 8832 §6: the DTLS client's DCEP channels take even ids, the server's odd ones; we
+    # answer a=setup:active (docs/adr-dtls-active.md), so Chromium is the server: odd.
+    assert out["ids"]["chat"] % 2 == 1
     audio_before = page.evaluate("dcHarness.inbound()")
 
     want, got = round_trip(page, "pre", [["s", "negotiated"], ["b", 300, 1]], prefix="pre:")

@@ -32,7 +32,7 @@ class MiniServer:
         self.answer = build_answer(
             parsed, ice_ufrag="srvufrag", ice_pwd="serverpasswordserverpass",
             fingerprint=self.cert.fingerprint, candidates=[SERVER], ssrc=1234, cname="srv",
-            session_id=1)
+            session_id=1, prefer_active=False)  # a DTLS-server MiniServer
         audio = parsed.media[0]
         self.ice = IceLiteAgent("srvufrag", "serverpasswordserverpass", audio.ice_ufrag,
                                 audio.ice_pwd)

@@ -100,7 +100,8 @@ def dominant_hz(pcm: np.ndarray) -> float:
     return float(np.argmax(spectrum) * RATE / len(pcm))
 
 
-async def call(cluster: dict[str, Any], k: int, seconds: float = 2.0) -> tuple[np.ndarray, str]:
+async def call(cluster: dict[str, Any], k: int, seconds: float = 2.0,
+               setup: str = "actpass") -> tuple[np.ndarray, str]:
     pc = RTCPeerConnection()
     pc.addTrack(ToneTrack())
     received: list[np.ndarray] = []
@@ -114,10 +115,14 @@ async def call(cluster: dict[str, Any], k: int, seconds: float = 2.0) -> tuple[n
     sid = uuid.uuid4().hex
     ctl = str(cluster["tmp"] / f"t{k}.sock")
     resp = await asyncio.to_thread(control, ctl, {
-        "op": "create", "session_id": sid, "offer": pc.localDescription.sdp, "agent": "echo",
+        # aiortc offers actpass (answered active: the transceiver is the DTLS client);
+        # munged to active, the transceiver falls back to passive (docs/adr-dtls-active.md).
+        "op": "create", "session_id": sid, "agent": "echo",
+        "offer": pc.localDescription.sdp.replace("a=setup:actpass", f"a=setup:{setup}"),
         "candidates": [["127.0.0.1", cluster["public"]]]})
     assert resp["ok"], resp
     assert f"127.0.0.1 {cluster['public']} typ host" in resp["answer"]
+    assert ("a=setup:passive" if setup == "active" else "a=setup:active") in resp["answer"]
     await pc.setRemoteDescription(RTCSessionDescription(resp["answer"], "answer"))
     track = await asyncio.wait_for(got_track, 10)
     loop = asyncio.get_running_loop()
@@ -131,9 +136,10 @@ async def call(cluster: dict[str, Any], k: int, seconds: float = 2.0) -> tuple[n
     return np.concatenate(received).astype(np.float64), sid
 
 
+@pytest.mark.parametrize("setup", ["actpass", "active"], ids=["we-dtls-client", "we-dtls-server"])
 @pytest.mark.parametrize("k", [0, 1])
-def test_aiortc_tone_is_echoed_through_relay(cluster: dict[str, Any], k: int) -> None:
-    pcm, sid = asyncio.run(call(cluster, k, seconds=3.0))
+def test_aiortc_tone_is_echoed_through_relay(cluster: dict[str, Any], k: int, setup: str) -> None:
+    pcm, sid = asyncio.run(call(cluster, k, seconds=3.0, setup=setup))
     tail = pcm[-RATE:]  # the last second: well past setup
     assert np.sqrt(np.mean(tail ** 2)) > 500, "echo is silent"
     assert abs(dominant_hz(tail) - 440) < 15

@@ -271,6 +271,7 @@ class ChromiumHarness:
             ssrc=SERVER_SSRC,
             cname="appliance-interop",
             session_id=1,
+            prefer_active=False,  # this harness is our DTLS *server* under test
         )
         audio = answer.transport.section
         self._remote_fingerprints = [str(f) for f in audio.fingerprints]

@@ -82,7 +82,7 @@ class PassthroughEcho:
         answer = build_answer(offer, ice_ufrag=ufrag, ice_pwd=pwd,
                               fingerprint=self.cert.fingerprint,
                               candidates=[self.sock.getsockname()], ssrc=4242, cname="echo",
-                              session_id=1)
+                              session_id=1, prefer_active=False)  # a DTLS server
         ice = IceLiteAgent(ufrag, pwd, audio.ice_ufrag, audio.ice_pwd)
         dtls = DtlsConnection(Role.SERVER, self.cert,
                               remote_fingerprints=[str(f) for f in audio.fingerprints])

@@ -229,7 +229,10 @@ async def _attacker_sessions(stack: Stack, k: int, n: int) -> list[dict[str, str
     out = []
     for i in range(n):
         peer = ClientPeer(cert)
-        resp = await stack.ctl(k, op="create", session_id=f"attacker-{i}", offer=peer.offer(),
+        # a=setup:active: the attacker makes the transceiver the DTLS *server*, the role its
+        # ClientHellos can load (to actpass it answers active and ignores ClientHellos).
+        offer = peer.offer().replace("a=setup:actpass", "a=setup:active")
+        resp = await stack.ctl(k, op="create", session_id=f"attacker-{i}", offer=offer,
                                agent=None, candidates=[list(stack.public)])
         assert resp["ok"], resp
         pwd = next(line.split(":", 1)[1] for line in resp["answer"].splitlines()

@@ -130,7 +130,7 @@ async def test_no_secret_in_any_log_line(up: Up) -> None:
                "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\nc=IN IP4 0.0.0.0\r\na=mid:0\r\n"
                "a=ice-ufrag:Rfz8Kq2W\r\na=ice-pwd:Qm4Vx8Tn2Lp6Hs9Jd3Fg7Wc1\r\n"
                "a=fingerprint:sha-256 " + ":".join(["AB"] * 32) + "\r\n"
-               "a=setup:passive\r\na=rtcp-mux\r\na=rtpmap:111 opus/48000/2\r\n")
+               "a=setup:holdconn\r\na=rtcp-mux\r\na=rtpmap:111 opus/48000/2\r\n")
     secrets["refused offer pwd"] = "Qm4Vx8Tn2Lp6Hs9Jd3Fg7Wc1"
     r = await request("POST", up.base + "/v1/sessions", body=refused.encode(),
                       headers={"Content-Type": "application/sdp"})

@@ -7,6 +7,11 @@ is dropped, ``duplicate`` it arrives twice (the copy with its own delay), ``reor
 held back by another ``hold``. All randomness comes from ``seed``, so a seed is a run.
 ``drop(direction, data)`` lets a test discard chosen datagrams ("c2s" or "s2c").
 
+DTLS roles: the client offers ``a=setup:actpass`` and the answer makes the server the DTLS
+client (``a=setup:active``); ``offer_setup="active"`` munges the offer (as a browser test
+munges its SDP) so the server falls back to passive. ``versions`` are both sides' DTLS
+versions.
+
 The loop (:meth:`CallPair.step`) is the shell's contract (STYLE.md rule 2): after every
 ``handle_*``, drain ``poll_transmit`` and ``poll_event``; then jump the clock to the
 earliest of the next delivery, either side's ``poll_timeout`` and the media tick.
@@ -74,13 +79,18 @@ class CallPair:
     audio: bool = True
     datachannel: bool = False
     on_server_channel: Callable[[float, object], None] | None = None
+    offer_setup: str = "actpass"
+    versions: frozenset[str] = frozenset({"1.2"})
+    false_start: bool = False  # the client's (as DTLS 1.3 server: 0.5-RTT media)
 
     def __post_init__(self) -> None:
         self.now = 0.0
         self.rng = random.Random(self.seed)
         self.client = ClientPeer(cert("client"), rng=random.Random(self.seed + 1),
-                                 audio=self.audio, datachannel=self.datachannel)
-        offer = parse_offer_untrusted(self.client.offer())
+                                 audio=self.audio, datachannel=self.datachannel,
+                                 dtls_versions=self.versions, false_start=self.false_start)
+        offer = parse_offer_untrusted(
+            self.client.offer().replace("a=setup:actpass", f"a=setup:{self.offer_setup}"))
         self.server_ufrag, self.server_pwd = "srvufrag" + str(self.seed), "p" * 24
         self.answer = build_answer(
             offer, ice_ufrag=self.server_ufrag, ice_pwd=self.server_pwd,
@@ -89,7 +99,8 @@ class CallPair:
         self.counters: defaultdict[str, int] = defaultdict(int)
         self.server = ServerCall(
             answer=self.answer, local_ufrag=self.server_ufrag, local_pwd=self.server_pwd,
-            dtls=DtlsConnection(Role.SERVER, cert("server"),
+            dtls=DtlsConnection(Role.CLIENT if self.answer.dtls_client else Role.SERVER,
+                                cert("server"), versions=self.versions,
                                 remote_fingerprints=[str(f) for f in self.answer.transport.fingerprints]),
             ssrc=SERVER_SSRC, cname="pair", now=self.now, wall_offset=WALL,
             counters=self.counters, rng=random.Random(self.seed + 2))

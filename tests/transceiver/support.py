@@ -61,7 +61,10 @@ class Client:
     received_rtcp: list[object] = field(default_factory=list)
     seq: int = 1000
     ts: int = 0
-    dtls_versions: frozenset[str] = frozenset({"1.2"})  # what our DTLS client offers
+    dtls_versions: frozenset[str] = frozenset({"1.2"})  # what our DTLS side offers/accepts
+    #: Our DTLS role, from the answer's a=setup (RFC 8842 §5.3): the transceiver answers
+    #: ``active`` to our ``actpass``, which makes us the server.
+    role: Role = Role.CLIENT
 
     def offer(self) -> str:
         return make_offer(self.ufrag, self.pwd, self.cert.fingerprint)
@@ -70,9 +73,10 @@ class Client:
         server_ufrag = answer_field(answer, "ice-ufrag")
         server_pwd = answer_field(answer, "ice-pwd")
         fingerprint = answer_field(answer, "fingerprint")
+        self.role = Role.SERVER if answer_field(answer, "setup") == "active" else Role.CLIENT
         self.ice = IceClient(self.ufrag, self.pwd, server_ufrag, server_pwd, PUBLIC)
         self.ice.start(now)
-        self.dtls = DtlsConnection(Role.CLIENT, self.cert, remote_fingerprints=[fingerprint],
+        self.dtls = DtlsConnection(self.role, self.cert, remote_fingerprints=[fingerprint],
                                    versions=self.dtls_versions)
 
     async def send_raw(self, payload: bytes) -> None:
@@ -109,7 +113,8 @@ class Client:
         kind = classify(payload)
         if kind is Kind.STUN:
             self.ice.handle_datagram(now, payload, PUBLIC)
-            if self.dtls.state.value == "client-idle" and self.ice.state.value == "nominated":
+            if (self.role is Role.CLIENT and self.dtls.state.value == "client-idle"
+                    and self.ice.state.value == "nominated"):
                 self.dtls.start(now)
         elif kind is Kind.DTLS:
             self.dtls.handle_datagram(now, payload)
@@ -117,7 +122,7 @@ class Client:
                 if isinstance(ev, HandshakeComplete):
                     assert ev.srtp_profile is not None
                     self.srtp = SrtpSession.from_exporter(
-                        self.dtls.export_keying_material, ev.srtp_profile, "client")
+                        self.dtls.export_keying_material, ev.srtp_profile, self.role)
         elif kind is Kind.RTP and self.srtp is not None:
             self.received_rtp.append(
                 (now, RtpPacket.parse_untrusted(self.srtp.unprotect_untrusted(payload))))

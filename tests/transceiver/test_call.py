@@ -193,7 +193,7 @@ def test_ice_restart_keeps_media_flowing() -> None:
 
 
 def test_dtls_server_flight_lost_then_retransmitted() -> None:
-    """Regression guard (DTLS retransmission, RFC 6347 §4.2.4): the server's first flight
+    """Regression guard (DTLS retransmission, RFC 6347 §4.2.4), server in the passive role: its first flight
     (ServerHello … ServerHelloDone) is lost; the client's ClientHello retransmission (0.1 s
     timer) brings it again and the call comes up."""
     lost = [0]
@@ -204,7 +204,7 @@ def test_dtls_server_flight_lost_then_retransmitted() -> None:
             return True
         return False
 
-    pair = CallPair(drop=drop)
+    pair = CallPair(drop=drop, offer_setup="active")  # we are the DTLS server
     assert pair.run_until(lambda: connected(pair), within=5.0)
     assert lost[0] == 1
     assert pair.server.dtls.counters.retransmissions >= 1
@@ -223,7 +223,7 @@ def test_dtls_server_final_flight_lost_then_retransmitted() -> None:
             return pair.server.state is CallState.CONNECTED and dtls_s2c[0] <= 3
         return False
 
-    pair = CallPair(drop=drop)
+    pair = CallPair(drop=drop, offer_setup="active")  # we are the DTLS server
     assert pair.run_until(lambda: connected(pair), within=5.0)
     assert pair.dropped["s2c"] >= 1
     assert pair.server.dtls.counters.retransmissions >= 1

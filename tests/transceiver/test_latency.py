@@ -112,7 +112,8 @@ async def open_session(nursery: trio.Nursery, agent: ResolvedAgent) -> Harness:
     ufrag, pwd = "srvufrag", secrets.token_hex(12)
     answer = build_answer(offer, ice_ufrag=ufrag, ice_pwd=pwd,
                           fingerprint=server_cert.fingerprint, candidates=[PUBLIC],
-                          ssrc=0xABCDEF, cname="latency", session_id=1)
+                          ssrc=0xABCDEF, cname="latency", session_id=1,
+                          prefer_active=False)  # the harness client is the DTLS client
     harness: Harness
 
     def send(data: bytes, relay: tuple[str, int]) -> None:

@@ -110,7 +110,7 @@ def _bare_session(agent: str) -> session_mod.Session:
         offer = parse_offer_untrusted(Client(sock, ("127.0.0.1", 9)).offer())
     answer = build_answer(offer, ice_ufrag="u" * 16, ice_pwd="p" * 24,
                           fingerprint=cert.fingerprint, candidates=[("198.51.100.1", 3478)],
-                          ssrc=1, cname="c", session_id=1)
+                          ssrc=1, cname="c", session_id=1, prefer_active=False)
     return session_mod.Session(
         session_id="x", transceiver=0, agent=resolve(agent), answer=answer,
         candidates=[("198.51.100.1", 3478)], local_ufrag="u" * 16, local_pwd="p" * 24,

@@ -56,6 +56,7 @@ from appliance.proto.dtls.events import (
     ConnectionClosed,
     Counters,
     Event,
+    FalseStart,
     HandshakeComplete,
     Role,
     State,
@@ -106,6 +107,10 @@ _PUBLIC_STATE = {
 }
 
 
+#: Server states after our flight and before the client's Finished (``half_rtt``).
+_HALF_RTT_STATES = frozenset({S13.S_WAIT_CERT, S13.S_WAIT_CV, S13.S_WAIT_FIN})
+
+
 class Dtls13Connection:
     """One DTLS 1.3 association with one peer (see the module docstring)."""
 
@@ -127,6 +132,7 @@ class Dtls13Connection:
         rng: Callable[[int], bytes] = os.urandom,
         fallback_12: bool = False,
         hello_12: tuple[tuple[int, ...], tuple[tuple[int, bytes], ...]] = ((), ()),
+        half_rtt: bool = False,
     ) -> None:
         if not cipher_suites:
             raise LocalProtocolError("cipher_suites for DTLS 1.3 must not be empty")
@@ -138,6 +144,11 @@ class Dtls13Connection:
         self.role = role
         self.certificate = certificate
         self.counters = Counters()
+        # Server only, opt-in: the exporter (so SRTP) works once our flight is sent, before
+        # the client's certificate and Finished arrive: "0.5-RTT data" (RFC 8446 §4.4.4,
+        # Appendix E.1 — sent to a peer not yet authenticated). FalseStart says when.
+        self._half_rtt = half_rtt and role is Role.SERVER
+        self._half_rtt_sent = False
         self._remote_fingerprints = tuple(remote_fingerprints) if remote_fingerprints else None
         self._srtp_profiles = tuple(SrtpProfile(p) for p in srtp_profiles)
         self._suites = tuple(CipherSuite13(s) for s in cipher_suites)
@@ -269,7 +280,8 @@ class Dtls13Connection:
 
     def export_keying_material(self, label: bytes, length: int) -> bytes:
         """RFC 8446 §7.5 exporter with an empty context (RFC 5764 §4.2 for SRTP)."""
-        if self._state is not S13.ESTABLISHED or self._ks is None:
+        early = self._half_rtt_sent and self._state in _HALF_RTT_STATES
+        if (self._state is not S13.ESTABLISHED and not early) or self._ks is None:
             raise LocalProtocolError("keying material is available once the handshake completes")
         return self._ks.export(self._secrets["exporter"], label, b"", length)
 
@@ -301,6 +313,12 @@ class Dtls13Connection:
         except DtlsError as exc:
             self._fail(exc.hint, str(exc))
             return
+        if (self._half_rtt and not self._half_rtt_sent and self._state in _HALF_RTT_STATES
+                and "exporter" in self._secrets):
+            # Our flight (…Finished) is out: the traffic and exporter secrets are final.
+            self._half_rtt_sent = True
+            assert self._suite is not None
+            self._events.append(FalseStart(self._srtp_profile, self._suite, None))
         # RFC 9147 §5.8.1: the peer repeated its flight, so ours (or part of it) was lost.
         if self._dup_seen and self.rl.flight is not None and not self._closed:
             if now < self._dup_retransmit_at:

@@ -49,10 +49,16 @@ class HandshakeComplete:
 @dataclass(frozen=True, slots=True)
 class FalseStart:
     """Client with ``false_start``: flight 5 is sent and the keys are final (RFC 7918); the
-    exporter works from now on. :class:`HandshakeComplete` follows with the server's Finished."""
+    exporter works from now on. :class:`HandshakeComplete` follows with the server's Finished.
+
+    Also a DTLS 1.3 *server* with ``half_rtt``: its flight (…Finished) is sent, so the
+    application traffic and exporter secrets are final (RFC 8446 §7.1) and it may send
+    "0.5-RTT data" (RFC 8446 §4.4.4, Appendix E.1: to a client not yet authenticated);
+    :class:`HandshakeComplete` follows with the client's Finished. ``peer_fingerprint`` is
+    then None (the client's certificate has not arrived)."""
 
     srtp_profile: SrtpProfile | None
-    cipher_suite: CipherSuite
+    cipher_suite: CipherSuite | CipherSuite13
     peer_fingerprint: str | None
 
 

@@ -8,6 +8,9 @@ The caller-facing class. ``versions`` says what may be negotiated; the default i
   otherwise, if ``"1.2"`` is enabled, the datagrams seen so far are replayed into a fresh
   1.2 engine, whose ServerHello.random ends in the RFC 8446 §4.1.3 sentinel
   ``DOWNGRD\\x01`` (a 1.3-capable server negotiating 1.2).
+* **Server** with ``half_rtt`` (opt-in, off by default): a 1.3 handshake reports
+  ``FalseStart`` once its flight is sent and the exporter works from then on (0.5-RTT data,
+  RFC 8446 §4.4.4 — to a client not yet authenticated); a 1.2 one ignores it.
 * **Client**: sends one ClientHello that offers 1.3 (and, with ``"1.2"`` enabled, what a
   1.2 server needs: 1.2 suites, extended_master_secret, renegotiation_info,
   ec_point_formats). A 1.2 ServerHello or a HelloVerifyRequest hands over to the 1.2
@@ -79,6 +82,7 @@ class DtlsConnection:
         versions: frozenset[str] = DEFAULT_VERSIONS,
         cipher_suites_13: Sequence[CipherSuite13] = DEFAULT_CIPHER_SUITES_13,
         groups_13: Sequence[Group13] | None = None,
+        half_rtt: bool = False,
     ) -> None:
         versions = frozenset(versions)
         if not versions or not versions <= VERSION_NAMES:
@@ -116,7 +120,7 @@ class DtlsConnection:
             cookie_secret=cookie_secret, cookie_context=cookie_context, mtu=mtu,
             max_handshake_buffer=max_handshake_buffer, initial_retransmit=initial_retransmit,
             max_retransmissions=max_retransmissions, rng=rng, fallback_12=with_12,
-            hello_12=hello_12,
+            hello_12=hello_12, half_rtt=half_rtt,
         )
 
     # --- version handover -------------------------------------------------------------

@@ -11,7 +11,7 @@ The answer is always the same shape (DESIGN.md "SDP answer")::
     m=audio <port> <proto> <opus pt> [<telephone-event pt>]
     c=IN IP4 <first advertised relay address>
     a=mid:<echoed>
-    a=ice-ufrag / a=ice-pwd / a=fingerprint:sha-256 ... / a=setup:passive
+    a=ice-ufrag / a=ice-pwd / a=fingerprint:sha-256 ... / a=setup:active|passive
     a=<direction> / a=rtcp-mux [/ a=rtcp-rsize]
     a=rtpmap:<pt> opus/48000/2 / a=fmtp:<pt> minptime=10;useinbandfec=1
                                                 <- or PCMU/8000 | PCMA/8000 (RFC 3551), no
@@ -28,7 +28,10 @@ m=audio section: a=group:BUNDLE <application mid> and the m=application section 
 
 Implemented: RFC 3264 §6 (answer m= lines in offer order; port 0 rejects), §6.1
 (direction reversal); RFC 8843 §7.3 (BUNDLE in the answer lists only accepted mids);
-RFC 8842 §5.3 (setup:passive, we are the DTLS server); RFC 8839 §5.1 candidates with
+RFC 8842 §5.3 (the answerer picks the DTLS role: ``active`` to an ``actpass`` offer, so
+the transceiver is the DTLS client and sends its ClientHello one round trip sooner, as
+aiortc and OpenAI's Realtime answers do; ``passive`` to ``active``; ``active`` to
+``passive``; docs/adr-dtls-active.md); RFC 8839 §5.1 candidates with
 RFC 8445 §5.1.2.1 priorities; RFC 7587 §7 Opus parameters; RFC 4733 telephone-event.
 
 Data channels (RFC 8841): with ``datachannel=True`` the first enabled application section
@@ -212,6 +215,13 @@ class Answer:
     plan: AudioPlan | None  # None: a data-only session
     transport: TransportPlan  # the peer's ICE/DTLS parameters (audio's or application's)
     application: ApplicationPlan | None = None  # the data-channel section, when answered
+    #: Our ``a=setup`` (RFC 8842 §5.3): ACTIVE makes us the DTLS client, PASSIVE the server.
+    setup: Setup = Setup.PASSIVE
+
+    @property
+    def dtls_client(self) -> bool:
+        """Whether we are the DTLS client (we answered ``a=setup:active``)."""
+        return self.setup is Setup.ACTIVE
 
     @property
     def media_line(self) -> str:
@@ -316,13 +326,14 @@ def _choose_transport(offer: Offer, m: MediaSection, what: str) -> TransportPlan
             "no-fingerprint",
             "no a=fingerprint with " + ", ".join(USABLE_HASHES) + " (RFC 8122)",
         )
-    # RFC 4145 §4.1: an absent setup attribute means "active".
+    # RFC 4145 §4.1: an absent setup attribute means "active". We can take either DTLS
+    # role (RFC 8842 §5.3), so only holdconn, which asks for no connection, is refused.
     setup = offer.effective_setup(m) or Setup.ACTIVE
-    if setup not in (Setup.ACTPASS, Setup.ACTIVE):
+    if setup is Setup.HOLDCONN:
         raise SdpError(
             "bad-setup",
-            f"a=setup:{setup.value}: the server is always the DTLS server, "
-            "so the offer must be actpass or active",
+            "a=setup:holdconn: a call needs a DTLS connection; offer actpass, active "
+            "or passive",
         )
     return TransportPlan(
         section=m,
@@ -379,6 +390,19 @@ def choose_application(offer: Offer, audio: AudioPlan | None) -> ApplicationPlan
             DEFAULT_PEER_MAX_MESSAGE_SIZE if m.max_message_size is None else m.max_message_size
         ),
     )
+
+
+def answer_setup(offered: Setup, *, prefer_active: bool = True) -> Setup:
+    """Our ``a=setup`` for the offer's (RFC 8842 §5.3, RFC 4145 §4.1): the opposite of a
+    definite role; for ``actpass`` ``active`` unless ``prefer_active`` is off (the
+    transceiver turns it off while DTLS cookie mode is on: see docs/adr-dtls-active.md)."""
+    if offered is Setup.ACTIVE:
+        return Setup.PASSIVE
+    if offered is Setup.PASSIVE:
+        return Setup.ACTIVE
+    if offered is Setup.ACTPASS:
+        return Setup.ACTIVE if prefer_active else Setup.PASSIVE
+    raise LocalProtocolError(f"no answer to a=setup:{offered.value}")
 
 
 def choose_plans(
@@ -484,10 +508,12 @@ def build_answer(
     msid_track: str = "audio",
     datachannel: bool = False,
     tcp_candidates: Sequence[tuple[str, int]] = (),
+    prefer_active: bool = True,
 ) -> Answer:
     """Answer ``offer``: serve its first usable audio section and, with ``datachannel``,
     its data-channel section on the same transport (or that section alone, for an offer
-    without audio: a data-only session); reject everything else.
+    without audio: a data-only session); reject everything else. With ``prefer_active``
+    an ``actpass`` offer makes us the DTLS client (:func:`answer_setup`).
 
     Raises :class:`SdpError` (a ``RemoteProtocolError``) when the offer cannot be served,
     and ``LocalProtocolError`` when our own arguments are wrong.
@@ -510,11 +536,12 @@ def build_answer(
     # RFC 8843 §7.3.1: the answer's group lists the accepted mids, in the offer's order.
     accepted = {served.mid} | ({app.mid} if app is not None else set())
     bundle = tuple(mid for mid in offer.bundle if mid in accepted) if transport.bundled else ()
+    setup = answer_setup(transport.setup, prefer_active=prefer_active)
     transport_lines = [
         f"a=ice-ufrag:{ice_ufrag}",
         f"a=ice-pwd:{ice_pwd}",
         f"a=fingerprint:{fingerprint}",
-        "a=setup:passive",
+        f"a=setup:{setup.value}",
     ]
 
     out = [
@@ -555,7 +582,7 @@ def build_answer(
         return Answer(
             text=text, audio_mid=None, audio_index=None, opus_pt=None, opus_fmtp=None,
             telephone_event_pt=None, direction=None, bundle_mids=bundle, rtcp_rsize=False,
-            plan=None, transport=transport, application=app,
+            plan=None, transport=transport, application=app, setup=setup,
         )
     audio = plan.section
     te = plan.telephone_event
@@ -572,6 +599,7 @@ def build_answer(
         plan=plan,
         transport=transport,
         application=app,
+        setup=setup,
     )
 
 

@@ -35,7 +35,7 @@ CODES: Final[dict[str, int]] = {
     "unsupported-proto": STATUS_UNSERVABLE,  # audio not over UDP/TLS/RTP/SAVP(F)
     "no-fingerprint": STATUS_UNSERVABLE,  # no a=fingerprint with a hash we verify
     "no-ice-credentials": STATUS_UNSERVABLE,  # a=ice-ufrag / a=ice-pwd missing
-    "bad-setup": STATUS_UNSERVABLE,  # a=setup:passive/holdconn: we are DTLS server only
+    "bad-setup": STATUS_UNSERVABLE,  # a=setup:holdconn: a call needs its DTLS connection
     "no-rtcp-mux": STATUS_UNSERVABLE,  # we have one port: RTCP must be muxed (RFC 5761)
     "unsupported-application": STATUS_UNSERVABLE,  # not UDP/DTLS/SCTP webrtc-datachannel
     "bad-sctp-port": STATUS_UNSERVABLE,  # a=sctp-port:0

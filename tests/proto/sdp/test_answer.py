@@ -16,6 +16,7 @@ from appliance.proto.sdp import (
     Direction,
     SdpError,
     Setup,
+    answer_setup,
     build_answer,
     choose_audio,
     parse_offer_untrusted,
@@ -72,7 +73,7 @@ def test_chromium_answer_shape() -> None:
         f"a=ice-ufrag:{UFRAG}",
         f"a=ice-pwd:{PWD}",
         f"a=fingerprint:{FINGERPRINT}",
-        "a=setup:passive",
+        "a=setup:active",  # RFC 8842 §5.3: to actpass we answer active (DTLS client)
         "a=sendrecv",
         "a=rtcp-mux",
         "a=rtpmap:111 opus/48000/2",
@@ -120,7 +121,7 @@ def test_answer_parses_with_our_parser() -> None:
         a = answer(load(name))
         again = parse_offer_untrusted(a.text)
         audio = again.media[a.audio_index]
-        assert again.ice_lite and audio.setup is Setup.PASSIVE
+        assert again.ice_lite and audio.setup is Setup.ACTIVE and a.dtls_client
         assert audio.codecs[0].name == "opus" and audio.codecs[0].pt == a.opus_pt
         assert all(m.port == 0 for m in again.media if m is not audio)
 
@@ -132,7 +133,7 @@ def test_aiortc_parses_our_answer(name: str) -> None:
     desc = aiortc.sdp.SessionDescription.parse(a.text)
     audio = desc.media[a.audio_index]
     assert audio.kind == "audio" and audio.port == 3478
-    assert audio.dtls is not None and audio.dtls.role == "server"
+    assert audio.dtls is not None and audio.dtls.role == "client"  # we answered active
     assert audio.dtls.fingerprints[0].algorithm == "sha-256"
     assert audio.ice is not None and audio.ice.usernameFragment == UFRAG
     assert audio.rtcp_mux and audio.direction == "sendrecv"
@@ -237,8 +238,6 @@ def test_unservable_offers_are_422_with_codes() -> None:
     no_ice = re.sub(r"a=ice-pwd:[^\r]*\r\n", "", chrome)
     err = _err(no_ice)
     assert err.code == "no-ice-credentials" and "ice-pwd" in err.detail
-    passive = chrome.replace("a=setup:actpass", "a=setup:passive")
-    assert _err(passive).code == "bad-setup"
     holdconn = chrome.replace("a=setup:actpass", "a=setup:holdconn")
     assert _err(holdconn).code == "bad-setup"
     no_mux = chrome.replace("a=rtcp-mux\r\n", "")
@@ -249,9 +248,35 @@ def test_unservable_offers_are_422_with_codes() -> None:
 
 def test_active_and_absent_setup_are_served() -> None:
     chrome = load("chrome-audio-only.sdp")
-    assert answer(chrome.replace("actpass", "active")).transport.setup is Setup.ACTIVE
+    active = answer(chrome.replace("actpass", "active"))
+    assert active.plan.setup is Setup.ACTIVE
+    # RFC 8842 §5.3: the offerer is the DTLS client, so we fall back to passive.
+    assert active.setup is Setup.PASSIVE and not active.dtls_client
+    assert "a=setup:passive" in lines(active) and "a=setup:active" not in lines(active)
     # RFC 4145 §4.1: absent means active.
-    assert answer(chrome.replace("a=setup:actpass\r\n", "")).transport.setup is Setup.ACTIVE
+    absent = answer(chrome.replace("a=setup:actpass\r\n", ""))
+    assert absent.plan.setup is Setup.ACTIVE and absent.setup is Setup.PASSIVE
+
+
+def test_setup_roles() -> None:
+    """RFC 8842 §5.3: actpass is answered active (we start DTLS) unless the caller prefers
+    passive; a passive offer (the offerer wants to be the server) is answered active."""
+    chrome = load("chrome-audio-only.sdp")
+    a = answer(chrome)
+    assert a.plan.setup is Setup.ACTPASS and a.setup is Setup.ACTIVE and a.dtls_client
+    assert "a=setup:active" in lines(a)
+    passive_pref = answer(chrome, prefer_active=False)
+    assert passive_pref.setup is Setup.PASSIVE and "a=setup:passive" in lines(passive_pref)
+    offered_passive = answer(chrome.replace("a=setup:actpass", "a=setup:passive"))
+    assert offered_passive.setup is Setup.ACTIVE and offered_passive.dtls_client
+    forced = answer(chrome.replace("a=setup:actpass", "a=setup:passive"), prefer_active=False)
+    assert forced.setup is Setup.ACTIVE  # no choice: someone must be the client
+    assert answer_setup(Setup.ACTPASS) is Setup.ACTIVE
+    assert answer_setup(Setup.ACTPASS, prefer_active=False) is Setup.PASSIVE
+    assert answer_setup(Setup.ACTIVE) is Setup.PASSIVE
+    assert answer_setup(Setup.PASSIVE) is Setup.ACTIVE
+    with pytest.raises(LocalProtocolError):
+        answer_setup(Setup.HOLDCONN)
 
 
 def test_choose_audio_fails_fast_without_credentials() -> None:

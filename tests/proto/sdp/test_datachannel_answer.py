@@ -39,7 +39,7 @@ def test_browser_offer_gets_audio_and_data_channel_on_one_transport(name: str) -
         f"a=ice-ufrag:{UFRAG}",
         f"a=ice-pwd:{PWD}",
         f"a=fingerprint:{FINGERPRINT}",
-        "a=setup:passive",
+        "a=setup:active",  # the same transport as the audio: we are its DTLS client
         f"a=sctp-port:{SCTP_PORT}",
         f"a=max-message-size:{MAX_MESSAGE_SIZE}",
         "a=end-of-candidates",
@@ -83,7 +83,7 @@ def test_aiortc_parses_the_answer_with_sctp() -> None:
     assert app.kind == "application" and app.port == 3478
     assert app.sctp_port == SCTP_PORT and app.sctpCapabilities is not None
     assert app.sctpCapabilities.maxMessageSize == MAX_MESSAGE_SIZE
-    assert app.dtls is not None and app.dtls.role == "server"
+    assert app.dtls is not None and app.dtls.role == "client"
     assert desc.group[0].items == ["0", "1"]
 
 
