@@ -60,7 +60,9 @@ def test_data_only_call_connects_without_srtp_and_echoes_messages() -> None:
     sent_kinds = count_kinds(pair)
     assert pair.answer.plan is None and pair.answer.application is not None
     cid = pair.client.open_channel(pair.now, "chat")
-    assert cid % 2 == 0  # RFC 8832 §6: the DTLS client takes even stream ids
+    # RFC 8832 §6: the DTLS client takes even stream ids; the transceiver answered actpass
+    # with active, so it is the client and ours (the DTLS server) are odd.
+    assert pair.answer.dtls_client and cid % 2 == 1
     assert pair.run_until(lambda: opened(pair, cid), within=5.0)
     assert pair.server.state is CallState.CONNECTED
     assert pair.server.srtp is None and pair.server.srtp_profile is None

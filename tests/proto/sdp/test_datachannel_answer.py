@@ -142,7 +142,8 @@ def test_data_only_offer_gets_the_application_section_alone() -> None:
     assert a.transport.bundled and a.bundle_mids == ("0",) and "a=group:BUNDLE 0" in ls
     assert [x for x in ls if x.startswith("m=")] == [
         "m=application 3478 UDP/DTLS/SCTP webrtc-datachannel"]
-    for needed in [f"a=ice-ufrag:{UFRAG}", f"a=fingerprint:{FINGERPRINT}", "a=setup:passive",
+    assert a.dtls_client  # actpass: we start DTLS, data-only or not (RFC 8842 §5.3)
+    for needed in [f"a=ice-ufrag:{UFRAG}", f"a=fingerprint:{FINGERPRINT}", "a=setup:active",
                    f"a=sctp-port:{SCTP_PORT}", f"a=max-message-size:{MAX_MESSAGE_SIZE}",
                    "a=mid:0", "a=end-of-candidates"]:
         assert needed in ls, needed
@@ -157,7 +158,8 @@ def test_aiortc_parses_a_data_only_answer() -> None:
                                                       datachannel=True).text)
     assert [m.kind for m in desc.media] == ["application"]
     app = desc.media[0]
-    assert app.sctp_port == SCTP_PORT and app.dtls is not None and app.dtls.role == "server"
+    # a=setup:active: aiortc reads it as our DTLS role, the client (RFC 8842 §5.3).
+    assert app.sctp_port == SCTP_PORT and app.dtls is not None and app.dtls.role == "client"
     assert desc.group[0].items == ["0"]
 
 
@@ -204,7 +206,7 @@ def test_unservable_audio_is_not_dropped_to_serve_data_only() -> None:
         ("UDP/DTLS/SCTP webrtc-datachannel", "DTLS/SCTP 5000", "unsupported-application"),
         ("UDP/DTLS/SCTP webrtc-datachannel", "UDP/DTLS/SCTP bfcp", "unsupported-application"),
         ("a=sctp-port:5000", "a=sctp-port:0", "bad-sctp-port"),
-        ("a=setup:actpass", "a=setup:passive", "bad-setup"),
+        ("a=setup:actpass", "a=setup:holdconn", "bad-setup"),
         ("a=ice-pwd:V2uK1d3mFTcLXTq7Z5c0i9yP\r\n", "", "no-ice-credentials"),
         ("a=fingerprint:sha-256 93:90:EF:32:AD:DF:32:BF:DE:A7:86:BC:1E:20:67:95:92:49:80:68:"
          "BC:BF:CD:35:7E:A1:0A:B6:4E:A3:5E:47\r\n", "", "no-fingerprint"),
