@@ -90,6 +90,7 @@ DEFAULTS: dict[str, Any] = {
     "relay_workers": 1,
     "agent": "echo",
     "opus_complexity": None,  # None: the transceivers' own default
+    "fixed_opus_complexity": False,
     "dtls_versions": None,  # None: the transceivers' own default (1.2,1.3)
     "redis": None,
     "state_dir": None,
@@ -126,6 +127,7 @@ class UpConfig:
     log_level: str = "info"
     log_format: str = "text"
     opus_complexity: int | None = None  # passed to every transceiver when set
+    fixed_opus_complexity: bool = False  # no step-down under load (transceiver/degrade.py)
     dtls_versions: frozenset[str] | None = None  # passed to every transceiver when set
     child_command: list[str] = field(default_factory=lambda: [sys.executable, "-m", "appliance"])
     backoff_initial: float = 0.5
@@ -168,6 +170,7 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
         log_level=args.log_level, log_format=args.log_format,
         opus_complexity=None if getattr(args, "opus_complexity", None) is None
         else parse_opus_complexity(args.opus_complexity),
+        fixed_opus_complexity=bool(getattr(args, "fixed_opus_complexity", False)),
         dtls_versions=None if getattr(args, "dtls_versions", None) is None
         else parse_dtls_versions(args.dtls_versions),
     )
@@ -203,6 +206,7 @@ def child_specs(cfg: UpConfig, secret: Path, control_dir: Path) -> tuple[list[Ch
                 "--control", control, "--secret-file", str(secret), "--agent", cfg.agent,
                 *([] if cfg.opus_complexity is None
                   else ["--opus-complexity", str(cfg.opus_complexity)]),
+                *(["--fixed-opus-complexity"] if cfg.fixed_opus_complexity else []),
                 *([] if cfg.dtls_versions is None
                   else ["--dtls-versions", format_dtls_versions(cfg.dtls_versions)]),
                 *logging_flags]
@@ -304,6 +308,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Opus encoder complexity of the transceivers (lower: less CPU "
                              "per call; default: the transceiver's, see appliance transceiver "
                              "--help)")
+    parser.add_argument("--fixed-opus-complexity", action="store_true", default=None,
+                        help="the transceivers keep --opus-complexity under load (default: "
+                             "lower it step by step as a core fills up)")
     parser.add_argument("--dtls-versions", metavar="1.2,1.3", default=None,
                         help="DTLS versions the transceivers negotiate (default 1.2,1.3: 1.3 "
                              "when the browser offers it, else 1.2; docs/dtls13.md)")
