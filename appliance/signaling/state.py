@@ -154,7 +154,8 @@ class SignalingState:
         ok, detail = await self.health.ready()
         answering = detail.get("transceivers", [])
         full = [k for k in answering if not self.admission.admits(int(k))]
-        detail["full"] = full
+        if full:  # (absent when none is: the body stays what it was before admission)
+            detail["full"] = full
         if ok and answering and len(full) == len(answering):
             ok = False
             detail["reason"] = "overloaded"

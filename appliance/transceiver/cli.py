@@ -103,6 +103,7 @@ def build_config(args: argparse.Namespace, secrets: tuple[bytes, ...]) -> Transc
         exit_when_drained=bool(args.exit_when_drained),
         opus_complexity=parse_opus_complexity(args.opus_complexity),
         adaptive_complexity=not args.fixed_opus_complexity,
+        measure_load=True,  # a process of its own: its CPU is the transceiver's
         dtls_versions=parse_dtls_versions(args.dtls_versions),
     )
 

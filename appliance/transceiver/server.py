@@ -150,8 +150,10 @@ class TransceiverConfig:
     # Lower the Opus complexity of the calls step by step as headroom shrinks (degrade.py).
     adaptive_complexity: bool = True
     refuse_busy: float = REFUSE_BUSY  # see REFUSE_BUSY
-    # Run the headroom meter's tick task; False: tests feed Transceiver.handle_tick.
-    measure_load: bool = True
+    # Run the headroom meter's tick task (the CLI does: `appliance transceiver` is a process
+    # of its own). Off by default in process: the meter reads the whole process's CPU, which
+    # in a test or benchmark includes its clients; tests feed Transceiver.handle_tick.
+    measure_load: bool = False
 
 
 @dataclass(frozen=True, slots=True)
