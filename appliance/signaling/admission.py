@@ -45,7 +45,8 @@ IDLE = 0.01  # busy share of a transceiver with no call, until one reports idle
 MIN_COST, MAX_COST = 0.0002, 0.25  # a learned cost outside this is a measurement artefact
 LEARN = 0.3  # EWMA weight of a new cost sample
 MIN_SESSIONS = 2  # connected sessions a report needs before its cost is learned from
-LAG_SATURATED_MS = 10.0  # headroom.LAG_SATURATED: such a window says nothing about cost
+LAG_SATURATED_MS = 5.0  # headroom.LAG_SATURATED (mean lag): such a window says nothing
+#                        about the cost of a call
 RETRY_AFTER = 2  # seconds, with every 503 overloaded (two report intervals)
 
 
@@ -102,7 +103,7 @@ class Admission:
         node.placed_at_report = min(max(mark, node.placed_at_report), node.placed)
         node.reports += 1
         cpu = _num(load.get("cpu"))
-        lag = _num(load.get("lag_max_ms")) or 0.0
+        lag = _num(load.get("lag_mean_ms")) or 0.0
         by_state = stats.get("sessions_by_state")
         connected = (_num(by_state.get("connected", 0)) if isinstance(by_state, Mapping)
                      else None)

@@ -15,8 +15,10 @@ docs/performance.md, "Overload"):
   saturates, then a knee to tens of ms; it says "too late" rather than "how close", so it
   is no basis for admitting one more call. It does catch what busy cannot: a core shared
   with another process (steal), where the process gets less than a whole core and busy
-  saturates below 1.0. **Used as an override:** lag past :data:`LAG_SATURATED` counts as
-  a full budget.
+  saturates below 1.0. **Used as an override:** a window whose *mean* tick lag is past
+  :data:`LAG_SATURATED` counts as a full budget. The mean, not the worst: one ECDSA
+  signature of a DTLS handshake or one garbage collection delays one tick by a few ms
+  without the loop being behind; at saturation every tick is late.
 * **µs per packet** — CPU ÷ datagrams received. Per-call cost in disguise, but it changes
   with the batching of the receive loop (it *falls* as load rises, docs/performance.md
   "Passthrough") and with the agent kind; reported for operators, not used to decide.
@@ -36,9 +38,9 @@ TICK = 0.020
 WINDOW = 0.5
 #: Smoothing of successive windows (EWMA weight of the newest): ~1 s to settle.
 ALPHA = 0.5
-#: Worst tick lag in a window past which the process is treated as saturated, whatever its
-#: CPU figure says (the core is shared, or one call's handler hogs the loop).
-LAG_SATURATED = 0.010
+#: Mean tick lag over a window past which the process is treated as saturated, whatever
+#: its CPU figure says (the core is shared, or the loop is behind on every tick).
+LAG_SATURATED = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +94,7 @@ class LoadMeter:
             return False
         share = max(0.0, cpu - self._cpu0) / span
         npk = packets - self._packets0
-        sample = 1.0 if self._lag_max > LAG_SATURATED else share
+        sample = 1.0 if self._lag_sum / self._lag_n > LAG_SATURATED else share
         # The first window replaces the initial 0: no slow ramp from idle on start.
         self.busy = sample if self.windows == 0 else ALPHA * sample + (1 - ALPHA) * self.busy
         self.windows += 1

@@ -21,9 +21,9 @@ SDP = {"Content-Type": "application/sdp"}
 
 
 def load(busy: float, sessions: int, *, cpu: float | None = None,
-         lag_max_ms: float = 0.2) -> dict[str, Any]:
+         lag_mean_ms: float = 0.1) -> dict[str, Any]:
     return {"busy": busy, "cpu": busy if cpu is None else cpu, "sessions": sessions,
-            "lag_max_ms": lag_max_ms}
+            "lag_max_ms": 2 * lag_mean_ms, "lag_mean_ms": lag_mean_ms}
 
 
 # -- the decision, sans-IO ----------------------------------------------------------------
@@ -76,9 +76,9 @@ def test_placements_during_a_poll_are_not_lost_when_its_answer_arrives() -> None
 
 def test_a_saturated_window_teaches_no_cost_and_forget_resets() -> None:
     adm = Admission([0], {0: 0}, prior_cost=0.0125)
-    adm.report(0, {"load": load(1.0, 40, cpu=0.6, lag_max_ms=35.0),
+    adm.report(0, {"load": load(1.0, 40, cpu=0.6, lag_mean_ms=12.0),
                    "sessions_by_state": {"connected": 40}}, adm.asked(0))
-    assert not adm.view(0)["call_cost_learned"]  # lag past 10 ms: saturated, not a cost
+    assert not adm.view(0)["call_cost_learned"]  # mean lag past 5 ms: saturated
     assert not adm.admits(0)  # but busy 1.0 is full
     adm.forget(0)  # the process was restarted
     assert adm.admits(0)

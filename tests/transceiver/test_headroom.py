@@ -59,10 +59,15 @@ def test_a_late_tick_counts_the_window_as_saturated() -> None:
     """A core shared with something else: little CPU of ours, but the loop is late."""
     m = LoadMeter()
     m.handle_tick(0.0, 0.0, 0.0)
-    m.handle_tick(0.3, 0.05, 0.0)
-    m.handle_tick(0.6, 0.1, LAG_SATURATED * 2)
+    m.handle_tick(0.3, 0.05, LAG_SATURATED * 1.5)
+    m.handle_tick(0.6, 0.1, LAG_SATURATED * 1.5)  # every tick late: behind
     assert m.report.cpu == pytest.approx(1 / 6)
     assert m.busy == 1.0
+    for i in range(1, 26):  # one tick 20 ms late (a handshake, a GC) among 25 ...
+        m.handle_tick(0.6 + i / 50, 0.1 + i * 0.004, 0.020 if i == 1 else 0.0)
+    assert m.windows == 2
+    assert m.report.lag_max_ms == pytest.approx(20.0)
+    assert m.busy < 0.7  # ... is not saturation: the window counts its CPU
 
 
 # -- the transceiver ------------------------------------------------------------------------
