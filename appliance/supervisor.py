@@ -57,6 +57,7 @@ from .config import (
     format_dtls_versions,
     format_hostport,
     load_config,
+    parse_admission_limit,
     parse_dtls_versions,
     parse_hostport,
     parse_opus_complexity,
@@ -91,6 +92,7 @@ DEFAULTS: dict[str, Any] = {
     "agent": "echo",
     "opus_complexity": None,  # None: the transceivers' own default
     "fixed_opus_complexity": False,
+    "admission_limit": 0.85,
     "dtls_versions": None,  # None: the transceivers' own default (1.2,1.3)
     "redis": None,
     "state_dir": None,
@@ -128,6 +130,7 @@ class UpConfig:
     log_format: str = "text"
     opus_complexity: int | None = None  # passed to every transceiver when set
     fixed_opus_complexity: bool = False  # no step-down under load (transceiver/degrade.py)
+    admission_limit: float = 0.85  # signaling/admission.py
     dtls_versions: frozenset[str] | None = None  # passed to every transceiver when set
     child_command: list[str] = field(default_factory=lambda: [sys.executable, "-m", "appliance"])
     backoff_initial: float = 0.5
@@ -171,6 +174,7 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
         opus_complexity=None if getattr(args, "opus_complexity", None) is None
         else parse_opus_complexity(args.opus_complexity),
         fixed_opus_complexity=bool(getattr(args, "fixed_opus_complexity", False)),
+        admission_limit=parse_admission_limit(getattr(args, "admission_limit", None) or 0.85),
         dtls_versions=None if getattr(args, "dtls_versions", None) is None
         else parse_dtls_versions(args.dtls_versions),
     )
@@ -254,6 +258,7 @@ async def up(
             tls_key=cfg.tls_key,
             webui_dir=cfg.webui_dir,
             managed=True,
+            admission_limit=cfg.admission_limit,
         )
         generated = ensure_api_token(sig_cfg)
         state = SignalingState(sig_cfg)
@@ -308,6 +313,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Opus encoder complexity of the transceivers (lower: less CPU "
                              "per call; default: the transceiver's, see appliance transceiver "
                              "--help)")
+    parser.add_argument("--admission-limit", metavar="SHARE", default=None,
+                        help="signaling places calls on a transceiver while its measured "
+                             "busy share stays at or under SHARE of its core (default 0.85; "
+                             "else 503 overloaded)")
     parser.add_argument("--fixed-opus-complexity", action="store_true", default=None,
                         help="the transceivers keep --opus-complexity under load (default: "
                              "lower it step by step as a core fills up)")
