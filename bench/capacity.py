@@ -188,7 +188,9 @@ def start_appliance(mode: str, extra: list[str] | None = None, *,
     log = open(Path(state) / "appliance.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_http(f"http://127.0.0.1:{http}", 30, proc)
+        # 30 s used to be plenty; on a shared machine at load 15-20, `up` took 66 s to import
+        # and start its children (2026-12-01).
+        wait_http(f"http://127.0.0.1:{http}", 180, proc)
         yield Server(f"appliance {mode}", f"http://127.0.0.1:{http}", proc,
                      "appliance transceiver ")
     finally:
