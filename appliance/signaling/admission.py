@@ -23,9 +23,9 @@ across a poll in flight: :meth:`Admission.asked` hands the poller a mark (the pl
 far) when it sends ``stats``, and :meth:`Admission.report` counts from that mark.
 
 Until the first report of a transceiver with calls, ``cost`` is a prior
-(``SignalingConfig.admission_call_cost``: about a PCM call at complexity 5). A
-transceiver's own busy figure already includes its lag override (a core shared with
-something else reads as full), so nothing here reasons about CPUs.
+(``SignalingConfig.admission_call_cost``: about a PCM call at complexity 5). Busy is a
+share of *one* core: a transceiver is assumed to have a core of its own (tick lag is
+reported beside it but not decided on, headroom.py says why).
 
 No I/O: health.py feeds reports in, state.py asks before each create.
 """

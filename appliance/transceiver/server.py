@@ -326,7 +326,8 @@ class Transceiver:
                 "sessions": len(self.sessions), "call_cost": round(self.call_cost(), 5),
                 "opus_complexity": self.complexity.complexity,
                 "opus_complexity_steps": list(self.complexity.steps),
-                "refuse_busy": self.config.refuse_busy, "windows": self.meter.windows}
+                "refuse_busy": self.config.refuse_busy, "windows": self.meter.windows,
+                "windows_behind": self.meter.behind}
 
     @property
     def stun_tat(self) -> dict[Addr, float]:
