@@ -76,6 +76,18 @@ def resolve(
             setattr(args, key, defaults[key])
 
 
+def parse_admission_limit(value: object) -> float:
+    """``--admission-limit``: the busy share of a transceiver's core up to which signaling
+    places calls on it (signaling/admission.py), 0 < x <= 1."""
+    try:
+        x = float(str(value))
+    except ValueError:
+        raise ValueError(f"--admission-limit must be a number in (0, 1], got {value!r}") from None
+    if not 0 < x <= 1:
+        raise ValueError(f"--admission-limit must be in (0, 1], got {value!r}")
+    return x
+
+
 def parse_opus_complexity(value: object) -> int:
     """An Opus encoder complexity (``OPUS_SET_COMPLEXITY``: an integer 0..10), from a flag or
     the config file; ``ValueError`` naming the option otherwise."""

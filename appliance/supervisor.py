@@ -57,6 +57,7 @@ from .config import (
     format_dtls_versions,
     format_hostport,
     load_config,
+    parse_admission_limit,
     parse_dtls_versions,
     parse_hostport,
     parse_opus_complexity,
@@ -93,6 +94,8 @@ DEFAULTS: dict[str, Any] = {
     "agent": "echo",
     "realtime_agent": DEFAULT_REALTIME_AGENT,
     "opus_complexity": None,  # None: the transceivers' own default
+    "fixed_opus_complexity": False,
+    "admission_limit": 0.85,
     "dtls_versions": None,  # None: the transceivers' own default (1.2,1.3)
     "redis": None,
     "state_dir": None,
@@ -157,6 +160,8 @@ class UpConfig:
     log_format: str = "text"
     realtime_agent: str = DEFAULT_REALTIME_AGENT  # the agent of /v1/realtime/calls
     opus_complexity: int | None = None  # passed to every transceiver when set
+    fixed_opus_complexity: bool = False  # no step-down under load (transceiver/degrade.py)
+    admission_limit: float = 0.85  # signaling/admission.py
     dtls_versions: frozenset[str] | None = None  # passed to every transceiver when set
     #: ICE-TCP (RFC 6544): the relays listen on TCP at the UDP address's port too, and
     #: answers list a TCP passive candidate (at public_tcp_port when a load balancer maps it)
@@ -208,6 +213,8 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
         log_level=args.log_level, log_format=args.log_format, realtime_agent=realtime_agent,
         opus_complexity=None if getattr(args, "opus_complexity", None) is None
         else parse_opus_complexity(args.opus_complexity),
+        fixed_opus_complexity=bool(getattr(args, "fixed_opus_complexity", False)),
+        admission_limit=parse_admission_limit(getattr(args, "admission_limit", None) or 0.85),
         dtls_versions=None if getattr(args, "dtls_versions", None) is None
         else parse_dtls_versions(args.dtls_versions),
     )
@@ -253,6 +260,7 @@ def child_specs(cfg: UpConfig, secret: Path, control_dir: Path) -> tuple[list[Ch
                 "--control", control, "--secret-file", str(secret), "--agent", cfg.agent,
                 *([] if cfg.opus_complexity is None
                   else ["--opus-complexity", str(cfg.opus_complexity)]),
+                *(["--fixed-opus-complexity"] if cfg.fixed_opus_complexity else []),
                 *([] if cfg.dtls_versions is None
                   else ["--dtls-versions", format_dtls_versions(cfg.dtls_versions)]),
                 *logging_flags]
@@ -306,6 +314,7 @@ async def up(
             webui_dir=cfg.webui_dir,
             managed=True,
             realtime_agent=cfg.realtime_agent,
+            admission_limit=cfg.admission_limit,
         )
         generated = ensure_api_token(sig_cfg)
         state = SignalingState(sig_cfg)
@@ -381,6 +390,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Opus encoder complexity of the transceivers (lower: less CPU "
                              "per call; default: the transceiver's, see appliance transceiver "
                              "--help)")
+    parser.add_argument("--admission-limit", metavar="SHARE", default=None,
+                        help="signaling places calls on a transceiver while its measured "
+                             "busy share stays at or under SHARE of its core (default 0.85; "
+                             "else 503 overloaded)")
+    parser.add_argument("--fixed-opus-complexity", action="store_true", default=None,
+                        help="the transceivers keep --opus-complexity under load (default: "
+                             "lower it step by step as a core fills up)")
     parser.add_argument("--dtls-versions", metavar="1.2,1.3", default=None,
                         help="DTLS versions the transceivers negotiate (default 1.2,1.3: 1.3 "
                              "when the browser offers it, else 1.2; docs/dtls13.md)")

@@ -20,6 +20,18 @@ the aiortc server is one asyncio process, likewise one core.
 On a small machine the load generator competes with the server for CPU: its own CPU share is
 printed for every step, and a step where it exceeds ``--loadgen-limit`` of a core is marked
 "LG" (the figure then says more about the load generator than the server).
+
+For the appliance each step also reads the transceiver's own headroom figures from
+``/metrics`` at the end of its steady window (issue 23): ``busy`` (its CPU share, the
+admission signal), the worst loop lag of its last window, the Opus complexity its calls run
+at, and what signaling would still admit. **Overload** (``--overload 2.5``): after the
+ladder (or at ``--fits N`` without one), each server is offered that many times what fitted;
+reported are the calls admitted and their loss and round trip against the step that fitted
+(``Δp99``), and the refused calls' 503 latency. aiortc admits everything, so its row shows
+what happens without admission.
+
+    .venv/bin/python bench/capacity.py --servers aiortc,pcm --overload 2.5
+    .venv/bin/python bench/capacity.py --servers pcm --fits 60 --overload 2.5   # no ladder
 """
 
 from __future__ import annotations
@@ -176,7 +188,9 @@ def start_appliance(mode: str, extra: list[str] | None = None, *,
     log = open(Path(state) / "appliance.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_http(f"http://127.0.0.1:{http}", 30, proc)
+        # 30 s used to be plenty; on a shared machine at load 15-20, `up` took 66 s to import
+        # and start its children (2026-12-01).
+        wait_http(f"http://127.0.0.1:{http}", 180, proc)
         yield Server(f"appliance {mode}", f"http://127.0.0.1:{http}", proc,
                      "appliance transceiver ")
     finally:
@@ -225,6 +239,7 @@ class Step:
     rss_per_session: float  # bytes
     us_per_packet: float | None
     loadgen_cpu: float  # cores, whole run
+    headroom: dict[str, float] = field(default_factory=dict)  # the appliance's /metrics
     passed: bool = False
     why: list[str] = field(default_factory=list)
 
@@ -239,6 +254,7 @@ def measure(server: Server, n: int, *, rate: float, steady: float,
     # stopped (the first session stops at ~duration after its own connection).
     win_start, win_end = t0 + ramp + 1.0, t0 + duration - 0.5
     samples: dict[str, float] = {}
+    headroom: dict[str, float] = {}
 
     def sampler() -> None:
         while time.monotonic() < win_start:
@@ -249,6 +265,8 @@ def measure(server: Server, n: int, *, rate: float, steady: float,
             time.sleep(0.05)
         samples.update(t1=time.monotonic(), c1=cpu_seconds(core), a1=cpu_seconds(tree),
                        rss=rss_bytes(core))
+        if server.name.startswith("appliance"):
+            headroom.update(read_headroom(server.url))
 
     th = threading.Thread(target=sampler, daemon=True)
     th.start()
@@ -269,8 +287,31 @@ def measure(server: Server, n: int, *, rate: float, steady: float,
         rss_per_session=max(0.0, samples.get("rss", rss_idle) - rss_idle) / max(live, 1),
         us_per_packet=(cpu / pps * 1e6) if pps and cpu else None,
         loadgen_cpu=summary["loadgen_cpu_s"] / max(summary["wall_s"], 1e-9),
+        headroom=headroom,
     )
 
+
+_HEADROOM = {"appliance_transceiver_busy_ratio": "busy",
+             "appliance_transceiver_cpu_ratio": "cpu",
+             "appliance_transceiver_loop_lag_max_seconds": "lag",
+             "appliance_transceiver_opus_complexity": "complexity",
+             "appliance_transceiver_room_calls": "room",
+             "appliance_transceiver_call_cost_ratio": "call_cost"}
+
+
+def read_headroom(url: str) -> dict[str, float]:
+    """Transceiver 0's headroom gauges from signaling's /metrics (one transceiver here)."""
+    out: dict[str, float] = {}
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        if name in _HEADROOM and 'transceiver="0"' in rest:
+            out[_HEADROOM[name]] = float(rest.rsplit(" ", 1)[1])
+    return out
 
 def judge(step: Step, baseline_rtt: float | None, *, max_loss: float, max_added: float,
           loadgen_limit: float) -> None:
@@ -341,10 +382,31 @@ def find_capacity(server: Server, args: argparse.Namespace, agent: str | None,
     return good, baseline
 
 
+def skip_ladder(server: Server, args: argparse.Namespace,
+                log: list[Step]) -> tuple[int, float | None]:
+    """``--fits N``: the baseline (N = 1) and one step at N, no search."""
+    if args.pin:
+        pin_server(server, 0, 1)
+    measure(server, 1, rate=args.rate, steady=1.0)  # warm-up, as find_capacity
+    base = measure(server, 1, rate=args.rate, steady=min(args.steady, 5.0))
+    baseline = base.summary["rtt_p50_ms"]
+    judge(base, None, max_loss=args.max_loss, max_added=args.max_added,
+          loadgen_limit=args.loadgen_limit)
+    log.append(base)
+    print_step(server.name, base, baseline)
+    step = measure(server, args.fits, rate=args.rate, steady=args.steady)
+    judge(step, baseline, max_loss=args.max_loss, max_added=args.max_added,
+          loadgen_limit=args.loadgen_limit)
+    log.append(step)
+    print_step(server.name, step, baseline)
+    return args.fits, baseline
+
+
 # -- output --------------------------------------------------------------------------
 
 HEAD = (f"{'server':<22} {'N':>4} {'cpu':>6} {'µs/pkt':>7} {'KiB/ses':>8} {'loss %':>7} "
-        f"{'rtt p50':>8} {'rtt p99':>8} {'setup p50':>9} {'echo p50':>9} {'LG cpu':>6}  verdict")
+        f"{'rtt p50':>8} {'rtt p99':>8} {'setup p50':>9} {'echo p50':>9} {'LG cpu':>6}  verdict"
+        "  [busy lag cx refused]")
 
 
 def _f(v: float | None, fmt: str = "{:.1f}") -> str:
@@ -357,7 +419,46 @@ def print_step(name: str, st: Step, baseline: float | None) -> None:
           f"{st.rss_per_session / 1024:>8.0f} {_f(None if s['loss'] is None else 100 * s['loss'], '{:.2f}'):>7} "
           f"{_f(s['rtt_p50_ms']):>8} {_f(s['rtt_p99_ms']):>8} {_f(s['setup_connected_p50_ms']):>9} "
           f"{_f(s['setup_first_echo_p50_ms']):>9} {100 * st.loadgen_cpu:>5.0f}%  "
-          f"{'pass' if st.passed else 'FAIL ' + ', '.join(st.why)}", flush=True)
+          f"{'pass' if st.passed else 'FAIL ' + ', '.join(st.why)}"
+          f"{_headroom_text(st)}", flush=True)
+
+
+def _headroom_text(st: Step) -> str:
+    h, s = st.headroom, st.summary
+    parts = []
+    if "busy" in h:
+        parts.append(f"busy {100 * h['busy']:.0f}%")
+    if "lag" in h:
+        parts.append(f"lag {1000 * h['lag']:.1f}ms")
+    if "complexity" in h:
+        parts.append(f"cx {h['complexity']:.0f}")
+    if s.get("refused"):
+        parts.append(f"refused {s['refused']} ({_f(s.get('refused_p50_ms'))}/"
+                     f"{_f(s.get('refused_p99_ms'))} ms)")
+    return "  [" + ", ".join(parts) + "]" if parts else ""
+
+
+def overload_step(server: Server, args: argparse.Namespace, fits: int,
+                  baseline: float | None, fitted: Step | None) -> dict[str, Any]:
+    """Offer ``args.overload`` x ``fits`` sessions; judge the admitted ones."""
+    n = max(2, round(args.overload * fits))
+    st = measure(server, n, rate=args.rate, steady=args.steady)
+    s = st.summary
+    admitted = s["completed"]
+    other = s["failed"] - s.get("refused", 0)
+    added = None if s["rtt_p99_ms"] is None or baseline is None else s["rtt_p99_ms"] - baseline
+    growth = (None if s["rtt_p99_ms"] is None or fitted is None
+              or fitted.summary["rtt_p99_ms"] is None
+              else s["rtt_p99_ms"] - fitted.summary["rtt_p99_ms"])
+    st.why = [f"overload x{args.overload:g}"]
+    print_step(server.name, st, baseline)
+    return {"offered": n, "fits": fits, "admitted": admitted, "refused": s.get("refused", 0),
+            "failed_other": other, "loss": s["loss"], "loss_worst_session": s["loss_worst_session"],
+            "rtt_p99_ms": s["rtt_p99_ms"], "rtt_p99_added_ms": added,
+            "rtt_p99_growth_vs_fit_ms": growth,
+            "refused_p50_ms": s.get("refused_p50_ms"), "refused_p99_ms": s.get("refused_p99_ms"),
+            "refused_codes": s.get("refused_codes"), "headroom": st.headroom,
+            "server_cpu": st.server_cpu}
 
 
 def machine() -> str:
@@ -389,6 +490,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--up-args-pcm", default=" ".join(DEFAULT_UP_ARGS["pcm"]))
     p.add_argument("--up-args-passthrough", default=" ".join(DEFAULT_UP_ARGS["passthrough"]))
     p.add_argument("--json", default=None, metavar="PATH", help="write every step as JSON")
+    p.add_argument("--overload", type=float, default=0.0, metavar="F",
+                   help="after the ladder, offer F x what fitted (e.g. 2.5; issue 23)")
+    p.add_argument("--fits", type=int, default=None, metavar="N",
+                   help="with --overload: skip the ladder, take N as what fits (baseline "
+                   "N=1 still measured)")
     p.add_argument("--pin", action=argparse.BooleanOptionalAction,
                    default=(os.cpu_count() or 1) >= 2,
                    help="measured server process on CPU 0, everything else (its helpers, "
@@ -419,17 +525,25 @@ def main(argv: list[str] | None = None) -> int:
             ctx = start_appliance(name, extra)
         else:
             p.error(f"unknown server {name!r}")
+        over: dict[str, Any] | None = None
         with ctx as server:
-            cap, baseline = find_capacity(server, args, None, log)
-        best = next((st for st in reversed(log) if st.n == cap), None)
+            if args.fits is not None and args.overload:
+                cap, baseline = skip_ladder(server, args, log)
+            else:
+                cap, baseline = find_capacity(server, args, None, log)
+            best = next((st for st in reversed(log) if st.n == cap), None)
+            if args.overload and cap:
+                over = overload_step(server, args, cap, baseline, best)
         results[name] = {
             "capacity": cap, "baseline_rtt_p50_ms": baseline,
             "cpu_at_capacity": best.server_cpu if best else None,
+            "overload": over,
             "setup_p50_ms": best.summary["setup_first_echo_p50_ms"] if best else None,
             "steps": [{"n": st.n, "server_cpu": st.server_cpu,
                        "server_cpu_tree": st.server_cpu_all, "us_per_packet": st.us_per_packet,
                        "rss_per_session": st.rss_per_session, "loadgen_cpu": st.loadgen_cpu,
-                       "passed": st.passed, "why": st.why, "summary": st.summary}
+                       "passed": st.passed, "why": st.why, "summary": st.summary,
+                       "headroom": st.headroom}
                       for st in log],
         }
     print("\nsessions per core (largest N passing, one core):")
@@ -443,6 +557,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<14} {r['capacity']:>6} {_f(None if cpu is None else 100 * cpu):>8}% "
               f"{_f(per_core, '{:.0f}'):>22} {_f(r['setup_p50_ms']):>12} ms "
               f"{_f(ratio, '{:.1f}'):>9}")
+    if args.overload:
+        print(f"\noverload: offered {args.overload:g} x what fitted (admitted calls judged):")
+        print(f"{'server':<14} {'fits':>5} {'offered':>8} {'admitted':>9} {'refused':>8} "
+              f"{'loss %':>7} {'worst %':>8} {'Δp99 vs fit':>12} {'503 p50/p99 ms':>15}")
+        for name, r in results.items():
+            o = r.get("overload")
+            if not o:
+                continue
+            loss = None if o["loss"] is None else 100 * o["loss"]
+            worst = None if o["loss_worst_session"] is None else 100 * o["loss_worst_session"]
+            print(f"{name:<14} {o['fits']:>5} {o['offered']:>8} {o['admitted']:>9} "
+                  f"{o['refused']:>8} {_f(loss, '{:.2f}'):>7} {_f(worst, '{:.2f}'):>8} "
+                  f"{_f(o['rtt_p99_growth_vs_fit_ms']):>9} ms "
+                  f"{_f(o['refused_p50_ms'])}/{_f(o['refused_p99_ms']):>6}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine(), "args": vars(args), "results": results}, f,

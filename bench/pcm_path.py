@@ -81,6 +81,9 @@ def _measure(packets: int, stub: bool, complexity: int | None) -> float:
             def set_expected_loss(self, percent: int) -> None:
                 pass
 
+            def set_complexity(self, complexity: int) -> None:
+                pass
+
     cert = Certificate.generate(time.time())
     server_cert = Certificate.generate(time.time())
     text = OFFER.read_text()

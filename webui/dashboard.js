@@ -315,6 +315,18 @@ function renderProcesses(procs, t) {
       const sbs = Object.entries(p.sessions_by_state).map(([k, v]) => `${k} ${v}`).join(", ");
       fields.push(["Sessions", sbs || "none"]);
     }
+    // Headroom (issue 23): the transceiver's measured load and signaling's admission view.
+    const load = p.load && typeof p.load === "object" ? p.load : null;
+    if (load && typeof load.busy === "number") {
+      const lag = typeof load.lag_max_ms === "number" ? `, loop lag ≤ ${load.lag_max_ms.toFixed(1)} ms` : "";
+      fields.push(["Load", `${(100 * load.busy).toFixed(0)} % of a core${lag}`]);
+    }
+    if (load && typeof load.opus_complexity === "number") fields.push(["Opus complexity", String(load.opus_complexity)]);
+    const adm = p.admission && typeof p.admission === "object" ? p.admission : null;
+    if (adm && typeof adm.headroom === "number") {
+      const room = typeof adm.room === "number" ? ` (${adm.room} more call${adm.room === 1 ? "" : "s"})` : "";
+      fields.push(["Headroom", adm.room === 0 ? "full: new calls refused" : `${(100 * adm.headroom).toFixed(0)} %${room}`]);
+    }
     const totalDrops = drops.reduce((a, [, v]) => a + v, 0);
     const role = roleOf(name, p);
     return h("article", { class: "proc", "data-process": name, "data-up": up === null ? null : String(up), "aria-label": `${role || "process"} ${name}` },

@@ -33,6 +33,7 @@ time after the previous one (10-30 ms for the second, one per tick after that).
 from __future__ import annotations
 
 import math
+import re
 import resource
 import sys
 from collections.abc import Callable
@@ -52,6 +53,8 @@ SUB = PTIME / SUBTICKS
 TS_STEP = 960  # RTP timestamp units (48 kHz) per 20 ms packet
 SETUP_GRACE = 1.0  # s past --connect-timeout before a setup (POST included) is abandoned
 _RING = 1024  # send times kept for tag matching: ~20 s of packets, far beyond any RTT
+#: A POST answered 503 (client/call.py's CallFailed text), and its problem code if any.
+_REFUSED = re.compile(r'POST /v1/sessions → 503\b(?:.*?"code": "([a-z-]+)")?')
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +137,8 @@ class LoadGenerator:
         # starts after the answer, so a POST that hung used to hang the run with it. The
         # second of grace lets open_call's more specific "no ICE/DTLS" report win when the
         # answer did come.
-        setup = trio.CancelScope(deadline=trio.current_time() + cfg.connect_timeout + SETUP_GRACE)
+        posted = trio.current_time()
+        setup = trio.CancelScope(deadline=posted + cfg.connect_timeout + SETUP_GRACE)
         try:
             with setup:
                 await self._call(res, setup)
@@ -143,6 +147,10 @@ class LoadGenerator:
                                f"{cfg.connect_timeout + SETUP_GRACE:g} s of the POST")
         except CallFailed as exc:
             res.failure = str(exc)
+            refused = _REFUSED.match(res.failure)
+            if refused:  # admission (issue 23): how fast the busy signal came
+                res.refused = trio.current_time() - posted
+                res.refused_code = refused.group(1) or "503"
         except Exception as exc:  # one broken session must not end the run
             res.failure = f"{type(exc).__name__}: {exc}"
         finally:

@@ -62,6 +62,8 @@ class SessionResult:
     echo_span: float = 0.0  # seconds from the first to the last packet that came back
     turns: list[TurnResult] = field(default_factory=list)  # --pattern turns only
     turn_taking: bool = False  # --pattern turns: the server talks in turns, not 50 packets/s
+    refused: float | None = None  # POST → its 503 (admission refused the call), seconds
+    refused_code: str | None = None  # the 503's problem code ("overloaded", ...)
 
     @property
     def loss(self) -> float | None:
@@ -124,6 +126,13 @@ class Report:
             "completed": len(ok),
             "failed": len(self.sessions) - len(ok),
             "failures": dict(Counter(s.failure for s in self.sessions if s.failure)),
+            "refused": sum(1 for s in self.sessions if s.refused is not None),
+            "refused_codes": dict(Counter(s.refused_code for s in self.sessions
+                                          if s.refused is not None)),
+            "refused_p50_ms": _ms(percentile(
+                [s.refused for s in self.sessions if s.refused is not None], 50)),
+            "refused_p99_ms": _ms(percentile(
+                [s.refused for s in self.sessions if s.refused is not None], 99)),
             "max_concurrent": self.max_concurrent,
             "setup_connected_p50_ms": _ms(percentile(
                 [s.setup_connected for s in ok if s.setup_connected is not None], 50)),

@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from ..config import ConfigError, load_config, parse_hostport, resolve
+from ..config import ConfigError, load_config, parse_admission_limit, parse_hostport, resolve
 from ..logs import add_logging_flags, configure
 from .geo import parse_ingress_map
 from .options import (
@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "http": "127.0.0.1:8080",
     "udp_port": 3478,
     "public_tcp_port": None,
+    "admission_limit": 0.85,
     "transceiver_control": [],
     "relay_control": [],
     "public_address": [],
@@ -96,6 +97,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", metavar="DIR", default=None,
                         help="where a self-signed certificate is kept (default "
                              "./.appliance-state or $XDG_STATE_HOME/appliance)")
+    parser.add_argument("--admission-limit", metavar="SHARE", default=None,
+                        help="place calls on a transceiver only while its measured busy "
+                        "share, calls placed since its last report counted, stays at or "
+                        "under SHARE of its core (default 0.85; else 503 overloaded; "
+                        "docs/operations.md, \"Admission\")")
     parser.add_argument("--webui-dir", metavar="DIR", default=None,
                         help="static web UI directory served at / and /demo")
     add_logging_flags(parser)
@@ -167,6 +173,7 @@ def build_config(args: argparse.Namespace) -> tuple[SignalingConfig, str | None]
         webui_dir=webui,
         ingress=ingress,
         realtime_agent=str(args.realtime_agent),
+        admission_limit=parse_admission_limit(args.admission_limit),
     )
     return cfg, fp
 

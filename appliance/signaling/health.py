@@ -14,7 +14,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -25,6 +25,14 @@ log = logging.getLogger("appliance.signaling.state")
 
 POLL_TIMEOUT = 1.0  # a stats/list poll that takes longer counts as a failure
 LOST_AFTER = 3  # consecutive failed polls before a standalone signaling gives up on a peer
+
+
+class StatsObserver(Protocol):
+    """Who learns from the transceivers' ``stats`` answers (admission.py)."""
+
+    def asked(self, k: int) -> int: ...
+    def report(self, k: int, stats: dict[str, Any], mark: int) -> None: ...
+    def forget(self, k: int) -> None: ...
 
 
 @dataclass
@@ -57,6 +65,8 @@ class Endpoint:
             out["sessions_by_state"] = self.stats["sessions_by_state"]
         if "flows" in self.stats:
             out["flows"] = self.stats["flows"]
+        if isinstance(self.stats.get("load"), dict):  # headroom (issue 23)
+            out["load"] = self.stats["load"]
         out.update(self.process)
         return out
 
@@ -85,6 +95,7 @@ class ProcessHealth:
         self.started_at = clock()
         self.supervisor_info: dict[str, Any] = {}
         self._lost = on_transceiver_lost
+        self.observer: StatsObserver | None = None  # set by SignalingState (admission)
 
     def endpoints(self) -> list[Endpoint]:
         return [*self.transceivers.values(), *self.relays.values()]
@@ -109,6 +120,8 @@ class ProcessHealth:
             ep.up = True
             ep.failures = 0
             ep.last_error = None
+            if role == "transceiver" and self.observer is not None:
+                self.observer.forget(int(key))
 
     async def process_down(self, role: str, key: str, reason: str = "process exited") -> None:
         """A child is gone: stop routing to it and, for a transceiver, end its sessions."""
@@ -120,6 +133,8 @@ class ProcessHealth:
         ep.stats = {}
         await ep.client.aclose()  # the next request reconnects to the new process
         if role == "transceiver":
+            if self.observer is not None:
+                self.observer.forget(int(key))
             self._lost(int(key))
 
     # -- what polling finds out -----------------------------------------------------------
@@ -129,12 +144,14 @@ class ProcessHealth:
 
         async def one(ep: Endpoint) -> None:
             ok = False
+            mark = self._asked(ep)
             with trio.move_on_after(POLL_TIMEOUT):
                 try:
                     resp = await ep.client.request({"op": "stats"})
                     ok = bool(resp.get("ok"))
                     if ok:
                         ep.stats = {k: v for k, v in resp.items() if k != "ok"}
+                        self._answered(ep, mark)
                     else:
                         ep.last_error = str(resp.get("detail"))
                 except ControlError as exc:
@@ -163,6 +180,7 @@ class ProcessHealth:
         answering: dict[str, list[str]] = {"transceiver": [], "relay": []}
 
         async def one(ep: Endpoint) -> None:
+            mark = self._asked(ep)
             with trio.move_on_after(POLL_TIMEOUT):
                 try:
                     resp = await ep.client.request({"op": "stats"})
@@ -170,6 +188,8 @@ class ProcessHealth:
                     return
                 if resp.get("ok"):
                     answering[ep.role].append(ep.key)
+                    ep.stats = {k: v for k, v in resp.items() if k != "ok"}
+                    self._answered(ep, mark)
 
         async with trio.open_nursery() as nursery:
             for ep in self.endpoints():
@@ -177,6 +197,15 @@ class ProcessHealth:
                     nursery.start_soon(one, ep)
         ok = bool(answering["transceiver"]) and bool(answering["relay"])
         return ok, {"transceivers": sorted(answering["transceiver"]), "relays": sorted(answering["relay"])}
+
+    def _asked(self, ep: Endpoint) -> int:
+        if ep.role != "transceiver" or self.observer is None:
+            return 0
+        return self.observer.asked(int(ep.key))
+
+    def _answered(self, ep: Endpoint, mark: int) -> None:
+        if ep.role == "transceiver" and self.observer is not None:
+            self.observer.report(int(ep.key), ep.stats, mark)
 
     def health_view(self) -> list[dict[str, Any]]:
         now = trio.current_time()

@@ -15,6 +15,12 @@ Families:
   ``appliance_datachannel_messages_total{direction}``, ``…_bytes_total{direction}`` and
   ``…_messages_dropped_total`` — counters summed from them, kept monotonic by
   :class:`ChannelTotals` across sessions that end and are purged;
+* headroom and admission (issue 23; docs/operations.md "Admission"), per transceiver:
+  ``appliance_transceiver_busy_ratio`` (smoothed CPU share of its core, what admission
+  uses), ``…_cpu_ratio`` (the last window's), ``…_loop_lag_max_seconds``,
+  ``…_opus_complexity``, and signaling's ``…_headroom_ratio``, ``…_room_calls``,
+  ``…_call_cost_ratio``; ``appliance_admission_refused_total`` (POSTs answered 503
+  ``overloaded``);
 * ``appliance_relay_flows{worker}``, ``appliance_process_up{role,id}``,
   ``appliance_process_restarts_total{role,id}``, ``appliance_http_responses_total{code}``.
 """
@@ -166,6 +172,44 @@ def _render_channels(fams: _Families, state: SignalingState) -> None:
         fams.add(family, "counter", _DC_HELP[family], labels, totals.totals[key])
 
 
+#: ``stats`` → ``load`` keys shown per transceiver: (family, help, scale).
+_LOAD_GAUGES = {
+    "busy": ("appliance_transceiver_busy_ratio",
+             "Smoothed share of its core the transceiver's loop uses (admission's signal).", 1.0),
+    "cpu": ("appliance_transceiver_cpu_ratio",
+            "Share of its core the transceiver used over the last window.", 1.0),
+    "lag_max_ms": ("appliance_transceiver_loop_lag_max_seconds",
+                   "Worst lateness of the transceiver's 20 ms tick in the last window.", 1e-3),
+    "opus_complexity": ("appliance_transceiver_opus_complexity",
+                        "Opus encoder complexity the transceiver's calls encode at now.", 1.0),
+}
+
+
+def _render_load(fams: _Families, state: SignalingState) -> None:
+    for ep in state.transceivers.values():
+        labels = {"transceiver": ep.key}
+        load = ep.stats.get("load")
+        if isinstance(load, Mapping):
+            for key, (family, help_text, scale) in _LOAD_GAUGES.items():
+                value = load.get(key)
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    fams.add(family, "gauge", help_text, labels, value * scale)
+        if not ep.up:
+            continue
+        adm = state.admission.view(int(ep.key))
+        fams.add("appliance_transceiver_headroom_ratio", "gauge",
+                 "Share of the core left below the admission limit, placed calls counted.",
+                 labels, adm["headroom"])
+        fams.add("appliance_transceiver_room_calls", "gauge",
+                 "Calls signaling would still place on the transceiver.", labels, adm["room"])
+        fams.add("appliance_transceiver_call_cost_ratio", "gauge",
+                 "Share of a core one call costs, learned from the transceiver's reports.",
+                 labels, adm["call_cost"])
+    fams.add("appliance_admission_refused_total", "counter",
+             "POST /v1/sessions refused 503 overloaded: no transceiver had headroom.", {},
+             state.admission.refused)
+
+
 def render(state: SignalingState) -> str:
     fams = _Families()
 
@@ -206,6 +250,7 @@ def render(state: SignalingState) -> str:
             for name, value in flatten(counters):
                 fams.add(f"appliance_transceiver_{name}_total", "counter",
                          f"Transceiver counter {name}.", {"transceiver": ep.key}, value)
+    _render_load(fams, state)
     for ep in state.relays.values():
         counters = ep.stats.get("counters")
         if isinstance(counters, Mapping):

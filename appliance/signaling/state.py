@@ -30,6 +30,7 @@ from typing import Any
 import trio
 
 from ..control import ControlError, check_params
+from .admission import LIMIT, PRIOR_COST, Admission
 from .geo import IngressChoice, IngressMap
 from .health import POLL_TIMEOUT, Endpoint, ProcessHealth
 from .placement import Placement
@@ -66,6 +67,9 @@ class SignalingConfig:
     events_interval: float = 1.0
     ingress: IngressMap = field(default_factory=IngressMap)  # geo-steered ingress (geo.py)
     realtime_agent: str = "realtime"  # the agent of /v1/realtime/calls (appliance/realtime/http.py)
+    # Admission (admission.py, issue 23): busy share admitted up to, prior call cost.
+    admission_limit: float = LIMIT
+    admission_call_cost: float = PRIOR_COST
 
     def requires_auth(self) -> bool:
         if self.auth_required is not None:
@@ -103,6 +107,10 @@ class SignalingState:
             on_transceiver_lost=self.registry.transceiver_lost,
         )
         self.placement = Placement(self.health.transceivers)
+        self.admission = Admission(self.health.transceivers, self.placement.placing,
+                                   limit=config.admission_limit,
+                                   prior_cost=config.admission_call_cost)
+        self.health.observer = self.admission
         self.http_responses: dict[int, int] = {}
         self.ingress_picks: dict[str, int] = {}  # region ("" = default) -> answers
 
@@ -144,10 +152,25 @@ class SignalingState:
         await self.health.refresh()
 
     async def ready(self) -> tuple[bool, dict[str, Any]]:
-        return await self.health.ready()
+        """Ready when a transceiver and a relay answer (health.py) *and* some answering
+        transceiver has headroom for one more call: a load balancer stops sending to a
+        signaling whose every transceiver is full (issue 23)."""
+        ok, detail = await self.health.ready()
+        answering = detail.get("transceivers", [])
+        full = [k for k in answering if not self.admission.admits(int(k))]
+        if full:  # (absent when none is: the body stays what it was before admission)
+            detail["full"] = full
+        if ok and answering and len(full) == len(answering):
+            ok = False
+            detail["reason"] = "overloaded"
+        return ok, detail
 
     def health_view(self) -> list[dict[str, Any]]:
-        return self.health.health_view()
+        view = self.health.health_view()
+        for p in view:  # each transceiver's admission figures beside its load
+            if p.get("role") == "transceiver":
+                p["admission"] = self.admission.view(int(p["id"]))
+        return view
 
     def lookup(self, sid: str) -> SessionRecord:
         return self.registry.lookup(sid)
@@ -195,8 +218,18 @@ class SignalingState:
         order = self.pick_order()
         if not order:
             raise Problem(503, "no-transceiver", "no transceiver is available", {"Retry-After": "1"})
+        # Admission (admission.py): only where one more call fits, decided before any
+        # create is sent; no await between this and in_flight() below, so a burst of
+        # POSTs sees each other's placements.
+        order = [k for k in order if self.admission.admits(k)]
+        if not order:
+            self.admission.refused += 1
+            raise Problem(503, "overloaded", "every transceiver is at capacity: retry later",
+                          {"Retry-After": str(self.admission.retry_after)})
         last: Problem | None = None
         for k in order:
+            if not self.admission.admits(k):  # filled up while an earlier try was awaited
+                continue
             ep = self.health.transceivers[k]
             sid = id_prefix + secrets.token_urlsafe(12)
             req: dict[str, Any] = {
@@ -223,7 +256,8 @@ class SignalingState:
                 continue
             if not resp.get("ok"):
                 problem = from_control(resp)
-                if problem.status == 503:  # draining or full: another one may take it
+                if problem.status == 503:  # draining, full or overloaded: try another
+                    problem.headers.setdefault("Retry-After", str(self.admission.retry_after))
                     last = problem
                     continue
                 raise problem
@@ -231,6 +265,7 @@ class SignalingState:
             if not isinstance(answer, str) or not answer:
                 raise Problem(502, "bad-transceiver-answer", f"transceiver {k} returned no SDP answer")
             self.placement.placed(k)
+            self.admission.placed(k)
             rec = SessionRecord(
                 id=sid,
                 transceiver=k,
@@ -247,7 +282,10 @@ class SignalingState:
             else:
                 log.info("session %s created on transceiver %s", sid, k)
             return rec, answer
-        assert last is not None
+        if last is None:  # every admitted one filled up meanwhile
+            self.admission.refused += 1
+            last = Problem(503, "overloaded", "every transceiver is at capacity: retry later",
+                           {"Retry-After": str(self.admission.retry_after)})
         raise last
 
     def _live_endpoint(self, rec: SessionRecord) -> Endpoint:

@@ -41,6 +41,7 @@ from .server import TransceiverAddresses, TransceiverConfig, serve_transceiver
 DEFAULTS = {"id": 0, "cluster": 0, "agent": "echo", "max_sessions": 500, "listen": None,
             "control": None, "exit_when_drained": False, "drain_on_sigterm": False,
             "drain_grace": 3600.0, "opus_complexity": DEFAULT_COMPLEXITY,
+            "fixed_opus_complexity": False,
             "dtls_versions": DEFAULT_DTLS_VERSIONS}
 
 
@@ -67,6 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Opus encoder complexity for the audio sent to callers: lower "
                         f"costs less CPU per session (default {DEFAULT_COMPLEXITY}; "
                         "docs/performance.md, \"Opus complexity\")")
+    parser.add_argument("--fixed-opus-complexity", action="store_true", default=None,
+                        help="keep --opus-complexity under load too (default: lower it step "
+                        "by step as the core fills up, and back; docs/operations.md, "
+                        "\"Admission\")")
     parser.add_argument("--dtls-versions", default=None, metavar="1.2,1.3",
                         help="DTLS versions to negotiate: 1.3 (RFC 9147) when the client "
                         "offers it and it is listed, else 1.2 if listed (default "
@@ -97,6 +102,8 @@ def build_config(args: argparse.Namespace, secrets: tuple[bytes, ...]) -> Transc
         max_sessions=int(args.max_sessions),
         exit_when_drained=bool(args.exit_when_drained),
         opus_complexity=parse_opus_complexity(args.opus_complexity),
+        adaptive_complexity=not args.fixed_opus_complexity,
+        measure_load=True,  # a process of its own: its CPU is the transceiver's
         dtls_versions=parse_dtls_versions(args.dtls_versions),
     )
 

@@ -133,3 +133,6 @@ class G711Encoder:
 
     def set_expected_loss(self, percent: int) -> None:
         """G.711 has no in-band FEC to tune."""
+
+    def set_complexity(self, complexity: int) -> None:
+        """G.711 has no complexity to trade: the overload controller's steps are no-ops."""

@@ -117,6 +117,13 @@ class PcmPipeline:
         self.jitter.handle_timeout(now)
         self._drain_jitter(now)
 
+    def set_complexity(self, complexity: int) -> None:
+        """The transceiver's complexity controller stepped (degrade.py): the encoder, or the
+        one made on first use, encodes at ``complexity`` from the next frame on."""
+        self._opus_complexity = complexity
+        if self._encoder is not None:
+            self._encoder.set_complexity(complexity)
+
     def set_expected_loss(self, loss: float) -> None:
         """The client's reported loss (RTCP): more in-band FEC in our packets when high."""
         self.encoder.set_expected_loss(round(loss * 100))

@@ -181,6 +181,12 @@ class _LibOpusEncoder:
             _lib.opus_encoder_ctl(ctypes.c_void_p(self._enc), _SET_PACKET_LOSS_PERC,
                                   ctypes.c_int(percent))
 
+    def set_complexity(self, complexity: int) -> None:
+        """Change the encoder's complexity (0-10) between two frames: libopus applies it
+        from the next ``opus_encode`` on, with no reset of its state (degrade.py uses it)."""
+        _lib.opus_encoder_ctl(ctypes.c_void_p(self._enc), _SET_COMPLEXITY,
+                              ctypes.c_int(max(0, min(10, complexity))))
+
     @property
     def complexity(self) -> int:
         """The encoder's complexity as libopus reports it (``OPUS_GET_COMPLEXITY``)."""
@@ -275,6 +281,9 @@ class _AvOpusEncoder:
     def set_expected_loss(self, percent: int) -> None:
         """Not reachable through PyAV once the codec is open: ignored."""
 
+    def set_complexity(self, complexity: int) -> None:
+        """Not reachable through PyAV once the codec is open: ignored."""
+
     def encode(self, pcm: bytes) -> bytes:
         """Encode exactly one 20 ms frame (1920 bytes of mono PCM16)."""
         if len(pcm) != FRAME_BYTES:
@@ -298,6 +307,7 @@ class Decoder(Protocol):
 class Encoder(Protocol):
     def encode(self, pcm: bytes) -> bytes: ...
     def set_expected_loss(self, percent: int) -> None: ...
+    def set_complexity(self, complexity: int) -> None: ...
 
 
 OpusDecoder: type[_LibOpusDecoder] | type[_AvOpusDecoder]

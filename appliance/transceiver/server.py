@@ -70,6 +70,8 @@ from appliance.proto.ufrag import UfragCodec
 
 from .admission import DtlsAdmission
 from .call import Addr
+from .degrade import ComplexityController
+from .headroom import TICK, LoadMeter
 from .opus import DEFAULT_COMPLEXITY
 from .pacer import Pacer
 from .session import EndedSession, Session, _fmt
@@ -123,7 +125,15 @@ COUNTER_NAMES = (
     "drop_rtp_payload_type", "drop_send",
     "dtls_client_hellos", "dtls_hello_verify", "dtls_handshakes_started",
     "session_errors", "sessions_created", "sessions_ended", "flows_forgotten",
+    "sessions_refused_overloaded", "complexity_changes",
 )
+#: Defence in depth behind signaling's admission (issue 23, docs/operations.md
+#: "Admission"): a create is refused ``503 overloaded`` when the measured busy share
+#: (headroom.py) plus the creates since the last window, at this transceiver's cost per
+#: call, reaches this. Above signaling's admission limit (0.85), so that only a burst
+#: signaling could not see (another signaling, a stale report) reaches it.
+REFUSE_BUSY = 0.95
+MIN_CALL_COST = 0.002  # share of a core assumed per call before any is measured
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +152,13 @@ class TransceiverConfig:
     # Queue what sessions send while a receive batch is handled and send it with one
     # sendmmsg (module docstring); False, or the C extension not built: one sendto each.
     batch_sends: bool = True
+    # Lower the Opus complexity of the calls step by step as headroom shrinks (degrade.py).
+    adaptive_complexity: bool = True
+    refuse_busy: float = REFUSE_BUSY  # see REFUSE_BUSY
+    # Run the headroom meter's tick task (the CLI does: `appliance transceiver` is a process
+    # of its own). Off by default in process: the meter reads the whole process's CPU, which
+    # in a test or benchmark includes its clients; tests feed Transceiver.handle_tick.
+    measure_load: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +208,11 @@ class Transceiver:
         # (header, offset, length, address) with the datagram as the header. None: send now.
         self._queued: list[tuple[bytes, int, int, Addr]] | None = None
         self._send_batch = _mmsg.send_batch if (_mmsg is not None and config.batch_sends) else None
+        # Headroom (issue 23): the meter's tick task (measure_loop) feeds both.
+        self.meter = LoadMeter()
+        self.complexity = ComplexityController(config.opus_complexity,
+                                               enabled=config.adaptive_complexity)
+        self._created_in_window = 0  # creates since the meter's last window
 
     # -- UDP ---------------------------------------------------------------------------
 
@@ -268,6 +290,54 @@ class Transceiver:
             if full:
                 # A full batch: let the session tasks (pacers, agents) run before more.
                 await trio.lowlevel.checkpoint()
+
+    # -- headroom (issue 23) ------------------------------------------------------------
+
+    async def measure_loop(self) -> None:
+        """The headroom meter's 20 ms tick (headroom.py): its own lateness is the loop lag."""
+        deadline = trio.current_time() + TICK
+        while True:
+            await trio.sleep_until(deadline)
+            now = trio.current_time()
+            self.handle_tick(now, time.process_time(), now - deadline)
+            deadline += TICK
+            if deadline <= now:  # missed ticks are not made up in a burst
+                deadline = now + TICK
+
+    def handle_tick(self, now: float, cpu: float, lag: float) -> None:
+        """One meter tick (``cpu``: process CPU seconds); tests drive it with made-up load."""
+        if not self.meter.handle_tick(now, cpu, lag, self.counters["datagrams_in"]):
+            return
+        self._created_in_window = 0
+        ctl = self.complexity
+        ctl.handle_load(now, self.meter.busy)
+        while (ev := ctl.poll_event()) is not None:
+            self.counters["complexity_changes"] += 1
+            log.info("busy %.0f %%: Opus complexity %d -> %d for %d session(s)",
+                     100 * ev.busy, ev.previous, ev.complexity, len(self.sessions))
+            for session in self.sessions.values():
+                if session.pipeline is not None:
+                    session.pipeline.set_complexity(ev.complexity)
+
+    def call_cost(self) -> float:
+        """Share of a core one call costs here, from the meter (idle cost included: an
+        over- rather than an under-estimate)."""
+        n = len(self.sessions) - self._created_in_window
+        return max(MIN_CALL_COST, self.meter.busy / n) if n > 0 else MIN_CALL_COST
+
+    def overloaded(self) -> bool:
+        """No headroom for one more call (the defence-in-depth check of ``create``)."""
+        projected = self.meter.busy + self.call_cost() * (self._created_in_window + 1)
+        return projected > self.config.refuse_busy
+
+    def load_view(self) -> dict[str, Any]:
+        """``stats``' ``load`` object (docs/control-protocol.md)."""
+        return {**self.meter.report.to_json(), "busy": round(self.meter.busy, 4),
+                "sessions": len(self.sessions), "call_cost": round(self.call_cost(), 5),
+                "opus_complexity": self.complexity.complexity,
+                "opus_complexity_steps": list(self.complexity.steps),
+                "refuse_busy": self.config.refuse_busy, "windows": self.meter.windows,
+                "windows_behind": self.meter.behind}
 
     @property
     def stun_tat(self) -> dict[Addr, float]:
@@ -418,6 +488,10 @@ class Transceiver:
             return _error(503, "draining", "this transceiver is draining")
         if len(self.sessions) >= self.config.max_sessions:
             return _error(503, "full", f"{self.config.max_sessions} sessions is the limit")
+        if self.overloaded():  # before any SDP or DTLS work (issue 23)
+            self.counters["sessions_refused_overloaded"] += 1
+            return _error(503, "overloaded",
+                          f"no headroom for another call (busy {100 * self.meter.busy:.0f} %)")
         sid = req.get("session_id")
         if not isinstance(sid, str) or not 0 < len(sid) <= MAX_SESSION_ID:
             return _error(400, "bad-request", "session_id must be a 1..128 character string")
@@ -476,7 +550,7 @@ class Transceiver:
             candidates=candidates,
             local_ufrag=ufrag, local_pwd=pwd, dtls=dtls, ssrc=ssrc, cname=cname,
             send=self.send, now=now, on_end=self._on_end, counters=self.counters,
-            pacer=self.pacer, opus_complexity=self.config.opus_complexity, params=params,
+            pacer=self.pacer, opus_complexity=self.complexity.complexity, params=params,
         )
         assert self._nursery is not None
         self.sessions[sid] = session
@@ -484,6 +558,7 @@ class Transceiver:
         if tcp:
             self.tcp_candidates[sid] = tcp
         self.counters["sessions_created"] += 1
+        self._created_in_window += 1
         self._nursery.start_soon(session.run)
         session.mark_answer_sent(trio.current_time())
         log.info("session %s created: agent %s ufrag %s", sid, loggable_url(agent.name),
@@ -553,7 +628,7 @@ class Transceiver:
                      "switched_on": self.admission.switched_on}
         return {"ok": True, "transceiver": self.config.id, "counters": dict(self.counters),
                 "sessions_by_state": by_state, "draining": self.draining,
-                "dtls_admission": admission}
+                "dtls_admission": admission, "load": self.load_view()}
 
     def _op_drain(self, req: dict[str, Any]) -> dict[str, Any]:
         self.drain()
@@ -604,6 +679,8 @@ async def serve_transceiver(
                 tr._nursery = sessions
                 sessions.start_soon(tr.receive_loop)
                 sessions.start_soon(tr.pacer.run)
+                if config.measure_load:
+                    sessions.start_soon(tr.measure_loop)
                 log.info("transceiver %d listening on %s", config.id, _fmt(udp))
                 task_status.started(TransceiverAddresses(udp, control, tr))
                 if not config.exit_when_drained:

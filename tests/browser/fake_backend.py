@@ -114,6 +114,8 @@ def sample_processes() -> list[dict[str, Any]]:
             "counters": {"datagrams_in": 9000, "datagrams_out": 8950, "drop_bad_proxy_header": 0,
                          "drop_unknown_session": 1},
             "sessions_by_state": {"connected": 2, "connecting": 0},
+            "load": {"busy": 0.42, "cpu": 0.41, "lag_max_ms": 1.3, "opus_complexity": 5},
+            "admission": {"headroom": 0.43, "room": 34, "call_cost": 0.0125},
         },
         {
             "role": "transceiver", "id": "1", "control": "/run/appliance/transceiver-1.sock", "up": True,
@@ -121,6 +123,8 @@ def sample_processes() -> list[dict[str, Any]]:
             "counters": {"datagrams_in": 6000, "datagrams_out": 5990, "drop_bad_proxy_header": 0,
                          "drop_unknown_session": 0},
             "sessions_by_state": {"connected": 1},
+            "load": {"busy": 0.9, "cpu": 0.88, "lag_max_ms": 4.0, "opus_complexity": 3},
+            "admission": {"headroom": 0.0, "room": 0, "call_cost": 0.0125},
         },
     ]
 

@@ -113,6 +113,12 @@ def test_detail_timeline_sparklines_and_processes(page: Page, backend: FakeBacke
     tx = page.locator('article.proc[data-process="transceiver-1"]')
     expect(tx).to_contain_text("Restarts1")
     expect(tx).to_contain_text("connected 1")
+    # Headroom (issue 23): measured load, complexity, and what admission would still place.
+    tx0 = page.locator('article.proc[data-process="transceiver-0"]')
+    expect(tx0).to_contain_text("Load42 % of a core, loop lag ≤ 1.3 ms")
+    expect(tx0).to_contain_text("Headroom43 % (34 more calls)")
+    expect(tx).to_contain_text("Opus complexity3")
+    expect(tx).to_contain_text("Headroomfull: new calls refused")
     # A process that is down is flagged.
     with backend.lock:
         backend.processes[3].update(up=False, error="process exited (status 1)")  # type: ignore[index]

@@ -165,6 +165,24 @@ async def test_4xx_is_a_failure_with_the_status(stream: ToneStream) -> None:
     assert report.summary()["failures"] == {"POST /v1/sessions → 415: b'unsupported-codec'": 2}
 
 
+async def test_503_is_counted_as_refused_with_its_code_and_latency(stream: ToneStream) -> None:
+    """Admission (issue 23): the capacity benchmark reports how fast refusals come."""
+    body = b'{"type": "urn:appliance:problem:overloaded", "status": 503, "code": "overloaded"}'
+
+    async def full(method: str, path: str, body_in: bytes) -> tuple[int, dict[str, str], bytes]:
+        return 503, {"Retry-After": "2"}, body
+
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_http, full)
+        report = await run_load(LoadConfig(url, sessions=3, rate=30, duration=1.0),
+                                stream=stream)
+        nursery.cancel_scope.cancel()
+    summary = report.summary()
+    assert summary["refused"] == 3 and summary["failed"] == 3
+    assert summary["refused_codes"] == {"overloaded": 3}
+    assert summary["refused_p99_ms"] is not None and summary["refused_p99_ms"] >= 0
+
+
 async def test_silent_ice_is_a_failure_with_a_timeout(stream: ToneStream) -> None:
     """A valid answer whose candidate never answers a check."""
     hole = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # bound, never read

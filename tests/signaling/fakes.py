@@ -24,6 +24,7 @@ class FakeTransceiver:
         self.requests: list[dict[str, Any]] = []
         self.create_error: dict[str, Any] | None = None
         self.counters = {"datagrams_in": 10, "datagrams_out": 9, "drops": {"bad_proxy": 1}}
+        self.load: dict[str, Any] | None = None  # stats' "load" (headroom), when set
 
     async def handle(self, req: dict[str, Any]) -> dict[str, Any]:
         self.requests.append(req)
@@ -70,8 +71,11 @@ class FakeTransceiver:
             by_state: dict[str, int] = {}
             for s in self.sessions.values():
                 by_state[s["state"]] = by_state.get(s["state"], 0) + 1
-            return {"ok": True, "transceiver": self.k, "counters": self.counters,
-                    "sessions_by_state": by_state}
+            out = {"ok": True, "transceiver": self.k, "counters": self.counters,
+                   "sessions_by_state": by_state}
+            if self.load is not None:
+                out["load"] = self.load
+            return out
         return {"ok": False, "status": 400, "code": "unknown-op", "detail": op}
 
 

@@ -1,0 +1,163 @@
+"""Admission: place a call only where there is headroom for one more (issue 23).
+
+Past its capacity, every call on a transceiver is ruined by the ones beyond it (110
+sessions offered to one core: all admitted, 51 % loss each). So signaling decides *before*
+it sends a ``create`` — before any SDP, ICE or DTLS work — whether the transceiver can
+carry one more call, and a POST nobody can carry gets ``503 overloaded`` with
+``Retry-After`` at once (app.py / fastpath.py answer it; the problem code names why).
+
+What a transceiver can carry is read from what it measures (``stats`` → ``load``,
+transceiver/headroom.py): ``busy``, the share of its core its loop used over the last
+window(s), and the sessions it held. From those the cost of one call is *learned*::
+
+    cost  = (busy - idle) / sessions                (EWMA over reports, clamped)
+    now   = max(busy, idle + cost * sessions)       (a report's calls, set up or not)
+    next  = now + cost * (placed since the report + creates in flight + 1)
+    admit = next <= limit                           (limit: 0.85 of the core by default)
+
+The two counts in ``next`` are what makes a burst right: 100 POSTs at once all arrive
+before the next report, and before any of their calls has started to use the CPU. Counted
+only from reports, all 100 would be admitted; counted here, the first few that fit are, the
+rest are refused (tests/signaling/test_admission.py). "Placed since the report" is exact
+across a poll in flight: :meth:`Admission.asked` hands the poller a mark (the placements so
+far) when it sends ``stats``, and :meth:`Admission.report` counts from that mark.
+
+Until the first report of a transceiver with calls, ``cost`` is a prior
+(``SignalingConfig.admission_call_cost``: about a PCM call at complexity 5). Busy is a
+share of *one* core: a transceiver is assumed to have a core of its own (tick lag is
+reported beside it but not decided on, headroom.py says why).
+
+No I/O: health.py feeds reports in, state.py asks before each create.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+LIMIT = 0.85  # busy share of a core up to which calls are admitted
+#: Share of a core one call is assumed to cost until a transceiver reports calls: a PCM
+#: echo call at complexity 5 is ~250 µs x 50 packets/s = 1.25 % (docs/performance.md).
+PRIOR_COST = 0.0125
+IDLE = 0.01  # busy share of a transceiver with no call, until one reports idle
+MIN_COST, MAX_COST = 0.0002, 0.25  # a learned cost outside this is a measurement artefact
+LEARN = 0.3  # EWMA weight of a new cost sample
+MIN_SESSIONS = 2  # connected sessions a report needs before its cost is learned from
+LAG_SATURATED_MS = 5.0  # headroom.LAG_SATURATED (mean lag): such a window says nothing
+#                        about the cost of a call
+RETRY_AFTER = 2  # seconds, with every 503 overloaded (two report intervals)
+
+
+@dataclass
+class _Node:
+    busy: float = 0.0
+    sessions: int = 0  # live sessions in the last report
+    idle: float = IDLE
+    cost: float = PRIOR_COST
+    learned: bool = False  # cost comes from a report, not the prior
+    placed: int = 0  # creates this signaling placed here, ever (monotonic)
+    placed_at_report: int = 0  # ... of which the last report had seen
+    reports: int = 0
+
+
+class Admission:
+    """Per transceiver: its last report, its learned call cost, what was placed since."""
+
+    def __init__(self, transceivers: Iterable[int], placing: Mapping[int, int], *,
+                 limit: float = LIMIT, prior_cost: float = PRIOR_COST,
+                 retry_after: int = RETRY_AFTER) -> None:
+        if not 0 < limit <= 1 or not MIN_COST <= prior_cost <= MAX_COST:
+            raise ValueError("0 < limit <= 1 and a plausible prior cost")
+        self.limit = limit
+        self.prior_cost = prior_cost
+        self.retry_after = retry_after
+        self._placing = placing  # Placement.placing: creates sent and not answered
+        self._nodes = {k: _Node(cost=prior_cost) for k in transceivers}
+        self.refused = 0  # POSTs refused because no transceiver had room
+
+    def _node(self, k: int) -> _Node:
+        node = self._nodes.get(k)
+        if node is None:
+            node = self._nodes[k] = _Node(cost=self.prior_cost)
+        return node
+
+    # -- what reports say ------------------------------------------------------------------
+
+    def asked(self, k: int) -> int:
+        """A ``stats`` poll is being sent to ``k``: the mark to hand back to :meth:`report`."""
+        return self._node(k).placed
+
+    def report(self, k: int, stats: Mapping[str, Any], mark: int) -> None:
+        """``k`` answered ``stats`` (the poll sent at ``mark``). A transceiver that reports
+        no ``load`` (an older version) keeps being judged by counts and the prior."""
+        load = stats.get("load")
+        if not isinstance(load, Mapping):
+            return
+        busy, sessions = _num(load.get("busy")), _num(load.get("sessions"))
+        if busy is None or sessions is None:
+            return
+        node = self._node(k)
+        node.busy, node.sessions = min(max(busy, 0.0), 1.0), int(max(sessions, 0))
+        node.placed_at_report = min(max(mark, node.placed_at_report), node.placed)
+        node.reports += 1
+        cpu = _num(load.get("cpu"))
+        lag = _num(load.get("lag_mean_ms")) or 0.0
+        by_state = stats.get("sessions_by_state")
+        connected = (_num(by_state.get("connected", 0)) if isinstance(by_state, Mapping)
+                     else None)
+        if cpu is None or lag > LAG_SATURATED_MS:
+            return  # a saturated window measures the saturation, not the calls
+        if node.sessions == 0:
+            node.idle = min(cpu, 0.2)
+            return
+        n = int(connected) if connected is not None else node.sessions
+        if n < MIN_SESSIONS or n < node.sessions // 2:
+            return  # mostly calls still setting up: their media cost is not in cpu yet
+        sample = min(max((cpu - node.idle) / n, MIN_COST), MAX_COST)
+        node.cost = sample if not node.learned else LEARN * sample + (1 - LEARN) * node.cost
+        node.learned = True
+
+    def forget(self, k: int) -> None:
+        """``k`` went down or came back: its reports say nothing about the new process."""
+        self._nodes[k] = _Node(cost=self.prior_cost)
+
+    # -- decisions -------------------------------------------------------------------------
+
+    def placed(self, k: int) -> None:
+        self._node(k).placed += 1
+
+    def pending(self, k: int) -> int:
+        """Calls placed on ``k`` that its last report cannot have counted, in flight included."""
+        node = self._node(k)
+        return node.placed - node.placed_at_report + self._placing.get(k, 0)
+
+    def projected(self, k: int, extra: int = 1) -> float:
+        """``k``'s busy share with what is pending and ``extra`` calls more."""
+        node = self._node(k)
+        now = max(node.busy, node.idle + node.cost * node.sessions)
+        return now + node.cost * (self.pending(k) + extra)
+
+    def admits(self, k: int) -> bool:
+        return self.projected(k) <= self.limit
+
+    def room(self, k: int) -> int:
+        """How many more calls ``k`` would be given now."""
+        node = self._node(k)
+        free = self.limit - self.projected(k, 0)
+        return max(0, math.floor(free / node.cost + 1e-9))
+
+    def view(self, k: int) -> dict[str, Any]:
+        """For the health view (the dashboard) and /metrics."""
+        node = self._node(k)
+        return {"headroom": round(max(0.0, self.limit - self.projected(k, 0)), 4),
+                "room": self.room(k), "call_cost": round(node.cost, 5),
+                "call_cost_learned": node.learned, "pending": self.pending(k),
+                "limit": self.limit}
+
+
+def _num(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
