@@ -213,6 +213,8 @@ class CoreConfig:
     new_flow_burst: float = 40.0
     max_sources: int = 65_536
     redis: bool = False
+    #: ask the transceivers about unknown clients' media (relay/reseed.py, issue 20)
+    vouch: bool = False
     max_pending_lookups: int = 4096
     negative_ttl: float = 1.0
     #: transceiver ids missing from ``transceivers`` may be resolved on demand (a pattern)
@@ -282,9 +284,10 @@ class RelayCore:
         self._handshake = GcraRule.of(config.dtls_budget_rate, config.dtls_budget_burst)
         #: ``no_flow_first[b]``: a datagram from an unknown client address starting with
         #: ``b`` can only be dropped ``no-flow`` (not STUN, and no Redis to ask), so the
-        #: shell's fast path drops it without a call; all zeros with Redis configured.
+        #: shell's fast path drops it without a call; all zeros with look-ups (Redis or
+        #: transceiver vouching, reseed.py) configured.
         self.no_flow_first = bytes(
-            0 if config.redis else 1 - IS_STUN[b] for b in range(256)
+            0 if config.redis or config.vouch else 1 - IS_STUN[b] for b in range(256)
         )
         #: return sinks the shell registered, by (transport, public address): a new flow
         #: gets the one it arrived through (transport.py)
@@ -321,7 +324,7 @@ class RelayCore:
                     flow.hs_tat = hs
                 self._touch(flow, now, len(data))
                 return flow
-            if self.config.redis and data:
+            if (self.config.redis or self.config.vouch) and data:
                 self._want_lookup(now, client, public, upstream)
             else:
                 self.counters.drop("no-flow")
@@ -585,6 +588,13 @@ class RelayCore:
         self._dirty.clear()
         self.counters.redis_writes += len(out)
         return out
+
+    def resync_writes(self) -> int:
+        """Queue every flow for a Redis write (Redis is back after an outage, possibly
+        empty: redis_cache.py); returns how many."""
+        for flow in self.flows.values():
+            self._mark_dirty(flow)
+        return len(self._dirty)
 
     def _want_lookup(
         self, now: float, client: Address, public: Address, upstream: Address | None

@@ -136,6 +136,7 @@ def make_drain(
     sinks: Mapping[Address, ReturnSink] | None = None,
     returners: set[Address] | None = None,
     tlv: bytes = b"",
+    local: Callable[[float, memoryview, Address], object] | None = None,
 ) -> Drain:
     """The drain of one socket: ``drain(now)`` handles up to ``BATCH`` datagrams and says
     whether the socket may hold more.
@@ -144,7 +145,8 @@ def make_drain(
     core's STUN answers go out of it). The internal socket's drain gets ``sinks`` (every
     return sink by public address), ``returners`` (the sources whose datagrams are return
     traffic; mutated in place by the resolver) and ``tlv`` (the relay-id TLV of framed
-    replies); its datagrams are PROXY v2 framed.
+    replies); its datagrams are PROXY v2 framed. ``local`` gets the internal socket's
+    PROXY v2 LOCAL datagrams from return sources (flow vouching, :mod:`.reseed`).
     """
     framed = public is None
     public_addr: Address = public if public is not None else ("", 0)  # framed: per datagram
@@ -206,7 +208,10 @@ def make_drain(
                         try:
                             client, pub, off = parse(mv[p : p + n])
                         except ProxyError:
-                            drop("proxy-malformed")
+                            if local is not None and buf[p + 12] == 0x20 and src in returning:
+                                local(now, mv[p : p + n], src)  # a vouch (reseed.py)
+                            else:
+                                drop("proxy-malformed")
                             continue
                         if buf[p + 13] == FAM_UDP4:  # IPv6 addresses do not fit the key
                             if len(parsed) >= PARSED_MAX:

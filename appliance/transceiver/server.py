@@ -57,6 +57,7 @@ from appliance.proto.dtls import State as DtlsState
 from appliance.proto.errors import LocalProtocolError
 from appliance.proto.mux import Kind, classify
 from appliance.proto.proxy import ProxyError, parse_untrusted
+from appliance.proto.proxy.vouch import is_local
 from appliance.proto.ratelimit import GcraTable
 from appliance.proto.sdp import (
     SdpError,
@@ -73,6 +74,7 @@ from .call import Addr
 from .opus import DEFAULT_COMPLEXITY
 from .pacer import Pacer
 from .session import EndedSession, Session, _fmt
+from .vouch import VouchResponder
 
 try:  # optional C extension (setup.py): sendmmsg batching, Linux only
     from appliance.netio import _mmsg
@@ -184,6 +186,9 @@ class Transceiver:
         # (header, offset, length, address) with the datagram as the header. None: send now.
         self._queued: list[tuple[bytes, int, int, Addr]] | None = None
         self._send_batch = _mmsg.send_batch if (_mmsg is not None and config.batch_sends) else None
+        #: relay workers' "is this client yours?" (vouch.py; relay failover, issue 20)
+        self.vouch = VouchResponder(config.id, config.secrets, self.by_client, self.send,
+                                    self.counters)
 
     # -- UDP ---------------------------------------------------------------------------
 
@@ -269,6 +274,9 @@ class Transceiver:
         try:
             client, public, offset = parse_untrusted(data)
         except ProxyError:
+            if is_local(data):
+                self.vouch.handle_datagram(data, relay)  # a relay worker's query
+                return
             self.counters["drop_proxy"] += 1
             return
         payload = data[offset:]
