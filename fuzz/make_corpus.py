@@ -353,6 +353,19 @@ def sctp_seeds() -> dict[str, bytes]:
     }
 
 
+def vouch_seeds() -> dict[str, bytes]:
+    from targets import VOUCH_KEY
+
+    from appliance.proto.proxy import vouch
+
+    q = vouch.Vouch(vouch.Kind.QUERY, ("198.51.100.7", 50000), ("203.0.113.1", 3478), 1,
+                    b"12345678")
+    v = vouch.Vouch(vouch.Kind.VOUCH, ("2001:db8::7", 1), ("2001:db8::1", 3478), 0, b"abcdefgh")
+    other = vouch.derive_key(b"some other secret")
+    return {"query-v4": vouch.encode(q, VOUCH_KEY), "vouch-v6": vouch.encode(v, VOUCH_KEY),
+            "other-key": vouch.encode(q, other)}
+
+
 SEEDS = {
     "stun": stun_seeds,
     "ufrag": ufrag_seeds,
@@ -370,6 +383,7 @@ SEEDS = {
     "ice": ice_seeds,
     "relay": relay_seeds,
     "sctp": sctp_seeds,
+    "vouch": vouch_seeds,
 }
 
 

@@ -587,6 +587,23 @@ def sctp(data: bytes) -> None:
     assert assoc.sender.total_queued <= assoc.max_send_buffer
 
 
+# --- flow vouching (PROXY v2 LOCAL + vouch TLV, issue 20) ------------------------------
+
+from appliance.proto.proxy import vouch as _vouch  # noqa: E402 - appended section
+
+VOUCH_KEY = _vouch.derive_key(b"fuzz-vouch-secret-0123456789abcdef")
+
+
+def vouch(data: bytes) -> None:
+    """``proxy.vouch.parse_untrusted``: only VouchError escapes; what verifies re-encodes
+    bit for bit (so nothing but the MAC'd bytes can be accepted)."""
+    try:
+        msg = _vouch.parse_untrusted(data, [VOUCH_KEY])
+    except _vouch.VouchError:
+        return
+    assert _vouch.encode(msg, VOUCH_KEY) == bytes(data), "a vouch verified but re-encodes differently"
+
+
 TARGETS: dict[str, Target] = {
     "stun": stun,
     "ufrag": ufrag,
@@ -604,4 +621,5 @@ TARGETS: dict[str, Target] = {
     "ice": ice,
     "relay": relay,
     "sctp": sctp,
+    "vouch": vouch,
 }

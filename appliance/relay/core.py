@@ -324,7 +324,10 @@ class RelayCore:
                     flow.hs_tat = hs
                 self._touch(flow, now, len(data))
                 return flow
-            if (self.config.redis or self.config.vouch) and data:
+            # Vouching is for our own public sockets' clients only: an upstream relay is
+            # any host on the internal network, and must not get a client's return traffic
+            # pointed at it by a transceiver's answer (its clients re-learn by STUN/Redis).
+            if data and (self.config.redis or (self.config.vouch and upstream is None)):
                 self._want_lookup(now, client, public, upstream)
             else:
                 self.counters.drop("no-flow")
@@ -599,16 +602,18 @@ class RelayCore:
     def _want_lookup(
         self, now: float, client: Address, public: Address, upstream: Address | None
     ) -> None:
+        # Counted under the look-up's kind: Redis (and vouching with it), or vouching alone.
+        kind = "redis" if self.config.redis else "vouch"
         if client in self._lookups or self._asked.get(client, now) > now:
-            self.counters.drop("redis-pending")
+            self.counters.drop(f"{kind}-pending")
             return
         if len(self._lookups) >= self.config.max_pending_lookups:
-            self.counters.drop("redis-busy")
+            self.counters.drop(f"{kind}-busy")
             return
         if not self.buckets.allow(client[0], now):
             self.counters.drop("rate-limited")
             return
-        self.counters.drop("redis-pending")
+        self.counters.drop(f"{kind}-pending")
         self._lookups[client] = (public, upstream)
 
     @property

@@ -62,6 +62,7 @@ EXAMPLES = {
     "ice": 1000,
     "relay": 1000,
     "sctp": 300,
+    "vouch": 2000,
 }
 
 _TOKENS = [b"\r\n", b":", b" ", b"/", b"=", b"\x00", b"\xff", b"999999", b"\x80\x28", b"\xfe\xfd"]

@@ -430,3 +430,21 @@ class RedisProc:
         if self.popen is not None and self.popen.poll() is None:
             self.popen.kill()
             self.popen.wait(10)
+
+
+async def open_stack_call(nursery: trio.Nursery, stack: Any, k: int, name: str,
+                          frames: list[bytes]) -> MediaCall:
+    """A :class:`MediaCall` on transceiver ``k`` of a ``reliability.support.Stack`` (an
+    ``appliance relay`` and transceivers, sessions created over the control channel),
+    passthrough agent."""
+    peer = ClientPeer(Certificate.generate(time.time()))
+    resp = await stack.ctl(k, op="create", session_id=name, offer=peer.offer(),
+                           agent="passthrough", candidates=[list(stack.public)])
+    assert resp["ok"], resp
+    peer.accept_answer(resp["answer"], trio.current_time())
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind((next_client_ip(), 0))
+    sock.setblocking(False)
+    call = MediaCall(name, peer, sock, enable_rx_timestamps(sock))
+    nursery.start_soon(call.run, frames)
+    return call

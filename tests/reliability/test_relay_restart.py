@@ -21,6 +21,7 @@ from reliability.support import (
     open_call,
     opus_frame,
     restart_worker,
+    worker_pids,
 )
 
 N_CALLS = 10
@@ -221,3 +222,37 @@ async def test_rolling_restart_with_redis_both_steps_resume_without_stun(
         assert all(n > 0 for n in recovered), recovered
     finally:
         db.close()
+
+
+async def test_sighup_rolls_the_relay_workers_without_a_gap(
+    stack: Stack, nursery: trio.Nursery
+) -> None:
+    """Issue 20 item 2 for ``appliance relay --workers 2`` (no Redis, no consent checks):
+    SIGHUP replaces each worker in turn with a fresh process, the successor ready before
+    its predecessor stops; the transceivers re-seed every worker that finds itself without
+    a flow (relay/reseed.py), so no call loses more than 250 ms of audio."""
+    from reliability.failover import longest_media_gap, open_stack_call, opus_frames
+
+    await stack.start_transceiver(0)
+    await stack.start_transceiver(1)
+    await stack.start_relay("--workers", "2")
+    frames = opus_frames()
+    calls = [await open_stack_call(nursery, stack, i % 2, f"call-{i}", frames)
+             for i in range(4)]
+    await eventually(lambda: all(len(c.rx) >= 50 for c in calls), 30, "media on every call")
+    old = await worker_pids(stack)
+    assert stack.relay is not None
+    start = trio.current_time()
+    stack.relay.popen.send_signal(signal.SIGHUP)
+    with trio.fail_after(60):
+        while set((await worker_pids(stack)).values()) & set(old.values()):  # noqa: ASYNC110
+            await trio.sleep(0.05)  # bounded polling of the supervisor's state
+    done = trio.current_time()
+    await eventually(lambda: all(sum(t > done for t in c.rx_times) >= 40 for c in calls), 20,
+                     "media after the roll")
+    end = trio.current_time()
+    gaps = {c.name: longest_media_gap(c.rx, start, end) for c in calls}
+    assert all(c.failed is None for c in calls)
+    assert max(gaps.values()) <= 0.25, gaps
+    stats = await stack.relay_stats()
+    assert [w["ok"] for w in stats["workers"]] == [True, True]
