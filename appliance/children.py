@@ -387,6 +387,7 @@ class Supervisor:
                         elif line == f"{spec.role} standby warm":
                             child.warm = True
                             log.info("%s: standby pid %d warm", spec.name, proc.pid)
+                            self._notify(spec)
                         elif line:
                             log.info("%s: %s", spec.name, line)
         finally:
