@@ -80,6 +80,8 @@ async def run(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
                 base_arrival = [longest_gap(c.rx_times, t0, trio.current_time()) for c in calls]
                 events = []
                 media: list[float] = []
+                warm_media: list[float] = []
+                cold_media: list[float] = []
                 arrival: list[float] = []
                 for _ in range(args.kills):
                     await trio.sleep(rng.uniform(*args.pause))  # a random moment
@@ -87,7 +89,7 @@ async def run(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
                     pid = await up.worker_pid(w)
                     if pid is None:  # still coming back from the last kill
                         continue
-                    warm = bool(up.standby_pids())
+                    warm = up.standbys_warm()
                     os.kill(pid, signal.SIGKILL)
                     killed = trio.current_time()
                     await up._replaced(w, pid, 30)
@@ -98,13 +100,19 @@ async def run(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
                     a = [longest_gap(c.rx_times, killed - WINDOW_BEFORE, end) for c in calls]
                     media += m
                     arrival += a
-                    events.append({"worker": w, "standby_present": warm,
+                    (warm_media if warm else cold_media).extend(m)
+                    events.append({"worker": w, "standby_warm": warm,
                                    "back_after_ms": round(1000 * (back - killed), 1),
                                    "media_gap_max_ms": round(1000 * max(m), 1)})
                     print(json.dumps(events[-1]), file=sys.stderr, flush=True)
+                # Lost: failed, or no media after the last event (waited for: with 50 calls
+                # on a loaded box this process may read its sockets late).
                 end = trio.current_time()
+                with trio.move_on_after(10):
+                    await eventually(lambda: all(any(t > end for t in c.rx_times)
+                                                 for c in calls), 10, "media at the end")
                 lost = [c.name for c in calls if c.failed is not None or
-                        not any(t > end - 0.5 for t in c.rx_times)]
+                        not any(t > end for t in c.rx_times)]
                 counters = await up.counters()
                 nursery.cancel_scope.cancel()
         finally:
@@ -113,6 +121,8 @@ async def run(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
         "calls": args.calls, "kills": len(events), "workers": args.workers,
         "redis": redis_url is not None, "agent": args.agent,
         "media_gap": _summary(media), "arrival_gap": _summary(arrival),
+        "media_gap_standby_warm": _summary(warm_media) if warm_media else None,
+        "media_gap_standby_cold": _summary(cold_media) if cold_media else None,
         "baseline_media_gap": _summary(base_media), "baseline_arrival_gap": _summary(base_arrival),
         "calls_over_250ms": sum(g > 0.25 for g in media),
         "calls_lost": len(lost), "lost": lost, "events": events,

@@ -131,14 +131,15 @@ class Up:
                 out.append(int(pid))
         return out
 
+    def standbys_warm(self) -> bool:
+        """Every worker has a standby and each has said it is warm (imports done)."""
+        pids = self.standby_pids()
+        log = self.proc.log.read_text(errors="replace")
+        return len(pids) >= self.workers and all(f"standby pid {pid} warm" in log for pid in pids)
+
     async def standbys_ready(self, within: float = 60.0) -> None:
         """Every worker has a warm standby (imports done: the supervisor logged it)."""
-        def warm() -> bool:
-            pids = self.standby_pids()
-            log = self.proc.log.read_text(errors="replace")
-            return len(pids) >= self.workers and all(
-                f"standby pid {pid} warm" in log for pid in pids)
-        await eventually(warm, within, "a warm standby per worker")
+        await eventually(self.standbys_warm, within, "a warm standby per worker")
 
     async def kill_worker(self, w: int, within: float = 20.0) -> tuple[float, float]:
         """SIGKILL worker ``w``; wait until a new process answers on its control socket.
