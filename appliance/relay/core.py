@@ -17,7 +17,9 @@ first byte, from the flow's own hop, is forwarded without a call into the core) 
 Routing of a first packet (DESIGN.md "Relay behaviour", "Server ufrag")::
 
     datagram from an unknown client ip:port
-      ├─ first byte not STUN (RFC 7983) ─────────────── drop "no-flow" (or Redis lookup)
+      ├─ first byte not STUN (RFC 7983) ─────────────── drop "no-flow" (or look it up:
+      │                                                  the transceivers vouch, reseed.py;
+      │                                                  Redis)
       ├─ not a well-formed Binding request ──────────── drop "stun-malformed"
       ├─ no USERNAME ─────────────────────────────────── answer: reflexive response
       ├─ server ufrag (before ':') does not verify ──── drop "ufrag-<malformed|version|bad-mac>"
