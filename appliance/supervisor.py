@@ -24,6 +24,11 @@ no new session is routed to it until its replacement is ready. A child that cann
 start (``startup_failures`` exits in a row before its first ready line) aborts ``up`` with a
 message instead of looping forever on, say, a port already in use.
 
+SIGHUP restarts the relay workers one at a time, make-before-break (a successor ready
+before its predecessor stops): the way to roll a new version (docs/operations.md). Each
+relay worker has a warm standby (started with ``--standby``: imported, nothing bound) that
+takes over at once when the worker dies (docs/reliability.md).
+
 Stopping (SIGINT, SIGTERM): the nursery is cancelled; each child gets SIGTERM on its process
 group, then SIGKILL after ``stop_grace`` seconds, and is reaped, so nothing is orphaned and
 the whole thing exits well within 5 s. (A supervisor killed with SIGKILL cannot clean up;
@@ -39,6 +44,7 @@ import argparse
 import logging
 import shlex
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -266,15 +272,23 @@ def child_specs(cfg: UpConfig, secret: Path, control_dir: Path) -> tuple[list[Ch
                 *logging_flags]
         transceivers.append(ChildSpec("transceiver", str(k), argv, control))
     routes = {k: ("127.0.0.1", port) for k, port in enumerate(ports)}
+    # The relay's own module, not `appliance relay`: the full CLI imports every role
+    # (quart, the codecs: ~4x the start-up time), and a relay worker's start-up is on the
+    # path of a failover without a warm standby (docs/reliability.md).
+    relay_cmd = ([sys.executable, "-m", "appliance.relay.cli"]
+                 if cfg.child_command == [sys.executable, "-m", "appliance"]
+                 else [*cfg.child_command, "relay"])
     relays = []
     for w in range(cfg.relay_workers):
         control = str(control_dir / f"relay-{w}.sock")
-        argv = relay_argv([*cfg.child_command, "relay"], listen=[cfg.udp], transceivers=routes,
+        argv = relay_argv(relay_cmd, listen=[cfg.udp], transceivers=routes,
                           secret_file=str(secret), control=control, redis=cfg.redis,
                           log_level=cfg.log_level, log_format=cfg.log_format,
                           tcp=[cfg.udp] if cfg.ice_tcp else [],
                           tcp_https=_https_backend(cfg) if cfg.https_on_media_port else None)
-        relays.append(ChildSpec("relay", str(w), argv, control))
+        # A warm standby per worker: SIGKILL of a worker costs a few tens of ms, not a
+        # Python start-up (docs/reliability.md "Relay worker failover").
+        relays.append(ChildSpec("relay", str(w), argv, control, standby=True))
     return transceivers, relays
 
 
@@ -325,6 +339,7 @@ async def up(
             # Transceivers first: the relays route to them, signaling creates sessions on them.
             await nursery.start(sup.run_group, transceivers)
             await nursery.start(sup.run_group, relays)
+            nursery.start_soon(roll_on_sighup, sup, [s.name for s in relays])
             binds = await nursery.start(partial(serve_signaling, sig_cfg, state=state))
             base = _url_host(binds[0], cfg.public_addresses)
             if cfg.tls_fingerprint:
@@ -347,6 +362,18 @@ async def up(
     finally:
         if temporary:
             shutil.rmtree(control_dir, ignore_errors=True)
+
+
+async def roll_on_sighup(sup: Supervisor, names: list[str]) -> None:
+    """SIGHUP: restart the relay workers one at a time, each successor ready before its
+    predecessor stops, so no call loses more than a few packets (docs/operations.md
+    "Rolling a new version"). Transceivers are not touched: their calls live in them."""
+    with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        async for _ in signals:
+            log.warning("SIGHUP: restarting %d relay workers one at a time", len(names))
+            done = await sup.roll(names)
+            log.warning("rolling restart done: %d of %d relay workers replaced",
+                        sum(done), len(done))
 
 
 # -- command line --------------------------------------------------------------------------

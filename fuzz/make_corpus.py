@@ -400,6 +400,17 @@ def realtime_seeds() -> dict[str, bytes]:
             ev(type="conversation.item.delete", item_id="item_f00002"),
             ev(type="input_audio_buffer.clear")]),
     }
+def vouch_seeds() -> dict[str, bytes]:
+    from targets import VOUCH_KEY
+
+    from appliance.proto.proxy import vouch
+
+    q = vouch.Vouch(vouch.Kind.QUERY, ("198.51.100.7", 50000), ("203.0.113.1", 3478), 1,
+                    b"12345678")
+    v = vouch.Vouch(vouch.Kind.VOUCH, ("2001:db8::7", 1), ("2001:db8::1", 3478), 0, b"abcdefgh")
+    other = vouch.derive_key(b"some other secret")
+    return {"query-v4": vouch.encode(q, VOUCH_KEY), "vouch-v6": vouch.encode(v, VOUCH_KEY),
+            "other-key": vouch.encode(q, other)}
 
 
 SEEDS = {
@@ -421,6 +432,7 @@ SEEDS = {
     "sctp": sctp_seeds,
     "realtime": realtime_seeds,
     "framing": framing_seeds,
+    "vouch": vouch_seeds,
 }
 
 

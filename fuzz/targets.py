@@ -658,6 +658,21 @@ def realtime(data: bytes) -> None:
                 conn.handle_delta(action.request.response_id, AudioDelta(bytes(960)))
         while conn.poll_event() is not None:
             pass
+# --- flow vouching (PROXY v2 LOCAL + vouch TLV, issue 20) ------------------------------
+
+from appliance.proto.proxy import vouch as _vouch  # noqa: E402 - appended section
+
+VOUCH_KEY = _vouch.derive_key(b"fuzz-vouch-secret-0123456789abcdef")
+
+
+def vouch(data: bytes) -> None:
+    """``proxy.vouch.parse_untrusted``: only VouchError escapes; what verifies re-encodes
+    bit for bit (so nothing but the MAC'd bytes can be accepted)."""
+    try:
+        msg = _vouch.parse_untrusted(data, [VOUCH_KEY])
+    except _vouch.VouchError:
+        return
+    assert _vouch.encode(msg, VOUCH_KEY) == bytes(data), "a vouch verified but re-encodes differently"
 
 
 TARGETS: dict[str, Target] = {
@@ -679,4 +694,5 @@ TARGETS: dict[str, Target] = {
     "sctp": sctp,
     "realtime": realtime,
     "framing": framing,
+    "vouch": vouch,
 }

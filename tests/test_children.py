@@ -4,6 +4,8 @@ restarted for ever (as the relay always did), while ``up``'s default gives up af
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 import pytest
@@ -47,3 +49,66 @@ async def test_ready_fields_and_argv_read_at_each_start(nursery: trio.Nursery) -
     spec.argv = EXIT_3
     with trio.fail_after(20):
         await sup.wait_until(lambda: st.last_exit == 3)
+
+
+# A child that serves as a standby: with --standby it says it is warm and waits for "go".
+STANDBY_CHILD = [sys.executable, "-c", """
+import os, sys, time
+if "--standby" in sys.argv:
+    print("relay standby warm", flush=True)
+    if sys.stdin.readline().strip() != "go":
+        sys.exit(0)
+print(f"relay listening on 127.0.0.1:1 internal 127.0.0.1:{os.getpid()}", flush=True)
+time.sleep(600)
+"""]
+
+
+async def _ready_pid(sup: Supervisor, name: str, not_pid: int | None = None) -> int:
+    st = sup.status[name]
+    with trio.fail_after(30):
+        await sup.wait_until(lambda: st.state == "ready" and st.pid not in (None, not_pid))
+    assert st.pid is not None
+    return st.pid
+
+
+async def test_a_dead_child_is_replaced_by_its_warm_standby_at_once(nursery: trio.Nursery) -> None:
+    """Issue 20: a relay worker that dies is replaced by its standby (already started and
+    imported), with no backoff; then a new standby is started."""
+    spec = ChildSpec("relay", "0", STANDBY_CHILD, "", standby=True)
+    sup = Supervisor([spec], backoff_initial=5.0, standby_delay=0.0)
+    nursery.start_soon(sup.supervise, spec)
+    first = await _ready_pid(sup, spec.name)
+    with trio.fail_after(30):
+        await sup.wait_until(lambda: (sb := sup._standby.get(spec.name)) is not None and sb.warm)
+    standby = sup._standby[spec.name].proc.pid
+    os.kill(first, signal.SIGKILL)
+    t0 = trio.current_time()
+    assert await _ready_pid(sup, spec.name, first) == standby
+    assert trio.current_time() - t0 < 2.0  # not the 5 s backoff
+    st = sup.status[spec.name]
+    assert st.delays == [0.0] and st.restarts == 1
+    assert st.ready_fields["internal"] == f"127.0.0.1:{standby}"
+    with trio.fail_after(30):  # and a fresh standby is kept again
+        await sup.wait_until(lambda: (sb := sup._standby.get(spec.name)) is not None
+                             and sb.proc.pid != standby)
+
+
+async def test_replace_is_make_before_break(nursery: trio.Nursery) -> None:
+    """SIGHUP's rolling restart: a fresh successor (not the standby: it runs the old code)
+    is ready before its predecessor is stopped; a successor that cannot start leaves the
+    predecessor running."""
+    spec = ChildSpec("relay", "0", STANDBY_CHILD, "", standby=True)
+    sup = Supervisor([spec], standby_delay=0.0)
+    nursery.start_soon(sup.supervise, spec)
+    first = await _ready_pid(sup, spec.name)
+    with trio.fail_after(30):
+        await sup.wait_until(lambda: spec.name in sup._standby)
+    standby = sup._standby[spec.name].proc.pid
+    assert await sup.replace(spec.name)
+    st = sup.status[spec.name]
+    assert st.pid not in (first, standby) and st.state == "ready"
+    assert sup.status[spec.name].delays == []  # never down: no backoff, no restart wait
+    second = st.pid
+    spec.argv = EXIT_3
+    assert not await sup.replace(spec.name)
+    assert sup.status[spec.name].pid == second and sup.status[spec.name].state == "ready"

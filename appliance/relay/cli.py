@@ -3,8 +3,9 @@
 Flags override the ``[relay]`` table of the TOML config file, which overrides the defaults
 (see :mod:`appliance.config`). With ``--workers M`` (M > 1) this process becomes a small
 supervisor: it starts M copies of itself with ``--workers 1`` sharing the public port through
-``SO_REUSEPORT`` (their argv from :mod:`.argv`), restarts a worker that dies (with backoff,
-through :class:`appliance.children.Supervisor`, the one ``appliance up`` uses), serves
+``SO_REUSEPORT`` (their argv from :mod:`.argv`), restarts a worker that dies (at once from a warm standby, else with backoff,
+through :class:`appliance.children.Supervisor`, the one ``appliance up`` uses), restarts
+them one at a time on SIGHUP (each successor ready before its predecessor stops), serves
 ``--control`` by summing the workers' counters, and stops them all on SIGINT/SIGTERM.
 
 When ready it prints exactly one line (tests and the supervisor of ``appliance up`` wait for
@@ -35,6 +36,7 @@ from .. import logs
 from ..children import ChildSpec, Supervisor
 from ..config import ConfigError, format_hostport, load_config, parse_hostport, resolve
 from ..control import serve_control
+from ..heap import settle_heap
 from ..proto.ufrag import load_secrets
 from .argv import relay_argv
 from .control import merged_stats, unknown_op
@@ -47,6 +49,7 @@ from .tcp import TcpLimits
 log = logging.getLogger("appliance.relay")
 
 READY_PREFIX = "relay listening on "
+STANDBY_LINE = "relay standby warm"
 
 DEFAULTS: dict[str, Any] = {
     "listen": ["0.0.0.0:3478"],
@@ -143,6 +146,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
            "record is relayed, as is, to this HTTPS address (e.g. signaling on loopback)")
     a("--config", metavar="FILE", help="TOML config file (flags override it)")
     a("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    # A supervisor's warm standby (appliance.children): start, read the configuration, then
+    # wait for "go" on stdin before binding anything (issue 20: fast failover).
+    a("--standby", action="store_true", help=argparse.SUPPRESS)
     logs.add_logging_flags(parser)
 
 
@@ -317,7 +323,7 @@ class _Workers:
         self.config = config
         self.workers = workers
         self.tmp = tempfile.mkdtemp(prefix="appliance-relay-")
-        self.specs = [ChildSpec("relay", str(i), [], self.control_path(i))
+        self.specs = [ChildSpec("relay", str(i), [], self.control_path(i), standby=True)
                       for i in range(workers)]
         self.listen(config.listen)
         self.supervisor = Supervisor(self.specs, backoff_initial=0.1, backoff_max=5.0,
@@ -347,6 +353,7 @@ class _Workers:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_stop_on_signals, nursery.cancel_scope)
+                nursery.start_soon(_roll_on_sighup, self)
                 nursery.start_soon(sup.supervise, self.specs[0])
                 await sup.wait_until(lambda: self.ready(0) is not None)
                 first = self.ready(0)
@@ -370,6 +377,27 @@ class _Workers:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+def _standby(config: RelayConfig) -> bool:
+    """Block until the supervisor says ``go`` (True) or closes our stdin (False). Everything
+    a worker imports is imported by now; the Redis client's module too, when configured."""
+    if config.redis_url is not None:
+        import redis  # noqa: F401 - imported now, not after "go"
+    settle_heap()  # the start-up objects out of the collector's reach, now rather than later
+    print(STANDBY_LINE, flush=True)  # the supervisor logs it: this standby is warm
+    line = sys.stdin.readline()
+    return line.strip() == "go"
+
+
+async def _roll_on_sighup(workers: _Workers) -> None:
+    """SIGHUP: restart the workers one at a time, each successor ready before its
+    predecessor stops (docs/operations.md "Rolling a new version")."""
+    with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        async for _ in signals:
+            log.warning("relay: SIGHUP, restarting %d workers one at a time", workers.workers)
+            done = await workers.supervisor.roll([s.name for s in workers.specs])
+            log.warning("relay: rolling restart done (%d of %d replaced)", sum(done), len(done))
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         resolve(args, load_config(args.config), "relay", DEFAULTS)
@@ -385,7 +413,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if workers > 1 and args.worker_index is None:
             trio.run(_Workers(args, config, workers).run)
-        else:
+        elif not args.standby or _standby(config):
             trio.run(_run_worker, config, bool(args.pin))
     except OSError as exc:
         print(f"appliance relay: {exc}", file=sys.stderr)

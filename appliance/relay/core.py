@@ -17,7 +17,9 @@ first byte, from the flow's own hop, is forwarded without a call into the core) 
 Routing of a first packet (DESIGN.md "Relay behaviour", "Server ufrag")::
 
     datagram from an unknown client ip:port
-      ├─ first byte not STUN (RFC 7983) ─────────────── drop "no-flow" (or Redis lookup)
+      ├─ first byte not STUN (RFC 7983) ─────────────── drop "no-flow" (or look it up:
+      │                                                  the transceivers vouch, reseed.py;
+      │                                                  Redis)
       ├─ not a well-formed Binding request ──────────── drop "stun-malformed"
       ├─ no USERNAME ─────────────────────────────────── answer: reflexive response
       ├─ server ufrag (before ':') does not verify ──── drop "ufrag-<malformed|version|bad-mac>"
@@ -213,6 +215,8 @@ class CoreConfig:
     new_flow_burst: float = 40.0
     max_sources: int = 65_536
     redis: bool = False
+    #: ask the transceivers about unknown clients' media (relay/reseed.py, issue 20)
+    vouch: bool = False
     max_pending_lookups: int = 4096
     negative_ttl: float = 1.0
     #: transceiver ids missing from ``transceivers`` may be resolved on demand (a pattern)
@@ -282,9 +286,10 @@ class RelayCore:
         self._handshake = GcraRule.of(config.dtls_budget_rate, config.dtls_budget_burst)
         #: ``no_flow_first[b]``: a datagram from an unknown client address starting with
         #: ``b`` can only be dropped ``no-flow`` (not STUN, and no Redis to ask), so the
-        #: shell's fast path drops it without a call; all zeros with Redis configured.
+        #: shell's fast path drops it without a call; all zeros with look-ups (Redis or
+        #: transceiver vouching, reseed.py) configured.
         self.no_flow_first = bytes(
-            0 if config.redis else 1 - IS_STUN[b] for b in range(256)
+            0 if config.redis or config.vouch else 1 - IS_STUN[b] for b in range(256)
         )
         #: return sinks the shell registered, by (transport, public address): a new flow
         #: gets the one it arrived through (transport.py)
@@ -321,7 +326,10 @@ class RelayCore:
                     flow.hs_tat = hs
                 self._touch(flow, now, len(data))
                 return flow
-            if self.config.redis and data:
+            # Vouching is for our own public sockets' clients only: an upstream relay is
+            # any host on the internal network, and must not get a client's return traffic
+            # pointed at it by a transceiver's answer (its clients re-learn by STUN/Redis).
+            if data and (self.config.redis or (self.config.vouch and upstream is None)):
                 self._want_lookup(now, client, public, upstream)
             else:
                 self.counters.drop("no-flow")
@@ -586,19 +594,28 @@ class RelayCore:
         self.counters.redis_writes += len(out)
         return out
 
+    def resync_writes(self) -> int:
+        """Queue every flow for a Redis write (Redis is back after an outage, possibly
+        empty: redis_cache.py); returns how many."""
+        for flow in self.flows.values():
+            self._mark_dirty(flow)
+        return len(self._dirty)
+
     def _want_lookup(
         self, now: float, client: Address, public: Address, upstream: Address | None
     ) -> None:
+        # Counted under the look-up's kind: Redis (and vouching with it), or vouching alone.
+        kind = "redis" if self.config.redis else "vouch"
         if client in self._lookups or self._asked.get(client, now) > now:
-            self.counters.drop("redis-pending")
+            self.counters.drop(f"{kind}-pending")
             return
         if len(self._lookups) >= self.config.max_pending_lookups:
-            self.counters.drop("redis-busy")
+            self.counters.drop(f"{kind}-busy")
             return
         if not self.buckets.allow(client[0], now):
             self.counters.drop("rate-limited")
             return
-        self.counters.drop("redis-pending")
+        self.counters.drop(f"{kind}-pending")
         self._lookups[client] = (public, upstream)
 
     @property

@@ -30,6 +30,10 @@ COUNTER_NAMES = (
     "tcp_established",
     "tcp_closed",
     "tcp_https",
+    "flows_vouched",
+    "vouch_queries",
+    "redis_errors",
+    "redis_reconnects",
 )
 
 
@@ -49,6 +53,13 @@ class Counters:
     redis_writes: int = 0
     #: flows that became established (their transceiver answered them)
     flows_answered: int = 0
+    #: flows installed because a transceiver vouched for them (reseed.py) and the queries
+    #: sent for them (one per unknown client and transceiver)
+    flows_vouched: int = 0
+    vouch_queries: int = 0
+    #: failed Redis operations (each once, however many writes it carried) and recoveries
+    redis_errors: int = 0
+    redis_reconnects: int = 0
     #: hot-loop wake-ups (packets_in / wakeups = datagrams handled per event-loop round trip)
     wakeups: int = 0
     #: wake-ups after which the hot loop waited to gather a batch (server.coalesce_wait)

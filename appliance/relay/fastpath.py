@@ -149,6 +149,7 @@ def make_drain(
     tlv: bytes = b"",
     transport: Transport = Transport.UDP,
     stream_sinks: Mapping[Address, ReturnSink] | None = None,
+    local: Callable[[float, memoryview, Address], object] | None = None,
 ) -> Drain:
     """The drain of one socket: ``drain(now)`` handles up to ``BATCH`` datagrams and says
     whether the socket may hold more.
@@ -160,6 +161,8 @@ def make_drain(
     replies); its datagrams are PROXY v2 framed. ``stream_sinks`` are the ICE-TCP
     listeners' sinks by public address (return datagrams with a STREAM header go there);
     ``transport`` is how a public drain's clients reach us (TCP for the listener's).
+    ``local`` gets the internal socket's PROXY v2 LOCAL datagrams from return sources
+    (flow vouching, :mod:`.reseed`).
     """
     framed = public is None
     public_addr: Address = public if public is not None else ("", 0)  # framed: per datagram
@@ -226,7 +229,10 @@ def make_drain(
                         try:
                             client, pub, off, kind = parse(mv[p : p + n])
                         except ProxyError:
-                            drop("proxy-malformed")
+                            if local is not None and buf[p + 12] == 0x20 and src in returning:
+                                local(now, mv[p : p + n], src)  # a vouch (reseed.py)
+                            else:
+                                drop("proxy-malformed")
                             continue
                         # An ICE-TCP flow's client is keyed apart from a UDP one's.
                         stream = kind == STREAM

@@ -15,7 +15,9 @@ Where things are::
      │                      routing loop; io.PythonIO / io.MmsgIO: the syscalls)
      ├─ housekeeping        RelayCore.sweep every tick (idle flows, refilled budgets)
      ├─ Resolver.run        transceiver names, off the hot path (resolver.py)
-     ├─ RedisFlowCache      writer and reader tasks, with --redis (redis_cache.py)
+     ├─ reseed.Lookups      unknown clients' media: ask the transceivers (flow vouching,
+     │                      reseed.py) and Redis (RedisFlowCache, with --redis)
+     ├─ RedisFlowCache      writer task, with --redis (redis_cache.py)
      └─ serve_control       {"op": "stats"} (control.py)
 
     core.RelayCore          every decision, no I/O; transport.py: the Transport/ReturnSink
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -61,6 +63,7 @@ from .fastpath import (
 from .filter import MAX_DATAGRAM, attach_public_filter
 from .io import IO_ENV, IO_MODES, IoAdapter, adapter, mmsg_available, select_io
 from .redis_cache import RedisFlowCache, open_client
+from .reseed import FlowVouching, Lookups
 from .resolver import Resolver, pattern_address, resolve_at_start
 from .tcp import TcpLimits, TcpListener, tcp_listener
 from .transport import ReturnSink, UdpSink
@@ -109,6 +112,8 @@ class RelayConfig:
     tcp_limits: TcpLimits = field(default_factory=TcpLimits)
     #: shared-port mode: TLS connections on the ICE-TCP listeners go to this HTTPS address
     tcp_https: Address | None = None
+    #: ask the transceivers about media from unknown clients (reseed.py, issue 20)
+    vouch: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +159,7 @@ def _core(config: RelayConfig, transceivers: Mapping[int, Address],
             new_flow_burst=config.new_flow_burst,
             max_sources=max(65_536, config.max_flows),
             redis=config.redis_url is not None,
+            vouch=config.vouch,
             resolve_transceivers=config.transceiver_pattern is not None,
             resolve_limit=0x10000 if config.transceiver_count is None else config.transceiver_count,
         )
@@ -171,6 +177,7 @@ def build_drains(
     tcp_limits: TcpLimits | None = None,
     listeners: list[TcpListener] | None = None,
     tcp_https: Address | None = None,
+    local: Callable[[float, memoryview, Address], object] | None = None,
 ) -> dict[int, Drain]:
     """Every socket's drain, by fd: the return sinks and the internal outbox the drains
     queue on (transport.py), registered with the core, then one :func:`make_drain` per
@@ -200,7 +207,7 @@ def build_drains(
         buf=ibuf, slot=INTERNAL_SLOT, count=INTERNAL_BATCH, internal=internal_out,
         sinks=sinks, returners=returners,
         tlv=encode_tlv(TLV_RELAY_ID, relay_id.encode()[:64]),
-        stream_sinks={t.public: t.sink for t in tcps})
+        stream_sinks={t.public: t.sink for t in tcps}, local=local)
     return drains
 
 
@@ -248,13 +255,16 @@ async def serve_relay(
         public = tuple(sockname(s) for s in pubs)
         resolver.update_return_sources()
 
+        vouching = FlowVouching(core, config.secrets) if config.vouch else None
+        lookups = Lookups(core, vouching, isock, cache)
         drains = build_drains(core, list(zip(public, pubs, strict=True)), isock, syscalls,
                               resolver.return_sources, config.relay_id, tcp_socks,
-                              config.tcp_limits, listeners, config.tcp_https)
+                              config.tcp_limits, listeners, config.tcp_https,
+                              None if vouching is None else vouching.handle_datagram)
 
         def wake() -> None:
-            if cache is not None and core.lookups_pending and not cache.wanted.is_set():
-                cache.wanted.set()
+            if core.lookups_pending and not lookups.wanted.is_set():
+                lookups.wanted.set()
             if core.resolutions_pending and not resolver.wanted.is_set():
                 resolver.wanted.set()
 
@@ -271,9 +281,10 @@ async def serve_relay(
                 nursery.start_soon(listener.serve)
             if resolver.needed:
                 nursery.start_soon(resolver.run)
+            if cache is not None or vouching is not None:
+                nursery.start_soon(lookups.run)
             if cache is not None:
                 nursery.start_soon(cache.writer)
-                nursery.start_soon(cache.reader)
             if config.control is not None:
                 await nursery.start(serve_control, config.control,
                                     worker_handler(core, config.worker, io, buffers))

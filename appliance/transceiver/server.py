@@ -57,6 +57,7 @@ from appliance.proto.dtls import State as DtlsState
 from appliance.proto.errors import LocalProtocolError
 from appliance.proto.mux import Kind, classify
 from appliance.proto.proxy import STREAM, ProxyError, StreamAddr, parse_transport_untrusted
+from appliance.proto.proxy.vouch import is_local
 from appliance.proto.ratelimit import GcraTable
 from appliance.proto.sdp import (
     SdpError,
@@ -75,6 +76,7 @@ from .headroom import TICK, LoadMeter
 from .opus import DEFAULT_COMPLEXITY
 from .pacer import Pacer
 from .session import EndedSession, Session, _fmt
+from .vouch import VouchResponder
 
 try:  # optional C extension (setup.py): sendmmsg batching, Linux only
     from appliance.netio import _mmsg
@@ -213,6 +215,9 @@ class Transceiver:
         self.complexity = ComplexityController(config.opus_complexity,
                                                enabled=config.adaptive_complexity)
         self._created_in_window = 0  # creates since the meter's last window
+        #: relay workers' "is this client yours?" (vouch.py; relay failover, issue 20)
+        self.vouch = VouchResponder(config.id, config.secrets, self.by_client, self.send,
+                                    self.counters)
 
     # -- UDP ---------------------------------------------------------------------------
 
@@ -349,6 +354,9 @@ class Transceiver:
         try:
             client, public, offset, transport = parse_transport_untrusted(data)
         except ProxyError:
+            if is_local(data):
+                self.vouch.handle_datagram(data, relay)  # a relay worker's query
+                return
             self.counters["drop_proxy"] += 1
             return
         if transport == STREAM:

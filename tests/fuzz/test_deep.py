@@ -64,6 +64,7 @@ EXAMPLES = {
     "sctp": 300,
     "realtime": 500,
     "framing": 2000,
+    "vouch": 2000,
 }
 
 _TOKENS = [b"\r\n", b":", b" ", b"/", b"=", b"\x00", b"\xff", b"999999", b"\x80\x28", b"\xfe\xfd"]

@@ -19,6 +19,7 @@ import aioice.stun as astun
 import trio
 
 from appliance.proto.proxy import encode_header, parse_untrusted, tlvs_untrusted
+from appliance.proto.proxy.vouch import is_local
 from appliance.proto.ufrag import UfragCodec
 
 SECRET = b"relay-test-secret-0123456789abcdef"
@@ -84,6 +85,7 @@ class FakeTransceiver:
     sock: trio.socket.SocketType
     echo: bool = True
     got: list[Received] = field(default_factory=list)
+    queries: list[bytes] = field(default_factory=list)
 
     @property
     def address(self) -> Address:
@@ -96,6 +98,9 @@ class FakeTransceiver:
                 data, src = await self.sock.recvfrom(65536)
             except trio.ClosedResourceError:
                 return
+            if is_local(data):
+                self.queries.append(data)  # a flow-vouch query (relay/reseed.py): not ours
+                continue
             client, public, off = parse_untrusted(data)
             self.got.append(Received(src, client, public, data[off:], tlvs_untrusted(data)))
             if self.echo:

@@ -71,3 +71,43 @@ async def test_media_resumes_after_restart_without_new_stun(
             second.cancel_scope.cancel()
     finally:
         db.close()
+
+
+async def test_an_unreachable_redis_is_retried_with_backoff_and_refilled(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 20 item 3: Redis unreachable costs counted errors and one warning, retried
+    with backoff (not every write tick); when it answers, every flow is written back."""
+    from appliance.relay.core import CoreConfig, RelayCore
+    from appliance.relay.redis_cache import RedisFlowCache
+    from appliance.relay.redis_cache import open_client as redis_client
+
+    core = RelayCore(CoreConfig(secrets=(SECRET,), transceivers={0: ("127.0.0.1", 9)},
+                                redis=True))
+    for i in range(3):
+        core.handle_datagram(0.0, ("203.0.113.9", 4000 + i), check(ufrag()), ("127.0.0.1", 1))
+    dead = redis_client("redis://127.0.0.1:1/0")  # nothing listens on port 1
+    cache = RedisFlowCache(core, dead, 0, 30.0, backoff_initial=0.2, backoff_max=0.4)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(cache.writer)
+        await trio.sleep(1.5)  # the time under test: how often it retries in 1.5 s
+        nursery.cancel_scope.cancel()
+    errors = core.counters.redis_errors
+    assert 2 <= errors <= 6, errors  # 30 write ticks, a handful of tries (0.2, 0.4, 0.4 ...)
+    assert not cache.up and not cache.available
+    assert sum("carrying on without it" in r.message for r in caplog.records) == 1
+    # Redis is back (a real one): the PING succeeds and every flow is written at once.
+    cache.client = redis_client(redis_url)
+    cache.retry_at = 0.0
+    db = redis.Redis.from_url(redis_url)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cache.writer)
+            with trio.fail_after(5):
+                while len(await trio.to_thread.run_sync(  # noqa: ASYNC110 - another process
+                        lambda: list(db.scan_iter("appliance:relay:*")))) < 3:
+                    await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+    finally:
+        db.close()
+    assert cache.up and core.counters.redis_reconnects == 1

@@ -82,12 +82,14 @@ class Up:
         out = {"up": self.proc.pid}
         for pid in children(self.proc.pid):
             cmd = cmdline(pid)
-            if "appliance" not in cmd:
+            if not any(a == "appliance" or a.startswith("appliance.") for a in cmd):
                 continue
             role = "?"
+            if "--standby" in cmd:
+                continue  # a relay worker's warm standby (issue 20): idle until needed
             if "transceiver" in cmd:
                 role = f"transceiver{cmd[cmd.index('--id') + 1] if '--id' in cmd else pid}"
-            elif "relay" in cmd:
+            elif "relay" in cmd or "appliance.relay.cli" in cmd:  # up runs the module
                 role = f"relay{pid}" if any(k.startswith("relay") for k in out) else "relay"
             out[role] = pid
         return out

@@ -35,6 +35,8 @@ def mode(name: str, role: str) -> bool:
 
 def main() -> None:
     role = sys.argv[1]
+    if "--standby" in sys.argv and sys.stdin.readline().strip() != "go":
+        return  # a warm standby the supervisor never needed (appliance.children)
     p = argparse.ArgumentParser()
     p.add_argument("--id", default="0")
     p.add_argument("--listen")

@@ -1,0 +1,77 @@
+"""The transceiver's half of flow vouching (issue 20; the relay's half is relay/reseed.py).
+
+A relay worker that receives media from a client address it has no flow for asks every
+transceiver of its cluster "is this client yours?" (a PROXY v2 LOCAL datagram with a vouch
+TLV, MAC'd with the routing secret: :mod:`appliance.proto.proxy.vouch`). We answer only
+for a client address one of our live sessions has authenticated — an ICE check that proved
+the session's password (RFC 8445 §7.3) put it in ``by_client`` — and whose public relay
+address is the one the relay names; anyone else (a wrong MAC, an unknown client) gets
+silence, which the relay treats as "no".
+
+The query also tells us that this client's datagrams now reach the relay at the query's
+source (the worker that had the flow died, or the ``SO_REUSEPORT`` hash moved the client),
+so the flow's return traffic is pointed there at once instead of at the client's next
+packet (DESIGN.md: "the transceiver replies to the internal address the flow's last packet
+came from" — the query is that relay's first word about the flow).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+from appliance.proto.proxy.vouch import Kind, Vouch, VouchError, derive_key, encode, parse_untrusted
+
+from .call import Addr
+
+
+class _Flow(Protocol):
+    public: Addr
+    relay: Addr
+
+
+class _Call(Protocol):
+    @property
+    def flows(self) -> Mapping[Addr, _Flow]: ...
+
+
+class _Session(Protocol):
+    @property
+    def call(self) -> _Call: ...
+
+
+class VouchResponder:
+    """Answers relay queries for the clients of ``by_client``."""
+
+    def __init__(self, transceiver: int, secrets: Sequence[bytes],
+                 by_client: Mapping[Addr, _Session], send: Callable[[bytes, Addr], None],
+                 counters: dict[str, int]) -> None:
+        self.transceiver = transceiver
+        self.keys = [derive_key(s) for s in secrets]
+        self.by_client = by_client
+        self.send = send
+        self.counters = counters
+        for name in ("vouch_queries", "vouch_answers", "drop_vouch"):
+            counters.setdefault(name, 0)
+
+    def handle_datagram(self, data: bytes | bytearray | memoryview, relay: Addr) -> None:
+        c = self.counters
+        try:
+            msg = parse_untrusted(data, self.keys)
+        except VouchError:
+            c["drop_vouch"] += 1
+            return
+        if msg.kind is not Kind.QUERY or msg.transceiver != self.transceiver:
+            c["drop_vouch"] += 1
+            return
+        c["vouch_queries"] += 1
+        session = self.by_client.get(msg.client)
+        if session is None:
+            return  # not ours: silence
+        flow = session.call.flows.get(msg.client)
+        if flow is None or flow.public != msg.public:
+            return
+        flow.relay = relay  # its datagrams reach that worker now (module docstring)
+        c["vouch_answers"] += 1
+        self.send(encode(Vouch(Kind.VOUCH, msg.client, msg.public, self.transceiver,
+                               msg.nonce), self.keys[0]), relay)

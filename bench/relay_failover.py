@@ -1,0 +1,169 @@
+"""Issue 20: relay worker failover under 50 live calls, SIGKILL at random moments.
+
+One real ``appliance up`` (2 transceivers, M relay workers with warm standbys, optionally
+``--redis`` against a throwaway redis-server), N calls of our client through the relay
+(``tests/reliability/failover.py``: each on its own loopback address, 50 packets/s,
+passthrough agent so every received RTP timestamp is the caller's own and a loss in either
+direction is a jump). Then K times, after a random pause (``--pause`` MIN..MAX s, the
+standby may or may not be warm again: a random moment), SIGKILL of a random worker; the
+supervisor's standby (or, if none is warm, a fresh process) takes over.
+
+Printed, over every call and event: the longest run of audio missing from the received RTP
+timestamps around each kill (``media gap``: the issue's measure) and the longest interval
+between two received packets (``arrival gap``: adds this process's own send stalls),
+p50/p99/max, calls lost (failed or without media at the end), and the same for a baseline
+window of the same length with no kill (what the loaded box alone costs).
+
+    .venv/bin/python bench/relay_failover.py --calls 50 --kills 10 --workers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from reliability.failover import (  # noqa: E402
+    RedisProc,
+    Up,
+    longest_gap,
+    longest_media_gap,
+    open_media_call,
+    opus_frames,
+)
+from reliability.support import eventually  # noqa: E402
+
+WINDOW_BEFORE = 0.5
+WINDOW_AFTER = 1.5
+
+
+def _pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    return {"p50_ms": round(1000 * statistics.median(values), 1),
+            "p99_ms": round(1000 * _pct(values, 0.99), 1),
+            "max_ms": round(1000 * max(values), 1)}
+
+
+async def run(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory(prefix="relay-failover-") as d:
+        up = await Up.start(Path(d), workers=args.workers, redis=redis_url)
+        try:
+            async with trio.open_nursery() as nursery:
+                frames = opus_frames()
+                calls = [await open_media_call(nursery, up, f"call-{i}", frames, args.agent)
+                         for i in range(args.calls)]
+                await eventually(lambda: all(len(c.rx) >= 50 for c in calls), 120,
+                                 "media on every call")
+                await up.standbys_ready()
+                # Baseline: the same window with no event (load, GC, the client itself).
+                t0 = trio.current_time()
+                await trio.sleep(WINDOW_BEFORE + WINDOW_AFTER)  # a measurement window
+                base_media = [longest_media_gap(c.rx, t0, trio.current_time()) for c in calls]
+                base_arrival = [longest_gap(c.rx_times, t0, trio.current_time()) for c in calls]
+                events = []
+                media: list[float] = []
+                warm_media: list[float] = []
+                cold_media: list[float] = []
+                arrival: list[float] = []
+                for _ in range(args.kills):
+                    await trio.sleep(rng.uniform(*args.pause))  # a random moment
+                    w = rng.randrange(args.workers)
+                    pid = await up.worker_pid(w)
+                    if pid is None:  # still coming back from the last kill
+                        continue
+                    warm = up.standbys_warm()
+                    os.kill(pid, signal.SIGKILL)
+                    killed = trio.current_time()
+                    await up._replaced(w, pid, 30)
+                    back = trio.current_time()
+                    await trio.sleep(WINDOW_AFTER)  # the measurement window after the kill
+                    end = trio.current_time()
+                    m = [longest_media_gap(c.rx, killed - WINDOW_BEFORE, end) for c in calls]
+                    a = [longest_gap(c.rx_times, killed - WINDOW_BEFORE, end) for c in calls]
+                    media += m
+                    arrival += a
+                    (warm_media if warm else cold_media).extend(m)
+                    events.append({"worker": w, "standby_warm": warm,
+                                   "back_after_ms": round(1000 * (back - killed), 1),
+                                   "media_gap_max_ms": round(1000 * max(m), 1)})
+                    print(json.dumps(events[-1]), file=sys.stderr, flush=True)
+                # Lost: failed, or no media after the last event (waited for: with 50 calls
+                # on a loaded box this process may read its sockets late).
+                end = trio.current_time()
+                with contextlib.suppress(AssertionError):  # the lost ones are reported
+                    await eventually(lambda: all(any(t > end for t in c.rx_times)
+                                                 for c in calls), 10, "media at the end")
+                lost = [c.name for c in calls if c.failed is not None or
+                        not any(t > end for t in c.rx_times)]
+                counters = await up.counters()
+                nursery.cancel_scope.cancel()
+        finally:
+            up.stop()
+    return {
+        "calls": args.calls, "kills": len(events), "workers": args.workers,
+        "redis": redis_url is not None, "agent": args.agent,
+        "media_gap": _summary(media), "arrival_gap": _summary(arrival),
+        "media_gap_standby_warm": _summary(warm_media) if warm_media else None,
+        "media_gap_standby_cold": _summary(cold_media) if cold_media else None,
+        "baseline_media_gap": _summary(base_media), "baseline_arrival_gap": _summary(base_arrival),
+        "calls_over_250ms": sum(g > 0.25 for g in media),
+        "calls_lost": len(lost), "lost": lost, "events": events,
+        "flows_vouched": counters.get("flows_vouched", 0),
+        "load": os.getloadavg()[0],
+    }
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    if not args.redis:
+        return await run(args, None)
+    r = RedisProc()
+    r.start()
+    try:
+        return await run(args, r.url)
+    finally:
+        r.kill9()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--calls", type=int, default=50)
+    p.add_argument("--kills", type=int, default=10)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--redis", action="store_true", help="with a throwaway redis-server")
+    p.add_argument("--agent", default="passthrough")
+    p.add_argument("--pause", type=float, nargs=2, default=(1.0, 6.0), metavar=("MIN", "MAX"),
+                   help="random pause before each kill, s")
+    p.add_argument("--seed", type=int, default=20)
+    p.add_argument("--json", metavar="FILE")
+    args = p.parse_args(argv)
+    started = time.monotonic()
+    results = trio.run(main_async, args)
+    results["seconds"] = round(time.monotonic() - started, 1)
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

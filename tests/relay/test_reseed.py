@@ -1,0 +1,114 @@
+"""Flow vouching, relay side (appliance.relay.reseed, issue 20), without sockets: a
+client's media makes the relay *ask*; only an authentic answer from the transceiver's
+configured address, to a pending question, installs a flow."""
+
+from __future__ import annotations
+
+from relay.support import DTLS, RTP, SECRET, check, ufrag
+
+from appliance.proto.proxy.vouch import Kind, Vouch, derive_key, encode, parse_untrusted
+from appliance.relay.core import CoreConfig, Flow, RelayCore, Route
+from appliance.relay.reseed import FlowVouching
+
+PUBLIC = ("198.51.100.1", 3478)
+T = {0: ("127.0.0.1", 4000), 1: ("127.0.0.1", 4001)}
+CLIENT = ("203.0.113.9", 40000)
+KEY = derive_key(SECRET)
+
+
+def setup(**kw: object) -> tuple[RelayCore, FlowVouching]:
+    core = RelayCore(CoreConfig(secrets=(SECRET,), transceivers=T, vouch=True, **kw))  # type: ignore[arg-type]
+    return core, FlowVouching(core, [SECRET])
+
+
+def ask(core: RelayCore, v: FlowVouching, now: float = 0.0) -> list[tuple[Vouch, tuple[str, int]]]:
+    assert core.handle_datagram(now, CLIENT, RTP, PUBLIC) is None
+    out = v.queries(now, core.poll_lookups(now))
+    return [(parse_untrusted(d, [KEY]), addr) for d, addr in out]
+
+
+def answer(q: Vouch, ident: int = 1, **kw: object) -> bytes:
+    fields = {"kind": Kind.VOUCH, "client": q.client, "public": q.public, "transceiver": ident,
+              "nonce": q.nonce, **kw}
+    return encode(Vouch(**fields), KEY)  # type: ignore[arg-type]
+
+
+def test_media_from_an_unknown_client_asks_every_transceiver_once() -> None:
+    core, v = setup()
+    assert core.no_flow_first == bytes(256)  # nothing is dropped unasked
+    sent = ask(core, v)
+    assert sorted(addr for _, addr in sent) == sorted(T.values())
+    assert {m.kind for m, _ in sent} == {Kind.QUERY}
+    assert {(m.client, m.public) for m, _ in sent} == {(CLIENT, PUBLIC)}
+    assert {m.transceiver for m, addr in sent} == {0, 1}
+    assert len({m.nonce for m, _ in sent}) == 1
+    # More media meanwhile is not asked about again (the core's negative cache).
+    assert core.handle_datagram(0.01, CLIENT, DTLS, PUBLIC) is None
+    assert core.poll_lookups(0.01) == []
+    assert core.counters.drops == {"vouch-pending": 2}
+    assert core.counters.vouch_queries == 2
+
+
+def test_an_authentic_answer_installs_the_flow() -> None:
+    core, v = setup()
+    q, _ = ask(core, v)[0]
+    flow = v.handle_datagram(0.01, answer(q), T[1])
+    assert isinstance(flow, Flow) and flow.route == Route("t", 1) and flow.dest == T[1]
+    assert flow.answered and core.counters.flows_vouched == 1
+    assert core.handle_datagram(0.02, CLIENT, RTP, PUBLIC) is flow  # media flows now
+    # The same answer again (a replay) is refused: the question was answered.
+    assert v.handle_datagram(0.03, answer(q), T[1]) is None
+    assert core.counters.drops["vouch-unexpected"] == 1
+
+
+def test_forged_misdirected_late_and_unasked_answers_are_refused() -> None:
+    core, v = setup()
+    q, _ = ask(core, v)[0]
+    forged = bytearray(answer(q))
+    forged[-1] ^= 1
+    assert v.handle_datagram(0.01, bytes(forged), T[1]) is None
+    assert v.handle_datagram(0.01, answer(q), ("127.0.0.1", 9999)) is None  # not T[1]'s address
+    assert v.handle_datagram(0.01, answer(q, ident=0), T[1]) is None  # T0 speaking from T1's
+    assert v.handle_datagram(0.01, answer(q, kind=Kind.QUERY), T[1]) is None
+    assert v.handle_datagram(0.01, answer(q, nonce=b"guessed!"), T[1]) is None
+    assert v.handle_datagram(0.01, answer(q, client=("203.0.113.9", 1)), T[1]) is None
+    assert v.handle_datagram(0.01, answer(q, public=("198.51.100.1", 1)), T[1]) is None
+    assert v.handle_datagram(1.0, answer(q), T[1]) is None  # past the query's TTL
+    assert not core.flows
+    drops = core.counters.drops
+    assert drops["vouch-mac"] == 1 and drops["vouch-source"] == 3
+    assert drops["vouch-unexpected"] == 4
+
+
+def test_a_client_cannot_create_a_flow_with_a_vouch_of_its_own() -> None:
+    """The public drain never hands datagrams to the vouch handler; through the core, a
+    vouch-shaped datagram from a client is just unknown media (asked about, no flow)."""
+    core, v = setup()
+    q = Vouch(Kind.VOUCH, CLIENT, PUBLIC, 1, b"12345678")
+    assert core.handle_datagram(0.0, CLIENT, encode(q, KEY), PUBLIC) is None
+    assert not core.flows
+
+
+def test_an_upstream_relays_datagram_is_not_vouched_for() -> None:
+    """Any host on the internal network may pose as an upstream relay: a transceiver's
+    answer must not point a client's return traffic at it."""
+    core, v = setup()
+    assert core.handle_datagram(0.0, CLIENT, RTP, PUBLIC, ("10.0.0.9", 3479)) is None
+    assert core.poll_lookups(0.0) == []
+    assert core.counters.drops == {"no-flow": 1}
+
+
+def test_the_query_budget_bounds_a_flood() -> None:
+    core, _ = setup(new_flow_rate=1e6, new_flow_burst=1e6)
+    v = FlowVouching(core, [SECRET], query_rate=10.0, query_burst=5.0)
+    for i in range(50):
+        core.handle_datagram(0.0, ("203.0.113.9", 1000 + i), RTP, PUBLIC)
+    sent = v.queries(0.0, core.poll_lookups(0.0))
+    assert len(sent) == 5 * len(T)
+    assert core.counters.drops["vouch-budget"] == 45
+
+
+def test_a_stun_check_still_makes_its_own_flow() -> None:
+    core, v = setup()
+    flow = core.handle_datagram(0.0, CLIENT, check(ufrag(transceiver=0)), PUBLIC)
+    assert isinstance(flow, Flow) and core.poll_lookups(0.0) == []
