@@ -24,7 +24,8 @@ $(VENV)/.installed-test: pyproject.toml setup.py appliance/netio/_mmsg.c | $(BIN
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
-# System packages the tests drive for real: Debian's Chromium, redis-server, iproute2, openssl,
+# System packages the tests drive for real: Debian's Chromium, redis-server, iproute2, nftables
+# (the ICE-TCP test blocks UDP in a namespace with it), openssl,
 # and node + npm (they bundle the official @openai/agents-realtime for the browser tests).
 # Installed only when one is missing, so a warm machine pays nothing; a Chromium older than
 # CHROMIUM_MIN (the oldest major the suite is known to work with, tests/peers.py) is
@@ -46,6 +47,7 @@ sysdeps:
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
 	command -v node >/dev/null || missing="$$missing nodejs"; \
 	command -v npm >/dev/null || missing="$$missing npm"; \
+	command -v nft >/dev/null || [ -x /usr/sbin/nft ] || missing="$$missing nftables"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
