@@ -223,8 +223,13 @@ async def make_app(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[Any]:
     fake = ParsingTransceiver(0)
     t_addr = await nursery.start(serve_control, str(tmp_path / "t0.sock"), fake.handle)
     r_addr = await nursery.start(serve_control, str(tmp_path / "r0.sock"), FakeRelay().handle)
+    # The fake never reports load, so admission would count every served corpus offer as
+    # a placed call and refuse past its cold-start estimate (~67 calls): this test is about
+    # parsing hostile input, not capacity (tests/signaling/test_admission.py is): the
+    # cheapest plausible prior cost admits ~5,000.
     state = SignalingState(SignalingConfig(transceivers={0: t_addr}, relays={"0": r_addr},
-                                           webui_dir=None))
+                                           webui_dir=None, admission_limit=1.0,
+                                           admission_call_cost=0.0002))
     yield create_app(state)
     await state.aclose()
 
