@@ -21,18 +21,16 @@ request (400 ``unknown-agent``) instead of the session later; ``appliance up`` a
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import importlib.util
 import inspect
-import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from .channels import ChannelEvent
 from .context import AgentContext, Frame
+from .loader import AgentError as AgentError  # re-exported: where callers have always found it
+from .loader import import_target
 
 AgentFn = Callable[[AgentContext], Awaitable[None]]
 #: A synchronous per-frame handler, called by the transceiver for every decoded frame
@@ -56,10 +54,6 @@ _BUILTIN_SCHEMES: dict[str, str] = {"ws": "appliance.agents.ws", "wss": "applian
                                      "realtime+wss": "appliance.realtime.bridge"}
 _registered: dict[str, Any] = {}
 _schemes: dict[str, SchemeFactory] = {}
-
-
-class AgentError(ValueError):
-    """The agent spec names nothing runnable."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,47 +101,6 @@ def _as_fn(obj: Any, spec: str) -> AgentFn:
     raise AgentError(f"agent {spec!r} is not an async function or an agent class")
 
 
-def _import(target: str, spec: str) -> Any:
-    module_name, _, attr = target.rpartition(":")
-    if not module_name or not attr:
-        raise AgentError(f"agent {spec!r}: expected 'module:attr' or 'path/file.py:attr'")
-    if module_name.endswith(".py"):
-        module = _load_file(module_name, spec)
-    else:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise AgentError(f"agent {spec!r}: cannot import {module_name!r}: {exc}") from None
-        except Exception as exc:  # the module itself failed while importing
-            raise AgentError(f"agent {spec!r}: {module_name} failed to load: {exc!r}") from None
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise AgentError(f"agent {spec!r}: {module_name!r} has no {attr!r}") from None
-    return obj
-
-
-def _load_file(path: str, spec: str) -> Any:
-    """Import a ``.py`` file (``--agent examples/echo.py:echo``), once per resolved path."""
-    full = Path(path).resolve()
-    name = "appliance_agent_" + hashlib.sha1(str(full).encode()).hexdigest()[:12]
-    if name in sys.modules:
-        return sys.modules[name]
-    if not full.is_file():
-        raise AgentError(f"agent {spec!r}: no such file {path!r}")
-    loader_spec = importlib.util.spec_from_file_location(name, full)
-    if loader_spec is None or loader_spec.loader is None:
-        raise AgentError(f"agent {spec!r}: cannot load {path!r}")
-    module = importlib.util.module_from_spec(loader_spec)
-    sys.modules[name] = module
-    try:
-        loader_spec.loader.exec_module(module)
-    except Exception as exc:
-        del sys.modules[name]
-        raise AgentError(f"agent {spec!r}: {path} failed to load: {exc!r}") from None
-    return module
 
 
 async def _no_agent(ctx: AgentContext) -> None:
@@ -174,12 +127,12 @@ def resolve(spec: str | None) -> ResolvedAgent:
     if spec in _registered:
         return ResolvedAgent(spec, _as_fn(_registered[spec], spec))
     if spec in _BUILTINS:
-        inline = _import(_INLINE[spec], spec) if spec in _INLINE else None
-        on_channel = _import(_INLINE_CHANNEL[spec], spec) if spec in _INLINE_CHANNEL else None
-        return ResolvedAgent(spec, _as_fn(_import(_BUILTINS[spec], spec), spec), on_frame=inline,
+        inline = import_target(_INLINE[spec], spec) if spec in _INLINE else None
+        on_channel = import_target(_INLINE_CHANNEL[spec], spec) if spec in _INLINE_CHANNEL else None
+        return ResolvedAgent(spec, _as_fn(import_target(_BUILTINS[spec], spec), spec), on_frame=inline,
                              on_channel=on_channel)
     if ":" in spec:
-        return ResolvedAgent(spec, _as_fn(_import(spec, spec), spec))
+        return ResolvedAgent(spec, _as_fn(import_target(spec, spec), spec))
     known = ", ".join(sorted(set(_BUILTINS) | set(_registered) | {PASSTHROUGH}))
     raise AgentError(f"unknown agent {spec!r} (built-in: {known}; or package.module:attr, "
                      "path/file.py:attr, ws://host:port/path)")

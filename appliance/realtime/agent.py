@@ -30,6 +30,7 @@ import trio
 
 from ..agents.channels import ChannelClosed, ChannelError, ChannelMessage, ChannelOpened
 from ..agents.context import AgentContext
+from ..agents.loader import AgentError, import_target
 from .interface import AudioDelta, Delta, RealtimeAgent, ResponseRequest
 from .machine import (
     CancelResponse,
@@ -71,7 +72,6 @@ class _Generator:
 
 def agent_factory(obj: Any, spec: str) -> Callable[[], RealtimeAgent]:
     """A class (one instance per call), an instance, or an async generator function."""
-    from ..agents.registry import AgentError
 
     if inspect.isclass(obj):
         if not callable(getattr(obj, "respond", None)):
@@ -95,8 +95,6 @@ def realtime_agent(factory: Callable[[], RealtimeAgent]) -> Callable[[AgentConte
 
 def resolve_spec(spec: str) -> Callable[[AgentContext], Any]:
     """``realtime`` or ``realtime:<module:attr | file.py:attr>`` -> an agent function."""
-    from ..agents.registry import AgentError, _import
-
     if spec == SPEC_PREFIX:
         from .echo import EchoRealtime
 
@@ -104,7 +102,7 @@ def resolve_spec(spec: str) -> Callable[[AgentContext], Any]:
     target = spec[len(SPEC_PREFIX) + 1 :]
     if not target:
         raise AgentError(f"agent {spec!r}: expected realtime:<module:attr|file.py:attr>")
-    return realtime_agent(agent_factory(_import(target, spec), spec))
+    return realtime_agent(agent_factory(import_target(target, spec), spec))
 
 
 class RealtimeShell:

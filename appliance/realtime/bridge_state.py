@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..agents.context import SAMPLE_RATE
-from ..agents.registry import AgentError
+from ..agents.loader import AgentError
 from ..logs import loggable_url
 
 log = logging.getLogger("appliance.realtime.bridge")
