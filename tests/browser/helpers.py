@@ -8,13 +8,23 @@ the tests' fake backend: ``make screenshots`` (tests/browser/readme_screenshots.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import signal
+import socket
 import struct
+import subprocess
+import sys
 import time
+import urllib.error
+import urllib.request
 import wave
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from peers import chromium_executable
 from playwright.sync_api import Browser, Page, Playwright
 
@@ -138,3 +148,59 @@ def wait_for_stats(page: Any, condition: str, *, timeout: float = 15.0) -> dict[
         if time.monotonic() > deadline:
             raise AssertionError(f"stats never satisfied {condition!r}: {last}")
         page.wait_for_timeout(100)  # a poll interval, not synchronisation: the loop checks state
+
+
+def free_port(kind: int) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def running_appliance_up(tmp_path: Path, *extra: str, name: str = "up",
+                         ready_timeout: float = 45.0) -> Iterator[str]:
+    """A real ``appliance up`` on ephemeral ports with ``extra`` flags; yields its base URL
+    once it printed it and /readyz is 200 (DESIGN.md); stops it with SIGINT and keeps its
+    log as ``test-artifacts/e2e-appliance-up-<name>.log``."""
+    http_port = free_port(socket.SOCK_STREAM)
+    udp_port = free_port(socket.SOCK_DGRAM)
+    base = f"http://127.0.0.1:{http_port}"
+    log_path = tmp_path / f"appliance-up-{name}.log"
+    cmd = [sys.executable, "-m", "appliance", "up", "--http", f"127.0.0.1:{http_port}",
+           "--udp", f"127.0.0.1:{udp_port}", "--state-dir", str(tmp_path / f"state-{name}"),
+           *extra]
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while not (base in log_path.read_text() and http_status(base + "/readyz") == 200):
+            if proc.poll() is not None:
+                pytest.fail(f"`{' '.join(cmd[2:])}` exited with {proc.returncode}:\n"
+                            f"{log_path.read_text()[-4000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"`appliance up` not ready in {ready_timeout:.0f} s:\n"
+                            f"{log_path.read_text()[-4000:]}")
+            time.sleep(0.1)  # a poll interval: readiness is checked, not assumed
+        yield base
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / f"e2e-appliance-up-{name}.log").write_text(log_path.read_text())

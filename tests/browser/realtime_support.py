@@ -17,23 +17,16 @@ import contextlib
 import functools
 import http.server
 import math
-import os
 import shutil
-import signal
-import socket
 import struct
 import subprocess
-import sys
 import threading
-import time
-import urllib.error
-import urllib.request
 import wave
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser.helpers import ARTIFACTS, REPO
+from browser.helpers import running_appliance_up
 
 BUNDLE_DIR = Path(__file__).with_name("realtime_client")
 BUNDLE = BUNDLE_DIR / "dist" / "agents-realtime.js"
@@ -41,57 +34,12 @@ PAGES = Path(__file__).with_name("realtime_pages")
 READY_TIMEOUT = 45.0
 
 
-def free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def http_status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
-
-
 @contextlib.contextmanager
 def appliance_up(tmp_path: Path, *extra: str, name: str = "realtime") -> Iterator[str]:
-    """``appliance up`` with ``extra`` flags; yields its base URL once /readyz is 200."""
-    http_port = free_port(socket.SOCK_STREAM)
-    udp_port = free_port(socket.SOCK_DGRAM)
-    base = f"http://127.0.0.1:{http_port}"
-    log_path = tmp_path / f"appliance-up-{name}.log"
-    cmd = [sys.executable, "-m", "appliance", "up", "--http", f"127.0.0.1:{http_port}",
-           "--udp", f"127.0.0.1:{udp_port}", "--state-dir", str(tmp_path / f"state-{name}"),
-           "--transceivers", "1", *extra]
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                start_new_session=True)
-    try:
-        deadline = time.monotonic() + READY_TIMEOUT
-        while not (base in log_path.read_text() and http_status(base + "/readyz") == 200):
-            if proc.poll() is not None:
-                pytest.fail(f"`{' '.join(cmd[2:])}` exited with {proc.returncode}:\n"
-                            f"{log_path.read_text()[-4000:]}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"`appliance up` not ready in {READY_TIMEOUT:.0f} s:\n"
-                            f"{log_path.read_text()[-4000:]}")
-            time.sleep(0.1)  # a poll interval: readiness is checked, not assumed
+    """``appliance up`` with one transceiver and ``extra`` flags (helpers.running_appliance_up)."""
+    with running_appliance_up(tmp_path, "--transceivers", "1", *extra, name=name,
+                              ready_timeout=READY_TIMEOUT) as base:
         yield base
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
-        ARTIFACTS.mkdir(exist_ok=True)
-        (ARTIFACTS / f"e2e-appliance-up-{name}.log").write_text(log_path.read_text())
 
 
 @functools.cache

@@ -7,20 +7,11 @@ step here must pass.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser.helpers import REPO, PageErrors, screenshot, wait_for_stats
+from browser.helpers import PageErrors, running_appliance_up, screenshot, wait_for_stats
 from playwright.sync_api import BrowserContext, Page, expect
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -28,62 +19,10 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 READY_TIMEOUT = 30.0
 
 
-def free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def http_status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
-
-
 @pytest.fixture
 def appliance_up(tmp_path: Path) -> Iterator[str]:
-    http_port = free_port(socket.SOCK_STREAM)
-    udp_port = free_port(socket.SOCK_DGRAM)
-    base = f"http://127.0.0.1:{http_port}"
-    log_path = tmp_path / "appliance-up.log"
-    cmd = [
-        sys.executable, "-m", "appliance", "up",
-        "--http", f"127.0.0.1:{http_port}", "--udp", f"127.0.0.1:{udp_port}",
-        "--state-dir", str(tmp_path / "state"),
-    ]
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
-    try:
-        deadline = time.monotonic() + READY_TIMEOUT
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"`{' '.join(cmd[2:])}` exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-            # Ready = the URLs are printed (DESIGN.md) and /readyz says so.
-            if base in log_path.read_text() and http_status(base + "/readyz") == 200:
-                break
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"`appliance up` not ready within {READY_TIMEOUT:.0f} s (URL printed: {base in log_path.read_text()}, "
-                    f"/readyz: {http_status(base + '/readyz')}):\n{log_path.read_text()[-4000:]}"
-                )
-            time.sleep(0.1)
+    with running_appliance_up(tmp_path, name="e2e", ready_timeout=READY_TIMEOUT) as base:
         yield base
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
-        artifacts = REPO / "test-artifacts"
-        artifacts.mkdir(exist_ok=True)
-        (artifacts / "e2e-appliance-up.log").write_text(log_path.read_text())
 
 
 def test_demo_through_appliance_up(appliance_up: str, page: Page, context: BrowserContext) -> None:
