@@ -44,6 +44,20 @@ BASE_ARGS = [
 ]
 
 
+#: An init script (``page.add_init_script``) that keeps every RTCPeerConnection the page
+#: makes in ``window.__pcs``, so a test can read the stats of one a page script created.
+KEEP_PCS = """(() => {
+  const Native = window.RTCPeerConnection;
+  window.__pcs = [];
+  window.RTCPeerConnection = function (...args) {
+    const pc = new Native(...args);
+    window.__pcs.push(pc);
+    return pc;
+  };
+  window.RTCPeerConnection.prototype = Native.prototype;
+})();"""
+
+
 def write_tone_wav(path: Path, *, seconds: float = 3.0, freq: float = 440.0, rate: int = 48000) -> Path:
     """A mono 16-bit sine at -6 dBFS; Chromium's fake capture device loops it."""
     n = int(seconds * rate)

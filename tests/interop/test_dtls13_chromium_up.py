@@ -14,23 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser.helpers import launch, write_tone_wav
+from browser.helpers import KEEP_PCS, launch, write_tone_wav
 from e2e.procs import Proc, free_tcp_port, free_udp_port
 from interop.test_dtls_chromium import TLS_VERSION
 from playwright.sync_api import Browser, Page, sync_playwright
 
 pytestmark = [pytest.mark.interop, pytest.mark.browser, pytest.mark.slow]
-
-KEEP_PCS = """(() => {
-  const Native = window.RTCPeerConnection;
-  window.__pcs = [];
-  window.RTCPeerConnection = function (...args) {
-    const pc = new Native(...args);
-    window.__pcs.push(pc);
-    return pc;
-  };
-  window.RTCPeerConnection.prototype = Native.prototype;
-})();"""
 
 TRANSPORT_STATS = """async () => {
   const pc = window.__pcs[window.__pcs.length - 1];

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser.helpers import BASE_ARGS, write_tone_wav
+from browser.helpers import BASE_ARGS, KEEP_PCS, write_tone_wav
 from e2e.procs import Proc
 from peers import chromium_executable
 from playwright.sync_api import Page, sync_playwright
@@ -36,17 +36,6 @@ from playwright.sync_api import Page, sync_playwright
 pytestmark = [pytest.mark.interop, pytest.mark.browser, pytest.mark.slow]
 
 NS_ADDR = "10.231.0.1"
-
-KEEP_PCS = """(() => {
-  const Native = window.RTCPeerConnection;
-  window.__pcs = [];
-  window.RTCPeerConnection = function (...args) {
-    const pc = new Native(...args);
-    window.__pcs.push(pc);
-    return pc;
-  };
-  window.RTCPeerConnection.prototype = Native.prototype;
-})();"""
 
 #: The selected candidate pair (RFC 8445 §8.1.1, W3C webrtc-stats candidate-pair) and the
 #: inbound audio of the page's last RTCPeerConnection.
