@@ -14,6 +14,8 @@ _realtime = resolve_spec("realtime")
 
 
 async def agent(ctx: AgentContext) -> None:
-    params = {"realtime": {"session": {"instructions": "pre-negotiated"}, "dcid": DCID,
-                           "call_id": "rtc_test"}}
+    # No server VAD: the caller's tone must not start a response of its own that races the
+    # test's text one (output_text.done of a VAD turn came first in one CI run).
+    session = {"instructions": "pre-negotiated", "audio": {"input": {"turn_detection": None}}}
+    params = {"realtime": {"session": session, "dcid": DCID, "call_id": "rtc_test"}}
     await _realtime(AgentContext(ctx._host, replace(ctx.identity, params=params)))
