@@ -16,7 +16,7 @@ def settle_heap() -> None:
 
     A full (generation 2) collection walks every tracked object; measured in a transceiver
     carrying 70 PCM sessions, one took 41 ms — a 41 ms stall of every session's audio —
-    and 3 ms with the start-up objects frozen (docs/performance.md, "Fifth pass"). Nothing
+    and 3 ms with the start-up objects frozen (docs/performance-history.md, "Fifth pass"). Nothing
     frozen is ever garbage: it lives as long as the process does anyway.
     """
     gc.collect()

@@ -17,7 +17,15 @@ route's "channel open - connected". The first event is ``session.created`` from 
 tests/e2e/realtime_params_agent.py (sent the moment the channel opens, as session.created
 is): the printout names which.
 
+With ``--rtt-ms`` (a list, e.g. ``0,50,100``) each RTT above 0 puts bench/wan_proxy.py
+between the page and ``appliance up`` (HTTP and UDP alike, RTT/2 each way; ``up``
+advertises the proxy's address 127.0.0.2, as in bench/wan_setup.py), so the extra round
+trip of DCEP shows in milliseconds rather than in loopback scheduling noise: the printout
+gives each "- connected" figure in round trips too, and the difference from the WHIP
+route's, which is what the issue bounds (<= 1 RTT with DCEP, ~0 with ``?dcid=``).
+
     .venv/bin/python bench/realtime_setup.py --rounds 20
+    .venv/bin/python bench/realtime_setup.py --rounds 10 --rtt-ms 0,50,100
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from playwright.sync_api import sync_playwright
@@ -34,6 +44,8 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "tests"))
 from capacity import machine, start_appliance  # noqa: E402  (bench scripts import their sibling)
+from wan_setup import start_appliance as start_wan_appliance  # noqa: E402
+from wan_setup import start_proxy  # noqa: E402
 from peers import chromium_executable  # noqa: E402  (tests/peers.py: the one place Chromium is found)
 
 from appliance.agents import AgentError, resolve  # noqa: E402
@@ -82,34 +94,31 @@ def p90(values: list[float]) -> float:
     return sorted(values)[max(0, round(0.9 * len(values)) - 1)]
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--realtime-agent", default=None,
-                    help="default: realtime if installed, else the params test agent")
-    args = ap.parse_args(argv)
-    agent = args.realtime_agent
-    if agent is None:
-        try:
-            resolve("realtime")
-            agent = "realtime"
-        except AgentError:
-            agent = PARAMS_AGENT
-    chromium = chromium_executable()
-    print(f"realtime agent: {agent}")
-    print(machine())
+@contextmanager
+def served(rtt_ms: float, agent: str, args: argparse.Namespace) -> Iterator[str]:
+    """The base URL the page talks to: ``up`` itself at RTT 0, else the proxy in front."""
+    with ExitStack() as stack:
+        if rtt_ms <= 0:
+            yield stack.enter_context(start_appliance("realtime", ["--realtime-agent", agent])).url
+            return
+        url, udp = stack.enter_context(start_wan_appliance(1, ("--realtime-agent", agent)))
+        proxied = stack.enter_context(start_proxy(rtt_ms, args, appliance=(url, udp), aiortc=None))
+        yield proxied["appliance"]
+
+
+def measure(base: str, rounds: int, chromium: str) -> dict[str, dict[str, list[float]]]:
     results: dict[str, dict[str, list[float]]] = {}
-    with start_appliance("realtime", ["--realtime-agent", agent]) as server, sync_playwright() as p:
+    with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, headless=True, args=[
             "--no-sandbox", "--headless=new", "--use-fake-device-for-media-stream",
             "--use-fake-ui-for-media-stream", "--allow-loopback-in-peer-connection"])
         page = browser.new_page()
-        page.goto(server.url + "/healthz")
+        page.goto(base + "/healthz")
         page.add_script_tag(content=TIMED)
-        modes = {"whip": (f"{server.url}/v1/sessions?agent=echo", None),
-                 "realtime": (f"{server.url}/v1/realtime/calls", None),
-                 "realtime-dcid": (f"{server.url}/v1/realtime/calls?dcid=0", 0)}
-        for r in range(args.rounds + 1):  # round 0 warms up (imports, codec states)
+        modes = {"whip": (f"{base}/v1/sessions?agent=echo", None),
+                 "realtime": (f"{base}/v1/realtime/calls", None),
+                 "realtime-dcid": (f"{base}/v1/realtime/calls?dcid=0", 0)}
+        for r in range(rounds + 1):  # round 0 warms up (imports, codec states)
             for mode, (url, dcid) in modes.items():
                 t = page.evaluate("(a) => timedCall(a)", {"url": url, "dcid": dcid, "key": "x"})
                 if r == 0:
@@ -121,21 +130,52 @@ def main(argv: list[str] | None = None) -> int:
                 row["first"].append(first)
                 row["after"].append(first - t["connected"])
         browser.close()
+    return results
+
+
+def report(rtt_ms: float, rounds: int, results: dict[str, dict[str, list[float]]]) -> None:
     with open("/proc/loadavg") as f:
         load = " ".join(f.read().split()[:3])
-    print(f"{args.rounds} rounds, one call per mode per round, load average {load}")
+    print(f"\nRTT {rtt_ms:g} ms: {rounds} rounds, one call per mode per round, load average {load}")
     print(f"{'mode':<15}{'POST p50':>10}{'connected p50':>15}{'first p50/p90':>16}"
           f"{'first - connected p50/p90':>28}")
     for mode, row in results.items():
         what = "channel open" if mode == "whip" else "first event"
+        rtts = f"  = {p50(row['after']) / rtt_ms:.2f} RTT" if rtt_ms > 0 else ""
         print(f"{mode:<15}{p50(row['post']):>8.1f}ms{p50(row['connected']):>13.1f}ms"
               f"{p50(row['first']):>9.1f}/{p90(row['first']):<5.1f}ms"
-              f"{p50(row['after']):>17.1f}/{p90(row['after']):<5.1f}ms  ({what})")
+              f"{p50(row['after']):>17.1f}/{p90(row['after']):<5.1f}ms  ({what}){rtts}")
     base = p50(results["whip"]["after"])
     for mode in ("realtime", "realtime-dcid"):
-        print(f"{mode}: first event - connected = {p50(results[mode]['after']):.1f} ms p50, "
-              f"{p50(results[mode]['after']) / base if base else float('nan'):.2f}x the WHIP "
-              "route's channel open - connected")
+        after = p50(results[mode]["after"])
+        extra = (f", {(after - base) / rtt_ms:+.2f} RTT beside it" if rtt_ms > 0 else "")
+        print(f"{mode}: first event - connected = {after:.1f} ms p50, "
+              f"{after / base if base else float('nan'):.2f}x the WHIP "
+              f"route's channel open - connected{extra}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--rtt-ms", default="0", help="comma-separated RTTs; > 0 runs through the proxy")
+    ap.add_argument("--realtime-agent", default=None,
+                    help="default: realtime if installed, else the params test agent")
+    args = ap.parse_args(argv)
+    args.jitter_ms, args.loss, args.seed = 0.0, 0.0, 1  # what start_proxy reads
+    agent = args.realtime_agent
+    if agent is None:
+        try:
+            resolve("realtime")
+            agent = "realtime"
+        except AgentError:
+            agent = PARAMS_AGENT
+    chromium = chromium_executable()
+    print(f"realtime agent: {agent}")
+    print(machine())
+    for rtt in (float(x) for x in args.rtt_ms.split(",")):
+        with served(rtt, agent, args) as base:
+            results = measure(base, args.rounds, chromium)
+        report(rtt, args.rounds, results)
     return 0
 
 

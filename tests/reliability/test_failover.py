@@ -117,12 +117,12 @@ async def _roll(up: Up, calls: Calls) -> None:
     calls.check(start - 0.5, end, "SIGHUP rolling restart")
 
 
-@pytest.mark.parametrize("workers", [1, 4])
+@pytest.mark.parametrize("workers", [1, 2, 4])
 async def test_kill9_and_rolling_restart_without_redis(
     tmp_path: Path, nursery: trio.Nursery, workers: int
 ) -> None:
-    """Default ``appliance up`` (one relay worker, no Redis) and four workers: SIGKILL of a
-    worker mid-call, then SIGHUP (every worker replaced, one at a time)."""
+    """Default ``appliance up`` (one relay worker, no Redis), two and four workers: SIGKILL
+    of a worker mid-call, then SIGHUP (every worker replaced, one at a time)."""
     up = await Up.start(tmp_path, workers=workers)
     try:
         calls = await _calls(nursery, up)
@@ -130,6 +130,25 @@ async def test_kill9_and_rolling_restart_without_redis(
             await _kill(up, calls, nursery, workers - 1)
             counters = await up.counters()
             assert counters["flows_vouched"] > 0, counters  # re-seeded by the transceivers
+            await _roll(up, calls)
+        finally:
+            calls.ai.stop()
+    finally:
+        up.stop()
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+async def test_kill9_and_rolling_restart_with_redis(
+    tmp_path: Path, nursery: trio.Nursery, redis_proc: RedisProc, workers: int
+) -> None:
+    """The same with Redis, one and four workers (two: the outage test below): the flows
+    are in Redis before the kill; vouching still answers first, Redis or not."""
+    up = await Up.start(tmp_path, workers=workers, redis=redis_proc.url)
+    try:
+        calls = await _calls(nursery, up)
+        try:
+            await eventually(lambda: redis_proc.keys() >= N_CALLS + 1, 15, "flows in Redis")
+            await _kill(up, calls, nursery, workers - 1)
             await _roll(up, calls)
         finally:
             calls.ai.stop()
