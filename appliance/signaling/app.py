@@ -38,8 +38,8 @@ from quart import Response, request, send_from_directory
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from ..realtime import http as realtime
 from . import metrics
+from . import realtime_http as realtime
 from .fastpath import WhipFastPath
 from .problems import Problem, problem_response
 from .registry import etag_matches, new_etag

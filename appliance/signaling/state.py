@@ -66,7 +66,7 @@ class SignalingConfig:
     managed: bool = False  # True under the supervisor: it, not polling, decides who is lost
     events_interval: float = 1.0
     ingress: IngressMap = field(default_factory=IngressMap)  # geo-steered ingress (geo.py)
-    realtime_agent: str = "realtime"  # the agent of /v1/realtime/calls (appliance/realtime/http.py)
+    realtime_agent: str = "realtime"  # the agent of /v1/realtime/calls (appliance/signaling/realtime_http.py)
     # Admission (admission.py, issue 23): busy share admitted up to, prior call cost.
     admission_limit: float = LIMIT
     admission_call_cost: float = PRIOR_COST

@@ -72,7 +72,7 @@ class ClientTokens:
     def __init__(self, key: bytes | None = None, *, prefix: str = PREFIX) -> None:
         self._key = key if key is not None else secrets.token_bytes(32)
         # The prefix is inside the MAC, so tokens of one prefix never verify as another's
-        # (the Realtime ``ek_`` client secrets, appliance/realtime/http.py, use "ek_").
+        # (the Realtime ``ek_`` client secrets, appliance/signaling/realtime_http.py, use "ek_").
         self._prefix = prefix
 
     def with_prefix(self, prefix: str) -> ClientTokens:

@@ -1,4 +1,4 @@
-"""The OpenAI-Realtime-compatible HTTP surface (appliance/realtime/http.py) against fake
+"""The OpenAI-Realtime-compatible HTTP surface (appliance/signaling/realtime_http.py) against fake
 transceivers: client secrets, calls (raw SDP and multipart), ``?dcid``, the per-call
 ``params`` each ``create`` carries, GET/DELETE, CORS and OpenAI-shaped errors."""
 
@@ -10,11 +10,10 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from signaling.conftest import make_env
 from signaling.fakes import OFFER
 
 from appliance.control import MAX_PARAMS_BYTES
-from appliance.realtime.http import (
+from appliance.signaling.realtime_http import (
     SECRET_TTL_MAX,
     RealtimeProblem,
     Secret,
@@ -25,8 +24,6 @@ from appliance.realtime.http import (
     parse_dcid,
     parse_expires_after,
 )
-
-__all__ = ["make_env"]  # the signaling tests' fixture, re-used
 
 SDP = {"Content-Type": "application/sdp"}
 API = {"Authorization": "Bearer the-api-token"}

@@ -54,8 +54,8 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from appliance.signaling.problems import Problem
-from appliance.signaling.rules import (
+from .problems import Problem
+from .rules import (
     SDP,
     authorize_header,
     check_agent,
@@ -63,8 +63,8 @@ from appliance.signaling.rules import (
     decode_body,
     http_problem,
 )
-from appliance.signaling.state import SignalingState
-from appliance.signaling.tokens import ClientClaims, TokenError
+from .state import SignalingState
+from .tokens import ClientClaims, TokenError
 
 EK_PREFIX = "ek_"
 SCOPE_CALLS = "realtime.calls"
