@@ -43,6 +43,13 @@ READY_PATTERNS = {
 }
 
 
+def exception_leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups: what a failed child reports."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in exception_leaves(sub)]
+    return [exc]
+
+
 class StartupError(Exception):
     """A child could not be brought up at all (bad flags, port in use, ...)."""
 

@@ -57,7 +57,7 @@ from typing import Any
 import trio
 
 from .agents import resolve as resolve_agent
-from .children import ChildSpec, StartupError, Supervisor
+from .children import ChildSpec, StartupError, Supervisor, exception_leaves
 from .config import (
     ConfigError,
     format_dtls_versions,
@@ -141,6 +141,31 @@ def _free_port_pair(host: str, *, tcp: bool) -> int:
                 continue
         return port
     raise OSError("no port free for both UDP and TCP")
+
+
+def check_media_port(cfg: UpConfig) -> None:
+    """Fail at once, in one line, when the media port is taken (rather than the relay
+    worker failing three times with a traceback): UDP, and TCP too when ICE-TCP is on,
+    which listens on the same number by default. Bound without SO_REUSEPORT, so a running
+    relay (whose sockets have it) counts as in use. Port 0 was picked free already."""
+    host, port = cfg.udp
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    kinds = [(socket.SOCK_DGRAM, "UDP")] + ([(socket.SOCK_STREAM, "TCP")] if cfg.ice_tcp else [])
+    for kind, name in kinds:
+        with socket.socket(family, kind) as s:
+            if kind == socket.SOCK_STREAM:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the relay does
+            try:
+                s.bind((host, port))
+            except OSError as exc:
+                hint = (" (ICE-TCP listens on the --udp port; choose another --udp or pass "
+                        "--no-ice-tcp)" if name == "TCP" else " (choose another --udp)")
+                err = OSError(f"--udp {format_hostport(cfg.udp)}: {name} port {port} is not "
+                              f"free ({exc.strerror}){hint}")
+                err.errno = exc.errno
+                raise err from None
 
 
 # -- configuration -------------------------------------------------------------------------
@@ -448,6 +473,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         resolve(args, load_config(args.config), "up", DEFAULTS)
         cfg = build_up_config(args)
+        check_media_port(cfg)
     except (ConfigError, ValueError, OSError) as exc:
         print(f"appliance up: {exc}", file=sys.stderr)
         return 2
@@ -474,12 +500,6 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print("appliance stopped", flush=True)
     return 0
-
-
-def exception_leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for sub in exc.exceptions for leaf in exception_leaves(sub)]
-    return [exc]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -57,6 +57,9 @@ def udp_socket(
             prepare(sock)
         sock.bind(addr)
         sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise bind_error(exc, f"cannot bind UDP {format_addr(addr)}") from None
     except BaseException:
         sock.close()
         raise
@@ -75,6 +78,13 @@ def sockname(sock: socket.socket) -> Address:
     """The bound (host, port), without IPv6 flow info and scope id."""
     name = sock.getsockname()
     return (str(name[0]), int(name[1]))
+
+
+def bind_error(exc: OSError, what: str) -> OSError:
+    """``exc`` restated with the address that failed (the kernel's says none), errno kept."""
+    err = OSError(f"{what}: {exc.strerror or exc}")
+    err.errno = exc.errno
+    return err
 
 
 def format_addr(addr: Address) -> str:

@@ -33,7 +33,7 @@ from typing import Any
 import trio
 
 from .. import logs
-from ..children import ChildSpec, Supervisor
+from ..children import ChildSpec, Supervisor, exception_leaves
 from ..config import ConfigError, format_hostport, load_config, parse_hostport, resolve
 from ..control import serve_control
 from ..heap import settle_heap
@@ -410,17 +410,19 @@ def run(args: argparse.Namespace) -> int:
     if workers < 1:
         print("appliance relay: --workers must be >= 1", file=sys.stderr)
         return 2
+    rc = 0
     try:
         if workers > 1 and args.worker_index is None:
             trio.run(_Workers(args, config, workers).run)
         elif not args.standby or _standby(config):
             trio.run(_run_worker, config, bool(args.pin))
-    except OSError as exc:
-        print(f"appliance relay: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:  # pragma: no cover - the signal receiver normally wins
+    except* OSError as group:  # a bind that failed, from inside the worker's nursery
+        for leaf in exception_leaves(group):
+            print(f"appliance relay: {leaf}", file=sys.stderr)
+        rc = 1
+    except* KeyboardInterrupt:  # pragma: no cover - the signal receiver normally wins
         pass
-    return 0
+    return rc
 
 
 def main(argv: Sequence[str] | None = None) -> int:

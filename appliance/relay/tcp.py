@@ -53,7 +53,7 @@ from typing import Any
 
 import trio
 
-from ..netio.sockets import family_of, format_addr, sockname
+from ..netio.sockets import bind_error, family_of, format_addr, sockname
 from ..proto.framing import Deframer, FramingError
 from ..proto.mux import Kind, first_byte_kind
 from ..proto.proxy import StreamAddr
@@ -103,6 +103,9 @@ def tcp_listener(addr: Address, *, reuseport: bool = True) -> socket.socket:
         sock.bind(addr)
         sock.listen(BACKLOG)
         sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise bind_error(exc, f"cannot listen on TCP {format_addr(addr)} (ICE-TCP)") from None
     except BaseException:
         sock.close()
         raise

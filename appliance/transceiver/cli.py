@@ -22,6 +22,7 @@ import trio
 
 from appliance.agents import AgentError
 from appliance.agents import resolve as resolve_agent
+from appliance.children import exception_leaves
 from appliance.config import (
     DEFAULT_DTLS_VERSIONS,
     ConfigError,
@@ -177,11 +178,13 @@ def run(args: argparse.Namespace) -> int:
                   "remaining calls", file=sys.stderr, flush=True)
         scope.cancel()
 
+    rc = 0
     try:
         trio.run(main)
-    except KeyboardInterrupt:
-        return 0
-    except OSError as exc:
-        print(f"appliance transceiver: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    except* KeyboardInterrupt:
+        pass
+    except* OSError as group:  # a bind that failed, from inside the nurseries
+        for leaf in exception_leaves(group):
+            print(f"appliance transceiver: {leaf}", file=sys.stderr)
+        rc = 1
+    return rc

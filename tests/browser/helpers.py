@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e.procs import free_udp_port
 from peers import chromium_executable
 from playwright.sync_api import Browser, Page, Playwright
 
@@ -187,7 +188,7 @@ def running_appliance_up(tmp_path: Path, *extra: str, name: str = "up",
     once it printed it and /readyz is 200 (DESIGN.md); stops it with SIGINT and keeps its
     log as ``test-artifacts/e2e-appliance-up-<name>.log``."""
     http_port = free_port(socket.SOCK_STREAM)
-    udp_port = free_port(socket.SOCK_DGRAM)
+    udp_port = free_udp_port()
     base = f"http://127.0.0.1:{http_port}"
     log_path = tmp_path / f"appliance-up-{name}.log"
     cmd = [sys.executable, "-m", "appliance", "up", "--http", f"127.0.0.1:{http_port}",

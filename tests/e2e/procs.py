@@ -13,9 +13,20 @@ from pathlib import Path
 
 
 def free_udp_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A UDP port whose number is free for TCP too: ``up`` listens for ICE-TCP on its
+    ``--udp`` port by default, and a UDP-only pick once collided with some other test's TCP
+    socket (``up`` exits at once then: supervisor.check_media_port)."""
+    for _ in range(64):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
+            try:
+                t.bind((host, port))
+            except OSError:
+                continue
+        return port
+    raise OSError(f"no port free for both UDP and TCP on {host}")
 
 
 def free_tcp_port(host: str = "127.0.0.1") -> int:

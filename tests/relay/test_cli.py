@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -161,3 +162,29 @@ async def test_two_worker_processes(
             await proc.wait()
         if proc.stdout is not None:
             await proc.stdout.aclose()
+
+
+@pytest.mark.parametrize("kind", ["udp", "tcp"])
+def test_a_port_in_use_is_one_line_naming_it(
+    kind: str, secret_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bind that fails inside the worker's nursery is reported as one line with the
+    address (the kernel's error names none), exit 1, no traceback."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM if kind == "udp" else socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        if kind == "tcp":
+            busy.listen(1)
+        port = busy.getsockname()[1]
+        if kind == "udp":
+            argv = ["--listen", f"127.0.0.1:{port}"]
+        else:  # UDP on a free port, TCP on the busy one
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.bind(("127.0.0.1", 0))
+                free = s.getsockname()[1]
+            argv = ["--listen", f"127.0.0.1:{free}", "--tcp", f"127.0.0.1:{port}"]
+        argv = ["--secret-file", str(secret_file), "--transceiver", "0=127.0.0.1:9", *argv]
+        assert cli.run(_parse(argv)) == 1
+    err = capsys.readouterr().err
+    what = "cannot bind UDP" if kind == "udp" else "cannot listen on TCP"
+    assert f"appliance relay: {what} 127.0.0.1:{port}" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err

@@ -41,7 +41,8 @@ from typing import Any
 
 import numpy as np
 import trio
-from reliability.support import Proc, eventually, free_udp_port, spawn
+from e2e.procs import free_udp_port
+from reliability.support import Proc, eventually, spawn
 
 from appliance.client.call import enable_rx_timestamps, read_ready
 from appliance.client.http import request

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import trio
+from e2e.procs import free_udp_port
 
 from appliance.client.peer import ClientPeer, Connected, Failed, RtpReceived
 from appliance.control import control_request
@@ -28,12 +29,6 @@ from appliance.proto.dtls import Certificate
 
 SECRET = b"reliability-secret-0123456789abcdef"
 Addr = tuple[str, int]
-
-
-def free_udp_port() -> int:
-    with stdsocket.socket(stdsocket.AF_INET, stdsocket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def eventually(pred: Callable[[], bool], within: float = 10.0, what: str = "") -> None:

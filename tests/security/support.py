@@ -16,6 +16,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from e2e.procs import free_udp_port
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -50,7 +52,7 @@ class Up:
     @classmethod
     def start(cls, tmp: Path, *extra: str, ready_timeout: float = 40.0) -> Up:
         http_port = free_port(socket.SOCK_STREAM)
-        udp_port = free_port(socket.SOCK_DGRAM)
+        udp_port = free_udp_port()
         state = tmp / "state"
         log = tmp / "appliance-up.log"
         argv = [sys.executable, "-m", "appliance", "up",

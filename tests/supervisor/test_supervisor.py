@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from appliance.supervisor import (
     UpConfig,
     add_arguments,
     build_up_config,
+    check_media_port,
     default_state_dir,
     ensure_secret,
     exception_leaves,
@@ -349,3 +351,29 @@ def test_an_agent_that_cannot_load_fails_up_at_start(tmp_path: Path, agent: str,
     assert len(lines) == 1, r.stderr
     assert lines[0].startswith("appliance up: ") and says in lines[0], lines[0]
     assert "transceiver" not in r.stdout + r.stderr  # no child was started
+
+
+@pytest.mark.parametrize("kind", ["udp", "tcp"])
+def test_a_media_port_in_use_fails_up_at_once_naming_it(
+    tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`up` checks its --udp port for UDP and (ICE-TCP is on by default, on the same number)
+    TCP before it starts a child: exit 2 and one line that says what to do, rather than a
+    relay worker's traceback three times over; --no-ice-tcp leaves TCP unchecked."""
+    sock_kind = socket.SOCK_DGRAM if kind == "udp" else socket.SOCK_STREAM
+    with socket.socket(socket.AF_INET, sock_kind) as busy:
+        busy.bind(("127.0.0.1", 0))
+        if kind == "tcp":
+            busy.listen(1)
+        port = busy.getsockname()[1]
+        argv = ["--state-dir", str(tmp_path / "s"), "--http", "127.0.0.1:0",
+                "--udp", f"127.0.0.1:{port}"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"appliance up: --udp 127.0.0.1:{port}: {kind.upper()} port {port} "
+                              "is not free"), err
+        assert len(err.strip().splitlines()) == 1, err
+        if kind == "tcp":
+            assert "--no-ice-tcp" in err
+            cfg = make_cfg(tmp_path, "--udp", f"127.0.0.1:{port}", "--no-ice-tcp")
+            check_media_port(cfg)  # TCP is not ours to need: no error

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -56,3 +57,17 @@ def test_missing_secret_file_is_a_usage_error(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-c", RUN, "--secret-file", str(tmp_path / "none")],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "cannot read" in r.stderr
+
+
+def test_a_port_in_use_is_one_line_naming_it(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("0" * 64 + "\n")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        port = busy.getsockname()[1]
+        r = subprocess.run([sys.executable, "-c", RUN, "--secret-file", str(secret),
+                            "--listen", f"127.0.0.1:{port}"],
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert f"appliance transceiver: cannot bind UDP 127.0.0.1:{port}: " in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
