@@ -180,10 +180,11 @@ def appliance_up_available() -> bool:
 def start_appliance(mode: str, extra: list[str] | None = None, *,
                     transceivers: int = 1) -> Iterator[Server]:
     """``python -m appliance up`` on loopback with its own state directory."""
-    http, udp = free_port(), free_port(socket.SOCK_DGRAM)
+    http = free_port()
     state = tempfile.mkdtemp(prefix="capacity-")
+    # --udp port 0: `up` picks one free for UDP and TCP alike (ICE-TCP shares the number).
     args = [PY, "-m", "appliance", "up", "--http", f"127.0.0.1:{http}",
-            "--udp", f"127.0.0.1:{udp}", "--public-address", "127.0.0.1", "--state-dir", state,
+            "--udp", "127.0.0.1:0", "--public-address", "127.0.0.1", "--state-dir", state,
             "--transceivers", str(transceivers), *(extra or [])]
     log = open(Path(state) / "appliance.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)

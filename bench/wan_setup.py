@@ -116,9 +116,12 @@ def free_port_on(host: str) -> int:
 
     for _ in range(50):
         port = free_port(socket.SOCK_DGRAM)
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        # ... and for TCP on 127.0.0.1: `up` listens for ICE-TCP on the same number.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s, \
+                socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
             try:
                 s.bind((host, port))
+                t.bind(("127.0.0.1", port))
             except OSError:
                 continue
         return port
