@@ -30,7 +30,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
-from appliance.proto.sctp.association import SctpAssociation
+from appliance.proto.sctp.association import SctpAssociation, State
 from appliance.proto.sctp.errors import SctpError, SctpUsageError
 from appliance.proto.sctp.events import (
     BufferedAmountLow,
@@ -196,6 +196,7 @@ class DataChannelEndpoint:
 
     def connect(self, now: float) -> None:
         self.association.connect(now)
+        self._open_negotiated()
         self._pump(now)
 
     def handle_input(self, now: float, packet: bytes) -> None:
@@ -258,11 +259,27 @@ class DataChannelEndpoint:
         self._channels[id] = ch
         if not negotiated:
             self.association.send(now, id, PPID_DCEP, bytes(ch.open_message()))
-        if self.association.is_established:
+        if self.association.is_established or (negotiated and self._init_sent()):
             ch.state = ChannelState.OPEN
             self._events.append(ch.opened_event())
         self._pump(now)
         return id
+
+    def _init_sent(self) -> bool:
+        return self.association.state in (State.COOKIE_WAIT, State.COOKIE_ECHOED)
+
+    def _open_negotiated(self) -> None:
+        """A pre-negotiated channel (RFC 8831 §6.5) opens as soon as our INIT is out, not
+        at ESTABLISHED: both sides already agree on it, so what is sent on it now waits in
+        the association and leaves bundled with our COOKIE ECHO (RFC 9260 §5.1 step D),
+        a round trip before the COOKIE ACK. DCEP channels still wait for ESTABLISHED (their
+        OPEN is queued and bundled the same way). See docs/sctp.md "Setup latency"."""
+        if not self._init_sent():
+            return
+        for ch in self._channels.values():
+            if ch.negotiated and ch.state is ChannelState.CONNECTING:
+                ch.state = ChannelState.OPEN
+                self._events.append(ch.opened_event())
 
     def _free_id(self) -> int:
         limit = min(self.association.outbound_streams, 65535)
