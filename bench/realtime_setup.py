@@ -44,9 +44,9 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "tests"))
 from capacity import machine, start_appliance  # noqa: E402  (bench scripts import their sibling)
+from peers import chromium_executable  # noqa: E402  (tests/peers.py: the one place Chromium is found)
 from wan_setup import start_appliance as start_wan_appliance  # noqa: E402
 from wan_setup import start_proxy  # noqa: E402
-from peers import chromium_executable  # noqa: E402  (tests/peers.py: the one place Chromium is found)
 
 from appliance.agents import AgentError, resolve  # noqa: E402
 

@@ -168,6 +168,9 @@ def test_data_only_session_with_chromium(appliance_up: str, page: Page, agent: s
     s = session(page, out["sid"])
     assert s["state"] == "connected" and s["codec"] is None and s["srtp_profile"] is None
     assert s["packets_out"] == 0 and s["datachannels"]["sctp"] == "connected"
+    tl = s["timeline"]  # the SCTP milestones (appliance/transceiver/datachannels.py)
+    assert tl["dtls_done"] <= tl["sctp_init_sent"] <= tl["sctp_established"], tl
+    assert tl["first_channel_message_out"] is not None, tl
     assert page.evaluate("dcHarness.closeLocal('chat')") == "closed"
     page.evaluate("dcHarness.close()")
     assert not errors.unexpected(), errors.errors

@@ -175,10 +175,10 @@ class CallPair:
             return
         if isinstance(ev, Connected):
             endpoint.connect(self.now)
-            self.server.poll_sctp()
+            self.server.poll_sctp(self.now)
         elif self.on_server_channel is not None and isinstance(ev, SctpEvent):
             self.on_server_channel(self.now, ev.event)
-            self.server.poll_sctp()
+            self.server.poll_sctp(self.now)
 
     # -- the clock -----------------------------------------------------------------------
 

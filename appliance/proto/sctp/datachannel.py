@@ -52,6 +52,23 @@ PPID_BINARY_EMPTY = 57
 DATA_CHANNEL_ACK = 0x02
 DATA_CHANNEL_OPEN = 0x03
 _OPEN = struct.Struct("!BBHIHH")
+_CHUNK = struct.Struct("!BBH")
+
+
+def carries_channel_message(packet: bytes) -> bool:
+    """Whether one of *our own* SCTP packets holds a DATA chunk that begins a channel
+    message (any PPID but DCEP's). For the transceiver's timeline; it walks the chunk
+    headers only and trusts their lengths, so it is not for peer input."""
+    i, n = 12, len(packet)  # after the common header (RFC 9260 §3.1)
+    while i + 16 <= n:
+        ctype, flags, length = _CHUNK.unpack_from(packet, i)
+        if (ctype == 0 and flags & 0x02  # DATA with the B bit (§3.3.1)
+                and int.from_bytes(packet[i + 12 : i + 16], "big") != PPID_DCEP):
+            return True
+        if length < 4:
+            return False
+        i += (length + 3) & ~3
+    return False
 
 
 class ChannelType(enum.IntEnum):

@@ -13,10 +13,12 @@ from proto.sctp.sctp_pair import NOW, Network, Pair, dc_pair
 from appliance.proto.sctp import SctpAssociation, State
 from appliance.proto.sctp import chunks as c
 from appliance.proto.sctp.datachannel import (
+    PPID_DCEP,
     ChannelMessage,
     ChannelOpened,
     ChannelState,
     DataChannelEndpoint,
+    carries_channel_message,
 )
 
 D = 0.025  # one way: a 50 ms RTT
@@ -175,3 +177,28 @@ def test_passive_association_is_unchanged() -> None:
     assert b.state is State.CLOSED
     b.send(NOW, 0, 51, b"x")
     assert b.poll_transmit() is None
+
+
+def test_carries_channel_message_finds_the_bundled_first_message() -> None:
+    """The transceiver's ``first_channel_message_out`` step: DATA beginning a channel
+    message, wherever it sits in the packet; not DCEP, not INIT, not a later fragment."""
+    p = Pair(Network(delay=D), mtu=600)
+    packets: list[bytes] = []
+    inner = p.a.poll_transmit
+
+    def poll() -> bytes | None:
+        packet: bytes | None = inner()
+        if packet is not None:
+            packets.append(packet)
+        return packet
+
+    p.a.poll_transmit = poll
+    p.a.connect(p.now)
+    p.a.send(p.now, 0, PPID_DCEP, b"\x03" + bytes(11))
+    p.a.send(p.now, 0, 51, b"y" * 1500)
+    p.run(5, until=lambda: len(p.messages("b")) == 2)
+    flags = [carries_channel_message(x) for x in packets]
+    # INIT, COOKIE ECHO + DCEP + the first fragment, then the later fragments
+    assert flags[0] is False and flags[1] is True and not any(flags[2:])
+    assert not carries_channel_message(c.serialize_packet(5000, 5000, 1, bytes(
+        c.DataChunk(1, 0, 0, PPID_DCEP, b"\x02"))))
