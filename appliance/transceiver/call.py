@@ -71,6 +71,7 @@ from appliance.proto.dtls import (
     ApplicationData,
     ConnectionClosed,
     DtlsConnection,
+    FalseStart,
     HandshakeComplete,
     Role,
 )
@@ -179,7 +180,15 @@ class Ended:
     reason: str  # "consent-expired", "dtls-closed", "ice-timeout", "deleted", …
 
 
-CallEvent = FlowNominated | Connected | RemoteReport | ReportSent | SctpEvent | Ended
+@dataclass(frozen=True, slots=True)
+class SendReady:
+    """DTLS 1.2 client with False Start (RFC 7918): our Finished is out, keys are final, so
+    DTLS application data (the SCTP INIT) may go now, half a round trip before the peer's
+    Finished makes the call :class:`Connected` (docs/sctp.md "Setup latency")."""
+
+
+CallEvent = (FlowNominated | Connected | SendReady | RemoteReport | ReportSent | SctpEvent
+             | Ended)
 
 
 # -- the slots --------------------------------------------------------------------------------
@@ -531,6 +540,8 @@ class ServerCall:
                 self._drain_sctp(now)
             elif isinstance(ev, HandshakeComplete):
                 self._on_handshake(now, ev)
+            elif isinstance(ev, FalseStart) and self.dtls.role is Role.CLIENT:
+                self._events.append(SendReady())
             elif isinstance(ev, ConnectionClosed):
                 self.close("dtls-closed" if ev.by_peer else f"dtls-failed: {ev.reason}")
 
