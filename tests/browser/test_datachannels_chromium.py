@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser.helpers import PageErrors, screenshot
+from browser.helpers import PageErrors, running_appliance_up, screenshot
 from browser.test_e2e_up import appliance_up
 from peers import chromium_version
 from playwright.sync_api import Page, expect
@@ -145,6 +145,27 @@ def test_negotiated_channel_and_server_close_with_chromium(appliance_up: str, pa
     assert got == want
     wait_for(page, f"dcHarness.inbound().then((n) => n > {audio_before} + 25)")
     page.evaluate("dcHarness.close()")
+    assert not errors.unexpected(), errors.errors
+
+
+def test_channels_over_dtls12_with_false_start(tmp_path: Path, page: Page) -> None:
+    """``--dtls-versions 1.2``: Chromium negotiates DTLS 1.2 and we, the client, False Start
+    (RFC 7918; docs/sctp.md "Setup latency"): our SCTP INIT goes behind our Finished, before
+    Chromium's Finished makes the call connected. Chromium takes it; DCEP and pre-negotiated
+    channels carry data both ways."""
+    errors = PageErrors(page)
+    with running_appliance_up(tmp_path, "--dtls-versions", "1.2", name="dtls12") as base:
+        harness(page, base)
+        out = connect(page, DC_AGENT, [("chat", {}), ("pre", {"negotiated": True, "id": 10})])
+        want, got = round_trip(page, "pre", [["s", "negotiated"], ["b", 300, 1]], prefix="pre:")
+        assert got == want
+        want, got = round_trip(page, "chat", [["s", "hi"], ["s", ""]], prefix="chat:")
+        assert got == want
+        s = session(page, out["sid"])
+        assert s["cipher_suite"].startswith("TLS_ECDHE_"), s["cipher_suite"]  # DTLS 1.2
+        tl = s["timeline"]
+        assert tl["sctp_init_sent"] < tl["dtls_done"] <= tl["sctp_established"], tl
+        page.evaluate("dcHarness.close()")
     assert not errors.unexpected(), errors.errors
 
 
