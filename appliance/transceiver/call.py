@@ -63,6 +63,7 @@ from __future__ import annotations
 import enum
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -70,6 +71,7 @@ from appliance.proto.dtls import (
     ApplicationData,
     ConnectionClosed,
     DtlsConnection,
+    FalseStart,
     HandshakeComplete,
     Role,
 )
@@ -178,7 +180,15 @@ class Ended:
     reason: str  # "consent-expired", "dtls-closed", "ice-timeout", "deleted", …
 
 
-CallEvent = FlowNominated | Connected | RemoteReport | ReportSent | SctpEvent | Ended
+@dataclass(frozen=True, slots=True)
+class SendReady:
+    """DTLS 1.2 client with False Start (RFC 7918): our Finished is out, keys are final, so
+    DTLS application data (the SCTP INIT) may go now, half a round trip before the peer's
+    Finished makes the call :class:`Connected` (docs/sctp.md "Setup latency")."""
+
+
+CallEvent = (FlowNominated | Connected | SendReady | RemoteReport | ReportSent | SctpEvent
+             | Ended)
 
 
 # -- the slots --------------------------------------------------------------------------------
@@ -282,6 +292,8 @@ class ServerCall:
         self.media_flow: Flow | None = None
         self.media: MediaStream | None = None
         self.sctp: SctpAssociation | None = None
+        #: Sees each SCTP packet as it goes to DTLS, while set (the data channels' timeline).
+        self.sctp_tap: Callable[[float, bytes], None] | None = None
         self.packets_in = self.packets_out = self.bytes_in = self.bytes_out = 0
         self._counters = counters
         self._t0 = now
@@ -300,6 +312,11 @@ class ServerCall:
     def _mark(self, step: str, now: float) -> None:
         if self.timeline[step] is None:
             self.timeline[step] = round((now - self._t0) * 1000, 2)
+
+    def mark(self, step: str, now: float) -> None:
+        """A step the shell sees (data channels' SCTP milestones), first time only; the
+        step must be one of the timeline's keys."""
+        self._mark(step, now)
 
     def mark_answer_sent(self, now: float) -> None:
         """The answer is on its way: the setup deadline counts from now."""
@@ -368,7 +385,7 @@ class ServerCall:
             deadline = sctp.poll_timeout()
             if deadline is not None and now >= deadline:
                 sctp.handle_timeout(now)
-                self._drain_sctp()
+                self._drain_sctp(now)
         if self.rtcp.due(now):
             self._send_rtcp(now)
 
@@ -520,9 +537,11 @@ class ServerCall:
                 if sctp is None:  # no data channel negotiated: nobody to give it to
                     continue
                 sctp.handle_input(now, ev.data)
-                self._drain_sctp()
+                self._drain_sctp(now)
             elif isinstance(ev, HandshakeComplete):
                 self._on_handshake(now, ev)
+            elif isinstance(ev, FalseStart) and self.dtls.role is Role.CLIENT:
+                self._events.append(SendReady())
             elif isinstance(ev, ConnectionClosed):
                 self.close("dtls-closed" if ev.by_peer else f"dtls-failed: {ev.reason}")
 
@@ -548,13 +567,15 @@ class ServerCall:
         self.rtcp.start(now)
         self._events.append(Connected(profile.name, ev.cipher_suite.name))
 
-    def _drain_sctp(self) -> None:
+    def _drain_sctp(self, now: float) -> None:
         """The association's packets out as DTLS records, its events out as ours."""
         sctp = self.sctp
         if sctp is None:
             return
         dtls, flow = self.dtls, self.media_flow
         while (packet := sctp.poll_transmit()) is not None:
+            if (tap := self.sctp_tap) is not None:
+                tap(now, packet)
             dtls.send_application_data(packet)
         while (out := dtls.poll_transmit()) is not None:
             if flow is not None:
@@ -562,10 +583,10 @@ class ServerCall:
         while (ev := sctp.poll_event()) is not None:
             self._events.append(SctpEvent(ev))
 
-    def poll_sctp(self) -> None:
+    def poll_sctp(self, now: float) -> None:
         """Send what the association queued outside a ``handle_*`` (a message the agent
         sent): the shell calls this after feeding the association."""
-        self._drain_sctp()
+        self._drain_sctp(now)
 
     # -- RTP / RTCP in ---------------------------------------------------------------------
 

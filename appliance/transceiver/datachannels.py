@@ -12,9 +12,10 @@ does not know agents, agents do not know SCTP; they meet here).
   Each channel's buffered-amount-low threshold is the hub's high-water mark, so a sender
   waiting for room is woken when the peer's acknowledgements bring it under.
 
-The transceiver is the DTLS server, so its channels take odd stream ids (RFC 8832 §6) and
-it starts the SCTP association itself once DTLS is up (RFC 8261 §5: either side may send
-the INIT; both doing so is resolved by the association, RFC 9260 §5.2.1).
+The transceiver's DTLS role picks its stream-id parity (RFC 8832 §6; the client by default,
+docs/adr-dtls-active.md: even ids) and it starts the SCTP association itself once DTLS is up
+(RFC 8261 §5: either side may send the INIT; both doing so is resolved by the association,
+RFC 9260 §5.2.1). ``SCTP_STEPS`` go into the call's timeline.
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ from .call import ServerCall
 #: handshake picks the suite, so it is sized for the largest overhead.
 DTLS_RECORD_OVERHEAD = 37
 
+#: Timeline steps a call with data channels adds (ms after the offer, like the others):
+#: our INIT out, the association up, and the first packet with a channel message of ours
+#: handed to DTLS (with a pre-negotiated channel that is our COOKIE ECHO's packet, before
+#: ``sctp_established``; docs/sctp.md "Setup latency").
+SCTP_STEPS = ("sctp_init_sent", "sctp_established", "first_channel_message_out")
+
 
 
 class CallChannels:
@@ -67,6 +74,9 @@ class CallChannels:
             dtls_client=call.dtls.role is Role.CLIENT, remote_port=plan.sctp_port, max_message_size=MAX_MESSAGE_SIZE,
             mtu=call.dtls.mtu - DTLS_RECORD_OVERHEAD)
         call.sctp = self.endpoint
+        for step in SCTP_STEPS:
+            call.timeline.setdefault(step, None)
+        call.sctp_tap = self._tap
         self._call = call
         self._plan = plan
         self._hub = hub
@@ -77,8 +87,9 @@ class CallChannels:
         self._labels: dict[int, str] = {}
         self.connected = False
         self.closed_reason: str | None = None
-        # The agent may open channels at once: the endpoint holds them until the
-        # association is up (pre-negotiated ones then open without a round trip).
+        # The agent may open channels at once: the endpoint holds them until our INIT is
+        # out (pre-negotiated ones; their messages ride with our COOKIE ECHO) or the
+        # association is up (DCEP ones).
         hub.port = self
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -86,11 +97,17 @@ class CallChannels:
     def start(self, now: float) -> None:
         """DTLS is up: send our INIT (the peer's may cross it; both are handled)."""
         self.endpoint.connect(now)
-        self._call.poll_sctp()
+        self._call.mark("sctp_init_sent", now)
+        self._call.poll_sctp(now)
 
     def _after(self) -> None:
-        self._call.poll_sctp()
+        self._call.poll_sctp(self._clock())
         self._flush()
+
+    def _tap(self, now: float, packet: bytes) -> None:
+        if dc.carries_channel_message(packet):
+            self._call.mark("first_channel_message_out", now)
+            self._call.sctp_tap = None  # marked once: no more looking at packets
 
     # -- network → agent ---------------------------------------------------------------------
 
@@ -111,6 +128,7 @@ class CallChannels:
             self._hub.buffered_low(ev.channel_id)
         elif isinstance(ev, Connected):
             self.connected = True
+            self._call.mark("sctp_established", self._clock())
         elif isinstance(ev, Closed):
             self.connected = False
             self.closed_reason = f"{ev.cause.value}: {ev.reason}" if ev.reason else ev.cause.value

@@ -51,6 +51,7 @@ from .call import (
     RemoteReport,
     ReportSent,
     SctpEvent,
+    SendReady,
     ServerCall,
 )
 from .datachannels import CallChannels
@@ -308,6 +309,11 @@ class Session:
                 self.channels.start(trio.current_time())
             if self._nursery is not None and not self.passthrough and self._on_frame is None:
                 self._nursery.start_soon(self._run_agent)  # with or without audio
+        elif isinstance(ev, SendReady):
+            # DTLS 1.2 False Start: our INIT goes behind our Finished (it is only a tag and
+            # a TSN; the agent starts, and sends, on Connected). Connected calls it again.
+            if self.channels is not None:
+                self.channels.start(trio.current_time())
         elif isinstance(ev, RemoteReport):
             if self.pipeline is not None:  # more FEC in our packets when they get lost
                 self.pipeline.set_expected_loss(ev.loss)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser.helpers import PageErrors, screenshot
+from browser.helpers import PageErrors, running_appliance_up, screenshot
 from browser.test_e2e_up import appliance_up
 from peers import chromium_version
 from playwright.sync_api import Page, expect
@@ -148,6 +148,27 @@ def test_negotiated_channel_and_server_close_with_chromium(appliance_up: str, pa
     assert not errors.unexpected(), errors.errors
 
 
+def test_channels_over_dtls12_with_false_start(tmp_path: Path, page: Page) -> None:
+    """``--dtls-versions 1.2``: Chromium negotiates DTLS 1.2 and we, the client, False Start
+    (RFC 7918; docs/sctp.md "Setup latency"): our SCTP INIT goes behind our Finished, before
+    Chromium's Finished makes the call connected. Chromium takes it; DCEP and pre-negotiated
+    channels carry data both ways."""
+    errors = PageErrors(page)
+    with running_appliance_up(tmp_path, "--dtls-versions", "1.2", name="dtls12") as base:
+        harness(page, base)
+        out = connect(page, DC_AGENT, [("chat", {}), ("pre", {"negotiated": True, "id": 10})])
+        want, got = round_trip(page, "pre", [["s", "negotiated"], ["b", 300, 1]], prefix="pre:")
+        assert got == want
+        want, got = round_trip(page, "chat", [["s", "hi"], ["s", ""]], prefix="chat:")
+        assert got == want
+        s = session(page, out["sid"])
+        assert s["cipher_suite"].startswith("TLS_ECDHE_"), s["cipher_suite"]  # DTLS 1.2
+        tl = s["timeline"]
+        assert tl["sctp_init_sent"] < tl["dtls_done"] <= tl["sctp_established"], tl
+        page.evaluate("dcHarness.close()")
+    assert not errors.unexpected(), errors.errors
+
+
 @pytest.mark.parametrize("agent", ["echo", DC_AGENT], ids=["echo", "task-agent"])
 def test_data_only_session_with_chromium(appliance_up: str, page: Page, agent: str) -> None:
     errors = PageErrors(page)
@@ -168,6 +189,9 @@ def test_data_only_session_with_chromium(appliance_up: str, page: Page, agent: s
     s = session(page, out["sid"])
     assert s["state"] == "connected" and s["codec"] is None and s["srtp_profile"] is None
     assert s["packets_out"] == 0 and s["datachannels"]["sctp"] == "connected"
+    tl = s["timeline"]  # the SCTP milestones (appliance/transceiver/datachannels.py)
+    assert tl["dtls_done"] <= tl["sctp_init_sent"] <= tl["sctp_established"], tl
+    assert tl["first_channel_message_out"] is not None, tl
     assert page.evaluate("dcHarness.closeLocal('chat')") == "closed"
     page.evaluate("dcHarness.close()")
     assert not errors.unexpected(), errors.errors

@@ -11,8 +11,10 @@ from appliance.proto.dtls import (
     Certificate,
     CipherSuite,
     DtlsConnection,
+    FalseStart,
     HandshakeComplete,
     Role,
+    State,
 )
 from appliance.proto.srtp import (
     EXPORTER_LABEL,
@@ -184,3 +186,43 @@ def test_wrong_fingerprint_alerts_openssl_client() -> None:
     ours = DtlsConnection(Role.SERVER, cert("ours"), remote_fingerprints=[cert("ours").fingerprint])
     with pytest.raises(SSL.Error, match="bad certificate"):
         pump(ours, theirs)
+
+
+@pytest.mark.parametrize("suite", list(CipherSuite))
+def test_our_false_start_client_sends_before_openssl_finished(suite: CipherSuite) -> None:
+    """RFC 7918 against OpenSSL as the DTLS 1.2 server (what the transceiver does as client,
+    docs/sctp.md "Setup latency"): application data sent on FalseStart, while OpenSSL's
+    Finished is still held back, is read by OpenSSL once it has our flight 5; our side then
+    completes on OpenSSL's Finished as usual."""
+    profile = PROFILES[0]
+    theirs = OpenSslPeer(server=True, certificate=cert("openssl"),
+                         cipher=OPENSSL_SUITE_NAMES[suite], srtp=profile.openssl_name.encode())
+    ours = DtlsConnection(Role.CLIENT, cert("ours"),
+                          remote_fingerprints=[cert("openssl").fingerprint],
+                          cipher_suites=[suite], srtp_profiles=[profile], false_start=True)
+    ours.start(NOW)
+    early = False
+    held: list[bytes] = []
+    for _ in range(20):
+        theirs.step()
+        for d in theirs.outgoing():
+            if early:
+                held.append(d)  # OpenSSL's Finished: not delivered yet
+            else:
+                ours.handle_datagram(NOW, d)
+        while (e := ours.poll_event()) is not None:
+            if isinstance(e, FalseStart):
+                assert ours.state is State.CLIENT_WAIT_FINISHED
+                ours.send_application_data(b"INIT behind our Finished")
+                early = True
+        while (d := ours.poll_transmit()) is not None:
+            theirs.feed(d)
+        if theirs.done:
+            break
+    assert early and theirs.done and not ours.is_established
+    assert theirs.recv() == b"INIT behind our Finished"
+    for d in held + theirs.outgoing():
+        ours.handle_datagram(NOW, d)
+    assert isinstance(ours.poll_event(), HandshakeComplete)
+    check_keys_and_srtp(ours, theirs, profile, Role.CLIENT)
+    check_application_data(ours, theirs)

@@ -30,7 +30,7 @@ from appliance.client.peer import ClientEvent, ClientPeer
 from appliance.proto.dtls import Certificate, DtlsConnection, Role
 from appliance.proto.sctp import datachannel as dc
 from appliance.proto.sdp import build_answer, parse_offer_untrusted
-from appliance.transceiver.call import CallEvent, Connected, SctpEvent, ServerCall
+from appliance.transceiver.call import CallEvent, Connected, SctpEvent, SendReady, ServerCall
 from appliance.transceiver.datachannels import DTLS_RECORD_OVERHEAD
 from appliance.transceiver.passthrough import PassthroughStream
 
@@ -82,6 +82,7 @@ class CallPair:
     offer_setup: str = "actpass"
     versions: frozenset[str] = frozenset({"1.2"})
     false_start: bool = False  # the client's (as DTLS 1.3 server: 0.5-RTT media)
+    server_false_start: bool = False  # the transceiver's, as DTLS 1.2 client (server.py)
 
     def __post_init__(self) -> None:
         self.now = 0.0
@@ -101,6 +102,7 @@ class CallPair:
             answer=self.answer, local_ufrag=self.server_ufrag, local_pwd=self.server_pwd,
             dtls=DtlsConnection(Role.CLIENT if self.answer.dtls_client else Role.SERVER,
                                 cert("server"), versions=self.versions,
+                                false_start=self.server_false_start and self.answer.dtls_client,
                                 remote_fingerprints=[str(f) for f in self.answer.transport.fingerprints]),
             ssrc=SERVER_SSRC, cname="pair", now=self.now, wall_offset=WALL,
             counters=self.counters, rng=random.Random(self.seed + 2))
@@ -173,12 +175,12 @@ class CallPair:
         endpoint = self.server_channels
         if endpoint is None:
             return
-        if isinstance(ev, Connected):
+        if isinstance(ev, Connected | SendReady):
             endpoint.connect(self.now)
-            self.server.poll_sctp()
+            self.server.poll_sctp(self.now)
         elif self.on_server_channel is not None and isinstance(ev, SctpEvent):
             self.on_server_channel(self.now, ev.event)
-            self.server.poll_sctp()
+            self.server.poll_sctp(self.now)
 
     # -- the clock -----------------------------------------------------------------------
 

@@ -121,3 +121,45 @@ def test_client_refuses_a_message_over_the_answers_max_message_size() -> None:
         pair.client.send_message(pair.now, cid, bytes(262145))
     pair.client.send_message(pair.now, cid, bytes(262144))
     assert pair.run_until(lambda: len(client_messages(pair)) == 1, within=10.0)
+
+
+def _first_server_message_after_connected(server_false_start: bool) -> float:
+    """A pre-negotiated channel (``?dcid=``) whose first message the transceiver queues the
+    moment it opens: seconds from the client's DTLS completion to that message, 50 ms RTT.
+    The client peer is the DTLS server (we answer active) and DTLS 1.2 is negotiated."""
+    pair = CallPair(datachannel=True, audio=False, net=Netem(delay=0.025),
+                    versions=frozenset({"1.2"}), server_false_start=server_false_start)
+    assert pair.server_channels is not None and pair.answer.dtls_client
+    server = pair.server_channels
+    server.open_channel(pair.now, "oai-events", negotiated=True, id=0)
+    pair.client.open_channel(pair.now, "oai-events", negotiated=True, id=0)
+
+    def first(now: float, ev: object) -> None:
+        if isinstance(ev, dc.ChannelOpened):
+            server.send(now, ev.channel_id, "session.created")
+
+    pair.on_server_channel = first
+    assert pair.run_until(lambda: bool(client_messages(pair)), within=5.0)
+    assert client_messages(pair) == ["session.created"]
+    connected = next(e for e in pair.client_events if isinstance(e, ClientConnected))
+    got = next(e for e in pair.client_events if isinstance(e, ChannelEvent)
+               and isinstance(e.event, dc.ChannelMessage))
+    kinds = [type(e).__name__ for e in pair.server_events]
+    if server_false_start:
+        # RFC 7918: our INIT goes behind our Finished, before the client's Finished makes
+        # the call Connected.
+        assert kinds.index("SendReady") < kinds.index("Connected")
+    else:
+        assert "SendReady" not in kinds
+    return got.at - connected.setup  # the answer was accepted at 0.0
+
+
+def test_false_start_puts_the_first_server_message_one_rtt_after_connected() -> None:
+    """DTLS 1.2, us the client (docs/sctp.md "Setup latency"): with False Start the INIT
+    reaches the client with our Finished and the message rides with our COOKIE ECHO, one
+    RTT after the client is connected; without it the INIT waits for the client's Finished
+    and the message lands a round trip later."""
+    with_fs = _first_server_message_after_connected(True)
+    without = _first_server_message_after_connected(False)
+    assert with_fs == pytest.approx(0.050, abs=0.006), with_fs
+    assert without == pytest.approx(0.100, abs=0.006), without

@@ -23,7 +23,8 @@ What is implemented, and where the rules come from:
 * Exporter: RFC 5705 for DTLS-SRTP keying (RFC 5764 §4.2).
 * False Start (RFC 7918), client role, opt-in (``false_start=True``): once flight 5 is out
   the client's keys are final, so :class:`FalseStart` is emitted and the exporter answers
-  before the server's Finished arrives; the caller may send SRTP half a round trip earlier.
+  before the server's Finished arrives; the caller may send SRTP (and application data)
+  half a round trip earlier.
   §3's conditions hold by construction: every suite here is ECDHE with an AEAD cipher, and
   the server's certificate (fingerprint) and ServerKeyExchange signature are verified
   before flight 5 is sent. A bad or missing server Finished still fails the handshake.
@@ -316,7 +317,10 @@ class Dtls12Connection:
         return self._events.popleft() if self._events else None
 
     def send_application_data(self, data: bytes) -> None:
-        if self.state is not State.ESTABLISHED:
+        # RFC 7918 §3: a False Start client may send application data once its Finished
+        # is out; the record goes in its own datagram right behind flight 5.
+        if self.state is not State.ESTABLISHED and not (
+                self._false_start and self.state is State.CLIENT_WAIT_FINISHED):
             raise LocalProtocolError(f"cannot send application data in state {self.state.value}")
         if len(data) > self.max_application_data:
             raise LocalProtocolError(

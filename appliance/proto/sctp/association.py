@@ -487,7 +487,18 @@ class SctpAssociation(ReconfigMixin):
         self._learn_peer(ack.initiate_tag, ack.initial_tsn, ack.a_rwnd, ack.outbound_streams,
                          ack.inbound_streams, ack.forward_tsn, ack.reconfig)
         wire = bytes(c.CookieEchoChunk(cookie))
-        self._packet(self.peer_tag, wire)
+        # §5.1 step D: "The COOKIE ECHO chunk can be bundled with any pending outbound DATA
+        # chunks, but it MUST be the first chunk in the packet", and no other packet may
+        # follow until the COOKIE ACK. Messages queued since connect() (a pre-negotiated
+        # channel's first message) ride along, which saves the peer a round trip; dcSCTP
+        # and usrsctp accept it. The sender starts here with the peer's window; T1-cookie
+        # resends only the COOKIE ECHO, and T3-rtx (armed now, served once established)
+        # resends the DATA if that packet was lost.
+        self._start_sender()
+        parts = [wire]
+        if self.sender.queue:
+            parts.extend(self.sender.produce(now, self.mtu - c.COMMON_HEADER.size - len(wire)))
+        self._packet(self.peer_tag, b"".join(parts))
         self._t1 = (wire, now + self._rto.rto_initial, 0)
         self._go("init-ack")
 
@@ -539,10 +550,17 @@ class SctpAssociation(ReconfigMixin):
         self._go(trigger)
         self.receiver = Receiver(self._peer_tsn, max_buffer=self.max_receive_buffer,
                                  max_message_size=self.max_message_size)
-        self.sender.start(self._my_tsn, self._peer_rwnd, self.peer_forward_tsn)
+        self._start_sender()
         self._init_peer_reconfig(self._peer_tsn)
         self._events.append(Connected(self.outbound_streams, self.inbound_streams,
                                       self.peer_forward_tsn, self.peer_reconfig))
+
+    def _start_sender(self) -> None:
+        """Once per association: at INIT ACK (DATA may go with our COOKIE ECHO) or when
+        the peer's COOKIE ECHO establishes us first. A collision's later COOKIE ECHO
+        names the same tags and TSNs (§5.2.1), so the running sender stays as it is."""
+        if not self.sender.started:
+            self.sender.start(self._my_tsn, self._peer_rwnd, self.peer_forward_tsn)
 
     # --- data / shutdown ----------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
-from appliance.proto.sctp.association import SctpAssociation
+from appliance.proto.sctp.association import SctpAssociation, State
 from appliance.proto.sctp.errors import SctpError, SctpUsageError
 from appliance.proto.sctp.events import (
     BufferedAmountLow,
@@ -52,6 +52,23 @@ PPID_BINARY_EMPTY = 57
 DATA_CHANNEL_ACK = 0x02
 DATA_CHANNEL_OPEN = 0x03
 _OPEN = struct.Struct("!BBHIHH")
+_CHUNK = struct.Struct("!BBH")
+
+
+def carries_channel_message(packet: bytes) -> bool:
+    """Whether one of *our own* SCTP packets holds a DATA chunk that begins a channel
+    message (any PPID but DCEP's). For the transceiver's timeline; it walks the chunk
+    headers only and trusts their lengths, so it is not for peer input."""
+    i, n = 12, len(packet)  # after the common header (RFC 9260 §3.1)
+    while i + 16 <= n:
+        ctype, flags, length = _CHUNK.unpack_from(packet, i)
+        if (ctype == 0 and flags & 0x02  # DATA with the B bit (§3.3.1)
+                and int.from_bytes(packet[i + 12 : i + 16], "big") != PPID_DCEP):
+            return True
+        if length < 4:
+            return False
+        i += (length + 3) & ~3
+    return False
 
 
 class ChannelType(enum.IntEnum):
@@ -196,6 +213,7 @@ class DataChannelEndpoint:
 
     def connect(self, now: float) -> None:
         self.association.connect(now)
+        self._open_negotiated()
         self._pump(now)
 
     def handle_input(self, now: float, packet: bytes) -> None:
@@ -258,11 +276,27 @@ class DataChannelEndpoint:
         self._channels[id] = ch
         if not negotiated:
             self.association.send(now, id, PPID_DCEP, bytes(ch.open_message()))
-        if self.association.is_established:
+        if self.association.is_established or (negotiated and self._init_sent()):
             ch.state = ChannelState.OPEN
             self._events.append(ch.opened_event())
         self._pump(now)
         return id
+
+    def _init_sent(self) -> bool:
+        return self.association.state in (State.COOKIE_WAIT, State.COOKIE_ECHOED)
+
+    def _open_negotiated(self) -> None:
+        """A pre-negotiated channel (RFC 8831 §6.5) opens as soon as our INIT is out, not
+        at ESTABLISHED: both sides already agree on it, so what is sent on it now waits in
+        the association and leaves bundled with our COOKIE ECHO (RFC 9260 §5.1 step D),
+        a round trip before the COOKIE ACK. DCEP channels still wait for ESTABLISHED (their
+        OPEN is queued and bundled the same way). See docs/sctp.md "Setup latency"."""
+        if not self._init_sent():
+            return
+        for ch in self._channels.values():
+            if ch.negotiated and ch.state is ChannelState.CONNECTING:
+                ch.state = ChannelState.OPEN
+                self._events.append(ch.opened_event())
 
     def _free_id(self) -> int:
         limit = min(self.association.outbound_streams, 65535)

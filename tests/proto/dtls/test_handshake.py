@@ -7,6 +7,7 @@ from proto.dtls.dtls_pair import NOW, Network, Pair, cert
 
 from appliance.proto.dtls import (
     AlertDescription,
+    ApplicationData,
     CipherSuite,
     ConnectionClosed,
     DtlsConnection,
@@ -319,6 +320,33 @@ def test_false_start_keys_the_client_before_the_server_finished() -> None:
     done = pair.client.poll_event()
     assert isinstance(done, HandshakeComplete) and done.srtp_profile == event.srtp_profile
     assert pair.client.export_keying_material(LABEL, 60) == early
+
+
+def test_false_start_sends_application_data_behind_flight_5() -> None:
+    """RFC 7918 §3: application data sent on FalseStart leaves after our Finished and the
+    server reads it on completing (the transceiver's SCTP INIT, docs/sctp.md)."""
+    pair = _false_start_pair()
+    pair.client.start(pair.now)
+    pair.server.handle_datagram(pair.now, pair.client.poll_transmit() or b"")
+    pair.client.handle_datagram(pair.now, pair.server.poll_transmit() or b"")
+    assert isinstance(pair.client.poll_event(), FalseStart)
+    pair.client.send_application_data(b"INIT")
+    datagrams = list(iter(pair.client.poll_transmit, None))
+    for d in datagrams:
+        pair.server.handle_datagram(pair.now, d)
+    events = list(iter(pair.server.poll_event, None))
+    assert isinstance(events[0], HandshakeComplete)
+    assert [e.data for e in events if isinstance(e, ApplicationData)] == [b"INIT"]
+    pair.client.handle_datagram(pair.now, pair.server.poll_transmit() or b"")
+    assert isinstance(pair.client.poll_event(), HandshakeComplete)
+    # Without false start the client still refuses before the server's Finished.
+    plain = make_pair()
+    plain.client.start(plain.now)
+    plain.server.handle_datagram(plain.now, plain.client.poll_transmit() or b"")
+    plain.client.handle_datagram(plain.now, plain.server.poll_transmit() or b"")
+    assert plain.client.state is State.CLIENT_WAIT_FINISHED
+    with pytest.raises(LocalProtocolError):
+        plain.client.send_application_data(b"INIT")
 
 
 def test_false_start_still_fails_on_a_bad_server_finished() -> None:
