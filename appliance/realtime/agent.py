@@ -185,7 +185,7 @@ class RealtimeShell:
                     hook(dict(m.session))
         while (event := m.poll_event()) is not None:
             if self.channel is None:
-                continue  # nothing is sent before session.created; the machine queues none
+                continue  # the channel closed: events have nowhere to go (before it opens the machine holds them)
             try:
                 self._out_send.send_nowait(json.dumps(event, separators=(",", ":")))
             except trio.WouldBlock:

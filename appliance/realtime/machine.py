@@ -61,6 +61,7 @@ FRAME_MS = 20
 VAD_HANGOVER_MS = 200
 MAX_BUFFER_SECONDS = 30.0  # the input audio buffer keeps its newest 30 s
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less
+HELD_BEFORE_OPEN = 256  # server events kept for a channel that is not open yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +198,13 @@ class RealtimeConnection:
     # -- poll ------------------------------------------------------------------------------
 
     def poll_event(self) -> dict[str, Any] | None:
+        """The next server event. None until the channel is open: what happened before it
+        (the caller speaking while DCEP was still opening the channel) is held, at most
+        :data:`HELD_BEFORE_OPEN` events, and follows ``session.created``."""
+        if not self.opened:
+            while len(self._events) > HELD_BEFORE_OPEN:
+                self._events.popleft()  # an audio-only caller: the oldest go
+            return None
         return self._events.popleft() if self._events else None
 
     def poll_action(self) -> Action | None:
@@ -214,9 +222,12 @@ class RealtimeConnection:
         if self.opened:
             return
         self.opened = True
+        held = list(self._events)
+        self._events.clear()
         self._emit("session.created", session=json_copy(self.session))
         if self._initial_error is not None:
             self._error(self._initial_error)
+        self._events.extend(held)
 
     def handle_message(self, data: str | bytes) -> None:
         """One client event; never raises for any input (errors become ``error`` events)."""

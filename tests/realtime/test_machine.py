@@ -9,7 +9,7 @@ import pytest
 from realtime.support import Harness, tone
 
 from appliance.realtime.interface import AudioDelta, TextDelta, TranscriptDelta
-from appliance.realtime.machine import CancelResponse, ClearAudio, StartResponse
+from appliance.realtime.machine import HELD_BEFORE_OPEN, CancelResponse, ClearAudio, StartResponse
 
 
 def opened(**kw: Any) -> Harness:
@@ -249,3 +249,28 @@ def test_response_params_are_checked_and_a_custom_voice_shows_its_id() -> None:
     [created, *_] = h.send(type="response.create", response={"max_output_tokens": 50})
     assert created["response"]["audio"]["output"]["voice"] == "voice_1"
     assert created["response"]["max_output_tokens"] == 50
+
+
+def test_a_turn_before_the_channel_opens_follows_session_created() -> None:
+    """The caller may speak while DCEP is still opening ``oai-events`` (the browser's OPEN
+    comes a round trip after the association): the turn's events wait for the channel and
+    follow ``session.created``, as on OpenAI; they are not lost (a flaky browser test once
+    missed ``speech_started``)."""
+    h = Harness()
+    h.silence(400)
+    assert h.frames(tone(600), True) == []  # nothing leaves before the channel is open
+    h.m.handle_open()
+    evs = h.drain()
+    assert h.types(evs)[:2] == ["session.created", "input_audio_buffer.speech_started"]
+    assert h.types(h.silence(600))[:2] == ["input_audio_buffer.speech_stopped",
+                                           "input_audio_buffer.committed"]
+
+
+def test_events_held_for_a_channel_that_never_opens_are_bounded() -> None:
+    h = Harness()
+    for _ in range(400):  # 400 turns of an audio-only caller
+        h.frames(tone(200), True)
+        h.silence(600)
+    assert len(h.m._events) <= HELD_BEFORE_OPEN
+    h.m.handle_open()
+    assert h.types(h.drain())[0] == "session.created"
