@@ -104,7 +104,14 @@ async def echo_session(cluster: dict[str, Any]) -> dict[str, Any]:
     chat.on("close", closed.set)
     chat.close()
     await asyncio.wait_for(closed.wait(), 10)  # needs the transceiver's reset (RFC 8831 §6.7)
-    out["after_close"] = [ch["label"] for ch in (await c.detail())["open"]]
+    # aiortc's close fires on our reset request; our table drops the channel when aiortc's
+    # answer to it arrives, a moment later: poll the server's view (bounded).
+    deadline = asyncio.get_running_loop().time() + 5
+    while True:
+        out["after_close"] = [ch["label"] for ch in (await c.detail())["open"]]
+        if "chat" not in out["after_close"] or asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.02)
     await c.pc.close()
     return out
 
