@@ -54,6 +54,7 @@ from appliance.logs import loggable_url, redact
 from appliance.netio.sockets import udp_socket
 from appliance.proto.dtls import Certificate, DtlsConnection, Role
 from appliance.proto.dtls import State as DtlsState
+from appliance.proto.dtls.record import is_client_hello
 from appliance.proto.errors import LocalProtocolError
 from appliance.proto.mux import Kind, classify
 from appliance.proto.proxy import STREAM, ProxyError, StreamAddr, parse_transport_untrusted
@@ -114,12 +115,6 @@ STUN_SOURCES = 16384
 _DTLS_DONE = (DtlsState.ESTABLISHED, DtlsState.CLOSED)
 
 
-def _is_client_hello(payload: memoryview) -> bool:
-    """An epoch-0 handshake record (RFC 6347 §4.1) whose first message is a ClientHello
-    (type 1, §4.2.2: the byte after the 13-byte record header)."""
-    return (len(payload) > 25 and payload[0] == 22 and payload[3] == 0 and payload[4] == 0
-            and payload[13] == 1)
-
 COUNTER_NAMES = (
     "datagrams_in", "bytes_in", "datagrams_out", "bytes_out",
     "drop_proxy", "drop_unknown_ufrag", "drop_unknown_flow", "drop_stun_malformed",
@@ -151,9 +146,8 @@ class TransceiverConfig:
     opus_complexity: int = DEFAULT_COMPLEXITY  # encoder complexity of every PCM session
     # DTLS versions a call's handshake may negotiate (--dtls-versions; docs/dtls13.md).
     dtls_versions: frozenset[str] = frozenset({"1.2", "1.3"})
-    # DTLS 1.2 False Start (RFC 7918) when a call's DTLS is the client: the SCTP INIT goes
-    # with our Finished, so a data channel is up half a round trip sooner (docs/sctp.md
-    # "Setup latency"). Only the INIT is sent early; SRTP and the agent wait for Connected.
+    # DTLS 1.2 False Start (RFC 7918) as client: only the SCTP INIT goes with our Finished,
+    # a data channel half a round trip sooner (docs/sctp.md "Setup latency").
     dtls_false_start: bool = True
     # Queue what sessions send while a receive batch is handled and send it with one
     # sendmmsg (module docstring); False, or the C extension not built: one sendto each.
@@ -397,7 +391,7 @@ class Transceiver:
               relay: Addr) -> None:
         """DTLS admission (admission.py): cookie mode decided per ClientHello."""
         dtls = session.dtls
-        if dtls.awaiting_client_hello and _is_client_hello(payload):
+        if dtls.awaiting_client_hello and is_client_hello(payload):
             c = self.counters
             c["dtls_client_hellos"] += 1
             cookies = self.admission.client_hello(now)

@@ -51,6 +51,13 @@ MAX_PLAINTEXT_LEN = 2**14
 MAX_SEQUENCE = 2**48 - 1
 
 
+def is_client_hello(payload: bytes | memoryview) -> bool:
+    """An epoch-0 handshake record (RFC 6347 §4.1) whose first message is a ClientHello
+    (type 1, §4.2.2: the byte after the 13-byte record header). A peek, never raises."""
+    return (len(payload) > 25 and payload[0] == 22 and payload[3] == 0 and payload[4] == 0
+            and payload[13] == 1)
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     content_type: int

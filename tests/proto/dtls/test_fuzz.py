@@ -24,6 +24,7 @@ from appliance.proto.dtls.messages import (
 from appliance.proto.dtls.record import (
     HandshakeFragment,
     Record,
+    is_client_hello,
     parse_handshake_fragments_untrusted,
     parse_records_untrusted,
 )
@@ -160,3 +161,16 @@ def test_client_handles_garbage_mid_handshake(data: bytes) -> None:
     client.handle_datagram(NOW, data)
     client.handle_datagram(NOW, bytes(Record(22, 0xFEFD, 0, 0, data)))
     drain_all(client)
+
+
+def test_is_client_hello_knows_real_hellos_and_never_raises() -> None:
+    """The transceiver's peek (cookie mode) on records of the captured ClientHellos and of
+    a ServerHello."""
+    assert is_client_hello(handshake_datagram(CHROMIUM))
+    assert is_client_hello(memoryview(handshake_datagram(OPENSSL)))
+    assert not is_client_hello(handshake_datagram(b"\x00" * 40, 2))  # a ServerHello
+
+
+@given(st.binary(max_size=64))
+def test_is_client_hello_on_any_bytes(data: bytes) -> None:
+    assert is_client_hello(data) in (True, False)
