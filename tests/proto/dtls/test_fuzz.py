@@ -166,9 +166,9 @@ def test_client_handles_garbage_mid_handshake(data: bytes) -> None:
 def test_is_client_hello_knows_real_hellos_and_never_raises() -> None:
     """The transceiver's peek (cookie mode) on records of the captured ClientHellos and of
     a ServerHello."""
-    assert is_client_hello(handshake_datagram(CHROMIUM))
-    assert is_client_hello(memoryview(handshake_datagram(OPENSSL)))
-    assert not is_client_hello(handshake_datagram(b"\x00" * 40, 2))  # a ServerHello
+    assert is_client_hello(handshake_datagram(CHROMIUM)[0])
+    assert is_client_hello(memoryview(handshake_datagram(OPENSSL)[0]))
+    assert not is_client_hello(handshake_datagram(b"\x00" * 40, 2)[0])  # a ServerHello
 
 
 @given(st.binary(max_size=64))
