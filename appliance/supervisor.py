@@ -155,6 +155,8 @@ def check_media_port(cfg: UpConfig) -> None:
     kinds = [(socket.SOCK_DGRAM, "UDP")] + ([(socket.SOCK_STREAM, "TCP")] if cfg.ice_tcp else [])
     for kind, name in kinds:
         with socket.socket(family, kind) as s:
+            if family == socket.AF_INET6:  # as the relay binds: IPv4 on the port is not ours
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             if kind == socket.SOCK_STREAM:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the relay does
             try:

@@ -377,3 +377,13 @@ def test_a_media_port_in_use_fails_up_at_once_naming_it(
             assert "--no-ice-tcp" in err
             cfg = make_cfg(tmp_path, "--udp", f"127.0.0.1:{port}", "--no-ice-tcp")
             check_media_port(cfg)  # TCP is not ours to need: no error
+
+
+def test_an_ipv4_listener_does_not_block_an_ipv6_media_port(tmp_path: Path) -> None:
+    """The relay binds IPv6 sockets v6-only, so the check does too."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as v4:
+        v4.bind(("0.0.0.0", 0))
+        v4.listen(1)
+        port = v4.getsockname()[1]
+        cfg = make_cfg(tmp_path, "--udp", f"[::]:{port}")
+        check_media_port(cfg)
