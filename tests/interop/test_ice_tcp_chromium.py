@@ -193,8 +193,9 @@ def test_chromium_ice_tcp(netns: Netns, tmp_path: Path, blocked: bool) -> None:
                 if blocked:
                     assert st["local"]["tcpType"] == "active", st  # we are passive
                     assert _relay_metric(page, "tcp_established_total") >= 1
-                else:
-                    assert _relay_metric(page, "tcp_established_total") == 0
+                # Open: UDP is the selected pair (above). No claim on TCP connections: Chromium
+                # checks its TCP pairs in parallel and may connect one (and send a signed
+                # Binding, which the relay counts as established) before UDP is nominated.
                 ctx.close()
             finally:
                 browser.close()
