@@ -103,11 +103,6 @@ class Probe:
         next_media: float | None = None
         try:
             while not peer.closed and self.failed is None:
-                # What the peer queued outside this loop (accept_answer's first check) goes
-                # now, not at its first timeout (this loop once held it 500 ms: every setup
-                # figure of the first runs was 500 ms too long).
-                while (out := peer.poll_transmit()) is not None:
-                    self._send(out[0])
                 now = trio.current_time()
                 deadlines = [d for d in (peer.poll_timeout(), next_media) if d is not None]
                 with trio.move_on_at(min(deadlines) if deadlines else now + 0.05):

@@ -38,6 +38,7 @@ only after a fresh check from us, so these checks are what its retransmissions r
 
 from __future__ import annotations
 
+import math
 import random
 import secrets
 from collections import deque
@@ -327,8 +328,13 @@ class ClientPeer:
         self._pump(now)
 
     def poll_timeout(self) -> float | None:
+        """When to call ``handle_timeout``; ``-inf`` while datagrams wait in
+        ``poll_transmit`` (say, the first ICE check ``accept_answer`` queued), so a loop that
+        waits before it drains does not hold them until the first retransmission."""
         if self.closed or self.ice is None or self.dtls is None:
             return None
+        if self._tx:
+            return -math.inf
         sctp = self.sctp.poll_timeout() if self.sctp is not None else None
         ts = [t for t in (self.ice.poll_timeout(), self.dtls.poll_timeout(), sctp)
               if t is not None]

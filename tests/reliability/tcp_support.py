@@ -25,15 +25,10 @@ class TcpCall(Call):
         deframer = Deframer()
         next_media: float | None = None
         ts = 0
-        # The first pass does not wait: accept_answer queued the first ICE check, and
-        # waiting for the peer's first timeout held it 500 ms.
-        started = False
         try:
             while not peer.closed:
                 now = trio.current_time()
                 deadlines = [d for d in (peer.poll_timeout(), next_media) if d is not None]
-                if not started:
-                    deadlines, started = [now], True
                 with trio.move_on_at(min(deadlines) if deadlines else now + 0.05):
                     await trio.lowlevel.wait_readable(sock)
                 now = trio.current_time()
