@@ -129,26 +129,9 @@ async def test_kill9_and_rolling_restart_without_redis(
         try:
             await _kill(up, calls, nursery, workers - 1)
             counters = await up.counters()
-            assert counters["flows_vouched"] > 0, counters  # re-seeded by the transceivers
-            await _roll(up, calls)
-        finally:
-            calls.ai.stop()
-    finally:
-        up.stop()
-
-
-@pytest.mark.parametrize("workers", [1, 4])
-async def test_kill9_and_rolling_restart_with_redis(
-    tmp_path: Path, nursery: trio.Nursery, redis_proc: RedisProc, workers: int
-) -> None:
-    """The same with Redis, one and four workers (two: the outage test below): the flows
-    are in Redis before the kill; vouching still answers first, Redis or not."""
-    up = await Up.start(tmp_path, workers=workers, redis=redis_proc.url)
-    try:
-        calls = await _calls(nursery, up)
-        try:
-            await eventually(lambda: redis_proc.keys() >= N_CALLS + 1, 15, "flows in Redis")
-            await _kill(up, calls, nursery, workers - 1)
+            if workers == 1:  # every flow was on the killed worker: re-seeded by the
+                # transceivers (with more workers the kernel may have put none there)
+                assert counters["flows_vouched"] > 0, counters
             await _roll(up, calls)
         finally:
             calls.ai.stop()
