@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +34,28 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     from peers import peer_versions
 
     return [f"peer {name}: {version}" for name, version in peer_versions().items()]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    """Browser records (tests/browser/artifacts.py) start empty for each test."""
+    artifacts = sys.modules.get("browser.artifacts")
+    if artifacts is not None:
+        artifacts.reset_all()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test that had Chromium running leaves each page's console and getStats()
+    under .ci/artifacts/ (tests/browser/artifacts.py), so a red CI run can be read later."""
+    outcome = yield
+    report = outcome.get_result()
+    artifacts = sys.modules.get("browser.artifacts")
+    if artifacts is not None and report.when == "call" and report.failed:
+        where = artifacts.dump_all(item.nodeid)
+        if where is not None:
+            report.sections.append(("browser artifacts", f"saved under {where}"))
 
 
 @pytest.fixture

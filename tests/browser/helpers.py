@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from browser.artifacts import BrowserRecorder
 from e2e.procs import free_udp_port
 from peers import chromium_executable
 from playwright.sync_api import Browser, Page, Playwright
@@ -98,7 +99,9 @@ def launch(p: Playwright, tone_wav: Path, *, fake_ui: bool = True) -> Browser:
     args = [*BASE_ARGS, "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={tone_wav}"]
     if fake_ui:
         args.append("--use-fake-ui-for-media-stream")
-    return p.chromium.launch(executable_path=chromium_executable(), args=args, headless=True)
+    browser = p.chromium.launch(executable_path=chromium_executable(), args=args, headless=True)
+    BrowserRecorder(browser)  # a failing test's console and getStats go to .ci/artifacts/
+    return browser
 
 
 class PageErrors:

@@ -140,7 +140,11 @@ def test_chromium_through_a_livekit_agent_session(appliance_up: str, tone_bot: s
     whole = [r for r in finished if not r["interrupted"]]
     print(f"playback_finished: {finished}")
     assert cut and whole, finished
-    assert all(0.0 < r["position"] < 1.2 for r in cut), cut
+    # A cut answer stopped short of the whole 1.5 s by at least a frame. Which utterance cut
+    # it depends on when the answer started: usually the caller's second one, ~0.4 s in, but
+    # on a loaded machine an answer that starts late is cut by the next cycle's first
+    # utterance instead (1.38 s seen with a CPU hog; a bound of 1.2 s failed there).
+    assert all(0.0 < r["position"] < 1.5 - 0.02 for r in cut), cut
     assert all(r["position"] == pytest.approx(1.5, abs=0.05) for r in whole), whole
     screenshot(page, "integrations-livekit")
     assert not errors.unexpected(), errors.errors

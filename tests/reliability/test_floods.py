@@ -169,8 +169,14 @@ async def test_relay_floods_leave_calls_untouched(
         # take room in the receive buffer.
         assert up < 0.01, up
     else:
-        # Met in 4 of 5 runs (0.0 %), 1.6 % once at 87 k/s on a loaded host: forged STUN
-        # costs a ufrag MAC check each, and one worker is then close to the flood's rate.
+        # Met in 4 of 5 runs (0.0 %), 1.6 % once at 87 k/s on a loaded host. The cause, not
+        # a test defect: forged STUN costs a ufrag MAC check (HMAC-SHA256) each, the flooder
+        # takes one of the two CPUs, and the one relay worker then shares the other with the
+        # transceiver and the calls; when its share falls under the flood's rate the public
+        # socket's buffer overflows and the calls' packets go with the flood's
+        # (docs/reliability.md, "Flood hardening": the lever is more relay workers or cores,
+        # not code). So above 1 % this records an expected failure with the figures; every
+        # other assert above still holds.
         _loss_target(up, "one relay worker is close to the flood rate (forged-ufrag MACs)")
 
 
