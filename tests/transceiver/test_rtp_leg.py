@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -440,3 +441,29 @@ def test_srtp_interop_with_reference_implementation(suite: CryptoSuite, tag_len:
     tampered = ref[:-1] + bytes([ref[-1] ^ 1])
     net.a.handle_input(5.0, tampered, B_ADDR)
     assert net.a.counters.auth_failed == 1
+
+
+def _ref_protect_gcm(material: bytes, packet: bytes, key_len: int, roc: int = 0) -> bytes:
+    """RFC 7714 §8-§11 AEAD_AES_*_GCM, written from the RFC: session key and 96-bit session
+    salt from the RFC 3711 KDF (the 96-bit master salt as the high bits of its 112-bit x,
+    §11), IV = salt XOR (00 00 || SSRC || ROC || SEQ) (§8.1), AAD = the header (§8.2)."""
+    mk, ms = material[:key_len], material[key_len:key_len + 12]
+    ke, ks = _kdf(mk, ms + bytes(2), 0, key_len), _kdf(mk, ms + bytes(2), 2, 12)
+    pt, seq, ts, ssrc, marker, off, end = rtp_header_fields_untrusted(packet)
+    iv = bytes(a ^ b for a, b in zip(ks, struct.pack("!HIIH", 0, ssrc, roc, seq), strict=True))
+    return packet[:off] + AESGCM(ke).encrypt(iv, packet[off:end], packet[:off])
+
+
+@pytest.mark.parametrize("suite", [CryptoSuite.AEAD_AES_128_GCM, CryptoSuite.AEAD_AES_256_GCM])
+def test_srtp_gcm_interop_with_reference_implementation(suite: CryptoSuite) -> None:
+    net = make(suite)
+    assert net.a.config.srtp is not None and net.b.config.srtp is not None
+    net.talk(net.a, 3)
+    for i, t in enumerate(x for x in net.sent["a"] if not x.rtcp):
+        plain = bytes(RtpPacket(PT, 1000 + i, 50_000 + 160 * i, 0xAAAA, bytes([i]) * 160,
+                                marker=i == 0))
+        assert t.payload == _ref_protect_gcm(net.a.config.srtp.local, plain, suite.key_length)
+    ref = _ref_protect_gcm(net.b.config.srtp.local,
+                           bytes(RtpPacket(PT, 9, 321, 0xBBBB, b"gcm" * 20)), suite.key_length)
+    net.a.handle_input(5.0, ref, B_ADDR)
+    assert net.slot(net.a).got[-1] == (9, 321, b"gcm" * 20)
