@@ -467,3 +467,29 @@ def test_srtp_gcm_interop_with_reference_implementation(suite: CryptoSuite) -> N
                            bytes(RtpPacket(PT, 9, 321, 0xBBBB, b"gcm" * 20)), suite.key_length)
     net.a.handle_input(5.0, ref, B_ADDR)
     assert net.slot(net.a).got[-1] == (9, 321, b"gcm" * 20)
+
+
+def test_opus_leg_at_48_khz_with_telephone_event_48000() -> None:
+    """Opus (a dynamic pt, 48 kHz RTP clock) with telephone-event/48000: durations are
+    counted on the 48 kHz clock, and a payload type the SDP did not give is dropped."""
+    ka, kb = _keys(CryptoSuite.AEAD_AES_128_GCM)
+    common = {"payload_type": 111, "clock_rate": 48_000, "dtmf_payload_type": 126,
+              "rtcp_mux": True}
+    a = RtpLeg(RtpLegConfig(remote=B_ADDR, ssrc=1, srtp=ka, **common), 0.0)  # type: ignore[arg-type]
+    b = RtpLeg(RtpLegConfig(remote=A_ADDR, ssrc=2, srtp=kb, **common), 0.0)  # type: ignore[arg-type]
+    net = Net(a, b)
+    for i in range(5):
+        net.advance(0.02 * i)
+        a.send_rtp(net.now, i, 960 * i, i == 0, b"opus-frame")
+        net.flush()
+    a.send_dtmf(net.now, "*", 0.25)
+    net.advance(2.0)
+    assert [g[1] for g in net.slot(b).got] == [960 * i for i in range(5)]
+    assert [e for e in net.events["b"] if isinstance(e, Dtmf)] == [Dtmf("*", 0.25)]
+    stray_pt = RtpLeg(RtpLegConfig(remote=B_ADDR, ssrc=1, srtp=ka, payload_type=0,
+                                   clock_rate=8000, rtcp_mux=True), 0.0)
+    stray_pt.send_rtp(3.0, 500, 0, False, b"pcmu")  # same key, a fresh index
+    out = stray_pt.poll_output()
+    assert isinstance(out, Transmit)
+    b.handle_input(3.0, out.payload, A_ADDR)
+    assert b.counters.wrong_pt == 1 and len(net.slot(b).got) == 5
