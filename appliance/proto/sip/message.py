@@ -255,15 +255,17 @@ def parse_uri_untrusted(text: str) -> Uri:
         return Uri("tel", user=number, params=_split_params(params, "URI"))
     if scheme not in ("sip", "sips"):
         return Uri(scheme, opaque=rest)
-    rest, _, headers = rest.partition("?")
     user: str | None = None
     password: str | None = None
     if "@" in rest:
+        # the user part may hold '?', ';' and ',' (RFC 4475 §3.1.1.2): the host part
+        # starts after the last '@'
         userinfo, _, rest = rest.rpartition("@")
         user, psep, pw = userinfo.partition(":")
         if not user:
             raise SipError("Bad URI user")
         password = pw if psep else None
+    rest, _, headers = rest.partition("?")
     hostport, _, params = rest.partition(";")
     host, port = _split_hostport(hostport, "URI")
     return Uri(scheme, user=user, password=password, host=host, port=port,
@@ -408,18 +410,23 @@ class Via:
         return f"SIP/2.0/{self.transport} {self.host}{port}{_format_params(self.params)}"
 
 
+_VIA = re.compile(r"\s*SIP\s*/\s*2\.0\s*/\s*([A-Za-z0-9\-.!%*_+`'~]+)\s+([^;]*)(?:;(.*))?\Z",
+                  re.IGNORECASE | re.DOTALL)
+
+
 def parse_via_untrusted(text: str) -> Via:
-    proto, sep, rest = text.strip().partition(" ")
-    if not sep:
-        # "SIP/2.0/UDP\thost" is legal LWS too
-        proto, sep, rest = text.strip().partition("\t")
-    parts = [p.strip() for p in proto.split("/")]
-    if len(parts) != 3 or parts[0].upper() != "SIP" or parts[1] != "2.0" or not _TOKEN.match(parts[2]):
-        raise SipError("Bad Via protocol")
-    rest = rest.strip()
-    hostport, _, params = rest.partition(";")
-    host, port = _split_hostport(hostport.strip().replace(" ", ""), "Via")
-    via = Via(parts[2].upper(), host, port, _split_params(params, "Via"))
+    """One via-parm (§20.42): ``SIP / 2.0 / transport sent-by *(;param)``, LWS allowed
+    around the slashes (RFC 4475 §3.1.1.1)."""
+    m = _VIA.match(text)
+    if m is None:
+        raise SipError("Bad Via")
+    transport, hostport, params = m.group(1), m.group(2), m.group(3) or ""
+    hostport = hostport.strip()
+    if " " in hostport or "\t" in hostport:
+        # "host : port" with LWS is legal (§20.42 sent-by uses COLON): collapse it
+        hostport = re.sub(r"\s*:\s*", ":", hostport)
+    host, port = _split_hostport(hostport, "Via")
+    via = Via(transport.upper(), host, port, _split_params(params, "Via"))
     if via.branch == "":
         raise SipError("Empty Via branch")
     return via
@@ -526,8 +533,20 @@ class _Message:
         return (self.get("Content-Type") or "").split(";")[0].strip().lower()
 
     def _header_bytes(self) -> bytes:
-        lines = [f"{k}: {v}\r\n" for k, v in self.headers if k.lower() != "content-length"]
-        lines.append(f"Content-Length: {len(self.body)}\r\n\r\n")
+        # Content-Length is always recomputed; it stays where it was (round trips keep
+        # the header order), or goes last
+        lines: list[str] = []
+        placed = False
+        for k, v in self.headers:
+            if k.lower() == "content-length":
+                if not placed:
+                    lines.append(f"Content-Length: {len(self.body)}\r\n")
+                    placed = True
+            else:
+                lines.append(f"{k}: {v}\r\n")
+        if not placed:
+            lines.append(f"Content-Length: {len(self.body)}\r\n")
+        lines.append("\r\n")
         return "".join(lines).encode("utf-8")
 
 
@@ -708,7 +727,7 @@ def _check_common(headers: Headers, partial: RawMessage) -> None:
     if not msg.call_id or " " in msg.call_id:
         raise SipError("Bad Call-ID", partial=partial)
     mf = msg.get("Max-Forwards")
-    if mf is not None and (not mf.isdigit() or len(mf) > 3 or int(mf) > 255):
+    if mf is not None and (not mf.isdigit() or len(mf) > 10 or int(mf) > 255):
         raise SipError("Bad Max-Forwards", partial=partial)
 
 
@@ -788,6 +807,13 @@ class StreamFramer:
         skipped = 0
         while skipped < len(buf) and buf[skipped] in (0x0D, 0x0A):
             skipped += 1
+        if skipped == len(buf):
+            # only CR/LF so far: count whole CRLFCRLF pings, keep a partial one
+            run = bytes(buf)
+            if (n := run.count(b"\r\n\r\n")) > 0:
+                self.pings += n
+                del buf[: run.rfind(b"\r\n\r\n") + 4]
+            return None
         if skipped:
             self.pings += bytes(buf[:skipped]).count(b"\r\n\r\n")
             del buf[:skipped]
