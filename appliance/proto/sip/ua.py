@@ -546,6 +546,22 @@ class SipEndpoint:
         names = {k for k, _ in partial.headers}
         if not {"Via", "From", "To", "Call-ID", "CSeq"} <= names:
             return
+        # the peer can only match a response whose routing headers parse: when one of
+        # them is the broken part, a 400 would be noise (and itself malformed)
+        probe = Response(400, "", partial.headers)
+        try:
+            probe.vias  # noqa: B018
+            probe.from_  # noqa: B018
+            probe.to  # noqa: B018
+            probe.cseq  # noqa: B018
+            if not probe.call_id or " " in probe.call_id:
+                raise SipError("Bad Call-ID")
+        except SipError:
+            self.counters["unanswerable"] += 1
+            return
+        if sum(1 for k, _ in partial.headers if k in ("From", "To", "CSeq", "Call-ID")) > 4:
+            self.counters["unanswerable"] += 1
+            return
         if not self._buckets.allow(addr[0], now):
             self.counters["rate-limited"] += 1
             return

@@ -432,9 +432,11 @@ def test_framer_byte_at_a_time() -> None:
 
 def test_framer_limits() -> None:
     f = StreamFramer(max_message=1000)
+    f.feed(b"x" * 1001)  # no header end within the cap: the stream cannot be framed
     with pytest.raises(SipError):
-        f.feed(b"x" * 1001)
         f.next()
+    with pytest.raises(SipError):
+        StreamFramer(max_message=1000).feed(b"x" * 2001)
     f = StreamFramer(max_message=1000)
     f.feed(b"INVITE sip:a SIP/2.0\r\nContent-Length: 5000\r\n\r\n")
     with pytest.raises(SipError):
