@@ -109,8 +109,9 @@ def loopback_only(ip: str) -> Decision:
 
 @dataclass(frozen=True, slots=True)
 class EndpointConfig:
-    host: str  # our address for Via / Contact / SDP-less headers
-    port: int = 5060
+    host: str  # our address for Via / Contact
+    port: int = 5060  # UDP and TCP
+    tls_port: int | None = None  # TLS listener (Contact sips:), when there is one
     user_agent: str = "appliance"
     allow: Callable[[str], Decision] = loopback_only
     rate: float = 20.0  # new transactions per second per source IP
@@ -492,7 +493,8 @@ class SipEndpoint:
     def _response(self, req: Request | RawMessage, status: int, reason: str | None = None,
                   *, tag: str | None = None, contact: bool = False,
                   extra: Iterable[tuple[str, str]] = (), body: bytes = b"",
-                  ctype: str = "application/sdp", minimal: bool = False) -> Response:
+                  ctype: str = "application/sdp", minimal: bool = False,
+                  transport: str = "udp") -> Response:
         """§8.2.6: Via (all, in order), From, To (+ our tag), Call-ID, CSeq copied."""
         headers: list[tuple[str, str]] = []
         vias_seen = False
@@ -509,7 +511,7 @@ class SipEndpoint:
             elif k in ("From", "Call-ID", "CSeq"):
                 headers.append((k, v))
         if contact:
-            headers.append(("Contact", self._contact()))
+            headers.append(("Contact", self._contact(transport)))
         headers.extend(extra)
         if body:
             headers.append(("Content-Type", ctype))
@@ -525,7 +527,7 @@ class SipEndpoint:
         if call is None and status > 100 and txn.request.to.tag is None:
             tag = secrets.token_hex(6)  # §8.2.6.2: a final response outside a dialog
         resp = self._response(txn.request, status, reason, tag=tag, contact=contact,
-                              extra=extra, body=body, ctype=ctype)
+                              extra=extra, body=body, ctype=ctype, transport=txn.transport)
         self._send(txn, txn.respond(now, status, bytes(resp)))
 
     def _send_minimal(self, req: Request, status: int, reason: str, limit: int, addr: Addr,
@@ -569,13 +571,30 @@ class SipEndpoint:
         resp = self._response(partial, e.status, reason, tag=secrets.token_hex(4), minimal=True)
         self._out.append(Transmit(bytes(resp), addr, transport))
 
-    def _contact(self) -> str:
-        return f"<sip:{self.config.host}:{self.config.port}>"
+    def _port(self, transport: str) -> int:
+        if transport == "tls" and self.config.tls_port is not None:
+            return self.config.tls_port
+        return self.config.port
+
+    def _contact(self, transport: str) -> str:
+        """Where the peer sends this dialog's next requests (§8.1.1.8): on the transport
+        the dialog uses, so a TCP/TLS caller does not come back over UDP."""
+        host, port = self.config.host, self._port(transport)
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        if transport == "tls":
+            return f"<sip:{host}:{port};transport=tls>"
+        if transport == "tcp":
+            return f"<sip:{host}:{port};transport=tcp>"
+        return f"<sip:{host}:{port}>"
 
     def _via(self, transport: str) -> tuple[str, str]:
         branch = MAGIC + secrets.token_hex(10)
         t = transport.upper()
-        return branch, f"SIP/2.0/{t} {self.config.host}:{self.config.port};branch={branch};rport"
+        host = self.config.host
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return branch, f"SIP/2.0/{t} {host}:{self._port(transport)};branch={branch};rport"
 
     def _in_dialog(self, call: _Call, method: str, *, extra: Iterable[tuple[str, str]] = (),
                    body: bytes = b"", ctype: str = "application/sdp",
@@ -591,7 +610,7 @@ class SipEndpoint:
         ]
         headers += [("Route", r) for r in call.route_set]
         if method != "ACK":
-            headers.append(("Contact", self._contact()))
+            headers.append(("Contact", self._contact(call.transport)))
         headers.extend(extra)
         if body:
             headers.append(("Content-Type", ctype))
@@ -603,7 +622,7 @@ class SipEndpoint:
         hs: list[tuple[str, str]] = [
             ("Via", via), ("Max-Forwards", "70"), ("From", call.local_hdr),
             ("To", call.remote_hdr), ("Call-ID", call.sip_call_id),
-            ("CSeq", f"{call.local_seq} INVITE"), ("Contact", self._contact()),
+            ("CSeq", f"{call.local_seq} INVITE"), ("Contact", self._contact(call.transport)),
             ("Allow", ALLOW), ("User-Agent", self.config.user_agent), *headers, *authz,
         ]
         if sdp:

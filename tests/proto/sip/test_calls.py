@@ -50,6 +50,10 @@ def test_call_and_callee_bye(transport: str) -> None:
     # 100 Trying went out before anything else from b
     first = p.sent_by("b")[0]
     assert isinstance(first, Response) and first.status == 100 and first.to.tag is None
+    ok = next(m for m in p.sent_by("b") if isinstance(m, Response) and m.status == 200)
+    (contact,) = ok.contacts  # the next requests come back on the dialog's transport
+    assert contact.uri.param("transport") == (None if transport == "udp" else transport)
+    assert ok.vias[0].rport == str(A[1]) and ok.vias[0].received == A[0]  # RFC 3581
     p.b.hangup(p.now, b_id)
     p.run(1)
     assert p.of("a", CallEnded) == [CallEnded(a_id, "bye", "remote")]
