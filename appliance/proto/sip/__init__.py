@@ -38,6 +38,7 @@ from appliance.proto.sip.ua import (
     IncomingCall,
     ReferProgress,
     ReInvite,
+    ReInviteAnswered,
     SipEndpoint,
     Transmit,
 )
@@ -45,6 +46,6 @@ from appliance.proto.sip.ua import (
 __all__ = [
     "CallAcked", "CallAnswered", "CallCancelled", "CallEnded", "CallFailed", "CallProgress",
     "Credentials", "Decision", "Dtmf", "EndpointConfig", "IncomingCall", "NameAddr",
-    "ReInvite", "ReferProgress", "Request", "Response", "SipEndpoint", "SipError",
+    "ReInvite", "ReInviteAnswered", "ReferProgress", "Request", "Response", "SipEndpoint", "SipError",
     "SipUsageError", "StreamFramer", "Timers", "Transmit", "Uri", "Via", "parse_untrusted",
 ]

@@ -195,6 +195,16 @@ class ReInvite:
 
 
 @dataclass(frozen=True, slots=True)
+class ReInviteAnswered:
+    """The peer's final answer to *our* re-INVITE (:meth:`SipEndpoint.reinvite`): status
+    2xx with its SDP answer, or the refusal (491 glare, 488, ...): the old session stands."""
+
+    call_id: str
+    status: int
+    answer_sdp: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class ReferProgress:
     call_id: str
     status: int
@@ -203,7 +213,7 @@ class ReferProgress:
 
 
 Event = (IncomingCall | CallProgress | CallAnswered | CallAcked | CallEnded | CallCancelled
-         | CallFailed | Dtmf | ReInvite | ReferProgress)
+         | CallFailed | Dtmf | ReInvite | ReInviteAnswered | ReferProgress)
 Output = Transmit | Event
 
 
@@ -439,6 +449,15 @@ class SipEndpoint:
         txn, call.reinvite_txn = call.reinvite_txn, None
         self._respond(now, txn, status, call=call,
                       extra=(("Warning", warning),) if warning else ())
+
+    def reinvite(self, now: float, call_id: str, offer_sdp: bytes) -> None:
+        """A re-INVITE from our side (§14.1): hold (``a=sendonly``), unhold, codec change.
+        The answer comes back as :class:`ReInviteAnswered`."""
+        call = self._call(call_id, CallState.CONFIRMED)
+        busy = call.reinvite_txn is not None or self._inviting(call_id)
+        if busy:
+            raise SipUsageError("a re-INVITE is already in progress (§14.1)")
+        self._start_client(now, call, self._in_dialog(call, "INVITE", body=offer_sdp))
 
     def refer(self, now: float, call_id: str, target_uri: str) -> None:
         """REFER (RFC 3515) inside the call; progress comes back as ReferProgress."""
@@ -708,6 +727,11 @@ class SipEndpoint:
         else:
             self._respond(now, txn, 501)
 
+    def _inviting(self, call_id: str) -> bool:
+        """Whether our INVITE for this call still waits for its final response."""
+        return any(c.owner == call_id and c.invite and c.state in (State.CALLING, State.PROCEEDING)
+                   for c in self._client.values())
+
     def _active_invites(self) -> int:
         return sum(1 for t in self._server.values() if t.invite and t.state is State.PROCEEDING)
 
@@ -818,8 +842,7 @@ class SipEndpoint:
             # §14.2: a re-INVITE before our 2xx was ACKed -> 500 with Retry-After
             self._respond(now, txn, 500, call=call, extra=(("Retry-After", "1"),))
             return
-        pending = call.reinvite_txn is not None or any(
-            c.owner == call.call_id and c.invite and not c.done for c in self._client.values())
+        pending = call.reinvite_txn is not None or self._inviting(call.call_id)
         if pending:
             self._respond(now, txn, 491, call=call)  # §14.2 glare
             return
@@ -881,7 +904,9 @@ class SipEndpoint:
         call = self._calls.get(txn.owner or "")
         if call is None:
             return
-        if txn.purpose == "INVITE":
+        if txn.purpose == "INVITE" and txn.request.to.tag is not None:
+            self._reinvite_response(call, txn, up)
+        elif txn.purpose == "INVITE":
             self._invite_response(now, call, txn, up)
         elif txn.purpose == "REFER":
             if up.status >= 200:
@@ -891,6 +916,24 @@ class SipEndpoint:
                 self._end(call, f"{up.status} to REFER", "remote")
         elif txn.purpose in ("INFO",) and up.status in (408, 481):
             self._end(call, f"{up.status} to {txn.purpose}", "remote")
+
+    def _reinvite_response(self, call: _Call, txn: ClientTransaction, resp: Response) -> None:
+        if resp.status < 200:
+            return
+        if resp.status < 300:
+            # §13.2.2.4: the ACK of a 2xx (sent again for each retransmitted 2xx)
+            ack = self._in_dialog(call, "ACK", seq=txn.request.cseq.seq)
+            first = txn.last_ack is None
+            txn.last_ack = bytes(ack)
+            self._out.append(Transmit(txn.last_ack, call.addr, call.transport))
+            contacts = resp.contacts
+            if contacts:
+                call.remote_target = contacts[0].uri  # §12.2.1.2 target refresh
+            if not first:
+                return
+        elif resp.status in (408, 481):
+            self._end(call, f"{resp.status} to re-INVITE", "remote")
+        self._out.append(ReInviteAnswered(call.call_id, resp.status, resp.body))
 
     def _invite_response(self, now: float, call: _Call, txn: ClientTransaction,
                          resp: Response) -> None:

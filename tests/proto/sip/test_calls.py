@@ -15,6 +15,7 @@ from appliance.proto.sip import (
     Dtmf,
     IncomingCall,
     ReInvite,
+    ReInviteAnswered,
     Request,
     Response,
     SipUsageError,
@@ -179,10 +180,10 @@ def test_reject_and_ring_timeout() -> None:
 def test_reinvite_hold() -> None:
     p = Pair()
     a_id, b_id = _call(p)
-    call = p.a._calls[a_id]
     hold = OFFER.replace(b"RTP/AVP 0\r\n", b"RTP/AVP 0\r\na=sendonly\r\n")
-    req = p.a._in_dialog(call, "INVITE", body=hold)
-    p.a._start_client(p.now, call, req)
+    p.a.reinvite(p.now, a_id, hold)
+    with pytest.raises(SipUsageError):
+        p.a.reinvite(p.now, a_id, hold)  # §14.1: one at a time
     p.run(1)
     assert p.of("b", ReInvite) == [ReInvite(b_id, hold)]
     p.b.answer_reinvite(p.now, b_id, ANSWER.replace(b"RTP/AVP 0\r\n", b"RTP/AVP 0\r\na=recvonly\r\n"))
@@ -190,6 +191,22 @@ def test_reinvite_hold() -> None:
     oks = [m for m in p.sent_by("b") if isinstance(m, Response) and m.status == 200
            and m.cseq.method == "INVITE"]
     assert b"a=recvonly" in oks[-1].body
+    (answered,) = p.of("a", ReInviteAnswered)
+    assert isinstance(answered, ReInviteAnswered) and answered.status == 200
+    assert b"a=recvonly" in answered.answer_sdp
+    acks = [m for m in p.sent_by("a") if isinstance(m, Request) and m.method == "ACK"]
+    assert len(acks) == 2 and acks[-1].cseq.seq == oks[-1].cseq.seq
+    p.run(5)  # the 2xx is not retransmitted once ACKed
+    assert len([m for m in p.sent_by("b") if isinstance(m, Response) and m.status == 200
+                and m.cseq.method == "INVITE"]) == 2
+    # unhold; the peer refuses this one: the old session stands
+    p.a.reinvite(p.now, a_id, OFFER)
+    p.run(1)
+    (re2,) = p.of("b", ReInvite)[1:]
+    p.b.reject_reinvite(p.now, b_id, 488)
+    p.run(1)
+    assert p.of("a", ReInviteAnswered)[-1] == ReInviteAnswered(a_id, 488, b"")
+    assert p.a._calls[a_id].state.value == "confirmed"
     with pytest.raises(SipUsageError):
         p.b.answer_reinvite(p.now, b_id, ANSWER)
 
