@@ -334,6 +334,9 @@ class SipEndpoint:
             return
         if decision is Decision.REFUSE:
             self.counters["refused-source"] += 1
+            if not self._buckets.allow(addr[0], now):
+                self.counters["rate-limited"] += 1  # a scanner's flood gets few 403s
+                return
             if isinstance(msg, Request) and msg.method != "ACK":
                 self._send_minimal(msg, 403, "Forbidden", len(data), addr, transport)
             return

@@ -118,6 +118,23 @@ def test_malformed_request_gets_400_naming_the_problem() -> None:
     assert ep.counters["malformed"] == 2
 
 
+def test_broken_routing_header_gets_no_400() -> None:
+    """Regression (fuzz target sip_endpoint): a request whose From did not parse was
+    answered with a 400 echoing that From, which nobody can match and which was itself
+    malformed. Such a request is now counted and dropped."""
+    ep = endpoint()
+    bad = req("OPTIONS").replace(b"From: <sip:trunk@10.0.0.5>;tag=peer", b"From: <sip:trunk@10.0.0.5:tag=peer")
+    ep.handle_input(NOW, bad, PEER)
+    assert drain(ep) == ([], []) and ep.counters["unanswerable"] == 1
+
+
+def test_refused_flood_is_rate_limited() -> None:
+    ep = endpoint(allow=lambda ip: Decision.REFUSE, rate=1.0, burst=2.0)
+    for i in range(5):
+        ep.handle_input(NOW, req("INVITE", branch=f"z9hG4bKf{i}", body=OFFER), PEER)
+    assert len(drain(ep)[0]) == 2 and ep.counters["rate-limited"] == 3
+
+
 def test_unsupported_uri_scheme_require_and_body() -> None:
     ep = endpoint()
     ep.handle_input(NOW, req("OPTIONS", uri="urn:x:y"), PEER)

@@ -266,41 +266,41 @@ def _mutate(old: str, new: str, base: str = BASE) -> str:
 
 
 INVALID = {
-    # §3.1.2.2 ncl: negative Content-Length
+    # RFC 4475 ncl: negative Content-Length
     "ncl": (_mutate("Content-Length: 0", "Content-Length: -999"), 400, "Content-Length"),
-    # §3.1.2.3 scalar02: Max-Forwards and CSeq out of range
+    # RFC 4475 scalar02: Max-Forwards and CSeq out of range
     "scalar-mf": (_mutate("Max-Forwards: 70", "Max-Forwards: 300"), 400, "Max-Forwards"),
     "scalar-cseq": (_mutate("CSeq: 8 OPTIONS", "CSeq: 36893488147419103232 OPTIONS"), 400, "CSeq"),
-    # §3.1.2.5 quotbal: unterminated quoted display name
+    # RFC 4475 quotbal: unterminated quoted display name
     "quotbal": (_mutate("To: <sip:user@example.com>", 'To: "Mr. J. User <sip:user@example.com>'),
                 400, "Unterminated"),
-    # §3.1.2.6 ltgtruri: Request-URI in angle brackets
+    # RFC 4475 ltgtruri: Request-URI in angle brackets
     "ltgtruri": (_mutate("OPTIONS sip:user@example.com SIP/2.0", "OPTIONS <sip:user@example.com> SIP/2.0"),
                  400, "URI"),
-    # §3.1.2.7 lwsruri: LWS inside the Request-URI
+    # RFC 4475 lwsruri: LWS inside the Request-URI
     "lwsruri": (_mutate("OPTIONS sip:user@example.com SIP/2.0", "OPTIONS sip:user@example.com; lr SIP/2.0"),
                 400, "request line"),
-    # §3.1.2.8 lwsstart: several spaces between request-line elements
+    # RFC 4475 lwsstart: several spaces between request-line elements
     "lwsstart": (_mutate("OPTIONS sip:user@example.com SIP/2.0", "OPTIONS  sip:user@example.com  SIP/2.0"),
                  400, "request line"),
-    # §3.1.2.9 trws: trailing SP after SIP/2.0
+    # RFC 4475 trws: trailing SP after SIP/2.0
     "trws": (_mutate("OPTIONS sip:user@example.com SIP/2.0", "OPTIONS sip:user@example.com SIP/2.0 "),
              400, "request line"),
-    # §3.1.2.12 badaspec: spaces inside <...>
+    # RFC 4475 badaspec: spaces inside <...>
     "badaspec": (_mutate("To: <sip:user@example.com>", 'To: "Watson, Thomas" < sip:t.watson@example.org >'),
                  400, "URI"),
-    # §3.1.2.13 baddn: unquoted comma in a display name
+    # RFC 4475 baddn: unquoted comma in a display name
     "baddn": (_mutate("From: <sip:caller@example.com>;tag=323",
                       "From: Bell, Alexander <sip:a.g.bell@example.com>;tag=43"), 400, "display name"),
-    # §3.1.2.14 badvers: SIP/7.0
+    # RFC 4475 badvers: SIP/7.0
     "badvers": (_mutate("SIP/2.0\n", "SIP/7.0\n"), 505, "Version"),
-    # §3.1.2.15 mismatch01: CSeq method differs from the method
+    # RFC 4475 mismatch01: CSeq method differs from the method
     "mismatch01": (_mutate("CSeq: 8 OPTIONS", "CSeq: 8 INVITE"), 400, "CSeq method"),
-    # §3.1.2.17 insuf: missing Call-ID (and others)
+    # RFC 4475 insuf: missing Call-ID (and others)
     "insuf": (_mutate("Call-ID: invalid.1234@host.example.com\n", ""), 400, "Missing Call-ID"),
-    # §3.1.2.1 clerr flavour: Content-Length larger than the datagram's body
+    # RFC 4475 clerr flavour: Content-Length larger than the datagram's body
     "clerr": (_mutate("Content-Length: 0", "Content-Length: 99"), 400, "shorter than Content-Length"),
-    # two Content-Lengths that disagree (§3.1.2.11 mcl01)
+    # two Content-Lengths that disagree
     "mcl01": (_mutate("Content-Length: 0", "Content-Length: 0\nl: 5"), 400, "Conflicting"),
     "no-via": (_mutate("Via: SIP/2.0/UDP host.example.com;branch=z9hG4bKkdjuw\n", ""), 400, "Missing Via"),
     "bad-via": (_mutate("SIP/2.0/UDP host.example.com", "SIP/3.0/UDP host.example.com"), 400, "Via"),
@@ -318,7 +318,7 @@ def test_invalid_messages_raise_sip_error(name: str) -> None:
 
 
 def test_bigcode_response() -> None:
-    """§3.1.2.16 bigcode: a status code that is not 3 digits."""
+    """RFC 4475 bigcode: a status code that is not 3 digits."""
     with pytest.raises(SipError, match="status"):
         parse_untrusted(wire(NOREASON.replace("SIP/2.0 100", "SIP/2.0 4294967301 better not break the receiver")))
 
