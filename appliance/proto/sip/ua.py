@@ -812,6 +812,13 @@ class SipEndpoint:
                            to_tag: str) -> None:
         cid = self._dialogs.get((req.call_id, to_tag))
         call = self._calls.get(cid or "")
+        if call is not None and call.state is CallState.ENDED and req.method == "BYE" \
+                and call.remote_tag == req.from_.tag:
+            # we hung up while our 200 waited for its ACK and the caller hung up too
+            self._respond(now, txn, 200, call=call)
+            call.bye_after_ack = False
+            self._forget(call)
+            return
         if call is None or call.remote_tag != req.from_.tag or call.state is CallState.ENDED:
             self._respond(now, txn, 481)
             return
