@@ -183,6 +183,15 @@ class AgentContext:
         self._host._event_out(event)
 
 
+    def transcripts(self, **options: Any) -> AsyncGenerator[Any, None]:
+        """The caller's turns and transcripts: turn detection (Silero VAD) and speech-to-text
+        (PocketSphinx by default) over :meth:`frames` — :func:`appliance.speech.transcripts`
+        with ``options`` (``turn=``, ``stt=``). It reads the frames itself, so an agent uses
+        one or the other. Needs the ``speech`` extra (docs/speech.md)."""
+        from ..speech.listen import transcripts  # numpy only; engines load on first use
+
+        return transcripts(self, **options)
+
     # -- data channels (appliance.agents.channels) -------------------------------------------
 
     @property
