@@ -18,7 +18,15 @@ from .listen import (
     UserSpeechStopped,
     transcripts,
 )
-from .stt import HttpStt, PocketSphinxStt, SttEngine, SttError, SttStream, make_stt
+from .stt import (
+    HttpStt,
+    PocketSphinxStt,
+    SttEngine,
+    SttError,
+    SttStream,
+    WhisperStt,
+    make_stt,
+)
 from .tts import EspeakTts, HttpTts, TtsEngine, TtsError, make_tts
 from .vad import SileroVad, SpeechUnavailable, TurnConfig, TurnDetector, Vad, make_vad
 
@@ -26,6 +34,6 @@ __all__ = [
     "EspeakTts", "HearingEvent", "HttpStt", "HttpTts", "PocketSphinxStt", "SileroVad",
     "SpeechUnavailable", "SttEngine", "SttError", "SttStream", "TranscriptFailed",
     "TranscriptFinal", "TranscriptPartial", "TtsEngine", "TtsError", "TurnConfig",
-    "TurnDetector", "UserSpeechStarted", "UserSpeechStopped", "Vad", "make_stt", "make_tts",
+    "TurnDetector", "UserSpeechStarted", "UserSpeechStopped", "Vad", "WhisperStt", "make_stt", "make_tts",
     "make_vad", "transcripts",
 ]

@@ -16,8 +16,8 @@ spec key           environment                      meaning
 ``key_file``       ``APPLIANCE_LLM_KEY_FILE``       file holding the API key, or the key
                    ``APPLIANCE_LLM_KEY``            itself in the environment (never in
                                                     the spec: specs are logged)
-``stt``            ``APPLIANCE_STT_URL``            ``pocketsphinx`` (default) or an
-                                                    OpenAI-compatible base URL
+``stt``            ``APPLIANCE_STT_URL``            ``whisper`` (default), ``pocketsphinx``
+                                                    or an OpenAI-compatible base URL
 ``stt_model``      ``APPLIANCE_STT_MODEL``          (``whisper-1``)
 ``tts``            ``APPLIANCE_TTS_URL``            ``espeak`` (default) or a base URL
 ``tts_model``,     ``APPLIANCE_TTS_MODEL``,         (``tts-1``, ``alloy``)
@@ -38,8 +38,10 @@ surface and the demo page are to show them): ``transcript.user.partial`` ``{text
 
 from __future__ import annotations
 
+import math
 import os
 import threading
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
@@ -71,7 +73,7 @@ class AssistantOptions:
     llm: str | None = None
     model: str = "gpt-4o-mini"
     key_file: str | None = None
-    stt: str = "pocketsphinx"
+    stt: str = "whisper"
     stt_model: str = "whisper-1"
     tts: str = "espeak"
     tts_model: str = "tts-1"
@@ -107,13 +109,13 @@ class AssistantOptions:
                 raise AgentError(f"assistant: {key} must be an http(s) URL")
         return cls(
             llm=q.get("llm") or env.get("APPLIANCE_LLM_URL") or None,
-            model=q.get("model") or env.get("APPLIANCE_LLM_MODEL") or cls.model,
+            model=q.get("model") or env.get("APPLIANCE_LLM_MODEL") or _DEFAULTS.model,
             key_file=q.get("key_file") or env.get("APPLIANCE_LLM_KEY_FILE") or None,
-            stt=q.get("stt") or env.get("APPLIANCE_STT_URL") or cls.stt,
-            stt_model=q.get("stt_model") or env.get("APPLIANCE_STT_MODEL") or cls.stt_model,
-            tts=q.get("tts") or env.get("APPLIANCE_TTS_URL") or cls.tts,
-            tts_model=q.get("tts_model") or env.get("APPLIANCE_TTS_MODEL") or cls.tts_model,
-            voice=q.get("voice") or env.get("APPLIANCE_TTS_VOICE") or cls.voice,
+            stt=q.get("stt") or env.get("APPLIANCE_STT_URL") or _DEFAULTS.stt,
+            stt_model=q.get("stt_model") or env.get("APPLIANCE_STT_MODEL") or _DEFAULTS.stt_model,
+            tts=q.get("tts") or env.get("APPLIANCE_TTS_URL") or _DEFAULTS.tts,
+            tts_model=q.get("tts_model") or env.get("APPLIANCE_TTS_MODEL") or _DEFAULTS.tts_model,
+            voice=q.get("voice") or env.get("APPLIANCE_TTS_VOICE") or _DEFAULTS.voice,
             vad=vad, silence_ms=silence,
         )
 
@@ -135,6 +137,7 @@ class Engines:
     responder: Responder
 
 
+_DEFAULTS = AssistantOptions()
 _engines: dict[AssistantOptions, Engines] = {}
 _engines_lock = threading.Lock()
 
@@ -231,21 +234,31 @@ class Assistant:
         await ctx.send_event({"type": "output.cleared", "played_seconds": ctx.played_seconds,
                               "dropped_seconds": dropped})
 
+    async def _answer(self, send: trio.MemorySendChannel[str]) -> None:
+        async with send:
+            await self.engines.responder.reply(list(self.history), send.send_nowait)
+
     async def speak_reply(self, ctx: AgentContext, scope: trio.CancelScope) -> None:
         spoken: list[str] = []
         with scope:
             try:
-                async for sentence in sentences(self.engines.responder.reply(list(self.history))):
-                    await ctx.send_event({"type": "transcript.agent", "text": sentence})
-                    spoken.append(sentence)
-                    async for frame in self.engines.tts.synthesize(sentence):
-                        await ctx.send(frame)
+                send, receive = trio.open_memory_channel[str](math.inf)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._answer, send)
+                    async with aclosing(sentences(receive)) as said:
+                        async for sentence in said:
+                            await ctx.send_event({"type": "transcript.agent", "text": sentence})
+                            spoken.append(sentence)
+                            async with aclosing(self.engines.tts.synthesize(sentence)) as audio:
+                                async for frame in audio:
+                                    await ctx.send(frame)
             except (LlmError, TtsError) as exc:
                 await ctx.send_event({"type": "assistant.error", "error": str(exc)})
                 if not spoken:
                     fallback = "Sorry, my answering service failed."
-                    async for frame in self.engines.tts.synthesize(fallback):
-                        await ctx.send(frame)
+                    async with aclosing(self.engines.tts.synthesize(fallback)) as audio:
+                        async for frame in audio:
+                            await ctx.send(frame)
             await ctx.drained()  # "speaking" until the last queued frame went out
         if spoken:
             self.history.append({"role": "assistant", "content": " ".join(spoken)})

@@ -68,10 +68,10 @@ _default_stt: SttEngine | None = None
 
 
 def default_stt() -> SttEngine:
-    """The process-wide offline engine (PocketSphinx), built on first use."""
+    """The process-wide offline engine (Whisper tiny.en), built on first use."""
     global _default_stt
     if _default_stt is None:
-        _default_stt = make_stt("pocketsphinx")
+        _default_stt = make_stt("whisper")
     return _default_stt
 
 

@@ -1,8 +1,12 @@
 """Who answers the assistant: an OpenAI-compatible chat endpoint, or a built-in responder.
 
-A :class:`Responder` turns the conversation so far into reply text, streamed as chunks
-(``async for chunk in responder.reply(history)``); :func:`sentences` regroups the chunks
-into sentences, so the assistant can speak the first while the rest is still coming.
+A :class:`Responder` turns the conversation so far into reply text, streamed as chunks:
+``await responder.reply(history, out)`` calls ``out(chunk)`` (synchronously: a memory
+channel's ``send_nowait``) as text arrives. Push, not an async generator: an httpx stream
+left half-read by a consumer that stops early (barge-in) leaves httpx's nested generators
+unfinalised, while cancelling ``reply`` itself ends them at the socket read.
+:func:`sentences` regroups the chunks into sentences, so the assistant can speak the first
+while the rest is still coming.
 
 * :class:`ChatCompletions`: ``POST {base_url}/chat/completions`` with ``stream: true``
   (Server-Sent Events, ``data: {...}`` lines, ``data: [DONE]``), reading
@@ -17,7 +21,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Protocol
 
 import trio
@@ -34,7 +38,7 @@ class LlmError(RuntimeError):
 class Responder(Protocol):
     name: str
 
-    def reply(self, history: list[Message]) -> AsyncIterator[str]: ...
+    async def reply(self, history: list[Message], out: Callable[[str], None]) -> None: ...
 
 
 SYSTEM_PROMPT = ("You are a voice assistant on a phone call. Answer in one to three short "
@@ -53,7 +57,7 @@ class ChatCompletions:
     def __repr__(self) -> str:  # never the key
         return f"ChatCompletions({self.url!r}, model={self.model!r})"
 
-    async def reply(self, history: list[Message]) -> AsyncIterator[str]:
+    async def reply(self, history: list[Message], out: Callable[[str], None]) -> None:
         httpx = _httpx()
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         body: dict[str, Any] = {
@@ -66,19 +70,21 @@ class ChatCompletions:
                 if resp.status_code != 200:
                     detail = (await resp.aread())[:200]
                     raise LlmError(f"chat endpoint answered {resp.status_code}: {detail!r}")
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
+                done = False
+                async for line in resp.aiter_lines():  # read to the end: see the docstring
+                    if done or not line.startswith("data:"):
                         continue  # comments, event:, id:, blank separators
                     data = line[5:].strip()
                     if data == "[DONE]":
-                        return
+                        done = True
+                        continue
                     try:
                         event = json.loads(data)
                     except json.JSONDecodeError as exc:
                         raise LlmError("chat stream sent a line that is not JSON") from exc
                     text = _delta_text(event)
                     if text:
-                        yield text
+                        out(text)
         except httpx.HTTPError as exc:
             raise LlmError(f"chat request to {self.url} failed: {exc!r}") from exc
 
@@ -123,16 +129,17 @@ class BuiltinResponder:
                     "assistant question mark llm equals your server's v1 address.")
         return f"You said: {heard}. I am a simple built-in responder; plug in a model for real answers."
 
-    async def reply(self, history: list[Message]) -> AsyncIterator[str]:
+    async def reply(self, history: list[Message], out: Callable[[str], None]) -> None:
         heard = next((m["content"] for m in reversed(history) if m.get("role") == "user"), "")
         await trio.lowlevel.checkpoint()
-        yield self.answer(heard)
+        out(self.answer(heard))
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
 
 
-async def sentences(chunks: AsyncIterator[str], *, min_chars: int = 12) -> AsyncIterator[str]:
+async def sentences(chunks: AsyncIterator[str], *, min_chars: int = 12
+                    ) -> AsyncGenerator[str, None]:
     """Regroup streamed text into sentences (a sentence shorter than ``min_chars`` waits
     for the next, so "Hi." is not spoken alone with a pause after it)."""
     buf = ""

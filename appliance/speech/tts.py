@@ -9,14 +9,15 @@ before the sentence is synthesised. Closing the iterator early (barge-in) stops 
   as it is written) and resampled to 48 kHz. The program loads its voice data in a few
   milliseconds, so there is nothing to keep loaded between calls.
 * :class:`HttpTts` (``"http"``): any OpenAI-compatible ``POST /v1/audio/speech`` with
-  ``response_format: "pcm"`` (raw 24 kHz PCM16, streamed), resampled to 48 kHz.
+  ``response_format: "pcm"`` (raw 24 kHz PCM16), resampled to 48 kHz. The assistant asks
+  for one sentence at a time, and each answer is read whole before it plays.
 """
 
 from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
 import trio
@@ -35,7 +36,7 @@ class TtsError(RuntimeError):
 class TtsEngine(Protocol):
     name: str
 
-    def synthesize(self, text: str) -> AsyncIterator[bytes]: ...
+    def synthesize(self, text: str) -> AsyncGenerator[bytes, None]: ...
 
 
 class _Framer:
@@ -73,7 +74,7 @@ class EspeakTts:
         self.program = exe
         self.voice, self.rate_wpm, self.pitch = voice, rate_wpm, pitch
 
-    async def synthesize(self, text: str) -> AsyncIterator[bytes]:
+    async def synthesize(self, text: str) -> AsyncGenerator[bytes, None]:
         text = " ".join(text.split())
         if not text:
             return
@@ -139,7 +140,7 @@ class HttpTts:
     def __repr__(self) -> str:
         return f"HttpTts({self.url!r}, model={self.model!r}, voice={self.voice!r})"
 
-    async def synthesize(self, text: str) -> AsyncIterator[bytes]:
+    async def synthesize(self, text: str) -> AsyncGenerator[bytes, None]:
         text = text.strip()
         if not text:
             return
@@ -147,26 +148,21 @@ class HttpTts:
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         body = {"model": self.model, "input": text, "voice": self.voice,
                 "response_format": "pcm"}
-        framer = _Framer()
-        resampler = Resampler(self.PCM_RATE, OUT_RATE)
-        odd = b""
         try:
-            async with httpx.AsyncClient(timeout=self.timeout) as client, \
-                    client.stream("POST", self.url, headers=headers, json=body) as resp:
-                if resp.status_code != 200:
-                    detail = (await resp.aread())[:200]
-                    raise TtsError(f"speech server answered {resp.status_code}: {detail!r}")
-                async for chunk in resp.aiter_bytes():
-                    data = odd + chunk
-                    cut = len(data) & ~1
-                    odd = data[cut:]
-                    for frame in framer.push(resampler.process(data[:cut])):
-                        yield frame
+            async with httpx.AsyncClient(timeout=self.timeout) as client:
+                # Read whole (one sentence: a few seconds, ~100 KB): an httpx stream left
+                # half-read by a consumer that stops early leaves httpx's generators
+                # unfinalised; a cancelled read ends them at the socket.
+                resp = await client.post(self.url, headers=headers, json=body)
         except httpx.HTTPError as exc:
             raise TtsError(f"speech request to {self.url} failed: {exc!r}") from exc
-        for frame in framer.push(resampler.flush()):
-            yield frame
-        for frame in framer.tail():
+        if resp.status_code != 200:
+            raise TtsError(f"speech server answered {resp.status_code}: {resp.content[:200]!r}")
+        pcm = resp.content
+        resampler = Resampler(self.PCM_RATE, OUT_RATE)
+        framer = _Framer()
+        out = resampler.process(pcm[: len(pcm) & ~1]) + resampler.flush()
+        for frame in framer.push(out) + framer.tail():
             yield frame
 
 

@@ -163,20 +163,17 @@ async def fake_openai() -> AsyncIterator[FakeOpenAI]:
     sock.set_inheritable(True)
     port = sock.getsockname()[1]
     config = Config()
-    config.bind = [f"fd://{sock.fileno()}"]
+    config.bind = [f"fd://{sock.detach()}"]  # hypercorn owns (and closes) it now
     config.accesslog = None
     config.errorlog = None
     app.base_url = f"http://127.0.0.1:{port}/v1"
     shutdown = trio.Event()
-    try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(_serve, app, config, shutdown)
-            try:
-                yield app
-            finally:
-                shutdown.set()
-    finally:
-        sock.close()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(_serve, app, config, shutdown)
+        try:
+            yield app
+        finally:
+            shutdown.set()
 
 
 async def _serve(app: FakeOpenAI, config: Config, shutdown: trio.Event,
