@@ -124,6 +124,8 @@ async def _no_agent(ctx: AgentContext) -> None:
 def resolve(spec: str | None) -> ResolvedAgent:
     """The runnable agent for ``spec`` (``None`` or ``""``: the default, ``echo``)."""
     spec = (spec or DEFAULT_AGENT).strip()
+    if spec == "assistant" or spec.startswith("assistant?"):  # the voice loop (issue 30);
+        return ResolvedAgent(spec, _assistant(spec))  # first: its options hold URLs
     scheme, sep, _ = spec.partition("://")
     if sep:
         factory = _schemes.get(scheme.lower())
@@ -138,8 +140,6 @@ def resolve(spec: str | None) -> ResolvedAgent:
     if spec == "realtime" or spec.startswith("realtime:"):  # the OpenAI Realtime protocol
         realtime = importlib.import_module("appliance.realtime.agent")  # (issue 17)
         return ResolvedAgent(spec, realtime.resolve_spec(spec))
-    if spec == "assistant" or spec.startswith("assistant?"):  # the voice loop (issue 30)
-        return ResolvedAgent(spec, _assistant(spec))
     if spec in _registered:
         return ResolvedAgent(spec, _as_fn(_registered[spec], spec))
     if spec in _BUILTINS:
