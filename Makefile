@@ -10,9 +10,9 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# Runtime install (make up).
+# Runtime install (make up), with the speech extra so `--agent assistant` works.
 $(VENV)/.installed: pyproject.toml setup.py appliance/netio/_mmsg.c | $(BIN)/python
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e '.[speech]'
 	touch $@
 
 # Runtime + test extras (make test). They include the runtime install, so both stamps are
@@ -49,6 +49,7 @@ sysdeps:
 	command -v npm >/dev/null || missing="$$missing npm"; \
 	command -v nft >/dev/null || [ -x /usr/sbin/nft ] || missing="$$missing nftables"; \
 	command -v sipp >/dev/null || missing="$$missing sip-tester"; \
+	command -v espeak-ng >/dev/null || missing="$$missing espeak-ng"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

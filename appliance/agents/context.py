@@ -37,6 +37,7 @@ mark (the browser's ``bufferedAmount``). The bounds are in :mod:`appliance.agent
 
 from __future__ import annotations
 
+import importlib
 from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -182,6 +183,16 @@ class AgentContext:
         await trio.lowlevel.checkpoint()
         self._host._event_out(event)
 
+
+    def transcripts(self, **options: Any) -> AsyncGenerator[Any, None]:
+        """The caller's turns and transcripts: turn detection (Silero VAD) and speech-to-text
+        (PocketSphinx by default) over :meth:`frames` — :func:`appliance.speech.transcripts`
+        with ``options`` (``turn=``, ``stt=``). It reads the frames itself, so an agent uses
+        one or the other. Needs the ``speech`` extra (docs/speech.md)."""
+        # By name (numpy only; the engines load on first use): speech depends on agents.
+        listen = importlib.import_module("appliance.speech.listen")
+        gen: AsyncGenerator[Any, None] = listen.transcripts(self, **options)
+        return gen
 
     # -- data channels (appliance.agents.channels) -------------------------------------------
 

@@ -10,6 +10,9 @@
 * ``realtime`` / ``realtime:<module:attr|file.py:attr>`` — the OpenAI Realtime event
   protocol on the ``oai-events`` channel, answered by the built-in echo realtime agent or a
   user ``RealtimeAgent`` (:mod:`appliance.realtime.agent`, docs/realtime.md);
+* ``assistant`` / ``assistant?llm=URL&…`` — the voice assistant (listen, transcribe,
+  answer, speak; :mod:`appliance.speech.assistant`, docs/speech.md); needs the ``speech``
+  extra, and fails here with a message naming it when that is missing;
 * ``scheme://…`` — an external agent, handled by the factory registered for that scheme
   with :func:`register_scheme` (the WebSocket bridge registers ``ws`` and ``wss``). Until a
   bridge is registered such specs are rejected with a clear error.
@@ -103,6 +106,17 @@ def _as_fn(obj: Any, spec: str) -> AgentFn:
 
 
 
+def _assistant(spec: str) -> AgentFn:
+    """``assistant[?options]`` (appliance.speech.assistant); needs the ``speech`` extra."""
+    try:
+        module = importlib.import_module("appliance.speech.assistant")
+    except ModuleNotFoundError as exc:  # numpy-only parts import; engines fail in resolve_spec
+        raise AgentError(f"--agent assistant needs the 'speech' extra ({exc.name} is missing): "
+                         "pip install 'appliance[speech]'") from exc
+    fn: AgentFn = module.resolve_spec(spec)
+    return fn
+
+
 async def _no_agent(ctx: AgentContext) -> None:
     """The ``passthrough`` agent's body: never run (the transceiver echoes RTP itself)."""
 
@@ -110,6 +124,8 @@ async def _no_agent(ctx: AgentContext) -> None:
 def resolve(spec: str | None) -> ResolvedAgent:
     """The runnable agent for ``spec`` (``None`` or ``""``: the default, ``echo``)."""
     spec = (spec or DEFAULT_AGENT).strip()
+    if spec == "assistant" or spec.startswith("assistant?"):  # the voice loop (issue 30);
+        return ResolvedAgent(spec, _assistant(spec))  # first: its options hold URLs
     scheme, sep, _ = spec.partition("://")
     if sep:
         factory = _schemes.get(scheme.lower())
@@ -133,6 +149,6 @@ def resolve(spec: str | None) -> ResolvedAgent:
                              on_channel=on_channel)
     if ":" in spec:
         return ResolvedAgent(spec, _as_fn(import_target(spec, spec), spec))
-    known = ", ".join(sorted(set(_BUILTINS) | set(_registered) | {PASSTHROUGH}))
+    known = ", ".join(sorted(set(_BUILTINS) | set(_registered) | {PASSTHROUGH, "assistant"}))
     raise AgentError(f"unknown agent {spec!r} (built-in: {known}; or package.module:attr, "
                      "path/file.py:attr, ws://host:port/path)")

@@ -1,0 +1,266 @@
+"""``--agent assistant``: listen (VAD turns), transcribe, answer, speak, with barge-in.
+
+Options ride on the agent spec as a query string (so they reach every transceiver without a
+new flag), with environment variables as the defaults::
+
+    --agent assistant
+    --agent 'assistant?llm=http://127.0.0.1:11434/v1&model=llama3.2'
+    --agent 'assistant?llm=https://api.openai.com/v1&model=gpt-4o-mini&key_file=/run/key'
+
+=================  ===============================  ========================================
+spec key           environment                      meaning
+=================  ===============================  ========================================
+``llm``            ``APPLIANCE_LLM_URL``            chat-completions base URL (``…/v1``);
+                                                    unset: the built-in responder
+``model``          ``APPLIANCE_LLM_MODEL``          chat model (``gpt-4o-mini``)
+``key_file``       ``APPLIANCE_LLM_KEY_FILE``       file holding the API key, or the key
+                   ``APPLIANCE_LLM_KEY``            itself in the environment (never in
+                                                    the spec: specs are logged)
+``stt``            ``APPLIANCE_STT_URL``            ``whisper`` (default), ``pocketsphinx``
+                                                    or an OpenAI-compatible base URL
+``stt_model``      ``APPLIANCE_STT_MODEL``          (``whisper-1``)
+``tts``            ``APPLIANCE_TTS_URL``            ``espeak`` (default) or a base URL
+``tts_model``,     ``APPLIANCE_TTS_MODEL``,         (``tts-1``, ``alloy``)
+``voice``          ``APPLIANCE_TTS_VOICE``
+``vad``                                             ``silero`` (default) or ``energy``
+``silence_ms``                                      end-of-turn silence (500)
+=================  ===============================  ========================================
+
+The HTTP STT/TTS engines use the same key as the LLM (``APPLIANCE_SPEECH_KEY`` overrides).
+Engines are built once per process and shared by every call (:func:`engines_for`).
+
+Events the assistant sends with ``ctx.send_event`` (the transceiver logs them; the Realtime
+surface and the demo page are to show them): ``transcript.user.partial`` ``{text}``,
+``transcript.user.final`` ``{text, audio_start_ms, audio_end_ms}``, ``transcript.user.failed``
+``{error}``, ``transcript.agent`` ``{text}`` (a sentence as it starts to play), and
+``output.cleared`` ``{played_seconds, dropped_seconds}`` after a barge-in.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl
+
+import trio
+
+from ..agents.context import AgentContext
+from ..agents.loader import AgentError
+from .listen import (
+    TranscriptFailed,
+    TranscriptFinal,
+    TranscriptPartial,
+    UserSpeechStarted,
+    transcripts,
+)
+from .llm import BuiltinResponder, ChatCompletions, LlmError, Message, Responder, sentences
+from .stt import SttEngine, make_stt
+from .tts import TtsEngine, TtsError, make_tts
+from .vad import SpeechUnavailable, TurnConfig, TurnDetector, make_vad
+
+EXTRA_HINT = "pip install 'appliance[speech]' (or make install)"
+_KEYS = {"llm", "model", "key_file", "stt", "stt_model", "tts", "tts_model", "voice", "vad",
+         "silence_ms"}
+MAX_HISTORY = 20  # messages kept for the LLM
+
+
+@dataclass(frozen=True, slots=True)
+class AssistantOptions:
+    llm: str | None = None
+    model: str = "gpt-4o-mini"
+    key_file: str | None = None
+    stt: str = "whisper"
+    stt_model: str = "whisper-1"
+    tts: str = "espeak"
+    tts_model: str = "tts-1"
+    voice: str = "alloy"
+    vad: str = "silero"
+    silence_ms: int = 500
+
+    @classmethod
+    def from_spec(cls, spec: str, env: dict[str, str] | None = None) -> AssistantOptions:
+        env = dict(os.environ) if env is None else env
+        name, _, query = spec.partition("?")
+        if name != "assistant":
+            raise AgentError(f"not an assistant spec: {spec!r}")
+        q = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
+        unknown = set(q) - _KEYS
+        if unknown:
+            raise AgentError(f"assistant: unknown option(s) {', '.join(sorted(unknown))} "
+                             f"(known: {', '.join(sorted(_KEYS))})")
+        if "key" in query.split("&"):
+            raise AgentError("assistant: give the key in a file (key_file=) or APPLIANCE_LLM_KEY")
+        vad = q.get("vad", "silero")
+        if vad not in ("silero", "energy"):
+            raise AgentError("assistant: vad is silero or energy")
+        try:
+            silence = int(q.get("silence_ms", "500"))
+        except ValueError as exc:
+            raise AgentError("assistant: silence_ms is an integer") from exc
+        if not 100 <= silence <= 5000:
+            raise AgentError("assistant: silence_ms is 100..5000")
+        for key in ("llm", "stt", "tts"):
+            value = q.get(key)
+            if value and "://" in value and not value.startswith(("http://", "https://")):
+                raise AgentError(f"assistant: {key} must be an http(s) URL")
+        return cls(
+            llm=q.get("llm") or env.get("APPLIANCE_LLM_URL") or None,
+            model=q.get("model") or env.get("APPLIANCE_LLM_MODEL") or _DEFAULTS.model,
+            key_file=q.get("key_file") or env.get("APPLIANCE_LLM_KEY_FILE") or None,
+            stt=q.get("stt") or env.get("APPLIANCE_STT_URL") or _DEFAULTS.stt,
+            stt_model=q.get("stt_model") or env.get("APPLIANCE_STT_MODEL") or _DEFAULTS.stt_model,
+            tts=q.get("tts") or env.get("APPLIANCE_TTS_URL") or _DEFAULTS.tts,
+            tts_model=q.get("tts_model") or env.get("APPLIANCE_TTS_MODEL") or _DEFAULTS.tts_model,
+            voice=q.get("voice") or env.get("APPLIANCE_TTS_VOICE") or _DEFAULTS.voice,
+            vad=vad, silence_ms=silence,
+        )
+
+    def api_key(self, env: dict[str, str] | None = None) -> str | None:
+        env = dict(os.environ) if env is None else env
+        if self.key_file:
+            try:
+                with open(self.key_file, encoding="utf-8") as f:
+                    return f.read().strip() or None
+            except OSError as exc:
+                raise AgentError(f"assistant: cannot read key_file: {exc.strerror}") from exc
+        return env.get("APPLIANCE_LLM_KEY") or None
+
+
+@dataclass(frozen=True, slots=True)
+class Engines:
+    stt: SttEngine
+    tts: TtsEngine
+    responder: Responder
+
+
+_DEFAULTS = AssistantOptions()
+_engines: dict[AssistantOptions, Engines] = {}
+_engines_lock = threading.Lock()
+
+
+def engines_for(opts: AssistantOptions) -> Engines:
+    """The engines for these options, built once per process."""
+    with _engines_lock:
+        found = _engines.get(opts)
+        if found is not None:
+            return found
+        key = opts.api_key()
+        speech_key = os.environ.get("APPLIANCE_SPEECH_KEY") or key
+        stt: SttEngine = (make_stt("http", base_url=opts.stt, api_key=speech_key,
+                                   model=opts.stt_model)
+                          if opts.stt.startswith(("http://", "https://"))
+                          else make_stt(opts.stt))
+        tts: TtsEngine = (make_tts("http", base_url=opts.tts, api_key=speech_key,
+                                   model=opts.tts_model, voice=opts.voice)
+                          if opts.tts.startswith(("http://", "https://"))
+                          else make_tts(opts.tts))
+        responder: Responder = (ChatCompletions(opts.llm, model=opts.model, api_key=key)
+                                if opts.llm else BuiltinResponder())
+        found = _engines[opts] = Engines(stt, tts, responder)
+        return found
+
+
+def resolve_spec(spec: str) -> Any:
+    """The agent for ``assistant[?options]``; a clear :class:`AgentError` if the speech
+    extra (or espeak-ng) is missing, raised when the spec is resolved (at start-up)."""
+    opts = AssistantOptions.from_spec(spec)
+    try:
+        engines = engines_for(opts)
+        make_vad(opts.vad)  # loads the Silero model now, not in the first call
+        preload = getattr(engines.stt, "preload", None)
+        if preload is not None:
+            preload()
+    except SpeechUnavailable as exc:
+        raise AgentError(f"--agent assistant: {exc}. Install the speech extra: {EXTRA_HINT}") \
+            from exc
+    except ValueError as exc:
+        raise AgentError(f"--agent assistant: {exc}") from exc
+
+    async def assistant(ctx: AgentContext) -> None:
+        await Assistant(opts, engines).run(ctx)
+
+    return assistant
+
+
+class Assistant:
+    """One call's voice loop (one instance per session)."""
+
+    def __init__(self, opts: AssistantOptions, engines: Engines) -> None:
+        self.opts = opts
+        self.engines = engines
+        self.history: list[Message] = []
+        self._reply: trio.CancelScope | None = None
+        self.replies_started = 0
+        self.interruptions = 0
+
+    def turn_config(self) -> TurnConfig:
+        return TurnConfig(silence_duration_ms=self.opts.silence_ms, vad=self.opts.vad)
+
+    async def run(self, ctx: AgentContext) -> None:
+        detector = TurnDetector(self.turn_config())
+        async with trio.open_nursery() as nursery:
+            async for ev in transcripts(ctx, stt=self.engines.stt, detector=detector):
+                if isinstance(ev, UserSpeechStarted):
+                    if self._reply is not None or ctx.queued_seconds > 0:
+                        await self.barge_in(ctx)
+                elif isinstance(ev, TranscriptPartial):
+                    await ctx.send_event({"type": "transcript.user.partial", "text": ev.text})
+                elif isinstance(ev, TranscriptFailed):
+                    await ctx.send_event({"type": "transcript.user.failed", "error": ev.error})
+                elif isinstance(ev, TranscriptFinal):
+                    await ctx.send_event({"type": "transcript.user.final", "text": ev.text,
+                                          "audio_start_ms": ev.audio_start_ms,
+                                          "audio_end_ms": ev.audio_end_ms})
+                    if ev.text:
+                        self.history.append({"role": "user", "content": ev.text})
+                        del self.history[:-MAX_HISTORY]
+                        scope = trio.CancelScope()
+                        self._reply = scope
+                        self.replies_started += 1
+                        nursery.start_soon(self.speak_reply, ctx, scope)
+            nursery.cancel_scope.cancel()
+
+    async def barge_in(self, ctx: AgentContext) -> None:
+        """The caller talks over the reply: cut it now (the queue is dropped at once)."""
+        scope, self._reply = self._reply, None
+        if scope is not None:
+            scope.cancel()
+        dropped = ctx.interrupt()
+        self.interruptions += 1
+        await ctx.send_event({"type": "output.cleared", "played_seconds": ctx.played_seconds,
+                              "dropped_seconds": dropped})
+
+    async def _answer(self, send: trio.MemorySendChannel[str]) -> None:
+        async with send:
+            await self.engines.responder.reply(list(self.history), send.send_nowait)
+
+    async def speak_reply(self, ctx: AgentContext, scope: trio.CancelScope) -> None:
+        spoken: list[str] = []
+        with scope:
+            try:
+                send, receive = trio.open_memory_channel[str](math.inf)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._answer, send)
+                    async with aclosing(sentences(receive)) as said:
+                        async for sentence in said:
+                            await ctx.send_event({"type": "transcript.agent", "text": sentence})
+                            spoken.append(sentence)
+                            async with aclosing(self.engines.tts.synthesize(sentence)) as audio:
+                                async for frame in audio:
+                                    await ctx.send(frame)
+            except (LlmError, TtsError) as exc:
+                await ctx.send_event({"type": "assistant.error", "error": str(exc)})
+                if not spoken:
+                    fallback = "Sorry, my answering service failed."
+                    async with aclosing(self.engines.tts.synthesize(fallback)) as audio:
+                        async for frame in audio:
+                            await ctx.send(frame)
+            await ctx.drained()  # "speaking" until the last queued frame went out
+        if spoken:
+            self.history.append({"role": "assistant", "content": " ".join(spoken)})
+        if self._reply is scope:
+            self._reply = None

@@ -1,0 +1,117 @@
+"""Hear the caller: turn detection + speech-to-text over an agent's inbound frames.
+
+``async for event in transcripts(ctx)`` (also reachable as ``ctx.transcripts()``) reads
+the call's frames and yields, in order:
+
+* :class:`UserSpeechStarted` — the turn detector heard speech (barge-in point);
+* :class:`TranscriptPartial` — the engine's current hypothesis, when it changes;
+* :class:`UserSpeechStopped` — ``silence_duration_ms`` of silence ended the turn;
+* :class:`TranscriptFinal` — the utterance's transcript (possibly empty), or
+  :class:`TranscriptFailed` if the engine failed on it (the call goes on).
+
+The Realtime ``conversation.item.input_audio_transcription.delta/.completed/.failed`` and
+``input_audio_buffer.speech_started/stopped`` events map one to one onto these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import trio
+
+from .stt import SttEngine, SttError, SttStream, make_stt
+from .vad import SpeechAudio, SpeechStarted, SpeechStopped, TurnConfig, TurnDetector
+
+if TYPE_CHECKING:
+    from ..agents.context import AgentContext
+
+
+@dataclass(frozen=True, slots=True)
+class UserSpeechStarted:
+    at: float  # trio clock time of the frame that confirmed speech
+    audio_start_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class UserSpeechStopped:
+    at: float
+    audio_end_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptPartial:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptFinal:
+    text: str
+    audio_start_ms: int
+    audio_end_ms: int
+    stopped_at: float  # trio clock time of the end of speech (for latency accounting)
+    stt_seconds: float  # time the engine took after the end of speech
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptFailed:
+    error: str
+    audio_start_ms: int
+    audio_end_ms: int
+
+
+HearingEvent = (UserSpeechStarted | UserSpeechStopped | TranscriptPartial | TranscriptFinal
+                | TranscriptFailed)
+
+_default_stt: SttEngine | None = None
+
+
+def default_stt() -> SttEngine:
+    """The process-wide offline engine (Whisper tiny.en), built on first use."""
+    global _default_stt
+    if _default_stt is None:
+        _default_stt = make_stt("whisper")
+    return _default_stt
+
+
+async def transcripts(ctx: AgentContext, *, turn: TurnConfig | None = None,
+                      stt: SttEngine | None = None,
+                      detector: TurnDetector | None = None,
+                      ) -> AsyncGenerator[HearingEvent, None]:
+    """The caller's turns and their transcripts (see the module docstring)."""
+    detector = detector or TurnDetector(turn or TurnConfig())
+    engine = stt or default_stt()
+    stream: SttStream | None = None
+    start_ms = 0
+    try:
+        async for frame in ctx.frames():
+            detector.handle_input(frame.received_at, frame.pcm)
+            while (ev := detector.poll_output()) is not None:
+                if isinstance(ev, SpeechStarted):
+                    start_ms = ev.audio_start_ms
+                    stream = engine.stream()
+                    yield UserSpeechStarted(ev.at, ev.audio_start_ms)
+                elif isinstance(ev, SpeechAudio):
+                    if stream is not None:
+                        try:
+                            partial = await stream.feed(ev.pcm)
+                        except SttError:
+                            partial = None  # reported by finish()
+                        if partial:
+                            yield TranscriptPartial(partial)
+                elif isinstance(ev, SpeechStopped) and stream is not None:
+                    yield UserSpeechStopped(ev.at, ev.audio_end_ms)
+                    s, stream = stream, None
+                    t0 = trio.current_time()
+                    try:
+                        text = await s.finish()
+                    except SttError as exc:
+                        yield TranscriptFailed(str(exc), start_ms, ev.audio_end_ms)
+                    else:
+                        yield TranscriptFinal(text, start_ms, ev.audio_end_ms, ev.at,
+                                              trio.current_time() - t0)
+    finally:
+        if stream is not None:
+            with trio.CancelScope(shield=True):
+                await stream.aclose()

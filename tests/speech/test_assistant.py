@@ -1,0 +1,160 @@
+"""``--agent assistant`` end to end in-process: espeak-ng speech frames in → VAD turn →
+Whisper transcript → built-in (or chat-completions) answer → espeak-ng reply frames out,
+and a barge-in cutting the reply.
+
+The harness plays both network sides at simulated real time: each step pushes one 20 ms
+caller frame, waits until the agent has taken it, and pops one 20 ms frame of agent output
+(the transceiver's pacer). Engines are not timed here (bench/speech.py measures latency)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+import trio
+import trio.lowlevel
+from speech.fake_openai import KEY, fake_openai
+from speech.speech_support import espeak_pcm48, frames, silence
+
+from appliance.agents import AgentContext, AgentError, AgentHost, AgentIdentity, Frame, resolve
+from appliance.speech import vad as vad_module
+from appliance.speech.assistant import AssistantOptions
+from appliance.speech.audio import band_energy_ratio, rms_dbfs
+
+
+class Call:
+    def __init__(self, spec: str = "assistant") -> None:
+        self.events: list[dict[str, Any]] = []
+        self.host = AgentHost(on_event=self.events.append)
+        self.ctx = AgentContext(self.host, AgentIdentity(spec, "s1"))
+        self.agent = resolve(spec)
+        self.n = 0
+        self.out: list[bytes | None] = []  # one entry per step: the frame the pacer sent
+
+    async def step(self, pcm: bytes) -> bytes | None:
+        self.host.push_frame(Frame(pcm, self.n * 0.02, trio.current_time(), speech=False))
+        self.n += 1
+        # Poll (under the test's overall fail_after): the host has no "frame taken" event,
+        # and the agent may be waiting on a transcription thread.
+        while self.host._frames:  # noqa: ASYNC110
+            await trio.sleep(0.002)
+        await trio.lowlevel.checkpoint()  # let the reply task queue what it has
+        frame = self.host.pop_output_frame()
+        self.out.append(frame)
+        return frame
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] == kind]
+
+    async def until(self, cond: Any, max_steps: int) -> None:
+        for _ in range(max_steps):
+            await self.step(bytes(1920))
+            if cond():
+                return
+        raise AssertionError(f"not after {max_steps} steps: {self.events}")
+
+
+async def test_assistant_hears_answers_and_speaks() -> None:
+    call = Call()
+    with trio.fail_after(240):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call.agent.run, call.ctx)
+            for f in frames(silence(0.5) + espeak_pcm48("what time is it")):
+                await call.step(f)
+            await call.until(lambda: call.of("transcript.agent"), 400)
+            await call.until(lambda: call.host.played_samples > 0
+                             and not call.host.has_output(), 1500)
+            call.host.close("done")
+    final = call.of("transcript.user.final")
+    assert len(final) == 1 and "time" in final[0]["text"].lower()
+    said = call.of("transcript.agent")
+    assert said[0]["text"].startswith("It is ")
+    reply = b"".join(f for f in call.out if f is not None)
+    assert len(reply) / 96_000 > 0.5
+    assert rms_dbfs(reply) > -35
+    assert band_energy_ratio(reply, 48_000, 100, 4000) > 0.8
+
+
+async def test_barge_in_cuts_the_reply_at_once() -> None:
+    call = Call()
+    with trio.fail_after(240):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call.agent.run, call.ctx)
+            for f in frames(silence(0.3) + espeak_pcm48("my name is john")):
+                await call.step(f)
+            # The built-in answer echoes the words back: a few seconds of speech.
+            await call.until(lambda: sum(f is not None for f in call.out) >= 25, 600)
+            assert call.host.queued_samples > 0  # still talking
+            speech = frames(espeak_pcm48("stop stop please stop"))
+            onset = next(i for i, f in enumerate(speech) if rms_dbfs(f) > -40)
+            cut_at = None
+            for i, f in enumerate(speech):
+                before = call.host.interrupts
+                out = await call.step(f)
+                if call.host.interrupts > before:
+                    cut_at = i
+                    assert out is None  # nothing more went out in the step it was cut
+                    assert call.host.queued_samples == 0
+                    break
+            assert cut_at is not None, "the reply was not interrupted"
+            # Silero needs 60 ms of speech to open a turn; the cut is in the same frame.
+            assert (cut_at - onset) * 20 <= 200
+            for _ in range(10):
+                assert await call.step(bytes(1920)) is None  # and it stays quiet
+            call.host.close("done")
+    cleared = call.of("output.cleared")
+    assert len(cleared) == 1 and cleared[0]["dropped_seconds"] > 0
+    assert cleared[0]["played_seconds"] >= 0.5
+
+
+async def test_assistant_with_a_chat_endpoint_speaks_each_sentence() -> None:
+    async with fake_openai() as srv:
+        srv.replies.append("Hello there John. Nice to meet you today. Goodbye now.")
+        key_file = None
+        import tempfile
+
+        with tempfile.NamedTemporaryFile("w", suffix=".key") as kf:
+            kf.write(KEY + "\n")
+            kf.flush()
+            key_file = kf.name
+            call = Call(f"assistant?llm={srv.base_url}&model=tiny-llm&key_file={key_file}")
+            with trio.fail_after(240):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(call.agent.run, call.ctx)
+                    for f in frames(silence(0.3) + espeak_pcm48("my name is john")):
+                        await call.step(f)
+                    await call.until(lambda: len(call.of("transcript.agent")) == 3
+                                     and not call.host.has_output(), 2000)
+                    call.host.close("done")
+    assert [e["text"] for e in call.of("transcript.agent")] == [
+        "Hello there John.", "Nice to meet you today.", "Goodbye now."]
+    req = srv.chat_requests[0]
+    assert req["model"] == "tiny-llm"
+    assert "john" in req["messages"][-1]["content"].lower()
+
+
+def test_options_from_spec_and_env() -> None:
+    env = {"APPLIANCE_LLM_URL": "http://llm:8080/v1", "APPLIANCE_LLM_KEY": "k"}
+    opts = AssistantOptions.from_spec("assistant", env)
+    assert opts.llm == "http://llm:8080/v1" and opts.stt == "whisper" and opts.tts == "espeak"
+    assert opts.api_key(env) == "k"
+    opts = AssistantOptions.from_spec("assistant?llm=http://x/v1&vad=energy&silence_ms=800", env)
+    assert (opts.llm, opts.vad, opts.silence_ms) == ("http://x/v1", "energy", 800)
+    for bad, match in [("assistant?colour=red", "unknown option"),
+                       ("assistant?vad=webrtc", "silero or energy"),
+                       ("assistant?silence_ms=9", "100..5000"),
+                       ("assistant?llm=ftp://x", "http"),
+                       ("assistant?key=sk-1", "unknown option")]:
+        with pytest.raises(AgentError, match=match):
+            AssistantOptions.from_spec(bad, {})
+    with pytest.raises(AgentError, match="key_file"):
+        AssistantOptions.from_spec("assistant?key_file=/nonexistent/k", {}).api_key({})
+
+
+def test_missing_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vad_module, "_session", None)
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if not installed
+    with pytest.raises(AgentError, match=r"speech.*extra|appliance\[speech\]"):
+        resolve("assistant?silence_ms=600")
+    assert resolve("echo").name == "echo"  # everything else still resolves
