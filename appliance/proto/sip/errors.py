@@ -12,18 +12,15 @@ raw header list — so the endpoint can still copy Via/From/To/Call-ID/CSeq into
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from appliance.proto.errors import LocalProtocolError, RemoteProtocolError
-
-if TYPE_CHECKING:
-    from appliance.proto.sip.message import RawMessage
 
 
 class SipError(RemoteProtocolError):
     """The peer's bytes are not a SIP message we accept."""
 
-    def __init__(self, reason: str, *, status: int = 400, partial: RawMessage | None = None) -> None:
+    # ``partial`` is a ``message.RawMessage``; typed ``object`` because message.py imports
+    # this module (no import cycle, not even a TYPE_CHECKING one: tests/test_import_cycles.py).
+    def __init__(self, reason: str, *, status: int = 400, partial: object | None = None) -> None:
         super().__init__(f"{status} {reason}", hint=status)
         self.status = status
         self.reason = reason

@@ -353,7 +353,7 @@ class SipEndpoint:
             msg = parse_untrusted(data, stream=transport != "udp")
         except SipError as e:
             self.counters["malformed"] += 1
-            if decision is Decision.ALLOW and e.partial is not None:
+            if decision is Decision.ALLOW and isinstance(e.partial, RawMessage):
                 self._reply_to_partial(now, e, e.partial, addr, transport)
             return
         if decision is Decision.REFUSE:
