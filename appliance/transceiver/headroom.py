@@ -32,15 +32,18 @@ shell passes what it read at a window's end (:meth:`LoadMeter.window_due` says w
 ``/proc/stat`` and the affinity set, parsed by :func:`.corestat.parse_proc_stat_untrusted`)
 and how many datagrams it has sent, each window's figure is
 
-    busy  = max(own / available, late)
+    busy  = own / (1 - steal)  +  (own / available  -  own / (1 - steal)) x late
 
-where ``own`` is the CPU share above, ``available`` how much of a core this process could
-have had (its own use + its CPUs' idle time, at least a fair share against the runnable
-tasks, minus steal: :func:`.corestat.available_cores`) and ``late`` the delay signal
-(:func:`.corestat.lateness_busy`: the 90th percentile of the window's tick lags and pacer
-call-back lateness, above a 4 ms floor, full at 20 ms) — counted only in windows where the
-transceiver sent media, so an idle transceiver on a loaded host is never busy (the trap
-above). On a core of its own ``busy`` is ``own`` as before; ``available`` is reported
+(:func:`.corestat.decide`) where ``own`` is the CPU share above, ``steal`` the share of its
+CPUs the hypervisor took (capacity gone for sure), ``available`` how much of a core this
+process could have had (its own use + its CPUs' idle time, at least a fair share against
+the runnable tasks, minus steal: :func:`.corestat.available_cores`) and ``late`` the delay
+signal in 0..1 (:func:`.corestat.lateness_busy`: the 90th percentile of the window's tick
+lags and pacer call-back lateness, above a 4 ms floor, full at 20 ms) — counted only in
+windows where the transceiver sent media, so an idle transceiver on a loaded host is never
+busy (the trap above). Other processes' CPU counts against us in proportion to the harm
+they are seen to do: a neighbour using the idle time of a core we are on time on is no
+reason to refuse a call, one that makes our frames late is. On a core of its own ``busy`` is ``own`` as before; ``available`` is reported
 (signaling divides its learned per-call cost by it, signaling/admission.py). Without
 ``/proc/stat`` (another OS, a sandbox) ``available`` stays 1.0.
 """
@@ -59,11 +62,12 @@ from .corestat import (
     ProcStat,
     ProcStatError,
     available_cores,
-    core_busy,
     core_sample,
+    decide,
     lateness_busy,
     parse_proc_stat_untrusted,
     percentile,
+    steal_ceiling,
 )
 
 #: The tick of the measurement task: one Opus frame.
@@ -188,7 +192,7 @@ class LoadMeter:
         sending = sent is not None and self._sent0 is not None and sent > self._sent0
         late = lateness_busy(self._late) if sending else 0.0
         late_p90 = percentile(self._late, LATE_PERCENTILE) if sending else None
-        decided = max(core_busy(own_share, available), late)
+        decided = decide(own_share, available, steal_ceiling(sample), late)
         first = self.windows == 0  # the first window replaces the initial 0: no slow ramp
         self.busy = decided if first else ALPHA * decided + (1 - ALPHA) * self.busy
         self._own = own_share if first else ALPHA * own_share + (1 - ALPHA) * self._own

@@ -18,6 +18,7 @@ from appliance.transceiver.corestat import (
     available_cores,
     core_busy,
     core_sample,
+    decide,
     lateness_busy,
     parse_proc_stat_untrusted,
     percentile,
@@ -194,25 +195,33 @@ def test_meter_alone_on_a_core_busy_is_its_own_share() -> None:
     assert m.report.late == 0.0
 
 
-def test_meter_on_a_core_shared_with_a_hog_reads_what_is_left() -> None:
-    """A CPU hog on our one CPU, fair-shared: we get 30 %, the hog the rest. Available is
-    the fair half, so busy is 0.6, not 0.3; and our frames 16 ms late say 0.75."""
-    m = LoadMeter()
-    m.handle_tick(0.0, 0.0, 0.0, sent=0, stat=parse_proc_stat_untrusted(STAT_0),
-                  affinity=frozenset({0}))
-    # procs_running is machine-wide (us, the hog, one task on the other CPU): one other
-    # runnable task per CPU of the machine, scaled to our one CPU.
-    run_window(m, 0.0, 0.0, 0.3, stat((50, 0, 0), (0, 50, 0), running=3), lag=0.0,
-               sent=0, sent_more=500)
-    assert m.report.available == pytest.approx(0.5)
-    assert m.busy == pytest.approx(0.6, abs=0.01)
-    m2 = LoadMeter()
-    m2.handle_tick(0.0, 0.0, 0.0, sent=0, stat=parse_proc_stat_untrusted(STAT_0),
-                   affinity=frozenset({0}))
-    run_window(m2, 0.0, 0.0, 0.3, stat((50, 0, 0), (0, 50, 0), running=3), lag=0.016,
-               sent=0, sent_more=500)
-    assert m2.report.late == pytest.approx(0.75)
-    assert m2.busy == pytest.approx(0.75, abs=0.01)
+def test_meter_on_a_core_shared_with_a_hog_counts_it_as_far_as_frames_are_late() -> None:
+    """A CPU hog on our one CPU, fair-shared: we use 30 %, the hog the rest, available is the
+    fair half. On time, the hog is no reason to refuse (busy 0.3: the fair scheduler serves
+    us when we wake); with our frames 16 ms late (three quarters of the way to full) three
+    quarters of the hog's part counts: 0.3 + (0.6 - 0.3) x 0.75."""
+    def window(lag: float) -> LoadMeter:
+        m = LoadMeter()
+        m.handle_tick(0.0, 0.0, 0.0, sent=0, stat=parse_proc_stat_untrusted(STAT_0),
+                      affinity=frozenset({0}))
+        # procs_running is machine-wide (us, the hog, one task on the other CPU): one
+        # other runnable task per CPU of the machine, scaled to our one CPU.
+        run_window(m, 0.0, 0.0, 0.3, stat((50, 0, 0), (0, 50, 0), running=3), lag=lag,
+                   sent=0, sent_more=500)
+        return m
+
+    on_time = window(0.0)
+    assert on_time.report.available == pytest.approx(0.5)
+    assert on_time.busy == pytest.approx(0.3, abs=0.01)
+    late = window(0.016)
+    assert late.report.late == pytest.approx(0.75)
+    assert late.busy == pytest.approx(0.525, abs=0.01)
+    saturated = window(0.030)
+    assert saturated.busy == 1.0
+
+
+def test_steal_counts_whether_or_not_frames_are_late() -> None:
+    assert decide(0.35, 0.7, 0.7, 0.0) == pytest.approx(0.5)
 
 
 def test_meter_idle_transceiver_late_ticks_do_not_count() -> None:
