@@ -39,12 +39,14 @@ CPUs the hypervisor took (capacity gone for sure), ``available`` how much of a c
 process could have had (its own use + its CPUs' idle time, at least a fair share against
 the runnable tasks, minus steal: :func:`.corestat.available_cores`) and ``late`` the delay
 signal in 0..1 (:func:`.corestat.lateness_busy`: the 90th percentile of the window's tick
-lags and pacer call-back lateness, above a 4 ms floor, full at 20 ms) — counted only in
+lags and pacer call-back lateness, above a 10 ms floor, full at 40 ms) — counted only in
 windows where the transceiver sent media, so an idle transceiver on a loaded host is never
 busy (the trap above). Other processes' CPU counts against us in proportion to the harm
 they are seen to do: a neighbour using the idle time of a core we are on time on is no
-reason to refuse a call, one that makes our frames late is. On a core of its own ``busy`` is ``own`` as before; ``available`` is reported
-(signaling divides its learned per-call cost by it, signaling/admission.py). Without
+reason to refuse a call, one that makes our frames late is. On a core of its own ``busy`` is ``own`` as before. ``available`` is reported as
+``own / busy`` — what one unit of own CPU costs in busy units at the harm seen now —
+because signaling divides its learned per-call cost (own CPU) by it to project one more
+call (signaling/admission.py); ``core_available`` is the raw /proc/stat figure. Without
 ``/proc/stat`` (another OS, a sandbox) ``available`` stays 1.0.
 """
 
@@ -58,6 +60,7 @@ from dataclasses import dataclass
 from .corestat import (
     LATE_PERCENTILE,
     MAX_CORES,
+    MIN_AVAILABLE,
     CoreSample,
     ProcStat,
     ProcStatError,
@@ -92,7 +95,8 @@ class LoadReport:
     window_s: float
     # Issue 32 (module docstring): what the core had left over the last window.
     own: float = 0.0  # smoothed own CPU share (``busy`` before issue 32)
-    available: float = MAX_CORES  # cores this process could have used (smoothed)
+    available: float = MAX_CORES  # cores' worth a unit of busy stands for (smoothed)
+    core_available: float = MAX_CORES  # cores it could have had, from /proc/stat (raw)
     core_idle: float | None = None  # the affinity set's idle and stolen time, in cores
     core_steal: float | None = None
     cpus: int | None = None  # CPUs in the affinity set
@@ -106,6 +110,7 @@ class LoadReport:
                 "lag_max_ms": round(self.lag_max_ms, 3), "lag_mean_ms": round(self.lag_mean_ms, 3),
                 "us_per_packet": r(self.us_per_packet, 1), "window_s": round(self.window_s, 3),
                 "own": round(self.own, 4), "available": round(self.available, 4),
+                "core_available": round(self.core_available, 4),
                 "core_idle": r(self.core_idle, 4), "core_steal": r(self.core_steal, 4),
                 "cpus": self.cpus, "late_p90_ms": r(self.late_p90_ms, 3),
                 "late": round(self.late, 4)}
@@ -193,16 +198,21 @@ class LoadMeter:
         late = lateness_busy(self._late) if sending else 0.0
         late_p90 = percentile(self._late, LATE_PERCENTILE) if sending else None
         decided = decide(own_share, available, steal_ceiling(sample), late)
+        # What a unit of own CPU costs in busy units now: signaling divides its learned
+        # per-call cost (own CPU) by this ``available`` to project one more call at the
+        # harm seen now (the raw figure from /proc/stat is reported as core_available).
+        effective = (min(max(own_share / decided, MIN_AVAILABLE), MAX_CORES)
+                     if decided > 0 and own_share > 0 else min(available, steal_ceiling(sample)))
         first = self.windows == 0  # the first window replaces the initial 0: no slow ramp
         self.busy = decided if first else ALPHA * decided + (1 - ALPHA) * self.busy
         self._own = own_share if first else ALPHA * own_share + (1 - ALPHA) * self._own
-        self._avail = available if first else ALPHA * available + (1 - ALPHA) * self._avail
+        self._avail = effective if first else ALPHA * effective + (1 - ALPHA) * self._avail
         self.windows += 1
         self.report = LoadReport(
             busy=self.busy, cpu=own_share, lag_max_ms=self._lag_max * 1000,
             lag_mean_ms=self._lag_sum / self._lag_n * 1000,
             us_per_packet=(cpu - self._cpu0) / npk * 1e6 if npk > 0 else None, window_s=span,
-            own=self._own, available=self._avail,
+            own=self._own, available=self._avail, core_available=available,
             core_idle=None if sample is None else sample.idle,
             core_steal=None if sample is None else sample.steal,
             cpus=None if sample is None else sample.cpus,

@@ -198,8 +198,8 @@ def test_meter_alone_on_a_core_busy_is_its_own_share() -> None:
 def test_meter_on_a_core_shared_with_a_hog_counts_it_as_far_as_frames_are_late() -> None:
     """A CPU hog on our one CPU, fair-shared: we use 30 %, the hog the rest, available is the
     fair half. On time, the hog is no reason to refuse (busy 0.3: the fair scheduler serves
-    us when we wake); with our frames 16 ms late (three quarters of the way to full) three
-    quarters of the hog's part counts: 0.3 + (0.6 - 0.3) x 0.75."""
+    us when we wake); with our frames 32.5 ms late (three quarters of the way from the floor
+    to full) three quarters of the hog's part counts: 0.3 + (0.6 - 0.3) x 0.75."""
     def window(lag: float) -> LoadMeter:
         m = LoadMeter()
         m.handle_tick(0.0, 0.0, 0.0, sent=0, stat=parse_proc_stat_untrusted(STAT_0),
@@ -211,12 +211,15 @@ def test_meter_on_a_core_shared_with_a_hog_counts_it_as_far_as_frames_are_late()
         return m
 
     on_time = window(0.0)
-    assert on_time.report.available == pytest.approx(0.5)
+    assert on_time.report.core_available == pytest.approx(0.5)
     assert on_time.busy == pytest.approx(0.3, abs=0.01)
-    late = window(0.016)
+    assert on_time.report.available == pytest.approx(1.0)  # a unit of own CPU costs 1
+    late = window(0.0325)
     assert late.report.late == pytest.approx(0.75)
     assert late.busy == pytest.approx(0.525, abs=0.01)
-    saturated = window(0.030)
+    # what one call's own CPU costs in busy units now: signaling's divisor
+    assert late.report.available == pytest.approx(0.3 / 0.525, abs=0.01)
+    saturated = window(0.045)
     assert saturated.busy == 1.0
 
 
@@ -239,7 +242,7 @@ def test_meter_idle_transceiver_late_ticks_do_not_count() -> None:
 def test_meter_counts_pacer_lateness() -> None:
     m = LoadMeter()
     m.handle_tick(0.0, 0.0, 0.0, sent=0)
-    m.add_lateness([0.030] * 100)  # paced frames 30 ms late, ticks on time
+    m.add_lateness([0.050] * 100)  # paced frames 50 ms late, ticks on time
     run_window(m, 0.0, 0.0, 0.1, STAT_0, lag=0.0, sent=0, sent_more=100)
     assert m.report.late == 1.0 and m.busy == 1.0
 
