@@ -71,7 +71,7 @@ class ChildSpec:
     argv: list[str]
     control: str
     #: keep a warm standby (``argv + --standby``) that takes over at once when the child
-    #: dies (relay workers, issue 20)
+    #: dies (relay workers, issue 20), and a spare one (Supervisor.spare_standby, issue 32)
     standby: bool = False
 
     @property
