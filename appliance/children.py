@@ -71,7 +71,7 @@ class ChildSpec:
     argv: list[str]
     control: str
     #: keep a warm standby (``argv + --standby``) that takes over at once when the child
-    #: dies (relay workers, issue 20)
+    #: dies (relay workers, issue 20), and a spare one (Supervisor.spare_standby, issue 32)
     standby: bool = False
 
     @property
@@ -134,6 +134,7 @@ class Supervisor:
         startup_failures: int | None = 3,
         env: dict[str, str] | None = None,
         standby_delay: float = 1.0,
+        spare_standby: bool = True,
     ) -> None:
         self.specs = {s.name: s for s in specs}
         self.status = {s.name: ChildStatus() for s in specs}
@@ -146,10 +147,14 @@ class Supervisor:
         self.startup_failures = startup_failures
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.standby_delay = standby_delay
+        #: a second standby per spec (issue 32): kills back to back, or one during the
+        #: first standby's imports (1-4 s on a loaded host), still find a warm one
+        self.spare_standby = spare_standby
         self._changed = trio.Event()
         self._nurseries: dict[str, trio.Nursery] = {}
         self._current: dict[str, _Child] = {}
-        self._standby: dict[str, _Child] = {}
+        self._standby: dict[str, _Child] = {}  # the standby that takes over next
+        self._spare: dict[str, _Child] = {}  # ... and the one after it (spare_standby)
         self._successor: dict[str, _Child] = {}
         self._rolling: set[str] = set()
 
@@ -183,6 +188,8 @@ class Supervisor:
                 self._nurseries[spec.name] = nursery
                 if spec.standby:
                     nursery.start_soon(self._keep_standby, spec, nursery)
+                    if self.spare_standby:
+                        nursery.start_soon(self._keep_standby, spec, nursery, True)
                 failed = await self._lives(spec, status, nursery)
                 nursery.cancel_scope.cancel()
         finally:
@@ -259,18 +266,36 @@ class Supervisor:
         nursery.start_soon(self._read_stdout, child, spec)
         return child
 
+    @staticmethod
+    def _usable(sb: _Child | None, spec: ChildSpec) -> bool:
+        """``sb`` can take over (alive, started with today's argv)."""
+        return (sb is not None and sb.proc.poll() is None and sb.argv == spec.argv
+                and not sb.eof.is_set())
+
     def _warm_standby(self, spec: ChildSpec) -> _Child | None:
-        """The spec's standby if it can take over (alive, started with today's argv)."""
-        sb = self._standby.get(spec.name)
-        if sb is None or sb.proc.poll() is not None or sb.argv != spec.argv or sb.eof.is_set():
-            return None
-        return sb
+        """The standby to take over: a warm one (imports done) first — the other may still
+        be importing, and one told ``go`` then makes the takeover wait for the rest of its
+        imports (issue 32: 1-4 s on a loaded host, every call's gap) — else one still
+        starting, which is still sooner than a fresh process."""
+        usable = [sb for sb in (self._standby.get(spec.name), self._spare.get(spec.name))
+                  if sb is not None and self._usable(sb, spec)]
+        warm = [sb for sb in usable if sb.warm]
+        if warm:
+            return warm[0]
+        return usable[0] if usable else None
 
     async def _start(self, spec: ChildSpec, nursery: trio.Nursery,
                      use_standby: bool = True) -> _Child:
         """The next life of ``spec``: its warm standby, told to go, or a fresh process."""
         warm = self._warm_standby(spec) if use_standby else None
-        stale = self._standby.pop(spec.name, None)
+        others = [sb for sb in (self._standby.pop(spec.name, None),
+                                self._spare.pop(spec.name, None))
+                  if sb is not None and sb is not warm]
+        if use_standby:
+            for sb in others:
+                if self._usable(sb, spec) and spec.name not in self._standby:
+                    self._standby[spec.name] = sb  # the other one is next in line
+        stale = [sb for sb in others if self._standby.get(spec.name) is not sb]
         if warm is not None:
             assert warm.proc.stdin is not None
             try:
@@ -280,51 +305,76 @@ class Supervisor:
                 warm = None  # it died just now: start afresh
             else:
                 log.info("%s: standby pid %d takes over", spec.name, warm.proc.pid)
+                for sb in stale:
+                    nursery.start_soon(self._stop_quietly, sb, spec)
                 return warm
-        if stale is not None:
+        for sb in stale:
             with trio.move_on_after(self.stop_grace + 2, shield=True):
-                await self._stop(stale.proc, spec)
+                await self._stop(sb.proc, spec)
         child = await self._open(spec, nursery, standby=False)
         log.info("started %s (pid %d)", spec.name, child.proc.pid)
         return child
 
-    async def _keep_standby(self, spec: ChildSpec, nursery: trio.Nursery) -> None:
+    async def _stop_quietly(self, sb: _Child, spec: ChildSpec) -> None:
+        with trio.move_on_after(self.stop_grace + 2, shield=True):
+            await self._stop(sb.proc, spec)
+
+    async def _keep_standby(self, spec: ChildSpec, nursery: trio.Nursery,
+                            spare: bool = False) -> None:
         """Keep one standby of ``spec`` warm: started (``--standby``: imports done, nothing
         bound) once the current life is ready, so that its start-up never competes with
-        the child's; replaced when consumed or when the argv changes."""
+        the child's; replaced when consumed or when the argv changes. With ``spare``, the
+        second one (:attr:`spare_standby`): started only once the first is warm, so two
+        standbys never import at once; when the first takes over, the spare moves up."""
         name = spec.name
         status = self.status[name]
+        slot = self._spare if spare else self._standby
+
+        def needed() -> bool:
+            if status.state != "ready" or name in self._rolling:
+                return False
+            if spare:
+                first = self._standby.get(name)
+                return (first is not None and first.warm and self._usable(first, spec)
+                        and not self._usable(slot.get(name), spec))
+            return not self._usable(slot.get(name), spec)
+
         try:
             while True:
-                await self.wait_until(
-                    lambda: status.state == "ready" and name not in self._rolling
-                    and self._warm_standby(spec) is None)
+                await self.wait_until(needed)
                 # Not at once: its imports take a core for a second or more, which must
                 # not compete with the child that just took over (and its re-learning).
                 await trio.sleep(self.standby_delay)
-                if status.state != "ready" or name in self._rolling:
+                if not needed():
                     continue
-                stale = self._standby.pop(name, None)
+                if not spare and self._usable(self._spare.get(name), spec):
+                    slot[name] = self._spare.pop(name)  # the spare moves up
+                    self._notify(spec)
+                    continue
+                stale = slot.pop(name, None)
                 if stale is not None:
                     with trio.move_on_after(self.stop_grace + 2, shield=True):
                         await self._stop(stale.proc, spec)
                 sb = await self._open(spec, nursery, standby=True)
-                self._standby[name] = sb
-                log.info("%s: standby started (pid %d)", name, sb.proc.pid)
+                slot[name] = sb
+                log.info("%s: %sstandby started (pid %d)", name, "spare " if spare else "",
+                         sb.proc.pid)
                 self._notify(spec)
-                await self.wait_until(partial(self._standby_gone, name, sb))
-                if sb.eof.is_set() and self._standby.get(name) is sb:
+                await self.wait_until(partial(self._standby_gone, name, sb, slot))
+                if sb.eof.is_set() and slot.get(name) is sb:
                     # It exited on its own (a bad flag, a crash at import): do not spin.
                     log.warning("%s: standby exited before it was needed", name)
                     await trio.sleep(self.backoff_max)
         finally:
-            left = self._standby.pop(name, None)
+            left = slot.pop(name, None)
             if left is not None:
                 with trio.move_on_after(self.stop_grace + 2, shield=True):
                     await self._stop(left.proc, spec)
 
-    def _standby_gone(self, name: str, sb: _Child) -> bool:
-        return self._standby.get(name) is not sb or sb.eof.is_set()
+    def _standby_gone(self, name: str, sb: _Child,
+                      slot: dict[str, _Child] | None = None) -> bool:
+        slot = self._standby if slot is None else slot
+        return slot.get(name) is not sb or sb.eof.is_set()
 
     async def _one_life(self, spec: ChildSpec, status: ChildStatus,
                         child: _Child) -> tuple[int, bool]:
@@ -418,10 +468,10 @@ class Supervisor:
             return False
         self._rolling.add(name)
         try:
-            stale = self._standby.pop(name, None)
-            if stale is not None:  # it runs the old code
-                with trio.move_on_after(self.stop_grace + 2, shield=True):
-                    await self._stop(stale.proc, spec)
+            for stale in (self._standby.pop(name, None), self._spare.pop(name, None)):
+                if stale is not None:  # it runs the old code
+                    with trio.move_on_after(self.stop_grace + 2, shield=True):
+                        await self._stop(stale.proc, spec)
             child = await self._open(spec, nursery, standby=False)
             log.info("%s: successor started (pid %d)", name, child.proc.pid)
             try:

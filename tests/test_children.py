@@ -93,6 +93,34 @@ async def test_a_dead_child_is_replaced_by_its_warm_standby_at_once(nursery: tri
                              and sb.proc.pid != standby)
 
 
+async def test_kills_back_to_back_each_find_a_warm_standby(nursery: trio.Nursery) -> None:
+    """Bug (issue 32, relay failover): one standby per worker, started a second after a
+    takeover and importing for 1-4 s on a loaded host, so a second kill in that time told
+    a standby still importing to go (or started a fresh process): every call waited out the
+    rest of its start-up (~300 ms and more, not one flow late but the whole takeover). A
+    spare standby, warm before it is needed, takes the second kill."""
+    spec = ChildSpec("relay", "0", STANDBY_CHILD, "", standby=True)
+    sup = Supervisor([spec], backoff_initial=5.0, standby_delay=0.0)
+    nursery.start_soon(sup.supervise, spec)
+    first = await _ready_pid(sup, spec.name)
+
+    def both_warm() -> bool:
+        a, b = sup._standby.get(spec.name), sup._spare.get(spec.name)
+        return a is not None and a.warm and b is not None and b.warm
+
+    with trio.fail_after(30):
+        await sup.wait_until(both_warm)
+    standby, spare = sup._standby[spec.name].proc.pid, sup._spare[spec.name].proc.pid
+    os.kill(first, signal.SIGKILL)
+    second = await _ready_pid(sup, spec.name, first)
+    assert second == standby
+    assert sup._standby[spec.name].proc.pid == spare  # the spare moved up at once
+    os.kill(second, signal.SIGKILL)  # back to back: no standby could have imported since
+    assert await _ready_pid(sup, spec.name, second) == spare
+    st = sup.status[spec.name]
+    assert st.delays == [0.0, 0.0] and st.restarts == 2  # never the 5 s backoff
+
+
 async def test_replace_is_make_before_break(nursery: trio.Nursery) -> None:
     """SIGHUP's rolling restart: a fresh successor (not the standby: it runs the old code)
     is ready before its predecessor is stopped; a successor that cannot start leaves the

@@ -315,17 +315,28 @@ function renderProcesses(procs, t) {
       const sbs = Object.entries(p.sessions_by_state).map(([k, v]) => `${k} ${v}`).join(", ");
       fields.push(["Sessions", sbs || "none"]);
     }
-    // Headroom (issue 23): the transceiver's measured load and signaling's admission view.
+    // Headroom (issues 23, 32): the transceiver's load — its share of what the core has
+    // left, which admission decides on — and signaling's admission view.
     const load = p.load && typeof p.load === "object" ? p.load : null;
     if (load && typeof load.busy === "number") {
       const lag = typeof load.lag_max_ms === "number" ? `, loop lag ≤ ${load.lag_max_ms.toFixed(1)} ms` : "";
-      fields.push(["Load", `${(100 * load.busy).toFixed(0)} % of a core${lag}`]);
+      const avail = typeof load.available === "number" ? load.available : 1;
+      const of = avail >= 0.995 ? "of a core" : `of the ${avail.toFixed(2)} core left`;
+      fields.push(["Load", `${(100 * load.busy).toFixed(0)} % ${of}${lag}`]);
+      if (typeof load.own === "number" && avail < 0.995) {
+        const steal = typeof load.core_steal === "number" && load.core_steal > 0.005
+          ? `, ${(100 * load.core_steal).toFixed(0)} % stolen` : "";
+        fields.push(["Own CPU", `${(100 * load.own).toFixed(0)} % of a core (the rest taken by other processes${steal})`]);
+      }
+      if (typeof load.late_p90_ms === "number") fields.push(["Frames late (p90)", `${load.late_p90_ms.toFixed(1)} ms`]);
     }
     if (load && typeof load.opus_complexity === "number") fields.push(["Opus complexity", String(load.opus_complexity)]);
     const adm = p.admission && typeof p.admission === "object" ? p.admission : null;
     if (adm && typeof adm.headroom === "number") {
       const room = typeof adm.room === "number" ? ` (${adm.room} more call${adm.room === 1 ? "" : "s"})` : "";
-      fields.push(["Headroom", adm.room === 0 ? "full: new calls refused" : `${(100 * adm.headroom).toFixed(0)} %${room}`]);
+      const degraded = adm.degraded === true ? ", calls degraded: admitting up to " +
+        `${(100 * (typeof adm.limit === "number" ? adm.limit : 0)).toFixed(0)} %` : "";
+      fields.push(["Headroom", (adm.room === 0 ? "full: new calls refused" : `${(100 * adm.headroom).toFixed(0)} %${room}`) + degraded]);
     }
     const totalDrops = drops.reduce((a, [, v]) => a + v, 0);
     const role = roleOf(name, p);

@@ -219,6 +219,10 @@ class CoreConfig:
     vouch: bool = False
     max_pending_lookups: int = 4096
     negative_ttl: float = 1.0
+    #: media of a client whose look-up is pending is held (issue 32: the first packet of a
+    #: moved flow was dropped) for this long, at most this many datagrams per client
+    held_ttl: float = 0.5
+    max_held_per_client: int = 4
     #: transceiver ids missing from ``transceivers`` may be resolved on demand (a pattern)
     resolve_transceivers: bool = False
     #: ids from this one up are never resolved (``--transceivers N``)
@@ -276,6 +280,10 @@ class RelayCore:
         self._lookups: dict[Address, tuple[Address, Address | None]] = {}
         #: look-ups in flight or recently missed: client -> time before which we do not ask
         self._asked: OrderedDict[Address, float] = OrderedDict()
+        #: datagrams of clients being looked up: client -> (expiry, datagrams), oldest first;
+        #: forwarded when the look-up installs the flow (:meth:`poll_released`)
+        self._held: OrderedDict[Address, tuple[float, list[bytes]]] = OrderedDict()
+        self._released: list[tuple[Flow, bytes]] = []
         #: STUN budget per verified server ufrag (GCRA; see the module docstring)
         self.stun_budget: GcraTable[bytes] = GcraTable(
             config.stun_budget_rate, config.stun_budget_burst, config.max_budget_ufrags
@@ -330,7 +338,8 @@ class RelayCore:
             # any host on the internal network, and must not get a client's return traffic
             # pointed at it by a transceiver's answer (its clients re-learn by STUN/Redis).
             if data and (self.config.redis or (self.config.vouch and upstream is None)):
-                self._want_lookup(now, client, public, upstream)
+                if self._want_lookup(now, client, public, upstream):
+                    self._hold(now, client, data)
             else:
                 self.counters.drop("no-flow")
             return None
@@ -402,6 +411,7 @@ class RelayCore:
             del self.flows[client]
             self.counters.reroutes += 1
         new = self._install(now, client, route, public, upstream, server_ufrag, transport)
+        self._held.pop(client, None)  # the client's check made the flow: nothing to release
         self._touch(new, now, len(data))
         return new
 
@@ -555,6 +565,9 @@ class RelayCore:
             # Parked flows whose transceiver did not resolve are forgotten.
             for ident in [i for i in self._parked if self._resolve_asked.get(i, now + 1) <= now]:
                 self._parked_count -= len(self._parked.pop(ident))
+        held = self._held
+        while held and next(iter(held.values()))[0] <= now:
+            held.popitem(last=False)
         asked = self._asked
         while asked:
             client, until = next(iter(asked.items()))
@@ -603,20 +616,58 @@ class RelayCore:
 
     def _want_lookup(
         self, now: float, client: Address, public: Address, upstream: Address | None
-    ) -> None:
+    ) -> bool:
+        """Queue a look-up of ``client`` (unless one is pending or recently missed); True
+        when one is queued or in flight, so that the datagram is worth holding."""
         # Counted under the look-up's kind: Redis (and vouching with it), or vouching alone.
+        # A datagram counted "-pending" may still be forwarded: it is held (_hold) and goes
+        # out if the look-up installs its flow (counted again as held_released).
         kind = "redis" if self.config.redis else "vouch"
         if client in self._lookups or self._asked.get(client, now) > now:
             self.counters.drop(f"{kind}-pending")
-            return
+            return True
         if len(self._lookups) >= self.config.max_pending_lookups:
             self.counters.drop(f"{kind}-busy")
-            return
+            return False
         if not self.buckets.allow(client[0], now):
             self.counters.drop("rate-limited")
-            return
+            return False
         self.counters.drop(f"{kind}-pending")
         self._lookups[client] = (public, upstream)
+        return True
+
+    def _hold(self, now: float, client: Address, data: bytes | bytearray | memoryview) -> None:
+        """Keep a datagram of a client being looked up (issue 32). Before, it was dropped,
+        so every flow a worker restart moved lost its first packet(s) — one 20 ms frame per
+        call and event at best, several when the answer took longer than a frame. Bounded:
+        ``max_held_per_client`` datagrams for ``held_ttl`` per client, as many clients as
+        look-ups may be pending; forwarded only once an authentic answer (a transceiver's
+        vouch, a Redis entry) installs the flow — exactly the trust later datagrams get."""
+        held = self._held
+        entry = held.get(client)
+        if entry is not None and entry[0] <= now:
+            del held[client]  # a stale hold (a look-up that missed): start afresh
+            entry = None
+        if entry is None:
+            while held and (len(held) >= self.config.max_pending_lookups
+                            or next(iter(held.values()))[0] <= now):
+                held.popitem(last=False)
+            held[client] = (now + self.config.held_ttl, [bytes(data)])
+        elif len(entry[1]) < self.config.max_held_per_client:
+            entry[1].append(bytes(data))
+        else:
+            return
+        self.counters.packets_held += 1
+
+    def poll_released(self) -> list[tuple[Flow, bytes]]:
+        """Held datagrams whose flow a look-up just installed, oldest first: the shell sends
+        each to ``flow.dest`` framed with ``flow.header`` (reseed.Lookups.flush_released)."""
+        out, self._released = self._released, []
+        return out
+
+    @property
+    def released_pending(self) -> bool:
+        return bool(self._released)
 
     @property
     def lookups_pending(self) -> bool:
@@ -683,6 +734,10 @@ class RelayCore:
         flow = self._install(now, client, route, public, upstream, b"")
         flow.answered = True  # established on the worker that wrote it
         self.counters.flows_recovered += 1
+        held = self._held.pop(client, None)
+        if held is not None and held[0] > now:
+            self._released.extend((flow, d) for d in held[1])
+            self.counters.held_released += len(held[1])
         return flow
 
     def stats(self) -> dict[str, object]:

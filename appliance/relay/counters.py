@@ -34,6 +34,8 @@ COUNTER_NAMES = (
     "vouch_queries",
     "redis_errors",
     "redis_reconnects",
+    "packets_held",
+    "held_released",
 )
 
 
@@ -71,6 +73,10 @@ class Counters:
     tcp_closed: int = 0
     #: shared-port mode: TLS connections relayed to the HTTPS backend (relay/tcp.py)
     tcp_https: int = 0
+    #: datagrams of clients being looked up, held (issue 32), and of those forwarded once
+    #: the look-up installed the flow (the rest expired; they are in drops *-pending)
+    packets_held: int = 0
+    held_released: int = 0
     drops: dict[str, int] = field(default_factory=dict)
 
     def drop(self, reason: str, n: int = 1) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -69,6 +70,8 @@ class RedisFlowCache:
         self.up = True
         self.backoff = backoff_initial
         self.retry_at = -math.inf
+        #: called after a batch of look-ups was answered (the shell sends held datagrams)
+        self.on_recovered: Callable[[], None] | None = None
 
     @property
     def available(self) -> bool:
@@ -149,6 +152,8 @@ class RedisFlowCache:
             if flow is not None:
                 log.debug("relay: flow %s recovered from redis -> %s",
                           redact(format_addr(c)), flow.route)
+        if self.on_recovered is not None:
+            self.on_recovered()  # the datagrams held for these flows (core._hold)
 
     async def close(self) -> None:
         with trio.move_on_after(1, shield=True):

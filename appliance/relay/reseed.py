@@ -22,8 +22,12 @@ trusted internal leg:
    transceiver's configured address, and that it answers a pending query, then installs
    the flow (:meth:`RelayCore.handle_lookup`, route ``t<id>``).
 
-The client's next packet (20 ms later for audio) is forwarded; the transceiver learns the
-new worker's internal address from it and its return traffic follows. Measured: well under
+The datagrams that made the worker ask (and any that arrive while it waits) are held, a
+few per client for half a second (:meth:`RelayCore._hold`), and forwarded the moment the
+answer installs the flow (:meth:`Lookups.flush_released`), so a moved flow loses nothing;
+before issue 32 they were dropped and the client's *next* packet was the first forwarded.
+The transceiver learns the new worker's internal address from it and its return traffic
+follows. Measured: well under
 100 ms from a worker's death to media in both directions (docs/reliability.md).
 
 Trust: a client datagram can only make the relay *ask*; a flow is installed only on an
@@ -157,6 +161,27 @@ class Lookups:
         self.cache = cache
         #: set by the hot loop when the core has look-ups queued
         self.wanted = trio.Event()
+
+    def flush_released(self) -> None:
+        """Send the held datagrams whose flow an answer just installed (core.poll_released),
+        framed like any forwarded datagram, before anything else of theirs goes out."""
+        if not self.core.released_pending:
+            return
+        c = self.core.counters
+        for flow, data in self.core.poll_released():
+            try:
+                self.isock.sendto(flow.header + data, flow.dest)
+            except OSError:
+                c.drop("send-failed")
+                continue
+            c.packets_out += 1
+            c.bytes_out += len(data)
+
+    def handle_local(self, now: float, data: memoryview, src: Address) -> None:
+        """The internal drain's LOCAL datagrams: a vouch answer, then what it released."""
+        if self.vouching is not None:
+            self.vouching.handle_datagram(now, data, src)
+        self.flush_released()
 
     def send(self, out: list[tuple[bytes, Address]]) -> None:
         for data, addr in out:

@@ -260,7 +260,9 @@ async def serve_relay(
         drains = build_drains(core, list(zip(public, pubs, strict=True)), isock, syscalls,
                               resolver.return_sources, config.relay_id, tcp_socks,
                               config.tcp_limits, listeners, config.tcp_https,
-                              None if vouching is None else vouching.handle_datagram)
+                              None if vouching is None else lookups.handle_local)
+        if cache is not None:
+            cache.on_recovered = lookups.flush_released  # held datagrams go out at once
 
         def wake() -> None:
             if core.lookups_pending and not lookups.wanted.is_set():

@@ -23,9 +23,23 @@ across a poll in flight: :meth:`Admission.asked` hands the poller a mark (the pl
 far) when it sends ``stats``, and :meth:`Admission.report` counts from that mark.
 
 Until the first report of a transceiver with calls, ``cost`` is a prior
-(``SignalingConfig.admission_call_cost``: about a PCM call at complexity 5). Busy is a
-share of *one* core: a transceiver is assumed to have a core of its own (tick lag is
-reported beside it but not decided on, headroom.py says why).
+(``SignalingConfig.admission_call_cost``: about a PCM call at complexity 5).
+
+What the core has left (issue 32): ``busy`` is no longer the transceiver's own share of a
+core it was assumed to have to itself, but its share of what was *available* to it
+(transceiver/headroom.py, corestat.py: its own use plus its CPUs' idle time or its fair
+share, minus steal; or the delay signal, if its frames were late). The report says how much
+that was (``available``, in cores); the learned cost stays a share of a whole core (it is
+learned from ``cpu``, the transceiver's own use), so in the projection each call counts
+``cost / available``::
+
+    now   = max(busy, (idle + cost * sessions) / available)
+    next  = now + cost / available * (placed since the report + creates in flight + 1)
+    admit = next <= min(limit, admit_limit)
+
+``admit_limit`` is there while the transceiver's complexity controller has its calls
+degraded (transceiver/degrade.py): load that grew after admission is met by a cheaper
+encoder first and then by refusing new calls, never by loading the calls further.
 
 No I/O: health.py feeds reports in, state.py asks before each create.
 """
@@ -48,11 +62,14 @@ MIN_SESSIONS = 2  # connected sessions a report needs before its cost is learned
 LAG_SATURATED_MS = 5.0  # headroom.LAG_SATURATED (mean lag): such a window says nothing
 #                        about the cost of a call
 RETRY_AFTER = 2  # seconds, with every 503 overloaded (two report intervals)
+MIN_AVAILABLE = 0.01  # transceiver/corestat.py's floor of available cores
 
 
 @dataclass
 class _Node:
     busy: float = 0.0
+    available: float = 1.0  # cores the transceiver could have used (1.0: a core of its own)
+    admit_limit: float | None = None  # reported while its calls are degraded
     sessions: int = 0  # live sessions in the last report
     idle: float = IDLE
     cost: float = PRIOR_COST
@@ -102,6 +119,10 @@ class Admission:
         node.busy, node.sessions = min(max(busy, 0.0), 1.0), int(max(sessions, 0))
         node.placed_at_report = min(max(mark, node.placed_at_report), node.placed)
         node.reports += 1
+        available = _num(load.get("available"))
+        node.available = 1.0 if available is None else min(max(available, MIN_AVAILABLE), 1.0)
+        limit = _num(load.get("admit_limit"))
+        node.admit_limit = None if limit is None else min(max(limit, 0.0), 1.0)
         cpu = _num(load.get("cpu"))
         lag = _num(load.get("lag_mean_ms")) or 0.0
         by_state = stats.get("sessions_by_state")
@@ -136,25 +157,36 @@ class Admission:
     def projected(self, k: int, extra: int = 1) -> float:
         """``k``'s busy share with what is pending and ``extra`` calls more."""
         node = self._node(k)
-        now = max(node.busy, node.idle + node.cost * node.sessions)
-        return now + node.cost * (self.pending(k) + extra)
+        share = node.cost / node.available  # one call's share of what k has
+        now = max(node.busy, (node.idle + node.cost * node.sessions) / node.available)
+        return now + share * (self.pending(k) + extra)
+
+    def limit_of(self, k: int) -> float:
+        """The busy share ``k`` is admitted up to: :attr:`limit`, or less while ``k``'s
+        calls are degraded (its ``admit_limit``)."""
+        node = self._node(k)
+        return self.limit if node.admit_limit is None else min(self.limit, node.admit_limit)
 
     def admits(self, k: int) -> bool:
-        return self.projected(k) <= self.limit
+        return self.projected(k) <= self.limit_of(k)
 
     def room(self, k: int) -> int:
         """How many more calls ``k`` would be given now."""
         node = self._node(k)
-        free = self.limit - self.projected(k, 0)
-        return max(0, math.floor(free / node.cost + 1e-9))
+        free = self.limit_of(k) - self.projected(k, 0)
+        return max(0, math.floor(free / (node.cost / node.available) + 1e-9))
 
     def view(self, k: int) -> dict[str, Any]:
-        """For the health view (the dashboard) and /metrics."""
+        """For the health view (the dashboard), /readyz and /metrics: the figures admission
+        decides on."""
         node = self._node(k)
-        return {"headroom": round(max(0.0, self.limit - self.projected(k, 0)), 4),
+        limit = self.limit_of(k)
+        return {"headroom": round(max(0.0, limit - self.projected(k, 0)), 4),
                 "room": self.room(k), "call_cost": round(node.cost, 5),
                 "call_cost_learned": node.learned, "pending": self.pending(k),
-                "limit": self.limit}
+                "limit": limit, "busy": round(node.busy, 4),
+                "available": round(node.available, 4), "degraded": node.admit_limit is not None,
+                "reports": node.reports}
 
 
 def _num(value: object) -> float | None:

@@ -175,7 +175,16 @@ def _render_channels(fams: _Families, state: SignalingState) -> None:
 #: ``stats`` → ``load`` keys shown per transceiver: (family, help, scale).
 _LOAD_GAUGES = {
     "busy": ("appliance_transceiver_busy_ratio",
-             "Smoothed share of its core the transceiver's loop uses (admission's signal).", 1.0),
+             "Smoothed share of what its core has left that the transceiver uses "
+             "(admission's signal).", 1.0),
+    "own": ("appliance_transceiver_own_cpu_ratio",
+            "Smoothed share of a core the transceiver process itself uses.", 1.0),
+    "core_available": ("appliance_transceiver_available_cores",
+                       "Cores the transceiver could have used over the last window "
+                       "(own use + idle, at least a fair share, minus steal).", 1.0),
+    "late_p90_ms": ("appliance_transceiver_frame_late_p90_seconds",
+                    "90th percentile of the transceiver's tick/paced-frame lateness "
+                    "(windows that sent media).", 1e-3),
     "cpu": ("appliance_transceiver_cpu_ratio",
             "Share of its core the transceiver used over the last window.", 1.0),
     "lag_max_ms": ("appliance_transceiver_loop_lag_max_seconds",

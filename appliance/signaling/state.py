@@ -163,6 +163,8 @@ class SignalingState:
         if ok and answering and len(full) == len(answering):
             ok = False
             detail["reason"] = "overloaded"
+        # The headroom admission decides on, per answering transceiver (issue 32).
+        detail["headroom"] = {k: self.admission.view(int(k)) for k in answering}
         return ok, detail
 
     def health_view(self) -> list[dict[str, Any]]:

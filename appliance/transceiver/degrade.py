@@ -21,6 +21,21 @@ The rules (a table would be larger than the two comparisons):
   up after a fall does not by itself push the load back over ``high`` and oscillate;
 * after any change, nothing else changes for ``dwell`` seconds (minimum dwell): the meter
   needs about a second to see the effect of a step (headroom.py, ``WINDOW`` and ``ALPHA``).
+
+Load that grows *after* calls were admitted (issue 32: a neighbour, a CPU hog, steal; the
+meter's ``busy`` counts what the core has left, headroom.py) is handled in this order:
+
+1. the controller steps down, one step per ``dwell`` — every call a little cheaper, no
+   call dropped, never the whole ladder at once;
+2. while any step is taken (:attr:`ComplexityController.degraded`) new calls are admitted
+   only up to ``low`` (:meth:`ComplexityController.admit_limit`, reported as ``load`` →
+   ``admit_limit``; signaling's admission and the transceiver's own check both use it):
+   a transceiver whose calls already pay in quality for the load takes no call that
+   would keep it from stepping back up. Without degradation the usual limits stand
+   (signaling 0.85, the transceiver's own 0.95).
+
+So under a growing outside load the first reaction is a cheaper encoder, the next is a
+``503`` for new calls, and the calls in progress keep their audio.
 """
 
 from __future__ import annotations
@@ -85,6 +100,16 @@ class ComplexityController:
     @property
     def steps(self) -> tuple[int, ...]:
         return self._steps
+
+    @property
+    def degraded(self) -> bool:
+        """Calls encode below the configured complexity (some step was taken)."""
+        return self._i > 0
+
+    def admit_limit(self, default: float) -> float:
+        """The busy share up to which new calls may be admitted: ``low`` while degraded
+        (see the module docstring), else ``default``."""
+        return self.low if self._i > 0 else default
 
     def handle_load(self, now: float, busy: float) -> None:
         """The headroom meter's latest figure (call it each time it completes a window)."""

@@ -26,12 +26,52 @@ docs/performance.md, "Overload"):
 
 :class:`LoadMeter` is sans-IO (times and CPU seconds are passed in, from the shell's tick
 task in server.py): ``handle_tick(now, cpu, lag)`` every tick, read :attr:`busy`.
+
+**Issue 32: what the core has left.** ``busy`` assumed a core of its own. Now, when the
+shell passes what it read at a window's end (:meth:`LoadMeter.window_due` says when:
+``/proc/stat`` and the affinity set, parsed by :func:`.corestat.parse_proc_stat_untrusted`)
+and how many datagrams it has sent, each window's figure is
+
+    busy  = own / (1 - steal)  +  (own / available  -  own / (1 - steal)) x late
+
+(:func:`.corestat.decide`) where ``own`` is the CPU share above, ``steal`` the share of its
+CPUs the hypervisor took (capacity gone for sure), ``available`` how much of a core this
+process could have had (its own use + its CPUs' idle time, at least a fair share against
+the runnable tasks, minus steal: :func:`.corestat.available_cores`) and ``late`` the delay
+signal in 0..1 (:func:`.corestat.lateness_busy`: the 90th percentile of the window's tick
+lags and pacer call-back lateness, above a 10 ms floor, full at 40 ms) — counted only in
+windows where the transceiver sent media, so an idle transceiver on a loaded host is never
+busy (the trap above). Other processes' CPU counts against us in proportion to the harm
+they are seen to do: a neighbour using the idle time of a core we are on time on is no
+reason to refuse a call, one that makes our frames late is. On a core of its own ``busy`` is ``own`` as before. ``available`` is reported as
+``own / busy`` — what one unit of own CPU costs in busy units at the harm seen now —
+because signaling divides its learned per-call cost (own CPU) by it to project one more
+call (signaling/admission.py); ``core_available`` is the raw /proc/stat figure. Without
+``/proc/stat`` (another OS, a sandbox) ``available`` stays 1.0.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from .corestat import (
+    LATE_PERCENTILE,
+    MAX_CORES,
+    MIN_AVAILABLE,
+    CoreSample,
+    ProcStat,
+    ProcStatError,
+    available_cores,
+    core_sample,
+    decide,
+    lateness_busy,
+    parse_proc_stat_untrusted,
+    percentile,
+    steal_ceiling,
+)
 
 #: The tick of the measurement task: one Opus frame.
 TICK = 0.020
@@ -53,59 +93,145 @@ class LoadReport:
     lag_mean_ms: float
     us_per_packet: float | None  # CPU per datagram received in the last window
     window_s: float
+    # Issue 32 (module docstring): what the core had left over the last window.
+    own: float = 0.0  # smoothed own CPU share (``busy`` before issue 32)
+    available: float = MAX_CORES  # cores' worth a unit of busy stands for (smoothed)
+    core_available: float = MAX_CORES  # cores it could have had, from /proc/stat (raw)
+    core_idle: float | None = None  # the affinity set's idle and stolen time, in cores
+    core_steal: float | None = None
+    cpus: int | None = None  # CPUs in the affinity set
+    late_p90_ms: float | None = None  # the decided percentile of tick/pacer lateness
+    late: float = 0.0  # the delay signal as a busy share (0 unless sending and late)
 
     def to_json(self) -> dict[str, float | None]:
+        def r(v: float | None, n: int) -> float | None:
+            return None if v is None else round(v, n)
         return {"busy": round(self.busy, 4), "cpu": round(self.cpu, 4),
                 "lag_max_ms": round(self.lag_max_ms, 3), "lag_mean_ms": round(self.lag_mean_ms, 3),
-                "us_per_packet": None if self.us_per_packet is None else round(self.us_per_packet, 1),
-                "window_s": round(self.window_s, 3)}
+                "us_per_packet": r(self.us_per_packet, 1), "window_s": round(self.window_s, 3),
+                "own": round(self.own, 4), "available": round(self.available, 4),
+                "core_available": round(self.core_available, 4),
+                "core_idle": r(self.core_idle, 4), "core_steal": r(self.core_steal, 4),
+                "cpus": self.cpus, "late_p90_ms": r(self.late_p90_ms, 3),
+                "late": round(self.late, 4)}
 
 
 class LoadMeter:
-    """CPU share per window, smoothed; tick lag beside it."""
+    """CPU share per window, smoothed; tick lag beside it; with issue 32's inputs, what the
+    core had left and the delay signal (module docstring)."""
 
-    __slots__ = ("_cpu0", "_lag_max", "_lag_n", "_lag_sum", "_packets0", "_t0", "behind",
-                 "busy", "report", "windows")
+    __slots__ = ("_avail", "_cpu0", "_lag_max", "_lag_n", "_lag_sum", "_late", "_own",
+                 "_packets0", "_runnable", "_sent0", "_stat", "_t0", "behind", "busy",
+                 "report", "windows")
 
     def __init__(self) -> None:
         self._t0 = math.nan  # start of the current window (nan: no tick yet)
         self._cpu0 = 0.0
         self._packets0 = 0
+        self._sent0: int | None = None
         self._lag_max = 0.0
         self._lag_sum = 0.0
         self._lag_n = 0
-        #: smoothed CPU share (lag-saturated windows count as 1.0)
+        self._late: list[float] = []  # this window's lateness samples (ticks, pacer)
+        self._stat: ProcStat | None = None  # the last /proc/stat read (window start)
+        self._own = 0.0  # smoothed own share
+        self._avail = MAX_CORES  # smoothed available cores
+        self._runnable: float | None = None  # smoothed other runnable tasks on our CPUs
+        #: smoothed decided share (issue 32: own / available, or the delay signal)
         self.busy = 0.0
         self.windows = 0  # windows completed
         self.behind = 0  # ... whose mean tick lag passed LAG_SATURATED
         self.report = LoadReport(0.0, 0.0, 0.0, 0.0, None, 0.0)
 
-    def handle_tick(self, now: float, cpu: float, lag: float, packets: int = 0) -> bool:
+    def window_due(self, now: float) -> bool:
+        """Would a tick at ``now`` complete a window (or start the first)? The shell reads
+        ``/proc/stat`` only then, and passes it to that tick."""
+        return math.isnan(self._t0) or now - self._t0 >= WINDOW
+
+    def add_lateness(self, samples: Iterable[float]) -> None:
+        """Lateness samples (seconds) of this window from elsewhere: the pacer's call-backs
+        (pacer.py, :meth:`~.pacer.Pacer.take_lateness`)."""
+        self._late.extend(samples)
+
+    def handle_tick(self, now: float, cpu: float, lag: float, packets: int = 0, *,
+                    sent: int | None = None, stat: ProcStat | None = None,
+                    affinity: frozenset[int] | None = None) -> bool:
         """One tick at ``now`` (seconds), process CPU seconds ``cpu``, the tick ``lag``
-        seconds late, ``packets`` received so far. True when a window just completed."""
+        seconds late, ``packets`` received so far, ``sent`` datagrams sent so far; at a
+        window's edge (:meth:`window_due`) the shell's ``/proc/stat`` read and affinity
+        set. True when a window just completed."""
         if math.isnan(self._t0):
-            self._t0, self._cpu0, self._packets0 = now, cpu, packets
+            self._t0, self._cpu0, self._packets0, self._sent0 = now, cpu, packets, sent
+            if stat is not None:
+                self._stat = stat
+            self._late.clear()
             return False
         lag = max(0.0, lag)
         self._lag_max = max(self._lag_max, lag)
         self._lag_sum += lag
         self._lag_n += 1
+        self._late.append(lag)
         span = now - self._t0
         if span < WINDOW:
             return False
-        share = max(0.0, cpu - self._cpu0) / span
+        own_share = max(0.0, cpu - self._cpu0) / span
         npk = packets - self._packets0
-        sample = share
         if self._lag_sum / self._lag_n > LAG_SATURATED:
             self.behind += 1
-        # The first window replaces the initial 0: no slow ramp from idle on start.
-        self.busy = sample if self.windows == 0 else ALPHA * sample + (1 - ALPHA) * self.busy
+        # What the core had left (issue 32): the affinity set's idle and steal over the
+        # window, and the runnable tasks that a fair share is counted against.
+        sample: CoreSample | None = None
+        if stat is not None and self._stat is not None and affinity:
+            sample = core_sample(self._stat, stat, affinity)
+            if sample is not None and stat.procs_running is not None:
+                # procs_running is machine-wide and counts us (we are running): the others,
+                # scaled to our share of the machine's CPUs.
+                others = max(stat.procs_running - 1, 0) * sample.cpus / max(len(stat.cpus), 1)
+                self._runnable = (others if self._runnable is None
+                                  else ALPHA * others + (1 - ALPHA) * self._runnable)
+        if stat is not None:
+            self._stat = stat
+        available = available_cores(own_share, sample, self._runnable)
+        # The delay signal, only over a window in which this transceiver sent media (an idle
+        # one's ticks are late on a loaded host whatever it does: the trap of issue 23).
+        sending = sent is not None and self._sent0 is not None and sent > self._sent0
+        late = lateness_busy(self._late) if sending else 0.0
+        late_p90 = percentile(self._late, LATE_PERCENTILE) if sending else None
+        decided = decide(own_share, available, steal_ceiling(sample), late)
+        # What a unit of own CPU costs in busy units now: signaling divides its learned
+        # per-call cost (own CPU) by this ``available`` to project one more call at the
+        # harm seen now (the raw figure from /proc/stat is reported as core_available).
+        effective = (min(max(own_share / decided, MIN_AVAILABLE), MAX_CORES)
+                     if decided > 0 and own_share > 0 else min(available, steal_ceiling(sample)))
+        first = self.windows == 0  # the first window replaces the initial 0: no slow ramp
+        self.busy = decided if first else ALPHA * decided + (1 - ALPHA) * self.busy
+        self._own = own_share if first else ALPHA * own_share + (1 - ALPHA) * self._own
+        self._avail = effective if first else ALPHA * effective + (1 - ALPHA) * self._avail
         self.windows += 1
         self.report = LoadReport(
-            busy=self.busy, cpu=share, lag_max_ms=self._lag_max * 1000,
+            busy=self.busy, cpu=own_share, lag_max_ms=self._lag_max * 1000,
             lag_mean_ms=self._lag_sum / self._lag_n * 1000,
-            us_per_packet=(cpu - self._cpu0) / npk * 1e6 if npk > 0 else None, window_s=span)
-        self._t0, self._cpu0, self._packets0 = now, cpu, packets
+            us_per_packet=(cpu - self._cpu0) / npk * 1e6 if npk > 0 else None, window_s=span,
+            own=self._own, available=self._avail, core_available=available,
+            core_idle=None if sample is None else sample.idle,
+            core_steal=None if sample is None else sample.steal,
+            cpus=None if sample is None else sample.cpus,
+            late_p90_ms=None if late_p90 is None else late_p90 * 1000, late=late)
+        self._t0, self._cpu0, self._packets0, self._sent0 = now, cpu, packets, sent
         self._lag_max = self._lag_sum = 0.0
         self._lag_n = 0
+        self._late.clear()
         return True
+
+
+def read_core_stat(path: str = "/proc/stat") -> tuple[ProcStat | None, frozenset[int] | None]:
+    """The shell's part (the meter's tick in server.py, once per window): ``/proc/stat``
+    parsed and this process's affinity set; (None, None) where either cannot be had (not
+    Linux, a sandbox without /proc): the meter then assumes a core of its own."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            stat = parse_proc_stat_untrusted(f.read(1 << 20))
+        affinity = frozenset(os.sched_getaffinity(0))
+    except (OSError, ProcStatError, AttributeError):
+        return None, None
+    return stat, affinity

@@ -9,6 +9,11 @@ task, sleeping until the earliest such time of *all* sessions, calls each one ba
 
 Before, every session had a pacer task of its own that woke once per frame — two task
 switches per echoed packet with the echo agent's task (docs/performance.md, "Transceiver").
+
+Lateness (issue 32, measurement only): each call-back's ``now - at`` — how late a paced
+frame goes out against its due time — is kept (bounded, :data:`MAX_LATENESS` samples) for
+the headroom meter, which takes them once per window (:meth:`Pacer.take_lateness`). A core
+shared with other processes makes it late however little this process uses.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ import trio
 
 log = logging.getLogger(__name__)
 
+#: Lateness samples kept between two takes (one meter window: 50 sessions x 25 frames).
+MAX_LATENESS = 4096
+
 
 class Paced(Protocol):
     def pace(self, now: float, at: float) -> None:
@@ -36,6 +44,12 @@ class Pacer:
         self._lot = trio.lowlevel.ParkingLot()
         self._wake_at = math.inf
         self.callbacks = 0  # for tests and stats: how often a session was called back
+        self._lateness: list[float] = []  # now - at of each call-back since the last take
+
+    def take_lateness(self) -> list[float]:
+        """The call-backs' lateness (seconds) since the last take, and forget them."""
+        out, self._lateness = self._lateness, []
+        return out
 
     def schedule(self, at: float, who: Paced) -> None:
         """Call ``who.pace(now, at)`` at ``at``. A session that reschedules before that
@@ -55,9 +69,12 @@ class Pacer:
                 await self._lot.park()
             self._wake_at = -math.inf  # awake: no wake-ups needed while we work
             now = trio.current_time()
+            lateness = self._lateness
             while heap and heap[0][0] <= now:
                 at, _, who = heapq.heappop(heap)
                 self.callbacks += 1
+                if len(lateness) < MAX_LATENESS:
+                    lateness.append(now - at)
                 try:
                     who.pace(now, at)
                 except Exception:  # one session's failure must not stop the others' audio

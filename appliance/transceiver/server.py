@@ -72,8 +72,9 @@ from appliance.proto.ufrag import UfragCodec
 
 from .admission import DtlsAdmission
 from .call import Addr
+from .corestat import ProcStat
 from .degrade import ComplexityController
-from .headroom import TICK, LoadMeter
+from .headroom import TICK, LoadMeter, read_core_stat
 from .opus import DEFAULT_COMPLEXITY
 from .pacer import Pacer
 from .session import EndedSession, Session, _fmt
@@ -302,14 +303,21 @@ class Transceiver:
         while True:
             await trio.sleep_until(deadline)
             now = trio.current_time()
-            self.handle_tick(now, time.process_time(), now - deadline)
+            # What the core has left (issue 32): /proc/stat once per window, not per tick.
+            stat, cpus = read_core_stat() if self.meter.window_due(now) else (None, None)
+            self.handle_tick(now, time.process_time(), now - deadline, stat, cpus)
             deadline += TICK
             if deadline <= now:  # missed ticks are not made up in a burst
                 deadline = now + TICK
 
-    def handle_tick(self, now: float, cpu: float, lag: float) -> None:
-        """One meter tick (``cpu``: process CPU seconds); tests drive it with made-up load."""
-        if not self.meter.handle_tick(now, cpu, lag, self.counters["datagrams_in"]):
+    def handle_tick(self, now: float, cpu: float, lag: float, stat: ProcStat | None = None,
+                    cpus: frozenset[int] | None = None) -> None:
+        """One meter tick (``cpu``: process CPU seconds; at a window's edge ``/proc/stat``
+        and the affinity set, headroom.py); tests drive it with made-up load."""
+        self.meter.add_lateness(self.pacer.take_lateness())
+        if not self.meter.handle_tick(now, cpu, lag, self.counters["datagrams_in"],
+                                      sent=self.counters["datagrams_out"], stat=stat,
+                                      affinity=cpus):
             return
         self._created_in_window = 0
         ctl = self.complexity
@@ -331,7 +339,9 @@ class Transceiver:
     def overloaded(self) -> bool:
         """No headroom for one more call (the defence-in-depth check of ``create``)."""
         projected = self.meter.busy + self.call_cost() * (self._created_in_window + 1)
-        return projected > self.config.refuse_busy
+        # While the complexity controller has calls degraded, only up to its step-up
+        # threshold (degrade.py, issue 32: degrade first, then refuse new calls).
+        return projected > self.complexity.admit_limit(self.config.refuse_busy)
 
     def load_view(self) -> dict[str, Any]:
         """``stats``' ``load`` object (docs/control-protocol.md)."""
@@ -339,6 +349,8 @@ class Transceiver:
                 "sessions": len(self.sessions), "call_cost": round(self.call_cost(), 5),
                 "opus_complexity": self.complexity.complexity,
                 "opus_complexity_steps": list(self.complexity.steps),
+                "degraded": self.complexity.degraded,
+                "admit_limit": self.complexity.low if self.complexity.degraded else None,
                 "refuse_busy": self.config.refuse_busy, "windows": self.meter.windows,
                 "windows_behind": self.meter.behind}
 

@@ -123,8 +123,11 @@ def sample_processes() -> list[dict[str, Any]]:
             "counters": {"datagrams_in": 6000, "datagrams_out": 5990, "drop_bad_proxy_header": 0,
                          "drop_unknown_session": 0},
             "sessions_by_state": {"connected": 1},
-            "load": {"busy": 0.9, "cpu": 0.88, "lag_max_ms": 4.0, "opus_complexity": 3},
-            "admission": {"headroom": 0.0, "room": 0, "call_cost": 0.0125},
+            "load": {"busy": 0.9, "cpu": 0.44, "lag_max_ms": 4.0, "opus_complexity": 3,
+                     "own": 0.45, "available": 0.5, "core_idle": 0.0, "core_steal": 0.1,
+                     "late_p90_ms": 6.2},
+            "admission": {"headroom": 0.0, "room": 0, "call_cost": 0.0125, "degraded": True,
+                          "limit": 0.5},
         },
     ]
 

@@ -118,7 +118,12 @@ def test_detail_timeline_sparklines_and_processes(page: Page, backend: FakeBacke
     expect(tx0).to_contain_text("Load42 % of a core, loop lag ≤ 1.3 ms")
     expect(tx0).to_contain_text("Headroom43 % (34 more calls)")
     expect(tx).to_contain_text("Opus complexity3")
-    expect(tx).to_contain_text("Headroomfull: new calls refused")
+    expect(tx).to_contain_text("Headroomfull: new calls refused, calls degraded: admitting up to 50 %")
+    # Issue 32: a core shared with other processes — the load admission decides on is the
+    # share of what the core has left, beside the process's own CPU and its frames' lateness.
+    expect(tx).to_contain_text("Load90 % of the 0.50 core left, loop lag ≤ 4.0 ms")
+    expect(tx).to_contain_text("Own CPU45 % of a core (the rest taken by other processes, 10 % stolen)")
+    expect(tx).to_contain_text("Frames late (p90)6.2 ms")
     # A process that is down is flagged.
     with backend.lock:
         backend.processes[3].update(up=False, error="process exited (status 1)")  # type: ignore[index]

@@ -112,3 +112,51 @@ def test_a_stun_check_still_makes_its_own_flow() -> None:
     core, v = setup()
     flow = core.handle_datagram(0.0, CLIENT, check(ufrag(transceiver=0)), PUBLIC)
     assert isinstance(flow, Flow) and core.poll_lookups(0.0) == []
+
+
+# -- issue 32: the first packet of a moved flow ---------------------------------------------
+
+
+def test_first_packets_of_a_moved_flow_are_forwarded_once_vouched() -> None:
+    """Bug (issue 32, relay failover): the datagram that made a worker ask about a client
+    it had no flow for was dropped, and so was everything until the answer came — every
+    flow a worker restart moved lost its first packet(s), one 20 ms frame per call and
+    event at best. Now they are held and go out, in order and framed like any forwarded
+    datagram, the moment an authentic answer installs the flow."""
+    core, v = setup()
+    q, _ = ask(core, v)[0]  # RTP #1 asked
+    assert core.handle_datagram(0.005, CLIENT, DTLS, PUBLIC) is None  # #2 while waiting
+    assert core.poll_released() == []  # nothing goes anywhere before the answer
+    flow = v.handle_datagram(0.01, answer(q), T[1])
+    assert isinstance(flow, Flow)
+    released = core.poll_released()
+    assert [(f, d) for f, d in released] == [(flow, bytes(RTP)), (flow, bytes(DTLS))]
+    assert core.counters.packets_held == 2 and core.counters.held_released == 2
+    assert core.poll_released() == []  # each is released once
+
+
+def test_held_datagrams_are_bounded_and_expire_unanswered() -> None:
+    """Holding is no way to make the relay store or forward anything: a few datagrams per
+    client, for ``held_ttl``, and only an authentic answer releases them."""
+    core, v = setup(max_held_per_client=2, held_ttl=0.2)
+    q, _ = ask(core, v)[0]
+    for i in range(5):
+        core.handle_datagram(0.001 * (i + 1), CLIENT, RTP, PUBLIC)
+    assert core.counters.packets_held == 2  # the first and one more
+    forged = bytearray(answer(q))
+    forged[-1] ^= 1
+    assert v.handle_datagram(0.01, bytes(forged), T[1]) is None
+    assert core.poll_released() == []
+    core.sweep(0.3)  # past held_ttl: the hold is gone
+    flow = v.handle_datagram(0.3, answer(q), T[1])  # a late answer (within QUERY_TTL)
+    assert isinstance(flow, Flow)  # installs the flow, but releases nothing stale
+    assert core.poll_released() == [] and core.counters.held_released == 0
+
+
+def test_a_stun_check_that_makes_the_flow_discards_the_hold() -> None:
+    core, v = setup()
+    ask(core, v)
+    res = core.handle_datagram(0.01, CLIENT, check(ufrag(transceiver=1)), PUBLIC)
+    assert isinstance(res, Flow)
+    assert core.poll_released() == []
+    assert core.counters.held_released == 0

@@ -182,9 +182,19 @@ async def test_readyz_turns_unready_when_every_transceiver_is_full(make_env: Mak
     body = await r.get_json()
     assert body["reason"] == "overloaded"
     assert body["full"] == ["0", "1"]
+    # The figures it decided on are in the body (issue 32): busy, room, headroom, limit.
+    assert body["headroom"]["1"]["busy"] == 0.99 and body["headroom"]["1"]["room"] == 0
+    assert body["headroom"]["1"]["headroom"] == 0
     env.fakes[0].load = load(0.2, 10)
     r = await client.get("/readyz")
     assert r.status_code == 200
+    # A transceiver degrading its calls (load from elsewhere) and with half a core left:
+    # /readyz shows the lower limit and what was available.
+    env.fakes[0].load = {**load(0.45, 10), "available": 0.5, "admit_limit": 0.5}
+    body = await (await client.get("/readyz")).get_json()
+    view = body["headroom"]["0"]
+    assert view["degraded"] is True and view["limit"] == 0.5 and view["available"] == 0.5
+    assert view["headroom"] == pytest.approx(0.05, abs=0.01)
 
 
 async def test_metrics_and_health_view_show_headroom_per_transceiver(make_env: MakeEnv) -> None:

@@ -306,7 +306,13 @@ async def test_health_and_readiness(make_env: Any) -> None:
     assert r.status_code == 200 and json.loads(await r.get_data()) == {"status": "ok"}
     r = await c.get("/readyz")
     assert r.status_code == 200
-    assert json.loads(await r.get_data()) == {"ready": True, "transceivers": ["0", "1"], "relays": ["0"]}
+    body = json.loads(await r.get_data())
+    headroom = body.pop("headroom")  # what admission decides on, per transceiver (issue 32)
+    assert body == {"ready": True, "transceivers": ["0", "1"], "relays": ["0"]}
+    assert sorted(headroom) == ["0", "1"]
+    for view in headroom.values():
+        assert view["room"] > 0 and 0 < view["headroom"] <= view["limit"]
+        assert {"busy", "available", "call_cost", "degraded"} <= set(view)
     env_no_relay = await make_env(relays=0)
     r = await env_no_relay.client().get("/readyz")
     assert r.status_code == 503

@@ -161,6 +161,12 @@ async def test_complexity_steps_reach_the_live_calls_encoders(
     for _ in range(4):
         t = load_window(tr, t, 0.55)  # between the thresholds: complexity 3 stays
     assert tr.complexity.complexity == 3
+    # Degraded and above the step-up threshold: no new call (issue 32, degrade.py).
+    r = await create(control, "refused")
+    assert (r["ok"], r["code"]) == (False, "overloaded")
+    for _ in range(2):  # under LOW (not yet for DWELL_UP): still at 3, room again
+        t = load_window(tr, t, 0.3)
+    assert tr.complexity.complexity == 3
     assert (await create(control, "b"))["ok"]  # a call made now starts at 3
     await trio.testing.wait_all_tasks_blocked()
     assert complexity_of(tr.sessions["b"].encoder) == 3
