@@ -4,8 +4,8 @@ channel, with no media track — the caller's audio arrives as ``input_audio_buf
 (run through the energy VAD in 20 ms frames for server turn detection) and the answer's
 audio leaves as ``response.output_audio.delta`` events (the machine's WebSocket mode).
 
-Transport-free: :meth:`RealtimeSocketSession.run` takes the socket's incoming messages as
-an async iterator and a ``send(text)`` coroutine, so the signaling route
+Transport-free: :meth:`RealtimeSocketSession.run` takes ``receive()`` and ``send(text)``
+coroutines, so the signaling route
 (appliance/signaling/realtime_ws.py) and a test can both drive it.
 
 Bounds: the events waiting for the socket are at most ``queue_limit``. A response's audio
@@ -21,7 +21,7 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,10 @@ CLOSE_SLOW_READER = 1008  # policy violation: the client stopped reading its eve
 END_SLOW_READER = "slow_reader"
 END_CLIENT = "client_closed"
 SEND_GRACE = 10.0  # seconds one event's frame may take to leave once it has started
+
+
+class SocketClosed(Exception):
+    """``receive`` found the socket closed."""
 
 
 @dataclass(slots=True)
@@ -82,16 +86,20 @@ class RealtimeSocketSession:
         self._runs: dict[str, trio.CancelScope] = {}
         self._nursery: trio.Nursery | None = None
 
-    async def run(self, messages: AsyncIterator[str | bytes],
+    async def run(self, receive: Callable[[], Awaitable[str | bytes]],
                   send: Callable[[str], Awaitable[None]]) -> str:
-        """Serve until the client goes (``messages`` ends) or reads too slowly; returns the
-        end reason."""
+        """Serve until the client goes (``receive`` is cancelled with the route, or raises
+        :class:`SocketClosed`) or reads too slowly; returns the end reason."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._sender, send)
             self.machine.handle_open()
             self._drain()
-            async for data in messages:
+            while True:
+                try:
+                    data = await receive()
+                except SocketClosed:
+                    break
                 self.stats.events_in += 1
                 self.stats.bytes_in += len(data)
                 self.machine.handle_message(data)

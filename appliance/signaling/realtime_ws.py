@@ -21,7 +21,7 @@ design is in docs/realtime.md.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from quart import Response, websocket
@@ -98,7 +98,7 @@ def register_websocket(app: QuartTrio, rt: Realtime) -> None:
         started = state.clock()
         reason: str | None = None
         try:
-            reason = await sess.run(_messages(), _send)
+            reason = await sess.run(websocket.receive, websocket.send)
         finally:
             live.pop(sess.id, None)
             reason = reason or END_CLIENT
@@ -141,11 +141,3 @@ def register_websocket(app: QuartTrio, rt: Realtime) -> None:
         session.pop("type", None)
         session["model"] = model
         return session, spec or state.config.realtime_agent
-
-    async def _messages() -> AsyncIterator[str | bytes]:
-        while True:
-            data = await websocket.receive()
-            yield data
-
-    async def _send(text: str) -> None:
-        await websocket.send(text)

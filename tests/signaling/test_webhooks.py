@@ -263,3 +263,19 @@ async def test_a_websocket_session_reports_its_end(make_env: Any, nursery: trio.
     report = ended["data"]["report"]
     assert report["end_reason"] == "client_closed" and report["hung_up_by"] == "client"
     assert report["stats"]["events_in"] == 1 and report["stats"]["events_out"] >= 3
+
+
+def test_webhook_url_flags(tmp_path: Any, monkeypatch: Any) -> None:
+    import argparse
+
+    from appliance.signaling.options import add_webhook_arguments, webhook_endpoints
+
+    parser = argparse.ArgumentParser()
+    add_webhook_arguments(parser)
+    (tmp_path / "s").write_text(SECRET)
+    monkeypatch.setenv("APPLIANCE_WEBHOOK_SECRET", SECRET)
+    args = parser.parse_args(["--webhook-url", f"http://127.0.0.1:1/a,secret-file={tmp_path / 's'}",
+                              "--webhook-url", "https://example.invalid/b"])
+    eps = webhook_endpoints(args)
+    assert [e.url for e in eps] == ["http://127.0.0.1:1/a", "https://example.invalid/b"]
+    assert webhook_endpoints(parser.parse_args([])) == []
