@@ -279,3 +279,30 @@ def test_webhook_url_flags(tmp_path: Any, monkeypatch: Any) -> None:
     eps = webhook_endpoints(args)
     assert [e.url for e in eps] == ["http://127.0.0.1:1/a", "https://example.invalid/b"]
     assert webhook_endpoints(parser.parse_args([])) == []
+
+
+async def test_a_call_ended_on_the_transceiver_is_found_by_the_poll(make_env: Any,
+                                                                   nursery: trio.Nursery) -> None:
+    rx = Receiver(fail=0)
+    port = await rx.serve(nursery)
+    ep = Endpoint(f"http://127.0.0.1:{port}/hook", secret_key(SECRET))
+    env = await make_env(webhooks=[ep], webhook_call_poll=0.05)
+    rt = env.app.extensions["appliance.realtime"]
+    nursery.start_soon(env.state.webhooks.run)
+    nursery.start_soon(rt.watch_calls)
+    resp = await env.client().post("/v1/realtime/calls", data=OFFER,
+                                   headers={"Content-Type": "application/sdp"})
+    assert resp.status_code == 201
+    call_id = resp.headers["Location"].rsplit("/", 1)[1]
+    with trio.fail_after(TIMEOUT):
+        await rx.wait_for(1)
+        [fake] = [f for f in env.fakes.values() if call_id in f.sessions]
+        fake.sessions[call_id].update(state="ended", end_reason="agent hung up",
+                                      ended_at=env.clock.t + 12.5, packets_in=640)
+        await rx.wait_for(2)
+    started, ended = (json.loads(b) for _, b in rx.requests)
+    assert (started["type"], ended["type"]) == (CALL_STARTED, CALL_ENDED)
+    report = ended["data"]["report"]
+    assert report["end_reason"] == "agent hung up" and report["hung_up_by"] == "agent"
+    assert report["duration_seconds"] == 12.5 and report["stats"]["packets_in"] == 640
+    assert env.state.webhooks.pending_calls == {}
