@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml setup.py appliance/netio/_mmsg.c | $(BIN)/pyt
 # `agents`, which would shadow the suite's tests/agents/ in the venv.
 $(VENV)/.installed-test: pyproject.toml setup.py appliance/netio/_mmsg.c | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
-	$(BIN)/pip install -q --target $(VENV)/openai-agents 'openai-agents>=0.4,<1'
+	$(BIN)/pip install -q --upgrade --target $(VENV)/openai-agents 'openai-agents>=0.4,<1'
 	touch $(VENV)/.installed $@
 
 install: $(VENV)/.installed

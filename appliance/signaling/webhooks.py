@@ -138,13 +138,15 @@ class Delivery:
 
 
 def hung_up_by(reason: str) -> str:
+    """Who ended it, from the session's end reason (the transceiver's: "dtls-closed",
+    "consent-expired", "agent-done", "agent: …"; signaling's: "hangup", "deleted", …)."""
     if reason in ("hangup", "deleted"):
         return "api"
-    if reason in ("client_closed", "peer closed", "dtls closed", "bye"):
-        return "client"
-    if "agent" in reason:
+    if reason in ("client_closed", "dtls-closed", "consent-expired", "ice-timeout"):
+        return "client"  # the caller closed, or went away (no consent, ICE never completed)
+    if reason.startswith("agent"):
         return "agent"
-    if reason in ("slow_reader", "transceiver lost", "gone", "draining"):
+    if reason in ("slow_reader", "transceiver lost", "gone", "shutdown", "internal-error"):
         return "server"
     return "unknown"
 

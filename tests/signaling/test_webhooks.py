@@ -297,12 +297,20 @@ async def test_a_call_ended_on_the_transceiver_is_found_by_the_poll(make_env: An
     with trio.fail_after(TIMEOUT):
         await rx.wait_for(1)
         [fake] = [f for f in env.fakes.values() if call_id in f.sessions]
-        fake.sessions[call_id].update(state="ended", end_reason="agent hung up",
+        fake.sessions[call_id].update(state="ended", end_reason="agent-done",
                                       ended_at=env.clock.t + 12.5, packets_in=640)
         await rx.wait_for(2)
     started, ended = (json.loads(b) for _, b in rx.requests)
     assert (started["type"], ended["type"]) == (CALL_STARTED, CALL_ENDED)
     report = ended["data"]["report"]
-    assert report["end_reason"] == "agent hung up" and report["hung_up_by"] == "agent"
+    assert report["end_reason"] == "agent-done" and report["hung_up_by"] == "agent"
     assert report["duration_seconds"] == 12.5 and report["stats"]["packets_in"] == 640
     assert env.state.webhooks.pending_calls == {}
+
+
+def test_who_hung_up() -> None:
+    from appliance.signaling.webhooks import hung_up_by
+
+    assert [hung_up_by(r) for r in ("hangup", "dtls-closed", "agent: bye", "agent-done",
+                                    "transceiver lost", "what")] == [
+        "api", "client", "agent", "agent", "server", "unknown"]
