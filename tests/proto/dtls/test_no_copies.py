@@ -103,6 +103,12 @@ def test_shapes_see_a_renamed_copy() -> None:
     assert common_runs(_squash(one[:9]), _squash(two)) == []
 
 
+def test_a_table_is_not_a_copy() -> None:
+    one = shapes("".join(f"A{i} = {i}\n" for i in range(12)))
+    two = shapes("".join(f"B{i} = {i * 7}\n" for i in range(12)))
+    assert common_runs(one, two) == []
+
+
 def test_no_copies_between_dtls_files() -> None:
     files = sorted(DTLS.rglob("*.py"))
     assert len(files) > 5
