@@ -276,6 +276,33 @@ class Engine:
             if self._stopped:
                 return
 
+    @property
+    def _answers_close_notify(self) -> bool:
+        """Whether a peer's close_notify is answered with ours (1.2: only once encrypted)."""
+        return True
+
+    def _alert_is_fatal(self, level: int, desc: AlertDescription) -> bool:
+        raise NotImplementedError
+
+    def _handle_alert(self, payload: bytes) -> None:
+        if len(payload) != 2:
+            self.counters.records_dropped += 1
+            return
+        level, description = payload
+        try:
+            desc = AlertDescription(description)
+        except ValueError:
+            desc = AlertDescription.internal_error
+            if not self._alert_is_fatal(level, desc):
+                return
+        if desc is AlertDescription.close_notify:
+            # RFC 5246 §7.2.1, RFC 8446 §6.1: answer close_notify with our own and stop.
+            if self._answers_close_notify:
+                self.rl.queue_alert(AlertLevel.WARNING, AlertDescription.close_notify)
+            self._close_locally(desc, "peer sent close_notify", by_peer=True)
+        elif self._alert_is_fatal(level, desc):
+            self._close_locally(desc, f"peer sent {desc.name}", by_peer=True)
+
     def _fail(self, alert: AlertDescription, reason: str) -> None:
         """Fatal error detected locally: send the alert and end (RFC 5246 §7.2.2)."""
         self.rl.queue_alert(AlertLevel.FATAL, alert)

@@ -300,25 +300,12 @@ class Engine12(Engine):
         elif content_type == ContentType.ALERT:
             self._handle_alert(payload)
 
-    def _handle_alert(self, payload: bytes) -> None:
-        if len(payload) != 2:
-            self.counters.records_dropped += 1
-            return
-        level, description = payload
-        try:
-            desc = AlertDescription(description)
-        except ValueError:
-            if level != AlertLevel.FATAL:
-                return
-            desc = AlertDescription.internal_error
-        if desc is AlertDescription.close_notify:
-            # RFC 5246 §7.2.1: answer close_notify with our own and stop.
-            if self.rl.write_cipher is not None:
-                self.rl.queue_alert(AlertLevel.WARNING, AlertDescription.close_notify)
-            self._close_locally(desc, "peer sent close_notify", by_peer=True)
-        elif level == AlertLevel.FATAL:
-            self._close_locally(desc, f"peer sent fatal {desc.name}", by_peer=True)
-        # Warnings (no_renegotiation, …) need no action.
+    @property
+    def _answers_close_notify(self) -> bool:
+        return self.rl.write_cipher is not None
+
+    def _alert_is_fatal(self, level: int, desc: AlertDescription) -> bool:
+        return level == AlertLevel.FATAL  # warnings (no_renegotiation, …) need no action
 
     # --- the handshake (handshake12*.py) and endings ----------------------------------
 

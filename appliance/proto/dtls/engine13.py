@@ -40,7 +40,6 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from appliance.proto.dtls import handshake13 as hs
 from appliance.proto.dtls._wire import (
     AlertDescription,
-    AlertLevel,
     CipherSuite13,
     ContentType13,
     DtlsError,
@@ -342,22 +341,9 @@ class Engine13(Engine):
             self._ku_pending = False
             self._advance_write_epoch()
 
-    def _handle_alert(self, payload: bytes) -> None:
-        if len(payload) != 2:
-            self.counters.records_dropped += 1
-            return
-        level, description = payload
-        try:
-            desc = AlertDescription(description)
-        except ValueError:
-            desc = AlertDescription.internal_error
-        if desc is AlertDescription.close_notify:
-            self.rl.queue_alert(AlertLevel.WARNING, AlertDescription.close_notify)
-            self._close_locally(desc, "peer sent close_notify", by_peer=True)
-        elif desc is not AlertDescription.user_canceled:
-            # RFC 8446 §6.2: in 1.3 every error alert is fatal, whatever its level says.
-            self._close_locally(desc, f"peer sent {desc.name}", by_peer=True)
-        del level
+    def _alert_is_fatal(self, level: int, desc: AlertDescription) -> bool:
+        # RFC 8446 §6.2: in 1.3 every error alert is fatal, whatever its level says.
+        return desc is not AlertDescription.user_canceled
 
     # --- send helpers -----------------------------------------------------------------
 
