@@ -9,7 +9,7 @@ What is implemented, and where the rules come from:
   client-address bytes and the ClientHello parameters; nothing is committed until the
   ClientHello comes back with a valid cookie. Fixed at construction (``cookie_secret``) or
   switched on or off by the owner while the server still waits for a ClientHello
-  (:meth:`Dtls12Connection.require_cookies`: a transceiver turns them on under load).
+  (:meth:`.engine.Engine.require_cookies`: a transceiver turns them on under load).
 * A peer's repeated flight triggers a retransmission of ours (§4.2.4) at most once per
   ``DUP_RETRANSMIT_INTERVAL``: a flood of copies of a ClientHello is not answered with a
   full server flight each.

@@ -2,7 +2,7 @@
 
 :func:`handle_message` checks each reassembled message against the transition table
 (:data:`_ACCEPTS`, STYLE.md rule 3) and the epoch it came in, parses it and calls the
-connection's handler for its type (``_HANDLERS``, built in :mod:`.connection` from
+engine's handler for its type (``_HANDLERS``, built in :mod:`.engine12` from
 :mod:`.handshake12_server` and :mod:`.handshake12_client`); a handler returns
 ``(next_flight, alert | None)`` (STYLE.md rule 4, pion's ``flight*handler.go``). Finished
 (RFC 5246 §7.4.9) is handled here for both roles, with the helpers both sides use: peer

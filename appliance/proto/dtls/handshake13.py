@@ -1,6 +1,6 @@
 """The DTLS 1.3 handshake flights: one handler per message, ``(next_flight, alert)``.
 
-The state and record layer live in :mod:`.connection13`, which handlers see only as a
+The state and record layer live in :mod:`.engine13`, which handlers see only as a
 :class:`~.conn_protocol.Conn13` (so neither module imports the other). This module is
 the message order of RFC 8446 §2 / §4 (with RFC 9147 §5) written as a transition table
 (:data:`_ACCEPTS`) and handlers (STYLE.md rule 4, pion's ``flight*handler.go``).
