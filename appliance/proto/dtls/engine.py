@@ -130,6 +130,11 @@ class Engine:
         return self.state is State.CLOSED
 
     @property
+    def _inert(self) -> bool:
+        """Closed, or a client not started: input is ignored (a per-datagram check)."""
+        raise NotImplementedError
+
+    @property
     def _stopped(self) -> bool:
         """Nothing more of this datagram is for this engine."""
         return self._closed
@@ -183,7 +188,7 @@ class Engine:
     def handle_input(self, now: float, data: bytes) -> None:
         """Feed one UDP payload. Never raises for bad peer bytes: they are dropped or end
         the connection with an alert (reported as a ``ConnectionClosed`` event)."""
-        if self.state in (State.CLOSED, State.CLIENT_IDLE):
+        if self._inert:
             return
         self._dup_seen = False
         try:

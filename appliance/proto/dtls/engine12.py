@@ -165,6 +165,10 @@ class Engine12(Engine):
         return self._state
 
     @property
+    def _inert(self) -> bool:
+        return self._state is State.CLOSED or self._state is State.CLIENT_IDLE
+
+    @property
     def cipher_suite(self) -> CipherSuite | None:
         return self._suite
 

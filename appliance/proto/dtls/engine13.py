@@ -179,6 +179,11 @@ class Engine13(Engine):
         return self._state is S13.CLOSED
 
     @property
+    def _inert(self) -> bool:
+        # S13, not the public state: Enum hashing (the state map) is slow per datagram.
+        return self._state is S13.CLOSED or self._state is S13.CLIENT_IDLE
+
+    @property
     def _stopped(self) -> bool:
         return self._state is S13.CLOSED or self.fallback is not None
 

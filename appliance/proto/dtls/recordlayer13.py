@@ -74,6 +74,7 @@ class RecordLayer13(RecordLayer[OutMessage]):
         self._sent: dict[tuple[int, int], tuple[int, int]] = {}  # record no. -> fragment
         self._acked: set[tuple[int, int]] = set()  # (message_seq, offset)
         self._pieces: set[tuple[int, int]] = set()
+        self.last_number = (0, 0)
 
     # --- keys -------------------------------------------------------------------------
 
@@ -103,22 +104,21 @@ class RecordLayer13(RecordLayer[OutMessage]):
     # --- send -------------------------------------------------------------------------
 
     def encode_record(self, content_type: int, epoch: int, payload: bytes) -> bytes:
-        return self.encode_numbered(content_type, epoch, payload)[0]
-
-    def encode_numbered(self, content_type: int, epoch: int,
-                        payload: bytes) -> tuple[bytes, tuple[int, int]]:
-        """The record and its number (epoch, sequence number), which an ACK names."""
+        """One record; its number (epoch, sequence number), which an ACK names, is left in
+        :attr:`last_number`."""
         if epoch == 0:
             seq = self._seq0
             self._seq0 += 1
-            return bytes(Record(content_type, DTLS_1_2, 0, seq, payload)), (0, seq)
+            self.last_number = (0, seq)
+            return bytes(Record(content_type, DTLS_1_2, 0, seq, payload))
         prot, counter = self._write[epoch]
         seq = counter[0]
         counter[0] = seq + 1
         inner = payload + bytes((content_type,))
         header = encode_header(epoch, seq, len(inner) + AEAD_TAG_LEN)
         ciphertext = prot.seal(seq, header, inner)
-        return apply_mask(header, 2, prot.mask(ciphertext)) + ciphertext, (epoch, seq)
+        self.last_number = (epoch, seq)
+        return apply_mask(header, 2, prot.mask(ciphertext)) + ciphertext
 
     def _flight_started(self) -> None:
         self._sent.clear()
@@ -142,10 +142,8 @@ class RecordLayer13(RecordLayer[OutMessage]):
                     continue
                 chunk = out.body[offset : offset + step]
                 frag = HandshakeFragment(out.msg_type, total, out.message_seq, offset, chunk)
-                record, number = self.encode_numbered(ContentType13.HANDSHAKE, out.epoch,
-                                                      bytes(frag))
-                self._sent[number] = piece
-                records.append(record)
+                records.append(self.encode_record(ContentType13.HANDSHAKE, out.epoch, bytes(frag)))
+                self._sent[self.last_number] = piece
         self.pack(records)
 
     def on_ack(self, numbers: tuple[tuple[int, int], ...]) -> bool:
