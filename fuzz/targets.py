@@ -32,22 +32,20 @@ from appliance.proto.dtls import (
 )
 from appliance.proto.dtls.messages import (
     _PARSERS,
-    parse_ec_point_formats_untrusted,
-    parse_handshake_body_untrusted,
-    parse_renegotiation_info_untrusted,
-    parse_signature_algorithms_untrusted,
-    parse_supported_groups_untrusted,
-    parse_use_srtp_untrusted,
-)
-from appliance.proto.dtls.messages13 import (
     _PARSERS13,
     parse_body13_untrusted,
     parse_cookie_untrusted,
+    parse_ec_point_formats_untrusted,
+    parse_handshake_body_untrusted,
     parse_key_share_ch_untrusted,
     parse_key_share_hrr_untrusted,
     parse_key_share_sh_untrusted,
+    parse_renegotiation_info_untrusted,
+    parse_signature_algorithms_untrusted,
+    parse_supported_groups_untrusted,
     parse_supported_versions_ch_untrusted,
     parse_supported_versions_sh_untrusted,
+    parse_use_srtp_untrusted,
 )
 from appliance.proto.dtls.record import (
     parse_handshake_fragments_untrusted,

@@ -1,26 +1,34 @@
 """Sans-IO DTLS 1.2 (RFC 6347) and 1.3 (RFC 9147) for WebRTC on ``cryptography``.
 
-Modules: ``_wire`` (constants, bounds-checked reader, :class:`DtlsError`), ``record``
-(record/fragment codecs, reassembly, anti-replay), ``messages`` (handshake bodies),
-``crypto`` (PRF, EMS, AEAD records, ECDHE, signatures), ``certificate`` (self-signed
-ECDSA certificate, SDP fingerprints), ``events`` (what callers see), ``connection`` (the
-1.2 state machine), ``versioned`` (:class:`DtlsConnection`: version negotiation). DTLS
-1.3: ``_wire13``, ``record13`` (unified header, ACK), ``messages13``, ``keyschedule13``,
-``recordlayer13``, ``conn13_protocol`` (the handshake state enum and the connection
-surface the handlers use), ``handshake13``, ``connection13``. See docs/dtls13.md.
+One connection class, :class:`DtlsConnection` (``connection``: the verbs and the version
+choice), drives one handshake engine at a time over one record-layer interface:
+
+* shared: ``_wire`` (1.2 and 1.3 constants, bounds-checked reader, :class:`DtlsError`), ``record``
+  (record/fragment codecs, reassembly, anti-replay), ``messages`` (1.2 and 1.3 handshake bodies),
+  ``crypto``, ``certificate``, ``events`` (what callers see), ``engine`` (what both engines
+  share: verbs, timers, fragments in, alerts, closing), ``recordlayer`` (records out),
+  ``conn_protocol`` (what the handshake handlers may touch of an engine);
+* DTLS 1.2: ``engine12`` (state, records in), ``recordlayer12``, ``handshake12``
+  (dispatch, Finished), ``handshake12_server``, ``handshake12_client``;
+* DTLS 1.3: ``record13`` (unified header, ACK), ``keyschedule13``, ``recordlayer13``, ``engine13``, ``handshake13``.
+
+See docs/dtls13.md.
 """
 
 from appliance.proto.dtls._wire import (
     AlertDescription,
     AlertLevel,
     CipherSuite,
+    CipherSuite13,
     ContentType,
     DtlsError,
+    Group13,
     NamedGroup,
+    parse_versions,
 )
-from appliance.proto.dtls._wire13 import CipherSuite13, Group13, parse_versions
 from appliance.proto.dtls.certificate import Certificate, fingerprint_of
-from appliance.proto.dtls.connection import DEFAULT_CIPHER_SUITES
+from appliance.proto.dtls.connection import DEFAULT_VERSIONS, Connection, DtlsConnection
+from appliance.proto.dtls.engine12 import DEFAULT_CIPHER_SUITES
 from appliance.proto.dtls.events import (
     ApplicationData,
     ConnectionClosed,
@@ -30,9 +38,9 @@ from appliance.proto.dtls.events import (
     HandshakeComplete,
     Role,
     State,
+    Transmit,
 )
 from appliance.proto.dtls.keyschedule13 import HAVE_MLKEM
-from appliance.proto.dtls.versioned import DEFAULT_VERSIONS, DtlsConnection
 
 __all__ = [
     "DEFAULT_CIPHER_SUITES",
@@ -46,6 +54,7 @@ __all__ = [
     "ApplicationData",
     "Certificate",
     "CipherSuite",
+    "Connection",
     "ConnectionClosed",
     "ContentType",
     "Counters",
@@ -57,5 +66,6 @@ __all__ = [
     "NamedGroup",
     "Role",
     "State",
+    "Transmit",
     "fingerprint_of",
 ]

@@ -1,117 +1,69 @@
-"""A sans-IO DTLS 1.2 connection (RFC 6347) for WebRTC, in either role.
+""":class:`DtlsConnection`: one DTLS association, 1.2 (RFC 6347) or 1.3 (RFC 9147).
 
-What is implemented, and where the rules come from:
+The caller-facing class, and the only one: it owns the shared pieces (role, certificate,
+counters, the version choice) and one handshake engine at a time,
+:class:`~.engine12.Engine12` or :class:`~.engine13.Engine13`, both
+:class:`~.engine.Engine` (the shared verbs, timers, closing) over one record-layer
+interface (:class:`~.recordlayer.RecordLayer`). ``versions`` says what may be negotiated;
+the default is ``{"1.2"}``. With ``"1.3"`` in it:
 
-* Flights and timers: RFC 6347 §4.2.4 — 1 s initial timer (configurable, WebRTC peers use
-  less), doubled on each expiry up to 60 s (§4.2.4.1); retransmission of our last flight
-  when the peer retransmits its previous one.
-* Stateless cookies: RFC 6347 §4.2.1 — HelloVerifyRequest with an HMAC over the caller's
-  client-address bytes and the ClientHello parameters; nothing is committed until the
-  ClientHello comes back with a valid cookie. Fixed at construction (``cookie_secret``) or
-  switched on or off by the owner while the server still waits for a ClientHello
-  (:meth:`Dtls12Connection.require_cookies`: a transceiver turns them on under load).
-* A peer's repeated flight triggers a retransmission of ours (§4.2.4) at most once per
-  ``DUP_RETRANSMIT_INTERVAL``: a flood of copies of a ClientHello is not answered with a
-  full server flight each.
-* Handshake: RFC 5246 §7.3 full handshake with ECDHE_ECDSA (RFC 8422), mutual
-  authentication (CertificateRequest/CertificateVerify, RFC 5246 §7.4.4, §7.4.8) and
-  WebRTC fingerprint checks of the peer certificate (RFC 8122 §5, RFC 8827 §6.5).
-* Extensions: extended_master_secret required (RFC 7627 §5.2-5.3), renegotiation_info
-  (RFC 5746, always empty: renegotiation is refused, §4.4), use_srtp (RFC 5764 §4.1).
-* Records: epochs 0 and 1 only, 64-entry anti-replay window (§4.1.2.6), invalid records
-  silently dropped (§4.1.2.7), next-epoch records buffered until keys exist (§4.1).
-* Exporter: RFC 5705 for DTLS-SRTP keying (RFC 5764 §4.2).
-* False Start (RFC 7918), client role, opt-in (``false_start=True``): once flight 5 is out
-  the client's keys are final, so :class:`FalseStart` is emitted and the exporter answers
-  before the server's Finished arrives; the caller may send SRTP (and application data)
-  half a round trip earlier.
-  §3's conditions hold by construction: every suite here is ECDHE with an AEAD cipher, and
-  the server's certificate (fingerprint) and ServerKeyExchange signature are verified
-  before flight 5 is sent. A bad or missing server Finished still fails the handshake.
+* **Server**: the 1.3 engine reads the ClientHello (reassembling its fragments). With
+  ``supported_versions`` listing DTLS 1.3 (0xfefc) it answers 1.3 (RFC 8446 §4.2.1);
+  otherwise, if ``"1.2"`` is enabled, the datagrams seen so far are replayed into a fresh
+  1.2 engine, whose ServerHello.random ends in the RFC 8446 §4.1.3 sentinel
+  ``DOWNGRD\\x01`` (a 1.3-capable server negotiating 1.2).
+* **Server** with ``half_rtt`` (opt-in, off by default): a 1.3 handshake reports
+  ``FalseStart`` once its flight is sent and the exporter works from then on (0.5-RTT data,
+  RFC 8446 §4.4.4 — to a client not yet authenticated); a 1.2 one ignores it.
+* **Client**: sends one ClientHello that offers 1.3 (and, with ``"1.2"`` enabled, what a
+  1.2 server needs: 1.2 suites, extended_master_secret, renegotiation_info,
+  ec_point_formats). A 1.2 ServerHello or a HelloVerifyRequest hands over to the 1.2
+  engine with that ClientHello as its flight 1; the 1.2 engine then refuses a
+  ServerHello.random carrying a downgrade sentinel (RFC 8446 §4.1.3).
 
-Deliberately omitted: session resumption and tickets (WebRTC never resumes),
-renegotiation (refused with a no_renegotiation warning), compression, non-AEAD suites,
-RSA certificates, connection IDs. DTLS 1.3 is ``connection13`` (RFC 9147); ``versioned``
-picks the engine and hands over between them (RFC 8446 §4.2.1, §4.1.3 downgrade sentinel).
+``HandshakeComplete.version`` and :attr:`DtlsConnection.version` say what was agreed.
+For a ``--dtls-versions 1.2,1.3`` flag: ``versions=parse_versions(flag_value)``.
 
-Usage (STYLE.md rule 2): after any ``handle_*``/``start``/``send_*``/``close``, drain
-``poll_transmit()`` and ``poll_event()`` until ``None``, then wake at ``poll_timeout()``.
+Verbs (docs/style.md rule 18): ``handle_input(now, data)``, ``poll_output()`` until None
+(:class:`~.events.Transmit` datagrams first, then events), ``poll_timeout()``,
+``handle_timeout(now)``; user operations ``start``, ``send_application_data``,
+``key_update``, ``close``, ``export_keying_material``. ``handle_datagram``,
+``poll_transmit`` and ``poll_event`` are the older spellings of the same verbs.
 """
 
 from __future__ import annotations
 
-import math
 import os
-from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
-from cryptography.hazmat.primitives.asymmetric import ec
-
-from appliance.proto.dtls import handshake12 as hs
-from appliance.proto.dtls import handshake12_client as client
-from appliance.proto.dtls import handshake12_server as server
-from appliance.proto.dtls import recordlayer12 as rl
 from appliance.proto.dtls._wire import (
-    AlertDescription,
-    AlertLevel,
+    DOWNGRADE_TLS12,
+    EC_POINT_FORMAT_UNCOMPRESSED,
+    VERSION_NAMES,
     CipherSuite,
-    ContentType,
-    DtlsError,
-    HandshakeType,
+    CipherSuite13,
+    ExtensionType,
+    Group13,
     NamedGroup,
+    parse_versions,
 )
-from appliance.proto.dtls.certificate import Certificate, normalize_fingerprint
-from appliance.proto.dtls.conn12_protocol import Flight, Handler
-from appliance.proto.dtls.crypto import SUITES, KeyShare, RecordCipher, prf
-from appliance.proto.dtls.events import (
-    DUP_RETRANSMIT_INTERVAL,
-    ConnectionClosed,
-    Counters,
-    Event,
-    Role,
-    State,
-)
-from appliance.proto.dtls.messages import ClientHello
-from appliance.proto.dtls.record import (
-    MAX_PLAINTEXT_LEN,
-    RECORD_HEADER_LEN,
-    HandshakeMessage,
-    Reassembler,
-    Record,
-    ReplayWindow,
-    parse_record_untrusted,
-)
+from appliance.proto.dtls.certificate import Certificate
+from appliance.proto.dtls.engine import DEFAULT_INITIAL_RTO, Options
+from appliance.proto.dtls.engine12 import DEFAULT_CIPHER_SUITES, DEFAULT_GROUPS, Engine12
+from appliance.proto.dtls.engine13 import DEFAULT_CIPHER_SUITES_13, Engine13
+from appliance.proto.dtls.events import Counters, Event, Role, State, Transmit
 from appliance.proto.errors import LocalProtocolError
 from appliance.proto.srtp.profile import DEFAULT_SRTP_PROFILES, SrtpProfile
 
-DEFAULT_CIPHER_SUITES: tuple[CipherSuite, ...] = (
-    CipherSuite.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
-    CipherSuite.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
-    CipherSuite.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
-)
-DEFAULT_GROUPS: tuple[NamedGroup, ...] = (NamedGroup.x25519, NamedGroup.secp256r1)
+__all__ = ["DEFAULT_VERSIONS", "Connection", "DtlsConnection", "parse_versions"]
 
-# RFC 6347 §4.2.4.1: 1 s initial timer, doubling, "at least 60 seconds" as the ceiling.
-DEFAULT_INITIAL_RTO = 1.0
-MAX_RTO = 60.0
-# Labels RFC 5705 §4 forbids exporters to use (they belong to the handshake itself).
-_RESERVED_LABELS = {
-    b"client finished",
-    b"server finished",
-    b"master secret",
-    b"key expansion",
-    b"extended master secret",
-}
-
-# Layout (issue 15, item 6): this module keeps the state and the verbs; the record layer
-# (records, replay windows, reassembly, flights on the wire) is recordlayer12.py, the
-# handshake dispatch and Finished handshake12.py, the flight handlers
-# handshake12_server.py and handshake12_client.py. They see the connection only as a
-# conn12_protocol.Conn12, so none of them imports this module.
+#: The constructor default: DTLS 1.2 only, until browser interop of 1.3 is signed off.
+DEFAULT_VERSIONS: frozenset[str] = frozenset({"1.2"})
 
 
-class Dtls12Connection:
-    """One DTLS 1.2 association with one peer. See the module docstring for usage."""
+class DtlsConnection:
+    """One DTLS association with one peer; see the module docstring."""
 
     def __init__(
         self,
@@ -130,281 +82,167 @@ class Dtls12Connection:
         max_retransmissions: int = 10,
         rng: Callable[[int], bytes] = os.urandom,
         false_start: bool = False,
+        versions: frozenset[str] = DEFAULT_VERSIONS,
+        cipher_suites_13: Sequence[CipherSuite13] = DEFAULT_CIPHER_SUITES_13,
+        groups_13: Sequence[Group13] | None = None,
+        half_rtt: bool = False,
     ) -> None:
-        if remote_fingerprints is not None:
-            if not remote_fingerprints:
-                raise LocalProtocolError("remote_fingerprints is empty; pass None to opt out")
-            for fp in remote_fingerprints:
-                normalize_fingerprint(fp)  # raises LocalProtocolError on garbage
-        if not cipher_suites or any(CipherSuite(s) not in SUITES for s in cipher_suites):
-            raise LocalProtocolError("cipher_suites must be a non-empty subset of CipherSuite")
-        if not groups:
-            raise LocalProtocolError("groups must not be empty")
-        if mtu < 256:
-            raise LocalProtocolError("mtu below 256 cannot carry the handshake")
-        if cookie_secret is not None and role is not Role.SERVER:
-            raise LocalProtocolError("cookies are a server feature")
-        if false_start and role is not Role.CLIENT:
-            raise LocalProtocolError("False Start is a client feature (RFC 7918)")
+        versions = frozenset(versions)
+        if not versions or not versions <= VERSION_NAMES:
+            raise LocalProtocolError(f"versions must be a non-empty subset of {sorted(VERSION_NAMES)}")
+        self.versions = versions
         self.role = role
         self.certificate = certificate
-        self.mtu = mtu
         self.counters = Counters()
-        self._remote_fingerprints = tuple(remote_fingerprints) if remote_fingerprints else None
-        self._srtp_profiles = tuple(SrtpProfile(p) for p in srtp_profiles)
-        self._suites = tuple(CipherSuite(s) for s in cipher_suites)
-        self._groups = tuple(NamedGroup(g) for g in groups)
-        self._cookie_secret = cookie_secret
-        self._cookie_context = cookie_context
-        self._initial_rto = initial_retransmit
-        self._max_retransmissions = max_retransmissions
-        self._rng = rng
-        self._false_start = false_start
+        self._options = Options(
+            remote_fingerprints, srtp_profiles, cookie_secret, cookie_context, mtu,
+            max_handshake_buffer, initial_retransmit, max_retransmissions, rng)
+        self._suites_12, self._groups_12, self._false_start = cipher_suites, groups, false_start
+        #: The engine in charge (tests and metrics; callers use the verbs).
+        self.engine: Engine12 | Engine13
+        if "1.3" not in versions:
+            self.engine = self._engine12(self._options)
+            return
+        with_12 = "1.2" in versions
+        if with_12:
+            self._engine12(self._options)  # validate the 1.2 options now, not on a fallback
+        hello_12: tuple[tuple[int, ...], tuple[tuple[int, bytes], ...]] = ((), ())
+        if with_12 and role is Role.CLIENT:
+            # What the 1.2 engine's own ClientHello carries besides the shared extensions
+            # (handshake12_client.client_hello_out), so a 1.2 server can accept.
+            hello_12 = (tuple(int(s) for s in cipher_suites), (
+                (ExtensionType.ec_point_formats, bytes((1, EC_POINT_FORMAT_UNCOMPRESSED))),
+                (ExtensionType.extended_master_secret, b""),
+                (ExtensionType.renegotiation_info, b"\x00"),
+            ))
+        self.engine = Engine13(
+            role, certificate, self._options, cipher_suites=cipher_suites_13, groups=groups_13,
+            fallback_12=with_12, hello_12=hello_12, half_rtt=half_rtt, counters=self.counters,
+        )
 
-        self.state = State.CLIENT_IDLE if role is Role.CLIENT else State.SERVER_WAIT_CLIENT_HELLO
-        self._reassembler = Reassembler(max_handshake_buffer)
-        self._transcript = bytearray()
-        self._send_message_seq = 0
-        # Per-epoch record state. Epoch 0 is plaintext; epoch 1 is the negotiated AEAD.
-        self._write_seq = [0, 0]
-        self._write_cipher: RecordCipher | None = None
-        self._read_cipher: RecordCipher | None = None
-        self._replay = [ReplayWindow(), ReplayWindow()]
-        self._peer_epoch1_seen = False
-        self._early_records: list[Record] = []
-        self._early_app_data: list[bytes] = []
-        self._last_epoch0_seq = 0
+    def _engine12(self, options: Options) -> Engine12:
+        return Engine12(self.role, self.certificate, options, cipher_suites=self._suites_12,
+                        groups=self._groups_12, false_start=self._false_start,
+                        counters=self.counters)
 
-        # Negotiated parameters and secrets.
-        self._client_random = b""
-        self._server_random = b""
-        self._suite: CipherSuite | None = None
-        self._group: NamedGroup | None = None
-        self._srtp_profile: SrtpProfile | None = None
-        self._key_share: KeyShare | None = None
-        self._peer_ecdh_public = b""
-        self._master_secret: bytes | None = None
-        self._peer_public_key: ec.EllipticCurvePublicKey | None = None
-        self._peer_fingerprint: str | None = None
-        self._client_hello: ClientHello | None = None
-        self._certificate_requested = False
-        self._signal_reneg = False
-        self._hvr_count = 0
-        # Set by the version-negotiating wrapper (versioned.py): a 1.3-capable server marks
-        # a 1.2 ServerHello.random (RFC 8446 §4.1.3); a 1.3-capable client resends the
-        # combined ClientHello it first sent (after a HelloVerifyRequest) and checks it.
-        self.downgrade_sentinel = b""
-        self._hello_template: ClientHello | None = None
+    def _fall_back(self, now: float, e13: Engine13) -> None:
+        """The peer speaks only 1.2: continue with the 1.2 engine (module docstring)."""
+        options = self._options
+        if self.role is Role.SERVER:
+            options = replace(options, cookie_secret=e13._cookie_secret,
+                              cookie_context=e13._cookie_context)
+        e12 = self._engine12(options)
+        datagrams = e13.fallback or []
+        if self.role is Role.SERVER:
+            e12.downgrade_sentinel = DOWNGRADE_TLS12
+        else:
+            assert e13.fallback_hello is not None
+            e12.adopt_client_hello(now, e13.fallback_hello, e13.rl.next_seq0)
+        self.engine = e12
+        for datagram in datagrams:
+            e12.handle_input(now, datagram)
 
-        # Output queues and the retransmission timer.
-        self._flight: Flight | None = None
-        self._tx: deque[bytes] = deque()
-        self._pending_records: list[bytes] = []
-        self._events: deque[Event] = deque()
-        self._rto = initial_retransmit
-        self._retransmit_at: float | None = None
-        self._retransmit_count = 0
-        self._dup_seen = False
-        self._dup_retransmit_at = -math.inf
-
-    # --- public verbs -----------------------------------------------------------------
+    # --- what was agreed --------------------------------------------------------------
 
     @property
-    def awaiting_client_hello(self) -> bool:
-        """A server that has not accepted a ClientHello yet (cookies can still change)."""
-        return self.state is State.SERVER_WAIT_CLIENT_HELLO
+    def version(self) -> str | None:
+        """``"1.2"`` or ``"1.3"`` once negotiated; None while undecided."""
+        engine = self.engine
+        if isinstance(engine, Engine12):
+            return "1.2" if ("1.3" not in self.versions or engine.cipher_suite is not None) else None
+        return "1.3" if engine.cipher_suite is not None else None
 
     @property
-    def cookies_required(self) -> bool:
-        return self._cookie_secret is not None
-
-    def require_cookies(self, secret: bytes | None, context: bytes = b"") -> None:
-        """Server, before a ClientHello is accepted: demand a HelloVerifyRequest cookie
-        exchange (RFC 6347 §4.2.1) from the next ClientHello on (``secret``), or stop
-        (None). ``context`` binds cookies to the caller's view of the peer (its address
-        bytes), so a cookie is only good from where it was sent. Switching between
-        ClientHellos is safe: the stateless phase commits nothing."""
-        if self.role is not Role.SERVER or self.state is not State.SERVER_WAIT_CLIENT_HELLO:
-            raise LocalProtocolError("cookies can only change before a ClientHello is accepted")
-        if secret is not None and len(secret) < 16:
-            raise LocalProtocolError("a cookie secret needs at least 16 bytes")
-        self._cookie_secret = secret
-        self._cookie_context = context
-
-    @property
-    def _closed(self) -> bool:
-        # A property, so mypy does not narrow ``state`` across calls that change it.
-        return self.state is State.CLOSED
+    def state(self) -> State:
+        return self.engine.state
 
     @property
     def is_established(self) -> bool:
-        return self.state is State.ESTABLISHED
+        return self.engine.is_established
 
     @property
-    def cipher_suite(self) -> CipherSuite | None:
-        return self._suite
+    def cipher_suite(self) -> CipherSuite | CipherSuite13 | None:
+        return self.engine.cipher_suite
 
     @property
     def srtp_profile(self) -> SrtpProfile | None:
-        return self._srtp_profile
+        return self.engine.srtp_profile
+
+    @property
+    def mtu(self) -> int:
+        return self.engine.mtu
 
     @property
     def max_application_data(self) -> int:
-        """The largest payload ``send_application_data`` accepts at this MTU."""
-        overhead = self._write_cipher.overhead if self._write_cipher else 24
-        return min(MAX_PLAINTEXT_LEN, self.mtu - RECORD_HEADER_LEN - overhead)
+        return self.engine.max_application_data
 
-    def start(self, now: float) -> None:
-        """Client only: send the first ClientHello (flight 1)."""
-        if self.role is not Role.CLIENT or self.state is not State.CLIENT_IDLE:
-            raise LocalProtocolError("start() is for a fresh client connection")
-        self._client_random = self._rng(32)
-        self.state = State.CLIENT_WAIT_SERVER_HELLO
-        rl.send_new_flight(self, now, [client.client_hello_out(self, b"")])
+    @property
+    def awaiting_client_hello(self) -> bool:
+        return self.engine.awaiting_client_hello
 
-    def handle_datagram(self, now: float, data: bytes) -> None:
+    @property
+    def cookies_required(self) -> bool:
+        return self.engine.cookies_required
+
+    def require_cookies(self, secret: bytes | None, context: bytes = b"") -> None:
+        """See :meth:`.engine.Engine.require_cookies`; a later 1.2 fallback keeps them."""
+        self.engine.require_cookies(secret, context)
+        self._options = replace(self._options, cookie_secret=secret, cookie_context=context)
+
+    # --- the verbs --------------------------------------------------------------------
+
+    def handle_input(self, now: float, data: bytes) -> None:
         """Feed one UDP payload. Never raises for bad peer bytes: they are dropped or end
         the connection with an alert (reported as a ``ConnectionClosed`` event)."""
-        if self.state in (State.CLOSED, State.CLIENT_IDLE):
-            return
-        self._dup_seen = False
-        offset = 0
-        try:
-            while offset < len(data) and not self._closed:
-                try:
-                    record, offset = parse_record_untrusted(data, offset)
-                except DtlsError:
-                    # RFC 6347 §4.1.2.7: invalid records are silently discarded; without a
-                    # valid length we cannot find the next record, so the rest goes too.
-                    self.counters.records_dropped += 1
-                    break
-                rl.handle_record(self, now, record)
-            rl.drain_early_records(self, now)
-        except DtlsError as exc:
-            self._fail(exc.hint, str(exc))
-            return
-        # RFC 6347 §4.2.4: the peer retransmitted its previous flight, so ours was lost.
-        if self._dup_seen and self._flight is not None and not self._closed:
-            if now < self._dup_retransmit_at:
-                self.counters.retransmissions_suppressed += 1
-                return
-            self._dup_retransmit_at = now + DUP_RETRANSMIT_INTERVAL
-            self.counters.retransmissions += 1
-            rl.emit_flight(self, self._flight)
+        engine = self.engine
+        engine.handle_input(now, data)
+        if isinstance(engine, Engine13) and engine.fallback is not None:
+            self._fall_back(now, engine)
 
-    def handle_timeout(self, now: float) -> None:
-        if self._retransmit_at is None or now < self._retransmit_at or self._flight is None:
-            return
-        self._retransmit_count += 1
-        if self._retransmit_count > self._max_retransmissions:
-            self._close_locally(None, "handshake timed out")
-            return
-        # RFC 6347 §4.2.4.1: double the timer on each expiry, up to the ceiling.
-        self._rto = min(self._rto * 2, MAX_RTO)
-        self._retransmit_at = now + self._rto
-        self.counters.retransmissions += 1
-        rl.emit_flight(self, self._flight)
+    def poll_output(self) -> Transmit | Event | None:
+        """The next datagram to send, else the next event; None when there is neither."""
+        data = self.engine.poll_transmit()
+        if data is not None:
+            return Transmit(data)
+        return self.engine.poll_event()
 
     def poll_timeout(self) -> float | None:
-        return self._retransmit_at
+        return self.engine.poll_timeout()
+
+    def handle_timeout(self, now: float) -> None:
+        self.engine.handle_timeout(now)
 
     def poll_transmit(self) -> bytes | None:
-        if self._pending_records:
-            rl.pack_pending(self)
-        return self._tx.popleft() if self._tx else None
+        """Only the next datagram (callers that keep datagrams and events apart)."""
+        return self.engine.poll_transmit()
 
     def poll_event(self) -> Event | None:
-        return self._events.popleft() if self._events else None
+        """Only the next event (callers that keep datagrams and events apart)."""
+        return self.engine.poll_event()
+
+    handle_datagram = handle_input  # the older name, kept for existing callers
+
+    # --- user operations --------------------------------------------------------------
+
+    def start(self, now: float) -> None:
+        """Client only: send the first ClientHello."""
+        self.engine.start(now)
 
     def send_application_data(self, data: bytes) -> None:
-        # RFC 7918 §3: a False Start client may send application data once its Finished
-        # is out; the record goes in its own datagram right behind flight 5.
-        if self.state is not State.ESTABLISHED and not (
-                self._false_start and self.state is State.CLIENT_WAIT_FINISHED):
-            raise LocalProtocolError(f"cannot send application data in state {self.state.value}")
-        if len(data) > self.max_application_data:
-            raise LocalProtocolError(
-                f"{len(data)} bytes exceed one record at mtu {self.mtu} "
-                f"(max {self.max_application_data})"
-            )
-        self._pending_records.append(rl.encode_record(self, ContentType.APPLICATION_DATA, 1, data))
+        self.engine.send_application_data(data)
+
+    def key_update(self, now: float, *, request_peer: bool = True) -> None:
+        """DTLS 1.3 only (RFC 8446 §4.6.3); a 1.2 association cannot rekey."""
+        if not isinstance(self.engine, Engine13):
+            raise LocalProtocolError("KeyUpdate needs DTLS 1.3")
+        self.engine.key_update(now, request_peer=request_peer)
 
     def close(self) -> None:
-        """Send close_notify (RFC 5246 §7.2.1) and end the connection."""
-        if self.state is State.CLOSED:
-            return
-        if self.state is not State.CLIENT_IDLE:
-            rl.queue_alert(self, AlertLevel.WARNING, AlertDescription.close_notify)
-        self._close_locally(None, "closed locally", event=True)
+        self.engine.close()
 
     def export_keying_material(self, label: bytes, length: int) -> bytes:
-        """RFC 5705 §4 exporter without context, e.g. ``b"EXTRACTOR-dtls_srtp"``."""
-        ready = self.state is State.ESTABLISHED or (
-            self._false_start and self.state is State.CLIENT_WAIT_FINISHED)
-        if self._master_secret is None or self._suite is None or not ready:
-            raise LocalProtocolError("keying material is available once the handshake completes")
-        if label in _RESERVED_LABELS:
-            raise LocalProtocolError(f"label {label!r} is reserved (RFC 5705 §4)")
-        return prf(
-            SUITES[self._suite].hash_name,
-            self._master_secret,
-            label,
-            self._client_random + self._server_random,
-            length,
-        )
+        return self.engine.export_keying_material(label, length)
 
 
-    def adopt_client_hello(self, now: float, hello: ClientHello, next_record_seq: int) -> None:
-        """Continue as 1.2 after a 1.3-capable ClientHello (versioned.py) got a 1.2 answer:
-        that ClientHello is flight 1 and the start of the transcript (RFC 8446 §4.1.3)."""
-        self._hello_template, self._client_random = hello, hello.random
-        self._write_seq[0] = next_record_seq
-        self.state = State.CLIENT_WAIT_SERVER_HELLO
-        rl.send_new_flight(self, now, [client.client_hello_out(self, hello.cookie)], emit=False)
-
-    # --- the handshake (handshake12*.py) and endings ----------------------------------
-
-    # Handler per message type; the CERTIFICATE handler depends on the role. A class
-    # attribute (an instance may replace it: test_security does).
-    _HANDLERS: dict[int, Handler] = {
-        HandshakeType.CLIENT_HELLO: server.on_client_hello,
-        HandshakeType.CERTIFICATE: lambda c, now, body, raw, msg: (
-            client.on_server_certificate(c, now, body, raw, msg)
-            if c.role is Role.CLIENT
-            else server.on_client_certificate(c, now, body, raw, msg)
-        ),
-        HandshakeType.CLIENT_KEY_EXCHANGE: server.on_client_key_exchange,
-        HandshakeType.CERTIFICATE_VERIFY: server.on_certificate_verify,
-        HandshakeType.FINISHED: hs.on_finished,
-        HandshakeType.HELLO_VERIFY_REQUEST: client.on_hello_verify_request,
-        HandshakeType.SERVER_HELLO: client.on_server_hello,
-        HandshakeType.SERVER_KEY_EXCHANGE: client.on_server_key_exchange,
-        HandshakeType.CERTIFICATE_REQUEST: client.on_certificate_request,
-        HandshakeType.SERVER_HELLO_DONE: client.on_server_hello_done,
-    }
-
-    def _handle_message(self, now: float, msg: HandshakeMessage) -> None:
-        """One reassembled handshake message, from the record layer."""
-        hs.handle_message(self, now, msg)
-
-    def _fail(self, alert: AlertDescription, reason: str) -> None:
-        """Fatal error detected locally: send the alert and end (RFC 5246 §7.2.2)."""
-        rl.queue_alert(self, AlertLevel.FATAL, alert)
-        self._close_locally(alert, reason)
-
-    def _close_locally(
-        self,
-        alert: AlertDescription | None,
-        reason: str,
-        *,
-        by_peer: bool = False,
-        event: bool = True,
-    ) -> None:
-        self.state = State.CLOSED
-        self._flight = None
-        self._retransmit_at = None
-        self._key_share = None
-        self._reassembler.clear()
-        self._early_records.clear()
-        if event:
-            self._events.append(ConnectionClosed(alert, by_peer, reason))
+#: The one connection class (issue 27 item 6); ``DtlsConnection`` is its established name.
+Connection = DtlsConnection

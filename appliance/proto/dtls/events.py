@@ -10,8 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from appliance.proto.dtls._wire import AlertDescription, CipherSuite
-from appliance.proto.dtls._wire13 import CipherSuite13
+from appliance.proto.dtls._wire import AlertDescription, CipherSuite, CipherSuite13
 from appliance.proto.srtp.profile import SrtpProfile
 
 
@@ -96,3 +95,10 @@ class Counters:
 #: most this often; the timer-driven ones are not affected. Peers retransmit on their own
 #: timer (≥ 50 ms in browsers, 1 s by the RFC), so a genuine repeat is always answered.
 DUP_RETRANSMIT_INTERVAL = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Transmit:
+    """``poll_output``: one datagram to send to the peer."""
+
+    data: bytes

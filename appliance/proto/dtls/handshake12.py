@@ -2,7 +2,7 @@
 
 :func:`handle_message` checks each reassembled message against the transition table
 (:data:`_ACCEPTS`, STYLE.md rule 3) and the epoch it came in, parses it and calls the
-connection's handler for its type (``_HANDLERS``, built in :mod:`.connection` from
+engine's handler for its type (``_HANDLERS``, built in :mod:`.engine12` from
 :mod:`.handshake12_server` and :mod:`.handshake12_client`); a handler returns
 ``(next_flight, alert | None)`` (STYLE.md rule 4, pion's ``flight*handler.go``). Finished
 (RFC 5246 §7.4.9) is handled here for both roles, with the helpers both sides use: peer
@@ -22,7 +22,7 @@ from appliance.proto.dtls._wire import (
     HandshakeType,
 )
 from appliance.proto.dtls.certificate import check_peer_certificate
-from appliance.proto.dtls.conn12_protocol import Conn12, Flight, HandlerResult, Outgoing
+from appliance.proto.dtls.conn_protocol import Conn12, HandlerResult
 from appliance.proto.dtls.crypto import (
     SUITES,
     derive_epoch_keys,
@@ -44,7 +44,7 @@ from appliance.proto.dtls.messages import (
     parse_handshake_body_untrusted,
 )
 from appliance.proto.dtls.record import HandshakeMessage, handshake_header
-from appliance.proto.dtls.recordlayer12 import queue_alert, send_new_flight
+from appliance.proto.dtls.recordlayer12 import Flight, Outgoing
 
 # The transition table: which handshake messages each state accepts (RFC 5246 §7.3
 # message order). Anything else is an unexpected_message.
@@ -73,7 +73,7 @@ def handle_message(c: Conn12, now: float, msg: HandshakeMessage) -> None:
     if c.state is State.ESTABLISHED:
         # A new handshake on an established association is a renegotiation attempt
         # (HelloRequest or ClientHello); RFC 5746 §4.4/§4.2: refuse with a warning.
-        queue_alert(c, AlertLevel.WARNING, AlertDescription.no_renegotiation)
+        c.rl.queue_alert(AlertLevel.WARNING, AlertDescription.no_renegotiation)
         return
     allowed = _ACCEPTS.get(c.state, frozenset())
     if msg.msg_type not in allowed:
@@ -99,7 +99,7 @@ def handle_message(c: Conn12, now: float, msg: HandshakeMessage) -> None:
     if alert is not None:
         raise DtlsError(f"{type_name(msg.msg_type)} refused", hint=alert)
     if flight is not None:
-        send_new_flight(c, now, flight)
+        c._send_flight(now, flight)
         if c._false_start and c.state is State.CLIENT_WAIT_FINISHED:
             # Flight 5 is queued (only it moves a client here with a flight): RFC 7918
             # §3, our keys are final and the server is authenticated (certificate
@@ -154,10 +154,28 @@ def on_finished(
         ]
     complete(c, now)
     if flight is not None:
-        send_new_flight(c, now, flight, arm_timer=False)
+        c._send_flight(now, flight, arm_timer=False)
     else:
         # Client: nothing left to retransmit; the server is done too.
-        c._flight = None
+        c.rl.flight = None
+    return None, None
+
+
+def on_certificate(
+    c: Conn12, now: float, body: HandshakeBody, raw: bytes, msg: HandshakeMessage
+) -> HandlerResult:
+    """The peer's Certificate, either role. A server must send one (RFC 5246 §7.4.2); a
+    client may send none (§7.4.6), and CertificateVerify follows only a non-empty one
+    (§7.4.8), so the server's next state is the ClientKeyExchange either way."""
+    assert isinstance(body, CertificateMessage)
+    if c.role is Role.CLIENT and not body.certificates:
+        return None, AlertDescription.handshake_failure
+    alert = accept_peer_certificate(c, body)
+    if alert is not None:
+        return None, alert
+    c._transcript += raw
+    c._state = (State.CLIENT_WAIT_KEY_EXCHANGE if c.role is Role.CLIENT
+                else State.SERVER_WAIT_KEY_EXCHANGE)
     return None, None
 
 
@@ -184,15 +202,14 @@ def derive_keys(c: Conn12, pre_master: bytes) -> None:
     keys = derive_epoch_keys(
         c._suite, c._master_secret, c._client_random, c._server_random
     )
-    if c.role is Role.CLIENT:
-        c._write_cipher, c._read_cipher = keys.client, keys.server
-    else:
-        c._write_cipher, c._read_cipher = keys.server, keys.client
+    write, c._read_cipher = (keys.client, keys.server) if c.role is Role.CLIENT else (
+        keys.server, keys.client)
+    c.rl.install_write(write)
 
 
 def complete(c: Conn12, now: float) -> None:
     assert c._suite is not None
-    c.state = State.ESTABLISHED
+    c._state = State.ESTABLISHED
     c._retransmit_at = None
     c._reassembler.clear()
     c._key_share = None  # forward secrecy: the ephemeral key is no longer needed

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from appliance.proto.dtls._wire import (
     CLIENT_CERT_TYPE_ECDSA_SIGN,
+    DOWNGRADE_SENTINELS,
     DTLS_1_2,
     AlertDescription,
     CipherSuite,
@@ -26,8 +27,7 @@ from appliance.proto.dtls._wire import (
     SignatureScheme,
     u16,
 )
-from appliance.proto.dtls._wire13 import DOWNGRADE_SENTINELS
-from appliance.proto.dtls.conn12_protocol import Conn12, Flight, HandlerResult, Outgoing
+from appliance.proto.dtls.conn_protocol import Conn12, HandlerResult
 from appliance.proto.dtls.crypto import (
     SUITES,
     SUPPORTED_SIGNATURE_SCHEMES,
@@ -38,7 +38,6 @@ from appliance.proto.dtls.crypto import (
 )
 from appliance.proto.dtls.events import State
 from appliance.proto.dtls.handshake12 import (
-    accept_peer_certificate,
     append_transcript,
     derive_keys,
     handshake_out,
@@ -61,6 +60,7 @@ from appliance.proto.dtls.messages import (
     parse_use_srtp_untrusted,
 )
 from appliance.proto.dtls.record import HandshakeMessage, handshake_header
+from appliance.proto.dtls.recordlayer12 import Flight, Outgoing
 from appliance.proto.srtp.profile import SrtpProfile
 
 
@@ -136,21 +136,7 @@ def on_server_hello(
     c._suite = CipherSuite(body.cipher_suite)
     c._server_random = body.random
     c._transcript += raw
-    c.state = State.CLIENT_WAIT_CERTIFICATE
-    return None, None
-
-
-def on_server_certificate(
-    c: Conn12, now: float, body: HandshakeBody, raw: bytes, msg: HandshakeMessage
-) -> HandlerResult:
-    assert isinstance(body, CertificateMessage)
-    if not body.certificates:
-        return None, AlertDescription.handshake_failure
-    alert = accept_peer_certificate(c, body)
-    if alert is not None:
-        return None, alert
-    c._transcript += raw
-    c.state = State.CLIENT_WAIT_KEY_EXCHANGE
+    c._state = State.CLIENT_WAIT_CERTIFICATE
     return None, None
 
 
@@ -171,7 +157,7 @@ def on_server_key_exchange(
     c._key_share = KeyShare(c._group)
     c._peer_ecdh_public = body.public
     c._transcript += raw
-    c.state = State.CLIENT_WAIT_HELLO_DONE
+    c._state = State.CLIENT_WAIT_HELLO_DONE
     return None, None
 
 
@@ -221,5 +207,5 @@ def on_server_hello_done(
         bytes(c._transcript),
     )
     flight.append(append_transcript(c, handshake_out(c, Finished(verify), epoch=1)))
-    c.state = State.CLIENT_WAIT_FINISHED
+    c._state = State.CLIENT_WAIT_FINISHED
     return flight, None

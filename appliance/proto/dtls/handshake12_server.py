@@ -27,7 +27,7 @@ from appliance.proto.dtls._wire import (
     SignatureScheme,
     u16,
 )
-from appliance.proto.dtls.conn12_protocol import Conn12, HandlerResult, Outgoing
+from appliance.proto.dtls.conn_protocol import Conn12, HandlerResult
 from appliance.proto.dtls.crypto import (
     SUPPORTED_SIGNATURE_SCHEMES,
     KeyShare,
@@ -36,7 +36,6 @@ from appliance.proto.dtls.crypto import (
 )
 from appliance.proto.dtls.events import State
 from appliance.proto.dtls.handshake12 import (
-    accept_peer_certificate,
     append_transcript,
     derive_keys,
     handshake_out,
@@ -62,7 +61,7 @@ from appliance.proto.dtls.messages import (
     parse_use_srtp_untrusted,
 )
 from appliance.proto.dtls.record import HandshakeMessage
-from appliance.proto.dtls.recordlayer12 import emit_flight
+from appliance.proto.dtls.recordlayer12 import Outgoing
 
 # Cookie lifetime granularity: a cookie minted in this or the previous bucket is valid.
 _COOKIE_BUCKET_SECONDS = 60.0
@@ -82,9 +81,9 @@ def on_client_hello(
         # nothing, and do not arm a timer (the client retransmits).
         hvr = HelloVerifyRequest(DTLS_1_0, _make_cookie(c, now, body, 0))
         c.counters.hello_verify_requests += 1
-        c._write_seq[0] = max(c._write_seq[0], c._last_epoch0_seq)
+        c.rl.write_seq[0] = max(c.rl.write_seq[0], c._last_epoch0_seq)
         out = Outgoing(ContentType.HANDSHAKE, 0, hvr.msg_type, msg.message_seq, bytes(hvr))
-        emit_flight(c, [out])
+        c.rl.send([out])
         return None, None
     alert = _negotiate(c, body)
     if alert is not None:
@@ -96,7 +95,7 @@ def on_client_hello(
     # and our epoch-0 record numbers from its ClientHello, as OpenSSL does after
     # DTLSv1_listen; clients may run replay detection on epoch 0.
     c._send_message_seq = msg.message_seq
-    c._write_seq[0] = max(c._write_seq[0], c._last_epoch0_seq)
+    c.rl.write_seq[0] = max(c.rl.write_seq[0], c._last_epoch0_seq)
     c._transcript = bytearray(raw)
 
     assert c._suite is not None and c._group is not None
@@ -132,7 +131,7 @@ def on_client_hello(
             ServerHelloDone(),
         )
     ]
-    c.state = State.SERVER_WAIT_CERTIFICATE
+    c._state = State.SERVER_WAIT_CERTIFICATE
     return flight, None
 
 
@@ -198,19 +197,6 @@ def _negotiate(c: Conn12, hello: ClientHello) -> AlertDescription | None:
     return None
 
 
-def on_client_certificate(
-    c: Conn12, now: float, body: HandshakeBody, raw: bytes, msg: HandshakeMessage
-) -> HandlerResult:
-    assert isinstance(body, CertificateMessage)
-    alert = accept_peer_certificate(c, body)
-    if alert is not None:
-        return None, alert
-    c._transcript += raw
-    # RFC 5246 §7.4.8: CertificateVerify follows only a non-empty certificate.
-    c.state = State.SERVER_WAIT_KEY_EXCHANGE
-    return None, None
-
-
 def on_client_key_exchange(
     c: Conn12, now: float, body: HandshakeBody, raw: bytes, msg: HandshakeMessage
 ) -> HandlerResult:
@@ -221,7 +207,7 @@ def on_client_key_exchange(
     pre_master = c._key_share.exchange_untrusted(body.public)
     c._transcript += raw
     derive_keys(c, pre_master)
-    c.state = (
+    c._state = (
         State.SERVER_WAIT_CERTIFICATE_VERIFY
         if c._peer_public_key is not None
         else State.SERVER_WAIT_FINISHED
@@ -238,7 +224,7 @@ def on_certificate_verify(
         c._peer_public_key, body.signature_scheme, body.signature, bytes(c._transcript)
     )
     c._transcript += raw
-    c.state = State.SERVER_WAIT_FINISHED
+    c._state = State.SERVER_WAIT_FINISHED
     return None, None
 
 

@@ -1,7 +1,7 @@
 """The DTLS 1.3 handshake flights: one handler per message, ``(next_flight, alert)``.
 
-The state and record layer live in :mod:`.connection13`, which handlers see only as a
-:class:`~.conn13_protocol.Conn13` (so neither module imports the other). This module is
+The state and record layer live in :mod:`.engine13`, which handlers see only as a
+:class:`~.conn_protocol.Conn13` (so neither module imports the other). This module is
 the message order of RFC 8446 §2 / §4 (with RFC 9147 §5) written as a transition table
 (:data:`_ACCEPTS`) and handlers (STYLE.md rule 4, pion's ``flight*handler.go``).
 
@@ -23,23 +23,21 @@ from collections.abc import Callable
 
 from appliance.proto.dtls._wire import (
     DTLS_1_2,
+    DTLS_1_3,
+    HRR_RANDOM,
     AlertDescription,
+    CipherSuite13,
     DtlsError,
+    Ext13,
+    Group13,
+    HandshakeType13,
     Reader,
     SignatureScheme,
     u16,
     vec,
 )
-from appliance.proto.dtls._wire13 import (
-    DTLS_1_3,
-    HRR_RANDOM,
-    CipherSuite13,
-    Ext13,
-    Group13,
-    HandshakeType13,
-)
 from appliance.proto.dtls.certificate import check_peer_certificate
-from appliance.proto.dtls.conn13_protocol import S13, Conn13
+from appliance.proto.dtls.conn_protocol import S13, Conn13
 from appliance.proto.dtls.crypto import SUPPORTED_SIGNATURE_SCHEMES, sign, verify_untrusted
 from appliance.proto.dtls.keyschedule13 import (
     SUITES13,
@@ -49,31 +47,29 @@ from appliance.proto.dtls.keyschedule13 import (
     server_key_exchange_untrusted,
 )
 from appliance.proto.dtls.messages import (
-    ClientHello,
-    ServerHello,
-    encode_use_srtp,
-    find_extension,
-    parse_signature_algorithms_untrusted,
-    parse_supported_groups_untrusted,
-    parse_use_srtp_untrusted,
-)
-from appliance.proto.dtls.messages13 import (
     Body13,
     Certificate13,
     CertificateRequest13,
     CertificateVerify,
+    ClientHello,
     EncryptedExtensions,
     Finished13,
     KeyUpdate,
+    ServerHello,
     encode_key_share_ch,
+    encode_use_srtp,
     encode_versions_ch,
+    find_extension,
     parse_body13_untrusted,
     parse_cookie_untrusted,
     parse_key_share_ch_untrusted,
     parse_key_share_hrr_untrusted,
     parse_key_share_sh_untrusted,
+    parse_signature_algorithms_untrusted,
+    parse_supported_groups_untrusted,
     parse_supported_versions_ch_untrusted,
     parse_supported_versions_sh_untrusted,
+    parse_use_srtp_untrusted,
 )
 from appliance.proto.dtls.record import HandshakeMessage
 from appliance.proto.dtls.recordlayer13 import OutMessage

@@ -25,8 +25,13 @@ from cryptography.exceptions import InvalidTag, UnsupportedAlgorithm
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 
-from appliance.proto.dtls._wire import AlertDescription, DtlsError, NamedGroup
-from appliance.proto.dtls._wire13 import CipherSuite13, Group13
+from appliance.proto.dtls._wire import (
+    AlertDescription,
+    CipherSuite13,
+    DtlsError,
+    Group13,
+    NamedGroup,
+)
 from appliance.proto.dtls.crypto import KeyShare
 
 try:  # cryptography >= 47 (and a backend with ML-KEM); optional, see docs/dtls13.md

@@ -15,11 +15,9 @@ records of the previous one still open.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
-from appliance.proto.dtls._wire import DTLS_1_2, DtlsError
-from appliance.proto.dtls._wire13 import ContentType13
+from appliance.proto.dtls._wire import DTLS_1_2, ContentType13, DtlsError
 from appliance.proto.dtls.events import Counters
 from appliance.proto.dtls.keyschedule13 import AEAD_TAG_LEN, RecordProtection13
 from appliance.proto.dtls.record import (
@@ -37,6 +35,7 @@ from appliance.proto.dtls.record13 import (
     reconstruct_seq,
     split_inner_plaintext_untrusted,
 )
+from appliance.proto.dtls.recordlayer import RecordLayer
 
 # Unified header + inner content type byte + AEAD tag.
 CIPHERTEXT_OVERHEAD = UNIFIED_HEADER_LEN + 1 + AEAD_TAG_LEN
@@ -62,24 +61,20 @@ class _ReadEpoch:
         self.top = -1
 
 
-class RecordLayer13:
-    """Sealing, opening and flight bookkeeping; the handshake lives in connection13."""
+class RecordLayer13(RecordLayer[OutMessage]):
+    """Sealing, opening and flight bookkeeping; the handshake lives in engine13."""
 
     def __init__(self, mtu: int, counters: Counters) -> None:
-        self.mtu = mtu
-        self.counters = counters
-        self.tx: deque[bytes] = deque()
-        self.write_epoch = 0  # the epoch application data and alerts go out in
+        super().__init__(mtu, counters)
         self._write: dict[int, tuple[RecordProtection13, list[int]]] = {}  # epoch -> (keys, [next seq])
         self._seq0 = 0
         self._read: dict[int, _ReadEpoch] = {}
         self.window0 = ReplayWindow()
         # Flight bookkeeping for selective retransmission (RFC 9147 §7.1).
-        self.flight: list[OutMessage] | None = None
         self._sent: dict[tuple[int, int], tuple[int, int]] = {}  # record no. -> fragment
         self._acked: set[tuple[int, int]] = set()  # (message_seq, offset)
         self._pieces: set[tuple[int, int]] = set()
-        self._pending: list[bytes] = []
+        self.last_number = (0, 0)
 
     # --- keys -------------------------------------------------------------------------
 
@@ -108,40 +103,27 @@ class RecordLayer13:
 
     # --- send -------------------------------------------------------------------------
 
-    def encode(self, content_type: int, epoch: int, payload: bytes) -> tuple[bytes, tuple[int, int]]:
+    def encode_record(self, content_type: int, epoch: int, payload: bytes) -> bytes:
+        """One record; its number (epoch, sequence number), which an ACK names, is left in
+        :attr:`last_number`."""
         if epoch == 0:
             seq = self._seq0
             self._seq0 += 1
-            return bytes(Record(content_type, DTLS_1_2, 0, seq, payload)), (0, seq)
+            self.last_number = (0, seq)
+            return bytes(Record(content_type, DTLS_1_2, 0, seq, payload))
         prot, counter = self._write[epoch]
         seq = counter[0]
         counter[0] = seq + 1
         inner = payload + bytes((content_type,))
         header = encode_header(epoch, seq, len(inner) + AEAD_TAG_LEN)
         ciphertext = prot.seal(seq, header, inner)
-        return apply_mask(header, 2, prot.mask(ciphertext)) + ciphertext, (epoch, seq)
+        self.last_number = (epoch, seq)
+        return apply_mask(header, 2, prot.mask(ciphertext)) + ciphertext
 
-    def queue_record(self, content_type: int, epoch: int, payload: bytes) -> None:
-        """A single record (alert, ACK, application data) packed at the next poll."""
-        self._pending.append(self.encode(content_type, epoch, payload)[0])
-
-    def pack_pending(self) -> None:
-        datagram = bytearray()
-        for record in self._pending:
-            if datagram and len(datagram) + len(record) > self.mtu:
-                self.tx.append(bytes(datagram))
-                datagram = bytearray()
-            datagram += record
-        if datagram:
-            self.tx.append(bytes(datagram))
-        self._pending.clear()
-
-    def new_flight(self, flight: list[OutMessage]) -> None:
-        self.flight = flight
+    def _flight_started(self) -> None:
         self._sent.clear()
         self._acked.clear()
         self._pieces.clear()
-        self.emit_flight()
 
     def emit_flight(self) -> None:
         """Resend the flight's unacknowledged fragments, packed into datagrams of at most
@@ -160,17 +142,9 @@ class RecordLayer13:
                     continue
                 chunk = out.body[offset : offset + step]
                 frag = HandshakeFragment(out.msg_type, total, out.message_seq, offset, chunk)
-                record, number = self.encode(ContentType13.HANDSHAKE, out.epoch, bytes(frag))
-                self._sent[number] = piece
-                records.append(record)
-        datagram = bytearray()
-        for record in records:
-            if datagram and len(datagram) + len(record) > self.mtu:
-                self.tx.append(bytes(datagram))
-                datagram = bytearray()
-            datagram += record
-        if datagram:
-            self.tx.append(bytes(datagram))
+                records.append(self.encode_record(ContentType13.HANDSHAKE, out.epoch, bytes(frag)))
+                self._sent[self.last_number] = piece
+        self.pack(records)
 
     def on_ack(self, numbers: tuple[tuple[int, int], ...]) -> bool:
         """Mark ACKed fragments; True once every fragment of the flight is acknowledged."""

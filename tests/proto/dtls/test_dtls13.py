@@ -22,11 +22,11 @@ from appliance.proto.dtls import (
     State,
     parse_versions,
 )
-from appliance.proto.dtls._wire13 import DOWNGRADE_TLS12, HRR_RANDOM, Ext13
-from appliance.proto.dtls.connection import Dtls12Connection
-from appliance.proto.dtls.connection13 import Dtls13Connection
-from appliance.proto.dtls.messages import ServerHello, find_extension
-from appliance.proto.dtls.messages13 import parse_key_share_sh_untrusted
+from appliance.proto.dtls._wire import DOWNGRADE_TLS12, HRR_RANDOM, Ext13
+from appliance.proto.dtls.engine import Options
+from appliance.proto.dtls.engine12 import Engine12
+from appliance.proto.dtls.engine13 import Engine13
+from appliance.proto.dtls.messages import ServerHello, find_extension, parse_key_share_sh_untrusted
 from appliance.proto.dtls.record import parse_handshake_fragments_untrusted, parse_records_untrusted
 from appliance.proto.errors import LocalProtocolError
 
@@ -81,7 +81,7 @@ def exchange(pair: Pair) -> None:
 def test_default_is_dtls12_only() -> None:
     """Nothing changes for existing callers until they pass ``versions``."""
     conn = DtlsConnection(Role.SERVER, cert("server"), remote_fingerprints=None)
-    assert isinstance(conn.engine, Dtls12Connection) and conn.versions == ONLY12
+    assert isinstance(conn.engine, Engine12) and conn.versions == ONLY12
     assert parse_versions("1.2, 1.3") == BOTH
     with pytest.raises(ValueError, match="subset"):
         parse_versions("1.4")
@@ -178,13 +178,12 @@ def test_downgrade_sentinel_set_by_13_capable_server() -> None:
 def test_downgrade_sentinel_checked_by_client() -> None:
     """A 1.3-capable client refuses a 1.2 ServerHello carrying the sentinel (an attacker
     stripped 1.3 from the ClientHello, or a server was made to downgrade)."""
-    forced = Dtls12Connection(Role.SERVER, cert("server"),
-                              remote_fingerprints=[cert("client").fingerprint])
+    forced = Engine12(Role.SERVER, cert("server"), Options([cert("client").fingerprint]))
     forced.downgrade_sentinel = DOWNGRADE_TLS12
     c = client(BOTH)
     c.start(NOW)
     for d in drain(c):
-        forced.handle_datagram(NOW, d)
+        forced.handle_input(NOW, d)
     for d in drain(forced):
         c.handle_datagram(NOW, d)
     closed = c.poll_event()
@@ -274,7 +273,7 @@ def test_key_update_both_directions(initiator: str) -> None:
         settle(pair)
         for side in (pair.client, pair.server):
             engine = side.engine
-            assert isinstance(engine, Dtls13Connection)
+            assert isinstance(engine, Engine13)
             assert engine.rl.write_epoch == 3 + n
         exchange(pair)
     with pytest.raises(LocalProtocolError):
@@ -296,7 +295,7 @@ def test_unexpected_handshake_after_established_is_fatal() -> None:
     pair.run()
     settle(pair)
     engine = pair.client.engine
-    assert isinstance(engine, Dtls13Connection)
+    assert isinstance(engine, Engine13)
     # A ClientHello under epoch 3 keys: never valid after the handshake (RFC 8446 §4).
     from appliance.proto.dtls.recordlayer13 import OutMessage
 

@@ -13,7 +13,7 @@ from proto.dtls.dtls_frames import drain
 from proto.dtls.dtls_pair import NOW, cert
 
 from appliance.proto.dtls import DtlsConnection, DtlsError, Role
-from appliance.proto.dtls.messages13 import (
+from appliance.proto.dtls.messages import (
     _PARSERS13,
     parse_body13_untrusted,
     parse_cookie_untrusted,

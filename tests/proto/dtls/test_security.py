@@ -16,10 +16,9 @@ from appliance.proto.dtls import (
     DtlsConnection,
     Role,
     State,
-    recordlayer12,
 )
 from appliance.proto.dtls._wire import ExtensionType
-from appliance.proto.dtls.connection import Dtls12Connection
+from appliance.proto.dtls.engine12 import Engine12
 from appliance.proto.dtls.messages import ClientHello
 from appliance.proto.dtls.record import Record, parse_records_untrusted
 
@@ -173,7 +172,7 @@ def test_client_without_certificate_is_refused_when_sdp_promised_one() -> None:
     client = DtlsConnection(Role.CLIENT, cert("client"), remote_fingerprints=None)
     pair = Pair(client, None)
     engine = client.engine
-    assert isinstance(engine, Dtls12Connection)
+    assert isinstance(engine, Engine12)
     engine._certificate_requested = False  # noqa: SLF001 - simulate a client that ignores CR
     original = client_flights.on_certificate_request
 
@@ -264,8 +263,8 @@ def test_renegotiation_is_refused_with_a_warning(vectors: Path) -> None:
     frag = handshake_datagram(hello, message_seq=5)[0]
     payload = parse_records_untrusted(frag)[0].fragment
     engine = pair.client.engine
-    assert isinstance(engine, Dtls12Connection)
-    engine._pending_records.append(recordlayer12.encode_record(engine, 22, 1, payload))  # noqa: SLF001
+    assert isinstance(engine, Engine12)
+    engine.rl.queue_record(22, 1, payload)
     for d in drain(pair.client):
         pair.server.handle_datagram(pair.now, d)
     (warning,) = drain(pair.server)
@@ -285,6 +284,6 @@ def test_handshake_buffer_is_bounded() -> None:
     for seq in range(16):
         frag = HandshakeFragment(1, 1_000_000, seq, 0, b"\x00" * 100)
         server.handle_datagram(NOW, bytes(Record(22, 0xFEFD, 0, seq, bytes(frag))))
-    assert isinstance(server.engine, Dtls12Connection)
+    assert isinstance(server.engine, Engine12)
     assert server.engine._reassembler._held <= 4096  # noqa: SLF001
     assert server.poll_transmit() is None and server.state is State.SERVER_WAIT_CLIENT_HELLO

@@ -1,6 +1,6 @@
 """A sans-IO DTLS 1.3 connection (RFC 9147) for WebRTC, in either role.
 
-Same verbs as the 1.2 engine (STYLE.md rule 2); callers use it through
+The verbs, timers and closing are :class:`~.engine.Engine`'s; callers use it through
 :class:`~appliance.proto.dtls.DtlsConnection` with ``versions`` containing ``"1.3"``.
 
 * Handshake: RFC 8446 §2 full (EC)DHE handshake, certificate authentication in both
@@ -33,29 +33,25 @@ Deliberately omitted: PSK, resumption and NewSessionTicket (ignored when receive
 
 from __future__ import annotations
 
-import math
-import os
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from appliance.proto.dtls import handshake13 as hs
-from appliance.proto.dtls._wire import AlertDescription, AlertLevel, DtlsError
-from appliance.proto.dtls._wire13 import (
+from appliance.proto.dtls._wire import (
+    AlertDescription,
     CipherSuite13,
     ContentType13,
+    DtlsError,
     Group13,
     HandshakeType13,
 )
 from appliance.proto.dtls.certificate import Certificate
-from appliance.proto.dtls.conn13_protocol import S13
+from appliance.proto.dtls.conn_protocol import S13
+from appliance.proto.dtls.engine import Engine, Options
 from appliance.proto.dtls.events import (
-    DUP_RETRANSMIT_INTERVAL,
     ApplicationData,
-    ConnectionClosed,
     Counters,
-    Event,
     FalseStart,
     HandshakeComplete,
     Role,
@@ -67,25 +63,21 @@ from appliance.proto.dtls.keyschedule13 import (
     RecordProtection13,
     supported_groups,
 )
-from appliance.proto.dtls.messages import ClientHello
-from appliance.proto.dtls.messages13 import KeyUpdate
+from appliance.proto.dtls.messages import ClientHello, KeyUpdate
 from appliance.proto.dtls.record import (
-    HandshakeFragment,
-    Reassembler,
+    HandshakeMessage,
     parse_handshake_fragments_untrusted,
     parse_record_untrusted,
 )
 from appliance.proto.dtls.record13 import Ack, is_unified_header, parse_ciphertext_untrusted
 from appliance.proto.dtls.recordlayer13 import CIPHERTEXT_OVERHEAD, OutMessage, RecordLayer13
 from appliance.proto.errors import LocalProtocolError
-from appliance.proto.srtp.profile import DEFAULT_SRTP_PROFILES, SrtpProfile
 
 DEFAULT_CIPHER_SUITES_13: tuple[CipherSuite13, ...] = (
     CipherSuite13.TLS_AES_128_GCM_SHA256,
     CipherSuite13.TLS_CHACHA20_POLY1305_SHA256,
     CipherSuite13.TLS_AES_256_GCM_SHA384,
 )
-MAX_RTO = 60.0
 _MAX_EARLY = 32
 # Raw datagrams kept while the version is undecided, replayed into the 1.2 engine.
 _MAX_FALLBACK_DATAGRAMS = 16
@@ -111,63 +103,44 @@ _PUBLIC_STATE = {
 _HALF_RTT_STATES = frozenset({S13.S_WAIT_CERT, S13.S_WAIT_CV, S13.S_WAIT_FIN})
 
 
-class Dtls13Connection:
+class Engine13(Engine):
     """One DTLS 1.3 association with one peer (see the module docstring)."""
+
+    rl: RecordLayer13
 
     def __init__(
         self,
         role: Role,
         certificate: Certificate,
+        options: Options,
         *,
-        remote_fingerprints: Sequence[str] | None,
-        srtp_profiles: Sequence[SrtpProfile] = DEFAULT_SRTP_PROFILES,
         cipher_suites: Sequence[CipherSuite13] = DEFAULT_CIPHER_SUITES_13,
         groups: Sequence[Group13] | None = None,
-        cookie_secret: bytes | None = None,
-        cookie_context: bytes = b"",
-        mtu: int = 1200,
-        max_handshake_buffer: int = 32 * 1024,
-        initial_retransmit: float = 1.0,
-        max_retransmissions: int = 10,
-        rng: Callable[[int], bytes] = os.urandom,
         fallback_12: bool = False,
         hello_12: tuple[tuple[int, ...], tuple[tuple[int, bytes], ...]] = ((), ()),
         half_rtt: bool = False,
+        counters: Counters | None = None,
     ) -> None:
         if not cipher_suites:
             raise LocalProtocolError("cipher_suites for DTLS 1.3 must not be empty")
         groups = tuple(Group13(g) for g in (supported_groups() if groups is None else groups))
         if not groups:
             raise LocalProtocolError("groups must not be empty")
-        if mtu < 256:
-            raise LocalProtocolError("mtu below 256 cannot carry the handshake")
-        self.role = role
-        self.certificate = certificate
-        self.counters = Counters()
+        super().__init__(role, certificate, options, counters)
         # Server only, opt-in: the exporter (so SRTP) works once our flight is sent, before
         # the client's certificate and Finished arrive: "0.5-RTT data" (RFC 8446 §4.4.4,
         # Appendix E.1 — sent to a peer not yet authenticated). FalseStart says when.
         self._half_rtt = half_rtt and role is Role.SERVER
         self._half_rtt_sent = False
-        self._remote_fingerprints = tuple(remote_fingerprints) if remote_fingerprints else None
-        self._srtp_profiles = tuple(SrtpProfile(p) for p in srtp_profiles)
         self._suites = tuple(CipherSuite13(s) for s in cipher_suites)
         self._groups = groups
-        self._cookie_secret = cookie_secret
-        self._cookie_context = cookie_context
         # HRR for a key-share mismatch needs a cookie even when cookies are not required.
-        self._hrr_secret = rng(32)
-        self._initial_rto = initial_retransmit
-        self._max_retransmissions = max_retransmissions
-        self._rng = rng
+        self._hrr_secret = options.rng(32)
         self._fallback_12 = fallback_12
         self._hello_12 = hello_12  # (1.2 suites, 1.2-only extensions) for a combined hello
-        self.rl = RecordLayer13(mtu, self.counters)
+        self.rl = RecordLayer13(options.mtu, self.counters)
         self._state = S13.CLIENT_IDLE if role is Role.CLIENT else S13.S_WAIT_CH
-        self._reassembler = Reassembler(max_handshake_buffer)
         self._send_msg_seq = 0
-        self._transcript = bytearray()
-        self._events: deque[Event] = deque()
         self._early_records: list[tuple[int, bytes, int]] = []  # (bits, raw datagram, offset)
         self._early_app: list[bytes] = []
         self._to_ack: list[tuple[int, int]] = []
@@ -178,15 +151,8 @@ class Dtls13Connection:
         # Negotiated state.
         self._suite: CipherSuite13 | None = None
         self._ks: KeySchedule | None = None
-        self._srtp_profile: SrtpProfile | None = None
-        self._peer_fingerprint: str | None = None
         self._secrets: dict[str, bytes] = {}
         self._ku_pending = False
-        self._retransmit_at: float | None = None
-        self._rto = initial_retransmit
-        self._retransmit_count = 0
-        self._dup_seen = False
-        self._dup_retransmit_at = -math.inf
         self._last_seq0 = 0
         # Handshake scratch (handshake13.py).
         self._client_random = b""
@@ -198,44 +164,32 @@ class Dtls13Connection:
         self._cert_request_context = b""
         self._peer_key: ec.EllipticCurvePublicKey | None = None
 
-    # --- public verbs -----------------------------------------------------------------
+    # --- state and verbs --------------------------------------------------------------
 
     @property
     def state(self) -> State:
         return _PUBLIC_STATE[self._state]
 
     @property
-    def mtu(self) -> int:
-        return self.rl.mtu
-
-    @property
     def is_established(self) -> bool:
         return self._state is S13.ESTABLISHED
 
     @property
+    def _closed(self) -> bool:
+        return self._state is S13.CLOSED
+
+    @property
+    def _inert(self) -> bool:
+        # S13, not the public state: Enum hashing (the state map) is slow per datagram.
+        return self._state is S13.CLOSED or self._state is S13.CLIENT_IDLE
+
+    @property
+    def _stopped(self) -> bool:
+        return self._state is S13.CLOSED or self.fallback is not None
+
+    @property
     def cipher_suite(self) -> CipherSuite13 | None:
         return self._suite
-
-    @property
-    def srtp_profile(self) -> SrtpProfile | None:
-        return self._srtp_profile
-
-    @property
-    def awaiting_client_hello(self) -> bool:
-        return self._state is S13.S_WAIT_CH
-
-    @property
-    def cookies_required(self) -> bool:
-        return self._cookie_secret is not None
-
-    def require_cookies(self, secret: bytes | None, context: bytes = b"") -> None:
-        """As the 1.2 engine: HRR with a cookie for every ClientHello without a valid one."""
-        if self.role is not Role.SERVER or self._state is not S13.S_WAIT_CH:
-            raise LocalProtocolError("cookies can only change before a ClientHello is accepted")
-        if secret is not None and len(secret) < 16:
-            raise LocalProtocolError("a cookie secret needs at least 16 bytes")
-        self._cookie_secret = secret
-        self._cookie_context = context
 
     @property
     def max_application_data(self) -> int:
@@ -246,23 +200,6 @@ class Dtls13Connection:
             raise LocalProtocolError("start() is for a fresh client connection")
         hs.client_start(self, now)
 
-    def poll_timeout(self) -> float | None:
-        return self._retransmit_at
-
-    def poll_transmit(self) -> bytes | None:
-        self.rl.pack_pending()
-        return self.rl.tx.popleft() if self.rl.tx else None
-
-    def poll_event(self) -> Event | None:
-        return self._events.popleft() if self._events else None
-
-    def send_application_data(self, data: bytes) -> None:
-        if self._state is not S13.ESTABLISHED:
-            raise LocalProtocolError(f"cannot send application data in state {self.state.value}")
-        if len(data) > self.max_application_data:
-            raise LocalProtocolError(f"{len(data)} bytes exceed one record at mtu {self.mtu}")
-        self.rl.queue_record(ContentType13.APPLICATION_DATA, self.rl.write_epoch, data)
-
     def key_update(self, now: float, *, request_peer: bool = True) -> None:
         """Send a KeyUpdate (RFC 8446 §4.6.3); our new epoch starts when it is ACKed."""
         if self._state is not S13.ESTABLISHED:
@@ -271,13 +208,6 @@ class Dtls13Connection:
             raise LocalProtocolError("a previous flight is not acknowledged yet")
         self._send_key_update(now, request_peer)
 
-    def close(self) -> None:
-        if self._state is S13.CLOSED:
-            return
-        if self._state is not S13.CLIENT_IDLE:
-            self._queue_alert(AlertLevel.WARNING, AlertDescription.close_notify)
-        self._close_locally(None, "closed locally")
-
     def export_keying_material(self, label: bytes, length: int) -> bytes:
         """RFC 8446 §7.5 exporter with an empty context (RFC 5764 §4.2 for SRTP)."""
         early = self._half_rtt_sent and self._state in _HALF_RTT_STATES
@@ -285,54 +215,23 @@ class Dtls13Connection:
             raise LocalProtocolError("keying material is available once the handshake completes")
         return self._ks.export(self._secrets["exporter"], label, b"", length)
 
-    def handle_timeout(self, now: float) -> None:
-        if self._retransmit_at is None or now < self._retransmit_at or self.rl.flight is None:
-            return
-        self._retransmit_count += 1
-        if self._retransmit_count > self._max_retransmissions:
-            self._close_locally(None, "handshake timed out")
-            return
-        # RFC 9147 §5.8.2: double the timer on each expiry, up to 60 s.
-        self._rto = min(self._rto * 2, MAX_RTO)
-        self._retransmit_at = now + self._rto
-        self.counters.retransmissions += 1
-        self.rl.emit_flight()
-
-    def handle_datagram(self, now: float, data: bytes) -> None:
-        """Feed one UDP payload; bad peer bytes are dropped or end the connection."""
-        if self._state in (S13.CLOSED, S13.CLIENT_IDLE):
-            return
+    def _read_datagram(self, now: float, data: bytes) -> None:
         if self._raw is not None and len(self._raw) < _MAX_FALLBACK_DATAGRAMS:
             self._raw.append(bytes(data))
-        self._dup_seen = False
-        try:
-            self._records(now, data, 0)
-            self._drain_early(now)
-            if self.fallback is None:
-                self._flush_acks()
-        except DtlsError as exc:
-            self._fail(exc.hint, str(exc))
-            return
+        self._records(now, data, 0)
+        self._drain_early(now)
+        if self.fallback is None:
+            self._flush_acks()
+
+    def _datagram_done(self, now: float) -> None:
         if (self._half_rtt and not self._half_rtt_sent and self._state in _HALF_RTT_STATES
                 and "exporter" in self._secrets):
             # Our flight (…Finished) is out: the traffic and exporter secrets are final.
             self._half_rtt_sent = True
             assert self._suite is not None
             self._events.append(FalseStart(self._srtp_profile, self._suite, None))
-        # RFC 9147 §5.8.1: the peer repeated its flight, so ours (or part of it) was lost.
-        if self._dup_seen and self.rl.flight is not None and not self._closed:
-            if now < self._dup_retransmit_at:
-                self.counters.retransmissions_suppressed += 1
-                return
-            self._dup_retransmit_at = now + DUP_RETRANSMIT_INTERVAL
-            self.counters.retransmissions += 1
-            self.rl.emit_flight()
 
     # --- record layer: receive --------------------------------------------------------
-
-    @property
-    def _closed(self) -> bool:
-        return self._state is S13.CLOSED
 
     def _records(self, now: float, data: bytes, offset: int) -> None:
         while offset < len(data) and not self._closed and self.fallback is None:
@@ -409,7 +308,7 @@ class Dtls13Connection:
                     self._retransmit_at = None
             for frag in fragments:
                 self._handle_fragment(now, frag, epoch)
-                if self._closed or self.fallback is not None:
+                if self._stopped:
                     return
         elif content_type == ContentType13.ACK:
             try:
@@ -447,42 +346,9 @@ class Dtls13Connection:
             self._ku_pending = False
             self._advance_write_epoch()
 
-    def _handle_fragment(self, now: float, frag: HandshakeFragment, epoch: int) -> None:
-        if self._state is S13.S_WAIT_CH:
-            if frag.msg_type != HandshakeType13.CLIENT_HELLO or epoch != 0:
-                return
-            # Stateless until a ClientHello is accepted: follow the client's message_seq
-            # (0, or 1 after our HelloRetryRequest), as the 1.2 code does.
-            if frag.message_seq != self._reassembler.next_seq and frag.message_seq < Reassembler.WINDOW:
-                self._reassembler.clear()
-                self._reassembler.next_seq = frag.message_seq
-        if epoch == 0 and self._state is S13.ESTABLISHED:
-            return
-        if not self._reassembler.add(frag, epoch):
-            if frag.fragment_offset == 0:
-                self._dup_seen = True
-            return
-        while (msg := self._reassembler.pop()) is not None:
-            hs.handle_message(self, now, msg)
-            if self._closed or self.fallback is not None:
-                return
-
-    def _handle_alert(self, payload: bytes) -> None:
-        if len(payload) != 2:
-            self.counters.records_dropped += 1
-            return
-        level, description = payload
-        try:
-            desc = AlertDescription(description)
-        except ValueError:
-            desc = AlertDescription.internal_error
-        if desc is AlertDescription.close_notify:
-            self._queue_alert(AlertLevel.WARNING, AlertDescription.close_notify)
-            self._close_locally(desc, "peer sent close_notify", by_peer=True)
-        elif desc is not AlertDescription.user_canceled:
-            # RFC 8446 §6.2: in 1.3 every error alert is fatal, whatever its level says.
-            self._close_locally(desc, f"peer sent {desc.name}", by_peer=True)
-        del level
+    def _alert_is_fatal(self, level: int, desc: AlertDescription) -> bool:
+        # RFC 8446 §6.2: in 1.3 every error alert is fatal, whatever its level says.
+        return desc is not AlertDescription.user_canceled
 
     # --- send helpers -----------------------------------------------------------------
 
@@ -491,12 +357,6 @@ class Dtls13Connection:
         self._send_msg_seq += 1
         self._transcript += bytes((msg_type,)) + len(body).to_bytes(3, "big") + body
         return OutMessage(epoch, msg_type, seq, body)
-
-    def _send_flight(self, now: float, flight: list[OutMessage], *, arm_timer: bool = True) -> None:
-        self._rto = self._initial_rto
-        self._retransmit_count = 0
-        self._retransmit_at = now + self._rto if arm_timer else None
-        self.rl.new_flight(flight)
 
     def _install(self, epoch: int, write_secret: bytes, read_secret: bytes) -> None:
         assert self._suite is not None
@@ -514,27 +374,14 @@ class Dtls13Connection:
         self._ku_pending = True
         out = self._out(HandshakeType13.KEY_UPDATE, bytes(KeyUpdate(request_peer)),
                         self.rl.write_epoch)
-        self._rto = self._initial_rto
-        self._retransmit_count = 0
-        self._retransmit_at = now + self._rto
-        self.rl.new_flight([out])
+        self._send_flight(now, [out])
 
-    def _queue_alert(self, level: AlertLevel, description: AlertDescription) -> None:
-        epoch = self.rl.write_epoch
-        self.rl.queue_record(ContentType13.ALERT, epoch, bytes((level, description)))
+    def _handle_message(self, now: float, msg: HandshakeMessage) -> None:
+        hs.handle_message(self, now, msg)
 
-    def _fail(self, alert: AlertDescription, reason: str) -> None:
-        self._queue_alert(AlertLevel.FATAL, alert)
-        self._close_locally(alert, reason)
-
-    def _close_locally(self, alert: AlertDescription | None, reason: str, *,
-                       by_peer: bool = False) -> None:
+    def _enter_closed(self) -> None:
         self._state = S13.CLOSED
-        self.rl.flight = None
-        self._retransmit_at = None
-        self._reassembler.clear()
         self._early_records.clear()
-        self._events.append(ConnectionClosed(alert, by_peer, reason))
 
     def _complete(self) -> None:
         assert self._suite is not None
