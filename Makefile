@@ -48,6 +48,8 @@ sysdeps:
 	command -v node >/dev/null || missing="$$missing nodejs"; \
 	command -v npm >/dev/null || missing="$$missing npm"; \
 	command -v nft >/dev/null || [ -x /usr/sbin/nft ] || missing="$$missing nftables"; \
+	command -v espeak-ng >/dev/null || missing="$$missing espeak-ng"; \
+	[ -e /usr/lib/$$(uname -m)-linux-gnu/libspeexdsp.so.1 ] || ldconfig -p 2>/dev/null | grep -q libspeexdsp.so.1 || missing="$$missing libspeexdsp1"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

@@ -44,8 +44,9 @@ class CallStages:
         if config.recorder_seconds > 0:
             self.recorder = RecorderTap.for_seconds(config.recorder_seconds)
             self.inbound.add(self.recorder.inbound)
+        echo_ref: Stage | None = None
         if config.echo_cancellation:
-            self._add_echo_canceller()
+            echo_ref = self._add_echo_canceller()
         if config.noise_reduction is not None:
             self.set_noise_reduction(config.noise_reduction)
         if config.level_meter:
@@ -57,6 +58,8 @@ class CallStages:
             self.inbound.add(make())
         for make in config.extra_out:
             self.outbound.add(make())
+        if echo_ref is not None:  # the reference taps what is really sent
+            self.outbound.add(echo_ref)
         if self.recorder is not None:
             self.outbound.add(self.recorder.outbound)
 
@@ -68,16 +71,16 @@ class CallStages:
         idx = max((names.index(n) + 1 for n in after if n in names), default=0)
         self.inbound.add(stage, idx)
 
-    def _add_echo_canceller(self) -> None:
+    def _add_echo_canceller(self) -> Stage | None:
+        """The in side goes right after the raw recorder tap; the out side (returned) is
+        added by the caller after the out meter and any extras."""
         try:
             near, ref = _optional("aec").make_echo_canceller()
         except (ImportError, OSError, StageUnavailable) as exc:
             self._missing("echo_cancellation", exc)
-            return
+            return None
         self._insert_in(near, ("recorder-in",))
-        # The reference taps what is sent: after the out meter and any extras, before the tap.
-        names = self.outbound.names()
-        self.outbound.add(ref, names.index("recorder-out") if "recorder-out" in names else None)
+        return ref  # type: ignore[no-any-return]
 
     def set_noise_reduction(self, mode: str | None) -> None:
         """Switch noise suppression mid-call (``session.update``): None removes it."""
