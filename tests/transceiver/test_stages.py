@@ -158,7 +158,7 @@ def test_a_stage_whose_close_raises_still_leaves() -> None:
 
 
 def test_level_meter_reports_rms_and_peak_of_a_sine() -> None:
-    meter = LevelMeter("in")
+    meter = LevelMeter("in", every=1)
     amp = 8000.0
     for i in range(50):
         assert meter.process(tone(amp), i * 0.02) is not None
@@ -181,7 +181,7 @@ def test_level_meter_reports_rms_and_peak_of_a_sine() -> None:
 
 
 def test_level_meter_counts_clipped_frames() -> None:
-    meter = LevelMeter("out")
+    meter = LevelMeter("out", every=1)
     meter.process(np.full(960, -32768, "<i2").tobytes(), 0.0)
     meter.process(tone(40000.0 / 1.3), 0.02)  # 30769 peak: loud, not clipped
     assert meter.stats()["clipped"] == 1
@@ -418,3 +418,13 @@ def test_a_speech_option_without_its_library_is_reported_not_fatal(
     assert "appliance[speech]" in un["noise_reduction"] and "lib_for_denoise" in un[
         "noise_reduction"]
     assert stages.inbound.run(tone(), 0.0) == tone()  # the call's audio goes on untouched
+
+
+def test_level_meter_samples_one_frame_in_every() -> None:
+    meter = LevelMeter("in")  # the default: one in four
+    for i in range(40):
+        meter.process(tone(8000.0 if i % 4 == 3 else 100.0), i * 0.02)
+    s = meter.stats()
+    assert s["frames"] == 40 and s["measured"] == 10
+    # Only the measured (loud) frames count: a steady sine's level, as if every frame was.
+    assert s["rms_dbfs"] == pytest.approx(20 * math.log10(8000 / 32768 / math.sqrt(2)), abs=0.2)
