@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -120,10 +121,11 @@ def main() -> int:
         near, ref = make_echo_canceller()
         farpcm = np.clip(far, -32768, 32767).astype("<i2")
 
-        def process(pcm: bytes, now: float, farpcm: np.ndarray = farpcm) -> bytes:
+        def process(pcm: bytes, now: float, farpcm: np.ndarray = farpcm, near: Any = near,
+                    ref: Any = ref) -> bytes:
             i = round(now * SR)
             ref.process(farpcm[i : i + FRAME].tobytes(), now)
-            return near.process(pcm, now + 0.004)
+            return near.process(pcm, now + 0.004)  # type: ignore[no-any-return]
 
         y, cpu = through(process, mic)
         cpu_aec.append(cpu)
