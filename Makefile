@@ -54,6 +54,7 @@ sysdeps:
 	command -v nft >/dev/null || [ -x /usr/sbin/nft ] || missing="$$missing nftables"; \
 	command -v sipp >/dev/null || missing="$$missing sip-tester"; \
 	command -v espeak-ng >/dev/null || missing="$$missing espeak-ng"; \
+	[ -e /usr/lib/$$(uname -m)-linux-gnu/libspeexdsp.so.1 ] || ldconfig -p 2>/dev/null | grep -q libspeexdsp.so.1 || missing="$$missing libspeexdsp1"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

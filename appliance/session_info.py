@@ -19,7 +19,18 @@ crosses a process boundary.
                                        "ordered": true, "max_retransmits": null,
                                        "max_packet_lifetime": null, "negotiated": false}],
                              "messages_in": 0, "bytes_in": 0, "messages_out": 0,
-                             "bytes_out": 0, "messages_dropped": 0}}
+                             "bytes_out": 0, "messages_dropped": 0},
+     "media": null | {"in": ["recorder-in", "denoise", "level-in"], "out": ["level-out", …],
+                      "levels": null | {"in": {"rms_dbfs": -31.2, "peak_dbfs": -12.0,
+                                               "max_peak_dbfs": -6.1, "clipped": 0,
+                                               "frames": 1500}, "out": {…}},
+                      "recorder": null | {"buffered": 0, "max_frames": 6000, "dropped": 0,
+                                          "frames_in": 0, "frames_out": 0},
+                      "stages": {"denoise": {…}, "aec": {…}}, "stage_failures": 0,
+                      "failed": {"name": "ExceptionType"},
+                      "unavailable": {"noise_reduction": "needs …"}}}
+    (media: the PCM stages, appliance/transceiver/stages/; null for passthrough and
+    data-only sessions)
 
 ``SessionInfo(...).to_json()`` makes the dict (key order as above); ``from_json(obj)``
 reads one back, checking each field's type (raises :class:`ValueError` naming the field;
@@ -77,6 +88,8 @@ class SessionInfo:
     timeline: Mapping[str, float | None] = field(default_factory=dict)
     #: The call's data channels (null when the offer negotiated none).
     datachannels: Mapping[str, Any] | None = None
+    #: The call's PCM stages and levels (null without a PCM pipeline).
+    media: Mapping[str, Any] | None = None
 
     @classmethod
     def placeholder(cls, id: str, transceiver: int, created_at: float,
@@ -107,6 +120,7 @@ class SessionInfo:
             "loss": self.loss,
             "timeline": dict(self.timeline),
             "datachannels": dict(self.datachannels) if self.datachannels is not None else None,
+            "media": dict(self.media) if self.media is not None else None,
         }
 
     @classmethod
@@ -134,6 +148,9 @@ class SessionInfo:
         channels = obj.get("datachannels")
         if channels is not None and not isinstance(channels, Mapping):
             raise ValueError("datachannels must be an object or null")
+        media = obj.get("media")
+        if media is not None and not isinstance(media, Mapping):
+            raise ValueError("media must be an object or null")
         return cls(
             id=_str(obj, "id"),
             transceiver=_int(obj, "transceiver"),
@@ -156,6 +173,7 @@ class SessionInfo:
             loss=_opt_num(obj, "loss"),
             timeline={k: (None if v is None else float(v)) for k, v in timeline.items()},
             datachannels=dict(channels) if channels is not None else None,
+            media=dict(media) if media is not None else None,
         )
 
 

@@ -36,7 +36,7 @@ PUBLIC = ("198.51.100.1", 3478)
 RELAY = ("10.0.0.2", 4000)
 
 
-def _measure(packets: int, stub: bool, complexity: int | None) -> float:
+def _measure(packets: int, stub: bool, complexity: int | None, media: str | None = None) -> float:
     """Run one session in this process; CPU µs per echoed packet."""
     import numpy as np
     import trio
@@ -127,6 +127,14 @@ def _measure(packets: int, stub: bool, complexity: int | None) -> float:
     kwargs: dict[str, Any] = {}
     if complexity is not None:
         kwargs["opus_complexity"] = complexity
+    if media is not None:  # the call's PCM stages (a tree from before them ignores this)
+        import json
+        try:
+            from appliance.transceiver.stages import MediaConfig
+        except ImportError:
+            pass
+        else:
+            kwargs["media"] = MediaConfig.from_params_untrusted({"media": json.loads(media)})
     result: list[float] = []
 
     async def main() -> None:
@@ -190,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compare", default=None, metavar="DIR",
                    help="alternate with the appliance package in DIR (before/after)")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--media", default=None, metavar="JSON",
+                   help='per-call media options, e.g. \'{"level_meter": false}\' (no stages)')
     p.add_argument("--tree", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.tree:
@@ -197,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         sys.path.insert(0, str(HERE.parent))
     if args.compare is None:
-        us = _measure(args.packets, args.stub_codec, args.complexity)
+        us = _measure(args.packets, args.stub_codec, args.complexity, args.media)
         print(f"{us:.1f}")
         return 0
     trees = {"before": str(Path(args.compare).resolve()), "after": str(HERE.parent)}
@@ -210,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                 cmd = [sys.executable, __file__, "--tree", tree, "--packets", str(args.packets)]
                 if stub:
                     cmd.append("--stub-codec")
+                if args.media is not None:
+                    cmd += ["--media", args.media]
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True,
                                      env={**os.environ, "PYTHONPATH": tree})
                 got.setdefault((name, stub), []).append(float(out.stdout.split()[-1]))

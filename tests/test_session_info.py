@@ -22,6 +22,9 @@ FULL: dict[str, Any] = {
     "datachannels": {"sctp": "connected", "open": [{"id": 1, "label": "chat"}],
                      "messages_in": 3, "bytes_in": 12, "messages_out": 3, "bytes_out": 12,
                      "messages_dropped": 0},
+    "media": {"in": ["level-in"], "out": ["level-out"],
+              "levels": {"in": {"rms_dbfs": -30.0, "peak_dbfs": -12.0}}, "recorder": None,
+              "stages": {}, "stage_failures": 0, "failed": {}, "unavailable": {}},
 }
 
 
@@ -48,7 +51,7 @@ def test_missing_optional_fields_take_defaults_and_unknown_keys_are_ignored() ->
     ("id", None), ("transceiver", "0"), ("transceiver", True), ("state", "weird"),
     ("created_at", None), ("rtt_ms", "1"), ("relay_flow", []), ("relay_flow", {"public": 1}),
     ("timeline", {"x": "1"}), ("timeline", []), ("packets_in", 1.5), ("agent", 3),
-    ("datachannels", []), ("datachannels", "open"),
+    ("datachannels", []), ("datachannels", "open"), ("media", []), ("media", 1),
 ])
 def test_wrong_types_raise_value_error_naming_the_field(key: str, value: object) -> None:
     with pytest.raises(ValueError, match=key.split("_")[0]):

@@ -202,6 +202,7 @@ function renderDetail() {
     ["Packets in / out", `${fmtNum(s.packets_in)} / ${fmtNum(s.packets_out)}`],
     ["Bytes in / out", `${fmtNum(s.bytes_in)} / ${fmtNum(s.bytes_out)}`],
     ...channelFields(s.datachannels),
+    ...mediaFields(s.media),
   ];
   $("detail-fields").replaceChildren(...fields.flatMap(([k, v]) => [h("dt", { text: k }), h("dd", { text: String(v) })]));
   renderTimeline($("detail-timeline"), s.timeline);
@@ -220,6 +221,21 @@ function channelFields(dc) {
     ["Messages in / out", `${fmtNum(dc.messages_in)} / ${fmtNum(dc.messages_out)}${dc.messages_dropped ? ` (${fmtNum(dc.messages_dropped)} dropped)` : ""}`],
     ["Message bytes in / out", `${fmtNum(dc.bytes_in)} / ${fmtNum(dc.bytes_out)}`],
   ];
+}
+
+// A session's PCM stages and levels (its `media` object; null for passthrough / data only).
+function mediaFields(m) {
+  if (!m) return [];
+  const lv = m.levels || {};
+  const level = (d) => (d ? `${d.rms_dbfs} dBFS RMS, peak ${d.peak_dbfs}${d.clipped ? ` (${fmtNum(d.clipped)} clipped)` : ""}` : dash);
+  const rows = [
+    ["Level in / out", `${level(lv.in)} / ${level(lv.out)}`],
+    ["Stages in / out", `${(m.in || []).join(" → ") || "none"} / ${(m.out || []).join(" → ") || "none"}`],
+  ];
+  if (m.stage_failures) rows.push(["Stage failures", `${m.stage_failures}: ${Object.keys(m.failed || {}).join(", ")}`]);
+  const off = Object.entries(m.unavailable || {});
+  if (off.length) rows.push(["Unavailable", off.map(([k, v]) => `${k} (${v})`).join("; ")]);
+  return rows;
 }
 
 // ---------------------------------------------------------------------------- end

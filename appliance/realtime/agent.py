@@ -119,6 +119,18 @@ def resolve_spec(spec: str) -> Callable[[AgentContext], Any]:
     return realtime_agent(agent_factory(import_target(target, spec), spec))
 
 
+def noise_reduction_type(session: Any) -> str | None:
+    """``audio.input.noise_reduction.type`` of a Realtime session (``near_field`` /
+    ``far_field``), or None: what the transceiver's noise suppressor runs
+    (appliance/transceiver/stages/config.py)."""
+    try:
+        nr = session["audio"]["input"]["noise_reduction"]
+    except (KeyError, TypeError):
+        return None
+    kind = nr.get("type") if isinstance(nr, dict) else None
+    return kind if kind in ("near_field", "far_field") else None
+
+
 class RealtimeShell:
     def __init__(self, ctx: AgentContext, agent: RealtimeAgent) -> None:
         self.ctx = ctx
@@ -134,6 +146,9 @@ class RealtimeShell:
             session=session if isinstance(session, dict) else None,
             can_transcribe=callable(getattr(agent, "transcribe", None)))
         self.channel: int | None = None
+        # audio.input.noise_reduction as the transceiver's stages have it (the create-time
+        # session reached them through ctx.params; updates go as a media.update event).
+        self._noise_reduction = noise_reduction_type(self.machine.session)
         self._runs: dict[str, trio.CancelScope] = {}
         self._nursery: trio.Nursery | None = None
         # Events go out in order through one sender task (send_message waits for room).
@@ -169,6 +184,13 @@ class RealtimeShell:
                 continue
             self._drain()
 
+    def _noise_reduction_changed(self) -> None:
+        nr = noise_reduction_type(self.machine.session)
+        if nr != self._noise_reduction and self._nursery is not None:
+            self._noise_reduction = nr
+            self._nursery.start_soon(self.ctx.send_event,
+                                     {"type": "media.update", "noise_reduction": nr})
+
     async def _sender(self) -> None:
         async for text in self._out_recv:
             if self.channel is None:
@@ -197,6 +219,7 @@ class RealtimeShell:
                 hook = getattr(self.agent, "session_updated", None)
                 if callable(hook):
                     hook(dict(m.session))
+                self._noise_reduction_changed()
         while (event := m.poll_event()) is not None:
             if self.channel is None:
                 continue  # the channel closed: events have nowhere to go (before it opens the machine holds them)

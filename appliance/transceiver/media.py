@@ -4,10 +4,14 @@
 ::
 
     in:   RTP payload ─► JitterBuffer ─► Opus decode (FEC / PLC for holes) ─► 20 ms frames
-                         ─► EnergyVad ─► agent (a synchronous frame handler, or the queue
-                            its task reads)
-    out:  agent output queue ─► pump: Packetizer (20 ms schedule) ─► Opus encode
-                         ─► ServerCall.send_rtp (RTP header, SRTP)
+                         ─► in stages ─► EnergyVad ─► agent (a synchronous frame handler,
+                            or the queue its task reads)
+    out:  agent output queue ─► pump: Packetizer (20 ms schedule) ─► out stages
+                         ─► Opus encode ─► ServerCall.send_rtp (RTP header, SRTP)
+
+The stages (recorder tap, echo canceller, noise suppressor, level meter: stages/) and the
+VAD's knobs and codec complexity come from the call's one :class:`MediaConfig`. An empty
+chain is skipped with one truth test per packet, so the bare echo path pays nothing for it.
 
 Outbound frames leave the moment they are queued *if they are due*, from the task that
 queued them (the network loop, for the built-in echo whose frame handler runs inside
@@ -33,8 +37,9 @@ from appliance.logs import loggable_url
 from . import g711
 from .call import CallState, ServerCall
 from .jitter import JitterBuffer
-from .opus import DEFAULT_COMPLEXITY, FRAME_BYTES, Decoder, Encoder, OpusDecoder, OpusEncoder
+from .opus import FRAME_BYTES, Decoder, Encoder, OpusDecoder, OpusEncoder
 from .packetizer import Packetizer
+from .stages import CallStages, MediaConfig
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +63,11 @@ class PcmPipeline:
         on_frame: FrameFn | None,
         schedule: Callable[[float], None],
         agent_name: str = "",
-        opus_complexity: int = DEFAULT_COMPLEXITY,
+        config: MediaConfig | None = None,
         codec: str = "opus",
     ) -> None:
+        config = config if config is not None else MediaConfig()
+        self.config = config
         self.call = call
         self.host = host
         self.ctx = ctx
@@ -73,10 +80,12 @@ class PcmPipeline:
         self._clock = SAMPLE_RATE if codec == "opus" else g711.RATE
         step = self._clock // 50
         self.jitter = JitterBuffer(samples_per_frame=step)
-        self.vad = EnergyVad()
+        self.vad: EnergyVad = config.vad.make()
+        #: The call's two stage chains (``stages.inbound`` / ``stages.outbound``).
+        self.stages = CallStages(config, label=ctx.session_id)
         assert call.opus_pt is not None, "a data-only call has no audio pipeline"
         self.packetizer = Packetizer(call.ssrc, call.opus_pt, early=EARLY, samples_per_frame=step)
-        self._opus_complexity = opus_complexity
+        self._opus_complexity = config.opus_complexity
         self._decoder: Decoder | None = None
         self._encoder: Encoder | None = None
         self._first_media_ts: int | None = None
@@ -135,6 +144,8 @@ class PcmPipeline:
         on_frame = self._on_frame
         vad = self.vad
         ctx = self.ctx
+        chain = self.stages.inbound
+        run_stages = chain.run if chain.stages else None  # empty: not even a call per frame
         while (item := jb.poll()) is not None:
             if item.payload is None:
                 # Opus FEC when the next packet is already here (its in-band copy of this
@@ -155,6 +166,8 @@ class PcmPipeline:
                 chunks = ((i, pcm[i : i + FRAME_BYTES])
                           for i in range(0, len(pcm) - FRAME_BYTES + 1, FRAME_BYTES))
             for i, chunk in chunks:
+                if run_stages is not None:
+                    chunk = run_stages(chunk, now)
                 speech = vad.update(chunk)
                 frame = Frame(chunk, base + i / _BYTES_PER_SECOND, now, speech, vad.last_level,
                               concealed)
@@ -176,6 +189,8 @@ class PcmPipeline:
         call = self.call
         if call.srtp is None or call.media_flow is None:
             return
+        if self.stages.outbound.stages:
+            pcm = self.stages.outbound.run(pcm, now)
         seq, ts, marker = self.packetizer.next_header(now, backlog)
         call.send_rtp(now, seq, ts, marker, self.encoder.encode(pcm))
 
@@ -216,6 +231,11 @@ class PcmPipeline:
             if pcm is None:  # pragma: no cover - has_output() said there was some
                 return
             self.send_frame(now, pcm, host.queued_frames)
+
+    def close(self) -> None:
+        """The call ended: the stages free their native state (the recorder ring stays
+        readable through :attr:`stages`)."""
+        self.stages.close()
 
     def _schedule(self, at: float) -> None:
         if self.pace_at is not None and self.pace_at <= at:

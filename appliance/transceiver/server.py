@@ -78,6 +78,7 @@ from .headroom import TICK, LoadMeter, read_core_stat
 from .opus import DEFAULT_COMPLEXITY
 from .pacer import Pacer
 from .session import EndedSession, Session, _fmt
+from .stages import MediaConfig
 from .vouch import VouchResponder
 
 try:  # optional C extension (setup.py): sendmmsg batching, Linux only
@@ -533,6 +534,7 @@ class Transceiver:
             return _error(400, "unknown-agent", str(exc))
         try:
             params = check_params(req.get("params"))  # per-call, for ctx.params
+            media = MediaConfig.from_params_untrusted(params)  # stages/config.py
         except ValueError as exc:
             return _error(400, "bad-params", str(exc))
         ufrag = self.codec.mint(cluster=self.config.cluster, transceiver=self.config.id)
@@ -570,6 +572,7 @@ class Transceiver:
             local_ufrag=ufrag, local_pwd=pwd, dtls=dtls, ssrc=ssrc, cname=cname,
             send=self.send, now=now, on_end=self._on_end, counters=self.counters,
             pacer=self.pacer, opus_complexity=self.complexity.complexity, params=params,
+            media=media,
         )
         assert self._nursery is not None
         self.sessions[sid] = session

@@ -60,6 +60,7 @@ from .opus import DEFAULT_COMPLEXITY, Decoder, Encoder
 from .pacer import Pacer
 from .passthrough import PassthroughStream
 from .rtcp import RTCP_INTERVAL
+from .stages import NOISE_REDUCTION, MediaConfig
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ class Session:
         pacer: Pacer | None = None,
         opus_complexity: int = DEFAULT_COMPLEXITY,
         params: dict[str, Any] | None = None,
+        media: MediaConfig | None = None,
     ) -> None:
         self.id = session_id
         self.transceiver = transceiver
@@ -143,8 +145,8 @@ class Session:
             assert codec_name is not None  # self.audio: the answer has an audio plan
             self.pipeline = PcmPipeline(
                 self.call, self.host, self.ctx, on_frame=self._on_frame,
-                schedule=self._schedule, agent_name=agent.name,
-                opus_complexity=opus_complexity, codec=codec_name)
+                schedule=self._schedule, agent_name=agent.name, codec=codec_name,
+                config=(media or MediaConfig()).with_(opus_complexity=opus_complexity))
             self.call.media = self.pipeline
         # Data channels, when the answer served the offer's application section.
         self.channels: CallChannels | None = None
@@ -225,6 +227,7 @@ class Session:
             loss=rtcp.loss(),
             timeline=dict(call.timeline),
             datachannels=self.channels.stats() if self.channels is not None else None,
+            media=self.pipeline.stages.describe() if self.pipeline is not None else None,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -411,6 +414,10 @@ class Session:
         if event.get("type") == "session.end":
             reason = event.get("reason")
             self.end(f"agent: {reason}" if isinstance(reason, str) else "agent-hangup")
+        elif event.get("type") == "media.update" and self.pipeline is not None:
+            nr = event.get("noise_reduction")  # Realtime session.update (realtime/agent.py)
+            if nr is None or nr in NOISE_REDUCTION:
+                self.pipeline.stages.set_noise_reduction(nr)
         else:
             log.debug("session %s agent event %s", self.id, event.get("type"))
 
@@ -454,6 +461,8 @@ class Session:
         self.ended_at = time.time()
         self.host.push_event({"type": "session.ended", "reason": reason})
         self.host.close(reason)
+        if self.pipeline is not None:
+            self.pipeline.close()
         self._cancel.cancel()
         log.info("session %s ended: %s", self.id, reason)
         self._on_end(self)

@@ -393,6 +393,10 @@ def test_aiortc_call_through_http_and_relay(appliance: Appliance) -> None:
     assert 0 <= s["rtt_ms"] < 1000 and s["jitter_ms"] >= 0 and 0 <= s["loss"] <= 1, s
     assert s["packets_in"] > 100 and s["packets_out"] > 100
     assert s["bytes_in"] > 0 and s["bytes_out"] > 0
+    # The level meters (transceiver/stages/level.py): the tone in, its echo out.
+    levels = s["media"]["levels"]
+    assert levels["in"]["frames"] > 100 and levels["out"]["frames"] > 100, levels
+    assert -50 < levels["in"]["rms_dbfs"] < 0 and -50 < levels["out"]["rms_dbfs"] < 0, levels
     tl = s["timeline"]
     steps = ["offer_received", "answer_sent", "first_stun", "ice_nominated", "dtls_done",
              "first_rtp_in", "first_rtp_out"]

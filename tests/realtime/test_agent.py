@@ -121,3 +121,35 @@ def test_bad_realtime_specs_fail_at_resolve() -> None:
         except AgentError:
             continue
         raise AssertionError(spec)
+
+
+async def test_session_update_noise_reduction_reaches_the_transceiver(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """audio.input.noise_reduction set or cleared by session.update goes to the transceiver
+    as a media.update event (Session turns its noise suppressor on, switches, or off); an
+    update that leaves it as it was sends nothing."""
+    got: list[dict[str, Any]] = []
+    params = {"realtime": {"dcid": 3, "session": {
+        "audio": {"input": {"noise_reduction": {"type": "near_field"}}}}}}
+
+    async def script(host: AgentHost, port: MemoryPort) -> None:
+        host._on_event = got.append
+        await trio.sleep(0.01)
+        [info] = host.channels.channels.values()
+        host.channels.push(ChannelOpened(info))
+        await wait_for(port, "session.created")
+
+        async def update(session: dict[str, Any]) -> None:
+            host.channels.push(ChannelMessage(3, "oai-events", json.dumps(
+                {"type": "session.update", "session": {"type": "realtime", **session}})))
+            await trio.sleep(0.1)
+
+        await update({"instructions": "no audio change"})
+        await update({"audio": {"input": {"noise_reduction": {"type": "far_field"}}}})
+        await update({"audio": {"input": {"noise_reduction": {"type": "far_field"}}}})
+        await update({"audio": {"input": {"noise_reduction": None}}})
+
+    await run_call("realtime", params, script)
+    media = [e for e in got if e.get("type") == "media.update"]
+    assert media == [{"type": "media.update", "noise_reduction": "far_field"},
+                     {"type": "media.update", "noise_reduction": None}]

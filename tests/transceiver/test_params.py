@@ -51,3 +51,53 @@ async def test_params_reach_the_agent_and_bad_ones_are_refused(
                 await trio.sleep(0.005)  # a poll interval: the loop checks the state
         assert SEEN == [params]
         nursery.cancel_scope.cancel()
+
+
+UPDATED: list[bool] = []
+
+
+async def media_updater(ctx: AgentContext) -> None:
+    """Asks the transceiver for noise reduction mid-call (what the Realtime shell does on a
+    session.update that sets audio.input.noise_reduction)."""
+    await ctx.send_event({"type": "media.update", "noise_reduction": "far_field"})
+    UPDATED.append(True)
+    async for _ in ctx.frames():
+        pass
+
+
+register("media-updater", media_updater)
+
+
+async def test_media_params_build_the_stages_and_an_agent_can_change_them(
+    tmp_path: Path, relay_sock: socket.socket
+) -> None:
+    config = TransceiverConfig(id=1, secrets=SECRETS, listen=("127.0.0.1", 0),
+                               control=str(tmp_path / "t.sock"))
+    async with trio.open_nursery() as nursery:
+        addrs: TransceiverAddresses = await nursery.start(serve_transceiver, config)
+        assert addrs.control is not None
+        peer = Client(relay_sock, addrs.udp)
+        base = {"op": "create", "offer": peer.offer(), "agent": "media-updater",
+                "candidates": [["198.51.100.1", 3478]]}
+        resp = await control_request(addrs.control, {
+            **base, "session_id": "bad", "params": {"media": {"recorder_seconds": -1}}})
+        assert resp["status"] == 400 and resp["code"] == "bad-params"
+        assert "recorder_seconds" in str(resp)
+        resp = await control_request(addrs.control, {
+            **base, "session_id": "m1", "params": {"media": {"recorder_seconds": 5}}})
+        assert resp["ok"], resp
+        got = await control_request(addrs.control, {"op": "get", "session_id": "m1"})
+        media = got["session"]["media"]
+        assert media["in"] == ["recorder-in", "level-in"]
+        assert media["out"] == ["level-out", "recorder-out"]
+        assert media["recorder"]["max_frames"] == 500
+        peer.start(resp["answer"], trio.current_time())
+        with trio.fail_after(10):
+            while not UPDATED:  # the agent runs once DTLS is up
+                await peer.pump(trio.current_time())
+                await trio.sleep(0.005)  # a poll interval: the loop checks the state
+        got = await control_request(addrs.control, {"op": "get", "session_id": "m1"})
+        media = got["session"]["media"]
+        assert media["in"] == ["recorder-in", "denoise", "level-in"], media
+        assert media["stages"]["denoise"]["mode"] == "far_field"
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,283 @@
+"""Echo cancellation: the agent's own voice taken out of what the caller's microphone sends
+back — for calls whose far end does not cancel it (telephones, speakerphones, many SIP
+softphones). Browsers cancel their own echo: leave this off for them.
+
+Two stages share one :class:`EchoCanceller`::
+
+    out chain: … ─► EchoReference("aec-ref") ─► recorder ─► encode        (what we send)
+    in chain:  decode ─► recorder(raw) ─► EchoCancelStage("aec") ─► denoise ─► … ─► VAD
+
+**Streams on one time axis.** Both sides stamp their frames with the call clock (``now``).
+The reference (what was sent) is a contiguous sample stream while the agent talks and is
+re-anchored to the clock when it starts again after a silence (the gap becomes zeros); the
+microphone is contiguous from its first frame (the jitter buffer yields one frame per 20 ms,
+concealed ones included). The echo in microphone sample ``m`` is reference sample
+``m - D``: ``D`` covers everything between our send and the echo's return — the network both
+ways, the far end's jitter buffer and audio path, our jitter buffer.
+
+**Delay estimation** (:class:`DelayEstimator`): every ``estimate_every`` frames while the
+reference carries sound, GCC-PHAT (generalised cross-correlation with phase transform,
+Knapp & Carter 1976) between the last second of microphone and the reference around it,
+both decimated 4:1 to 12 kHz, searched over 0 … ``max_delay``. A peak that stands far enough
+above the correlation's spread is an estimate; the first sets ``D``; later, two consecutive
+estimates that agree with each other and not with ``D`` move it (the jitter buffer grew or
+shrank, a clock drifted) and reset the adaptive filter. Until ``D`` is known the stage
+passes the microphone through unchanged.
+
+**Cancellation**: speexdsp's MDF adaptive filter (``tail_ms`` of echo response, fed the
+reference ``guard_ms`` early so a slightly late estimate still falls inside the filter) and
+its preprocessor's residual-echo suppressor, 10 ms at a time at 48 kHz (speexdsp.py).
+
+Reported (``media.stages.aec``): ``delay_ms``, the estimates made/accepted/changes, and
+``erle_db`` — echo return loss enhancement, 10·log10(microphone power / output power) over
+the frames where the reference carried sound, smoothed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .base import FRAME_SAMPLES, SAMPLE_RATE
+from .speexdsp import SpeexEcho, load
+
+_DECIM = 4
+_INT16 = np.dtype("<i2")
+
+
+class _Ring:
+    """Samples at absolute positions; reads outside what is held come back as zeros."""
+
+    __slots__ = ("buf", "size", "end")
+
+    def __init__(self, size: int) -> None:
+        self.buf = np.zeros(size, np.int16)
+        self.size = size
+        self.end = 0  # absolute position one past the last sample written
+
+    def write(self, pos: int, data: np.ndarray) -> None:
+        """Write ``data`` at ``pos`` (>= end; a gap in between becomes zeros)."""
+        if pos > self.end:
+            self._put(self.end, np.zeros(min(pos - self.end, self.size), np.int16))
+        self._put(pos, data)
+        self.end = pos + len(data)
+
+    def _put(self, pos: int, data: np.ndarray) -> None:
+        n = len(data)
+        if n >= self.size:
+            data, pos, n = data[-self.size:], pos + n - self.size, self.size
+        i = pos % self.size
+        first = min(n, self.size - i)
+        self.buf[i : i + first] = data[:first]
+        if first < n:
+            self.buf[: n - first] = data[first:]
+
+    def read(self, pos: int, n: int) -> np.ndarray:
+        out = np.zeros(n, np.int16)
+        lo = max(pos, self.end - self.size)
+        hi = min(pos + n, self.end)
+        if hi <= lo:
+            return out
+        idx = np.arange(lo, hi) % self.size
+        out[lo - pos : hi - pos] = self.buf[idx]
+        return out
+
+
+class DelayEstimator:
+    """GCC-PHAT lag between a microphone window and the reference before it."""
+
+    def __init__(self, *, max_delay: int, window: int, min_confidence: float = 6.0) -> None:
+        self.max_delay = max_delay
+        self.window = window
+        self.min_confidence = min_confidence
+        self.last_confidence = 0.0
+
+    def estimate(self, mic: np.ndarray, ref: np.ndarray) -> int | None:
+        """``mic``: ``window`` samples; ``ref``: ``window + max_delay`` samples ending where
+        ``mic`` ends. The lag ``d`` (samples, ``mic[t] ~ ref[t - d]``), or None."""
+        m = mic.astype(np.float32).reshape(-1, _DECIM).mean(axis=1)
+        r = ref.astype(np.float32).reshape(-1, _DECIM).mean(axis=1)
+        m -= m.mean()
+        r -= r.mean()
+        n = 1 << int(len(m) + len(r) - 1).bit_length()
+        cross = np.fft.rfft(r, n) * np.conj(np.fft.rfft(m, n))
+        mag = np.abs(cross)
+        cross /= mag + 1e-3 * (mag.max() + 1e-12)  # PHAT, floored where nothing is
+        cc = np.fft.irfft(cross, n)
+        span = self.max_delay // _DECIM
+        # ref[k + tau] ~ mic[k] at tau = max_delay - d: search tau in 0..max_delay.
+        search = cc[: span + 1]
+        tau = int(np.argmax(search))
+        spread = float(np.std(search)) + 1e-12
+        self.last_confidence = float((search[tau] - np.mean(search)) / spread)
+        if self.last_confidence < self.min_confidence:
+            return None
+        return self.max_delay - tau * _DECIM
+
+
+class EchoCanceller:
+    SUB = 480  # speexdsp works 10 ms at a time
+
+    def __init__(self, *, tail_ms: float = 60.0, max_delay_ms: float = 500.0,
+                 guard_ms: float = 10.0, window_ms: float = 1000.0,
+                 estimate_every: int = 25) -> None:
+        self.rate = SAMPLE_RATE
+        self.tail = round(tail_ms * SAMPLE_RATE / 1000)
+        self.max_delay = round(max_delay_ms * SAMPLE_RATE / 1000) // _DECIM * _DECIM
+        self.guard = round(guard_ms * SAMPLE_RATE / 1000)
+        self.window = round(window_ms * SAMPLE_RATE / 1000) // _DECIM * _DECIM
+        self.estimate_every = estimate_every
+        span = self.window + self.max_delay + 4 * FRAME_SAMPLES
+        self.ref = _Ring(span)
+        self.mic = _Ring(self.window + 2 * FRAME_SAMPLES)
+        self.estimator = DelayEstimator(max_delay=self.max_delay, window=self.window)
+        self.speex = SpeexEcho(self.SUB, self.tail, SAMPLE_RATE)
+        self.t0: float | None = None
+        self.mic_pos: int | None = None
+        self.delay: int | None = None  # D, samples
+        self._pending: int | None = None  # a differing estimate waiting for confirmation
+        self.frames = 0
+        self.cancelled = 0
+        self.estimates = 0
+        self.accepted = 0
+        self.changes = 0
+        self._p_mic = 0.0
+        self._p_out = 0.0
+        self._ref_active_frames = 0
+
+    def _pos(self, now: float) -> int:
+        if self.t0 is None:
+            self.t0 = now
+        return round((now - self.t0) * SAMPLE_RATE)
+
+    # -- the out chain ---------------------------------------------------------------------
+
+    def push_reference(self, pcm: bytes, now: float) -> None:
+        x = np.frombuffer(pcm, _INT16)
+        pos = self._pos(now)
+        ref = self.ref
+        # Contiguous while the agent talks; after a silence (more than a frame late) the
+        # stream is re-anchored on the clock and the gap is zeros.
+        ref.write(pos if pos > ref.end + FRAME_SAMPLES else ref.end, x)
+
+    # -- the in chain ----------------------------------------------------------------------
+
+    def process(self, pcm: bytes, now: float) -> bytes:
+        x = np.frombuffer(pcm, _INT16)
+        if self.mic_pos is None:
+            self.mic_pos = self._pos(now)
+        pos = self.mic_pos
+        self.mic_pos += len(x)
+        self.mic.write(pos, x)
+        self.frames += 1
+        if self.frames % self.estimate_every == 0:
+            self._estimate(pos + len(x))
+        if self.delay is None:
+            return pcm
+        lead = self.delay - self.guard
+        far = self.ref.read(pos - lead, len(x))
+        far_active = bool(np.any(far))
+        sub = self.SUB
+        out = b"".join(self.speex.process(pcm[2 * i : 2 * (i + sub)], far[i : i + sub].tobytes())
+                       for i in range(0, len(x), sub))
+        self.cancelled += 1
+        if far_active:
+            y = np.frombuffer(out, _INT16).astype(np.float32)
+            xf = x.astype(np.float32)
+            a = 0.05
+            self._p_mic += a * (float(xf.dot(xf)) / len(x) - self._p_mic)
+            self._p_out += a * (float(y.dot(y)) / len(x) - self._p_out)
+            self._ref_active_frames += 1
+        return out
+
+    def _estimate(self, mic_end: int) -> None:
+        if mic_end < self.window or self.mic.end - self.mic.size > mic_end - self.window:
+            return
+        ref = self.ref.read(mic_end - self.window - self.max_delay, self.window + self.max_delay)
+        # Only while the reference carries sound (nothing to find in silence).
+        if float(np.abs(ref[-self.window:]).mean()) < 30.0:
+            return
+        mic = self.mic.read(mic_end - self.window, self.window)
+        if float(np.abs(mic).mean()) < 3.0:
+            return
+        self.estimates += 1
+        d = self.estimator.estimate(mic, ref)
+        if d is None:
+            return
+        self.accepted += 1
+        tol = round(0.002 * SAMPLE_RATE)
+        if self.delay is None:
+            self.delay = d
+            return
+        if abs(d - self.delay) <= tol:
+            self._pending = None
+            return
+        if self._pending is not None and abs(d - self._pending) <= tol:
+            self.delay = d
+            self._pending = None
+            self.changes += 1
+            self.speex.reset()
+        else:
+            self._pending = d
+
+    def erle_db(self) -> float | None:
+        if self._ref_active_frames < 10 or self._p_out <= 0:
+            return None
+        return float(10 * np.log10(max(self._p_mic, 1e-9) / self._p_out))
+
+    def stats(self) -> dict[str, Any]:
+        erle = self.erle_db()
+        return {
+            "delay_ms": None if self.delay is None else round(self.delay * 1000 / SAMPLE_RATE, 1),
+            "estimates": self.estimates, "accepted": self.accepted, "changes": self.changes,
+            "erle_db": None if erle is None else round(erle, 1),
+            "frames": self.frames, "cancelled": self.cancelled,
+        }
+
+    def close(self) -> None:
+        self.speex.close()
+
+
+class EchoCancelStage:
+    """The in-chain side (named ``aec``)."""
+
+    name = "aec"
+
+    def __init__(self, aec: EchoCanceller) -> None:
+        self.aec = aec
+
+    def process(self, pcm: bytes, now: float) -> bytes:
+        return self.aec.process(pcm, now)
+
+    def stats(self) -> dict[str, Any]:
+        return self.aec.stats()
+
+    def close(self) -> None:
+        self.aec.close()
+
+
+class EchoReference:
+    """The out-chain side (named ``aec-ref``): remembers what was sent."""
+
+    name = "aec-ref"
+
+    def __init__(self, aec: EchoCanceller) -> None:
+        self.aec = aec
+
+    def process(self, pcm: bytes, now: float) -> bytes:
+        self.aec.push_reference(pcm, now)
+        return pcm
+
+    def stats(self) -> dict[str, Any]:
+        return {"reference_samples": self.aec.ref.end}
+
+    def close(self) -> None:
+        pass  # the in side owns the native state
+
+
+def make_echo_canceller(**options: Any) -> tuple[EchoCancelStage, EchoReference]:
+    """The two stages of one call's echo canceller (StageUnavailable without speexdsp)."""
+    load()
+    aec = EchoCanceller(**options)
+    return EchoCancelStage(aec), EchoReference(aec)
