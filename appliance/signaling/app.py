@@ -42,6 +42,7 @@ from . import metrics
 from . import realtime_http as realtime
 from .fastpath import WhipFastPath
 from .problems import Problem, problem_response
+from .realtime_ws import register_websocket
 from .registry import etag_matches, new_etag
 from .rules import (
     CORS_RESPONSE_HEADERS,
@@ -70,6 +71,7 @@ def create_app(state: SignalingState) -> QuartTrio:
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
     app.extensions["appliance.state"] = state
     realtime.register(app, state)  # /v1/realtime/*: before _after below, so its CORS wins
+    register_websocket(app, app.extensions[realtime.EXTENSION])  # GET /v1/realtime (WebSocket)
 
     # -- errors -------------------------------------------------------------------------
 

@@ -377,9 +377,6 @@ def register(app: QuartTrio, state: SignalingState) -> None:
     last word on these paths' CORS headers)."""
     rt = Realtime(state)
     app.extensions[EXTENSION] = rt
-    from .realtime_ws import register_websocket  # it builds on this module's Realtime
-
-    register_websocket(app, rt)
     errors = openai_errors(state.config.max_body)
 
     @app.after_request
