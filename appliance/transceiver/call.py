@@ -92,6 +92,7 @@ from appliance.proto.srtp import SrtpError, SrtpSession
 from appliance.session_info import TIMELINE_STEPS
 
 from .flight_budget import FlightBudget
+from .leg import MediaStream
 from .rtcp import RTCP_INTERVAL, RtcpMonitor
 
 Addr = tuple[str, int]
@@ -194,19 +195,6 @@ CallEvent = (FlowNominated | Connected | SendReady | RemoteReport | ReportSent |
 # -- the slots --------------------------------------------------------------------------------
 
 
-class MediaStream(Protocol):
-    """What the ``media`` slot holds. ``handle_rtp`` gets each authenticated RTP packet of
-    the call's payload type, decrypted: ``plain[off:end]`` is the payload. It answers with
-    :meth:`ServerCall.send_rtp` (now, or later from the shell's pacer)."""
-
-    def handle_rtp(self, now: float, plain: bytes, ssrc: int, seq: int, ts: int,
-                   marker: bool, off: int, end: int) -> None: ...
-
-    def poll_timeout(self) -> float | None: ...
-
-    def handle_timeout(self, now: float) -> None: ...
-
-
 class SctpAssociation(Protocol):
     """What the ``sctp`` slot holds: an SCTP association over DTLS (RFC 8261), with the
     dcSCTP-shaped verbs of ``appliance/proto/sctp``. Each ``handle_input`` gets one DTLS
@@ -284,7 +272,7 @@ class ServerCall:
         self.ssrc = ssrc
         #: None for a data-only session: no RTP is ours then (every packet is dropped by
         #: payload type, no SRTP is keyed, no RTCP is sent).
-        self.opus_pt = answer.opus_pt
+        self.payload_type = answer.opus_pt
         self.audio = answer.plan is not None
         self.rtcp = RtcpMonitor(ssrc, cname, wall_offset=wall_offset, interval=rtcp_interval,
                                 rng=rng)
@@ -608,7 +596,7 @@ class ServerCall:
             return
         self.packets_in += 1
         self.bytes_in += len(data)
-        if pt != self.opus_pt:
+        if pt != self.payload_type:
             self._counters["drop_rtp_payload_type"] += 1  # telephone-event, CN: ignored
             return
         # RtcpMonitor.on_rtp, inlined: one call fewer per packet on the echo path.
@@ -644,12 +632,17 @@ class ServerCall:
 
     # -- out ---------------------------------------------------------------------------------
 
+    def can_send(self) -> bool:
+        """:class:`~.leg.MediaLeg`: SRTP keyed, a media flow known, not ended."""
+        return (self.srtp is not None and self.media_flow is not None
+                and self.state is not CallState.ENDED)
+
     def send_rtp(self, now: float, seq: int, ts: int, marker: bool, payload: bytes) -> None:
         """One RTP packet of our stream (our SSRC and payload type, a plain 12-byte header)
         out on the media flow. Before SRTP is keyed, or with no flow, nothing is sent."""
         srtp = self.srtp
         flow = self.media_flow
-        pt = self.opus_pt
+        pt = self.payload_type
         if srtp is None or flow is None or pt is None or self.state is CallState.ENDED:
             return
         packet = srtp.protect(rtp_header(pt, seq, ts, self.ssrc, marker) + payload)

@@ -31,8 +31,8 @@ from appliance.agents.registry import FrameFn
 from appliance.logs import loggable_url
 
 from . import g711
-from .call import CallState, ServerCall
 from .jitter import JitterBuffer
+from .leg import MediaLeg
 from .opus import DEFAULT_COMPLEXITY, FRAME_BYTES, Decoder, Encoder, OpusDecoder, OpusEncoder
 from .packetizer import Packetizer
 
@@ -51,7 +51,7 @@ class PcmPipeline:
 
     def __init__(
         self,
-        call: ServerCall,
+        leg: MediaLeg,
         host: AgentHost,
         ctx: AgentContext,
         *,
@@ -61,7 +61,7 @@ class PcmPipeline:
         opus_complexity: int = DEFAULT_COMPLEXITY,
         codec: str = "opus",
     ) -> None:
-        self.call = call
+        self.leg = leg
         self.host = host
         self.ctx = ctx
         self._on_frame = on_frame  # a synchronous frame handler (no agent task), or None
@@ -74,8 +74,8 @@ class PcmPipeline:
         step = self._clock // 50
         self.jitter = JitterBuffer(samples_per_frame=step)
         self.vad = EnergyVad()
-        assert call.opus_pt is not None, "a data-only call has no audio pipeline"
-        self.packetizer = Packetizer(call.ssrc, call.opus_pt, early=EARLY, samples_per_frame=step)
+        assert leg.payload_type is not None, "a data-only call has no audio pipeline"
+        self.packetizer = Packetizer(leg.ssrc, leg.payload_type, early=EARLY, samples_per_frame=step)
         self._opus_complexity = opus_complexity
         self._decoder: Decoder | None = None
         self._encoder: Encoder | None = None
@@ -166,18 +166,18 @@ class PcmPipeline:
                 except Exception:
                     log.exception("session %s: agent %s failed", ctx.session_id,
                                   loggable_url(self._agent_name))
-                    self.call.close("agent-error")
+                    self.leg.close("agent-error")
                     return
 
     # -- out ---------------------------------------------------------------------------------
 
     def send_frame(self, now: float, pcm: bytes, backlog: int = 0) -> None:
         """Encode and send one 20 ms frame now (the pump decided it is due)."""
-        call = self.call
-        if call.srtp is None or call.media_flow is None:
+        leg = self.leg
+        if not leg.can_send():
             return
         seq, ts, marker = self.packetizer.next_header(now, backlog)
-        call.send_rtp(now, seq, ts, marker, self.encoder.encode(pcm))
+        leg.send_rtp(now, seq, ts, marker, self.encoder.encode(pcm))
 
     def output_queued(self, now: float) -> None:
         """The agent queued output: send what is due now (unless the pacer is calling back
@@ -187,7 +187,7 @@ class PcmPipeline:
 
     def pace(self, now: float, at: float) -> None:
         """The shared pacer's call-back (see :meth:`Pacer.schedule`)."""
-        if at != self.pace_at or self.call.state is CallState.ENDED:
+        if at != self.pace_at or not self.leg.can_send():
             return  # stale: rescheduled since, or over
         self.pace_at = None
         self.pump(now, True)
@@ -198,8 +198,7 @@ class PcmPipeline:
         call-back, so a producer that queues a frame in pieces gets to finish it."""
         host = self.host
         pk = self.packetizer
-        call = self.call
-        if call.srtp is None or call.media_flow is None or call.state is CallState.ENDED:
+        if not self.leg.can_send():
             return  # agents start on connection; nothing is sent before or after
         while host.has_output():
             whole = host.queued_frames
