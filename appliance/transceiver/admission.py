@@ -38,7 +38,7 @@ CERT_LIFETIME = 24 * 3600.0  # a fresh DTLS certificate per day; sessions keep t
 
 
 class DtlsAdmission:
-    """The "cookies on?" decision and its counters. ``keys`` are the transceiver's sessions."""
+    """The "cookies on?" decision and its counters. ``keys`` are the transceiver's calls."""
 
     __slots__ = ("_handshaking", "_hellos", "_on_until", "hold", "max_handshakes",
                  "switched_on")

@@ -8,38 +8,49 @@ transceiver's own relay leg (PROXY v2 flows). Like ``proto/`` it does no I/O: no
 clock (``now`` is passed in; NTP wall time is ``now + wall_offset``), no sockets, no logging
 set-up. ``tests/transceiver/test_call_purity.py`` checks the imports.
 
-Verbs (rule 2): ``handle_datagram(now, source, data)``, ``handle_timeout(now)``,
-``poll_transmit()``, ``poll_event()``, ``poll_timeout()``. After any ``handle_*`` (or
-:meth:`ServerCall.send_rtp`, :meth:`ServerCall.close`) the shell drains ``poll_transmit``
-and ``poll_event`` and re-arms its timer from ``poll_timeout``.
+Verbs (rule 2), str0m's ``Rtc`` shape: one input, one output.
+``handle_input(now, data, source)`` takes every client datagram, whatever its kind;
+``handle_timeout(now)`` runs the timers; ``poll_output()`` yields, until None,
+:class:`Transmit` (a datagram for a flow), the call's events (and the data-channel
+endpoint's, unwrapped) and a :class:`Timeout` when the earliest deadline may have moved;
+``poll_timeout()`` says when ``handle_timeout`` is due. User operations are methods:
+:meth:`ServerCall.send_rtp` (the :class:`~.leg.MediaLeg` the media slot is given),
+:meth:`ServerCall.close`, :meth:`ServerCall.restart_ice`; a channel message is queued on
+the ``sctp`` slot and leaves at the next ``poll_output``. After any of them the shell
+drains ``poll_output``.
 
 Inside one call::
 
     datagram ─► RFC 7983 first byte
       STUN ─► IceLiteAgent   an authenticated check makes its source a Flow (≤ 8)
                              as DTLS client: a fresh one starts/releases our flight
-      DTLS ─► DtlsConnection handshake → SRTP keyed from the exporter (RFC 5764 §4.2)
+      DTLS ─► admission (a ClientHello while waiting for one: cookies under load?)
+             DtlsConnection handshake → SRTP keyed from the exporter (RFC 5764 §4.2)
                              application data ─► sctp slot (RFC 8261) — None: dropped
       RTP  ─► SRTP unprotect → header fields → RtcpMonitor ─► media slot
       RTCP ─► SRTP unprotect → RtcpMonitor (RTT, remote jitter/loss)
-    media slot ─► send_rtp() ─► RTP header (proto/rtp) → SRTP protect ─► poll_transmit
-    sctp slot transmits ─► DTLS application data ─► poll_transmit
+    media slot ─► send_rtp() ─► RTP header (proto/rtp) → SRTP protect ─► poll_output
+    sctp slot (polled in poll_output) ─► DTLS application data ─► poll_output
+                                      ─► its events ─► poll_output, unwrapped
 
 Two slots hold what a call carries beyond its transport; both are sans-IO objects the
 shell plugs in:
 
-* ``media`` (:class:`MediaStream`): the audio pipeline (``media.py``: jitter → decode →
-  VAD → agent, and pacer → packetizer → encode back) or the passthrough rewriter
-  (``passthrough.py``). RTP reaches it by a direct call, not an event per packet: the echo
-  path is the hot path (docs/performance.md, "Transceiver") and an event object per packet
-  is an allocation it does not need.
-* ``sctp`` (:class:`SctpAssociation`): a data-channel association (dcSCTP-shaped verbs,
+* ``media`` (:class:`~.leg.MediaStream`): the audio pipeline (``media.py``: jitter →
+  decode → VAD → agent, and pacer → packetizer → encode back) or the passthrough rewriter
+  (``passthrough.py``), given the call as its :class:`~.leg.MediaLeg` (``send_rtp``,
+  ``can_send``, ``close``: the leg.py seam, so the pipeline does not know it is WebRTC).
+  RTP reaches it by a direct call, not an event per packet: the echo path is the hot path
+  (docs/performance.md, "Transceiver") and an event object per packet is an allocation it
+  does not need.
+* ``sctp`` (:class:`SctpAssociation`): a data-channel endpoint (dcSCTP-shaped verbs,
   ``appliance/proto/sctp``). None until data channels are negotiated in SDP; while None,
-  DTLS application data is counted and dropped as before.
+  DTLS application data is counted and dropped as before. The call connects it when DTLS
+  is up and polls it; it never calls back into the call.
 
-A transmit is ``(payload, flow)``: the client datagram and the :class:`Flow` (client
-address, public relay address, relay internal address and its PROXY v2 header) to send
-it on; the shell sends ``flow.header + payload`` to ``flow.relay``.
+A :class:`Transmit` is ``(payload, flow)``: the client datagram and the :class:`Flow`
+(client address, public relay address, relay internal address and its PROXY v2 header) to
+send it on; the shell sends ``flow.header + payload`` to ``flow.relay``.
 
 DTLS role (``dtls.role``, from the answer's ``a=setup``; docs/adr-dtls-active.md): as the
 server we wait for the client's ClientHello, as before. As the *client* (we answered
