@@ -32,6 +32,7 @@ from appliance.transceiver.call import (
     FlowNominated,
     RemoteReport,
     ReportSent,
+    Timeout,
     Transmit,
 )
 from appliance.transceiver.media import PcmPipeline
@@ -385,3 +386,27 @@ def test_pcm_echo_through_the_pipeline() -> None:
     assert all(e.packet.ssrc == SERVER_SSRC for e in got)
     seqs = [e.packet.sequence for e in got]
     assert len(set(seqs)) == len(seqs)
+
+
+def test_one_input_one_output_and_an_rtp_packet_costs_no_timeout() -> None:
+    """handle_input takes every kind; poll_output gives the echo as a Transmit. A packet
+    that moves no deadline (in-order RTP to passthrough) yields no Timeout: the echo path
+    does not recompute the call's timers per packet; a STUN check does."""
+    pair = CallPair()
+    assert pair.run_until(lambda: connected(pair), within=1.0)
+    srtp = pair.client.srtp
+    assert srtp is not None
+    pair._collect()
+    source = (CLIENT, PUBLIC, RELAY)
+    for seq in (100, 101):
+        plain = bytes([0x80, pair.client.opus_pt]) + seq.to_bytes(2, "big") + bytes(8) + b"x"
+        pair.server.handle_input(pair.now, srtp.protect(plain), source)
+        outs = []
+        while (o := pair.server.poll_output()) is not None:
+            outs.append(o)
+        assert [type(o) for o in outs] == [Transmit]
+    pair.server.handle_input(pair.now, b"\x00\x01" + bytes(30), source)  # a bad STUN
+    outs = []
+    while (o := pair.server.poll_output()) is not None:
+        outs.append(o)
+    assert isinstance(outs[-1], Timeout) and outs[-1].at == pair.server.poll_timeout()
