@@ -374,10 +374,12 @@ class ServerCall:
 
     def handle_input(self, now: float, data: bytes, source: Source) -> None:
         """One client datagram (PROXY header already removed) and where it came from."""
-        kind = classify(data)
-        if kind is Kind.RTP:
+        # RTP first, tested inline (the echo path, docs/performance.md): RFC 7983's
+        # 128..191 and, RFC 5761 §4, a second byte that is no RTCP packet type.
+        if len(data) > 1 and 127 < data[0] < 192 and not 191 < data[1] < 224:
             self._rtp(now, data, source[0], source[2])
             return
+        kind = classify(data)
         self._timer_dirty = True
         if kind is Kind.STUN:
             self._stun(now, data, source)
