@@ -36,8 +36,11 @@ PUBLIC = ("198.51.100.1", 3478)
 RELAY = ("10.0.0.2", 4000)
 
 
-def _measure(packets: int, stub: bool, complexity: int | None, media: str | None = None) -> float:
-    """Run one session in this process; CPU µs per echoed packet."""
+def _measure(packets: int, stub: bool, complexity: int | None, media: str | None = None,
+             prepare: int = 0) -> float:
+    """Run one session in this process; CPU µs per echoed packet. ``prepare`` (at least
+    ``packets``) packets are made first, so two runs that differ only in ``packets`` differ
+    only in the loop (instruction counts: callgrind the two, subtract, divide)."""
     import numpy as np
     import trio
     import trio.testing
@@ -60,7 +63,8 @@ def _measure(packets: int, stub: bool, complexity: int | None, media: str | None
 
     print(f"appliance from {Path(appliance.__file__).parent}", file=sys.stderr)
     pcm = speech_like(seconds=4.0).tobytes()  # 200 frames, repeated
-    frames = [pcm[(i % 200) * FRAME_BYTES : (i % 200 + 1) * FRAME_BYTES] for i in range(packets)]
+    made = max(packets, prepare)
+    frames = [pcm[(i % 200) * FRAME_BYTES : (i % 200 + 1) * FRAME_BYTES] for i in range(made)]
     client_enc = OpusEncoder()
     payloads = [client_enc.encode(f) for f in frames]
 
@@ -154,12 +158,20 @@ def _measure(packets: int, stub: bool, complexity: int | None, media: str | None
                         setattr(session, f"_{name}", stand_in)
             await nursery.start(session.run)
             ice.start(trio.current_time())
+            source = (CLIENT, PUBLIC, RELAY)
+            new_api = hasattr(session, "handle_input")  # one entry point (issue 27)
             for _ in range(50):
                 now = trio.current_time()
                 while (out := ice.poll_transmit()) is not None:
-                    session.handle_stun(now, out[0], CLIENT, PUBLIC, RELAY)
+                    if new_api:
+                        session.handle_input(now, out[0], source)
+                    else:
+                        session.handle_stun(now, out[0], CLIENT, PUBLIC, RELAY)
                 while (d := dtls.poll_transmit()) is not None:
-                    session.handle_dtls(now, d, CLIENT, RELAY)
+                    if new_api:
+                        session.handle_input(now, d, source)
+                    else:
+                        session.handle_dtls(now, d, CLIENT, RELAY)
                 if state["srtp"] is not None and session.state == "connected":
                     break
                 await trio.sleep(0.001)
@@ -172,13 +184,23 @@ def _measure(packets: int, stub: bool, complexity: int | None, media: str | None
                     for i, p in enumerate(payloads)]
             clock = trio.lowlevel.current_clock()
             assert isinstance(clock, trio.testing.MockClock)
-            handle = session.handle_rtp
-            warm = min(100, len(wire) // 4)
+            warm = min(100, packets // 4)
+            wire = wire[:packets]
+            if new_api:
+                handle_input = session.handle_input
+
+                def handle(now: float, data: bytes) -> None:
+                    handle_input(now, data, source)
+            else:
+                handle_rtp = session.handle_rtp
+
+                def handle(now: float, data: bytes) -> None:
+                    handle_rtp(now, data, CLIENT, RELAY)
             for i, data in enumerate(wire):
                 if i == warm:
                     t0, sent0 = time.process_time(), state["rtp_out"]
                 clock.jump(0.020)
-                handle(trio.current_time(), data, CLIENT, RELAY)
+                handle(trio.current_time(), data)
             cpu = time.process_time() - t0
             sent = state["rtp_out"] - sent0
             assert sent >= 0.98 * (len(wire) - warm), f"only {sent} packets echoed"
@@ -200,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--media", default=None, metavar="JSON",
                    help='per-call media options, e.g. \'{"level_meter": false}\' (no stages)')
+    p.add_argument("--prepare", type=int, default=0,
+                   help="make this many packets first (callgrind: two --packets, one --prepare)")
     p.add_argument("--tree", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.tree:
@@ -207,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         sys.path.insert(0, str(HERE.parent))
     if args.compare is None:
-        us = _measure(args.packets, args.stub_codec, args.complexity, args.media)
+        us = _measure(args.packets, args.stub_codec, args.complexity, args.media, args.prepare)
         print(f"{us:.1f}")
         return 0
     trees = {"before": str(Path(args.compare).resolve()), "after": str(HERE.parent)}

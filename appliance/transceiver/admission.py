@@ -17,19 +17,28 @@ handshakes in progress (a ClientHello accepted, not finished) and the rate of Cl
 reaching connections that wait for one (GCRA); past either threshold, every new handshake
 gets a cookie exchange first, until ``hold`` seconds after the load was last seen.
 
-Sans-IO: time is passed in; the transceiver's dispatch loop calls it (server.py).
+Sans-IO: time is passed in. Each call consults it (``ServerCall``, through its
+:class:`DtlsGate`) when a ClientHello reaches its connection; :class:`DtlsSetup` is where the
+transceiver gets a call's DTLS connection and the shared gate, so that ``server.py`` routes
+datagrams without knowing DTLS.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Hashable
+from dataclasses import dataclass
 
+from appliance.proto.dtls import Certificate, DtlsConnection, Role
 from appliance.proto.ratelimit import Gcra
+from appliance.proto.sdp import Answer
+
+CERT_LIFETIME = 24 * 3600.0  # a fresh DTLS certificate per day; sessions keep theirs
 
 
 class DtlsAdmission:
-    """The "cookies on?" decision and its counters. ``keys`` are the transceiver's sessions."""
+    """The "cookies on?" decision and its counters. ``keys`` are the transceiver's calls."""
 
     __slots__ = ("_handshaking", "_hellos", "_on_until", "hold", "max_handshakes",
                  "switched_on")
@@ -70,3 +79,48 @@ class DtlsAdmission:
     def finished(self, key: Hashable) -> None:
         """``key``'s handshake completed, failed, or its session ended."""
         self._handshaking.discard(key)
+
+
+@dataclass(frozen=True, slots=True)
+class DtlsGate:
+    """The transceiver-wide half of admission a call consults when a ClientHello reaches
+    its connection while it waits for one: the shared policy and the secret its
+    HelloVerifyRequest cookies are made with."""
+
+    policy: DtlsAdmission
+    cookie_secret: bytes
+
+
+class DtlsSetup:
+    """Where a transceiver's calls get their DTLS: its certificate (a fresh one every
+    ``lifetime`` seconds of wall time, passed in), the versions and False Start setting of
+    its config, and the admission gate every call shares."""
+
+    def __init__(self, *, wall: float, versions: frozenset[str], false_start: bool,
+                 lifetime: float = CERT_LIFETIME) -> None:
+        self.versions = versions
+        self.false_start = false_start
+        self.lifetime = lifetime
+        self._cert = Certificate.generate(wall)
+        self._cert_at = wall
+        self.admission = DtlsAdmission()
+        self.gate = DtlsGate(self.admission, secrets.token_bytes(32))
+
+    def fingerprint(self, wall: float) -> str:
+        """The fingerprint the next answer carries (rotating the certificate when due)."""
+        if wall - self._cert_at > self.lifetime:
+            self._cert, self._cert_at = Certificate.generate(wall), wall
+        return str(self._cert.fingerprint)
+
+    def connection(self, answer: Answer) -> DtlsConnection:
+        """The one place a call's DTLS connection is made, in the role the answer's
+        a=setup chose, with the certificate :meth:`fingerprint` last named. The
+        ClientHello's supported_versions (RFC 9147 §5.3, RFC 8446 §4.2.1) negotiates within
+        ``versions``: 1.3 when both list it, else 1.2 with the RFC 8446 §4.1.3 downgrade
+        sentinel (proto/dtls/versioned.py)."""
+        return DtlsConnection(
+            Role.CLIENT if answer.dtls_client else Role.SERVER, self._cert,
+            remote_fingerprints=[str(fp) for fp in answer.transport.fingerprints],
+            versions=self.versions,
+            false_start=self.false_start and answer.dtls_client,
+        )

@@ -8,38 +8,49 @@ transceiver's own relay leg (PROXY v2 flows). Like ``proto/`` it does no I/O: no
 clock (``now`` is passed in; NTP wall time is ``now + wall_offset``), no sockets, no logging
 set-up. ``tests/transceiver/test_call_purity.py`` checks the imports.
 
-Verbs (rule 2): ``handle_datagram(now, source, data)``, ``handle_timeout(now)``,
-``poll_transmit()``, ``poll_event()``, ``poll_timeout()``. After any ``handle_*`` (or
-:meth:`ServerCall.send_rtp`, :meth:`ServerCall.close`) the shell drains ``poll_transmit``
-and ``poll_event`` and re-arms its timer from ``poll_timeout``.
+Verbs (rule 2), str0m's ``Rtc`` shape: one input, one output.
+``handle_input(now, data, source)`` takes every client datagram, whatever its kind;
+``handle_timeout(now)`` runs the timers; ``poll_output()`` yields, until None,
+:class:`Transmit` (a datagram for a flow), the call's events (and the data-channel
+endpoint's, unwrapped) and a :class:`Timeout` when the earliest deadline may have moved;
+``poll_timeout()`` says when ``handle_timeout`` is due. User operations are methods:
+:meth:`ServerCall.send_rtp` (the :class:`~.leg.MediaLeg` the media slot is given),
+:meth:`ServerCall.close`, :meth:`ServerCall.restart_ice`; a channel message is queued on
+the ``sctp`` slot and leaves at the next ``poll_output``. After any of them the shell
+drains ``poll_output``.
 
 Inside one call::
 
     datagram ─► RFC 7983 first byte
       STUN ─► IceLiteAgent   an authenticated check makes its source a Flow (≤ 8)
                              as DTLS client: a fresh one starts/releases our flight
-      DTLS ─► DtlsConnection handshake → SRTP keyed from the exporter (RFC 5764 §4.2)
+      DTLS ─► admission (a ClientHello while waiting for one: cookies under load?)
+             DtlsConnection handshake → SRTP keyed from the exporter (RFC 5764 §4.2)
                              application data ─► sctp slot (RFC 8261) — None: dropped
       RTP  ─► SRTP unprotect → header fields → RtcpMonitor ─► media slot
       RTCP ─► SRTP unprotect → RtcpMonitor (RTT, remote jitter/loss)
-    media slot ─► send_rtp() ─► RTP header (proto/rtp) → SRTP protect ─► poll_transmit
-    sctp slot transmits ─► DTLS application data ─► poll_transmit
+    media slot ─► send_rtp() ─► RTP header (proto/rtp) → SRTP protect ─► poll_output
+    sctp slot (polled in poll_output) ─► DTLS application data ─► poll_output
+                                      ─► its events ─► poll_output, unwrapped
 
 Two slots hold what a call carries beyond its transport; both are sans-IO objects the
 shell plugs in:
 
-* ``media`` (:class:`MediaStream`): the audio pipeline (``media.py``: jitter → decode →
-  VAD → agent, and pacer → packetizer → encode back) or the passthrough rewriter
-  (``passthrough.py``). RTP reaches it by a direct call, not an event per packet: the echo
-  path is the hot path (docs/performance.md, "Transceiver") and an event object per packet
-  is an allocation it does not need.
-* ``sctp`` (:class:`SctpAssociation`): a data-channel association (dcSCTP-shaped verbs,
+* ``media`` (:class:`~.leg.MediaStream`): the audio pipeline (``media.py``: jitter →
+  decode → VAD → agent, and pacer → packetizer → encode back) or the passthrough rewriter
+  (``passthrough.py``), given the call as its :class:`~.leg.MediaLeg` (``send_rtp``,
+  ``can_send``, ``close``: the leg.py seam, so the pipeline does not know it is WebRTC).
+  RTP reaches it by a direct call, not an event per packet: the echo path is the hot path
+  (docs/performance.md, "Transceiver") and an event object per packet is an allocation it
+  does not need.
+* ``sctp`` (:class:`SctpAssociation`): a data-channel endpoint (dcSCTP-shaped verbs,
   ``appliance/proto/sctp``). None until data channels are negotiated in SDP; while None,
-  DTLS application data is counted and dropped as before.
+  DTLS application data is counted and dropped as before. The call connects it when DTLS
+  is up and polls it; it never calls back into the call.
 
-A transmit is ``(payload, flow)``: the client datagram and the :class:`Flow` (client
-address, public relay address, relay internal address and its PROXY v2 header) to send
-it on; the shell sends ``flow.header + payload`` to ``flow.relay``.
+A :class:`Transmit` is ``(payload, flow)``: the client datagram and the :class:`Flow`
+(client address, public relay address, relay internal address and its PROXY v2 header) to
+send it on; the shell sends ``flow.header + payload`` to ``flow.relay``.
 
 DTLS role (``dtls.role``, from the answer's ``a=setup``; docs/adr-dtls-active.md): as the
 server we wait for the client's ClientHello, as before. As the *client* (we answered
@@ -63,9 +74,8 @@ from __future__ import annotations
 import enum
 import random
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from appliance.proto.dtls import (
     ApplicationData,
@@ -75,6 +85,8 @@ from appliance.proto.dtls import (
     HandshakeComplete,
     Role,
 )
+from appliance.proto.dtls import State as DtlsState
+from appliance.proto.dtls.record import is_client_hello
 from appliance.proto.errors import LocalProtocolError
 from appliance.proto.ice import IceLiteAgent
 from appliance.proto.ice.events import ConsentExpired, Nominated
@@ -87,11 +99,15 @@ from appliance.proto.rtp import (
     rtp_header,
     rtp_header_fields_untrusted,
 )
+from appliance.proto.sctp import Connected as SctpConnected
+from appliance.proto.sctp.datachannel import EndpointEvent, carries_channel_message
 from appliance.proto.sdp import Answer
 from appliance.proto.srtp import SrtpError, SrtpSession
 from appliance.session_info import TIMELINE_STEPS
 
+from .admission import DtlsGate
 from .flight_budget import FlightBudget
+from .leg import MediaStream
 from .rtcp import RTCP_INTERVAL, RtcpMonitor
 
 Addr = tuple[str, int]
@@ -169,13 +185,6 @@ class ReportSent:
 
 
 @dataclass(frozen=True, slots=True)
-class SctpEvent:
-    """An event of the SCTP association in the ``sctp`` slot, passed on unchanged."""
-
-    event: object
-
-
-@dataclass(frozen=True, slots=True)
 class Ended:
     reason: str  # "consent-expired", "dtls-closed", "ice-timeout", "deleted", …
 
@@ -187,37 +196,39 @@ class SendReady:
     Finished makes the call :class:`Connected` (docs/sctp.md "Setup latency")."""
 
 
-CallEvent = (FlowNominated | Connected | SendReady | RemoteReport | ReportSent | SctpEvent
-             | Ended)
+#: The call's own events and, passed out unwrapped, the data-channel endpoint's (typed
+#: frozen events of ``appliance.proto.sctp``: channel opened/message/closed/buffered-low,
+#: association connected/closed).
+CallEvent = (FlowNominated | Connected | SendReady | RemoteReport | ReportSent | Ended
+             | EndpointEvent)
+
+
+@dataclass(frozen=True, slots=True)
+class Timeout:
+    """The call's earliest deadline may have moved earlier: ``handle_timeout`` is due at
+    ``at`` (None: no timer). Yielded once at the end of a drain that changed it."""
+
+    at: float | None
 
 
 # -- the slots --------------------------------------------------------------------------------
 
 
-class MediaStream(Protocol):
-    """What the ``media`` slot holds. ``handle_rtp`` gets each authenticated RTP packet of
-    the call's payload type, decrypted: ``plain[off:end]`` is the payload. It answers with
-    :meth:`ServerCall.send_rtp` (now, or later from the shell's pacer)."""
-
-    def handle_rtp(self, now: float, plain: bytes, ssrc: int, seq: int, ts: int,
-                   marker: bool, off: int, end: int) -> None: ...
-
-    def poll_timeout(self) -> float | None: ...
-
-    def handle_timeout(self, now: float) -> None: ...
-
-
 class SctpAssociation(Protocol):
     """What the ``sctp`` slot holds: an SCTP association over DTLS (RFC 8261), with the
-    dcSCTP-shaped verbs of ``appliance/proto/sctp``. Each ``handle_input`` gets one DTLS
-    application-data record (one SCTP packet, RFC 8261 §5); each ``poll_transmit`` result
-    leaves as one record."""
+    dcSCTP-shaped verbs of ``appliance/proto/sctp`` (a ``DataChannelEndpoint``). Each
+    ``handle_input`` gets one DTLS application-data record (one SCTP packet, RFC 8261 §5);
+    each ``poll_transmit`` result leaves as one record. The call connects it once DTLS is
+    up and polls it in :meth:`ServerCall.poll_output`, so whatever the shell queued on it
+    (an agent's message) goes out at the next drain: the slot never calls back."""
+
+    def connect(self, now: float) -> None: ...
 
     def handle_input(self, now: float, packet: bytes) -> None: ...
 
     def poll_transmit(self) -> bytes | None: ...
 
-    def poll_event(self) -> object | None: ...
+    def poll_event(self) -> EndpointEvent | None: ...
 
     def poll_timeout(self) -> float | None: ...
 
@@ -242,13 +253,45 @@ class Flow:
         self.header = encode_header(client, public, b"", transport_of(client))
 
 
-Transmit = tuple[bytes, Flow]
+class Transmit(NamedTuple):
+    """One datagram out: ``payload`` to the client over ``flow``; the shell sends
+    ``flow.header + payload`` to ``flow.relay``. A (frozen) named tuple, built with
+    ``tuple.__new__`` on the echo path: one allocation per packet, as before."""
+
+    payload: bytes
+    flow: Flow
+
+
+_tuple_new = tuple.__new__
+
+#: What :meth:`ServerCall.poll_output` yields.
+CallOutput = Transmit | Timeout | CallEvent
+
+#: Timeline steps a call with data channels adds (ms after the offer, like the others):
+#: our INIT out, the association up, and the first packet with a channel message of ours
+#: handed to DTLS (with a pre-negotiated channel that is our COOKIE ECHO's packet, before
+#: ``sctp_established``; docs/sctp.md "Setup latency").
+SCTP_STEPS = ("sctp_init_sent", "sctp_established", "first_channel_message_out")
+_DTLS_DONE = (DtlsState.ESTABLISHED, DtlsState.CLOSED)
+
+
 
 
 class ServerCall:
-    """One call, server side. ``counters`` is the transceiver's shared dict of drop
-    counters (``drop_unknown_flow``, ``drop_srtp``, ``drop_rtp_before_dtls``,
-    ``drop_rtp_payload_type``, ``drop_kind``, ``flows_forgotten``)."""
+    """One call, server side: ICE-lite, DTLS (and its admission), SRTP/SRTCP, RTCP and the
+    SCTP slot behind one input and one output (str0m's ``Rtc`` shape):
+
+    * ``handle_input(now, data, source)``: every client datagram, whatever its kind (the
+      RFC 7983 demux is here); ``handle_timeout(now)`` at ``poll_timeout()``.
+    * ``poll_output()`` until None: :class:`Transmit`, the call's events (and the
+      data-channel endpoint's, unwrapped), and a :class:`Timeout` when its deadline moved.
+    * operations: :meth:`send_rtp` (the :class:`~.leg.MediaLeg` the media slot is given),
+      :meth:`close`, :meth:`restart_ice`; channel messages are queued on the ``sctp`` slot
+      by the shell and leave at the next ``poll_output``.
+
+    ``counters`` is the transceiver's shared dict of drop counters (``drop_unknown_flow``,
+    ``drop_srtp``, ``drop_rtp_before_dtls``, ``drop_rtp_payload_type``, ``drop_kind``,
+    ``flows_forgotten``, and with a ``gate`` the ``dtls_*`` admission counters)."""
 
     def __init__(
         self,
@@ -266,6 +309,7 @@ class ServerCall:
         consent_timeout: float = CONSENT_TIMEOUT,
         rtcp_interval: float = RTCP_INTERVAL,
         rng: random.Random | None = None,
+        gate: DtlsGate | None = None,
     ) -> None:
         remote = answer.transport  # the audio's, or a data-only session's application
         self.answer = answer
@@ -275,6 +319,7 @@ class ServerCall:
         self.ice = IceLiteAgent(local_ufrag, local_pwd, remote.ice_ufrag, remote.ice_pwd,
                                 consent_timeout=consent_timeout)
         self.dtls = dtls
+        self._gate = gate
         # As DTLS client (answer a=setup:active) our own flights are budgeted by checks.
         self.flight_budget = FlightBudget() if dtls.role is Role.CLIENT else None
         self._dtls_started = False
@@ -282,9 +327,10 @@ class ServerCall:
         self.srtp_profile: str | None = None
         self.cipher_suite: str | None = None
         self.ssrc = ssrc
+        #: The RTP payload type of our stream and of what the media slot gets (MediaLeg).
         #: None for a data-only session: no RTP is ours then (every packet is dropped by
         #: payload type, no SRTP is keyed, no RTCP is sent).
-        self.opus_pt = answer.opus_pt
+        self.payload_type = answer.opus_pt
         self.audio = answer.plan is not None
         self.rtcp = RtcpMonitor(ssrc, cname, wall_offset=wall_offset, interval=rtcp_interval,
                                 rng=rng)
@@ -292,8 +338,7 @@ class ServerCall:
         self.media_flow: Flow | None = None
         self.media: MediaStream | None = None
         self.sctp: SctpAssociation | None = None
-        #: Sees each SCTP packet as it goes to DTLS, while set (the data channels' timeline).
-        self.sctp_tap: Callable[[float, bytes], None] | None = None
+        self._sctp_tapping = True  # until our first channel message is out (the timeline)
         self.packets_in = self.packets_out = self.bytes_in = self.bytes_out = 0
         self._counters = counters
         self._t0 = now
@@ -301,8 +346,14 @@ class ServerCall:
         self._setup_timeout = setup_timeout
         self.timeline: dict[str, float | None] = dict.fromkeys(TIMELINE_STEPS)
         self.timeline["offer_received"] = 0.0
-        self._tx: deque[Transmit] = deque()
-        self._events: deque[CallEvent] = deque()
+        if answer.application is not None:
+            for step in SCTP_STEPS:
+                self.timeline.setdefault(step, None)
+        self._out: deque[CallOutput] = deque()
+        #: The deadline last yielded as a Timeout (inf: none yet), and whether it may have
+        #: moved since (recomputed at the end of the drain).
+        self._told = float("inf")
+        self._timer_dirty = True
 
     # -- small helpers -----------------------------------------------------------------
 
@@ -310,43 +361,50 @@ class ServerCall:
         self.state = _TRANSITIONS.get((self.state, inp), self.state)
 
     def _mark(self, step: str, now: float) -> None:
-        if self.timeline[step] is None:
+        if step in self.timeline and self.timeline[step] is None:
             self.timeline[step] = round((now - self._t0) * 1000, 2)
-
-    def mark(self, step: str, now: float) -> None:
-        """A step the shell sees (data channels' SCTP milestones), first time only; the
-        step must be one of the timeline's keys."""
-        self._mark(step, now)
 
     def mark_answer_sent(self, now: float) -> None:
         """The answer is on its way: the setup deadline counts from now."""
         self._setup_deadline = now + self._setup_timeout
         self._mark("answer_sent", now)
+        self._timer_dirty = True
 
     # -- the verbs -----------------------------------------------------------------------
 
-    def handle_datagram(self, now: float, source: Source, data: bytes) -> None:
-        """One client datagram (PROXY header already removed). The per-kind methods below
-        are what this dispatches to; the transceiver's dispatcher, which classifies anyway
-        to route, calls them directly."""
-        client, public, relay = source
+    def handle_input(self, now: float, data: bytes, source: Source) -> None:
+        """One client datagram (PROXY header already removed) and where it came from."""
+        # RTP first, tested inline (the echo path, docs/performance.md): RFC 7983's
+        # 128..191 and, RFC 5761 §4, a second byte that is no RTCP packet type.
+        if len(data) > 1 and 127 < data[0] < 192 and not 191 < data[1] < 224:
+            self._rtp(now, data, source[0], source[2])
+            return
         kind = classify(data)
+        self._timer_dirty = True
         if kind is Kind.STUN:
-            self.handle_stun(now, data, client, public, relay)
-        elif kind is Kind.RTP:
-            self.handle_rtp(now, data, client, relay)
+            self._stun(now, data, source)
         elif kind is Kind.DTLS:
-            self.handle_dtls(now, data, client, relay)
+            self._dtls(now, data, source[0], source[2])
         elif kind is Kind.RTCP:
-            self.handle_rtcp(now, data, client, relay)
+            self._rtcp(now, data, source[0], source[2])
         else:
             self._counters["drop_kind"] += 1
 
-    def poll_transmit(self) -> Transmit | None:
-        return self._tx.popleft() if self._tx else None
-
-    def poll_event(self) -> CallEvent | None:
-        return self._events.popleft() if self._events else None
+    def poll_output(self) -> CallOutput | None:
+        """The next output, or None once everything is out. What the ``sctp`` slot queued
+        since (the shell's channel operations) is pulled through DTLS first; the last
+        output of a drain that may have moved the deadline is a :class:`Timeout`."""
+        out = self._out
+        if out:
+            return out.popleft()
+        if self.sctp is not None and self.state is not CallState.ENDED and self._pull_sctp():
+            return out.popleft()
+        if self._timer_dirty:
+            self._timer_dirty = False
+            at = self.poll_timeout()
+            self._told = float("inf") if at is None else at
+            return Timeout(at)
+        return None
 
     def poll_timeout(self) -> float | None:
         if self.state is CallState.ENDED:
@@ -360,6 +418,7 @@ class ServerCall:
         return best
 
     def handle_timeout(self, now: float) -> None:
+        self._timer_dirty = True
         if self.state is CallState.ENDED:
             return
         if self.state in _SETTING_UP and now >= self._setup_deadline:
@@ -385,7 +444,8 @@ class ServerCall:
             deadline = sctp.poll_timeout()
             if deadline is not None and now >= deadline:
                 sctp.handle_timeout(now)
-                self._drain_sctp(now)
+                self._now = now
+                self._pull_sctp()
         if self.rtcp.due(now):
             self._send_rtcp(now)
 
@@ -404,8 +464,8 @@ class ServerCall:
                 flow.relay = relay
         return flow
 
-    def handle_stun(self, now: float, data: bytes, client: Addr, public: Addr,
-                    relay: Addr) -> None:
+    def _stun(self, now: float, data: bytes, source: Source) -> None:
+        client, public, relay = source
         ice = self.ice
         before = ice.checks_ok
         ice.handle_datagram(now, data, client)
@@ -429,7 +489,7 @@ class ServerCall:
             f = self.flows.get(addr) or (flow if flow and flow.client == addr else None)
             if f is None:
                 f = Flow(addr, public, relay)
-            self._tx.append((data_out, f))
+            self._out.append(Transmit(data_out, f))
         if (self.flight_budget is not None and ice.checks_ok != before and flow is not None
                 and self.state in _SETTING_UP):
             # After the check's answer, so the client sees its check succeed first.
@@ -442,7 +502,7 @@ class ServerCall:
                 if flow is not None:
                     self.media_flow = flow
                 self._mark("ice_nominated", now)
-                self._events.append(FlowNominated(ev.addr))
+                self._out.append(FlowNominated(ev.addr))
             elif isinstance(ev, ConsentExpired):
                 self.close("consent-expired")
             # CheckReceived, AuthFailure: counted by the agent; nothing to do here.
@@ -455,6 +515,7 @@ class ServerCall:
             raise LocalProtocolError("cannot restart ICE on an ended call")
         self.ice.restart(local_ufrag, local_pwd, remote_ufrag, remote_pwd)
         self.local_ufrag = local_ufrag
+        self._timer_dirty = True
 
     # -- DTLS (and what runs over it) -----------------------------------------------------
 
@@ -492,7 +553,7 @@ class ServerCall:
               and self.media_flow.client == flow.client):
             held, budget.held = budget.held, None
             if budget.spend(flow.client, now):
-                self._tx.extend((d, flow) for d in held)
+                self._out.extend(Transmit(d, flow) for d in held)
             else:
                 budget.held = held
 
@@ -509,12 +570,12 @@ class ServerCall:
             return
         if budget.spend(flow.client, now):
             budget.held = None
-            self._tx.extend((d, flow) for d in flight)
+            self._out.extend(Transmit(d, flow) for d in flight)
         else:
             budget.held = flight  # the newest retransmission supersedes an older one
             budget.held_count += 1
 
-    def handle_dtls(self, now: float, data: bytes, client: Addr, relay: Addr) -> None:
+    def _dtls(self, now: float, data: bytes, client: Addr, relay: Addr) -> None:
         flow = self.flows.get(client)
         if flow is None:
             self._counters["drop_unknown_flow"] += 1
@@ -522,7 +583,27 @@ class ServerCall:
         flow.relay = relay
         if self.media_flow is None:
             self.media_flow = flow  # DTLS may start before USE-CANDIDATE arrives
-        self.dtls.handle_datagram(now, data)
+        dtls, gate = self.dtls, self._gate
+        if gate is None:
+            dtls.handle_datagram(now, data)
+        elif dtls.awaiting_client_hello and is_client_hello(data):
+            # DTLS admission (admission.py): cookie mode decided per ClientHello, the cookie
+            # bound to the address the ClientHello came from.
+            c = self._counters
+            c["dtls_client_hellos"] += 1
+            cookies = gate.policy.client_hello(now)
+            dtls.require_cookies(gate.cookie_secret if cookies else None,
+                                 f"{client[0]}:{client[1]}".encode())
+            hvr = dtls.counters.hello_verify_requests
+            dtls.handle_datagram(now, data)
+            c["dtls_hello_verify"] += dtls.counters.hello_verify_requests - hvr
+            if not dtls.awaiting_client_hello and self.state is not CallState.ENDED:
+                c["dtls_handshakes_started"] += 1
+                gate.policy.started(self)
+        else:
+            dtls.handle_datagram(now, data)
+            if dtls.state in _DTLS_DONE:
+                gate.policy.finished(self)
         self._drain_dtls(now)
 
     def _drain_dtls(self, now: float) -> None:
@@ -530,18 +611,20 @@ class ServerCall:
         flow = self.media_flow
         while (out := dtls.poll_transmit()) is not None:
             if flow is not None:
-                self._tx.append((out, flow))
+                self._out.append(Transmit(out, flow))
         while (ev := dtls.poll_event()) is not None:
             if isinstance(ev, ApplicationData):
                 sctp = self.sctp
                 if sctp is None:  # no data channel negotiated: nobody to give it to
                     continue
                 sctp.handle_input(now, ev.data)
-                self._drain_sctp(now)
+                self._now = now
+                self._pull_sctp()
             elif isinstance(ev, HandshakeComplete):
                 self._on_handshake(now, ev)
             elif isinstance(ev, FalseStart) and self.dtls.role is Role.CLIENT:
-                self._events.append(SendReady())
+                self._out.append(SendReady())
+                self._connect_sctp(now)
             elif isinstance(ev, ConnectionClosed):
                 self.close("dtls-closed" if ev.by_peer else f"dtls-failed: {ev.reason}")
 
@@ -554,7 +637,8 @@ class ServerCall:
             # so no RTP or RTCP is accepted or sent, and no RTCP timer runs.
             self._fire(_Input.DTLS_DONE)
             self._mark("dtls_done", now)
-            self._events.append(Connected(None, ev.cipher_suite.name))
+            self._out.append(Connected(None, ev.cipher_suite.name))
+            self._connect_sctp(now)
             return
         if profile is None:
             self.close("dtls-failed: no SRTP profile negotiated")
@@ -565,32 +649,56 @@ class ServerCall:
         self._fire(_Input.DTLS_DONE)
         self._mark("dtls_done", now)
         self.rtcp.start(now)
-        self._events.append(Connected(profile.name, ev.cipher_suite.name))
+        self._out.append(Connected(profile.name, ev.cipher_suite.name))
+        self._connect_sctp(now)
 
-    def _drain_sctp(self, now: float) -> None:
-        """The association's packets out as DTLS records, its events out as ours."""
+    # -- SCTP (the sctp slot, over DTLS application data) ----------------------------------
+
+    #: The time of the input that is feeding the slot (its packets' timeline marks); the
+    #: shell's operations on the slot between inputs are marked with the last one.
+    _now = 0.0
+
+    def _connect_sctp(self, now: float) -> None:
+        """DTLS is up (or, as a False Start client, our keys are final): our INIT goes (the
+        peer's may cross it; the association resolves both, RFC 9260 §5.2.1). Connected
+        after SendReady connects again, which the association ignores."""
         sctp = self.sctp
         if sctp is None:
             return
-        dtls, flow = self.dtls, self.media_flow
-        while (packet := sctp.poll_transmit()) is not None:
-            if (tap := self.sctp_tap) is not None:
-                tap(now, packet)
-            dtls.send_application_data(packet)
-        while (out := dtls.poll_transmit()) is not None:
-            if flow is not None:
-                self._tx.append((out, flow))
-        while (ev := sctp.poll_event()) is not None:
-            self._events.append(SctpEvent(ev))
+        sctp.connect(now)
+        self._mark("sctp_init_sent", now)
+        self._now = now
+        self._pull_sctp()
 
-    def poll_sctp(self, now: float) -> None:
-        """Send what the association queued outside a ``handle_*`` (a message the agent
-        sent): the shell calls this after feeding the association."""
-        self._drain_sctp(now)
+    def _pull_sctp(self) -> bool:
+        """The slot's packets out as DTLS records, its events out as ours; True if any
+        output was queued."""
+        sctp = self.sctp
+        assert sctp is not None
+        out = self._out
+        n = len(out)
+        dtls, flow = self.dtls, self.media_flow
+        sent = False
+        while (packet := sctp.poll_transmit()) is not None:
+            if self._sctp_tapping and carries_channel_message(packet):
+                self._mark("first_channel_message_out", self._now)
+                self._sctp_tapping = False  # marked once: no more looking at packets
+            dtls.send_application_data(packet)
+            sent = True
+        if sent:
+            self._timer_dirty = True  # SCTP's T3-rtx for what was sent
+            while (rec := dtls.poll_transmit()) is not None:
+                if flow is not None:
+                    out.append(Transmit(rec, flow))
+        while (ev := sctp.poll_event()) is not None:
+            if isinstance(ev, SctpConnected):
+                self._mark("sctp_established", self._now)
+            out.append(ev)
+        return len(out) != n
 
     # -- RTP / RTCP in ---------------------------------------------------------------------
 
-    def handle_rtp(self, now: float, data: bytes, client: Addr, relay: Addr) -> None:
+    def _rtp(self, now: float, data: bytes, client: Addr, relay: Addr) -> None:
         srtp = self.srtp
         if srtp is None:
             self._counters["drop_rtp_before_dtls"] += 1
@@ -608,7 +716,7 @@ class ServerCall:
             return
         self.packets_in += 1
         self.bytes_in += len(data)
-        if pt != self.opus_pt:
+        if pt != self.payload_type:
             self._counters["drop_rtp_payload_type"] += 1  # telephone-event, CN: ignored
             return
         # RtcpMonitor.on_rtp, inlined: one call fewer per packet on the echo path.
@@ -621,8 +729,13 @@ class ServerCall:
         media = self.media
         if media is not None:
             media.handle_rtp(now, plain, ssrc, seq, ts, marker, off, end)
+            # The only deadline an RTP packet can move is the media slot's (a jitter-buffer
+            # hole): the whole poll_timeout is not recomputed per packet.
+            at = media.poll_timeout()
+            if at is not None and at < self._told:
+                self._timer_dirty = True
 
-    def handle_rtcp(self, now: float, data: bytes, client: Addr, relay: Addr) -> None:
+    def _rtcp(self, now: float, data: bytes, client: Addr, relay: Addr) -> None:
         srtp = self.srtp
         if srtp is None:
             self._counters["drop_rtp_before_dtls"] += 1
@@ -640,16 +753,21 @@ class ServerCall:
         rtcp = self.rtcp
         if rtcp.on_rtcp(now, packets):
             assert rtcp.remote_jitter is not None and rtcp.remote_loss is not None
-            self._events.append(RemoteReport(rtcp.rtt, rtcp.remote_jitter, rtcp.remote_loss))
+            self._out.append(RemoteReport(rtcp.rtt, rtcp.remote_jitter, rtcp.remote_loss))
 
-    # -- out ---------------------------------------------------------------------------------
+    # -- out (the MediaLeg) ----------------------------------------------------------------
+
+    def can_send(self) -> bool:
+        """:class:`~.leg.MediaLeg`: SRTP keyed, a media flow known, not ended."""
+        return (self.srtp is not None and self.media_flow is not None
+                and self.state is not CallState.ENDED)
 
     def send_rtp(self, now: float, seq: int, ts: int, marker: bool, payload: bytes) -> None:
         """One RTP packet of our stream (our SSRC and payload type, a plain 12-byte header)
         out on the media flow. Before SRTP is keyed, or with no flow, nothing is sent."""
         srtp = self.srtp
         flow = self.media_flow
-        pt = self.opus_pt
+        pt = self.payload_type
         if srtp is None or flow is None or pt is None or self.state is CallState.ENDED:
             return
         packet = srtp.protect(rtp_header(pt, seq, ts, self.ssrc, marker) + payload)
@@ -658,15 +776,15 @@ class ServerCall:
         self.bytes_out += len(packet)
         if self.packets_out == 1:
             self._mark("first_rtp_out", now)
-        self._tx.append((packet, flow))
+        self._out.append(_tuple_new(Transmit, (packet, flow)))
 
     def _send_rtcp(self, now: float) -> None:
         srtp = self.srtp
         plain = self.rtcp.report(now)
         flow = self.media_flow
         if srtp is not None and flow is not None:
-            self._tx.append((srtp.protect_rtcp(plain), flow))
-        self._events.append(ReportSent())
+            self._out.append(Transmit(srtp.protect_rtcp(plain), flow))
+        self._out.append(ReportSent())
 
     def close(self, reason: str) -> None:
         """End the call (idempotent): DTLS close_notify queued, ICE closed, :class:`Ended`."""
@@ -674,12 +792,15 @@ class ServerCall:
             return
         self._fire(_Input.END)
         self.end_reason = reason
+        self._timer_dirty = True
+        if self._gate is not None:
+            self._gate.policy.finished(self)  # a handshake abandoned, if one was running
         flow = self.media_flow
         try:
             self.dtls.close()
             while (out := self.dtls.poll_transmit()) is not None:
                 if flow is not None:
-                    self._tx.append((out, flow))
+                    self._out.append(Transmit(out, flow))
         finally:  # a broken DTLS state must not stop the teardown (the shell logs it)
             self.ice.close()
-            self._events.append(Ended(reason))
+            self._out.append(Ended(reason))

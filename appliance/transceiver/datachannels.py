@@ -2,20 +2,26 @@
 agent's :class:`~appliance.agents.channels.ChannelHub` (STYLE.md rule 8: the protocol core
 does not know agents, agents do not know SCTP; they meet here).
 
-* **Network → agent:** the endpoint's events (``SctpEvent`` from the
-  :class:`~appliance.transceiver.call.ServerCall`) become the agent's typed channel events;
-  a synchronous channel handler (the built-in ``echo``) is called in the network loop
-  instead of queueing, like its frame handler.
+The endpoint sits in the call's ``sctp`` slot; :class:`CallChannels` holds no reference
+to the call (the slot's contract: the call polls the endpoint, the endpoint never calls
+back).
+
+* **Network → agent:** the endpoint's events, passed out unwrapped by
+  :meth:`~appliance.transceiver.call.ServerCall.poll_output`, become the agent's typed
+  channel events (:meth:`CallChannels.on_event`); a synchronous channel handler (the
+  built-in ``echo``) is called from the session's drain instead of queueing, like its frame
+  handler, and what it sends is taken by that same drain.
 * **Agent → network:** :class:`CallChannels` is the hub's
   :class:`~appliance.agents.channels.ChannelPort`: ``send``/``open``/``close`` go to the
-  endpoint at the shell's current time, then the call's SCTP output is drained and sent.
+  endpoint at the shell's current time; for an agent task, ``flush`` (the session's drain)
+  then takes them out through the call.
   Each channel's buffered-amount-low threshold is the hub's high-water mark, so a sender
   waiting for room is woken when the peer's acknowledgements bring it under.
 
 The transceiver's DTLS role picks its stream-id parity (RFC 8832 §6; the client by default,
-docs/adr-dtls-active.md: even ids) and it starts the SCTP association itself once DTLS is up
+docs/adr-dtls-active.md: even ids); the call starts the association itself once DTLS is up
 (RFC 8261 §5: either side may send the INIT; both doing so is resolved by the association,
-RFC 9260 §5.2.1). ``SCTP_STEPS`` go into the call's timeline.
+RFC 9260 §5.2.1) and marks ``SCTP_STEPS`` in its timeline.
 """
 
 from __future__ import annotations
@@ -34,12 +40,13 @@ from appliance.agents.channels import (
     message_size,
 )
 from appliance.agents.registry import ChannelFn
-from appliance.proto.dtls import Role
 from appliance.proto.sctp import Closed, Connected, SctpUsageError
 from appliance.proto.sctp import datachannel as dc
 from appliance.proto.sdp import MAX_MESSAGE_SIZE, ApplicationPlan
 
-from .call import ServerCall
+from .call import SCTP_STEPS
+
+__all__ = ["DTLS_RECORD_OVERHEAD", "SCTP_STEPS", "CallChannels"]
 
 #: The most a DTLS record adds to its payload with our cipher suites: DTLS 1.2 AES-GCM's
 #: 13-byte header + 8-byte explicit nonce + 16-byte tag (RFC 6347 §4.1, RFC 5288 §3);
@@ -48,12 +55,6 @@ from .call import ServerCall
 #: handshake picks the suite, so it is sized for the largest overhead.
 DTLS_RECORD_OVERHEAD = 37
 
-#: Timeline steps a call with data channels adds (ms after the offer, like the others):
-#: our INIT out, the association up, and the first packet with a channel message of ours
-#: handed to DTLS (with a pre-negotiated channel that is our COOKIE ECHO's packet, before
-#: ``sctp_established``; docs/sctp.md "Setup latency").
-SCTP_STEPS = ("sctp_init_sent", "sctp_established", "first_channel_message_out")
-
 
 
 class CallChannels:
@@ -61,23 +62,22 @@ class CallChannels:
 
     def __init__(
         self,
-        call: ServerCall,
         plan: ApplicationPlan,
         hub: ChannelHub,
         ctx: AgentContext,
         *,
+        dtls_client: bool,
+        mtu: int,
         clock: Callable[[], float],
-        flush: Callable[[], None],
+        flush: Callable[[], None] | None,
         on_channel: ChannelFn | None = None,
     ) -> None:
+        """``dtls_client``/``mtu``: the call's DTLS role and record MTU. ``flush`` (None
+        when every operation comes from inside the session's drain) sends what an
+        operation queued."""
         self.endpoint = dc.DataChannelEndpoint(
-            dtls_client=call.dtls.role is Role.CLIENT, remote_port=plan.sctp_port, max_message_size=MAX_MESSAGE_SIZE,
-            mtu=call.dtls.mtu - DTLS_RECORD_OVERHEAD)
-        call.sctp = self.endpoint
-        for step in SCTP_STEPS:
-            call.timeline.setdefault(step, None)
-        call.sctp_tap = self._tap
-        self._call = call
+            dtls_client=dtls_client, remote_port=plan.sctp_port,
+            max_message_size=MAX_MESSAGE_SIZE, mtu=mtu - DTLS_RECORD_OVERHEAD)
         self._plan = plan
         self._hub = hub
         self._ctx = ctx
@@ -94,25 +94,14 @@ class CallChannels:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def start(self, now: float) -> None:
-        """DTLS is up: send our INIT (the peer's may cross it; both are handled)."""
-        self.endpoint.connect(now)
-        self._call.mark("sctp_init_sent", now)
-        self._call.poll_sctp(now)
-
     def _after(self) -> None:
-        self._call.poll_sctp(self._clock())
-        self._flush()
-
-    def _tap(self, now: float, packet: bytes) -> None:
-        if dc.carries_channel_message(packet):
-            self._call.mark("first_channel_message_out", now)
-            self._call.sctp_tap = None  # marked once: no more looking at packets
+        if self._flush is not None:
+            self._flush()
 
     # -- network → agent ---------------------------------------------------------------------
 
     def on_event(self, ev: object) -> None:
-        """One event of the endpoint (from the call's ``SctpEvent``)."""
+        """One event of the endpoint (passed out by the call's ``poll_output``)."""
         if isinstance(ev, dc.ChannelOpened):
             self._labels[ev.channel_id] = ev.label
             self.endpoint.set_buffered_amount_low_threshold(ev.channel_id, self._hub.high_water)
@@ -128,7 +117,6 @@ class CallChannels:
             self._hub.buffered_low(ev.channel_id)
         elif isinstance(ev, Connected):
             self.connected = True
-            self._call.mark("sctp_established", self._clock())
         elif isinstance(ev, Closed):
             self.connected = False
             self.closed_reason = f"{ev.cause.value}: {ev.reason}" if ev.reason else ev.cause.value

@@ -1,5 +1,8 @@
-"""The PCM media pipeline of one call: the ``media`` slot of a
-:class:`~appliance.transceiver.call.ServerCall` for every agent that takes audio.
+"""The PCM media pipeline of one call: the ``media`` slot of the call's media leg
+(:class:`~appliance.transceiver.leg.MediaLeg`: ICE + DTLS-SRTP's
+:class:`~appliance.transceiver.call.ServerCall`, or a phone call's
+:class:`~appliance.transceiver.rtp_leg.RtpLeg`) for every agent that takes audio; it does
+not know which.
 
 ::
 
@@ -7,7 +10,7 @@
                          ─► in stages ─► EnergyVad ─► agent (a synchronous frame handler,
                             or the queue its task reads)
     out:  agent output queue ─► pump: Packetizer (20 ms schedule) ─► out stages
-                         ─► Opus encode ─► ServerCall.send_rtp (RTP header, SRTP)
+                         ─► Opus encode ─► leg.send_rtp (RTP header, SRTP)
 
 The stages (recorder tap, echo canceller, noise suppressor, level meter: stages/) and the
 VAD's knobs and codec complexity come from the call's one :class:`MediaConfig`. An empty
@@ -35,8 +38,8 @@ from appliance.agents.registry import FrameFn
 from appliance.logs import loggable_url
 
 from . import g711
-from .call import CallState, ServerCall
 from .jitter import JitterBuffer
+from .leg import MediaLeg
 from .opus import FRAME_BYTES, Decoder, Encoder, OpusDecoder, OpusEncoder
 from .packetizer import Packetizer
 from .stages import CallStages, MediaConfig
@@ -56,7 +59,7 @@ class PcmPipeline:
 
     def __init__(
         self,
-        call: ServerCall,
+        leg: MediaLeg,
         host: AgentHost,
         ctx: AgentContext,
         *,
@@ -68,7 +71,7 @@ class PcmPipeline:
     ) -> None:
         config = config if config is not None else MediaConfig()
         self.config = config
-        self.call = call
+        self.leg = leg
         self.host = host
         self.ctx = ctx
         self._on_frame = on_frame  # a synchronous frame handler (no agent task), or None
@@ -83,8 +86,8 @@ class PcmPipeline:
         self.vad: EnergyVad = config.vad.make()
         #: The call's two stage chains (``stages.inbound`` / ``stages.outbound``).
         self.stages = CallStages(config, label=ctx.session_id)
-        assert call.opus_pt is not None, "a data-only call has no audio pipeline"
-        self.packetizer = Packetizer(call.ssrc, call.opus_pt, early=EARLY, samples_per_frame=step)
+        assert leg.payload_type is not None, "a data-only call has no audio pipeline"
+        self.packetizer = Packetizer(leg.ssrc, leg.payload_type, early=EARLY, samples_per_frame=step)
         self._opus_complexity = config.opus_complexity
         self._decoder: Decoder | None = None
         self._encoder: Encoder | None = None
@@ -179,20 +182,20 @@ class PcmPipeline:
                 except Exception:
                     log.exception("session %s: agent %s failed", ctx.session_id,
                                   loggable_url(self._agent_name))
-                    self.call.close("agent-error")
+                    self.leg.close("agent-error")
                     return
 
     # -- out ---------------------------------------------------------------------------------
 
     def send_frame(self, now: float, pcm: bytes, backlog: int = 0) -> None:
         """Encode and send one 20 ms frame now (the pump decided it is due)."""
-        call = self.call
-        if call.srtp is None or call.media_flow is None:
+        leg = self.leg
+        if not leg.can_send():
             return
         if self.stages.outbound.stages:
             pcm = self.stages.outbound.run(pcm, now)
         seq, ts, marker = self.packetizer.next_header(now, backlog)
-        call.send_rtp(now, seq, ts, marker, self.encoder.encode(pcm))
+        leg.send_rtp(now, seq, ts, marker, self.encoder.encode(pcm))
 
     def output_queued(self, now: float) -> None:
         """The agent queued output: send what is due now (unless the pacer is calling back
@@ -202,7 +205,7 @@ class PcmPipeline:
 
     def pace(self, now: float, at: float) -> None:
         """The shared pacer's call-back (see :meth:`Pacer.schedule`)."""
-        if at != self.pace_at or self.call.state is CallState.ENDED:
+        if at != self.pace_at or not self.leg.can_send():
             return  # stale: rescheduled since, or over
         self.pace_at = None
         self.pump(now, True)
@@ -213,8 +216,7 @@ class PcmPipeline:
         call-back, so a producer that queues a frame in pieces gets to finish it."""
         host = self.host
         pk = self.packetizer
-        call = self.call
-        if call.srtp is None or call.media_flow is None or call.state is CallState.ENDED:
+        if not self.leg.can_send():
             return  # agents start on connection; nothing is sent before or after
         while host.has_output():
             whole = host.queued_frames

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import secrets
 
-from .call import ServerCall
+from .leg import MediaLeg
 
 #: RTP clock ticks per 20 ms packet at 48 kHz (RFC 7587 §4.1), and packets per second.
 _TICKS_PER_PACKET = 960
@@ -21,10 +21,10 @@ _PACKETS_PER_SECOND = 50
 
 
 class PassthroughStream:
-    __slots__ = ("call", "_src", "_seq_off", "_ts_off", "_seq", "_ts", "_sent_at")
+    __slots__ = ("leg", "_src", "_seq_off", "_ts_off", "_seq", "_ts", "_sent_at")
 
-    def __init__(self, call: ServerCall) -> None:
-        self.call = call
+    def __init__(self, leg: MediaLeg) -> None:
+        self.leg = leg
         self._src: int | None = None  # the caller's SSRC the offsets are anchored to
         self._seq_off = self._ts_off = 0
         self._seq = secrets.randbits(16)  # last sequence number / timestamp we sent
@@ -46,7 +46,7 @@ class PassthroughStream:
         ots = (ts + self._ts_off) & 0xFFFFFFFF
         if (oseq - self._seq) & 0xFFFF < 0x8000:  # newer than the last one sent
             self._seq, self._ts, self._sent_at = oseq, ots, now
-        self.call.send_rtp(now, oseq, ots, marker, plain[off:end])
+        self.leg.send_rtp(now, oseq, ots, marker, plain[off:end])
 
     def poll_timeout(self) -> float | None:
         return None

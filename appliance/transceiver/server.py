@@ -3,11 +3,11 @@
 Datagram path (DESIGN.md "Relay ↔ transceiver datagram format", "Transceiver behaviour")::
 
     relay ──PROXY v2(src=client, dst=public) + client datagram──► our socket
-       parse header (drop+count if bad) → classify first byte (RFC 7983)
+       parse header (drop+count if bad) → is the first byte STUN's (RFC 7983)?
        STUN  → session by server ufrag (USERNAME before ':'), else by client address
-       DTLS/RTP/RTCP → session by client address (learnt from authenticated checks);
-         a ClientHello to a connection still waiting for one first gets the DTLS admission
-         decision (admission.py: HelloVerifyRequest cookies under load)
+       else  → session by client address (learnt from authenticated checks)
+       → Session.handle_input(now, datagram, (client, public, relay)): one method; the
+         call does the rest (kinds, ICE, DTLS and its admission, SRTP, SCTP; call.py)
     session replies: PROXY(src=client, dst=public) + payload → the internal address that
     the flow's last packet came from
 
@@ -52,11 +52,7 @@ from appliance.agents import AgentError, resolve
 from appliance.control import check_params, serve_control
 from appliance.logs import loggable_url, redact
 from appliance.netio.sockets import udp_socket
-from appliance.proto.dtls import Certificate, DtlsConnection, Role
-from appliance.proto.dtls import State as DtlsState
-from appliance.proto.dtls.record import is_client_hello
 from appliance.proto.errors import LocalProtocolError
-from appliance.proto.mux import Kind, classify
 from appliance.proto.proxy import STREAM, ProxyError, StreamAddr, parse_transport_untrusted
 from appliance.proto.proxy.vouch import is_local
 from appliance.proto.ratelimit import GcraTable
@@ -70,7 +66,7 @@ from appliance.proto.sdp import (
 from appliance.proto.stun import StunError, peek_username_untrusted
 from appliance.proto.ufrag import UfragCodec
 
-from .admission import DtlsAdmission
+from .admission import DtlsSetup
 from .call import Addr
 from .corestat import ProcStat
 from .degrade import ComplexityController
@@ -100,7 +96,6 @@ YIELD_AFTER = 0.002
 BUFSIZE = 65536 + 256
 SOCKET_BUFFER = 4 << 20
 RECENTLY_ENDED = 256  # ended sessions kept for list/get (end_reason, final stats)
-CERT_LIFETIME = 24 * 3600.0  # a fresh DTLS certificate per day; sessions keep theirs
 MAX_SESSION_ID = 128
 # Early drop (issue 9, ICE password-guessing storm): STUN from a client address that is no
 # session's known flow passes a per-address budget (GCRA: 10/s, burst 20) *before* its
@@ -111,10 +106,6 @@ MAX_SESSION_ID = 128
 STUN_SOURCE_RATE = 10.0  # per second
 STUN_SOURCE_BURST = 20.0
 STUN_SOURCES = 16384
-# DTLS admission under load (issue 9; admission.py explains why and when): a ClientHello
-# that reaches a connection still waiting for one gets a HelloVerifyRequest cookie exchange
-# first while cookie mode is on.
-_DTLS_DONE = (DtlsState.ESTABLISHED, DtlsState.CLOSED)
 
 
 COUNTER_NAMES = (
@@ -202,10 +193,11 @@ class Transceiver:
         self.drained = trio.Event()  # set once draining with no session left
         self._nursery: trio.Nursery | None = None
         self.pacer = Pacer()  # one pacing task for every session (pacer.py)
-        self._cert = Certificate.generate(time.time())
-        self._cert_at = time.time()
-        self.admission = DtlsAdmission()
-        self._cookie_secret = secrets.token_bytes(32)
+        # DTLS: the certificate, and admission under load (issue 9; admission.py explains
+        # why and when), which each call consults for the ClientHellos it gets.
+        self.dtls_setup = DtlsSetup(wall=time.time(), versions=config.dtls_versions,
+                                    false_start=config.dtls_false_start)
+        self.admission = self.dtls_setup.admission
         # While the receive loop drains a batch: what the sessions send, as send_batch items
         # (header, offset, length, address) with the datagram as the header. None: send now.
         self._queued: list[tuple[bytes, int, int, Addr]] | None = None
@@ -375,15 +367,17 @@ class Transceiver:
             # ip:port; replies to it carry a STREAM header (call.Flow).
             client = StreamAddr(client)
         payload = data[offset:]
-        kind = classify(payload)
-        if kind is Kind.STUN:
+        if payload and payload[0] < 4:  # STUN (RFC 7983 §7): routed by its USERNAME
             if client not in self.by_client and not self.stun_budget.allow(client, now):
                 self.counters["drop_stun_rate"] += 1
                 return
             session = self._route_stun(payload, client)
             if session is None:
                 return
-            self._guard(session, session.handle_stun, now, bytes(payload), client, public, relay)
+            try:
+                session.handle_input(now, bytes(payload), (client, public, relay))
+            except Exception:
+                self._failed(session)
             if client in session.flows and session.state != "ended":
                 self.by_client[client] = session
             return
@@ -391,36 +385,10 @@ class Transceiver:
         if session is None:
             self.counters["drop_unknown_flow"] += 1
             return
-        if kind is Kind.RTP:
-            self._guard(session, session.handle_rtp, now, bytes(payload), client, relay)
-        elif kind is Kind.RTCP:
-            self._guard(session, session.handle_rtcp, now, bytes(payload), client, relay)
-        elif kind is Kind.DTLS:
-            self._dtls(now, session, payload, client, relay)
-        else:
-            self.counters["drop_kind"] += 1
-
-    def _dtls(self, now: float, session: Session, payload: memoryview, client: Addr,
-              relay: Addr) -> None:
-        """DTLS admission (admission.py): cookie mode decided per ClientHello."""
-        dtls = session.dtls
-        if dtls.awaiting_client_hello and is_client_hello(payload):
-            c = self.counters
-            c["dtls_client_hellos"] += 1
-            cookies = self.admission.client_hello(now)
-            # The cookie is bound to the address the ClientHello came from.
-            dtls.require_cookies(self._cookie_secret if cookies else None,
-                                 f"{client[0]}:{client[1]}".encode())
-            hvr = dtls.counters.hello_verify_requests
-            self._guard(session, session.handle_dtls, now, bytes(payload), client, relay)
-            c["dtls_hello_verify"] += dtls.counters.hello_verify_requests - hvr
-            if not dtls.awaiting_client_hello and session.state != "ended":
-                c["dtls_handshakes_started"] += 1
-                self.admission.started(session)
-            return
-        self._guard(session, session.handle_dtls, now, bytes(payload), client, relay)
-        if dtls.state in _DTLS_DONE:
-            self.admission.finished(session)
+        try:
+            session.handle_input(now, bytes(payload), (client, public, relay))
+        except Exception:
+            self._failed(session)
 
     def _route_stun(self, payload: memoryview, client: Addr) -> Session | None:
         try:
@@ -438,13 +406,11 @@ class Transceiver:
             self.counters["drop_stun_malformed"] += 1
         return session
 
-    def _guard(self, session: Session, handler: Any, *args: Any) -> None:
-        try:
-            handler(*args)
-        except Exception:
-            self.counters["session_errors"] += 1
-            log.exception("session %s: handler failed; ending it", session.id)
-            session.end("internal-error")
+    def _failed(self, session: Session) -> None:
+        """A session's handler raised (called from its ``except``): end that one only."""
+        self.counters["session_errors"] += 1
+        log.exception("session %s: handler failed; ending it", session.id)
+        session.end("internal-error")
 
     # -- session table -------------------------------------------------------------------
 
@@ -453,7 +419,7 @@ class Transceiver:
             return
         self.counters["sessions_ended"] += 1
         self.tcp_candidates.pop(session.id, None)
-        self.admission.finished(session)
+        self.admission.finished(session.call)  # (the call's close did; a no-op then)
         for ufrag in [u for u, s in self.by_ufrag.items() if s is session]:
             del self.by_ufrag[ufrag]
         for client in [c for c, s in self.by_client.items() if s is session]:
@@ -472,12 +438,6 @@ class Transceiver:
         if self.draining and not self.sessions and not self.drained.is_set():
             log.info("drained: no session left")
             self.drained.set()
-
-    def _certificate(self) -> Certificate:
-        now = time.time()
-        if now - self._cert_at > CERT_LIFETIME:
-            self._cert, self._cert_at = Certificate.generate(now), now
-        return self._cert
 
     def _find(self, req: dict[str, Any]) -> Session | EndedSession | dict[str, Any]:
         sid = req.get("session_id")
@@ -539,12 +499,12 @@ class Transceiver:
             return _error(400, "bad-params", str(exc))
         ufrag = self.codec.mint(cluster=self.config.cluster, transceiver=self.config.id)
         pwd = _ice_pwd()
-        cert = self._certificate()
+        fingerprint = self.dtls_setup.fingerprint(time.time())
         ssrc, cname = secrets.randbits(32), secrets.token_hex(8)
         try:
             offer = parse_offer_untrusted(offer_text)
             answer = build_answer(
-                offer, ice_ufrag=ufrag, ice_pwd=pwd, fingerprint=cert.fingerprint,
+                offer, ice_ufrag=ufrag, ice_pwd=pwd, fingerprint=fingerprint,
                 candidates=candidates, ssrc=ssrc, cname=cname,
                 session_id=secrets.randbits(62), datachannel=True, tcp_candidates=tcp,
                 # actpass -> a=setup:active (we start DTLS, one round trip sooner), except
@@ -556,16 +516,7 @@ class Transceiver:
             return _error(exc.status, exc.code, exc.detail)
         except LocalProtocolError as exc:
             return _error(400, "bad-request", str(exc))
-        # The one place a call's DTLS connection is made, in the role the answer's a=setup
-        # chose. The ClientHello's supported_versions (RFC 9147 §5.3, RFC 8446 §4.2.1)
-        # negotiates within --dtls-versions: 1.3 when both list it, else 1.2 with the
-        # RFC 8446 §4.1.3 downgrade sentinel (proto/dtls/versioned.py).
-        dtls = DtlsConnection(
-            Role.CLIENT if answer.dtls_client else Role.SERVER, cert,
-            remote_fingerprints=[str(fp) for fp in answer.transport.fingerprints],
-            versions=self.config.dtls_versions,
-            false_start=self.config.dtls_false_start and answer.dtls_client,
-        )
+        dtls = self.dtls_setup.connection(answer)  # (admission.py)
         session = Session(
             session_id=sid, transceiver=self.config.id, agent=agent, answer=answer,
             candidates=candidates,
@@ -573,6 +524,7 @@ class Transceiver:
             send=self.send, now=now, on_end=self._on_end, counters=self.counters,
             pacer=self.pacer, opus_complexity=self.complexity.complexity, params=params,
             media=media,
+            gate=self.dtls_setup.gate,
         )
         assert self._nursery is not None
         self.sessions[sid] = session

@@ -16,9 +16,13 @@ What a call *is* — ICE-lite, DTLS, SRTP, RTCP, its flows and lifecycle — liv
 * the agent's events (``session.started``, ``stats``, ``session.ended``), logs, and the
   session object (:meth:`Session.describe`, appliance/session_info.py).
 
-Datagrams are handed in synchronously by the server's socket loop (``handle_*``); after
-each, and after anything else that touches the call, :meth:`Session._service` sends what
-the call queued (``poll_transmit`` → the server's ``send``) and acts on its events.
+One drive-and-drain loop, str0m style: whatever feeds the call — a datagram handed in
+synchronously by the server's socket loop (:meth:`Session.handle_input`), a timer, the
+pacer, an agent's task — is followed by :meth:`Session._drain`, which takes
+``poll_output`` until None: a transmit goes to the server's ``send``, an event is acted
+on, a :class:`~.call.Timeout` re-arms the timer. What an event handler queues (a
+synchronous agent's echo of a channel message) is taken by the same loop, so nothing
+re-enters it from below.
 
 Anything that escapes a handler or task ends this session only (``internal-error``).
 """
@@ -35,10 +39,11 @@ import trio
 
 from appliance.agents import AgentContext, AgentHost, AgentIdentity, ResolvedAgent
 from appliance.logs import loggable_url, redact
-from appliance.proto.dtls import DtlsConnection
+from appliance.proto.dtls import DtlsConnection, Role
 from appliance.proto.sdp import Answer
 from appliance.session_info import RelayFlow, SessionInfo
 
+from .admission import DtlsGate
 from .call import (
     SETUP_TIMEOUT,
     Addr,
@@ -50,9 +55,11 @@ from .call import (
     FlowNominated,
     RemoteReport,
     ReportSent,
-    SctpEvent,
     SendReady,
     ServerCall,
+    Source,
+    Timeout,
+    Transmit,
 )
 from .datachannels import CallChannels
 from .media import PcmPipeline
@@ -93,6 +100,7 @@ class Session:
         opus_complexity: int = DEFAULT_COMPLEXITY,
         params: dict[str, Any] | None = None,
         media: MediaConfig | None = None,
+        gate: DtlsGate | None = None,
     ) -> None:
         self.id = session_id
         self.transceiver = transceiver
@@ -104,14 +112,13 @@ class Session:
         self.call = ServerCall(
             answer=answer, local_ufrag=local_ufrag, local_pwd=local_pwd, dtls=dtls,
             ssrc=ssrc, cname=cname, now=now, wall_offset=self.created_at - now,
-            counters=counters, setup_timeout=SETUP_TIMEOUT, rtcp_interval=RTCP_INTERVAL)
+            counters=counters, setup_timeout=SETUP_TIMEOUT, rtcp_interval=RTCP_INTERVAL,
+            gate=gate)
         self._send = send
         self._on_end = on_end
         self._counters = counters  # the server's, shared
         self.passthrough = agent.passthrough
         self._ended = False  # the shell's teardown ran (the call may have ended first)
-        self._busy = False  # inside a handle_*: _service runs once, at its end
-        self._servicing = False  # inside _service: its loop sends what handlers queue
         # Agent.
         self.host = AgentHost(on_event=self._agent_event, on_output=self._output_queued)
         self._on_frame = agent.on_frame  # synchronous frame handler (no agent task), or None
@@ -151,10 +158,16 @@ class Session:
         # Data channels, when the answer served the offer's application section.
         self.channels: CallChannels | None = None
         if answer.application is not None:
+            # A synchronous agent's channel operations run inside this session's drain (its
+            # handler is called from it), which takes what they queue; an agent task's are
+            # followed by a drain of their own.
+            sync = agent.on_frame is not None
             self.channels = CallChannels(
-                self.call, answer.application, self.host.channels, self.ctx,
-                clock=trio.current_time, flush=self._flush,
-                on_channel=agent.on_channel if agent.on_frame is not None else None)
+                answer.application, self.host.channels, self.ctx,
+                dtls_client=dtls.role is Role.CLIENT, mtu=dtls.mtu,
+                clock=trio.current_time, flush=None if sync else self._drain,
+                on_channel=agent.on_channel if sync else None)
+            self.call.sctp = self.channels.endpoint
         # Tasks.
         self._nursery: trio.Nursery | None = None
         self._cancel = trio.CancelScope()
@@ -238,67 +251,28 @@ class Session:
 
     # -- input from the socket loop (synchronous, never blocks) ---------------------------
 
-    def handle_stun(self, now: float, data: bytes, client: Addr, public: Addr, relay: Addr) -> None:
-        self._busy = True
-        try:
-            self.call.handle_stun(now, data, client, public, relay)
-        finally:
-            self._busy = False
-            self._service()
-        self._poke_timer(self.call.poll_timeout())
-
-    def handle_dtls(self, now: float, data: bytes, client: Addr, relay: Addr) -> None:
-        self._busy = True
-        try:
-            self.call.handle_dtls(now, data, client, relay)
-        finally:
-            self._busy = False
-            self._service()
-        self._poke_timer(self.call.poll_timeout())
-
-    def handle_rtp(self, now: float, data: bytes, client: Addr, relay: Addr) -> None:
-        self._busy = True
-        try:
-            self.call.handle_rtp(now, data, client, relay)
-        finally:
-            self._busy = False
-            self._service()
-        if self.pipeline is not None:  # a new jitter-buffer deadline (passthrough has none)
-            self._poke_timer(self.pipeline.jitter.poll_timeout())
-
-    def handle_rtcp(self, now: float, data: bytes, client: Addr, relay: Addr) -> None:
-        self._busy = True
-        try:
-            self.call.handle_rtcp(now, data, client, relay)
-        finally:
-            self._busy = False
-            self._service()
+    def handle_input(self, now: float, data: bytes, source: Source) -> None:
+        """One client datagram of this call (any kind), then the drain."""
+        self.call.handle_input(now, data, source)
+        self._drain()
 
     # -- what the call queued ----------------------------------------------------------------
 
-    def _service(self) -> None:
-        """Send the call's transmits, then act on its events (which may queue more)."""
+    def _drain(self) -> None:
+        """Take the call's outputs until there are none: transmits out, events acted on
+        (what they queue comes out of the same loop), the timer re-armed."""
         call = self.call
         send = self._send
-        self._servicing = True
-        try:
-            while True:
-                while (t := call.poll_transmit()) is not None:
-                    payload, flow = t
-                    send(flow.header + payload, flow.relay)
-                ev = call.poll_event()
-                if ev is None:
-                    return
-                self._on_event(ev)
-        finally:
-            self._servicing = False
-
-    def _flush(self) -> None:
-        """Something outside a ``handle_*`` fed the call (an agent's channel message): send
-        it now, unless a handler or the service loop already running will."""
-        if not self._busy and not self._servicing and not self._ended:
-            self._service()
-        self._poke_timer(self.call.poll_timeout())  # e.g. SCTP's T3-rtx for what was sent
+        while (out := call.poll_output()) is not None:
+            if type(out) is Transmit:
+                flow = out[1]
+                send(flow.header + out[0], flow.relay)
+            elif type(out) is Timeout:
+                at = out.at
+                if at is not None and at < self._timer_at:
+                    self._timer_lot.unpark_all()
+            else:
+                self._on_event(out)  # type: ignore[arg-type]
 
     def _on_event(self, ev: CallEvent) -> None:
         if isinstance(ev, Connected):
@@ -308,15 +282,8 @@ class Session:
                      ev.cipher_suite)
             self.host.push_event({"type": "session.started", "session_id": self.id,
                                   "sample_rate": 48000, "frame_samples": 960})
-            if self.channels is not None:
-                self.channels.start(trio.current_time())
             if self._nursery is not None and not self.passthrough and self._on_frame is None:
                 self._nursery.start_soon(self._run_agent)  # with or without audio
-        elif isinstance(ev, SendReady):
-            # DTLS 1.2 False Start: our INIT goes behind our Finished (it is only a tag and
-            # a TSN; the agent starts, and sends, on Connected). Connected calls it again.
-            if self.channels is not None:
-                self.channels.start(trio.current_time())
         elif isinstance(ev, RemoteReport):
             if self.pipeline is not None:  # more FEC in our packets when they get lost
                 self.pipeline.set_expected_loss(ev.loss)
@@ -326,11 +293,12 @@ class Session:
             # At debug: "connected" names the address a few ms later, and one log line
             # fewer per setup is CPU off the setup path (docs/performance.md).
             log.debug("session %s nominated %s", self.id, redact(_fmt(ev.client)))
-        elif isinstance(ev, SctpEvent):
-            if self.channels is not None:
-                self.channels.on_event(ev.event)
         elif isinstance(ev, Ended):
             self._teardown(ev.reason)
+        elif isinstance(ev, SendReady):
+            pass  # DTLS 1.2 False Start: the call sent our SCTP INIT itself
+        elif self.channels is not None:  # the data-channel endpoint's, unwrapped
+            self.channels.on_event(ev)
 
     def _stats_event(self) -> dict[str, Any]:
         call = self.call
@@ -340,21 +308,13 @@ class Session:
 
     # -- timers ---------------------------------------------------------------------------
 
-    def _poke_timer(self, deadline: float | None) -> None:
-        if deadline is not None and deadline < self._timer_at:
-            self._timer_lot.unpark_all()
-
     def next_deadline(self) -> float:
         t = self.call.poll_timeout()
         return math.inf if t is None else t
 
     def handle_timeout(self, now: float) -> None:
-        self._busy = True
-        try:
-            self.call.handle_timeout(now)
-        finally:
-            self._busy = False
-            self._service()
+        self.call.handle_timeout(now)
+        self._drain()
 
     async def _timer_loop(self) -> None:
         while True:
@@ -383,8 +343,10 @@ class Session:
         if pipeline.pace_at is not None:
             return  # the pacer calls back anyway
         pipeline.pump(trio.current_time(), False)  # (PcmPipeline.output_queued, inlined)
-        if not self._busy:  # from the agent's task: nobody else sends what it queued
-            self._service()
+        if self._on_frame is None:
+            # From the agent's task: nobody else drains what it queued. (A synchronous
+            # frame handler queues from inside handle_input/handle_timeout, which drain.)
+            self._drain()
 
     def pace(self, now: float, at: float) -> None:
         """The shared pacer's call-back (see :meth:`Pacer.schedule`)."""
@@ -392,7 +354,7 @@ class Session:
             return
         try:
             self.pipeline.pace(now, at)
-            self._service()
+            self._drain()
         except Exception:
             self._counters["session_errors"] += 1
             log.exception("session %s: sending failed; ending it", self.id)
@@ -451,7 +413,7 @@ class Session:
             self.call.close(reason)
         except Exception:  # a broken DTLS state must not stop the teardown
             log.exception("session %s: DTLS close failed", self.id)
-        self._service()  # close_notify out; the call's Ended runs _teardown
+        self._drain()  # close_notify out; the call's Ended runs _teardown
         self._teardown(self.call.end_reason or reason)  # (if the call had ended before)
 
     def _teardown(self, reason: str) -> None:

@@ -13,8 +13,9 @@ munges its SDP) so the server falls back to passive. ``versions`` are both sides
 versions.
 
 The loop (:meth:`CallPair.step`) is the shell's contract (STYLE.md rule 2): after every
-``handle_*``, drain ``poll_transmit`` and ``poll_event``; then jump the clock to the
-earliest of the next delivery, either side's ``poll_timeout`` and the media tick.
+``handle_*``, drain the client's ``poll_transmit``/``poll_event`` and the server's
+``poll_output``; then jump the clock to the earliest of the next delivery, either side's
+``poll_timeout`` and the media tick.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from appliance.client.peer import ClientEvent, ClientPeer
 from appliance.proto.dtls import Certificate, DtlsConnection, Role
 from appliance.proto.sctp import datachannel as dc
 from appliance.proto.sdp import build_answer, parse_offer_untrusted
-from appliance.transceiver.call import CallEvent, Connected, SctpEvent, SendReady, ServerCall
+from appliance.transceiver.call import CallEvent, ServerCall, Timeout, Transmit
 from appliance.transceiver.datachannels import DTLS_RECORD_OVERHEAD
 from appliance.transceiver.passthrough import PassthroughStream
 
@@ -157,30 +158,25 @@ class CallPair:
                 assert addr == PUBLIC  # the answer's one candidate
                 self._send(True, data)
                 moved = True
-            while (st := self.server.poll_transmit()) is not None:
-                payload, flow = st
-                assert flow.client == CLIENT and flow.public == PUBLIC and flow.relay == RELAY
-                self._send(False, payload)
-                moved = True
             while (ev := self.client.poll_event()) is not None:
                 self.client_events.append(ev)
-            while (sev := self.server.poll_event()) is not None:
-                self.server_events.append(sev)
-                self._on_server_event(sev)
+            while (out := self.server.poll_output()) is not None:
+                if isinstance(out, Transmit):
+                    payload, flow = out
+                    assert (flow.client == CLIENT and flow.public == PUBLIC
+                            and flow.relay == RELAY)
+                    self._send(False, payload)
+                elif not isinstance(out, Timeout):
+                    self.server_events.append(out)
+                    self._on_server_event(out)
                 moved = True
 
     def _on_server_event(self, ev: CallEvent) -> None:
-        """What the transceiver's session does with its call's events, for the sctp slot:
-        start SCTP once DTLS is up (datachannels.py ``CallChannels.start``)."""
-        endpoint = self.server_channels
-        if endpoint is None:
-            return
-        if isinstance(ev, Connected | SendReady):
-            endpoint.connect(self.now)
-            self.server.poll_sctp(self.now)
-        elif self.on_server_channel is not None and isinstance(ev, SctpEvent):
-            self.on_server_channel(self.now, ev.event)
-            self.server.poll_sctp(self.now)
+        """What the transceiver's session does with the data-channel endpoint's events
+        (which the call passes out unwrapped): hand them to ``on_server_channel``; what it
+        queues on the endpoint leaves at the next ``poll_output``."""
+        if self.server_channels is not None and self.on_server_channel is not None:
+            self.on_server_channel(self.now, ev)
 
     # -- the clock -----------------------------------------------------------------------
 
@@ -201,7 +197,7 @@ class CallPair:
         while self._heap and self._heap[0][0] <= now:
             _, _, to_server, data = heapq.heappop(self._heap)
             if to_server:
-                self.server.handle_datagram(now, (CLIENT, PUBLIC, RELAY), data)
+                self.server.handle_input(now, data, (CLIENT, PUBLIC, RELAY))
             else:
                 self.client.handle_datagram(now, data, PUBLIC)
             self._collect()

@@ -24,6 +24,7 @@ from appliance.proto.rtp import (
     parse_rtcp_untrusted,
     serialize_rtcp,
 )
+from appliance.proto.sctp import datachannel as dc
 from appliance.transceiver.call import (
     CallState,
     Connected,
@@ -31,7 +32,8 @@ from appliance.transceiver.call import (
     FlowNominated,
     RemoteReport,
     ReportSent,
-    SctpEvent,
+    Timeout,
+    Transmit,
 )
 from appliance.transceiver.media import PcmPipeline
 from appliance.transceiver.opus import FRAME_BYTES, OpusEncoder
@@ -243,22 +245,26 @@ def test_setup_timeouts() -> None:
 
 class LoopbackAssociation:
     """A stand-in for the SCTP association (the slot's contract, not SCTP): every packet
-    handed in comes back out once, reversed, and is reported as an event."""
+    handed in comes back out once, reversed, and is reported as a channel message."""
 
     def __init__(self) -> None:
         self.inputs: list[bytes] = []
         self.out: list[bytes] = []
-        self.events: list[object] = []
+        self.events: list[dc.EndpointEvent] = []
+        self.connects: list[float] = []
+
+    def connect(self, now: float) -> None:
+        self.connects.append(now)
 
     def handle_input(self, now: float, packet: bytes) -> None:
         self.inputs.append(packet)
         self.out.append(packet[::-1])
-        self.events.append(("got", packet))
+        self.events.append(dc.ChannelMessage(0, packet))
 
     def poll_transmit(self) -> bytes | None:
         return self.out.pop(0) if self.out else None
 
-    def poll_event(self) -> object | None:
+    def poll_event(self) -> dc.EndpointEvent | None:
         return self.events.pop(0) if self.events else None
 
     def poll_timeout(self) -> float | None:
@@ -303,7 +309,8 @@ def test_dtls_application_data_goes_to_the_sctp_slot_and_back() -> None:
     pair.run_for(0.1)
     assert assoc.inputs == [b"INIT-chunk"]
     assert got == [b"knuhc-TINI"]  # out through DTLS, on the media flow
-    assert SctpEvent(("got", b"INIT-chunk")) in pair.server_events
+    assert dc.ChannelMessage(0, b"INIT-chunk") in pair.server_events  # unwrapped
+    assert len(assoc.connects) == 1  # the call connected its slot once DTLS was up
 
 
 def test_dtls_application_data_without_an_association_is_dropped() -> None:
@@ -319,10 +326,14 @@ def test_datagrams_from_an_unauthenticated_address_are_dropped() -> None:
     pair = CallPair()
     assert pair.run_until(lambda: connected(pair), within=1.0)
     stranger = ("192.0.2.99", 4444)
-    pair.server.handle_datagram(pair.now, (stranger, PUBLIC, RELAY), b"\x17\xfe\xfd" + bytes(30))
-    pair.server.handle_datagram(pair.now, (stranger, PUBLIC, RELAY), b"\x80\x6f" + bytes(30))
+    pair.server.handle_input(pair.now, b"\x17\xfe\xfd" + bytes(30), (stranger, PUBLIC, RELAY))
+    pair.server.handle_input(pair.now, b"\x80\x6f" + bytes(30), (stranger, PUBLIC, RELAY))
     assert pair.counters["drop_unknown_flow"] == 2
-    assert pair.server.poll_transmit() is None and pair.server.state is CallState.CONNECTED
+    outs = []
+    while (o := pair.server.poll_output()) is not None:
+        outs.append(o)
+    assert not any(isinstance(o, Transmit) for o in outs)
+    assert pair.server.state is CallState.CONNECTED
 
 
 def test_close_sends_close_notify_and_ends_once() -> None:
@@ -375,3 +386,27 @@ def test_pcm_echo_through_the_pipeline() -> None:
     assert all(e.packet.ssrc == SERVER_SSRC for e in got)
     seqs = [e.packet.sequence for e in got]
     assert len(set(seqs)) == len(seqs)
+
+
+def test_one_input_one_output_and_an_rtp_packet_costs_no_timeout() -> None:
+    """handle_input takes every kind; poll_output gives the echo as a Transmit. A packet
+    that moves no deadline (in-order RTP to passthrough) yields no Timeout: the echo path
+    does not recompute the call's timers per packet; a STUN check does."""
+    pair = CallPair()
+    assert pair.run_until(lambda: connected(pair), within=1.0)
+    srtp = pair.client.srtp
+    assert srtp is not None
+    pair._collect()
+    source = (CLIENT, PUBLIC, RELAY)
+    for seq in (100, 101):
+        plain = bytes([0x80, pair.client.opus_pt]) + seq.to_bytes(2, "big") + bytes(8) + b"x"
+        pair.server.handle_input(pair.now, srtp.protect(plain), source)
+        outs = []
+        while (o := pair.server.poll_output()) is not None:
+            outs.append(o)
+        assert [type(o) for o in outs] == [Transmit]
+    pair.server.handle_input(pair.now, b"\x00\x01" + bytes(30), source)  # a bad STUN
+    outs = []
+    while (o := pair.server.poll_output()) is not None:
+        outs.append(o)
+    assert isinstance(outs[-1], Timeout) and outs[-1].at == pair.server.poll_timeout()

@@ -21,7 +21,7 @@ from appliance.proto.dtls import Role, State
 from appliance.proto.mux import Kind, classify
 from appliance.proto.sdp import Setup
 from appliance.proto.stun import binding_request
-from appliance.transceiver.call import CallState
+from appliance.transceiver.call import CallState, Transmit
 from appliance.transceiver.flight_budget import OWN_FLIGHT_BURST
 
 CPU_BUDGET = 1.5  # CPU seconds per test (virtual time is free; 1.3 handshakes are not)
@@ -52,13 +52,15 @@ def check(pair: CallPair, *, tid: bytes | None = None, password: str | None = No
 
 def deliver(pair: CallPair, data: bytes, source: tuple[str, int] = CLIENT) -> list[bytes]:
     """Hand ``data`` to the server from ``source`` now; return the DTLS it sent to ``source``."""
-    pair.server.handle_datagram(pair.now, (source, PUBLIC, RELAY), data)
+    pair.server.handle_input(pair.now, data, (source, PUBLIC, RELAY))
     return _dtls_out(pair, source)
 
 
 def _dtls_out(pair: CallPair, to: tuple[str, int]) -> list[bytes]:
     out = []
-    while (t := pair.server.poll_transmit()) is not None:
+    while (t := pair.server.poll_output()) is not None:
+        if not isinstance(t, Transmit):
+            continue  # events and the timer: not what this looks at
         payload, flow = t
         if classify(payload) is Kind.DTLS:
             assert flow.client == to, "a flight went to an address nobody asked for"

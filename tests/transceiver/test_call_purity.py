@@ -68,3 +68,13 @@ def test_checker_follows_imports() -> None:
     # media.py is not a core: it calls the agent, which runs on trio.
     assert "trio" in {n for names in _closure(ROOT / "appliance/transceiver/media.py").values()
                       for n in names}
+
+
+def test_the_server_only_routes() -> None:
+    """Issue 27: server.py maps a datagram to its session and calls one method; the packet
+    kinds' cores are the call's business, not the router's."""
+    names = _imports(ROOT / "appliance/transceiver/server.py")
+    banned = ("appliance.proto.dtls", "appliance.proto.sctp", "appliance.proto.rtp",
+              "appliance.proto.srtp")
+    bad = {n for n in names for b in banned if n == b or n.startswith(b + ".")}
+    assert not bad, f"server.py imports {sorted(bad)}"

@@ -4,7 +4,7 @@ leaves — measured on trio's fake clock (``autojump_clock``), so the figures ar
 
 A real :class:`~appliance.transceiver.session.Session` (ICE-lite, DTLS, SRTP, jitter
 buffer, Opus, packetizer, pacer) is driven in memory: the test plays the client and the
-relay, hands each SRTP packet to :meth:`Session.handle_rtp` at a chosen clock time and
+relay, hands each SRTP packet to :meth:`Session.handle_input` at a chosen clock time and
 timestamps every datagram the session sends with the clock time it was sent at. Agents are
 ordinary agent tasks (``ctx.frames()`` / ``ctx.send()``) that timestamp what they see and
 send; the built-in ``echo`` (a synchronous frame handler in the network loop) is measured
@@ -84,10 +84,10 @@ class Harness:
         while moved:
             moved = False
             while (out := self.ice.poll_transmit()) is not None:
-                self.session.handle_stun(now, out[0], CLIENT, PUBLIC, RELAY)
+                self.session.handle_input(now, out[0], (CLIENT, PUBLIC, RELAY))
                 moved = True
             while (d := self.dtls.poll_transmit()) is not None:
-                self.session.handle_dtls(now, d, CLIENT, RELAY)
+                self.session.handle_input(now, d, (CLIENT, PUBLIC, RELAY))
                 moved = True
 
     def send_rtp(self, pcm: bytes, *, seq: int | None = None) -> None:
@@ -98,8 +98,8 @@ class Harness:
                         self.encoder.encode(pcm), s == 5000)
         if seq is None:
             self.seq += 1
-        self.session.handle_rtp(trio.current_time(), self.srtp.protect(bytes(pkt)), CLIENT,
-                                RELAY)
+        self.session.handle_input(trio.current_time(), self.srtp.protect(bytes(pkt)),
+                                  (CLIENT, PUBLIC, RELAY))
 
 
 AgentFn = Callable[[AgentContext], Awaitable[None]]
