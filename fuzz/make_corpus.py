@@ -413,6 +413,72 @@ def vouch_seeds() -> dict[str, bytes]:
             "other-key": vouch.encode(q, other)}
 
 
+
+_SIP_INVITE = (
+    b"INVITE sip:agent@127.0.0.1 SIP/2.0\r\nVia: SIP/2.0/UDP 10.0.0.5:5060;branch=z9hG4bKs1;rport\r\n"
+    b"Max-Forwards: 70\r\nFrom: \"Trunk\" <sip:+15550100@10.0.0.5>;tag=a1\r\n"
+    b"To: <sip:agent@127.0.0.1>\r\nCall-ID: seed1@10.0.0.5\r\nCSeq: 1 INVITE\r\n"
+    b"Contact: <sip:+15550100@10.0.0.5:5060>\r\nRecord-Route: <sip:10.0.0.5;lr>\r\n"
+    b"Content-Type: application/sdp\r\nContent-Length: 85\r\n\r\n"
+    b"v=0\r\no=- 1 1 IN IP4 10.0.0.5\r\ns=-\r\nc=IN IP4 10.0.0.5\r\nt=0 0\r\nm=audio 4000 RTP/AVP 0\r\n"
+)
+
+
+def _sip_in_dialog(method: str, branch: str, extra: bytes = b"", body: bytes = b"") -> bytes:
+    return (
+        method.encode() + b" sip:agent@127.0.0.1 SIP/2.0\r\n"
+        b"v: SIP/2.0/UDP 10.0.0.5:5060;branch=" + branch.encode() + b"\r\n"
+        b"f: <sip:+15550100@10.0.0.5>;tag=a1\r\nt: <sip:agent@127.0.0.1>;tag=x\r\n"
+        b"i: seed1@10.0.0.5\r\nCSeq: 2 " + method.encode() + b"\r\n" + extra +
+        b"l: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+
+
+def sip_seeds() -> dict[str, bytes]:
+    return {
+        "invite": _SIP_INVITE,
+        "options-compact": _sip_in_dialog("OPTIONS", "z9hG4bKo", b"k: replaces, timer\r\n"),
+        "info-dtmf": _sip_in_dialog("INFO", "z9hG4bKi", b"c: application/dtmf-relay\r\n",
+                                    b"Signal=5\r\nDuration=160\r\n"),
+        "response-200": (
+            b"SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP 127.0.0.1:5060;branch=z9hG4bKr;received=1.2.3.4\r\n"
+            b"From: <sip:a@b>;tag=1\r\nTo: <sip:c@d>;tag=2\r\nCall-ID: r1\r\nCSeq: 5 INVITE\r\n"
+            b"Contact: <sip:c@10.0.0.9>\r\nWWW-Authenticate: Digest realm=\"r\", nonce=\"n\"\r\n"
+            b"Content-Length: 0\r\n\r\n"
+        ),
+        "folded": (
+            b"BYE sip:a@b SIP/2.0\r\nVia  : SIP  /  2.0\r\n /UDP h;branch=z9hG4bKf\r\n"
+            b"From: \"A \\\"q\\\"\" <sip:x@y>\r\n  ;tag=1\r\nTo: sip:a@b;tag=2\r\nCall-ID: f\r\n"
+            b"CSeq: 3\r\n BYE\r\nContent-Length: 0\r\n\r\n"
+        ),
+    }
+
+
+def sip_stream_seeds() -> dict[str, bytes]:
+    seeds = sip_seeds()
+    return {"two-messages": b"\x03\r\n\r\n" + seeds["invite"] + seeds["options-compact"],
+            "byte-at-a-time": b"\x00" + seeds["info-dtmf"]}
+
+
+def sip_endpoint_seeds() -> dict[str, bytes]:
+    return {
+        "invite-bye": join_datagrams([_SIP_INVITE, _sip_in_dialog("BYE", "z9hG4bKb")]),
+        "invite-cancel": join_datagrams([_SIP_INVITE, _SIP_INVITE.replace(b"INVITE", b"CANCEL")]),
+        "options": join_datagrams([_sip_in_dialog("OPTIONS", "z9hG4bKo").replace(b";tag=x", b"")]),
+    }
+
+
+def sdp_phone_seeds() -> dict[str, bytes]:
+    base = (b"v=0\r\no=t 1 1 IN IP4 203.0.113.5\r\ns=-\r\nc=IN IP4 203.0.113.5\r\nt=0 0\r\n"
+            b"m=audio 20000 RTP/AVP 8 0 101\r\na=rtpmap:101 telephone-event/8000\r\n"
+            b"a=fmtp:101 0-16\r\na=ptime:20\r\n")
+    return {
+        "g711": base,
+        "savp": base.replace(b"RTP/AVP", b"RTP/SAVP")
+        + b"a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:WVNfX19zZW1jdGwgKCkgewkyMjA7fQp9CnVubGVz|2^20|1:4\r\n",
+        "hold-opus": base.replace(b"8 0 101", b"111 0").replace(b"a=ptime:20", b"a=rtpmap:111 opus/48000/2\r\na=sendonly\r\na=rtcp-mux"),
+    }
+
 SEEDS = {
     "stun": stun_seeds,
     "ufrag": ufrag_seeds,
@@ -433,6 +499,10 @@ SEEDS = {
     "realtime": realtime_seeds,
     "framing": framing_seeds,
     "vouch": vouch_seeds,
+    "sip": sip_seeds,
+    "sip_stream": sip_stream_seeds,
+    "sip_endpoint": sip_endpoint_seeds,
+    "sdp_phone": sdp_phone_seeds,
 }
 
 

@@ -87,6 +87,11 @@ from appliance.proto.sdp import (
     parse_offer_untrusted,
     parse_sdpfrag_untrusted,
 )
+from appliance.proto.sdp.phone import PhoneRefusal, answer_phone_offer_untrusted
+from appliance.proto.sip import Decision, EndpointConfig, SipEndpoint, StreamFramer, Transmit
+from appliance.proto.sip import SipError as SipParseError
+from appliance.proto.sip import parse_untrusted as parse_sip_untrusted
+from appliance.proto.sip.ua import IncomingCall
 from appliance.proto.stun import (
     MAX_AMPLIFICATION,
     Message,
@@ -675,6 +680,81 @@ def vouch(data: bytes) -> None:
     assert _vouch.encode(msg, VOUCH_KEY) == bytes(data), "a vouch verified but re-encodes differently"
 
 
+
+# --- SIP (issue 28) ---------------------------------------------------------------------
+
+
+def _sip_views(msg: object) -> None:
+    """Every typed view of a parsed message must work (the parser validated them)."""
+    from appliance.proto.sip import Request
+
+    assert isinstance(msg, Request) or hasattr(msg, "status")
+    m = msg  # type: ignore[assignment]
+    m.vias, m.from_, m.to, m.cseq, m.call_id, m.max_forwards, m.content_type  # type: ignore[attr-defined]  # noqa: B018
+    if isinstance(m, Request):
+        m.contacts, m.routes, m.record_routes  # noqa: B018
+
+
+def sip(data: bytes) -> None:
+    """``sip.parse_untrusted`` (datagram and stream rules): only SipError escapes; a parsed
+    message's typed views work and its serialisation parses back to a fixed point."""
+    for stream in (False, True):
+        try:
+            msg = parse_sip_untrusted(data, stream=stream)
+        except SipParseError:
+            continue
+        _sip_views(msg)
+        once = parse_sip_untrusted(bytes(msg), stream=stream)
+        assert parse_sip_untrusted(bytes(once), stream=stream) == once
+        assert once.body == msg.body
+
+
+def sip_stream(data: bytes) -> None:
+    """``StreamFramer`` cut at a stride the first byte picks: only SipError escapes, the
+    buffer stays bounded, every message it yields is one whole header block + body."""
+    step = 1 + (data[0] % 13 if data else 0)
+    framer = StreamFramer(max_message=2048)
+    try:
+        for i in range(1, len(data), step):
+            framer.feed(data[i : i + step])
+            for message in framer:
+                assert len(message) <= 2048 and b"\r\n\r\n" in message
+                try:
+                    parse_sip_untrusted(message, stream=True)
+                except SipParseError:
+                    pass
+    except SipParseError:
+        return
+
+
+def sip_endpoint(data: bytes) -> None:
+    """``SipEndpoint.handle_input`` on a datagram sequence, answering every call: never
+    raises, and everything it transmits parses."""
+    ep = SipEndpoint(EndpointConfig(host="127.0.0.1", allow=lambda ip: Decision.ALLOW))
+    now = NOW
+    for i, datagram in enumerate(split_datagrams(data)):
+        ep.handle_input(now, datagram, ("127.0.0.2", 5060), "udp" if i % 3 else "tcp")
+        now += 0.3
+        ep.handle_timeout(now)
+        while (out := ep.poll_output()) is not None:
+            if isinstance(out, Transmit):
+                if out.data != b"\r\n":
+                    parse_sip_untrusted(out.data)
+            elif isinstance(out, IncomingCall):
+                ep.accept(now, out.call_id, b"v=0\r\n")
+    ep.handle_timeout(now + 100)
+
+
+def sdp_phone(data: bytes) -> None:
+    """``answer_phone_offer_untrusted``: only SdpError escapes; an answer is valid SDP."""
+    try:
+        got = answer_phone_offer_untrusted(data, address="192.0.2.1", port=4000, session_id=1,
+                                           crypto_answer=["1 AES_CM_128_HMAC_SHA1_80 inline:x"])
+    except SdpError:
+        return
+    if not isinstance(got, PhoneRefusal):
+        parse_offer_untrusted(got[1])
+
 TARGETS: dict[str, Target] = {
     "stun": stun,
     "ufrag": ufrag,
@@ -695,4 +775,8 @@ TARGETS: dict[str, Target] = {
     "realtime": realtime,
     "framing": framing,
     "vouch": vouch,
+    "sip": sip,
+    "sip_stream": sip_stream,
+    "sip_endpoint": sip_endpoint,
+    "sdp_phone": sdp_phone,
 }

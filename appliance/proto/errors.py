@@ -4,7 +4,8 @@
 
     ProtocolError
     ├── LocalProtocolError          the caller misused the API (a bug on our side)
-    │   └── sctp.SctpUsageError     (MessageTooLargeError, SendBufferFullError, ...)
+    │   ├── sctp.SctpUsageError     (MessageTooLargeError, SendBufferFullError, ...)
+    │   └── sip.SipUsageError       (answering a call twice, hanging up an unknown one)
     └── RemoteProtocolError         the peer sent bytes that break the protocol
         ├── stun.StunError          (hint: STUN error code, e.g. 400, 401, 487)
         ├── sctp.SctpError          (hint: drop reason for counters)
@@ -13,6 +14,7 @@
         ├── framing.FramingError   (hint: drop reason, RFC 4571 over ICE-TCP)
         ├── rtp.RtpError
         ├── sdp.SdpError            (hint: HTTP status to answer with)
+        ├── sip.SipError            (hint: SIP status to answer with, 400/413/414/505/513)
         └── ufrag.UfragError        (hint: drop reason for counters)
 
 Every ``*_untrusted`` parser raises only its module's subclass of ``RemoteProtocolError``;

@@ -65,6 +65,10 @@ EXAMPLES = {
     "realtime": 500,
     "framing": 2000,
     "vouch": 2000,
+    "sip": 1000,
+    "sip_stream": 1000,
+    "sip_endpoint": 300,
+    "sdp_phone": 1000,
 }
 
 _TOKENS = [b"\r\n", b":", b" ", b"/", b"=", b"\x00", b"\xff", b"999999", b"\x80\x28", b"\xfe\xfd"]

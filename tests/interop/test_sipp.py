@@ -1,0 +1,91 @@
+"""SIPp (``sip-tester``), an independent SIP implementation, calls the sans-IO SipEndpoint.
+
+The trio loop here is test scaffolding, not the product's shell: one UDP socket on a free
+loopback port drives a :class:`SipEndpoint`; every incoming call rings and is answered with
+the SDP ``proto/sdp/phone.py`` writes for SIPp's offer. SIPp's built-in ``uac`` scenario
+(INVITE, optional 100/180, 200, ACK, BYE, 200) must finish with exit status 0, i.e. every
+call succeeded by SIPp's own judgement; ``-lost`` makes SIPp drop a share of what it sends
+and receives so both sides' retransmission timers do the work.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import socket
+
+import pytest
+import trio
+
+from appliance.proto.sdp.phone import PhoneRefusal, answer_phone_offer_untrusted
+from appliance.proto.sip import (
+    CallAcked,
+    CallEnded,
+    EndpointConfig,
+    IncomingCall,
+    SipEndpoint,
+    Transmit,
+)
+
+SIPP = shutil.which("sipp")
+pytestmark = pytest.mark.skipif(SIPP is None, reason="sipp missing: `make sysdeps` installs sip-tester")
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _serve(sock: trio.socket.SocketType, ep: SipEndpoint, events: list[object]) -> None:
+    while True:
+        deadline = ep.poll_timeout()
+        with trio.move_on_at(deadline if deadline is not None else math.inf):
+            data, addr = await sock.recvfrom(65535)
+            ep.handle_input(trio.current_time(), data, (addr[0], addr[1]), "udp")
+        now = trio.current_time()
+        due = ep.poll_timeout()
+        if due is not None and due <= now:
+            ep.handle_timeout(now)
+        while (out := ep.poll_output()) is not None:
+            if isinstance(out, Transmit):
+                await sock.sendto(out.data, out.addr)
+            elif isinstance(out, IncomingCall):
+                got = answer_phone_offer_untrusted(out.offer_sdp, address="127.0.0.1",
+                                                   port=40000, session_id=1)
+                assert not isinstance(got, PhoneRefusal), got
+                ep.ringing(now, out.call_id)
+                ep.accept(now, out.call_id, got[1].encode())
+            else:
+                events.append(out)
+
+
+@pytest.mark.parametrize(("calls", "lost"), [(3, 0), (3, 10)], ids=["clean", "lost-10pc"])
+async def test_sipp_uac_calls_in(calls: int, lost: int) -> None:
+    assert SIPP is not None
+    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    await sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    ep = SipEndpoint(EndpointConfig(host="127.0.0.1", port=port))
+    events: list[object] = []
+    version = await trio.run_process([SIPP, "-v"], capture_stdout=True, check=False)
+    print("peer:", version.stdout.decode(errors="replace").strip().splitlines()[:1])
+    cmd = [SIPP, "-sn", "uac", f"127.0.0.1:{port}", "-i", "127.0.0.1",
+           "-p", str(_free_udp_port()), "-mp", str(_free_udp_port()), "-m", str(calls),
+           "-r", "5", "-nostdin", "-timeout", "60", "-timeout_error", "-max_recv_loops", "100"]
+    if lost:
+        cmd += ["-lost", str(lost)]
+    with sock:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_serve, sock, ep, events)
+            result = await trio.run_process(cmd, capture_stdout=True, capture_stderr=True,
+                                            check=False)
+            nursery.cancel_scope.cancel()
+    out = result.stdout.decode(errors="replace")[-3000:] + result.stderr.decode(errors="replace")[-2000:]
+    assert result.returncode == 0, out
+    acked = [e for e in events if isinstance(e, CallAcked)]
+    ended = [e for e in events if isinstance(e, CallEnded)]
+    # with loss an ACK may be lost for good (SIPp only re-ACKs a 200 it sees again, and its
+    # BYE can overtake that): the BYE then confirms and ends the call (§12.2.2, §15.1.2)
+    assert len(acked) == calls if not lost else 1 <= len(acked) <= calls, (events, out)
+    assert len(ended) == calls and all(e.by == "remote" and e.reason == "bye" for e in ended)
