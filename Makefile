@@ -17,8 +17,12 @@ $(VENV)/.installed: pyproject.toml setup.py appliance/netio/_mmsg.c | $(BIN)/pyt
 
 # Runtime + test extras (make test). They include the runtime install, so both stamps are
 # touched: `make up` after `make test` does not install again.
+# openai-agents (the RealtimeRunner test, tests/realtime/test_websocket.py) goes into its own
+# directory, put on PYTHONPATH by that test's subprocess only: its top-level package is named
+# `agents`, which would shadow the suite's tests/agents/ in the venv.
 $(VENV)/.installed-test: pyproject.toml setup.py appliance/netio/_mmsg.c | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --target $(VENV)/openai-agents 'openai-agents>=0.4,<1'
 	touch $(VENV)/.installed $@
 
 install: $(VENV)/.installed

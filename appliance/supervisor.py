@@ -76,8 +76,10 @@ from .signaling.options import (
     add_auth_arguments,
     add_realtime_arguments,
     add_tls_arguments,
+    add_webhook_arguments,
     default_webui_dir,
     tls_settings,
+    webhook_endpoints,
 )
 from .signaling.server import (
     check_public_address,
@@ -87,6 +89,7 @@ from .signaling.server import (
     serve_signaling,
 )
 from .signaling.state import SignalingConfig, SignalingState
+from .signaling.webhooks import Endpoint as WebhookEndpoint
 from .statedir import default_state_dir, ensure_secret, ensure_state_dir
 
 log = logging.getLogger("appliance.supervisor")
@@ -192,6 +195,7 @@ class UpConfig:
     log_level: str = "info"
     log_format: str = "text"
     realtime_agent: str = DEFAULT_REALTIME_AGENT  # the agent of /v1/realtime/calls
+    webhooks: tuple[WebhookEndpoint, ...] = ()  # --webhook-url (signaling/webhooks.py)
     opus_complexity: int | None = None  # passed to every transceiver when set
     fixed_opus_complexity: bool = False  # no step-down under load (transceiver/degrade.py)
     admission_limit: float = 0.85  # signaling/admission.py
@@ -244,6 +248,7 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
         tls_cert=cert, tls_key=key, tls_fingerprint=fp,
         webui_dir=Path(args.webui_dir) if getattr(args, "webui_dir", None) else default_webui_dir(),
         log_level=args.log_level, log_format=args.log_format, realtime_agent=realtime_agent,
+        webhooks=tuple(webhook_endpoints(args)),
         opus_complexity=None if getattr(args, "opus_complexity", None) is None
         else parse_opus_complexity(args.opus_complexity),
         fixed_opus_complexity=bool(getattr(args, "fixed_opus_complexity", False)),
@@ -355,6 +360,7 @@ async def up(
             webui_dir=cfg.webui_dir,
             managed=True,
             realtime_agent=cfg.realtime_agent,
+            webhooks=list(cfg.webhooks),
             admission_limit=cfg.admission_limit,
         )
         generated = ensure_api_token(sig_cfg)
@@ -466,6 +472,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--child-command", metavar="CMD", default=None, help=argparse.SUPPRESS)
     add_auth_arguments(parser)
     add_realtime_arguments(parser)
+    add_webhook_arguments(parser)
     add_tls_arguments(parser)
     add_logging_flags(parser)
 

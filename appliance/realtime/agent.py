@@ -93,6 +93,20 @@ def realtime_agent(factory: Callable[[], RealtimeAgent]) -> Callable[[AgentConte
     return run
 
 
+def factory_for_spec(spec: str) -> Callable[[], RealtimeAgent]:
+    """``realtime`` or ``realtime:<target>`` -> a RealtimeAgent factory (a WebSocket session
+    runs the agent itself, with no AgentContext: appliance/realtime/ws_session.py)."""
+    if spec == SPEC_PREFIX:
+        from .echo import EchoRealtime
+
+        return EchoRealtime
+    if not spec.startswith(SPEC_PREFIX + ":") or not spec[len(SPEC_PREFIX) + 1 :]:
+        raise AgentError(f"agent {spec!r} cannot answer a Realtime WebSocket session: expected "
+                         "realtime or realtime:<module:attr|file.py:attr>")
+    target = spec[len(SPEC_PREFIX) + 1 :]
+    return agent_factory(import_target(target, spec), spec)
+
+
 def resolve_spec(spec: str) -> Callable[[AgentContext], Any]:
     """``realtime`` or ``realtime:<module:attr | file.py:attr>`` -> an agent function."""
     if spec == SPEC_PREFIX:

@@ -70,3 +70,42 @@ def to_48k(data: bytes, fmt: str) -> bytes:
 def seconds(pcm48k: bytes | int) -> float:
     n = pcm48k if isinstance(pcm48k, int) else len(pcm48k)
     return n / 2 / RATE
+
+
+def _encode_table(decode: np.ndarray) -> np.ndarray:
+    """int16 (offset by 32768) -> the G.711 code whose value is nearest: the inverse of a
+    decode table, found once by a sorted search (exact quantisation, no bit tricks)."""
+    order = np.argsort(decode, kind="stable")
+    values = decode[order].astype(np.int32)
+    x = np.arange(-32768, 32768, dtype=np.int32)
+    hi = np.clip(np.searchsorted(values, x), 1, len(values) - 1)
+    lo = hi - 1
+    pick = np.where(np.abs(values[hi] - x) < np.abs(x - values[lo]), hi, lo)
+    return order[pick].astype(np.uint8)
+
+
+_ULAW_ENC = _encode_table(_ULAW)
+_ALAW_ENC = _encode_table(_ALAW)
+
+
+def pcm48k_to_8k(pcm: bytes) -> np.ndarray:
+    """48 kHz PCM16 -> 8 kHz int16 samples (the mean of each group of 6)."""
+    n = len(pcm) // 12 * 6
+    s = np.frombuffer(pcm[: n * 2], "<i2").astype(np.int32)
+    out: np.ndarray = (s.reshape(-1, 6).sum(axis=1) // 6).astype(np.int16)
+    return out
+
+
+def g711_from_48k(pcm: bytes, *, alaw: bool) -> bytes:
+    table = _ALAW_ENC if alaw else _ULAW_ENC
+    return bytes(table[pcm48k_to_8k(pcm).astype(np.int32) + 32768].tobytes())
+
+
+def from_48k(pcm: bytes, fmt: str) -> bytes:
+    """Encode the appliance's PCM in the session's output format (``response.output_audio
+    .delta`` on a WebSocket session)."""
+    if fmt == "audio/pcmu":
+        return g711_from_48k(pcm, alaw=False)
+    if fmt == "audio/pcma":
+        return g711_from_48k(pcm, alaw=True)
+    return pcm48k_to_24k(pcm)

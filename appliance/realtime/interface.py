@@ -28,6 +28,9 @@ per call; a plain ``async def respond(request)`` generator function works too).
   response. The machine maps them onto the session's modality: with ``["audio"]`` audio and
   transcript go out (text deltas count as transcript), with ``["text"]`` text and
   transcript deltas become ``response.output_text.delta`` and audio is dropped.
+  :class:`FunctionCall` asks the client to run one of its declared tools (a
+  ``function_call`` output item); its result arrives as a ``function_call_output`` item in
+  the next request's ``conversation``.
 * **Cancellation**: ``response.cancel``, ``output_audio_buffer.clear`` after the response
   and a barge-in (speech while the answer plays, ``interrupt_response``) cancel the task
   iterating — trio cancellation at the generator's next ``await``; ``finally`` blocks run.
@@ -86,7 +89,19 @@ class TextDelta:
     text: str
 
 
-Delta = AudioDelta | TranscriptDelta | TextDelta
+@dataclass(frozen=True, slots=True)
+class FunctionCall:
+    """Call a tool the client declared (``session.tools``): the response gets a
+    ``function_call`` item, the client runs the tool and sends a ``function_call_output``
+    item (then ``response.create``). ``arguments`` is the JSON text; ``call_id`` is made up
+    when None."""
+
+    name: str
+    arguments: str = "{}"
+    call_id: str | None = None
+
+
+Delta = AudioDelta | TranscriptDelta | TextDelta | FunctionCall
 
 
 @runtime_checkable

@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import session as sessions
-from .audio import RATE, pcm48k_to_24k, seconds, to_48k
+from .audio import RATE, from_48k, pcm48k_to_24k, seconds, to_48k
 from .conversation import Conversation, Item, item_from_client_untrusted, truncate
-from .interface import AudioDelta, Delta, ResponseRequest, UserTurn
+from .interface import AudioDelta, Delta, FunctionCall, ResponseRequest, UserTurn
 from .protocol import (
     MAX_EVENT_BYTES,
     ClientEvent,
@@ -56,6 +56,7 @@ from .protocol import (
 )
 
 FRAME_MS = 20
+FRAME_BYTES = RATE * FRAME_MS // 1000 * 2  # one 20 ms frame of 48 kHz PCM16
 #: Frame.speech stays up this long after the voice stops (EnergyVad's hangover): the
 #: end-of-turn silence is counted from its fall, so this much is already behind us.
 VAD_HANGOVER_MS = 200
@@ -105,6 +106,7 @@ class _Response:
     text: list[str] = field(default_factory=list)
     audio_sent: int = 0  # bytes of PCM queued for playback
     chunks: list[bytes] = field(default_factory=list)  # audio not yet joined into the item
+    calls: list[Item] = field(default_factory=list)  # function_call items (output 1, 2, …)
     audible: bool = False  # between output_audio_buffer.started and stopped/cleared
     truncated: bool = False  # cut: later audio is dropped
     done: bool = False
@@ -167,8 +169,17 @@ class RealtimeConnection:
         queued_seconds: Callable[[], float] = lambda: 0.0,
         session: dict[str, Any] | None = None,
         can_transcribe: bool = False,
+        vad: Callable[[bytes], bool] | None = None,
     ) -> None:
+        """``vad`` set means a WebSocket session (no media track): appended audio is the
+        caller's audio, cut into 20 ms frames and run through ``vad`` for server turn
+        detection; the answer's audio goes out as ``response.output_audio.delta`` events
+        (in the session's output format) and no ``output_audio_buffer.*`` event is sent, as
+        OpenAI does on a WebSocket."""
         self._ids = ids
+        self._vad = vad
+        self.websocket = vad is not None
+        self._partial = b""  # appended audio short of a whole frame (WebSocket)
         self._queued = queued_seconds
         self.session = sessions.default_session(session_id)
         self._initial_error: EventError | None = None
@@ -247,8 +258,11 @@ class RealtimeConnection:
                 self._in_speech = False  # VAD turned off mid-turn: the buffer stays
         elif ev.type == "input_audio_buffer.append":
             raw = b64decode_untrusted(d["audio"], param="audio", event_id=eid)
-            self._append(to_48k(raw, sessions.input_format(self.session)))
+            self._appended(to_48k(raw, sessions.input_format(self.session)))
         elif ev.type == "input_audio_buffer.commit":
+            if self._partial:
+                self._append(self._partial)
+                self._partial = b""
             if seconds(len(self._buffer)) * 1000 < MIN_COMMIT_MS:
                 raise EventError(
                     "Error committing input audio buffer: buffer too small. Expected at least "
@@ -259,6 +273,7 @@ class RealtimeConnection:
             self._commit()
         elif ev.type == "input_audio_buffer.clear":
             self._buffer.clear()
+            self._partial = b""
             self._in_speech = False
             self._pending_item = None
             self._emit("input_audio_buffer.cleared")
@@ -299,6 +314,20 @@ class RealtimeConnection:
 
     def _append(self, pcm: bytes) -> None:
         self._buffer.append(pcm)
+
+    def _appended(self, pcm: bytes) -> None:
+        """``input_audio_buffer.append``: on WebRTC (the track carries the caller) straight
+        into the buffer; on a WebSocket it *is* the caller's audio: 20 ms frames through the
+        VAD, as the track's frames go (push-to-talk: into the buffer, counted)."""
+        if self._vad is None:
+            self._append(pcm)
+            return
+        data = self._partial + pcm if self._partial else pcm
+        whole = len(data) - len(data) % FRAME_BYTES
+        self._partial = data[whole:]
+        for i in range(0, whole, FRAME_BYTES):
+            frame = data[i : i + FRAME_BYTES]
+            self.handle_frame(frame, self._vad(frame))
 
     def handle_frame(self, pcm: bytes, speech: bool) -> None:
         """20 ms of the caller's audio (48 kHz PCM16) and its VAD flag (``Frame.speech``)."""
@@ -486,8 +515,21 @@ class RealtimeConnection:
         r = self.response
         if r is None or r.id != response_id or r.done:
             return False
+        if isinstance(delta, FunctionCall):
+            self._function_call(r, delta)
+            return False
         if isinstance(delta, AudioDelta):
             if r.modality != "audio" or r.truncated or not delta.pcm:
+                return False
+            if self.websocket:  # no track: the audio is the event (OpenAI's WebSocket)
+                r.audio_sent += len(delta.pcm)
+                if r.audio_sent <= 2 * RATE * 60:
+                    r.chunks.append(delta.pcm)
+                fmt = self.session.get("audio", {}).get("output", {}).get("format", {})
+                out = from_48k(delta.pcm, fmt.get("type", "audio/pcm"))
+                self._emit("response.output_audio.delta", response_id=r.id, item_id=r.item.id,
+                           output_index=0, content_index=0,
+                           delta=base64.b64encode(out).decode("ascii"))
                 return False
             if self.playing is not None and self.playing is not r:
                 self._stopped(self.playing)  # the earlier answer's tail is queued ahead
@@ -508,6 +550,36 @@ class RealtimeConnection:
         self._emit(kind, response_id=r.id, item_id=r.item.id, output_index=0,
                    content_index=0, delta=delta.text)
         return False
+
+    def _function_call(self, r: _Response, call: FunctionCall) -> None:
+        """A ``function_call`` output item, whole (GA order: output_item.added, item added,
+        arguments delta and done, output_item.done, item done)."""
+        if r.truncated:
+            return
+        index = 1 + len(r.calls)
+        call_id = call.call_id or self._ids("call")
+        item = Item({"id": self._ids("item"), "object": "realtime.item",
+                     "type": "function_call", "status": "in_progress", "name": call.name,
+                     "call_id": call_id, "arguments": ""})
+        r.calls.append(item)
+        self._emit("response.output_item.added", response_id=r.id, output_index=index,
+                   item=json_copy(item.data))
+        prev = None
+        if r.in_conversation:
+            prev = self.conversation.add(item)
+            self._emit("conversation.item.added", previous_item_id=prev,
+                       item=json_copy(item.data))
+        base = {"response_id": r.id, "item_id": item.id, "output_index": index,
+                "call_id": call_id}
+        self._emit("response.function_call_arguments.delta", **base, delta=call.arguments)
+        self._emit("response.function_call_arguments.done", **base, name=call.name,
+                   arguments=call.arguments)
+        item.data.update(status="completed", arguments=call.arguments)
+        self._emit("response.output_item.done", response_id=r.id, output_index=index,
+                   item=json_copy(item.data))
+        if r.in_conversation:
+            self._emit("conversation.item.done", previous_item_id=prev,
+                       item=json_copy(item.data))
 
     def handle_response_end(self, response_id: str, error: str | None = None) -> None:
         r = self.response
@@ -554,7 +626,8 @@ class RealtimeConnection:
         in_text = instr + (_tokens_text(turn.text) if turn and turn.text else 0)
         in_audio = _tokens_audio(len(turn.audio)) if turn else 0
         out_text, out_audio = _tokens_text(text), _tokens_audio(r.audio_sent)
-        r.obj.update(status=status, status_details=details, output=[item], usage={
+        output = [item, *(json_copy(c.data) for c in r.calls)]
+        r.obj.update(status=status, status_details=details, output=output, usage={
             "total_tokens": in_text + in_audio + out_text + out_audio,
             "input_tokens": in_text + in_audio, "output_tokens": out_text + out_audio,
             "input_token_details": {"text_tokens": in_text, "audio_tokens": in_audio,

@@ -14,7 +14,7 @@ The names and shapes are the GA API's (``openai-python`` ``types/realtime``,
 does with it; docs/realtime.md renders the same table and a test keeps them equal.
 
 Deliberately omitted: the transcription-only session type (``"type": "transcription"``),
-MCP and function-calling execution (the items are stored, never executed), images.
+MCP, server-side tool execution (function calls go to the client, which runs them), images.
 Nothing here does I/O; :mod:`appliance.realtime.machine` is the state machine.
 """
 
@@ -47,13 +47,13 @@ class Support(Enum):
 CLIENT_EVENTS: dict[str, tuple[Support, str]] = {
     "session.update": (Support.SUPPORTED, "-> session.updated; unknown fields kept and echoed, "
                        "invalid ones -> error naming the event_id"),
-    "input_audio_buffer.append": (Support.PARTIAL, "audio/pcm 24 kHz, audio/pcmu, audio/pcma; "
-                                  "VAD runs on the WebRTC track only"),
+    "input_audio_buffer.append": (Support.SUPPORTED, "audio/pcm 24 kHz, audio/pcmu, audio/pcma; "
+                                  "WebSocket sessions run the server VAD on it"),
     "input_audio_buffer.commit": (Support.SUPPORTED, "-> input_audio_buffer.committed + a user "
                                   "item"),
     "input_audio_buffer.clear": (Support.SUPPORTED, "-> input_audio_buffer.cleared"),
     "conversation.item.create": (Support.PARTIAL, "message items (text, audio); function items "
-                                 "stored, never executed"),
+                                 "stored for the agent (the client runs the tools)"),
     "conversation.item.retrieve": (Support.SUPPORTED, "-> conversation.item.retrieved (audio as "
                                    "24 kHz PCM while it fits one channel message)"),
     "conversation.item.truncate": (Support.SUPPORTED, "-> conversation.item.truncated"),
@@ -87,7 +87,8 @@ SERVER_EVENTS: dict[str, tuple[Support, str]] = {
     "input_audio_buffer.speech_stopped": (Support.SUPPORTED, ""),
     "input_audio_buffer.timeout_triggered": (Support.NEVER, "idle_timeout_ms kept, not acted on"),
     "input_audio_buffer.dtmf_event_received": (Support.NEVER, "SIP only"),
-    "output_audio_buffer.started": (Support.SUPPORTED, "WebRTC: the response's audio starts"),
+    "output_audio_buffer.started": (Support.SUPPORTED, "WebRTC: the response's audio starts "
+                                    "(never on a WebSocket, as OpenAI)"),
     "output_audio_buffer.stopped": (Support.SUPPORTED, "WebRTC: its last frame left"),
     "output_audio_buffer.cleared": (Support.SUPPORTED, "on output_audio_buffer.clear and "
                                     "barge-in"),
@@ -101,11 +102,12 @@ SERVER_EVENTS: dict[str, tuple[Support, str]] = {
     "response.output_text.done": (Support.SUPPORTED, ""),
     "response.output_audio_transcript.delta": (Support.SUPPORTED, ""),
     "response.output_audio_transcript.done": (Support.SUPPORTED, ""),
-    "response.output_audio.delta": (Support.NEVER, "WebRTC: the audio is on the media track, "
-                                    "as OpenAI does"),
+    "response.output_audio.delta": (Support.PARTIAL, "WebSocket sessions only (WebRTC: the "
+                                    "audio is on the media track, as OpenAI does)"),
     "response.output_audio.done": (Support.SUPPORTED, ""),
-    "response.function_call_arguments.delta": (Support.NEVER, "no tool calling"),
-    "response.function_call_arguments.done": (Support.NEVER, "no tool calling"),
+    "response.function_call_arguments.delta": (Support.PARTIAL, "when the agent yields a "
+                                               "FunctionCall: the arguments in one delta"),
+    "response.function_call_arguments.done": (Support.SUPPORTED, ""),
     "response.mcp_call_arguments.delta": (Support.NEVER, "no MCP"),
     "response.mcp_call_arguments.done": (Support.NEVER, "no MCP"),
     "response.mcp_call.in_progress": (Support.NEVER, "no MCP"),

@@ -25,8 +25,10 @@ from .options import (
     add_auth_arguments,
     add_realtime_arguments,
     add_tls_arguments,
+    add_webhook_arguments,
     default_webui_dir,
     tls_settings,
+    webhook_endpoints,
 )
 from .server import (
     check_public_address,
@@ -92,6 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "candidate per address beside the UDP one (default: none)")
     add_auth_arguments(parser)
     add_realtime_arguments(parser)
+    add_webhook_arguments(parser)
     add_geo_arguments(parser)
     add_tls_arguments(parser)
     parser.add_argument("--state-dir", metavar="DIR", default=None,
@@ -173,6 +176,7 @@ def build_config(args: argparse.Namespace) -> tuple[SignalingConfig, str | None]
         webui_dir=webui,
         ingress=ingress,
         realtime_agent=str(args.realtime_agent),
+        webhooks=webhook_endpoints(args),
         admission_limit=parse_admission_limit(args.admission_limit),
     )
     return cfg, fp

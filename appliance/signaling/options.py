@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..statedir import default_state_dir
 from .tls import ensure_self_signed
+from .webhooks import Endpoint, parse_endpoint
 
 
 def default_webui_dir() -> Path:
@@ -51,6 +52,20 @@ def add_realtime_arguments(parser: argparse.ArgumentParser) -> None:
                              "machine with its echo backend; realtime:module:attr for your "
                              "own RealtimeAgent, realtime+wss://host/v1/realtime?model=… for "
                              "an upstream Realtime WebSocket service)")
+
+
+def add_webhook_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--webhook-url", action="append", metavar="URL[,secret-file=PATH|"
+                        ",secret-env=NAME]", default=None,
+                        help="POST call events (realtime.call.started / .ended, with the "
+                             "end-of-call report) here, signed per Standard Webhooks with "
+                             "the endpoint's whsec_ secret, read from PATH or the variable "
+                             "NAME (default APPLIANCE_WEBHOOK_SECRET); repeatable")
+
+
+def webhook_endpoints(args: argparse.Namespace) -> list[Endpoint]:
+    """The parsed ``--webhook-url`` endpoints (WebhookConfigError, a ValueError, if bad)."""
+    return [parse_endpoint(spec) for spec in getattr(args, "webhook_url", None) or []]
 
 
 def tls_settings(args: argparse.Namespace, hosts: list[str]) -> tuple[str | None, str | None, str | None]:

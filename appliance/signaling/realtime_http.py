@@ -9,6 +9,7 @@ POST   /v1/realtime/client_secrets            mint an ``ek_…`` client secret +
 POST   /v1/realtime/calls[?dcid=N]            SDP offer (raw or multipart) -> 201 + answer      call
 GET    /v1/realtime/calls/{call_id}           the call: state, session config, media stats      call
 DELETE /v1/realtime/calls/{call_id}           hang up (also ``POST …/{call_id}/hangup``)        call
+GET    /v1/realtime?model=…  (WebSocket)      a Realtime session over the socket (realtime_ws)  call
 ===========================================  ================================================  =====
 
 "api" is the API token (on a non-loopback bind, as ``/v1/client_tokens``); "call" also
@@ -50,6 +51,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -65,6 +67,7 @@ from .rules import (
 )
 from .state import SignalingState
 from .tokens import ClientClaims, TokenError
+from .webhooks import CALL_ENDED, CALL_STARTED, end_report
 
 EK_PREFIX = "ek_"
 SCOPE_CALLS = "realtime.calls"
@@ -296,6 +299,53 @@ class Realtime:
         authorize_header(self.state, authorization, sessions=False)
         return Caller(True, None, None)
 
+    # -- webhooks (webhooks.py): call started / ended ---------------------------------------
+
+    def call_started(self, call_id: str, *, transport: str, agent: str | None,
+                     model: Any) -> None:
+        hooks = self.state.webhooks
+        if not hooks.queue.endpoints:
+            return
+        data = {"call_id": call_id, "transport": transport, "agent": agent,
+                "model": model if isinstance(model, str) else None}
+        if transport == "webrtc":
+            hooks.pending_calls[call_id] = data
+        hooks.emit(CALL_STARTED, data)
+
+    def call_ended_if_done(self, call_id: str) -> bool:
+        """The ended event of a WebRTC call whose record says it ended (or is gone)."""
+        hooks = self.state.webhooks
+        data = hooks.pending_calls.get(call_id)
+        if data is None:
+            return False
+        rec = self.state.registry.get(call_id)
+        if rec is not None and not rec.ended:
+            return False
+        del hooks.pending_calls[call_id]
+        view = rec.view() if rec is not None else {}
+        now = self.state.clock()
+        started = rec.created_at if rec is not None else now
+        ended = rec.ended_at if rec is not None and rec.ended_at is not None else now
+        stats = {k: view.get(k) for k in ("packets_in", "packets_out", "bytes_in",
+                                          "bytes_out", "rtt_ms", "jitter_ms", "loss",
+                                          "codec", "datachannels")}
+        hooks.emit(CALL_ENDED, {**data, "report": end_report(
+            started_at=started, ended_at=ended,
+            reason=rec.end_reason or "gone" if rec is not None else "gone", stats=stats)})
+        return True
+
+    async def watch_calls(self) -> None:
+        """Find the ends of WebRTC calls nobody hung up through the API (the caller left,
+        the agent hung up): a list poll every ``webhook_call_poll`` s while any is live."""
+        while True:
+            await trio.sleep(self.state.config.webhook_call_poll)
+            pending = self.state.webhooks.pending_calls
+            if not pending:
+                continue
+            await self.state.list_sessions()
+            for call_id in list(pending):
+                self.call_ended_if_done(call_id)
+
     def remember_call(self, call_id: str, session: dict[str, Any]) -> None:
         self.calls[call_id] = session
         while len(self.calls) > MAX_CALLS:
@@ -327,6 +377,9 @@ def register(app: QuartTrio, state: SignalingState) -> None:
     last word on these paths' CORS headers)."""
     rt = Realtime(state)
     app.extensions[EXTENSION] = rt
+    from .realtime_ws import register_websocket  # it builds on this module's Realtime
+
+    register_websocket(app, rt)
     errors = openai_errors(state.config.max_body)
 
     @app.after_request
@@ -436,6 +489,7 @@ def register(app: QuartTrio, state: SignalingState) -> None:
         rec, answer = await state.create_session(offer, agent, caller.owner, params=params,
                                                  id_prefix=CALL_PREFIX)
         rt.remember_call(rec.id, session)
+        rt.call_started(rec.id, transport="webrtc", agent=agent, model=session.get("model"))
         resp = Response(answer, status=201, content_type=SDP)
         resp.headers["Location"] = f"/v1/realtime/calls/{rec.id}"
         resp.headers["Cache-Control"] = "no-store"
@@ -470,6 +524,7 @@ def register(app: QuartTrio, state: SignalingState) -> None:
     async def hangup(call_id: str) -> Response:
         rec = own_call(call_id, rt.caller(request.headers.get("Authorization", "")))
         await state.delete_session(rec, "hangup")
+        rt.call_ended_if_done(rec.id)
         return Response("", status=200)
 
     app.add_url_rule("/v1/realtime/calls/<call_id>", "realtime_delete_call",

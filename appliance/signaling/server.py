@@ -113,6 +113,11 @@ async def serve_signaling(
         async with trio.open_nursery() as nursery:
             binds: list[str] = await nursery.start(partial(serve, app, hypercorn_config(config)))
             nursery.start_soon(_poll_forever, state)
+            if state.webhooks.queue.endpoints:
+                nursery.start_soon(state.webhooks.run)
+                rt = app.extensions.get("appliance.realtime")
+                if rt is not None:
+                    nursery.start_soon(rt.watch_calls)
             log.info("signaling listening on %s", ", ".join(binds))
             task_status.started(binds)
     finally:

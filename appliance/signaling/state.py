@@ -37,6 +37,8 @@ from .placement import Placement
 from .problems import Problem, from_control
 from .registry import LOST, SESSION_ID, SessionRecord, SessionRegistry, new_etag
 from .tokens import ClientTokens
+from .webhooks import Endpoint as WebhookEndpoint
+from .webhooks import Webhooks
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,9 @@ class SignalingConfig:
     # Admission (admission.py, issue 23): busy share admitted up to, prior call cost.
     admission_limit: float = LIMIT
     admission_call_cost: float = PRIOR_COST
+    # Webhooks (webhooks.py): the endpoints, and how often live calls are checked for an end.
+    webhooks: list[WebhookEndpoint] = field(default_factory=list)
+    webhook_call_poll: float = 2.0
 
     def requires_auth(self) -> bool:
         if self.auth_required is not None:
@@ -113,6 +118,7 @@ class SignalingState:
         self.health.observer = self.admission
         self.http_responses: dict[int, int] = {}
         self.ingress_picks: dict[str, int] = {}  # region ("" = default) -> answers
+        self.webhooks = Webhooks(list(config.webhooks), clock=clock)
 
     # -- the parts, as the HTTP layer and the supervisor see them ------------------------
 

@@ -11,7 +11,7 @@ import pytest
 from proto.test_sans_io import FORBIDDEN, _imports
 
 REALTIME = Path(__file__).resolve().parents[2] / "appliance" / "realtime"
-SHELLS = {"agent.py"}  # the trio shell over AgentContext
+SHELLS = {"agent.py", "ws_session.py"}  # the trio shells: over AgentContext, a WebSocket
 # rthttp's routes (http.py) and rtbridge's upstream bridge (bridge.py) are shells too.
 CORE = [p for p in sorted(REALTIME.glob("*.py"))
         if p.name not in SHELLS | {"http.py", "bridge.py"}]

@@ -1,0 +1,189 @@
+"""The trio shell of a Realtime session over a WebSocket (``GET /v1/realtime?model=…``):
+the same :class:`~appliance.realtime.machine.RealtimeConnection` as the ``oai-events``
+channel, with no media track — the caller's audio arrives as ``input_audio_buffer.append``
+(run through the energy VAD in 20 ms frames for server turn detection) and the answer's
+audio leaves as ``response.output_audio.delta`` events (the machine's WebSocket mode).
+
+Transport-free: :meth:`RealtimeSocketSession.run` takes the socket's incoming messages as
+an async iterator and a ``send(text)`` coroutine, so the signaling route
+(appliance/signaling/realtime_ws.py) and a test can both drive it.
+
+Bounds: the events waiting for the socket are at most ``queue_limit``. A response's audio
+waits for room (back-pressure on the agent, as the output queue paces it on a call); past
+the limit anyway — a client that keeps sending but stops reading — the session ends with
+:data:`END_SLOW_READER` (the route closes the socket with :data:`CLOSE_SLOW_READER`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from ..agents.vad import EnergyVad
+from .agent import id_source
+from .interface import RealtimeAgent, ResponseRequest
+from .machine import (
+    CancelResponse,
+    ClearAudio,
+    RealtimeConnection,
+    SessionUpdated,
+    StartResponse,
+    Transcribe,
+)
+
+log = logging.getLogger("appliance.realtime.ws")
+QUEUE_LIMIT = 2048  # server events waiting for a slow socket before it is dropped
+CLOSE_SLOW_READER = 1008  # policy violation: the client stopped reading its events
+END_SLOW_READER = "slow_reader"
+END_CLIENT = "client_closed"
+SEND_GRACE = 10.0  # seconds one event's frame may take to leave once it has started
+
+
+@dataclass(slots=True)
+class SocketStats:
+    """What the end-of-call report tells of a WebSocket session."""
+
+    started_at: float = field(default_factory=time.time)
+    events_in: int = 0
+    events_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    responses: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"events_in": self.events_in, "events_out": self.events_out,
+                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
+                "responses": self.responses}
+
+
+class RealtimeSocketSession:
+    def __init__(self, agent: RealtimeAgent, *, session: dict[str, Any] | None = None,
+                 queue_limit: int | None = None, session_id: str | None = None) -> None:
+        self.agent = agent
+        self.id = session_id or f"sess_{secrets.token_hex(8)}"
+        self.machine = RealtimeConnection(
+            session_id=self.id, ids=id_source(), session=session,
+            can_transcribe=callable(getattr(agent, "transcribe", None)),
+            vad=EnergyVad().update)
+        self.stats = SocketStats()
+        self.end_reason: str | None = None
+        self._limit = QUEUE_LIMIT if queue_limit is None else queue_limit
+        self._queue: deque[str] = deque()
+        self._wake = trio.Event()  # the sender: something was queued
+        self._room = trio.Event()  # a waiting response: the queue fell under half
+        self._runs: dict[str, trio.CancelScope] = {}
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, messages: AsyncIterator[str | bytes],
+                  send: Callable[[str], Awaitable[None]]) -> str:
+        """Serve until the client goes (``messages`` ends) or reads too slowly; returns the
+        end reason."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._sender, send)
+            self.machine.handle_open()
+            self._drain()
+            async for data in messages:
+                self.stats.events_in += 1
+                self.stats.bytes_in += len(data)
+                self.machine.handle_message(data)
+                self._drain()
+                if self.end_reason is not None:
+                    break
+            if self.end_reason is None:
+                self.end_reason = END_CLIENT
+            nursery.cancel_scope.cancel()
+        return self.end_reason
+
+    def _overflow(self) -> None:
+        if self.end_reason is None:
+            self.end_reason = END_SLOW_READER
+            log.info("realtime socket %s: %d events unread, closing", self.id, len(self._queue))
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def _sender(self, send: Callable[[str], Awaitable[None]]) -> None:
+        while True:
+            while self._queue:
+                text = self._queue.popleft()
+                if len(self._queue) < self._limit // 2:
+                    self._room.set()
+                # A frame half written cannot be taken back: finish it (or give up on a
+                # peer that reads nothing for SEND_GRACE s) even when the session is ending,
+                # so the close that follows is still a valid frame.
+                with trio.CancelScope(shield=True), trio.move_on_after(SEND_GRACE):
+                    await send(text)
+                self.stats.events_out += 1
+                self.stats.bytes_out += len(text)
+            self._wake = trio.Event()
+            await self._wake.wait()
+
+    async def _wait_room(self) -> None:
+        await trio.lowlevel.checkpoint()  # a burst of deltas still lets a barge-in cut it
+        while len(self._queue) >= self._limit // 2:
+            self._room = trio.Event()
+            await self._room.wait()
+
+    def _drain(self) -> None:
+        m = self.machine
+        while (action := m.poll_action()) is not None:
+            if isinstance(action, CancelResponse):
+                scope = self._runs.pop(action.response_id, None)
+                if scope is not None:
+                    scope.cancel()
+            elif isinstance(action, StartResponse) and self._nursery is not None:
+                scope = trio.CancelScope()
+                self._runs[action.request.response_id] = scope
+                self.stats.responses += 1
+                self._nursery.start_soon(self._respond, action.request, scope)
+            elif isinstance(action, Transcribe) and self._nursery is not None:
+                self._nursery.start_soon(self._transcribe, action)
+            elif isinstance(action, SessionUpdated):
+                hook = getattr(self.agent, "session_updated", None)
+                if callable(hook):
+                    hook(dict(m.session))
+            elif isinstance(action, ClearAudio):
+                pass  # nothing is queued for playback here: the client plays the deltas
+        queued = False
+        while (event := m.poll_event()) is not None:
+            self._queue.append(json.dumps(event, separators=(",", ":")))
+            queued = True
+        if queued:
+            self._wake.set()
+        if len(self._queue) > self._limit:
+            self._overflow()
+
+    async def _respond(self, request: ResponseRequest, scope: trio.CancelScope) -> None:
+        rid = request.response_id
+        error: str | None = None
+        with scope:
+            try:
+                async for delta in self.agent.respond(request):
+                    self.machine.handle_delta(rid, delta)
+                    self._drain()
+                    await self._wait_room()
+            except Exception as exc:  # the agent's bug fails the response, not the session
+                error = type(exc).__name__
+                log.warning("realtime agent failed on %s: %r", rid, exc)
+        self._runs.pop(rid, None)
+        if not scope.cancelled_caught:
+            self.machine.handle_response_end(rid, error)
+            self._drain()
+
+    async def _transcribe(self, action: Transcribe) -> None:
+        fn = getattr(self.agent, "transcribe", None)
+        try:
+            text = await fn(action.turn) if fn is not None else None
+        except Exception:
+            text = None
+        if isinstance(text, str):
+            self.machine.handle_transcript(action.item_id, text)
+            self._drain()

@@ -1,0 +1,151 @@
+"""``GET /v1/realtime?model=…``: a Realtime session over a WebSocket, served by signaling.
+
+No RTP is involved — the audio is base64 in the events — so the session runs here, in the
+signaling process, not on a transceiver: the same event state machine as the ``oai-events``
+channel (appliance/realtime/machine.py, in its WebSocket mode) driven by
+:class:`~appliance.realtime.ws_session.RealtimeSocketSession`, answered by the configured
+realtime agent (``--realtime-agent``: ``realtime`` — the built-in echo agent — or
+``realtime:<module:attr | file.py:attr>``, imported into signaling; a full-rights caller may
+pick another with ``?agent=``). docs/realtime.md "The WebSocket endpoint" has the rules.
+
+**Auth**, checked before the upgrade (a refusal is an HTTP answer in OpenAI's error shape):
+``Authorization: Bearer <token>`` or, for browsers that cannot set headers, the subprotocol
+``openai-insecure-api-key.<token>`` beside ``realtime``. The API token (loopback: nothing)
+has full rights; an ``ek_`` client secret (as OpenAI lets a browser open a WebSocket with
+one) opens a session with the config it was minted with. Tokens are never logged.
+
+``?call_id=…`` (attaching to a live call, the sideband) is refused with 501 for now: the
+design is in docs/realtime.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from quart import Response, websocket
+from quart_trio import QuartTrio
+
+from ..agents.loader import AgentError
+from ..realtime.agent import factory_for_spec
+from ..realtime.interface import RealtimeAgent
+from ..realtime.ws_session import (
+    CLOSE_SLOW_READER,
+    END_CLIENT,
+    END_SLOW_READER,
+    RealtimeSocketSession,
+)
+from .problems import Problem
+from .realtime_http import Realtime, RealtimeProblem, error_response
+from .rules import check_agent
+from .webhooks import CALL_ENDED, CALL_STARTED, end_report
+
+log = logging.getLogger(__name__)
+SUBPROTOCOL = "realtime"
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
+MAX_MODEL = 256
+
+
+def token_from_subprotocols(protocols: list[str]) -> str | None:
+    for p in protocols:
+        if p.startswith(KEY_SUBPROTOCOL) and len(p) > len(KEY_SUBPROTOCOL):
+            return p[len(KEY_SUBPROTOCOL):]
+    return None
+
+
+class AgentFactories:
+    """Spec -> RealtimeAgent factory, resolved once per spec (a file agent is imported once)."""
+
+    def __init__(self) -> None:
+        self._by_spec: dict[str, Callable[[], RealtimeAgent]] = {}
+
+    def get(self, spec: str) -> Callable[[], RealtimeAgent]:
+        factory = self._by_spec.get(spec)
+        if factory is None:
+            factory = factory_for_spec(spec)
+            if len(self._by_spec) < 64:
+                self._by_spec[spec] = factory
+        return factory
+
+
+def register_websocket(app: QuartTrio, rt: Realtime) -> None:
+    state = rt.state
+    factories = AgentFactories()
+    live: dict[str, RealtimeSocketSession] = {}
+    app.extensions["appliance.realtime.sockets"] = live
+
+    @app.websocket("/v1/realtime")
+    async def realtime_socket() -> Response | None:
+        try:
+            session, spec = _admit()
+            agent = factories.get(spec)()
+        except Problem as p:
+            return error_response(p)
+        except AgentError as exc:
+            return error_response(RealtimeProblem(
+                500, "agent_not_servable", f"the realtime agent cannot serve a WebSocket "
+                f"session: {exc}"))
+        protocols = list(websocket.requested_subprotocols)
+        await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in protocols else None)
+        sess = RealtimeSocketSession(agent, session=session)
+        live[sess.id] = sess
+        log.info("realtime socket %s opened (model %s)", sess.id, session.get("model"))
+        data = {"call_id": sess.id, "transport": "websocket", "agent": spec,
+                "model": session.get("model")}
+        hooks = state.webhooks
+        hooks.emit(CALL_STARTED, data)
+        started = state.clock()
+        reason: str | None = None
+        try:
+            reason = await sess.run(_messages(), _send)
+        finally:
+            live.pop(sess.id, None)
+            reason = reason or END_CLIENT
+            log.info("realtime socket %s ended (%s)", sess.id, reason)
+            hooks.emit(CALL_ENDED, {**data, "report": end_report(
+                started_at=started, ended_at=state.clock(), reason=reason,
+                stats=sess.stats.as_dict())})
+        if reason == END_SLOW_READER:
+            await websocket.close(CLOSE_SLOW_READER, "slow reader: events were not read")
+        return None
+
+    def _admit() -> tuple[dict[str, Any], str]:
+        args = websocket.args
+        if args.get("call_id"):
+            raise RealtimeProblem(501, "not_implemented", "attaching to a call "
+                                  "(?call_id=) is not served yet", "call_id")
+        model = args.get("model")
+        if not model:
+            raise RealtimeProblem(400, "missing_required_parameter",
+                                  "the model query parameter is required", "model")
+        if len(model) > MAX_MODEL or not model.isprintable():
+            raise RealtimeProblem(400, "invalid_value", "model is not a model name", "model")
+        authorization = websocket.headers.get("Authorization", "")
+        if not authorization:
+            token = token_from_subprotocols(list(websocket.requested_subprotocols))
+            if token is not None:
+                authorization = f"Bearer {token}"
+        caller = rt.caller(authorization)
+        asked = args.get("agent") or websocket.headers.get("X-Agent") or None
+        if asked is not None and not caller.full_rights:
+            raise RealtimeProblem(403, "insufficient_permissions", "only the API token may "
+                                  "pick the agent", "agent")
+        try:
+            spec = check_agent(asked)
+        except Problem as p:
+            raise RealtimeProblem(p.status, p.code, p.detail, "agent") from None
+        if spec is None and caller.secret is not None:
+            spec = caller.secret.agent
+        session: dict[str, Any] = dict(caller.secret.session) if caller.secret else {}
+        session.pop("type", None)
+        session["model"] = model
+        return session, spec or state.config.realtime_agent
+
+    async def _messages() -> AsyncIterator[str | bytes]:
+        while True:
+            data = await websocket.receive()
+            yield data
+
+    async def _send(text: str) -> None:
+        await websocket.send(text)

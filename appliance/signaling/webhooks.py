@@ -1,0 +1,295 @@
+"""Webhooks: call lifecycle events POSTed to ``--webhook-url`` endpoints, signed per
+Standard Webhooks (the scheme OpenAI's webhooks and ``client.webhooks.unwrap`` use).
+
+Signing (:func:`sign`): ``webhook-signature: v1,<base64(HMAC-SHA256(key, id "." timestamp
+"." body))>`` where ``key`` is the base64 part of the endpoint's ``whsec_…`` secret, with
+``webhook-id`` (``evt_…``, the same on every retry of one event, so a receiver can drop
+duplicates) and ``webhook-timestamp`` (Unix seconds of this attempt).
+
+Events (OpenAI's envelope: ``{"id", "object": "event", "created_at", "type", "data"}``;
+OpenAI names only ``realtime.call.incoming``, which belongs to the phone path — the two
+here are the appliance's, named in the same family):
+
+* ``realtime.call.started`` — ``data``: ``call_id``, ``transport`` (``webrtc`` | ``websocket``),
+  ``agent``, ``model``;
+* ``realtime.call.ended`` — ``data``: the same plus the end-of-call ``report``: ``started_at``,
+  ``ended_at``, ``duration_seconds``, ``end_reason``, ``hung_up_by`` (``client`` | ``api`` |
+  ``agent`` | ``server`` | ``unknown``) and ``stats`` (the session object's media and
+  network counters for a WebRTC call, the socket's event/byte counts for a WebSocket).
+
+Delivery (:class:`WebhookQueue`, sans-IO; :func:`deliver_forever`, the trio task): a bounded
+queue — a full queue drops the new event and counts it, it never blocks signaling — one
+attempt at a time per endpoint, retried on a non-2xx answer or a connection error with
+exponential backoff (:data:`BACKOFF_S` doubling to :data:`BACKOFF_MAX_S`, at most
+:data:`MAX_ATTEMPTS` attempts). Secrets are never logged; URLs are logged without query.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import logging
+import math
+import os
+import secrets
+import ssl
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import trio
+
+log = logging.getLogger(__name__)
+SECRET_PREFIX = "whsec_"
+MAX_QUEUE = 1000  # events waiting, over all endpoints
+MAX_ATTEMPTS = 8
+BACKOFF_S = 1.0
+BACKOFF_MAX_S = 300.0
+ATTEMPT_TIMEOUT_S = 10.0
+MAX_STATUS_LINE = 4096
+CALL_STARTED = "realtime.call.started"
+CALL_ENDED = "realtime.call.ended"
+
+
+class WebhookConfigError(ValueError):
+    """A ``--webhook-url`` / secret that cannot be used (the message never holds the secret)."""
+
+
+def secret_key(secret: str) -> bytes:
+    """The HMAC key of a ``whsec_<base64>`` secret."""
+    secret = secret.strip()
+    if not secret.startswith(SECRET_PREFIX):
+        raise WebhookConfigError("a webhook secret must start with whsec_")
+    try:
+        key = base64.b64decode(secret[len(SECRET_PREFIX):], validate=True)
+    except (binascii.Error, ValueError):
+        raise WebhookConfigError("the webhook secret after whsec_ is not base64") from None
+    if len(key) < 16:
+        raise WebhookConfigError("the webhook secret is shorter than 16 bytes")
+    return key
+
+
+def sign(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
+    mac = hmac.new(key, f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(mac).decode("ascii")
+
+
+def signed_headers(key: bytes, msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+    return {"webhook-id": msg_id, "webhook-timestamp": str(timestamp),
+            "webhook-signature": sign(key, msg_id, timestamp, body)}
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    url: str
+    key: bytes = field(repr=False)
+
+    @property
+    def safe_url(self) -> str:
+        """The URL without its query (which may hold a token), for logs."""
+        parts = urlsplit(self.url)
+        return f"{parts.scheme}://{parts.netloc}{parts.path}"
+
+
+def parse_endpoint(spec: str, env: dict[str, str] | None = None) -> Endpoint:
+    """``URL`` with its secret: ``URL,secret-file=PATH`` or ``URL,secret-env=NAME``
+    (default: the environment variable ``APPLIANCE_WEBHOOK_SECRET``)."""
+    env = dict(os.environ) if env is None else env
+    url, _, rest = spec.partition(",")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise WebhookConfigError(f"webhook URL must be http(s)://host/…, got {url[:64]!r}")
+    source, _, value = rest.partition("=")
+    if not rest:
+        source, value = "secret-env", "APPLIANCE_WEBHOOK_SECRET"
+    if source == "secret-file":
+        try:
+            secret = Path(value).read_text()
+        except OSError as exc:
+            raise WebhookConfigError(f"cannot read the webhook secret file {value}: "
+                                     f"{exc.strerror}") from None
+    elif source == "secret-env":
+        if value not in env:
+            raise WebhookConfigError(f"the webhook secret variable {value} is not set")
+        secret = env[value]
+    else:
+        raise WebhookConfigError("after the webhook URL: ,secret-file=PATH or ,secret-env=NAME")
+    return Endpoint(url, secret_key(secret))
+
+
+def event(kind: str, data: dict[str, Any], *, now: float) -> dict[str, Any]:
+    return {"id": "evt_" + secrets.token_hex(12), "object": "event",
+            "created_at": math.floor(now), "type": kind, "data": data}
+
+
+@dataclass(slots=True)
+class Delivery:
+    endpoint: int  # index into the queue's endpoints
+    msg_id: str
+    body: bytes
+    attempts: int = 0
+    due: float = 0.0
+
+
+def hung_up_by(reason: str) -> str:
+    if reason in ("hangup", "deleted"):
+        return "api"
+    if reason in ("client_closed", "peer closed", "dtls closed", "bye"):
+        return "client"
+    if "agent" in reason:
+        return "agent"
+    if reason in ("slow_reader", "transceiver lost", "gone", "draining"):
+        return "server"
+    return "unknown"
+
+
+def end_report(*, started_at: float, ended_at: float, reason: str,
+               stats: dict[str, Any]) -> dict[str, Any]:
+    return {"started_at": started_at, "ended_at": ended_at,
+            "duration_seconds": round(max(0.0, ended_at - started_at), 3),
+            "end_reason": reason, "hung_up_by": hung_up_by(reason), "stats": stats}
+
+
+class WebhookQueue:
+    """Deliveries waiting and their retry schedule, with time as an input (sans-IO)."""
+
+    def __init__(self, endpoints: list[Endpoint], *, limit: int = MAX_QUEUE,
+                 backoff: float = BACKOFF_S, backoff_max: float = BACKOFF_MAX_S,
+                 max_attempts: int = MAX_ATTEMPTS) -> None:
+        self.endpoints = endpoints
+        self._limit = limit
+        self._backoff, self._backoff_max, self._max = backoff, backoff_max, max_attempts
+        self._waiting: deque[Delivery] = deque()
+        self._busy: set[int] = set()  # endpoints with an attempt in flight
+        self.dropped = 0
+        self.delivered = 0
+        self.failed = 0
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def handle_event(self, now: float, obj: dict[str, Any]) -> bool:
+        """Queue one event for every endpoint; False (and counted) if there is no room."""
+        if len(self._waiting) + len(self.endpoints) > self._limit:
+            self.dropped += 1
+            return False
+        body = json.dumps(obj, separators=(",", ":")).encode()
+        for i in range(len(self.endpoints)):
+            self._waiting.append(Delivery(i, str(obj["id"]), body, 0, now))
+        return True
+
+    def poll_delivery(self, now: float) -> Delivery | None:
+        """The next attempt due now for an endpoint that has none in flight."""
+        for d in self._waiting:
+            if d.due <= now and d.endpoint not in self._busy:
+                self._waiting.remove(d)
+                self._busy.add(d.endpoint)
+                d.attempts += 1
+                return d
+        return None
+
+    def poll_timeout(self) -> float | None:
+        free = [d.due for d in self._waiting if d.endpoint not in self._busy]
+        return min(free) if free else None
+
+    def handle_result(self, now: float, d: Delivery, ok: bool) -> None:
+        self._busy.discard(d.endpoint)
+        if ok:
+            self.delivered += 1
+            return
+        if d.attempts >= self._max:
+            self.failed += 1
+            log.warning("webhook %s to %s failed %d times: dropped", d.msg_id,
+                        self.endpoints[d.endpoint].safe_url, d.attempts)
+            return
+        d.due = now + min(self._backoff * 2 ** (d.attempts - 1), self._backoff_max)
+        self._waiting.appendleft(d)  # the endpoint's next attempt: keep its order
+
+
+def parse_status_line_untrusted(line: bytes) -> int:
+    """``HTTP/1.1 204 No Content`` -> 204; raises ValueError for anything else."""
+    parts = line.split(b" ", 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit() \
+            or len(parts[1]) != 3:
+        raise ValueError("not an HTTP/1.x status line")
+    return int(parts[1])
+
+
+async def post(url: str, headers: dict[str, str], body: bytes) -> int:
+    """One HTTP/1.1 POST (``Connection: close``); the answer's status code."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+    if parts.scheme == "https":
+        stream = trio.SSLStream(stream, ssl.create_default_context(), server_hostname=host)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    authority = host if parts.port is None else f"{host}:{parts.port}"
+    head = [f"POST {target} HTTP/1.1", f"Host: {authority}",
+            "Content-Type: application/json", f"Content-Length: {len(body)}",
+            "User-Agent: appliance-webhooks", "Connection: close",
+            *(f"{k}: {v}" for k, v in headers.items())]
+    async with stream:
+        await stream.send_all(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        buf = b""
+        while b"\r\n" not in buf:
+            chunk = await stream.receive_some(1024)
+            if not chunk or len(buf) > MAX_STATUS_LINE:
+                raise ValueError("no status line")
+            buf += chunk
+    return parse_status_line_untrusted(buf.split(b"\r\n", 1)[0])
+
+
+Poster = Callable[[str, dict[str, str], bytes], Any]
+
+
+class Webhooks:
+    """The signaling side: queue events (never blocks) and run the delivery task."""
+
+    def __init__(self, endpoints: list[Endpoint], *, clock: Callable[[], float],
+                 poster: Poster = post, **queue_args: Any) -> None:
+        self.queue = WebhookQueue(endpoints, **queue_args)
+        self.clock = clock
+        self._post = poster
+        self._wake = trio.Event()
+        self.pending_calls: dict[str, dict[str, Any]] = {}  # WebRTC calls not yet seen ended
+
+    def emit(self, kind: str, data: dict[str, Any]) -> None:
+        if not self.queue.endpoints:
+            return
+        self.queue.handle_event(trio.current_time(), event(kind, data, now=self.clock()))
+        self._wake.set()
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            while True:
+                now = trio.current_time()
+                while (d := self.queue.poll_delivery(now)) is not None:
+                    nursery.start_soon(self._attempt, d)
+                timeout = self.queue.poll_timeout()
+                with trio.move_on_at(math.inf if timeout is None else timeout):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+
+    async def _attempt(self, d: Delivery) -> None:
+        ep = self.queue.endpoints[d.endpoint]
+        ok = False
+        try:
+            with trio.fail_after(ATTEMPT_TIMEOUT_S):
+                status = await self._post(ep.url, signed_headers(
+                    ep.key, d.msg_id, math.floor(self.clock()), d.body), d.body)
+            ok = 200 <= status < 300
+            if not ok:
+                log.info("webhook %s to %s: HTTP %s (attempt %d)", d.msg_id, ep.safe_url,
+                         status, d.attempts)
+        except (OSError, ValueError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+            log.info("webhook %s to %s: %s (attempt %d)", d.msg_id, ep.safe_url,
+                     type(exc).__name__, d.attempts)
+        self.queue.handle_result(trio.current_time(), d, ok)
+        self._wake.set()

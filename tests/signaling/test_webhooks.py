@@ -1,0 +1,265 @@
+"""Webhooks (appliance/signaling/webhooks.py) checked by the official ``openai`` SDK's
+``client.webhooks.unwrap``, delivered to a local receiver that fails before it succeeds;
+and ``client.realtime.calls`` (create with the API token, hangup) against fake transceivers,
+with the call's started/ended events."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from functools import partial
+from typing import Any
+
+import pytest
+import trio
+from hypothesis import given
+from hypothesis import strategies as st
+from signaling.fakes import OFFER
+
+from appliance.signaling import serve_signaling
+from appliance.signaling.webhooks import (
+    CALL_ENDED,
+    CALL_STARTED,
+    Endpoint,
+    WebhookConfigError,
+    WebhookQueue,
+    Webhooks,
+    event,
+    parse_endpoint,
+    parse_status_line_untrusted,
+    secret_key,
+    signed_headers,
+)
+
+openai = pytest.importorskip("openai")
+
+SECRET = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
+TIMEOUT = 30
+
+
+def unwrap(body: bytes, headers: dict[str, str]) -> Any:
+    client = openai.OpenAI(api_key="unused", webhook_secret=SECRET)
+    return client.webhooks.unwrap(body, headers)
+
+
+def test_the_openai_sdk_verifies_our_signature_and_rejects_a_tampered_body() -> None:
+    obj = event("realtime.call.incoming", {"call_id": "rtc_x", "sip_headers": []}, now=1e9)
+    body = json.dumps(obj).encode()
+    import time
+
+    headers = signed_headers(secret_key(SECRET), obj["id"], math.floor(time.time()), body)
+    got = unwrap(body, headers)
+    assert got.type == "realtime.call.incoming" and got.data.call_id == "rtc_x"
+    with pytest.raises(openai.InvalidWebhookSignatureError):
+        unwrap(body.replace(b"rtc_x", b"rtc_y"), headers)
+    other = signed_headers(b"another key, 32 bytes long......", obj["id"],
+                           math.floor(time.time()), body)
+    with pytest.raises(openai.InvalidWebhookSignatureError):
+        unwrap(body, other)
+
+
+def test_endpoint_secrets(tmp_path: Any) -> None:
+    (tmp_path / "s").write_text(SECRET + "\n")
+    ep = parse_endpoint(f"http://127.0.0.1:9/hook?t=1,secret-file={tmp_path / 's'}")
+    assert ep.key == secret_key(SECRET) and ep.safe_url == "http://127.0.0.1:9/hook"
+    assert SECRET[6:] not in repr(ep) and "key" not in repr(ep)
+    assert parse_endpoint("https://h/x", env={"APPLIANCE_WEBHOOK_SECRET": SECRET}).key
+    assert parse_endpoint("https://h/x,secret-env=S", env={"S": SECRET}).key
+    for bad in ("ftp://h/x,secret-env=S", "https://h/x,secret-env=NOPE",
+                "https://h/x,secret=whsec_x", f"https://h/x,secret-file={tmp_path / 'none'}"):
+        with pytest.raises(WebhookConfigError) as info:
+            parse_endpoint(bad, env={"S": SECRET})
+        assert SECRET[6:] not in str(info.value)
+    for bad_secret in ("nope", "whsec_!!!", "whsec_" + base64.b64encode(b"short").decode()):
+        with pytest.raises(WebhookConfigError):
+            secret_key(bad_secret)
+
+
+@given(st.binary(max_size=64))
+def test_status_line_parser_raises_only_value_error(line: bytes) -> None:
+    try:
+        status = parse_status_line_untrusted(line)
+    except ValueError:
+        return
+    assert 0 <= status <= 999
+
+
+def test_queue_is_bounded() -> None:
+    q = WebhookQueue([Endpoint("http://a/", b"k" * 16)], limit=2)
+    assert q.handle_event(0.0, {"id": "evt_1"}) and q.handle_event(0.0, {"id": "evt_2"})
+    assert not q.handle_event(0.0, {"id": "evt_3"}) and q.dropped == 1  # full: dropped
+    assert len(q) == 2
+
+
+def test_queue_retries_with_exponential_backoff() -> None:
+    q = WebhookQueue([Endpoint("http://a/", b"k" * 16)], backoff=1.0, backoff_max=4.0,
+                     max_attempts=5)
+    q.handle_event(0.0, {"id": "evt_1"})
+    d = q.poll_delivery(0.0)
+    assert d is not None and q.poll_delivery(0.0) is None  # one in flight per endpoint
+    now, dues = 0.0, []
+    for attempt in range(2, 6):
+        q.handle_result(now, d, ok=False)
+        due = q.poll_timeout()
+        assert due is not None
+        dues.append(due - now)
+        assert q.poll_delivery(due - 0.001) is None
+        now = due
+        d = q.poll_delivery(now)
+        assert d is not None and d.msg_id == "evt_1" and d.attempts == attempt
+    assert dues == [1.0, 2.0, 4.0, 4.0]  # doubling, capped
+    q.handle_result(now, d, ok=False)  # the 5th attempt failed: given up
+    assert q.failed == 1 and len(q) == 0 and q.poll_timeout() is None
+
+
+def test_a_retry_does_not_hold_up_the_next_event() -> None:
+    q = WebhookQueue([Endpoint("http://a/", b"k" * 16)], backoff=10.0)
+    q.handle_event(0.0, {"id": "evt_1"})
+    q.handle_event(0.0, {"id": "evt_2"})
+    d = q.poll_delivery(0.0)
+    assert d is not None and d.msg_id == "evt_1"
+    q.handle_result(0.0, d, ok=False)
+    d = q.poll_delivery(0.0)
+    assert d is not None and d.msg_id == "evt_2"
+
+
+class Receiver:
+    """An HTTP endpoint on loopback answering 500 to the first ``fail`` requests, then 204."""
+
+    def __init__(self, fail: int) -> None:
+        self.fail = fail
+        self.requests: list[tuple[dict[str, str], bytes]] = []
+        self.changed = trio.Event()
+
+    async def serve(self, nursery: trio.Nursery) -> int:
+        listeners = await nursery.start(partial(trio.serve_tcp, self.handle, 0,
+                                                host="127.0.0.1"))
+        return int(listeners[0].socket.getsockname()[1])
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            buf += await stream.receive_some(65536)
+        head, _, body = buf.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        headers = {k.lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])}
+        while len(body) < int(headers["content-length"]):
+            body += await stream.receive_some(65536)
+        self.requests.append((headers, body))
+        status = b"500 Internal Server Error" if len(self.requests) <= self.fail else \
+            b"204 No Content"
+        await stream.send_all(b"HTTP/1.1 " + status + b"\r\nContent-Length: 0\r\n\r\n")
+        await stream.aclose()
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def wait_for(self, n: int) -> None:
+        while len(self.requests) < n:
+            await self.changed.wait()
+
+
+async def test_delivery_retries_with_the_same_webhook_id(nursery: trio.Nursery) -> None:
+    rx = Receiver(fail=2)
+    port = await rx.serve(nursery)
+    import time
+
+    hooks = Webhooks([Endpoint(f"http://127.0.0.1:{port}/hook", secret_key(SECRET))],
+                     clock=time.time, backoff=0.05)
+    nursery.start_soon(hooks.run)
+    hooks.emit(CALL_STARTED, {"call_id": "rtc_1", "transport": "webrtc"})
+    with trio.fail_after(TIMEOUT):
+        await rx.wait_for(3)
+        # One attempt in flight per endpoint: a 4th request means the 3rd was accounted.
+        hooks.emit(CALL_ENDED, {"call_id": "rtc_1", "transport": "webrtc"})
+        await rx.wait_for(4)
+    later = rx.requests.pop()
+    assert json.loads(later[1])["type"] == CALL_ENDED
+    ids = {h["webhook-id"] for h, _ in rx.requests}
+    assert len(ids) == 1 and next(iter(ids)).startswith("evt_")
+    assert len({b for _, b in rx.requests}) == 1  # the same body each time
+    headers, body = rx.requests[-1]
+    got = await trio.to_thread.run_sync(unwrap, body, headers)
+    assert got.type == CALL_STARTED  # our own type: the SDK keeps it, unvalidated
+    assert json.loads(body)["data"]["call_id"] == "rtc_1"
+    assert hooks.queue.delivered >= 1 and hooks.queue.failed == 0
+
+
+# -- the SDK's realtime.calls against fake transceivers, with webhooks ----------------------
+
+
+def sdk_calls(url: str, token: str) -> dict[str, Any]:
+    import urllib.request
+
+    client = openai.OpenAI(api_key=token, base_url=url + "/v1")
+    raw = client.realtime.calls.with_raw_response.create(sdp=OFFER)
+    call_id = raw.headers["location"].rsplit("/", 1)[1]
+
+    def get() -> dict[str, Any]:
+        req = urllib.request.Request(f"{url}/v1/realtime/calls/{call_id}",
+                                     headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
+            out: dict[str, Any] = json.loads(resp.read())
+            return out
+
+    before = get()
+    client.realtime.calls.hangup(call_id)
+    after = get()
+    return {"call_id": call_id, "sdp": raw.content.decode(), "before": before, "after": after}
+
+
+async def test_sdk_calls_create_and_hangup_with_webhooks(make_env: Any,
+                                                         nursery: trio.Nursery) -> None:
+    rx = Receiver(fail=0)
+    port = await rx.serve(nursery)
+    ep = Endpoint(f"http://127.0.0.1:{port}/hook", secret_key(SECRET))
+    env = await make_env(api_token="the-api-token", auth_required=True, webhooks=[ep])
+    import time
+
+    env.clock.t = time.time()  # the SDK checks the webhook timestamp against its own clock
+    env.state.config.http = ("127.0.0.1", 0)
+    binds = await nursery.start(partial(serve_signaling, env.state.config, state=env.state))
+    with trio.fail_after(TIMEOUT):
+        out = await trio.to_thread.run_sync(sdk_calls, binds[0], "the-api-token")
+        await rx.wait_for(2)
+    assert out["call_id"].startswith("rtc_") and out["sdp"].startswith("v=0")
+    assert out["before"]["status"] == "connected"
+    assert out["after"]["status"] == "ended"
+    assert out["after"]["media"]["end_reason"] == "hangup"
+    events = [json.loads(b) for _, b in rx.requests]
+    assert [e["type"] for e in events] == [CALL_STARTED, CALL_ENDED]
+    assert {e["data"]["call_id"] for e in events} == {out["call_id"]}
+    report = events[1]["data"]["report"]
+    assert report["end_reason"] == "hangup" and report["hung_up_by"] == "api"
+    assert report["duration_seconds"] >= 0 and "packets_in" in report["stats"]
+    for headers, body in rx.requests:  # each verifies
+        await trio.to_thread.run_sync(unwrap, body, headers)
+
+
+def websocket_session(url: str) -> None:
+    from websockets.sync.client import connect
+
+    with connect(url.replace("http", "ws", 1) + "/v1/realtime?model=m") as ws:
+        ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "hi"}]}}))
+        while json.loads(ws.recv(timeout=TIMEOUT))["type"] != "conversation.item.done":
+            pass
+
+
+async def test_a_websocket_session_reports_its_end(make_env: Any, nursery: trio.Nursery) -> None:
+    rx = Receiver(fail=0)
+    port = await rx.serve(nursery)
+    ep = Endpoint(f"http://127.0.0.1:{port}/hook", secret_key(SECRET))
+    env = await make_env(webhooks=[ep])
+    env.state.config.http = ("127.0.0.1", 0)
+    binds = await nursery.start(partial(serve_signaling, env.state.config, state=env.state))
+    with trio.fail_after(TIMEOUT):
+        await trio.to_thread.run_sync(websocket_session, binds[0])
+        await rx.wait_for(2)
+    started, ended = (json.loads(b) for _, b in rx.requests)
+    assert started["type"] == CALL_STARTED and ended["type"] == CALL_ENDED
+    assert started["data"]["transport"] == "websocket" and started["data"]["model"] == "m"
+    report = ended["data"]["report"]
+    assert report["end_reason"] == "client_closed" and report["hung_up_by"] == "client"
+    assert report["stats"]["events_in"] == 1 and report["stats"]["events_out"] >= 3
