@@ -24,9 +24,11 @@ from .options import (
     DEFAULT_REALTIME_AGENT,
     add_auth_arguments,
     add_realtime_arguments,
+    add_sip_arguments,
     add_tls_arguments,
     add_webhook_arguments,
     default_webui_dir,
+    sip_settings,
     tls_settings,
     webhook_endpoints,
 )
@@ -95,6 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_auth_arguments(parser)
     add_realtime_arguments(parser)
     add_webhook_arguments(parser)
+    add_sip_arguments(parser)
     add_geo_arguments(parser)
     add_tls_arguments(parser)
     parser.add_argument("--state-dir", metavar="DIR", default=None,
@@ -177,6 +180,7 @@ def build_config(args: argparse.Namespace) -> tuple[SignalingConfig, str | None]
         ingress=ingress,
         realtime_agent=str(args.realtime_agent),
         webhooks=webhook_endpoints(args),
+        sip=sip_settings(args, public),
         admission_limit=parse_admission_limit(args.admission_limit),
     )
     return cfg, fp
