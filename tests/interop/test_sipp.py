@@ -20,6 +20,7 @@ import trio
 from appliance.proto.sdp.phone import PhoneRefusal, answer_phone_offer_untrusted
 from appliance.proto.sip import (
     CallAcked,
+    CallAnswered,
     CallEnded,
     EndpointConfig,
     IncomingCall,
@@ -41,7 +42,10 @@ async def _serve(sock: trio.socket.SocketType, ep: SipEndpoint, events: list[obj
     while True:
         deadline = ep.poll_timeout()
         with trio.move_on_at(deadline if deadline is not None else math.inf):
-            data, addr = await sock.recvfrom(65535)
+            try:
+                data, addr = await sock.recvfrom(65535)
+            except ConnectionRefusedError:
+                continue  # ICMP port unreachable: SIPp not bound yet; Timer A re-sends
             ep.handle_input(trio.current_time(), data, (addr[0], addr[1]), "udp")
         now = trio.current_time()
         due = ep.poll_timeout()
@@ -58,6 +62,8 @@ async def _serve(sock: trio.socket.SocketType, ep: SipEndpoint, events: list[obj
                 ep.accept(now, out.call_id, got[1].encode())
             else:
                 events.append(out)
+                if isinstance(out, CallAnswered):
+                    ep.hangup(now, out.call_id)  # the caller (us) ends the call: BYE
 
 
 @pytest.mark.parametrize(("calls", "lost"), [(3, 0), (3, 10)], ids=["clean", "lost-10pc"])
@@ -89,3 +95,31 @@ async def test_sipp_uac_calls_in(calls: int, lost: int) -> None:
     # BYE can overtake that): the BYE then confirms and ends the call (§12.2.2, §15.1.2)
     assert len(acked) == calls if not lost else 1 <= len(acked) <= calls, (events, out)
     assert len(ended) == calls and all(e.by == "remote" and e.reason == "bye" for e in ended)
+
+
+async def test_we_call_sipp_uas() -> None:
+    """The other direction: our outbound INVITE to SIPp's ``uas`` scenario (180, 200 with
+    SDP, ACK, our BYE, 200); SIPp exits 0 when its call completed as scripted."""
+    assert SIPP is not None
+    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    await sock.bind(("127.0.0.1", 0))
+    ep = SipEndpoint(EndpointConfig(host="127.0.0.1", port=sock.getsockname()[1]))
+    sipp_port = _free_udp_port()
+    events: list[object] = []
+    cmd = [SIPP, "-sn", "uas", "-i", "127.0.0.1", "-p", str(sipp_port), "-mp",
+           str(_free_udp_port()), "-m", "1", "-nostdin", "-timeout", "60", "-timeout_error"]
+    offer = (b"v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+             b"m=audio 40002 RTP/AVP 0 101\r\na=rtpmap:101 telephone-event/8000\r\n")
+    with sock:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_serve, sock, ep, events)
+            call_id = ep.invite(trio.current_time(), f"sip:service@127.0.0.1:{sipp_port}",
+                                "sip:agent@127.0.0.1", offer, ("127.0.0.1", sipp_port))
+            result = await trio.run_process(cmd, capture_stdout=True, capture_stderr=True,
+                                            check=False)
+            nursery.cancel_scope.cancel()
+    out = result.stdout.decode(errors="replace")[-3000:] + result.stderr.decode(errors="replace")[-2000:]
+    assert result.returncode == 0, out
+    answered = [e for e in events if isinstance(e, CallAnswered)]
+    assert len(answered) == 1 and answered[0].call_id == call_id
+    assert b"m=audio" in answered[0].answer_sdp  # SIPp's SDP answer reached us

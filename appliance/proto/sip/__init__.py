@@ -41,11 +41,12 @@ from appliance.proto.sip.ua import (
     ReInviteAnswered,
     SipEndpoint,
     Transmit,
+    cidr_policy,
 )
 
 __all__ = [
     "CallAcked", "CallAnswered", "CallCancelled", "CallEnded", "CallFailed", "CallProgress",
     "Credentials", "Decision", "Dtmf", "EndpointConfig", "IncomingCall", "NameAddr",
     "ReInvite", "ReInviteAnswered", "ReferProgress", "Request", "Response", "SipEndpoint", "SipError",
-    "SipUsageError", "StreamFramer", "Timers", "Transmit", "Uri", "Via", "parse_untrusted",
+    "SipUsageError", "StreamFramer", "Timers", "Transmit", "Uri", "Via", "cidr_policy", "parse_untrusted",
 ]

@@ -236,6 +236,8 @@ class Uri:
 
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+\-.]*\Z")
+_URI_BAD = re.compile(r'[\x00-\x20<>"\x7f]')
+_LINE_BAD = re.compile(r"[\r\n\x00]")
 
 
 def parse_uri_untrusted(text: str) -> Uri:
@@ -246,7 +248,7 @@ def parse_uri_untrusted(text: str) -> Uri:
     if not sep or not _SCHEME.match(scheme) or not rest:
         raise SipError("Bad URI")
     scheme = scheme.lower()
-    if any(ch in rest for ch in " \t<>\"") or any(ord(ch) < 0x21 for ch in rest):
+    if _URI_BAD.search(rest):
         raise SipError("Bad URI")
     if scheme == "tel":
         number, _, params = rest.partition(";")
@@ -629,7 +631,7 @@ def _unfold(lines: list[str]) -> list[str]:
     """§7.3.1 line folding: a line beginning with SP/HT continues the previous header."""
     out: list[str] = []
     for ln in lines:
-        if any(ch in ln for ch in "\r\n\x00"):
+        if _LINE_BAD.search(ln):
             raise SipError("Control character in a header line")
         if ln[:1] in (" ", "\t"):
             if not out:

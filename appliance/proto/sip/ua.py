@@ -47,6 +47,7 @@ Outbound INVITEs answer one 401/407 challenge (:mod:`.auth`); credentials are ne
 from __future__ import annotations
 
 import enum
+import ipaddress
 import secrets
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
@@ -105,6 +106,29 @@ class Decision(enum.Enum):
 
 def loopback_only(ip: str) -> Decision:
     return Decision.ALLOW if ip.startswith("127.") or ip == "::1" else Decision.REFUSE
+
+
+def cidr_policy(cidrs: Iterable[str], *, drop: bool = False,
+                loopback: bool = True) -> Callable[[str], Decision]:
+    """The allow hook for ``--sip-allow CIDR`` (repeatable): sources inside any network are
+    served; the rest get 403, or silence with ``drop`` (issue 28 item 6). Loopback is
+    allowed unless ``loopback=False``, as for the HTTP API. IPv4-mapped IPv6 sources are
+    judged as IPv4."""
+    nets = [ipaddress.ip_network(c, strict=False) for c in cidrs]
+    if loopback:
+        nets += [ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128")]
+    otherwise = Decision.DROP if drop else Decision.REFUSE
+
+    def allow(ip: str) -> Decision:
+        try:
+            addr = ipaddress.ip_address(ip.split("%", 1)[0])
+        except ValueError:
+            return otherwise
+        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped
+        return Decision.ALLOW if any(addr in n for n in nets) else otherwise
+
+    return allow
 
 
 @dataclass(frozen=True, slots=True)
@@ -812,6 +836,13 @@ class SipEndpoint:
                            to_tag: str) -> None:
         cid = self._dialogs.get((req.call_id, to_tag))
         call = self._calls.get(cid or "")
+        if call is not None and call.state is CallState.ENDED and req.method == "BYE" \
+                and call.remote_tag == req.from_.tag:
+            # we hung up while our 200 waited for its ACK and the caller hung up too
+            self._respond(now, txn, 200, call=call)
+            call.bye_after_ack = False
+            self._forget(call)
+            return
         if call is None or call.remote_tag != req.from_.tag or call.state is CallState.ENDED:
             self._respond(now, txn, 481)
             return

@@ -227,3 +227,22 @@ def test_outbound_timeout() -> None:
     invites = [m for m in p.sent_by("a") if isinstance(m, Request) and m.method == "INVITE"]
     assert len(invites) == 7  # Timer A: 0, .5, 1.5, 3.5, 7.5, 15.5, 31.5 then B at 32
     assert not p.a._calls
+
+
+def test_hangup_before_ack_waits_for_it() -> None:
+    """§15: the callee's BYE waits for the ACK of its 200; it goes out once the ACK comes."""
+    p = Pair()
+    p.a.invite(p.now, "sip:agent@127.0.0.2:5062", "sip:caller@127.0.0.1", OFFER, B)
+    p.run(1)
+    (inc,) = p.of("b", IncomingCall)
+    assert isinstance(inc, IncomingCall)
+    p.loss = 1.0
+    p.b.accept(p.now, inc.call_id, ANSWER)
+    p.b.hangup(p.now, inc.call_id)
+    p.run(0.2)
+    assert not [m for m in p.sent_by("b") if isinstance(m, Request) and m.method == "BYE"]
+    p.loss = 0.0
+    p.run(3)
+    byes = [m for m in p.sent_by("b") if isinstance(m, Request) and m.method == "BYE"]
+    assert len(byes) == 1
+    assert len(p.of("a", CallEnded)) == 1 and not p.b._calls

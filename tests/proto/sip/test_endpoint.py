@@ -180,6 +180,17 @@ def test_loopback_only_by_default() -> None:
     assert r.status == 403
 
 
+def test_cidr_policy() -> None:
+    from appliance.proto.sip.ua import cidr_policy
+
+    pol = cidr_policy(["203.0.113.0/24", "2001:db8::/32"])
+    assert pol("203.0.113.9") is Decision.ALLOW and pol("::ffff:203.0.113.9") is Decision.ALLOW
+    assert pol("2001:db8::5") is Decision.ALLOW and pol("127.0.0.1") is Decision.ALLOW
+    assert pol("198.51.100.1") is Decision.REFUSE and pol("not-an-ip") is Decision.REFUSE
+    strict = cidr_policy(["203.0.113.0/24"], drop=True, loopback=False)
+    assert strict("127.0.0.1") is Decision.DROP and strict("203.0.113.1") is Decision.ALLOW
+
+
 def test_rate_limit_per_source() -> None:
     ep = endpoint(rate=1.0, burst=3.0)
     for i in range(6):
