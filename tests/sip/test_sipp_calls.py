@@ -146,3 +146,49 @@ async def test_a_source_outside_sip_allow_gets_403(nursery: trio.Nursery,
         proc = await run_sipp(nursery, phone, "forbidden.xml", local_ip="127.0.0.2", cwd=tmp_path)
         code, out = await proc.result()
     assert code == 0, out
+
+
+async def until_status(phone: Phone, call_id: str, status: str) -> None:
+    """Poll the call's view until it reaches ``status`` (the caller bounds the wait)."""
+    while True:
+        view = await trio.to_thread.run_sync(get_call, phone, call_id)
+        if view["status"] == status:
+            return
+        await trio.sleep(0.05)
+
+
+async def test_refer_transfers_and_leaves_the_call(nursery: trio.Nursery,
+                                                   tmp_path: Path) -> None:
+    phone = await start_phone(nursery, tmp_path)
+    with trio.fail_after(TIMEOUT):
+        proc = await run_sipp(nursery, phone, "refer.xml", cwd=tmp_path)
+        call_id = (await incoming(phone, proc))["data"]["call_id"]
+        await trio.to_thread.run_sync(accept, phone, call_id)
+        await until_status(phone, call_id, "active")  # REFER needs the ACKed dialog
+        calls = phone.client().realtime.calls
+        await trio.to_thread.run_sync(
+            lambda: calls.refer(call_id, target_uri="sip:desk@example.com"))
+        code, out = await proc.result()
+        assert code == 0, out
+        await until_status(phone, call_id, "ended")
+    view = await trio.to_thread.run_sync(get_call, phone, call_id)
+    assert view["refer"][-1]["status"] == 200 and view["refer"][-1]["final"] is True
+
+
+async def test_sip_agent_answers_at_once_without_webhooks(nursery: trio.Nursery,
+                                                          tmp_path: Path) -> None:
+    """The dev-box path: no --webhook-url, --sip-agent answers every call."""
+    phone = await start_phone(nursery, tmp_path, webhooks=False, agent="echo")
+    with trio.fail_after(TIMEOUT):
+        proc = await run_sipp(nursery, phone, "accept_caller_bye.xml", cwd=tmp_path)
+        code, out = await proc.result()
+    assert code == 0, out
+
+
+async def test_no_call_control_at_all_is_480_at_once(nursery: trio.Nursery,
+                                                     tmp_path: Path) -> None:
+    phone = await start_phone(nursery, tmp_path, webhooks=False)  # default 30 s bound
+    with trio.fail_after(TIMEOUT):
+        proc = await run_sipp(nursery, phone, "no_answer.xml", cwd=tmp_path)
+        code, out = await proc.result()
+    assert code == 0, out
