@@ -195,36 +195,48 @@ class SipService:
         self._conns[key] = send
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._writer, stream, recv)
+                nursery.start_soon(self._writer, stream, recv, nursery.cancel_scope, transport)
                 await self._reader(stream, addr, transport)
                 nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, SipError) as exc:
-            self._count(f"{transport}-closed-{type(exc).__name__}")
+        except Exception:  # a bug, not the peer: still this connection's end only
+            log.exception("sip: %s connection failed", transport)
         finally:
             self._conns.pop(key, None)
             send.close()
             await trio.aclose_forcefully(stream)
 
+    def _closed(self, transport: str, exc: BaseException) -> None:
+        self._count(f"{transport}-closed-{type(exc).__name__}")
+
     async def _reader(self, stream: trio.abc.Stream, addr: Addr, transport: str) -> None:
+        """Messages in until EOF, silence, a reset or a framing error (each ends this
+        connection only: caught here, never raised into the nursery)."""
         framer = StreamFramer()
         pings = 0
-        while True:
-            with trio.move_on_after(self.settings.idle_timeout) as idle:
-                data = await stream.receive_some(65536)
-            if idle.cancelled_caught or not data:
-                return
-            framer.feed(bytes(data))  # SipError (513) on an endless header: close (docs/sip.md)
-            for message in framer:
-                self.input(message, addr, transport)
-            while pings < framer.pings:  # RFC 5626 §4.4.1 CRLFCRLF ping -> CRLF pong
-                pings += 1
-                self.input(b"\r\n\r\n", addr, transport)
+        try:
+            while True:
+                with trio.move_on_after(self.settings.idle_timeout) as idle:
+                    data = await stream.receive_some(65536)
+                if idle.cancelled_caught or not data:
+                    return
+                framer.feed(bytes(data))  # SipError (513) on an endless header: close
+                for message in framer:
+                    self.input(message, addr, transport)
+                while pings < framer.pings:  # RFC 5626 §4.4.1 CRLFCRLF ping -> CRLF pong
+                    pings += 1
+                    self.input(b"\r\n\r\n", addr, transport)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, SipError) as exc:
+            self._closed(transport, exc)
 
-    @staticmethod
-    async def _writer(stream: trio.abc.Stream, recv: trio.MemoryReceiveChannel[bytes]) -> None:
-        async with recv:
-            async for data in recv:
-                await stream.send_all(data)
+    async def _writer(self, stream: trio.abc.Stream, recv: trio.MemoryReceiveChannel[bytes],
+                      scope: trio.CancelScope, transport: str) -> None:
+        try:
+            async with recv:
+                async for data in recv:
+                    await stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self._closed(transport, exc)
+            scope.cancel()  # the reader has nothing left to answer on
 
 
 async def serve_sip(settings: SipSettings, calls: SipCalls, *,
