@@ -17,7 +17,14 @@ from typing import Any
 
 import trio
 
-from ..config import ConfigError, load_config, parse_admission_limit, parse_hostport, resolve
+from ..config import (
+    ConfigError,
+    format_hostport,
+    load_config,
+    parse_admission_limit,
+    parse_hostport,
+    resolve,
+)
 from ..logs import add_logging_flags, configure
 from .geo import parse_ingress_map
 from .options import (
@@ -205,6 +212,10 @@ def run(args: argparse.Namespace) -> int:
                 print(f"API token (generated): {generated}", flush=True)
             base = binds[0] if binds else ""
             print(f"signaling listening on {base} API {base}/v1/sessions", flush=True)
+            if cfg.sip is not None and cfg.sip.bound is not None:
+                print(f"sip listening on udp+tcp {format_hostport(cfg.sip.bound[0])}" + (
+                    f", tls {format_hostport(cfg.sip.bound[1])}" if cfg.sip.bound[1] else ""),
+                      flush=True)
 
     try:
         trio.run(run_until_signalled, main)

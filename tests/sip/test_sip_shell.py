@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from sip.support import TIMEOUT, start_phone
+from sip.support import TIMEOUT, Phone, start_phone
 
 from appliance.proto.sip import Decision
 from appliance.signaling.options import add_sip_arguments, sip_settings
@@ -163,3 +163,25 @@ def test_sip_is_off_by_default_and_any_address_uses_the_public_one() -> None:
                        ["192.0.2.1"])
     assert got is not None and got.sip_host == "192.0.2.1" and got.answer_timeout == 5
     assert [str(n) for n in got.allow] == ["198.51.100.0/24"]
+
+
+def hangups(phone: Phone) -> tuple[object, object]:
+    import openai
+
+    calls = phone.client().realtime.calls
+    out = []
+    for call_id in ("rtc_sip_" + "0" * 24, "rtc_not_a_sip_call"):
+        try:
+            calls.hangup(call_id)
+        except openai.NotFoundError as exc:
+            out.append(exc.body)
+    return out[0], out[1]
+
+
+async def test_hangup_answers_sip_ids_and_lets_others_fall_through(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    phone = await start_phone(nursery, tmp_path)
+    with trio.fail_after(TIMEOUT):
+        ours, theirs = await trio.to_thread.run_sync(hangups, phone)
+    assert isinstance(ours, dict) and "no SIP call" in ours["message"]
+    assert isinstance(theirs, dict) and "SIP" not in theirs["message"]  # realtime_http's 404
