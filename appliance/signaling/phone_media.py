@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..phone_params import PhoneParams, SrtpParams
 from ..proto.errors import ProtocolError
 from ..proto.sdp.parse import parse_offer_untrusted
 from ..proto.sdp.phone import PhonePlan, PhoneRefusal, build_phone_answer, choose_phone_audio
@@ -94,6 +95,24 @@ class MediaCall:
     local_crypto: CryptoAttribute | None = field(default=None, repr=False)
     session_id: int = 0
     version: int = 1
+
+    def params(self) -> PhoneParams:
+        """The ``phone.create`` op's params for the transceiver (appliance/phone_params.py)."""
+        p = self.plan
+        srtp = None
+        if self.local_crypto is not None and self.remote_crypto is not None:
+            srtp = SrtpParams(self.remote_crypto.suite, self.local_crypto.material,
+                              self.remote_crypto.material)
+        rtcp = None if p.rtcp_mux or p.remote_rtcp_port is None else \
+            (p.remote_address, p.remote_rtcp_port)
+        return PhoneParams(
+            call_id=self.call_id, agent=self.agent_spec, session=dict(self.session_config),
+            codec="opus" if p.codec.name.lower() == "opus" else p.codec.name.upper(),
+            payload_type=p.codec.pt, clock_rate=p.codec.clock_rate,
+            dtmf_payload_type=p.telephone_event.pt if p.telephone_event else None,
+            direction=p.direction.value, remote=(p.remote_address, p.remote_rtp_port),
+            rtcp_mux=p.rtcp_mux, remote_rtcp=rtcp, trunk_ip=self.trunk_signaling_addr[0],
+            srtp=srtp)
 
 
 class RelayAnswerMedia:
