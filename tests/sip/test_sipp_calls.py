@@ -76,10 +76,13 @@ async def test_accept_over_http_then_the_caller_hangs_up(nursery: trio.Nursery, 
     assert isinstance(view, dict) and view["status"] == "ended" and view["transport"] == "sip"
 
 
-async def test_the_callee_hangs_up_with_the_sdk(nursery: trio.Nursery, tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["u1", "t1"], ids=["udp", "tcp"])
+async def test_the_callee_hangs_up_with_the_sdk(nursery: trio.Nursery, tmp_path: Path,
+                                                transport: str) -> None:
     phone = await start_phone(nursery, tmp_path)
     with trio.fail_after(TIMEOUT):
-        proc = await run_sipp(nursery, phone, "accept_callee_bye.xml", cwd=tmp_path)
+        proc = await run_sipp(nursery, phone, "accept_callee_bye.xml", transport=transport,
+                              cwd=tmp_path)
         call_id = (await incoming(phone, proc))["data"]["call_id"]
         await trio.to_thread.run_sync(accept, phone, call_id)
         calls = phone.client().realtime.calls
