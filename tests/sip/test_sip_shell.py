@@ -185,3 +185,29 @@ async def test_hangup_answers_sip_ids_and_lets_others_fall_through(
         ours, theirs = await trio.to_thread.run_sync(hangups, phone)
     assert isinstance(ours, dict) and "no SIP call" in ours["message"]
     assert isinstance(theirs, dict) and "SIP" not in theirs["message"]  # realtime_http's 404
+
+
+def test_up_and_signaling_take_the_same_sip_flags(tmp_path: Path) -> None:
+    from appliance.config import resolve
+    from appliance.signaling import cli as signaling_cli
+    from appliance.supervisor import DEFAULTS, add_arguments, build_up_config
+
+    flags = ["--sip", "0.0.0.0:5070", "--sip-tls", "0.0.0.0:5071", "--sip-allow",
+             "198.51.100.0/24", "--sip-drop-refused", "--public-address", "192.0.2.9",
+             "--state-dir", str(tmp_path / "state")]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(flags)
+    resolve(args, {}, "up", DEFAULTS)
+    up = build_up_config(args).sip
+    parser = argparse.ArgumentParser()
+    signaling_cli.add_arguments(parser)
+    args = parser.parse_args(flags)
+    resolve(args, {}, "signaling", signaling_cli.DEFAULTS)
+    sig = signaling_cli.build_config(args)[0].sip
+    for got in (up, sig):
+        assert got is not None and got.udp_tcp == ("0.0.0.0", 5070)
+        assert got.tls == ("0.0.0.0", 5071) and got.drop_refused
+        assert got.sip_host == "192.0.2.9"  # bound to any address: the advertised one
+        assert got.tls_cert == str(tmp_path / "state" / "sip" / "signaling-cert.pem")
+        assert got.allow_hook()("127.0.0.1") is Decision.DROP
