@@ -199,3 +199,14 @@ async def test_no_call_control_at_all_is_480_at_once(nursery: trio.Nursery,
         proc = await run_sipp(nursery, phone, "no_answer.xml", cwd=tmp_path)
         code, out = await proc.result()
     assert code == 0, out
+
+
+async def test_a_reinvite_to_hold_is_answered_recvonly(nursery: trio.Nursery,
+                                                      tmp_path: Path) -> None:
+    phone = await start_phone(nursery, tmp_path)
+    with trio.fail_after(TIMEOUT):
+        proc = await run_sipp(nursery, phone, "hold.xml", cwd=tmp_path)
+        call_id = (await incoming(phone, proc))["data"]["call_id"]
+        await trio.to_thread.run_sync(accept, phone, call_id)
+        code, out = await proc.result()  # the scenario checks a=recvonly in our answer
+    assert code == 0, out
