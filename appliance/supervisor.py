@@ -75,9 +75,11 @@ from .signaling.options import (
     DEFAULT_REALTIME_AGENT,
     add_auth_arguments,
     add_realtime_arguments,
+    add_sip_arguments,
     add_tls_arguments,
     add_webhook_arguments,
     default_webui_dir,
+    sip_settings,
     tls_settings,
     webhook_endpoints,
 )
@@ -88,6 +90,7 @@ from .signaling.server import (
     run_until_signalled,
     serve_signaling,
 )
+from .signaling.sip_config import SipSettings
 from .signaling.state import SignalingConfig, SignalingState
 from .signaling.webhooks import Endpoint as WebhookEndpoint
 from .statedir import default_state_dir, ensure_secret, ensure_state_dir
@@ -196,6 +199,7 @@ class UpConfig:
     log_format: str = "text"
     realtime_agent: str = DEFAULT_REALTIME_AGENT  # the agent of /v1/realtime/calls
     webhooks: tuple[WebhookEndpoint, ...] = ()  # --webhook-url (signaling/webhooks.py)
+    sip: SipSettings | None = None  # --sip (signaling/sip_server.py)
     opus_complexity: int | None = None  # passed to every transceiver when set
     fixed_opus_complexity: bool = False  # no step-down under load (transceiver/degrade.py)
     admission_limit: float = 0.85  # signaling/admission.py
@@ -249,6 +253,7 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
         webui_dir=Path(args.webui_dir) if getattr(args, "webui_dir", None) else default_webui_dir(),
         log_level=args.log_level, log_format=args.log_format, realtime_agent=realtime_agent,
         webhooks=tuple(webhook_endpoints(args)),
+        sip=sip_settings(args, public),
         opus_complexity=None if getattr(args, "opus_complexity", None) is None
         else parse_opus_complexity(args.opus_complexity),
         fixed_opus_complexity=bool(getattr(args, "fixed_opus_complexity", False)),
@@ -361,6 +366,7 @@ async def up(
             managed=True,
             realtime_agent=cfg.realtime_agent,
             webhooks=list(cfg.webhooks),
+            sip=cfg.sip,
             admission_limit=cfg.admission_limit,
         )
         generated = ensure_api_token(sig_cfg)
@@ -473,6 +479,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_auth_arguments(parser)
     add_realtime_arguments(parser)
     add_webhook_arguments(parser)
+    add_sip_arguments(parser)
     add_tls_arguments(parser)
     add_logging_flags(parser)
 

@@ -38,7 +38,7 @@ from quart import Response, request, send_from_directory
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from . import metrics
+from . import metrics, sip_http
 from . import realtime_http as realtime
 from .fastpath import WhipFastPath
 from .problems import Problem, problem_response
@@ -72,6 +72,7 @@ def create_app(state: SignalingState) -> QuartTrio:
     app.extensions["appliance.state"] = state
     realtime.register(app, state)  # /v1/realtime/*: before _after below, so its CORS wins
     register_websocket(app, app.extensions[realtime.EXTENSION])  # GET /v1/realtime (WebSocket)
+    sip_http.register(app, state)  # /v1/realtime/calls/{rtc_sip_…}/accept|reject|refer|hangup
 
     # -- errors -------------------------------------------------------------------------
 

@@ -17,16 +17,25 @@ from typing import Any
 
 import trio
 
-from ..config import ConfigError, load_config, parse_admission_limit, parse_hostport, resolve
+from ..config import (
+    ConfigError,
+    format_hostport,
+    load_config,
+    parse_admission_limit,
+    parse_hostport,
+    resolve,
+)
 from ..logs import add_logging_flags, configure
 from .geo import parse_ingress_map
 from .options import (
     DEFAULT_REALTIME_AGENT,
     add_auth_arguments,
     add_realtime_arguments,
+    add_sip_arguments,
     add_tls_arguments,
     add_webhook_arguments,
     default_webui_dir,
+    sip_settings,
     tls_settings,
     webhook_endpoints,
 )
@@ -95,6 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_auth_arguments(parser)
     add_realtime_arguments(parser)
     add_webhook_arguments(parser)
+    add_sip_arguments(parser)
     add_geo_arguments(parser)
     add_tls_arguments(parser)
     parser.add_argument("--state-dir", metavar="DIR", default=None,
@@ -177,6 +187,7 @@ def build_config(args: argparse.Namespace) -> tuple[SignalingConfig, str | None]
         ingress=ingress,
         realtime_agent=str(args.realtime_agent),
         webhooks=webhook_endpoints(args),
+        sip=sip_settings(args, public),
         admission_limit=parse_admission_limit(args.admission_limit),
     )
     return cfg, fp
@@ -201,6 +212,10 @@ def run(args: argparse.Namespace) -> int:
                 print(f"API token (generated): {generated}", flush=True)
             base = binds[0] if binds else ""
             print(f"signaling listening on {base} API {base}/v1/sessions", flush=True)
+            if cfg.sip is not None and cfg.sip.bound is not None:
+                print(f"sip listening on udp+tcp {format_hostport(cfg.sip.bound[0])}" + (
+                    f", tls {format_hostport(cfg.sip.bound[1])}" if cfg.sip.bound[1] else ""),
+                      flush=True)
 
     try:
         trio.run(run_until_signalled, main)

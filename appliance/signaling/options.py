@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from ..statedir import default_state_dir
+from .sip_config import SipSettings, parse_networks
 from .tls import ensure_self_signed
 from .webhooks import Endpoint, parse_endpoint
 
@@ -83,3 +84,65 @@ def tls_settings(args: argparse.Namespace, hosts: list[str]) -> tuple[str | None
         if path and not Path(path).is_file():
             raise ValueError(f"TLS file {path} does not exist")
     return args.tls_cert, args.tls_key, None
+
+
+def add_sip_arguments(parser: argparse.ArgumentParser) -> None:
+    """Phone calls (docs/sip.md): off unless ``--sip`` is given."""
+    parser.add_argument("--sip", metavar="HOST:PORT", default=None,
+                        help="serve SIP for phone trunks on UDP and TCP at this address "
+                             "(e.g. 0.0.0.0:5060); incoming calls ring, POST "
+                             "realtime.call.incoming to --webhook-url and are answered with "
+                             "POST /v1/realtime/calls/{call_id}/accept (default: off)")
+    parser.add_argument("--sip-tls", metavar="HOST:PORT", default=None,
+                        help="also serve SIP over TLS here (e.g. 0.0.0.0:5061), with "
+                             "--tls-cert/--tls-key or a self-signed certificate kept in the "
+                             "state directory")
+    parser.add_argument("--sip-allow", action="append", metavar="CIDR", default=None,
+                        help="trunk networks allowed to send SIP; repeatable (default: "
+                             "loopback only); others get a minimal 403")
+    parser.add_argument("--sip-drop-refused", action="store_true", default=None,
+                        help="send nothing at all to sources outside --sip-allow (scanners)")
+    parser.add_argument("--sip-agent", metavar="SPEC", default=None,
+                        help="without --webhook-url: answer every trunk call at once with "
+                             "this agent (a dev box's way to call an agent from a softphone)")
+    parser.add_argument("--sip-answer-timeout", metavar="SECONDS", type=float, default=None,
+                        help="a call neither accepted nor rejected by then gets 480 "
+                             "(default 30)")
+
+
+def sip_settings(args: argparse.Namespace, public: list[str]) -> SipSettings | None:
+    """The SIP settings from ``--sip*`` (None when ``--sip`` is not given); ``public`` are
+    the advertised addresses (our Via/Contact host when bound to any address)."""
+    from ..config import parse_hostport
+
+    spec = getattr(args, "sip", None)
+    if not spec:
+        for flag in ("sip_tls", "sip_allow", "sip_agent"):
+            if getattr(args, flag, None):
+                raise ValueError(f"--{flag.replace('_', '-')} needs --sip")
+        return None
+    udp_tcp = parse_hostport(spec, default_host="0.0.0.0")
+    tls = parse_hostport(args.sip_tls, default_host=udp_tcp[0]) \
+        if getattr(args, "sip_tls", None) else None
+    settings = SipSettings(udp_tcp=udp_tcp, tls=tls,
+                           drop_refused=bool(getattr(args, "sip_drop_refused", False)),
+                           agent=getattr(args, "sip_agent", None) or None)
+    allow = getattr(args, "sip_allow", None)
+    if isinstance(allow, str):
+        allow = [allow]
+    if allow:
+        settings.allow = parse_networks(allow)
+    timeout = getattr(args, "sip_answer_timeout", None)
+    if timeout is not None:
+        if not 1 <= float(timeout) <= 600:
+            raise ValueError("--sip-answer-timeout must be 1..600 seconds")
+        settings.answer_timeout = float(timeout)
+    if tls is not None:
+        if getattr(args, "tls_cert", None) and getattr(args, "tls_key", None):
+            settings.tls_cert, settings.tls_key = args.tls_cert, args.tls_key
+        else:
+            d = Path(getattr(args, "state_dir", None) or default_state_dir()) / "sip"
+            settings.tls_cert, settings.tls_key, _ = ensure_self_signed(d, [*public, tls[0]])
+    if udp_tcp[0] in ("0.0.0.0", "::", "") and public:
+        settings.sip_host = public[0]  # the address trunks reach, in our Via/Contact
+    return settings

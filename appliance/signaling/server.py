@@ -14,7 +14,9 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
+from . import sip_http
 from .app import create_app
+from .sip_server import serve_sip
 from .state import SignalingConfig, SignalingState
 
 log = logging.getLogger(__name__)
@@ -118,6 +120,8 @@ async def serve_signaling(
                 rt = app.extensions.get("appliance.realtime")
                 if rt is not None:
                     nursery.start_soon(rt.watch_calls)
+            if config.sip is not None:  # phone calls: sip_server.py, docs/sip.md
+                await nursery.start(serve_sip, config.sip, app.extensions[sip_http.EXTENSION])
             log.info("signaling listening on %s", ", ".join(binds))
             task_status.started(binds)
     finally:

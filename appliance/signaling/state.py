@@ -36,6 +36,7 @@ from .health import POLL_TIMEOUT, Endpoint, ProcessHealth
 from .placement import Placement
 from .problems import Problem, from_control
 from .registry import LOST, SESSION_ID, SessionRecord, SessionRegistry, new_etag
+from .sip_config import SipSettings
 from .tokens import ClientTokens
 from .webhooks import Endpoint as WebhookEndpoint
 from .webhooks import Webhooks
@@ -75,6 +76,7 @@ class SignalingConfig:
     # Webhooks (webhooks.py): the endpoints, and how often live calls are checked for an end.
     webhooks: list[WebhookEndpoint] = field(default_factory=list)
     webhook_call_poll: float = 2.0
+    sip: SipSettings | None = None  # --sip: phone calls (sip_server.py); None: off
 
     def requires_auth(self) -> bool:
         if self.auth_required is not None:

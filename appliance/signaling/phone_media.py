@@ -1,0 +1,195 @@
+"""The media seam of a phone call, as signaling sees it: :class:`PhoneMedia`.
+
+::
+
+    sip_calls.py (call control)            PhoneMedia                    transceiver (later)
+    ───────────────────────────            ──────────                    ───────────────────
+    accept(call_id, session)  ──────────►  create(call_id, offer,   ──►  control op: a phone
+                                             trunk addr, agent,          session (RtpLeg +
+                                             session config)             agent), its vouch
+                              ◄──────────  MediaAnswer(sdp, plan)        for the trunk's
+                                           | MediaRefusal(488, text)     addresses
+    re-INVITE                 ──────────►  update(call_id, offer)
+    BYE / CANCEL / 480        ──────────►  end(call_id)
+    PhoneMediaListener        ◄──────────  media_ended / dtmf       ◄──  the leg's events
+
+Call control never learns where media runs: placement (which transceiver), the relay's
+vouch (docs/adr-sip-media.md) and the leg (transceiver/rtp_leg.py) are behind this seam, so
+the transceiver side plugs in without a change to sip_calls.py.
+
+:class:`RelayAnswerMedia` is the part that needs no transceiver: it judges the offer with
+``proto/sdp/phone.py``, keys SDES when the trunk offers ``RTP/SAVP`` (``proto/sdp/sdes.py``,
+our key from ``secrets``), and answers with the relay's public media address and port (the
+one WebRTC calls use, ADR: address-keyed flows on the media port). It keeps each call's
+plan and keys for the transceiver op; until that op exists the answer names a port on which
+no leg listens yet (docs/sip.md "What is left").
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..phone_params import PhoneParams, SrtpParams
+from ..proto.errors import ProtocolError
+from ..proto.sdp.parse import parse_offer_untrusted
+from ..proto.sdp.phone import PhonePlan, PhoneRefusal, build_phone_answer, choose_phone_audio
+from ..proto.sdp.sdes import CryptoAttribute, answer_crypto, choose_crypto
+
+Addr = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class MediaAnswer:
+    sdp: str
+    plan: PhonePlan
+
+
+@dataclass(frozen=True, slots=True)
+class MediaRefusal:
+    """No media for this offer: the call is answered ``status`` with a 399 Warning
+    carrying ``text`` (488 for an unservable offer, 503 when no transceiver can take it)."""
+
+    status: int
+    text: str
+
+
+class PhoneMediaListener(Protocol):
+    """What media tells call control (sip_calls.py implements it)."""
+
+    def media_ended(self, call_id: str, reason: str) -> None: ...
+
+    def dtmf(self, call_id: str, digit: str, duration_ms: int) -> None: ...
+
+
+class PhoneMedia(Protocol):
+    def bind(self, listener: PhoneMediaListener) -> None:
+        """Where media events go; called once, before the first create."""
+
+    async def create(self, call_id: str, offer_sdp: bytes, trunk_signaling_addr: Addr,
+                     agent_spec: str, session_config: Mapping[str, Any]
+                     ) -> MediaAnswer | MediaRefusal:
+        """Set up the call's media and agent; the SDP answer for the trunk."""
+        ...
+
+    async def update(self, call_id: str, offer_sdp: bytes) -> MediaAnswer | MediaRefusal:
+        """A re-INVITE's offer (hold, unhold, a new address): the new answer."""
+        ...
+
+    async def end(self, call_id: str) -> None:
+        """The call is over (idempotent; unknown ids are ignored)."""
+
+
+@dataclass(slots=True)
+class MediaCall:
+    """What a transceiver needs to run one call's media (keys are never in a repr)."""
+
+    call_id: str
+    plan: PhonePlan
+    trunk_signaling_addr: Addr
+    agent_spec: str
+    session_config: Mapping[str, Any]
+    remote_crypto: CryptoAttribute | None = field(default=None, repr=False)
+    local_crypto: CryptoAttribute | None = field(default=None, repr=False)
+    session_id: int = 0
+    version: int = 1
+
+    def params(self) -> PhoneParams:
+        """The ``phone.create`` op's params for the transceiver (appliance/phone_params.py)."""
+        p = self.plan
+        srtp = None
+        if self.local_crypto is not None and self.remote_crypto is not None:
+            srtp = SrtpParams(self.remote_crypto.suite, self.local_crypto.material,
+                              self.remote_crypto.material)
+        rtcp = None if p.rtcp_mux or p.remote_rtcp_port is None else \
+            (p.remote_address, p.remote_rtcp_port)
+        return PhoneParams(
+            call_id=self.call_id, agent=self.agent_spec, session=dict(self.session_config),
+            codec="opus" if p.codec.name.lower() == "opus" else p.codec.name.upper(),
+            payload_type=p.codec.pt, clock_rate=p.codec.clock_rate,
+            dtmf_payload_type=p.telephone_event.pt if p.telephone_event else None,
+            direction=p.direction.value, remote=(p.remote_address, p.remote_rtp_port),
+            rtcp_mux=p.rtcp_mux, remote_rtcp=rtcp, trunk_ip=self.trunk_signaling_addr[0],
+            srtp=srtp)
+
+
+class RelayAnswerMedia:
+    """Answers phone offers for the relay's public media address (see the module text)."""
+
+    def __init__(self, address: str, port: int, *, max_calls: int = 4096) -> None:
+        self.address = address
+        self.port = port
+        self.max_calls = max_calls
+        self.calls: dict[str, MediaCall] = {}
+        self.listener: PhoneMediaListener | None = None
+
+    def bind(self, listener: PhoneMediaListener) -> None:
+        self.listener = listener
+
+    def _answer(self, call: MediaCall | None, offer_sdp: bytes
+                ) -> tuple[MediaAnswer, CryptoAttribute | None, CryptoAttribute | None] | MediaRefusal:
+        if not offer_sdp.strip():
+            # an offerless INVITE wants our offer in the 200 (RFC 3264 §5): not served yet
+            return MediaRefusal(488, "an INVITE without an SDP offer is not supported")
+        try:
+            offer = parse_offer_untrusted(offer_sdp)
+        except ProtocolError as exc:
+            return MediaRefusal(488, f"unreadable SDP: {exc}"[:120])
+        plan = choose_phone_audio(offer)
+        if isinstance(plan, PhoneRefusal):
+            return MediaRefusal(plan.status, plan.text)
+        remote = local = None
+        if plan.secure:
+            offered = []
+            for value in plan.crypto_offers:
+                try:
+                    offered.append(CryptoAttribute.parse_untrusted(value))
+                except ProtocolError:
+                    continue
+            remote = choose_crypto(offered)
+            if remote is None:
+                return MediaRefusal(488, "no usable a=crypto (SDES) line")
+            keep = call.local_crypto if call is not None else None
+            if keep is not None and keep.tag == remote.tag and keep.suite == remote.suite:
+                local = keep  # a re-INVITE with the same line: our key stays
+            else:
+                suite = remote.known_suite
+                assert suite is not None  # choose_crypto takes only known suites
+                local = answer_crypto(remote, secrets.token_bytes(suite.material_length))
+        session_id = call.session_id if call is not None else secrets.randbelow(2**62) + 1
+        version = call.version + 1 if call is not None else 1
+        sdp = build_phone_answer(offer, plan, address=self.address, port=self.port,
+                                 session_id=session_id, session_version=version,
+                                 crypto=local.build() if local is not None else None)
+        return MediaAnswer(sdp, plan), remote, local
+
+    async def create(self, call_id: str, offer_sdp: bytes, trunk_signaling_addr: Addr,
+                     agent_spec: str, session_config: Mapping[str, Any]
+                     ) -> MediaAnswer | MediaRefusal:
+        if len(self.calls) >= self.max_calls and call_id not in self.calls:
+            return MediaRefusal(503, "too many phone calls")
+        got = self._answer(None, offer_sdp)
+        if isinstance(got, MediaRefusal):
+            return got
+        answer, remote, local = got
+        sid = int(answer.sdp.split("\r\n", 2)[1].split()[1])  # o= <user> <sess-id> ...
+        self.calls[call_id] = MediaCall(call_id, answer.plan, trunk_signaling_addr, agent_spec,
+                                        dict(session_config), remote, local, sid, 1)
+        return answer
+
+    async def update(self, call_id: str, offer_sdp: bytes) -> MediaAnswer | MediaRefusal:
+        call = self.calls.get(call_id)
+        if call is None:
+            return MediaRefusal(488, "no media for this call")
+        got = self._answer(call, offer_sdp)
+        if isinstance(got, MediaRefusal):
+            return got
+        answer, remote, local = got
+        call.plan, call.remote_crypto, call.local_crypto = answer.plan, remote, local
+        call.version += 1
+        return answer
+
+    async def end(self, call_id: str) -> None:
+        self.calls.pop(call_id, None)

@@ -1,0 +1,356 @@
+"""Call control for phone calls, shaped like OpenAI's Realtime SIP: a trunk's INVITE rings,
+``realtime.call.incoming`` is POSTed to the webhook endpoints, and the application answers
+over HTTP (sip_http.py) with accept / reject, later refer / hangup.
+
+::
+
+    trunk INVITE ─► SipEndpoint: 100 Trying ─► IncomingCall ─► SipCalls.on_event
+                      offer unreadable: 400; unservable: 488 + Warning (no webhook)
+                      180 Ringing; webhook realtime.call.incoming {call_id, sip_headers}
+                      (no --webhook-url: --sip-agent answers at once; neither: 480)
+    POST …/{call_id}/accept  ─► PhoneMedia.create ─► 200 OK + SDP ─► ACK ─► "active"
+    POST …/{call_id}/reject  ─► 603 (or status_code)
+    POST …/{call_id}/refer   ─► REFER; NOTIFY progress; a final 2xx ─► BYE (transferred)
+    POST …/{call_id}/hangup  ─► BYE (603 while ringing)
+    nobody answers within answer_timeout ─► 480 (the core's ring timer)
+
+Call ids are ``rtc_`` + the SIP core's own id (``rtc_sip_<24 hex>``): never derived from
+the trunk's Call-ID. The endpoint is driven only from the trio thread; every operation here
+is followed by the shell's ``drain()`` (house rule: poll_output after every mutation).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from ..proto.errors import ProtocolError
+from ..proto.sdp.parse import parse_offer_untrusted
+from ..proto.sdp.phone import PhoneRefusal, choose_phone_audio, warning_header
+from ..proto.sip import (
+    CallAcked,
+    CallCancelled,
+    CallEnded,
+    Dtmf,
+    IncomingCall,
+    ReferProgress,
+    ReInvite,
+    SipEndpoint,
+    SipError,
+    SipUsageError,
+)
+from .phone_media import MediaRefusal, PhoneMedia, RelayAnswerMedia
+from .sip_config import SipSettings
+from .webhooks import CALL_ENDED, CALL_STARTED, end_report
+
+if TYPE_CHECKING:
+    from .state import SignalingState
+
+log = logging.getLogger(__name__)
+
+CALL_INCOMING = "realtime.call.incoming"
+PREFIX = "rtc_"
+CALL_ID_RE = re.compile(r"rtc_sip_[0-9a-f]{24}")
+#: never forwarded in a webhook (OpenAI: "excluding SIP authorization headers")
+_SECRET_HEADERS = frozenset({"authorization", "proxy-authorization"})
+MAX_ENDED = 256  # ended calls kept for GET
+MAX_HEADERS = 64  # sip_headers entries in one webhook
+
+
+class CallError(Exception):
+    """What an HTTP route answers (status, OpenAI error code, message)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+class Shell(Protocol):
+    """The part of sip_server.SipService call control uses."""
+
+    endpoint: SipEndpoint
+    host: str
+
+    def drain(self) -> None: ...
+
+
+@dataclass
+class SipCall:
+    call_id: str  # rtc_sip_…
+    sip_id: str  # the endpoint's sip_…
+    incoming: IncomingCall
+    created_at: float
+    state: str = "ringing"  # ringing | accepting | answered | active | ended
+    agent: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    end_reason: str | None = None
+    hung_up_by: str | None = None
+    dtmf: list[str] = field(default_factory=list)
+    refer: list[dict[str, Any]] = field(default_factory=list)
+
+    def view(self) -> dict[str, Any]:
+        return {"id": self.call_id, "object": "realtime.call", "transport": "sip",
+                "status": self.state, "agent": self.agent, "created_at": self.created_at,
+                "started_at": self.started_at, "ended_at": self.ended_at,
+                "end_reason": self.end_reason, "dtmf": "".join(self.dtmf[-64:]),
+                "refer": self.refer[-8:]}
+
+
+def sip_headers(call: IncomingCall) -> list[dict[str, str]]:
+    """The INVITE's headers as OpenAI's ``sip_headers``: names, values, repeats and order
+    kept, authorization headers dropped. Untrusted text: the receiver treats it so."""
+    out = [{"name": k, "value": v} for k, v in call.sip_headers
+           if k.lower() not in _SECRET_HEADERS]
+    return out[:MAX_HEADERS]
+
+
+class SipCalls:
+    """The phone calls of this signaling process and the operations on them."""
+
+    def __init__(self, state: SignalingState, settings: SipSettings,
+                 media: PhoneMedia | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.state = state
+        self.settings = settings
+        self.clock = clock or state.clock
+        if media is None:
+            cfg = state.config
+            media = RelayAnswerMedia(cfg.public_addresses[0], cfg.udp_port)
+        self.media = media
+        media.bind(self)
+        self.calls: dict[str, SipCall] = {}
+        self.ended: OrderedDict[str, SipCall] = OrderedDict()
+        self._shell: Shell | None = None
+        self._nursery: trio.Nursery | None = None
+        self.counters: dict[str, int] = {}
+
+    # -- wiring (sip_server.serve_sip) ------------------------------------------------------
+
+    def attach(self, shell: Shell, nursery: trio.Nursery) -> None:
+        self._shell, self._nursery = shell, nursery
+
+    @property
+    def shell(self) -> Shell:
+        if self._shell is None:
+            raise CallError(503, "sip_not_running", "the SIP listener is not running")
+        return self._shell
+
+    def _count(self, name: str) -> None:
+        self.counters[name] = self.counters.get(name, 0) + 1
+
+    @property
+    def has_webhooks(self) -> bool:
+        return bool(self.state.webhooks.queue.endpoints)
+
+    # -- events from the endpoint (called by the shell's drain, synchronously) --------------
+
+    def on_event(self, ev: object) -> None:
+        if isinstance(ev, IncomingCall):
+            self._incoming(ev)
+        elif isinstance(ev, CallAcked):
+            call = self._by_sip(ev.call_id)
+            if call is not None and call.state == "answered":
+                call.state = "active"
+        elif isinstance(ev, CallCancelled):
+            call = self._by_sip(ev.call_id)
+            if call is not None:
+                self._ended(call, "cancelled", "client")
+        elif isinstance(ev, CallEnded):
+            call = self._by_sip(ev.call_id)
+            if call is not None:
+                by = "client" if ev.by == "remote" else call.hung_up_by or "server"
+                self._ended(call, ev.reason, by)
+        elif isinstance(ev, Dtmf):
+            call = self._by_sip(ev.call_id)
+            if call is not None:
+                self.dtmf(call.call_id, ev.digit, ev.duration_ms)
+        elif isinstance(ev, ReInvite):
+            call = self._by_sip(ev.call_id)
+            if call is not None and self._nursery is not None:
+                self._nursery.start_soon(self._reinvite, call, ev.offer_sdp)
+        elif isinstance(ev, ReferProgress):
+            self._refer_progress(ev)
+        else:
+            self._count(f"event-{type(ev).__name__}")
+
+    def _by_sip(self, sip_id: str) -> SipCall | None:
+        return self.calls.get(PREFIX + sip_id)
+
+    def _incoming(self, ev: IncomingCall) -> None:
+        ep, now = self.shell.endpoint, trio.current_time()
+        host = self.shell.host
+        if ev.offer_sdp.strip():
+            try:
+                plan = choose_phone_audio(parse_offer_untrusted(ev.offer_sdp))
+            except ProtocolError:
+                self._count("rejected-bad-sdp")
+                ep.reject(now, ev.call_id, 400, "Bad SDP Offer")
+                return
+            if isinstance(plan, PhoneRefusal):
+                self._count("rejected-488")
+                ep.reject(now, ev.call_id, plan.status, warning=warning_header(host, plan))
+                return
+        call = SipCall(PREFIX + ev.call_id, ev.call_id, ev, self.clock())
+        self.calls[call.call_id] = call
+        ep.ringing(now, ev.call_id)
+        if self.has_webhooks:
+            self.state.webhooks.emit(CALL_INCOMING, {"call_id": call.call_id,
+                                                     "sip_headers": sip_headers(ev)})
+        elif self.settings.agent is not None and self._nursery is not None:
+            self._nursery.start_soon(self._auto_accept, call.call_id, self.settings.agent)
+        else:
+            # nobody could ever answer: say so now rather than after the ring timeout
+            ep.reject(now, ev.call_id, 480, "No Call Control Configured")
+
+    async def _auto_accept(self, call_id: str, agent: str) -> None:
+        try:
+            await self.accept(call_id, {"type": "realtime"}, agent)
+        except CallError as exc:
+            log.info("sip: auto-accept of %s failed: %s", call_id, exc.message)
+
+    # -- operations (sip_http.py) ----------------------------------------------------------
+
+    def get(self, call_id: str) -> SipCall:
+        call = self.calls.get(call_id) or self.ended.get(call_id)
+        if call is None:
+            raise CallError(404, "call_not_found", f"no SIP call {call_id}")
+        return call
+
+    def _live(self, call_id: str, *states: str) -> SipCall:
+        call = self.get(call_id)
+        if call.state not in states:
+            raise CallError(409, "invalid_call_state",
+                            f"the call is {call.state}; this needs {' or '.join(states)}")
+        return call
+
+    async def accept(self, call_id: str, session: dict[str, Any], agent: str | None) -> None:
+        call = self._live(call_id, "ringing")
+        call.state = "accepting"
+        call.agent = agent or self.settings.agent or self.state.config.realtime_agent
+        got = await self.media.create(call.call_id, call.incoming.offer_sdp,
+                                      call.incoming.source, call.agent, session)
+        if call.state != "accepting":  # cancelled or timed out while media was set up
+            await self.media.end(call.call_id)
+            raise CallError(409, "invalid_call_state", f"the call {call.state} while accepting")
+        ep, now = self.shell.endpoint, trio.current_time()
+        if isinstance(got, MediaRefusal):
+            ep.reject(now, call.sip_id, got.status,
+                      warning=warning_header(self.shell.host, PhoneRefusal(got.text, got.status)))
+            self.shell.drain()
+            raise CallError(400 if got.status == 488 else 503, "media_refused", got.text)
+        ep.accept(now, call.sip_id, got.sdp.encode())
+        call.state = "answered"
+        call.started_at = self.clock()
+        self.shell.drain()
+        self.state.webhooks.emit(CALL_STARTED, {"call_id": call.call_id, "transport": "sip",
+                                                "agent": call.agent,
+                                                "model": session.get("model")
+                                                if isinstance(session.get("model"), str) else None})
+
+    def reject(self, call_id: str, status: int = 603) -> None:
+        call = self._live(call_id, "ringing")
+        call.hung_up_by = "api"
+        self.shell.endpoint.reject(trio.current_time(), call.sip_id, status)
+        self.shell.drain()
+
+    def refer(self, call_id: str, target_uri: str) -> None:
+        call = self._live(call_id, "active")
+        try:
+            self.shell.endpoint.refer(trio.current_time(), call.sip_id, target_uri)
+        except SipError:
+            raise CallError(400, "invalid_target_uri", "target_uri is not a SIP/tel URI") from None
+        call.refer.append({"target_uri": target_uri, "status": None, "final": False})
+        self.shell.drain()
+
+    def hangup(self, call_id: str) -> None:
+        call = self._live(call_id, "ringing", "accepting", "answered", "active")
+        call.hung_up_by = "api"
+        if call.state == "accepting":
+            # media is being set up: answer the INVITE with a final refusal now
+            self.shell.endpoint.reject(trio.current_time(), call.sip_id, 603)
+        else:
+            try:
+                self.shell.endpoint.hangup(trio.current_time(), call.sip_id)
+            except SipUsageError:
+                self._ended(call, "hangup", "api")  # the core already forgot it
+        self.shell.drain()
+
+    # -- PhoneMediaListener --------------------------------------------------------------
+
+    def media_ended(self, call_id: str, reason: str) -> None:
+        call = self.calls.get(call_id)
+        if call is None or call.state not in ("answered", "active"):
+            return
+        call.hung_up_by = "agent" if "agent" in reason else "server"
+        try:
+            self.shell.endpoint.hangup(trio.current_time(), call.sip_id)
+        except SipUsageError:
+            return
+        self.shell.drain()
+
+    def dtmf(self, call_id: str, digit: str, duration_ms: int) -> None:
+        call = self.calls.get(call_id)
+        if call is not None:
+            call.dtmf.append(digit)
+            del call.dtmf[:-256]
+
+    # -- internals ------------------------------------------------------------------------
+
+    async def _reinvite(self, call: SipCall, offer: bytes) -> None:
+        got = await self.media.update(call.call_id, offer)
+        if call.state != "active":
+            return
+        ep, now = self.shell.endpoint, trio.current_time()
+        try:
+            if isinstance(got, MediaRefusal):
+                ep.reject_reinvite(now, call.sip_id, 488, warning=warning_header(
+                    self.shell.host, PhoneRefusal(got.text)))
+            else:
+                ep.answer_reinvite(now, call.sip_id, got.sdp.encode())
+        except SipUsageError:
+            return
+        self.shell.drain()
+
+    def _refer_progress(self, ev: ReferProgress) -> None:
+        call = self._by_sip(ev.call_id)
+        if call is None:
+            return
+        if call.refer:
+            call.refer[-1].update(status=ev.status, reason=ev.reason, final=ev.final)
+        if ev.final and 200 <= ev.status < 300 and call.state == "active":
+            # RFC 5589 §6.1: the transfer succeeded; the transferor leaves the call
+            call.hung_up_by = "api"
+            try:
+                self.shell.endpoint.hangup(trio.current_time(), call.sip_id)
+            except SipUsageError:
+                pass
+
+    def _ended(self, call: SipCall, reason: str, by: str) -> None:
+        if call.state == "ended":
+            return
+        started = call.state in ("answered", "active")
+        call.state = "ended"
+        call.ended_at = self.clock()
+        call.end_reason = reason
+        call.hung_up_by = call.hung_up_by or by
+        self.calls.pop(call.call_id, None)
+        self.ended[call.call_id] = call
+        while len(self.ended) > MAX_ENDED:
+            self.ended.popitem(last=False)
+        if self._nursery is not None:
+            self._nursery.start_soon(self.media.end, call.call_id)
+        if started:
+            report = end_report(started_at=call.started_at or call.created_at,
+                                ended_at=call.ended_at, reason=reason, stats={})
+            report["hung_up_by"] = call.hung_up_by
+            self.state.webhooks.emit(CALL_ENDED, {"call_id": call.call_id, "transport": "sip",
+                                                  "agent": call.agent, "model": None,
+                                                  "report": report})
+
