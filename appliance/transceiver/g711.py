@@ -11,11 +11,13 @@ Table-driven with numpy (``audioop`` is deprecated since Python 3.11 and gone in
 * encoding is a 65,536-entry table indexed by the PCM16 sample's bit pattern, built once at
   import from the same segment rules, so both directions are one ``take`` per frame.
 
-Rates: 8 kHz <-> 48 kHz is exactly ×6. Up: linear interpolation between consecutive
-samples, carrying the previous frame's last sample across frames (no click at frame edges).
-Down: a 6-sample mean per output sample (a boxcar, first null at 8 kHz), enough to keep the
-worst aliasing out of a telephone-band codec; an agent that cares about quality offers Opus.
-Loss concealment repeats nothing: a lost G.711 packet is 20 ms of silence (G.711 Appendix I
+Rates: 8 kHz <-> 48 kHz is exactly ×6, through the polyphase low-pass of ``resample.py``
+(a 384-tap windowed sinc: 0.002 dB ripple to 3.4 kHz, images and aliases below -75 dB, one
+matrix product per frame, ~4 ms of delay each way), stateful across frames so a stream cut
+into packets joins without clicks. (It replaced linear interpolation up and a 6-sample mean
+down: 2.7 dB of droop at 3.4 kHz, aliases only 4.5 dB down; bench/resample.py.)
+Loss concealment repeats nothing: a lost G.711 packet is 20 ms of silence fed through the
+filter (G.711 Appendix I
 PLC is not implemented).
 """
 
@@ -24,6 +26,8 @@ from __future__ import annotations
 from typing import Final
 
 import numpy as np
+
+from .resample import Downsampler, Upsampler
 
 RATE: Final = 8000
 FACTOR: Final = 6  # 48000 / 8000
@@ -98,38 +102,32 @@ class G711Decoder:
             raise ValueError(f"not a G.711 law: {law!r}")
         self.law = law
         self.errors = 0  # the Decoder protocol's count; every byte string is valid G.711
-        self._last = 0.0  # the previous frame's last sample: interpolation starts from it
-        self._steps = np.arange(1, FACTOR + 1, dtype=np.float32) / FACTOR
+        self._up = Upsampler()
 
     def decode(self, payload: bytes) -> bytes:
-        x = decode(self.law, payload).astype(np.float32)
+        x = decode(self.law, payload)
         if not len(x):
             return b""
-        prev = np.concatenate(([self._last], x[:-1])).astype(np.float32)
-        # Sample k of the 48 kHz output between 8 kHz samples i-1 and i: prev + (x - prev)·k/6.
-        up = prev[:, None] + (x - prev)[:, None] * self._steps[None, :]
-        self._last = float(x[-1])
-        return np.rint(up.reshape(-1)).astype("<i2").tobytes()
+        return self._up.process(x).astype("<i2").tobytes()
 
     def conceal(self, fec_from: bytes | None = None) -> bytes:
-        """A lost 20 ms packet: silence (G.711 carries no FEC to recover it from)."""
-        self._last = 0.0
-        return bytes(FRAME_SAMPLES_8K * FACTOR * 2)
+        """A lost 20 ms packet: silence (G.711 carries no FEC to recover it from), through
+        the filter so the audio before it fades out instead of stopping dead."""
+        return self._up.process(np.zeros(FRAME_SAMPLES_8K, np.int16)).astype("<i2").tobytes()
 
 
 class G711Encoder:
-    """48 kHz mono PCM16 (a multiple of 6 samples) -> PCMU/PCMA payload."""
+    """48 kHz mono PCM16 -> PCMU/PCMA payload (one byte per 6 samples; a remainder waits
+    for the next frame)."""
 
     def __init__(self, law: str) -> None:
         if law not in ENCODE:
             raise ValueError(f"not a G.711 law: {law!r}")
         self.law = law
+        self._down = Downsampler()
 
     def encode(self, pcm: bytes) -> bytes:
-        x = np.frombuffer(pcm, "<i2")
-        n = len(x) // FACTOR * FACTOR
-        down = x[:n].astype(np.int32).reshape(-1, FACTOR).mean(axis=1)
-        return encode(self.law, np.rint(down).astype(np.int16))
+        return encode(self.law, self._down.process(np.frombuffer(pcm, "<i2")))
 
     def set_expected_loss(self, percent: int) -> None:
         """G.711 has no in-band FEC to tune."""
