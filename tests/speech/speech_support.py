@@ -1,4 +1,4 @@
-"""Test audio for tests/speech and bench/speech.py: speech made with espeak-ng at a voice
+"""Test audio for tests/speech and bench/speech_bench.py: speech made with espeak-ng at a voice
 and rate unlike the TTS default (en-us, 165 wpm, pitch 50), so the recogniser is not
 tested on exactly the voice the assistant speaks with."""
 

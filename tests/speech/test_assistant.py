@@ -4,7 +4,7 @@ and a barge-in cutting the reply.
 
 The harness plays both network sides at simulated real time: each step pushes one 20 ms
 caller frame, waits until the agent has taken it, and pops one 20 ms frame of agent output
-(the transceiver's pacer). Engines are not timed here (bench/speech.py measures latency)."""
+(the transceiver's pacer). Engines are not timed here (bench/speech_bench.py measures latency)."""
 
 from __future__ import annotations
 

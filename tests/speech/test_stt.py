@@ -1,7 +1,7 @@
 """The offline STT engines on espeak-ng speech (a voice and rate unlike the TTS default).
 
 Thresholds are set from measurement on this machine (docs/speech.md): on the 20 fixed
-phrases of bench/speech.py, Whisper tiny.en made 15 % word errors and PocketSphinx 84 %
+phrases of bench/speech_bench.py, Whisper tiny.en made 15 % word errors and PocketSphinx 84 %
 (en-gb voice, 140 wpm). The tests use the first phrases of that set, with margin."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ async def test_pocketsphinx_streams_partials_and_pools_decoders() -> None:
     assert partials, "no partial hypothesis while the audio was fed"
     # PocketSphinx's live cepstral mean normalisation carries over between utterances of a
     # pooled decoder, so its words vary from run to run (0 to 100 % WER on this phrase):
-    # its accuracy is measured in bench/speech.py, not asserted here.
+    # its accuracy is measured in bench/speech_bench.py, not asserted here.
     assert text and partials[-1]
     built = engine.pool.built
     # Two calls at once take two decoders; afterwards both are idle and reused.

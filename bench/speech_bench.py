@@ -11,8 +11,8 @@
    500 ms end-of-turn silence wait, reported apart too); and CPU per call as a share of
    one core over the call.
 
-    .venv/bin/python bench/speech.py            # 20 phrases, 10 assistant calls
-    .venv/bin/python bench/speech.py --calls 4 --phrases 8
+    .venv/bin/python bench/speech_bench.py            # 20 phrases, 10 assistant calls
+    .venv/bin/python bench/speech_bench.py --calls 4 --phrases 8
 """
 
 from __future__ import annotations
