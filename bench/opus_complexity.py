@@ -1,5 +1,5 @@
 """Opus encoder complexity 0..10: quality beside cost, to choose ``--opus-complexity``
-(docs/performance.md, "Transceiver", "Opus complexity").
+(docs/performance-history.md, "Opus complexity").
 
 Our encoder settings (32 kb/s, VoIP, in-band FEC, ``_LibOpusEncoder``) and decoder, for every
 complexity 0..10, on voice-like signals — there is no recorded speech on this machine and no

@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--opus-complexity", default=None, metavar="0-10",
                         help="Opus encoder complexity for the audio sent to callers: lower "
                         f"costs less CPU per session (default {DEFAULT_COMPLEXITY}; "
-                        "docs/performance.md, \"Opus complexity\")")
+                        "docs/performance-history.md, \"Opus complexity\")")
     parser.add_argument("--fixed-opus-complexity", action="store_true", default=None,
                         help="keep --opus-complexity under load too (default: lower it step "
                         "by step as the core fills up, and back; docs/operations.md, "

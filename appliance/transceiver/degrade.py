@@ -3,7 +3,7 @@ transceiver's calls step by step as its headroom shrinks, raise it again when lo
 
 libopus's encoder is most of a PCM call's CPU (docs/performance.md, "Where the CPU goes":
 ~61 %), and its complexity setting trades CPU for quality in steps (bench/opus_complexity.py,
-PESQ-WB per step in docs/performance.md, "Overload"). So when the core fills up, giving
+PESQ-WB per step in docs/performance-history.md, "Overload"). So when the core fills up, giving
 every call a little less quality keeps all of them free of loss, where one more call at
 full quality would make every call late.
 
@@ -44,7 +44,7 @@ import math
 from dataclasses import dataclass
 
 #: Complexities the controller steps through, best first. 4 is missing on purpose: with
-#: libopus 1.3.1 it encodes bit-identically to 5 (docs/performance.md, "Opus complexity"),
+#: libopus 1.3.1 it encodes bit-identically to 5 (docs/performance-history.md, "Opus complexity"),
 #: so the step would cost nothing and save nothing.
 LADDER = (10, 9, 8, 7, 6, 5, 3, 2, 1, 0)
 #: Busy share at or above which the controller steps down...

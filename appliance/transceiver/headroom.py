@@ -4,7 +4,7 @@ signaling admits calls by and the Opus complexity controller degrades by.
 A transceiver's media work is periodic: every call needs its packets handled within each
 20 ms tick (one Opus frame). Three candidate measures of "how much of the tick is used"
 were measured under ``bench/capacity.py`` load (docs/operations.md, "Admission";
-docs/performance.md, "Overload"):
+docs/performance-history.md, "Overload"):
 
 * **busy** — CPU seconds of this process per wall second (``time.process_time``: utime +
   stime of every thread, exactly what the capacity benchmark reads from ``/proc``). It
