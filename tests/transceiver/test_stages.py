@@ -428,3 +428,26 @@ def test_level_meter_samples_one_frame_in_every() -> None:
     assert s["frames"] == 40 and s["measured"] == 10
     # Only the measured (loud) frames count: a steady sine's level, as if every frame was.
     assert s["rms_dbfs"] == pytest.approx(20 * math.log10(8000 / 32768 / math.sqrt(2)), abs=0.2)
+
+
+def test_silero_vad_chosen_per_call_flags_speech_not_silence() -> None:
+    """``media.vad.kind = "silero"`` puts Silero VAD (the speech extra) where the energy VAD
+    was: espeak-ng speech is flagged, silence is not; a bad kind or threshold is refused."""
+    from speech.speech_support import espeak_pcm48
+
+    from appliance.speech.vad import SileroVad
+
+    cfg = MediaConfig.from_params_untrusted({"media": {"vad": {"kind": "silero",
+                                                               "threshold": 0.6}}})
+    assert (cfg.vad.kind, cfg.vad.threshold) == ("silero", 0.6)
+    vad = cfg.vad.make()
+    assert isinstance(vad, SileroVad) and vad.threshold == 0.6
+    frame = 1920
+    assert not any(vad.update(bytes(frame)) for _ in range(25))
+    speech = espeak_pcm48("the quick brown fox jumps over the lazy dog")
+    flags = [vad.update(speech[i : i + frame]) for i in range(0, len(speech) - frame + 1, frame)]
+    assert sum(flags) >= len(flags) // 3, (sum(flags), len(flags))
+    assert MediaConfig.from_params_untrusted({"media": {}}).vad.kind == "energy"
+    for bad in ({"kind": "webrtc"}, {"threshold": 1.0}, {"threshold": 0}):
+        with pytest.raises(ValueError, match="media.vad"):
+            MediaConfig.from_params_untrusted({"media": {"vad": bad}})

