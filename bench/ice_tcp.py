@@ -90,8 +90,8 @@ class Probe:
                 if not data:
                     self.failed = "closed"
                     return out
-                self.deframer.handle_data(data)
-                while (f := self.deframer.poll_frame()) is not None:
+                self.deframer.handle_input(data)
+                while (f := self.deframer.poll_output()) is not None:
                     out.append(f)
             else:
                 out.append(data)

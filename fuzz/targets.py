@@ -4,7 +4,7 @@ Each target feeds ``data`` to the code that faces the network (or the HTTP body)
 **only that module's error** pass (STYLE.md rule 5: every ``*_untrusted`` parser raises only
 its module's error, never ``IndexError`` or ``struct.error``). Anything else escaping — or a
 failed ``assert`` on an invariant — is a finding. State machines that promise never to raise
-for peer bytes (``DtlsConnection.handle_datagram``, ``IceLiteAgent.handle_datagram``,
+for peer bytes (``DtlsConnection.handle_datagram``, ``IceLiteAgent.handle_input``,
 ``RelayCore.handle_datagram``) get no exception at all.
 
 The same functions are driven three ways:
@@ -214,8 +214,8 @@ def framing(data: bytes) -> None:
     step = 1 + (data[0] % 7 if data else 0)
     try:
         for i in range(0, len(stream), step):
-            deframer.handle_data(stream[i : i + step])
-            while (frame := deframer.poll_frame()) is not None:
+            deframer.handle_input(stream[i : i + step])
+            while (frame := deframer.poll_output()) is not None:
                 got.append(frame)
             assert deframer.buffered <= cap + 1 + step, "deframer buffers without bound"
     except FramingError:
@@ -412,7 +412,7 @@ def ice(data: bytes) -> None:
             except LocalProtocolError:
                 pass  # e.g. the re-signed message would exceed a datagram
         for raw in inputs:
-            agent.handle_datagram(now, raw, ("192.0.2.9", 5000))
+            agent.handle_input(now, raw, ("192.0.2.9", 5000))
         while (out := agent.poll_transmit()) is not None:
             code = Message.parse_untrusted(out[0]).error_code
             errors_401 += code is not None and code[0] == 401

@@ -294,7 +294,7 @@ class ClientPeer:
         kind = classify(data)
         if kind is Kind.STUN:
             if not self._answer_check(data, addr):
-                self.ice.handle_datagram(now, data, addr)
+                self.ice.handle_input(now, data, addr)
         elif kind is Kind.DTLS:
             self.dtls.handle_datagram(now, data)
         elif kind is Kind.RTP and self.srtp is not None:

@@ -16,8 +16,12 @@ it — before any of its body is buffered, so a peer cannot make it hold more th
 ``max_frame + 1`` bytes of partial frame. A zero-length frame is legal RFC 4571 and is
 delivered as ``b""`` (the caller decides what an empty packet means).
 
-Sans-IO (STYLE.md rule 1): :meth:`Deframer.handle_data` takes bytes as they came off the
-stream, in any split; :meth:`Deframer.poll_frame` yields the complete frames in order.
+Sans-IO, a *clockless* core in the verb shape of docs/style.md rule 18: nothing here depends
+on time, so :meth:`Deframer.handle_input` takes no ``now`` and there are no timer verbs
+(``poll_timeout`` / ``handle_timeout``). ``handle_input(data)`` takes bytes as they came off
+the stream, in any split; :meth:`Deframer.poll_output` returns the complete frames in order,
+each a bare ``bytes`` (immutable, and the only kind of output, so no wrapper object per
+frame on the relay's TCP path), then None.
 Deliberately omitted: RFC 4571's RTCP multiplexing rules (they are ICE's business above us).
 """
 
@@ -46,7 +50,7 @@ class Deframer:
     """Bytes of one stream in, RFC 4571 frames out (the module docstring).
 
     After a :class:`FramingError` the stream is unusable (there is no way to find the next
-    frame boundary): every later :meth:`handle_data` raises again.
+    frame boundary): every later :meth:`handle_input` raises again.
     """
 
     __slots__ = ("_buf", "_failed", "_need", "max_frame")
@@ -66,7 +70,7 @@ class Deframer:
         once the complete frames are polled)."""
         return len(self._buf)
 
-    def handle_data(self, data: bytes | bytearray | memoryview) -> None:
+    def handle_input(self, data: bytes | bytearray | memoryview) -> None:
         """Bytes read from the stream, in order. Raises only :class:`FramingError`, when a
         frame announces more than ``max_frame`` bytes (then for every later call)."""
         self._check()
@@ -75,7 +79,7 @@ class Deframer:
 
     def _check(self) -> None:
         # Only the next frame's prefix is looked at here: frames behind it are checked as
-        # poll_frame reaches them, so the bound holds for whatever the caller polls.
+        # poll_output reaches them, so the bound holds for whatever the caller polls.
         if self._failed:
             raise FramingError("stream already failed", hint="frame-too-long")
         if self._need < 0 and len(self._buf) >= 2:
@@ -90,9 +94,10 @@ class Deframer:
             self._need = need
             del self._buf[:2]
 
-    def poll_frame(self) -> bytes | None:
-        """The next complete frame, or None until more bytes arrive. Raises only
-        :class:`FramingError` (the next frame announced more than the cap)."""
+    def poll_output(self) -> bytes | None:
+        """The next complete frame, or None until more bytes arrive (drain until None after
+        every ``handle_input``). Raises only :class:`FramingError` (the next frame announced
+        more than the cap)."""
         self._check()
         need = self._need
         if need < 0 or len(self._buf) < need:

@@ -1,16 +1,22 @@
 """The Realtime event state machine of one call (sans-IO): client events and audio frames
 in, server events and actions out.
 
-Verbs (STYLE.md rule 2, with this protocol's inputs)::
+Verbs (docs/style.md rule 18 for a *clockless* core: no ``now``, no timer verbs; the user
+operations are this protocol's other inputs)::
 
     handle_open()                       the oai-events channel opened -> session.created
-    handle_message(text)                one client event (untrusted) -> events / actions
+    handle_input(data)                  one client event (untrusted) -> events / actions
+                                        (``handle_message`` is the same method)
     handle_frame(pcm, speech)           20 ms of the caller's audio + the VAD flag
     handle_delta(response_id, delta)    the agent's content -> True if audio is to be queued
     handle_response_end(response_id)    the agent finished (error=... if it failed)
     handle_transcript(item_id, text)    the agent transcribed a user turn
     handle_output_drained(response_id)  the response's last audio frame left
-    poll_event() / poll_action()        drain after every handle_*
+    poll_output()                       drain until None after every handle_*: the
+                                        actions first, then each server event wrapped
+                                        in a :class:`ServerEvent`
+    poll_action() / poll_event()        the same stream split in two (the shells, which
+                                        drain the actions and then the events, use these)
 
 Actions tell the shell what only it can do: :class:`StartResponse` (run the agent),
 :class:`CancelResponse` (cancel that run), :class:`ClearAudio` (``ctx.interrupt()``: drop
@@ -93,6 +99,17 @@ class SessionUpdated:
 
 _SESSION_UPDATED = SessionUpdated()
 Action = StartResponse | CancelResponse | ClearAudio | Transcribe | SessionUpdated
+
+
+@dataclass(frozen=True, slots=True)
+class ServerEvent:
+    """``poll_output()``: one server event for the oai-events channel, the JSON object as
+    ``poll_event()`` returns it (the wrapper is frozen; the event is the shell's to send)."""
+
+    event: dict[str, Any]
+
+
+Output = Action | ServerEvent
 
 
 @dataclass(slots=True)
@@ -221,6 +238,14 @@ class RealtimeConnection:
     def poll_action(self) -> Action | None:
         return self._actions.popleft() if self._actions else None
 
+    def poll_output(self) -> Output | None:
+        """The next action, else the next server event (as :class:`ServerEvent`, and held
+        like :meth:`poll_event` until the channel is open); None when there is neither."""
+        if self._actions:
+            return self._actions.popleft()
+        event = self.poll_event()
+        return None if event is None else ServerEvent(event)
+
     def _emit(self, kind: str, **fields: Any) -> None:
         self._events.append({"type": kind, "event_id": self._ids("event"), **fields})
 
@@ -247,6 +272,8 @@ class RealtimeConnection:
             self._dispatch(event)
         except EventError as exc:
             self._error(exc)
+
+    handle_input = handle_message  # the rule-18 name of the network input
 
     def _dispatch(self, ev: ClientEvent) -> None:
         d, eid = ev.data, ev.event_id

@@ -338,9 +338,9 @@ class TcpListener:
                 await self._splice(conn, bytes(rmv[:n]))
                 return
             try:
-                deframer.handle_data(rmv[:n])
+                deframer.handle_input(rmv[:n])
                 batch = self._batch
-                while (frame := deframer.poll_frame()) is not None:
+                while (frame := deframer.poll_output()) is not None:
                     size = len(frame)
                     if not conn.flowed:
                         if not self._first_frame_ok(frame):

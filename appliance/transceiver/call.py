@@ -468,7 +468,7 @@ class ServerCall:
         client, public, relay = source
         ice = self.ice
         before = ice.checks_ok
-        ice.handle_datagram(now, data, client)
+        ice.handle_input(now, data, client)
         flow = self.flows.get(client)
         if ice.checks_ok != before:
             # Authenticated: this address may now carry DTLS/RTP for this call.

@@ -403,6 +403,7 @@ class RtpLeg:
             self._handle_rtp(now, data, src)
 
     def poll_output(self) -> LegOutput | None:
+        """The next output in the order it was queued; None when drained."""
         return self._out.popleft() if self._out else None
 
     def poll_timeout(self) -> float | None:

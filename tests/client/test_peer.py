@@ -45,7 +45,7 @@ class MiniServer:
     def handle(self, now: float, data: bytes, addr: tuple[str, int]) -> None:
         kind = classify(data)
         if kind is Kind.STUN:
-            self.ice.handle_datagram(now, data, addr)
+            self.ice.handle_input(now, data, addr)
         elif kind is Kind.DTLS:
             self.dtls.handle_datagram(now, data)
         elif kind is Kind.RTP and self.srtp is not None:

@@ -97,7 +97,7 @@ class PassthroughEcho:
             if state is None and classify(data) is Kind.STUN:
                 for ice, dtls in self.pending:  # the ufrag check picks the right one
                     before = ice.checks_ok
-                    ice.handle_datagram(now, data, addr)
+                    ice.handle_input(now, data, addr)
                     if ice.checks_ok > before:
                         self.pending.remove((ice, dtls))
                         state = self.by_addr[addr] = (ice, dtls, [])
@@ -109,7 +109,7 @@ class PassthroughEcho:
             ice, dtls, srtp = state
             kind = classify(data)
             if kind is Kind.STUN:
-                ice.handle_datagram(now, data, addr)
+                ice.handle_input(now, data, addr)
             elif kind is Kind.DTLS:
                 dtls.handle_datagram(now, data)
             elif kind is Kind.RTP and srtp:

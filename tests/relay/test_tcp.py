@@ -86,11 +86,11 @@ class TcpClient:
 
     async def recv(self, within: float = 5.0) -> bytes:
         with trio.fail_after(within):
-            while (frame := self.deframer.poll_frame()) is None:
+            while (frame := self.deframer.poll_output()) is None:
                 data = await self.stream.receive_some(65536)
                 if not data:
                     raise EOFError("relay closed the connection")
-                self.deframer.handle_data(data)
+                self.deframer.handle_input(data)
         return frame
 
     async def closed_by_peer(self, within: float = 5.0) -> bool:

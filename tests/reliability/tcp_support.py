@@ -40,8 +40,8 @@ class TcpCall(Call):
                     self.failed = "relay closed the connection"
                     return
                 if data:
-                    deframer.handle_data(data)
-                    while (frame := deframer.poll_frame()) is not None:
+                    deframer.handle_input(data)
+                    while (frame := deframer.poll_output()) is not None:
                         peer.handle_datagram(now, frame, remote)
                 peer.handle_timeout(now)
                 if next_media is not None and now >= next_media:

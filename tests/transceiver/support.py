@@ -112,7 +112,7 @@ class Client:
         assert self.ice is not None and self.dtls is not None
         kind = classify(payload)
         if kind is Kind.STUN:
-            self.ice.handle_datagram(now, payload, PUBLIC)
+            self.ice.handle_input(now, payload, PUBLIC)
             if (self.role is Role.CLIENT and self.dtls.state.value == "client-idle"
                     and self.ice.state.value == "nominated"):
                 self.dtls.start(now)

@@ -63,7 +63,7 @@ class Harness:
         now = trio.current_time()
         kind = classify(payload)
         if kind is Kind.STUN:
-            self.ice.handle_datagram(now, payload, PUBLIC)
+            self.ice.handle_input(now, payload, PUBLIC)
             if self.dtls.state.value == "client-idle" and self.ice.state.value == "nominated":
                 self.dtls.start(now)
         elif kind is Kind.DTLS:

@@ -4,7 +4,7 @@
   tracks nomination and consent (``lite``).
 * ``IceClient`` — a one-pair controlling agent for the load generator and tests
   (``client``).
-* events (``events``) — what ``poll_event()`` returns.
+* outputs (``events``) — what ``poll_output()`` returns: ``Transmit`` and the events.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from appliance.proto.ice.events import (
     ConnectFailed,
     ConsentExpired,
     IceEvent,
+    IceOutput,
     Nominated,
+    Transmit,
 )
 from appliance.proto.ice.lite import IceLiteAgent, IceState
 
@@ -34,6 +36,8 @@ __all__ = [
     "IceClient",
     "IceEvent",
     "IceLiteAgent",
+    "IceOutput",
     "IceState",
     "Nominated",
+    "Transmit",
 ]

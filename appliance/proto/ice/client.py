@@ -5,7 +5,10 @@ USE-CANDIDATE in every check until nominated), §7.2.5 (processing responses), �
 waited for Rm = 16 RTO) and RFC 7675 §5.1 (consent checks every 5 s randomised to 0.8-1.2x,
 consent lost 30 s after the last authenticated response).
 
-Sans-IO with the STYLE.md verbs; ``start(now)`` sends the first check. Randomness
+Sans-IO with the verbs of docs/style.md rule 18 (``handle_input(now, data, addr)``,
+``poll_output()`` until None, ``poll_timeout()``, ``handle_timeout(now)``; ``poll_transmit``
+/ ``poll_event`` split the output stream for ``ClientPeer``); ``start(now)`` sends the first
+check. Randomness
 (transaction ids, tie-breaker, consent jitter) comes from the ``rng`` passed in, so a seeded
 ``random.Random`` makes a run reproducible.
 
@@ -29,7 +32,9 @@ from appliance.proto.ice.events import (
     ConnectFailed,
     ConsentExpired,
     IceEvent,
+    IceOutput,
     Nominated,
+    Transmit,
 )
 from appliance.proto.stun import (
     Addr,
@@ -154,7 +159,7 @@ class IceClient:
         self._next_consent = None
         self._begin(now, use_candidate=True)
 
-    def handle_datagram(self, now: float, data: bytes, addr: Addr) -> None:
+    def handle_input(self, now: float, data: bytes, addr: Addr) -> None:
         if self.state in (ClientState.NEW, ClientState.FAILED, ClientState.CLOSED):
             self.stray += 1
             return
@@ -232,11 +237,24 @@ class IceClient:
             self._begin(now, use_candidate=False)
             self._next_consent = now + self._consent_delay()
 
+    def poll_output(self) -> IceOutput | None:
+        """The next datagram to send (a :class:`~.events.Transmit`), else the next event;
+        None when there is neither (drain until None after every ``handle_*``)."""
+        if self._transmits:
+            data, addr = self._transmits.popleft()
+            return Transmit(data, addr)
+        return self._events.popleft() if self._events else None
+
     def poll_transmit(self) -> tuple[bytes, Addr] | None:
+        """Only the next datagram, as a plain tuple (the call's per-packet path keeps
+        datagrams and events apart and allocates no wrapper)."""
         return self._transmits.popleft() if self._transmits else None
 
     def poll_event(self) -> IceEvent | None:
+        """Only the next event (callers that keep datagrams and events apart)."""
         return self._events.popleft() if self._events else None
+
+    handle_datagram = handle_input  # the older name, kept for existing callers
 
     def poll_timeout(self) -> float | None:
         if self.state not in (ClientState.CHECKING, ClientState.NOMINATED):

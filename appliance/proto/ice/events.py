@@ -1,4 +1,5 @@
-"""Events emitted by the ICE machines (``poll_event()``); frozen, slotted, hashable."""
+"""Outputs of the ICE machines (``poll_output()``): :class:`Transmit` and the events
+(``poll_event()``); frozen, slotted, hashable."""
 
 from __future__ import annotations
 
@@ -15,8 +16,18 @@ __all__ = [
     "ConnectFailed",
     "ConsentExpired",
     "IceEvent",
+    "IceOutput",
     "Nominated",
+    "Transmit",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class Transmit:
+    """``poll_output()``: one STUN datagram to send to ``addr``."""
+
+    data: bytes
+    addr: Addr
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,3 +94,6 @@ IceEvent: TypeAlias = (
     | CheckFailed
     | ConnectFailed
 )
+
+IceOutput: TypeAlias = Transmit | IceEvent
+"""What ``poll_output()`` returns (besides None)."""

@@ -3,8 +3,11 @@ agent is always controlled), §7.3 (responding to connectivity checks: §7.3.1.1
 conflicts, §7.3.1.4 USE-CANDIDATE, §7.3.1.5 nomination), §9 (ICE restart) and RFC 7675
 (consent freshness, from the side that receives the checks).
 
-Sans-IO, with the STYLE.md verbs: ``handle_datagram(now, data, addr)``,
-``handle_timeout(now)``, ``poll_transmit()``, ``poll_event()``, ``poll_timeout()``. ``addr``
+Sans-IO, with the verbs of docs/style.md rule 18: ``handle_input(now, data, addr)``,
+``poll_output()`` until None (:class:`~.events.Transmit` datagrams first, then events),
+``poll_timeout()``, ``handle_timeout(now)``; ``poll_transmit()`` / ``poll_event()`` are the
+split spellings :class:`~appliance.transceiver.call.ServerCall` uses on its per-packet path
+(no wrapper object per answer), ``handle_datagram`` the older name of ``handle_input``. ``addr``
 is the client's address as the client's NAT presents it (the transceiver takes it from the
 PROXY v2 header), and every answer is addressed to it.
 
@@ -87,7 +90,9 @@ from appliance.proto.ice.events import (
     CheckReceived,
     ConsentExpired,
     IceEvent,
+    IceOutput,
     Nominated,
+    Transmit,
 )
 from appliance.proto.ratelimit import FixedWindow, TokenBucket
 from appliance.proto.stun import (
@@ -264,7 +269,7 @@ class IceLiteAgent:
 
     # -- the verbs --
 
-    def handle_datagram(self, now: float, data: bytes, addr: Addr) -> None:
+    def handle_input(self, now: float, data: bytes, addr: Addr) -> None:
         # Consent is judged before the packet: a check arriving after the deadline (because
         # the shell had not yet called handle_timeout) must not resurrect the session.
         self._expire(now)
@@ -366,11 +371,24 @@ class IceLiteAgent:
     def handle_timeout(self, now: float) -> None:
         self._expire(now)
 
+    def poll_output(self) -> IceOutput | None:
+        """The next datagram to send (a :class:`~.events.Transmit`), else the next event;
+        None when there is neither (drain until None after every ``handle_*``)."""
+        if self._transmits:
+            data, addr = self._transmits.popleft()
+            return Transmit(data, addr)
+        return self._events.popleft() if self._events else None
+
     def poll_transmit(self) -> tuple[bytes, Addr] | None:
+        """Only the next datagram, as a plain tuple (the call's per-packet path keeps
+        datagrams and events apart and allocates no wrapper)."""
         return self._transmits.popleft() if self._transmits else None
 
     def poll_event(self) -> IceEvent | None:
+        """Only the next event (callers that keep datagrams and events apart)."""
         return self._events.popleft() if self._events else None
+
+    handle_datagram = handle_input  # the older name, kept for existing callers
 
     def poll_timeout(self) -> float | None:
         """The consent deadline, or None (closed, or no valid check yet: the shell's own

@@ -19,8 +19,10 @@ from appliance.proto.sctp.events import (
     Connected,
     Event,
     MessageReceived,
+    Output,
     StreamResetFailed,
     StreamsReset,
+    Transmit,
 )
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "Event",
     "MessageReceived",
     "MessageTooLargeError",
+    "Output",
     "SctpAssociation",
     "SctpError",
     "SctpStats",
@@ -40,4 +43,5 @@ __all__ = [
     "StreamClosedError",
     "StreamResetFailed",
     "StreamsReset",
+    "Transmit",
 ]

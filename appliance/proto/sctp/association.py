@@ -1,10 +1,13 @@
 """One SCTP association over DTLS (RFC 8261), sans-IO, in the shape of Google's dcSCTP.
 
-Verbs (STYLE.md rule 2): ``handle_input(now, packet)`` takes one DTLS application-data
-payload (= one SCTP packet, no IP/UDP header); ``poll_transmit()`` returns packets to send
-as DTLS application data; ``poll_event()`` returns :mod:`events`; ``poll_timeout()`` /
+Verbs (docs/style.md rule 18): ``handle_input(now, data)`` takes one DTLS
+application-data payload (= one SCTP packet, no IP/UDP header); ``poll_output()`` returns
+the next output until None: packets to send as DTLS application data (each an
+:class:`~.events.Transmit`) first, then :mod:`events`; ``poll_timeout()`` /
 ``handle_timeout(now)`` drive the timers. Time is always passed in. After any call the
-shell drains ``poll_transmit()`` and ``poll_event()``, then sleeps until ``poll_timeout()``.
+shell drains ``poll_output()``, then sleeps until ``poll_timeout()``. ``poll_transmit()``
+(bare packets) and ``poll_event()`` split the same stream in two; the call's data-channel
+path uses them, so a packet costs no wrapper object.
 
 What happens where (RFC 9260 unless noted):
 
@@ -54,6 +57,8 @@ from appliance.proto.sctp.events import (
     Connected,
     Event,
     MessageReceived,
+    Output,
+    Transmit,
 )
 from appliance.proto.sctp.receiver import M32, Receiver
 from appliance.proto.sctp.reconfig import ReconfigMixin
@@ -272,7 +277,16 @@ class SctpAssociation(ReconfigMixin):
         cause = ((c.ErrorCause.USER_INITIATED_ABORT, reason.encode()[:256]),) if reason else ()
         self._finish(CloseCause.LOCAL_ABORT, reason or "aborted", abort=True, causes=cause)
 
+    def poll_output(self) -> Output | None:
+        """The next packet to send (a :class:`~.events.Transmit`), else the next event;
+        None when there is neither (drain until None after every call)."""
+        pkt = self.poll_transmit()
+        if pkt is not None:
+            return Transmit(pkt)
+        return self._events.popleft() if self._events else None
+
     def poll_transmit(self) -> bytes | None:
+        """Only the next packet, bare (callers that keep packets and events apart)."""
         if self._out:
             pkt = self._out.popleft()
             st = self._stats
@@ -282,6 +296,7 @@ class SctpAssociation(ReconfigMixin):
         return None
 
     def poll_event(self) -> Event | None:
+        """Only the next event (callers that keep packets and events apart)."""
         return self._events.popleft() if self._events else None
 
     def poll_timeout(self) -> float | None:
@@ -330,24 +345,24 @@ class SctpAssociation(ReconfigMixin):
 
     # --- input --------------------------------------------------------------------------
 
-    def handle_input(self, now: float, packet: bytes) -> None:
+    def handle_input(self, now: float, data: bytes) -> None:
         self._now = now
         st = self._stats
         st.packets_in += 1
-        st.bytes_in += len(packet)
+        st.bytes_in += len(data)
         if self._ended:
             st.drops["closed"] += 1
             return
-        if not isinstance(packet, bytes):
-            packet = bytes(packet)
-        if len(packet) < c.MIN_PACKET:
+        if not isinstance(data, bytes):
+            data = bytes(data)
+        if len(data) < c.MIN_PACKET:
             st.drops["truncated"] += 1
             return
-        if not c.verify_checksum(packet):
+        if not c.verify_checksum(data):
             st.drops["checksum"] += 1
             return
         try:
-            header, chunks = c.parse_packet_untrusted(packet)
+            header, chunks = c.parse_packet_untrusted(data)
         except SctpError as exc:
             st.drops[str(exc.hint)] += 1
             return

@@ -1,5 +1,6 @@
 """Events an :class:`~appliance.proto.sctp.association.SctpAssociation` reports through
-``poll_event()`` (STYLE.md rule 3: frozen, slotted)."""
+``poll_event()``, and the :class:`Transmit` that ``poll_output()`` wraps a packet in
+(STYLE.md rule 3: frozen, slotted)."""
 
 from __future__ import annotations
 
@@ -63,5 +64,14 @@ class Closed:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Transmit:
+    """``poll_output()``: one SCTP packet to send as DTLS application data."""
+
+    data: bytes
+
+
 Event = Connected | MessageReceived | StreamsReset | StreamResetFailed | BufferedAmountLow | \
     Closed
+Output = Transmit | Event
+"""What ``SctpAssociation.poll_output()`` returns (besides None)."""

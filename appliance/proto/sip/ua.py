@@ -329,6 +329,7 @@ class SipEndpoint:
     # ------------------------------------------------------------ house verbs
 
     def poll_output(self) -> Output | None:
+        """The next output in the order it was queued; None when drained."""
         return self._out.popleft() if self._out else None
 
     def poll_timeout(self) -> float | None:

@@ -22,8 +22,8 @@ def test_frames_byte_at_a_time() -> None:
     d = Deframer(400)
     out = []
     for i in range(len(stream)):
-        d.handle_data(stream[i : i + 1])
-        while (f := d.poll_frame()) is not None:
+        d.handle_input(stream[i : i + 1])
+        while (f := d.poll_output()) is not None:
             out.append(f)
     assert out == [b"hello", b"", b"x" * 300]
     assert d.buffered == 0
@@ -33,21 +33,21 @@ def test_over_cap_refused_before_body() -> None:
     """The announced length is checked on the prefix alone: the body is never buffered."""
     d = Deframer(100)
     with pytest.raises(FramingError) as exc:
-        d.handle_data(b"\x00\x65")
+        d.handle_input(b"\x00\x65")
     assert exc.value.hint == "frame-too-long"
     assert d.buffered == 0
     with pytest.raises(FramingError):  # the stream stays failed
-        d.handle_data(b"\x00\x01a")
+        d.handle_input(b"\x00\x01a")
     with pytest.raises(FramingError):
-        d.poll_frame()
+        d.poll_output()
 
 
 def test_over_cap_behind_a_good_frame() -> None:
     d = Deframer(10)
-    d.handle_data(encode_frame(b"ok") + b"\x00\xff")
-    assert d.poll_frame() == b"ok"
+    d.handle_input(encode_frame(b"ok") + b"\x00\xff")
+    assert d.poll_output() == b"ok"
     with pytest.raises(FramingError):
-        d.poll_frame()
+        d.poll_output()
 
 
 def test_cap_bounds() -> None:
@@ -64,10 +64,10 @@ def test_any_split_same_frames(frames: list[bytes], cuts: list[int]) -> None:
     pos = i = 0
     while pos < len(stream):
         step = cuts[i % len(cuts)]
-        d.handle_data(stream[pos : pos + step])
+        d.handle_input(stream[pos : pos + step])
         pos += step
         i += 1
-        while (f := d.poll_frame()) is not None:
+        while (f := d.poll_output()) is not None:
             out.append(f)
         assert d.buffered <= 81 + 50
     assert out == frames
@@ -78,8 +78,8 @@ def test_fuzz_only_framing_error(data: bytes, cap: int) -> None:
     d = Deframer(cap)
     try:
         for i in range(0, len(data), 7):
-            d.handle_data(data[i : i + 7])
-            while d.poll_frame() is not None:
+            d.handle_input(data[i : i + 7])
+            while d.poll_output() is not None:
                 pass
     except FramingError:
         pass

@@ -82,9 +82,9 @@ class Pair:
             self.inflight = [p for p in self.inflight if p[0] > self.now]
             for _, _, to, data in due:
                 if to == "server":
-                    self.server.handle_datagram(self.now, data, self.cli_addr)
+                    self.server.handle_input(self.now, data, self.cli_addr)
                 else:
-                    self.client.handle_datagram(self.now, data, SRV)
+                    self.client.handle_input(self.now, data, SRV)
             self.client.handle_timeout(self.now)
             self.server.handle_timeout(self.now)
             self._drain()
@@ -215,15 +215,15 @@ def test_client_ignores_spoofed_and_stray_responses() -> None:
     tid = Message.parse_untrusted(req).transaction_id
     assert verify_integrity(req, SPWD.encode())
     # An unauthenticated 401 with the right tid does not end the transaction.
-    c.handle_datagram(0.1, binding_error(tid, 401), SRV)
+    c.handle_input(0.1, binding_error(tid, 401), SRV)
     # A correctly signed answer from the wrong address is rejected too.
-    c.handle_datagram(0.1, binding_error(tid, 487, integrity_key=SPWD.encode()), CLI)
-    c.handle_datagram(0.1, binding_error(bytes(12), 487, integrity_key=SPWD.encode()), SRV)
-    c.handle_datagram(0.1, b"junk", SRV)
+    c.handle_input(0.1, binding_error(tid, 487, integrity_key=SPWD.encode()), CLI)
+    c.handle_input(0.1, binding_error(bytes(12), 487, integrity_key=SPWD.encode()), SRV)
+    c.handle_input(0.1, b"junk", SRV)
     assert c.responses_rejected == 2 and c.stray == 1 and c.malformed == 1
     assert c.state is ClientState.CHECKING
     # A signed 487 from the server is reported and fails the nomination.
-    c.handle_datagram(0.2, binding_error(tid, 487, integrity_key=SPWD.encode()), SRV)
+    c.handle_input(0.2, binding_error(tid, 487, integrity_key=SPWD.encode()), SRV)
     assert c.poll_event() == CheckFailed(SRV, 487, "Role Conflict")
     assert c.state is ClientState.FAILED
 
