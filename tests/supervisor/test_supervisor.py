@@ -124,7 +124,12 @@ async def test_up_starts_every_child_and_prints_the_urls(
     assert "--agent" in recs[("transceiver", "0")]["argv"]
     status, _, body = await http(base, "GET", "/readyz")
     assert status == 200, body
-    assert json.loads(body) == {"ready": True, "transceivers": ["0", "1"], "relays": ["0"]}
+    ready = json.loads(body)
+    # The headroom admission decides on (issue 32) rides along, one entry per transceiver.
+    headroom = ready.pop("headroom")
+    assert ready == {"ready": True, "transceivers": ["0", "1"], "relays": ["0"]}
+    assert sorted(headroom) == ["0", "1"]
+    assert all(0.0 <= h["busy"] <= 1.0 and h["available"] > 0 for h in headroom.values())
     assert all(s.state == "ready" for s in sup.status.values())
 
 
