@@ -16,6 +16,7 @@ import socket
 
 import pytest
 import trio
+from sip.support import free_media_ports
 
 from appliance.proto.sdp.phone import PhoneRefusal, answer_phone_offer_untrusted
 from appliance.proto.sip import (
@@ -77,7 +78,7 @@ async def test_sipp_uac_calls_in(calls: int, lost: int) -> None:
     version = await trio.run_process([SIPP, "-v"], capture_stdout=True, check=False)
     print("peer:", version.stdout.decode(errors="replace").strip().splitlines()[:1])
     cmd = [SIPP, "-sn", "uac", f"127.0.0.1:{port}", "-i", "127.0.0.1",
-           "-p", str(_free_udp_port()), "-mp", str(_free_udp_port()), "-m", str(calls),
+           "-p", str(_free_udp_port()), "-mp", str(free_media_ports()), "-m", str(calls),
            "-r", "5", "-nostdin", "-timeout", "60", "-timeout_error", "-max_recv_loops", "100"]
     if lost:
         cmd += ["-lost", str(lost)]
@@ -107,7 +108,7 @@ async def test_we_call_sipp_uas() -> None:
     sipp_port = _free_udp_port()
     events: list[object] = []
     cmd = [SIPP, "-sn", "uas", "-i", "127.0.0.1", "-p", str(sipp_port), "-mp",
-           str(_free_udp_port()), "-m", "1", "-nostdin", "-timeout", "60", "-timeout_error"]
+           str(free_media_ports()), "-m", "1", "-nostdin", "-timeout", "60", "-timeout_error"]
     offer = (b"v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
              b"m=audio 40002 RTP/AVP 0 101\r\na=rtpmap:101 telephone-event/8000\r\n")
     with sock:

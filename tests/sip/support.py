@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 import shutil
 import socket
 import subprocess
@@ -31,6 +32,31 @@ def free_port(kind: socket.SocketKind = socket.SOCK_DGRAM, host: str = "127.0.0.
     with socket.socket(socket.AF_INET, kind) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def free_media_ports(host: str = "127.0.0.1", count: int = 4) -> int:
+    """A base port for SIPp's ``-mp``: SIPp binds audio RTP/RTCP at base, base+1 and video at
+    base+2, base+3, and exits 254 if any is taken. A port from ``free_port()`` checked only
+    the base, and CI once found base+2 in use. So: an even base below the kernel's
+    ephemeral range (where ``bind(port 0)`` by any other test never lands), with all
+    ``count`` ports free on UDP."""
+    low, _ = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(10_000, max(10_002, low - count), 2)
+        socks: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                socks.append(sock)
+                sock.bind((host, port))
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+        return base
+    raise AssertionError("no run of free UDP ports for SIPp's media")
 
 
 def unwrap(body: bytes, headers: dict[str, str]) -> Any:
@@ -148,7 +174,7 @@ async def run_sipp(nursery: trio.Nursery, phone: Phone, scenario: str, *,
     host, port = phone.sip
     kind = socket.SOCK_STREAM if transport.startswith("t") else socket.SOCK_DGRAM
     cmd = [SIPP, f"{host}:{port}", "-sf", str(SCENARIOS / scenario), "-t", transport,
-           "-i", local_ip, "-p", str(free_port(kind, local_ip)), "-mp", str(free_port()),
+           "-i", local_ip, "-p", str(free_port(kind, local_ip)), "-mp", str(free_media_ports()),
            "-m", "1", "-nostdin", "-timeout", str(int(TIMEOUT)), "-timeout_error",
            "-max_recv_loops", "100"]
     proc = await trio.lowlevel.open_process(cmd, stdout=subprocess.PIPE,
