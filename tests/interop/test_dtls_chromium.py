@@ -182,7 +182,7 @@ def connect_and_check(
     page.wait_for_function(
         "async () => { const s = await window.stats();"
         " return s.inbound !== null && s.inbound.packetsReceived > 0"
-        " && s.pair !== null && s.pair.nominated; }",
+        " && s.pair !== null && s.pair.nominated && s.pair.state === 'succeeded'; }",
         polling=100,
     )
     st = stats(page)
@@ -196,7 +196,12 @@ def connect_and_check(
 
     # The selected pair ends at our socket and was nominated by Chromium (we are ICE-lite).
     pair = st["pair"]
-    assert pair is not None and pair["state"] == "succeeded" and pair["nominated"]
+    # A check on the selected pair succeeded (waited for above); Chromium shows the pair
+    # "in-progress" again while its next check (consent, RFC 7675) is outstanding, which a
+    # later getStats() can catch — seen in 2 of 14 cases on a quiet box, 2 of 12 on the base
+    # tree under load. Both spellings are a working, nominated pair.
+    assert pair is not None and pair["state"] in ("succeeded", "in-progress"), pair
+    assert pair["nominated"], pair
     assert (st["remoteCandidate"]["address"], st["remoteCandidate"]["port"]) == (
         "127.0.0.1",
         server.udp_port,
