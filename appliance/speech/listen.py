@@ -15,17 +15,22 @@ The Realtime ``conversation.item.input_audio_transcription.delta/.completed/.fai
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import trio
 
 from .stt import SttEngine, SttError, SttStream, make_stt
 from .vad import SpeechAudio, SpeechStarted, SpeechStopped, TurnConfig, TurnDetector
 
-if TYPE_CHECKING:
-    from ..agents.context import AgentContext
+
+class AgentContext(Protocol):
+    """What this module needs of ``appliance.agents.context.AgentContext`` (its inbound
+    frames): a Protocol, so speech/ does not import agents/context.py back (that module
+    reaches this one for ``ctx.transcripts()``)."""
+
+    def frames(self) -> AsyncIterator[Any]: ...
 
 
 @dataclass(frozen=True, slots=True)
