@@ -103,6 +103,7 @@ class SidebandSocket:
                  poll_client: ControlClient | None = None) -> None:
         self.att = att
         self.end_reason: str | None = None
+        self.ending = trio.Event()  # set with end_reason (before the tasks have stopped)
         self.events_out = 0
         self._limit = queue_limit
         self._queue: deque[str] = deque()
@@ -125,9 +126,7 @@ class SidebandSocket:
                     except SocketClosed:
                         break
                     await self._forward(data)
-                if self.end_reason is None:
-                    self.end_reason = END_CLIENT
-                nursery.cancel_scope.cancel()
+                self._end(END_CLIENT)
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2.0):
                 try:
@@ -141,6 +140,7 @@ class SidebandSocket:
     def _end(self, reason: str) -> None:
         if self.end_reason is None:
             self.end_reason = reason
+            self.ending.set()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
