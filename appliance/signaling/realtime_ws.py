@@ -39,6 +39,7 @@ from ..realtime.ws_session import (
 from .problems import Problem
 from .realtime_http import Realtime, RealtimeProblem, error_response
 from .rules import check_agent
+from .sideband import END_CLIENT as END_SIDEBAND_CLIENT
 from .sideband import SidebandSocket, attach, close_code
 from .webhooks import CALL_ENDED, CALL_STARTED, end_report
 
@@ -125,8 +126,9 @@ def register_websocket(app: QuartTrio, rt: Realtime) -> None:
         sock = SidebandSocket(att)
         reason = await sock.run(websocket.receive, websocket.send)
         log.info("sideband %s detached (%s)", att.sideband_id, reason)
-        code, text = close_code(reason)
-        await websocket.close(code, text)
+        if reason != END_SIDEBAND_CLIENT:  # the client's own close needs no answer
+            code, text = close_code(reason)
+            await websocket.close(code, text)
         return None
 
     def _authorization() -> str:

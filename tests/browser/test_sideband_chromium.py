@@ -83,7 +83,7 @@ def test_backend_tool_answers_the_browser_and_locks_hold(up: str, pages: PageSer
         assert (err["error"]["code"], err["error"]["param"], err["error"]["event_id"]) == (
             "session_field_locked", "session.instructions", "evt_lock")
         page.evaluate("(t) => sb.say(t)", 'call tool get_weather {"city": "Oslo"}')
-        stdout, stderr = proc.communicate(timeout=60)
+        stdout, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 0, stderr.decode()[-3000:]
         result = json.loads(stdout.decode().strip().splitlines()[-1])
         assert result["ran"] == ["Oslo"]  # the backend's Python tool ran
