@@ -36,7 +36,7 @@ from typing import Any
 
 import trio
 
-from .protocol import EventError
+from .protocol import MAX_EVENT_BYTES, EventError
 
 QUEUE_LIMIT = 2048  # unread events per attachment before it is closed as a slow reader
 BATCH_CHARS = 256 * 1024  # one poll answer's events (an event is at most ~256 KiB itself)
@@ -198,9 +198,11 @@ class SidebandPoint:
         self._pending_tools = None
         if not self.attachments and not self.locks and origin is None:
             return None  # nothing attached, nothing locked: the common call pays nothing
+        if len(data) > MAX_EVENT_BYTES:
+            return None  # the machine answers it
         try:
             event = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError, UnicodeDecodeError):
             return None  # the machine answers it
         if not isinstance(event, dict) or event.get("type") != "session.update":
             return None

@@ -162,8 +162,9 @@ class SidebandSocket:
             return
         try:
             event = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            self._error(EventError(f"the event is not JSON: {exc}", code="invalid_json"))
+        except (ValueError, RecursionError) as exc:  # (UnicodeDecodeError is a ValueError)
+            self._error(EventError(f"the event is not JSON: {type(exc).__name__}",
+                                   code="invalid_json"))
             return
         try:
             resp = await self.att.client.request({"op": "realtime.send", "sideband_id":

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from appliance.realtime import sideband as sb
 from appliance.realtime.sideband import SidebandError, SidebandPoint
@@ -87,6 +89,7 @@ def test_locked_fields_refuse_a_browser_update_that_changes_them() -> None:
     assert c.point.refuse_untrusted(json.dumps(same), None) is None  # unchanged: allowed
     assert c.point.refuse_untrusted(json.dumps(upd), "sb_ctl") is None  # a sideband may
     assert c.point.refuse_untrusted(b"\xff not json", None) is None  # the machine answers
+    assert c.point.refuse_untrusted("[" * 100_000, None) is None  # too deep: the machine's
 
 
 def test_a_sideband_tools_calls_skip_the_browser() -> None:
@@ -180,3 +183,26 @@ async def test_control_ops() -> None:
         assert (await op("realtime.send", sideband_id=sid, events=[]))["status"] == 404
     finally:
         sb.POINTS.pop("rtc_x", None)
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids,
+                                                              max_size=4), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(
+    st.binary(max_size=64),
+    JSONISH.map(json.dumps),
+    st.dictionaries(st.sampled_from(["type", "session", "event_id"]),
+                    st.one_of(st.just("session.update"), JSONISH), max_size=3).map(json.dumps),
+    st.fixed_dictionaries({"type": st.just("session.update"), "session": st.dictionaries(
+        st.sampled_from(sorted(sb.LOCKABLE) + ["voice"]), JSONISH, max_size=4)}).map(json.dumps),
+))
+def test_refuse_untrusted_never_raises(data: str | bytes) -> None:
+    c = Call()
+    c.point.attach(None, ["tools", "instructions"])
+    for origin in (None, "sb_x"):
+        err = c.point.refuse_untrusted(data, origin)
+        assert err is None or (origin is None and err.code == "session_field_locked")

@@ -106,6 +106,8 @@ async def test_events_in_order_and_client_events_reach_the_call(nursery: trio.Nu
             await ws.incoming_send.send("not json")
             await ws.until(lambda: ws.sent[-1]["type"] == "error")
             assert ws.sent[-1]["error"]["code"] == "invalid_json"
+            await ws.incoming_send.send("[" * 100_000)  # too deep for json: answered too
+            await ws.until(lambda: len([e for e in ws.sent if e["type"] == "error"]) == 2)
             assert rig.fed == [('{"type":"response.create"}', att.sideband_id)]
             await ws.incoming_send.send(None)  # the client closed
             await done.wait()  # after the detach request's answer
