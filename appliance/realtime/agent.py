@@ -15,6 +15,13 @@ opens that id itself at start, with no round trip. Tasks, all in one nursery:
 
 After each ``handle_*`` the shell drains events (sent in order on the channel) and actions
 (``ClearAudio`` -> ``ctx.interrupt()`` at once, before anything else runs).
+
+Sideband (``GET /v1/realtime?call_id=``): the shell registers a
+:class:`~appliance.realtime.sideband.SidebandPoint` under its session id; each drained event
+is serialised once and published there with its origin (the browser, or the sideband whose
+client event caused it), which decides what the channel gets; a controller's client events
+come in through :meth:`RealtimeShell._feed`, and a browser ``session.update`` of a locked
+field is answered with an ``error`` without reaching the machine.
 """
 
 from __future__ import annotations
