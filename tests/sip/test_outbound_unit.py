@@ -1,0 +1,348 @@
+"""Outbound calls without sockets: the trunks file (sip_trunks.py), our SDP offer and the
+callee's answer (RelayAnswerMedia as OutboundPhoneMedia), and SipOutbound driving a real
+SipEndpoint UAC against a scripted trunk on trio's MockClock (ring timeout → CANCEL and
+408, Timer B, busy, answer → active, an unusable answer → BYE). Plus the digest
+challenge parser fuzzed (hypothesis): it raises only SipError."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
+
+from appliance.proto.sdp.sdes import CryptoAttribute
+from appliance.proto.sip import EndpointConfig, Request, Response, SipEndpoint, Transmit
+from appliance.proto.sip import auth as digest
+from appliance.proto.sip.errors import SipError
+from appliance.proto.sip.message import parse_untrusted
+from appliance.signaling.phone_media import (
+    MediaAnswer,
+    MediaOffer,
+    MediaRefusal,
+    OutboundPhoneMedia,
+    RelayAnswerMedia,
+)
+from appliance.signaling.sip_outbound import OutboundError, SipOutbound, failure_code
+from appliance.signaling.sip_trunks import Trunk, TrunkError, load_trunks, parse_trunks
+
+TRUNK_ADDR = ("127.0.0.1", 5099)
+SECRET = "p4ss-w0rd-never-shown"
+
+
+# ---------------------------------------------------------------- the trunks file
+
+
+def test_trunks_from_toml_with_password_from_the_environment(tmp_path: Path) -> None:
+    f = tmp_path / "trunks.toml"
+    f.write_text('[trunks.twilio]\nhost = "example.pstn.twilio.com"\ntransport = "tls"\n'
+                 'from_user = "+15551234567"\nusername = "appliance"\n'
+                 'password_env = "TRUNK_PW"\nsrtp = true\n'
+                 '[trunks.lab]\nhost = "10.0.0.7"\n')
+    trunks = load_trunks(f, env={"TRUNK_PW": SECRET})
+    tw = trunks["twilio"]
+    assert (tw.port, tw.transport, tw.srtp) == (5061, "tls", True)
+    assert tw.from_uri == "sip:+15551234567@example.pstn.twilio.com"
+    creds = tw.credentials
+    assert creds is not None and creds.password == SECRET
+    for text in (repr(tw), str(tw), repr(creds), str(creds), repr(trunks)):
+        assert SECRET not in text
+    assert trunks["lab"].credentials is None and trunks["lab"].port == 5060
+    assert tw.target_uri("+15550001111") == "sip:+15550001111@example.pstn.twilio.com;transport=tls"
+    assert trunks["lab"].target_uri("tel:+1555") == "sip:+1555@10.0.0.7;user=phone"
+    assert trunks["lab"].target_uri("sip:bob@example.com") == "sip:bob@example.com"
+
+
+def test_trunk_errors_name_the_key_never_the_secret(tmp_path: Path) -> None:
+    bad = [
+        ({"trunks": {"t": {"host": "h", "username": "u"}}}, "go together"),
+        ({"trunks": {"t": {"host": "h", "username": "u", "password_env": "NOPE"}}}, "NOPE"),
+        ({"trunks": {"t": {"host": "h", "transport": "sctp"}}}, "transport"),
+        ({"trunks": {"t": {"host": "h", "port": 70000}}}, "port"),
+        ({"trunks": {"t": {"host": "h", "pasword": SECRET}}}, "unknown keys"),
+        ({"trunks": {"t": {"host": "h", "username": "u", "password": SECRET,
+                           "password_env": "X"}}}, "one of"),
+        ({"trunks": {}}, "at least one"),
+    ]
+    for data, words in bad:
+        with pytest.raises(TrunkError) as e:
+            parse_trunks(data, env={})
+        assert words in str(e.value) and SECRET not in str(e.value)
+    f = tmp_path / "broken.json"
+    f.write_text('{"trunks": {"t": {"host": "h", "password": "' + SECRET + '",}}}')
+    with pytest.raises(TrunkError) as e:
+        load_trunks(f)
+    assert SECRET not in str(e.value)
+    pw = tmp_path / "pw.txt"
+    pw.write_text(SECRET + "\n")
+    g = tmp_path / "t.json"
+    g.write_text(json.dumps({"trunks": {"t": {"host": "h", "username": "u",
+                                               "password_file": "pw.txt"}}}))
+    creds = load_trunks(g)["t"].credentials
+    assert creds is not None and creds.password == SECRET
+
+
+# ---------------------------------------------------------------- offer / answer
+
+ANSWER = ("v=0\r\no=- 1 1 IN IP4 10.0.0.9\r\ns=-\r\nc=IN IP4 10.0.0.9\r\nt=0 0\r\n"
+          "m=audio 30000 {proto} {pt} 101\r\na=rtpmap:{pt} {name}/8000\r\n"
+          "a=rtpmap:101 telephone-event/8000\r\n{extra}a=sendrecv\r\n")
+
+
+async def test_relay_media_offers_g711_and_takes_the_answer() -> None:
+    media = RelayAnswerMedia("203.0.113.5", 40000)
+    assert isinstance(media, OutboundPhoneMedia)
+    got = await media.offer("rtc_sip_a", TRUNK_ADDR, "echo", {"type": "realtime"})
+    assert isinstance(got, MediaOffer)
+    assert "m=audio 40000 RTP/AVP 0 8 101\r\n" in got.sdp and "c=IN IP4 203.0.113.5" in got.sdp
+    assert "a=crypto" not in got.sdp
+    ans = await media.answered("rtc_sip_a", ANSWER.format(proto="RTP/AVP", pt=8, name="PCMA",
+                                                          extra="").encode())
+    assert isinstance(ans, MediaAnswer) and ans.plan.codec.name == "PCMA"
+    params = media.calls["rtc_sip_a"].params()
+    assert params.remote == ("10.0.0.9", 30000) and params.codec == "PCMA"
+    assert params.trunk_ip == "127.0.0.1" and params.srtp is None
+    await media.end("rtc_sip_a")
+    assert not media.calls and not media.offers
+
+
+async def test_relay_media_sdes_offer_keys_the_chosen_line() -> None:
+    media = RelayAnswerMedia("203.0.113.5", 40000)
+    got = await media.offer("rtc_sip_b", TRUNK_ADDR, "echo", {}, secure=True)
+    assert isinstance(got, MediaOffer)
+    lines = [ln for ln in got.sdp.split("\r\n") if ln.startswith("a=crypto:")]
+    assert "RTP/SAVP 0 8 101" in got.sdp and len(lines) == 2
+    ours = CryptoAttribute.parse_untrusted(lines[1])  # tag 2, the 32-bit tag suite
+    key = ours.build().split()[2]  # inline:<base64 key||salt>
+    assert key[len("inline:"):] not in repr(media.offers["rtc_sip_b"])  # keys never in a repr
+    theirs = "a=crypto:2 AES_CM_128_HMAC_SHA1_32 inline:" + "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVpBQkNE\r\n"
+    ans = await media.answered("rtc_sip_b", ANSWER.format(proto="RTP/SAVP", pt=0, name="PCMU",
+                                                          extra=theirs).encode())
+    assert isinstance(ans, MediaAnswer), ans
+    srtp = media.calls["rtc_sip_b"].params().srtp
+    assert srtp is not None and srtp.suite == "AES_CM_128_HMAC_SHA1_32"
+    assert srtp.local == ours.material  # our tag-2 key, the line the answer chose
+    assert srtp.remote == CryptoAttribute.parse_untrusted(theirs.strip()).material
+
+
+@pytest.mark.parametrize(("proto", "pt", "name", "extra", "words"), [
+    ("RTP/AVP", 18, "G729", "", "no common codec"),
+    ("RTP/SAVP", 0, "PCMU", "a=crypto:9 AES_CM_128_HMAC_SHA1_80 inline:"
+     "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVpBQkNE\r\n", "matches none"),
+    ("RTP/AVP", 0, "PCMU", "", "not SRTP"),
+])
+async def test_relay_media_refuses_unusable_answers(proto: str, pt: int, name: str, extra: str,
+                                                    words: str) -> None:
+    media = RelayAnswerMedia("203.0.113.5", 40000)
+    await media.offer("c", TRUNK_ADDR, "echo", {}, secure=words != "no common codec")
+    got = await media.answered("c", ANSWER.format(proto=proto, pt=pt, name=name,
+                                                  extra=extra).encode())
+    assert isinstance(got, MediaRefusal) and words in got.text and got.status == 488
+    assert "c" not in media.calls
+
+
+# ---------------------------------------------------------------- SipOutbound on a fake clock
+
+
+class FakeShell:
+    """SipService's part SipOutbound uses: the endpoint, drain() collecting what it sends,
+    connect() (never called for UDP trunks)."""
+
+    def __init__(self) -> None:
+        self.endpoint = SipEndpoint(EndpointConfig(host="127.0.0.1", port=5060))
+        self.host = "127.0.0.1"
+        self.sent: list[Request | Response] = []
+        self.outbound: SipOutbound | None = None
+        self._wake = trio.Event()
+
+    async def timers(self) -> None:
+        """sip_server.SipService.timers: the endpoint's transaction timers."""
+        ep = self.endpoint
+        while True:
+            deadline = ep.poll_timeout()
+            with trio.move_on_at(float("inf") if deadline is None else deadline):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            due = ep.poll_timeout()
+            if due is not None and due <= trio.current_time():
+                ep.handle_timeout(trio.current_time())
+                self.drain()
+
+    def drain(self) -> None:
+        self._wake.set()
+        while (out := self.endpoint.poll_output()) is not None:
+            if isinstance(out, Transmit):
+                assert out.addr == TRUNK_ADDR
+                msg = parse_untrusted(out.data)
+                assert isinstance(msg, Request | Response)
+                self.sent.append(msg)
+            else:
+                assert self.outbound is not None and self.outbound.on_event(out)
+
+    async def connect(self, *a: Any, **kw: Any) -> tuple[str, int]:
+        raise AssertionError("UDP trunks need no connection")
+
+    def requests(self, method: str) -> list[Request]:
+        return [m for m in self.sent if isinstance(m, Request) and m.method == method]
+
+    def reply(self, req: Request, status: int, reason: str, body: str = "",
+              extra: tuple[tuple[str, str], ...] = ()) -> None:
+        hs = [(k, v) for k, v in req.headers if k in ("Via", "From", "Call-ID", "CSeq")]
+        hs.append(("To", f"{req.get('To')};tag=callee1"))
+        hs.append(("Contact", "<sip:callee@127.0.0.1:5099>"))
+        hs.extend(extra)
+        if body:
+            hs.append(("Content-Type", "application/sdp"))
+        self.endpoint.handle_input(trio.current_time(), bytes(Response(status, reason,
+                                                                       tuple(hs), body.encode())),
+                                   TRUNK_ADDR)
+        self.drain()
+
+
+async def outbound(nursery: trio.Nursery, **trunk: Any
+                   ) -> tuple[SipOutbound, FakeShell, RelayAnswerMedia, list[tuple[str, Any]]]:
+    emitted: list[tuple[str, Any]] = []
+    state = SimpleNamespace(clock=trio.current_time,
+                            config=SimpleNamespace(realtime_agent="echo"),
+                            webhooks=SimpleNamespace(emit=lambda k, d: emitted.append((k, d))))
+    media = RelayAnswerMedia("127.0.0.1", 40000)
+    t = Trunk(name="t", host=TRUNK_ADDR[0], port=TRUNK_ADDR[1], **trunk)
+    ob = SipOutbound(cast(Any, state), {"t": t}, media)
+    shell = FakeShell()
+    shell.outbound = ob
+    ob.attach(shell, nursery)
+    nursery.start_soon(shell.timers)
+    return ob, shell, media, emitted
+
+
+async def wait_for(cond: Any) -> None:
+    """Poll a condition (the fake clock jumps while everything sleeps)."""
+    while True:
+        if cond():
+            return
+        await trio.sleep(0.1)
+
+
+@pytest.fixture
+def mock_clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+async def test_ring_timeout_cancels_and_reports_no_answer(nursery: trio.Nursery,
+                                                          mock_clock: trio.testing.MockClock) -> None:
+    ob, shell, media, _ = await outbound(nursery, ring_timeout=20.0)
+    call = await ob.place("1000", None, None, {"type": "realtime"})
+    await wait_for(lambda: shell.requests("INVITE"))
+    invite = shell.requests("INVITE")[0]
+    assert str(invite.uri) == "sip:1000@127.0.0.1:5099"
+    shell.reply(invite, 180, "Ringing")
+    assert ob.get(call.call_id).state == "ringing"
+    start = trio.current_time()
+    await wait_for(lambda: shell.requests("CANCEL"))
+    assert trio.current_time() - start == pytest.approx(20.0, abs=0.15)
+    view = ob.get(call.call_id).view()
+    assert view["status"] == "failed" and view["failure"]["code"] == "no_answer"
+    assert view["failure"]["status_code"] == 408
+    cancel = shell.requests("CANCEL")[0]
+    assert cancel.vias[0].branch == invite.vias[0].branch
+    shell.reply(cancel, 200, "OK")
+    shell.reply(invite, 487, "Request Terminated")
+    assert len(shell.requests("ACK")) == 1
+    await wait_for(lambda: not media.offers)
+
+
+async def test_no_response_at_all_is_timer_b(nursery: trio.Nursery,
+                                             mock_clock: trio.testing.MockClock) -> None:
+    ob, shell, _, _ = await outbound(nursery, ring_timeout=600.0)
+    call = await ob.place("1000", "t", None, {})
+    await wait_for(lambda: ob.get(call.call_id).state == "failed")
+    # Timer A retransmitted at .5, 1.5, 3.5, … ; Timer B ended it at 64·T1 = 32 s
+    assert len(shell.requests("INVITE")) == 7
+    assert ob.get(call.call_id).failure == {"status_code": 408, "reason": "Request Timeout",
+                                            "code": "unreachable"}
+
+
+async def test_busy_and_answer_and_unusable_answer(nursery: trio.Nursery,
+                                                   mock_clock: trio.testing.MockClock) -> None:
+    ob, shell, media, emitted = await outbound(nursery)
+    busy = await ob.place("1", None, None, {})
+    await wait_for(lambda: shell.requests("INVITE"))
+    shell.reply(shell.requests("INVITE")[-1], 486, "Busy Here")
+    assert ob.get(busy.call_id).failure == {"status_code": 486, "reason": "Busy Here",
+                                            "code": "busy"}
+    assert shell.requests("ACK")  # the transaction ACKed the 486
+
+    good = await ob.place("2", None, "echo", {"model": "gpt-realtime"})
+    await wait_for(lambda: len(shell.requests("INVITE")) == 2)
+    shell.reply(shell.requests("INVITE")[-1], 200, "OK",
+                ANSWER.format(proto="RTP/AVP", pt=0, name="PCMU", extra=""))
+    await wait_for(lambda: ob.get(good.call_id).state == "active")
+    assert good.call_id in media.calls
+    assert emitted[-1][0] == "realtime.call.started"
+    assert emitted[-1][1]["direction"] == "outbound"
+    ob.hangup(good.call_id)
+    assert shell.requests("BYE")
+    bye = shell.requests("BYE")[-1]
+    shell.endpoint.handle_input(trio.current_time(), bytes(Response(
+        200, "OK", tuple((k, v) for k, v in bye.headers if k in ("Via", "From", "To", "Call-ID",
+                                                                  "CSeq")))), TRUNK_ADDR)
+    shell.drain()
+    assert ob.get(good.call_id).state == "ended" and ob.get(good.call_id).hung_up_by == "api"
+    assert emitted[-1][0] == "realtime.call.ended"
+
+    odd = await ob.place("3", None, None, {})
+    await wait_for(lambda: len(shell.requests("INVITE")) == 3)
+    shell.reply(shell.requests("INVITE")[-1], 200, "OK",
+                ANSWER.format(proto="RTP/AVP", pt=18, name="G729", extra=""))
+    await wait_for(lambda: len(shell.requests("BYE")) == 2)  # the dialog exists: BYE it
+    failure = ob.get(odd.call_id).failure
+    assert failure is not None and failure["code"] == "media_refused"
+    assert ob.get(odd.call_id).state in ("answering", "failed")
+
+
+async def test_place_checks_its_input(nursery: trio.Nursery) -> None:
+    ob, _, _, _ = await outbound(nursery)
+    for args, code in [(("x y", None), "invalid_to"), (("1", "nope"), "trunk_not_found")]:
+        with pytest.raises(OutboundError) as e:
+            await ob.place(args[0], args[1], None, {})
+        assert e.value.code == code
+    with pytest.raises(OutboundError) as e:
+        await ob.place("1", None, None, {}, {"Authorization": "x"})
+    assert e.value.code == "invalid_headers"
+    assert failure_code(486) == "busy" and failure_code(502) == "trunk_error"
+    assert failure_code(606) == "declined" and failure_code(410) == "rejected"
+
+
+# ---------------------------------------------------------------- digest challenge parser
+
+
+@given(st.text(max_size=300))
+def test_challenge_parser_raises_only_sip_error(text: str) -> None:
+    try:
+        ch = digest.parse_challenge_untrusted(text)
+    except SipError:
+        return
+    assert ch.realm is not None and ch.nonce is not None
+    creds = digest.Credentials("u", "\x00never-sent\x00")
+    if digest.usable(ch):
+        value = digest.authorization(ch, creds, "INVITE", "sip:x@y", cnonce="c")
+        assert value.startswith("Digest ") and creds.password not in value
+
+
+@given(st.sampled_from(["MD5", "SHA-256", "MD5-sess", "SHA-256-sess"]),
+       st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7e, blacklist_characters='"\\'),
+               min_size=1, max_size=40))
+def test_challenge_round_trip(algorithm: str, nonce: str) -> None:
+    value = f'Digest realm="r.example", nonce="{nonce}", qop="auth,auth-int", algorithm={algorithm}'
+    try:
+        ch = digest.parse_challenge_untrusted(value)
+    except SipError:
+        assert "," in nonce or '"' in nonce
+        return
+    assert ch.nonce == nonce and ch.algorithm == algorithm and digest.usable(ch)
