@@ -14,7 +14,7 @@ from typing import Any, cast
 import pytest
 import trio
 import trio.testing
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from appliance.proto.sdp.sdes import CryptoAttribute
@@ -322,7 +322,18 @@ async def test_place_checks_its_input(nursery: trio.Nursery) -> None:
 # ---------------------------------------------------------------- digest challenge parser
 
 
-@given(st.text(max_size=300))
+_PARAM = st.sampled_from(["realm", "nonce", "qop", "algorithm", "opaque", "stale", "x"])
+_VALUE = st.one_of(st.text(max_size=20), st.sampled_from(['"auth"', "MD5", "SHA-256", '""',
+                                                          '"a,b"', '"\\"', "true"]))
+_CHALLENGES = st.one_of(
+    st.text(max_size=300),
+    st.lists(st.tuples(_PARAM, _VALUE), max_size=8).map(
+        lambda ps: "Digest " + ", ".join(f"{k}={v}" for k, v in ps)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_CHALLENGES)
 def test_challenge_parser_raises_only_sip_error(text: str) -> None:
     try:
         ch = digest.parse_challenge_untrusted(text)
