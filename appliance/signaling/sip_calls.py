@@ -140,6 +140,11 @@ class SipCalls:
         self._shell, self._nursery = shell, nursery
 
     @property
+    def running(self) -> Shell | None:
+        """The shell once serve_sip runs (the metrics read its counters), else None."""
+        return self._shell
+
+    @property
     def shell(self) -> Shell:
         if self._shell is None:
             raise CallError(503, "sip_not_running", "the SIP listener is not running")

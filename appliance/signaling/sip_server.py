@@ -116,6 +116,11 @@ class SipService:
     def _count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
 
+    @property
+    def connections(self) -> int:
+        """TCP/TLS connections open now (accepted and dialed)."""
+        return len(self._conns)
+
     # -- the one way into the endpoint --------------------------------------------------------
 
     def input(self, data: bytes, addr: Addr, transport: str) -> None:

@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 from sip.support import (
@@ -78,6 +79,12 @@ async def phone_with_trunk(nursery: trio.Nursery, tmp_path: Path, transport: str
     return phone, port
 
 
+def metrics(phone: Phone) -> str:
+    r = httpx.get(phone.base_url + "/metrics", timeout=TIMEOUT)
+    r.raise_for_status()
+    return r.text
+
+
 def place(phone: Phone, **body: Any) -> Any:
     return phone.client().post("/realtime/calls/sip", body=body, cast_to=object)
 
@@ -134,6 +141,25 @@ async def test_busy_callee_is_a_clear_failure(nursery: trio.Nursery, tmp_path: P
     assert code == 0, out  # the 486 was ACKed
     assert view["status"] == "failed"
     assert view["failure"] == {"status_code": 486, "reason": "Busy Here", "code": "busy"}
+    text = await trio.to_thread.run_sync(metrics, phone)
+    assert 'appliance_sip_calls_total{direction="outbound",event="failed-busy"} 1' in text
+    assert 'appliance_sip_calls_total{direction="outbound",event="placed"} 1' in text
+    assert 'appliance_sip_calls{direction="outbound"} 0' in text
+
+
+async def test_sip_counters_reach_metrics(nursery: trio.Nursery, tmp_path: Path) -> None:
+    phone, _ = await phone_with_trunk(nursery, tmp_path)
+    with trio.socket.socket(type=socket.SOCK_DGRAM) as s:
+        await s.sendto(b"NOT SIP AT ALL\r\n\r\n", phone.sip)
+        with trio.fail_after(TIMEOUT):
+            while True:
+                text = await trio.to_thread.run_sync(metrics, phone)
+                if 'appliance_sip_endpoint_total{event="malformed"} 1' in text:
+                    break
+                await trio.sleep(0.05)
+    assert "# TYPE appliance_sip_endpoint_total counter" in text
+    assert 'appliance_sip_transactions{kind="server"} 0' in text
+    assert "appliance_sip_connections 0" in text and "appliance_sip_pending_invites 0" in text
 
 
 async def test_no_answer_cancels_and_reports_408(nursery: trio.Nursery, tmp_path: Path) -> None:

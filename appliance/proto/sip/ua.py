@@ -326,6 +326,12 @@ class SipEndpoint:
         #: drop and refusal reasons -> count (the shell exports them as metrics)
         self.counters: Counter[str] = Counter()
 
+    def stats(self) -> dict[str, int]:
+        """Table sizes for the metrics (gauges; ``counters`` holds the totals)."""
+        return {"server_transactions": len(self._server),
+                "client_transactions": len(self._client), "calls": len(self._calls),
+                "pending_invites": self._active_invites()}
+
     # ------------------------------------------------------------ house verbs
 
     def poll_output(self) -> Output | None:
