@@ -18,7 +18,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from appliance.proto.sdp.sdes import CryptoAttribute
-from appliance.proto.sip import EndpointConfig, Request, Response, SipEndpoint, Transmit
+from appliance.proto.sip import (
+    CallAnswered,
+    CallEnded,
+    CallProgress,
+    Decision,
+    EndpointConfig,
+    Request,
+    Response,
+    SipEndpoint,
+    Transmit,
+)
 from appliance.proto.sip import auth as digest
 from appliance.proto.sip.errors import SipError
 from appliance.proto.sip.message import parse_untrusted
@@ -357,3 +367,56 @@ def test_challenge_round_trip(algorithm: str, nonce: str) -> None:
         assert "," in nonce or '"' in nonce
         return
     assert ch.nonce == nonce and ch.algorithm == algorithm and digest.usable(ch)
+
+
+# ---------------------------------------------------------------- a trunk outside --sip-allow
+
+
+def test_called_trunk_is_served_only_for_its_calls() -> None:
+    """--sip-drop-refused and a trunk not in --sip-allow: the answers to our INVITE and the
+    callee's BYE are served; a new INVITE from the same address is still dropped, and
+    once the call is over so is everything else from it."""
+    trunk = ("198.51.100.7", 5060)
+    ep = SipEndpoint(EndpointConfig(host="127.0.0.1", allow=lambda ip: Decision.DROP))
+    sip_id = ep.invite(0.0, "sip:1000@198.51.100.7", "sip:me@example.com", b"", trunk)
+
+    def out() -> tuple[list[Request | Response], list[object]]:
+        sent: list[Request | Response] = []
+        events: list[object] = []
+        while (o := ep.poll_output()) is not None:
+            if isinstance(o, Transmit):
+                m = parse_untrusted(o.data)
+                assert isinstance(m, Request | Response)
+                sent.append(m)
+            else:
+                events.append(o)
+        return sent, events
+
+    (invite,), _ = out()
+    assert isinstance(invite, Request)
+
+    def answer(status: int, reason: str) -> bytes:
+        hs = [(k, v) for k, v in invite.headers if k in ("Via", "From", "Call-ID", "CSeq")]
+        hs += [("To", f"{invite.get('To')};tag=t1"), ("Contact", "<sip:1000@198.51.100.7>")]
+        return bytes(Response(status, reason, tuple(hs)))
+
+    ep.handle_input(1.0, answer(180, "Ringing"), trunk)
+    assert out()[1] == [CallProgress(sip_id, 180, "Ringing")]
+    stranger = (b"INVITE sip:x@127.0.0.1 SIP/2.0\r\nVia: SIP/2.0/UDP 198.51.100.7;branch=z9hG4bKs\r\n"
+                b"From: <sip:a@b>;tag=1\r\nTo: <sip:x@127.0.0.1>\r\nCall-ID: s1\r\n"
+                b"CSeq: 1 INVITE\r\nContent-Length: 0\r\n\r\n")
+    ep.handle_input(1.5, stranger, trunk)
+    assert out() == ([], []) and ep.counters["dropped-source"] == 1
+    ep.handle_input(2.0, answer(200, "OK"), trunk)
+    sent, events = out()
+    assert [m.method for m in sent if isinstance(m, Request)] == ["ACK"]
+    assert events == [CallAnswered(sip_id, b"")]
+    bye = (f"BYE sip:me@127.0.0.1 SIP/2.0\r\nVia: SIP/2.0/UDP 198.51.100.7;branch=z9hG4bKb\r\n"
+           f"From: {invite.get('To')};tag=t1\r\nTo: {invite.get('From')}\r\n"
+           f"Call-ID: {invite.call_id}\r\nCSeq: 5 BYE\r\nContent-Length: 0\r\n\r\n").encode()
+    ep.handle_input(3.0, bye, trunk)
+    sent, events = out()
+    assert [m.status for m in sent if isinstance(m, Response)] == [200]
+    assert events == [CallEnded(sip_id, "bye", "remote")]
+    ep.handle_input(4.0, answer(200, "OK"), trunk)  # the call is gone: silence again
+    assert out() == ([], []) and ep.counters["dropped-source"] == 2
