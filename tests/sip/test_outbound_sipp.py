@@ -222,3 +222,34 @@ async def test_place_refuses_bad_requests(nursery: trio.Nursery, tmp_path: Path)
     assert (await trio.to_thread.run_sync(lambda: status_of(to=5)))[0] == 400
     assert (await trio.to_thread.run_sync(
         lambda: status_of(to="+1555", headers={"Via": "evil"})))[0] == 400
+
+
+async def test_outbound_over_tls_into_our_own_listener(nursery: trio.Nursery,
+                                                       tmp_path: Path) -> None:
+    """SIPp here has no TLS, so the callee is the appliance's own ``--sip-tls`` listener:
+    the outbound INVITE goes out over a verified TLS connection (our self-signed certificate
+    as the trunk's CA), rings as an incoming call, is accepted over HTTP, and the caller
+    side becomes active; hanging up the outbound side ends both."""
+    from appliance.signaling.tls import ensure_self_signed
+
+    cert, key, _ = ensure_self_signed(tmp_path / "tls", ["127.0.0.1"])
+    tls_port = free_port(socket.SOCK_STREAM)
+    t = Trunk(name="self", host="127.0.0.1", port=tls_port, transport="tls", tls_ca=cert,
+              from_user="loop")
+    phone = await start_phone(nursery, tmp_path, trunks={"self": t},
+                              tls=("127.0.0.1", tls_port), tls_cert=cert, tls_key=key)
+    assert phone.receiver is not None
+    with trio.fail_after(TIMEOUT):
+        call = await trio.to_thread.run_sync(lambda: place(phone, to="agent"))
+        ev = await phone.receiver.wait_for("realtime.call.incoming")
+        inbound = ev["data"]["call_id"]
+        via = next(h["value"] for h in ev["data"]["sip_headers"] if h["name"] == "Via")
+        assert via.startswith("SIP/2.0/TLS ")
+        await trio.to_thread.run_sync(lambda: phone.client().realtime.calls.accept(
+            inbound, type="realtime", model="gpt-realtime"))
+        view = await until_status(phone, call["id"], "active", "failed", "ended")
+        assert view["status"] == "active", view
+        await trio.to_thread.run_sync(hangup, phone, call["id"])
+        view = await until_status(phone, call["id"], "ended", "failed")
+        other = await until_status(phone, inbound, "ended")
+    assert view["hung_up_by"] == "api" and other["end_reason"] == "bye"
