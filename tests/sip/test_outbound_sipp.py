@@ -253,3 +253,32 @@ async def test_outbound_over_tls_into_our_own_listener(nursery: trio.Nursery,
         view = await until_status(phone, call["id"], "ended", "failed")
         other = await until_status(phone, inbound, "ended")
     assert view["hung_up_by"] == "api" and other["end_reason"] == "bye"
+
+
+def load_example() -> Any:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "outbound_call.py"
+    spec = importlib.util.spec_from_file_location("outbound_call_example", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example
+
+
+async def test_the_outbound_example_places_and_hangs_up(nursery: trio.Nursery,
+                                                        tmp_path: Path) -> None:
+    """examples/outbound_call.py against SIPp (digest-challenging callee): answered, then
+    hung up by the example, which returns the ended call."""
+    example = load_example()
+    phone, port = await phone_with_trunk(nursery, tmp_path, username="alice", password=PASSWORD)
+    lines: list[str] = []
+    with trio.fail_after(TIMEOUT):
+        callee = await start_callee(nursery, "uas_auth.xml", port, "u1", tmp_path)
+        call = await trio.to_thread.run_sync(lambda: example.follow_call(
+            phone.client(), "2000", trunk="test", hangup_after=0.0, poll=0.05,
+            timeout=TIMEOUT, say=lines.append))
+        code, out = await callee.result()
+    assert code == 0, out
+    assert call["status"] == "ended" and call["answered_at"] is not None, (call, lines)
+    assert any(": active" in ln for ln in lines) and "ended by api" in lines[-1], lines
