@@ -22,7 +22,9 @@ the transceiver side plugs in without a change to sip_calls.py.
 our key from ``secrets``), and answers with the relay's public media address and port (the
 one WebRTC calls use, ADR: address-keyed flows on the media port). It keeps each call's
 plan and keys for the transceiver op; until that op exists the answer names a port on which
-no leg listens yet (docs/sip.md "What is left").
+no leg listens yet (docs/sip.md "What is left"). For the calls we place it is also the
+:class:`OutboundPhoneMedia`: our G.711 offer (SDES keys when the trunk wants ``RTP/SAVP``)
+and the check of the callee's answer.
 """
 
 from __future__ import annotations
@@ -110,6 +112,10 @@ class OutboundPhoneMedia(Protocol):
     async def answered(self, call_id: str, answer_sdp: bytes) -> MediaAnswer | MediaRefusal:
         """The callee's answer: start the media and the agent, or say why not (the call is
         then hung up)."""
+        ...
+
+    async def update(self, call_id: str, offer_sdp: bytes) -> MediaAnswer | MediaRefusal:
+        """The callee's re-INVITE, as :meth:`PhoneMedia.update`."""
         ...
 
     async def end(self, call_id: str) -> None: ...

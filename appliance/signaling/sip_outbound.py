@@ -29,16 +29,19 @@ import secrets
 import ssl
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from ..proto.sdp.phone import PhoneRefusal, warning_header
 from ..proto.sip import (
     CallAnswered,
     CallEnded,
     CallFailed,
     CallProgress,
+    Dtmf,
+    ReInvite,
     SipEndpoint,
     SipError,
     SipUsageError,
@@ -109,6 +112,7 @@ class OutboundCall:
     hung_up_by: str | None = None
     failure: dict[str, Any] | None = None
     progress: int | None = None  # last provisional status (180, 183)
+    dtmf: list[str] = field(default_factory=list)  # SIP INFO digits from the callee
 
     def view(self) -> dict[str, Any]:
         return {"id": self.call_id, "object": "realtime.call", "transport": "sip",
@@ -116,7 +120,8 @@ class OutboundCall:
                 "trunk": self.trunk, "agent": self.agent, "created_at": self.created_at,
                 "started_at": self.started_at, "ended_at": self.ended_at,
                 "end_reason": self.end_reason, "hung_up_by": self.hung_up_by,
-                "failure": self.failure, "progress": self.progress}
+                "failure": self.failure, "progress": self.progress,
+                "dtmf": "".join(self.dtmf[-64:])}
 
 
 class SipOutbound:
@@ -205,6 +210,15 @@ class SipOutbound:
 
     async def _dial(self, call: OutboundCall, trunk: Trunk, target: str,
                     extra: tuple[tuple[str, str], ...]) -> None:
+        try:
+            await self._dial_inner(call, trunk, target, extra)
+        except Exception:  # a bug (or a media backend's) must not take the SIP service down
+            log.exception("sip: placing outbound call %s failed", call.call_id)
+            self._fail(call, 500, "internal error placing the call", "local_error")
+            self._hangup_quietly(call)
+
+    async def _dial_inner(self, call: OutboundCall, trunk: Trunk, target: str,
+                          extra: tuple[tuple[str, str], ...]) -> None:
         media = self.media
         assert media is not None
         try:
@@ -296,6 +310,18 @@ class SipOutbound:
             self._settle(call)
             by = "callee" if ev.by == "remote" else call.hung_up_by or "server"
             self._ended(call, ev.reason, by)
+        elif isinstance(ev, Dtmf):
+            call.dtmf.append(ev.digit)
+            del call.dtmf[:-256]
+        elif isinstance(ev, ReInvite):
+            assert self._nursery is not None
+            if call.state == "active":
+                self._nursery.start_soon(self._reinvite, call, ev.offer_sdp)
+            else:  # §14.2: not before the call is up (the core answers 500 before the ACK)
+                try:
+                    self.shell.endpoint.reject_reinvite(trio.current_time(), call.sip_id, 491)
+                except SipUsageError:
+                    pass
         else:
             self._count(f"event-{type(ev).__name__}")
         return True
@@ -307,9 +333,14 @@ class SipOutbound:
 
     async def _answered(self, call: OutboundCall, answer: bytes) -> None:
         assert self.media is not None
-        got = await self.media.answered(call.call_id, answer)
+        try:
+            got = await self.media.answered(call.call_id, answer)
+        except Exception:
+            log.exception("sip: media for outbound call %s failed", call.call_id)
+            got = MediaRefusal(500, "media could not be started")
         if call.state != "answering":
-            return  # ended while media was set up (_ended ends the media)
+            await self.media.end(call.call_id)  # ended while media was set up
+            return
         if isinstance(got, MediaRefusal):
             # the callee's answer is unusable: the dialog exists, so BYE it
             self._count("answer-refused")
@@ -338,6 +369,35 @@ class SipOutbound:
             self._ended(call, "hangup", "api")
             return
         self._hangup_core(call)
+
+    def _hangup_quietly(self, call: OutboundCall) -> None:
+        if call.sip_id and self._shell is not None:
+            try:
+                self._shell.endpoint.hangup(trio.current_time(), call.sip_id)
+            except SipUsageError:
+                return
+            self._shell.drain()
+
+    async def _reinvite(self, call: OutboundCall, offer: bytes) -> None:
+        """The callee's re-INVITE (hold, unhold, a new address): the media's new answer."""
+        assert self.media is not None
+        try:
+            got = await self.media.update(call.call_id, offer)
+        except Exception:
+            log.exception("sip: re-INVITE of outbound call %s failed", call.call_id)
+            got = MediaRefusal(500, "media could not be updated")
+        if call.state != "active" or self._shell is None:
+            return
+        ep, now = self._shell.endpoint, trio.current_time()
+        try:
+            if isinstance(got, MediaRefusal):
+                ep.reject_reinvite(now, call.sip_id, 488, warning=warning_header(
+                    self._shell.host, PhoneRefusal(got.text)))
+            else:
+                ep.answer_reinvite(now, call.sip_id, got.sdp.encode())
+        except SipUsageError:
+            return
+        self._shell.drain()
 
     def _hangup_core(self, call: OutboundCall) -> None:
         try:

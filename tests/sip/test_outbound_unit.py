@@ -420,3 +420,59 @@ def test_called_trunk_is_served_only_for_its_calls() -> None:
     assert events == [CallEnded(sip_id, "bye", "remote")]
     ep.handle_input(4.0, answer(200, "OK"), trunk)  # the call is gone: silence again
     assert out() == ([], []) and ep.counters["dropped-source"] == 2
+
+
+def in_dialog(invite: Request, method: str, seq: int, body: str = "",
+              ctype: str = "application/sdp") -> bytes:
+    """A request from the callee inside the dialog of our INVITE (To/From swapped)."""
+    hdr = "" if not body else f"Content-Type: {ctype}\r\n"
+    return (f"{method} sip:me@127.0.0.1:5060 SIP/2.0\r\n"
+            f"Via: SIP/2.0/UDP 127.0.0.1:5099;branch=z9hG4bK{method.lower()}{seq}\r\n"
+            f"From: {invite.get('To')};tag=callee1\r\nTo: {invite.get('From')}\r\n"
+            f"Call-ID: {invite.call_id}\r\nCSeq: {seq} {method}\r\n"
+            f"Contact: <sip:callee@127.0.0.1:5099>\r\n{hdr}"
+            f"Content-Length: {len(body.encode())}\r\n\r\n{body}").encode()
+
+
+async def test_callee_hold_reinvite_and_dtmf(nursery: trio.Nursery,
+                                             mock_clock: trio.testing.MockClock) -> None:
+    ob, shell, _, _ = await outbound(nursery)
+    call = await ob.place("1", None, None, {})
+    await wait_for(lambda: shell.requests("INVITE"))
+    invite = shell.requests("INVITE")[0]
+    shell.reply(invite, 200, "OK", ANSWER.format(proto="RTP/AVP", pt=0, name="PCMU", extra=""))
+    await wait_for(lambda: ob.get(call.call_id).state == "active")
+    hold = ANSWER.format(proto="RTP/AVP", pt=0, name="PCMU", extra="").replace(
+        "a=sendrecv", "a=sendonly")
+    shell.endpoint.handle_input(trio.current_time(), in_dialog(invite, "INVITE", 2, hold),
+                                TRUNK_ADDR)
+    shell.drain()
+    await wait_for(lambda: any(isinstance(m, Response) and m.status == 200
+                               and m.cseq.method == "INVITE" for m in shell.sent))
+    ok = next(m for m in shell.sent if isinstance(m, Response) and m.status == 200)
+    assert b"a=recvonly" in ok.body  # the media's answer to the hold
+    shell.endpoint.handle_input(trio.current_time(), in_dialog(
+        invite, "INFO", 3, "Signal=7\r\nDuration=160\r\n", "application/dtmf-relay"),
+        TRUNK_ADDR)
+    shell.drain()
+    assert ob.get(call.call_id).view()["dtmf"] == "7"
+
+
+class BrokenMedia(RelayAnswerMedia):
+    async def answered(self, call_id: str, answer_sdp: bytes) -> MediaAnswer | MediaRefusal:
+        raise RuntimeError("the media backend broke")
+
+
+async def test_a_broken_media_backend_fails_the_call_not_the_service(
+        nursery: trio.Nursery, mock_clock: trio.testing.MockClock) -> None:
+    ob, shell, _, _ = await outbound(nursery)
+    ob.media = BrokenMedia("127.0.0.1", 40000)
+    call = await ob.place("1", None, None, {})
+    await wait_for(lambda: shell.requests("INVITE"))
+    shell.reply(shell.requests("INVITE")[0], 200, "OK",
+                ANSWER.format(proto="RTP/AVP", pt=0, name="PCMU", extra=""))
+    await wait_for(lambda: shell.requests("BYE"))
+    failure = ob.get(call.call_id).failure
+    assert failure is not None and failure["status_code"] == 500
+    second = await ob.place("2", None, None, {})  # still serving
+    assert second.state == "dialing"
