@@ -476,3 +476,28 @@ async def test_a_broken_media_backend_fails_the_call_not_the_service(
     assert failure is not None and failure["status_code"] == 500
     second = await ob.place("2", None, None, {})  # still serving
     assert second.state == "dialing"
+
+
+def test_trunk_rate_and_invite_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from appliance.signaling.options import add_sip_arguments, sip_settings
+
+    f = tmp_path / "trunks.json"
+    f.write_text(json.dumps({"trunks": {"a": {"host": "192.0.2.9", "username": "u",
+                                              "password_env": "OB_TEST_PW"}}}))
+    monkeypatch.setenv("OB_TEST_PW", SECRET)
+    parser = argparse.ArgumentParser()
+    add_sip_arguments(parser)
+    got = sip_settings(parser.parse_args(["--sip", "127.0.0.1:0", "--sip-trunks", str(f),
+                                          "--sip-rate", "5", "--sip-max-invites", "3"]), [])
+    assert got is not None and got.rate == 5 and got.max_invites == 3
+    creds = got.trunks["a"].credentials
+    assert creds is not None and creds.password == SECRET and SECRET not in repr(got)
+    with pytest.raises(ValueError, match="needs --sip"):
+        sip_settings(parser.parse_args(["--sip-trunks", str(f)]), [])
+    with pytest.raises(ValueError, match="--sip-rate"):
+        sip_settings(parser.parse_args(["--sip", "127.0.0.1:0", "--sip-rate", "0"]), [])
+    monkeypatch.delenv("OB_TEST_PW")
+    with pytest.raises(ValueError, match="OB_TEST_PW"):
+        sip_settings(parser.parse_args(["--sip", "127.0.0.1:0", "--sip-trunks", str(f)]), [])
