@@ -223,7 +223,9 @@ class SipOutbound:
         assert media is not None
         try:
             if trunk.transport == "udp":
-                infos = await trio.socket.getaddrinfo(trunk.host, trunk.port,
+                # the family of our UDP socket: a dual-stack name's AAAA first would not do
+                family = trio.socket.AF_INET6 if ":" in self.shell.host else trio.socket.AF_INET
+                infos = await trio.socket.getaddrinfo(trunk.host, trunk.port, family=family,
                                                       type=trio.socket.SOCK_DGRAM)
                 if not infos:
                     raise OSError("no address")

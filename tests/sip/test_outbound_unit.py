@@ -501,3 +501,31 @@ def test_trunk_rate_and_invite_flags(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("OB_TEST_PW")
     with pytest.raises(ValueError, match="OB_TEST_PW"):
         sip_settings(parser.parse_args(["--sip", "127.0.0.1:0", "--sip-trunks", str(f)]), [])
+
+
+_SDP_LINES = st.sampled_from([
+    "v=0", "o=- 1 1 IN IP4 10.0.0.9", "s=-", "c=IN IP4 10.0.0.9", "c=IN IP4 0.0.0.0", "t=0 0",
+    "m=audio 30000 RTP/AVP 0 101", "m=audio 30000 RTP/SAVP 8", "m=audio 0 RTP/AVP 0",
+    "m=video 4000 RTP/AVP 96", "a=rtpmap:0 PCMU/8000", "a=rtpmap:8 PCMA/8000",
+    "a=rtpmap:101 telephone-event/8000", "a=rtcp-mux", "a=rtcp:abc", "a=sendonly",
+    "a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVpBQkNE",
+    "a=crypto:2 AES_CM_128_HMAC_SHA1_32 inline:!!", "a=crypto:x", "m=audio 99999 RTP/AVP 0",
+])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=400),
+                 st.lists(st.one_of(_SDP_LINES, st.text(max_size=40)), max_size=14).map(
+                     lambda ls: ("\r\n".join(ls) + "\r\n").encode("utf-8", "replace"))),
+       st.booleans())
+def test_any_callee_answer_is_taken_or_refused(answer: bytes, secure: bool) -> None:
+    """The callee's SDP is untrusted: answered() gives MediaAnswer or MediaRefusal, never
+    raises, and keeps nothing for a refused answer."""
+    async def run() -> object:
+        media = RelayAnswerMedia("127.0.0.1", 40000)
+        await media.offer("c", TRUNK_ADDR, "echo", {}, secure=secure)
+        got = await media.answered("c", answer)
+        assert isinstance(got, MediaAnswer) == ("c" in media.calls)
+        return got
+
+    assert isinstance(trio.run(run), MediaAnswer | MediaRefusal)
