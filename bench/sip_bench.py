@@ -22,6 +22,12 @@ the no-transceiver answerer (phone_media.RelayAnswerMedia): no RTP is timed here
 
     .venv/bin/python bench/sip_bench.py --calls 300
     .venv/bin/python bench/sip_bench.py --calls 100 --sipp-seconds 10
+
+``--core N`` times only the sans-IO core (two endpoints in process, N whole calls) and
+counts its Python function calls per call (cProfile): a figure that, unlike wall time, does
+not move with the load of a shared box.
+
+    .venv/bin/python bench/sip_bench.py --core 200
 """
 
 from __future__ import annotations
@@ -243,12 +249,64 @@ async def sipp_run(seconds: int, rate: int, tmp: Path) -> tuple[int, str]:
     return proc.returncode, summary
 
 
+def core_calls(n: int) -> float:
+    """``--core N``: N whole calls (INVITE, 100, 180, 200, ACK, BYE, 200) between two
+    sans-IO endpoints in this process, no sockets, no trio: the SIP core's own cost. Returns
+    seconds per call; under callgrind, ``--core N`` minus ``--core 0`` is the instructions."""
+    import time
+
+    a_addr, b_addr = ("127.0.0.1", 5060), ("127.0.0.2", 5062)
+    a = SipEndpoint(EndpointConfig(host=a_addr[0], port=a_addr[1]))
+    b = SipEndpoint(EndpointConfig(host=b_addr[0], port=b_addr[1], rate=1e9, burst=1e9))
+    now = 1000.0
+
+    def pump() -> list[object]:
+        events: list[object] = []
+        moved = True
+        while moved:
+            moved = False
+            for ep, src in ((a, a_addr), (b, b_addr)):
+                while (out := ep.poll_output()) is not None:
+                    moved = True
+                    if isinstance(out, Transmit):
+                        (b if out.addr == b_addr else a).handle_input(now, out.data, src)
+                    else:
+                        events.append(out)
+        return events
+
+    from appliance.proto.sip import IncomingCall
+    t0 = time.perf_counter()
+    for _ in range(n):
+        cid = a.invite(now, "sip:agent@127.0.0.2:5062", "sip:bench@127.0.0.1", OFFER, b_addr)
+        inc = next(e for e in pump() if isinstance(e, IncomingCall))
+        b.ringing(now, inc.call_id)
+        b.accept(now, inc.call_id, OFFER)
+        pump()
+        a.hangup(now, cid)
+        pump()
+        now += 0.001
+    return (time.perf_counter() - t0) / max(n, 1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--sipp-seconds", type=int, default=0)
     ap.add_argument("--sipp-rate", type=int, default=20)
+    ap.add_argument("--core", type=int, default=None, metavar="N",
+                    help="only the sans-IO core: N calls between two endpoints in process")
     args = ap.parse_args()
+    if args.core is not None:
+        import cProfile
+        import pstats
+
+        per = core_calls(args.core)
+        prof = cProfile.Profile()
+        prof.runcall(core_calls, args.core)
+        calls = pstats.Stats(prof).total_calls  # type: ignore[attr-defined]
+        print(f"core: {args.core} calls, {per * 1e6:.0f} µs per call (both endpoints), "
+              f"{calls / max(args.core, 1):.0f} Python function calls per call")
+        return
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         got = trio.run(measure, args.calls, tmp)
