@@ -255,7 +255,8 @@ def create_app(state: SignalingState) -> QuartTrio:
         authorize(sessions=False)
         await state.refresh()
         await state.list_sessions()  # the sessions' datachannels objects, fresh
-        return Response(metrics.render(state), status=200, content_type=metrics.CONTENT_TYPE)
+        return Response(metrics.render(state, app.extensions.get(sip_http.EXTENSION)),
+                        status=200, content_type=metrics.CONTENT_TYPE)
 
     # -- web UI ---------------------------------------------------------------------------
 

@@ -21,6 +21,13 @@ Families:
   ``…_opus_complexity``, and signaling's ``…_headroom_ratio``, ``…_room_calls``,
   ``…_call_cost_ratio``; ``appliance_admission_refused_total`` (POSTs answered 503
   ``overloaded``);
+* phone calls (``--sip``; docs/sip.md "Metrics"): ``appliance_sip_endpoint_total{event}``
+  (the SIP core's refusals and drops: ``malformed``, ``refused-source``, ``dropped-source``,
+  ``rate-limited``, ``invite-cap``, ``table-full``, ``too-large-to-answer``, …),
+  ``appliance_sip_shell_total{event}`` (sockets and connections), ``appliance_sip_calls_total
+  {direction,event}`` (call control's counts: placed, answered, failed-busy, rejected-488,
+  …), and gauges ``appliance_sip_calls{direction}``, ``appliance_sip_transactions{kind}``,
+  ``appliance_sip_pending_invites``, ``appliance_sip_connections``;
 * ``appliance_relay_flows{worker}``, ``appliance_process_up{role,id}``,
   ``appliance_process_restarts_total{role,id}``, ``appliance_http_responses_total{code}``.
 """
@@ -34,6 +41,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .histogram import BUCKETS
+from .sip_calls import SipCalls
+from .sip_server import SipService
 from .state import SignalingState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -219,7 +228,44 @@ def _render_load(fams: _Families, state: SignalingState) -> None:
              state.admission.refused)
 
 
-def render(state: SignalingState) -> str:
+def _render_sip(fams: _Families, calls: SipCalls) -> None:
+    total = "counter"
+    for event, n in sorted(calls.counters.items()):
+        fams.add("appliance_sip_calls_total", total, "Phone call control events, by kind.",
+                 {"direction": "inbound", "event": event}, n)
+    ob = calls.outbound
+    if ob is not None:
+        for event, n in sorted(ob.counters.items()):
+            fams.add("appliance_sip_calls_total", total, "Phone call control events, by kind.",
+                     {"direction": "outbound", "event": event}, n)
+    fams.add("appliance_sip_calls", "gauge", "Phone calls in progress.",
+             {"direction": "inbound"}, len(calls.calls))
+    fams.add("appliance_sip_calls", "gauge", "Phone calls in progress.",
+             {"direction": "outbound"}, len(ob.calls) if ob is not None else 0)
+    shell = calls.running
+    if not isinstance(shell, SipService):
+        return
+    ep = shell.endpoint
+    for event, n in sorted(ep.counters.items()):
+        fams.add("appliance_sip_endpoint_total", total,
+                 "SIP messages the core refused, dropped or could not answer, by reason.",
+                 {"event": event}, n)
+    for event, n in sorted(shell.counters.items()):
+        fams.add("appliance_sip_shell_total", total,
+                 "SIP socket and connection events (send queue full, closes, dials).",
+                 {"event": event}, n)
+    stats = ep.stats()
+    for kind in ("server", "client"):
+        fams.add("appliance_sip_transactions", "gauge", "SIP transactions held, by side.",
+                 {"kind": kind}, stats[f"{kind}_transactions"])
+    fams.add("appliance_sip_pending_invites", "gauge",
+             "Incoming INVITEs not yet answered (capped by --sip-max-invites).", {},
+             stats["pending_invites"])
+    fams.add("appliance_sip_connections", "gauge", "SIP TCP/TLS connections open.", {},
+             shell.connections)
+
+
+def render(state: SignalingState, sip: SipCalls | None = None) -> str:
     fams = _Families()
 
     by_state: dict[str, float] = {s: 0 for s in ("new", "connecting", "connected", "ended")}
@@ -289,4 +335,6 @@ def render(state: SignalingState) -> str:
         if isinstance(restarts, int):
             fams.add("appliance_process_restarts_total", "counter",
                      "Times the supervisor restarted the process.", labels, restarts)
+    if sip is not None:
+        _render_sip(fams, sip)
     return fams.render()

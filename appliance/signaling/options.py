@@ -105,6 +105,14 @@ def add_sip_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sip-agent", metavar="SPEC", default=None,
                         help="without --webhook-url: answer every trunk call at once with "
                              "this agent (a dev box's way to call an agent from a softphone)")
+    parser.add_argument("--sip-trunks", metavar="FILE", default=None,
+                        help="trunks for outbound calls (POST /v1/realtime/calls/sip): a "
+                             "TOML or JSON file, credentials from it or the environment "
+                             "(docs/sip.md)")
+    parser.add_argument("--sip-rate", metavar="PER_SECOND", type=float, default=None,
+                        help="new SIP transactions per second per source IP (default 20)")
+    parser.add_argument("--sip-max-invites", metavar="N", type=int, default=None,
+                        help="incoming calls ringing at once; beyond, 503 (default 64)")
     parser.add_argument("--sip-answer-timeout", metavar="SECONDS", type=float, default=None,
                         help="a call neither accepted nor rejected by then gets 480 "
                              "(default 30)")
@@ -117,7 +125,7 @@ def sip_settings(args: argparse.Namespace, public: list[str]) -> SipSettings | N
 
     spec = getattr(args, "sip", None)
     if not spec:
-        for flag in ("sip_tls", "sip_allow", "sip_agent"):
+        for flag in ("sip_tls", "sip_allow", "sip_agent", "sip_trunks"):
             if getattr(args, flag, None):
                 raise ValueError(f"--{flag.replace('_', '-')} needs --sip")
         return None
@@ -132,6 +140,20 @@ def sip_settings(args: argparse.Namespace, public: list[str]) -> SipSettings | N
         allow = [allow]
     if allow:
         settings.allow = parse_networks(allow)
+    trunks = getattr(args, "sip_trunks", None)
+    if trunks:
+        from .sip_trunks import load_trunks
+        settings.trunks = load_trunks(trunks)  # TrunkError is a ValueError naming no secret
+    rate = getattr(args, "sip_rate", None)
+    if rate is not None:
+        if not 0.1 <= float(rate) <= 10_000:
+            raise ValueError("--sip-rate must be 0.1..10000 per second")
+        settings.rate = float(rate)
+    invites = getattr(args, "sip_max_invites", None)
+    if invites is not None:
+        if not 1 <= int(invites) <= 100_000:
+            raise ValueError("--sip-max-invites must be 1..100000")
+        settings.max_invites = int(invites)
     timeout = getattr(args, "sip_answer_timeout", None)
     if timeout is not None:
         if not 1 <= float(timeout) <= 600:

@@ -22,7 +22,9 @@ the transceiver side plugs in without a change to sip_calls.py.
 our key from ``secrets``), and answers with the relay's public media address and port (the
 one WebRTC calls use, ADR: address-keyed flows on the media port). It keeps each call's
 plan and keys for the transceiver op; until that op exists the answer names a port on which
-no leg listens yet (docs/sip.md "What is left").
+no leg listens yet (docs/sip.md "What is left"). For the calls we place it is also the
+:class:`OutboundPhoneMedia`: our G.711 offer (SDES keys when the trunk wants ``RTP/SAVP``)
+and the check of the callee's answer.
 """
 
 from __future__ import annotations
@@ -30,13 +32,19 @@ from __future__ import annotations
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ..phone_params import PhoneParams, SrtpParams
 from ..proto.errors import ProtocolError
 from ..proto.sdp.parse import parse_offer_untrusted
 from ..proto.sdp.phone import PhonePlan, PhoneRefusal, build_phone_answer, choose_phone_audio
-from ..proto.sdp.sdes import CryptoAttribute, answer_crypto, choose_crypto
+from ..proto.sdp.sdes import (
+    CryptoAttribute,
+    CryptoSuite,
+    answer_crypto,
+    choose_crypto,
+    generate_crypto,
+)
 
 Addr = tuple[str, int]
 
@@ -82,6 +90,37 @@ class PhoneMedia(Protocol):
         """The call is over (idempotent; unknown ids are ignored)."""
 
 
+# -- outbound calls (sip_outbound.py): we offer, the callee answers --------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MediaOffer:
+    sdp: str  # our offer for the INVITE (contains SDES keys when secure: never log it)
+
+
+@runtime_checkable
+class OutboundPhoneMedia(Protocol):
+    """The media seam of a call *we* place (issue 28 item 5): our SDP offer goes in the
+    INVITE, the callee's answer comes back in its 2xx. :meth:`PhoneMedia.end` ends it."""
+
+    async def offer(self, call_id: str, trunk_signaling_addr: Addr, agent_spec: str,
+                    session_config: Mapping[str, Any], *, secure: bool = False
+                    ) -> MediaOffer | MediaRefusal:
+        """Reserve the call's media; ``secure``: RTP/SAVP with our SDES keys."""
+        ...
+
+    async def answered(self, call_id: str, answer_sdp: bytes) -> MediaAnswer | MediaRefusal:
+        """The callee's answer: start the media and the agent, or say why not (the call is
+        then hung up)."""
+        ...
+
+    async def update(self, call_id: str, offer_sdp: bytes) -> MediaAnswer | MediaRefusal:
+        """The callee's re-INVITE, as :meth:`PhoneMedia.update`."""
+        ...
+
+    async def end(self, call_id: str) -> None: ...
+
+
 @dataclass(slots=True)
 class MediaCall:
     """What a transceiver needs to run one call's media (keys are never in a repr)."""
@@ -115,14 +154,27 @@ class MediaCall:
             srtp=srtp)
 
 
+@dataclass(slots=True)
+class _Offered:
+    """An outbound call's offer, waiting for the callee's answer (keys never in a repr)."""
+
+    trunk: Addr
+    agent: str
+    session: Mapping[str, Any]
+    crypto: tuple[CryptoAttribute, ...] = field(repr=False)
+    session_id: int
+
+
 class RelayAnswerMedia:
-    """Answers phone offers for the relay's public media address (see the module text)."""
+    """Answers phone offers for the relay's public media address (see the module text),
+    and offers for the calls we place (:class:`OutboundPhoneMedia`)."""
 
     def __init__(self, address: str, port: int, *, max_calls: int = 4096) -> None:
         self.address = address
         self.port = port
         self.max_calls = max_calls
         self.calls: dict[str, MediaCall] = {}
+        self.offers: dict[str, _Offered] = {}
         self.listener: PhoneMediaListener | None = None
 
     def bind(self, listener: PhoneMediaListener) -> None:
@@ -193,3 +245,65 @@ class RelayAnswerMedia:
 
     async def end(self, call_id: str) -> None:
         self.calls.pop(call_id, None)
+        self.offers.pop(call_id, None)
+
+    # -- OutboundPhoneMedia ---------------------------------------------------------------
+
+    #: what we offer: G.711 both laws (PCMU first, the US trunks' default) + RFC 4733 events
+    OFFER_PTS = ((0, "PCMU"), (8, "PCMA"))
+    OFFER_SUITES = (CryptoSuite.AES_CM_128_HMAC_SHA1_80, CryptoSuite.AES_CM_128_HMAC_SHA1_32)
+
+    async def offer(self, call_id: str, trunk_signaling_addr: Addr, agent_spec: str,
+                    session_config: Mapping[str, Any], *, secure: bool = False
+                    ) -> MediaOffer | MediaRefusal:
+        if len(self.calls) + len(self.offers) >= self.max_calls:
+            return MediaRefusal(503, "too many phone calls")
+        crypto = tuple(generate_crypto(tag, suite, secrets.token_bytes(suite.material_length))
+                       for tag, suite in enumerate(self.OFFER_SUITES, 1)) if secure else ()
+        sid = secrets.randbelow(2**62) + 1
+        addrtype = "IP6" if ":" in self.address else "IP4"
+        pts = " ".join(str(pt) for pt, _ in self.OFFER_PTS)
+        lines = ["v=0", f"o=appliance {sid} 1 IN {addrtype} {self.address}", "s=-",
+                 f"c=IN {addrtype} {self.address}", "t=0 0",
+                 f"m=audio {self.port} {'RTP/SAVP' if secure else 'RTP/AVP'} {pts} 101"]
+        lines += [f"a=rtpmap:{pt} {name}/8000" for pt, name in self.OFFER_PTS]
+        lines += ["a=rtpmap:101 telephone-event/8000", "a=fmtp:101 0-15", "a=ptime:20"]
+        lines += [c.line() for c in crypto]
+        lines.append("a=sendrecv")
+        self.offers[call_id] = _Offered(trunk_signaling_addr, agent_spec, dict(session_config),
+                                        crypto, sid)
+        return MediaOffer("\r\n".join(lines) + "\r\n")
+
+    async def answered(self, call_id: str, answer_sdp: bytes) -> MediaAnswer | MediaRefusal:
+        mine = self.offers.pop(call_id, None)
+        if mine is None:
+            return MediaRefusal(488, "no offer of ours for this call")
+        try:
+            plan = choose_phone_audio(parse_offer_untrusted(answer_sdp))
+        except ProtocolError as exc:
+            return MediaRefusal(488, f"unreadable SDP answer: {exc}"[:120])
+        if isinstance(plan, PhoneRefusal):
+            return MediaRefusal(plan.status, plan.text)
+        if (plan.codec.pt, plan.codec.name.upper()) not in self.OFFER_PTS:
+            return MediaRefusal(488, f"the answer chose {plan.codec.name}, which we did not offer")
+        remote = local = None
+        if mine.crypto:
+            if not plan.secure:
+                return MediaRefusal(488, "we offered RTP/SAVP; the answer is not SRTP")
+            for value in plan.crypto_offers:
+                try:
+                    got = CryptoAttribute.parse_untrusted(value)
+                except ProtocolError:
+                    continue
+                local = next((c for c in mine.crypto
+                              if c.tag == got.tag and c.suite == got.suite), None)
+                if local is not None and choose_crypto([got]) is not None:
+                    remote = got
+                    break
+            if remote is None or local is None:
+                return MediaRefusal(488, "the answer's a=crypto matches none of our lines")
+        elif plan.secure:
+            return MediaRefusal(488, "we offered RTP/AVP; the answer is RTP/SAVP")
+        self.calls[call_id] = MediaCall(call_id, plan, mine.trunk, mine.agent, mine.session,
+                                        remote, local, mine.session_id, 1)
+        return MediaAnswer(answer_sdp.decode("utf-8", "replace"), plan)

@@ -47,6 +47,7 @@ from ..proto.sip import (
 )
 from .phone_media import MediaRefusal, PhoneMedia, RelayAnswerMedia
 from .sip_config import SipSettings
+from .sip_outbound import SipOutbound
 from .webhooks import CALL_ENDED, CALL_STARTED, end_report
 
 if TYPE_CHECKING:
@@ -130,11 +131,18 @@ class SipCalls:
         self._shell: Shell | None = None
         self._nursery: trio.Nursery | None = None
         self.counters: dict[str, int] = {}
+        #: the calls we place (sip_outbound.py); their events and media go there
+        self.outbound: SipOutbound | None = None
 
     # -- wiring (sip_server.serve_sip) ------------------------------------------------------
 
     def attach(self, shell: Shell, nursery: trio.Nursery) -> None:
         self._shell, self._nursery = shell, nursery
+
+    @property
+    def running(self) -> Shell | None:
+        """The shell once serve_sip runs (the metrics read its counters), else None."""
+        return self._shell
 
     @property
     def shell(self) -> Shell:
@@ -152,6 +160,8 @@ class SipCalls:
     # -- events from the endpoint (called by the shell's drain, synchronously) --------------
 
     def on_event(self, ev: object) -> None:
+        if self.outbound is not None and self.outbound.on_event(ev):
+            return
         if isinstance(ev, IncomingCall):
             self._incoming(ev)
         elif isinstance(ev, CallAcked):
@@ -285,6 +295,8 @@ class SipCalls:
     # -- PhoneMediaListener --------------------------------------------------------------
 
     def media_ended(self, call_id: str, reason: str) -> None:
+        if self.outbound is not None and self.outbound.media_ended(call_id, reason):
+            return
         call = self.calls.get(call_id)
         if call is None or call.state not in ("answered", "active"):
             return

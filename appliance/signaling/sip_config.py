@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..proto.sip import Decision
+from .sip_trunks import Trunk
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 LOOPBACK: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
@@ -47,6 +48,12 @@ class SipSettings:
     answer_timeout: float = 30.0
     max_connections: int = 256  # TCP + TLS connections at once; beyond, new ones are closed
     idle_timeout: float = 600.0  # a TCP/TLS connection silent this long is closed
+    #: new SIP transactions per second per source IP (burst: twice that)
+    rate: float = 20.0
+    #: concurrent incoming INVITEs not yet answered; beyond, 503 + Retry-After
+    max_invites: int = 64
+    #: --sip-trunks FILE: the trunks outbound calls go through (sip_trunks.py), by name
+    trunks: dict[str, Trunk] = field(default_factory=dict)
     #: where serve_sip bound ((udp+tcp), tls), port 0 resolved; set once it serves
     bound: tuple[tuple[str, int], tuple[str, int] | None] | None = None
 

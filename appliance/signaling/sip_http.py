@@ -11,6 +11,9 @@ POST /v1/realtime/calls/{call_id}/refer           body ``{"target_uri": "tel:+1â
 POST /v1/realtime/calls/{call_id}/hangup          BYE (603 while ringing)
 DELETE /v1/realtime/calls/{call_id}               the same as hangup
 GET  /v1/realtime/calls/{call_id}                 the call's state, DTMF digits, REFER progress
+POST /v1/realtime/calls/sip                       place a call (sip_outbound.py): body
+                                                  ``{"to", "trunk", "agent", "session",
+                                                  "headers"}``; 201 + the call (``dialing``)
 ===============================================  ==========================================
 
 Every route needs full rights (the API token; nothing on a loopback bind): call control is
@@ -28,10 +31,12 @@ from typing import Any
 from quart import Response, request
 from quart_trio import QuartTrio
 
+from .phone_media import OutboundPhoneMedia
 from .problems import Problem
 from .realtime_http import error_body
 from .rules import authorize_header, check_agent
 from .sip_calls import CALL_ID_RE, CallError, SipCalls
+from .sip_outbound import OutboundError, SipOutbound
 from .state import SignalingState
 
 EXTENSION = "appliance.sip"
@@ -65,6 +70,9 @@ def register(app: QuartTrio, state: SignalingState) -> SipCalls | None:
     drives it: server.py finds it in ``app.extensions``)."""
     settings = state.config.sip
     calls = SipCalls(state, settings) if settings is not None else None
+    if calls is not None and settings is not None:
+        media = calls.media if isinstance(calls.media, OutboundPhoneMedia) else None
+        calls.outbound = SipOutbound(state, settings.trunks, media, clock=calls.clock)
     app.extensions[EXTENSION] = calls
 
     def authorize() -> None:
@@ -98,11 +106,16 @@ def register(app: QuartTrio, state: SignalingState) -> SipCalls | None:
                     raise CallError(400, "invalid_value", "target_uri must be a SIP or tel URI")
                 calls.refer(call_id, target)
             elif op == "hangup":
-                calls.hangup(call_id)
+                if calls.outbound is not None and calls.outbound.owns(call_id):
+                    calls.outbound.hangup(call_id)
+                else:
+                    calls.hangup(call_id)
             else:  # "get"
-                return Response(json.dumps(calls.get(call_id).view()), status=200,
-                                content_type="application/json")
-        except CallError as exc:
+                view = calls.outbound.get(call_id).view() \
+                    if calls.outbound is not None and calls.outbound.owns(call_id) \
+                    else calls.get(call_id).view()
+                return Response(json.dumps(view), status=200, content_type="application/json")
+        except (CallError, OutboundError) as exc:
             return _error(exc.status, exc.code, exc.message)
         except Problem as p:
             return _error(p.status, p.code, p.detail)
@@ -113,6 +126,39 @@ def register(app: QuartTrio, state: SignalingState) -> SipCalls | None:
             return await run(call_id, op)
 
         app.add_url_rule(f"{_PREFIX}<call_id>/{op}", f"sip_{op}", route, methods=["POST"])
+
+    async def place() -> Response:
+        try:
+            authorize()
+            if calls is None or calls.outbound is None:
+                raise OutboundError(404, "sip_off", "SIP is off (--sip HOST:PORT)")
+            body = await _json_body()
+            to = body.get("to")
+            if not isinstance(to, str) or not 0 < len(to) <= 256:
+                raise OutboundError(400, "invalid_value", "to must be a SIP/tel URI or a number")
+            trunk = body.get("trunk")
+            if trunk is not None and not isinstance(trunk, str):
+                raise OutboundError(400, "invalid_value", "trunk must be a trunk's name")
+            agent = body.get("agent", request.args.get("agent") or None)
+            if agent is not None and not isinstance(agent, str):
+                raise OutboundError(400, "invalid_value", "agent must be an agent spec")
+            agent = check_agent(agent)
+            session = body.get("session", {"type": "realtime"})
+            if not isinstance(session, dict) or session.get("type", "realtime") != "realtime":
+                raise OutboundError(400, "unsupported_session_type",
+                                    "session must be a Realtime session config (type realtime)")
+            headers = body.get("headers", {})
+            if not isinstance(headers, dict) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+                raise OutboundError(400, "invalid_headers", "headers must map names to strings")
+            call = await calls.outbound.place(to, trunk, agent, session, headers)
+        except (CallError, OutboundError) as exc:
+            return _error(exc.status, exc.code, exc.message)
+        except Problem as p:
+            return _error(p.status, p.code, p.detail)
+        return Response(json.dumps(call.view()), status=201, content_type="application/json")
+
+    app.add_url_rule(f"{_PREFIX}sip", "sip_place", place, methods=["POST"])
 
     @app.before_request
     async def _sip_call_ids() -> Response | None:

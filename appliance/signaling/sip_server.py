@@ -17,8 +17,11 @@ the nursery of :func:`serve_sip`. A TCP/TLS connection is its own task: a framin
 reset or a failed handshake ends that connection only; at most ``max_connections`` at once
 (a new one beyond is closed at once), and one silent for ``idle_timeout`` is closed.
 
-Not here (left for outbound calls): opening a TCP/TLS connection for a Transmit to an
-address we have no connection from; such sends are counted (``no-connection``) and dropped.
+Outbound calls (sip_outbound.py) open their TCP/TLS connection with :meth:`SipService.connect`
+before the INVITE; the connection then serves like an accepted one (its responses and the
+far end's in-dialog requests come back on it). A later Transmit to such an address whose
+connection has closed (idle timeout, a reset) opens it again; a Transmit to any other
+address we have no connection from is counted (``no-connection``) and dropped.
 """
 
 from __future__ import annotations
@@ -106,9 +109,17 @@ class SipService:
         self._conns: dict[tuple[Addr, str], trio.MemorySendChannel[bytes]] = {}
         self._wake = trio.Event()
         self.counters: dict[str, int] = {}
+        self.nursery: trio.Nursery | None = None  # set by serve_sip
+        #: addresses we connected to (outbound calls): how to connect again
+        self._dialed: dict[tuple[Addr, str], tuple[str, ssl.SSLContext | None]] = {}
 
     def _count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
+
+    @property
+    def connections(self) -> int:
+        """TCP/TLS connections open now (accepted and dialed)."""
+        return len(self._conns)
 
     # -- the one way into the endpoint --------------------------------------------------------
 
@@ -136,7 +147,11 @@ class SipService:
                 return
             conn = self._conns.get((out.addr, out.transport))
             if conn is None:
-                self._count("no-connection")
+                again = self._dialed.get((out.addr, out.transport))
+                if again is None or self.nursery is None:
+                    self._count("no-connection")
+                    return
+                self.nursery.start_soon(self._redial, out, *again)
                 return
             conn.send_nowait(out.data)
         except trio.WouldBlock:
@@ -176,7 +191,62 @@ class SipService:
                 except OSError:
                     self._count("udp-send-error")
 
-    async def serve_stream(self, stream: trio.abc.Stream, transport: str) -> None:
+    async def connect(self, host: str, port: int, transport: str, *,
+                      server_hostname: str | None = None,
+                      ssl_context: ssl.SSLContext | None = None) -> Addr:
+        """Open a TCP/TLS connection to a trunk (for an outbound call) and serve it in the
+        nursery like an accepted one; returns the peer address the endpoint addresses it by.
+        An existing connection to the same address is reused. Raises OSError (or
+        trio.BrokenResourceError for a failed TLS handshake)."""
+        if self.nursery is None:
+            raise OSError("the SIP service is not running")
+        infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        if not infos:
+            raise OSError(f"{host} does not resolve")
+        ip = str(infos[0][4][0])
+        key = ((ip, port), transport)
+        if key in self._conns:
+            return key[0]
+        tcp = await trio.open_tcp_stream(ip, port)
+        stream: trio.abc.Stream = tcp
+        if transport == "tls":
+            ctx = ssl_context or ssl.create_default_context()
+            stream = trio.SSLStream(tcp, ctx, server_hostname=server_hostname or host,
+                                    https_compatible=False)
+            try:
+                await stream.do_handshake()
+            except BaseException:
+                await trio.aclose_forcefully(stream)
+                raise
+            self._dialed[key] = (server_hostname or host, ctx)
+        else:
+            self._dialed[key] = (host, None)
+        try:
+            addr: Addr = await self.nursery.start(self._serve_started, stream, transport)
+        except RuntimeError:  # refused (connection cap) before it was registered
+            raise OSError("too many SIP connections") from None
+        self._count(f"{transport}-connected")
+        return addr
+
+    async def _serve_started(self, stream: trio.abc.Stream, transport: str, *,
+                             task_status: trio.TaskStatus[Addr] = trio.TASK_STATUS_IGNORED
+                             ) -> None:
+        await self.serve_stream(stream, transport, task_status=task_status)
+
+    async def _redial(self, out: Transmit, hostname: str, ctx: ssl.SSLContext | None) -> None:
+        """A request for a dialog whose connection closed: connect again, then send."""
+        try:
+            await self.connect(out.addr[0], out.addr[1], out.transport,
+                               server_hostname=hostname, ssl_context=ctx)
+        except (OSError, trio.BrokenResourceError):
+            self._count("redial-failed")
+            return
+        self._count("redialed")
+        self._transmit(out)
+
+    async def serve_stream(self, stream: trio.abc.Stream, transport: str, *,
+                           task_status: trio.TaskStatus[Addr] = trio.TASK_STATUS_IGNORED
+                           ) -> None:
         """One TCP or TLS connection; ends only itself."""
         tcp = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
         try:
@@ -193,6 +263,7 @@ class SipService:
             return
         send, recv = trio.open_memory_channel[bytes](CONN_QUEUE)
         self._conns[key] = send
+        task_status.started(addr)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._writer, stream, recv, nursery.cancel_scope, transport)
@@ -263,10 +334,14 @@ async def serve_sip(settings: SipSettings, calls: SipCalls, *,
             sip_host = "127.0.0.1"
         endpoint = SipEndpoint(EndpointConfig(
             host=sip_host, port=bound_port, tls_port=tls_bound[1] if tls_bound else None,
-            allow=settings.allow_hook(), ring_timeout=settings.answer_timeout))
+            allow=settings.allow_hook(), ring_timeout=settings.answer_timeout,
+            rate=settings.rate, burst=2 * settings.rate, max_invites=settings.max_invites))
         service = SipService(settings, calls, endpoint, udp)
         async with trio.open_nursery() as nursery:
+            service.nursery = nursery
             calls.attach(service, nursery)
+            if calls.outbound is not None:
+                calls.outbound.attach(service, nursery)
             settings.bound = ((host, bound_port), tls_bound)
             nursery.start_soon(service.timers)
             nursery.start_soon(service.udp_reader)

@@ -38,7 +38,8 @@ the RFC, deliberately:
   (the Request-URI is still the remote target, the Route set is still sent);
 * no Route-based strict routing (RFC 2543 ``lr``-less proxies): a trunk faces us directly;
 * inbound digest authentication (trunks without fixed addresses) is not here: the allow
-  hook decides.
+  hook decides; a trunk we *call* needs no entry in it: while a call placed through it
+  lives, its responses and that dialog's requests are served (:meth:`_known_peer`).
 
 Outbound INVITEs answer one 401/407 challenge (:mod:`.auth`); credentials are never in a
 ``repr`` or an event.
@@ -325,6 +326,14 @@ class SipEndpoint:
                                                          config.rate_sources)
         #: drop and refusal reasons -> count (the shell exports them as metrics)
         self.counters: Counter[str] = Counter()
+        #: trunk IP -> our outbound calls through it (their answers pass the allow hook)
+        self._dialed: Counter[str] = Counter()
+
+    def stats(self) -> dict[str, int]:
+        """Table sizes for the metrics (gauges; ``counters`` holds the totals)."""
+        return {"server_transactions": len(self._server),
+                "client_transactions": len(self._client), "calls": len(self._calls),
+                "pending_invites": self._active_invites()}
 
     # ------------------------------------------------------------ house verbs
 
@@ -347,7 +356,8 @@ class SipEndpoint:
                 self._out.append(Transmit(b"\r\n", addr, transport))
             return
         decision = self.config.allow(addr[0])
-        if decision is Decision.DROP:
+        dialed = decision is not Decision.ALLOW and self._dialed.get(addr[0], 0) > 0
+        if decision is Decision.DROP and not dialed:
             self.counters["dropped-source"] += 1
             return
         try:
@@ -356,6 +366,11 @@ class SipEndpoint:
             self.counters["malformed"] += 1
             if decision is Decision.ALLOW and isinstance(e.partial, RawMessage):
                 self._reply_to_partial(now, e, e.partial, addr, transport)
+            return
+        if dialed and self._known_peer(msg, addr):
+            decision = Decision.ALLOW  # a trunk we called, about that call
+        elif decision is Decision.DROP:
+            self.counters["dropped-source"] += 1
             return
         if decision is Decision.REFUSE:
             self.counters["refused-source"] += 1
@@ -386,6 +401,21 @@ class SipEndpoint:
         txn = ServerTransaction(msg, addr, transport, self.config.timers)
         self._server[key] = txn
         self._dispatch(now, msg, txn)
+
+    def _known_peer(self, msg: Request | Response, addr: Addr) -> bool:
+        """A message from a trunk we placed a call through that the allow hook does not
+        serve: its responses to our transactions, and the requests inside the dialogs of
+        our calls through it (BYE, re-INVITE) — nothing else (a new INVITE from it is
+        still refused). The branch, Call-ID and tags it must echo are our random values."""
+        if isinstance(msg, Response):
+            key = response_client_key(msg)
+            txn = self._client.get(key) if key is not None else None
+            return txn is not None and txn.addr[0] == addr[0]
+        tag = msg.to.tag
+        if not tag or msg.method == "CANCEL":
+            return False
+        call = self._calls.get(self._dialogs.get((msg.call_id, tag)) or "")
+        return call is not None and call.outbound and call.addr[0] == addr[0]
 
     def handle_timeout(self, now: float) -> None:
         for key, st in list(self._server.items()):
@@ -516,6 +546,7 @@ class SipEndpoint:
         call.remote_target = uri
         call.credentials = credentials
         self._calls[call_id] = call
+        self._dialed[addr[0]] += 1
         req = self._build_invite(call, sdp, tuple(headers), ())
         call.invite = req
         self._start_client(now, call, req)
@@ -708,7 +739,10 @@ class SipEndpoint:
             self._forget(call)
 
     def _forget(self, call: _Call) -> None:
-        self._calls.pop(call.call_id, None)
+        if self._calls.pop(call.call_id, None) is not None and call.outbound:
+            self._dialed[call.addr[0]] -= 1
+            if self._dialed[call.addr[0]] <= 0:
+                del self._dialed[call.addr[0]]
         self._dialogs.pop((call.sip_call_id, call.local_tag), None)
 
     # ------------------------------------------------------------ internals: receiving
