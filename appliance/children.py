@@ -13,7 +13,17 @@ port) both run their children through :class:`Supervisor` (DESIGN.md "Processes"
   that cannot even start (``startup_failures`` exits in a row before its first ready line)
   raises :class:`StartupError` instead of looping forever on, say, a port in use;
 * stopping (the nursery is cancelled): SIGTERM to the child's process group, SIGKILL after
-  ``stop_grace`` seconds, then reaped — nothing is orphaned.
+  ``stop_grace`` seconds, then reaped — nothing is orphaned;
+* a spec with ``standby`` (relay workers) also has a *fork template*: the same command with
+  ``--standby``, started once the child is ready, which does its imports, says it is warm
+  and then forks a new life on each ``go`` (:func:`serve_fork_template`) — milliseconds,
+  where a fresh interpreter takes 1-7 s on a loaded host — and stays warm for the next one.
+  Its stdin is a ``SOCK_SEQPACKET`` control socket: ``go`` carries the new life's stdout
+  pipe, the answer a pidfd of it. A forked life is the template's child, not ours: it is
+  watched, signalled and waited for through that pidfd (:class:`_ForkedProcess`), its exit
+  status reported by the template, and stopped like any other life when the nursery is
+  cancelled. The template runs no trio loop (it would not survive a fork); each forked
+  life starts its own.
 
 An optional *observer* (signaling's state, for ``up``) is told when a child starts, becomes
 ready and exits, so a dead transceiver's sessions are reported ended at once.

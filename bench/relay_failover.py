@@ -65,6 +65,25 @@ def _ppid(pid: int) -> int:
         return -1
 
 
+def _forked_child(up: Up, old: int | None) -> int | None:
+    """A live child of a standby other than ``old``: with one worker, its current life."""
+    for sb in up.standby_pids():
+        for pid in sorted(_children(sb), reverse=True):
+            if pid != old and Path(f"/proc/{pid}").exists():
+                return pid
+    return None
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            out += [int(x) for x in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+    except OSError:
+        pass
+    return out
+
+
 def _pct(values: list[float], p: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
@@ -110,21 +129,31 @@ async def run(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
                     burst = 2 if kills_done + 1 in seconds and kills_done + 1 < args.kills else 1
                     first_kill: float | None = None
                     backs, warms, forks = [], [], []
-                    for _ in range(burst):
-                        if first_kill is not None:
-                            await trio.sleep_until(first_kill + args.back_to_back)
-                        pid = await up.worker_pid(w)
+                    pid = await up.worker_pid(w)
+                    for k in range(burst):
                         if pid is None:  # still coming back from the last kill
                             break
+                        if first_kill is not None:
+                            await trio.sleep_until(first_kill + args.back_to_back)
                         warms.append(up.standbys_warm())
                         os.kill(pid, signal.SIGKILL)
                         killed = trio.current_time()
                         first_kill = killed if first_kill is None else first_kill
-                        await up._replaced(w, pid, 30)
-                        backs.append(round(1000 * (trio.current_time() - killed), 1))
-                        new = await up.worker_pid(w)
-                        forks.append(new is not None and _ppid(new) in up.standby_pids())
                         kills_done += 1
+                        new: int | None = None
+                        if k + 1 < burst and args.workers == 1:
+                            # The successor from /proc (the standby's child): a control
+                            # request through this loaded process answers 0.3-0.7 s late,
+                            # after the 0.3 s a pair's second kill must come at.
+                            with trio.move_on_after(30):
+                                while (new := _forked_child(up, pid)) is None:  # noqa: ASYNC110
+                                    await trio.sleep(0.005)
+                        else:
+                            await up._replaced(w, pid, 30)  # its control socket answers
+                            new = await up.worker_pid(w)
+                        backs.append(round(1000 * (trio.current_time() - killed), 1))
+                        forks.append(new is not None and _ppid(new) in up.standby_pids())
+                        pid = new
                     if first_kill is None:
                         continue
                     await trio.sleep(WINDOW_AFTER)  # the measurement window after the kill
@@ -137,6 +166,9 @@ async def run(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
                     if len(backs) > 1:
                         pair_media.extend(m)
                     events.append({"worker": w, "kills": len(backs), "standby_warm": warms,
+                                   "second_kill_after_ms": (
+                                       round(1000 * (killed - first_kill), 1)
+                                       if len(backs) > 1 else None),
                                    "forked": forks, "back_after_ms": backs,
                                    "media_gap_max_ms": round(1000 * max(m), 1),
                                    "load": round(os.getloadavg()[0], 1)})
