@@ -136,6 +136,52 @@ async def test_kills_back_to_back_each_find_a_warm_standby(nursery: trio.Nursery
     assert st.delays == [0.0] * 4 and st.restarts == 4  # never the 5 s backoff
 
 
+# As STANDBY_CHILD, but a life holds back its ready line while the file $HOLD exists.
+HOLDING_CHILD = [sys.executable, "-c", """
+import os, sys, time
+from appliance.children import serve_fork_template
+def worker():
+    while os.path.exists(os.environ["HOLD"]):
+        time.sleep(0.01)
+    print(f"relay listening on 127.0.0.1:1 internal 127.0.0.1:{os.getpid()}", flush=True)
+    time.sleep(600)
+    return 0
+if "--standby" in sys.argv:
+    sys.exit(serve_fork_template(worker, "relay standby warm"))
+worker()
+"""]
+
+
+async def test_a_successor_killed_before_its_ready_line_is_forked_again_at_once(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    """Bug (issue 32, bench/relay_failover.py with Redis): a second kill 0.3 s after the
+    first hit a successor that had not printed its ready line yet; as a life that "never
+    got ready" it waited out the backoff (0.5 s in ``up``): every call lost 540 ms. A
+    forked life killed by a signal before it was ready is a takeover cut short: the next
+    one is forked at once. (A life that *exits* before it is ready still gets the backoff.)"""
+    hold = tmp_path / "hold"
+    spec = ChildSpec("relay", "0", HOLDING_CHILD, "", standby=True)
+    sup = Supervisor([spec], backoff_initial=5.0, standby_delay=0.0,
+                     env={"HOLD": str(hold)})
+    nursery.start_soon(sup.supervise, spec)
+    st = sup.status[spec.name]
+    first = await _ready_pid(sup, spec.name)
+    template = await _warm_template(sup, spec.name)
+    hold.touch()
+    os.kill(first, signal.SIGKILL)
+    with trio.fail_after(30):  # the successor runs but holds its ready line back
+        await sup.wait_until(lambda: st.pid not in (None, first) and st.state == "starting")
+    second = st.pid
+    assert second is not None and _ppid(second) == template
+    os.kill(second, signal.SIGKILL)
+    with trio.fail_after(30):
+        await sup.wait_until(lambda: st.pid not in (None, first, second))
+    assert st.delays == [0.0, 0.0]  # not the 5 s backoff
+    hold.unlink()
+    third = await _ready_pid(sup, spec.name, second)
+    assert _ppid(third) == template and st.last_exit == -signal.SIGKILL
+
+
 async def test_a_dead_standby_is_replaced_and_a_kill_meanwhile_starts_afresh(
         nursery: trio.Nursery) -> None:
     """The template itself dies: the next kill finds none warm and starts a fresh process
