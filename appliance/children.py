@@ -13,7 +13,17 @@ port) both run their children through :class:`Supervisor` (DESIGN.md "Processes"
   that cannot even start (``startup_failures`` exits in a row before its first ready line)
   raises :class:`StartupError` instead of looping forever on, say, a port in use;
 * stopping (the nursery is cancelled): SIGTERM to the child's process group, SIGKILL after
-  ``stop_grace`` seconds, then reaped — nothing is orphaned.
+  ``stop_grace`` seconds, then reaped — nothing is orphaned;
+* a spec with ``standby`` (relay workers) also has a *fork template*: the same command with
+  ``--standby``, started once the child is ready, which does its imports, says it is warm
+  and then forks a new life on each ``go`` (:func:`serve_fork_template`) — milliseconds,
+  where a fresh interpreter takes 1-7 s on a loaded host — and stays warm for the next one.
+  Its stdin is a ``SOCK_SEQPACKET`` control socket: ``go`` carries the new life's stdout
+  pipe, the answer a pidfd of it. A forked life is the template's child, not ours: it is
+  watched, signalled and waited for through that pidfd (:class:`_ForkedProcess`), its exit
+  status reported by the template, and stopped like any other life when the nursery is
+  cancelled. The template runs no trio loop (it would not survive a fork); each forked
+  life starts its own.
 
 An optional *observer* (signaling's state, for ``up``) is told when a child starts, becomes
 ready and exits, so a dead transceiver's sessions are reported ended at once.
@@ -21,12 +31,17 @@ ready and exits, so a dead transceiver's sessions are reported ended at once.
 
 from __future__ import annotations
 
+import array
 import logging
 import os
 import re
+import selectors
 import shlex
 import signal
+import socket
 import subprocess
+import sys
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -70,8 +85,8 @@ class ChildSpec:
     key: str
     argv: list[str]
     control: str
-    #: keep a warm standby (``argv + --standby``) that takes over at once when the child
-    #: dies (relay workers, issue 20), and a spare one (Supervisor.spare_standby, issue 32)
+    #: keep a warm standby (``argv + --standby``) that forks the next life at once when the
+    #: child dies (relay workers, issues 20 and 32: a fork template, serve_fork_template)
     standby: bool = False
 
     @property
@@ -95,16 +110,173 @@ class ChildStatus:
 
 
 #: The flag a standby is started with: it does its imports and reads its configuration,
-#: then waits for ``go`` on stdin before it binds anything (EOF: it exits).
+#: says it is warm, then serves as a *fork template* (:func:`serve_fork_template`): each
+#: ``go`` on its control socket (its stdin) forks one ready worker, in milliseconds, and the
+#: template stays warm for the next one (issue 32: kills back to back drained standbys that
+#: each had to import for 1-7 s on a loaded host). It binds nothing itself.
 STANDBY_FLAG = "--standby"
+
+#: A fork template's messages (one per SOCK_SEQPACKET datagram): the supervisor sends
+#: ``go`` with the write end of the new worker's stdout pipe (SCM_RIGHTS); the template
+#: answers ``pid N`` with a pidfd of the worker, and ``exit N RC`` once it has reaped it.
+_GO = b"go"
+
+
+def serve_fork_template(run: Callable[[], int], warm_line: str) -> int:
+    """The template side, called by a standby once its imports are done and before any
+    trio loop has started (a process that ran trio must not fork: its loop, threads and
+    wake-up fds would be half copied). Forks ``run`` (the worker: it starts its own trio
+    loop, binds with ``SO_REUSEPORT`` as any worker does) for each ``go``; reaps the
+    workers and reports their exit; returns 0 at EOF (the supervisor stopped wanting it).
+    Workers outlive their template: the supervisor watches and stops them by pidfd."""
+    try:
+        ctl = socket.socket(fileno=0)
+    except OSError:
+        print("a fork template needs a socket on stdin", file=sys.stderr)
+        return 2
+    if ctl.type != socket.SOCK_SEQPACKET:
+        print("a fork template needs a SOCK_SEQPACKET socket on stdin", file=sys.stderr)
+        return 2
+    sel = selectors.DefaultSelector()
+    sel.register(ctl, selectors.EVENT_READ)
+    live: dict[int, int] = {}  # pidfd -> pid of a worker not yet reaped
+    print(warm_line, flush=True)
+    while True:
+        for key, _ in sel.select():
+            if key.fileobj is ctl:
+                try:
+                    msg, fds, _, _ = socket.recv_fds(ctl, 64, 1)
+                except OSError:
+                    msg, fds = b"", []
+                if not msg:  # EOF: the supervisor closed it (stopping, or a stale argv)
+                    for fd in fds:
+                        os.close(fd)
+                    return 0
+                if msg != _GO or len(fds) != 1:
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                out = fds[0]
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    _forked_worker(run, out, ctl, sel, live)  # never returns
+                os.close(out)
+                pidfd = os.pidfd_open(pid)
+                live[pidfd] = pid
+                sel.register(pidfd, selectors.EVENT_READ)
+                try:
+                    socket.send_fds(ctl, [b"pid %d" % pid], [pidfd])
+                except OSError:
+                    pass  # the supervisor went away; EOF comes next
+            else:
+                pidfd = key.fd
+                pid = live.pop(pidfd)
+                sel.unregister(pidfd)
+                _, status = os.waitpid(pid, 0)
+                os.close(pidfd)
+                try:
+                    ctl.send(b"exit %d %d" % (pid, os.waitstatus_to_exitcode(status)))
+                except OSError:
+                    pass
+
+
+def _forked_worker(run: Callable[[], int], out: int, ctl: socket.socket,
+                   sel: selectors.BaseSelector, live: dict[int, int]) -> None:
+    """In the fork: a process of its own (own session, stdout the supervisor's new pipe,
+    nothing of the template's control channel), then the worker; never returns."""
+    code = 1
+    try:
+        os.setsid()  # its own process group, as a child the supervisor started would be
+        sel.close()
+        ctl.close()  # fd 0
+        for fd in live:
+            os.close(fd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        if null != 0:
+            os.dup2(null, 0)
+            os.close(null)
+        os.dup2(out, 1)
+        os.close(out)
+        code = run()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - a worker's crash is reported, not propagated
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+class _ForkedProcess:
+    """A worker forked by a template: not our child (the template reaps it), watched
+    through its pidfd; what :class:`_Child` and :meth:`Supervisor._stop` use of a
+    ``trio.Process``."""
+
+    def __init__(self, pid: int, pidfd: int, stdout: trio.lowlevel.FdStream) -> None:
+        self.pid = pid
+        self.pidfd = pidfd
+        self.stdout = stdout
+        self.stdin: None = None
+        self.returncode: int | None = None
+        self.exited = trio.Event()  # the pidfd said so
+        self.status = trio.Event()  # the template said how (``exit N RC``)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    async def watch(self, status_within: float) -> None:
+        """Wait for the exit (pidfd readable), then for the template's report of the exit
+        status; -1 if it never comes (the template died meanwhile). Shielded: whoever
+        stops the worker (:meth:`Supervisor._stop`, always, a life's ``finally``) waits
+        for its real exit, so a cancelled supervisor returns only once it is gone."""
+        with trio.CancelScope(shield=True):
+            try:
+                await trio.lowlevel.wait_readable(self.pidfd)
+                with trio.move_on_after(status_within):
+                    await self.status.wait()
+            finally:
+                if self.returncode is None:
+                    self.returncode = -1
+                self.exited.set()
+                os.close(self.pidfd)
+
+    async def wait(self) -> int:
+        await self.exited.wait()
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.exited.is_set():
+            return
+        try:
+            signal.pidfd_send_signal(self.pidfd, sig)
+        except ProcessLookupError:
+            pass
+
+
+class _Template:
+    """The supervisor's end of a fork template's control socket."""
+
+    def __init__(self, sock: trio.socket.SocketType) -> None:
+        self.sock = sock
+        self.lock = trio.Lock()  # one ``go`` at a time: replies come in order
+        self.replies_send, self.replies = trio.open_memory_channel[tuple[int, int]](1)
+        self.forked: dict[int, _ForkedProcess] = {}
+        self.early_exits: dict[int, int] = {}  # exit reports that beat their ``pid`` reader
 
 
 class _Child:
-    """One process of a spec: a life, a standby or a successor."""
+    """One process of a spec: a life, a standby (fork template) or a successor."""
 
-    __slots__ = ("argv", "eof", "fields", "line", "proc", "ready", "warm")
+    __slots__ = ("argv", "eof", "fields", "line", "proc", "ready", "template", "warm")
 
-    def __init__(self, proc: trio.Process, argv: list[str]) -> None:
+    def __init__(self, proc: trio.Process | _ForkedProcess, argv: list[str],
+                 template: _Template | None = None) -> None:
         self.proc = proc
         self.argv = argv  # the spec's argv it was started for (without --standby)
         self.ready = trio.Event()
@@ -112,6 +284,7 @@ class _Child:
         self.line: str | None = None
         self.fields: dict[str, str] = {}
         self.warm = False  # a standby that said its imports are done
+        self.template = template  # a standby's control socket
 
 
 class Supervisor:
@@ -134,7 +307,7 @@ class Supervisor:
         startup_failures: int | None = 3,
         env: dict[str, str] | None = None,
         standby_delay: float = 1.0,
-        spare_standby: bool = True,
+        fork_timeout: float = 5.0,
     ) -> None:
         self.specs = {s.name: s for s in specs}
         self.status = {s.name: ChildStatus() for s in specs}
@@ -147,14 +320,13 @@ class Supervisor:
         self.startup_failures = startup_failures
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.standby_delay = standby_delay
-        #: a second standby per spec (issue 32): kills back to back, or one during the
-        #: first standby's imports (1-4 s on a loaded host), still find a warm one
-        self.spare_standby = spare_standby
+        #: how long a fork template may take to answer ``go`` before a fresh process is
+        #: started instead (it never does unless it is wedged: a dead one is EOF at once)
+        self.fork_timeout = fork_timeout
         self._changed = trio.Event()
         self._nurseries: dict[str, trio.Nursery] = {}
         self._current: dict[str, _Child] = {}
-        self._standby: dict[str, _Child] = {}  # the standby that takes over next
-        self._spare: dict[str, _Child] = {}  # ... and the one after it (spare_standby)
+        self._standby: dict[str, _Child] = {}  # the fork template of each spec
         self._successor: dict[str, _Child] = {}
         self._rolling: set[str] = set()
 
@@ -188,8 +360,6 @@ class Supervisor:
                 self._nurseries[spec.name] = nursery
                 if spec.standby:
                     nursery.start_soon(self._keep_standby, spec, nursery)
-                    if self.spare_standby:
-                        nursery.start_soon(self._keep_standby, spec, nursery, True)
                 failed = await self._lives(spec, status, nursery)
                 nursery.cancel_scope.cancel()
         finally:
@@ -202,10 +372,23 @@ class Supervisor:
     async def _lives(self, spec: ChildSpec, status: ChildStatus,
                      nursery: trio.Nursery) -> StartupError:
         """Run, watch and restart the child; returns only to give up on it."""
+        try:
+            return await self._lives_loop(spec, status, nursery)
+        finally:
+            # A life started but cancelled before its _one_life (which stops it) ran.
+            child = self._current.get(spec.name)
+            if child is not None and child.proc.returncode is None:
+                with trio.move_on_after(self.stop_grace + 2, shield=True):
+                    await self._stop(child.proc, spec)
+
+    async def _lives_loop(self, spec: ChildSpec, status: ChildStatus,
+                          nursery: trio.Nursery) -> StartupError:
         backoff = self.backoff_initial
         failures_before_ready = 0
         ever_ready = False
+        killed_unready = 0  # forked lives in a row killed before their ready line
         child = await self._start(spec, nursery)
+        self._current[spec.name] = child
         while True:
             started = trio.current_time()
             rc, was_ready = await self._one_life(spec, status, child)
@@ -218,15 +401,24 @@ class Supervisor:
                 child = successor
                 continue
             status.last_exit, status.state, status.pid = rc, "backoff", None
-            warm = self._warm_standby(spec) if was_ready else None
+            # A forked life killed by a signal before its ready line (issue 32: a second
+            # kill 0.3 s after the first, on a loaded host, hit a successor still
+            # binding; the 0.5 s backoff then cost every call 540 ms) is a takeover cut
+            # short, not a child that cannot start (those exit with a status, and get
+            # the backoff); a few in a row at most, so a crash at start cannot spin.
+            cut_short = (not was_ready and ever_ready and rc < 0 and killed_unready < 3
+                         and isinstance(child.proc, _ForkedProcess))
+            killed_unready = killed_unready + 1 if cut_short else 0
+            warm = self._warm_standby(spec) if was_ready or cut_short else None
             if warm is not None:
-                # Fast failover (issue 20): a standby that has done its imports takes over
-                # at once; the backoff is for children that cannot start, which never get
-                # here (was_ready).
-                log.warning("%s exited with status %s; its standby takes over", spec.name, rc)
+                # Fast failover (issue 20): the standby, imports done, forks the next life
+                # at once (issue 32: and stays warm for the one after); the backoff is for
+                # children that cannot start, which never get here (was_ready).
+                log.warning("%s exited with status %s; its standby forks the next", spec.name, rc)
                 status.delays.append(0.0)
                 status.restarts += 1
                 child = await self._start(spec, nursery)
+                self._current[spec.name] = child
                 if self.state is not None:
                     await self.state.process_down(spec.role, spec.key, f"exited with status {rc}")
                 continue
@@ -250,21 +442,123 @@ class Supervisor:
             backoff = min(backoff * 2, self.backoff_max)
             status.restarts += 1
             child = await self._start(spec, nursery)
+            self._current[spec.name] = child
 
     # -- one process ---------------------------------------------------------------------
 
     async def _open(self, spec: ChildSpec, nursery: trio.Nursery, standby: bool) -> _Child:
         argv = [*spec.argv, STANDBY_FLAG] if standby else list(spec.argv)
-        proc = await trio.lowlevel.open_process(
-            argv,
-            stdin=subprocess.PIPE if standby else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            env=self.env,
-            start_new_session=True,  # own process group: we signal the group, never the terminal's
-        )
-        child = _Child(proc, list(spec.argv))
+        ours: socket.socket | None = None
+        theirs: socket.socket | None = None
+        if standby:  # its stdin: the fork template's control socket
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            proc = await trio.lowlevel.open_process(
+                argv,
+                stdin=subprocess.DEVNULL if theirs is None else theirs.fileno(),
+                stdout=subprocess.PIPE,
+                env=self.env,
+                start_new_session=True,  # own process group: we signal the group, never the terminal's
+            )
+        except BaseException:
+            if ours is not None:
+                ours.close()
+            raise
+        finally:
+            if theirs is not None:
+                theirs.close()
+        template = None if ours is None else _Template(trio.socket.from_stdlib_socket(ours))
+        child = _Child(proc, list(spec.argv), template)
         nursery.start_soon(self._read_stdout, child, spec)
+        if template is not None:
+            nursery.start_soon(self._read_template, template)
         return child
+
+    async def _read_template(self, tpl: _Template) -> None:
+        """A template's messages: the pid (and pidfd) of each worker it forked, in the
+        order asked, and each one's exit status once reaped."""
+        try:
+            await self._template_messages(tpl)
+        finally:
+            tpl.sock.close()
+            tpl.replies_send.close()
+            for forked in tpl.forked.values():  # no status will come: do not wait for it
+                forked.status.set()
+            tpl.forked.clear()
+
+    async def _template_messages(self, tpl: _Template) -> None:
+        """Until EOF: each ``pid N`` (+ pidfd) to the ``go`` waiting for it, each
+        ``exit N RC`` to its forked process."""
+        while True:
+            try:
+                msg, anc, _flags, _addr = await tpl.sock.recvmsg(
+                    64, socket.CMSG_SPACE(array.array("i", [0]).itemsize))
+            except OSError:
+                msg, anc = b"", []
+            fds = array.array("i")
+            for level, kind, data in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+            if not msg:
+                for fd in fds:
+                    os.close(fd)
+                return  # it exited: waiters of a reply see the channel closed
+            words = msg.split()
+            if words[:1] == [b"pid"] and len(words) == 2 and len(fds) == 1:
+                try:
+                    tpl.replies_send.send_nowait((int(words[1]), fds[0]))
+                except trio.WouldBlock:  # nobody asked: a protocol slip; do not leak
+                    os.close(fds[0])
+                continue
+            for fd in fds:
+                os.close(fd)
+            if words[:1] == [b"exit"] and len(words) == 3:
+                pid, rc = int(words[1]), int(words[2])
+                forked = tpl.forked.pop(pid, None)
+                if forked is None:  # before its go's task took the pid: it looks here
+                    tpl.early_exits[pid] = rc
+                else:
+                    forked.returncode = rc
+                    forked.status.set()
+
+    async def _fork(self, sb: _Child, spec: ChildSpec, nursery: trio.Nursery) -> _Child | None:
+        """Ask the template ``sb`` for a new life of ``spec``; None if it cannot."""
+        tpl = sb.template
+        if tpl is None:
+            return None
+        async with tpl.lock:
+            r, w = os.pipe()
+            try:
+                try:
+                    await tpl.sock.sendmsg(
+                        [_GO], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [w]))])
+                finally:
+                    os.close(w)
+                # Shielded: a fork asked for is received (and so stopped by its life's
+                # finally), never left running unknown to us by a cancellation.
+                with trio.move_on_after(self.fork_timeout, shield=True):
+                    pid, pidfd = await tpl.replies.receive()
+                    stdout = trio.lowlevel.FdStream(r)
+                    r = -1
+                    proc = _ForkedProcess(pid, pidfd, stdout)
+                    if pid in tpl.early_exits:
+                        proc.returncode = tpl.early_exits.pop(pid)
+                        proc.status.set()
+                    else:
+                        tpl.forked[pid] = proc
+                    nursery.start_soon(proc.watch, self.stop_grace)
+                    child = _Child(proc, list(spec.argv))
+                    nursery.start_soon(self._read_stdout, child, spec)
+                    return child
+                log.error("%s: standby pid %d did not fork within %.1f s", spec.name,
+                          sb.proc.pid, self.fork_timeout)
+                return None
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
+                    trio.EndOfChannel):
+                return None  # it died just now
+            finally:
+                if r >= 0:
+                    os.close(r)
 
     @staticmethod
     def _usable(sb: _Child | None, spec: ChildSpec) -> bool:
@@ -273,71 +567,38 @@ class Supervisor:
                 and not sb.eof.is_set())
 
     def _warm_standby(self, spec: ChildSpec) -> _Child | None:
-        """The standby to take over: a warm one (imports done) first — the other may still
-        be importing, and one told ``go`` then makes the takeover wait for the rest of its
-        imports (issue 32: 1-4 s on a loaded host, every call's gap) — else one still
-        starting, which is still sooner than a fresh process."""
-        usable = [sb for sb in (self._standby.get(spec.name), self._spare.get(spec.name))
-                  if sb is not None and self._usable(sb, spec)]
-        warm = [sb for sb in usable if sb.warm]
-        if warm:
-            return warm[0]
-        return usable[0] if usable else None
+        """The fork template to take over, if it is warm (imports done). One still
+        importing is not waited for (issue 32: 1-7 s on a loaded host, every call's gap):
+        a fresh process is no later, and the template is then still there for the next."""
+        sb = self._standby.get(spec.name)
+        return sb if sb is not None and sb.warm and self._usable(sb, spec) else None
 
     async def _start(self, spec: ChildSpec, nursery: trio.Nursery,
                      use_standby: bool = True) -> _Child:
-        """The next life of ``spec``: its warm standby, told to go, or a fresh process."""
-        warm = self._warm_standby(spec) if use_standby else None
-        others = [sb for sb in (self._standby.pop(spec.name, None),
-                                self._spare.pop(spec.name, None))
-                  if sb is not None and sb is not warm]
-        if use_standby:
-            for sb in others:
-                if self._usable(sb, spec) and spec.name not in self._standby:
-                    self._standby[spec.name] = sb  # the other one is next in line
-        stale = [sb for sb in others if self._standby.get(spec.name) is not sb]
-        if warm is not None:
-            assert warm.proc.stdin is not None
-            try:
-                await warm.proc.stdin.send_all(b"go\n")
-                await warm.proc.stdin.aclose()
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                warm = None  # it died just now: start afresh
-            else:
-                log.info("%s: standby pid %d takes over", spec.name, warm.proc.pid)
-                for sb in stale:
-                    nursery.start_soon(self._stop_quietly, sb, spec)
-                return warm
-        for sb in stale:
-            with trio.move_on_after(self.stop_grace + 2, shield=True):
-                await self._stop(sb.proc, spec)
+        """The next life of ``spec``: forked by its warm template, or a fresh process."""
+        sb = self._warm_standby(spec) if use_standby else None
+        if sb is not None:
+            child = await self._fork(sb, spec, nursery)
+            if child is not None:
+                log.info("%s: standby pid %d forked pid %d", spec.name, sb.proc.pid,
+                         child.proc.pid)
+                return child
         child = await self._open(spec, nursery, standby=False)
         log.info("started %s (pid %d)", spec.name, child.proc.pid)
         return child
 
-    async def _stop_quietly(self, sb: _Child, spec: ChildSpec) -> None:
-        with trio.move_on_after(self.stop_grace + 2, shield=True):
-            await self._stop(sb.proc, spec)
-
-    async def _keep_standby(self, spec: ChildSpec, nursery: trio.Nursery,
-                            spare: bool = False) -> None:
-        """Keep one standby of ``spec`` warm: started (``--standby``: imports done, nothing
-        bound) once the current life is ready, so that its start-up never competes with
-        the child's; replaced when consumed or when the argv changes. With ``spare``, the
-        second one (:attr:`spare_standby`): started only once the first is warm, so two
-        standbys never import at once; when the first takes over, the spare moves up."""
+    async def _keep_standby(self, spec: ChildSpec, nursery: trio.Nursery) -> None:
+        """Keep the fork template of ``spec`` warm: started (``--standby``: imports done,
+        nothing bound) once the current life is ready, so that its start-up never competes
+        with the child's; it stays across takeovers (each is a fork); replaced when it
+        exits or when the argv changes, stopped during a rolling restart."""
         name = spec.name
         status = self.status[name]
-        slot = self._spare if spare else self._standby
 
         def needed() -> bool:
             if status.state != "ready" or name in self._rolling:
                 return False
-            if spare:
-                first = self._standby.get(name)
-                return (first is not None and first.warm and self._usable(first, spec)
-                        and not self._usable(slot.get(name), spec))
-            return not self._usable(slot.get(name), spec)
+            return not self._usable(self._standby.get(name), spec)
 
         try:
             while True:
@@ -347,34 +608,28 @@ class Supervisor:
                 await trio.sleep(self.standby_delay)
                 if not needed():
                     continue
-                if not spare and self._usable(self._spare.get(name), spec):
-                    slot[name] = self._spare.pop(name)  # the spare moves up
-                    self._notify(spec)
-                    continue
-                stale = slot.pop(name, None)
+                stale = self._standby.pop(name, None)
                 if stale is not None:
                     with trio.move_on_after(self.stop_grace + 2, shield=True):
                         await self._stop(stale.proc, spec)
                 sb = await self._open(spec, nursery, standby=True)
-                slot[name] = sb
-                log.info("%s: %sstandby started (pid %d)", name, "spare " if spare else "",
-                         sb.proc.pid)
+                self._standby[name] = sb
+                log.info("%s: standby started (pid %d)", name, sb.proc.pid)
                 self._notify(spec)
-                await self.wait_until(partial(self._standby_gone, name, sb, slot))
-                if sb.eof.is_set() and slot.get(name) is sb:
-                    # It exited on its own (a bad flag, a crash at import): do not spin.
-                    log.warning("%s: standby exited before it was needed", name)
+                await self.wait_until(partial(self._standby_gone, name, sb))
+                if sb.eof.is_set() and self._standby.get(name) is sb and not sb.warm:
+                    # It exited before it was warm (a bad flag, a crash at import): do
+                    # not spin.
+                    log.warning("%s: standby exited before it was warm", name)
                     await trio.sleep(self.backoff_max)
         finally:
-            left = slot.pop(name, None)
+            left = self._standby.pop(name, None)
             if left is not None:
                 with trio.move_on_after(self.stop_grace + 2, shield=True):
                     await self._stop(left.proc, spec)
 
-    def _standby_gone(self, name: str, sb: _Child,
-                      slot: dict[str, _Child] | None = None) -> bool:
-        slot = self._standby if slot is None else slot
-        return slot.get(name) is not sb or sb.eof.is_set()
+    def _standby_gone(self, name: str, sb: _Child) -> bool:
+        return self._standby.get(name) is not sb or sb.eof.is_set()
 
     async def _one_life(self, spec: ChildSpec, status: ChildStatus,
                         child: _Child) -> tuple[int, bool]:
@@ -404,7 +659,7 @@ class Supervisor:
             self.state.process_up(spec.role, spec.key)
         self._notify(spec)
 
-    async def _ready_deadline(self, proc: trio.Process, spec: ChildSpec, ready: trio.Event) -> None:
+    async def _ready_deadline(self, proc: trio.Process | _ForkedProcess, spec: ChildSpec, ready: trio.Event) -> None:
         if self.ready_timeout is None:
             return  # no deadline: the child may take as long as it needs to start
         with trio.move_on_after(self.ready_timeout):
@@ -468,10 +723,10 @@ class Supervisor:
             return False
         self._rolling.add(name)
         try:
-            for stale in (self._standby.pop(name, None), self._spare.pop(name, None)):
-                if stale is not None:  # it runs the old code
-                    with trio.move_on_after(self.stop_grace + 2, shield=True):
-                        await self._stop(stale.proc, spec)
+            stale = self._standby.pop(name, None)
+            if stale is not None:  # it runs the old code
+                with trio.move_on_after(self.stop_grace + 2, shield=True):
+                    await self._stop(stale.proc, spec)
             child = await self._open(spec, nursery, standby=False)
             log.info("%s: successor started (pid %d)", name, child.proc.pid)
             try:
@@ -502,19 +757,30 @@ class Supervisor:
             done.append(await self.replace(name))
         return done
 
-    async def _stop(self, proc: trio.Process, spec: ChildSpec) -> None:
-        """SIGTERM the child's process group, SIGKILL after the grace period, reap."""
+    async def _stop(self, proc: trio.Process | _ForkedProcess, spec: ChildSpec) -> None:
+        """SIGTERM the child's process group, SIGKILL after the grace period, reap (a
+        forked worker: signalled through its pidfd too, and its exit waited for)."""
         if proc.returncode is None:
-            _killpg(proc.pid, signal.SIGTERM)
+            _signal(proc, signal.SIGTERM)
             with trio.move_on_after(self.stop_grace):
                 await proc.wait()
             if proc.returncode is None:
                 log.warning("%s ignored SIGTERM for %.1f s; killing it", spec.name, self.stop_grace)
-                _killpg(proc.pid, signal.SIGKILL)
+                _signal(proc, signal.SIGKILL)
                 await proc.wait()
-        else:
+        elif not isinstance(proc, _ForkedProcess):
             # The leader is gone; take anything it left behind in its group with it.
             _killpg(proc.pid, signal.SIGKILL)
+
+
+def _signal(proc: trio.Process | _ForkedProcess, sig: int) -> None:
+    if isinstance(proc, _ForkedProcess):
+        # Exact, even before it made its own group (setsid); never by pid: its template
+        # reaps it, so once it has exited the number may be someone else's. (A relay
+        # worker starts no processes of its own.)
+        proc.send_signal(sig)
+    else:
+        _killpg(proc.pid, sig)
 
 
 def _killpg(pgid: int, sig: int) -> None:

@@ -26,8 +26,9 @@ message instead of looping forever on, say, a port already in use.
 
 SIGHUP restarts the relay workers one at a time, make-before-break (a successor ready
 before its predecessor stops): the way to roll a new version (docs/operations.md). Each
-relay worker has a warm standby (started with ``--standby``: imported, nothing bound) that
-takes over at once when the worker dies (docs/reliability.md).
+relay worker has a warm standby (started with ``--standby``: imported, nothing bound), a
+fork template that forks the worker's next life at once each time it dies, and stays warm
+(:mod:`appliance.children`; docs/reliability.md).
 
 Stopping (SIGINT, SIGTERM): the nursery is cancelled; each child gets SIGTERM on its process
 group, then SIGKILL after ``stop_grace`` seconds, and is reaped, so nothing is orphaned and
@@ -323,7 +324,7 @@ def child_specs(cfg: UpConfig, secret: Path, control_dir: Path) -> tuple[list[Ch
                           log_level=cfg.log_level, log_format=cfg.log_format,
                           tcp=[cfg.udp] if cfg.ice_tcp else [],
                           tcp_https=_https_backend(cfg) if cfg.https_on_media_port else None)
-        # A warm standby per worker: SIGKILL of a worker costs a few tens of ms, not a
+        # A warm standby (fork template) per worker: SIGKILL of a worker costs a few tens of ms, not a
         # Python start-up (docs/reliability.md "Relay worker failover").
         relays.append(ChildSpec("relay", str(w), argv, control, standby=True))
     return transceivers, relays

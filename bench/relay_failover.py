@@ -8,6 +8,11 @@ direction is a jump). Then K times, after a random pause (``--pause`` MIN..MAX s
 standby may or may not be warm again: a random moment), SIGKILL of a random worker; the
 supervisor's standby (or, if none is warm, a fresh process) takes over.
 
+With ``--pairs P``, P of the kills are the second of a back-to-back pair: the same worker
+killed again ``--back-to-back`` s (0.3) after the first kill, once its successor answers; a
+pair is one event (its window spans both kills). ``forked`` says whether each successor
+was a fork of the standby (issue 32) rather than a fresh process.
+
 Printed, over every call and event: the longest run of audio missing from the received RTP
 timestamps around each kill (``media gap``: the issue's measure) and the longest interval
 between two received packets (``arrival gap``: adds this process's own send stalls),
@@ -15,6 +20,8 @@ p50/p99/max, calls lost (failed or without media at the end), and the same for a
 window of the same length with no kill (what the loaded box alone costs).
 
     .venv/bin/python bench/relay_failover.py --calls 50 --kills 10 --workers 2
+    .venv/bin/python bench/relay_failover.py --calls 40 --kills 20 --workers 1 \
+        --pairs 6 --pause 0.3 3 [--redis]
 """
 
 from __future__ import annotations
@@ -51,6 +58,41 @@ WINDOW_BEFORE = 0.5
 WINDOW_AFTER = 1.5
 
 
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return -1
+
+
+def _kill_pair(pid: int, standbys: list[int], apart: float) -> tuple[float, float, int]:
+    """In a thread: SIGKILL ``pid``, find its successor (a standby's new child, from /proc),
+    SIGKILL it ``apart`` s after the first kill. (perf_counter of both kills, the second.)"""
+    before = {c for sb in standbys for c in _children(sb)}
+    os.kill(pid, signal.SIGKILL)
+    t1 = time.perf_counter()
+    while True:
+        new = [c for sb in standbys for c in _children(sb) if c not in before and c != pid]
+        if new:
+            break
+        if time.perf_counter() - t1 > 30:
+            raise RuntimeError("no successor forked within 30 s")
+        time.sleep(0.002)
+    time.sleep(max(0.0, t1 + apart - time.perf_counter()))
+    os.kill(new[0], signal.SIGKILL)
+    return t1, time.perf_counter(), new[0]
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            out += [int(x) for x in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+    except OSError:
+        pass
+    return out
+
+
 def _pct(values: list[float], p: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
@@ -83,28 +125,63 @@ async def run(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
                 media: list[float] = []
                 warm_media: list[float] = []
                 cold_media: list[float] = []
+                pair_media: list[float] = []
                 arrival: list[float] = []
-                for _ in range(args.kills):
+                # Which kills come back to back: --pairs of them are the second of a pair,
+                # --back-to-back s after the first (once its successor answers).
+                seconds = set(rng.sample(range(1, args.kills), min(args.pairs, args.kills - 1))
+                              if args.kills > 1 else [])
+                kills_done = 0
+                while kills_done < args.kills:
                     await trio.sleep(rng.uniform(*args.pause))  # a random moment
                     w = rng.randrange(args.workers)
+                    burst = 2 if kills_done + 1 in seconds and kills_done + 1 < args.kills else 1
+                    first_kill: float | None = None
+                    backs: list[float | None] = []
+                    warms, forks = [], []
                     pid = await up.worker_pid(w)
                     if pid is None:  # still coming back from the last kill
                         continue
-                    warm = up.standbys_warm()
-                    os.kill(pid, signal.SIGKILL)
-                    killed = trio.current_time()
-                    await up._replaced(w, pid, 30)
-                    back = trio.current_time()
+                    warms.append(up.standbys_warm())
+                    if burst == 2 and args.workers == 1:
+                        # Both kills from a thread: this process's trio loop, busy with the
+                        # calls at load 15, overshot a 0.3 s sleep by 0.1-0.2 s.
+                        standbys = up.standby_pids()
+                        offset = trio.current_time() - time.perf_counter()
+                        t1, t2, second = await trio.to_thread.run_sync(
+                            _kill_pair, pid, standbys, args.back_to_back)
+                        first_kill, killed = t1 + offset, t2 + offset
+                        kills_done += 2
+                        warms.append(up.standbys_warm())
+                        forks.append(True)  # found among the standbys' children
+                        backs.append(None)
+                        pid = second
+                    else:
+                        os.kill(pid, signal.SIGKILL)
+                        first_kill = killed = trio.current_time()
+                        kills_done += 1
+                    await up._replaced(w, pid, 30)  # its control socket answers
+                    backs.append(round(1000 * (trio.current_time() - killed), 1))
+                    new = await up.worker_pid(w)
+                    forks.append(new is not None and _ppid(new) in up.standby_pids())
+                    if first_kill is None:
+                        continue
                     await trio.sleep(WINDOW_AFTER)  # the measurement window after the kill
                     end = trio.current_time()
-                    m = [longest_media_gap(c.rx, killed - WINDOW_BEFORE, end) for c in calls]
-                    a = [longest_gap(c.rx_times, killed - WINDOW_BEFORE, end) for c in calls]
+                    m = [longest_media_gap(c.rx, first_kill - WINDOW_BEFORE, end) for c in calls]
+                    a = [longest_gap(c.rx_times, first_kill - WINDOW_BEFORE, end) for c in calls]
                     media += m
                     arrival += a
-                    (warm_media if warm else cold_media).extend(m)
-                    events.append({"worker": w, "standby_warm": warm,
-                                   "back_after_ms": round(1000 * (back - killed), 1),
-                                   "media_gap_max_ms": round(1000 * max(m), 1)})
+                    (warm_media if all(warms) else cold_media).extend(m)
+                    if len(backs) > 1:
+                        pair_media.extend(m)
+                    events.append({"worker": w, "kills": len(backs), "standby_warm": warms,
+                                   "second_kill_after_ms": (
+                                       round(1000 * (killed - first_kill), 1)
+                                       if len(backs) > 1 else None),
+                                   "forked": forks, "back_after_ms": backs,
+                                   "media_gap_max_ms": round(1000 * max(m), 1),
+                                   "load": round(os.getloadavg()[0], 1)})
                     print(json.dumps(events[-1]), file=sys.stderr, flush=True)
                 # Lost: failed, or no media after the last event (waited for: with 50 calls
                 # on a loaded box this process may read its sockets late).
@@ -119,11 +196,13 @@ async def run(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]
         finally:
             up.stop()
     return {
-        "calls": args.calls, "kills": len(events), "workers": args.workers,
+        "calls": args.calls, "kills": kills_done, "events_measured": len(events),
+        "back_to_back_pairs": sum(e["kills"] > 1 for e in events), "workers": args.workers,
         "redis": redis_url is not None, "agent": args.agent,
         "media_gap": _summary(media), "arrival_gap": _summary(arrival),
         "media_gap_standby_warm": _summary(warm_media) if warm_media else None,
         "media_gap_standby_cold": _summary(cold_media) if cold_media else None,
+        "media_gap_back_to_back": _summary(pair_media) if pair_media else None,
         "baseline_media_gap": _summary(base_media), "baseline_arrival_gap": _summary(base_arrival),
         "calls_over_250ms": sum(g > 0.25 for g in media),
         "calls_lost": len(lost), "lost": lost, "events": events,
@@ -152,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agent", default="passthrough")
     p.add_argument("--pause", type=float, nargs=2, default=(1.0, 6.0), metavar=("MIN", "MAX"),
                    help="random pause before each kill, s")
+    p.add_argument("--pairs", type=int, default=0,
+                   help="how many kills are the second of a back-to-back pair")
+    p.add_argument("--back-to-back", type=float, default=0.3, metavar="S",
+                   help="a pair's second kill S seconds after its first (default 0.3)")
     p.add_argument("--seed", type=int, default=20)
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)

@@ -33,7 +33,7 @@ from typing import Any
 import trio
 
 from .. import logs
-from ..children import ChildSpec, Supervisor, exception_leaves
+from ..children import ChildSpec, Supervisor, exception_leaves, serve_fork_template
 from ..config import ConfigError, format_hostport, load_config, parse_hostport, resolve
 from ..control import serve_control
 from ..heap import settle_heap
@@ -147,7 +147,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--config", metavar="FILE", help="TOML config file (flags override it)")
     a("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     # A supervisor's warm standby (appliance.children): start, read the configuration, then
-    # wait for "go" on stdin before binding anything (issue 20: fast failover).
+    # fork a worker for each "go" on the control socket that is its stdin, binding nothing
+    # itself (issues 20 and 32: fast failover, every time).
     a("--standby", action="store_true", help=argparse.SUPPRESS)
     logs.add_logging_flags(parser)
 
@@ -377,15 +378,30 @@ class _Workers:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def _standby(config: RelayConfig) -> bool:
-    """Block until the supervisor says ``go`` (True) or closes our stdin (False). Everything
-    a worker imports is imported by now; the Redis client's module too, when configured."""
+def _standby(config: RelayConfig, pin: bool) -> int:
+    """Serve as the supervisor's fork template (:func:`appliance.children.serve_fork_template`):
+    every ``go`` forks a worker that runs :func:`_worker` from here, with everything it
+    imports imported (the Redis client's module too, when configured) and the
+    configuration read: milliseconds, not an interpreter start (issue 32). No trio loop
+    runs in this process, so forking it is safe; returns when the supervisor lets go."""
     if config.redis_url is not None:
-        import redis  # noqa: F401 - imported now, not after "go"
-    settle_heap()  # the start-up objects out of the collector's reach, now rather than later
-    print(STANDBY_LINE, flush=True)  # the supervisor logs it: this standby is warm
-    line = sys.stdin.readline()
-    return line.strip() == "go"
+        import redis  # noqa: F401 - imported now, not in each fork
+    settle_heap()  # the start-up objects out of the collector's reach (and shared by forks)
+    return serve_fork_template(lambda: _worker(config, pin), STANDBY_LINE)
+
+
+def _worker(config: RelayConfig, pin: bool) -> int:
+    """One worker process: its own trio loop until SIGINT/SIGTERM; 1 if a bind failed."""
+    rc = 0
+    try:
+        trio.run(_run_worker, config, pin)
+    except* OSError as group:  # a bind that failed, from inside the worker's nursery
+        for leaf in exception_leaves(group):
+            print(f"appliance relay: {leaf}", file=sys.stderr)
+        rc = 1
+    except* KeyboardInterrupt:  # pragma: no cover - the signal receiver normally wins
+        pass
+    return rc
 
 
 async def _roll_on_sighup(workers: _Workers) -> None:
@@ -410,12 +426,13 @@ def run(args: argparse.Namespace) -> int:
     if workers < 1:
         print("appliance relay: --workers must be >= 1", file=sys.stderr)
         return 2
+    if args.standby:
+        return _standby(config, bool(args.pin))
+    if workers == 1 or args.worker_index is not None:
+        return _worker(config, bool(args.pin))
     rc = 0
     try:
-        if workers > 1 and args.worker_index is None:
-            trio.run(_Workers(args, config, workers).run)
-        elif not args.standby or _standby(config):
-            trio.run(_run_worker, config, bool(args.pin))
+        trio.run(_Workers(args, config, workers).run)
     except* OSError as group:  # a bind that failed, from inside the worker's nursery
         for leaf in exception_leaves(group):
             print(f"appliance relay: {leaf}", file=sys.stderr)

@@ -119,16 +119,20 @@ class Up:
         return total
 
     def standby_pids(self) -> list[int]:
-        """The ``--standby`` processes of this ``up``."""
+        """The ``--standby`` processes (fork templates) of this ``up``: its children with
+        that flag (the workers they forked carry the same command line, one level down)."""
         out = []
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
                 continue
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                stat = Path(f"/proc/{pid}/stat").read_text()
             except OSError:
                 continue
-            if b"--standby" in cmd and str(self.state).encode() in b" ".join(cmd):
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if (b"--standby" in cmd and str(self.state).encode() in b" ".join(cmd)
+                    and ppid == self.proc.popen.pid):
                 out.append(int(pid))
         return out
 

@@ -193,3 +193,36 @@ async def test_kill9_with_redis_and_redis_outage(
             calls.ai.stop()
     finally:
         up.stop()
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+async def test_two_kills_back_to_back_keep_forwarding(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """Issue 32: the active worker killed twice, 0.3 s apart. Before, the first kill used
+    up the standby and the next one was still importing (1-7 s on a loaded host), so the
+    second kill waited for it: every call lost 1.5 s. The standby is a fork template now:
+    both successors are forks of it, and every call stays within the same bound as one
+    kill (LIMIT on top of the quiet-second gap measured just before, in this run)."""
+    up = await Up.start(tmp_path, workers=1)
+    try:
+        calls = await _calls(nursery, up)
+        try:
+            await up.standbys_ready()
+            [template] = up.standby_pids()
+            await calls.measure_quiet()
+            killed, _ = await up.kill_worker(0)
+            await trio.sleep_until(killed + 0.3)  # the scenario: the second kill 0.3 s on
+            _, back = await up.kill_worker(0)
+            end = await calls.flowing(back)
+            calls.check(killed - 0.5, end, "two kills 0.3 s apart")
+            pid = await up.worker_pid(0)
+            assert pid is not None and _ppid(pid) == template  # a fork, not a cold start
+            assert up.standby_pids() == [template]  # and the template is still there
+        finally:
+            calls.ai.stop()
+    finally:
+        up.stop()

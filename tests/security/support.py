@@ -88,7 +88,11 @@ class Up:
                 continue
             role = "?"
             if "--standby" in cmd:
-                continue  # a relay worker's warm standby (issue 20): idle until needed
+                # A relay worker's warm standby (issue 20), idle until needed; since issue
+                # 32 a fork template: the relay workers are its children.
+                for worker in children(pid):
+                    out["relay" if "relay" not in out else f"relay{worker}"] = worker
+                continue
             if "transceiver" in cmd:
                 role = f"transceiver{cmd[cmd.index('--id') + 1] if '--id' in cmd else pid}"
             elif "relay" in cmd or "appliance.relay.cli" in cmd:  # up runs the module
