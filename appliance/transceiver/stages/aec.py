@@ -28,6 +28,18 @@ passes the microphone through unchanged.
 reference ``guard_ms`` early so a slightly late estimate still falls inside the filter) and
 its preprocessor's residual-echo suppressor, 10 ms at a time at 48 kHz (speexdsp.py).
 
+**Echo gate** (the non-linear part, for the moments the filter cannot help): a frame is
+attenuated by :data:`GATE_DB` when the reference says echo may be in it and the frame is
+quieter than that reference would make it — *before* ``D`` is known, when it is quieter
+than the loudest reference frame of the last ``max_delay`` (the echo of any of them may be
+arriving: a phone's echo path attenuates, so an echo is quieter than what caused it); once
+``D`` is known, when what the filter left is quieter than the reference around ``m - D``
+(for :data:`CONVERGE_FRAMES` while the fresh filter converges) and later more than
+:data:`GATE_MARGIN_DB` below it. So the agent's returning voice does not reach the VAD while the
+delay is being found or the filter converges (an agent with barge-in would otherwise
+interrupt itself on its first words); a caller talking over the agent at a normal level is
+louder than that and passes. Counted as ``gated``.
+
 Reported (``media.stages.aec``): ``delay_ms``, the estimates made/accepted/changes, and
 ``erle_db`` — echo return loss enhancement, 10·log10(microphone power / output power) over
 the frames where the reference carried sound, smoothed.
@@ -43,6 +55,12 @@ from .base import FRAME_SAMPLES, SAMPLE_RATE
 from .speexdsp import SpeexEcho, load
 
 _DECIM = 4
+GATE_DB = -30.0  # what the echo gate does to a frame it judges echo
+GATE_MARGIN_DB = 12.0  # once D is known: echo when this far below the aligned reference
+CONVERGE_FRAMES = 100  # 2 s after D is set or moved: the filter is still converging
+_GATE = 10 ** (GATE_DB / 20)
+_MARGIN = 10 ** (-GATE_MARGIN_DB / 10)
+_REF_ACTIVE = 30.0 ** 2  # mean power of a reference frame that carries sound
 _INT16 = np.dtype("<i2")
 
 
@@ -145,6 +163,8 @@ class EchoCanceller:
         self._p_mic = 0.0
         self._p_out = 0.0
         self._ref_active_frames = 0
+        self.gated = 0
+        self._converging = 0  # frames left of CONVERGE_FRAMES
 
     def _pos(self, now: float) -> int:
         if self.t0 is None:
@@ -174,6 +194,13 @@ class EchoCanceller:
         if self.frames % self.estimate_every == 0:
             self._estimate(pos + len(x))
         if self.delay is None:
+            if self.ref.end <= pos - self.max_delay:
+                return pcm  # nothing sent lately: no echo can be in this frame
+            # Any frame sent in the last max_delay may be echoing now.
+            p_ref = self._ref_peak_power(pos - self.max_delay, self.max_delay + len(x))
+            if p_ref > _REF_ACTIVE and _power(x) < p_ref:
+                self.gated += 1
+                return (x * _GATE).astype(_INT16).tobytes()
             return pcm
         lead = self.delay - self.guard
         far = self.ref.read(pos - lead, len(x))
@@ -182,14 +209,29 @@ class EchoCanceller:
         out = b"".join(self.speex.process(pcm[2 * i : 2 * (i + sub)], far[i : i + sub].tobytes())
                        for i in range(0, len(x), sub))
         self.cancelled += 1
+        y = np.frombuffer(out, _INT16)
+        p_out = _power(y)
         if far_active:
-            y = np.frombuffer(out, _INT16).astype(np.float32)
-            xf = x.astype(np.float32)
             a = 0.05
-            self._p_mic += a * (float(xf.dot(xf)) / len(x) - self._p_mic)
-            self._p_out += a * (float(y.dot(y)) / len(x) - self._p_out)
+            self._p_mic += a * (_power(x) - self._p_mic)
+            self._p_out += a * (p_out - self._p_out)
             self._ref_active_frames += 1
+        margin = 1.0 if self._converging > 0 else _MARGIN
+        if self._converging > 0:
+            self._converging -= 1
+        # The reference around m - D, the filter's tail either side: where echo (or what a
+        # misadjusted filter makes of it) may be in this frame.
+        if self.ref.end > pos - lead - self.tail:
+            p_ref = self._ref_peak_power(pos - lead - self.tail, len(x) + 2 * self.tail)
+            if p_ref > _REF_ACTIVE and p_out < p_ref * margin:
+                self.gated += 1
+                return (y * _GATE).astype(_INT16).tobytes()
         return out
+
+    def _ref_peak_power(self, start: int, n: int) -> float:
+        """The mean power of the loudest 10 ms of the reference in [start, start + n)."""
+        r = self.ref.read(start, n // self.SUB * self.SUB).astype(np.float32)
+        return float((r.reshape(-1, self.SUB) ** 2).mean(axis=1).max())
 
     def _estimate(self, mic_end: int) -> None:
         if mic_end < self.window or self.mic.end - self.mic.size > mic_end - self.window:
@@ -209,6 +251,7 @@ class EchoCanceller:
         tol = round(0.002 * SAMPLE_RATE)
         if self.delay is None:
             self.delay = d
+            self._converging = CONVERGE_FRAMES
             return
         if abs(d - self.delay) <= tol:
             self._pending = None
@@ -218,6 +261,7 @@ class EchoCanceller:
             self._pending = None
             self.changes += 1
             self.speex.reset()
+            self._converging = CONVERGE_FRAMES
         else:
             self._pending = d
 
@@ -232,11 +276,16 @@ class EchoCanceller:
             "delay_ms": None if self.delay is None else round(self.delay * 1000 / SAMPLE_RATE, 1),
             "estimates": self.estimates, "accepted": self.accepted, "changes": self.changes,
             "erle_db": None if erle is None else round(erle, 1),
-            "frames": self.frames, "cancelled": self.cancelled,
+            "frames": self.frames, "cancelled": self.cancelled, "gated": self.gated,
         }
 
     def close(self) -> None:
         self.speex.close()
+
+
+def _power(x: np.ndarray) -> float:
+    f = x.astype(np.float32)
+    return float(f.dot(f)) / len(f)
 
 
 class EchoCancelStage:
