@@ -29,13 +29,15 @@ reference ``guard_ms`` early so a slightly late estimate still falls inside the 
 its preprocessor's residual-echo suppressor, 10 ms at a time at 48 kHz (speexdsp.py).
 
 **Echo gate** (the non-linear part, for the moments the filter cannot help): a frame is
-attenuated by :data:`GATE_DB` when the reference says echo may be in it and the frame is
+brought down to the microphone's background level (a slow minimum of its frame power: a
+gated frame sounds like the line's own noise, so a VAD that tracks the noise floor sees no
+step when the gate opens again; at most :data:`GATE_DB`) when the reference says echo may be in it and the frame is
 quieter than that reference would make it — *before* ``D`` is known, when it is quieter
 than the loudest reference frame of the last ``max_delay`` (the echo of any of them may be
 arriving: a phone's echo path attenuates, so an echo is quieter than what caused it); once
-``D`` is known, when what the filter left is quieter than the reference around ``m - D``
-(for :data:`CONVERGE_FRAMES` while the fresh filter converges) and later more than
-:data:`GATE_MARGIN_DB` below it. So the agent's returning voice does not reach the VAD while the
+``D`` is known, by the same rule for :data:`CONVERGE_FRAMES` while the fresh filter
+converges (and a first estimate may still move), then when what the filter left is more
+than :data:`GATE_MARGIN_DB` below the reference around ``m - D``. So the agent's returning voice does not reach the VAD while the
 delay is being found or the filter converges (an agent with barge-in would otherwise
 interrupt itself on its first words); a caller talking over the agent at a normal level is
 louder than that and passes. Counted as ``gated``.
@@ -164,6 +166,7 @@ class EchoCanceller:
         self._p_out = 0.0
         self._ref_active_frames = 0
         self.gated = 0
+        self._floor: float | None = None  # the microphone's background power
         self._converging = 0  # frames left of CONVERGE_FRAMES
 
     def _pos(self, now: float) -> int:
@@ -191,6 +194,10 @@ class EchoCanceller:
         self.mic_pos += len(x)
         self.mic.write(pos, x)
         self.frames += 1
+        p_mic = _power(x)
+        f = self._floor
+        # Down fast, up slowly (~2 dB/s): the quiet between words, not the words.
+        self._floor = p_mic if f is None or p_mic < f else f * 1.01
         if self.frames % self.estimate_every == 0:
             self._estimate(pos + len(x))
         if self.delay is None:
@@ -198,9 +205,8 @@ class EchoCanceller:
                 return pcm  # nothing sent lately: no echo can be in this frame
             # Any frame sent in the last max_delay may be echoing now.
             p_ref = self._ref_peak_power(pos - self.max_delay, self.max_delay + len(x))
-            if p_ref > _REF_ACTIVE and _power(x) < p_ref:
-                self.gated += 1
-                return (x * _GATE).astype(_INT16).tobytes()
+            if p_ref > _REF_ACTIVE and p_mic < p_ref:
+                return self._gate(x, p_mic)
             return pcm
         lead = self.delay - self.guard
         far = self.ref.read(pos - lead, len(x))
@@ -213,20 +219,29 @@ class EchoCanceller:
         p_out = _power(y)
         if far_active:
             a = 0.05
-            self._p_mic += a * (_power(x) - self._p_mic)
+            self._p_mic += a * (p_mic - self._p_mic)
             self._p_out += a * (p_out - self._p_out)
             self._ref_active_frames += 1
-        margin = 1.0 if self._converging > 0 else _MARGIN
         if self._converging > 0:
+            # A fresh filter (and perhaps a first estimate that is not yet right): the
+            # rule of the unknown delay, any reference of the last max_delay.
             self._converging -= 1
-        # The reference around m - D, the filter's tail either side: where echo (or what a
-        # misadjusted filter makes of it) may be in this frame.
-        if self.ref.end > pos - lead - self.tail:
-            p_ref = self._ref_peak_power(pos - lead - self.tail, len(x) + 2 * self.tail)
+            start, n, margin = pos - self.max_delay, self.max_delay + len(x), 1.0
+        else:
+            # The reference around m - D, the filter's tail either side: where echo (or
+            # what a misadjusted filter makes of it) may be in this frame.
+            start, n, margin = pos - lead - self.tail, len(x) + 2 * self.tail, _MARGIN
+        if self.ref.end > start:
+            p_ref = self._ref_peak_power(start, n)
             if p_ref > _REF_ACTIVE and p_out < p_ref * margin:
-                self.gated += 1
-                return (y * _GATE).astype(_INT16).tobytes()
+                return self._gate(y, p_out)
         return out
+
+    def _gate(self, x: np.ndarray, p: float) -> bytes:
+        self.gated += 1
+        floor = self._floor if self._floor is not None else 0.0
+        g = max(_GATE, min(1.0, float(np.sqrt(floor / p)) if p > 0 else 1.0))
+        return (x * g).astype(_INT16).tobytes()
 
     def _ref_peak_power(self, start: int, n: int) -> float:
         """The mean power of the loudest 10 ms of the reference in [start, start + n)."""
