@@ -25,6 +25,7 @@ import av
 import numpy as np
 import pytest
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
 from e2e.procs import Proc, free_tcp_port, free_udp_port
 from e2e.test_realtime_aiortc import Events
 from e2e.test_up_http import http_json, in_fresh_thread
@@ -119,7 +120,10 @@ async def phone_call(base: str, speech: np.ndarray, aec: bool) -> dict[str, Any]
     def _(track: Any) -> None:
         async def loudspeaker() -> None:
             while True:
-                frame = await track.recv()
+                try:
+                    frame = await track.recv()
+                except MediaStreamError:
+                    return  # the call ended
                 channels = len(frame.layout.channels)
                 mic.hear(frame.to_ndarray().reshape(-1)[::channels])
         asyncio.ensure_future(loudspeaker())
