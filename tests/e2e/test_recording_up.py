@@ -173,3 +173,52 @@ def test_recording_route_errors(up: tuple[str, Path]) -> None:
     assert status == 404
     status, headers, _ = http_json("DELETE", f"{base}/v1/realtime/calls/rtc_x/recording")
     assert status == 405 and headers["allow"] == "GET, OPTIONS"
+
+
+async def realtime_call(base: str, session: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A short call on POST /v1/realtime/calls with ``session``; (call id, its media view)."""
+    from e2e.test_aec_phone_up import multipart
+
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTrack(BurstTrack())
+    pc.createDataChannel("oai-events")
+    connected = asyncio.Event()
+
+    @pc.on("connectionstatechange")
+    def _() -> None:
+        if pc.connectionState == "connected":
+            connected.set()
+
+    await pc.setLocalDescription(await pc.createOffer())
+    body, ctype = multipart(pc.localDescription.sdp, session)
+    status, headers, answer = await asyncio.to_thread(
+        http_json, "POST", base + "/v1/realtime/calls", body, ctype)
+    assert status == 201, answer[:300]
+    call_id = headers["location"].rsplit("/", 1)[-1]
+    await pc.setRemoteDescription(RTCSessionDescription(answer.decode(), "answer"))
+    try:
+        await asyncio.wait_for(connected.wait(), 20)
+        await asyncio.sleep(1.0)  # a second of audio: the scenario, not a synchronisation
+        status, _, view = await asyncio.to_thread(
+            http_json, "GET", f"{base}/v1/realtime/calls/{call_id}")
+        assert status == 200, view[:300]
+    finally:
+        await pc.close()
+        await asyncio.to_thread(http_json, "DELETE", f"{base}/v1/realtime/calls/{call_id}")
+    return call_id, json.loads(view)["media"]["media"]
+
+
+def test_a_call_opts_out_through_its_session(up: tuple[str, Path]) -> None:
+    """Under --record, ``session.appliance.record: false`` leaves that call unrecorded;
+    ``true`` (the default here) records it."""
+    base, _ = up
+    out_id, out_media = in_fresh_thread(lambda: asyncio.run(realtime_call(
+        base, {"type": "realtime", "appliance": {"record": False}})))
+    in_id, in_media = in_fresh_thread(lambda: asyncio.run(realtime_call(
+        base, {"type": "realtime", "appliance": {"record": True}})))
+    assert out_media["recording"] is None and "recorder-in" not in out_media["in"]
+    assert in_media["recording"]["state"] == "recording"
+    with wave.open(io.BytesIO(fetch_recording(base, in_id))) as w:
+        assert w.getnchannels() == 2 and w.getnframes() > 0
+    status, _, body = http_json("GET", f"{base}/v1/realtime/calls/{out_id}/recording")
+    assert status == 404 and json.loads(body)["error"]["code"] == "recording_not_found"
