@@ -26,6 +26,8 @@ crosses a process boundary.
                                                "frames": 1500}, "out": {…}},
                       "recorder": null | {"buffered": 0, "max_frames": 6000, "dropped": 0,
                                           "frames_in": 0, "frames_out": 0},
+                      "recording": null | {"state": "recording|done|stopped", "reason": null,
+                                           "seconds": 1.5, "bytes": 288000, "dropped": 0},
                       "stages": {"denoise": {…}, "aec": {…}}, "stage_failures": 0,
                       "failed": {"name": "ExceptionType"},
                       "unavailable": {"noise_reduction": "needs …"}}}

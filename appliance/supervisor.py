@@ -71,6 +71,13 @@ from .config import (
     resolve,
 )
 from .logs import add_logging_flags, configure
+from .recordings import (
+    DEFAULT_QUOTA,
+    DEFAULT_RETENTION,
+    RECORDINGS_DIR,
+    parse_duration,
+    parse_size,
+)
 from .relay.argv import relay_argv
 from .signaling.options import (
     DEFAULT_REALTIME_AGENT,
@@ -116,6 +123,9 @@ DEFAULTS: dict[str, Any] = {
     "ice_tcp": True,
     "public_tcp_port": None,
     "https_on_media_port": False,
+    "record": False,
+    "recording_quota": "1G",
+    "recording_retention": "7d",
 }
 
 
@@ -211,6 +221,11 @@ class UpConfig:
     public_tcp_port: int | None = None
     #: one TCP port for HTTPS and ICE-TCP: the relays pass TLS connections to signaling
     https_on_media_port: bool = False
+    #: recordings (docs/recordings.md): every call unless it says otherwise, the state
+    #: directory's recordings/ quota in bytes and how long a recording is kept
+    record: bool = False
+    recording_quota: int = DEFAULT_QUOTA
+    recording_retention: float = DEFAULT_RETENTION
     child_command: list[str] = field(default_factory=lambda: [sys.executable, "-m", "appliance"])
     backoff_initial: float = 0.5
     stop_grace: float = 2.0
@@ -262,6 +277,9 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
         dtls_versions=None if getattr(args, "dtls_versions", None) is None
         else parse_dtls_versions(args.dtls_versions),
     )
+    cfg.record = bool(getattr(args, "record", False))
+    cfg.recording_quota = parse_size(getattr(args, "recording_quota", None) or "1G")
+    cfg.recording_retention = parse_duration(getattr(args, "recording_retention", None) or "7d")
     cfg.ice_tcp = bool(getattr(args, "ice_tcp", True))
     cfg.https_on_media_port = bool(getattr(args, "https_on_media_port", False))
     if cfg.https_on_media_port and not (cfg.ice_tcp and cfg.tls_cert):
@@ -307,6 +325,10 @@ def child_specs(cfg: UpConfig, secret: Path, control_dir: Path) -> tuple[list[Ch
                 *(["--fixed-opus-complexity"] if cfg.fixed_opus_complexity else []),
                 *([] if cfg.dtls_versions is None
                   else ["--dtls-versions", format_dtls_versions(cfg.dtls_versions)]),
+                "--recordings-dir", str(cfg.state_dir / RECORDINGS_DIR),
+                "--recording-quota", str(cfg.recording_quota),
+                "--recording-retention", repr(cfg.recording_retention),
+                *(["--record"] if cfg.record else []),
                 *logging_flags]
         transceivers.append(ChildSpec("transceiver", str(k), argv, control))
     routes = {k: ("127.0.0.1", port) for k, port in enumerate(ports)}
@@ -369,6 +391,7 @@ async def up(
             webhooks=list(cfg.webhooks),
             sip=cfg.sip,
             admission_limit=cfg.admission_limit,
+            recordings_dir=cfg.state_dir / RECORDINGS_DIR,
         )
         generated = ensure_api_token(sig_cfg)
         state = SignalingState(sig_cfg)
@@ -472,6 +495,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", metavar="DIR", default=None,
                         help="routing secret, control sockets, self-signed certificate "
                              "(default $XDG_STATE_HOME/appliance or ./.appliance-state)")
+    parser.add_argument("--record", action="store_true", default=None,
+                        help="record every call (both directions, a stereo WAV in the state "
+                             "directory's recordings/) unless its session says otherwise; "
+                             "without it a call may still ask (docs/recordings.md)")
+    parser.add_argument("--recording-quota", metavar="SIZE", default=None,
+                        help="the recordings' disk quota (e.g. 500M, 2G; default 1G): a "
+                             "recording that would pass it stops, the call goes on")
+    parser.add_argument("--recording-retention", metavar="DURATION", default=None,
+                        help="recordings older than this are deleted (e.g. 12h, 7d; "
+                             "default 7d)")
     parser.add_argument("--internal-base-port", type=int, metavar="PORT", default=None,
                         help="transceiver k listens on 127.0.0.1:PORT+k (default: free ports)")
     parser.add_argument("--webui-dir", metavar="DIR", default=None, help=argparse.SUPPRESS)

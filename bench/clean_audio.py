@@ -3,8 +3,9 @@
 Noise: espeak-ng speech (made here, tests/transceiver/speech_audio.py) mixed with white
 noise and with a babble of other espeak-ng sentences at 0, 5 and 10 dB SNR, through the
 ``denoise`` stage in both modes. Printed: SNR before/after (lag- and gain-aligned against
-the clean speech), and STOI / wideband PESQ of cleaned against clean when ``pystoi`` /
-``pesq`` are installed (they are not dependencies: ``pip install pystoi pesq``).
+the clean speech), and STOI / wideband PESQ of cleaned against clean: ``pystoi`` is in the
+speech extra; ``pesq`` is not (no wheel on PyPI, only an sdist compiling the ITU-T P.862 C
+code: ``pip install pesq`` where a compiler is present), ``PESQ n/a`` without it.
 
 Echo: a synthetic echo path (40 / 120 / 200 ms, -8 dB direct + a reflection, -60 dBFS noise)
 through the ``aec`` stage pair. Printed: the delay it estimated and the ERLE once converged.

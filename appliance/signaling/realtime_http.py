@@ -9,6 +9,7 @@ POST   /v1/realtime/client_secrets            mint an ``ek_…`` client secret +
 POST   /v1/realtime/calls[?dcid=N]            SDP offer (raw or multipart) -> 201 + answer      call
 GET    /v1/realtime/calls/{call_id}           the call: state, session config, media stats      call
 DELETE /v1/realtime/calls/{call_id}           hang up (also ``POST …/{call_id}/hangup``)        call
+GET    /v1/realtime/calls/{call_id}/recording the call's recording (stereo WAV; recordings.md)  api
 GET    /v1/realtime?model=…  (WebSocket)      a Realtime session over the socket (realtime_ws)  call
 ===========================================  ================================================  =====
 
@@ -45,6 +46,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -55,6 +57,8 @@ import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
+
+from appliance import recordings
 
 from .problems import Problem
 from .rules import (
@@ -67,7 +71,7 @@ from .rules import (
 )
 from .state import SignalingState
 from .tokens import ClientClaims, TokenError
-from .webhooks import CALL_ENDED, CALL_STARTED, end_report
+from .webhooks import CALL_ENDED, CALL_STARTED, end_report, recording_link
 
 EK_PREFIX = "ek_"
 SCOPE_CALLS = "realtime.calls"
@@ -331,7 +335,8 @@ class Realtime:
                                           "codec", "datachannels")}
         hooks.emit(CALL_ENDED, {**data, "report": end_report(
             started_at=started, ended_at=ended,
-            reason=rec.end_reason or "gone" if rec is not None else "gone", stats=stats)})
+            reason=rec.end_reason or "gone" if rec is not None else "gone", stats=stats,
+            recording=recording_link(call_id, view.get("media")))})
         return True
 
     async def watch_calls(self) -> None:
@@ -524,6 +529,45 @@ def register(app: QuartTrio, state: SignalingState) -> None:
         rt.call_ended_if_done(rec.id)
         return Response("", status=200)
 
+    @app.get("/v1/realtime/calls/<call_id>/recording")
+    @errors
+    async def get_recording(call_id: str) -> Response:
+        """The call's recording (docs/recordings.md): the API token only — a client secret
+        never reads one, not even of its own call."""
+        caller = rt.caller(request.headers.get("Authorization", ""))
+        if not caller.full_rights:
+            raise RealtimeProblem(403, "insufficient_permissions",
+                                  "recordings need the API token")
+        directory = state.config.recordings_dir
+        if directory is None or not recordings.safe_id(call_id):
+            raise RealtimeProblem(404, "recording_not_found",
+                                  f"no recording of call {call_id!r}", "call_id")
+        final, part, _ = recordings.paths(directory, call_id)
+        try:
+            f = await trio.open_file(final, "rb")
+        except FileNotFoundError:
+            if await trio.Path(part).exists():
+                raise RealtimeProblem(404, "recording_in_progress",
+                                      f"the recording of call {call_id!r} is still being "
+                                      "written: it is complete once the call has ended",
+                                      "call_id") from None
+            raise RealtimeProblem(404, "recording_not_found",
+                                  f"no recording of call {call_id!r} (the call was not "
+                                  "recorded, or its recording passed the retention period)",
+                                  "call_id") from None
+        size = os.fstat(f.fileno()).st_size
+
+        async def body() -> Any:
+            async with f:
+                while data := await f.read(1 << 16):
+                    yield data
+
+        resp = Response(body(), status=200, content_type="audio/wav")
+        resp.headers["Content-Length"] = str(size)
+        resp.headers["Content-Disposition"] = f'attachment; filename="{call_id}.wav"'
+        resp.headers["Cache-Control"] = "no-store"
+        return resp
+
     app.add_url_rule("/v1/realtime/calls/<call_id>", "realtime_delete_call",
                      errors(hangup), methods=["DELETE"])
     app.add_url_rule("/v1/realtime/calls/<call_id>/hangup", "realtime_hangup",
@@ -536,6 +580,7 @@ def register(app: QuartTrio, state: SignalingState) -> None:
                    "/v1/realtime/calls": "POST, OPTIONS"}.get(request.path)
         if allowed is None:
             allowed = ("POST, OPTIONS" if request.path.endswith("/hangup")
+                       else "GET, OPTIONS" if request.path.endswith("/recording")
                        else "GET, DELETE, OPTIONS")
         return error_response(RealtimeProblem(405, "method_not_allowed",
                                               f"{request.method} is not allowed here",
@@ -545,5 +590,7 @@ def register(app: QuartTrio, state: SignalingState) -> None:
     for rule, methods in (("/v1/realtime/client_secrets", others),
                           ("/v1/realtime/calls", others),
                           ("/v1/realtime/calls/<call_id>", ["POST", "PUT", "PATCH"]),
-                          ("/v1/realtime/calls/<call_id>/hangup", ["GET", "PUT", "PATCH", "DELETE"])):
+                          ("/v1/realtime/calls/<call_id>/hangup", ["GET", "PUT", "PATCH", "DELETE"]),
+                          ("/v1/realtime/calls/<call_id>/recording",
+                           ["POST", "PUT", "PATCH", "DELETE"])):
         app.add_url_rule(rule, f"realtime_405_{rule}", not_allowed, methods=methods)

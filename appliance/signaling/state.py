@@ -76,6 +76,9 @@ class SignalingConfig:
     # Webhooks (webhooks.py): the endpoints, and how often live calls are checked for an end.
     webhooks: list[WebhookEndpoint] = field(default_factory=list)
     webhook_call_poll: float = 2.0
+    #: where the transceivers write call recordings (appliance up: <state dir>/recordings;
+    #: None: GET …/recording answers 404), served by realtime_http.py
+    recordings_dir: Path | None = None
     sip: SipSettings | None = None  # --sip: phone calls (sip_server.py); None: off
 
     def requires_auth(self) -> bool:

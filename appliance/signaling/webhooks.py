@@ -152,10 +152,27 @@ def hung_up_by(reason: str) -> str:
 
 
 def end_report(*, started_at: float, ended_at: float, reason: str,
-               stats: dict[str, Any]) -> dict[str, Any]:
+               stats: dict[str, Any], recording: dict[str, Any] | None = None
+               ) -> dict[str, Any]:
+    """``recording``: :func:`recording_link`'s, or None when the call was not recorded."""
     return {"started_at": started_at, "ended_at": ended_at,
             "duration_seconds": round(max(0.0, ended_at - started_at), 3),
-            "end_reason": reason, "hung_up_by": hung_up_by(reason), "stats": stats}
+            "end_reason": reason, "hung_up_by": hung_up_by(reason), "stats": stats,
+            "recording": recording}
+
+
+def recording_link(call_id: str, media: Any) -> dict[str, Any] | None:
+    """The end-of-call report's ``recording`` for a call whose session object's ``media``
+    says it was recorded (docs/recordings.md): the path to fetch it with the API token —
+    relative to the appliance's base URL, which a receiver knows and signaling may not
+    (proxies) — and the recording's state when the transceiver last reported it. The file
+    is complete a moment after the call ends: fetching sooner answers 404
+    ``recording_in_progress``."""
+    rec = media.get("recording") if isinstance(media, dict) else None
+    if not isinstance(rec, dict):
+        return None
+    return {"url": f"/v1/realtime/calls/{call_id}/recording", "format": "audio/wav",
+            "state": rec.get("state"), "reason": rec.get("reason")}
 
 
 class WebhookQueue:

@@ -35,6 +35,7 @@ from appliance.config import (
 )
 from appliance.logs import add_logging_flags, configure
 from appliance.proto.ufrag import load_secrets
+from appliance.recordings import parse_duration, parse_size
 
 from .opus import DEFAULT_COMPLEXITY
 from .server import TransceiverAddresses, TransceiverConfig, serve_transceiver
@@ -43,7 +44,8 @@ DEFAULTS = {"id": 0, "cluster": 0, "agent": "echo", "max_sessions": 500, "listen
             "control": None, "exit_when_drained": False, "drain_on_sigterm": False,
             "drain_grace": 3600.0, "opus_complexity": DEFAULT_COMPLEXITY,
             "fixed_opus_complexity": False,
-            "dtls_versions": DEFAULT_DTLS_VERSIONS}
+            "dtls_versions": DEFAULT_DTLS_VERSIONS, "recordings_dir": None, "record": False,
+            "recording_quota": "1G", "recording_retention": "7d"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,6 +88,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --drain-on-sigterm: end the calls still up after S "
                         "seconds (default 3600; keep it below Kubernetes' "
                         "terminationGracePeriodSeconds)")
+    parser.add_argument("--recordings-dir", default=None, metavar="DIR",
+                        help="where call recordings are written (docs/recordings.md); "
+                        "without it no call is recorded")
+    parser.add_argument("--record", action="store_true", default=None,
+                        help="record every call that does not say otherwise (needs "
+                        "--recordings-dir)")
+    parser.add_argument("--recording-quota", default=None, metavar="SIZE",
+                        help="the recordings directory's quota (e.g. 500M, 2G; default 1G): "
+                        "a recording that would pass it stops, the call goes on")
+    parser.add_argument("--recording-retention", default=None, metavar="DURATION",
+                        help="recordings older than this are deleted (e.g. 12h, 7d; "
+                        "default 7d)")
     parser.add_argument("--config", default=None, metavar="FILE",
                         help="TOML config file ([transceiver] table and shared keys)")
     add_logging_flags(parser)
@@ -106,6 +120,10 @@ def build_config(args: argparse.Namespace, secrets: tuple[bytes, ...]) -> Transc
         adaptive_complexity=not args.fixed_opus_complexity,
         measure_load=True,  # a process of its own: its CPU is the transceiver's
         dtls_versions=parse_dtls_versions(args.dtls_versions),
+        recordings_dir=args.recordings_dir or None,
+        record=bool(args.record),
+        recording_quota=parse_size(args.recording_quota),
+        recording_retention=parse_duration(args.recording_retention),
     )
 
 

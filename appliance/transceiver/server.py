@@ -43,11 +43,13 @@ import socket
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from time import perf_counter
 from typing import Any
 
 import trio
 
+from appliance import recordings
 from appliance.agents import AgentError, resolve
 from appliance.control import check_params, serve_control
 from appliance.logs import loggable_url, redact
@@ -74,6 +76,7 @@ from .degrade import ComplexityController
 from .headroom import TICK, LoadMeter, read_core_stat
 from .opus import DEFAULT_COMPLEXITY
 from .pacer import Pacer
+from .recording import CallRecording, RecordingSettings
 from .session import EndedSession, Session, _fmt
 from .stages import MediaConfig
 from .vouch import VouchResponder
@@ -117,6 +120,7 @@ COUNTER_NAMES = (
     "dtls_client_hellos", "dtls_hello_verify", "dtls_handshakes_started",
     "session_errors", "sessions_created", "sessions_ended", "flows_forgotten",
     "sessions_refused_overloaded", "complexity_changes",
+    "recordings_started", "recordings_stopped",
 )
 #: Defence in depth behind signaling's admission (issue 23, docs/operations.md
 #: "Admission"): a create is refused ``503 overloaded`` when the measured busy share
@@ -153,6 +157,13 @@ class TransceiverConfig:
     # of its own). Off by default in process: the meter reads the whole process's CPU, which
     # in a test or benchmark includes its clients; tests feed Transceiver.handle_tick.
     measure_load: bool = False
+    # Recordings (recording.py, docs/recordings.md): where they go (None: no call can be
+    # recorded), whether calls are recorded unless they say otherwise (--record), the
+    # directory's quota in bytes and how long a recording is kept.
+    recordings_dir: str | None = None
+    record: bool = False
+    recording_quota: int = recordings.DEFAULT_QUOTA
+    recording_retention: float = recordings.DEFAULT_RETENTION
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +219,8 @@ class Transceiver:
         self.complexity = ComplexityController(config.opus_complexity,
                                                enabled=config.adaptive_complexity)
         self._created_in_window = 0  # creates since the meter's last window
+        #: the live calls' recordings (recording.py), told when their call ends
+        self.recordings: dict[str, CallRecording] = {}
         #: relay workers' "is this client yours?" (vouch.py; relay failover, issue 20)
         self.vouch = VouchResponder(config.id, config.secrets, self.by_client, self.send,
                                     self.counters)
@@ -418,6 +431,9 @@ class Transceiver:
     def _on_end(self, session: Session) -> None:
         if self.sessions.pop(session.id, None) is None:
             return
+        recording = self.recordings.pop(session.id, None)
+        if recording is not None:
+            recording.call_ended()  # its task writes the rest and finalises the file
         self.counters["sessions_ended"] += 1
         self.tcp_candidates.pop(session.id, None)
         self.admission.finished(session.call)  # (the call's close did; a no-op then)
@@ -504,6 +520,7 @@ class Transceiver:
             media = MediaConfig.from_params_untrusted(params)  # stages/config.py
         except ValueError as exc:
             return _error(400, "bad-params", str(exc))
+        media = self._recording_choice(sid, media)
         ufrag = self.codec.mint(cluster=self.config.cluster, transceiver=self.config.id)
         pwd = _ice_pwd()
         fingerprint = self.dtls_setup.fingerprint(time.time())
@@ -541,10 +558,39 @@ class Transceiver:
         self.counters["sessions_created"] += 1
         self._created_in_window += 1
         self._nursery.start_soon(session.run)
+        self._start_recording(session)
         session.mark_answer_sent(trio.current_time())
         log.info("session %s created: agent %s ufrag %s", sid, loggable_url(agent.name),
                  redact(ufrag))
         return {"ok": True, "answer": answer.text, "ufrag": ufrag}
+
+    def _recording_choice(self, sid: str, media: MediaConfig) -> MediaConfig:
+        """The call's ``record``: its own choice, else the server's default; only where
+        there is a recordings directory and the id can name a file."""
+        want = self.config.record if media.record is None else media.record
+        if want and self.config.recordings_dir is None:
+            log.warning("session %s asked for a recording; this transceiver has no "
+                        "recordings directory (--recordings-dir): not recorded", sid)
+            want = False
+        elif want and not recordings.safe_id(sid):
+            log.warning("session %s: this id cannot name a recording file: not recorded",
+                        redact(sid))
+            want = False
+        return media if media.record is want else media.with_(record=want)
+
+    def _start_recording(self, session: Session) -> None:
+        pipeline = session.pipeline
+        if pipeline is None or not pipeline.config.record or pipeline.stages.recorder is None:
+            return
+        assert self.config.recordings_dir is not None and self._nursery is not None
+        rec = CallRecording(
+            pipeline.stages.recorder, session.id,
+            RecordingSettings(Path(self.config.recordings_dir), self.config.recording_quota,
+                              self.config.recording_retention), self.counters)
+        pipeline.stages.recording = rec
+        self.recordings[session.id] = rec
+        self.counters["recordings_started"] += 1
+        self._nursery.start_soon(rec.run)
 
     def _op_patch(self, req: dict[str, Any]) -> dict[str, Any]:
         found = self._find(req)

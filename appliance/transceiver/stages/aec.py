@@ -28,6 +28,20 @@ passes the microphone through unchanged.
 reference ``guard_ms`` early so a slightly late estimate still falls inside the filter) and
 its preprocessor's residual-echo suppressor, 10 ms at a time at 48 kHz (speexdsp.py).
 
+**Echo gate** (the non-linear part, for the moments the filter cannot help): a frame is
+brought down to the microphone's background level (a slow minimum of its frame power: a
+gated frame sounds like the line's own noise, so a VAD that tracks the noise floor sees no
+step when the gate opens again; at most :data:`GATE_DB`) when the reference says echo may be in it and the frame is
+quieter than that reference would make it — *before* ``D`` is known, when it is quieter
+than the loudest reference frame of the last ``max_delay`` (the echo of any of them may be
+arriving: a phone's echo path attenuates, so an echo is quieter than what caused it); once
+``D`` is known, by the same rule for :data:`CONVERGE_FRAMES` while the fresh filter
+converges (and a first estimate may still move), then when what the filter left is more
+than :data:`GATE_MARGIN_DB` below the reference around ``m - D``. So the agent's returning voice does not reach the VAD while the
+delay is being found or the filter converges (an agent with barge-in would otherwise
+interrupt itself on its first words); a caller talking over the agent at a normal level is
+louder than that and passes. Counted as ``gated``.
+
 Reported (``media.stages.aec``): ``delay_ms``, the estimates made/accepted/changes, and
 ``erle_db`` — echo return loss enhancement, 10·log10(microphone power / output power) over
 the frames where the reference carried sound, smoothed.
@@ -43,6 +57,12 @@ from .base import FRAME_SAMPLES, SAMPLE_RATE
 from .speexdsp import SpeexEcho, load
 
 _DECIM = 4
+GATE_DB = -30.0  # what the echo gate does to a frame it judges echo
+GATE_MARGIN_DB = 12.0  # once D is known: echo when this far below the aligned reference
+CONVERGE_FRAMES = 100  # 2 s after D is set or moved: the filter is still converging
+_GATE = 10 ** (GATE_DB / 20)
+_MARGIN = 10 ** (-GATE_MARGIN_DB / 10)
+_REF_ACTIVE = 30.0 ** 2  # mean power of a reference frame that carries sound
 _INT16 = np.dtype("<i2")
 
 
@@ -145,6 +165,9 @@ class EchoCanceller:
         self._p_mic = 0.0
         self._p_out = 0.0
         self._ref_active_frames = 0
+        self.gated = 0
+        self._floor: float | None = None  # the microphone's background power
+        self._converging = 0  # frames left of CONVERGE_FRAMES
 
     def _pos(self, now: float) -> int:
         if self.t0 is None:
@@ -171,9 +194,19 @@ class EchoCanceller:
         self.mic_pos += len(x)
         self.mic.write(pos, x)
         self.frames += 1
+        p_mic = _power(x)
+        f = self._floor
+        # Down fast, up slowly (~2 dB/s): the quiet between words, not the words.
+        self._floor = p_mic if f is None or p_mic < f else f * 1.01
         if self.frames % self.estimate_every == 0:
             self._estimate(pos + len(x))
         if self.delay is None:
+            if self.ref.end <= pos - self.max_delay:
+                return pcm  # nothing sent lately: no echo can be in this frame
+            # Any frame sent in the last max_delay may be echoing now.
+            p_ref = self._ref_peak_power(pos - self.max_delay, self.max_delay + len(x))
+            if p_ref > _REF_ACTIVE and p_mic < p_ref:
+                return self._gate(x, p_mic)
             return pcm
         lead = self.delay - self.guard
         far = self.ref.read(pos - lead, len(x))
@@ -182,14 +215,38 @@ class EchoCanceller:
         out = b"".join(self.speex.process(pcm[2 * i : 2 * (i + sub)], far[i : i + sub].tobytes())
                        for i in range(0, len(x), sub))
         self.cancelled += 1
+        y = np.frombuffer(out, _INT16)
+        p_out = _power(y)
         if far_active:
-            y = np.frombuffer(out, _INT16).astype(np.float32)
-            xf = x.astype(np.float32)
             a = 0.05
-            self._p_mic += a * (float(xf.dot(xf)) / len(x) - self._p_mic)
-            self._p_out += a * (float(y.dot(y)) / len(x) - self._p_out)
+            self._p_mic += a * (p_mic - self._p_mic)
+            self._p_out += a * (p_out - self._p_out)
             self._ref_active_frames += 1
+        if self._converging > 0:
+            # A fresh filter (and perhaps a first estimate that is not yet right): the
+            # rule of the unknown delay, any reference of the last max_delay.
+            self._converging -= 1
+            start, n, margin = pos - self.max_delay, self.max_delay + len(x), 1.0
+        else:
+            # The reference around m - D, the filter's tail either side: where echo (or
+            # what a misadjusted filter makes of it) may be in this frame.
+            start, n, margin = pos - lead - self.tail, len(x) + 2 * self.tail, _MARGIN
+        if self.ref.end > start:
+            p_ref = self._ref_peak_power(start, n)
+            if p_ref > _REF_ACTIVE and p_out < p_ref * margin:
+                return self._gate(y, p_out)
         return out
+
+    def _gate(self, x: np.ndarray, p: float) -> bytes:
+        self.gated += 1
+        floor = self._floor if self._floor is not None else 0.0
+        g = max(_GATE, min(1.0, float(np.sqrt(floor / p)) if p > 0 else 1.0))
+        return (x * g).astype(_INT16).tobytes()
+
+    def _ref_peak_power(self, start: int, n: int) -> float:
+        """The mean power of the loudest 10 ms of the reference in [start, start + n)."""
+        r = self.ref.read(start, n // self.SUB * self.SUB).astype(np.float32)
+        return float((r.reshape(-1, self.SUB) ** 2).mean(axis=1).max())
 
     def _estimate(self, mic_end: int) -> None:
         if mic_end < self.window or self.mic.end - self.mic.size > mic_end - self.window:
@@ -209,6 +266,7 @@ class EchoCanceller:
         tol = round(0.002 * SAMPLE_RATE)
         if self.delay is None:
             self.delay = d
+            self._converging = CONVERGE_FRAMES
             return
         if abs(d - self.delay) <= tol:
             self._pending = None
@@ -218,6 +276,7 @@ class EchoCanceller:
             self._pending = None
             self.changes += 1
             self.speex.reset()
+            self._converging = CONVERGE_FRAMES
         else:
             self._pending = d
 
@@ -232,11 +291,16 @@ class EchoCanceller:
             "delay_ms": None if self.delay is None else round(self.delay * 1000 / SAMPLE_RATE, 1),
             "estimates": self.estimates, "accepted": self.accepted, "changes": self.changes,
             "erle_db": None if erle is None else round(erle, 1),
-            "frames": self.frames, "cancelled": self.cancelled,
+            "frames": self.frames, "cancelled": self.cancelled, "gated": self.gated,
         }
 
     def close(self) -> None:
         self.speex.close()
+
+
+def _power(x: np.ndarray) -> float:
+    f = x.astype(np.float32)
+    return float(f.dot(f)) / len(f)
 
 
 class EchoCancelStage:

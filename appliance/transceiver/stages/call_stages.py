@@ -17,7 +17,7 @@ import logging
 from typing import Any
 
 from .base import Stage, StageChain, StageUnavailable
-from .config import MediaConfig
+from .config import RECORD_RING_SECONDS, MediaConfig
 from .level import LevelMeter
 from .recorder import RecorderTap
 
@@ -41,8 +41,14 @@ class CallStages:
         self.meter_in: LevelMeter | None = None
         self.meter_out: LevelMeter | None = None
         self.recorder: RecorderTap | None = None
-        if config.recorder_seconds > 0:
-            self.recorder = RecorderTap.for_seconds(config.recorder_seconds)
+        #: The call's recording (transceiver/recording.py) when it has one: its stats() go
+        #: into describe() as ``recording``.
+        self.recording: Any = None
+        seconds = config.recorder_seconds
+        if config.record:
+            seconds = max(seconds, RECORD_RING_SECONDS)
+        if seconds > 0:
+            self.recorder = RecorderTap.for_seconds(seconds)
             self.inbound.add(self.recorder.inbound)
         echo_ref: Stage | None = None
         if config.echo_cancellation:
@@ -125,6 +131,7 @@ class CallStages:
             "out": self.outbound.names(),
             "levels": levels or None,
             "recorder": self.recorder.stats() if self.recorder is not None else None,
+            "recording": self.recording.stats() if self.recording is not None else None,
             "stages": stages,
             "stage_failures": self.inbound.failures + self.outbound.failures,
             "failed": {**self.inbound.failed, **self.outbound.failed},

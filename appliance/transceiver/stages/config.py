@@ -10,11 +10,16 @@ Where the values come from (:meth:`MediaConfig.from_params_untrusted`)::
       "recorder_seconds": 0,                  >0: a tap of both directions, that many seconds
       "noise_reduction": null | "near_field" | "far_field",
       "echo_cancellation": false,             the agent's own voice taken out of what it hears
+      "record": null | true | false,          a recording of the call (docs/recordings.md);
+                                              null: the server's default (appliance up --record)
       "vad": {"margin_db": 12, "min_dbfs": -50, "hangover_ms": 200}   (energy VAD), or
              {"kind": "silero", "threshold": 0.5}  (Silero VAD: the speech extra)
     }
     params["realtime"]["session"]["audio"]["input"]["noise_reduction"] = {"type": "far_field"}
                                               (the Realtime surfaces; media.noise_reduction wins)
+    params["realtime"]["session"]["appliance"] = {"record": true, "echo_cancellation": true}
+                                              (the Realtime session config's extension object:
+                                              the appliance's own per-call media options)
 
 ``near_field`` / ``far_field`` (OpenAI's names): *near field* is a headset or a handset held
 to the mouth — speech well above the noise, so suppression is gentle and keeps every
@@ -38,6 +43,11 @@ from .base import Stage
 NOISE_REDUCTION = ("near_field", "far_field")
 #: The most a per-call recorder ring may hold (both directions).
 MAX_RECORDER_SECONDS = 600.0
+#: The ring a recorded call gets at least (transceiver/recording.py drains it every 0.25 s:
+#: this is how far the writer may fall behind before frames are dropped).
+RECORD_RING_SECONDS = 10.0
+#: The Realtime session config's extension object (unknown fields are kept and echoed).
+REALTIME_EXTENSION = "appliance"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +79,7 @@ class MediaConfig:
     recorder_seconds: float = 0.0  # 0: no recorder tap
     noise_reduction: str | None = None  # None | "near_field" | "far_field"
     echo_cancellation: bool = False
+    record: bool | None = None  # None: the transceiver's default (--record)
     vad: VadConfig = field(default_factory=VadConfig)
     #: Further stages (factories, one stage per call each), after the built-in ones of
     #: their direction: for embedders and tests; not reachable from ``params``.
@@ -90,19 +101,24 @@ class MediaConfig:
         nr = _realtime_noise_reduction(params.get("realtime"))
         if nr is not None:
             changes["noise_reduction"] = nr
+        changes.update(_realtime_extension(params.get("realtime")))
         media = params.get("media")
         if media is not None:
             if not isinstance(media, Mapping):
                 raise ValueError("media must be an object")
             for key in media:
                 if key not in ("level_meter", "recorder_seconds", "noise_reduction",
-                               "echo_cancellation", "vad"):
+                               "echo_cancellation", "record", "vad"):
                     raise ValueError(f"media.{key} is not a media option")
             for key in ("level_meter", "echo_cancellation"):
                 if key in media:
                     if not isinstance(media[key], bool):
                         raise ValueError(f"media.{key} must be true or false")
                     changes[key] = media[key]
+            if "record" in media:
+                if media["record"] is not None and not isinstance(media["record"], bool):
+                    raise ValueError("media.record must be true, false or null")
+                changes["record"] = media["record"]
             if "recorder_seconds" in media:
                 s = _number(media["recorder_seconds"], "media.recorder_seconds")
                 if not 0 <= s <= MAX_RECORDER_SECONDS:
@@ -139,6 +155,28 @@ def _realtime_noise_reduction(rt: Any) -> str | None:
     if isinstance(nr, Mapping) and nr.get("type") in NOISE_REDUCTION:
         return str(nr["type"])
     return None
+
+
+def _realtime_extension(rt: Any) -> dict[str, Any]:
+    """``params.realtime.session.appliance``: ``record`` / ``echo_cancellation`` (booleans).
+    The Realtime surfaces pass the session through unchecked past its type, so a bad value
+    is refused here, naming the field."""
+    try:
+        ext = rt["session"][REALTIME_EXTENSION]
+    except (KeyError, TypeError):
+        return {}
+    where = f"session.{REALTIME_EXTENSION}"
+    if not isinstance(ext, Mapping):
+        raise ValueError(f"{where} must be an object")
+    out: dict[str, Any] = {}
+    for key in ext:
+        if key not in ("record", "echo_cancellation"):
+            raise ValueError(f"{where}.{key} is not an appliance session option "
+                             "(record, echo_cancellation)")
+        if not isinstance(ext[key], bool):
+            raise ValueError(f"{where}.{key} must be true or false")
+        out[key] = ext[key]
+    return out
 
 
 def _silero_installed() -> bool:
