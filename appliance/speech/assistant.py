@@ -204,8 +204,16 @@ def realtime_factory(spec: str) -> Any:
     runs agents without an AgentContext): one :class:`AssistantRealtime` per session."""
     from .realtime_assistant import AssistantRealtime
 
-    resolve_spec(spec)  # the same checks and preloading as for a call
-    engines = engines_for(AssistantOptions.from_spec(spec))
+    opts = AssistantOptions.from_spec(spec)
+    try:
+        # No preloading here: this runs in signaling's event loop at the first session;
+        # the STT model loads in its first worker thread instead.
+        engines = engines_for(opts)
+    except SpeechUnavailable as exc:
+        raise AgentError(f"--agent assistant: {exc}. Install the speech extra: {EXTRA_HINT}") \
+            from exc
+    except ValueError as exc:
+        raise AgentError(f"--agent assistant: {exc}") from exc
     return lambda: AssistantRealtime(engines)
 
 
