@@ -30,7 +30,9 @@ The HTTP STT/TTS engines use the same key as the LLM (``APPLIANCE_SPEECH_KEY`` o
 Engines are built once per process and shared by every call (:func:`engines_for`).
 
 Events the assistant sends with ``ctx.send_event`` (the transceiver logs them; the Realtime
-surface and the demo page are to show them): ``transcript.user.partial`` ``{text}``,
+surface and the demo page are to show them): ``transcript.user.started``
+``{audio_start_ms}`` and ``transcript.user.stopped`` ``{audio_end_ms}`` (the turn detector
+opened and closed a turn), ``transcript.user.partial`` ``{text}``,
 ``transcript.user.final`` ``{text, audio_start_ms, audio_end_ms}``, ``transcript.user.failed``
 ``{error}``, ``transcript.agent`` ``{text}`` (a sentence as it starts to play), and
 ``output.cleared`` ``{played_seconds, dropped_seconds}`` after a barge-in. The same events
@@ -59,6 +61,7 @@ from .listen import (
     TranscriptFinal,
     TranscriptPartial,
     UserSpeechStarted,
+    UserSpeechStopped,
     transcripts,
 )
 from .llm import BuiltinResponder, ChatCompletions, LlmError, Message, Responder, sentences
@@ -257,6 +260,11 @@ class Assistant:
                 if isinstance(ev, UserSpeechStarted):
                     if self._reply is not None or ctx.queued_seconds > 0:
                         await self.barge_in(ctx)
+                    await self._publish(ctx, {"type": "transcript.user.started",
+                                              "audio_start_ms": ev.audio_start_ms})
+                elif isinstance(ev, UserSpeechStopped):
+                    await self._publish(ctx, {"type": "transcript.user.stopped",
+                                              "audio_end_ms": ev.audio_end_ms})
                 elif isinstance(ev, TranscriptPartial):
                     await self._publish(ctx, {"type": "transcript.user.partial", "text": ev.text})
                 elif isinstance(ev, TranscriptFailed):
