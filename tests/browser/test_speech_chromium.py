@@ -150,6 +150,16 @@ def test_assistant_hears_and_answers_aloud(assistant_up: str,
         expect(page.locator("#transcript-log")).to_contain_text("you: ")
         expect(page.locator("#transcript-log")).to_contain_text("agent: It is ")
         screenshot(page, "demo-assistant-transcript")
+
+        # 3. The dashboard shows the call's transcript (the session object's lines).
+        sid = page.evaluate("applianceDemo.sessionId")
+        dash = context.new_page()
+        dash.goto(assistant_up + "/")
+        dash.get_by_role("button", name=f"Details of session {sid}").click()
+        lines = dash.locator("#detail-transcript")
+        expect(lines).to_contain_text(f"caller: {heard[0]}", timeout=15_000)
+        expect(lines).to_contain_text("agent: It is ")
+        screenshot(dash, "dashboard-assistant-transcript")
         assert not errors.unexpected()
     finally:
         context.close()
