@@ -313,3 +313,70 @@ async def test_assistant_transcribes_each_item_once_even_when_asked_twice() -> N
             nursery.start_soon(ask)
             nursery.start_soon(ask)
     assert streams == 1 and results[0] == results[1] and "morning" in results[0]
+
+
+# -- the assistant on oai-events (a /v1/realtime/calls call) --------------------------------
+
+
+async def test_assistant_on_the_oai_events_channel_of_a_call() -> None:
+    """``--realtime-agent assistant``: the call's params carry ``realtime`` (signaling's
+    /v1/realtime/calls), so the assistant runs the Realtime shell over the call: the
+    caller's frames (with the transceiver's energy VAD flag) make the turn, the channel gets
+    the transcription events and the spoken answer's events, the answer's audio is queued
+    for the track."""
+    from agents.test_channels import MemoryPort
+    from realtime.shapes import check_event
+
+    from appliance.agents import AgentContext, AgentHost, AgentIdentity, EnergyVad
+    from appliance.agents.channels import ChannelOpened
+    from appliance.agents.context import FRAME_BYTES, Frame
+    from appliance.agents.registry import resolve
+
+    params = {"realtime": {"dcid": 3, "call_id": "rtc_t", "session": {
+        "audio": {"input": {"transcription": {"model": "gpt-4o-transcribe"}}}}}}
+    host = AgentHost()
+    port = MemoryPort()
+    host.channels.port = port
+    ctx = AgentContext(host, AgentIdentity("assistant", "s1", params=params))
+    agent = resolve("assistant")
+
+    def events() -> list[dict[str, Any]]:
+        out = [json.loads(d) for _, d in port.sent if isinstance(d, str)]
+        for e in out:
+            check_event(e)
+            sdk = SDK_TYPES.get(e["type"])
+            if sdk is not None:
+                sdk.model_validate(e)
+        return out
+
+    def has(kind: str) -> bool:
+        return any(e["type"] == kind for e in events())
+
+    audio_out = 0
+    with trio.fail_after(180):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(agent.run, ctx)
+            await trio.sleep(0.05)  # the agent opens its pre-negotiated channel
+            [info] = host.channels.channels.values()
+            host.channels.push(ChannelOpened(info))
+            vad = EnergyVad()
+            pcm = silence(0.3) + espeak_pcm48("what time is it") + silence(1.5)
+            for n, i in enumerate(range(0, len(pcm), FRAME_BYTES)):
+                frame = pcm[i : i + FRAME_BYTES].ljust(FRAME_BYTES, b"\0")
+                host.push_frame(Frame(frame, n * 0.02, trio.current_time(), vad.update(frame)))
+                await trio.sleep(0.02)  # the caller speaks at real time
+                while host.pop_output_frame() is not None:
+                    audio_out += 1
+            while not (has("response.done") and has(
+                    "conversation.item.input_audio_transcription.completed")):
+                while host.pop_output_frame() is not None:
+                    audio_out += 1
+                await trio.sleep(0.02)  # the pacer's grid: the test plays the transceiver
+            host.close("done")
+    evs = events()
+    [heard] = [e for e in evs if e["type"].endswith("input_audio_transcription.completed")]
+    assert "time" in heard["transcript"].lower()
+    said = "".join(e["delta"] for e in evs if e["type"] == "response.output_audio_transcript.delta")
+    assert said.startswith("It is ")
+    assert any(e["type"] == "output_audio_buffer.started" for e in evs)
+    assert audio_out > 0 or host.has_output()
