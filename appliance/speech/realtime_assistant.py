@@ -35,7 +35,7 @@ import json
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
@@ -48,12 +48,23 @@ from ..realtime.interface import (
     TranscriptDelta,
     UserTurn,
 )
-from .llm import SYSTEM_PROMPT, LlmError, Message, ToolCall
-from .stt import SttError
-from .tts import TtsError
+from .llm import SYSTEM_PROMPT, LlmError, Message, Responder, ToolCall
+from .stt import SttEngine, SttError
+from .tts import TtsEngine, TtsError
 
-if TYPE_CHECKING:
-    from .assistant import Engines
+
+class Engines(Protocol):
+    """What the agent uses of :class:`appliance.speech.assistant.Engines` (a Protocol: that
+    module imports this one)."""
+
+    @property
+    def stt(self) -> SttEngine: ...
+
+    @property
+    def tts(self) -> TtsEngine: ...
+
+    @property
+    def responder(self) -> Responder: ...
 
 FEED_BYTES = 19_200  # 200 ms of 48 kHz PCM16 per STT feed
 MAX_REMEMBERED = 64  # transcripts kept per call (older items fall out of the context anyway)
