@@ -33,6 +33,10 @@ crosses a process boundary.
                       "unavailable": {"noise_reduction": "needs …"}}}
     (media: the PCM stages, appliance/transceiver/stages/; null for passthrough and
     data-only sessions)
+     "transcript": null | [{"who": "user" | "agent", "text": "…", "at": 1764460801.5}]
+    (transcript: what an agent reported hearing and saying — the assistant's
+    ``transcript.user.final`` / ``transcript.agent`` events — the last
+    :data:`MAX_TRANSCRIPT` lines; null when it reported none)
 
 ``SessionInfo(...).to_json()`` makes the dict (key order as above); ``from_json(obj)``
 reads one back, checking each field's type (raises :class:`ValueError` naming the field;
@@ -66,6 +70,9 @@ class RelayFlow:
         return {"public": self.public, "relay": self.relay}
 
 
+MAX_TRANSCRIPT = 50  # transcript lines a session object carries (the newest)
+
+
 @dataclass(frozen=True, slots=True)
 class SessionInfo:
     id: str
@@ -92,6 +99,8 @@ class SessionInfo:
     datachannels: Mapping[str, Any] | None = None
     #: The call's PCM stages and levels (null without a PCM pipeline).
     media: Mapping[str, Any] | None = None
+    #: The agent's transcript lines, newest last (null when it reported none).
+    transcript: tuple[Mapping[str, Any], ...] | None = None
 
     @classmethod
     def placeholder(cls, id: str, transceiver: int, created_at: float,
@@ -123,6 +132,8 @@ class SessionInfo:
             "timeline": dict(self.timeline),
             "datachannels": dict(self.datachannels) if self.datachannels is not None else None,
             "media": dict(self.media) if self.media is not None else None,
+            "transcript": ([dict(t) for t in self.transcript] if self.transcript is not None
+                           else None),
         }
 
     @classmethod
@@ -153,6 +164,12 @@ class SessionInfo:
         media = obj.get("media")
         if media is not None and not isinstance(media, Mapping):
             raise ValueError("media must be an object or null")
+        transcript = obj.get("transcript")
+        if transcript is not None and not (isinstance(transcript, list) and all(
+                isinstance(t, Mapping) and t.get("who") in ("user", "agent")
+                and isinstance(t.get("text"), str) and _is_num_or_none(t.get("at"))
+                for t in transcript)):
+            raise ValueError("transcript must be a list of {who, text, at} lines or null")
         return cls(
             id=_str(obj, "id"),
             transceiver=_int(obj, "transceiver"),
@@ -176,6 +193,8 @@ class SessionInfo:
             timeline={k: (None if v is None else float(v)) for k, v in timeline.items()},
             datachannels=dict(channels) if channels is not None else None,
             media=dict(media) if media is not None else None,
+            transcript=(tuple(dict(t) for t in transcript[-MAX_TRANSCRIPT:])
+                        if transcript is not None else None),
         )
 
 

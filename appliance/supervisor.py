@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 import shutil
 import signal
@@ -231,6 +232,26 @@ class UpConfig:
     stop_grace: float = 2.0
 
 
+def apply_llm_flags(args: argparse.Namespace, env: Any = None) -> None:
+    """``--llm URL`` / ``--llm-model`` / ``--llm-key-file``: the assistant's chat endpoint
+    (appliance/speech/assistant.py), given to it and to every child as the environment it
+    reads (APPLIANCE_LLM_URL, _MODEL, _KEY_FILE). The key itself is never a flag (argv is
+    visible to every local user): a file, or APPLIANCE_LLM_KEY in the environment."""
+    env = os.environ if env is None else env
+    url = getattr(args, "llm", None)
+    if url:
+        if not str(url).startswith(("http://", "https://")):
+            raise ValueError("--llm must be an http(s) URL ending in /v1")
+        env["APPLIANCE_LLM_URL"] = str(url)
+    if getattr(args, "llm_model", None):
+        env["APPLIANCE_LLM_MODEL"] = str(args.llm_model)
+    key_file = getattr(args, "llm_key_file", None)
+    if key_file:
+        if not os.path.isfile(str(key_file)):
+            raise ValueError(f"--llm-key-file {key_file}: no such file")
+        env["APPLIANCE_LLM_KEY_FILE"] = os.path.abspath(str(key_file))
+
+
 def build_up_config(args: argparse.Namespace) -> UpConfig:
     """Validate resolved ``up`` arguments (flags > config file > defaults)."""
     http = parse_hostport(args.http, default_host="127.0.0.1")
@@ -255,6 +276,7 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
     args.state_dir = str(state_dir)
     cert, key, fp = tls_settings(args, [http[0], *public])
     child = shlex.split(args.child_command) if getattr(args, "child_command", None) else None
+    apply_llm_flags(args)  # before the agents load: the assistant reads them
     # Load the agent once here (AgentError is a ValueError: exit 2 with its message), so a
     # typo fails `up` at once instead of every transceiver failing to start three times.
     resolve_agent(str(args.agent))
@@ -476,6 +498,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "passthrough (media echoed without decoding), package.module:attr, "
                              "path/file.py:attr, or ws://host:port/path (an external agent); "
                              "loaded at start, exit 2 if it cannot be")
+    parser.add_argument("--llm", metavar="URL", default=None,
+                        help="OpenAI-compatible chat-completions base URL (…/v1: Ollama, "
+                             "llama.cpp, vLLM, OpenAI) for --agent assistant (default: its "
+                             "offline built-in responder)")
+    parser.add_argument("--llm-model", metavar="NAME", default=None,
+                        help="chat model for --llm (default gpt-4o-mini)")
+    parser.add_argument("--llm-key-file", metavar="FILE", default=None,
+                        help="file holding the --llm API key (or set APPLIANCE_LLM_KEY); "
+                             "never logged")
     parser.add_argument("--opus-complexity", metavar="0-10", default=None,
                         help="Opus encoder complexity of the transceivers (lower: less CPU "
                              "per call; default: the transceiver's, see appliance transceiver "

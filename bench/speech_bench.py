@@ -10,9 +10,14 @@
    last loud sample of the phrase) → first reply audio frame, p50/p99 (this includes the
    500 ms end-of-turn silence wait, reported apart too); and CPU per call as a share of
    one core over the call.
+4. The assistant as a Realtime agent over the WebSocket session (``GET /v1/realtime``,
+   in process, no socket): 24 kHz audio appended at real time in 100 ms events, server VAD
+   (energy) turns; end of user speech → first ``response.output_audio.delta``, p50/p99,
+   and CPU per call (with ``input_audio_transcription`` on: the transcript and the answer
+   share one STT run).
 
     .venv/bin/python bench/speech_bench.py            # 20 phrases, 10 assistant calls
-    .venv/bin/python bench/speech_bench.py --calls 4 --phrases 8
+    .venv/bin/python bench/speech_bench.py --calls 4 --phrases 8 --realtime-calls 4
 """
 
 from __future__ import annotations
@@ -124,6 +129,49 @@ async def one_call(phrase_pcm: bytes) -> dict[str, float]:
             "cpu_share": cpu / duration, "cpu": cpu, "duration": duration}
 
 
+async def one_realtime_call(phrase_pcm: bytes, stt: str) -> dict[str, float]:
+    import base64
+    import json
+
+    from appliance.realtime.agent import factory_for_spec
+    from appliance.realtime.audio import pcm48k_to_24k
+    from appliance.realtime.ws_session import RealtimeSocketSession
+
+    sess = RealtimeSocketSession(factory_for_spec(f"assistant?stt={stt}")())
+    to_server, server_in = trio.open_memory_channel[str](10_000)
+    first_audio: float | None = None
+    got_audio = trio.Event()
+
+    async def send(text: str) -> None:
+        nonlocal first_audio
+        if first_audio is None and '"response.output_audio.delta"' in text:
+            first_audio = trio.current_time()
+            got_audio.set()
+
+    pcm24 = pcm48k_to_24k(silence(0.3) + phrase_pcm + silence(2.0))
+    _, last_ms = speech_bounds_ms(phrase_pcm)
+    piece = 4_800  # 100 ms of 24 kHz PCM16
+    cpu0 = time.process_time()
+    start = trio.current_time()
+    end_of_speech = start + (300 + last_ms) / 1000
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sess.run, server_in.receive, send)
+        await to_server.send(json.dumps({"type": "session.update", "session": {
+            "type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}}}))
+        for k, i in enumerate(range(0, len(pcm24), piece)):
+            await trio.sleep_until(start + k * 0.1)
+            await to_server.send(json.dumps({"type": "input_audio_buffer.append",
+                                             "audio": base64.b64encode(pcm24[i : i + piece]).decode()}))
+        with trio.move_on_after(30):
+            await got_audio.wait()
+        nursery.cancel_scope.cancel()
+    duration = trio.current_time() - start
+    if first_audio is None:
+        raise RuntimeError("no reply audio in 30 s")
+    cpu = time.process_time() - cpu0
+    return {"latency": first_audio - end_of_speech, "cpu": cpu, "duration": duration}
+
+
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
@@ -133,6 +181,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--phrases", type=int, default=20)
     ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--realtime-calls", type=int, default=6)
     ap.add_argument("--skip-pocketsphinx", action="store_true")
     args = ap.parse_args()
     phrases = PHRASES[: args.phrases]
@@ -162,6 +211,17 @@ async def main() -> None:
     print(f"  CPU per call: {statistics.mean(r['cpu'] for r in results):.2f} s over "
           f"{statistics.mean(r['duration'] for r in results):.1f} s "
           f"({share:.1%} of one core; ~{int(1 / share)} calls per core at this rate)")
+    for stt in ("whisper", "pocketsphinx"):
+        rt = [await one_realtime_call(audio[k % len(audio)], stt)
+              for k in range(args.realtime_calls)]
+        if not rt:
+            break
+        lat = [r["latency"] * 1000 for r in rt]
+        cpu = statistics.mean(r["cpu"] for r in rt)
+        print(f"assistant as a Realtime agent (WebSocket, {stt}), {len(rt)} calls:")
+        print(f"  end of speech -> first response.output_audio.delta: p50 {pct(lat, 50):.0f} "
+              f"ms, p99 {pct(lat, 99):.0f} ms (includes the 500 ms end-of-turn silence)")
+        print(f"  CPU per call: {cpu:.2f} s (the turn, its transcript and the spoken answer)")
 
 
 if __name__ == "__main__":

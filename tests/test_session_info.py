@@ -25,6 +25,8 @@ FULL: dict[str, Any] = {
     "media": {"in": ["level-in"], "out": ["level-out"],
               "levels": {"in": {"rms_dbfs": -30.0, "peak_dbfs": -12.0}}, "recorder": None,
               "stages": {}, "stage_failures": 0, "failed": {}, "unavailable": {}},
+    "transcript": [{"who": "user", "text": "what time is it", "at": 1764460801.5},
+                   {"who": "agent", "text": "It is 9:41.", "at": 1764460802.25}],
 }
 
 
@@ -52,6 +54,8 @@ def test_missing_optional_fields_take_defaults_and_unknown_keys_are_ignored() ->
     ("created_at", None), ("rtt_ms", "1"), ("relay_flow", []), ("relay_flow", {"public": 1}),
     ("timeline", {"x": "1"}), ("timeline", []), ("packets_in", 1.5), ("agent", 3),
     ("datachannels", []), ("datachannels", "open"), ("media", []), ("media", 1),
+    ("transcript", {}), ("transcript", [{"who": "bot", "text": "x", "at": 1}]),
+    ("transcript", [{"who": "user", "text": 5, "at": 1}]),
 ])
 def test_wrong_types_raise_value_error_naming_the_field(key: str, value: object) -> None:
     with pytest.raises(ValueError, match=key.split("_")[0]):

@@ -206,9 +206,19 @@ function renderDetail() {
   ];
   $("detail-fields").replaceChildren(...fields.flatMap(([k, v]) => [h("dt", { text: k }), h("dd", { text: String(v) })]));
   renderTimeline($("detail-timeline"), s.timeline);
+  renderTranscript($("detail-transcript"), s.transcript);
   renderSparkline($("spark-rtt"), "RTT", entry.history.map((x) => x.rtt), (v) => fmtMs(v));
   renderSparkline($("spark-jitter"), "Jitter", entry.history.map((x) => x.jitter), (v) => fmtMs(v));
   renderSparkline($("spark-loss"), "Loss", entry.history.map((x) => x.loss), fmtLoss);
+}
+
+// What the agent heard and said (the session's `transcript`: the assistant's lines).
+function renderTranscript(box, lines) {
+  box.hidden = !lines || !lines.length;
+  box.replaceChildren(...(lines || []).map((t) => h("li", {
+    class: `msg line-${t.who === "user" ? "user" : "agent"}`,
+    text: `${t.who === "user" ? "caller" : "agent"}: ${t.text}`,
+  })));
 }
 
 // A session's data channels (its `datachannels` object; null when the offer had none).

@@ -158,6 +158,9 @@ async function start() {
   $("setup-parts").textContent = "";
   $("server-timeline").replaceChildren();
   $("stats").replaceChildren();
+  $("transcript-log").replaceChildren();
+  transcript.length = 0;
+  turns.length = 0;
   setState("starting", "asking for the microphone");
 
   // 1. Microphone. Browsers only offer it to secure contexts (https or localhost).
@@ -203,6 +206,7 @@ async function start() {
   // A data channel beside the audio (RFC 8831): created before the offer, so the offer
   // carries the application m= section; channels the agent opens arrive in ondatachannel.
   attachChannel(r, pc.createDataChannel("chat"));
+  attachTranscript(r, pc.createDataChannel("transcript")); // the assistant's words, both sides
   pc.ondatachannel = (ev) => attachChannel(r, ev.channel);
   pc.ontrack = (ev) => onTrack(r, ev);
   pc.onconnectionstatechange = () => onConnectionState(r);
@@ -301,7 +305,54 @@ function attachChannel(r, dc) {
   dc.onopen = () => { if (r === run && dc === r.chat) chatState("open", true); };
   dc.onclose = () => { if (r === run && dc === r.chat) chatState("closed", false); };
   dc.onmessage = (ev) => { if (r === run) chatLog("agent", dc.label, ev.data); };
+  if (dc.label === "transcript") attachTranscript(r, dc); // (an agent-opened one)
   r.cleanups.push(() => { dc.onopen = dc.onclose = dc.onmessage = null; chatState("closed", false); });
+}
+
+// ---------------------------------------------------------------------------- transcript
+
+const transcript = []; // {who: "user" | "agent", text, final} (tests read it)
+const turns = []; // {event: "started" | "stopped", at}: the assistant's turn detector
+
+function transcriptLine(who, text, final, extra = {}) {
+  const log = $("transcript-log");
+  const last = log.lastElementChild;
+  // A user partial is replaced by the next partial and by the final of the same turn.
+  if (last && last.classList.contains("line-user-partial") && who === "user") {
+    last.remove();
+    transcript.pop();
+  }
+  if (!text) return;
+  const li = document.createElement("li");
+  li.className = `msg line-${who}${final ? "" : "-partial"}`;
+  li.textContent = `${who === "user" ? "you" : "agent"}: ${text}`;
+  log.append(li);
+  transcript.push({ who, text, final, at: performance.now(), ...extra });
+  while (log.childElementCount > MAX_LOG) { log.firstElementChild.remove(); transcript.shift(); }
+  li.scrollIntoView({ block: "nearest" });
+}
+
+function onTranscriptEvent(ev) {
+  if (!ev || typeof ev.type !== "string") return;
+  if (ev.type === "transcript.user.started" || ev.type === "transcript.user.stopped") {
+    turns.push({ event: ev.type.slice("transcript.user.".length), at: performance.now() });
+    $("transcript-h").dataset.listening = ev.type.endsWith("started") ? "yes" : "no";
+  } else if (ev.type === "transcript.user.partial") transcriptLine("user", ev.text, false);
+  else if (ev.type === "transcript.user.final") transcriptLine("user", ev.text, true);
+  else if (ev.type === "transcript.user.failed") transcriptLine("user", "(not understood)", true);
+  else if (ev.type === "transcript.agent") transcriptLine("agent", ev.text, true);
+  else if (ev.type === "output.cleared") {
+    transcriptLine("agent", "(interrupted)", true,
+      { interrupted: true, playedSeconds: ev.played_seconds, droppedSeconds: ev.dropped_seconds });
+  }
+}
+
+function attachTranscript(r, dc) {
+  dc.onmessage = (ev) => {
+    if (r !== run || typeof ev.data !== "string") return;
+    try { onTranscriptEvent(JSON.parse(ev.data)); } catch { /* not ours */ }
+  };
+  r.cleanups.push(() => { dc.onmessage = null; });
 }
 
 function sendChat() {
@@ -493,6 +544,12 @@ window.applianceDemo = {
   get setupMs() { return run ? run.setupMs : null; },
   get serverTimeline() { return run ? run.serverTimeline : null; },
   get levels() { return { ...levels }; },
+  get transcript() { return transcript.map((t) => ({ ...t })); },
+  get turns() { return turns.map((t) => ({ ...t })); },
+  /** Mute (false) or unmute the microphone track: the agent then gets silence. */
+  setMicEnabled(on) {
+    if (run && run.stream) run.stream.getAudioTracks().forEach((t) => { t.enabled = !!on; });
+  },
   async stats() {
     if (run && run.pc && run.pc.connectionState !== "closed") {
       try { lastStats = await readStats(run.pc); } catch { /* closed */ }

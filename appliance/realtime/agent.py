@@ -26,6 +26,7 @@ field is answered with an ``error`` without reaching the machine.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import logging
@@ -49,6 +50,7 @@ from .machine import (
 )
 from .protocol import json_copy
 from .sideband import POINTS, SidebandPoint
+from .transcription import transcribe_item
 
 log = logging.getLogger("appliance.realtime")
 LABEL = "oai-events"
@@ -109,9 +111,17 @@ def factory_for_spec(spec: str) -> Callable[[], RealtimeAgent]:
         from .echo import EchoRealtime
 
         return EchoRealtime
+    if spec == "assistant" or spec.startswith("assistant?"):  # appliance/speech (issue 30)
+        try:
+            module = importlib.import_module("appliance.speech.assistant")
+        except ModuleNotFoundError as exc:
+            raise AgentError(f"--agent assistant needs the 'speech' extra ({exc.name} is "
+                             "missing): pip install 'appliance[speech]'") from exc
+        made: Callable[[], RealtimeAgent] = module.realtime_factory(spec)
+        return made
     if not spec.startswith(SPEC_PREFIX + ":") or not spec[len(SPEC_PREFIX) + 1 :]:
         raise AgentError(f"agent {spec!r} cannot answer a Realtime WebSocket session: expected "
-                         "realtime or realtime:<module:attr|file.py:attr>")
+                         "realtime, assistant[?options] or realtime:<module:attr|file.py:attr>")
     target = spec[len(SPEC_PREFIX) + 1 :]
     return agent_factory(import_target(target, spec), spec)
 
@@ -153,7 +163,7 @@ class RealtimeShell:
             session_id=f"sess_{secrets.token_hex(8)}", ids=id_source(),
             queued_seconds=lambda: ctx.queued_seconds,
             session=session if isinstance(session, dict) else None,
-            can_transcribe=callable(getattr(agent, "transcribe", None)))
+            can_transcribe=True)
         self.channel: int | None = None
         # audio.input.noise_reduction as the transceiver's stages have it (the create-time
         # session reached them through ctx.params; updates go as a media.update event).
@@ -299,11 +309,4 @@ class RealtimeShell:
         self._drain()
 
     async def _transcribe(self, action: Transcribe) -> None:
-        fn = getattr(self.agent, "transcribe", None)
-        try:
-            text = await fn(action.turn) if fn is not None else None
-        except Exception:
-            text = None
-        if isinstance(text, str):
-            self.machine.handle_transcript(action.item_id, text)
-            self._drain()
+        await transcribe_item(action, self.agent, self.machine, self._drain)

@@ -35,8 +35,10 @@ per call; a plain ``async def respond(request)`` generator function works too).
   and a barge-in (speech while the answer plays, ``interrupt_response``) cancel the task
   iterating — trio cancellation at the generator's next ``await``; ``finally`` blocks run.
 * Optional: ``session_updated(session)`` (sync) is called after each ``session.update``;
-  ``transcribe(turn) -> str | None`` (async) gives the user turn's transcript for
-  ``conversation.item.input_audio_transcription.completed`` when transcription is on.
+  ``transcribe(turn) -> str`` (async) gives the user turn's transcript for the
+  ``conversation.item.input_audio_transcription.*`` events when the session turns
+  transcription on; without it the appliance's speech engine named by the session's
+  transcription ``model`` transcribes (appliance/realtime/transcription.py).
 """
 
 from __future__ import annotations

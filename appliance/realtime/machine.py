@@ -10,7 +10,9 @@ operations are this protocol's other inputs)::
     handle_frame(pcm, speech)           20 ms of the caller's audio + the VAD flag
     handle_delta(response_id, delta)    the agent's content -> True if audio is to be queued
     handle_response_end(response_id)    the agent finished (error=... if it failed)
-    handle_transcript(item_id, text)    the agent transcribed a user turn
+    handle_transcript_delta(item_id, d) part of a user turn's transcript arrived
+    handle_transcript(item_id, text)    a user turn's transcript is complete
+    handle_transcript_failed(item_id, message)  transcribing it failed
     handle_output_drained(response_id)  the response's last audio frame left
     poll_output()                       drain until None after every handle_*: the
                                         actions first, then each server event wrapped
@@ -88,8 +90,13 @@ class ClearAudio:
 
 @dataclass(frozen=True, slots=True)
 class Transcribe:
+    """Transcribe a committed user audio item (``audio.input.transcription`` is set):
+    ``config`` is that object (``model``, ``language``, ``prompt``); the shell answers with
+    ``handle_transcript_delta`` / ``handle_transcript`` / ``handle_transcript_failed``."""
+
     item_id: str
     turn: UserTurn
+    config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,16 +416,41 @@ class RealtimeConnection:
         self._item_events(item, prev)
         transcription = self.session.get("audio", {}).get("input", {}).get("transcription")
         if transcription and self._can_transcribe:
-            self._actions.append(Transcribe(item_id, UserTurn(item_id, audio)))
+            self._actions.append(Transcribe(item_id, UserTurn(item_id, audio),
+                                            json_copy(transcription)))
 
-    def handle_transcript(self, item_id: str, text: str) -> None:
+    def _audio_item(self, item_id: str) -> Item | None:
         item = self.conversation.items.get(item_id)
         if item is None or item.audio_part is None:
-            return  # deleted meanwhile
+            return None  # deleted meanwhile (OpenAI then sends nothing for it either)
+        return item
+
+    def handle_transcript_delta(self, item_id: str, delta: str) -> None:
+        """Part of a user audio item's transcript (appended to what came before)."""
+        item = self._audio_item(item_id)
+        if item is None or not delta:
+            return
+        self._emit("conversation.item.input_audio_transcription.delta", item_id=item_id,
+                   content_index=item.audio_part, delta=delta)
+
+    def handle_transcript(self, item_id: str, text: str) -> None:
+        item = self._audio_item(item_id)
+        if item is None or item.audio_part is None:
+            return
         item.data["content"][item.audio_part]["transcript"] = text
         self._emit("conversation.item.input_audio_transcription.completed", item_id=item_id,
                    content_index=item.audio_part, transcript=text,
                    usage={"type": "duration", "seconds": round(seconds(item.audio), 3)})
+
+    def handle_transcript_failed(self, item_id: str, message: str,
+                                 code: str = "transcription_failed") -> None:
+        item = self._audio_item(item_id)
+        if item is None:
+            return
+        self._emit("conversation.item.input_audio_transcription.failed", item_id=item_id,
+                   content_index=item.audio_part, error={
+                       "type": "transcription_error", "code": code,
+                       "message": message[:500], "param": None})
 
     def _item_events(self, item: Item, prev: str | None) -> None:
         self._emit("conversation.item.added", previous_item_id=prev,

@@ -75,10 +75,13 @@ SERVER_EVENTS: dict[str, tuple[Support, str]] = {
     "conversation.item.done": (Support.SUPPORTED, ""),
     "conversation.item.retrieved": (Support.SUPPORTED, ""),
     "conversation.item.input_audio_transcription.completed": (
-        Support.PARTIAL, "only when the agent returns a transcript of the user's turn"),
-    "conversation.item.input_audio_transcription.delta": (Support.NEVER, "no streaming STT"),
+        Support.SUPPORTED, "with audio.input.transcription: the agent's transcribe() or a "
+                           "speech engine named by its model (docs/speech.md)"),
+    "conversation.item.input_audio_transcription.delta": (
+        Support.SUPPORTED, "PocketSphinx streams its hypothesis; Whisper and HTTP: one delta"),
     "conversation.item.input_audio_transcription.segment": (Support.NEVER, "no diarization"),
-    "conversation.item.input_audio_transcription.failed": (Support.NEVER, ""),
+    "conversation.item.input_audio_transcription.failed": (
+        Support.SUPPORTED, "the engine failed (or none is installed)"),
     "conversation.item.truncated": (Support.SUPPORTED, ""),
     "conversation.item.deleted": (Support.SUPPORTED, ""),
     "input_audio_buffer.committed": (Support.SUPPORTED, ""),

@@ -13,7 +13,8 @@ rest reach the agent in each :class:`~appliance.realtime.interface.ResponseReque
 ``semantic_vad`` both run on the appliance's energy VAD: ``silence_duration_ms`` (server)
 or ``eagerness`` (semantic) sets the end-of-turn silence, ``prefix_padding_ms`` the audio
 kept before speech, ``create_response`` / ``interrupt_response`` are honoured;
-``threshold`` is kept, not applied). ``audio.input.transcription`` is passed to the agent.
+``threshold`` is kept, not applied). ``audio.input.transcription`` turns on the input transcription events
+(appliance/realtime/transcription.py).
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from .machine import (
     StartResponse,
     Transcribe,
 )
+from .transcription import transcribe_item
 
 log = logging.getLogger("appliance.realtime.ws")
 QUEUE_LIMIT = 2048  # server events waiting for a slow socket before it is dropped
@@ -75,7 +76,7 @@ class RealtimeSocketSession:
         self.id = session_id or f"sess_{secrets.token_hex(8)}"
         self.machine = RealtimeConnection(
             session_id=self.id, ids=id_source(), session=session,
-            can_transcribe=callable(getattr(agent, "transcribe", None)),
+            can_transcribe=True,
             vad=EnergyVad().update)
         self.stats = SocketStats()
         self.end_reason: str | None = None
@@ -187,11 +188,4 @@ class RealtimeSocketSession:
             self._drain()
 
     async def _transcribe(self, action: Transcribe) -> None:
-        fn = getattr(self.agent, "transcribe", None)
-        try:
-            text = await fn(action.turn) if fn is not None else None
-        except Exception:
-            text = None
-        if isinstance(text, str):
-            self.machine.handle_transcript(action.item_id, text)
-            self._drain()
+        await transcribe_item(action, self.agent, self.machine, self._drain)

@@ -30,14 +30,19 @@ The HTTP STT/TTS engines use the same key as the LLM (``APPLIANCE_SPEECH_KEY`` o
 Engines are built once per process and shared by every call (:func:`engines_for`).
 
 Events the assistant sends with ``ctx.send_event`` (the transceiver logs them; the Realtime
-surface and the demo page are to show them): ``transcript.user.partial`` ``{text}``,
+surface and the demo page are to show them): ``transcript.user.started``
+``{audio_start_ms}`` and ``transcript.user.stopped`` ``{audio_end_ms}`` (the turn detector
+opened and closed a turn), ``transcript.user.partial`` ``{text}``,
 ``transcript.user.final`` ``{text, audio_start_ms, audio_end_ms}``, ``transcript.user.failed``
 ``{error}``, ``transcript.agent`` ``{text}`` (a sentence as it starts to play), and
-``output.cleared`` ``{played_seconds, dropped_seconds}`` after a barge-in.
+``output.cleared`` ``{played_seconds, dropped_seconds}`` after a barge-in. The same events
+go, as JSON text, on a data channel labelled ``transcript`` when the caller opens one (the
+demo page does: it shows both sides' words live).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import threading
@@ -48,6 +53,7 @@ from urllib.parse import parse_qsl
 
 import trio
 
+from ..agents.channels import ChannelClosed, ChannelError, ChannelOpened
 from ..agents.context import AgentContext
 from ..agents.loader import AgentError
 from .listen import (
@@ -55,6 +61,7 @@ from .listen import (
     TranscriptFinal,
     TranscriptPartial,
     UserSpeechStarted,
+    UserSpeechStopped,
     transcripts,
 )
 from .llm import BuiltinResponder, ChatCompletions, LlmError, Message, Responder, sentences
@@ -66,6 +73,7 @@ EXTRA_HINT = "pip install 'appliance[speech]' (or make install)"
 _KEYS = {"llm", "model", "key_file", "stt", "stt_model", "tts", "tts_model", "voice", "vad",
          "silence_ms"}
 MAX_HISTORY = 20  # messages kept for the LLM
+TRANSCRIPT_LABEL = "transcript"  # the data channel the transcript events are mirrored on
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,9 +189,35 @@ def resolve_spec(spec: str) -> Any:
         raise AgentError(f"--agent assistant: {exc}") from exc
 
     async def assistant(ctx: AgentContext) -> None:
+        if isinstance(ctx.params, dict) and isinstance(ctx.params.get("realtime"), dict):
+            # A /v1/realtime/calls call (--realtime-agent assistant): the Realtime protocol
+            # on oai-events, with the assistant answering its responses.
+            from ..realtime.agent import RealtimeShell
+            from .realtime_assistant import AssistantRealtime
+
+            await RealtimeShell(ctx, AssistantRealtime(engines)).run()
+            return
         await Assistant(opts, engines).run(ctx)
 
     return assistant
+
+
+def realtime_factory(spec: str) -> Any:
+    """``assistant[?options]`` as a RealtimeAgent factory (the WebSocket ``/v1/realtime``
+    runs agents without an AgentContext): one :class:`AssistantRealtime` per session."""
+    from .realtime_assistant import AssistantRealtime
+
+    opts = AssistantOptions.from_spec(spec)
+    try:
+        # No preloading here: this runs in signaling's event loop at the first session;
+        # the STT model loads in its first worker thread instead.
+        engines = engines_for(opts)
+    except SpeechUnavailable as exc:
+        raise AgentError(f"--agent assistant: {exc}. Install the speech extra: {EXTRA_HINT}") \
+            from exc
+    except ValueError as exc:
+        raise AgentError(f"--agent assistant: {exc}") from exc
+    return lambda: AssistantRealtime(engines)
 
 
 class Assistant:
@@ -196,6 +230,24 @@ class Assistant:
         self._reply: trio.CancelScope | None = None
         self.replies_started = 0
         self.interruptions = 0
+        self._channel: int | None = None  # the caller's "transcript" channel, once open
+
+    async def _publish(self, ctx: AgentContext, event: dict[str, Any]) -> None:
+        """An event to the transceiver and, if open, on the ``transcript`` channel (never
+        waiting for a slow reader there: a transcript line is dropped, not the call held)."""
+        await ctx.send_event(event)
+        if self._channel is not None:
+            try:
+                ctx.send_message_nowait(self._channel, json.dumps(event))
+            except ChannelError:
+                self._channel = None
+
+    async def _channels(self, ctx: AgentContext) -> None:
+        async for ev in ctx.channel_events():
+            if isinstance(ev, ChannelOpened) and ev.channel.label == TRANSCRIPT_LABEL:
+                self._channel = ev.channel.id
+            elif isinstance(ev, ChannelClosed) and ev.channel_id == self._channel:
+                self._channel = None
 
     def turn_config(self) -> TurnConfig:
         return TurnConfig(silence_duration_ms=self.opts.silence_ms, vad=self.opts.vad)
@@ -203,16 +255,22 @@ class Assistant:
     async def run(self, ctx: AgentContext) -> None:
         detector = TurnDetector(self.turn_config())
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._channels, ctx)
             async for ev in transcripts(ctx, stt=self.engines.stt, detector=detector):
                 if isinstance(ev, UserSpeechStarted):
                     if self._reply is not None or ctx.queued_seconds > 0:
                         await self.barge_in(ctx)
+                    await self._publish(ctx, {"type": "transcript.user.started",
+                                              "audio_start_ms": ev.audio_start_ms})
+                elif isinstance(ev, UserSpeechStopped):
+                    await self._publish(ctx, {"type": "transcript.user.stopped",
+                                              "audio_end_ms": ev.audio_end_ms})
                 elif isinstance(ev, TranscriptPartial):
-                    await ctx.send_event({"type": "transcript.user.partial", "text": ev.text})
+                    await self._publish(ctx, {"type": "transcript.user.partial", "text": ev.text})
                 elif isinstance(ev, TranscriptFailed):
-                    await ctx.send_event({"type": "transcript.user.failed", "error": ev.error})
+                    await self._publish(ctx, {"type": "transcript.user.failed", "error": ev.error})
                 elif isinstance(ev, TranscriptFinal):
-                    await ctx.send_event({"type": "transcript.user.final", "text": ev.text,
+                    await self._publish(ctx, {"type": "transcript.user.final", "text": ev.text,
                                           "audio_start_ms": ev.audio_start_ms,
                                           "audio_end_ms": ev.audio_end_ms})
                     if ev.text:
@@ -231,7 +289,7 @@ class Assistant:
             scope.cancel()
         dropped = ctx.interrupt()
         self.interruptions += 1
-        await ctx.send_event({"type": "output.cleared", "played_seconds": ctx.played_seconds,
+        await self._publish(ctx, {"type": "output.cleared", "played_seconds": ctx.played_seconds,
                               "dropped_seconds": dropped})
 
     async def _answer(self, send: trio.MemorySendChannel[str]) -> None:
@@ -247,7 +305,7 @@ class Assistant:
                     nursery.start_soon(self._answer, send)
                     async with aclosing(sentences(receive)) as said:
                         async for sentence in said:
-                            await ctx.send_event({"type": "transcript.agent", "text": sentence})
+                            await self._publish(ctx, {"type": "transcript.agent", "text": sentence})
                             spoken.append(sentence)
                             async with aclosing(self.engines.tts.synthesize(sentence)) as audio:
                                 async for frame in audio:

@@ -11,7 +11,10 @@ while the rest is still coming.
 * :class:`ChatCompletions`: ``POST {base_url}/chat/completions`` with ``stream: true``
   (Server-Sent Events, ``data: {...}`` lines, ``data: [DONE]``), reading
   ``choices[0].delta.content``. Works with OpenAI, Ollama (``http://host:11434/v1``),
-  llama.cpp's server, vLLM, LocalAI. A tool call in the stream is not executed here.
+  llama.cpp's server, vLLM, LocalAI. Tools (``tools=``, chat-completions' format) are
+  passed on; a tool call in the stream (``delta.tool_calls``, assembled by ``index``) is
+  handed to ``on_tool_call`` as a :class:`ToolCall`, never executed here: the Realtime
+  assistant turns it into a ``function_call`` item for the client to run.
 * :class:`BuiltinResponder` (offline default): not a language model, and it says so. It
   repeats what it heard, tells the time, and explains how to plug in a model.
 """
@@ -22,23 +25,36 @@ import datetime as _dt
 import json
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import trio
 
 from .stt import _httpx
 
-Message = dict[str, str]
+Message = dict[str, Any]  # a chat-completions message (role, content, tool_calls, ...)
 
 
 class LlmError(RuntimeError):
     """The chat endpoint failed (unreachable, an error status, an unreadable stream)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A function the model asked for: ``arguments`` is its JSON text, as streamed."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
 class Responder(Protocol):
     name: str
 
-    async def reply(self, history: list[Message], out: Callable[[str], None]) -> None: ...
+    async def reply(self, history: list[Message], out: Callable[[str], None], *,
+                    system: str | None = None, tools: list[dict[str, Any]] | None = None,
+                    tool_choice: Any = None,
+                    on_tool_call: Callable[[ToolCall], None] | None = None) -> None: ...
 
 
 SYSTEM_PROMPT = ("You are a voice assistant on a phone call. Answer in one to three short "
@@ -57,13 +73,21 @@ class ChatCompletions:
     def __repr__(self) -> str:  # never the key
         return f"ChatCompletions({self.url!r}, model={self.model!r})"
 
-    async def reply(self, history: list[Message], out: Callable[[str], None]) -> None:
+    async def reply(self, history: list[Message], out: Callable[[str], None], *,
+                    system: str | None = None, tools: list[dict[str, Any]] | None = None,
+                    tool_choice: Any = None,
+                    on_tool_call: Callable[[ToolCall], None] | None = None) -> None:
         httpx = _httpx()
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         body: dict[str, Any] = {
             "model": self.model, "stream": True,
-            "messages": [{"role": "system", "content": self.system}, *history],
+            "messages": [{"role": "system", "content": system or self.system}, *history],
         }
+        if tools:
+            body["tools"] = tools
+            if tool_choice is not None:
+                body["tool_choice"] = tool_choice
+        calls: dict[int, dict[str, str]] = {}
         try:
             async with httpx.AsyncClient(timeout=self.timeout) as client, \
                     client.stream("POST", self.url, headers=headers, json=body) as resp:
@@ -85,8 +109,46 @@ class ChatCompletions:
                     text = _delta_text(event)
                     if text:
                         out(text)
+                    _tool_deltas(event, calls)
         except httpx.HTTPError as exc:
             raise LlmError(f"chat request to {self.url} failed: {exc!r}") from exc
+        for index in sorted(calls):
+            call = calls[index]
+            if call["name"] and on_tool_call is not None:
+                on_tool_call(ToolCall(call["id"] or f"call_{index}", call["name"],
+                                      call["arguments"] or "{}"))
+
+
+MAX_TOOL_CALLS = 16
+MAX_ARGUMENTS = 65_536
+
+
+def _tool_deltas(event: Any, calls: dict[int, dict[str, str]]) -> None:
+    """Fold one chunk's ``delta.tool_calls`` into ``calls`` (by ``index``; the id and name
+    come in the first piece, the arguments in pieces)."""
+    try:
+        pieces = event["choices"][0]["delta"]["tool_calls"]
+    except (KeyError, IndexError, TypeError):
+        return
+    if not isinstance(pieces, list):
+        return
+    for piece in pieces:
+        if not isinstance(piece, dict) or not isinstance(piece.get("index"), int):
+            continue
+        index = piece["index"]
+        if index not in calls and len(calls) >= MAX_TOOL_CALLS:
+            raise LlmError("chat stream asked for too many tool calls")
+        call = calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+        if isinstance(piece.get("id"), str):
+            call["id"] = piece["id"]
+        fn = piece.get("function")
+        if isinstance(fn, dict):
+            if isinstance(fn.get("name"), str):
+                call["name"] += fn["name"]
+            if isinstance(fn.get("arguments"), str):
+                call["arguments"] += fn["arguments"]
+                if len(call["arguments"]) > MAX_ARGUMENTS:
+                    raise LlmError("chat stream sent tool arguments over 64 KiB")
 
 
 def _delta_text(event: Any) -> str:
@@ -129,8 +191,13 @@ class BuiltinResponder:
                     "assistant question mark llm equals your server's v1 address.")
         return f"You said: {heard}. I am a simple built-in responder; plug in a model for real answers."
 
-    async def reply(self, history: list[Message], out: Callable[[str], None]) -> None:
-        heard = next((m["content"] for m in reversed(history) if m.get("role") == "user"), "")
+    async def reply(self, history: list[Message], out: Callable[[str], None], *,
+                    system: str | None = None, tools: list[dict[str, Any]] | None = None,
+                    tool_choice: Any = None,
+                    on_tool_call: Callable[[ToolCall], None] | None = None) -> None:
+        """Answers the last user message; ``system`` and tools are ignored (no model)."""
+        heard = next((str(m.get("content") or "") for m in reversed(history)
+                      if m.get("role") == "user"), "")
         await trio.lowlevel.checkpoint()
         out(self.answer(heard))
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -41,7 +42,7 @@ from appliance.agents import AgentContext, AgentHost, AgentIdentity, ResolvedAge
 from appliance.logs import loggable_url, redact
 from appliance.proto.dtls import DtlsConnection, Role
 from appliance.proto.sdp import Answer
-from appliance.session_info import RelayFlow, SessionInfo
+from appliance.session_info import MAX_TRANSCRIPT, RelayFlow, SessionInfo
 
 from .admission import DtlsGate
 from .call import (
@@ -119,6 +120,9 @@ class Session:
         self._counters = counters  # the server's, shared
         self.passthrough = agent.passthrough
         self._ended = False  # the shell's teardown ran (the call may have ended first)
+        # What the agent said it heard and said (the assistant's transcript events), for
+        # the session object (the dashboard shows it per call).
+        self._transcript: deque[dict[str, Any]] = deque(maxlen=MAX_TRANSCRIPT)
         # Agent.
         self.host = AgentHost(on_event=self._agent_event, on_output=self._output_queued)
         self._on_frame = agent.on_frame  # synchronous frame handler (no agent task), or None
@@ -241,6 +245,7 @@ class Session:
             timeline=dict(call.timeline),
             datachannels=self.channels.stats() if self.channels is not None else None,
             media=self.pipeline.stages.describe() if self.pipeline is not None else None,
+            transcript=tuple(self._transcript) if self._transcript else None,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -376,6 +381,12 @@ class Session:
         if event.get("type") == "session.end":
             reason = event.get("reason")
             self.end(f"agent: {reason}" if isinstance(reason, str) else "agent-hangup")
+        elif event.get("type") in ("transcript.user.final", "transcript.agent"):
+            text = event.get("text")
+            if isinstance(text, str) and text:
+                who = "user" if event["type"] == "transcript.user.final" else "agent"
+                self._transcript.append({"who": who, "text": text[:1000],
+                                         "at": round(time.time(), 3)})
         elif event.get("type") == "media.update" and self.pipeline is not None:
             nr = event.get("noise_reduction")  # Realtime session.update (realtime/agent.py)
             if nr is None or nr in NOISE_REDUCTION:

@@ -11,7 +11,8 @@ import pytest
 from proto.test_sans_io import FORBIDDEN, _imports
 
 REALTIME = Path(__file__).resolve().parents[2] / "appliance" / "realtime"
-SHELLS = {"agent.py", "ws_session.py"}  # the trio shells: over AgentContext, a WebSocket
+SHELLS = {"agent.py", "ws_session.py", "transcription.py"}  # the trio shells (AgentContext,
+# a WebSocket) and the speech engines they both run for transcription events
 # rthttp's routes (http.py) and rtbridge's upstream bridge (bridge.py) are shells too.
 CORE = [p for p in sorted(REALTIME.glob("*.py"))
         if p.name not in SHELLS | {"http.py", "bridge.py"}]

@@ -10,7 +10,9 @@ with the SDK's client: the format is OpenAI's, not ours.
 * ``POST /v1/audio/speech`` (JSON): streams raw 24 kHz PCM16 (``response_format: pcm``), a
   1 kHz tone of 40 ms per input character, in odd-sized chunks;
 * ``POST /v1/chat/completions`` with ``stream: true``: SSE ``data:`` chunks of the queued
-  reply, a few characters each, then ``data: [DONE]``.
+  reply, a few characters each, then ``data: [DONE]``; or, when the test queued one in
+  :attr:`FakeOpenAI.tool_calls`, ``delta.tool_calls`` chunks (id and name first, the
+  arguments in pieces) and ``finish_reason: "tool_calls"``.
 
 A missing or wrong ``Authorization: Bearer`` gets OpenAI's 401 error body.
 """
@@ -49,6 +51,7 @@ class Upload:
 class FakeOpenAI:
     transcripts: list[str] = field(default_factory=list)
     replies: list[str] = field(default_factory=list)
+    tool_calls: list[list[dict[str, str]]] = field(default_factory=list)  # [{name, arguments}]
     uploads: list[Upload] = field(default_factory=list)
     speech_requests: list[dict[str, Any]] = field(default_factory=list)
     chat_requests: list[dict[str, Any]] = field(default_factory=list)
@@ -127,13 +130,20 @@ class FakeOpenAI:
 
     async def _chat(self, send: Any, req: dict[str, Any]) -> None:
         self.chat_requests.append(req)
-        reply = self.replies.pop(0) if self.replies else "OK."
+        calls = self.tool_calls.pop(0) if self.tool_calls else None
+        reply = "" if calls else (self.replies.pop(0) if self.replies else "OK.")
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream")]})
         created = int(time.time())
         pieces = [reply[i : i + 7] for i in range(0, len(reply), 7)]
         deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
         deltas += [{"content": p} for p in pieces]
+        for n, call in enumerate(calls or ()):
+            args = call["arguments"]
+            deltas.append({"tool_calls": [{"index": n, "id": f"call_fake{n}", "type": "function",
+                                           "function": {"name": call["name"], "arguments": ""}}]})
+            deltas += [{"tool_calls": [{"index": n, "function": {"arguments": args[i : i + 5]}}]}
+                       for i in range(0, len(args), 5)]
         for i, delta in enumerate(deltas):
             chunk = ChatCompletionChunk.model_validate({
                 "id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": created,
@@ -147,7 +157,8 @@ class FakeOpenAI:
         last = ChatCompletionChunk.model_validate({
             "id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": created,
             "model": req.get("model", "?"),
-            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+            "choices": [{"index": 0, "delta": {},
+                         "finish_reason": "tool_calls" if calls else "stop"}]})
         await send({"type": "http.response.body", "more_body": True,
                     "body": f"data: {last.model_dump_json(exclude_none=True)}\n\n".encode()})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})

@@ -1,0 +1,237 @@
+"""The assistant as a Realtime agent: ``--realtime-agent assistant`` (WebRTC calls of
+``/v1/realtime/calls``, agents-js pages, the sideband) and ``GET /v1/realtime`` with
+``?agent=assistant`` (the WebSocket).
+
+The Realtime machine (appliance/realtime/machine.py) owns the turns, items, barge-in and
+truncation; this agent gives each response its content::
+
+    user audio item --STT--> text --LLM (the conversation as chat messages)--> reply text
+        --sentences--> TranscriptDelta + TTS AudioDelta (audio responses) | TextDelta (text)
+
+* **Hearing**: :meth:`AssistantRealtime.transcribe` transcribes a user audio item once
+  (the engine of the assistant's options; decoding in worker threads) and remembers it:
+  the response that answers the item and the ``input_audio_transcription`` events (when the
+  session asks for them, appliance/realtime/transcription.py) share that one run.
+* **The conversation**: the session's ``instructions`` are the system prompt (the
+  assistant's default when empty); user items become ``user`` messages (their transcript),
+  assistant items ``assistant`` messages, ``function_call`` items assistant ``tool_calls``
+  and ``function_call_output`` items ``tool`` messages.
+* **Tools**: the session's ``tools`` (Realtime's flat ``{"type": "function", "name",
+  "description", "parameters"}``) go to the LLM in chat-completions form, with
+  ``tool_choice``; a tool call the LLM streams becomes a :class:`FunctionCall` (a
+  ``function_call`` output item with the model's ``call_id``); the client runs it, adds a
+  ``function_call_output`` item and sends ``response.create``, and the next request
+  carries the output back to the LLM. The built-in responder has no tools.
+* **Speaking**: the LLM's reply is read whole, then spoken sentence by sentence (a
+  sentence's transcript delta, then its audio). Reading it whole keeps the response's
+  generator free of a background task (a generator cancelled at a ``yield`` inside a
+  nursery is unsafe in trio); the ctx voice loop (appliance/speech/assistant.py) is the
+  one that speaks while the model is still writing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any, Protocol
+
+import trio
+
+from ..realtime.interface import (
+    AudioDelta,
+    Delta,
+    FunctionCall,
+    ResponseRequest,
+    TextDelta,
+    TranscriptDelta,
+    UserTurn,
+)
+from .llm import SYSTEM_PROMPT, LlmError, Message, Responder, ToolCall
+from .stt import SttEngine, SttError
+from .tts import TtsEngine, TtsError
+
+
+class Engines(Protocol):
+    """What the agent uses of :class:`appliance.speech.assistant.Engines` (a Protocol: that
+    module imports this one)."""
+
+    @property
+    def stt(self) -> SttEngine: ...
+
+    @property
+    def tts(self) -> TtsEngine: ...
+
+    @property
+    def responder(self) -> Responder: ...
+
+FEED_BYTES = 19_200  # 200 ms of 48 kHz PCM16 per STT feed
+MAX_REMEMBERED = 64  # transcripts kept per call (older items fall out of the context anyway)
+NOT_HEARD = "I did not catch that. Could you say it again?"
+FAILED = "Sorry, my answering service failed."
+
+
+def _sentences_of(text: str) -> list[str]:
+    import re
+
+    parts = [p.strip() for p in re.split(r"(?<=[.!?;:])\s+", text.strip())]
+    out: list[str] = []
+    for p in parts:
+        if out and len(out[-1]) < 12:
+            out[-1] = f"{out[-1]} {p}"  # "Hi." waits for the next sentence (as sentences())
+        elif p:
+            out.append(p)
+    return out
+
+
+def chat_tools(session: dict[str, Any]) -> list[dict[str, Any]]:
+    """Realtime ``session.tools`` -> chat-completions ``tools`` (functions only)."""
+    out = []
+    for tool in session.get("tools") or ():
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+            continue
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            continue
+        fn: dict[str, Any] = {"name": name}
+        if isinstance(tool.get("description"), str):
+            fn["description"] = tool["description"]
+        if isinstance(tool.get("parameters"), dict):
+            fn["parameters"] = tool["parameters"]
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def chat_tool_choice(session: dict[str, Any]) -> Any:
+    choice = session.get("tool_choice")
+    if choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict) and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    return None
+
+
+class AssistantRealtime:
+    """One call's (one session's) Realtime assistant."""
+
+    def __init__(self, engines: Engines) -> None:
+        self.engines = engines
+        self._heard: OrderedDict[str, str] = OrderedDict()
+        self._busy: dict[str, trio.Event] = {}
+
+    def _remember(self, item_id: str, text: str) -> None:
+        self._heard[item_id] = text
+        while len(self._heard) > MAX_REMEMBERED:
+            self._heard.popitem(last=False)
+
+    async def transcribe(self, turn: UserTurn) -> str:
+        """The item's words (transcribed once; a second caller waits for the first)."""
+        if turn.text is not None and not turn.audio:
+            return turn.text
+        while turn.item_id not in self._heard:
+            busy = self._busy.get(turn.item_id)
+            if busy is None:
+                break
+            await busy.wait()  # the other run ended: its text, or (failed, cancelled) ours
+        else:
+            return self._heard[turn.item_id]
+        done = self._busy[turn.item_id] = trio.Event()
+        try:
+            stream = self.engines.stt.stream()
+            try:
+                for i in range(0, len(turn.audio), FEED_BYTES):
+                    await stream.feed(turn.audio[i : i + FEED_BYTES])
+                text = (await stream.finish()).strip()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await stream.aclose()
+            self._remember(turn.item_id, text)
+            return text
+        finally:
+            del self._busy[turn.item_id]
+            done.set()
+
+    async def _messages(self, request: ResponseRequest) -> list[Message]:
+        turn = request.turn
+        items = list(request.conversation)
+        if turn is not None and not any(i.get("id") == turn.item_id for i in items):
+            items.append({"id": turn.item_id, "type": "message", "role": "user",
+                          "content": [{"type": "input_text", "text": turn.text or ""}]
+                          if turn.text is not None else [{"type": "input_audio"}]})
+        messages: list[Message] = []
+        for item in items:
+            kind = item.get("type")
+            if kind == "function_call":
+                messages.append({"role": "assistant", "content": None, "tool_calls": [{
+                    "id": item.get("call_id"), "type": "function", "function": {
+                        "name": item.get("name"), "arguments": item.get("arguments") or "{}"}}]})
+            elif kind == "function_call_output":
+                messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                                 "content": str(item.get("output", ""))})
+            elif kind == "message" and item.get("role") in ("user", "assistant", "system"):
+                text = await self._item_text(item, turn)
+                if text:
+                    messages.append({"role": item["role"], "content": text})
+        return messages
+
+    async def _item_text(self, item: dict[str, Any], turn: UserTurn | None) -> str:
+        parts = []
+        for part in item.get("content") or ():
+            ptype = part.get("type")
+            if ptype in ("input_text", "output_text"):
+                parts.append(part.get("text") or "")
+            elif ptype == "output_audio":
+                parts.append(part.get("transcript") or "")
+            elif ptype == "input_audio":
+                said = part.get("transcript") or self._heard.get(item.get("id", ""))
+                if said is None and turn is not None and turn.item_id == item.get("id"):
+                    said = await self.transcribe(turn)
+                parts.append(said or "")
+        return " ".join(p for p in parts if p).strip()
+
+    async def respond(self, request: ResponseRequest) -> AsyncIterator[Delta]:
+        audio = "audio" in request.output_modalities
+        answered_tool = bool(request.conversation) and request.conversation[-1].get(
+            "type") == "function_call_output"
+        try:
+            messages = await self._messages(request)
+        except SttError:
+            messages = []
+        last_user = next((m for m in reversed(messages) if m["role"] == "user"), None)
+        calls: list[ToolCall] = []
+        if not answered_tool and (last_user is None or not last_user.get("content")):
+            if request.turn is None:
+                return  # a response.create with nothing to answer: stay silent
+            reply = NOT_HEARD
+        else:
+            chunks: list[str] = []
+            s = request.session
+            try:
+                await self.engines.responder.reply(
+                    messages, chunks.append, system=request.instructions or SYSTEM_PROMPT,
+                    tools=chat_tools(s), tool_choice=chat_tool_choice(s),
+                    on_tool_call=calls.append)
+                reply = "".join(chunks).strip()
+            except LlmError:
+                reply, calls = FAILED, []  # the calls of a broken stream are not trusted
+        for call in calls:
+            try:
+                json.loads(call.arguments)
+                arguments = call.arguments
+            except ValueError:
+                arguments = json.dumps({"_unparsed": call.arguments})
+            yield FunctionCall(call.name, arguments, call.call_id or None)
+        sentences = _sentences_of(reply)
+        for n, sentence in enumerate(sentences):
+            text = sentence if n == len(sentences) - 1 else sentence + " "
+            if not audio:
+                yield TextDelta(text)
+                continue
+            yield TranscriptDelta(text)
+            try:
+                async with aclosing(self.engines.tts.synthesize(sentence)) as frames:
+                    async for frame in frames:
+                        yield AudioDelta(frame)
+            except TtsError:
+                return  # the transcript stands; the audio of the rest is lost
