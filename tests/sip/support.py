@@ -168,15 +168,16 @@ class SippRun:
 
 async def run_sipp(nursery: trio.Nursery, phone: Phone, scenario: str, *,
                    transport: str = "u1", local_ip: str = "127.0.0.1",
-                   cwd: Path | None = None) -> SippRun:
+                   cwd: Path | None = None, media_port: int | None = None,
+                   extra: tuple[str, ...] = ()) -> SippRun:
     """Start SIPp on one call of ``scenario``."""
     assert SIPP is not None
     host, port = phone.sip
     kind = socket.SOCK_STREAM if transport.startswith("t") else socket.SOCK_DGRAM
     cmd = [SIPP, f"{host}:{port}", "-sf", str(SCENARIOS / scenario), "-t", transport,
-           "-i", local_ip, "-p", str(free_port(kind, local_ip)), "-mp", str(free_media_ports()),
+           "-i", local_ip, "-p", str(free_port(kind, local_ip)), "-mp", str(media_port or free_media_ports()),
            "-m", "1", "-nostdin", "-timeout", str(int(TIMEOUT)), "-timeout_error",
-           "-max_recv_loops", "100"]
+           "-max_recv_loops", "100", *extra]
     proc = await trio.lowlevel.open_process(cmd, stdout=subprocess.PIPE,
                                             stderr=subprocess.PIPE, cwd=cwd)
     run = SippRun(proc)
@@ -197,3 +198,114 @@ async def until_incoming(phone: Phone, run: SippRun) -> dict[str, Any]:
         await run.done.wait()
         raise AssertionError(f"SIPp exited before the webhook: {run.text}")
     return got
+
+
+# -- media end to end: signaling + a relay + a transceiver, in process -------------------
+
+
+ROUTING_SECRET = b"sip-media-test-routing-secret-0123456789"
+
+
+@dataclass
+class PhoneStack:
+    phone: Phone
+    transceiver: Any  # appliance.transceiver.server.Transceiver
+    relay_public: tuple[str, int]
+
+
+async def start_phone_stack(nursery: trio.Nursery, tmp_path: Path, *, agent: str = "echo",
+                            webhooks: bool = False, **sip: Any) -> PhoneStack:
+    """A transceiver (the echo agent by default) behind a relay worker, and signaling with
+    ``--sip`` whose phone calls' media runs there (``TransceiverPhoneMedia``): every RTP
+    packet of a call goes trunk -> relay -> transceiver and back."""
+    from appliance.relay import RelayConfig, serve_relay
+    from appliance.transceiver.server import TransceiverConfig, serve_transceiver
+
+    ctl = str(tmp_path / "t0.sock")
+    taddrs = await nursery.start(serve_transceiver, TransceiverConfig(
+        id=0, secrets=(ROUTING_SECRET,), listen=("127.0.0.1", 0), control=ctl, agent=agent))
+    handle = await nursery.start(serve_relay, RelayConfig(
+        secrets=(ROUTING_SECRET,), listen=(("127.0.0.1", 0),), transceivers={0: taddrs.udp},
+        io="python"))
+    public = (str(handle.public[0][0]), int(handle.public[0][1]))
+    rx = Receiver() if webhooks else None
+    endpoints = []
+    if rx is not None:
+        port = await rx.serve(nursery)
+        endpoints = [Endpoint(f"http://127.0.0.1:{port}/hook", secret_key(SECRET))]
+    sip.setdefault("agent", None if webhooks else agent)
+    settings = SipSettings(udp_tcp=("127.0.0.1", 0), **sip)
+    cfg = SignalingConfig(http=("127.0.0.1", 0), public_addresses=["127.0.0.1"],
+                          udp_port=public[1], webui_dir=tmp_path / "webui",
+                          transceivers={0: ctl}, webhooks=endpoints, sip=settings)
+    state = SignalingState(cfg)
+    binds = await nursery.start(partial(serve_signaling, cfg, state=state))
+    assert settings.bound is not None
+    return PhoneStack(Phone(binds[0], settings.bound[0], settings.bound[1], state, settings, rx),
+                      taddrs.transceiver, public)
+
+
+def write_tone_pcap(path: Path, *, freq: float = 1000.0, seconds: float = 3.0,
+                    src: tuple[str, int] = ("127.0.0.1", 4000),
+                    dst: tuple[str, int] = ("127.0.0.1", 5000)) -> int:
+    """A classic pcap (Ethernet) of PCMU RTP, a ``freq`` tone in 20 ms packets, for SIPp's
+    ``play_pcap_audio`` (which rewrites the addresses). Returns the packet count."""
+    import struct
+
+    import numpy as np
+
+    from appliance.proto.rtp import rtp_header
+    from appliance.transceiver import g711
+
+    n = int(seconds * 50)
+    t = np.arange(n * 160) / 8000
+    pcm = (9000 * np.sin(2 * np.pi * freq * t)).astype(np.int16)
+    enc = g711.G711Encoder("pcmu")
+    out = [struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1)]
+    for i in range(n):
+        frame48 = np.repeat(pcm[i * 160:(i + 1) * 160], 6).astype("<i2").tobytes()
+        rtp = rtp_header(0, 100 + i, 160 * i, 0x1234ABCD, i == 0) + enc.encode(frame48)
+        udp = struct.pack("!HHHH", src[1], dst[1], 8 + len(rtp), 0) + rtp
+        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), i, 0, 64, 17, 0,
+                         socket.inet_aton(src[0]), socket.inet_aton(dst[0])) + udp
+        frame = b"\x00" * 12 + b"\x08\x00" + ip
+        ts = i * 0.02
+        out.append(struct.pack("<IIII", int(ts), int((ts % 1) * 1e6), len(frame), len(frame)))
+        out.append(frame)
+    path.write_bytes(b"".join(out))
+    return n
+
+
+class LoopbackSniffer:
+    """UDP datagrams on ``lo`` to ``port`` from ``from_port`` (AF_PACKET: needs root), to
+    see what a peer that keeps nothing (SIPp's media port) received."""
+
+    def __init__(self, port: int, from_port: int) -> None:
+        self.port, self.from_port = port, from_port
+        self.payloads: list[bytes] = []
+        self.changed = trio.Event()
+        raw = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))
+        raw.bind(("lo", 0))
+        self.sock = trio.socket.from_stdlib_socket(raw)
+
+    async def run(self) -> None:
+        import struct
+
+        with self.sock:
+            while True:
+                data, addr = await self.sock.recvfrom(65536)
+                if addr[2] == socket.PACKET_OUTGOING:  # lo shows each packet both ways
+                    continue
+                ip = data[14:]
+                if len(ip) < 28 or ip[9] != 17:
+                    continue
+                ihl = (ip[0] & 15) * 4
+                sport, dport = struct.unpack("!HH", ip[ihl:ihl + 4])
+                if dport == self.port and sport == self.from_port:
+                    self.payloads.append(bytes(ip[ihl + 8:]))
+                    self.changed.set()
+                    self.changed = trio.Event()
+
+    async def wait_for(self, n: int) -> None:
+        while len(self.payloads) < n:
+            await self.changed.wait()
