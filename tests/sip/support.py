@@ -309,3 +309,100 @@ class LoopbackSniffer:
     async def wait_for(self, n: int) -> None:
         while len(self.payloads) < n:
             await self.changed.wait()
+
+
+# -- baresip, a real softphone, headless -------------------------------------------------
+
+BARESIP = shutil.which("baresip")
+BARESIP_MODULES = Path("/usr/lib/baresip/modules")
+
+
+def write_tone_wav(path: Path, *, freq: float, seconds: float, rate: int = 8000) -> None:
+    import wave
+
+    import numpy as np
+
+    t = np.arange(int(seconds * rate)) / rate
+    pcm = (9000 * np.sin(2 * np.pi * freq * t)).astype("<i2")
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.tobytes())
+
+
+class Baresip:
+    """baresip 1.x with a generated config dir: ``aufile`` plays a WAV as the microphone,
+    ALSA's ``null`` device is the speaker, ``sndfile`` records what it hears (and what it
+    sends) into ``snd_path``, ``cons`` takes key presses over UDP (``/dial``, digits: DTMF
+    while in a call). ``mediaenc`` is an account parameter (``srtp-mand``: RTP/SAVP, SDES)."""
+
+    def __init__(self, home: Path, tone: Path, *, mediaenc: str | None = None) -> None:
+        self.home = home
+        home.mkdir(parents=True, exist_ok=True)
+        self.snd = home / "snd"
+        self.snd.mkdir(exist_ok=True)
+        self.cons_port = free_port()
+        sip_port = free_port()
+        # account last: it reads the accounts file, whose codecs and mediaenc must exist
+        modules = ["cons", "g711", "aufile", "alsa", "sndfile", "srtp", "menu", "account"]
+        (home / "config").write_text("\n".join([
+            "poll_method epoll",
+            f"sip_listen 127.0.0.1:{sip_port}",
+            "sip_trans_def udp",
+            f"audio_source aufile,{tone}",
+            "audio_player alsa,null",
+            "audio_alert alsa,null",
+            "ausrc_srate 8000", "auplay_srate 8000",
+            "ausrc_channels 1", "auplay_channels 1",
+            "rtp_tos 0",
+            "rtp_ports 20000-29999",
+            "rtcp_mux no",
+            "jitter_buffer_delay 1-10",
+            f"module_path {BARESIP_MODULES}",
+            *[f"module {m}.so" for m in modules],
+            f"cons_listen 127.0.0.1:{self.cons_port}",
+            f"snd_path {self.snd}",
+            "",
+        ]))
+        params = ";regint=0;audio_codecs=PCMU"
+        if mediaenc:
+            params += f";mediaenc={mediaenc}"
+        (home / "accounts").write_text(f"<sip:baresip@127.0.0.1>{params}\n")
+        (home / "contacts").write_text("")
+        self.proc: trio.Process | None = None
+        self.out = bytearray()
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        self.proc = await trio.lowlevel.open_process(
+            [BARESIP or "baresip", "-f", str(self.home), "-v"], stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+        async def pump() -> None:
+            assert self.proc is not None and self.proc.stdout is not None
+            async for chunk in self.proc.stdout:
+                self.out.extend(chunk)
+
+        nursery.start_soon(pump)
+
+    async def keys(self, text: str) -> None:
+        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        with sock:
+            await sock.sendto(text.encode(), ("127.0.0.1", self.cons_port))
+
+    @property
+    def text(self) -> str:
+        return self.out.decode(errors="replace")[-6000:]
+
+    def heard(self) -> Path | None:
+        got = sorted(self.snd.glob("dump-*-dec.wav"))
+        return got[-1] if got else None
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.terminate()
+            with trio.move_on_after(5):
+                await self.proc.wait()
+            if self.proc.returncode is None:
+                self.proc.kill()
+                await self.proc.wait()

@@ -3,7 +3,11 @@ transceiver running the echo agent (``TransceiverPhoneMedia``, transceiver/phone
 
 * SIPp plays a 1 kHz PCMU tone from a pcap; what reaches SIPp's media port is captured on
   ``lo`` (SIPp keeps nothing it receives) and must be the tone, from the relay's port.
-* ``/hangup`` ends the media on the transceiver; the call's events reach signaling.
+* baresip (a real softphone, headless: ``aufile`` microphone, ``sndfile`` recording) calls
+  in over UDP, TCP and TLS (the generated ``--sip-tls`` certificate) and with SDES-SRTP
+  (``mediaenc=srtp-mand``), plays a 700 Hz tone and must hear it back (FFT of what it
+  recorded); the digits it presses (RFC 4733) must reach signaling through the
+  transceiver's ``phone.events``; ``/hangup`` (the SDK) must end the media.
 
 Every wait is on a condition (SIPp's exit, captured packets, the transceiver's tables).
 """
@@ -12,25 +16,28 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import trio
 from sip.support import (
+    BARESIP,
     SIPP,
     TIMEOUT,
+    Baresip,
     LoopbackSniffer,
     free_media_ports,
     run_sipp,
     start_phone_stack,
     write_tone_pcap,
+    write_tone_wav,
 )
 
 from appliance.proto.rtp import rtp_header_fields_untrusted
 from appliance.transceiver import g711
 
-pytestmark = [pytest.mark.interop,
-              pytest.mark.skipif(SIPP is None, reason="sipp missing: `make sysdeps`")]
+pytestmark = [pytest.mark.interop]
 
 
 def peak_hz(payloads: list[bytes]) -> float:
@@ -47,6 +54,7 @@ async def eventually(pred: object, what: str) -> None:
             await trio.sleep(0.02)
 
 
+@pytest.mark.skipif(SIPP is None, reason="sipp missing: `make sysdeps`")
 @pytest.mark.skipif(os.geteuid() != 0, reason="capturing on lo needs root (AF_PACKET)")
 async def test_sipp_pcap_tone_comes_back_from_the_echo_agent(nursery: trio.Nursery,
                                                             tmp_path: Path) -> None:
@@ -73,3 +81,89 @@ async def test_sipp_pcap_tone_comes_back_from_the_echo_agent(nursery: trio.Nurse
     ended = tr.ended_phones[-1]
     assert ended["end_reason"] == "sip-ended" and ended["phone"]["latched"] == f"127.0.0.1:{mp}"
     assert ended["phone"]["leg"]["stray"] == 0
+
+
+def tls_settings(tmp_path: Path) -> dict[str, object]:
+    """``--sip-tls`` with the self-signed certificate the appliance generates."""
+    import argparse
+
+    from appliance.signaling.options import add_sip_arguments, sip_settings
+
+    parser = argparse.ArgumentParser()
+    add_sip_arguments(parser)
+    for flag in ("--state-dir", "--tls-cert", "--tls-key"):
+        parser.add_argument(flag)
+    args = parser.parse_args(["--sip", "127.0.0.1:0", "--sip-tls", "127.0.0.1:0",
+                              "--state-dir", str(tmp_path)])
+    made = sip_settings(args, ["127.0.0.1"])
+    assert made is not None and made.tls_cert is not None
+    return {"tls": made.tls, "tls_cert": made.tls_cert, "tls_key": made.tls_key}
+
+
+def wav_peak(path: Path) -> tuple[float, float, float]:
+    """(peak frequency, RMS, seconds) of a mono PCM16 WAV."""
+    import wave
+
+    with wave.open(str(path)) as w:
+        rate, x = w.getframerate(), np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+    x = x.astype(float)[rate // 2:]  # past the call's first half second
+    if len(x) < rate:
+        return 0.0, 0.0, len(x) / rate
+    spec = np.abs(np.fft.rfft(x * np.hanning(len(x))))
+    return float(np.argmax(spec) * rate / len(x)), float(np.sqrt((x ** 2).mean())), len(x) / rate
+
+
+@pytest.mark.skipif(BARESIP is None, reason="baresip missing: `make sysdeps`")
+@pytest.mark.parametrize(("transport", "mediaenc"),
+                         [("udp", None), ("tcp", None), ("tls", None), ("udp", "srtp-mand")],
+                         ids=["udp", "tcp", "tls", "sdes-srtp"])
+async def test_baresip_hears_its_tone_echoed_and_its_digits_reach_the_agent(
+        nursery: trio.Nursery, tmp_path: Path, transport: str, mediaenc: str | None) -> None:
+    sip = tls_settings(tmp_path) if transport == "tls" else {}
+    stack = await start_phone_stack(nursery, tmp_path, **sip)
+    tone = tmp_path / "tone.wav"
+    write_tone_wav(tone, freq=700.0, seconds=30.0)
+    phone = Baresip(tmp_path / "baresip", tone, mediaenc=mediaenc)
+    tr = stack.transceiver
+    host, port = stack.phone.tls if transport == "tls" and stack.phone.tls else stack.phone.sip
+    uri = f"sip:agent@{host}:{port}" + ("" if transport == "udp" else f";transport={transport}")
+
+    def session() -> Any:
+        return next(iter(tr.phones.values()), None)
+
+    try:
+        await phone.start(nursery)
+        with trio.fail_after(TIMEOUT):
+            while session() is None:  # the cons socket may not be up yet: redial is harmless
+                await phone.keys(f"/dial {uri}\n")
+                with trio.move_on_after(2.0):
+                    while session() is None:  # noqa: ASYNC110 - state in other tasks
+                        await trio.sleep(0.02)
+            ps = session()
+            await eventually(lambda: ps.leg is not None and ps.leg.counters.rtp_out >= 100,
+                             "two seconds of echo")
+            await phone.keys("123")
+            await eventually(lambda: ps.dtmf_digits >= 2, "DTMF digits")
+            call_id = ps.call_id
+            calls = stack.phone.client().realtime.calls
+            await trio.to_thread.run_sync(lambda: calls.hangup(call_id))
+            await eventually(lambda: not tr.phones, "/hangup ended the media")
+            view = await trio.to_thread.run_sync(
+                lambda: stack.phone.client().get(f"/realtime/calls/{call_id}", cast_to=object))
+    except BaseException:
+        print(phone.text)
+        raise
+    finally:
+        await phone.stop()
+    assert isinstance(view, dict) and view["status"] == "ended"
+    assert view["dtmf"].startswith("12"), view  # RFC 4733 from baresip, via phone.events
+    ended = tr.ended_phones[-1]
+    assert ended["end_reason"] == "sip-ended"
+    assert ended["srtp_profile"] == ("AES_CM_128_HMAC_SHA1_80" if mediaenc else None)
+    leg = ended["phone"]["leg"]
+    assert leg["rtp_in"] >= 100 and leg["rtp_out"] >= 100 and leg["auth_failed"] == 0
+    heard = phone.heard()
+    assert heard is not None, phone.text
+    freq, rms, seconds = wav_peak(heard)
+    assert seconds >= 1.5 and rms > 1000, (seconds, rms)
+    assert abs(freq - 700.0) < 15, freq  # its own tone, back from the echo agent
