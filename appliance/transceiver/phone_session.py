@@ -49,6 +49,7 @@ from appliance.session_info import RelayFlow, SessionInfo
 from .call import Addr
 from .media import PcmPipeline
 from .pacer import Pacer
+from . import rtp_leg
 from .phone import leg_config, vouches
 from .rtp_leg import Dtmf, Ended, Latched, RtpLeg, Transmit
 from .stages import NOISE_REDUCTION, MediaConfig
@@ -56,6 +57,9 @@ from .stages import NOISE_REDUCTION, MediaConfig
 log = logging.getLogger(__name__)
 
 SendFn = Callable[[bytes, Addr], None]
+#: No RTP or RTCP for this long (while not on hold) ends the call: signaling then sends
+#: the BYE. Read when a leg is made, so tests can shorten it.
+MEDIA_TIMEOUT = rtp_leg.MEDIA_TIMEOUT
 #: DTMF digits an agent may send (RFC 4733 §3.2 events 0-15)
 DIGITS = frozenset("0123456789*#ABCD")
 
@@ -160,7 +164,8 @@ class PhoneSession:
 
     def _start_leg(self, params: PhoneParams, now: float) -> None:
         cfg = leg_config(params, self.ssrc)  # ValueError: the op answers 400
-        cfg = replace(cfg, wall_offset=self._wall_offset, cname=self.id[:32])
+        cfg = replace(cfg, wall_offset=self._wall_offset, cname=self.id[:32],
+                      media_timeout=MEDIA_TIMEOUT)
         leg = RtpLeg(cfg, now)
         leg.set_direction(_ours(params.direction))
         old = self.leg

@@ -167,3 +167,28 @@ async def test_baresip_hears_its_tone_echoed_and_its_digits_reach_the_agent(
     freq, rms, seconds = wav_peak(heard)
     assert seconds >= 1.5 and rms > 1000, (seconds, rms)
     assert abs(freq - 700.0) < 15, freq  # its own tone, back from the echo agent
+
+
+@pytest.mark.skipif(SIPP is None, reason="sipp missing: `make sysdeps`")
+async def test_sip_info_digits_reach_the_agent_and_the_media_timeout_sends_bye(
+        nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from appliance.transceiver import phone_session
+
+    monkeypatch.setattr(phone_session, "MEDIA_TIMEOUT", 1.5)
+    stack = await start_phone_stack(nursery, tmp_path)
+    write_tone_pcap(tmp_path / "tone.pcap", seconds=0.5)
+    tr = stack.transceiver
+    digits: list[dict[str, Any]] = []
+
+    def agent_heard() -> bool:  # what the agent's event queue holds (the echo reads none)
+        for ps in tr.phones.values():
+            digits.extend(e for e in ps.host._events_in if e.get("type") == "dtmf")
+        return bool(digits)
+
+    with trio.fail_after(TIMEOUT):
+        run = await run_sipp(nursery, stack.phone, "info_then_timeout.xml", cwd=tmp_path)
+        await eventually(agent_heard, "the INFO digit at the agent")
+        code, out = await run.result()  # it exits 0 only after our BYE came
+    assert code == 0, out
+    assert digits[0] == {"type": "dtmf", "digit": "5", "duration_ms": 160, "source": "sip-info"}
+    assert tr.ended_phones[-1]["end_reason"] == "rtp-timeout"
