@@ -46,10 +46,10 @@ from appliance.proto.errors import LocalProtocolError
 from appliance.proto.proxy import encode_header
 from appliance.session_info import RelayFlow, SessionInfo
 
+from . import rtp_leg
 from .call import Addr
 from .media import PcmPipeline
 from .pacer import Pacer
-from . import rtp_leg
 from .phone import leg_config, vouches
 from .rtp_leg import Dtmf, Ended, Latched, RtpLeg, Transmit
 from .stages import NOISE_REDUCTION, MediaConfig
