@@ -2,8 +2,8 @@
 
 ::
 
-    sip_calls.py (call control)            PhoneMedia                    transceiver (later)
-    ───────────────────────────            ──────────                    ───────────────────
+    sip_calls.py (call control)            PhoneMedia                    transceiver
+    ───────────────────────────            ──────────                    ───────────
     accept(call_id, session)  ──────────►  create(call_id, offer,   ──►  control op: a phone
                                              trunk addr, agent,          session (RtpLeg +
                                              session config)             agent), its vouch
@@ -21,8 +21,10 @@ the transceiver side plugs in without a change to sip_calls.py.
 ``proto/sdp/phone.py``, keys SDES when the trunk offers ``RTP/SAVP`` (``proto/sdp/sdes.py``,
 our key from ``secrets``), and answers with the relay's public media address and port (the
 one WebRTC calls use, ADR: address-keyed flows on the media port). It keeps each call's
-plan and keys for the transceiver op; until that op exists the answer names a port on which
-no leg listens yet (docs/sip.md "What is left").
+plan and keys for the transceiver op. :class:`TransceiverPhoneMedia` (the end of this
+file) is the whole seam: that answer, plus the call placed on a transceiver whose phone
+session (transceiver/phone_session.py) runs the leg and the agent (docs/sip.md "Media on the
+transceivers").
 """
 
 from __future__ import annotations
