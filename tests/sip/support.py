@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import random
 import shutil
 import socket
 import subprocess
+import sys
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -211,10 +213,15 @@ class PhoneStack:
     phone: Phone
     transceiver: Any  # appliance.transceiver.server.Transceiver
     relay_public: tuple[str, int]
+    relay: Any = None  # its RelayHandle
+
+    def relay_stats(self) -> dict[str, Any]:
+        return dict(self.relay.stats()) if self.relay is not None else {}
 
 
 async def start_phone_stack(nursery: trio.Nursery, tmp_path: Path, *, agent: str = "echo",
-                            webhooks: bool = False, **sip: Any) -> PhoneStack:
+                            webhooks: bool = False, host: str = "127.0.0.1",
+                            **sip: Any) -> PhoneStack:
     """A transceiver (the echo agent by default) behind a relay worker, and signaling with
     ``--sip`` whose phone calls' media runs there (``TransceiverPhoneMedia``): every RTP
     packet of a call goes trunk -> relay -> transceiver and back."""
@@ -225,7 +232,7 @@ async def start_phone_stack(nursery: trio.Nursery, tmp_path: Path, *, agent: str
     taddrs = await nursery.start(serve_transceiver, TransceiverConfig(
         id=0, secrets=(ROUTING_SECRET,), listen=("127.0.0.1", 0), control=ctl, agent=agent))
     handle = await nursery.start(serve_relay, RelayConfig(
-        secrets=(ROUTING_SECRET,), listen=(("127.0.0.1", 0),), transceivers={0: taddrs.udp},
+        secrets=(ROUTING_SECRET,), listen=((host, 0),), transceivers={0: taddrs.udp},
         io="python"))
     public = (str(handle.public[0][0]), int(handle.public[0][1]))
     rx = Receiver() if webhooks else None
@@ -234,15 +241,18 @@ async def start_phone_stack(nursery: trio.Nursery, tmp_path: Path, *, agent: str
         port = await rx.serve(nursery)
         endpoints = [Endpoint(f"http://127.0.0.1:{port}/hook", secret_key(SECRET))]
     sip.setdefault("agent", None if webhooks else agent)
-    settings = SipSettings(udp_tcp=("127.0.0.1", 0), **sip)
-    cfg = SignalingConfig(http=("127.0.0.1", 0), public_addresses=["127.0.0.1"],
+    allow = sip.pop("allow", None)
+    settings = SipSettings(udp_tcp=(host, 0), **sip)
+    if allow is not None:
+        settings.allow = parse_networks(allow)
+    cfg = SignalingConfig(http=("127.0.0.1", 0), public_addresses=[host],
                           udp_port=public[1], webui_dir=tmp_path / "webui",
                           transceivers={0: ctl}, webhooks=endpoints, sip=settings)
     state = SignalingState(cfg)
     binds = await nursery.start(partial(serve_signaling, cfg, state=state))
     assert settings.bound is not None
     return PhoneStack(Phone(binds[0], settings.bound[0], settings.bound[1], state, settings, rx),
-                      taddrs.transceiver, public)
+                      taddrs.transceiver, public, handle)
 
 
 def write_tone_pcap(path: Path, *, freq: float = 1000.0, seconds: float = 3.0,
@@ -337,8 +347,10 @@ class Baresip:
     sends) into ``snd_path``, ``cons`` takes key presses over UDP (``/dial``, digits: DTMF
     while in a call). ``mediaenc`` is an account parameter (``srtp-mand``: RTP/SAVP, SDES)."""
 
-    def __init__(self, home: Path, tone: Path, *, mediaenc: str | None = None) -> None:
+    def __init__(self, home: Path, tone: Path, *, mediaenc: str | None = None,
+                 host: str = "127.0.0.1", netns: str | None = None) -> None:
         self.home = home
+        self.netns = netns
         home.mkdir(parents=True, exist_ok=True)
         self.snd = home / "snd"
         self.snd.mkdir(exist_ok=True)
@@ -348,7 +360,7 @@ class Baresip:
         modules = ["cons", "g711", "aufile", "alsa", "sndfile", "srtp", "menu", "account"]
         (home / "config").write_text("\n".join([
             "poll_method epoll",
-            f"sip_listen 127.0.0.1:{sip_port}",
+            f"sip_listen {host}:{sip_port}",
             "sip_trans_def udp",
             f"audio_source aufile,{tone}",
             "audio_player alsa,null",
@@ -368,14 +380,15 @@ class Baresip:
         params = ";regint=0;audio_codecs=PCMU"
         if mediaenc:
             params += f";mediaenc={mediaenc}"
-        (home / "accounts").write_text(f"<sip:baresip@127.0.0.1>{params}\n")
+        (home / "accounts").write_text(f"<sip:baresip@{host}>{params}\n")
         (home / "contacts").write_text("")
         self.proc: trio.Process | None = None
         self.out = bytearray()
 
     async def start(self, nursery: trio.Nursery) -> None:
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
         self.proc = await trio.lowlevel.open_process(
-            [BARESIP or "baresip", "-f", str(self.home), "-v"], stdin=subprocess.DEVNULL,
+            [*prefix, BARESIP or "baresip", "-f", str(self.home), "-v"], stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
         async def pump() -> None:
@@ -386,6 +399,12 @@ class Baresip:
         nursery.start_soon(pump)
 
     async def keys(self, text: str) -> None:
+        if self.netns:  # its console listens on the namespace's loopback
+            code = ("import socket,sys; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+                    ".sendto(sys.argv[1].encode(), ('127.0.0.1', int(sys.argv[2])))")
+            await trio.run_process(["ip", "netns", "exec", self.netns, sys.executable, "-c",
+                                    code, text, str(self.cons_port)])
+            return
         sock = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         with sock:
             await sock.sendto(text.encode(), ("127.0.0.1", self.cons_port))
@@ -406,3 +425,57 @@ class Baresip:
             if self.proc.returncode is None:
                 self.proc.kill()
                 await self.proc.wait()
+
+
+class NatNet:
+    """A phone behind a NAT, in network namespaces this creates (and deletes): ``phone``
+    (10.202.T.2) routes through ``nat``, whose nftables masquerades everything leaving on
+    its WAN veth (10.201.T.2) towards the test's own namespace, where the veth end gets
+    10.201.T.1 — the address the appliance listens on. Nothing else is touched."""
+
+    def __init__(self) -> None:
+        t = random.randrange(1, 250)
+        self.tag = f"pm{os.getpid() % 10000}x{t}"
+        self.nat, self.phone = f"{self.tag}-nat", f"{self.tag}-ph"
+        self.outer = f"{self.tag}o"  # our end of the WAN veth
+        self.wan_net = f"10.201.{t}.0/30"
+        self.host = f"10.201.{t}.1"  # the appliance
+        self.public = f"10.201.{t}.2"  # the NAT's outside
+        self.private = f"10.202.{t}.2"  # the phone
+        self._made: list[str] = []
+
+    @staticmethod
+    def _run(*argv: str, stdin: str | None = None) -> None:
+        r = subprocess.run(list(argv), capture_output=True, text=True, input=stdin)
+        if r.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)}: {r.stderr.strip()}")
+
+    def up(self) -> None:
+        run, t = self._run, self.host.split(".")[2]
+        for ns in (self.nat, self.phone):
+            run("ip", "netns", "add", ns)
+            self._made.append(ns)
+            run("ip", "-n", ns, "link", "set", "lo", "up")
+        run("ip", "link", "add", self.outer, "type", "veth", "peer", "name", "wan",
+            "netns", self.nat)
+        run("ip", "addr", "add", f"{self.host}/30", "dev", self.outer)
+        run("ip", "link", "set", self.outer, "up")
+        run("ip", "-n", self.nat, "addr", "add", f"{self.public}/30", "dev", "wan")
+        run("ip", "-n", self.nat, "link", "set", "wan", "up")
+        run("ip", "-n", self.nat, "link", "add", "lan", "type", "veth", "peer", "name", "eth0",
+            "netns", self.phone)
+        run("ip", "-n", self.nat, "addr", "add", f"10.202.{t}.1/30", "dev", "lan")
+        run("ip", "-n", self.nat, "link", "set", "lan", "up")
+        run("ip", "-n", self.phone, "addr", "add", f"{self.private}/30", "dev", "eth0")
+        run("ip", "-n", self.phone, "link", "set", "eth0", "up")
+        run("ip", "-n", self.phone, "route", "add", "default", "via", f"10.202.{t}.1")
+        run("ip", "netns", "exec", self.nat, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        run("ip", "netns", "exec", self.nat, "nft", "-f", "-", stdin=(
+            "table ip nat {\n chain post {\n  type nat hook postrouting priority 100;\n"
+            '  oifname "wan" masquerade\n }\n}\n'))
+
+    def down(self) -> None:
+        subprocess.run(["ip", "link", "del", self.outer], capture_output=True)
+        for ns in reversed(self._made):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        self._made.clear()

@@ -15,6 +15,7 @@ Every wait is on a condition (SIPp's exit, captured packets, the transceiver's t
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from sip.support import (
     TIMEOUT,
     Baresip,
     LoopbackSniffer,
+    NatNet,
     free_media_ports,
     run_sipp,
     start_phone_stack,
@@ -192,3 +194,63 @@ async def test_sip_info_digits_reach_the_agent_and_the_media_timeout_sends_bye(
     assert code == 0, out
     assert digits[0] == {"type": "dtmf", "digit": "5", "duration_ms": 160, "source": "sip-info"}
     assert tr.ended_phones[-1]["end_reason"] == "rtp-timeout"
+
+
+@pytest.mark.skipif(BARESIP is None, reason="baresip missing: `make sysdeps`")
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("nft") is None,
+                    reason="network namespaces and nft need root and nftables")
+async def test_baresip_behind_a_masquerading_nat_is_latched_and_hears_the_echo(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    net = NatNet()
+    try:
+        net.up()
+    except (RuntimeError, OSError) as exc:
+        net.down()
+        pytest.skip(f"cannot build the namespaces here: {exc}")
+    phone: Baresip | None = None
+    try:
+        stack = await start_phone_stack(nursery, tmp_path, host=net.host,
+                                        allow=[net.wan_net])
+        tone = tmp_path / "tone.wav"
+        write_tone_wav(tone, freq=700.0, seconds=30.0)
+        phone = Baresip(tmp_path / "baresip", tone, host=net.private, netns=net.phone)
+        tr = stack.transceiver
+        host, port = stack.phone.sip
+
+        def session() -> Any:
+            return next(iter(tr.phones.values()), None)
+
+        await phone.start(nursery)
+        with trio.fail_after(TIMEOUT):
+            while session() is None:
+                await phone.keys(f"/dial sip:agent@{host}:{port}\n")
+                with trio.move_on_after(2.0):
+                    while session() is None:  # noqa: ASYNC110 - state in other tasks
+                        await trio.sleep(0.02)
+            ps = session()
+            # its SDP names its private address; the SIP (and so the media) came from the
+            # NAT's public one: the leg latched to that, as the ADR's NAT rule allows
+            assert ps.params.remote[0] == net.private and ps.params.trunk_ip == net.public
+            await eventually(lambda: ps.leg is not None and ps.leg.counters.rtp_out >= 100,
+                             "two seconds of echo through the NAT")
+            latched = ps.latched
+            await phone.keys("45")  # a key ends when the next is pressed (cons has no key-up)
+            await eventually(lambda: ps.dtmf_digits >= 1, "a digit through the NAT")
+            calls = stack.phone.client().realtime.calls
+            await trio.to_thread.run_sync(lambda: calls.hangup(ps.call_id))
+            await eventually(lambda: not tr.phones, "/hangup ended the media")
+    except BaseException:
+        if phone is not None:
+            print(phone.text)
+        print("relay:", stack.relay_stats() if "stack" in locals() else None)
+        print("phones:", [p.describe() for p in tr.phones.values()] if "tr" in locals() else None)
+        raise
+    finally:
+        if phone is not None:
+            await phone.stop()
+        net.down()
+    assert latched is not None and latched[0] == net.public
+    heard = phone.heard()
+    assert heard is not None
+    freq, rms, seconds = wav_peak(heard)
+    assert seconds >= 1.5 and rms > 1000 and abs(freq - 700.0) < 15, (freq, rms, seconds)
