@@ -293,6 +293,7 @@ class LoopbackSniffer:
     def __init__(self, port: int, from_port: int) -> None:
         self.port, self.from_port = port, from_port
         self.payloads: list[bytes] = []
+        self.times: list[float] = []  # trio time each was read
         self.changed = trio.Event()
         raw = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))
         raw.bind(("lo", 0))
@@ -313,6 +314,7 @@ class LoopbackSniffer:
                 sport, dport = struct.unpack("!HH", ip[ihl:ihl + 4])
                 if dport == self.port and sport == self.from_port:
                     self.payloads.append(bytes(ip[ihl + 8:]))
+                    self.times.append(trio.current_time())
                     self.changed.set()
                     self.changed = trio.Event()
 
