@@ -339,11 +339,14 @@ class Transceiver:
             for session in self.sessions.values():
                 if session.pipeline is not None:
                     session.pipeline.set_complexity(ev.complexity)
+            for phone in self.phones.values():
+                if phone.pipeline is not None:
+                    phone.pipeline.set_complexity(ev.complexity)
 
     def call_cost(self) -> float:
         """Share of a core one call costs here, from the meter (idle cost included: an
         over- rather than an under-estimate)."""
-        n = len(self.sessions) - self._created_in_window
+        n = len(self.sessions) + len(self.phones) - self._created_in_window
         return max(MIN_CALL_COST, self.meter.busy / n) if n > 0 else MIN_CALL_COST
 
     def overloaded(self) -> bool:
@@ -356,7 +359,8 @@ class Transceiver:
     def load_view(self) -> dict[str, Any]:
         """``stats``' ``load`` object (docs/control-protocol.md)."""
         return {**self.meter.report.to_json(), "busy": round(self.meter.busy, 4),
-                "sessions": len(self.sessions), "call_cost": round(self.call_cost(), 5),
+                "sessions": len(self.sessions) + len(self.phones),
+                "call_cost": round(self.call_cost(), 5),
                 "opus_complexity": self.complexity.complexity,
                 "opus_complexity_steps": list(self.complexity.steps),
                 "degraded": self.complexity.degraded,
@@ -631,7 +635,8 @@ class Transceiver:
                      "handshakes": self.admission.handshakes,
                      "switched_on": self.admission.switched_on}
         return {"ok": True, "transceiver": self.config.id, "counters": dict(self.counters),
-                "sessions_by_state": by_state, "draining": self.draining,
+                "sessions_by_state": by_state, "phones": len(self.phones),
+                "draining": self.draining,
                 "dtls_admission": admission, "load": self.load_view()}
 
     def _op_drain(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -674,7 +679,11 @@ class Transceiver:
                     raise ValueError("call_id must be a 1..128 character string")
                 if agent_spec is not None and not isinstance(agent_spec, str):
                     raise ValueError("agent must be a string or null")
-            media = MediaConfig.from_params_untrusted(check_params(req.get("params")))
+            # ctx.params as a WebRTC Realtime call has them (realtime_http.py), so the
+            # Realtime agent and the stages read a phone call's session config the same way
+            ctx_params = {**check_params(req.get("params")),
+                          "realtime": {"session": session_cfg, "dcid": None, "call_id": call_id}}
+            media = MediaConfig.from_params_untrusted(ctx_params)
         except ValueError as exc:
             return _error(400, "bad-params", str(exc))
         try:
@@ -687,7 +696,7 @@ class Transceiver:
                 params=params, send=self.send, now=now, on_end=self._phone_ended,
                 on_event=self._phone_event, on_latched=self._phone_latched,
                 counters=self.counters, pacer=self.pacer,
-                opus_complexity=self.complexity.complexity, session_params=session_cfg,
+                opus_complexity=self.complexity.complexity, session_params=ctx_params,
                 media=media)
         except ValueError as exc:
             return _error(400, "bad-params", str(exc))

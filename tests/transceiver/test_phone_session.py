@@ -143,6 +143,10 @@ async def test_rfc4733_digits_reach_the_agent_and_signaling(rig: Rig) -> None:
     sid = "rtc_sip_" + "b" * 24
     assert (await rig.op(op="phone.create", session_id=sid, phone=params(rig)))["ok"]
     phone = rig.tr.phones[sid]
+    # ctx.params as a WebRTC Realtime call's: the accept's session config under "realtime"
+    assert phone.ctx.params["realtime"] == {"session": {"type": "realtime"}, "dcid": None,
+                                            "call_id": phone.call_id}
+    assert phone.ctx.identity.info["transport"] == "sip"
     polled: list[dict[str, Any]] = []
 
     async def poll() -> None:  # signaling's long-poll, waiting before the digit is sent
