@@ -76,7 +76,8 @@ async def test_sipp_pcap_tone_comes_back_from_the_echo_agent(nursery: trio.Nurse
     assert 100 <= len(audio) <= sent + 5  # most of the 150 packets came back, none invented
     assert abs(peak_hz(audio[10:]) - 1000) < 30  # and they carry the caller's tone
     seqs = [r[1] for r in rtp]
-    assert all((b - a) & 0xFFFF == 1 for a, b in zip(seqs, seqs[1:], strict=False))
+    # in order and never repeated (a gap may be the capture's own loss on a loaded box)
+    assert all(0 < (b - a) & 0xFFFF < 1000 for a, b in zip(seqs, seqs[1:], strict=False))
     tr = stack.transceiver
     await eventually(lambda: not tr.phones, "the BYE ended the phone session")
     assert tr.counters["phones_created"] == 1 and tr.counters["phones_ended"] == 1
