@@ -167,7 +167,7 @@ class PhoneSession:
         cfg = replace(cfg, wall_offset=self._wall_offset, cname=self.id[:32],
                       media_timeout=MEDIA_TIMEOUT)
         leg = RtpLeg(cfg, now)
-        leg.set_direction(_ours(params.direction))
+        leg.set_direction(params.direction)  # our answer's (the offer's reversed)
         old = self.leg
         self.leg, self.params = leg, params
         codec = "opus" if params.codec == "opus" else params.codec.lower()
@@ -205,11 +205,14 @@ class PhoneSession:
         if self._ended:
             raise ValueError("this phone session has ended")
         old = self.params
+        if old is not None and params.remote[0] in ("0.0.0.0", "::"):
+            # RFC 2543 hold (c=0.0.0.0): a direction change, not a new address
+            params = replace(params, remote=old.remote, remote_rtcp=old.remote_rtcp)
         if self.leg is None or old is None:
             self._start_leg(params, now)
         elif _same_media(old, params):
             self.params = params
-            self.leg.set_direction(_ours(params.direction))
+            self.leg.set_direction(params.direction)  # our answer's (the offer's reversed)
         else:
             self._start_leg(params, now)
         self._drain()
@@ -456,12 +459,6 @@ class PhoneSession:
             "leg": None if leg is None else asdict(leg.counters),
         }
         return out
-
-
-def _ours(direction: str) -> str:
-    """``PhoneParams.direction`` is the direction of *our* answer (proto/sdp/phone.py
-    reverses the offer's), which is what the leg takes."""
-    return direction
 
 
 def _same_media(a: PhoneParams, b: PhoneParams) -> bool:

@@ -228,9 +228,16 @@ async def test_a_pending_call_starts_media_when_answered(rig: Rig) -> None:
         _, _, payload = await rig.recv()
     assert rtp_header_fields_untrusted(payload)[0] == 0
     # a re-INVITE to hold: direction only, same leg; we stop sending
+    leg = rig.tr.phones[sid].leg
     held = await rig.op(op="phone.update", session_id=sid, phone=params(rig, direction="recvonly"))
-    assert held["ok"] and rig.tr.phones[sid].leg is not None
-    assert not rig.tr.phones[sid].leg.can_send()
+    assert held["ok"] and rig.tr.phones[sid].leg is leg and leg is not None
+    assert not leg.can_send()
+    # RFC 2543 hold (c=0.0.0.0) is a direction change too: the leg and its latch stay
+    old_hold = await rig.op(op="phone.update", session_id=sid, phone=params(
+        rig, direction="inactive", remote=["0.0.0.0", rig.trunk[1]]))
+    assert old_hold["ok"] and rig.tr.phones[sid].leg is leg and leg.latched == rig.trunk
+    unhold = await rig.op(op="phone.update", session_id=sid, phone=params(rig))
+    assert unhold["ok"] and rig.tr.phones[sid].leg is leg and leg.can_send()
 
 
 async def test_bad_params_are_refused_clearly(rig: Rig) -> None:
