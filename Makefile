@@ -53,6 +53,7 @@ sysdeps:
 	command -v npm >/dev/null || missing="$$missing npm"; \
 	command -v nft >/dev/null || [ -x /usr/sbin/nft ] || missing="$$missing nftables"; \
 	command -v sipp >/dev/null || missing="$$missing sip-tester"; \
+	command -v baresip >/dev/null || missing="$$missing baresip"; \
 	command -v espeak-ng >/dev/null || missing="$$missing espeak-ng"; \
 	[ -e /usr/lib/$$(uname -m)-linux-gnu/libspeexdsp.so.1 ] || ldconfig -p 2>/dev/null | grep -q libspeexdsp.so.1 || missing="$$missing libspeexdsp1"; \
 	if [ -n "$$missing" ]; then \

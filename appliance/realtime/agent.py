@@ -31,6 +31,7 @@ import inspect
 import json
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -196,6 +197,7 @@ class RealtimeShell:
                     pass  # no data channels in the offer: audio only, nothing to speak to
             nursery.start_soon(self._sender)
             nursery.start_soon(self._channel_loop)
+            nursery.start_soon(self._event_loop)
             async for frame in self.ctx.frames():
                 self.machine.handle_frame(frame.pcm, frame.speech)
                 self._drain()
@@ -220,6 +222,14 @@ class RealtimeShell:
             else:
                 continue
             self._drain()
+
+    async def _event_loop(self) -> None:
+        """Transceiver events: a phone call's DTMF digits become the Realtime event."""
+        async for event in self.ctx.events():
+            digit = event.get("digit")
+            if event.get("type") == "dtmf" and isinstance(digit, str):
+                self.machine.handle_dtmf(digit, int(time.time()))
+                self._drain()
 
     def _noise_reduction_changed(self) -> None:
         nr = noise_reduction_type(self.machine.session)

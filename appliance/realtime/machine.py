@@ -363,6 +363,13 @@ class RealtimeConnection:
             frame = data[i : i + FRAME_BYTES]
             self.handle_frame(frame, self._vad(frame))
 
+    def handle_dtmf(self, digit: str, received_at: int) -> None:
+        """A keypad press on a phone call (RFC 4733 or SIP INFO, from the transceiver's
+        ``dtmf`` agent event): OpenAI's SIP-only ``input_audio_buffer.dtmf_event_received``
+        (``event`` = the key, ``received_at`` = Unix seconds)."""
+        self._emit("input_audio_buffer.dtmf_event_received", event=digit,
+                   received_at=received_at)
+
     def handle_frame(self, pcm: bytes, speech: bool) -> None:
         """20 ms of the caller's audio (48 kHz PCM16) and its VAD flag (``Frame.speech``)."""
         self._audio_ms += FRAME_MS

@@ -89,7 +89,8 @@ SERVER_EVENTS: dict[str, tuple[Support, str]] = {
     "input_audio_buffer.speech_started": (Support.SUPPORTED, "energy VAD (Frame.speech)"),
     "input_audio_buffer.speech_stopped": (Support.SUPPORTED, ""),
     "input_audio_buffer.timeout_triggered": (Support.NEVER, "idle_timeout_ms kept, not acted on"),
-    "input_audio_buffer.dtmf_event_received": (Support.NEVER, "SIP only"),
+    "input_audio_buffer.dtmf_event_received": (Support.SUPPORTED, "SIP calls: RFC 4733 or "
+                                               "SIP INFO digits"),
     "output_audio_buffer.started": (Support.SUPPORTED, "WebRTC: the response's audio starts "
                                     "(never on a WebSocket, as OpenAI)"),
     "output_audio_buffer.stopped": (Support.SUPPORTED, "WebRTC: its last frame left"),

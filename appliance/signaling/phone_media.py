@@ -2,8 +2,8 @@
 
 ::
 
-    sip_calls.py (call control)            PhoneMedia                    transceiver (later)
-    ───────────────────────────            ──────────                    ───────────────────
+    sip_calls.py (call control)            PhoneMedia                    transceiver
+    ───────────────────────────            ──────────                    ───────────
     accept(call_id, session)  ──────────►  create(call_id, offer,   ──►  control op: a phone
                                              trunk addr, agent,          session (RtpLeg +
                                              session config)             agent), its vouch
@@ -21,19 +21,25 @@ the transceiver side plugs in without a change to sip_calls.py.
 ``proto/sdp/phone.py``, keys SDES when the trunk offers ``RTP/SAVP`` (``proto/sdp/sdes.py``,
 our key from ``secrets``), and answers with the relay's public media address and port (the
 one WebRTC calls use, ADR: address-keyed flows on the media port). It keeps each call's
-plan and keys for the transceiver op; until that op exists the answer names a port on which
-no leg listens yet (docs/sip.md "What is left"). For the calls we place it is also the
+plan and keys for the transceiver op. For the calls we place it is also the
 :class:`OutboundPhoneMedia`: our G.711 offer (SDES keys when the trunk wants ``RTP/SAVP``)
-and the check of the callee's answer.
+and the check of the callee's answer. :class:`TransceiverPhoneMedia` (the end of this file)
+is the whole seam, both ways: that SDP work, plus the call placed on a transceiver whose
+phone session (transceiver/phone_session.py) runs the leg and the agent (docs/sip.md "Media
+on the transceivers").
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+import trio
+
+from ..control import ControlClient, ControlError
 from ..phone_params import PhoneParams, SrtpParams
 from ..proto.errors import ProtocolError
 from ..proto.sdp.parse import parse_offer_untrusted
@@ -45,6 +51,11 @@ from ..proto.sdp.sdes import (
     choose_crypto,
     generate_crypto,
 )
+
+if TYPE_CHECKING:
+    from .state import SignalingState
+
+log = logging.getLogger(__name__)
 
 Addr = tuple[str, int]
 
@@ -76,6 +87,9 @@ class PhoneMedia(Protocol):
     def bind(self, listener: PhoneMediaListener) -> None:
         """Where media events go; called once, before the first create."""
 
+    def start(self, nursery: trio.Nursery) -> None:
+        """The SIP service is running: background tasks (event polls) go in ``nursery``."""
+
     async def create(self, call_id: str, offer_sdp: bytes, trunk_signaling_addr: Addr,
                      agent_spec: str, session_config: Mapping[str, Any]
                      ) -> MediaAnswer | MediaRefusal:
@@ -88,6 +102,10 @@ class PhoneMedia(Protocol):
 
     async def end(self, call_id: str) -> None:
         """The call is over (idempotent; unknown ids are ignored)."""
+
+    async def dtmf(self, call_id: str, digit: str, duration_ms: int) -> None:
+        """A digit the far end sent by SIP INFO: for the agent (RFC 4733 digits reach it
+        from the leg itself)."""
 
 
 # -- outbound calls (sip_outbound.py): we offer, the callee answers --------------------------
@@ -179,6 +197,12 @@ class RelayAnswerMedia:
 
     def bind(self, listener: PhoneMediaListener) -> None:
         self.listener = listener
+
+    def start(self, nursery: trio.Nursery) -> None:
+        pass
+
+    async def dtmf(self, call_id: str, digit: str, duration_ms: int) -> None:
+        pass
 
     def _answer(self, call: MediaCall | None, offer_sdp: bytes
                 ) -> tuple[MediaAnswer, CryptoAttribute | None, CryptoAttribute | None] | MediaRefusal:
@@ -307,3 +331,244 @@ class RelayAnswerMedia:
         self.calls[call_id] = MediaCall(call_id, plan, mine.trunk, mine.agent, mine.session,
                                         remote, local, mine.session_id, 1)
         return MediaAnswer(answer_sdp.decode("utf-8", "replace"), plan)
+
+
+#: how long one ``phone.events`` long-poll waits on the transceiver for an event
+EVENTS_WAIT = 5.0
+
+
+class TransceiverPhoneMedia:
+    """Phone media on the transceivers: the answer from :class:`RelayAnswerMedia`, the call
+    placed like a WebRTC call (``Placement`` order, ``Admission``, a create in flight
+    counted as load) with a ``phone.create`` op carrying :meth:`MediaCall.params`, and one
+    ``phone.events`` long-poll task per transceiver that holds calls, which hands
+    ``ended`` and ``dtmf`` events to the listener (docs/sip.md "Media")."""
+
+    def __init__(self, state: SignalingState, sdp: RelayAnswerMedia | None = None, *,
+                 events_wait: float = EVENTS_WAIT) -> None:
+        cfg = state.config
+        self.state = state
+        self.sdp = sdp or RelayAnswerMedia(cfg.public_addresses[0], cfg.udp_port)
+        self.events_wait = events_wait
+        self.listener: PhoneMediaListener | None = None
+        self.where: dict[str, int] = {}  # call_id -> transceiver
+        self._nursery: trio.Nursery | None = None
+        self._pollers: dict[int, trio.Event] = {}  # transceiver -> "has calls again"
+        self.counters: dict[str, int] = {}
+
+    def bind(self, listener: PhoneMediaListener) -> None:
+        self.listener = listener
+        self.sdp.bind(listener)
+
+    def start(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+
+    def _count(self, name: str) -> None:
+        self.counters[name] = self.counters.get(name, 0) + 1
+
+    def phone_counts(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for k in self.where.values():
+            out[k] = out.get(k, 0) + 1
+        return out
+
+    async def create(self, call_id: str, offer_sdp: bytes, trunk_signaling_addr: Addr,
+                     agent_spec: str, session_config: Mapping[str, Any]
+                     ) -> MediaAnswer | MediaRefusal:
+        got = await self.sdp.create(call_id, offer_sdp, trunk_signaling_addr, agent_spec,
+                                    session_config)
+        if isinstance(got, MediaRefusal):
+            return got
+        params = self.sdp.calls[call_id].params().to_json()
+        placed = await self._place(call_id, {"phone": params})
+        if isinstance(placed, MediaRefusal):
+            await self.sdp.end(call_id)
+            return placed
+        return got
+
+    # -- OutboundPhoneMedia: the calls we place (sip_outbound.py) ---------------------------
+
+    async def offer(self, call_id: str, trunk_signaling_addr: Addr, agent_spec: str,
+                    session_config: Mapping[str, Any], *, secure: bool = False
+                    ) -> MediaOffer | MediaRefusal:
+        """A pending phone session is placed before our INVITE goes out (so a call nobody
+        can serve is never dialled), then our offer is written; :meth:`answered` starts
+        its media."""
+        refused = await self._place(call_id, {"call_id": call_id, "agent": agent_spec,
+                                              "session": dict(session_config)})
+        if refused is not None:
+            return refused
+        got = await self.sdp.offer(call_id, trunk_signaling_addr, agent_spec, session_config,
+                                   secure=secure)
+        if isinstance(got, MediaRefusal):
+            await self.end(call_id)
+        return got
+
+    async def answered(self, call_id: str, answer_sdp: bytes) -> MediaAnswer | MediaRefusal:
+        """The callee's answer: checked against our offer, then ``phone.answered`` gives the
+        pending session its leg (the caller hangs up with BYE on a refusal)."""
+        got = await self.sdp.answered(call_id, answer_sdp)
+        if isinstance(got, MediaRefusal):
+            return got
+        refused = await self._params_op(call_id, "phone.answered",
+                                        self.sdp.calls[call_id].params())
+        return refused if refused is not None else got
+
+    async def _place(self, call_id: str, body: dict[str, Any]) -> MediaRefusal | None:
+        st = self.state
+        counts = dict(st.registry.active_counts())
+        for k, n in self.phone_counts().items():
+            counts[k] = counts.get(k, 0) + n
+        order = [k for k in st.placement.order(st.health.up_transceivers(), counts)
+                 if st.admission.admits(k)]
+        if not order:
+            self._count("refused-no-transceiver")
+            return MediaRefusal(503, "no transceiver can take the call")
+        last = "no transceiver answered"
+        for k in order:
+            if not st.admission.admits(k):
+                continue
+            ep = st.health.transceivers[k]
+            req = {"op": "phone.create", "session_id": call_id, **body}
+            try:
+                with st.placement.in_flight(k):
+                    resp = await ep.client.request(req)
+            except ControlError as exc:
+                ep.last_error = str(exc)
+                log.warning("transceiver %s did not answer phone.create: %s", k, exc)
+                continue
+            if not resp.get("ok"):
+                last = str(resp.get("detail") or resp.get("code") or "refused")[:120]
+                if resp.get("status") == 503:
+                    continue
+                self._count("refused-by-transceiver")
+                return MediaRefusal(488 if resp.get("status") == 400 else 503, last)
+            st.placement.placed(k)
+            st.admission.placed(k)
+            self.where[call_id] = k
+            self._count("placed")
+            self._poll(k)
+            log.info("phone call %s placed on transceiver %s", call_id, k)
+            return None
+        self._count("refused-no-transceiver")
+        return MediaRefusal(503, last)
+
+    async def _params_op(self, call_id: str, op: str, params: PhoneParams
+                         ) -> MediaRefusal | None:
+        k = self.where.get(call_id)
+        ep = self.state.health.transceivers.get(k) if k is not None else None
+        if ep is None:
+            return MediaRefusal(488, "no media for this call")
+        try:
+            resp = await ep.client.request({"op": op, "session_id": call_id,
+                                            "phone": params.to_json()})
+        except ControlError as exc:
+            return MediaRefusal(503, f"transceiver {k} did not answer: {exc}"[:120])
+        if not resp.get("ok"):
+            return MediaRefusal(488, str(resp.get("detail") or "refused")[:120])
+        return None
+
+    async def update(self, call_id: str, offer_sdp: bytes) -> MediaAnswer | MediaRefusal:
+        got = await self.sdp.update(call_id, offer_sdp)
+        if isinstance(got, MediaRefusal):
+            return got
+        refused = await self._params_op(call_id, "phone.update",
+                                        self.sdp.calls[call_id].params())
+        return refused if refused is not None else got
+
+    async def end(self, call_id: str) -> None:
+        await self.sdp.end(call_id)
+        k = self.where.pop(call_id, None)
+        ep = self.state.health.transceivers.get(k) if k is not None else None
+        if ep is None:
+            return
+        try:
+            await ep.client.request({"op": "phone.end", "session_id": call_id,
+                                     "reason": "sip-ended"})
+        except ControlError as exc:
+            log.info("phone.end of %s on transceiver %s failed: %s", call_id, k, exc)
+
+    async def dtmf(self, call_id: str, digit: str, duration_ms: int) -> None:
+        k = self.where.get(call_id)
+        ep = self.state.health.transceivers.get(k) if k is not None else None
+        if ep is None:
+            return
+        try:
+            await ep.client.request({"op": "phone.dtmf", "session_id": call_id,
+                                     "digit": digit, "duration_ms": duration_ms})
+        except ControlError as exc:
+            log.info("phone.dtmf of %s failed: %s", call_id, exc)
+
+    # -- events from the transceivers ---------------------------------------------------------
+
+    def _poll(self, k: int) -> None:
+        wake = self._pollers.get(k)
+        if wake is not None:
+            wake.set()
+            return
+        if self._nursery is None:
+            return  # not started (unit tests drive handle_events themselves)
+        self._pollers[k] = trio.Event()
+        self._nursery.start_soon(self._poll_loop, k)
+
+    def handle_events(self, k: int, events: list[Any], live: set[str] | None = None) -> None:
+        """One ``phone.events`` answer from transceiver ``k``. ``live``: the phone sessions
+        it still has; a call we placed there and it no longer has ended unseen (a restart)."""
+        listener = self.listener
+        for ev in events:
+            if not isinstance(ev, dict):
+                continue
+            call_id, kind = ev.get("call_id"), ev.get("type")
+            if not isinstance(call_id, str) or self.where.get(call_id) != k:
+                continue
+            if kind == "ended":
+                self.where.pop(call_id, None)
+                reason = ev.get("reason")
+                if listener is not None:
+                    listener.media_ended(call_id, str(reason) if reason else "media-ended")
+            elif kind == "dtmf":
+                digit, ms = ev.get("digit"), ev.get("duration_ms")
+                if isinstance(digit, str) and len(digit) == 1 and listener is not None:
+                    listener.dtmf(call_id, digit, ms if isinstance(ms, int) else 0)
+        if live is not None:
+            for call_id in [c for c, kk in self.where.items() if kk == k and c not in live]:
+                self.where.pop(call_id, None)
+                if listener is not None:
+                    listener.media_ended(call_id, "transceiver-lost")
+
+    async def _poll_loop(self, k: int) -> None:
+        ep = self.state.health.transceivers[k]
+        # Its own connection: the control server answers one connection's requests in
+        # order, and a waiting poll must not hold up creates behind it.
+        client = ControlClient(ep.address, timeout=self.events_wait + 10.0)
+        epoch: str | None = None
+        after = 0
+        try:
+            while True:
+                if k not in self.where.values():  # no call there: sleep until one is
+                    wake = self._pollers[k] = trio.Event()
+                    await wake.wait()
+                    continue
+                try:
+                    resp = await client.request({"op": "phone.events", "epoch": epoch,
+                                                 "after": after, "wait": self.events_wait})
+                except ControlError as exc:
+                    log.info("phone.events from transceiver %s failed: %s", k, exc)
+                    await trio.sleep(1.0)
+                    continue
+                if not resp.get("ok"):
+                    await trio.sleep(1.0)
+                    continue
+                got_epoch = resp.get("epoch")
+                restarted = epoch is not None and got_epoch != epoch
+                epoch = got_epoch if isinstance(got_epoch, str) else None
+                nxt = resp.get("next")
+                after = nxt if isinstance(nxt, int) else 0
+                events = resp.get("events")
+                live = resp.get("live")
+                # After a restart (a new epoch) the calls it no longer has are over.
+                self.handle_events(k, events if isinstance(events, list) else [],
+                                   set(live) if isinstance(live, list) and restarted else None)
+        finally:
+            with trio.CancelScope(shield=True):
+                await client.aclose()

@@ -138,6 +138,7 @@ class SipCalls:
 
     def attach(self, shell: Shell, nursery: trio.Nursery) -> None:
         self._shell, self._nursery = shell, nursery
+        self.media.start(nursery)
 
     @property
     def running(self) -> Shell | None:
@@ -181,6 +182,9 @@ class SipCalls:
             call = self._by_sip(ev.call_id)
             if call is not None:
                 self.dtmf(call.call_id, ev.digit, ev.duration_ms)
+                if self._nursery is not None:  # SIP INFO: the agent hears it from media
+                    self._nursery.start_soon(self.media.dtmf, call.call_id, ev.digit,
+                                             ev.duration_ms)
         elif isinstance(ev, ReInvite):
             call = self._by_sip(ev.call_id)
             if call is not None and self._nursery is not None:

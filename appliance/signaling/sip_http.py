@@ -31,7 +31,7 @@ from typing import Any
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from .phone_media import OutboundPhoneMedia
+from .phone_media import OutboundPhoneMedia, TransceiverPhoneMedia
 from .problems import Problem
 from .realtime_http import error_body
 from .rules import authorize_header, check_agent
@@ -69,10 +69,13 @@ def register(app: QuartTrio, state: SignalingState) -> SipCalls | None:
     """The routes, and the :class:`SipCalls` of this app when ``--sip`` is set (serve_sip
     drives it: server.py finds it in ``app.extensions``)."""
     settings = state.config.sip
-    calls = SipCalls(state, settings) if settings is not None else None
+    # Media on the transceivers (phone_media.TransceiverPhoneMedia); a signaling run with
+    # none configured (its own tests) answers SDP only, with no leg behind it.
+    media = TransceiverPhoneMedia(state) if state.config.transceivers else None
+    calls = SipCalls(state, settings, media=media) if settings is not None else None
     if calls is not None and settings is not None:
-        media = calls.media if isinstance(calls.media, OutboundPhoneMedia) else None
-        calls.outbound = SipOutbound(state, settings.trunks, media, clock=calls.clock)
+        outbound = calls.media if isinstance(calls.media, OutboundPhoneMedia) else None
+        calls.outbound = SipOutbound(state, settings.trunks, outbound, clock=calls.clock)
     app.extensions[EXTENSION] = calls
 
     def authorize() -> None:

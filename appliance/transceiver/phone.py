@@ -1,18 +1,16 @@
-"""The transceiver's half of a phone call's media, as far as it stands without the call-path
-rework (issue 27): what a ``phone.create`` control op's params (``appliance/phone_params.py``)
-become — the :class:`~.rtp_leg.RtpLeg` configuration — and the relay's vouch rule for the
-call's sources (docs/adr-sip-media.md, "Latching, restricted").
+"""The transceiver's half of a phone call's media, the pure part: what a ``phone.create``
+control op's params (``appliance/phone_params.py``) become — the :class:`~.rtp_leg.RtpLeg`
+configuration — and the relay's vouch rule for the call's sources (docs/adr-sip-media.md,
+"Latching, restricted").
 
 ::
 
     signaling PhoneMedia ── phone.create {PhoneParams} ──► leg_config() ──► RtpLeg
-                                                            │ (+ the agent pipeline: media.py,
-                                                            │  once ServerCall is a MediaLeg host)
+                                                            │ + PcmPipeline + the agent:
+                                                            │   phone_session.PhoneSession
     relay look-up for an unknown source ─────────────────► vouches(params, latched, src)
 
-The op itself (a ``PhoneSession`` driving the leg and the PCM pipeline from the shell's
-media socket) is registered in ``transceiver/server.py`` after the call-path rework lands:
-``PcmPipeline`` still takes a ``ServerCall`` today, and that file is being rewritten.
+The session and its ops live in ``phone_session.py`` and ``server.py`` (``_op_phone_*``).
 """
 
 from __future__ import annotations

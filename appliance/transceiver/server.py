@@ -54,6 +54,7 @@ from appliance.agents import AgentError, resolve
 from appliance.control import check_params, serve_control
 from appliance.logs import loggable_url, redact
 from appliance.netio.sockets import udp_socket
+from appliance.phone_params import PhoneParams
 from appliance.proto.errors import LocalProtocolError
 from appliance.proto.proxy import STREAM, ProxyError, StreamAddr, parse_transport_untrusted
 from appliance.proto.proxy.vouch import is_local
@@ -76,6 +77,7 @@ from .degrade import ComplexityController
 from .headroom import TICK, LoadMeter, read_core_stat
 from .opus import DEFAULT_COMPLEXITY
 from .pacer import Pacer
+from .phone_session import DIGITS, PhoneSession
 from .recording import CallRecording, RecordingSettings
 from .session import EndedSession, Session, _fmt
 from .stages import MediaConfig
@@ -100,6 +102,8 @@ YIELD_AFTER = 0.002
 BUFSIZE = 65536 + 256
 SOCKET_BUFFER = 4 << 20
 RECENTLY_ENDED = 256  # ended sessions kept for list/get (end_reason, final stats)
+PHONE_EVENTS = 4096  # phone events kept for signaling's long-poll
+PHONE_EVENTS_WAIT = 30.0  # the longest a phone.events poll may wait
 MAX_SESSION_ID = 128
 # Early drop (issue 9, ICE password-guessing storm): STUN from a client address that is no
 # session's known flow passes a per-address budget (GCRA: 10/s, burst 20) *before* its
@@ -121,6 +125,7 @@ COUNTER_NAMES = (
     "session_errors", "sessions_created", "sessions_ended", "flows_forgotten",
     "sessions_refused_overloaded", "complexity_changes",
     "recordings_started", "recordings_stopped",
+    "phones_created", "phones_ended", "drop_phone_no_relay", "drop_phone_pending",
 )
 #: Defence in depth behind signaling's admission (issue 23, docs/operations.md
 #: "Admission"): a create is refused ``503 overloaded`` when the measured busy share
@@ -222,8 +227,20 @@ class Transceiver:
         #: the live calls' recordings (recording.py), told when their call ends
         self.recordings: dict[str, CallRecording] = {}
         #: relay workers' "is this client yours?" (vouch.py; relay failover, issue 20)
+        # Phone calls (phone_session.py, docs/sip.md "Media"): their own tables, asked only
+        # when by_client misses, so a WebRTC packet pays nothing for them.
+        self.phones: dict[str, PhoneSession] = {}
+        self.phone_by_client: dict[Addr, PhoneSession] = {}
+        self.phone_by_remote: dict[Addr, PhoneSession] = {}  # the signalled RTP address
+        self.phone_by_ip: dict[str, dict[str, PhoneSession]] = {}  # the SIP source's IP
+        self.ended_phones: deque[dict[str, Any]] = deque(maxlen=RECENTLY_ENDED)
+        #: what signaling's ``phone.events`` long-poll reads: (seq, event), bounded
+        self.phone_events: deque[tuple[int, dict[str, Any]]] = deque(maxlen=PHONE_EVENTS)
+        self.phone_seq = 0
+        self.phone_epoch = secrets.token_hex(8)  # a restarted transceiver: a new epoch
+        self._phone_wake = trio.Event()
         self.vouch = VouchResponder(config.id, config.secrets, self.by_client, self.send,
-                                    self.counters)
+                                    self.counters, other=self._phone_vouch)
 
     # -- UDP ---------------------------------------------------------------------------
 
@@ -336,11 +353,14 @@ class Transceiver:
             for session in self.sessions.values():
                 if session.pipeline is not None:
                     session.pipeline.set_complexity(ev.complexity)
+            for phone in self.phones.values():
+                if phone.pipeline is not None:
+                    phone.pipeline.set_complexity(ev.complexity)
 
     def call_cost(self) -> float:
         """Share of a core one call costs here, from the meter (idle cost included: an
         over- rather than an under-estimate)."""
-        n = len(self.sessions) - self._created_in_window
+        n = len(self.sessions) + len(self.phones) - self._created_in_window
         return max(MIN_CALL_COST, self.meter.busy / n) if n > 0 else MIN_CALL_COST
 
     def overloaded(self) -> bool:
@@ -353,7 +373,8 @@ class Transceiver:
     def load_view(self) -> dict[str, Any]:
         """``stats``' ``load`` object (docs/control-protocol.md)."""
         return {**self.meter.report.to_json(), "busy": round(self.meter.busy, 4),
-                "sessions": len(self.sessions), "call_cost": round(self.call_cost(), 5),
+                "sessions": len(self.sessions) + len(self.phones),
+                "call_cost": round(self.call_cost(), 5),
                 "opus_complexity": self.complexity.complexity,
                 "opus_complexity_steps": list(self.complexity.steps),
                 "degraded": self.complexity.degraded,
@@ -397,7 +418,16 @@ class Transceiver:
             return
         session = self.by_client.get(client)
         if session is None:
-            self.counters["drop_unknown_flow"] += 1
+            phone = self.phone_by_client.get(client) or self._phone_for(client)
+            if phone is None:
+                self.counters["drop_unknown_flow"] += 1
+                return
+            try:
+                phone.handle_input(now, bytes(payload), (client, public, relay))
+            except Exception:
+                self.counters["session_errors"] += 1
+                log.exception("phone %s: handler failed; ending it", phone.id)
+                phone.end("internal-error")
             return
         try:
             session.handle_input(now, bytes(payload), (client, public, relay))
@@ -448,11 +478,13 @@ class Transceiver:
         """Take no new session; :attr:`drained` is set when the last one has ended."""
         if not self.draining:
             self.draining = True
-            log.info("draining: no new sessions; %d session(s) left", len(self.sessions))
+            log.info("draining: no new sessions; %d session(s) left",
+                     len(self.sessions) + len(self.phones))
         self._check_drained()
 
     def _check_drained(self) -> None:
-        if self.draining and not self.sessions and not self.drained.is_set():
+        if self.draining and not self.sessions and not self.phones \
+                and not self.drained.is_set():
             log.info("drained: no session left")
             self.drained.set()
 
@@ -474,7 +506,9 @@ class Transceiver:
         op = req["op"]
         if op.startswith("realtime."):  # the sideband (appliance/realtime/sideband.py)
             return await sideband.handle_op(op, req, self._session_state)
-        handler = getattr(self, f"_op_{op}", None)
+        if op == "phone.events":  # the one op that waits (signaling's long-poll)
+            return await self._phone_events(req)
+        handler = getattr(self, "_op_" + op.replace(".", "_"), None)
         if handler is None:
             return _error(400, "unknown-op", f"unknown op {op!r}")
         result: dict[str, Any] = handler(req)
@@ -488,7 +522,7 @@ class Transceiver:
         now = trio.current_time()
         if self.draining:
             return _error(503, "draining", "this transceiver is draining")
-        if len(self.sessions) >= self.config.max_sessions:
+        if len(self.sessions) + len(self.phones) >= self.config.max_sessions:
             return _error(503, "full", f"{self.config.max_sessions} sessions is the limit")
         if self.overloaded():  # before any SDP or DTLS work (issue 23)
             self.counters["sessions_refused_overloaded"] += 1
@@ -654,7 +688,8 @@ class Transceiver:
                      "handshakes": self.admission.handshakes,
                      "switched_on": self.admission.switched_on}
         return {"ok": True, "transceiver": self.config.id, "counters": dict(self.counters),
-                "sessions_by_state": by_state, "draining": self.draining,
+                "sessions_by_state": by_state, "phones": len(self.phones),
+                "draining": self.draining,
                 "dtls_admission": admission, "load": self.load_view()}
 
     def _op_drain(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -662,6 +697,241 @@ class Transceiver:
         return {"ok": True, "sessions": len(self.sessions),
                 "exit_when_drained": self.config.exit_when_drained}
 
+
+    # -- phone calls (phone_session.py; docs/control-protocol.md "Phone calls") ----------
+
+    def _op_phone_create(self, req: dict[str, Any]) -> dict[str, Any]:
+        """A phone call's media: answering (``phone`` = PhoneParams, media at once) or
+        pending our own offer (``phone`` absent; ``call_id`` and ``agent`` given; the
+        answer comes as ``phone.answered``)."""
+        now = trio.current_time()
+        if self.draining:
+            return _error(503, "draining", "this transceiver is draining")
+        if len(self.sessions) + len(self.phones) >= self.config.max_sessions:
+            return _error(503, "full", f"{self.config.max_sessions} sessions is the limit")
+        if self.overloaded():
+            self.counters["sessions_refused_overloaded"] += 1
+            return _error(503, "overloaded",
+                          f"no headroom for another call (busy {100 * self.meter.busy:.0f} %)")
+        sid = req.get("session_id")
+        if not isinstance(sid, str) or not 0 < len(sid) <= MAX_SESSION_ID:
+            return _error(400, "bad-request", "session_id must be a 1..128 character string")
+        if sid in self.phones or sid in self.sessions:
+            return _error(409, "session-exists", f"session {sid!r} already exists")
+        params: PhoneParams | None = None
+        call_id: Any
+        agent_spec: Any
+        try:
+            if req.get("phone") is not None:
+                params = PhoneParams.from_json_untrusted(req.get("phone"))
+                call_id, agent_spec, session_cfg = params.call_id, params.agent, params.session
+            else:
+                call_id, agent_spec = req.get("call_id"), req.get("agent")
+                session_cfg = check_params(req.get("session"))
+                if not isinstance(call_id, str) or not 0 < len(call_id) <= MAX_SESSION_ID:
+                    raise ValueError("call_id must be a 1..128 character string")
+                if agent_spec is not None and not isinstance(agent_spec, str):
+                    raise ValueError("agent must be a string or null")
+            # ctx.params as a WebRTC Realtime call has them (realtime_http.py), so the
+            # Realtime agent and the stages read a phone call's session config the same way
+            ctx_params = {**check_params(req.get("params")),
+                          "realtime": {"session": session_cfg, "dcid": None, "call_id": call_id}}
+            media = MediaConfig.from_params_untrusted(ctx_params)
+        except ValueError as exc:
+            return _error(400, "bad-params", str(exc))
+        try:
+            agent = resolve(agent_spec or self.config.agent)
+        except AgentError as exc:
+            return _error(400, "unknown-agent", str(exc))
+        try:
+            phone = PhoneSession(
+                session_id=sid, call_id=call_id, transceiver=self.config.id, agent=agent,
+                params=params, send=self.send, now=now, on_end=self._phone_ended,
+                on_event=self._phone_event, on_latched=self._phone_latched,
+                counters=self.counters, pacer=self.pacer,
+                opus_complexity=self.complexity.complexity, session_params=ctx_params,
+                media=media)
+        except ValueError as exc:
+            return _error(400, "bad-params", str(exc))
+        self.phones[sid] = phone
+        self._index_phone(phone)
+        self.counters["phones_created"] += 1
+        self._created_in_window += 1
+        assert self._nursery is not None
+        self._nursery.start_soon(phone.run)
+        log.info("phone %s created (%s): agent %s", sid,
+                 "pending an answer" if params is None else params.codec,
+                 loggable_url(agent.name))
+        return {"ok": True, "session_id": sid, "ssrc": phone.ssrc}
+
+    def _live_phone(self, req: dict[str, Any]) -> PhoneSession | dict[str, Any]:
+        sid = req.get("session_id")
+        if not isinstance(sid, str):
+            return _error(400, "bad-request", "session_id must be a string")
+        phone = self.phones.get(sid)
+        if phone is None:
+            return _error(404, "unknown-session", f"no phone session {sid!r} on this transceiver")
+        return phone
+
+    def _op_phone_answered(self, req: dict[str, Any]) -> dict[str, Any]:
+        return self._phone_params_op(req, answered=True)
+
+    def _op_phone_update(self, req: dict[str, Any]) -> dict[str, Any]:
+        return self._phone_params_op(req, answered=False)
+
+    def _phone_params_op(self, req: dict[str, Any], *, answered: bool) -> dict[str, Any]:
+        phone = self._live_phone(req)
+        if isinstance(phone, dict):
+            return phone
+        try:
+            params = PhoneParams.from_json_untrusted(req.get("phone"))
+            self._unindex_phone(phone)
+            if answered:
+                phone.answered(params, trio.current_time())
+            else:
+                phone.update(params, trio.current_time())
+        except ValueError as exc:
+            return _error(400, "bad-params", str(exc))
+        finally:
+            if phone.state != "ended":
+                self._index_phone(phone)
+        return {"ok": True, "state": phone.state}
+
+    def _op_phone_dtmf(self, req: dict[str, Any]) -> dict[str, Any]:
+        """``{"digit": "5", "duration_ms": 100}``: a SIP INFO digit for the agent; with
+        ``"send": "123"`` instead, digits we send the far end (RFC 4733)."""
+        phone = self._live_phone(req)
+        if isinstance(phone, dict):
+            return phone
+        send = req.get("send")
+        if send is not None:
+            if not isinstance(send, str) or not 0 < len(send) <= 32:
+                return _error(400, "bad-request", "send must be 1..32 DTMF digits")
+            try:
+                phone.send_dtmf(trio.current_time(), send)
+            except ValueError as exc:
+                return _error(400, "bad-request", str(exc))
+            return {"ok": True}
+        digit, ms = req.get("digit"), req.get("duration_ms", 100)
+        if not isinstance(digit, str) or digit not in DIGITS:
+            return _error(400, "bad-request", "digit must be one of 0-9 * # A-D")
+        if isinstance(ms, bool) or not isinstance(ms, int) or not 0 <= ms <= 60_000:
+            ms = 100
+        phone.dtmf_from_signaling(digit, ms)
+        return {"ok": True}
+
+    def _op_phone_end(self, req: dict[str, Any]) -> dict[str, Any]:
+        sid = req.get("session_id")
+        phone = self.phones.get(sid) if isinstance(sid, str) else None
+        if phone is None:
+            for old in self.ended_phones:
+                if old.get("id") == sid:
+                    return {"ok": True, "end_reason": old.get("end_reason")}
+            return _error(404, "unknown-session", f"no phone session {sid!r} on this transceiver")
+        reason = req.get("reason")
+        phone.end(reason if isinstance(reason, str) and reason else "deleted")
+        return {"ok": True, "end_reason": phone.end_reason}
+
+    def _op_phone_get(self, req: dict[str, Any]) -> dict[str, Any]:
+        sid = req.get("session_id")
+        phone = self.phones.get(sid) if isinstance(sid, str) else None
+        if phone is not None:
+            return {"ok": True, "session": phone.describe()}
+        for old in self.ended_phones:
+            if old.get("id") == sid:
+                return {"ok": True, "session": dict(old)}
+        return _error(404, "unknown-session", f"no phone session {sid!r} on this transceiver")
+
+    def _op_phone_list(self, req: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "epoch": self.phone_epoch,
+                "sessions": [p.describe() for p in self.phones.values()]}
+
+    async def _phone_events(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Signaling's long-poll: the events after ``after`` (of this ``epoch``), waiting
+        up to ``wait`` seconds for one. A different epoch (we restarted) starts from 0."""
+        after, wait = req.get("after", 0), req.get("wait", 0)
+        if req.get("epoch") != self.phone_epoch:
+            after = 0
+        if isinstance(after, bool) or not isinstance(after, int):
+            after = 0
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
+            wait = 0
+        if after > self.phone_seq:
+            after = 0
+        if self.phone_seq <= after and wait > 0:
+            with trio.move_on_after(min(float(wait), PHONE_EVENTS_WAIT)):
+                await self._phone_wake.wait()
+        events = [dict(ev, seq=seq) for seq, ev in self.phone_events if seq > after]
+        return {"ok": True, "epoch": self.phone_epoch, "next": self.phone_seq,
+                "events": events[:512],
+                "live": sorted(self.phones)}
+
+    # -- phone tables and events -----------------------------------------------------------
+
+    def _phone_event(self, event: dict[str, Any]) -> None:
+        self.phone_seq += 1
+        self.phone_events.append((self.phone_seq, event))
+        self._phone_wake.set()
+        self._phone_wake = trio.Event()
+
+    def _phone_ended(self, phone: PhoneSession) -> None:
+        if self.phones.pop(phone.id, None) is None:
+            return
+        self.counters["phones_ended"] += 1
+        self._unindex_phone(phone)
+        for client in [c for c, p in self.phone_by_client.items() if p is phone]:
+            del self.phone_by_client[client]
+        self.ended_phones.append(phone.describe())
+        self._check_drained()
+
+    def _phone_latched(self, phone: PhoneSession, addr: Addr) -> None:
+        if len(self.phone_by_client) < 65536 or addr in self.phone_by_client:
+            self.phone_by_client[addr] = phone
+
+    def _index_phone(self, phone: PhoneSession) -> None:
+        params = phone.params
+        if params is None:
+            return
+        self.phone_by_remote[params.remote] = phone
+        if params.remote_rtcp is not None:
+            self.phone_by_remote[params.remote_rtcp] = phone
+        self.phone_by_ip.setdefault(params.trunk_ip, {})[phone.id] = phone
+
+    def _unindex_phone(self, phone: PhoneSession) -> None:
+        for addr in [a for a, p in self.phone_by_remote.items() if p is phone]:
+            del self.phone_by_remote[addr]
+        for ip in [ip for ip, m in self.phone_by_ip.items() if phone.id in m]:
+            del self.phone_by_ip[ip][phone.id]
+            if not self.phone_by_ip[ip]:
+                del self.phone_by_ip[ip]
+
+    def _phone_for(self, client: Addr) -> PhoneSession | None:
+        """The phone call a datagram from a new source belongs to (the vouch rule): its
+        signalled address, else the oldest call from that IP not latched yet. Several
+        unlatched calls from one NATed IP are told apart by nothing in plain RTP: the
+        oldest gets it (docs/sip.md "Media": a trunk that sends from its signalled
+        address, the usual case, is never ambiguous). The match is remembered."""
+        host = client[0]
+        if not isinstance(host, str):
+            return None
+        phone = self.phone_by_remote.get((host, client[1]))
+        if phone is None:
+            for cand in self.phone_by_ip.get(host, {}).values():
+                if cand.vouches_for((host, client[1])):
+                    phone = cand
+                    break
+        if phone is not None and phone.vouches_for((host, client[1])):
+            self._phone_latched(phone, (host, client[1]))
+            return phone
+        return None
+
+    def _phone_vouch(self, client: Addr, public: Addr, relay: Addr) -> bool:
+        """The relay's "is this client yours?" for a phone source (vouch.py)."""
+        phone = self.phone_by_client.get(client) or self._phone_for(client)
+        if phone is None or not phone.vouches_for(client):
+            return False
+        phone.via_relay(public, relay)
+        return True
 
 def _candidates(value: object) -> list[tuple[str, int]] | dict[str, Any]:
     bad = _error(400, "bad-request", "candidates must be a non-empty list of [ip, port]")

@@ -45,8 +45,12 @@ class VouchResponder:
 
     def __init__(self, transceiver: int, secrets: Sequence[bytes],
                  by_client: Mapping[Addr, _Session], send: Callable[[bytes, Addr], None],
-                 counters: dict[str, int]) -> None:
+                 counters: dict[str, int],
+                 other: Callable[[Addr, Addr, Addr], bool] | None = None) -> None:
         self.transceiver = transceiver
+        #: asked for a client ``by_client`` does not hold: a phone call's trunk address
+        #: (phone_session.py; the ADR's restricted-latch rule), ``(client, public, relay)``
+        self.other = other
         self.keys = [derive_key(s) for s in secrets]
         self.by_client = by_client
         self.send = send
@@ -67,11 +71,17 @@ class VouchResponder:
         c["vouch_queries"] += 1
         session = self.by_client.get(msg.client)
         if session is None:
-            return  # not ours: silence
+            if self.other is None or not self.other(msg.client, msg.public, relay):
+                return  # not ours: silence
+            self._answer(msg, relay)
+            return
         flow = session.call.flows.get(msg.client)
         if flow is None or flow.public != msg.public:
             return
         flow.relay = relay  # its datagrams reach that worker now (module docstring)
-        c["vouch_answers"] += 1
+        self._answer(msg, relay)
+
+    def _answer(self, msg: Vouch, relay: Addr) -> None:
+        self.counters["vouch_answers"] += 1
         self.send(encode(Vouch(Kind.VOUCH, msg.client, msg.public, self.transceiver,
                                msg.nonce), self.keys[0]), relay)

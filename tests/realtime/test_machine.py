@@ -274,3 +274,12 @@ def test_events_held_for_a_channel_that_never_opens_are_bounded() -> None:
     assert len(h.m._events) <= HELD_BEFORE_OPEN
     h.m.handle_open()
     assert h.types(h.drain())[0] == "session.created"
+
+
+def test_a_phone_keypad_press_is_openais_sip_dtmf_event() -> None:
+    h = opened()
+    h.m.handle_dtmf("7", 1_760_000_000)
+    [ev] = h.drain()
+    assert ev["type"] == "input_audio_buffer.dtmf_event_received"
+    assert (ev["event"], ev["received_at"]) == ("7", 1_760_000_000)
+    assert ev["event_id"].startswith("event_")

@@ -1,0 +1,473 @@
+"""A phone call's media on a transceiver: :class:`PhoneSession`, the trio shell around a
+sans-IO :class:`~.rtp_leg.RtpLeg` and the same :class:`~.media.PcmPipeline` and agent a
+WebRTC :class:`~.session.Session` runs (issue 28 items 2-3, docs/sip.md "Media").
+
+::
+
+    relay ── PROXY v2(src=trunk, dst=public) + RTP ──► Transceiver.dispatch
+        by_client miss ─► phone_for(client): the call whose vouch rule takes it
+        (phone.vouches: the signalled address, or any port of the SIP source's IP)
+        ─► PhoneSession.handle_input ─► RtpLeg (latching, SRTP, RTCP, RFC 4733)
+              ─► PcmPipeline (G.711 8 kHz ↔ 48 kHz, or Opus) ─► agent (unchanged)
+    leg.poll_output(): Transmit ─► PROXY(src=dest, dst=public) + RTP ─► that relay
+                       Latched ─► the transceiver's client table follows the latch
+                       Dtmf    ─► agent event {"type": "dtmf"} + an event for signaling
+                       Ended   ─► teardown; {"type": "ended"} for signaling
+
+A session is created **answering** (``phone.create`` with :class:`PhoneParams`: media
+starts at once) or **pending** (``phone.create`` without params: our own offer went out in
+an outbound INVITE; nothing runs until ``phone.answered`` brings the far end's answer as
+params). ``phone.update`` (a re-INVITE) changes the direction in place; a new remote, codec
+or key makes a new leg (the leg's latch never moves for plain RTP: docs/adr-sip-media.md).
+
+Sending needs a relay: our RTP goes to the relay internal address the call's last datagram
+(or the relay's vouch query) came from, with the PROXY header naming the leg's destination
+and the relay's public address. Until the trunk's first packet arrives there is none, and
+what the pipeline would send is dropped (counted ``drop_phone_no_relay``): a trunk sends
+as soon as it has our answer, so this is the first 20-40 ms of the call at most.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from typing import Any
+
+import trio
+
+from appliance.agents import AgentContext, AgentHost, AgentIdentity, ResolvedAgent
+from appliance.logs import loggable_url, redact
+from appliance.phone_params import PhoneParams
+from appliance.proto.errors import LocalProtocolError
+from appliance.proto.proxy import encode_header
+from appliance.session_info import RelayFlow, SessionInfo
+
+from . import rtp_leg
+from .call import Addr
+from .media import PcmPipeline
+from .pacer import Pacer
+from .phone import leg_config, vouches
+from .rtp_leg import Dtmf, Ended, Latched, RtpLeg, Transmit
+from .stages import NOISE_REDUCTION, MediaConfig
+
+log = logging.getLogger(__name__)
+
+SendFn = Callable[[bytes, Addr], None]
+#: No RTP or RTCP for this long (while not on hold) ends the call: signaling then sends
+#: the BYE. Read when a leg is made, so tests can shorten it.
+MEDIA_TIMEOUT = rtp_leg.MEDIA_TIMEOUT
+#: DTMF digits an agent may send (RFC 4733 §3.2 events 0-15)
+DIGITS = frozenset("0123456789*#ABCD")
+
+
+def _codec_label(params: PhoneParams) -> str:
+    return "opus/48000/2" if params.codec == "opus" else f"{params.codec}/8000"
+
+
+class PhoneSession:
+    """One phone call's media and agent (module docstring). ``on_event`` gets the
+    events for signaling (``ended``, ``dtmf``); ``on_latched`` tells the transceiver a new
+    source address is this call's (its client table)."""
+
+    kind = "phone"
+
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        call_id: str,
+        transceiver: int,
+        agent: ResolvedAgent,
+        params: PhoneParams | None,
+        send: SendFn,
+        now: float,
+        on_end: Callable[[PhoneSession], None],
+        on_event: Callable[[dict[str, Any]], None],
+        on_latched: Callable[[PhoneSession, Addr], None],
+        counters: dict[str, int],
+        pacer: Pacer,
+        opus_complexity: int,
+        session_params: dict[str, Any] | None = None,
+        media: MediaConfig | None = None,
+    ) -> None:
+        if agent.passthrough:
+            raise ValueError("a passthrough agent cannot answer phone calls (no SRTP to echo)")
+        self.id = session_id
+        self.call_id = call_id
+        self.transceiver = transceiver
+        self.agent = agent
+        self.params = params
+        self.created_at = time.time()
+        self.ended_at: float | None = None
+        self.end_reason: str | None = None
+        self._send = send
+        self._on_end = on_end
+        self._on_event = on_event
+        self._on_latched = on_latched
+        self._counters = counters
+        self.pacer = pacer
+        self._opus_complexity = opus_complexity
+        self._media = (media or MediaConfig()).with_(opus_complexity=opus_complexity)
+        self._wall_offset = self.created_at - now
+        self.ssrc = secrets.randbits(32)
+        self.host = AgentHost(on_event=self._agent_event, on_output=self._output_queued)
+        self._on_frame = agent.on_frame
+        self.ctx = AgentContext(self.host, AgentIdentity(
+            agent.name, session_id, transceiver,
+            {"codec": _codec_label(params) if params else None, "transport": "sip",
+             "call_id": call_id},
+            params=dict(session_params or {})))
+        self.leg: RtpLeg | None = None
+        self.pipeline: PcmPipeline | None = None
+        #: the relay the latest datagram came through, and the public address it reached
+        self.relay: Addr | None = None
+        self.public: Addr | None = None
+        self._headers: dict[tuple[Addr, Addr], bytes] = {}
+        self._started = False
+        self._ended = False
+        self._nursery: trio.Nursery | None = None
+        self._cancel = trio.CancelScope()
+        self._timer_lot = trio.lowlevel.ParkingLot()
+        self._timer_at = math.inf
+        self.packets_in = self.packets_out = self.bytes_in = self.bytes_out = 0
+        self.dtmf_digits = 0
+        if params is not None:
+            self._start_leg(params, now)
+
+    # -- state -----------------------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        if self._ended:
+            return "ended"
+        return "connected" if self.leg is not None else "new"
+
+    @property
+    def pending(self) -> bool:
+        return self.leg is None and not self._ended
+
+    @property
+    def latched(self) -> Addr | None:
+        return self.leg.latched if self.leg is not None else None
+
+    def vouches_for(self, src: Addr) -> bool:
+        """The relay's look-up rule for this call (transceiver/phone.py)."""
+        if self.params is None or self._ended:
+            return False
+        return vouches(self.params, self.latched, src)
+
+    # -- the leg and the pipeline ----------------------------------------------------------
+
+    def _start_leg(self, params: PhoneParams, now: float) -> None:
+        cfg = leg_config(params, self.ssrc)  # ValueError: the op answers 400
+        cfg = replace(cfg, wall_offset=self._wall_offset, cname=self.id[:32],
+                      media_timeout=MEDIA_TIMEOUT)
+        leg = RtpLeg(cfg, now)
+        leg.set_direction(params.direction)  # our answer's (the offer's reversed)
+        old = self.leg
+        self.leg, self.params = leg, params
+        codec = "opus" if params.codec == "opus" else params.codec.lower()
+        if self.pipeline is not None and self.pipeline.codec == codec:
+            self.pipeline.leg = leg  # same codec: the pipeline (its agent queues) carries on
+        else:
+            if self.pipeline is not None:
+                self.pipeline.close()
+            self.pipeline = PcmPipeline(leg, self.host, self.ctx, on_frame=self._on_frame,
+                                        schedule=self._schedule, agent_name=self.agent.name,
+                                        codec=codec, config=self._media)
+        leg.media = self.pipeline
+        if old is not None and not old.closed:
+            old.media = None
+            old.close("replaced")
+            self._drain_leg(old)
+        if not self._started:
+            self._started = True
+            self.host.push_event({"type": "session.started", "session_id": self.id,
+                                  "sample_rate": 48000, "frame_samples": 960,
+                                  "transport": "sip", "call_id": self.call_id})
+            if self._nursery is not None:
+                self._begin_agent()
+        self._poke_timer(leg.poll_timeout())
+
+    def answered(self, params: PhoneParams, now: float) -> None:
+        """``phone.answered``: the far end's answer to our offer (a pending session)."""
+        if not self.pending:
+            raise ValueError("this phone session is not waiting for an answer")
+        self._start_leg(params, now)
+        self._drain()
+
+    def update(self, params: PhoneParams, now: float) -> None:
+        """``phone.update`` (a re-INVITE): the direction in place, anything else a new leg."""
+        if self._ended:
+            raise ValueError("this phone session has ended")
+        old = self.params
+        if old is not None and params.remote[0] in ("0.0.0.0", "::"):
+            # RFC 2543 hold (c=0.0.0.0): a direction change, not a new address
+            params = replace(params, remote=old.remote, remote_rtcp=old.remote_rtcp)
+        if self.leg is None or old is None:
+            self._start_leg(params, now)
+        elif _same_media(old, params):
+            self.params = params
+            self.leg.set_direction(params.direction)  # our answer's (the offer's reversed)
+        else:
+            self._start_leg(params, now)
+        self._drain()
+
+    def send_dtmf(self, now: float, digits: str, duration: float = 0.1) -> None:
+        if self.leg is None:
+            raise ValueError("no media yet")
+        for d in digits:
+            if d not in DIGITS:
+                raise ValueError(f"not a DTMF digit: {d!r}")
+        try:
+            for d in digits:
+                self.leg.send_dtmf(now, d, duration)
+        except LocalProtocolError as exc:
+            raise ValueError(str(exc)) from None
+        self._drain()
+
+    def dtmf_from_signaling(self, digit: str, duration_ms: int) -> None:
+        """A digit from SIP INFO (signaling's ``phone.dtmf``): to the agent, like RFC 4733."""
+        self.dtmf_digits += 1
+        self.host.push_event({"type": "dtmf", "digit": digit, "duration_ms": duration_ms,
+                              "source": "sip-info"})
+
+    # -- input from the socket loop ----------------------------------------------------------
+
+    def handle_input(self, now: float, data: bytes, source: tuple[Addr, Addr, Addr]) -> None:
+        client, public, relay = source
+        self.relay, self.public = relay, public
+        leg = self.leg
+        if leg is None:
+            self._counters["drop_phone_pending"] = self._counters.get("drop_phone_pending", 0) + 1
+            return
+        self.packets_in += 1
+        self.bytes_in += len(data)
+        leg.handle_input(now, data, client)
+        self._drain()
+
+    def via_relay(self, public: Addr, relay: Addr) -> None:
+        """A relay's vouch query for one of our sources: its return traffic goes there."""
+        self.public, self.relay = public, relay
+
+    def _drain(self) -> None:
+        if self.leg is not None:
+            self._drain_leg(self.leg)
+            self._poke_timer(self.leg.poll_timeout())
+
+    def _drain_leg(self, leg: RtpLeg) -> None:
+        while (out := leg.poll_output()) is not None:
+            if type(out) is Transmit:
+                self._transmit(out.payload, out.addr)
+            elif isinstance(out, Latched):
+                log.info("phone %s latched %s to %s", self.id, "RTCP" if out.rtcp else "RTP",
+                         redact(f"{out.addr[0]}:{out.addr[1]}"))
+                self._on_latched(self, out.addr)
+            elif isinstance(out, Dtmf):
+                if out.digit is None:
+                    continue
+                self.dtmf_digits += 1
+                ms = round(out.duration * 1000)
+                self.host.push_event({"type": "dtmf", "digit": out.digit, "duration_ms": ms,
+                                      "source": "rfc4733"})
+                self._on_event({"type": "dtmf", "call_id": self.call_id,
+                                "session_id": self.id, "digit": out.digit, "duration_ms": ms})
+            elif isinstance(out, Ended):
+                if leg is self.leg:
+                    self._teardown(out.reason)
+
+    def _transmit(self, payload: bytes, dest: Addr) -> None:
+        relay, public = self.relay, self.public
+        if relay is None or public is None:
+            self._counters["drop_phone_no_relay"] = \
+                self._counters.get("drop_phone_no_relay", 0) + 1
+            return
+        key = (dest, public)
+        header = self._headers.get(key)
+        if header is None:
+            if len(self._headers) > 16:
+                self._headers.clear()
+            header = self._headers[key] = encode_header(dest, public)
+        self.packets_out += 1
+        self.bytes_out += len(payload)
+        self._send(header + payload, relay)
+
+    # -- timers, pacing, the agent -----------------------------------------------------------
+
+    def next_deadline(self) -> float:
+        t = self.leg.poll_timeout() if self.leg is not None else None
+        return math.inf if t is None else t
+
+    def handle_timeout(self, now: float) -> None:
+        if self.leg is not None:
+            self.leg.handle_timeout(now)
+            self._drain()
+
+    def _poke_timer(self, at: float | None) -> None:
+        if at is not None and at < self._timer_at:
+            self._timer_lot.unpark_all()
+
+    async def _timer_loop(self) -> None:
+        while True:
+            self._timer_at = self.next_deadline()
+            with trio.move_on_at(self._timer_at):
+                await self._timer_lot.park()
+            self._timer_at = -math.inf
+            now = trio.current_time()
+            if now >= self.next_deadline():
+                self.handle_timeout(now)
+
+    def _schedule(self, at: float) -> None:
+        self.pacer.schedule(at, self)
+
+    def pace(self, now: float, at: float) -> None:
+        if self.pipeline is None or self._ended:
+            return
+        try:
+            self.pipeline.pace(now, at)
+            self._drain()
+        except Exception:
+            self._counters["session_errors"] += 1
+            log.exception("phone %s: sending failed; ending it", self.id)
+            self.end("internal-error")
+
+    def _output_queued(self) -> None:
+        pipeline = self.pipeline
+        if pipeline is None:
+            while self.host.pop_output_frame() is not None:  # no stream yet: discard
+                pass
+            return
+        if pipeline.pace_at is not None:
+            return
+        pipeline.pump(trio.current_time(), False)
+        if self._on_frame is None:
+            self._drain()
+
+    def _begin_agent(self) -> None:
+        if self._on_frame is None and self._nursery is not None:
+            self._nursery.start_soon(self._run_agent)
+
+    async def _run_agent(self) -> None:
+        try:
+            await self.agent.run(self.ctx)
+        except Exception:
+            log.exception("phone %s: agent %s failed", self.id, loggable_url(self.agent.name))
+            self.end("agent-error")
+            return
+        await self.host.wait_drained()
+        if not self._ended:
+            self.end("agent-done")
+
+    def _agent_event(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "session.end":
+            reason = event.get("reason")
+            self.end(f"agent: {reason}" if isinstance(reason, str) else "agent-hangup")
+        elif kind == "dtmf.send":  # an agent pressing keys (an IVR on the far end)
+            digits = event.get("digits")
+            if isinstance(digits, str) and 0 < len(digits) <= 32 and self.leg is not None:
+                try:
+                    self.send_dtmf(trio.current_time(), digits)
+                except ValueError as exc:
+                    log.info("phone %s: dtmf.send refused: %s", self.id, exc)
+        elif kind == "media.update" and self.pipeline is not None:
+            nr = event.get("noise_reduction")
+            if nr is None or nr in NOISE_REDUCTION:
+                self.pipeline.stages.set_noise_reduction(nr)
+        else:
+            log.debug("phone %s agent event %s", self.id, kind)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            with self._cancel:
+                if self.pipeline is not None:
+                    _ = self.pipeline.decoder, self.pipeline.encoder
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    nursery.start_soon(self._timer_loop)
+                    if self._started:
+                        self._begin_agent()
+                    task_status.started()
+        except Exception:
+            log.exception("phone %s crashed", self.id)
+            self.end("internal-error")
+        finally:
+            self._nursery = None
+            self.end(self.end_reason or "shutdown")
+
+    def end(self, reason: str) -> None:
+        if self._ended:
+            return
+        if self.leg is not None:
+            self.leg.close(reason)  # an RTCP BYE when RTCP is in use
+            self._drain_leg(self.leg)
+        self._teardown(reason)
+
+    def _teardown(self, reason: str) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self.end_reason = reason
+        self.ended_at = time.time()
+        self.host.push_event({"type": "session.ended", "reason": reason})
+        self.host.close(reason)
+        if self.pipeline is not None:
+            self.pipeline.close()
+        self._cancel.cancel()
+        log.info("phone %s ended: %s", self.id, reason)
+        self._on_event({"type": "ended", "call_id": self.call_id, "session_id": self.id,
+                        "reason": reason})
+        self._on_end(self)
+
+    # -- the session object ------------------------------------------------------------------
+
+    def info(self) -> SessionInfo:
+        leg = self.leg
+        dest = leg.destination if leg is not None else None
+        rx = leg.rx if leg is not None else None
+        return SessionInfo(
+            id=self.id, state=self.state, end_reason=self.end_reason,
+            transceiver=self.transceiver, agent=self.agent.name,
+            client_address=_fmt(dest) if dest is not None else None,
+            relay_flow=RelayFlow(_fmt(self.public), _fmt(self.relay))
+            if self.public is not None and self.relay is not None else None,
+            codec=_codec_label(self.params) if self.params is not None else None,
+            srtp_profile=self.params.srtp.suite if self.params and self.params.srtp else None,
+            created_at=round(self.created_at, 3),
+            ended_at=round(self.ended_at, 3) if self.ended_at else None,
+            packets_in=self.packets_in, packets_out=self.packets_out,
+            bytes_in=self.bytes_in, bytes_out=self.bytes_out,
+            rtt_ms=round(leg.rtt * 1000, 1) if leg is not None and leg.rtt is not None else None,
+            jitter_ms=None if rx is None else round(rx.jitter_seconds * 1000, 1),
+            loss=leg.remote_loss if leg is not None else None,
+            media=self.pipeline.stages.describe() if self.pipeline is not None else None,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        out = self.info().to_json()
+        leg = self.leg
+        out["phone"] = {
+            "call_id": self.call_id, "pending": self.pending,
+            "latched": _fmt(leg.latched) if leg is not None and leg.latched else None,
+            "dtmf_digits": self.dtmf_digits,
+            "leg": None if leg is None else asdict(leg.counters),
+        }
+        return out
+
+
+def _same_media(a: PhoneParams, b: PhoneParams) -> bool:
+    return (a.codec, a.payload_type, a.clock_rate, a.dtmf_payload_type, a.remote, a.rtcp_mux,
+            a.remote_rtcp, a.srtp) == (b.codec, b.payload_type, b.clock_rate,
+                                       b.dtmf_payload_type, b.remote, b.rtcp_mux,
+                                       b.remote_rtcp, b.srtp)
+
+
+def _fmt(addr: Addr) -> str:
+    host, port = addr[0], addr[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

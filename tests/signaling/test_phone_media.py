@@ -1,0 +1,117 @@
+"""Signaling's ``TransceiverPhoneMedia`` with fake transceiver control clients (no I/O): a
+phone call is placed like a WebRTC call (least loaded first, phone calls counted, a 503
+tries the next), its ``phone.create`` carries the PhoneParams, ``update``/``dtmf``/``end``
+reach the transceiver that has it, and ``phone.events`` answers become listener calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from appliance.phone_params import PhoneParams
+from appliance.signaling.phone_media import MediaAnswer, MediaRefusal, TransceiverPhoneMedia
+from appliance.signaling.state import SignalingConfig, SignalingState
+
+OFFER = (b"v=0\r\no=trunk 1 1 IN IP4 203.0.113.5\r\ns=-\r\nc=IN IP4 203.0.113.5\r\nt=0 0\r\n"
+         b"m=audio 40000 RTP/AVP 0 101\r\na=rtpmap:0 PCMU/8000\r\n"
+         b"a=rtpmap:101 telephone-event/8000\r\na=sendrecv\r\n")
+HOLD = OFFER.replace(b"a=sendrecv", b"a=sendonly")
+
+
+class FakeTransceiver:
+    def __init__(self, k: int, answers: list[dict[str, Any]] | None = None) -> None:
+        self.k = k
+        self.got: list[dict[str, Any]] = []
+        self.answers = answers or []
+
+    async def request(self, req: dict[str, Any]) -> dict[str, Any]:
+        await trio.lowlevel.checkpoint()
+        self.got.append(req)
+        return self.answers.pop(0) if self.answers else {"ok": True}
+
+
+class Listener:
+    def __init__(self) -> None:
+        self.ended: list[tuple[str, str]] = []
+        self.digits: list[tuple[str, str, int]] = []
+
+    def media_ended(self, call_id: str, reason: str) -> None:
+        self.ended.append((call_id, reason))
+
+    def dtmf(self, call_id: str, digit: str, duration_ms: int) -> None:
+        self.digits.append((call_id, digit, duration_ms))
+
+
+def setup(*fakes: FakeTransceiver) -> tuple[TransceiverPhoneMedia, Listener]:
+    st = SignalingState(SignalingConfig(
+        transceivers={f.k: f"127.0.0.1:{9000 + f.k}" for f in fakes},
+        public_addresses=["198.51.100.7"], udp_port=3478))
+    for f in fakes:
+        st.transceivers[f.k].client = f  # type: ignore[assignment]
+    media = TransceiverPhoneMedia(st)
+    listener = Listener()
+    media.bind(listener)
+    return media, listener
+
+
+async def test_a_call_is_placed_least_loaded_first_and_a_503_tries_the_next() -> None:
+    busy = FakeTransceiver(0, [{"ok": False, "status": 503, "code": "overloaded",
+                                "detail": "no headroom"}])
+    free = FakeTransceiver(1)
+    media, _ = setup(busy, free)
+    got = await media.create("rtc_sip_" + "1" * 24, OFFER, ("203.0.113.5", 5060), "echo",
+                             {"instructions": "hi"})
+    assert isinstance(got, MediaAnswer)
+    assert "c=IN IP4 198.51.100.7" in got.sdp and "m=audio 3478 RTP/AVP 0 101" in got.sdp
+    assert [r["op"] for r in busy.got] == ["phone.create"]
+    [req] = free.got
+    params = PhoneParams.from_json_untrusted(req["phone"])
+    assert req["session_id"] == "rtc_sip_" + "1" * 24 and params.remote == ("203.0.113.5", 40000)
+    assert params.trunk_ip == "203.0.113.5" and params.session == {"instructions": "hi"}
+    assert media.where == {"rtc_sip_" + "1" * 24: 1}
+    # the next call: transceiver 1 holds a phone call now, so 0 comes first
+    await media.create("rtc_sip_" + "2" * 24, OFFER, ("203.0.113.5", 5060), "echo", {})
+    assert media.where["rtc_sip_" + "2" * 24] == 0
+
+
+async def test_no_transceiver_is_a_503_refusal_and_forgets_the_answer() -> None:
+    media, _ = setup(FakeTransceiver(0, [{"ok": False, "status": 503, "code": "full",
+                                          "detail": "500 sessions is the limit"}]))
+    got = await media.create("rtc_sip_" + "3" * 24, OFFER, ("203.0.113.5", 5060), "echo", {})
+    assert isinstance(got, MediaRefusal) and got.status == 503 and "limit" in got.text
+    assert media.sdp.calls == {} and media.where == {}
+
+
+async def test_update_dtmf_and_end_go_to_the_transceiver_that_has_the_call() -> None:
+    t = FakeTransceiver(0)
+    media, _ = setup(t)
+    cid = "rtc_sip_" + "4" * 24
+    await media.create(cid, OFFER, ("203.0.113.5", 5060), "echo", {})
+    held = await media.update(cid, HOLD)
+    assert isinstance(held, MediaAnswer) and "a=recvonly" in held.sdp
+    await media.dtmf(cid, "9", 120)
+    await media.end(cid)
+    await media.end(cid)  # idempotent: nothing more is sent
+    ops = [(r["op"], r.get("phone", {}).get("direction"), r.get("digit")) for r in t.got]
+    assert ops == [("phone.create", "sendrecv", None), ("phone.update", "recvonly", None),
+                   ("phone.dtmf", None, "9"), ("phone.end", None, None)]
+    assert media.where == {}
+
+
+async def test_events_become_listener_calls_for_calls_placed_there_only() -> None:
+    t0, t1 = FakeTransceiver(0), FakeTransceiver(1)
+    media, listener = setup(t0, t1)
+    a, b = "rtc_sip_" + "5" * 24, "rtc_sip_" + "6" * 24
+    await media.create(a, OFFER, ("203.0.113.5", 5060), "echo", {})
+    await media.create(b, OFFER, ("203.0.113.5", 5060), "echo", {})
+    ka, kb = media.where[a], media.where[b]
+    assert ka != kb
+    media.handle_events(ka, [{"type": "dtmf", "call_id": a, "digit": "4", "duration_ms": 80},
+                             {"type": "dtmf", "call_id": b, "digit": "1"},  # not on ka
+                             "junk", {"type": "ended", "call_id": a, "reason": "rtp-timeout"}])
+    assert listener.digits == [(a, "4", 80)] and listener.ended == [(a, "rtp-timeout")]
+    assert a not in media.where
+    # a restarted transceiver (a new epoch) no longer has b: the call's media is lost
+    media.handle_events(kb, [], live=set())
+    assert listener.ended[-1] == (b, "transceiver-lost") and media.where == {}
