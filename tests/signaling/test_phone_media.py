@@ -115,3 +115,46 @@ async def test_events_become_listener_calls_for_calls_placed_there_only() -> Non
     # a restarted transceiver (a new epoch) no longer has b: the call's media is lost
     media.handle_events(kb, [], live=set())
     assert listener.ended[-1] == (b, "transceiver-lost") and media.where == {}
+
+
+ANSWER = (b"v=0\r\no=callee 7 1 IN IP4 203.0.113.9\r\ns=-\r\nc=IN IP4 203.0.113.9\r\n"
+          b"t=0 0\r\nm=audio 41000 RTP/AVP 8 101\r\na=rtpmap:8 PCMA/8000\r\n"
+          b"a=rtpmap:101 telephone-event/8000\r\na=sendrecv\r\n")
+
+
+async def test_an_outbound_call_places_a_pending_session_then_answered_gives_it_its_leg() -> None:
+    t = FakeTransceiver(0)
+    media, _ = setup(t)
+    cid = "rtc_sip_" + "7" * 24
+    offer = await media.offer(cid, ("203.0.113.9", 5060), "echo", {"voice": "x"})
+    assert not isinstance(offer, MediaRefusal)
+    assert "c=IN IP4 198.51.100.7" in offer.sdp and "m=audio 3478 RTP/AVP 0 8 101" in offer.sdp
+    [pending] = t.got
+    assert pending["op"] == "phone.create" and "phone" not in pending  # no leg before the answer
+    assert pending["agent"] == "echo" and pending["session"] == {"voice": "x"}
+    got = await media.answered(cid, ANSWER)
+    assert isinstance(got, MediaAnswer) and got.plan.codec.name.upper() == "PCMA"
+    op = t.got[-1]
+    assert op["op"] == "phone.answered" and op["session_id"] == cid
+    params = PhoneParams.from_json_untrusted(op["phone"])
+    assert params.remote == ("203.0.113.9", 41000)
+    await media.end(cid)
+    assert t.got[-1]["op"] == "phone.end" and media.where == {}
+
+
+async def test_an_outbound_answer_we_cannot_serve_never_reaches_the_transceiver() -> None:
+    t = FakeTransceiver(0)
+    media, _ = setup(t)
+    cid = "rtc_sip_" + "8" * 24
+    await media.offer(cid, ("203.0.113.9", 5060), "echo", {})
+    bad = ANSWER.replace(b"RTP/AVP 8 101", b"RTP/AVP 18 101").replace(b"8 PCMA", b"18 G729")
+    got = await media.answered(cid, bad)
+    assert isinstance(got, MediaRefusal) and got.status == 488
+    assert [r["op"] for r in t.got] == ["phone.create"]
+
+
+async def test_no_transceiver_for_an_outbound_call_means_it_is_never_dialled() -> None:
+    media, _ = setup(FakeTransceiver(0, [{"ok": False, "status": 503, "code": "full"}]))
+    got = await media.offer("rtc_sip_" + "9" * 24, ("203.0.113.9", 5060), "echo", {})
+    assert isinstance(got, MediaRefusal) and got.status == 503
+    assert media.sdp.offers == {} and media.where == {}
