@@ -82,10 +82,9 @@ async def test_a_dead_child_is_replaced_by_its_warm_standby_at_once(nursery: tri
         await sup.wait_until(lambda: (sb := sup._standby.get(spec.name)) is not None and sb.warm)
     standby = sup._standby[spec.name].proc.pid
     os.kill(first, signal.SIGKILL)
-    t0 = trio.current_time()
     assert await _ready_pid(sup, spec.name, first) == standby
-    assert trio.current_time() - t0 < 2.0  # not the 5 s backoff
     st = sup.status[spec.name]
+    # "At once" is what the supervisor slept, recorded, not a wall-clock bound: no backoff.
     assert st.delays == [0.0] and st.restarts == 1
     assert st.ready_fields["internal"] == f"127.0.0.1:{standby}"
     with trio.fail_after(30):  # and a fresh standby is kept again
