@@ -103,11 +103,10 @@ async def test_a_dead_child_is_replaced_by_a_fork_of_its_warm_standby(
     first = await _ready_pid(sup, spec.name)
     template = await _warm_template(sup, spec.name)
     os.kill(first, signal.SIGKILL)
-    t0 = trio.current_time()
     second = await _ready_pid(sup, spec.name, first)
-    assert trio.current_time() - t0 < 2.0  # not the 5 s backoff
     assert _ppid(second) == template  # a fork, not an interpreter start
     st = sup.status[spec.name]
+    # "At once" is what the supervisor slept, recorded, not a wall-clock bound: no backoff.
     assert st.delays == [0.0] and st.restarts == 1
     assert st.ready_fields["internal"] == f"127.0.0.1:{second}"
     assert sup._standby[spec.name].proc.pid == template  # still there, still warm

@@ -161,9 +161,14 @@ async def test_interrupt_and_back_pressure() -> None:
     async with agent_server(agent) as url, trio.open_nursery() as nursery:
         nursery.start_soon(call.run, url, 20)
         with trio.fail_after(10):
+            while call.host.queued_frames < call.host.max_output_frames:  # noqa: ASYNC110
+                await trio.sleep(0.01)  # a poll interval: until the queue fills
             last = -1
             while state["sent"] != last:  # until the agent's sends stall
                 last = state["sent"]
+                # The period under test: with the queue full and nobody playing, the
+                # agent's sends must stop. A starved agent can only end it early, and the
+                # assertions below hold either way.
                 await trio.sleep(0.3)
         assert call.host.queued_frames <= call.host.max_output_frames  # 25 frames
         assert state["sent"] < 2000  # TCP pushed back: only socket buffers' worth sent
@@ -173,8 +178,9 @@ async def test_interrupt_and_back_pressure() -> None:
             while call.host.interrupts == 0:
                 while call.host.pop_output_frame() is not None:
                     pass
-                await trio.sleep(0.001)
-        await trio.sleep(0.05)
+                await trio.sleep(0.001)  # a poll interval: the loop checks the state
+        # The reader handles one message at a time: the interrupt empties the queue in
+        # the same step that counts it, and the agent sends nothing after it.
         assert call.host.queued_samples == 0
         call.end("test over")
     assert call.host.interrupts == 1
@@ -274,7 +280,7 @@ async def test_unreachable_timeout_and_protocol_errors(
 
     async def silent(ws: WebSocketConnection) -> None:
         await ws.get_message()
-        await trio.sleep(1)
+        await trio.sleep_forever()  # silent until the server is torn down
 
     call = Call()
     async with agent_server(silent) as url:
@@ -287,9 +293,11 @@ async def test_unreachable_timeout_and_protocol_errors(
         (lambda ws: ws.send_message('{"no": "type"}'), "string 'type'"),
     ]:
         closed: dict[str, Any] = {}
+        seen_close = trio.Event()
 
         async def rude(ws: WebSocketConnection, bad: Any = bad,
-                       closed: dict[str, Any] = closed) -> None:
+                       closed: dict[str, Any] = closed, seen_close: trio.Event = seen_close,
+                       ) -> None:
             await accept(ws)
             await bad(ws)
             try:
@@ -297,18 +305,20 @@ async def test_unreachable_timeout_and_protocol_errors(
                     await ws.get_message()
             except Exception:
                 closed["code"] = ws.closed.code if ws.closed else None
+                seen_close.set()
 
         call = Call()
         async with agent_server(rude) as url:
             await call.run(url)
-            await trio.sleep(0.05)
+            with trio.fail_after(10):  # a hang guard: the agent sees the close frame
+                await seen_close.wait()
         assert call.host.end_reason is not None and why in call.host.end_reason
         assert call.host.end_reason.startswith("agent: protocol-error:")
         assert closed["code"] == 1002
 
     async def wrong_rate(ws: WebSocketConnection) -> None:
         await accept(ws, 44_100)
-        await trio.sleep(1)
+        await trio.sleep_forever()  # the bridge must end the call, not the agent
 
     call = Call()
     async with agent_server(wrong_rate) as url:
@@ -318,21 +328,28 @@ async def test_unreachable_timeout_and_protocol_errors(
 
 async def test_session_end_tells_the_agent_why() -> None:
     got: list[Any] = []
+    accepted, gone = trio.Event(), trio.Event()
 
     async def agent(ws: WebSocketConnection) -> None:
         await accept(ws)
+        got.append(await ws.get_message())  # session.started: the bridge is in session
+        accepted.set()
         try:
             while True:
                 got.append(await ws.get_message())
         except Exception:
             got.append(ws.closed)
+            gone.set()
 
     call = Call()
+    call.host.push_event({"type": "session.started", "session_id": "s1"})
     async with agent_server(agent) as url, trio.open_nursery() as nursery:
         nursery.start_soon(call.run, url)
-        await trio.sleep(0.1)
+        with trio.fail_after(10):  # a hang guard
+            await accepted.wait()
         call.end("dtls-closed")  # the caller hung up; the session's scope is cancelled
         nursery.cancel_scope.cancel()
-        await trio.sleep(0.1)
+        with trio.fail_after(10):  # a hang guard: until the agent sees its socket close
+            await gone.wait()
     texts = [json.loads(m) for m in got if isinstance(m, str)]
     assert {"type": "session.ended", "reason": "dtls-closed"} in texts

@@ -43,7 +43,8 @@ def _stamping_live(rx: socket.socket, tx: socket.socket) -> None:
     for _ in range(200):
         tx.sendto(b"probe", rx.getsockname())
         _wait_readable(rx)
-        time.sleep(0.005)  # the probe must sit in the buffer to show an earlier stamp
+        time.sleep(0.005)  # the probe must sit in the buffer to show an earlier stamp (a
+        # lower bound below: load only lengthens the wait)
         now = time.monotonic()
         (_, _, at), = read_ready(rx, bytearray(64), now, now - time.time(), True)
         if now - at > 0.003:
@@ -63,6 +64,7 @@ def test_a_late_reader_sees_the_kernel_arrival_time(
     tx.sendto(b"one", rx.getsockname())
     tx.sendto(b"two", rx.getsockname())
     _wait_readable(rx)
+    ready = time.monotonic()  # both datagrams have arrived by now (loopback, in order)
     time.sleep(0.08)  # the scenario under test: the reader is busy for 80 ms
     now = time.monotonic()
     got = read_ready(rx, bytearray(2048), now, now - time.time(), stamped)
@@ -71,8 +73,10 @@ def test_a_late_reader_sees_the_kernel_arrival_time(
     for _, _, at in got:
         assert at <= now
         if stamped:
-            # Stamped on arrival: within a few ms of the send, not 80 ms later.
-            assert at - sent < 0.04, (at - sent, now - sent)
+            # Stamped on arrival: between the send and the moment it was readable, before
+            # the reader's 80 ms (measured bounds, not a fixed one; 1 ms for the clock
+            # conversion).
+            assert sent - 0.001 <= at <= ready + 0.001, (at - sent, ready - sent, now - sent)
         else:
             assert at == now
     assert read_ready(rx, bytearray(2048), now, 0.0, stamped) == []  # drained

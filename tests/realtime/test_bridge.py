@@ -361,7 +361,9 @@ async def test_unreachable_upstream_waits_for_the_channel_then_says_why(
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(agent.run, b.ctx)
-            await trio.sleep(0.1)  # the browser's DCEP open comes later than the failure
+            # The browser's DCEP open comes after the failure: wait for the bridge to log it.
+            while "realtime upstream" not in caplog.text:  # noqa: ASYNC110
+                await trio.sleep(0.01)  # a poll interval: the loop checks the log
             b.open()
             await b.ended.wait()
     assert b.kinds() == ["error"]

@@ -96,7 +96,7 @@ async def test_unresolvable_ids_are_negatively_cached_and_junk_never_resolves(
     await eventually(lambda: asked == ["transceiver-7.t.ns.svc"])
     await eventually(lambda: sum(stats_drops(relay.stats()).get(r, 0) for r in
                                  ("transceiver-resolving", "unknown-transceiver")) == 20)
-    await trio.sleep(0.2)
+    await trio.sleep(0.2)  # "nothing happens" for a period: no second DNS query
     assert asked == ["transceiver-7.t.ns.svc"]  # one query, then the negative cache
 
 

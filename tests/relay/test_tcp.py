@@ -216,7 +216,7 @@ async def test_slowloris_and_half_open_time_out(
     with trio.move_on_after(0.6):
         while True:
             await _echoes(live)
-            await trio.sleep(0.05)
+            await trio.sleep(0.05)  # pacing of the live call; the closes are waited on below
     assert await silent.closed_by_peer() and await dribble.closed_by_peer()
     assert relay.stats()["counters"]["drops"].get("tcp-first-timeout") == 2
     await _echoes(live)

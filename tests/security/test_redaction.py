@@ -86,7 +86,7 @@ async def echo_some(call: Call, n: int = 25) -> int:
     got = 0
     for i in range(n):
         call.send_rtp(b"\xf8\xff\xfe", i * 960)
-        await trio.sleep(0.02)
+        await trio.sleep(0.02)  # real-time pacing of a media source; only echoed > 0 is asserted
         while call.receive_nowait() is not None:
             got += 1
     return got
@@ -135,7 +135,9 @@ async def test_no_secret_in_any_log_line(up: Up) -> None:
     r = await request("POST", up.base + "/v1/sessions", body=refused.encode(),
                       headers={"Content-Type": "application/sdp"})
     assert r.status == 422
-    await trio.sleep(0.5)  # the last "ended" lines
+    with trio.fail_after(10):  # a hang guard: until the three calls' "ended" lines are in
+        while up.text().count(" ended: ") < 3:  # noqa: ASYNC110 - another process's log
+            await trio.sleep(0.05)  # a poll interval: the loop checks the log
     up.stop()
 
     raw = up.log.read_bytes()
