@@ -189,9 +189,13 @@ class PcmPipeline:
 
     def send_frame(self, now: float, pcm: bytes, backlog: int = 0) -> None:
         """Encode and send one 20 ms frame now (the pump decided it is due)."""
+        if self.leg.can_send():
+            self._send_frame(now, pcm, backlog)
+
+    def _send_frame(self, now: float, pcm: bytes, backlog: int) -> None:
+        """:meth:`send_frame` once the caller has seen ``can_send()`` (the pump checks it
+        once per call, not once more per frame)."""
         leg = self.leg
-        if not leg.can_send():
-            return
         if self.stages.outbound.stages:
             pcm = self.stages.outbound.run(pcm, now)
         seq, ts, marker = self.packetizer.next_header(now, backlog)
@@ -232,7 +236,7 @@ class PcmPipeline:
             pcm = host.pop_output_frame()
             if pcm is None:  # pragma: no cover - has_output() said there was some
                 return
-            self.send_frame(now, pcm, host.queued_frames)
+            self._send_frame(now, pcm, host.queued_frames)
 
     def close(self) -> None:
         """The call ended: the stages free their native state (the recorder ring stays
