@@ -45,7 +45,22 @@ OFFER = HERE.parent / "tests" / "proto" / "sdp" / "data" / "chrome-audio-only.sd
 PUBLIC = ("198.51.100.1", 3478)
 
 
-def _run(n: int, ticks: int, prepare: int, stub: bool, profile: str | None) -> float:
+OPS = {"opcodes": 0, "calls": 0}
+
+
+def _tracer(frame: Any, event: str, arg: Any) -> Any:
+    """sys.settrace: count Python function calls (resumptions of coroutines included) and
+    bytecodes executed — deterministic, unlike time on a shared machine."""
+    if event == "call":
+        OPS["calls"] += 1
+        frame.f_trace_opcodes = True
+    elif event == "opcode":
+        OPS["opcodes"] += 1
+    return _tracer
+
+
+def _run(n: int, ticks: int, prepare: int, stub: bool, profile: str | None,
+         opcodes: bool = False) -> float:
     """N sessions, ``ticks`` packets each through the transceiver; CPU µs per packet."""
     import trio
     import trio.testing
@@ -64,6 +79,12 @@ def _run(n: int, ticks: int, prepare: int, stub: bool, profile: str | None) -> f
     from appliance.transceiver.server import Transceiver, TransceiverConfig, _bind
 
     print(f"appliance from {Path(appliance.__file__).parent}", file=sys.stderr)
+    if profile or opcodes:
+        # Tracing slows the loop ~10x, which would trip the receive loop's time bounds
+        # (yield after 2 ms, flush after 0.5 ms) where an untraced run does not: off for
+        # both trees alike, so a tick's datagrams are one pass and one flush.
+        from appliance.transceiver import server as server_mod
+        server_mod.YIELD_AFTER = server_mod.FLUSH_AFTER = 1e9  # type: ignore[misc]
     made = max(ticks, prepare)
     frame = bytes(FRAME_BYTES)
     payload = OpusEncoder().encode(bytes(i % 251 for i in range(FRAME_BYTES)))
@@ -188,6 +209,8 @@ def _run(n: int, ticks: int, prepare: int, stub: bool, profile: str | None) -> f
                     t0, echoed = time.process_time(), 0
                     if prof is not None:
                         prof.enable()
+                    if opcodes:
+                        sys.settrace(_tracer)
                 clock.jump(0.020)
                 want = tr.counters["datagrams_in"] + n
                 for w in wires:
@@ -204,6 +227,7 @@ def _run(n: int, ticks: int, prepare: int, stub: bool, profile: str | None) -> f
                         break
                     echoed += 1
             cpu = time.process_time() - t0
+            sys.settrace(None)
             if prof is not None:
                 prof.disable()
                 prof.dump_stats(profile)
@@ -289,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prepare", type=int, default=0, help="packets made per session first")
     p.add_argument("--stub-codec", action="store_true")
     p.add_argument("--cprofile", action="store_true", help="own time per layer (cProfile)")
+    p.add_argument("--opcodes", action="store_true",
+                   help="count Python bytecodes and calls per packet (sys.settrace)")
     p.add_argument("--top", type=int, default=0, help="with --cprofile: the top functions")
     p.add_argument("--instr", action="store_true",
                    help="callgrind instructions per packet (ticks 40 and 140, codec stubbed)")
@@ -311,7 +337,12 @@ def main(argv: list[str] | None = None) -> int:
     prof = None
     if args.cprofile:
         prof = tempfile.mktemp(suffix=".pstats")
-    us = _run(args.n, args.ticks, args.prepare, args.stub_codec, prof)
+    us = _run(args.n, args.ticks, args.prepare, args.stub_codec, prof, args.opcodes)
+    if args.opcodes:
+        packets = args.n * (args.ticks - min(20, args.ticks // 4))
+        print(f"{OPS['opcodes'] / packets:.0f} bytecodes, {OPS['calls'] / packets:.1f} Python "
+              f"calls per echoed packet (n {args.n}, {packets} packets)")
+        return 0
     print(f"{us:.1f}")
     if prof is not None:
         for label, share in split(prof):
