@@ -86,8 +86,8 @@ except ImportError:  # pragma: no cover - not built (no compiler/headers) or not
 log = logging.getLogger(__name__)
 
 BATCH = 256
-#: Datagrams per ``recvmmsg`` (``_mmsg.recv_batch``): each gets a slot of ``BUFSIZE``.
-RECV_MSGS = 32
+#: Datagrams per ``recvmmsg`` (``_mmsg.recv_batch``), each in a slot of ``BUFSIZE``.
+RECV_MSGS = 8
 #: PROXY headers whose parse is kept (dispatch): one per flow a relay forwards.
 PROXY_CACHE = 4096
 #: Sends queued during a receive batch wait at most this long (plus the datagram being
@@ -304,9 +304,9 @@ class Transceiver:
 
     async def _receive_loop_mmsg(self) -> None:
         """:meth:`receive_loop` with one ``recvmmsg`` per :data:`RECV_MSGS` datagrams
-        (``_mmsg.recv_batch``) instead of a ``recvfrom_into`` each: the same batch, yield
-        and flush bounds, checked per datagram as there; a yield waits for the end of the
-        ``recvmmsg`` batch in hand (its datagrams are out of the socket already)."""
+        (``_mmsg.recv_batch``) instead of a ``recvfrom_into`` each. The batch, yield and
+        flush bounds are per datagram, as there: datagrams already read when the loop
+        yields stay in the buffer and are handled first after the checkpoint."""
         sock = self.sock
         buf = bytearray(BUFSIZE * RECV_MSGS)
         view = memoryview(buf)
@@ -314,8 +314,11 @@ class Transceiver:
         dispatch = self.dispatch
         recv = partial(_mmsg.recv_batch, sock.fileno(), buf, BUFSIZE, 0, BUFSIZE, RECV_MSGS)
         batching = self._send_batch is not None
+        got: list[tuple[int, tuple[str, int]]] = []
+        pos = 0  # got[pos:] are read and not yet handled
         while True:
-            await trio.lowlevel.wait_readable(sock)
+            if pos >= len(got):
+                await trio.lowlevel.wait_readable(sock)
             now = trio.current_time()
             n_in = bytes_in = 0
             t = perf_counter()
@@ -326,26 +329,29 @@ class Transceiver:
             full = True  # unless the socket runs dry first
             try:
                 for _ in range(BATCH):
-                    if n_in >= BATCH or t > yield_at:
+                    if pos >= len(got):
+                        pos = 0
+                        try:
+                            got = recv()
+                        except OSError:  # e.g. ICMP port unreachable reported on a later recv
+                            got = []
+                            continue
+                        if not got:
+                            full = False
+                            break
+                    n, relay = got[pos]
+                    off = pos * BUFSIZE
+                    pos += 1
+                    n_in += 1
+                    bytes_in += n
+                    dispatch(now, view[off : off + n], relay)
+                    t = perf_counter()
+                    if t > yield_at:
                         break  # (full stays True: the checkpoint below lets others run)
-                    try:
-                        got = recv()
-                    except OSError:  # e.g. ICMP port unreachable reported on a later recv
-                        continue
-                    if not got:
-                        full = False
-                        break
-                    off = 0
-                    for n, relay in got:
-                        n_in += 1
-                        bytes_in += n
-                        dispatch(now, view[off : off + n], relay)
-                        off += BUFSIZE
-                        t = perf_counter()
-                        if batching and t > flush_at:
-                            self._flush()  # a long batch: see receive_loop
-                            self._queued = []
-                            flush_at = t + FLUSH_AFTER
+                    if batching and t > flush_at:
+                        self._flush()  # a long batch: see receive_loop
+                        self._queued = []
+                        flush_at = t + FLUSH_AFTER
             finally:
                 if batching:
                     self._flush()
