@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--other-cpu", type=int, default=1)
     p.add_argument("--profile", default=None, metavar="PATH",
                    help="py-spy record the transceiver over the steady window (raw stacks)")
+    p.add_argument("--perf", default=None, metavar="PATH",
+                   help="perf record -F 999 -g of the transceiver over the steady window "
+                        "(perf.data at PATH; read with perf report -i PATH --sort dso,sym)")
     p.add_argument("--opus-complexity", type=int, default=None, metavar="N",
                    help="passed to `appliance up` (default: the transceiver's default)")
     p.add_argument("--json", default=None, metavar="PATH")
@@ -122,12 +125,20 @@ def main(argv: list[str] | None = None) -> int:
                      "--format", "raw", "--rate", "200", "--duration",
                      str(int(args.steady)), "--output", args.profile, "--nonblocking"],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            perf = None
+            if args.perf:
+                perf = subprocess.Popen(
+                    ["perf", "record", "-F", "999", "-g", "-o", args.perf, "-p", str(tpid),
+                     "--", "sleep", str(int(args.steady))],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             got.update(t0=time.monotonic(), c0=cpu_seconds([tpid]), w0=sleeps(tpid))
             time.sleep(max(0.0, win[1] - time.monotonic()))
             got.update(t1=time.monotonic(), c1=cpu_seconds([tpid]), rss=rss_bytes([tpid]),
                        w1=sleeps(tpid))
             if spy is not None:
                 spy.wait(30)
+            if perf is not None:
+                perf.wait(60)
 
         th = threading.Thread(target=sampler, daemon=True)
         th.start()

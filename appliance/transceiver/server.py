@@ -43,6 +43,7 @@ import socket
 import time
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -91,6 +92,10 @@ except ImportError:  # pragma: no cover - not built (no compiler/headers) or not
 log = logging.getLogger(__name__)
 
 BATCH = 256
+#: Datagrams per ``recvmmsg`` (``_mmsg.recv_batch``), each in a slot of ``BUFSIZE``.
+RECV_MSGS = 8
+#: PROXY headers whose parse is kept (dispatch): one per flow a relay forwards.
+PROXY_CACHE = 4096
 #: Sends queued during a receive batch wait at most this long (plus the datagram being
 #: handled) before they go out, however long the batch.
 FLUSH_AFTER = 0.0005
@@ -155,6 +160,9 @@ class TransceiverConfig:
     # Queue what sessions send while a receive batch is handled and send it with one
     # sendmmsg (module docstring); False, or the C extension not built: one sendto each.
     batch_sends: bool = True
+    # Receive with one recvmmsg per RECV_MSGS datagrams (the same C extension); False, or
+    # not built: one recvfrom_into each.
+    batch_recv: bool = True
     # Lower the Opus complexity of the calls step by step as headroom shrinks (degrade.py).
     adaptive_complexity: bool = True
     refuse_busy: float = REFUSE_BUSY  # see REFUSE_BUSY
@@ -218,6 +226,8 @@ class Transceiver:
         # While the receive loop drains a batch: what the sessions send, as send_batch items
         # (header, offset, length, address) with the datagram as the header. None: send now.
         self._queued: list[tuple[bytes, int, int, Addr]] | None = None
+        #: PROXY header bytes -> (client, public, payload offset) (dispatch)
+        self._proxy_cache: dict[bytes, tuple[Addr, Addr, int]] = {}
         self._send_batch = _mmsg.send_batch if (_mmsg is not None and config.batch_sends) else None
         # Headroom (issue 23): the meter's tick task (measure_loop) feeds both.
         self.meter = LoadMeter()
@@ -275,6 +285,9 @@ class Transceiver:
             self.send(data, addr)
 
     async def receive_loop(self) -> None:
+        if _mmsg is not None and self.config.batch_recv:
+            await self._receive_loop_mmsg()
+            return
         sock = self.sock
         buf = bytearray(BUFSIZE)
         view = memoryview(buf)
@@ -302,14 +315,15 @@ class Transceiver:
                     n_in += 1
                     bytes_in += n
                     dispatch(now, view[:n], (relay[0], relay[1]))
-                    if perf_counter() > yield_at:
+                    t = perf_counter()
+                    if t > yield_at:
                         break  # (full stays True: the checkpoint below lets others run)
-                    if batching and perf_counter() > flush_at:
+                    if batching and t > flush_at:
                         # A long batch (a backlog of PCM sessions, each ~0.2 ms of codec
                         # work): what is queued goes out now, not after the whole batch.
                         self._flush()
                         self._queued = []
-                        flush_at = perf_counter() + FLUSH_AFTER
+                        flush_at = t + FLUSH_AFTER
             finally:
                 if batching:
                     self._flush()
@@ -317,6 +331,64 @@ class Transceiver:
                 counters["bytes_in"] += bytes_in
             if full:
                 # A full batch: let the session tasks (pacers, agents) run before more.
+                await trio.lowlevel.checkpoint()
+
+    async def _receive_loop_mmsg(self) -> None:
+        """:meth:`receive_loop` with one ``recvmmsg`` per :data:`RECV_MSGS` datagrams
+        (``_mmsg.recv_batch``) instead of a ``recvfrom_into`` each. The batch, yield and
+        flush bounds are per datagram, as there: datagrams already read when the loop
+        yields stay in the buffer and are handled first after the checkpoint."""
+        sock = self.sock
+        buf = bytearray(BUFSIZE * RECV_MSGS)
+        view = memoryview(buf)
+        counters = self.counters
+        dispatch = self.dispatch
+        recv = partial(_mmsg.recv_batch, sock.fileno(), buf, BUFSIZE, 0, BUFSIZE, RECV_MSGS)
+        batching = self._send_batch is not None
+        got: list[tuple[int, tuple[str, int]]] = []
+        pos = 0  # got[pos:] are read and not yet handled
+        while True:
+            if pos >= len(got):
+                await trio.lowlevel.wait_readable(sock)
+            now = trio.current_time()
+            n_in = bytes_in = 0
+            t = perf_counter()
+            if batching:
+                self._queued = []
+            flush_at = t + FLUSH_AFTER
+            yield_at = t + YIELD_AFTER
+            full = True  # unless the socket runs dry first
+            try:
+                for _ in range(BATCH):
+                    if pos >= len(got):
+                        pos = 0
+                        try:
+                            got = recv()
+                        except OSError:  # e.g. ICMP port unreachable reported on a later recv
+                            got = []
+                            continue
+                        if not got:
+                            full = False
+                            break
+                    n, relay = got[pos]
+                    off = pos * BUFSIZE
+                    pos += 1
+                    n_in += 1
+                    bytes_in += n
+                    dispatch(now, view[off : off + n], relay)
+                    t = perf_counter()
+                    if t > yield_at:
+                        break  # (full stays True: the checkpoint below lets others run)
+                    if batching and t > flush_at:
+                        self._flush()  # a long batch: see receive_loop
+                        self._queued = []
+                        flush_at = t + FLUSH_AFTER
+            finally:
+                if batching:
+                    self._flush()
+                counters["datagrams_in"] += n_in
+                counters["bytes_in"] += bytes_in
+            if full:
                 await trio.lowlevel.checkpoint()
 
     # -- headroom (issue 23) ------------------------------------------------------------
@@ -389,18 +461,31 @@ class Transceiver:
 
     def dispatch(self, now: float, data: memoryview, relay: Addr) -> None:
         """One datagram from a relay (PROXY header + client datagram)."""
-        try:
-            client, public, offset, transport = parse_transport_untrusted(data)
-        except ProxyError:
-            if is_local(data):
-                self.vouch.handle_datagram(data, relay)  # a relay worker's query
+        # The PROXY header of a flow is the same bytes on every datagram: parsed once and
+        # looked up by those bytes (as the relay does), a parse of its own only on a miss.
+        # A hit is exactly a re-parse: the key holds the whole header, its length field
+        # included, so a datagram shorter than its header never matches.
+        cache = self._proxy_cache
+        key = bytes(data[:16 + (data[14] << 8 | data[15])]) if len(data) >= 16 else b""
+        parsed = cache.get(key)
+        if parsed is None:
+            try:
+                client, public, offset, transport = parse_transport_untrusted(data)
+            except ProxyError:
+                if is_local(data):
+                    self.vouch.handle_datagram(data, relay)  # a relay worker's query
+                    return
+                self.counters["drop_proxy"] += 1
                 return
-            self.counters["drop_proxy"] += 1
-            return
-        if transport == STREAM:
-            # ICE-TCP (RFC 6544): a flow of its own, keyed apart from a UDP one from the same
-            # ip:port; replies to it carry a STREAM header (call.Flow).
-            client = StreamAddr(client)
+            if transport == STREAM:
+                # ICE-TCP (RFC 6544): a flow of its own, keyed apart from a UDP one from the
+                # same ip:port; replies to it carry a STREAM header (call.Flow).
+                client = StreamAddr(client)
+            if len(cache) >= PROXY_CACHE:
+                cache.clear()  # bounded; refilled by the flows still sending
+            cache[key] = parsed = (client, public, offset)
+        else:
+            client, public, offset = parsed
         payload = data[offset:]
         if payload and payload[0] < 4:  # STUN (RFC 7983 §7): routed by its USERNAME
             if client not in self.by_client and not self.stun_budget.allow(client, now):
