@@ -36,6 +36,25 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [f"peer {name}: {version}" for name, version in peer_versions().items()]
 
 
+# Issue 33 item 4: `make test` runs two pytest-xdist workers (`--dist loadgroup`). These
+# directories start whole appliances, Chromium, SIP peers or netns hosts and some assert
+# time-dependent properties against a baseline measured in the same test; they all run in one
+# worker, one at a time, so two of them never compete for the two cores. The other worker
+# takes the unit tests (sans-IO cores, parsers, fuzzing), which do not care what runs beside
+# them. Without xdist (`pytest` by hand) the mark does nothing.
+SERIAL_DIRS = frozenset({"browser", "interop", "e2e", "reliability", "multihost", "security",
+                         "sip", "bench", "examples", "integrations", "supervisor", "loadgen",
+                         "deploy"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests_dir = Path(__file__).resolve().parent
+    for item in items:
+        parts = item.path.resolve().relative_to(tests_dir).parts
+        if len(parts) > 1 and parts[0] in SERIAL_DIRS:
+            item.add_marker(pytest.mark.xdist_group("serial"))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     """Browser records (tests/browser/artifacts.py) start empty for each test."""
