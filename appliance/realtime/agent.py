@@ -15,6 +15,13 @@ opens that id itself at start, with no round trip. Tasks, all in one nursery:
 
 After each ``handle_*`` the shell drains events (sent in order on the channel) and actions
 (``ClearAudio`` -> ``ctx.interrupt()`` at once, before anything else runs).
+
+Sideband (``GET /v1/realtime?call_id=``): the shell registers a
+:class:`~appliance.realtime.sideband.SidebandPoint` under its session id; each drained event
+is serialised once and published there with its origin (the browser, or the sideband whose
+client event caused it), which decides what the channel gets; a controller's client events
+come in through :meth:`RealtimeShell._feed`, and a browser ``session.update`` of a locked
+field is answered with an ``error`` without reaching the machine.
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ from .machine import (
     StartResponse,
     Transcribe,
 )
+from .protocol import json_copy
+from .sideband import POINTS, SidebandPoint
 
 log = logging.getLogger("appliance.realtime")
 LABEL = "oai-events"
@@ -153,8 +162,21 @@ class RealtimeShell:
         self._nursery: trio.Nursery | None = None
         # Events go out in order through one sender task (send_message waits for room).
         self._out_send, self._out_recv = trio.open_memory_channel[str](1024)
+        # The sideband (GET /v1/realtime?call_id=, appliance/realtime/sideband.py): every
+        # drained event is also offered to the backends attached to this call.
+        self.sideband = SidebandPoint(ctx.session_id, lambda: json_copy(self.machine.session),
+                                      self._feed)
 
     async def run(self) -> None:
+        POINTS[self.sideband.call_id] = self.sideband
+        try:
+            await self._run()
+        finally:
+            if POINTS.get(self.sideband.call_id) is self.sideband:
+                del POINTS[self.sideband.call_id]
+            self.sideband.close()
+
+    async def _run(self) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             if self.dcid is not None:
@@ -176,7 +198,12 @@ class RealtimeShell:
                 self.machine.handle_open()
             elif isinstance(event, ChannelMessage) and event.channel_id == self.channel:
                 data = event.data
-                self.machine.handle_message(data if isinstance(data, str) else bytes(data))
+                data = data if isinstance(data, str) else bytes(data)
+                refused = self.sideband.refuse_untrusted(data, None)
+                if refused is not None:  # a locked session field: the machine never sees it
+                    self._to_channel(json.dumps(refused.to_event(f"event_{secrets.token_hex(8)}")))
+                    continue
+                self.machine.handle_message(data)
             elif isinstance(event, ChannelClosed) and event.channel_id == self.channel:
                 self.channel = None  # events from now on have nowhere to go
                 continue
@@ -200,7 +227,21 @@ class RealtimeShell:
             except ChannelError:
                 continue  # closed meanwhile: this one is lost, a reopened channel gets the rest
 
-    def _drain(self) -> None:
+    def _feed(self, text: str, origin: str) -> None:
+        """A client event of the sideband ``origin`` (its controller)."""
+        self.sideband.refuse_untrusted(text, origin)
+        self.machine.handle_message(text)
+        self._drain(origin)
+
+    def _to_channel(self, text: str) -> None:
+        if self.channel is None:
+            return
+        try:
+            self._out_send.send_nowait(text)
+        except trio.WouldBlock:
+            pass  # 1024 unsent events: the peer stopped reading; drop, never block
+
+    def _drain(self, origin: str | None = None) -> None:
         m = self.machine
         while (action := m.poll_action()) is not None:
             if isinstance(action, ClearAudio):
@@ -221,12 +262,12 @@ class RealtimeShell:
                     hook(dict(m.session))
                 self._noise_reduction_changed()
         while (event := m.poll_event()) is not None:
-            if self.channel is None:
-                continue  # the channel closed: events have nowhere to go (before it opens the machine holds them)
-            try:
-                self._out_send.send_nowait(json.dumps(event, separators=(",", ":")))
-            except trio.WouldBlock:
-                pass  # 1024 unsent events: the peer stopped reading; drop, never block
+            # The channel closed: events have nowhere to go but the sidebands (before it
+            # opens the machine holds them).
+            text = self.sideband.publish(event, json.dumps(event, separators=(",", ":")),
+                                         origin)
+            if text is not None:
+                self._to_channel(text)
 
     async def _respond(self, request: ResponseRequest, scope: trio.CancelScope) -> None:
         rid = request.response_id

@@ -14,8 +14,8 @@ pick another with ``?agent=``). docs/realtime.md "The WebSocket endpoint" has th
 has full rights; an ``ek_`` client secret (as OpenAI lets a browser open a WebSocket with
 one) opens a session with the config it was minted with. Tokens are never logged.
 
-``?call_id=…`` (attaching to a live call, the sideband) is refused with 501 for now: the
-design is in docs/realtime.md.
+``?call_id=…`` attaches the socket to a live call instead (the sideband:
+appliance/signaling/sideband.py; full rights only; docs/realtime.md "Sideband").
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ from ..realtime.ws_session import (
 from .problems import Problem
 from .realtime_http import Realtime, RealtimeProblem, error_response
 from .rules import check_agent
+from .sideband import END_CLIENT as END_SIDEBAND_CLIENT
+from .sideband import SidebandSocket, attach, close_code
 from .webhooks import CALL_ENDED, CALL_STARTED, end_report
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,8 @@ def register_websocket(app: QuartTrio, rt: Realtime) -> None:
 
     @app.websocket("/v1/realtime")
     async def realtime_socket() -> Response | None:
+        if websocket.args.get("call_id") is not None:
+            return await sideband_socket(websocket.args.get("call_id") or "")
         try:
             session, spec = _admit()
             agent = factories.get(spec)()
@@ -110,23 +114,40 @@ def register_websocket(app: QuartTrio, rt: Realtime) -> None:
             await websocket.close(CLOSE_SLOW_READER, "slow reader: events were not read")
         return None
 
+    async def sideband_socket(call_id: str) -> Response | None:
+        try:
+            att = await attach(rt, call_id, _authorization(), websocket.args)
+        except Problem as p:
+            return error_response(p)
+        protocols = list(websocket.requested_subprotocols)
+        await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in protocols else None)
+        log.info("sideband %s attached to %s (%s)", att.sideband_id, att.call_id,
+                 "controller" if att.controller else "observer")
+        sock = SidebandSocket(att)
+        reason = await sock.run(websocket.receive, websocket.send)
+        log.info("sideband %s detached (%s)", att.sideband_id, reason)
+        if reason != END_SIDEBAND_CLIENT:  # the client's own close needs no answer
+            code, text = close_code(reason)
+            await websocket.close(code, text)
+        return None
+
+    def _authorization() -> str:
+        authorization = websocket.headers.get("Authorization", "")
+        if not authorization:
+            token = token_from_subprotocols(list(websocket.requested_subprotocols))
+            if token is not None:
+                authorization = f"Bearer {token}"
+        return authorization
+
     def _admit() -> tuple[dict[str, Any], str]:
         args = websocket.args
-        if args.get("call_id"):
-            raise RealtimeProblem(501, "not_implemented", "attaching to a call "
-                                  "(?call_id=) is not served yet", "call_id")
         model = args.get("model")
         if not model:
             raise RealtimeProblem(400, "missing_required_parameter",
                                   "the model query parameter is required", "model")
         if len(model) > MAX_MODEL or not model.isprintable():
             raise RealtimeProblem(400, "invalid_value", "model is not a model name", "model")
-        authorization = websocket.headers.get("Authorization", "")
-        if not authorization:
-            token = token_from_subprotocols(list(websocket.requested_subprotocols))
-            if token is not None:
-                authorization = f"Bearer {token}"
-        caller = rt.caller(authorization)
+        caller = rt.caller(_authorization())
         asked = args.get("agent") or websocket.headers.get("X-Agent") or None
         if asked is not None and not caller.full_rights:
             raise RealtimeProblem(403, "insufficient_permissions", "only the API token may "

@@ -65,6 +65,7 @@ from appliance.proto.sdp import (
 )
 from appliance.proto.stun import StunError, peek_username_untrusted
 from appliance.proto.ufrag import UfragCodec
+from appliance.realtime import sideband
 
 from .admission import DtlsSetup
 from .call import Addr
@@ -455,11 +456,17 @@ class Transceiver:
 
     async def handle_control(self, req: dict[str, Any]) -> dict[str, Any]:
         op = req["op"]
+        if op.startswith("realtime."):  # the sideband (appliance/realtime/sideband.py)
+            return await sideband.handle_op(op, req, self._session_state)
         handler = getattr(self, f"_op_{op}", None)
         if handler is None:
             return _error(400, "unknown-op", f"unknown op {op!r}")
         result: dict[str, Any] = handler(req)
         return result
+
+    def _session_state(self, sid: str) -> str | None:
+        found = self._find({"session_id": sid})
+        return None if isinstance(found, dict) else found.state
 
     def _op_create(self, req: dict[str, Any]) -> dict[str, Any]:
         now = trio.current_time()

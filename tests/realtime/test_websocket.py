@@ -280,8 +280,9 @@ def query_errors(url: str) -> list[tuple[int, str]]:
 async def test_missing_model_and_call_id_are_refused_before_upgrade(nursery: trio.Nursery) -> None:
     url, _ = await start_server(nursery)
     with trio.fail_after(TIMEOUT):
+        # an unknown call: 404 before the upgrade (the sideband: tests/realtime/test_sideband.py)
         assert await trio.to_thread.run_sync(query_errors, url) == [(400, "model"),
-                                                                   (501, "call_id")]
+                                                                   (404, "call_id")]
 
 
 # -- openai-agents: RealtimeRunner over its WebSocket model --------------------------------
