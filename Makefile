@@ -2,7 +2,8 @@
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
-PYTEST_ARGS ?=
+# Two workers; the heavy directories run in one of them, one test at a time (tests/conftest.py).
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 
 .PHONY: up test test-stress flakes lint typecheck unit sysdeps realtime-client venv install install-test bench fuzz screenshots clean
 

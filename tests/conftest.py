@@ -36,6 +36,39 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [f"peer {name}: {version}" for name, version in peer_versions().items()]
 
 
+# Issue 33 item 4: `make test` runs two pytest-xdist workers (`--dist loadgroup`). These
+# directories start whole appliances, Chromium, SIP peers or netns hosts and some assert
+# time-dependent properties against a baseline measured in the same test; they all run in one
+# worker, one at a time, so two of them never compete for the two cores. The other worker
+# takes the unit tests (sans-IO cores, parsers, fuzzing), which do not care what runs beside
+# them. Without xdist (`pytest` by hand) the mark does nothing.
+SERIAL_DIRS = frozenset({"browser", "interop", "e2e", "reliability", "multihost", "security",
+                         "sip", "bench", "examples", "integrations", "supervisor", "loadgen",
+                         "deploy"})
+# Files elsewhere that start appliances or time real sockets: the same worker, too.
+SERIAL_FILES = frozenset({
+    "test_cli.py", "test_makefile.py", "test_children.py",
+    "realtime/test_bridge_up.py", "realtime/test_cli_flags.py", "realtime/test_sideband.py",
+    "realtime/test_pipecat_realtime.py", "realtime/test_websocket.py",
+    "signaling/test_metrics_events.py",
+    "transceiver/test_latency.py", "transceiver/test_transceiver.py",
+    "transceiver/test_dtls_versions.py", "transceiver/test_opus_complexity.py",
+    "transceiver/test_outside_load.py", "transceiver/test_headroom.py",
+    "relay/test_coalesce.py", "relay/test_relay.py",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests_dir = Path(__file__).resolve().parent
+    gone = sorted(f for f in SERIAL_FILES if not (tests_dir / f).exists())
+    if gone:  # a renamed heavy test must not drift into the parallel worker unnoticed
+        raise pytest.UsageError(f"tests/conftest.py SERIAL_FILES names missing files: {gone}")
+    for item in items:
+        parts = item.path.resolve().relative_to(tests_dir).parts
+        if (len(parts) > 1 and parts[0] in SERIAL_DIRS) or "/".join(parts) in SERIAL_FILES:
+            item.add_marker(pytest.mark.xdist_group("serial"))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     """Browser records (tests/browser/artifacts.py) start empty for each test."""
