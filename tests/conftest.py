@@ -54,7 +54,9 @@ SERIAL_FILES = frozenset({
     "transceiver/test_latency.py", "transceiver/test_transceiver.py",
     "transceiver/test_dtls_versions.py", "transceiver/test_opus_complexity.py",
     "transceiver/test_outside_load.py", "transceiver/test_headroom.py",
-    "relay/test_coalesce.py", "relay/test_relay.py",
+    "relay/test_coalesce.py", "relay/test_relay.py", "relay/test_cli.py", "relay/test_tcp.py",
+    "speech/test_llm_flag_up.py", "transceiver/test_cli.py", "transceiver/test_drain.py",
+    "transceiver/test_recording.py", "transceiver/test_phone_session.py",
 })
 
 
