@@ -336,7 +336,8 @@ class Realtime:
         hooks.emit(CALL_ENDED, {**data, "report": end_report(
             started_at=started, ended_at=ended,
             reason=rec.end_reason or "gone" if rec is not None else "gone", stats=stats,
-            recording=recording_link(call_id, view.get("media")))})
+            recording=recording_link(call_id, view.get("media")),
+            transcript=view.get("transcript"))})
         return True
 
     async def watch_calls(self) -> None:

@@ -152,13 +152,17 @@ def hung_up_by(reason: str) -> str:
 
 
 def end_report(*, started_at: float, ended_at: float, reason: str,
-               stats: dict[str, Any], recording: dict[str, Any] | None = None
-               ) -> dict[str, Any]:
-    """``recording``: :func:`recording_link`'s, or None when the call was not recorded."""
+               stats: dict[str, Any], recording: dict[str, Any] | None = None,
+               transcript: Any = None) -> dict[str, Any]:
+    """``recording``: :func:`recording_link`'s, or None when the call was not recorded.
+    ``transcript``: the session object's lines (``[{"who", "text", "at"}]``, the newest
+    50, session_info.py) when its agent reported any; anything else becomes None."""
+    lines = [dict(t) for t in transcript if isinstance(t, dict)] if isinstance(
+        transcript, list) else []
     return {"started_at": started_at, "ended_at": ended_at,
             "duration_seconds": round(max(0.0, ended_at - started_at), 3),
             "end_reason": reason, "hung_up_by": hung_up_by(reason), "stats": stats,
-            "recording": recording}
+            "recording": recording, "transcript": lines or None}
 
 
 def recording_link(call_id: str, media: Any) -> dict[str, Any] | None:

@@ -297,14 +297,18 @@ async def test_a_call_ended_on_the_transceiver_is_found_by_the_poll(make_env: An
     with trio.fail_after(TIMEOUT):
         await rx.wait_for(1)
         [fake] = [f for f in env.fakes.values() if call_id in f.sessions]
-        fake.sessions[call_id].update(state="ended", end_reason="agent-done",
-                                      ended_at=env.clock.t + 12.5, packets_in=640)
+        fake.sessions[call_id].update(
+            state="ended", end_reason="agent-done", ended_at=env.clock.t + 12.5,
+            packets_in=640, transcript=[{"who": "user", "text": "what time is it", "at": 1.0},
+                                        {"who": "agent", "text": "It is noon.", "at": 2.0}])
         await rx.wait_for(2)
     started, ended = (json.loads(b) for _, b in rx.requests)
     assert (started["type"], ended["type"]) == (CALL_STARTED, CALL_ENDED)
     report = ended["data"]["report"]
     assert report["end_reason"] == "agent-done" and report["hung_up_by"] == "agent"
     assert report["duration_seconds"] == 12.5 and report["stats"]["packets_in"] == 640
+    assert [(t["who"], t["text"]) for t in report["transcript"]] == [
+        ("user", "what time is it"), ("agent", "It is noon.")]
     assert env.state.webhooks.pending_calls == {}
 
 
