@@ -166,6 +166,9 @@ async def test_frames_travel_as_stream_datagrams_both_ways(
         (RTP, "tcp-first-frame"),  # media before any check
         (check("notavalidufrag"), "tcp-first-frame"),  # a ufrag that does not verify
     ],
+    # Named ids: the STUN check carries a random transaction id, and xdist's workers must
+    # collect the same test names.
+    ids=["http", "rtp", "bad-ufrag"],
 )
 async def test_bad_first_frame_closes(
     nursery: trio.Nursery, start_relay: StartRelay, first: bytes, reason: str
