@@ -21,9 +21,11 @@ The rules (a table would be larger than the two comparisons):
   up after a fall does not by itself push the load back over ``high`` and oscillate;
 * after any change, nothing else changes for ``dwell`` seconds (minimum dwell): the meter
   needs about a second to see the effect of a step (headroom.py, ``WINDOW`` and ``ALPHA``);
-* except the *first* step down: at the configured complexity, ``busy >= urgent`` (0.80,
-  under signaling's admission limit of 0.85) takes it at once, without a dwell. So a load
-  report that shows the core nearly full always shows the calls already degraded: the
+* except the *first* step down: at the configured complexity, ``busy + call >= urgent``
+  (0.80, under signaling's admission limit of 0.85; ``call`` is what one more call would
+  add, the shell's per-call share — on a core shared with a hog one call is a large share
+  of what is left) takes it at once, without a dwell. So a load report that leaves no room
+  for one more call shows the calls already degraded: the
   complexity controller acts before admission refuses (issue 32, below), even when a
   neighbour fills the core within one window.
 
@@ -121,14 +123,16 @@ class ComplexityController:
         (see the module docstring), else ``default``."""
         return self.low if self._i > 0 else default
 
-    def handle_load(self, now: float, busy: float) -> None:
-        """The headroom meter's latest figure (call it each time it completes a window)."""
+    def handle_load(self, now: float, busy: float, call: float = 0.0) -> None:
+        """The headroom meter's latest figure (call it each time it completes a window);
+        ``call``: what one more call would add to it (the shell's per-call share), so the
+        first step is taken as soon as one more call would not fit under ``urgent``."""
         # How long the load has been past each threshold, continuously.
         self._high_since = (self._high_since if self._high_since is not None else now) \
             if busy >= self.high else None
         self._low_since = (self._low_since if self._low_since is not None else now) \
             if busy <= self.low else None
-        if (self._i == 0 and busy >= self.urgent and len(self._steps) > 1):
+        if self._i == 0 and busy + max(call, 0.0) >= self.urgent and len(self._steps) > 1:
             self._step(now, +1, busy)  # the core nearly full: the first step at once
             return
         if now - self.changed_at < self.dwell:

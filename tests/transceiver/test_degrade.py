@@ -134,3 +134,15 @@ def test_no_report_past_urgent_shows_the_calls_undegraded(seed: int) -> None:
         steps = ctl.steps
         assert abs(steps.index(ctl.complexity) - steps.index(before)) <= 1
         t += 0.5
+
+
+def test_the_first_step_is_taken_when_one_more_call_would_not_fit() -> None:
+    """``call`` (one more call's share, server.py's call_cost): busy 0.6 plus a call of 0.25
+    leaves no room under ``urgent``: the first step at once; only the first."""
+    ctl = ComplexityController(5, high=0.7, low=0.5, urgent=0.8, dwell=2.0)
+    ctl.handle_load(0.0, 0.6, 0.1)
+    assert not ctl.degraded
+    ctl.handle_load(0.5, 0.6, 0.25)
+    assert ctl.complexity == 3 and ctl.changed_at == 0.5
+    ctl.handle_load(1.0, 0.6, 0.25)
+    assert ctl.complexity == 3  # not urgent again: the dwell rules from here
