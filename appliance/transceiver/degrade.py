@@ -20,13 +20,22 @@ The rules (a table would be larger than the two comparisons):
 * ``low`` is well under ``high`` times the CPU saving of a step (hysteresis), so stepping
   up after a fall does not by itself push the load back over ``high`` and oscillate;
 * after any change, nothing else changes for ``dwell`` seconds (minimum dwell): the meter
-  needs about a second to see the effect of a step (headroom.py, ``WINDOW`` and ``ALPHA``).
+  needs about a second to see the effect of a step (headroom.py, ``WINDOW`` and ``ALPHA``);
+* except the *first* step down: at the configured complexity, ``busy + call >= urgent``
+  (0.80, under signaling's admission limit of 0.85; ``call`` is what one more call would
+  add, the shell's per-call share — on a core shared with a hog one call is a large share
+  of what is left) takes it at once, without a dwell. So a load report that leaves no room
+  for one more call shows the calls already degraded: the
+  complexity controller acts before admission refuses (issue 32, below), even when a
+  neighbour fills the core within one window.
 
 Load that grows *after* calls were admitted (issue 32: a neighbour, a CPU hog, steal; the
 meter's ``busy`` counts what the core has left, headroom.py) is handled in this order:
 
-1. the controller steps down, one step per ``dwell`` — every call a little cheaper, no
-   call dropped, never the whole ladder at once;
+1. the controller steps down — the first step at once if the core is nearly full, then
+   one step per ``dwell`` — every call a little cheaper, no call dropped, never the whole
+   ladder at once (every call's encoder takes the same one step; no call is singled out
+   and none is taken down several steps in one go);
 2. while any step is taken (:attr:`ComplexityController.degraded`) new calls are admitted
    only up to ``low`` (:meth:`ComplexityController.admit_limit`, reported as ``load`` →
    ``admit_limit``; signaling's admission and the transceiver's own check both use it):
@@ -51,6 +60,9 @@ LADDER = (10, 9, 8, 7, 6, 5, 3, 2, 1, 0)
 HIGH = 0.70
 #: ...and at or below which it steps back up.
 LOW = 0.50
+#: Busy share at or above which the first step down is taken without a dwell: under
+#: signaling's admission limit (admission.LIMIT, 0.85), so degradation comes first.
+URGENT = 0.80
 DWELL = 2.0  # seconds at a step before stepping down again (and after any change)
 DWELL_UP = 5.0  # seconds of low load before stepping back up: slow to take quality back
 
@@ -69,22 +81,22 @@ class ComplexityController:
     """Steps down the :data:`LADDER` from ``ceiling`` under load, back up as it falls."""
 
     __slots__ = ("_events", "_high_since", "_low_since", "_steps", "_i", "changed_at",
-                 "changes", "dwell", "dwell_up", "high", "low")
+                 "changes", "dwell", "dwell_up", "high", "low", "urgent")
 
     def __init__(self, ceiling: int, *, floor: int = 0, high: float = HIGH, low: float = LOW,
-                 dwell: float = DWELL, dwell_up: float = DWELL_UP,
+                 urgent: float = URGENT, dwell: float = DWELL, dwell_up: float = DWELL_UP,
                  enabled: bool = True) -> None:
         if not 0 <= floor <= ceiling <= 10:
             raise ValueError("0 <= floor <= ceiling <= 10")
-        if not 0 < low < high:
-            raise ValueError("0 < low < high")
+        if not 0 < low < high <= urgent:
+            raise ValueError("0 < low < high <= urgent")
         if dwell < 0 or dwell_up < 0:
             raise ValueError("dwell >= 0")
         steps = [ceiling, *(c for c in LADDER if floor <= c < ceiling)]
         # Disabled: one step, the configured complexity, forever.
         self._steps = tuple(steps) if enabled else (ceiling,)
         self._i = 0
-        self.high, self.low = high, low
+        self.high, self.low, self.urgent = high, low, urgent
         self.dwell, self.dwell_up = dwell, dwell_up
         self.changed_at = -math.inf
         self._high_since: float | None = None
@@ -111,13 +123,18 @@ class ComplexityController:
         (see the module docstring), else ``default``."""
         return self.low if self._i > 0 else default
 
-    def handle_load(self, now: float, busy: float) -> None:
-        """The headroom meter's latest figure (call it each time it completes a window)."""
+    def handle_load(self, now: float, busy: float, call: float = 0.0) -> None:
+        """The headroom meter's latest figure (call it each time it completes a window);
+        ``call``: what one more call would add to it (the shell's per-call share), so the
+        first step is taken as soon as one more call would not fit under ``urgent``."""
         # How long the load has been past each threshold, continuously.
         self._high_since = (self._high_since if self._high_since is not None else now) \
             if busy >= self.high else None
         self._low_since = (self._low_since if self._low_since is not None else now) \
             if busy <= self.low else None
+        if self._i == 0 and busy + max(call, 0.0) >= self.urgent and len(self._steps) > 1:
+            self._step(now, +1, busy)  # the core nearly full: the first step at once
+            return
         if now - self.changed_at < self.dwell:
             return  # minimum dwell after a change
         if (self._high_since is not None and now - self._high_since >= self.dwell

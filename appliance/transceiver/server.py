@@ -417,7 +417,8 @@ class Transceiver:
             return
         self._created_in_window = 0
         ctl = self.complexity
-        ctl.handle_load(now, self.meter.busy)
+        # One more call's share: the first step is taken as soon as it would not fit.
+        ctl.handle_load(now, self.meter.busy, self.call_cost())
         while (ev := ctl.poll_event()) is not None:
             self.counters["complexity_changes"] += 1
             log.info("busy %.0f %%: Opus complexity %d -> %d for %d session(s)",

@@ -154,3 +154,41 @@ def test_what_was_available_scales_the_cost_of_one_more_call() -> None:
     cost = adm.view(0)["call_cost"]
     assert adm.projected(0, 1) - adm.projected(0, 0) == pytest.approx(cost / 0.5)
     assert adm.view(0)["available"] == 0.5
+
+
+def test_a_sudden_hog_is_met_by_the_controller_before_any_refusal() -> None:
+    """The hog takes most of the core within one window (issue 32 item 4, the mid-run hog
+    in the model): the first report that leaves no
+    room already shows the calls degraded, and refusal follows; the calls are never taken
+    down more than one step per report."""
+    meter = LoadMeter()
+    ctl = ComplexityController(5)
+    adm = Admission([0], {0: 0})
+    core = Core()
+    calls, t, sent = 30, 0.0, 0
+    meter.handle_tick(t, 0.0, 0.0, sent=0, stat=parse_proc_stat_untrusted(core.advance(0, 0, 0)),
+                      affinity=frozenset({0}))
+    first_step: float | None = None
+    first_refusal: float | None = None
+    while t < 40:
+        own = calls * COST * FACTOR[ctl.complexity]
+        hog = 0.6 if t >= 10 else 0.0
+        text = core.advance(WINDOW, own, hog)
+        t += WINDOW
+        sent += 50 * calls // 2
+        # The window's ticks and pacer call-backs, as late as the queue makes them.
+        meter.add_lateness([core.lateness(own, hog)] * 25)
+        meter.handle_tick(t, core.cpu, core.lateness(own, hog), sent=sent,
+                          stat=parse_proc_stat_untrusted(text), affinity=frozenset({0}))
+        before = ctl.steps.index(ctl.complexity)
+        ctl.handle_load(t, meter.busy)
+        while (ev := ctl.poll_event()) is not None:
+            if first_step is None and ev.complexity < ev.previous:
+                first_step = ev.at
+        assert ctl.steps.index(ctl.complexity) - before <= 1
+        adm.report(0, report(meter, ctl, calls), adm.asked(0))
+        if not adm.admits(0) and first_refusal is None:
+            first_refusal = t
+            assert ctl.degraded, (t, meter.busy)
+    assert first_step is not None and first_refusal is not None
+    assert first_step <= first_refusal
