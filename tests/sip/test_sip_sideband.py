@@ -7,6 +7,8 @@ SDK (the Realtime agent: signaling's default), then attaches with
 answered by the call's agent on the transceiver, ``client.realtime.calls.hangup`` sends
 SIPp its BYE and closes the socket with 1000. And the look-up's refusals before the
 upgrade (appliance/signaling/sideband.py): unknown 404, ek_ 403, ringing 409, ended 410.
+Last, openai-agents' ``OpenAIRealtimeSIPModel`` itself (a subprocess: its ``agents``
+package shadows tests/agents) runs its Python tool on the phone call's typed trigger.
 """
 
 from __future__ import annotations
@@ -178,3 +180,94 @@ async def test_a_backend_drives_a_sipp_call_over_the_sideband(nursery: trio.Nurs
     ended = tr.ended_phones[-1]
     assert ended["id"] == call_id and ended["end_reason"] == "sip-ended"
     assert ended["phone"]["leg"]["rtp_in"] > 0  # SIPp's pcap reached the call
+
+
+# -- openai-agents' call-id model on the phone call (its examples/realtime/twilio_sip) -----
+
+AGENTS_SDK = Path(__file__).resolve().parents[2] / ".venv" / "openai-agents"
+START = 180.0  # a fresh interpreter importing openai-agents, on a loaded box
+
+BACKEND = r"""
+import asyncio, json, sys
+from agents import function_tool
+from agents.realtime import RealtimeAgent, RealtimeRunner
+from agents.realtime.openai_realtime import OpenAIRealtimeSIPModel
+
+ran = []
+
+@function_tool
+def get_weather(city: str) -> str:
+    'The weather in a city.'
+    ran.append(city)
+    return f"sunny in {city}"
+
+async def main():
+    url, call_id = sys.argv[1], sys.argv[2]
+    agent = RealtimeAgent(name="backend", instructions="the backend's", tools=[get_weather])
+    runner = RealtimeRunner(agent, model=OpenAIRealtimeSIPModel())
+    session = await runner.run(model_config={"url": url, "call_id": call_id,
+                                             "api_key": "unused"})
+    kinds, said = [], []
+    async with session:
+        # the typed trigger of the built-in agent (docs/realtime.md "Tools")
+        await session.send_message('call tool get_weather {"city": "Oslo"}')
+        async for event in session:
+            kinds.append(event.type)
+            if event.type == "tool_end":
+                break
+        # the tool's output answered: the response.done of a response with no function
+        # call in it (the calling response's own done may still come after tool_end)
+        async for event in session:
+            data = getattr(event, "data", None)
+            if event.type == "raw_model_event" and getattr(data, "type", "") == \
+                    "raw_server_event":
+                raw = data.data
+                if raw.get("type") == "response.output_audio_transcript.done":
+                    said.append([raw.get("response_id"), raw.get("transcript")])
+                if raw.get("type") == "response.done" and not any(
+                        o.get("type") == "function_call" for o in raw["response"]["output"]):
+                    answer = raw["response"]["id"]
+                    break
+    print(json.dumps({"ran": ran, "kinds": kinds, "said": said, "answer": answer}),
+          flush=True)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.interop
+@pytest.mark.slow
+@pytest.mark.skipif(SIPP is None, reason="sipp missing: `make sysdeps`")
+@pytest.mark.skipif(not AGENTS_SDK.is_dir(), reason="openai-agents not installed (make "
+                    "install-test puts it in .venv/openai-agents)")
+async def test_openai_agents_sip_model_runs_its_tool_on_a_sipp_call(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    import os
+    import sys
+
+    stack = await start_phone_stack(nursery, tmp_path, agent="realtime", webhooks=True)
+    write_tone_pcap(tmp_path / "tone.pcap", freq=0.0, seconds=START + TIMEOUT)  # silence
+    base = stack.phone.base_url
+    client = stack.phone.client()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(AGENTS_SDK)
+    env["OPENAI_AGENTS_DISABLE_TRACING"] = "1"
+    with trio.fail_after(START + TIMEOUT):
+        run = await run_sipp(nursery, stack.phone, "pcap_callee_bye.xml", cwd=tmp_path,
+                             extra=("-timeout", str(int(START + TIMEOUT))))
+        call_id = (await until_incoming(stack.phone, run))["data"]["call_id"]
+        await trio.to_thread.run_sync(lambda: client.realtime.calls.accept(
+            call_id, type="realtime", model="gpt-realtime", instructions="the phone's"))
+        url = f"{base.replace('http', 'ws', 1)}/v1/realtime?call_id={call_id}&lock=tools"
+        done = await trio.run_process([sys.executable, "-c", BACKEND, url, call_id],
+                                      env=env, cwd="/", capture_stdout=True,
+                                      capture_stderr=True, check=False)
+        assert done.returncode == 0, done.stderr.decode()[-3000:]
+        await trio.to_thread.run_sync(lambda: client.realtime.calls.hangup(call_id))
+        code, text = await run.result()
+    assert code == 0, text  # our BYE came
+    out = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert out["ran"] == ["Oslo"]  # the backend's Python tool ran, for the phone call
+    assert "tool_start" in out["kinds"]
+    answered = [text for rid, text in out["said"] if rid == out["answer"]]
+    assert answered == ["tool get_weather returned: sunny in Oslo"], out
