@@ -195,6 +195,11 @@ class RealtimeShell:
                     self.ctx.open_channel(LABEL, negotiated_id=self.dcid)
                 except ChannelError:
                     pass  # no data channels in the offer: audio only, nothing to speak to
+            if self.ctx.identity.info.get("transport") == "sip":
+                # a phone call has no oai-events channel to wait for: its events go to the
+                # sidebands from the start (session.created first), none are held
+                self.machine.handle_open()
+                self._drain()
             nursery.start_soon(self._sender)
             nursery.start_soon(self._channel_loop)
             nursery.start_soon(self._event_loop)

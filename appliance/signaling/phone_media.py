@@ -360,6 +360,11 @@ class TransceiverPhoneMedia:
         self.listener = listener
         self.sdp.bind(listener)
 
+    def transceiver_of(self, call_id: str) -> int | None:
+        """The transceiver that carries ``call_id``'s phone session (its session id is the
+        call id): where the sideband attaches (signaling/sideband.py)."""
+        return self.where.get(call_id)
+
     def start(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
 

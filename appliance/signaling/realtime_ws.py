@@ -41,6 +41,7 @@ from .realtime_http import Realtime, RealtimeProblem, error_response
 from .rules import check_agent
 from .sideband import END_CLIENT as END_SIDEBAND_CLIENT
 from .sideband import SidebandSocket, attach, close_code
+from .sip_http import EXTENSION as SIP_EXTENSION
 from .webhooks import CALL_ENDED, CALL_STARTED, end_report
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,8 @@ def register_websocket(app: QuartTrio, rt: Realtime) -> None:
 
     async def sideband_socket(call_id: str) -> Response | None:
         try:
-            att = await attach(rt, call_id, _authorization(), websocket.args)
+            att = await attach(rt, call_id, _authorization(), websocket.args,
+                               app.extensions.get(SIP_EXTENSION))
         except Problem as p:
             return error_response(p)
         protocols = list(websocket.requested_subprotocols)

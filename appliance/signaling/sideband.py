@@ -2,7 +2,8 @@
 
 The call's Realtime machine runs on the transceiver that carries it; this is signaling's
 half (the transceiver's is appliance/realtime/sideband.py, the rules docs/realtime.md
-"Sideband"). Before the upgrade: full rights (the API token; an ``ek_`` client secret never
+"Sideband"). A call is a WebRTC one (the registry) or a SIP one (sip_calls.py: the
+transceiver its phone session runs on). Before the upgrade: full rights (the API token; an ``ek_`` client secret never
 attaches), the call known and live, ``realtime.attach`` answered by its transceiver — every
 refusal is an HTTP answer in OpenAI's error shape. After it, three tasks:
 
@@ -33,6 +34,7 @@ from ..realtime.protocol import MAX_EVENT_BYTES, EventError
 from ..realtime.sideband import CLOSED_ENDED, CLOSED_SLOW
 from ..realtime.ws_session import SEND_GRACE, SocketClosed
 from .realtime_http import Realtime, RealtimeProblem
+from .sip_calls import CALL_ID_RE, CallError, SipCalls
 
 log = logging.getLogger("appliance.realtime.sideband")
 QUEUE_LIMIT = 2048  # events waiting for this socket before it is closed as a slow reader
@@ -62,8 +64,12 @@ def parse_locks(value: str | None) -> list[str]:
 
 
 async def attach(rt: Realtime, call_id: str, authorization: str,
-                 args: Any) -> Attached:
-    """Attach to ``call_id`` or raise a :class:`RealtimeProblem` (before the upgrade)."""
+                 args: Any, sip: SipCalls | None = None) -> Attached:
+    """Attach to ``call_id`` or raise a :class:`RealtimeProblem` (before the upgrade).
+
+    A WebRTC call is found in the registry; a SIP call (``rtc_sip_…``, inbound or
+    outbound) through ``sip``'s call control, on the transceiver carrying its phone
+    session, whose session id is the call id: the same ops attach to its agent."""
     if not 0 < len(call_id) <= MAX_CALL_ID or not call_id.isprintable():
         raise RealtimeProblem(400, "invalid_value", "call_id is not a call id", "call_id")
     caller = rt.caller(authorization)
@@ -72,12 +78,22 @@ async def attach(rt: Realtime, call_id: str, authorization: str,
                               "attach to a call: the sideband needs the API token", "call_id")
     state = rt.state
     rec = state.registry.get(call_id)
-    if rec is None:
+    if rec is not None:  # a WebRTC call
+        ep = state.health.transceivers.get(rec.transceiver)
+        if rec.ended or ep is None:
+            raise RealtimeProblem(410, "call_ended", f"call {call_id!r} has ended "
+                                  f"({rec.end_reason or 'transceiver lost'})", "call_id")
+    elif sip is not None and CALL_ID_RE.fullmatch(call_id):  # a phone call (SIP)
+        try:
+            k = sip.sideband_transceiver(call_id)
+        except CallError as exc:
+            raise RealtimeProblem(exc.status, exc.code, exc.message, "call_id") from None
+        ep = state.health.transceivers.get(k)
+        if ep is None:
+            raise RealtimeProblem(410, "call_ended", f"call {call_id!r} has ended "
+                                  "(transceiver lost)", "call_id")
+    else:
         raise RealtimeProblem(404, "call_not_found", f"no call {call_id!r}", "call_id")
-    ep = state.health.transceivers.get(rec.transceiver)
-    if rec.ended or ep is None:
-        raise RealtimeProblem(410, "call_ended", f"call {call_id!r} has ended "
-                              f"({rec.end_reason or 'transceiver lost'})", "call_id")
     req: dict[str, Any] = {"op": "realtime.attach", "session_id": call_id,
                            "locks": parse_locks(args.get("lock"))}
     if args.get("role"):

@@ -45,9 +45,9 @@ from ..proto.sip import (
     SipError,
     SipUsageError,
 )
-from .phone_media import MediaRefusal, PhoneMedia, RelayAnswerMedia
+from .phone_media import MediaRefusal, PhoneMedia, RelayAnswerMedia, TransceiverPhoneMedia
 from .sip_config import SipSettings
-from .sip_outbound import SipOutbound
+from .sip_outbound import OutboundCall, SipOutbound
 from .webhooks import CALL_ENDED, CALL_STARTED, end_report
 
 if TYPE_CHECKING:
@@ -295,6 +295,26 @@ class SipCalls:
             except SipUsageError:
                 self._ended(call, "hangup", "api")  # the core already forgot it
         self.shell.drain()
+
+    def sideband_transceiver(self, call_id: str) -> int:
+        """The transceiver to attach ``GET /v1/realtime?call_id=`` to (signaling/sideband.py):
+        the one running this SIP call's (inbound or outbound) phone session and agent.
+        :class:`CallError` 404 (no such SIP call), 410 (it ended), 409 (no agent yet:
+        ringing and not accepted, or no transceivers behind this signaling)."""
+        call: SipCall | OutboundCall
+        if self.outbound is not None and self.outbound.owns(call_id):
+            call = self.outbound.get(call_id)
+        else:
+            call = self.get(call_id)
+        if call.state in ("ended", "failed"):
+            raise CallError(410, "call_ended", f"call {call_id!r} has ended "
+                            f"({call.end_reason or call.state})")
+        k = self.media.transceiver_of(call_id) \
+            if isinstance(self.media, TransceiverPhoneMedia) else None
+        if k is None:
+            raise CallError(409, "call_not_answered", f"call {call_id!r} is {call.state}: "
+                            "no agent runs it yet (accept it first)")
+        return k
 
     # -- PhoneMediaListener --------------------------------------------------------------
 

@@ -601,6 +601,12 @@ class Transceiver:
         return result
 
     def _session_state(self, sid: str) -> str | None:
+        """A WebRTC or a phone session's state (the sideband attaches to either)."""
+        phone = self.phones.get(sid)
+        if phone is not None:
+            return phone.state
+        if any(old.get("id") == sid for old in self.ended_phones):
+            return "ended"
         found = self._find({"session_id": sid})
         return None if isinstance(found, dict) else found.state
 
