@@ -6,6 +6,8 @@ they are OpenAI's format."""
 
 from __future__ import annotations
 
+from contextlib import aclosing
+
 import numpy as np
 import openai
 import pytest
@@ -13,7 +15,7 @@ import trio
 from speech.fake_openai import KEY, fake_openai
 
 from appliance.speech.audio import band_energy_ratio, read_wav
-from appliance.speech.llm import ChatCompletions, LlmError, sentences
+from appliance.speech.llm import ChatCompletions, LlmError, SentenceSplitter, sentences
 from appliance.speech.stt import HttpStt, SttError
 from appliance.speech.tts import HttpTts, TtsError
 from appliance.speech.vad import FRAME_BYTES
@@ -94,3 +96,35 @@ async def test_chat_completions_streams_sentences() -> None:
         assert req["messages"][1:] == [{"role": "user", "content": "time?"}]
         with pytest.raises(LlmError, match="401"):
             await ChatCompletions(srv.base_url).reply([], print)
+
+
+def test_sentence_splitter_gives_sentences_as_they_complete() -> None:
+    """One splitter for both assistants: a sentence comes out when the text after its end
+    mark arrives, a short one waits for the next, the last one at finish()."""
+    splitter = SentenceSplitter()
+    assert splitter.feed("Hi. I am a") == []  # "Hi." is too short to go alone
+    assert splitter.feed(" voice assistant.") == []  # its end needs the white space after
+    assert splitter.feed(" What now?") == ["Hi. I am a voice assistant."]
+    assert splitter.feed(" Bye for now.") == []  # "What now?" is short: it waits too
+    assert splitter.feed(" See you") == ["What now? Bye for now."]
+    assert splitter.finish() == ["See you"]
+    assert splitter.finish() == []
+
+
+async def test_chat_stream_closed_early_closes_the_request() -> None:
+    """The pull form: text pieces as they arrive; closed part-way, the server sees the
+    client go (and httpx's generator chain ends now: trio would warn otherwise)."""
+    async with fake_openai() as srv:
+        srv.replies.append("One sentence here. Another sentence there. The last one.")
+        srv.release = trio.Event()  # never set
+        llm = ChatCompletions(srv.base_url, api_key=KEY)
+        got = ""
+        with trio.fail_after(30):
+            async with aclosing(llm.stream([{"role": "user", "content": "go"}])) as stream:
+                async for piece in stream:
+                    assert isinstance(piece, str)
+                    got += piece
+                    if "there." in got:
+                        break
+            await srv.disconnected.wait()
+        assert got.startswith("One sentence here. Another sentence there.")
