@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from openai.types.realtime import (
     ConversationItemInputAudioTranscriptionCompletedEvent,
     ConversationItemInputAudioTranscriptionDeltaEvent,
@@ -480,3 +481,46 @@ async def test_cancel_mid_reply_stops_the_speech_and_closes_the_llm_request(
     assert done["response"]["status"] == "cancelled"
     said = "".join(e["delta"] for e in sock.of("response.output_audio_transcript.delta"))
     assert said == "The first sentence is here."
+
+
+async def test_cancel_while_the_shell_waits_closes_the_parked_generator(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The common barge-in: the shell is waiting for room to send (the generator parked at
+    a ``yield``) when the cancel comes. The shell closes the generator at once: the TTS
+    stops and the LLM request closes now (left to the garbage collector, trio would warn,
+    which fails this test)."""
+    from appliance.realtime.ws_session import RealtimeSocketSession
+
+    async with fake_openai() as api:
+        tts = EndlessTts()
+        agent = await _streaming_agent(api, monkeypatch, tts)
+        api.replies.append(STREAMED)
+        api.release = trio.Event()
+        sock = Socket(agent)
+        sock.session = RealtimeSocketSession(agent, queue_limit=64)
+        gate: list[trio.Event] = []
+        send = sock._send
+
+        async def gated(text: str) -> None:
+            if gate:
+                await gate[0].wait()
+            await send(text)
+
+        sock._send = gated  # type: ignore[method-assign]
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(sock.run)
+                await _ask(sock)
+                await sock.until(lambda: bool(sock.of("response.output_audio.delta")))
+                await api.held.wait()
+                gate.append(trio.Event())  # the reader stops reading: the queue fills
+                await trio.testing.wait_all_tasks_blocked()  # the response waits for room
+                assert not tts.closed.is_set()
+                await sock.send(type="response.cancel")
+                await tts.closed.wait()
+                await api.disconnected.wait()
+                gate[0].set()
+                await sock.until(lambda: bool(sock.of("response.done")))
+                nursery.cancel_scope.cancel()
+    [done] = sock.of("response.done")
+    assert done["response"]["status"] == "cancelled"
