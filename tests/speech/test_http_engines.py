@@ -59,6 +59,12 @@ async def test_http_stt_uploads_a_wav_and_reads_the_text() -> None:
         assert rate == 16_000 and abs(len(pcm) // 2 - 16_000) < 200
         assert band_energy_ratio(pcm, 16_000, 400, 600) > 0.95  # the tone, resampled
 
+        hinted = engine.stream(language="nb", prompt="Oslo, Bergen")  # the session's hints
+        await hinted.feed(tone[:9600].tobytes())
+        await hinted.finish()
+        assert srv.uploads[1].fields == {"model": "whisper-1", "response_format": "json",
+                                         "language": "nb", "prompt": "Oslo, Bergen"}
+
         bad = HttpStt(srv.base_url, api_key="sk-wrong")
         with pytest.raises(SttError, match="401"):
             await bad.transcribe(bytes(3200))
@@ -128,3 +134,54 @@ async def test_chat_stream_closed_early_closes_the_request() -> None:
                         break
             await srv.disconnected.wait()
         assert got.startswith("One sentence here. Another sentence there.")
+
+
+async def test_transcription_passes_the_sessions_language_and_prompt(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``audio.input.transcription.language`` / ``.prompt`` reach the engine's stream (bad
+    values are dropped, a long prompt is cut)."""
+    from appliance.realtime import transcription
+    from appliance.realtime.interface import UserTurn
+    from appliance.realtime.machine import Transcribe
+
+    asked: list[dict[str, object]] = []
+
+    class Stream:
+        async def feed(self, pcm: bytes) -> None:
+            return None
+
+        async def finish(self) -> str:
+            return "hei"
+
+        async def aclose(self) -> None:
+            pass
+
+    class Engine:
+        name = "recording"
+
+        def stream(self, **kw: object) -> Stream:
+            asked.append(kw)
+            return Stream()
+
+    class Machine:
+        def __init__(self) -> None:
+            self.texts: list[str] = []
+
+        def handle_transcript_delta(self, item_id: str, text: str) -> None:
+            pass
+
+        def handle_transcript(self, item_id: str, text: str) -> None:
+            self.texts.append(text)
+
+    monkeypatch.setattr(transcription, "engine_for", lambda model, env=None: Engine())
+    machine = Machine()
+    turn = UserTurn("item_1", bytes(9600))
+    for config in ({"model": "whisper-1", "language": "nb", "prompt": "Oslo"},
+                   {"language": "no; rm -rf", "prompt": 7},
+                   {"prompt": "x" * 5000}):
+        await transcription.transcribe_item(Transcribe("item_1", turn, config), object(),
+                                            machine, lambda: None)  # type: ignore[arg-type]
+    assert machine.texts == ["hei", "hei", "hei"]
+    assert asked[0] == {"language": "nb", "prompt": "Oslo"}
+    assert asked[1] == {"language": None, "prompt": None}
+    assert asked[2] == {"language": None, "prompt": "x" * transcription.MAX_PROMPT}
