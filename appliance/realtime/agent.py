@@ -72,6 +72,16 @@ def id_source(token: str | None = None) -> Callable[[str], str]:
     return ids
 
 
+async def close_deltas(deltas: AsyncIterator[Delta]) -> None:
+    """Close an agent's delta generator that its consumer stopped reading (a cancelled
+    response is cancelled while the shell awaits the output queue, the generator parked at
+    a ``yield``): its ``finally`` blocks run now, not when the garbage collector finds it
+    (trio warns then, and the agent's upstream requests stay open meanwhile)."""
+    aclose = getattr(deltas, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
 class _Generator:
     """A plain ``async def respond(request)`` generator function as a RealtimeAgent."""
 
@@ -299,19 +309,23 @@ class RealtimeShell:
         error: str | None = None
         with scope:
             try:
-                async for delta in self.agent.respond(request):
-                    if isinstance(delta, AudioDelta):
-                        pcm = delta.pcm[: len(delta.pcm) & ~1]
-                        for i in range(0, len(pcm), AUDIO_PIECE):
-                            piece = AudioDelta(pcm[i : i + AUDIO_PIECE])
-                            ok = self.machine.handle_delta(rid, piece)
+                deltas = self.agent.respond(request)
+                try:
+                    async for delta in deltas:
+                        if isinstance(delta, AudioDelta):
+                            pcm = delta.pcm[: len(delta.pcm) & ~1]
+                            for i in range(0, len(pcm), AUDIO_PIECE):
+                                piece = AudioDelta(pcm[i : i + AUDIO_PIECE])
+                                ok = self.machine.handle_delta(rid, piece)
+                                self._drain()
+                                if not ok:
+                                    break
+                                await self.ctx.send(piece.pcm)
+                        else:
+                            self.machine.handle_delta(rid, delta)
                             self._drain()
-                            if not ok:
-                                break
-                            await self.ctx.send(piece.pcm)
-                    else:
-                        self.machine.handle_delta(rid, delta)
-                        self._drain()
+                finally:
+                    await close_deltas(deltas)
             except Exception as exc:  # the agent's bug fails the response, not the call
                 error = type(exc).__name__
                 log.warning("realtime agent failed on %s: %r", rid, exc)

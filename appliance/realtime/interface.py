@@ -33,7 +33,9 @@ per call; a plain ``async def respond(request)`` generator function works too).
   the next request's ``conversation``.
 * **Cancellation**: ``response.cancel``, ``output_audio_buffer.clear`` after the response
   and a barge-in (speech while the answer plays, ``interrupt_response``) cancel the task
-  iterating — trio cancellation at the generator's next ``await``; ``finally`` blocks run.
+  iterating — trio cancellation at the generator's next ``await``, or, when it is parked
+  at a ``yield`` (the shell waiting for the output queue), ``aclose()`` by the shell;
+  either way its ``finally`` blocks run at once.
 * Optional: ``session_updated(session)`` (sync) is called after each ``session.update``;
   ``transcribe(turn) -> str`` (async) gives the user turn's transcript for the
   ``conversation.item.input_audio_transcription.*`` events when the session turns

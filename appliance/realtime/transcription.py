@@ -112,6 +112,20 @@ def _extends(sent: str, text: str) -> str | None:
     return None
 
 
+MAX_PROMPT = 2000  # characters of ``prompt`` passed on (OpenAI's is a short text too)
+
+
+def hints(config: dict[str, Any]) -> dict[str, str | None]:
+    """The ``language`` and ``prompt`` of ``audio.input.transcription`` for the engine
+    (client data: kept only when they are short strings)."""
+    language = config.get("language")
+    prompt = config.get("prompt")
+    ok = isinstance(language, str) and 0 < len(language) <= 16 and language.replace(
+        "-", "").isalnum()
+    return {"language": language if ok else None,
+            "prompt": prompt[:MAX_PROMPT] if isinstance(prompt, str) and prompt else None}
+
+
 async def transcribe_item(action: Transcribe, agent: Any, machine: RealtimeConnection,
                           drain: Callable[[], None]) -> None:
     """Transcribe one committed item and report it to ``machine`` (``drain`` after each
@@ -131,7 +145,7 @@ async def transcribe_item(action: Transcribe, agent: Any, machine: RealtimeConne
             return
         model = action.config.get("model")
         engine = engine_for(model if isinstance(model, str) else None)
-        stream = engine.stream()
+        stream = engine.stream(**hints(action.config))
         sent = ""
         try:
             pcm = action.turn.audio

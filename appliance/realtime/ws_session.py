@@ -28,7 +28,7 @@ from typing import Any
 import trio
 
 from ..agents.vad import EnergyVad
-from .agent import id_source
+from .agent import close_deltas, id_source
 from .interface import RealtimeAgent, ResponseRequest
 from .machine import (
     CancelResponse,
@@ -175,10 +175,14 @@ class RealtimeSocketSession:
         error: str | None = None
         with scope:
             try:
-                async for delta in self.agent.respond(request):
-                    self.machine.handle_delta(rid, delta)
-                    self._drain()
-                    await self._wait_room()
+                deltas = self.agent.respond(request)
+                try:
+                    async for delta in deltas:
+                        self.machine.handle_delta(rid, delta)
+                        self._drain()
+                        await self._wait_room()
+                finally:
+                    await close_deltas(deltas)
             except Exception as exc:  # the agent's bug fails the response, not the session
                 error = type(exc).__name__
                 log.warning("realtime agent failed on %s: %r", rid, exc)

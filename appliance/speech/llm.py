@@ -1,12 +1,14 @@
 """Who answers the assistant: an OpenAI-compatible chat endpoint, or a built-in responder.
 
-A :class:`Responder` turns the conversation so far into reply text, streamed as chunks:
-``await responder.reply(history, out)`` calls ``out(chunk)`` (synchronously: a memory
-channel's ``send_nowait``) as text arrives. Push, not an async generator: an httpx stream
-left half-read by a consumer that stops early (barge-in) leaves httpx's nested generators
-unfinalised, while cancelling ``reply`` itself ends them at the socket read.
-:func:`sentences` regroups the chunks into sentences, so the assistant can speak the first
-while the rest is still coming.
+A :class:`Responder` turns the conversation so far into reply text, streamed:
+``responder.stream(history)`` is an async generator of text pieces as they arrive, then the
+tool calls the model asked for (:class:`ToolCall`, whole); closing it early (``aclosing``)
+closes the HTTP response, so the server sees the client go. ``await responder.reply(history,
+out)`` is the push form over it (``out(chunk)`` is called synchronously, e.g. a memory
+channel's ``send_nowait``): cancelling ``reply`` lands at the socket read and unwinds every
+generator of httpx's chain. :class:`SentenceSplitter` (and :func:`sentences`, over an async
+iterator) regroups the pieces into sentences, so the assistant can speak the first while
+the rest is still coming.
 
 * :class:`ChatCompletions`: ``POST {base_url}/chat/completions`` with ``stream: true``
   (Server-Sent Events, ``data: {...}`` lines, ``data: [DONE]``), reading
@@ -25,6 +27,7 @@ import datetime as _dt
 import json
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -56,6 +59,10 @@ class Responder(Protocol):
                     tool_choice: Any = None,
                     on_tool_call: Callable[[ToolCall], None] | None = None) -> None: ...
 
+    def stream(self, history: list[Message], *, system: str | None = None,
+               tools: list[dict[str, Any]] | None = None, tool_choice: Any = None
+               ) -> AsyncGenerator[str | ToolCall, None]: ...
+
 
 SYSTEM_PROMPT = ("You are a voice assistant on a phone call. Answer in one to three short "
                  "spoken sentences, no lists, no markdown.")
@@ -77,6 +84,15 @@ class ChatCompletions:
                     system: str | None = None, tools: list[dict[str, Any]] | None = None,
                     tool_choice: Any = None,
                     on_tool_call: Callable[[ToolCall], None] | None = None) -> None:
+        await _push(self.stream(history, system=system, tools=tools, tool_choice=tool_choice),
+                    out, on_tool_call)
+
+    async def stream(self, history: list[Message], *, system: str | None = None,
+                     tools: list[dict[str, Any]] | None = None, tool_choice: Any = None
+                     ) -> AsyncGenerator[str | ToolCall, None]:
+        """The reply as it arrives: text pieces, then the tool calls (whole, at the end).
+        Closing it early (``aclose``, as ``aclosing`` does) closes the HTTP response: the
+        server sees the client go."""
         httpx = _httpx()
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         body: dict[str, Any] = {
@@ -95,28 +111,61 @@ class ChatCompletions:
                     detail = (await resp.aread())[:200]
                     raise LlmError(f"chat endpoint answered {resp.status_code}: {detail!r}")
                 done = False
-                async for line in resp.aiter_lines():  # read to the end: see the docstring
-                    if done or not line.startswith("data:"):
-                        continue  # comments, event:, id:, blank separators
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        done = True
-                        continue
-                    try:
-                        event = json.loads(data)
-                    except json.JSONDecodeError as exc:
-                        raise LlmError("chat stream sent a line that is not JSON") from exc
-                    text = _delta_text(event)
-                    if text:
-                        out(text)
-                    _tool_deltas(event, calls)
+                lines = resp.aiter_lines()
+                try:
+                    async for line in lines:
+                        if done or not line.startswith("data:"):
+                            continue  # comments, event:, id:, blank separators
+                        data = line[5:].strip()
+                        if data == "[DONE]":
+                            done = True
+                            continue
+                        try:
+                            event = json.loads(data)
+                        except json.JSONDecodeError as exc:
+                            raise LlmError("chat stream sent a line that is not JSON") from exc
+                        _tool_deltas(event, calls)
+                        text = _delta_text(event)
+                        if text:
+                            yield text
+                finally:
+                    await _unwind(resp, lines)
         except httpx.HTTPError as exc:
             raise LlmError(f"chat request to {self.url} failed: {exc!r}") from exc
         for index in sorted(calls):
             call = calls[index]
-            if call["name"] and on_tool_call is not None:
-                on_tool_call(ToolCall(call["id"] or f"call_{index}", call["name"],
-                                      call["arguments"] or "{}"))
+            if call["name"]:
+                yield ToolCall(call["id"] or f"call_{index}", call["name"],
+                               call["arguments"] or "{}")
+
+
+async def _unwind(resp: Any, lines: AsyncIterator[str]) -> None:
+    """End a response read part-way (closed at a ``yield``: barge-in, an error). Closing
+    only the outer generator would leave httpx's and httpcore's nested generators suspended,
+    finalised later by the garbage collector (trio warns); closing the response and reading
+    on makes the read fail at the socket, an exception that unwinds the whole chain now."""
+    with trio.CancelScope(shield=True) as scope:
+        scope.deadline = trio.current_time() + 5.0
+        try:
+            await resp.aclose()
+        finally:
+            while True:
+                try:
+                    await lines.__anext__()
+                except (Exception, trio.Cancelled):  # the end, the read error, the deadline
+                    break
+
+
+async def _push(stream: AsyncGenerator[str | ToolCall, None], out: Callable[[str], None],
+                on_tool_call: Callable[[ToolCall], None] | None) -> None:
+    """``reply`` over ``stream``: cancelled, the cancellation lands at the socket read and
+    unwinds every generator of the chain."""
+    async with aclosing(stream) as pieces:
+        async for piece in pieces:
+            if isinstance(piece, str):
+                out(piece)
+            elif on_tool_call is not None:
+                on_tool_call(piece)
 
 
 MAX_TOOL_CALLS = 16
@@ -196,33 +245,59 @@ class BuiltinResponder:
                     tool_choice: Any = None,
                     on_tool_call: Callable[[ToolCall], None] | None = None) -> None:
         """Answers the last user message; ``system`` and tools are ignored (no model)."""
+        await _push(self.stream(history), out, on_tool_call)
+
+    async def stream(self, history: list[Message], *, system: str | None = None,
+                     tools: list[dict[str, Any]] | None = None, tool_choice: Any = None
+                     ) -> AsyncGenerator[str | ToolCall, None]:
         heard = next((str(m.get("content") or "") for m in reversed(history)
                       if m.get("role") == "user"), "")
         await trio.lowlevel.checkpoint()
-        out(self.answer(heard))
+        yield self.answer(heard)
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
 
 
-async def sentences(chunks: AsyncIterator[str], *, min_chars: int = 12
-                    ) -> AsyncGenerator[str, None]:
-    """Regroup streamed text into sentences (a sentence shorter than ``min_chars`` waits
-    for the next, so "Hi." is not spoken alone with a pause after it)."""
-    buf = ""
-    async for chunk in chunks:
-        buf += chunk
+class SentenceSplitter:
+    """Streamed text in, whole sentences out (sans-IO: :func:`sentences` and the Realtime
+    assistant both use it). A sentence shorter than ``min_chars`` waits for the next, so
+    "Hi." is not spoken alone with a pause after it; a sentence ends at ``.!?;:`` followed
+    by white space, so the last one is known only at :meth:`finish`."""
+
+    def __init__(self, min_chars: int = 12) -> None:
+        self.min_chars = min_chars
+        self._buf = ""
+
+    def feed(self, chunk: str) -> list[str]:
+        """The sentences ``chunk`` completes (often none)."""
+        self._buf += chunk
+        out: list[str] = []
         while True:
             m = None
-            for m in _SENTENCE_END.finditer(buf):
-                if m.start() >= min_chars:
+            for m in _SENTENCE_END.finditer(self._buf):
+                if m.start() >= self.min_chars:
                     break
             else:
                 m = None
             if m is None:
-                break
-            head, buf = buf[: m.start()].strip(), buf[m.end():]
+                return out
+            head, self._buf = self._buf[: m.start()].strip(), self._buf[m.end():]
             if head:
-                yield head
-    if buf.strip():
-        yield buf.strip()
+                out.append(head)
+
+    def finish(self) -> list[str]:
+        """The text's end: what is left, as the last sentence."""
+        tail, self._buf = self._buf.strip(), ""
+        return [tail] if tail else []
+
+
+async def sentences(chunks: AsyncIterator[str], *, min_chars: int = 12
+                    ) -> AsyncGenerator[str, None]:
+    """Regroup streamed text into sentences (:class:`SentenceSplitter`)."""
+    splitter = SentenceSplitter(min_chars)
+    async for chunk in chunks:
+        for sentence in splitter.feed(chunk):
+            yield sentence
+    for sentence in splitter.finish():
+        yield sentence

@@ -22,18 +22,23 @@ truncation; this agent gives each response its content::
   ``function_call`` output item with the model's ``call_id``); the client runs it, adds a
   ``function_call_output`` item and sends ``response.create``, and the next request
   carries the output back to the LLM. The built-in responder has no tools.
-* **Speaking**: the LLM's reply is read whole, then spoken sentence by sentence (a
-  sentence's transcript delta, then its audio). Reading it whole keeps the response's
-  generator free of a background task (a generator cancelled at a ``yield`` inside a
-  nursery is unsafe in trio); the ctx voice loop (appliance/speech/assistant.py) is the
-  one that speaks while the model is still writing.
+* **Speaking**: the LLM's stream is read inside the response's generator, with no
+  background task: each time a sentence completes (:class:`~.llm.SentenceSplitter`, the
+  one the ctx voice loop uses) its transcript delta (text delta for a text response) and
+  its TTS audio are yielded, then the stream is read on, so the first sentence plays while
+  the model is still writing. Tool calls come whole at the stream's end and become
+  ``function_call`` items after the text. Cancelled (``response.cancel``, barge-in), the
+  generator is closed at its ``yield`` or cancelled at its ``await``; either way the
+  ``aclosing`` blocks close the TTS generator and the LLM stream (its HTTP response:
+  the endpoint sees the client go) at once. A stream that fails before a word was said
+  says :data:`FAILED`; after, the words stand and the rest is lost.
 """
 
 from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any, Protocol
 
@@ -48,7 +53,7 @@ from ..realtime.interface import (
     TranscriptDelta,
     UserTurn,
 )
-from .llm import SYSTEM_PROMPT, LlmError, Message, Responder, ToolCall
+from .llm import SYSTEM_PROMPT, LlmError, Message, Responder, SentenceSplitter, ToolCall
 from .stt import SttEngine, SttError
 from .tts import TtsEngine, TtsError
 
@@ -70,19 +75,6 @@ FEED_BYTES = 19_200  # 200 ms of 48 kHz PCM16 per STT feed
 MAX_REMEMBERED = 64  # transcripts kept per call (older items fall out of the context anyway)
 NOT_HEARD = "I did not catch that. Could you say it again?"
 FAILED = "Sorry, my answering service failed."
-
-
-def _sentences_of(text: str) -> list[str]:
-    import re
-
-    parts = [p.strip() for p in re.split(r"(?<=[.!?;:])\s+", text.strip())]
-    out: list[str] = []
-    for p in parts:
-        if out and len(out[-1]) < 12:
-            out[-1] = f"{out[-1]} {p}"  # "Hi." waits for the next sentence (as sentences())
-        elif p:
-            out.append(p)
-    return out
 
 
 def chat_tools(session: dict[str, Any]) -> list[dict[str, Any]]:
@@ -199,22 +191,48 @@ class AssistantRealtime:
         except SttError:
             messages = []
         last_user = next((m for m in reversed(messages) if m["role"] == "user"), None)
+        try:
+            if not answered_tool and (last_user is None or not last_user.get("content")):
+                if request.turn is None:
+                    return  # a response.create with nothing to answer: stay silent
+                async with aclosing(self._say([NOT_HEARD], audio, first=True)) as deltas:
+                    async for delta in deltas:
+                        yield delta
+                return
+            async with aclosing(self._answer(request, messages, audio)) as deltas:
+                async for delta in deltas:
+                    yield delta
+        except TtsError:
+            return  # the transcript stands; the audio of the rest is lost
+
+    async def _answer(self, request: ResponseRequest, messages: list[Message], audio: bool
+                      ) -> AsyncGenerator[Delta, None]:
+        """The LLM's stream, spoken sentence by sentence as it arrives; then its calls."""
+        s = request.session
+        splitter = SentenceSplitter()
         calls: list[ToolCall] = []
-        if not answered_tool and (last_user is None or not last_user.get("content")):
-            if request.turn is None:
-                return  # a response.create with nothing to answer: stay silent
-            reply = NOT_HEARD
-        else:
-            chunks: list[str] = []
-            s = request.session
-            try:
-                await self.engines.responder.reply(
-                    messages, chunks.append, system=request.instructions or SYSTEM_PROMPT,
-                    tools=chat_tools(s), tool_choice=chat_tool_choice(s),
-                    on_tool_call=calls.append)
-                reply = "".join(chunks).strip()
-            except LlmError:
-                reply, calls = FAILED, []  # the calls of a broken stream are not trusted
+        said = False
+        try:
+            async with aclosing(self.engines.responder.stream(
+                    messages, system=request.instructions or SYSTEM_PROMPT,
+                    tools=chat_tools(s), tool_choice=chat_tool_choice(s))) as stream:
+                async for piece in stream:
+                    if isinstance(piece, ToolCall):
+                        calls.append(piece)
+                    elif done := splitter.feed(piece):
+                        async with aclosing(self._say(done, audio, first=not said)) as deltas:
+                            async for delta in deltas:
+                                yield delta
+                        said = True
+        except LlmError:
+            if not said:  # else the words stand; the calls of a broken stream are not trusted
+                async with aclosing(self._say([FAILED], audio, first=True)) as deltas:
+                    async for delta in deltas:
+                        yield delta
+            return
+        async with aclosing(self._say(splitter.finish(), audio, first=not said)) as deltas:
+            async for delta in deltas:
+                yield delta
         for call in calls:
             try:
                 json.loads(call.arguments)
@@ -222,16 +240,17 @@ class AssistantRealtime:
             except ValueError:
                 arguments = json.dumps({"_unparsed": call.arguments})
             yield FunctionCall(call.name, arguments, call.call_id or None)
-        sentences = _sentences_of(reply)
+
+    async def _say(self, sentences: list[str], audio: bool, *, first: bool
+                   ) -> AsyncGenerator[Delta, None]:
+        """Sentences as deltas: text, or each one's transcript then its TTS audio (a space
+        before all but the response's first, so the deltas join into the reply)."""
         for n, sentence in enumerate(sentences):
-            text = sentence if n == len(sentences) - 1 else sentence + " "
+            text = sentence if first and n == 0 else " " + sentence
             if not audio:
                 yield TextDelta(text)
                 continue
             yield TranscriptDelta(text)
-            try:
-                async with aclosing(self.engines.tts.synthesize(sentence)) as frames:
-                    async for frame in frames:
-                        yield AudioDelta(frame)
-            except TtsError:
-                return  # the transcript stands; the audio of the rest is lost
+            async with aclosing(self.engines.tts.synthesize(sentence)) as frames:
+                async for frame in frames:
+                    yield AudioDelta(frame)

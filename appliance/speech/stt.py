@@ -55,7 +55,12 @@ class SttStream(Protocol):
 class SttEngine(Protocol):
     name: str
 
-    def stream(self) -> SttStream: ...
+    def stream(self, *, language: str | None = None, prompt: str | None = None
+               ) -> SttStream:
+        """One utterance's stream. ``language`` (ISO-639-1) and ``prompt`` (words to
+        expect) are hints, as Realtime's ``audio.input.transcription`` carries them; an
+        engine that cannot use them ignores them."""
+        ...
 
 
 # -- PocketSphinx ---------------------------------------------------------------------------
@@ -105,7 +110,8 @@ class PocketSphinxStt:
         """Build one decoder now (blocking), so the first call does not wait for it."""
         self.pool.give(self.pool.take())
 
-    def stream(self) -> SttStream:
+    def stream(self, *, language: str | None = None, prompt: str | None = None
+               ) -> SttStream:
         return _SphinxStream(self.pool)
 
 
@@ -210,28 +216,35 @@ class WhisperStt:
     def preload(self) -> None:
         whisper_model()
 
-    def stream(self) -> SttStream:
-        return _WhisperStream(self)
+    def stream(self, *, language: str | None = None, prompt: str | None = None
+               ) -> SttStream:
+        return _WhisperStream(self, language, prompt)
 
-    def transcribe_sync(self, pcm16: bytes) -> str:
-        """16 kHz PCM16 in, the transcript out (blocking: call it in a worker thread)."""
+    def transcribe_sync(self, pcm16: bytes, language: str | None = None,
+                        prompt: str | None = None) -> str:
+        """16 kHz PCM16 in, the transcript out (blocking: call it in a worker thread).
+        ``language`` counts only for a multilingual model (tiny.en is English);
+        ``prompt`` is Whisper's ``initial_prompt``."""
         import numpy as np
 
         model = whisper_model()
         audio = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) * (1.0 / 32768.0)
         if len(audio) < STT_RATE // 10:
             return ""
+        multilingual = bool(getattr(getattr(model, "model", None), "is_multilingual", False))
         with _whisper_lock:
             segments, _ = model.transcribe(
-                audio, language=self.language, beam_size=self.beam_size,
+                audio, language=(language if multilingual and language else self.language),
+                beam_size=self.beam_size, initial_prompt=prompt or None,
                 without_timestamps=True, condition_on_previous_text=False, vad_filter=False)
             return " ".join(seg.text.strip() for seg in segments
                             if seg.no_speech_prob < 0.8).strip()
 
 
 class _WhisperStream:
-    def __init__(self, engine: WhisperStt) -> None:
-        self._engine = engine
+    def __init__(self, engine: WhisperStt, language: str | None = None,
+                 prompt: str | None = None) -> None:
+        self._engine, self._language, self._prompt = engine, language, prompt
         self._resampler = Resampler(48_000, STT_RATE)
         self._buf = bytearray()
 
@@ -243,7 +256,8 @@ class _WhisperStream:
     async def finish(self) -> str:
         self._buf += self._resampler.flush()
         pcm, self._buf = bytes(self._buf), bytearray()
-        text: str = await trio.to_thread.run_sync(self._engine.transcribe_sync, pcm)
+        text: str = await trio.to_thread.run_sync(
+            self._engine.transcribe_sync, pcm, self._language, self._prompt)
         return text
 
     async def aclose(self) -> None:
@@ -280,16 +294,21 @@ class HttpStt:
     def __repr__(self) -> str:  # never the key
         return f"HttpStt({self.url!r}, model={self.model!r})"
 
-    def stream(self) -> SttStream:
-        return _HttpStream(self)
+    def stream(self, *, language: str | None = None, prompt: str | None = None
+               ) -> SttStream:
+        return _HttpStream(self, language, prompt)
 
-    async def transcribe(self, pcm16: bytes) -> str:
-        """One request: 16 kHz PCM16 in, the transcript out."""
+    async def transcribe(self, pcm16: bytes, language: str | None = None,
+                         prompt: str | None = None) -> str:
+        """One request: 16 kHz PCM16 in, the transcript out (``language`` and ``prompt``
+        as OpenAI's form fields)."""
         httpx = _httpx()
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         data = {"model": self.model, "response_format": "json"}
-        if self.language:
-            data["language"] = self.language
+        if language or self.language:
+            data["language"] = language or self.language or ""
+        if prompt:
+            data["prompt"] = prompt
         files = {"file": ("speech.wav", wav_bytes(pcm16, STT_RATE), "audio/wav")}
         try:
             async with httpx.AsyncClient(timeout=self.timeout) as client:
@@ -310,8 +329,9 @@ class HttpStt:
 
 
 class _HttpStream:
-    def __init__(self, engine: HttpStt) -> None:
-        self._engine = engine
+    def __init__(self, engine: HttpStt, language: str | None = None,
+                 prompt: str | None = None) -> None:
+        self._engine, self._language, self._prompt = engine, language, prompt
         self._resampler = Resampler(48_000, STT_RATE)
         self._buf = bytearray()
 
@@ -322,7 +342,7 @@ class _HttpStream:
 
     async def finish(self) -> str:
         self._buf += self._resampler.flush()
-        return await self._engine.transcribe(bytes(self._buf))
+        return await self._engine.transcribe(bytes(self._buf), self._language, self._prompt)
 
     async def aclose(self) -> None:
         self._buf.clear()

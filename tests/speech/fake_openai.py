@@ -12,7 +12,9 @@ with the SDK's client: the format is OpenAI's, not ours.
 * ``POST /v1/chat/completions`` with ``stream: true``: SSE ``data:`` chunks of the queued
   reply, a few characters each, then ``data: [DONE]``; or, when the test queued one in
   :attr:`FakeOpenAI.tool_calls`, ``delta.tool_calls`` chunks (id and name first, the
-  arguments in pieces) and ``finish_reason: "tool_calls"``.
+  arguments in pieces) and ``finish_reason: "tool_calls"``. With :attr:`FakeOpenAI.release`
+  set, the stream pauses before the reply's last chunk until the test sets it, and notes
+  the client's disconnect (``http.disconnect``) while paused.
 
 A missing or wrong ``Authorization: Bearer`` gets OpenAI's 401 error body.
 """
@@ -56,6 +58,11 @@ class FakeOpenAI:
     speech_requests: list[dict[str, Any]] = field(default_factory=list)
     chat_requests: list[dict[str, Any]] = field(default_factory=list)
     base_url: str = ""
+    # Set by a test: the chat stream stops before its last content chunk, sets ``held`` and
+    # waits for ``release`` (or the client's disconnect, which sets ``disconnected``).
+    release: trio.Event | None = None
+    held: trio.Event = field(default_factory=trio.Event)
+    disconnected: trio.Event = field(default_factory=trio.Event)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -84,7 +91,7 @@ class FakeOpenAI:
         elif path == "/v1/audio/speech":
             await self._speech(send, json.loads(body))
         elif path == "/v1/chat/completions":
-            await self._chat(send, json.loads(body))
+            await self._chat(send, receive, json.loads(body))
         else:
             await self._json(send, 404, {"error": {"message": "not found", "type": "invalid_request_error", "param": None, "code": None}})
 
@@ -128,7 +135,27 @@ class FakeOpenAI:
                         "more_body": True})
         await send({"type": "http.response.body", "body": b""})
 
-    async def _chat(self, send: Any, req: dict[str, Any]) -> None:
+    async def _hold(self, receive: Any) -> bool:
+        """Wait for :attr:`release`; False if the client went away first."""
+        assert self.release is not None
+        release = self.release
+        self.held.set()
+        gone = False
+        async with trio.open_nursery() as nursery:
+            async def watch() -> None:
+                nonlocal gone
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                gone = True
+                self.disconnected.set()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch)
+            await release.wait()
+            nursery.cancel_scope.cancel()
+        return not gone
+
+    async def _chat(self, send: Any, receive: Any, req: dict[str, Any]) -> None:
         self.chat_requests.append(req)
         calls = self.tool_calls.pop(0) if self.tool_calls else None
         reply = "" if calls else (self.replies.pop(0) if self.replies else "OK.")
@@ -145,6 +172,9 @@ class FakeOpenAI:
             deltas += [{"tool_calls": [{"index": n, "function": {"arguments": args[i : i + 5]}}]}
                        for i in range(0, len(args), 5)]
         for i, delta in enumerate(deltas):
+            if self.release is not None and pieces and i == len(pieces) and not (
+                    await self._hold(receive)):
+                return  # deltas[len(pieces)] is the last content chunk
             chunk = ChatCompletionChunk.model_validate({
                 "id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": created,
                 "model": req.get("model", "?"),

@@ -6,6 +6,8 @@ they are OpenAI's format."""
 
 from __future__ import annotations
 
+from contextlib import aclosing
+
 import numpy as np
 import openai
 import pytest
@@ -13,7 +15,7 @@ import trio
 from speech.fake_openai import KEY, fake_openai
 
 from appliance.speech.audio import band_energy_ratio, read_wav
-from appliance.speech.llm import ChatCompletions, LlmError, sentences
+from appliance.speech.llm import ChatCompletions, LlmError, SentenceSplitter, sentences
 from appliance.speech.stt import HttpStt, SttError
 from appliance.speech.tts import HttpTts, TtsError
 from appliance.speech.vad import FRAME_BYTES
@@ -57,6 +59,12 @@ async def test_http_stt_uploads_a_wav_and_reads_the_text() -> None:
         assert rate == 16_000 and abs(len(pcm) // 2 - 16_000) < 200
         assert band_energy_ratio(pcm, 16_000, 400, 600) > 0.95  # the tone, resampled
 
+        hinted = engine.stream(language="nb", prompt="Oslo, Bergen")  # the session's hints
+        await hinted.feed(tone[:9600].tobytes())
+        await hinted.finish()
+        assert srv.uploads[1].fields == {"model": "whisper-1", "response_format": "json",
+                                         "language": "nb", "prompt": "Oslo, Bergen"}
+
         bad = HttpStt(srv.base_url, api_key="sk-wrong")
         with pytest.raises(SttError, match="401"):
             await bad.transcribe(bytes(3200))
@@ -94,3 +102,86 @@ async def test_chat_completions_streams_sentences() -> None:
         assert req["messages"][1:] == [{"role": "user", "content": "time?"}]
         with pytest.raises(LlmError, match="401"):
             await ChatCompletions(srv.base_url).reply([], print)
+
+
+def test_sentence_splitter_gives_sentences_as_they_complete() -> None:
+    """One splitter for both assistants: a sentence comes out when the text after its end
+    mark arrives, a short one waits for the next, the last one at finish()."""
+    splitter = SentenceSplitter()
+    assert splitter.feed("Hi. I am a") == []  # "Hi." is too short to go alone
+    assert splitter.feed(" voice assistant.") == []  # its end needs the white space after
+    assert splitter.feed(" What now?") == ["Hi. I am a voice assistant."]
+    assert splitter.feed(" Bye for now.") == []  # "What now?" is short: it waits too
+    assert splitter.feed(" See you") == ["What now? Bye for now."]
+    assert splitter.finish() == ["See you"]
+    assert splitter.finish() == []
+
+
+async def test_chat_stream_closed_early_closes_the_request() -> None:
+    """The pull form: text pieces as they arrive; closed part-way, the server sees the
+    client go (and httpx's generator chain ends now: trio would warn otherwise)."""
+    async with fake_openai() as srv:
+        srv.replies.append("One sentence here. Another sentence there. The last one.")
+        srv.release = trio.Event()  # never set
+        llm = ChatCompletions(srv.base_url, api_key=KEY)
+        got = ""
+        with trio.fail_after(30):
+            async with aclosing(llm.stream([{"role": "user", "content": "go"}])) as stream:
+                async for piece in stream:
+                    assert isinstance(piece, str)
+                    got += piece
+                    if "there." in got:
+                        break
+            await srv.disconnected.wait()
+        assert got.startswith("One sentence here. Another sentence there.")
+
+
+async def test_transcription_passes_the_sessions_language_and_prompt(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``audio.input.transcription.language`` / ``.prompt`` reach the engine's stream (bad
+    values are dropped, a long prompt is cut)."""
+    from appliance.realtime import transcription
+    from appliance.realtime.interface import UserTurn
+    from appliance.realtime.machine import Transcribe
+
+    asked: list[dict[str, object]] = []
+
+    class Stream:
+        async def feed(self, pcm: bytes) -> None:
+            return None
+
+        async def finish(self) -> str:
+            return "hei"
+
+        async def aclose(self) -> None:
+            pass
+
+    class Engine:
+        name = "recording"
+
+        def stream(self, **kw: object) -> Stream:
+            asked.append(kw)
+            return Stream()
+
+    class Machine:
+        def __init__(self) -> None:
+            self.texts: list[str] = []
+
+        def handle_transcript_delta(self, item_id: str, text: str) -> None:
+            pass
+
+        def handle_transcript(self, item_id: str, text: str) -> None:
+            self.texts.append(text)
+
+    monkeypatch.setattr(transcription, "engine_for", lambda model, env=None: Engine())
+    machine = Machine()
+    turn = UserTurn("item_1", bytes(9600))
+    for config in ({"model": "whisper-1", "language": "nb", "prompt": "Oslo"},
+                   {"language": "no; rm -rf", "prompt": 7},
+                   {"prompt": "x" * 5000}):
+        await transcription.transcribe_item(Transcribe("item_1", turn, config), object(),
+                                            machine, lambda: None)  # type: ignore[arg-type]
+    assert machine.texts == ["hei", "hei", "hei"]
+    assert asked[0] == {"language": "nb", "prompt": "Oslo"}
+    assert asked[1] == {"language": None, "prompt": None}
+    assert asked[2] == {"language": None, "prompt": "x" * transcription.MAX_PROMPT}

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from openai.types.realtime import (
     ConversationItemInputAudioTranscriptionCompletedEvent,
     ConversationItemInputAudioTranscriptionDeltaEvent,
@@ -380,3 +381,146 @@ async def test_assistant_on_the_oai_events_channel_of_a_call() -> None:
     assert said.startswith("It is ")
     assert any(e["type"] == "output_audio_buffer.started" for e in evs)
     assert audio_out > 0 or host.has_output()
+
+
+# -- the assistant speaks the LLM's stream as it arrives ---------------------------------
+
+STREAMED = "The first sentence is here. The second one follows now. And the third ends it."
+
+
+async def _streaming_agent(api: Any, monkeypatch: pytest.MonkeyPatch, tts: Any = None) -> Any:
+    from appliance.speech.realtime_assistant import AssistantRealtime
+
+    monkeypatch.setenv("APPLIANCE_LLM_KEY", KEY)
+    engines = engines_for(AssistantOptions.from_spec(f"assistant?llm={api.base_url}&model=m1"))
+    if tts is not None:
+        engines = type(engines)(engines.stt, tts, engines.responder)
+    return AssistantRealtime(engines)
+
+
+async def _ask(sock: Socket) -> None:
+    await sock.send(type="conversation.item.create", item={
+        "type": "message", "role": "user",
+        "content": [{"type": "input_text", "text": "tell me three things"}]})
+    await sock.send(type="response.create")
+
+
+async def test_assistant_speaks_the_first_sentence_before_the_llm_has_finished(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake holds its last chunk until the test has seen the first sentence's audio:
+    an assistant that read the whole reply before speaking would never get there."""
+    async with fake_openai() as api:
+        agent = await _streaming_agent(api, monkeypatch)
+        api.replies.append(STREAMED)
+        api.release = trio.Event()
+        sock = Socket(agent)
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(sock.run)
+                await _ask(sock)
+                await sock.until(lambda: bool(sock.of("response.output_audio.delta")))
+                assert api.held.is_set()  # the last chunk is still upstream
+                heard_so_far = "".join(
+                    e["delta"] for e in sock.of("response.output_audio_transcript.delta"))
+                assert heard_so_far == "The first sentence is here."
+                api.release.set()
+                await sock.until(lambda: bool(sock.of("response.done")))
+                nursery.cancel_scope.cancel()
+    [done] = sock.of("response.done")
+    assert done["response"]["status"] == "completed"
+    said = "".join(e["delta"] for e in sock.of("response.output_audio_transcript.delta"))
+    assert said == STREAMED
+    assert len(sock.of("response.output_audio_transcript.delta")) == 3  # one per sentence
+    kinds = [e["type"] for e in sock.events if e["type"] in (
+        "response.output_audio_transcript.delta", "response.output_audio.delta")]
+    # each sentence's transcript comes before its audio, and audio follows each one
+    starts = [i for i, k in enumerate(kinds) if k == "response.output_audio_transcript.delta"]
+    assert starts[0] == 0 and all(kinds[i + 1] == "response.output_audio.delta" for i in starts)
+
+
+class EndlessTts:
+    """A TTS that speaks until it is closed, and says when it was."""
+
+    name = "endless"
+
+    def __init__(self) -> None:
+        self.started = trio.Event()
+        self.closed = trio.Event()
+
+    async def synthesize(self, text: str) -> Any:
+        self.started.set()
+        try:
+            while True:
+                await trio.lowlevel.checkpoint()
+                yield b"\x10\x00" * 960  # 20 ms at 48 kHz
+        finally:
+            self.closed.set()
+
+
+async def test_cancel_mid_reply_stops_the_speech_and_closes_the_llm_request(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    async with fake_openai() as api:
+        tts = EndlessTts()
+        agent = await _streaming_agent(api, monkeypatch, tts)
+        api.replies.append(STREAMED)
+        api.release = trio.Event()  # never set: the reply is cut while the LLM still writes
+        sock = Socket(agent)
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(sock.run)
+                await _ask(sock)
+                await sock.until(lambda: bool(sock.of("response.output_audio.delta")))
+                await api.held.wait()  # the fake paused before its last chunk
+                assert not tts.closed.is_set()
+                await sock.send(type="response.cancel")
+                await tts.closed.wait()  # the speech stopped
+                await api.disconnected.wait()  # the upstream request was closed
+                await sock.until(lambda: bool(sock.of("response.done")))
+                nursery.cancel_scope.cancel()
+    [done] = sock.of("response.done")
+    assert done["response"]["status"] == "cancelled"
+    said = "".join(e["delta"] for e in sock.of("response.output_audio_transcript.delta"))
+    assert said == "The first sentence is here."
+
+
+async def test_cancel_while_the_shell_waits_closes_the_parked_generator(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The common barge-in: the shell is waiting for room to send (the generator parked at
+    a ``yield``) when the cancel comes. The shell closes the generator at once: the TTS
+    stops and the LLM request closes now (left to the garbage collector, trio would warn,
+    which fails this test)."""
+    from appliance.realtime.ws_session import RealtimeSocketSession
+
+    async with fake_openai() as api:
+        tts = EndlessTts()
+        agent = await _streaming_agent(api, monkeypatch, tts)
+        api.replies.append(STREAMED)
+        api.release = trio.Event()
+        sock = Socket(agent)
+        sock.session = RealtimeSocketSession(agent, queue_limit=64)
+        gate: list[trio.Event] = []
+        send = sock._send
+
+        async def gated(text: str) -> None:
+            if gate:
+                await gate[0].wait()
+            await send(text)
+
+        sock._send = gated  # type: ignore[method-assign]
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(sock.run)
+                await _ask(sock)
+                await sock.until(lambda: bool(sock.of("response.output_audio.delta")))
+                await api.held.wait()
+                gate.append(trio.Event())  # the reader stops reading: the queue fills
+                await trio.testing.wait_all_tasks_blocked()  # the response waits for room
+                assert not tts.closed.is_set()
+                await sock.send(type="response.cancel")
+                await tts.closed.wait()
+                await api.disconnected.wait()
+                gate[0].set()
+                await sock.until(lambda: bool(sock.of("response.done")))
+                nursery.cancel_scope.cancel()
+    [done] = sock.of("response.done")
+    assert done["response"]["status"] == "cancelled"
