@@ -16,6 +16,7 @@ thread the harness starts and joins (see the harness docstring).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -135,9 +136,17 @@ def start_call(page: Page, harness: ChromiumHarness) -> str:
     return state
 
 
-def stats(page: Page) -> dict[str, Any]:
-    result: dict[str, Any] = page.evaluate("window.stats()")
-    return result
+def ready(st: dict[str, Any]) -> bool:
+    """Chromium's stats show media in, a nominated pair whose check succeeded, and the
+    candidates and certificates the asserts read."""
+    pair = st.get("pair")
+    inbound = st.get("inbound")
+    return (inbound is not None and inbound.get("packetsReceived", 0) > 0
+            and pair is not None and bool(pair.get("nominated"))
+            and pair.get("state") == "succeeded" and st.get("transport") is not None
+            and st.get("remoteCandidate") is not None
+            and st.get("localCertificate") is not None
+            and st.get("remoteCertificate") is not None)
 
 
 def diagnostics(page: Page, harness: ChromiumHarness) -> str:
@@ -179,13 +188,16 @@ def connect_and_check(
         lambda s: s.rtp_decrypted > 0 and s.rtp_echoed > 0 and s.nominated is not None,
         TIMEOUT_S,
     ), diagnostics(page, harness)
-    page.wait_for_function(
-        "async () => { const s = await window.stats();"
-        " return s.inbound !== null && s.inbound.packetsReceived > 0"
-        " && s.pair !== null && s.pair.nominated && s.pair.state === 'succeeded'; }",
-        polling=100,
-    )
-    st = stats(page)
+    # The asserts below read the very snapshot that met the condition. (Polled from here:
+    # an async predicate given to page.wait_for_function is a Promise, truthy at once, so
+    # that wait never waited, and a later getStats() could catch Chromium between pairs.)
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        st: dict[str, Any] = page.evaluate("window.stats()")
+        if ready(st):
+            break
+        assert time.monotonic() < deadline, st
+        page.wait_for_timeout(100)  # a poll interval: the condition is checked, not assumed
     transport = st["transport"]
     assert transport["dtlsState"] == "connected"
     assert transport["tlsVersion"] == TLS_VERSION[version], transport
@@ -196,11 +208,8 @@ def connect_and_check(
 
     # The selected pair ends at our socket and was nominated by Chromium (we are ICE-lite).
     pair = st["pair"]
-    # A check on the selected pair succeeded (waited for above); Chromium shows the pair
-    # "in-progress" again while its next check (consent, RFC 7675) is outstanding, which a
-    # later getStats() can catch — seen in 2 of 14 cases on a quiet box, 2 of 12 on the base
-    # tree under load. Both spellings are a working, nominated pair.
-    assert pair is not None and pair["state"] in ("succeeded", "in-progress"), pair
+    # The snapshot that met the condition: a nominated pair whose check succeeded.
+    assert pair is not None and pair["state"] == "succeeded", pair
     assert pair["nominated"], pair
     assert (st["remoteCandidate"]["address"], st["remoteCandidate"]["port"]) == (
         "127.0.0.1",
