@@ -2,8 +2,11 @@
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
-# Two workers; the heavy directories run in one of them, one test at a time (tests/conftest.py).
-PYTEST_ARGS ?= -n 2 --dist loadgroup
+# One process by default. `make test PYTEST_ARGS="-n 2 --dist loadgroup"` runs two xdist
+# workers (the heavy directories in one of them, tests/conftest.py); not the default yet:
+# with one core's worth of unit tests beside them, the appliances under test read the busy
+# core as lost headroom and refuse calls (503 overloaded) (issue 33).
+PYTEST_ARGS ?=
 
 .PHONY: up test test-stress flakes lint typecheck unit sysdeps realtime-client venv install install-test bench fuzz screenshots clean
 
