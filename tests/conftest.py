@@ -36,12 +36,11 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [f"peer {name}: {version}" for name, version in peer_versions().items()]
 
 
-# Issue 33 item 4: `make test` runs two pytest-xdist workers (`--dist loadgroup`). These
-# directories start whole appliances, Chromium, SIP peers or netns hosts and some assert
-# time-dependent properties against a baseline measured in the same test; they all run in one
-# worker, one at a time, so two of them never compete for the two cores. The other worker
-# takes the unit tests (sans-IO cores, parsers, fuzzing), which do not care what runs beside
-# them. Without xdist (`pytest` by hand) the mark does nothing.
+# Issue 33 item 4: with `PYTEST_ARGS="-n 2 --dist loadgroup"` (pytest-xdist; not the default,
+# see the Makefile) these directories, which start whole appliances, Chromium, SIP peers or
+# netns hosts and assert time-dependent properties against a baseline measured in the same
+# test, all run in one worker, one at a time, so two of them never compete for the two cores;
+# the other worker takes the unit tests. Without xdist the mark does nothing.
 SERIAL_DIRS = frozenset({"browser", "interop", "e2e", "reliability", "multihost", "security",
                          "sip", "bench", "examples", "integrations", "supervisor", "loadgen",
                          "deploy"})
