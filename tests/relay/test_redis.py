@@ -88,12 +88,18 @@ async def test_an_unreachable_redis_is_retried_with_backoff_and_refilled(
         core.handle_datagram(0.0, ("203.0.113.9", 4000 + i), check(ufrag()), ("127.0.0.1", 1))
     dead = redis_client("redis://127.0.0.1:1/0")  # nothing listens on port 1
     cache = RedisFlowCache(core, dead, 0, 30.0, backoff_initial=0.2, backoff_max=0.4)
+    # How long the first four tries take: with backoff (0.2 s, then 0.4 s capped) at least
+    # 0.2 + 0.4 + 0.4 s; without it, one try per write tick (50 ms), four in 0.15 s. A lower
+    # bound on elapsed time, so a slow machine can only make it pass by a wider margin.
     async with trio.open_nursery() as nursery:
+        t0 = trio.current_time()
         nursery.start_soon(cache.writer)
-        await trio.sleep(1.5)  # the time under test: how often it retries in 1.5 s
+        with trio.fail_after(30):  # a hang guard, not a figure
+            while core.counters.redis_errors < 4:  # noqa: ASYNC110 - bounded polling
+                await trio.sleep(0.01)
+        elapsed = trio.current_time() - t0
         nursery.cancel_scope.cancel()
-    errors = core.counters.redis_errors
-    assert 2 <= errors <= 6, errors  # 30 write ticks, a handful of tries (0.2, 0.4, 0.4 ...)
+    assert elapsed >= 0.2 + 0.4 + 0.4 - 0.05, elapsed
     assert not cache.up and not cache.available
     assert sum("carrying on without it" in r.message for r in caplog.records) == 1
     # Redis is back (a real one): the PING succeeds and every flow is written at once.

@@ -204,7 +204,12 @@ async def test_rolling_restart_with_redis_both_steps_resume_without_stun(
         stun_before = {c.sid: len(c.stun_sent) for c in calls}
         recovered = []
         for index in (0, 1):
-            await trio.sleep(4.5)  # > flow timeout: stale flows expire, only Redis remains
+            # Stale flows (a worker's flows for clients the last step moved away from it)
+            # expire first, so the next step's worker has only Redis to go by: one flow per
+            # call left across the workers.
+            with trio.fail_after(30):  # a hang guard: the flow timeout is 4 s
+                while (await stack.relay_stats())["flows"] > N_CALLS:  # noqa: ASYNC110
+                    await trio.sleep(0.1)  # the poll interval of a bounded wait
             other = (await stack.relay_stats())["workers"][1 - index]
             before = other["counters"]["flows_recovered"]  # the restarted one starts at 0
             t0 = trio.current_time()

@@ -40,9 +40,15 @@ from appliance.signaling.state import is_loopback
 
 pytestmark = pytest.mark.slow
 
-DEADLINE = 1.0  # seconds: every hostile request is answered within this
 PROBLEM = "application/problem+json"
 KEEP_ALIVE = 5.0  # hypercorn's keep_alive_timeout: a request whose headers never end
+#: Seconds within which every hostile request is answered (and a valid one beside an attack).
+#: What it tells apart: an answer given at once (milliseconds, tens of them on a loaded box)
+#: from one that waited for a server timeout (keep-alive 5 s, body 10 s) or for a body it
+#: should never have read. Half the shortest timeout separates the two with the margin a
+#: busy machine needs; 1 s did not always (issue 33: no wall-clock bound tighter than the
+#: property under test).
+DEADLINE = KEEP_ALIVE / 2
 BODY_TIMEOUT = SignalingConfig().body_timeout
 CORPUS = build()
 
@@ -338,7 +344,8 @@ async def test_body_timeout_is_the_configured_one(nursery: trio.Nursery, tmp_pat
     with trio.fail_after(5):
         await stalled_upload(served.base, results)
     elapsed, got = results[0]
-    assert got.startswith(b"HTTP/1.1 408") and elapsed < 2, (elapsed, got[:200])
+    # Far under Quart's 60 s: the configured 0.5 s plus at most DEADLINE of answering.
+    assert got.startswith(b"HTTP/1.1 408") and elapsed < 0.5 + DEADLINE, (elapsed, got[:200])
 
 
 # -- oversized bodies ------------------------------------------------------------------------------
