@@ -1,43 +1,65 @@
-"""Sessions per core: the appliance (passthrough and PCM agent) and aiortc, in one run.
+"""Sessions per core and admission under overload: the appliance and aiortc, in one run.
 
-For each server the load generator (``python -m appliance.loadgen``, its own process) opens
-N real WebRTC voice sessions, ramping at ``--rate``, and holds them all for ``--steady`` s.
-N climbs a ladder (doubling) until a step fails, then bisects. A step passes when
+One command prints the whole table (issue 32 items 2-3); the lead runs it on a quiet box:
 
-* no session failed, end-to-end loss < 1 %, and
-* p99 echo round trip − the baseline p50 (the same server at N = 1) ≤ 20 ms
-  ("round trip added by the server under load").
+    .venv/bin/python bench/capacity.py --placement a,b,c --pattern continuous,conversational \
+        --ramps 5,15,25 --overload 1.5,2.5 --json /tmp/capacity.json
+    .venv/bin/python bench/capacity.py --quick --servers pcm --placement b   # validation
 
-Server CPU is read from /proc (utime + stime of the server process and its children) over
-the steady window only, when all N sessions are up; resident memory per session is the RSS
-growth from idle to N sessions, divided by N. The appliance runs with one transceiver
-(``appliance up --transceivers 1``), so its figure is what *one transceiver core* carries;
-the aiortc server is one asyncio process, likewise one core.
+**Placements** (``--placement``, a comma list; CPU numbers of a 2-CPU box, see
+:func:`affinity_plan`):
 
-    .venv/bin/python bench/capacity.py                       # all three servers
-    .venv/bin/python bench/capacity.py --servers aiortc --max 64 --json out.json
+* ``a`` the transceiver alone on a core: the transceiver process on CPU 0; relay, signaling,
+  the supervisor, the load generator and this script on CPU 1;
+* ``b`` the whole ``appliance up`` (supervisor, signaling, relay, transceiver) on CPU 0, the
+  load generator on CPU 1: a user's one-core VM;
+* ``c`` the default ``appliance up`` (its default transceiver count) unpinned on both CPUs,
+  with a busy-loop process pinned on CPU 0 for the whole placement, the load generator
+  unpinned: a box with a noisy neighbour.
+
+aiortc's echo server (one asyncio process) is on CPU 0 for a and b (the same plan, so it is
+measured once and quoted for both) and is not run in c. The appliance runs with one
+transceiver in a and b (``appliance up --transceivers 1``), so its figure is what one core
+carries. **Sessions per core** are reported for a and b as ``N passing / CPU at N`` of the
+measured core (the transceiver in a, the whole tree in b), and as a ratio to aiortc's
+measured in the same run, by N and by CPU.
+
+**Finding what fits**: for each server the load generator (``python -m appliance.loadgen``,
+its own process) opens N real WebRTC voice sessions, ramping at ``--rate``, and holds them
+all for ``--steady`` s. N climbs a ladder (doubling) until a step fails, then bisects. A step
+passes when no session failed, end-to-end loss < 1 %, and p99 echo round trip − the baseline
+p50 (the same server at N = 1) ≤ ``--max-added`` ms. CPU is read from /proc (utime + stime)
+over the steady window only; resident memory per session is the RSS growth from idle to N.
+
+**Patterns** (``--pattern``, a comma list): ``continuous`` is the all-echo worst case (a tone
+with a 100 ms gap every second, both directions busy all the time); ``conversational`` is a
+conversation's duty cycle, caller 40 %, agent 40 %, both silent 20 %: against an echo the
+caller talks 40 % of a ``--cycle`` and then listens, so each direction carries speech 40 % of
+the time, as in the conversation (``appliance.loadgen.media.conversational_frames``). Its
+steady window is rounded up to whole cycles.
+
+**Overload** (``--overload 1.5,2.5`` x ``--ramps 5,15,25``): after the fit (continuous, the
+first pattern listed), each appliance server is offered F x what fitted at each ramp rate,
+and every (placement, server, ramp, F) row is judged (:func:`judge_overload`): every admitted
+call < 1 % loss (its worst session) and no delay growth (p99 RTT − the fit step's p99 ≤
+``--max-growth`` ms), at least 85 % of the calls that fit admitted, refusals 503 with p99
+latency < 50 ms and ``Retry-After``. The load generator does not see response headers, so
+``Retry-After`` is checked by probes: once the ramp is over, the script POSTs a few offers
+that are not SDP; admission decides before the offer is read, so a saturated appliance
+answers 503 (checked for ``Retry-After``) and one with room answers 4xx (no call made).
+aiortc has no admission and gets no overload rows.
 
 On a small machine the load generator competes with the server for CPU: its own CPU share is
 printed for every step, and a step where it exceeds ``--loadgen-limit`` of a core is marked
-"LG" (the figure then says more about the load generator than the server).
-
-For the appliance each step also reads the transceiver's own headroom figures from
-``/metrics`` at the end of its steady window (issue 23): ``busy`` (its CPU share, the
-admission signal), the worst loop lag of its last window, the Opus complexity its calls run
-at, and what signaling would still admit. **Overload** (``--overload 2.5``): after the
-ladder (or at ``--fits N`` without one), each server is offered that many times what fitted;
-reported are the calls admitted and their loss and round trip against the step that fitted
-(``Δp99``), and the refused calls' 503 latency. aiortc admits everything, so its row shows
-what happens without admission.
-
-    .venv/bin/python bench/capacity.py --servers aiortc,pcm --overload 2.5
-    .venv/bin/python bench/capacity.py --servers pcm --fits 60 --overload 2.5   # no ladder
+"LG" (the figure then says more about the load generator than the server). For the appliance
+each step also reads the transceivers' headroom gauges from ``/metrics`` (issue 23).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import re
@@ -49,8 +71,8 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +82,7 @@ REPO = HERE.parent
 PY = sys.executable
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
+ALL_CPUS = frozenset(os.sched_getaffinity(0))  # what this script may use, as started
 
 # How each appliance mode is asked for. Passthrough is an agent choice in `appliance up`;
 # override with --up-args-* if the flag lands under another name.
@@ -178,14 +201,16 @@ def appliance_up_available() -> bool:
 
 @contextmanager
 def start_appliance(mode: str, extra: list[str] | None = None, *,
-                    transceivers: int = 1) -> Iterator[Server]:
-    """``python -m appliance up`` on loopback with its own state directory."""
+                    transceivers: int | None = 1) -> Iterator[Server]:
+    """``python -m appliance up`` on loopback with its own state directory
+    (``transceivers=None``: up's default count)."""
     http = free_port()
     state = tempfile.mkdtemp(prefix="capacity-")
     # --udp port 0: `up` picks one free for UDP and TCP alike (ICE-TCP shares the number).
     args = [PY, "-m", "appliance", "up", "--http", f"127.0.0.1:{http}",
             "--udp", "127.0.0.1:0", "--public-address", "127.0.0.1", "--state-dir", state,
-            "--transceivers", str(transceivers), *(extra or [])]
+            *([] if transceivers is None else ["--transceivers", str(transceivers)]),
+            *(extra or [])]
     log = open(Path(state) / "appliance.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -216,6 +241,166 @@ def start_aiortc() -> Iterator[Server]:
             proc.stdout.close()
 
 
+# -- the pure parts: placement -> affinity, steady window, judging ------------------------
+
+PLACEMENTS = ("a", "b", "c")
+PATTERNS = ("continuous", "conversational")
+HOG_CPU = 0  # placement c: the busy loop's core
+
+
+@dataclass(frozen=True, slots=True)
+class Affinity:
+    """Where each process of one server's measurement runs; ``None`` = unpinned (every
+    CPU this script may use). ``measured`` is the server's core process (the transceiver, or
+    the aiortc process); ``rest`` the rest of its tree (supervisor, signaling, relay)."""
+
+    measured: frozenset[int] | None
+    rest: frozenset[int] | None
+    loadgen: frozenset[int] | None  # the load generator, and this script
+    hog: frozenset[int] | None  # a busy loop for the whole placement (c)
+    core: str  # whose CPU is "the core": "transceiver" (the measured process) or "tree"
+    per_core: bool  # sessions per core means something: the server has one core to itself
+    transceivers: int | None  # `appliance up --transceivers`; None = up's default
+
+
+def affinity_plan(placement: str, server: str, ncpu: int) -> Affinity | None:
+    """The CPUs for ``server`` ("aiortc" or "appliance") in ``placement``; None when that
+    server is not measured there (aiortc in c: it has no admission and no core of its own)."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, not {placement!r}")
+    if server not in ("aiortc", "appliance"):
+        raise ValueError(f"server must be aiortc or appliance, not {server!r}")
+    if ncpu < 2:
+        raise ValueError(f"placements need two CPUs (0 and 1); this script may use {ncpu}")
+    zero, one = frozenset({0}), frozenset({1})
+    if server == "aiortc":
+        # One process: on CPU 0 for a and b alike (the same plan, measured once).
+        return None if placement == "c" else Affinity(zero, zero, one, None, "tree", True, None)
+    if placement == "a":
+        return Affinity(zero, one, one, None, "transceiver", True, 1)
+    if placement == "b":
+        return Affinity(zero, zero, one, None, "tree", True, 1)
+    return Affinity(None, None, None, frozenset({HOG_CPU}), "tree", False, None)
+
+
+def steady_for(pattern: str, steady: float, cycle: float) -> float:
+    """The steady window: for ``conversational``, rounded up to whole talk-listen cycles so
+    the CPU figure averages over whole cycles, not a talking or a silent stretch."""
+    if pattern == "conversational":
+        return cycle * math.ceil(steady / cycle - 1e-9)
+    return steady
+
+
+@dataclass(frozen=True, slots=True)
+class Criteria:
+    """Issue 32 item 2's acceptance of one overload row."""
+
+    max_loss: float = 0.01  # every admitted call: loss below this
+    max_growth_ms: float = 20.0  # p99 RTT over the fit step's p99 ("no delay growth")
+    min_admitted: float = 0.85  # of the calls that fit
+    refused_p99_ms: float = 50.0  # the 503s' latency
+    loadgen_limit: float = 0.9  # load generator cores above which the row is not trusted
+
+
+def judge_overload(row: dict[str, Any], c: Criteria) -> list[str]:
+    """Why ``row`` (an :func:`overload_row`) fails; empty = PASS. A criterion that could not
+    be checked (no RTT, no probe refused) fails too: nothing unverified passes."""
+    why: list[str] = []
+    if not row["fit_passed"]:  # then "no growth against the fit" compares with a failure
+        why.append(f"the fit step (N = {row['fits']}) failed")
+    if row["failed_admitted"]:
+        why.append(f"{row['failed_admitted']} admitted failed")
+    if row["completed"]:
+        worst = row["loss_worst_session"]
+        if worst is None or worst >= c.max_loss:
+            why.append(f"worst loss {100 * (1.0 if worst is None else worst):.2f} %")
+        growth = row["rtt_p99_growth_vs_fit_ms"]
+        if growth is None:
+            why.append("no RTT")
+        elif growth > c.max_growth_ms:
+            why.append(f"p99 +{growth:.0f} ms vs fit")
+    need = math.ceil(c.min_admitted * row["fits"] - 1e-9)
+    if row["admitted"] < need:
+        why.append(f"admitted {row['admitted']} < {need}")
+    if row["refused"]:
+        p99 = row["refused_p99_ms"]
+        if p99 is None or p99 >= c.refused_p99_ms:
+            why.append(f"503 p99 {'-' if p99 is None else f'{p99:.0f}'} ms")
+        probes = row["probes"]
+        refused = [pr for pr in probes if pr["status"] == 503]
+        if not refused:
+            why.append("Retry-After unchecked (no probe refused)")
+        elif any(not pr["retry_after"] for pr in refused):
+            why.append("503 without Retry-After")
+    if row["loadgen_cpu"] > c.loadgen_limit:
+        why.append("LG")
+    return why
+
+
+def overload_row(summary: dict[str, Any], *, fits: int, fit_rtt_p99: float | None,
+                 probes: list[dict[str, Any]], loadgen_cpu: float,
+                 fit_passed: bool = True) -> dict[str, Any]:
+    """One overload step's figures from the load generator's summary. Admitted = offered −
+    refused with 503 (a call that got past admission); of those, ``completed`` ran clean.
+    ``fit_passed``: the step at ``fits`` met its own criteria (``--fits N`` may not)."""
+    refused = summary.get("refused", 0)
+    admitted = summary["requested"] - refused
+    p99 = summary["rtt_p99_ms"]
+    return {
+        "offered": summary["requested"], "fits": fits, "fit_passed": fit_passed,
+        "admitted": admitted,
+        "completed": summary["completed"], "failed_admitted": admitted - summary["completed"],
+        "refused": refused, "loss": summary["loss"],
+        "loss_worst_session": summary["loss_worst_session"], "rtt_p99_ms": p99,
+        "fit_rtt_p99_ms": fit_rtt_p99,
+        "rtt_p99_growth_vs_fit_ms": None if p99 is None or fit_rtt_p99 is None
+        else p99 - fit_rtt_p99,
+        "refused_p50_ms": summary.get("refused_p50_ms"),
+        "refused_p99_ms": summary.get("refused_p99_ms"),
+        "refused_codes": summary.get("refused_codes"), "probes": probes,
+        "loadgen_cpu": loadgen_cpu,
+    }
+
+
+def parse_list(text: str, kind: type[float] | type[str] = str) -> list[Any]:
+    """A comma list from the command line ("5,15,25")."""
+    return [kind(x.strip()) for x in text.split(",") if x.strip()]
+
+
+# -- placing processes ---------------------------------------------------------------
+
+
+def _cpus(cpus: frozenset[int] | None) -> str:
+    """taskset's list; unpinned is every CPU this script started with."""
+    return ",".join(str(c) for c in sorted(cpus if cpus is not None else ALL_CPUS))
+
+
+def apply_affinity(server: Server, plan: Affinity) -> None:
+    """Pin the server's tree by ``plan``, every thread (``taskset -a``). Run before each
+    step: a child the supervisor restarted inherits the supervisor's CPUs, not its own."""
+    core = set(server.core_pids())
+    for pid in server.pids():
+        subprocess.run(["taskset", "-a", "-p", "-c",
+                        _cpus(plan.measured if pid in core else plan.rest), str(pid)],
+                       capture_output=True, check=False)
+
+
+@contextmanager
+def cpu_hog(cpus: frozenset[int] | None) -> Iterator[subprocess.Popen[Any] | None]:
+    """A busy loop pinned on ``cpus`` while the block runs (placement c's neighbour)."""
+    if cpus is None:
+        yield None
+        return
+    pinned = set(cpus)
+    proc = subprocess.Popen([PY, "-c", "while True: pass"],
+                            preexec_fn=lambda: os.sched_setaffinity(0, pinned))  # noqa: PLW1509
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 # -- one step ------------------------------------------------------------------------
 
 
@@ -235,33 +420,81 @@ def run_loadgen(url: str, n: int, *, rate: float, duration: float, agent: str | 
 class Step:
     n: int
     summary: dict[str, Any]
-    server_cpu: float  # cores (1.0 = one core busy) over the steady window, measured process
+    server_cpu: float  # cores (1.0 = one core busy) over the steady window: "the core"
     server_cpu_all: float  # the same for the whole process tree
     rss_per_session: float  # bytes
     us_per_packet: float | None
     loadgen_cpu: float  # cores, whole run
     headroom: dict[str, float] = field(default_factory=dict)  # the appliance's /metrics
+    probes: list[dict[str, Any]] = field(default_factory=list)  # overload: POSTs not SDP
     passed: bool = False
     why: list[str] = field(default_factory=list)
 
 
-def measure(server: Server, n: int, *, rate: float, steady: float,
-            agent: str | None = None) -> Step:
+@dataclass
+class Run:
+    """What every step of one (placement, server, pattern) shares."""
+
+    server: Server
+    plan: Affinity
+    pattern: str
+    args: argparse.Namespace
+
+    def loadgen_args(self) -> list[str]:
+        if self.pattern == "conversational":
+            return ["--pattern", "conversational", "--cycle", str(self.args.cycle)]
+        return []
+
+    def steady(self, steady: float) -> float:
+        return steady_for(self.pattern, steady, self.args.cycle)
+
+    def core_pids(self) -> list[int]:
+        """The processes whose CPU (and memory) is "the core" in this placement."""
+        return self.server.core_pids() if self.plan.core == "transceiver" else self.server.pids()
+
+
+def probe(url: str) -> dict[str, Any]:
+    """POST an offer that is not SDP: a saturated appliance refuses it (503) before it reads
+    the offer; one with room passes it on and the transceiver rejects it (4xx, no call)."""
+    req = urllib.request.Request(url + "/v1/sessions", data=b"v=0\r\n", method="POST",
+                                 headers={"Content-Type": "application/sdp"})
+    t = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            status, headers = r.status, r.headers
+    except urllib.error.HTTPError as exc:
+        status, headers = exc.code, exc.headers
+    except OSError as exc:
+        return {"status": None, "retry_after": None, "ms": None, "error": str(exc)}
+    return {"status": status, "retry_after": headers.get("Retry-After"),
+            "ms": round(1000 * (time.monotonic() - t), 1)}
+
+
+def measure(run: Run, n: int, *, rate: float, steady: float, probes: int = 0) -> Step:
+    server = run.server
+    apply_affinity(server, run.plan)
+    steady = run.steady(steady)
     ramp = n / rate
     duration = ramp + steady + 1.0
-    rss_idle = rss_bytes(server.core_pids())
-    t0, proc = run_loadgen(server.url, n, rate=rate, duration=duration, agent=agent)
+    rss_idle = rss_bytes(run.core_pids())
+    t0, proc = run_loadgen(server.url, n, rate=rate, duration=duration,
+                           extra=run.loadgen_args())
     # The steady window: every session is connected (ramp + 1 s of setup slack) and none has
     # stopped (the first session stops at ~duration after its own connection).
     win_start, win_end = t0 + ramp + 1.0, t0 + duration - 0.5
     samples: dict[str, float] = {}
     headroom: dict[str, float] = {}
+    probed: list[dict[str, Any]] = []
 
     def sampler() -> None:
         while time.monotonic() < win_start:
             time.sleep(0.05)
-        core, tree = server.core_pids(), server.pids()
+        core, tree = run.core_pids(), server.pids()
         samples.update(t0=time.monotonic(), c0=cpu_seconds(core), a0=cpu_seconds(tree))
+        # Every call has been offered: a saturated appliance now refuses the probes.
+        for _ in range(probes):
+            probed.append(probe(server.url))
+            time.sleep(0.1)
         while time.monotonic() < win_end:
             time.sleep(0.05)
         samples.update(t1=time.monotonic(), c1=cpu_seconds(core), a1=cpu_seconds(tree),
@@ -288,31 +521,35 @@ def measure(server: Server, n: int, *, rate: float, steady: float,
         rss_per_session=max(0.0, samples.get("rss", rss_idle) - rss_idle) / max(live, 1),
         us_per_packet=(cpu / pps * 1e6) if pps and cpu else None,
         loadgen_cpu=summary["loadgen_cpu_s"] / max(summary["wall_s"], 1e-9),
-        headroom=headroom,
+        headroom=headroom, probes=probed,
     )
 
 
-_HEADROOM = {"appliance_transceiver_busy_ratio": "busy",
-             "appliance_transceiver_cpu_ratio": "cpu",
-             "appliance_transceiver_loop_lag_max_seconds": "lag",
-             "appliance_transceiver_opus_complexity": "complexity",
-             "appliance_transceiver_room_calls": "room",
-             "appliance_transceiver_call_cost_ratio": "call_cost"}
+_HEADROOM: dict[str, tuple[str, Callable[[list[float]], float]]] = {
+    "appliance_transceiver_busy_ratio": ("busy", max),
+    "appliance_transceiver_cpu_ratio": ("cpu", max),
+    "appliance_transceiver_loop_lag_max_seconds": ("lag", max),
+    "appliance_transceiver_opus_complexity": ("complexity", min),
+    "appliance_transceiver_room_calls": ("room", sum),
+    "appliance_transceiver_call_cost_ratio": ("call_cost", max),
+}
 
 
 def read_headroom(url: str) -> dict[str, float]:
-    """Transceiver 0's headroom gauges from signaling's /metrics (one transceiver here)."""
-    out: dict[str, float] = {}
+    """The transceivers' headroom gauges from signaling's /metrics: the busiest one's busy,
+    CPU, lag and call cost, the lowest Opus complexity, the room left in all of them."""
+    seen: dict[str, list[float]] = {}
     try:
         with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
             text = r.read().decode()
     except OSError:
-        return out
+        return {}
     for line in text.splitlines():
         name, _, rest = line.partition("{")
-        if name in _HEADROOM and 'transceiver="0"' in rest:
-            out[_HEADROOM[name]] = float(rest.rsplit(" ", 1)[1])
-    return out
+        if name in _HEADROOM and 'transceiver="' in rest:
+            seen.setdefault(name, []).append(float(rest.rsplit(" ", 1)[1]))
+    return {_HEADROOM[k][0]: float(_HEADROOM[k][1](v)) for k, v in seen.items()}
+
 
 def judge(step: Step, baseline_rtt: float | None, *, max_loss: float, max_added: float,
           loadgen_limit: float) -> None:
@@ -330,84 +567,76 @@ def judge(step: Step, baseline_rtt: float | None, *, max_loss: float, max_added:
     step.passed = not step.why
 
 
-def pin_server(server: Server, server_cpu: int, other_cpu: int) -> None:
-    """The measured process(es) alone on ``server_cpu``; the rest of the tree elsewhere."""
-    core = set(server.core_pids())
-    for pid in server.pids():
-        subprocess.run(["taskset", "-a", "-p", "-c",
-                        str(server_cpu if pid in core else other_cpu), str(pid)],
-                       capture_output=True, check=False)
+def _judged(run: Run, n: int, baseline: float | None, steady: float, log: list[Step],
+            label: str) -> Step:
+    a = run.args
+    step = measure(run, n, rate=a.rate, steady=steady)
+    judge(step, baseline, max_loss=a.max_loss, max_added=a.max_added,
+          loadgen_limit=a.loadgen_limit)
+    log.append(step)
+    print_step(label, step, baseline)
+    return step
 
 
-def find_capacity(server: Server, args: argparse.Namespace, agent: str | None,
-                  log: list[Step]) -> tuple[int, float | None]:
-    """Ladder then bisect; returns (largest passing N, baseline RTT p50 in ms)."""
-    if args.pin:
-        pin_server(server, 0, 1)
+def find_capacity(run: Run, log: list[Step], label: str) -> tuple[int, float | None]:
+    """Ladder then bisect (or ``--fits N``: one step at N); returns (largest passing N,
+    baseline RTT p50 in ms)."""
+    a = run.args
     # A throwaway call first: the first session on a fresh server pays for imports and
     # codec initialisation, which is not what the baseline should hold.
-    measure(server, 1, rate=args.rate, steady=1.0, agent=agent)
-    base = measure(server, 1, rate=args.rate, steady=min(args.steady, 5.0), agent=agent)
-    baseline = base.summary["rtt_p50_ms"]
+    measure(run, 1, rate=a.rate, steady=1.0)
     # The baseline defines "added" round trip, so it is judged on failures and loss only.
-    judge(base, None, max_loss=args.max_loss, max_added=args.max_added,
-          loadgen_limit=args.loadgen_limit)
-    log.append(base)
-    print_step(server.name, base, baseline)
+    base = _judged(run, 1, None, min(a.steady, 5.0), log, label)
+    baseline = base.summary["rtt_p50_ms"]
+    if a.fits is not None:
+        _judged(run, a.fits, baseline, a.steady, log, label)
+        return a.fits, baseline
     if not base.passed:
         return 0, baseline
     good, bad = 1, None
-    n = args.start
-    while n <= args.max:
-        step = measure(server, n, rate=args.rate, steady=args.steady, agent=agent)
-        judge(step, baseline, max_loss=args.max_loss, max_added=args.max_added,
-              loadgen_limit=args.loadgen_limit)
-        log.append(step)
-        print_step(server.name, step, baseline)
-        if step.passed:
+    n = a.start
+    while n <= a.max:
+        if _judged(run, n, baseline, a.steady, log, label).passed:
             good = n
             n *= 2
         else:
             bad = n
             break
-    for _ in range(args.bisect if bad is not None else 0):
+    for _ in range(a.bisect if bad is not None else 0):
+        assert bad is not None
         if bad - good <= max(2, good // 10):
             break
         mid = (good + bad) // 2
-        step = measure(server, mid, rate=args.rate, steady=args.steady, agent=agent)
-        judge(step, baseline, max_loss=args.max_loss, max_added=args.max_added,
-              loadgen_limit=args.loadgen_limit)
-        log.append(step)
-        print_step(server.name, step, baseline)
-        good, bad = (mid, bad) if step.passed else (good, mid)
+        passed = _judged(run, mid, baseline, a.steady, log, label).passed
+        good, bad = (mid, bad) if passed else (good, mid)
     return good, baseline
 
 
-def skip_ladder(server: Server, args: argparse.Namespace,
-                log: list[Step]) -> tuple[int, float | None]:
-    """``--fits N``: the baseline (N = 1) and one step at N, no search."""
-    if args.pin:
-        pin_server(server, 0, 1)
-    measure(server, 1, rate=args.rate, steady=1.0)  # warm-up, as find_capacity
-    base = measure(server, 1, rate=args.rate, steady=min(args.steady, 5.0))
-    baseline = base.summary["rtt_p50_ms"]
-    judge(base, None, max_loss=args.max_loss, max_added=args.max_added,
-          loadgen_limit=args.loadgen_limit)
-    log.append(base)
-    print_step(server.name, base, baseline)
-    step = measure(server, args.fits, rate=args.rate, steady=args.steady)
-    judge(step, baseline, max_loss=args.max_loss, max_added=args.max_added,
-          loadgen_limit=args.loadgen_limit)
-    log.append(step)
-    print_step(server.name, step, baseline)
-    return args.fits, baseline
+def overload_step(run: Run, fits: int, factor: float, ramp: float, fitted: Step | None,
+                  baseline: float | None, label: str, crit: Criteria) -> dict[str, Any]:
+    """Offer ``factor`` x ``fits`` sessions at ``ramp``/s; judge the row."""
+    n = max(2, round(factor * fits))
+    st = measure(run, n, rate=ramp, steady=run.args.steady, probes=run.args.probes)
+    row = overload_row(st.summary, fits=fits,
+                       fit_rtt_p99=None if fitted is None else fitted.summary["rtt_p99_ms"],
+                       probes=st.probes, loadgen_cpu=st.loadgen_cpu,
+                       fit_passed=fitted is not None and fitted.passed)
+    row.update(ramp=ramp, factor=factor, headroom=st.headroom, server_cpu=st.server_cpu,
+               server_cpu_tree=st.server_cpu_all)
+    row["why"] = judge_overload(row, crit)
+    row["verdict"] = "FAIL" if row["why"] else "PASS"
+    # The step line says what it was; its verdict is the overload judgement (the table).
+    st.passed = False
+    st.why = [f"overload x{factor:g} at {ramp:g}/s: {row['verdict']}", *row["why"]]
+    print_step(label, st, baseline)
+    return row
 
 
 # -- output --------------------------------------------------------------------------
 
-HEAD = (f"{'server':<22} {'N':>4} {'cpu':>6} {'µs/pkt':>7} {'KiB/ses':>8} {'loss %':>7} "
-        f"{'rtt p50':>8} {'rtt p99':>8} {'setup p50':>9} {'echo p50':>9} {'LG cpu':>6}  verdict"
-        "  [busy lag cx refused]")
+HEAD = (f"{'placement server pattern':<28} {'N':>4} {'cpu':>6} {'µs/pkt':>7} {'KiB/ses':>8} "
+        f"{'loss %':>7} {'rtt p50':>8} {'rtt p99':>8} {'setup p50':>9} {'echo p50':>9} "
+        f"{'LG cpu':>6}  verdict  [busy lag cx refused]")
 
 
 def _f(v: float | None, fmt: str = "{:.1f}") -> str:
@@ -416,12 +645,22 @@ def _f(v: float | None, fmt: str = "{:.1f}") -> str:
 
 def print_step(name: str, st: Step, baseline: float | None) -> None:
     s = st.summary
-    print(f"{name:<22} {st.n:>4} {100 * st.server_cpu:>5.1f}% {_f(st.us_per_packet, '{:.0f}'):>7} "
-          f"{st.rss_per_session / 1024:>8.0f} {_f(None if s['loss'] is None else 100 * s['loss'], '{:.2f}'):>7} "
-          f"{_f(s['rtt_p50_ms']):>8} {_f(s['rtt_p99_ms']):>8} {_f(s['setup_connected_p50_ms']):>9} "
-          f"{_f(s['setup_first_echo_p50_ms']):>9} {100 * st.loadgen_cpu:>5.0f}%  "
-          f"{'pass' if st.passed else 'FAIL ' + ', '.join(st.why)}"
+    loss = None if s["loss"] is None else 100 * s["loss"]
+    print(f"{name:<28} {st.n:>4} {100 * st.server_cpu:>5.1f}% "
+          f"{_f(st.us_per_packet, '{:.0f}'):>7} {st.rss_per_session / 1024:>8.0f} "
+          f"{_f(loss, '{:.2f}'):>7} {_f(s['rtt_p50_ms']):>8} {_f(s['rtt_p99_ms']):>8} "
+          f"{_f(s['setup_connected_p50_ms']):>9} {_f(s['setup_first_echo_p50_ms']):>9} "
+          f"{100 * st.loadgen_cpu:>5.0f}%  "
+          f"{_verdict(st)}"
           f"{_headroom_text(st)}", flush=True)
+
+
+def _verdict(st: Step) -> str:
+    if st.passed:
+        return "pass"
+    if st.why and st.why[0].startswith("overload"):  # judged as a row: PASS/FAIL inside
+        return ", ".join(st.why)
+    return "FAIL " + ", ".join(st.why)
 
 
 def _headroom_text(st: Step) -> str:
@@ -439,27 +678,45 @@ def _headroom_text(st: Step) -> str:
     return "  [" + ", ".join(parts) + "]" if parts else ""
 
 
-def overload_step(server: Server, args: argparse.Namespace, fits: int,
-                  baseline: float | None, fitted: Step | None) -> dict[str, Any]:
-    """Offer ``args.overload`` x ``fits`` sessions; judge the admitted ones."""
-    n = max(2, round(args.overload * fits))
-    st = measure(server, n, rate=args.rate, steady=args.steady)
-    s = st.summary
-    admitted = s["completed"]
-    other = s["failed"] - s.get("refused", 0)
-    added = None if s["rtt_p99_ms"] is None or baseline is None else s["rtt_p99_ms"] - baseline
-    growth = (None if s["rtt_p99_ms"] is None or fitted is None
-              or fitted.summary["rtt_p99_ms"] is None
-              else s["rtt_p99_ms"] - fitted.summary["rtt_p99_ms"])
-    st.why = [f"overload x{args.overload:g}"]
-    print_step(server.name, st, baseline)
-    return {"offered": n, "fits": fits, "admitted": admitted, "refused": s.get("refused", 0),
-            "failed_other": other, "loss": s["loss"], "loss_worst_session": s["loss_worst_session"],
-            "rtt_p99_ms": s["rtt_p99_ms"], "rtt_p99_added_ms": added,
-            "rtt_p99_growth_vs_fit_ms": growth,
-            "refused_p50_ms": s.get("refused_p50_ms"), "refused_p99_ms": s.get("refused_p99_ms"),
-            "refused_codes": s.get("refused_codes"), "headroom": st.headroom,
-            "server_cpu": st.server_cpu}
+def print_per_core(fits: list[dict[str, Any]]) -> None:
+    print("\nsessions per core (placements a and b; × aiortc measured in the same run):")
+    print(f"{'placement':<9} {'pattern':<14} {'server':<12} {'N max':>6} {'cpu at N':>9} "
+          f"{'N/core by cpu':>14} {'× aiortc by N':>14} {'× by cpu':>9}")
+    for r in fits:
+        if not r["core_own"]:
+            continue
+        ref = next((x for x in fits if x["server"] == "aiortc" and x["core_own"]
+                    and x["placement"] == r["placement"] and x["pattern"] == r["pattern"]),
+                   None)
+        print(f"{r['placement']:<9} {r['pattern']:<14} {r['server']:<12} {r['capacity']:>6} "
+              f"{_f(None if r['cpu_at_capacity'] is None else 100 * r['cpu_at_capacity']):>8}%"
+              f" {_f(r['per_core'], '{:.0f}'):>14} "
+              f"{_f(ratio(r, ref, 'capacity'), '{:.2f}'):>14} "
+              f"{_f(ratio(r, ref, 'per_core'), '{:.2f}'):>9}")
+
+
+def ratio(r: dict[str, Any], ref: dict[str, Any] | None, key: str) -> float | None:
+    """``r[key] / ref[key]``; None without a reference or a figure."""
+    if ref is None or not ref.get(key) or r.get(key) is None:
+        return None
+    return float(r[key]) / float(ref[key])
+
+
+def print_overload(rows: list[dict[str, Any]]) -> None:
+    print("\noverload (issue 32 item 2; admitted calls < 1 % loss, Δp99 vs fit ≤ max growth, "
+          "≥ 85 % of fits admitted, 503 p99 < 50 ms with Retry-After):")
+    print(f"{'placement':<9} {'server':<12} {'ramp/s':>6} {'x':>4} {'fits':>5} {'offered':>8} "
+          f"{'admitted':>9} {'refused':>8} {'worst %':>8} {'Δp99 ms':>8} {'503 p99':>8} "
+          f"{'RA':>4} {'LG cpu':>6}  verdict")
+    for o in rows:
+        worst = None if o["loss_worst_session"] is None else 100 * o["loss_worst_session"]
+        refused = [p for p in o["probes"] if p["status"] == 503]
+        ra = f"{sum(1 for p in refused if p['retry_after'])}/{len(refused)}"
+        print(f"{o['placement']:<9} {o['server']:<12} {o['ramp']:>6g} {o['factor']:>4g} "
+              f"{o['fits']:>5} {o['offered']:>8} {o['admitted']:>9} {o['refused']:>8} "
+              f"{_f(worst, '{:.2f}'):>8} {_f(o['rtt_p99_growth_vs_fit_ms']):>8} "
+              f"{_f(o['refused_p99_ms']):>8} {ra:>4} {100 * o['loadgen_cpu']:>5.0f}%  "
+              f"{o['verdict']}{'' if not o['why'] else ' ' + ', '.join(o['why'])}")
 
 
 def machine() -> str:
@@ -474,12 +731,35 @@ def machine() -> str:
             f"{platform.system()} {platform.release()}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _load() -> str:
+    return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def _server(name: str, args: argparse.Namespace, plan: Affinity
+            ) -> AbstractContextManager[Server]:
+    if name == "aiortc":
+        return start_aiortc()
+    mode, _, complexity = name.partition("-c")
+    extra = getattr(args, f"up_args_{mode}").split()
+    if complexity:
+        extra += ["--opus-complexity", complexity]
+    return start_appliance(name, extra, transceivers=plan.transceivers)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--servers", default="aiortc,pcm,passthrough",
-                   help="comma list of aiortc, pcm, passthrough (default all three); "
-                   "pcm-cN is the PCM agent with --opus-complexity N (e.g. pcm-c3)")
-    p.add_argument("--rate", type=float, default=25.0, help="sessions/s while ramping")
+                   help="comma list of aiortc, pcm (echo agent), passthrough (default all "
+                   "three); pcm-cN is the echo agent with --opus-complexity N (e.g. pcm-c3)")
+    p.add_argument("--placement", default="a",
+                   help="comma list of a (transceiver alone on CPU 0), b (all of `appliance "
+                   f"up` on CPU 0), c (unpinned, a busy loop on CPU {HOG_CPU}); default a")
+    p.add_argument("--pattern", default="continuous",
+                   help="comma list of continuous (all-echo worst case) and conversational "
+                   "(caller 40 %%, agent 40 %%, both silent 20 %%); default continuous")
+    p.add_argument("--cycle", type=float, default=2.5,
+                   help="conversational: seconds per talk-then-listen cycle (default 2.5)")
+    p.add_argument("--rate", type=float, default=25.0, help="sessions/s while finding the fit")
     p.add_argument("--steady", type=float, default=8.0, help="seconds at full N per step")
     p.add_argument("--start", type=int, default=4, help="first N after the baseline N=1")
     p.add_argument("--max", type=int, default=512, help="largest N tried")
@@ -490,93 +770,130 @@ def main(argv: list[str] | None = None) -> int:
                    help="load generator CPU (cores) above which a step is not trusted")
     p.add_argument("--up-args-pcm", default=" ".join(DEFAULT_UP_ARGS["pcm"]))
     p.add_argument("--up-args-passthrough", default=" ".join(DEFAULT_UP_ARGS["passthrough"]))
-    p.add_argument("--json", default=None, metavar="PATH", help="write every step as JSON")
-    p.add_argument("--overload", type=float, default=0.0, metavar="F",
-                   help="after the ladder, offer F x what fitted (e.g. 2.5; issue 23)")
+    p.add_argument("--json", default=None, metavar="PATH", help="write everything as JSON")
+    p.add_argument("--overload", default="", metavar="F,F",
+                   help="after the fit, offer each F x what fitted (e.g. 1.5,2.5; issue 32)")
+    p.add_argument("--ramps", default="25", metavar="R,R",
+                   help="with --overload: the ramp rates (sessions/s) each F is offered at "
+                   "(e.g. 5,15,25; default 25)")
+    p.add_argument("--max-growth", type=float, default=20.0,
+                   help="overload: ms of p99 RTT over the fit step's p99 that still counts "
+                   "as no delay growth (default 20)")
+    p.add_argument("--probes", type=int, default=3,
+                   help="overload: POSTs that are not SDP, sent once every call is offered, "
+                   "to read the 503's Retry-After (default 3)")
     p.add_argument("--fits", type=int, default=None, metavar="N",
-                   help="with --overload: skip the ladder, take N as what fits (baseline "
-                   "N=1 still measured)")
-    p.add_argument("--pin", action=argparse.BooleanOptionalAction,
-                   default=(os.cpu_count() or 1) >= 2,
-                   help="measured server process on CPU 0, everything else (its helpers, "
-                   "this script, the load generator) on CPU 1 (default on with ≥ 2 CPUs)")
+                   help="skip the ladder, take N as what fits (baseline N=1 still measured)")
+    p.add_argument("--quick", action="store_true",
+                   help="validation: N 2-4, one bisection, 2 s steady (figures mean nothing)")
     args = p.parse_args(argv)
-    if args.pin:
-        os.sched_setaffinity(0, {1})  # we and the load generators we start
+    if args.quick:
+        args.start, args.max, args.bisect, args.steady = 2, 4, 1, 2.0
+    try:
+        args.placements = parse_list(args.placement)
+        args.patterns = parse_list(args.pattern)
+        args.ramp_list = parse_list(args.ramps, float)
+        args.factors = [f for f in parse_list(args.overload, float) if f > 0]
+    except ValueError as exc:
+        p.error(str(exc))
+    for pl in args.placements:
+        if pl not in PLACEMENTS:
+            p.error(f"unknown placement {pl!r} (a, b or c)")
+    for pat in args.patterns:
+        if pat not in PATTERNS:
+            p.error(f"unknown pattern {pat!r} ({', '.join(PATTERNS)})")
+    for name in parse_list(args.servers):
+        if name not in ("aiortc", "pcm", "passthrough") and not re.fullmatch(r"pcm-c\d+", name):
+            p.error(f"unknown server {name!r}")
+    if not {0, 1} <= ALL_CPUS:
+        p.error(f"placements pin CPUs 0 and 1; this process may use {sorted(ALL_CPUS)}")
+    if not args.ramp_list:
+        p.error("--ramps needs at least one rate")
+    return args
 
-    print(f"machine: {machine()}")
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    crit = Criteria(max_loss=args.max_loss, max_growth_ms=args.max_growth,
+                    loadgen_limit=args.loadgen_limit)
+    print(f"machine: {machine()}; {_load()} (a shared box: figures here are validation only)")
     print(f"criteria: loss < {100 * args.max_loss:g} %, p99 RTT ≤ baseline p50 + "
           f"{args.max_added:g} ms, no failed sessions; {args.steady:g} s steady per step\n")
     print(HEAD)
-    results: dict[str, dict[str, Any]] = {}
     up = appliance_up_available()
-    for name in [s.strip() for s in args.servers.split(",") if s.strip()]:
-        log: list[Step] = []
-        if name == "aiortc":
-            ctx = start_aiortc()
-        elif name in ("pcm", "passthrough") or re.fullmatch(r"pcm-c\d+", name):
-            if not up:
-                print(f"{'appliance ' + name:<22} skipped: `python -m appliance up` is not "
-                      "available in this tree yet")
-                continue
-            mode, _, complexity = name.partition("-c")
-            extra = getattr(args, f"up_args_{mode}").split()
-            if complexity:
-                extra += ["--opus-complexity", complexity]
-            ctx = start_appliance(name, extra)
-        else:
-            p.error(f"unknown server {name!r}")
-        over: dict[str, Any] | None = None
-        with ctx as server:
-            if args.fits is not None and args.overload:
-                cap, baseline = skip_ladder(server, args, log)
-            else:
-                cap, baseline = find_capacity(server, args, None, log)
-            best = next((st for st in reversed(log) if st.n == cap), None)
-            if args.overload and cap:
-                over = overload_step(server, args, cap, baseline, best)
-        results[name] = {
-            "capacity": cap, "baseline_rtt_p50_ms": baseline,
-            "cpu_at_capacity": best.server_cpu if best else None,
-            "overload": over,
-            "setup_p50_ms": best.summary["setup_first_echo_p50_ms"] if best else None,
-            "steps": [{"n": st.n, "server_cpu": st.server_cpu,
-                       "server_cpu_tree": st.server_cpu_all, "us_per_packet": st.us_per_packet,
-                       "rss_per_session": st.rss_per_session, "loadgen_cpu": st.loadgen_cpu,
-                       "passed": st.passed, "why": st.why, "summary": st.summary,
-                       "headroom": st.headroom}
-                      for st in log],
-        }
-    print("\nsessions per core (largest N passing, one core):")
-    print(f"{'server':<14} {'N max':>6} {'cpu at N':>9} {'N/core (extrapolated)':>22} "
-          f"{'setup→echo p50':>15} {'× aiortc':>9}")
-    ref = results.get("aiortc", {}).get("capacity")
-    for name, r in results.items():
-        cpu = r["cpu_at_capacity"]
-        per_core = r["capacity"] / cpu if cpu else None
-        ratio = (r["capacity"] / ref) if ref else None
-        print(f"{name:<14} {r['capacity']:>6} {_f(None if cpu is None else 100 * cpu):>8}% "
-              f"{_f(per_core, '{:.0f}'):>22} {_f(r['setup_p50_ms']):>12} ms "
-              f"{_f(ratio, '{:.1f}'):>9}")
-    if args.overload:
-        print(f"\noverload: offered {args.overload:g} x what fitted (admitted calls judged):")
-        print(f"{'server':<14} {'fits':>5} {'offered':>8} {'admitted':>9} {'refused':>8} "
-              f"{'loss %':>7} {'worst %':>8} {'Δp99 vs fit':>12} {'503 p50/p99 ms':>15}")
-        for name, r in results.items():
-            o = r.get("overload")
-            if not o:
-                continue
-            loss = None if o["loss"] is None else 100 * o["loss"]
-            worst = None if o["loss_worst_session"] is None else 100 * o["loss_worst_session"]
-            print(f"{name:<14} {o['fits']:>5} {o['offered']:>8} {o['admitted']:>9} "
-                  f"{o['refused']:>8} {_f(loss, '{:.2f}'):>7} {_f(worst, '{:.2f}'):>8} "
-                  f"{_f(o['rtt_p99_growth_vs_fit_ms']):>9} ms "
-                  f"{_f(o['refused_p50_ms'])}/{_f(o['refused_p99_ms']):>6}")
+    fits: list[dict[str, Any]] = []
+    overload: list[dict[str, Any]] = []
+    done: dict[tuple[str, str, Affinity], dict[str, Any]] = {}  # aiortc: same plan in a and b
+    for placement in args.placements:
+        hog = affinity_plan(placement, "appliance", len(ALL_CPUS))
+        assert hog is not None
+        with cpu_hog(hog.hog):
+            for name in parse_list(args.servers):
+                kind = "aiortc" if name == "aiortc" else "appliance"
+                plan = affinity_plan(placement, kind, len(ALL_CPUS))
+                if plan is None:
+                    print(f"{placement} {name:<26} not run: no admission, no core of its own")
+                    continue
+                if kind == "appliance" and not up:
+                    print(f"{placement} {name:<26} skipped: `python -m appliance up` is not "
+                          "available in this tree")
+                    continue
+                # This script and the load generators it starts.
+                os.sched_setaffinity(0, plan.loadgen if plan.loadgen is not None else ALL_CPUS)
+                for pattern in args.patterns:
+                    key = (name, pattern, plan)
+                    if key in done:
+                        fits.append(dict(done[key], placement=placement,
+                                         measured_in=done[key]["placement"]))
+                        print(f"{placement} {name} {pattern}: the same CPUs as in placement "
+                              f"{done[key]['placement']}, measured there")
+                        continue
+                    fits.append(measure_server(name, placement, pattern, plan, args, crit,
+                                               overload))
+                    done[key] = fits[-1]
+        os.sched_setaffinity(0, ALL_CPUS)
+    print(f"\n{_load()} at the end")
+    print_per_core(fits)
+    if overload:
+        print_overload(overload)
     if args.json:
+        results = {f"{r['placement']}/{r['pattern']}/{r['server']}": r for r in fits}
         with open(args.json, "w") as f:
-            json.dump({"machine": machine(), "args": vars(args), "results": results}, f,
-                      indent=1)
+            json.dump({"machine": machine(), "args": vars(args), "results": results,
+                       "overload": overload}, f, indent=1, default=sorted)
     return 0
+
+
+def measure_server(name: str, placement: str, pattern: str, plan: Affinity,
+                   args: argparse.Namespace, crit: Criteria,
+                   overload: list[dict[str, Any]]) -> dict[str, Any]:
+    """Fit, then (appliance, first pattern) the overload rows; returns the fit's record."""
+    label = f"{placement} {name} {pattern[:5]}"
+    log: list[Step] = []
+    with _server(name, args, plan) as server:
+        run = Run(server, plan, pattern, args)
+        cap, baseline = find_capacity(run, log, label)
+        best = next((st for st in reversed(log) if st.n == cap), None)
+        if name != "aiortc" and pattern == args.patterns[0] and cap and args.factors:
+            for ramp in args.ramp_list:
+                for factor in args.factors:
+                    row = overload_step(run, cap, factor, ramp, best, baseline, label, crit)
+                    row.update(placement=placement, server=name, pattern=pattern)
+                    overload.append(row)
+    cpu = best.server_cpu if best else None
+    return {
+        "placement": placement, "pattern": pattern, "server": name, "capacity": cap,
+        "core": plan.core, "core_own": plan.per_core,
+        "baseline_rtt_p50_ms": baseline, "cpu_at_capacity": cpu,
+        "per_core": cap / cpu if plan.per_core and cpu else None,
+        "setup_p50_ms": best.summary["setup_first_echo_p50_ms"] if best else None,
+        "steps": [{"n": st.n, "server_cpu": st.server_cpu,
+                   "server_cpu_tree": st.server_cpu_all, "us_per_packet": st.us_per_packet,
+                   "rss_per_session": st.rss_per_session, "loadgen_cpu": st.loadgen_cpu,
+                   "passed": st.passed, "why": st.why, "summary": st.summary,
+                   "headroom": st.headroom}
+                  for st in log],
+    }
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import sys
 import trio
 
 from ..heap import settle_heap
-from .runner import LoadConfig, run_load, stderr_progress
+from .runner import PATTERNS, LoadConfig, run_load, stderr_progress
 from .stats import format_summary
 
 
@@ -42,17 +42,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--false-start", action="store_true",
                         help="DTLS False Start (RFC 7918): send media from our Finished on, "
                              "half a round trip early (browsers do not; off by default)")
-    parser.add_argument("--pattern", choices=("continuous", "turns"), default="continuous",
+    parser.add_argument("--pattern", choices=PATTERNS, default="continuous",
                         help="continuous: a tone with a 100 ms gap every second (echoes, "
                              "capacity); turns: talk --talk s, then listen --listen s, and "
                              "report when the agent answered (turn-taking agents such as "
-                             "examples/parrot.py, which reply only after you stop)")
+                             "examples/parrot.py, which reply only after you stop); "
+                             "conversational: a conversation's duty cycle against an echo "
+                             "(talk 40 %% of --cycle, then silence: caller 40 %%, agent 40 %%, "
+                             "both silent 20 %%), measured as continuous")
     parser.add_argument("--talk", type=float, default=1.0, metavar="S",
                         help="with --pattern turns: seconds of tone per turn (default 1)")
     parser.add_argument("--listen", type=float, default=2.5, metavar="S",
                         help="with --pattern turns: seconds of silence after it, waiting "
                              "for the answer (default 2.5); make --duration a multiple of "
                              "talk + listen")
+    parser.add_argument("--cycle", type=float, default=2.5, metavar="S",
+                        help="with --pattern conversational: seconds per talk-then-listen "
+                             "cycle (default 2.5: 1.0 s of tone, 1.5 s of silence)")
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="write the full report (summary + per session) as JSON; '-' = stdout")
     parser.add_argument("--progress", action="store_true",
@@ -65,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         agent=args.agent, token=args.token, insecure=args.insecure,
         connect_timeout=args.connect_timeout, drain=args.drain, rtt=args.rtt,
         false_start=args.false_start, pattern=args.pattern, talk=args.talk,
-        listen=args.listen,
+        listen=args.listen, cycle=args.cycle,
     )
     tty = sys.stderr.isatty()
     progress = stderr_progress(tty) if (tty or args.progress) else None

@@ -6,7 +6,8 @@ tone then a 5-frame (100 ms) silent gap, encoded once at start-up with libopus (
 gives every cycle one sharp onset that survives any re-encoding. For turn-taking agents
 (``--pattern turns``) the cycle is a *turn*: ``--talk`` seconds of tone, then ``--listen``
 seconds of silence in which the caller waits for the answer (:func:`encode_tone` with
-``tone_frames``/``gap_frames``).
+``tone_frames``/``gap_frames``). ``--pattern conversational`` is the same cycle shaped as a
+conversation's duty cycle (:func:`conversational_frames`).
 
 Opus padding (RFC 6716 §3.2.5) carries the sequence tag. A single-frame packet (code 0)
 is rewritten as a code-3 packet with one CBR frame and padding::
@@ -98,6 +99,35 @@ class ToneStream:
         if prefix is None:
             return self.plain[index]
         return prefix + tag(session, counter)
+
+
+#: A conversation's shares of time (issue 32): the caller talks, the agent talks, both are silent.
+CONVERSATION = (0.4, 0.4, 0.2)
+
+
+def conversational_frames(cycle: float, shares: tuple[float, float, float] = CONVERSATION,
+                          ) -> tuple[int, int]:
+    """``(tone frames, silent frames)`` of one ``cycle``-second conversational cycle.
+
+    What the server pays for per direction is how much of each direction is speech. In a
+    conversation (caller ``c``, agent ``a``, both silent ``s`` of the time; 40/40/20) the
+    caller's stream is speech ``c`` of the time and the agent's ``a``. Against an echo the
+    agent's speech *is* the caller's, played back as it arrives, so the caller talks ``c``
+    of the cycle and then listens: the echo returns speech ``c`` of the time too, and both
+    directions are silent for the rest (the agent's turn ``a`` plus ``s``). This needs
+    ``a == c``: an echo cannot talk more or less than it heard. The frame count is rounded
+    to whole 20 ms packets, the tone share to the nearest frame (2.5 s: 50 + 75, 40.0 %).
+    """
+    caller, agent, silent = shares
+    if min(shares) < 0 or abs(caller + agent + silent - 1) > 1e-9:
+        raise ValueError(f"shares must be >= 0 and add up to 1, not {shares}")
+    if abs(caller - agent) > 1e-9:
+        raise ValueError("against an echo the agent talks exactly as long as the caller")
+    frames = round(cycle / 0.020)
+    tone = round(frames * caller)
+    if tone < 1 or frames - tone < 1:
+        raise ValueError(f"a {cycle:g} s cycle leaves no frame of tone or of silence")
+    return tone, frames - tone
 
 
 def _pcm_cycle(cycle: int, gap: int) -> np.ndarray[Any, np.dtype[np.int16]]:

@@ -23,6 +23,12 @@ Every returned packet is decoded and each turn records when loud audio came back
 caller talked, and how long after it stopped (``TurnResult``). An echo answers while you
 talk; a turn-taking agent (examples/parrot.py) only once you have stopped.
 
+Conversation (``pattern="conversational"``): the same talk-then-listen stream with the
+duty cycle of a conversation against an echo (caller 40 % of ``cycle``, then silence; see
+:func:`~appliance.loadgen.media.conversational_frames`), measured like ``continuous``: no
+turn bookkeeping (no decode per returned packet), and the echo of the silent part is still
+50 packets/s, so loss is counted as for ``continuous``.
+
 A session's *first* packet leaves the moment it connects, not on the pacer's next tick: a
 browser with an open microphone has a frame ready when DTLS completes, and waiting 0-20 ms
 for the tick was pure measurement artefact in POST → first echo. From then on the pacer
@@ -44,7 +50,15 @@ import trio
 from appliance.client.call import Call, CallFailed, open_call
 from appliance.proto.dtls import Certificate
 
-from .media import SAMPLE_RATE, Decoder, OnsetDetector, ToneStream, encode_tone, read_tag
+from .media import (
+    SAMPLE_RATE,
+    Decoder,
+    OnsetDetector,
+    ToneStream,
+    conversational_frames,
+    encode_tone,
+    read_tag,
+)
 from .stats import Report, SessionResult, TurnResult, percentile
 
 PTIME = 0.020
@@ -77,6 +91,11 @@ class LoadConfig:
     pattern: str = "continuous"
     talk: float = 1.0
     listen: float = 2.5
+    # "conversational": seconds per talk-then-listen cycle (the caller talks 40 % of it).
+    cycle: float = 2.5
+
+
+PATTERNS = ("continuous", "turns", "conversational")
 
 
 class _Live:
@@ -367,13 +386,16 @@ async def run_load(
     """Run the whole load and return the report (sessions that fail are in it, with why)."""
     if cfg.sessions < 1 or cfg.rate <= 0 or cfg.duration <= 0:
         raise ValueError("sessions ≥ 1, rate > 0 and duration > 0 are required")
-    if cfg.pattern not in ("continuous", "turns"):
-        raise ValueError(f"pattern must be 'continuous' or 'turns', not {cfg.pattern!r}")
+    if cfg.pattern not in PATTERNS:
+        raise ValueError(f"pattern must be one of {', '.join(PATTERNS)}, not {cfg.pattern!r}")
     if cfg.pattern == "turns":
         if cfg.talk < PTIME or cfg.listen < PTIME:
             raise ValueError("talk and listen must each be at least one packet (0.02 s)")
         stream = stream or encode_tone(tone_frames=round(cfg.talk / PTIME),
                                        gap_frames=round(cfg.listen / PTIME))
+    if cfg.pattern == "conversational":
+        tone, gap = conversational_frames(cfg.cycle)
+        stream = stream or encode_tone(tone_frames=tone, gap_frames=gap)
     stream = stream or encode_tone()
     # One certificate for every session, as a browser reuses its own; generating one per
     # call would put key generation inside the setup times we measure. Pass ``certificate``
