@@ -32,6 +32,8 @@ from collections.abc import Callable
 from contextlib import aclosing
 from typing import Any
 
+import av
+import numpy as np
 import trio
 from trio_websocket import (
     ConnectionClosed,
@@ -41,7 +43,6 @@ from trio_websocket import (
 )
 
 from ..logs import loggable_url
-from ..speech.audio import Resampler as _PolyphaseResampler
 from .channels import ChannelClosed, ChannelError, ChannelEvent, ChannelMessage, ChannelOpened
 from .context import FRAME_SAMPLES, SAMPLE_RATE, AgentContext, SessionEnded
 from .registry import AgentFn, register_scheme
@@ -62,19 +63,24 @@ class ProtocolError(Exception):
 
 
 class Resampler:
-    """Streaming mono PCM16 rate conversion; identity when rates match. The rate change
-    itself is the speech package's polyphase resampler (appliance/speech/audio.py: one
-    resampler in the tree, numpy only; its ~80 dB stop band keeps 48 -> 16 kHz free of
-    aliasing)."""
+    """Streaming mono PCM16 rate conversion (libswresample); identity when rates match."""
 
     def __init__(self, src: int, dst: int) -> None:
         self.src, self.dst = src, dst
-        self._r = _PolyphaseResampler(src, dst) if src != dst else None
+        self._pts = 0
+        self._r: Any = (
+            av.AudioResampler(format="s16", layout="mono", rate=dst) if src != dst else None
+        )
 
     def process(self, pcm: bytes) -> bytes:
         if self._r is None or not pcm:
             return pcm
-        return self._r.process(pcm)
+        samples = np.frombuffer(pcm, dtype=np.int16).reshape(1, -1)
+        frame = av.AudioFrame.from_ndarray(samples, format="s16", layout="mono")
+        frame.sample_rate = self.src
+        frame.pts = self._pts
+        self._pts += samples.shape[1]
+        return b"".join(f.to_ndarray().tobytes() for f in self._r.resample(frame))
 
 
 class _Framer:
