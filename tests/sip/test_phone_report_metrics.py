@@ -31,8 +31,8 @@ from sip.support import (
     TIMEOUT,
     run_sipp,
     start_phone_stack,
-    unwrap,
     until_incoming,
+    unwrap,
     write_tone_pcap,
 )
 
