@@ -31,10 +31,12 @@ the time is taken when the first RTP packet comes back, in ``direct`` and ``webh
 
     .venv/bin/python bench/sip_bench.py --calls 100 --rtp-calls 100
 
-``--sipp-rtp-seconds N`` (item 8b): ``appliance up --transceivers 1 --sip … --sip-agent
-echo`` as its own processes, and SIPp at ``--sipp-rate`` calls/s for N s, each call
-playing a 2 s PCMU tone from a pcap (``play_pcap_audio``, scenario echo_pcap.xml's shape)
-and hanging up; prints calls made, successful and failed.
+``--sipp-rtp-seconds N`` (item 8b): ``appliance up --sip … --sip-agent echo`` as its own
+processes (``--transceivers``, default 2 as ``up``'s), and SIPp at ``--sipp-rate`` calls/s
+for N s, each call playing a 2 s PCMU tone from a pcap (``play_pcap_audio``, scenario
+echo_pcap.xml's shape, each call on its own ``[auto_media_port]``) and hanging up; prints
+calls made, successful and failed, and the transceivers' phone counters over the run
+(RTP in and echoed out, drops) from ``/metrics``.
 
 ``--per-core N`` (item 8c): on one ``appliance up --transceivers 1``, the transceiver's CPU
 (utime + stime from /proc, as bench/capacity.py reads it) over a steady window with no
@@ -419,7 +421,9 @@ def read_metrics(url: str) -> str:
         return str(r.read().decode())
 
 
-PHONE_COUNTERS = ("phone_rtp_in", "phone_rtp_out", "phone_stray", "phone_learning")
+PHONE_COUNTERS = ("phone_rtp_in", "phone_rtp_out", "phone_stray", "phone_learning",
+                  "drop_phone_no_relay", "drop_phone_pending", "phones_created",
+                  "sessions_refused_overloaded")
 
 
 def phone_counters(url: str) -> dict[str, float]:
@@ -435,8 +439,13 @@ def sipp_rtp_scenario(tmp: Path, tone_s: float) -> Path:
     text = (SCENARIOS / "echo_pcap.xml").read_text()
     assert '<pause milliseconds="3500"/>' in text
     path = tmp / "echo_load.xml"
+    assert "m=audio [media_port] " in text
+    # [auto_media_port]: each call offers (and plays its pcap from) a port of its own;
+    # with [media_port] every call's RTP comes from one address and the calls' media
+    # cannot be told apart (SIPp's RTP is plain and each pcap has the same SSRC)
     path.write_text(text.replace('<pause milliseconds="3500"/>',
-                                 f'<pause milliseconds="{int(tone_s * 1000 + 500)}"/>'))
+                                 f'<pause milliseconds="{int(tone_s * 1000 + 500)}"/>')
+                    .replace("m=audio [media_port] ", "m=audio [auto_media_port] "))
     return path
 
 
@@ -452,6 +461,7 @@ def sipp_rtp_run(url: str, sip_port: int, seconds: int, rate: int, tmp: Path) ->
     cmd = [sipp, f"127.0.0.1:{sip_port}", "-sf", str(scen), "-i", "127.0.0.1", "-p",
            str(free_port()), "-r", str(rate), "-m", str(rate * seconds), "-l", str(rate * 8),
            "-nostdin", "-timeout", str(seconds + 90), "-timeout_error", "-trace_stat",
+           "-trace_err",
            "-stf", str(tmp / "stat_rtp.csv"), "-mp", str(free_media_ports())]
     proc = subprocess.run(cmd, capture_output=True, cwd=tmp, check=False)
     after = phone_counters(url)
@@ -464,9 +474,12 @@ def sipp_rtp_run(url: str, sip_port: int, seconds: int, rate: int, tmp: Path) ->
                     f"{row.get('SuccessfulCall(C)')}, failed {row.get('FailedCall(C)')}")
     sent = rate * seconds * 100  # packets in each call's pcap (2 s at 20 ms)
     delta = {k: after[k] - before[k] for k in after}
-    summary += (f"; RTP packets SIPp played {sent}, transceiver phone rtp_in "
-                f"{delta['phone_rtp_in']:.0f}, rtp_out {delta['phone_rtp_out']:.0f}, stray "
-                f"{delta['phone_stray']:.0f}")
+    summary += f"; RTP packets SIPp played {sent}; transceiver: " + ", ".join(
+        f"{k} {v:.0f}" for k, v in delta.items())
+    if proc.returncode != 0:
+        errs = sorted(tmp.glob("*_errors.log"))
+        tail = errs[-1].read_text(errors="replace")[-1500:] if errs else proc.stderr[-1500:]
+        summary += f"\nSIPp errors (tail):\n{tail!s}"
     return summary
 
 
@@ -484,6 +497,31 @@ async def phone_load(sip: tuple[str, int], n: int, hold: float, start_gap: float
                                          echoes=echoes))
                 await trio.sleep(start_gap)  # the ramp: one call every start_gap
         nursery.cancel_scope.cancel()
+
+
+def codec_us_per_frame(frames: int = 1000) -> dict[str, float]:
+    """CPU µs per 20 ms frame decoded and encoded (48 kHz PCM on the agent side, as the
+    pipeline does): G.711 µ-law with its 8 <-> 48 kHz resampler, and Opus at the
+    transceiver's default complexity. The codec's share of a call, beside the whole."""
+    import time
+
+    import numpy as np
+
+    from appliance.transceiver import g711, opus
+
+    t = np.arange(frames * 960) / 48000
+    pcm = (9000 * np.sin(2 * np.pi * 700 * t)).astype("<i2")
+    frames48 = [pcm[i * 960:(i + 1) * 960].tobytes() for i in range(frames)]
+    out: dict[str, float] = {}
+    for name, dec, enc in (("pcmu", g711.G711Decoder("pcmu"), g711.G711Encoder("pcmu")),
+                           ("opus", opus.OpusDecoder(), opus.OpusEncoder())):
+        payloads = [enc.encode(f) for f in frames48]  # what arrives
+        t0 = time.process_time()
+        for f, p in zip(frames48, payloads, strict=True):
+            dec.decode(p)
+            enc.encode(f)
+        out[name] = (time.process_time() - t0) / frames * 1e6
+    return out
 
 
 def per_core(n: int, steady: float, tmp: Path) -> None:
@@ -523,6 +561,11 @@ def per_core(n: int, steady: float, tmp: Path) -> None:
     print(f"per call above idle: PCMU {per_pcmu * 100:.2f} % of a core, Opus "
           f"{per_opus * 100:.2f} %; calls per core PCMU {1 / per_pcmu:.0f}, Opus "
           f"{1 / per_opus:.0f}; G.711/Opus ratio {per_opus / per_pcmu:.1f}")
+    codec = codec_us_per_frame()
+    print(f"the codec alone (this process), µs per 20 ms frame decoded + encoded: PCMU with "
+          f"its resampler {codec['pcmu']:.0f}, Opus {codec['opus']:.0f} "
+          f"({codec['opus'] / codec['pcmu']:.1f}x); at 50 frames/s that is "
+          f"{codec['pcmu'] * 50 / 1e4:.2f} % and {codec['opus'] * 50 / 1e4:.2f} % of a core")
 
 
 def core_calls(n: int) -> float:
@@ -573,6 +616,8 @@ def main() -> None:
                     help="INVITE -> first RTP back, N calls each mode (transceiver in process)")
     ap.add_argument("--sipp-rtp-seconds", type=int, default=0,
                     help="SIPp with RTP (a pcap) against `appliance up` for N seconds")
+    ap.add_argument("--transceivers", type=int, default=2,
+                    help="--sipp-rtp-seconds: transceivers of `appliance up` (default 2)")
     ap.add_argument("--per-core", type=int, default=0, metavar="N",
                     help="transceiver CPU per call: N PCMU phone calls vs N Opus WebRTC calls")
     ap.add_argument("--steady", type=float, default=15.0,
@@ -614,9 +659,12 @@ def main() -> None:
             import capacity
 
             sip_port = free_port()
+            # `up`'s default of two transceivers; --sip-rate: SIPp is one source IP, and 20
+            # calls/s are 40 transactions/s (INVITE, BYE), over the default 20 per IP
             with capacity.start_appliance("sip", ["--agent", "echo", "--sip",
                                                   f"127.0.0.1:{sip_port}", "--sip-agent",
-                                                  "echo", "--sip-rate", "1000"]) as server:
+                                                  "echo", "--sip-rate", "1000"],
+                                          transceivers=args.transceivers) as server:
                 print(f"sipp RTP {args.sipp_rate} calls/s for {args.sipp_rtp_seconds} s: "
                       + sipp_rtp_run(server.url, sip_port, args.sipp_rtp_seconds,
                                      args.sipp_rate, tmp))
