@@ -113,13 +113,19 @@ class Caller:
         self.responses: list[Response] = []
         self.changed = trio.Event()
 
+    def _wake(self) -> None:
+        """Wake every waiter (several calls may wait at once: ``--per-core``), each then
+        waits on the fresh event."""
+        self.changed.set()
+        self.changed = trio.Event()
+
     async def flush(self) -> None:
         while (out := self.ep.poll_output()) is not None:
             if isinstance(out, Transmit):
                 await self.sock.sendto(out.data, out.addr)
             else:
                 self.events.append(out)
-                self.changed.set()
+                self._wake()
 
     async def reader(self) -> None:
         while True:
@@ -127,7 +133,7 @@ class Caller:
             msg = parse_untrusted(data)
             if isinstance(msg, Response) and msg.cseq.method == "OPTIONS":
                 self.responses.append(msg)
-                self.changed.set()
+                self._wake()
                 continue
             self.ep.handle_input(trio.current_time(), data, (addr[0], addr[1]))
             await self.flush()
@@ -145,7 +151,6 @@ class Caller:
                 if pred(ev):  # type: ignore[operator]
                     self.events.remove(ev)
                     return ev
-            self.changed = trio.Event()
             await self.changed.wait()
 
     async def options(self, n: int) -> str:
@@ -159,7 +164,6 @@ class Caller:
         t0 = trio.current_time()
         await self.sock.sendto((await self.options(n)).encode(), self.target)
         while not self.responses:
-            self.changed = trio.Event()
             await self.changed.wait()
         self.responses.clear()
         return trio.current_time() - t0
