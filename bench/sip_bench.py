@@ -617,7 +617,8 @@ def main() -> None:
     ap.add_argument("--sipp-seconds", type=int, default=0)
     ap.add_argument("--sipp-rate", type=int, default=20)
     ap.add_argument("--rtp-calls", type=int, default=0,
-                    help="INVITE -> first RTP back, N calls each mode (transceiver in process)")
+                    help="INVITE -> first RTP back, N calls each mode (transceiver in process; "
+                         "runs with --calls > 0: its ratio is to the 200 OK p50)")
     ap.add_argument("--sipp-rtp-seconds", type=int, default=0,
                     help="SIPp with RTP (a pcap) against `appliance up` for N seconds")
     ap.add_argument("--transceivers", type=int, default=2,
