@@ -100,8 +100,10 @@ class PhoneMedia(Protocol):
         """A re-INVITE's offer (hold, unhold, a new address): the new answer."""
         ...
 
-    async def end(self, call_id: str) -> None:
-        """The call is over (idempotent; unknown ids are ignored)."""
+    async def end(self, call_id: str) -> dict[str, Any] | None:
+        """The call is over (idempotent; unknown ids are ignored). Returns the media's
+        session object as it ended (session_info.py: packets, codec, ``transcript``, and
+        ``phone`` with the leg's counters) when there is one, for the end-of-call report."""
 
     async def dtmf(self, call_id: str, digit: str, duration_ms: int) -> None:
         """A digit the far end sent by SIP INFO: for the agent (RFC 4733 digits reach it
@@ -136,7 +138,7 @@ class OutboundPhoneMedia(Protocol):
         """The callee's re-INVITE, as :meth:`PhoneMedia.update`."""
         ...
 
-    async def end(self, call_id: str) -> None: ...
+    async def end(self, call_id: str) -> dict[str, Any] | None: ...
 
 
 @dataclass(slots=True)
@@ -267,9 +269,10 @@ class RelayAnswerMedia:
         call.version += 1
         return answer
 
-    async def end(self, call_id: str) -> None:
+    async def end(self, call_id: str) -> dict[str, Any] | None:
         self.calls.pop(call_id, None)
         self.offers.pop(call_id, None)
+        return None  # no media runs here: nothing to report
 
     # -- OutboundPhoneMedia ---------------------------------------------------------------
 
@@ -352,6 +355,9 @@ class TransceiverPhoneMedia:
         self.events_wait = events_wait
         self.listener: PhoneMediaListener | None = None
         self.where: dict[str, int] = {}  # call_id -> transceiver
+        #: calls whose media ended first (an ``ended`` event), until end() reads their
+        #: session object (bounded: the oldest go first)
+        self._ended_on: dict[str, int] = {}
         self._nursery: trio.Nursery | None = None
         self._pollers: dict[int, trio.Event] = {}  # transceiver -> "has calls again"
         self.counters: dict[str, int] = {}
@@ -481,17 +487,24 @@ class TransceiverPhoneMedia:
                                         self.sdp.calls[call_id].params())
         return refused if refused is not None else got
 
-    async def end(self, call_id: str) -> None:
+    async def end(self, call_id: str) -> dict[str, Any] | None:
         await self.sdp.end(call_id)
         k = self.where.pop(call_id, None)
+        if k is None:  # the media ended first (its ``ended`` event): where it ran is known
+            k = self._ended_on.pop(call_id, None)
         ep = self.state.health.transceivers.get(k) if k is not None else None
         if ep is None:
-            return
+            return None
         try:
             await ep.client.request({"op": "phone.end", "session_id": call_id,
                                      "reason": "sip-ended"})
+            # the ended session object (the transceiver keeps the recently ended ones)
+            resp = await ep.client.request({"op": "phone.get", "session_id": call_id})
         except ControlError as exc:
             log.info("phone.end of %s on transceiver %s failed: %s", call_id, k, exc)
+            return None
+        session = resp.get("session") if resp.get("ok") else None
+        return session if isinstance(session, dict) else None
 
     async def dtmf(self, call_id: str, digit: str, duration_ms: int) -> None:
         k = self.where.get(call_id)
@@ -528,6 +541,9 @@ class TransceiverPhoneMedia:
                 continue
             if kind == "ended":
                 self.where.pop(call_id, None)
+                self._ended_on[call_id] = k  # end() still fetches its session object
+                while len(self._ended_on) > 1024:
+                    self._ended_on.pop(next(iter(self._ended_on)))
                 reason = ev.get("reason")
                 if listener is not None:
                     listener.media_ended(call_id, str(reason) if reason else "media-ended")

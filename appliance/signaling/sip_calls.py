@@ -48,7 +48,7 @@ from ..proto.sip import (
 from .phone_media import MediaRefusal, PhoneMedia, RelayAnswerMedia, TransceiverPhoneMedia
 from .sip_config import SipSettings
 from .sip_outbound import OutboundCall, SipOutbound
-from .webhooks import CALL_ENDED, CALL_STARTED, end_report
+from .webhooks import CALL_ENDED, CALL_STARTED, end_report, report_stats, sip_report
 
 if TYPE_CHECKING:
     from .state import SignalingState
@@ -93,6 +93,7 @@ class SipCall:
     ended_at: float | None = None
     end_reason: str | None = None
     hung_up_by: str | None = None
+    media_reason: str | None = None  # why the media ended the call, when it did
     dtmf: list[str] = field(default_factory=list)
     refer: list[dict[str, Any]] = field(default_factory=list)
 
@@ -325,6 +326,7 @@ class SipCalls:
         if call is None or call.state not in ("answered", "active"):
             return
         call.hung_up_by = "agent" if "agent" in reason else "server"
+        call.media_reason = reason
         try:
             self.shell.endpoint.hangup(trio.current_time(), call.sip_id)
         except SipUsageError:
@@ -380,13 +382,31 @@ class SipCalls:
         self.ended[call.call_id] = call
         while len(self.ended) > MAX_ENDED:
             self.ended.popitem(last=False)
-        if self._nursery is not None:
-            self._nursery.start_soon(self.media.end, call.call_id)
-        if started:
-            report = end_report(started_at=call.started_at or call.created_at,
-                                ended_at=call.ended_at, reason=reason, stats={})
-            report["hung_up_by"] = call.hung_up_by
-            self.state.webhooks.emit(CALL_ENDED, {"call_id": call.call_id, "transport": "sip",
-                                                  "agent": call.agent, "model": None,
-                                                  "report": report})
+        if not started:
+            if self._nursery is not None:
+                self._nursery.start_soon(self.media.end, call.call_id)
+            return
+        if self._nursery is not None:  # the report waits for the media's session object
+            self._nursery.start_soon(self._end_and_report, call, reason)
+        else:
+            self._report(call, reason, None)
 
+    async def _end_and_report(self, call: SipCall, reason: str) -> None:
+        self._report(call, reason, await self.media.end(call.call_id))
+
+    def _report(self, call: SipCall, reason: str, session: dict[str, Any] | None) -> None:
+        """``realtime.call.ended`` for a call that was answered: the report a WebRTC call's
+        has (``stats`` and ``transcript`` from the media's session object, when media ran
+        on a transceiver) and the SIP side (webhooks.py ``sip_report``)."""
+        invite = call.incoming.invite
+        report = end_report(started_at=call.started_at or call.created_at,
+                            ended_at=call.ended_at or self.clock(), reason=reason,
+                            stats=report_stats(session),
+                            transcript=session.get("transcript") if session else None)
+        report["hung_up_by"] = call.hung_up_by
+        report["sip"] = sip_report(
+            direction="inbound", sip_call_id=invite.get("Call-ID"), from_=invite.get("From"),
+            to=invite.get("To"), cause=call.media_reason or reason, dtmf="".join(call.dtmf))
+        self.state.webhooks.emit(CALL_ENDED, {"call_id": call.call_id, "transport": "sip",
+                                              "agent": call.agent, "model": None,
+                                              "report": report})

@@ -49,7 +49,7 @@ from ..proto.sip import (
 from ..proto.sip.message import parse_uri_untrusted
 from .phone_media import MediaRefusal, OutboundPhoneMedia
 from .sip_trunks import Trunk, TrunkError
-from .webhooks import CALL_ENDED, CALL_STARTED, end_report
+from .webhooks import CALL_ENDED, CALL_STARTED, end_report, report_stats, sip_report
 
 if TYPE_CHECKING:
     from .state import SignalingState
@@ -113,6 +113,9 @@ class OutboundCall:
     failure: dict[str, Any] | None = None
     progress: int | None = None  # last provisional status (180, 183)
     dtmf: list[str] = field(default_factory=list)  # SIP INFO digits from the callee
+    media_reason: str | None = None  # why the media ended the call, when it did
+    from_uri: str | None = None  # the From we dialled with, for the report
+    target: str | None = None  # the Request-URI we dialled
 
     def view(self) -> dict[str, Any]:
         return {"id": self.call_id, "object": "realtime.call", "transport": "sip",
@@ -253,6 +256,7 @@ class SipOutbound:
             await media.end(call.call_id)
             return
         ep = self.shell.endpoint
+        call.from_uri, call.target = trunk.from_uri, target
         try:
             sip_id = ep.invite(trio.current_time(), target, trunk.from_uri, got.sdp.encode(),
                                addr, trunk.transport, trunk.credentials, extra)
@@ -415,6 +419,7 @@ class SipOutbound:
             return False
         if call.state == "active":
             call.hung_up_by = "agent" if "agent" in reason else "server"
+            call.media_reason = reason
             self._hangup_core(call)
         return True
 
@@ -439,18 +444,35 @@ class SipOutbound:
         call.state = "failed" if call.failure is not None and not started else "ended"
         call.end_reason = call.end_reason or reason
         call.hung_up_by = call.hung_up_by or by
-        self._finish(call)
-        if started:
-            report = end_report(started_at=call.started_at or call.created_at,
-                                ended_at=call.ended_at or self.clock(), reason=reason, stats={})
-            report["hung_up_by"] = call.hung_up_by
-            self.state.webhooks.emit(CALL_ENDED, {"call_id": call.call_id, "transport": "sip",
-                                                  "direction": "outbound", "report": report})
+        self._finish(call, report=reason if started else None)
 
-    def _finish(self, call: OutboundCall) -> None:
+    def _report(self, call: OutboundCall, reason: str, session: dict[str, Any] | None) -> None:
+        """``realtime.call.ended`` for an answered call: as sip_calls.SipCalls._report."""
+        report = end_report(started_at=call.started_at or call.created_at,
+                            ended_at=call.ended_at or self.clock(), reason=reason,
+                            stats=report_stats(session),
+                            transcript=session.get("transcript") if session else None)
+        report["hung_up_by"] = call.hung_up_by
+        report["sip"] = sip_report(direction="outbound", sip_call_id=None,
+                                   from_=call.from_uri, to=call.target,
+                                   cause=call.media_reason or reason, dtmf="".join(call.dtmf))
+        self.state.webhooks.emit(CALL_ENDED, {"call_id": call.call_id, "transport": "sip",
+                                              "direction": "outbound", "report": report})
+
+    async def _end_and_report(self, call: OutboundCall, reason: str | None) -> None:
+        assert self.media is not None
+        session = await self.media.end(call.call_id)
+        if reason is not None:
+            self._report(call, reason, session)
+
+    def _finish(self, call: OutboundCall, *, report: str | None = None) -> None:
+        """``report``: the end reason of an answered call, whose ended event goes out once
+        its media has ended (and said what it carried)."""
         if call.ended_at is None:
             call.ended_at = self.clock()
         if self.calls.pop(call.call_id, None) is None:
+            if report is not None:
+                self._report(call, report, None)
             return
         # the core's id stays mapped while the call is kept, so the events it still has for
         # the call (CallEnded after our CANCEL, a late 487) are recognised as ours
@@ -460,4 +482,6 @@ class SipOutbound:
             _, old = self.ended.popitem(last=False)
             self._by_sip.pop(old.sip_id, None)
         if self._nursery is not None and self.media is not None:
-            self._nursery.start_soon(self.media.end, call.call_id)
+            self._nursery.start_soon(self._end_and_report, call, report)
+        elif report is not None:
+            self._report(call, report, None)

@@ -14,8 +14,10 @@ here are the appliance's, named in the same family):
   ``agent``, ``model``;
 * ``realtime.call.ended`` — ``data``: the same plus the end-of-call ``report``: ``started_at``,
   ``ended_at``, ``duration_seconds``, ``end_reason``, ``hung_up_by`` (``client`` | ``api`` |
-  ``agent`` | ``server`` | ``unknown``) and ``stats`` (the session object's media and
-  network counters for a WebRTC call, the socket's event/byte counts for a WebSocket).
+  ``agent`` | ``server`` | ``unknown``), ``stats`` (the session object's media and
+  network counters for a WebRTC or phone call — a phone call's with its RTP leg's counters —
+  the socket's event/byte counts for a WebSocket) and ``transcript``; a phone call's also
+  ``sip`` (:func:`sip_report`: Call-ID, From, To, hangup cause).
 
 Delivery (:class:`WebhookQueue`, sans-IO; :func:`deliver_forever`, the trio task): a bounded
 queue — a full queue drops the new event and counts it, it never blocks signaling — one
@@ -163,6 +165,37 @@ def end_report(*, started_at: float, ended_at: float, reason: str,
             "duration_seconds": round(max(0.0, ended_at - started_at), 3),
             "end_reason": reason, "hung_up_by": hung_up_by(reason), "stats": stats,
             "recording": recording, "transcript": lines or None}
+
+
+#: the session object's fields an end-of-call report's ``stats`` carries (WebRTC and phone)
+REPORT_STATS = ("packets_in", "packets_out", "bytes_in", "bytes_out", "rtt_ms", "jitter_ms",
+                "loss", "codec", "datachannels")
+
+
+def report_stats(session: Any) -> dict[str, Any]:
+    """``stats`` from a session object (a phone call's also has ``phone``: its RTP leg's
+    counters and DTMF digits); ``{}`` when there is none."""
+    if not isinstance(session, dict):
+        return {}
+    out = {k: session.get(k) for k in REPORT_STATS}
+    phone = session.get("phone")
+    if isinstance(phone, dict):
+        out["srtp_profile"] = session.get("srtp_profile")
+        out["leg"] = phone.get("leg")
+        out["dtmf_digits"] = phone.get("dtmf_digits")
+    return out
+
+
+def sip_report(*, direction: str, sip_call_id: str | None, from_: str | None,
+               to: str | None, cause: str, dtmf: str) -> dict[str, Any]:
+    """A phone call's end-of-call ``report.sip``: the SIP ``Call-ID``, ``From`` and ``To`` as
+    the INVITE carried them (untrusted text from the trunk; None for the Call-ID of a call
+    we placed: the core keeps it), ``direction``, ``hangup_cause`` (the SIP core's end reason
+    — ``bye``, ``hangup``, ``cancelled``, ``no ACK``, ``<status> to …`` — or, when the media
+    ended the call, the transceiver's: ``rtp-timeout``, ``agent-done``, …) and the DTMF
+    digits signaling saw."""
+    return {"direction": direction, "call_id": sip_call_id, "from": from_, "to": to,
+            "hangup_cause": cause, "dtmf": dtmf[-64:]}
 
 
 def recording_link(call_id: str, media: Any) -> dict[str, Any] | None:

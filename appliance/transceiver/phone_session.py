@@ -33,6 +33,7 @@ import logging
 import math
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
@@ -44,7 +45,7 @@ from appliance.logs import loggable_url, redact
 from appliance.phone_params import PhoneParams
 from appliance.proto.errors import LocalProtocolError
 from appliance.proto.proxy import encode_header
-from appliance.session_info import RelayFlow, SessionInfo
+from appliance.session_info import MAX_TRANSCRIPT, RelayFlow, SessionInfo
 
 from . import rtp_leg
 from .call import Addr
@@ -62,6 +63,14 @@ SendFn = Callable[[bytes, Addr], None]
 MEDIA_TIMEOUT = rtp_leg.MEDIA_TIMEOUT
 #: DTMF digits an agent may send (RFC 4733 §3.2 events 0-15)
 DIGITS = frozenset("0123456789*#ABCD")
+#: The leg counters (rtp_leg.LegCounters) summed into the transceiver's counters as
+#: ``phone_<name>`` (signaling's /metrics: ``appliance_transceiver_phone_<name>_total``):
+#: RTP/RTCP each way, drops by cause (``stray``: a source the latch refused), SRTP
+#: authentication failures. Folded every FOLD_EVERY drains (about a second of a call's
+#: packets) and when a leg closes, so the hot path pays one increment and one test.
+LEG_COUNTERS = ("rtp_in", "rtcp_in", "stray", "learning", "wrong_pt", "wrong_ssrc",
+                "malformed", "auth_failed", "rtp_out", "dtmf_out", "rtcp_out")
+FOLD_EVERY = 64
 
 
 def _codec_label(params: PhoneParams) -> str:
@@ -135,6 +144,13 @@ class PhoneSession:
         self._timer_at = math.inf
         self.packets_in = self.packets_out = self.bytes_in = self.bytes_out = 0
         self.dtmf_digits = 0
+        #: what of each leg's counters is already in the transceiver's (by leg identity)
+        self._folded: dict[RtpLeg, dict[str, int] | None] = {}  # None: folded for good
+        self._drains = 0
+        self._transcript: deque[dict[str, Any]] = deque(maxlen=MAX_TRANSCRIPT)
+        for name in LEG_COUNTERS:  # present (at 0) once the transceiver has had a phone call
+            counters.setdefault(f"phone_{name}", 0)
+        counters.setdefault("phone_dtmf_in", 0)
         if params is not None:
             self._start_leg(params, now)
 
@@ -184,6 +200,8 @@ class PhoneSession:
             old.media = None
             old.close("replaced")
             self._drain_leg(old)
+        if old is not None:
+            self._fold(old, final=True)
         if not self._started:
             self._started = True
             self.host.push_event({"type": "session.started", "session_id": self.id,
@@ -233,6 +251,7 @@ class PhoneSession:
     def dtmf_from_signaling(self, digit: str, duration_ms: int) -> None:
         """A digit from SIP INFO (signaling's ``phone.dtmf``): to the agent, like RFC 4733."""
         self.dtmf_digits += 1
+        self._counters["phone_dtmf_in"] = self._counters.get("phone_dtmf_in", 0) + 1
         self.host.push_event({"type": "dtmf", "digit": digit, "duration_ms": duration_ms,
                               "source": "sip-info"})
 
@@ -258,6 +277,24 @@ class PhoneSession:
         if self.leg is not None:
             self._drain_leg(self.leg)
             self._poke_timer(self.leg.poll_timeout())
+            self._drains += 1
+            if self._drains % FOLD_EVERY == 0:
+                self._fold(self.leg)
+
+    def _fold(self, leg: RtpLeg, *, final: bool = False) -> None:
+        """Add what ``leg``'s counters grew by since the last fold to the transceiver's
+        (LEG_COUNTERS); ``final``: the leg is done (folded once more, then never)."""
+        if leg in self._folded and self._folded[leg] is None:
+            return  # already folded for good
+        seen = self._folded.get(leg) or dict.fromkeys(LEG_COUNTERS, 0)
+        c, total = leg.counters, self._counters
+        for name in LEG_COUNTERS:
+            now = getattr(c, name)
+            grew = now - seen[name]
+            if grew:
+                total[f"phone_{name}"] = total.get(f"phone_{name}", 0) + grew
+                seen[name] = now
+        self._folded[leg] = None if final else seen
 
     def _drain_leg(self, leg: RtpLeg) -> None:
         while (out := leg.poll_output()) is not None:
@@ -271,6 +308,7 @@ class PhoneSession:
                 if out.digit is None:
                     continue
                 self.dtmf_digits += 1
+                self._counters["phone_dtmf_in"] = self._counters.get("phone_dtmf_in", 0) + 1
                 ms = round(out.duration * 1000)
                 self.host.push_event({"type": "dtmf", "digit": out.digit, "duration_ms": ms,
                                       "source": "rfc4733"})
@@ -374,6 +412,13 @@ class PhoneSession:
                     self.send_dtmf(trio.current_time(), digits)
                 except ValueError as exc:
                     log.info("phone %s: dtmf.send refused: %s", self.id, exc)
+        elif kind in ("transcript.user.final", "transcript.agent"):
+            # the same lines a WebRTC session keeps (session.py), for the end-of-call report
+            text = event.get("text")
+            if isinstance(text, str) and text:
+                who = "user" if kind == "transcript.user.final" else "agent"
+                self._transcript.append({"who": who, "text": text[:1000],
+                                         "at": round(time.time(), 3)})
         elif kind == "media.update" and self.pipeline is not None:
             nr = event.get("noise_reduction")
             if nr is None or nr in NOISE_REDUCTION:
@@ -415,6 +460,8 @@ class PhoneSession:
         self._ended = True
         self.end_reason = reason
         self.ended_at = time.time()
+        if self.leg is not None:
+            self._fold(self.leg, final=True)
         self.host.push_event({"type": "session.ended", "reason": reason})
         self.host.close(reason)
         if self.pipeline is not None:
@@ -447,6 +494,7 @@ class PhoneSession:
             jitter_ms=None if rx is None else round(rx.jitter_seconds * 1000, 1),
             loss=leg.remote_loss if leg is not None else None,
             media=self.pipeline.stages.describe() if self.pipeline is not None else None,
+            transcript=tuple(self._transcript) if self._transcript else None,
         )
 
     def describe(self) -> dict[str, Any]:

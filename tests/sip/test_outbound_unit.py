@@ -304,7 +304,11 @@ async def test_busy_and_answer_and_unusable_answer(nursery: trio.Nursery,
                                                                   "CSeq")))), TRUNK_ADDR)
     shell.drain()
     assert ob.get(good.call_id).state == "ended" and ob.get(good.call_id).hung_up_by == "api"
-    assert emitted[-1][0] == "realtime.call.ended"
+    # the ended event waits for the media's end (its session object feeds the report)
+    await wait_for(lambda: emitted[-1][0] == "realtime.call.ended")
+    sip = emitted[-1][1]["report"]["sip"]
+    assert sip["direction"] == "outbound" and sip["hangup_cause"] == "hangup"
+    assert sip["to"].startswith("sip:2@") and sip["from"] is not None
 
     odd = await ob.place("3", None, None, {})
     await wait_for(lambda: len(shell.requests("INVITE")) == 3)
