@@ -29,6 +29,8 @@ from browser.artifacts import BrowserRecorder
 from e2e.procs import free_udp_port
 from peers import chromium_executable
 from playwright.sync_api import Browser, Page, Playwright
+from ports import BOTH
+from ports import free_port as _free_port
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
@@ -169,9 +171,8 @@ def wait_for_stats(page: Any, condition: str, *, timeout: float = 15.0) -> dict[
 
 
 def free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """Free for ``kind`` and for the other kind too (tests/ports.py says why)."""
+    return _free_port(BOTH)
 
 
 def http_status(url: str) -> int | None:

@@ -4,35 +4,23 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from ports import BOTH, TCP, free_port
+
 
 def free_udp_port(host: str = "127.0.0.1") -> int:
     """A UDP port whose number is free for TCP too: ``up`` listens for ICE-TCP on its
-    ``--udp`` port by default, and a UDP-only pick once collided with some other test's TCP
-    socket (``up`` exits at once then: supervisor.check_media_port)."""
-    for _ in range(64):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.bind((host, 0))
-            port = int(s.getsockname()[1])
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
-            try:
-                t.bind((host, port))
-            except OSError:
-                continue
-        return port
-    raise OSError(f"no port free for both UDP and TCP on {host}")
+    ``--udp`` port by default (tests/ports.py says how it is picked)."""
+    return free_port(BOTH, host)
 
 
 def free_tcp_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    return free_port(TCP, host)
 
 
 class Proc:

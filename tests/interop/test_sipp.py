@@ -16,6 +16,7 @@ import socket
 
 import pytest
 import trio
+from ports import UDP, free_port
 from sip.support import free_media_ports
 
 from appliance.proto.sdp.phone import PhoneRefusal, answer_phone_offer_untrusted
@@ -34,9 +35,7 @@ pytestmark = pytest.mark.skipif(SIPP is None, reason="sipp missing: `make sysdep
 
 
 def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port(UDP)
 
 
 async def _serve(sock: trio.socket.SocketType, ep: SipEndpoint, events: list[object]) -> None:

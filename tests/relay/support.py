@@ -17,6 +17,8 @@ from typing import Any
 
 import aioice.stun as astun
 import trio
+from ports import TCP
+from ports import free_port as _free_port
 
 from appliance.proto.proxy import encode_header, parse_untrusted, tlvs_untrusted
 from appliance.proto.proxy.vouch import is_local
@@ -152,9 +154,8 @@ async def open_client(server: Address, host: str = "127.0.0.1") -> Client:
 
 
 def free_port() -> int:
-    with stdsocket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free TCP port (tests/ports.py says how it is picked)."""
+    return _free_port(TCP)
 
 
 def redis_server() -> Iterator[str]:

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import trio
 from e2e.procs import free_udp_port
+from ports import TCP, free_port
 from reliability.support import Proc, eventually, spawn
 
 from appliance.client.call import enable_rx_timestamps, read_ready
@@ -60,9 +61,7 @@ def next_client_ip() -> str:
 
 
 def free_tcp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port(TCP)  # tests/ports.py says how it is picked
 
 
 @dataclass

@@ -17,14 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from e2e.procs import free_udp_port
+from ports import BOTH
+from ports import free_port as _free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port(kind: int, host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """Free for ``kind`` and for the other kind too (tests/ports.py says why)."""
+    return _free_port(BOTH, host)
 
 
 def http_status(url: str) -> int | None:

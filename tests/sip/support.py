@@ -18,6 +18,7 @@ from typing import Any
 
 import openai
 import trio
+from ports import free_port as _free_port
 
 from appliance.signaling import SignalingConfig, SignalingState, serve_signaling
 from appliance.signaling.sip_calls import CALL_INCOMING
@@ -31,34 +32,15 @@ TIMEOUT = 60.0  # generous: a loaded 2-core box
 
 
 def free_port(kind: socket.SocketKind = socket.SOCK_DGRAM, host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """Free for ``kind`` (tests/ports.py says how it is picked)."""
+    return _free_port(kind, host)
 
 
 def free_media_ports(host: str = "127.0.0.1", count: int = 4) -> int:
     """A base port for SIPp's ``-mp``: SIPp binds audio RTP/RTCP at base, base+1 and video at
-    base+2, base+3, and exits 254 if any is taken. A port from ``free_port()`` checked only
-    the base, and CI once found base+2 in use. So: an even base below the kernel's
-    ephemeral range (where ``bind(port 0)`` by any other test never lands), with all
-    ``count`` ports free on UDP."""
-    low, _ = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(10_000, max(10_002, low - count), 2)
-        socks: list[socket.socket] = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-                socks.append(sock)
-                sock.bind((host, port))
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-        return base
-    raise AssertionError("no run of free UDP ports for SIPp's media")
+    base+2, base+3, and exits 254 if any is taken (CI once found base+2 in use): an even
+    base with all ``count`` ports free on UDP (tests/ports.py)."""
+    return _free_port(socket.SOCK_DGRAM, host, count=count, step=2)
 
 
 def unwrap(body: bytes, headers: dict[str, str]) -> Any:
