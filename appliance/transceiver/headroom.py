@@ -224,6 +224,59 @@ class LoadMeter:
         return True
 
 
+#: What one call costs is learned (:class:`CallCost`) as an EWMA with this weight per window.
+LEARN = 0.3
+#: Calls a window needs before its CPU says what one costs (one call's cost is mostly noise).
+MIN_CALLS = 2
+#: A per-call cost outside this (share of a core) is a measurement artefact.
+MIN_COST, MAX_COST = 0.0002, 0.25
+#: Own CPU share of a transceiver with no call, until a window with none says.
+IDLE = 0.01
+
+
+class CallCost:
+    """What one running call costs in own CPU (a share of a core), learned only from
+    windows with no call setup in them (issue 32; signaling's admission takes it from the
+    report: ``load`` -> ``call_cpu``, ``idle_cpu``).
+
+    Why only those: a call's setup (ICE checks, the DTLS handshake's ECDHE and signatures,
+    the SCTP association) costs several times what a second of its media does, and lands in
+    the window it happens in. Learned from windows that held setups, the cost of six echo
+    calls came out ~3x the media's (0.045 against 0.015 a call; tests/reliability/
+    test_hog_midrun.py), and admission ran out of room long before the calls were
+    degraded. So the shell (server.py) says per window how many calls ran through it
+    (connected at its start and its end) and how many sessions were *not* steady in it
+    (created, ended, or still connecting at some point): a window with any of the latter
+    teaches nothing, one with none is ``idle + cost x calls`` exactly. A window the loop
+    was behind in (mean tick lag past :data:`LAG_SATURATED`) measures the saturation, not
+    the calls, and teaches nothing either.
+
+    Sans-IO: :meth:`handle_window` with each window's figures."""
+
+    __slots__ = ("cost", "idle", "samples")
+
+    def __init__(self) -> None:
+        self.cost: float | None = None  # None: no steady window with calls yet
+        self.idle = IDLE
+        self.samples = 0  # windows learned from (idle ones included)
+
+    def handle_window(self, cpu: float, calls: int, unsteady: int, *, behind: bool) -> bool:
+        """One meter window: own CPU share ``cpu``, ``calls`` calls connected throughout,
+        ``unsteady`` sessions created, ended or connecting in it, ``behind`` the loop
+        saturated. True when it was learned from."""
+        if unsteady > 0 or behind or not math.isfinite(cpu) or cpu < 0:
+            return False
+        if calls == 0:
+            self.idle = min(cpu, 0.2)
+        elif calls < MIN_CALLS:
+            return False
+        else:
+            sample = min(max((cpu - self.idle) / calls, MIN_COST), MAX_COST)
+            self.cost = sample if self.cost is None else LEARN * sample + (1 - LEARN) * self.cost
+        self.samples += 1
+        return True
+
+
 def read_core_stat(path: str = "/proc/stat") -> tuple[ProcStat | None, frozenset[int] | None]:
     """The shell's part (the meter's tick in server.py, once per window): ``/proc/stat``
     parsed and this process's affinity set; (None, None) where either cannot be had (not
