@@ -73,6 +73,14 @@ from .corestat import (
     steal_ceiling,
 )
 
+# What the headroom counts (``--headroom``; appliance/config.py parses the flag): ``core``
+# what the CPUs this process may run on have left (issue 32, above), ``own`` only its own
+# CPU — the meter before issue 32, right for a transceiver with a core to itself (pinned,
+# ``isolcpus``, a dedicated VM), and for hosts whose other load is not the transceiver's
+# concern (a test machine running other suites beside it: issue 33). With ``own`` the
+# meter reads no ``/proc/stat`` and decides on no lateness (both are still reported as
+# far as they are known: the lag and the ``late_p90_ms`` of windows that sent media).
+
 #: The tick of the measurement task: one Opus frame.
 TICK = 0.020
 #: Seconds per busy window (a busy figure is the CPU/wall ratio over one window).
@@ -122,9 +130,11 @@ class LoadMeter:
 
     __slots__ = ("_avail", "_cpu0", "_lag_max", "_lag_n", "_lag_sum", "_late", "_own",
                  "_packets0", "_runnable", "_sent0", "_stat", "_t0", "behind", "busy",
-                 "report", "windows")
+                 "own_only", "report", "windows")
 
-    def __init__(self) -> None:
+    def __init__(self, *, own_only: bool = False) -> None:
+        #: ``--headroom own`` (:data:`HEADROOM_MODES`): busy is the own CPU share alone
+        self.own_only = own_only
         self._t0 = math.nan  # start of the current window (nan: no tick yet)
         self._cpu0 = 0.0
         self._packets0 = 0
@@ -181,6 +191,8 @@ class LoadMeter:
         # What the core had left (issue 32): the affinity set's idle and steal over the
         # window, and the runnable tasks that a fair share is counted against.
         sample: CoreSample | None = None
+        if self.own_only:
+            stat = None  # own CPU only: what the core has left is not counted
         if stat is not None and self._stat is not None and affinity:
             sample = core_sample(self._stat, stat, affinity)
             if sample is not None and stat.procs_running is not None:
@@ -195,7 +207,7 @@ class LoadMeter:
         # The delay signal, only over a window in which this transceiver sent media (an idle
         # one's ticks are late on a loaded host whatever it does: the trap of issue 23).
         sending = sent is not None and self._sent0 is not None and sent > self._sent0
-        late = lateness_busy(self._late) if sending else 0.0
+        late = lateness_busy(self._late) if sending and not self.own_only else 0.0
         late_p90 = percentile(self._late, LATE_PERCENTILE) if sending else None
         decided = decide(own_share, available, steal_ceiling(sample), late)
         # What a unit of own CPU costs in busy units now: signaling divides its learned

@@ -52,6 +52,7 @@ import trio
 
 from appliance import recordings
 from appliance.agents import AgentError, resolve
+from appliance.config import HEADROOM_MODES
 from appliance.control import check_params, serve_control
 from appliance.logs import loggable_url, redact
 from appliance.netio.sockets import udp_socket
@@ -170,6 +171,9 @@ class TransceiverConfig:
     # of its own). Off by default in process: the meter reads the whole process's CPU, which
     # in a test or benchmark includes its clients; tests feed Transceiver.handle_tick.
     measure_load: bool = False
+    # What the headroom counts (--headroom, headroom.py): "core", what the CPUs it may run on
+    # have left (issue 32), or "own", its own CPU only (a core of its own: before issue 32).
+    headroom: str = "core"
     # Recordings (recording.py, docs/recordings.md): where they go (None: no call can be
     # recorded), whether calls are recorded unless they say otherwise (--record), the
     # directory's quota in bytes and how long a recording is kept.
@@ -230,7 +234,9 @@ class Transceiver:
         self._proxy_cache: dict[bytes, tuple[Addr, Addr, int]] = {}
         self._send_batch = _mmsg.send_batch if (_mmsg is not None and config.batch_sends) else None
         # Headroom (issue 23): the meter's tick task (measure_loop) feeds both.
-        self.meter = LoadMeter()
+        if config.headroom not in HEADROOM_MODES:
+            raise ValueError(f"headroom must be one of {HEADROOM_MODES}, not {config.headroom!r}")
+        self.meter = LoadMeter(own_only=config.headroom == "own")
         self.complexity = ComplexityController(config.opus_complexity,
                                                enabled=config.adaptive_complexity)
         self._created_in_window = 0  # creates since the meter's last window
@@ -409,7 +415,9 @@ class Transceiver:
             await trio.sleep_until(deadline)
             now = trio.current_time()
             # What the core has left (issue 32): /proc/stat once per window, not per tick.
-            stat, cpus = read_core_stat() if self.meter.window_due(now) else (None, None)
+            # (Not at all with --headroom own: the meter would not use it.)
+            due = self.meter.window_due(now) and not self.meter.own_only
+            stat, cpus = read_core_stat() if due else (None, None)
             self.handle_tick(now, time.process_time(), now - deadline, stat, cpus)
             deadline += TICK
             if deadline <= now:  # missed ticks are not made up in a burst
@@ -497,6 +505,7 @@ class Transceiver:
                 "degraded": self.complexity.degraded,
                 "admit_limit": self.complexity.low if self.complexity.degraded else None,
                 "refuse_busy": self.config.refuse_busy, "windows": self.meter.windows,
+                "headroom_mode": self.config.headroom,
                 "windows_behind": self.meter.behind}
 
     @property
