@@ -3,7 +3,8 @@ CPU hogs pinned to the transceiver's CPU started mid-run (the transceiver and th
 share one core, so the test does not depend on what else the machine runs). How many hogs
 is derived from the CPU the calls use in the same run (:func:`hogs_for`): enough that the
 transceiver's fair share is half of what its calls need, so its frames are late on a fast
-box and a slow one alike.
+box and a slow one alike; they start one per meter window, so the load grows through every
+busy share on its way to full.
 
 Asserted on conditions, never on wall-clock figures:
 
@@ -106,7 +107,13 @@ async def test_a_hog_mid_run_degrades_first_then_refuses_and_calls_keep_flowing(
             with trio.fail_after(60):
                 while not await settled():  # noqa: ASYNC110 - bounded polling
                     await trio.sleep(0.2)  # the poll interval of a bounded wait
-            hogs = start_hogs(cpu, hogs_for(own))
+            # The hogs come one per meter window, up to the derived count: load that grows
+            # (the case of issue 32 item 4) passes through every busy share between idle and
+            # full, where refusing before degrading could happen; all at once, busy jumps to
+            # full within a window or two and both show in the same report.
+            target = hogs_for(own)
+            hogs.extend(start_hogs(cpu, 1))
+            hogged_at = -1  # the meter window the last hog was started after
             before = [c.received for c in calls]
             degraded: dict[str, Any] | None = None
             full: dict[str, Any] | None = None  # signaling's view when it first had no room
@@ -116,6 +123,9 @@ async def test_a_hog_mid_run_degrades_first_then_refuses_and_calls_keep_flowing(
                         await signaling.refresh()
                         load = (await stack.ctl(0, op="stats"))["load"]
                         reports.append(load)
+                        if len(hogs) < target and load["windows"] > hogged_at:
+                            hogs.extend(start_hogs(cpu, 1))
+                            hogged_at = load["windows"]
                         if degraded is None and load["degraded"]:
                             degraded = load
                         if full is None and signaling.admission.room(0) == 0:
@@ -123,7 +133,7 @@ async def test_a_hog_mid_run_degrades_first_then_refuses_and_calls_keep_flowing(
                         await trio.sleep(0.2)  # the poll interval of a bounded wait
             except trio.TooSlowError:
                 raise AssertionError(
-                    f"{len(hogs)} hogs beside own={own:.3f}: degraded={degraded is not None} "
+                    f"{len(hogs)}/{target} hogs beside own={own:.3f}: degraded={degraded is not None} "
                     f"full={full is not None}; last report {reports[-1] if reports else None}; "
                     f"signaling {signaling.admission.view(0)}") from None
             # 0. degrade before refuse: the report that left signaling no room (its view
