@@ -194,3 +194,24 @@ async def test_no_report_that_leaves_signaling_no_room_shows_the_calls_undegrade
             assert load["degraded"], (w, load, adm.view(0))
             full_at = w if full_at is None else full_at
     assert full_at is not None, "the hogs must leave signaling no room"
+
+
+def test_no_step_back_up_while_one_more_call_would_not_fit() -> None:
+    """Busy is low (the calls get less than they need, under a hog), but one more call's
+    share as signaling projects it still would not fit under urgent: stepping up would
+    show the calls undegraded in a report that leaves signaling no room."""
+    from appliance.transceiver.degrade import DWELL_UP, ComplexityController
+
+    ctl = ComplexityController(5)
+    ctl.handle_load(0.0, 0.45, 0.40)  # 0.85: the first step at once
+    assert ctl.degraded
+    t = 0.0
+    while t < 4 * DWELL_UP:
+        t += 0.5
+        ctl.handle_load(t, 0.45, 0.40)  # under low for long, but 0.45 + 0.40 >= urgent
+        assert ctl.degraded, t  # at every report, not just degraded again at the next
+    assert ctl.changes == 1
+    while t < 8 * DWELL_UP and ctl.degraded:
+        t += 0.5
+        ctl.handle_load(t, 0.30, 0.05)  # room again: back up
+    assert not ctl.degraded
