@@ -76,6 +76,20 @@ def resolve(
             setattr(args, key, defaults[key])
 
 
+#: ``--headroom`` of ``up`` and ``transceiver`` (transceiver/headroom.py, docs/operations.md
+#: "What the headroom counts"): ``core`` what the transceiver's CPUs have left (issue 32, the
+#: default), ``own`` only its own CPU use (a dedicated core; before issue 32).
+HEADROOM_MODES = ("core", "own")
+
+
+def parse_headroom(value: object) -> str:
+    """``--headroom``: one of :data:`HEADROOM_MODES`."""
+    mode = str(value).strip().lower()
+    if mode not in HEADROOM_MODES:
+        raise ValueError(f"--headroom must be one of {', '.join(HEADROOM_MODES)}, got {value!r}")
+    return mode
+
+
 def parse_admission_limit(value: object) -> float:
     """``--admission-limit``: the busy share of a transceiver's core up to which signaling
     places calls on it (signaling/admission.py), 0 < x <= 1."""

@@ -61,12 +61,14 @@ import trio
 from .agents import resolve as resolve_agent
 from .children import ChildSpec, StartupError, Supervisor, exception_leaves
 from .config import (
+    HEADROOM_MODES,
     ConfigError,
     format_dtls_versions,
     format_hostport,
     load_config,
     parse_admission_limit,
     parse_dtls_versions,
+    parse_headroom,
     parse_hostport,
     parse_opus_complexity,
     resolve,
@@ -116,6 +118,7 @@ DEFAULTS: dict[str, Any] = {
     "realtime_agent": DEFAULT_REALTIME_AGENT,
     "opus_complexity": None,  # None: the transceivers' own default
     "fixed_opus_complexity": False,
+    "headroom": None,  # None: the transceivers' own default (core)
     "admission_limit": 0.85,
     "dtls_versions": None,  # None: the transceivers' own default (1.2,1.3)
     "redis": None,
@@ -214,6 +217,7 @@ class UpConfig:
     sip: SipSettings | None = None  # --sip (signaling/sip_server.py)
     opus_complexity: int | None = None  # passed to every transceiver when set
     fixed_opus_complexity: bool = False  # no step-down under load (transceiver/degrade.py)
+    headroom: str | None = None  # --headroom of every transceiver when set (core | own)
     admission_limit: float = 0.85  # signaling/admission.py
     dtls_versions: frozenset[str] | None = None  # passed to every transceiver when set
     #: ICE-TCP (RFC 6544): the relays listen on TCP at the UDP address's port too, and
@@ -295,6 +299,8 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
         opus_complexity=None if getattr(args, "opus_complexity", None) is None
         else parse_opus_complexity(args.opus_complexity),
         fixed_opus_complexity=bool(getattr(args, "fixed_opus_complexity", False)),
+        headroom=None if getattr(args, "headroom", None) is None
+        else parse_headroom(args.headroom),
         admission_limit=parse_admission_limit(getattr(args, "admission_limit", None) or 0.85),
         dtls_versions=None if getattr(args, "dtls_versions", None) is None
         else parse_dtls_versions(args.dtls_versions),
@@ -345,6 +351,7 @@ def child_specs(cfg: UpConfig, secret: Path, control_dir: Path) -> tuple[list[Ch
                 *([] if cfg.opus_complexity is None
                   else ["--opus-complexity", str(cfg.opus_complexity)]),
                 *(["--fixed-opus-complexity"] if cfg.fixed_opus_complexity else []),
+                *([] if cfg.headroom is None else ["--headroom", cfg.headroom]),
                 *([] if cfg.dtls_versions is None
                   else ["--dtls-versions", format_dtls_versions(cfg.dtls_versions)]),
                 "--recordings-dir", str(cfg.state_dir / RECORDINGS_DIR),
@@ -518,6 +525,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fixed-opus-complexity", action="store_true", default=None,
                         help="the transceivers keep --opus-complexity under load (default: "
                              "lower it step by step as a core fills up)")
+    parser.add_argument("--headroom", default=None, choices=HEADROOM_MODES,
+                        help="what the transceivers count as their load: core (default) what "
+                             "their CPUs have left, other processes included; own only their "
+                             "own CPU, for dedicated cores (docs/operations.md)")
     parser.add_argument("--dtls-versions", metavar="1.2,1.3", default=None,
                         help="DTLS versions the transceivers negotiate (default 1.2,1.3: 1.3 "
                              "when the browser offers it, else 1.2; docs/dtls13.md)")

@@ -25,6 +25,23 @@ far) when it sends ``stats``, and :meth:`Admission.report` counts from that mark
 Until the first report of a transceiver with calls, ``cost`` is a prior
 (``SignalingConfig.admission_call_cost``: about a PCM call at complexity 5).
 
+**Learned from windows with no setup in them (issue 32).** A call's setup (ICE checks, the
+DTLS handshake, the SCTP association) costs several times a second of its media and lands
+in the window it happens in. Learned from ``cpu`` over the sessions connected *at the poll*,
+the cost of six echo calls came out ~3x their media's (0.045 against 0.015 a call:
+tests/reliability/test_hog_midrun.py), so under a hog signaling ran out of room while
+the transceiver still read its calls as cheap and had not degraded them. Only the
+transceiver knows which of its windows held a setup (a session created, ended or still
+connecting in it) and how many calls ran through each, so it learns the cost from the
+windows that held none (transceiver/headroom.py ``CallCost``) and reports it: ``load`` →
+``call_cpu`` (own CPU share per running call, null until a steady window with calls) and
+``idle_cpu``. Signaling takes those as ``cost`` and ``idle``. One learner, so the
+transceiver's complexity controller projects one more call exactly as this module does
+(server.py ``projected``) and takes its first step under 0.80, below this limit: a report
+that leaves signaling no room already shows the calls degraded. A transceiver that reports
+no ``call_cpu`` (an older version) is learned from here as before: ``cpu`` over the
+connected sessions, in windows where most are connected.
+
 What the core has left (issue 32): ``busy`` is no longer the transceiver's own share of a
 core it was assumed to have to itself, but its share of what was *available* to it
 (transceiver/headroom.py, corestat.py: its own use plus its CPUs' idle time or its fair
@@ -128,6 +145,13 @@ class Admission:
         by_state = stats.get("sessions_by_state")
         connected = (_num(by_state.get("connected", 0)) if isinstance(by_state, Mapping)
                      else None)
+        if "call_cpu" in load:  # the transceiver learns it from windows with no setup
+            idle, cost = _num(load.get("idle_cpu")), _num(load.get("call_cpu"))
+            if idle is not None:
+                node.idle = min(max(idle, 0.0), 0.2)
+            if cost is not None:
+                node.cost, node.learned = min(max(cost, MIN_COST), MAX_COST), True
+            return
         if cpu is None or lag > LAG_SATURATED_MS:
             return  # a saturated window measures the saturation, not the calls
         if node.sessions == 0:

@@ -25,10 +25,12 @@ from appliance.agents import resolve as resolve_agent
 from appliance.children import exception_leaves
 from appliance.config import (
     DEFAULT_DTLS_VERSIONS,
+    HEADROOM_MODES,
     ConfigError,
     format_hostport,
     load_config,
     parse_dtls_versions,
+    parse_headroom,
     parse_hostport,
     parse_opus_complexity,
     resolve,
@@ -43,7 +45,7 @@ from .server import TransceiverAddresses, TransceiverConfig, serve_transceiver
 DEFAULTS = {"id": 0, "cluster": 0, "agent": "echo", "max_sessions": 500, "listen": None,
             "control": None, "exit_when_drained": False, "drain_on_sigterm": False,
             "drain_grace": 3600.0, "opus_complexity": DEFAULT_COMPLEXITY,
-            "fixed_opus_complexity": False,
+            "fixed_opus_complexity": False, "headroom": "core",
             "dtls_versions": DEFAULT_DTLS_VERSIONS, "recordings_dir": None, "record": False,
             "recording_quota": "1G", "recording_retention": "7d"}
 
@@ -75,6 +77,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep --opus-complexity under load too (default: lower it step "
                         "by step as the core fills up, and back; docs/operations.md, "
                         "\"Admission\")")
+    parser.add_argument("--headroom", default=None, choices=HEADROOM_MODES,
+                        help="what admission and the complexity controller count as this "
+                        "transceiver's load: core (default) what its CPUs have left, other "
+                        "processes' use and CPU steal included; own only its own CPU, for a "
+                        "core of its own (docs/operations.md, \"What the headroom counts\")")
     parser.add_argument("--dtls-versions", default=None, metavar="1.2,1.3",
                         help="DTLS versions to negotiate: 1.3 (RFC 9147) when the client "
                         "offers it and it is listed, else 1.2 if listed (default "
@@ -119,6 +126,7 @@ def build_config(args: argparse.Namespace, secrets: tuple[bytes, ...]) -> Transc
         opus_complexity=parse_opus_complexity(args.opus_complexity),
         adaptive_complexity=not args.fixed_opus_complexity,
         measure_load=True,  # a process of its own: its CPU is the transceiver's
+        headroom=parse_headroom(args.headroom),
         dtls_versions=parse_dtls_versions(args.dtls_versions),
         recordings_dir=args.recordings_dir or None,
         record=bool(args.record),

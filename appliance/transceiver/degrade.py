@@ -16,7 +16,8 @@ The rules (a table would be larger than the two comparisons):
 * at rest it sits at the configured complexity (``--opus-complexity``, default 5): with room
   to spare nothing changes, the default quality stays;
 * ``busy >= high`` for ``dwell`` seconds at the current step: one step down (cheaper);
-* ``busy <= low`` for ``dwell_up`` seconds at the current step: one step up;
+* ``busy <= low`` for ``dwell_up`` seconds at the current step: one step up — unless
+  ``busy + call >= urgent`` (below), which would take the first step again at once;
 * ``low`` is well under ``high`` times the CPU saving of a step (hysteresis), so stepping
   up after a fall does not by itself push the load back over ``high`` and oscillate;
 * after any change, nothing else changes for ``dwell`` seconds (minimum dwell): the meter
@@ -141,7 +142,10 @@ class ComplexityController:
                 and self._i + 1 < len(self._steps)):
             self._step(now, +1, busy)
         elif (self._low_since is not None and now - self._low_since >= self.dwell_up
-              and self._i > 0):
+              and self._i > 0 and busy + max(call, 0.0) < self.urgent):
+            # (Not back up while one more call would not fit under urgent: at the ceiling
+            # that would take the first step again at once, and a report between the two
+            # would show calls undegraded with no room for another.)
             self._step(now, -1, busy)
 
     def _step(self, now: float, by: int, busy: float) -> None:

@@ -73,6 +73,14 @@ from .corestat import (
     steal_ceiling,
 )
 
+# What the headroom counts (``--headroom``; appliance/config.py parses the flag): ``core``
+# what the CPUs this process may run on have left (issue 32, above), ``own`` only its own
+# CPU — the meter before issue 32, right for a transceiver with a core to itself (pinned,
+# ``isolcpus``, a dedicated VM), and for hosts whose other load is not the transceiver's
+# concern (a test machine running other suites beside it: issue 33). With ``own`` the
+# meter reads no ``/proc/stat`` and decides on no lateness (both are still reported as
+# far as they are known: the lag and the ``late_p90_ms`` of windows that sent media).
+
 #: The tick of the measurement task: one Opus frame.
 TICK = 0.020
 #: Seconds per busy window (a busy figure is the CPU/wall ratio over one window).
@@ -122,9 +130,11 @@ class LoadMeter:
 
     __slots__ = ("_avail", "_cpu0", "_lag_max", "_lag_n", "_lag_sum", "_late", "_own",
                  "_packets0", "_runnable", "_sent0", "_stat", "_t0", "behind", "busy",
-                 "report", "windows")
+                 "own_only", "report", "windows")
 
-    def __init__(self) -> None:
+    def __init__(self, *, own_only: bool = False) -> None:
+        #: ``--headroom own`` (:data:`HEADROOM_MODES`): busy is the own CPU share alone
+        self.own_only = own_only
         self._t0 = math.nan  # start of the current window (nan: no tick yet)
         self._cpu0 = 0.0
         self._packets0 = 0
@@ -181,6 +191,8 @@ class LoadMeter:
         # What the core had left (issue 32): the affinity set's idle and steal over the
         # window, and the runnable tasks that a fair share is counted against.
         sample: CoreSample | None = None
+        if self.own_only:
+            stat = None  # own CPU only: what the core has left is not counted
         if stat is not None and self._stat is not None and affinity:
             sample = core_sample(self._stat, stat, affinity)
             if sample is not None and stat.procs_running is not None:
@@ -195,7 +207,7 @@ class LoadMeter:
         # The delay signal, only over a window in which this transceiver sent media (an idle
         # one's ticks are late on a loaded host whatever it does: the trap of issue 23).
         sending = sent is not None and self._sent0 is not None and sent > self._sent0
-        late = lateness_busy(self._late) if sending else 0.0
+        late = lateness_busy(self._late) if sending and not self.own_only else 0.0
         late_p90 = percentile(self._late, LATE_PERCENTILE) if sending else None
         decided = decide(own_share, available, steal_ceiling(sample), late)
         # What a unit of own CPU costs in busy units now: signaling divides its learned
@@ -221,6 +233,59 @@ class LoadMeter:
         self._lag_max = self._lag_sum = 0.0
         self._lag_n = 0
         self._late.clear()
+        return True
+
+
+#: What one call costs is learned (:class:`CallCost`) as an EWMA with this weight per window.
+LEARN = 0.3
+#: Calls a window needs before its CPU says what one costs (one call's cost is mostly noise).
+MIN_CALLS = 2
+#: A per-call cost outside this (share of a core) is a measurement artefact.
+MIN_COST, MAX_COST = 0.0002, 0.25
+#: Own CPU share of a transceiver with no call, until a window with none says.
+IDLE = 0.01
+
+
+class CallCost:
+    """What one running call costs in own CPU (a share of a core), learned only from
+    windows with no call setup in them (issue 32; signaling's admission takes it from the
+    report: ``load`` -> ``call_cpu``, ``idle_cpu``).
+
+    Why only those: a call's setup (ICE checks, the DTLS handshake's ECDHE and signatures,
+    the SCTP association) costs several times what a second of its media does, and lands in
+    the window it happens in. Learned from windows that held setups, the cost of six echo
+    calls came out ~3x the media's (0.045 against 0.015 a call; tests/reliability/
+    test_hog_midrun.py), and admission ran out of room long before the calls were
+    degraded. So the shell (server.py) says per window how many calls ran through it
+    (connected at its start and its end) and how many sessions were *not* steady in it
+    (created, ended, or still connecting at some point): a window with any of the latter
+    teaches nothing, one with none is ``idle + cost x calls`` exactly. A window the loop
+    was behind in (mean tick lag past :data:`LAG_SATURATED`) measures the saturation, not
+    the calls, and teaches nothing either.
+
+    Sans-IO: :meth:`handle_window` with each window's figures."""
+
+    __slots__ = ("cost", "idle", "samples")
+
+    def __init__(self) -> None:
+        self.cost: float | None = None  # None: no steady window with calls yet
+        self.idle = IDLE
+        self.samples = 0  # windows learned from (idle ones included)
+
+    def handle_window(self, cpu: float, calls: int, unsteady: int, *, behind: bool) -> bool:
+        """One meter window: own CPU share ``cpu``, ``calls`` calls connected throughout,
+        ``unsteady`` sessions created, ended or connecting in it, ``behind`` the loop
+        saturated. True when it was learned from."""
+        if unsteady > 0 or behind or not math.isfinite(cpu) or cpu < 0:
+            return False
+        if calls == 0:
+            self.idle = min(cpu, 0.2)
+        elif calls < MIN_CALLS:
+            return False
+        else:
+            sample = min(max((cpu - self.idle) / calls, MIN_COST), MAX_COST)
+            self.cost = sample if self.cost is None else LEARN * sample + (1 - LEARN) * self.cost
+        self.samples += 1
         return True
 
 

@@ -52,6 +52,7 @@ import trio
 
 from appliance import recordings
 from appliance.agents import AgentError, resolve
+from appliance.config import HEADROOM_MODES
 from appliance.control import check_params, serve_control
 from appliance.logs import loggable_url, redact
 from appliance.netio.sockets import udp_socket
@@ -73,9 +74,9 @@ from appliance.realtime import sideband
 
 from .admission import DtlsSetup
 from .call import Addr
-from .corestat import ProcStat
+from .corestat import MIN_AVAILABLE, ProcStat
 from .degrade import ComplexityController
-from .headroom import TICK, LoadMeter, read_core_stat
+from .headroom import LAG_SATURATED, TICK, CallCost, LoadMeter, read_core_stat
 from .opus import DEFAULT_COMPLEXITY
 from .pacer import Pacer
 from .phone_session import DIGITS, PhoneSession
@@ -170,6 +171,9 @@ class TransceiverConfig:
     # of its own). Off by default in process: the meter reads the whole process's CPU, which
     # in a test or benchmark includes its clients; tests feed Transceiver.handle_tick.
     measure_load: bool = False
+    # What the headroom counts (--headroom, headroom.py): "core", what the CPUs it may run on
+    # have left (issue 32), or "own", its own CPU only (a core of its own: before issue 32).
+    headroom: str = "core"
     # Recordings (recording.py, docs/recordings.md): where they go (None: no call can be
     # recorded), whether calls are recorded unless they say otherwise (--record), the
     # directory's quota in bytes and how long a recording is kept.
@@ -230,10 +234,21 @@ class Transceiver:
         self._proxy_cache: dict[bytes, tuple[Addr, Addr, int]] = {}
         self._send_batch = _mmsg.send_batch if (_mmsg is not None and config.batch_sends) else None
         # Headroom (issue 23): the meter's tick task (measure_loop) feeds both.
-        self.meter = LoadMeter()
+        if config.headroom not in HEADROOM_MODES:
+            raise ValueError(f"headroom must be one of {HEADROOM_MODES}, not {config.headroom!r}")
+        self.meter = LoadMeter(own_only=config.headroom == "own")
         self.complexity = ComplexityController(config.opus_complexity,
                                                enabled=config.adaptive_complexity)
         self._created_in_window = 0  # creates since the meter's last window
+        # What one running call costs, learned only from windows with no setup in them
+        # (headroom.CallCost, issue 32): per window, the sessions created or ended in it
+        # and those still connecting when it began (with the ones connecting at its end,
+        # each one was created in it or connecting at its start).
+        self.call_cpu = CallCost()
+        self._churn_in_window = 0  # sessions and phones created or ended since the last window
+        self._connecting_at_window_start = 0
+        self.window_calls = 0  # calls connected throughout the last window
+        self.window_unsettled = 0  # sessions created, ended or connecting in it
         #: the live calls' recordings (recording.py), told when their call ends
         self.recordings: dict[str, CallRecording] = {}
         #: relay workers' "is this client yours?" (vouch.py; relay failover, issue 20)
@@ -400,7 +415,9 @@ class Transceiver:
             await trio.sleep_until(deadline)
             now = trio.current_time()
             # What the core has left (issue 32): /proc/stat once per window, not per tick.
-            stat, cpus = read_core_stat() if self.meter.window_due(now) else (None, None)
+            # (Not at all with --headroom own: the meter would not use it.)
+            due = self.meter.window_due(now) and not self.meter.own_only
+            stat, cpus = read_core_stat() if due else (None, None)
             self.handle_tick(now, time.process_time(), now - deadline, stat, cpus)
             deadline += TICK
             if deadline <= now:  # missed ticks are not made up in a burst
@@ -415,10 +432,20 @@ class Transceiver:
                                       sent=self.counters["datagrams_out"], stat=stat,
                                       affinity=cpus):
             return
-        self._created_in_window = 0
+        connecting = sum(1 for s in self.sessions.values() if s.state != "connected")
+        self.window_unsettled = self._churn_in_window + self._connecting_at_window_start
+        self.window_calls = len(self.sessions) + len(self.phones) - connecting
+        self._connecting_at_window_start = connecting
+        self._created_in_window = self._churn_in_window = 0
+        report = self.meter.report
+        self.call_cpu.handle_window(report.cpu, self.window_calls, self.window_unsettled,
+                                    behind=report.lag_mean_ms > LAG_SATURATED * 1000)
         ctl = self.complexity
-        # One more call's share: the first step is taken as soon as it would not fit.
-        ctl.handle_load(now, self.meter.busy, self.call_cost())
+        # The first step is taken as soon as one more call would not fit under urgent, by
+        # signaling's own projection of this report (projected): so a report that leaves
+        # signaling no room (its limit, 0.85, is above urgent) already shows the calls
+        # degraded (issue 32 item 4).
+        ctl.handle_load(now, self.meter.busy, self.projected(1) - self.meter.busy)
         while (ev := ctl.poll_event()) is not None:
             self.counters["complexity_changes"] += 1
             log.info("busy %.0f %%: Opus complexity %d -> %d for %d session(s)",
@@ -430,15 +457,37 @@ class Transceiver:
                 if phone.pipeline is not None:
                     phone.pipeline.set_complexity(ev.complexity)
 
+    def _calls_in_window(self) -> int:
+        """The calls the meter's last window can have measured."""
+        return len(self.sessions) + len(self.phones) - self._created_in_window
+
     def call_cost(self) -> float:
-        """Share of a core one call costs here, from the meter (idle cost included: an
-        over- rather than an under-estimate)."""
-        n = len(self.sessions) + len(self.phones) - self._created_in_window
+        """One more call's share of what this transceiver has (busy units): the learned
+        own CPU of a running call (:class:`.headroom.CallCost`) divided by what a unit of own
+        CPU costs now (the meter's ``available``), as signaling's admission counts it; until
+        a steady window has taught the cost, busy per call (idle cost included: an over-
+        rather than an under-estimate)."""
+        cost = self.call_cpu.cost
+        if cost is not None:
+            return max(MIN_CALL_COST, cost / max(self.meter.report.available, MIN_AVAILABLE))
+        n = self._calls_in_window()
         return max(MIN_CALL_COST, self.meter.busy / n) if n > 0 else MIN_CALL_COST
+
+    def projected(self, extra: int) -> float:
+        """The busy share with ``extra`` calls more, the way signaling's admission projects
+        it from this report (signaling/admission.py): once a call's cost is learned, the
+        calls' whole need counts (``idle + cost x calls`` over ``available``: under a hog they
+        get less CPU than they need, and ``busy`` alone would say they cost less)."""
+        busy = self.meter.busy
+        cost = self.call_cpu.cost
+        if cost is not None:
+            available = max(self.meter.report.available, MIN_AVAILABLE)
+            busy = max(busy, (self.call_cpu.idle + cost * self._calls_in_window()) / available)
+        return busy + self.call_cost() * extra
 
     def overloaded(self) -> bool:
         """No headroom for one more call (the defence-in-depth check of ``create``)."""
-        projected = self.meter.busy + self.call_cost() * (self._created_in_window + 1)
+        projected = self.projected(self._created_in_window + 1)
         # While the complexity controller has calls degraded, only up to its step-up
         # threshold (degrade.py, issue 32: degrade first, then refuse new calls).
         return projected > self.complexity.admit_limit(self.config.refuse_busy)
@@ -448,11 +497,15 @@ class Transceiver:
         return {**self.meter.report.to_json(), "busy": round(self.meter.busy, 4),
                 "sessions": len(self.sessions) + len(self.phones),
                 "call_cost": round(self.call_cost(), 5),
+                "call_cpu": None if self.call_cpu.cost is None else round(self.call_cpu.cost, 6),
+                "idle_cpu": round(self.call_cpu.idle, 6),
+                "window_calls": self.window_calls, "window_unsettled": self.window_unsettled,
                 "opus_complexity": self.complexity.complexity,
                 "opus_complexity_steps": list(self.complexity.steps),
                 "degraded": self.complexity.degraded,
                 "admit_limit": self.complexity.low if self.complexity.degraded else None,
                 "refuse_busy": self.config.refuse_busy, "windows": self.meter.windows,
+                "headroom_mode": self.config.headroom,
                 "windows_behind": self.meter.behind}
 
     @property
@@ -551,6 +604,7 @@ class Transceiver:
         if recording is not None:
             recording.call_ended()  # its task writes the rest and finalises the file
         self.counters["sessions_ended"] += 1
+        self._churn_in_window += 1
         self.tcp_candidates.pop(session.id, None)
         self.admission.finished(session.call)  # (the call's close did; a no-op then)
         for ufrag in [u for u, s in self.by_ufrag.items() if s is session]:
@@ -683,6 +737,7 @@ class Transceiver:
             self.tcp_candidates[sid] = tcp
         self.counters["sessions_created"] += 1
         self._created_in_window += 1
+        self._churn_in_window += 1
         self._nursery.start_soon(session.run)
         self._start_recording(session)
         session.mark_answer_sent(trio.current_time())
@@ -849,6 +904,7 @@ class Transceiver:
         self._index_phone(phone)
         self.counters["phones_created"] += 1
         self._created_in_window += 1
+        self._churn_in_window += 1
         assert self._nursery is not None
         self._nursery.start_soon(phone.run)
         log.info("phone %s created (%s): agent %s", sid,
@@ -970,6 +1026,7 @@ class Transceiver:
         if self.phones.pop(phone.id, None) is None:
             return
         self.counters["phones_ended"] += 1
+        self._churn_in_window += 1
         self._unindex_phone(phone)
         for client in [c for c, p in self.phone_by_client.items() if p is phone]:
             del self.phone_by_client[client]

@@ -3,16 +3,20 @@ CPU hogs pinned to the transceiver's CPU started mid-run (the transceiver and th
 share one core, so the test does not depend on what else the machine runs). How many hogs
 is derived from the CPU the calls use in the same run (:func:`hogs_for`): enough that the
 transceiver's fair share is half of what its calls need, so its frames are late on a fast
-box and a slow one alike.
-
-Not asserted (yet): that the first report leaving signaling no room already shows the
-calls degraded. On this box it did not hold: under 4 hogs (the earlier fixed count) signaling's learned call cost
-(about 3x the transceiver's own CPU per call) divided by the ``available`` share (~0.2) made
-one call ~25 % of busy, so signaling had no room at busy ~0.45, before the controller's
-thresholds (docs/operations.md, "Load from elsewhere after admission").
+box and a slow one alike; they start one per meter window, so the load grows through every
+busy share on its way to full.
 
 Asserted on conditions, never on wall-clock figures:
 
+* degrade before refuse: the first report that leaves signaling no room for one more call
+  already shows the calls degraded. This failed before the call cost was learned only from
+  windows with no setup in them: signaling's cost, learned from windows that held the
+  calls' ICE/DTLS handshakes, was ~3x the transceiver's own CPU per call (0.045 against
+  0.015), and divided by the ``available`` share under the hogs it made one call ~25 % of
+  busy, so signaling had no room at busy ~0.45, before the controller's thresholds. Now the
+  transceiver learns the cost (headroom.CallCost) and its controller projects one more call
+  as signaling does (server.py ``projected``), its first step under 0.80 and signaling's
+  limit 0.85;
 * the complexity controller steps the calls' encoders down (below ``--opus-complexity``),
   never more than one step of the ladder between two reports;
 * a session offered once the headroom is gone is refused with 503 ``overloaded`` and
@@ -103,25 +107,40 @@ async def test_a_hog_mid_run_degrades_first_then_refuses_and_calls_keep_flowing(
             with trio.fail_after(60):
                 while not await settled():  # noqa: ASYNC110 - bounded polling
                     await trio.sleep(0.2)  # the poll interval of a bounded wait
-            hogs = start_hogs(cpu, hogs_for(own))
+            # The hogs come one per meter window, up to the derived count: load that grows
+            # (the case of issue 32 item 4) passes through every busy share between idle and
+            # full, where refusing before degrading could happen; all at once, busy jumps to
+            # full within a window or two and both show in the same report.
+            target = hogs_for(own)
+            hogs.extend(start_hogs(cpu, 1))
+            hogged_at = -1  # the meter window the last hog was started after
             before = [c.received for c in calls]
             degraded: dict[str, Any] | None = None
-            full = False
+            full: dict[str, Any] | None = None  # signaling's view when it first had no room
             try:
                 with trio.fail_after(120):  # a hang guard, not a figure
-                    while degraded is None or not full:
+                    while degraded is None or full is None:
                         await signaling.refresh()
                         load = (await stack.ctl(0, op="stats"))["load"]
                         reports.append(load)
+                        if len(hogs) < target and load["windows"] > hogged_at:
+                            hogs.extend(start_hogs(cpu, 1))
+                            hogged_at = load["windows"]
                         if degraded is None and load["degraded"]:
                             degraded = load
-                        full = full or signaling.admission.room(0) == 0
+                        if full is None and signaling.admission.room(0) == 0:
+                            full = signaling.admission.view(0)
                         await trio.sleep(0.2)  # the poll interval of a bounded wait
             except trio.TooSlowError:
                 raise AssertionError(
-                    f"{len(hogs)} hogs beside own={own:.3f}: degraded={degraded is not None} "
-                    f"full={full}; last report {reports[-1] if reports else None}; "
+                    f"{len(hogs)}/{target} hogs beside own={own:.3f}: degraded={degraded is not None} "
+                    f"full={full is not None}; last report {reports[-1] if reports else None}; "
                     f"signaling {signaling.admission.view(0)}") from None
+            # 0. degrade before refuse: the report that left signaling no room (its view
+            #    is of one report) already had the calls degraded
+            assert full is not None and full["degraded"], (
+                f"signaling had no room before the calls were degraded: {full}; "
+                f"transceiver reports since the hog {reports}")
             # 1. the controller reacts: the calls' encoders step down (one step at a time)
             assert degraded["opus_complexity"] < 10 and degraded["admit_limit"] is not None
             complexities = [r["opus_complexity"] for r in reports]

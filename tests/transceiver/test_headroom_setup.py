@@ -1,0 +1,217 @@
+"""What one call costs is learned only from windows with no call setup in them (issue 32),
+and the transceiver's complexity controller projects one more call as signaling does, so
+the first report leaving signaling no room already shows the calls degraded.
+
+Regression for tests/reliability/test_hog_midrun.py's finding: signaling learned the
+per-call cost from windows that held the calls' ICE/DTLS handshakes, ~3x their media's
+(0.045 against 0.015), and under a hog it ran out of room while the controller still read
+the calls as cheap and had not stepped down.
+
+The load is made up (no tick task; :meth:`Transceiver.handle_tick` with CPU seconds, tick
+lags and ``/proc/stat`` texts of the tests' choosing), so nothing depends on this machine.
+Sessions are created through the control channel and marked connected by the test: their
+ICE/DTLS is not the subject here, only what the transceiver counts of it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from transceiver.support import make_offer
+
+from appliance.control import control_request
+from appliance.proto.dtls import Certificate
+from appliance.signaling.admission import Admission
+from appliance.transceiver.call import CallState
+from appliance.transceiver.corestat import parse_proc_stat_untrusted
+from appliance.transceiver.headroom import IDLE, LEARN, TICK, CallCost
+from appliance.transceiver.server import (
+    Transceiver,
+    TransceiverAddresses,
+    TransceiverConfig,
+    serve_transceiver,
+)
+
+SECRETS = (b"routing-secret-for-tests-0123456",)
+CERT = Certificate.generate(time.time())
+TICKS_PER_S = 100  # /proc/stat's clock ticks
+
+
+# -- the learner, sans-IO --------------------------------------------------------------------
+
+
+def test_windows_with_setup_or_churn_teach_nothing() -> None:
+    c = CallCost()
+    assert c.cost is None and c.idle == IDLE
+    assert c.handle_window(0.012, 0, 0, behind=False)  # no call, nothing setting up: idle
+    assert c.idle == pytest.approx(0.012)
+    # Six calls being set up: their handshakes make the window 0.28 of a core.
+    assert not c.handle_window(0.28, 0, 6, behind=False)
+    assert not c.handle_window(0.30, 4, 2, behind=False)  # 4 running, 2 still connecting
+    assert c.cost is None
+    assert c.handle_window(0.102, 6, 0, behind=False)  # six calls, nothing else: media
+    assert c.cost == pytest.approx((0.102 - 0.012) / 6)
+    learned = c.cost
+    assert not c.handle_window(0.20, 6, 1, behind=False)  # one ended in it
+    assert not c.handle_window(0.60, 6, 0, behind=True)  # the loop was behind
+    assert not c.handle_window(0.02, 1, 0, behind=False)  # one call: noise
+    assert c.cost == learned
+    assert c.handle_window(0.132, 6, 0, behind=False)  # an EWMA of steady windows
+    assert c.cost == pytest.approx(LEARN * 0.02 + (1 - LEARN) * learned)
+    assert c.samples == 3
+
+
+# -- the transceiver's window accounting -----------------------------------------------------
+
+
+@pytest.fixture
+async def running(tmp_path: Path) -> AsyncIterator[Transceiver]:
+    config = TransceiverConfig(id=0, secrets=SECRETS, listen=("127.0.0.1", 0),
+                               control=str(tmp_path / "t0.sock"), opus_complexity=10)
+    async with trio.open_nursery() as nursery:
+        addrs: TransceiverAddresses = await nursery.start(serve_transceiver, config)
+        assert addrs.transceiver is not None
+        yield addrs.transceiver
+        nursery.cancel_scope.cancel()
+
+
+async def create(tr: Transceiver, sid: str) -> None:
+    assert tr.config.control is not None
+    r = await control_request(tr.config.control, {
+        "op": "create", "session_id": sid, "candidates": [["198.51.100.1", 3478]],
+        "offer": make_offer("Clnt", "clientpasswordclientpass", CERT.fingerprint)})
+    assert r["ok"], r
+
+
+def connect(tr: Transceiver, *sids: str) -> None:
+    """ICE and DTLS done (the call's state as its table would set it)."""
+    for sid in sids:
+        tr.sessions[sid].call.state = CallState.CONNECTED
+
+
+class Host:
+    """One CPU: the transceiver's process CPU, hogs pinned beside it, /proc/stat."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+        self.cpu = 0.0
+        self.busy_ticks = self.idle_ticks = 0.0
+
+    def window(self, tr: Transceiver, own: float, *, hogs: int = 0, lag: float = 0.001,
+               sent_per_s: int = 0) -> dict[str, Any]:
+        """One meter window (25 ticks of 20 ms) with the transceiver using ``own`` of the
+        core and ``hogs`` busy loops the rest; what ``stats`` says under ``load`` after."""
+        windows = tr.meter.windows
+        while tr.meter.windows == windows:
+            self.t += TICK
+            self.cpu += own * TICK
+            used = 1.0 if hogs else own
+            self.busy_ticks += used * TICK * TICKS_PER_S
+            self.idle_ticks += (1.0 - used) * TICK * TICKS_PER_S
+            tr.counters["datagrams_out"] += round(sent_per_s * TICK)
+            stat = parse_proc_stat_untrusted(
+                f"cpu0 {int(self.busy_ticks)} 0 0 {int(self.idle_ticks)} 0 0 0 0 0 0\n"
+                f"procs_running {hogs + 1}\n") if tr.meter.window_due(self.t) else None
+            tr.handle_tick(self.t, self.cpu, lag, stat, frozenset({0}) if stat else None)
+        return tr.load_view()
+
+
+async def test_setup_windows_do_not_teach_the_call_cost(running: Transceiver) -> None:
+    tr, host = running, Host()
+    host.window(tr, 0.01)
+    host.window(tr, 0.01)  # nothing at all: the idle cost
+    for i in range(6):
+        await create(tr, f"c{i}")
+    load = host.window(tr, 0.30)  # six handshakes: expensive
+    assert (load["window_unsettled"], load["call_cpu"]) == (6, None)
+    connect(tr, *(f"c{i}" for i in range(6)))
+    load = host.window(tr, 0.25)  # they connected in this window: it began with them setting up
+    assert load["window_unsettled"] == 6 and load["call_cpu"] is None
+    load = host.window(tr, 0.10)  # connected throughout: media only
+    assert (load["window_calls"], load["window_unsettled"]) == (6, 0)
+    assert load["call_cpu"] == pytest.approx((0.10 - 0.01) / 6, abs=1e-5)
+    assert load["idle_cpu"] == pytest.approx(0.01)
+    learned = load["call_cpu"]
+    await create(tr, "late")  # a seventh call's setup in the next window: ignored
+    load = host.window(tr, 0.40)
+    assert load["window_unsettled"] == 1 and load["call_cpu"] == learned
+    # One more call now: the learned cost, not the setup-inflated busy per call.
+    assert tr.call_cost() == pytest.approx(learned / load["available"], rel=1e-3)
+
+
+async def test_signaling_takes_the_cost_the_transceiver_learned(running: Transceiver) -> None:
+    tr, host = running, Host()
+    adm = Admission([0], {0: 0}, prior_cost=0.0125)
+    host.window(tr, 0.01)
+    host.window(tr, 0.01)
+    for i in range(6):
+        await create(tr, f"c{i}")
+    adm.report(0, {"load": host.window(tr, 0.30)}, adm.asked(0))
+    assert not adm.view(0)["call_cost_learned"]  # a setup window: the prior stands
+    connect(tr, *(f"c{i}" for i in range(6)))
+    host.window(tr, 0.25)
+    adm.report(0, {"load": host.window(tr, 0.10)}, adm.asked(0))
+    view = adm.view(0)
+    assert view["call_cost_learned"]
+    assert view["call_cost"] == pytest.approx(0.015, abs=1e-4)  # not 0.30 / 6 = 0.05
+
+
+@pytest.mark.parametrize("ramp", [1, 2, 4, 8, 16, 32])
+async def test_no_report_that_leaves_signaling_no_room_shows_the_calls_undegraded(
+        running: Transceiver, ramp: int) -> None:
+    """Hogs are pinned beside the transceiver's six calls (``ramp`` more per window, up to
+    32): its fair share of the core falls below what its calls need, its frames are late,
+    and every report is fed to signaling's admission. Whenever signaling has no room for
+    one more call, that report has the calls degraded; and it does run out of room."""
+    tr, host = running, Host()
+    adm = Admission([0], {0: 0})
+    host.window(tr, 0.01)
+    host.window(tr, 0.01)
+    for i in range(6):
+        await create(tr, f"c{i}")
+    host.window(tr, 0.30)
+    connect(tr, *(f"c{i}" for i in range(6)))
+    for _ in range(3):
+        adm.report(0, {"load": host.window(tr, 0.10, sent_per_s=300)}, adm.asked(0))
+    assert adm.view(0)["call_cost_learned"] and adm.room(0) > 0
+    need_per_call = 0.015
+    full_at: int | None = None
+    for w in range(60):
+        hogs = min(32, ramp * (w + 1))
+        ladder = tr.complexity.steps.index(tr.complexity.complexity)
+        need = 0.01 + 6 * need_per_call * (1 - 0.05 * ladder)  # cheaper per step down
+        fair = 1.0 / (hogs + 1)
+        own = min(need, fair)
+        # Frames late in proportion to what the calls lack (40 ms: full), else on time.
+        lag = 0.001 + 0.060 * max(0.0, 1 - own / need)
+        load = host.window(tr, own, hogs=hogs, lag=lag, sent_per_s=300)
+        adm.report(0, {"load": load}, adm.asked(0))
+        if adm.room(0) == 0:
+            assert load["degraded"], (w, load, adm.view(0))
+            full_at = w if full_at is None else full_at
+    assert full_at is not None, "the hogs must leave signaling no room"
+
+
+def test_no_step_back_up_while_one_more_call_would_not_fit() -> None:
+    """Busy is low (the calls get less than they need, under a hog), but one more call's
+    share as signaling projects it still would not fit under urgent: stepping up would
+    show the calls undegraded in a report that leaves signaling no room."""
+    from appliance.transceiver.degrade import DWELL_UP, ComplexityController
+
+    ctl = ComplexityController(5)
+    ctl.handle_load(0.0, 0.45, 0.40)  # 0.85: the first step at once
+    assert ctl.degraded
+    t = 0.0
+    while t < 4 * DWELL_UP:
+        t += 0.5
+        ctl.handle_load(t, 0.45, 0.40)  # under low for long, but 0.45 + 0.40 >= urgent
+        assert ctl.degraded, t  # at every report, not just degraded again at the next
+    assert ctl.changes == 1
+    while t < 8 * DWELL_UP and ctl.degraded:
+        t += 0.5
+        ctl.handle_load(t, 0.30, 0.05)  # room again: back up
+    assert not ctl.degraded
