@@ -49,7 +49,7 @@ the frames where the reference carried sound, smoothed.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -62,6 +62,9 @@ GATE_MARGIN_DB = 12.0  # once D is known: echo when this far below the aligned r
 CONVERGE_FRAMES = 100  # 2 s after D is set or moved: the filter is still converging
 _GATE = 10 ** (GATE_DB / 20)
 _MARGIN = 10 ** (-GATE_MARGIN_DB / 10)
+#: Short-term ERLE below this (dB) after convergence: the filter has slipped (see process).
+ADRIFT_DB = 6.0
+_QUICK = 0.25  # smoothing of the short-term powers: ~4 frames
 _REF_ACTIVE = 30.0 ** 2  # mean power of a reference frame that carries sound
 _INT16 = np.dtype("<i2")
 
@@ -141,7 +144,7 @@ class EchoCanceller:
 
     def __init__(self, *, tail_ms: float = 60.0, max_delay_ms: float = 500.0,
                  guard_ms: float = 10.0, window_ms: float = 1000.0,
-                 estimate_every: int = 25) -> None:
+                 estimate_every: int = 25, adrift_db: float | None = ADRIFT_DB) -> None:
         self.rate = SAMPLE_RATE
         self.tail = round(tail_ms * SAMPLE_RATE / 1000)
         self.max_delay = round(max_delay_ms * SAMPLE_RATE / 1000) // _DECIM * _DECIM
@@ -154,7 +157,11 @@ class EchoCanceller:
         self.estimator = DelayEstimator(max_delay=self.max_delay, window=self.window)
         self.speex = SpeexEcho(self.SUB, self.tail, SAMPLE_RATE)
         self.t0: float | None = None
-        self.mic_pos: int | None = None
+        self.mic_pos: int | None = None  # where the next frame goes if none is missing
+        self._mic_anchor = 0  # mic position = anchor + the frame's media time in samples
+        self.mic_gaps = 0  # frames placed after a gap in the sender's media time
+        self.mic_reanchors = 0  # media time went back or leapt ahead of the call clock
+        self._adrift = None if adrift_db is None else 10 ** (adrift_db / 10)
         self.delay: int | None = None  # D, samples
         self._pending: int | None = None  # a differing estimate waiting for confirmation
         self.frames = 0
@@ -164,8 +171,11 @@ class EchoCanceller:
         self.changes = 0
         self._p_mic = 0.0
         self._p_out = 0.0
+        self._q_mic = 0.0  # the same powers over the last few frames (the filter's state now)
+        self._q_out = 0.0
         self._ref_active_frames = 0
         self.gated = 0
+        self.adrift = 0  # frames gated by the fresh-filter rule because the filter slipped
         self._floor: float | None = None  # the microphone's background power
         self._converging = 0  # frames left of CONVERGE_FRAMES
 
@@ -186,12 +196,44 @@ class EchoCanceller:
 
     # -- the in chain ----------------------------------------------------------------------
 
-    def process(self, pcm: bytes, now: float) -> bytes:
+    def _mic_position(self, now: float, media_time: float | None) -> int:
+        """Where this microphone frame starts on the call clock's sample axis.
+
+        Anchored on the call clock at the first frame, then on the sender's media time (its
+        RTP timestamp, ``media_time`` seconds since the call's first packet) — not on when
+        frames arrive: a stall and the burst after it, or a frame the jitter buffer
+        conceals, leave every frame at its media position. A sender that stops sending
+        (silence suppression, DTX, an outage the jitter buffer resynchronises over) leaves
+        a gap in media time that arrival order would collapse, shifting the microphone
+        against the reference by the gap: here the gap stays a gap (zeros). Without media
+        time (``None``), frames are taken as contiguous."""
+        expected = self.mic_pos
+        if expected is None:
+            start = self._pos(now)
+            if media_time is not None:
+                self._mic_anchor = start - round(media_time * SAMPLE_RATE)
+            return start
+        if media_time is None:
+            return expected
+        at = self._mic_anchor + round(media_time * SAMPLE_RATE)
+        if at == expected:
+            return at
+        if expected < at <= self._pos(now) + self.window:
+            # A gap the call clock saw pass too (the slack covers a first frame that came
+            # late and so anchored the stream late).
+            self.mic_gaps += 1
+            return at
+        # Media time went backwards or leapt past the call clock: the sender restarted
+        # its timestamps. Carry on from here, on the call clock if it is ahead.
+        self.mic_reanchors += 1
+        at = max(expected, self._pos(now))
+        self._mic_anchor = at - round(media_time * SAMPLE_RATE)
+        return at
+
+    def process(self, pcm: bytes, now: float, media_time: float | None = None) -> bytes:
         x = np.frombuffer(pcm, _INT16)
-        if self.mic_pos is None:
-            self.mic_pos = self._pos(now)
-        pos = self.mic_pos
-        self.mic_pos += len(x)
+        pos = self._mic_position(now, media_time)
+        self.mic_pos = pos + len(x)
         self.mic.write(pos, x)
         self.frames += 1
         p_mic = _power(x)
@@ -222,6 +264,9 @@ class EchoCanceller:
             self._p_mic += a * (p_mic - self._p_mic)
             self._p_out += a * (p_out - self._p_out)
             self._ref_active_frames += 1
+            b = _QUICK
+            self._q_mic += b * (p_mic - self._q_mic)
+            self._q_out += b * (p_out - self._q_out)
         if self._converging > 0:
             # A fresh filter (and perhaps a first estimate that is not yet right): the
             # rule of the unknown delay, any reference of the last max_delay.
@@ -231,6 +276,13 @@ class EchoCanceller:
             # The reference around m - D, the filter's tail either side: where echo (or
             # what a misadjusted filter makes of it) may be in this frame.
             start, n, margin = pos - lead - self.tail, len(x) + 2 * self.tail, _MARGIN
+            if self._adrift is not None and self._q_out * self._adrift > self._q_mic:
+                # The filter is not cancelling (the echo path just stepped: the far end's
+                # playout moved by a frame, and the filter re-adapts or the estimator
+                # moves D): what it left is echo when it is quieter than the reference
+                # itself, the rule of a fresh filter over the same aligned span.
+                margin = 1.0
+                self.adrift += 1
         if self.ref.end > start:
             p_ref = self._ref_peak_power(start, n)
             if p_ref > _REF_ACTIVE and p_out < p_ref * margin:
@@ -292,6 +344,8 @@ class EchoCanceller:
             "estimates": self.estimates, "accepted": self.accepted, "changes": self.changes,
             "erle_db": None if erle is None else round(erle, 1),
             "frames": self.frames, "cancelled": self.cancelled, "gated": self.gated,
+            "adrift": self.adrift, "mic_gaps": self.mic_gaps,
+            "mic_reanchors": self.mic_reanchors,
         }
 
     def close(self) -> None:
@@ -303,16 +357,25 @@ def _power(x: np.ndarray) -> float:
     return float(f.dot(f)) / len(f)
 
 
+class MediaClock(Protocol):
+    """What tells the in side each frame's media time: the in :class:`StageChain`, whose
+    ``media_time`` the pipeline sets before it runs a frame through the chain."""
+
+    media_time: float | None
+
+
 class EchoCancelStage:
     """The in-chain side (named ``aec``)."""
 
     name = "aec"
 
-    def __init__(self, aec: EchoCanceller) -> None:
+    def __init__(self, aec: EchoCanceller, media: MediaClock | None = None) -> None:
         self.aec = aec
+        self.media = media
 
     def process(self, pcm: bytes, now: float) -> bytes:
-        return self.aec.process(pcm, now)
+        media = self.media
+        return self.aec.process(pcm, now, None if media is None else media.media_time)
 
     def stats(self) -> dict[str, Any]:
         return self.aec.stats()
@@ -340,8 +403,10 @@ class EchoReference:
         pass  # the in side owns the native state
 
 
-def make_echo_canceller(**options: Any) -> tuple[EchoCancelStage, EchoReference]:
-    """The two stages of one call's echo canceller (StageUnavailable without speexdsp)."""
+def make_echo_canceller(media: MediaClock | None = None,
+                        **options: Any) -> tuple[EchoCancelStage, EchoReference]:
+    """The two stages of one call's echo canceller (StageUnavailable without speexdsp);
+    ``media`` gives the in side each microphone frame's media time (the in chain)."""
     load()
     aec = EchoCanceller(**options)
-    return EchoCancelStage(aec), EchoReference(aec)
+    return EchoCancelStage(aec, media), EchoReference(aec)
