@@ -10,10 +10,14 @@ Two stages share one :class:`EchoCanceller`::
 **Streams on one time axis.** Both sides stamp their frames with the call clock (``now``).
 The reference (what was sent) is a contiguous sample stream while the agent talks and is
 re-anchored to the clock when it starts again after a silence (the gap becomes zeros); the
-microphone is contiguous from its first frame (the jitter buffer yields one frame per 20 ms,
-concealed ones included). The echo in microphone sample ``m`` is reference sample
-``m - D``: ``D`` covers everything between our send and the echo's return — the network both
-ways, the far end's jitter buffer and audio path, our jitter buffer.
+microphone is anchored on the clock at its first frame and placed from then on by each
+frame's **media time** (the sender's RTP timestamp, ``StageChain.media_time``), not by when
+it arrives: a stall and the burst after it, or a slot the jitter buffer conceals, leave
+every frame in place, and a gap in what the sender sent (silence suppression, DTX, an outage
+the jitter buffer resyncs over) stays a gap — counting frames collapsed it and slid the
+microphone early against the reference by its length. The echo in microphone sample ``m``
+is reference sample ``m - D``: ``D`` covers everything between our send and the echo's
+return — the network both ways, the far end's jitter buffer and audio path, ours.
 
 **Delay estimation** (:class:`DelayEstimator`): every ``estimate_every`` frames while the
 reference carries sound, GCC-PHAT (generalised cross-correlation with phase transform,
@@ -37,10 +41,15 @@ than the loudest reference frame of the last ``max_delay`` (the echo of any of t
 arriving: a phone's echo path attenuates, so an echo is quieter than what caused it); once
 ``D`` is known, by the same rule for :data:`CONVERGE_FRAMES` while the fresh filter
 converges (and a first estimate may still move), then when what the filter left is more
-than :data:`GATE_MARGIN_DB` below the reference around ``m - D``. So the agent's returning voice does not reach the VAD while the
-delay is being found or the filter converges (an agent with barge-in would otherwise
-interrupt itself on its first words); a caller talking over the agent at a normal level is
-louder than that and passes. Counted as ``gated``.
+than :data:`GATE_MARGIN_DB` below the reference around ``m - D`` — unless the filter has
+slipped (its ERLE over the last few frames below :data:`ADRIFT_DB`: the echo path stepped,
+a far end's playout moving by a frame under load, and until the filter re-adapts or two
+estimates move ``D`` it cancels nothing): then when it is quieter than the reference itself
+around ``m - D``. So the agent's returning voice does not reach the VAD while the
+delay is being found, the filter converges or it has lost the echo (an agent with barge-in
+would otherwise interrupt itself); a caller talking over the agent at a normal level is
+louder than that and passes. Counted as ``gated`` (and ``adrift``: gated only because the
+filter had slipped).
 
 Reported (``media.stages.aec``): ``delay_ms``, the estimates made/accepted/changes, and
 ``erle_db`` — echo return loss enhancement, 10·log10(microphone power / output power) over
@@ -175,7 +184,7 @@ class EchoCanceller:
         self._q_out = 0.0
         self._ref_active_frames = 0
         self.gated = 0
-        self.adrift = 0  # frames gated by the fresh-filter rule because the filter slipped
+        self.adrift = 0  # frames gated only because the filter slipped (the fresh rule)
         self._floor: float | None = None  # the microphone's background power
         self._converging = 0  # frames left of CONVERGE_FRAMES
 
@@ -267,6 +276,7 @@ class EchoCanceller:
             b = _QUICK
             self._q_mic += b * (p_mic - self._q_mic)
             self._q_out += b * (p_out - self._q_out)
+        slipped = False
         if self._converging > 0:
             # A fresh filter (and perhaps a first estimate that is not yet right): the
             # rule of the unknown delay, any reference of the last max_delay.
@@ -281,11 +291,12 @@ class EchoCanceller:
                 # playout moved by a frame, and the filter re-adapts or the estimator
                 # moves D): what it left is echo when it is quieter than the reference
                 # itself, the rule of a fresh filter over the same aligned span.
-                margin = 1.0
-                self.adrift += 1
+                margin, slipped = 1.0, True
         if self.ref.end > start:
             p_ref = self._ref_peak_power(start, n)
             if p_ref > _REF_ACTIVE and p_out < p_ref * margin:
+                if slipped and p_out >= p_ref * _MARGIN:
+                    self.adrift += 1  # gated only because the filter slipped
                 return self._gate(y, p_out)
         return out
 
