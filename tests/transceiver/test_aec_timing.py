@@ -21,8 +21,10 @@ at -8 dB with a reflection — as RTP whose arrival the test controls.
   moved 20 ms late in the last second of the agent's answer, measured from the stage's own
   streams): the filter cannot cancel until it re-adapts or the estimator moves ``D`` (two
   agreeing estimates, ~1 s), and the echo gate's aligned rule assumed a working filter, so
-  the echo reached the VAD. The gate now falls back to the fresh-filter rule while the
-  short-term ERLE says the filter has slipped.
+  the echo reached the VAD. The gate now judges as for an unknown delay while the
+  short-term ERLE says the filter has slipped, against any reference of the last 500 ms
+  and the echo path's learnt loss (so a caller talking over the agent still passes:
+  tests/transceiver/test_speech_stages.py, double talk).
 """
 
 from __future__ import annotations
@@ -217,22 +219,26 @@ def test_a_gap_in_the_senders_media_time_stays_a_gap() -> None:
         out, aec = run_call(far, mic, {}, silent=silent, media_time=media_time)
         assert len(out) == len(m)
         results[media_time] = (erle(m, out, after), aec.stats())
-    (counted, counted_stats), (placed, placed_stats) = results[False], results[True]
-    assert counted < 6, results  # the filter lost the echo (what is left is the gate's)
-    assert counted_stats["erle_db"] < 6 and counted_stats["adrift"] > 0
+    (_, counted_stats), (placed, placed_stats) = results[False], results[True]
+    # Counted: the filter lost the echo (its own ERLE, before the gate; the gate, told
+    # by it that the filter slipped, keeps most of the echo from the agent even so).
+    assert counted_stats["erle_db"] < 6 and counted_stats["adrift"] > 0, results
     assert placed > 20, results
     assert placed_stats["erle_db"] > 20
     assert placed_stats["mic_gaps"] == 1 and placed_stats["changes"] == 0
     assert placed_stats["delay_ms"] == pytest.approx(ECHO_MS + NET * 1000, abs=1.0)
 
 
-@pytest.mark.parametrize("step_ms", [20.0, -20.0])
+@pytest.mark.parametrize("step_ms", [20.0, -20.0, 100.0])
 def test_an_echo_path_that_steps_by_a_frame_never_reaches_the_vad(step_ms: float) -> None:
-    """The e2e's failure: the caller's playout moved by a frame near the end of the agent's
-    answer, after the estimate was made. Until the filter re-adapts or ``D`` moves (two
-    agreeing estimates), what it leaves is the echo at the path's own loss, which the
-    gate's aligned -12 dB rule let through, and the VAD called it speech (an agent with
-    barge-in cut itself off). With the short-term ERLE watched, none of it gets through."""
+    """The e2e's failure: the caller's playout moved by a frame (or, under the CPU hog, by
+    a stall's worth: a 297 ms estimate after ~200) near the end of the agent's answer,
+    after the estimate was made. Until the filter re-adapts or ``D`` moves (two agreeing
+    estimates), what it leaves is the echo at the path's own loss, which the gate's
+    aligned -12 dB rule let through, and the VAD called it speech (an agent with barge-in
+    cut itself off). With the short-term ERLE watched, none of it gets through; the span
+    it then judges by is the whole max_delay (an aligned one let 13 frames of a 100 ms
+    step through)."""
     far = speech_like(9.0, seed=23)
     mic = phone_mic(far, [(0.0, ECHO_MS), (6.0, ECHO_MS + step_ms)])
     speech: dict[bool, int] = {}

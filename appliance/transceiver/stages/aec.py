@@ -43,9 +43,11 @@ arriving: a phone's echo path attenuates, so an echo is quieter than what caused
 converges (and a first estimate may still move), then when what the filter left is more
 than :data:`GATE_MARGIN_DB` below the reference around ``m - D`` — unless the filter has
 slipped (its ERLE over the last few frames below :data:`ADRIFT_DB`: the echo path stepped,
-a far end's playout moving by a frame under load, and until the filter re-adapts or two
-estimates move ``D`` it cancels nothing): then when it is quieter than the reference itself
-around ``m - D``. So the agent's returning voice does not reach the VAD while the
+a far end's playout moving by a frame or a stall's worth under load, and until the filter
+re-adapts or two estimates move ``D`` it cancels nothing): then, as while ``D`` is unknown,
+against the loudest reference of the last ``max_delay``, and echo when quieter than the
+echo path's loss (learnt while the filter worked) makes it, plus :data:`ERL_SLACK_DB` — a
+caller talking over the agent also keeps the output loud, and is louder than that. So the agent's returning voice does not reach the VAD while the
 delay is being found, the filter converges or it has lost the echo (an agent with barge-in
 would otherwise interrupt itself); a caller talking over the agent at a normal level is
 louder than that and passes. Counted as ``gated`` (and ``adrift``: gated only because the
@@ -74,6 +76,9 @@ _MARGIN = 10 ** (-GATE_MARGIN_DB / 10)
 #: Short-term ERLE below this (dB) after convergence: the filter has slipped (see process).
 ADRIFT_DB = 6.0
 _QUICK = 0.25  # smoothing of the short-term powers: ~4 frames
+_FIT = 10 ** (12.0 / 10)  # short-term ERLE above 12 dB: the filter is working
+ERL_SLACK_DB = 10.0  # a slipped filter's gate: echo up to this much above the learnt loss
+_ERL_SLACK = 10 ** (ERL_SLACK_DB / 10)
 _REF_ACTIVE = 30.0 ** 2  # mean power of a reference frame that carries sound
 _INT16 = np.dtype("<i2")
 
@@ -182,6 +187,8 @@ class EchoCanceller:
         self._p_out = 0.0
         self._q_mic = 0.0  # the same powers over the last few frames (the filter's state now)
         self._q_out = 0.0
+        self._ref_loud_end = 0  # one past the last reference frame that carried sound
+        self._erl = 1.0  # the echo path's power loss, learnt while the filter works
         self._ref_active_frames = 0
         self.gated = 0
         self.adrift = 0  # frames gated only because the filter slipped (the fresh rule)
@@ -201,7 +208,10 @@ class EchoCanceller:
         ref = self.ref
         # Contiguous while the agent talks; after a silence (more than a frame late) the
         # stream is re-anchored on the clock and the gap is zeros.
-        ref.write(pos if pos > ref.end + FRAME_SAMPLES else ref.end, x)
+        at = pos if pos > ref.end + FRAME_SAMPLES else ref.end
+        if _power(x) > _REF_ACTIVE:
+            self._ref_loud_end = at + len(x)
+        ref.write(at, x)
 
     # -- the in chain ----------------------------------------------------------------------
 
@@ -273,6 +283,9 @@ class EchoCanceller:
             self._p_mic += a * (p_mic - self._p_mic)
             self._p_out += a * (p_out - self._p_out)
             self._ref_active_frames += 1
+        if self._ref_loud_end > pos - self.max_delay:
+            # Echo of something sent may be in this frame, wherever D is now: how much of
+            # the microphone the filter takes out, over the last few frames.
             b = _QUICK
             self._q_mic += b * (p_mic - self._q_mic)
             self._q_out += b * (p_out - self._q_out)
@@ -287,13 +300,22 @@ class EchoCanceller:
             # what a misadjusted filter makes of it) may be in this frame.
             start, n, margin = pos - lead - self.tail, len(x) + 2 * self.tail, _MARGIN
             if self._adrift is not None and self._q_out * self._adrift > self._q_mic:
-                # The filter is not cancelling (the echo path just stepped: the far end's
-                # playout moved by a frame, and the filter re-adapts or the estimator
-                # moves D): what it left is echo when it is quieter than the reference
-                # itself, the rule of a fresh filter over the same aligned span.
-                margin, slipped = 1.0, True
+                # The filter is not cancelling: the echo path stepped (a far end's playout
+                # slipped by a frame or a stall's worth) and D is not known again until
+                # the filter re-adapts or two estimates move it. So, as for an unknown
+                # delay, any reference of the last max_delay may be echoing (an aligned
+                # span misses a step longer than the tail); but not "quieter than that
+                # reference", which a caller talking over the agent (the other reason
+                # the output stays loud) often is: quieter than what the echo path,
+                # its loss learnt while the filter worked, makes of it, +ERL_SLACK_DB.
+                start, n = pos - self.max_delay, self.max_delay + len(x)
+                margin, slipped = min(1.0, self._erl * _ERL_SLACK), True
         if self.ref.end > start:
             p_ref = self._ref_peak_power(start, n)
+            if not slipped and p_ref > _REF_ACTIVE and self._q_out * _FIT < self._q_mic:
+                # The filter is working, so the microphone is mostly echo: learn the echo
+                # path's loss (the microphone against the peak of the aligned reference).
+                self._erl += 0.05 * (min(1.0, p_mic / p_ref) - self._erl)
             if p_ref > _REF_ACTIVE and p_out < p_ref * margin:
                 if slipped and p_out >= p_ref * _MARGIN:
                     self.adrift += 1  # gated only because the filter slipped
