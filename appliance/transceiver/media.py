@@ -173,6 +173,7 @@ class PcmPipeline:
                           for i in range(0, len(pcm) - FRAME_BYTES + 1, FRAME_BYTES))
             for i, chunk in chunks:
                 if run_stages is not None:
+                    chain.media_time = base + i / _BYTES_PER_SECOND
                     chunk = run_stages(chunk, now)
                 speech = vad.update(chunk)
                 frame = Frame(chunk, base + i / _BYTES_PER_SECOND, now, speech, vad.last_level,

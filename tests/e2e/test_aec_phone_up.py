@@ -188,14 +188,13 @@ def first_phrase(x: np.ndarray) -> np.ndarray:
     return x
 
 
-# Not strict: it passed 3 of 3 on its branch (load ~14) and failed 1 of 1 in the first
-# clean-clone run with two xdist workers (issue 31): the with-AEC call estimated the echo
-# delay at 194 ms (the path is 80 ms plus transport) with ERLE 0.2 dB, so the filter never
-# converged and the agent's echo got through the gate twice. The suspected cause: the
-# stage's microphone position counts samples from the first frame and is never re-anchored
-# on the call clock, so frames the jitter buffer drops under load shift the microphone
-# stream against the reference. Fix that, then make this strict again.
-@pytest.mark.xfail(strict=False, reason="AEC e2e: mic/reference drift under load (see above)")
+# Issue 31: this test's failures (ERLE 0.2 dB at a 194 ms estimate in CI; a 297 ms
+# estimate under .ci/hog.py) were the echo path stepping — by a frame, or by a stall's
+# worth — late in the agent's answer (this caller's playout is an asyncio consumer: under
+# load it slips), which the gate let through until D moved. The microphone stayed in place
+# (the stage's own streams, dumped from 14 hog runs). While the filter has slipped the gate
+# now judges as for an unknown delay (stages/aec.py; tests/transceiver/test_aec_timing.py
+# has the steps as unit tests). 20 runs in a row passed after that, 10 under the hog.
 def test_aec_keeps_the_agent_from_interrupting_itself(up: str, tmp_path: Path) -> None:
     speech = first_phrase(espeak(0))
     assert 2.0 < len(speech) / RATE < 4.0

@@ -10,10 +10,14 @@ Two stages share one :class:`EchoCanceller`::
 **Streams on one time axis.** Both sides stamp their frames with the call clock (``now``).
 The reference (what was sent) is a contiguous sample stream while the agent talks and is
 re-anchored to the clock when it starts again after a silence (the gap becomes zeros); the
-microphone is contiguous from its first frame (the jitter buffer yields one frame per 20 ms,
-concealed ones included). The echo in microphone sample ``m`` is reference sample
-``m - D``: ``D`` covers everything between our send and the echo's return — the network both
-ways, the far end's jitter buffer and audio path, our jitter buffer.
+microphone is anchored on the clock at its first frame and placed from then on by each
+frame's **media time** (the sender's RTP timestamp, ``StageChain.media_time``), not by when
+it arrives: a stall and the burst after it, or a slot the jitter buffer conceals, leave
+every frame in place, and a gap in what the sender sent (silence suppression, DTX, an outage
+the jitter buffer resyncs over) stays a gap — counting frames collapsed it and slid the
+microphone early against the reference by its length. The echo in microphone sample ``m``
+is reference sample ``m - D``: ``D`` covers everything between our send and the echo's
+return — the network both ways, the far end's jitter buffer and audio path, ours.
 
 **Delay estimation** (:class:`DelayEstimator`): every ``estimate_every`` frames while the
 reference carries sound, GCC-PHAT (generalised cross-correlation with phase transform,
@@ -37,10 +41,17 @@ than the loudest reference frame of the last ``max_delay`` (the echo of any of t
 arriving: a phone's echo path attenuates, so an echo is quieter than what caused it); once
 ``D`` is known, by the same rule for :data:`CONVERGE_FRAMES` while the fresh filter
 converges (and a first estimate may still move), then when what the filter left is more
-than :data:`GATE_MARGIN_DB` below the reference around ``m - D``. So the agent's returning voice does not reach the VAD while the
-delay is being found or the filter converges (an agent with barge-in would otherwise
-interrupt itself on its first words); a caller talking over the agent at a normal level is
-louder than that and passes. Counted as ``gated``.
+than :data:`GATE_MARGIN_DB` below the reference around ``m - D`` — unless the filter has
+slipped (its ERLE over the last few frames below :data:`ADRIFT_DB`: the echo path stepped,
+a far end's playout moving by a frame or a stall's worth under load, and until the filter
+re-adapts or two estimates move ``D`` it cancels nothing): then, as while ``D`` is unknown,
+against the loudest reference of the last ``max_delay``, and echo when quieter than the
+echo path's loss (learnt while the filter worked) makes it, plus :data:`ERL_SLACK_DB` — a
+caller talking over the agent also keeps the output loud, and is louder than that. So the agent's returning voice does not reach the VAD while the
+delay is being found, the filter converges or it has lost the echo (an agent with barge-in
+would otherwise interrupt itself); a caller talking over the agent at a normal level is
+louder than that and passes. Counted as ``gated`` (and ``adrift``: gated only because the
+filter had slipped).
 
 Reported (``media.stages.aec``): ``delay_ms``, the estimates made/accepted/changes, and
 ``erle_db`` — echo return loss enhancement, 10·log10(microphone power / output power) over
@@ -49,7 +60,7 @@ the frames where the reference carried sound, smoothed.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -62,6 +73,12 @@ GATE_MARGIN_DB = 12.0  # once D is known: echo when this far below the aligned r
 CONVERGE_FRAMES = 100  # 2 s after D is set or moved: the filter is still converging
 _GATE = 10 ** (GATE_DB / 20)
 _MARGIN = 10 ** (-GATE_MARGIN_DB / 10)
+#: Short-term ERLE below this (dB) after convergence: the filter has slipped (see process).
+ADRIFT_DB = 6.0
+_QUICK = 0.25  # smoothing of the short-term powers: ~4 frames
+_FIT = 10 ** (12.0 / 10)  # short-term ERLE above 12 dB: the filter is working
+ERL_SLACK_DB = 10.0  # a slipped filter's gate: echo up to this much above the learnt loss
+_ERL_SLACK = 10 ** (ERL_SLACK_DB / 10)
 _REF_ACTIVE = 30.0 ** 2  # mean power of a reference frame that carries sound
 _INT16 = np.dtype("<i2")
 
@@ -141,7 +158,7 @@ class EchoCanceller:
 
     def __init__(self, *, tail_ms: float = 60.0, max_delay_ms: float = 500.0,
                  guard_ms: float = 10.0, window_ms: float = 1000.0,
-                 estimate_every: int = 25) -> None:
+                 estimate_every: int = 25, adrift_db: float | None = ADRIFT_DB) -> None:
         self.rate = SAMPLE_RATE
         self.tail = round(tail_ms * SAMPLE_RATE / 1000)
         self.max_delay = round(max_delay_ms * SAMPLE_RATE / 1000) // _DECIM * _DECIM
@@ -154,7 +171,11 @@ class EchoCanceller:
         self.estimator = DelayEstimator(max_delay=self.max_delay, window=self.window)
         self.speex = SpeexEcho(self.SUB, self.tail, SAMPLE_RATE)
         self.t0: float | None = None
-        self.mic_pos: int | None = None
+        self.mic_pos: int | None = None  # where the next frame goes if none is missing
+        self._mic_anchor = 0  # mic position = anchor + the frame's media time in samples
+        self.mic_gaps = 0  # frames placed after a gap in the sender's media time
+        self.mic_reanchors = 0  # media time went back or leapt ahead of the call clock
+        self._adrift = None if adrift_db is None else 10 ** (adrift_db / 10)
         self.delay: int | None = None  # D, samples
         self._pending: int | None = None  # a differing estimate waiting for confirmation
         self.frames = 0
@@ -164,8 +185,13 @@ class EchoCanceller:
         self.changes = 0
         self._p_mic = 0.0
         self._p_out = 0.0
+        self._q_mic = 0.0  # the same powers over the last few frames (the filter's state now)
+        self._q_out = 0.0
+        self._ref_loud_end = 0  # one past the last reference frame that carried sound
+        self._erl = 1.0  # the echo path's power loss, learnt while the filter works
         self._ref_active_frames = 0
         self.gated = 0
+        self.adrift = 0  # frames gated only because the filter slipped (the fresh rule)
         self._floor: float | None = None  # the microphone's background power
         self._converging = 0  # frames left of CONVERGE_FRAMES
 
@@ -182,16 +208,51 @@ class EchoCanceller:
         ref = self.ref
         # Contiguous while the agent talks; after a silence (more than a frame late) the
         # stream is re-anchored on the clock and the gap is zeros.
-        ref.write(pos if pos > ref.end + FRAME_SAMPLES else ref.end, x)
+        at = pos if pos > ref.end + FRAME_SAMPLES else ref.end
+        if _power(x) > _REF_ACTIVE:
+            self._ref_loud_end = at + len(x)
+        ref.write(at, x)
 
     # -- the in chain ----------------------------------------------------------------------
 
-    def process(self, pcm: bytes, now: float) -> bytes:
+    def _mic_position(self, now: float, media_time: float | None) -> int:
+        """Where this microphone frame starts on the call clock's sample axis.
+
+        Anchored on the call clock at the first frame, then on the sender's media time (its
+        RTP timestamp, ``media_time`` seconds since the call's first packet) — not on when
+        frames arrive: a stall and the burst after it, or a frame the jitter buffer
+        conceals, leave every frame at its media position. A sender that stops sending
+        (silence suppression, DTX, an outage the jitter buffer resynchronises over) leaves
+        a gap in media time that arrival order would collapse, shifting the microphone
+        against the reference by the gap: here the gap stays a gap (zeros). Without media
+        time (``None``), frames are taken as contiguous."""
+        expected = self.mic_pos
+        if expected is None:
+            start = self._pos(now)
+            if media_time is not None:
+                self._mic_anchor = start - round(media_time * SAMPLE_RATE)
+            return start
+        if media_time is None:
+            return expected
+        at = self._mic_anchor + round(media_time * SAMPLE_RATE)
+        if at == expected:
+            return at
+        if expected < at <= self._pos(now) + self.window:
+            # A gap the call clock saw pass too (the slack covers a first frame that came
+            # late and so anchored the stream late).
+            self.mic_gaps += 1
+            return at
+        # Media time went backwards or leapt past the call clock: the sender restarted
+        # its timestamps. Carry on from here, on the call clock if it is ahead.
+        self.mic_reanchors += 1
+        at = max(expected, self._pos(now))
+        self._mic_anchor = at - round(media_time * SAMPLE_RATE)
+        return at
+
+    def process(self, pcm: bytes, now: float, media_time: float | None = None) -> bytes:
         x = np.frombuffer(pcm, _INT16)
-        if self.mic_pos is None:
-            self.mic_pos = self._pos(now)
-        pos = self.mic_pos
-        self.mic_pos += len(x)
+        pos = self._mic_position(now, media_time)
+        self.mic_pos = pos + len(x)
         self.mic.write(pos, x)
         self.frames += 1
         p_mic = _power(x)
@@ -222,6 +283,13 @@ class EchoCanceller:
             self._p_mic += a * (p_mic - self._p_mic)
             self._p_out += a * (p_out - self._p_out)
             self._ref_active_frames += 1
+        if self._ref_loud_end > pos - self.max_delay:
+            # Echo of something sent may be in this frame, wherever D is now: how much of
+            # the microphone the filter takes out, over the last few frames.
+            b = _QUICK
+            self._q_mic += b * (p_mic - self._q_mic)
+            self._q_out += b * (p_out - self._q_out)
+        slipped = False
         if self._converging > 0:
             # A fresh filter (and perhaps a first estimate that is not yet right): the
             # rule of the unknown delay, any reference of the last max_delay.
@@ -231,9 +299,26 @@ class EchoCanceller:
             # The reference around m - D, the filter's tail either side: where echo (or
             # what a misadjusted filter makes of it) may be in this frame.
             start, n, margin = pos - lead - self.tail, len(x) + 2 * self.tail, _MARGIN
+            if self._adrift is not None and self._q_out * self._adrift > self._q_mic:
+                # The filter is not cancelling: the echo path stepped (a far end's playout
+                # slipped by a frame or a stall's worth) and D is not known again until
+                # the filter re-adapts or two estimates move it. So, as for an unknown
+                # delay, any reference of the last max_delay may be echoing (an aligned
+                # span misses a step longer than the tail); but not "quieter than that
+                # reference", which a caller talking over the agent (the other reason
+                # the output stays loud) often is: quieter than what the echo path,
+                # its loss learnt while the filter worked, makes of it, +ERL_SLACK_DB.
+                start, n = pos - self.max_delay, self.max_delay + len(x)
+                margin, slipped = min(1.0, self._erl * _ERL_SLACK), True
         if self.ref.end > start:
             p_ref = self._ref_peak_power(start, n)
+            if not slipped and p_ref > _REF_ACTIVE and self._q_out * _FIT < self._q_mic:
+                # The filter is working, so the microphone is mostly echo: learn the echo
+                # path's loss (the microphone against the peak of the aligned reference).
+                self._erl += 0.05 * (min(1.0, p_mic / p_ref) - self._erl)
             if p_ref > _REF_ACTIVE and p_out < p_ref * margin:
+                if slipped and p_out >= p_ref * _MARGIN:
+                    self.adrift += 1  # gated only because the filter slipped
                 return self._gate(y, p_out)
         return out
 
@@ -292,6 +377,8 @@ class EchoCanceller:
             "estimates": self.estimates, "accepted": self.accepted, "changes": self.changes,
             "erle_db": None if erle is None else round(erle, 1),
             "frames": self.frames, "cancelled": self.cancelled, "gated": self.gated,
+            "adrift": self.adrift, "mic_gaps": self.mic_gaps,
+            "mic_reanchors": self.mic_reanchors,
         }
 
     def close(self) -> None:
@@ -303,16 +390,25 @@ def _power(x: np.ndarray) -> float:
     return float(f.dot(f)) / len(f)
 
 
+class MediaClock(Protocol):
+    """What tells the in side each frame's media time: the in :class:`StageChain`, whose
+    ``media_time`` the pipeline sets before it runs a frame through the chain."""
+
+    media_time: float | None
+
+
 class EchoCancelStage:
     """The in-chain side (named ``aec``)."""
 
     name = "aec"
 
-    def __init__(self, aec: EchoCanceller) -> None:
+    def __init__(self, aec: EchoCanceller, media: MediaClock | None = None) -> None:
         self.aec = aec
+        self.media = media
 
     def process(self, pcm: bytes, now: float) -> bytes:
-        return self.aec.process(pcm, now)
+        media = self.media
+        return self.aec.process(pcm, now, None if media is None else media.media_time)
 
     def stats(self) -> dict[str, Any]:
         return self.aec.stats()
@@ -340,8 +436,10 @@ class EchoReference:
         pass  # the in side owns the native state
 
 
-def make_echo_canceller(**options: Any) -> tuple[EchoCancelStage, EchoReference]:
-    """The two stages of one call's echo canceller (StageUnavailable without speexdsp)."""
+def make_echo_canceller(media: MediaClock | None = None,
+                        **options: Any) -> tuple[EchoCancelStage, EchoReference]:
+    """The two stages of one call's echo canceller (StageUnavailable without speexdsp);
+    ``media`` gives the in side each microphone frame's media time (the in chain)."""
     load()
     aec = EchoCanceller(**options)
-    return EchoCancelStage(aec), EchoReference(aec)
+    return EchoCancelStage(aec, media), EchoReference(aec)

@@ -61,7 +61,7 @@ class Stage(Protocol):
 class StageChain:
     """The ordered stages of one direction of one call."""
 
-    __slots__ = ("direction", "stages", "failures", "failed", "_label")
+    __slots__ = ("direction", "stages", "failures", "failed", "media_time", "_label")
 
     def __init__(self, direction: str, stages: list[Stage] | tuple[Stage, ...] = (),
                  label: str = "") -> None:
@@ -71,6 +71,11 @@ class StageChain:
         self.failures = 0
         #: ``{name: exception type}`` of the stages that failed and were removed.
         self.failed: dict[str, str] = {}
+        #: In chain: the sender's media time of the frame being run (its RTP timestamp
+        #: since the call's first packet, seconds), set by the pipeline before run();
+        #: None where there is none. A stage that places frames in time (the echo
+        #: canceller) reads it; ``now`` is when the frame is processed, not when it was made.
+        self.media_time: float | None = None
         self._label = label  # the session id, for logs
         for stage in stages:
             self.add(stage)

@@ -81,7 +81,9 @@ class CallStages:
         """The in side goes right after the raw recorder tap; the out side (returned) is
         added by the caller after the out meter and any extras."""
         try:
-            near, ref = _optional("aec").make_echo_canceller()
+            # The in chain carries each frame's media time (the sender's RTP clock): the
+            # canceller places the microphone stream by it.
+            near, ref = _optional("aec").make_echo_canceller(media=self.inbound)
         except (ImportError, OSError, StageUnavailable) as exc:
             self._missing("echo_cancellation", exc)
             return None
