@@ -15,8 +15,10 @@ every call immediately.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+from collections.abc import Mapping
 
 import trio
 
@@ -135,7 +137,22 @@ def build_config(args: argparse.Namespace, secrets: tuple[bytes, ...]) -> Transc
     )
 
 
+#: ``--headroom``'s default when the flag is not given (before the config file): lets a
+#: whole host (a container, a test suite) say "count only your own CPU" for every
+#: transceiver ``appliance up`` starts, without a flag on each command.
+HEADROOM_ENV = "APPLIANCE_HEADROOM"
+
+
+def apply_environment(args: argparse.Namespace,
+                      environ: Mapping[str, str] | None = None) -> None:
+    """Defaults from the environment, under the flags and over the config file."""
+    env = os.environ if environ is None else environ
+    if getattr(args, "headroom", None) is None and env.get(HEADROOM_ENV):
+        args.headroom = env[HEADROOM_ENV]
+
+
 def run(args: argparse.Namespace) -> int:
+    apply_environment(args)
     try:
         resolve(args, load_config(args.config), "transceiver", DEFAULTS)
     except ConfigError as exc:

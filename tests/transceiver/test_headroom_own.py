@@ -144,3 +144,25 @@ def test_up_passes_headroom_to_every_transceiver(tmp_path: Path) -> None:
     assert len(own) == 3
     for argv in own:
         assert argv[argv.index("--headroom") + 1] == "own"
+
+
+def test_the_environment_sets_the_default_under_the_flag_and_over_the_config() -> None:
+    """``APPLIANCE_HEADROOM`` (what the suite's conftest sets): a host-wide default."""
+    env = {transceiver_cli.HEADROOM_ENV: "own"}
+
+    def resolved(*argv: str, config: dict[str, object] | None = None,
+                 environ: dict[str, str] = env) -> str:
+        p = argparse.ArgumentParser()
+        transceiver_cli.add_arguments(p)
+        args = p.parse_args(list(argv))
+        transceiver_cli.apply_environment(args, environ)
+        resolve(args, config or {}, "transceiver", transceiver_cli.DEFAULTS)
+        return transceiver_cli.build_config(args, SECRETS).headroom
+
+    assert resolved() == "own"
+    assert resolved("--headroom", "core") == "core"  # the flag wins
+    assert resolved(config={"transceiver": {"headroom": "core"}}) == "own"
+    assert resolved(environ={}) == "core"
+    assert resolved(environ={transceiver_cli.HEADROOM_ENV: ""}) == "core"  # empty: unset
+    with pytest.raises(ValueError, match="--headroom"):
+        resolved(environ={transceiver_cli.HEADROOM_ENV: "all"})
