@@ -116,6 +116,7 @@ class OutboundCall:
     media_reason: str | None = None  # why the media ended the call, when it did
     from_uri: str | None = None  # the From we dialled with, for the report
     target: str | None = None  # the Request-URI we dialled
+    sip_call_id: str | None = None  # the Call-ID header the core generated, for the report
 
     def view(self) -> dict[str, Any]:
         return {"id": self.call_id, "object": "realtime.call", "transport": "sip",
@@ -266,6 +267,7 @@ class SipOutbound:
                        "local_error")
             return
         call.sip_id = sip_id
+        call.sip_call_id = ep.sip_call_id(sip_id)
         # our call id was chosen before the core's: keep ours, map the core's to it
         self._by_sip[sip_id] = call.call_id
         settled = self._settled[call.call_id] = trio.Event()
@@ -453,7 +455,7 @@ class SipOutbound:
                             stats=report_stats(session),
                             transcript=session.get("transcript") if session else None)
         report["hung_up_by"] = call.hung_up_by
-        report["sip"] = sip_report(direction="outbound", sip_call_id=None,
+        report["sip"] = sip_report(direction="outbound", sip_call_id=call.sip_call_id,
                                    from_=call.from_uri, to=call.target,
                                    cause=call.media_reason or reason, dtmf="".join(call.dtmf))
         self.state.webhooks.emit(CALL_ENDED, {"call_id": call.call_id, "transport": "sip",

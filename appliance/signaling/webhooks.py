@@ -189,8 +189,8 @@ def report_stats(session: Any) -> dict[str, Any]:
 def sip_report(*, direction: str, sip_call_id: str | None, from_: str | None,
                to: str | None, cause: str, dtmf: str) -> dict[str, Any]:
     """A phone call's end-of-call ``report.sip``: the SIP ``Call-ID``, ``From`` and ``To`` as
-    the INVITE carried them (untrusted text from the trunk; None for the Call-ID of a call
-    we placed: the core keeps it), ``direction``, ``hangup_cause`` (the SIP core's end reason
+    the INVITE carried them (untrusted text from the trunk; for a call we placed, the Call-ID
+    the SIP core generated), ``direction``, ``hangup_cause`` (the SIP core's end reason
     — ``bye``, ``hangup``, ``cancelled``, ``no ACK``, ``<status> to …`` — or, when the media
     ended the call, the transceiver's: ``rtp-timeout``, ``agent-done``, …) and the DTMF
     digits signaling saw."""

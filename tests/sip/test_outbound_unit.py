@@ -309,6 +309,8 @@ async def test_busy_and_answer_and_unusable_answer(nursery: trio.Nursery,
     sip = emitted[-1][1]["report"]["sip"]
     assert sip["direction"] == "outbound" and sip["hangup_cause"] == "hangup"
     assert sip["to"].startswith("sip:2@") and sip["from"] is not None
+    # the Call-ID the trunk saw on the wire, so a backend can match its CDRs
+    assert sip["call_id"] == bye.get("Call-ID") and sip["call_id"]
 
     odd = await ob.place("3", None, None, {})
     await wait_for(lambda: len(shell.requests("INVITE")) == 3)

@@ -552,6 +552,12 @@ class SipEndpoint:
         self._start_client(now, call, req)
         return call_id
 
+    def sip_call_id(self, call_id: str) -> str | None:
+        """The SIP ``Call-ID`` header value of a call this endpoint still holds (for an
+        outbound call, the one :meth:`invite` generated); None once it is forgotten."""
+        call = self._calls.get(call_id)
+        return None if call is None else call.sip_call_id
+
     # ------------------------------------------------------------ internals: sending
 
     def _call(self, call_id: str, *states: CallState) -> _Call:
