@@ -79,7 +79,7 @@ from .degrade import ComplexityController
 from .headroom import LAG_SATURATED, TICK, CallCost, LoadMeter, read_core_stat
 from .opus import DEFAULT_COMPLEXITY
 from .pacer import Pacer
-from .phone_session import DIGITS, PhoneSession
+from .phone_session import DIGITS, LEG_COUNTERS, PhoneSession
 from .recording import CallRecording, RecordingSettings
 from .session import EndedSession, Session, _fmt
 from .stages import MediaConfig
@@ -132,6 +132,9 @@ COUNTER_NAMES = (
     "sessions_refused_overloaded", "complexity_changes",
     "recordings_started", "recordings_stopped",
     "phones_created", "phones_ended", "drop_phone_no_relay", "drop_phone_pending",
+    # the phone legs' own counts (phone_session.py folds them in), from the start, so
+    # /metrics shows them at 0 before the first phone call rather than not at all
+    *(f"phone_{name}" for name in LEG_COUNTERS), "phone_dtmf_in",
 )
 #: Defence in depth behind signaling's admission (issue 23, docs/operations.md
 #: "Admission"): a create is refused ``503 overloaded`` when the measured busy share

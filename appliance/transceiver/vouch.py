@@ -55,7 +55,9 @@ class VouchResponder:
         self.by_client = by_client
         self.send = send
         self.counters = counters
-        for name in ("vouch_queries", "vouch_answers", "drop_vouch"):
+        # queries = answers + refused (a client that is not ours, or not at that public
+        # address: a phone call's latch refusing a stray port shows here)
+        for name in ("vouch_queries", "vouch_answers", "vouch_refused", "drop_vouch"):
             counters.setdefault(name, 0)
 
     def handle_datagram(self, data: bytes | bytearray | memoryview, relay: Addr) -> None:
@@ -72,11 +74,13 @@ class VouchResponder:
         session = self.by_client.get(msg.client)
         if session is None:
             if self.other is None or not self.other(msg.client, msg.public, relay):
+                c["vouch_refused"] += 1
                 return  # not ours: silence
             self._answer(msg, relay)
             return
         flow = session.call.flows.get(msg.client)
         if flow is None or flow.public != msg.public:
+            c["vouch_refused"] += 1
             return
         flow.relay = relay  # its datagrams reach that worker now (module docstring)
         self._answer(msg, relay)

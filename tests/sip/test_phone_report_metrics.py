@@ -11,7 +11,7 @@
   ``/metrics`` as ``appliance_transceiver_phone_<name>_total``, equal to the ended leg's own
   counters. A few packets from a second port of the caller's address, once the call has
   latched, are latching refusals: the relay's vouch query is answered no (the transceiver's
-  ``vouch_queries`` − ``vouch_answers``, also in ``/metrics``) and they never reach the leg.
+  ``vouch_refused``, also in ``/metrics``) and they never reach the leg.
 
 Every wait is on a condition: SIPp's exit, the webhook's arrival, the transceiver's tables,
 the counters as ``/metrics`` shows them (it refreshes from the transceivers' ``stats``).
@@ -131,8 +131,9 @@ async def test_phone_counters_reach_metrics(nursery: trio.Nursery, tmp_path: Pat
     # the latch refused the second port (RFC 4961 behaviour, docs/adr-sip-media.md) before
     # it reached the leg: the relay asked the transceiver once, was told no, and dropped them
     assert leg["stray"] == 0 and leg["learning"] == 0, leg
-    refused = tr.counters["vouch_queries"] - tr.counters["vouch_answers"]
-    assert refused >= 1, tr.counters
+    assert tr.counters["vouch_refused"] >= 1, tr.counters
+    assert tr.counters["vouch_queries"] == tr.counters["vouch_answers"] + tr.counters[
+        "vouch_refused"], tr.counters
     assert stack.relay_stats()["counters"]["drops"].get("vouch-pending", 0) >= strays
     assert tr.counters["phone_dtmf_in"] == 0
 
@@ -144,6 +145,7 @@ async def test_phone_counters_reach_metrics(nursery: trio.Nursery, tmp_path: Pat
     want = {f"appliance_transceiver_phone_{name}_total": leg[name] for name in LEG_COUNTERS}
     want["appliance_transceiver_vouch_queries_total"] = tr.counters["vouch_queries"]
     want["appliance_transceiver_vouch_answers_total"] = tr.counters["vouch_answers"]
+    want["appliance_transceiver_vouch_refused_total"] = tr.counters["vouch_refused"]
     with trio.fail_after(TIMEOUT):  # signaling's view refreshes from the transceiver's stats
         while True:
             text = await trio.to_thread.run_sync(scrape)

@@ -65,3 +65,4 @@ def test_silence_for_anything_else() -> None:
                              derive_key(b"not our secret")), NEW)
     assert sent == [] and flow.relay == OLD
     assert r.counters["drop_vouch"] == 3 and r.counters["vouch_answers"] == 0
+    assert r.counters["vouch_refused"] == 2 == r.counters["vouch_queries"]
