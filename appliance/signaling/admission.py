@@ -50,8 +50,15 @@ that was (``available``, in cores); the learned cost stays a share of a whole co
 learned from ``cpu``, the transceiver's own use), so in the projection each call counts
 ``cost / available``::
 
-    now   = max(busy, (idle + cost * sessions) / available)
+    now   = max(busy, (idle + cost * sessions) / available)    if available < 0.95
+          = busy + cost * (sessions - steady)                  on a core of its own
     next  = now + cost / available * (placed since the report + creates in flight + 1)
+
+``steady``: the report's ``window_calls``, the calls that ran through its whole window. On
+a core of its own busy is what those cost, and the linear model overstates it: per-call CPU
+falls as calls are added (transceiver/corestat.py ``SHARED_BELOW``); only the calls busy
+cannot show yet are counted at the learned cost. A report without ``window_calls`` (an
+older transceiver) is judged by the model.
     admit = next <= min(limit, admit_limit)
 
 ``admit_limit`` is there while the transceiver's complexity controller has its calls
@@ -80,6 +87,7 @@ LAG_SATURATED_MS = 5.0  # headroom.LAG_SATURATED (mean lag): such a window says 
 #                        about the cost of a call
 RETRY_AFTER = 2  # seconds, with every 503 overloaded (two report intervals)
 MIN_AVAILABLE = 0.01  # transceiver/corestat.py's floor of available cores
+SHARED_BELOW = 0.95  # transceiver/corestat.py's: under it the core counts as shared
 
 
 @dataclass
@@ -88,6 +96,7 @@ class _Node:
     available: float = 1.0  # cores the transceiver could have used (1.0: a core of its own)
     admit_limit: float | None = None  # reported while its calls are degraded
     sessions: int = 0  # live sessions in the last report
+    steady: int | None = None  # of which ran through its whole window (None: not reported)
     idle: float = IDLE
     cost: float = PRIOR_COST
     learned: bool = False  # cost comes from a report, not the prior
@@ -134,6 +143,8 @@ class Admission:
             return
         node = self._node(k)
         node.busy, node.sessions = min(max(busy, 0.0), 1.0), int(max(sessions, 0))
+        steady = _num(load.get("window_calls"))
+        node.steady = None if steady is None else min(int(max(steady, 0)), node.sessions)
         node.placed_at_report = min(max(mark, node.placed_at_report), node.placed)
         node.reports += 1
         available = _num(load.get("available"))
@@ -182,7 +193,12 @@ class Admission:
         """``k``'s busy share with what is pending and ``extra`` calls more."""
         node = self._node(k)
         share = node.cost / node.available  # one call's share of what k has
-        now = max(node.busy, (node.idle + node.cost * node.sessions) / node.available)
+        if node.available >= SHARED_BELOW and node.steady is not None:
+            # A core of its own: busy is what the calls that ran through the window cost;
+            # the rest (new, still connecting) may not show in it yet.
+            now = node.busy + share * (node.sessions - node.steady)
+        else:  # shared: its calls may get less than they need, and busy says less
+            now = max(node.busy, (node.idle + node.cost * node.sessions) / node.available)
         return now + share * (self.pending(k) + extra)
 
     def limit_of(self, k: int) -> float:

@@ -66,6 +66,15 @@ MAX_CORES = 1.0
 #: Available capacity is never taken as less than this (a division guard, and a transceiver
 #: that used nothing on a fully stolen core still reads as full, not as infinity).
 MIN_AVAILABLE = 0.01
+#: Available capacity at or above which the core counts as the transceiver's own: its calls
+#: get what they need, so the measured busy share is what they cost. Below it (a hog, steal,
+#: a neighbour making frames late) the calls may get less than they need and the learned
+#: per-call cost times the calls is the better guide (admission's ``now``). A linear model
+#: is no guide on a core of its own: per-call CPU falls as calls are added (the receive
+#: loop's batches grow: 387 -> 255 us per packet from 16 to 64 calls, docs/performance.md),
+#: so cost x calls learned at 32 calls read 0.98 at 64 calls whose busy was 0.58, and
+#: bench/capacity.py's placement (a) was refused at half a core (2026-12-02).
+SHARED_BELOW = 0.95
 #: /proc/stat lines kept at most (a machine with more CPUs is read in part).
 MAX_CPUS = 4096
 

@@ -74,7 +74,7 @@ from appliance.realtime import sideband
 
 from .admission import DtlsSetup
 from .call import Addr
-from .corestat import MIN_AVAILABLE, ProcStat
+from .corestat import MIN_AVAILABLE, SHARED_BELOW, ProcStat
 from .degrade import ComplexityController
 from .headroom import LAG_SATURATED, TICK, CallCost, LoadMeter, read_core_stat
 from .opus import DEFAULT_COMPLEXITY
@@ -483,8 +483,14 @@ class Transceiver:
         get less CPU than they need, and ``busy`` alone would say they cost less)."""
         busy = self.meter.busy
         cost = self.call_cpu.cost
-        if cost is not None:
-            available = max(self.meter.report.available, MIN_AVAILABLE)
+        available = max(self.meter.report.available, MIN_AVAILABLE)
+        if cost is None:
+            pass
+        elif available >= SHARED_BELOW:  # a core of its own (corestat.py): busy, plus what
+            # the calls that did not run through the last window may not show in it yet
+            calls = len(self.sessions) + len(self.phones)
+            busy += cost * max(0, calls - self.window_calls)
+        else:
             busy = max(busy, (self.call_cpu.idle + cost * self._calls_in_window()) / available)
         return busy + self.call_cost() * extra
 

@@ -211,3 +211,25 @@ async def test_metrics_and_health_view_show_headroom_per_transceiver(make_env: M
     view = {p["id"]: p for p in env.state.health_view() if p["role"] == "transceiver"}
     assert view["0"]["load"]["busy"] == 0.4
     assert view["0"]["admission"]["headroom"] == pytest.approx(0.45)
+
+
+def test_on_a_core_of_its_own_busy_is_the_calls_cost_not_the_linear_model() -> None:
+    """bench/capacity.py, placement (a), 2026-12-02: a cost learned at 32 calls (0.0158 a
+    call) times 64 calls read 1.0 while the 64 calls' busy was 0.58 (per-call CPU falls as
+    calls are added), and signaling refused at half a core. On a core of its own busy is
+    what the calls that ran through the window cost; only the others count at the cost."""
+    def adm_with(available: float, steady: int) -> Admission:
+        adm = Admission([0], {0: 0}, limit=0.85, prior_cost=0.0125)
+        adm.report(0, {"load": {**load(0.58, 64), "available": available, "call_cpu": 0.0158,
+                                "idle_cpu": 0.02, "window_calls": steady}}, adm.asked(0))
+        return adm
+
+    own = adm_with(1.0, 64)
+    assert own.projected(0, 0) == pytest.approx(0.58)
+    assert own.room(0) == 17  # (0.85 - 0.58) / 0.0158
+    # Eight of them still connecting: busy cannot show them yet, they count at the cost.
+    assert adm_with(1.0, 56).projected(0, 0) == pytest.approx(0.58 + 8 * 0.0158)
+    # A shared core: the calls may get less than they need; the model is the guide.
+    shared = adm_with(0.5, 64)
+    assert shared.projected(0, 0) == pytest.approx((0.02 + 64 * 0.0158) / 0.5)
+    assert shared.room(0) == 0
