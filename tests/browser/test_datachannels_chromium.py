@@ -164,7 +164,13 @@ def test_channels_over_dtls12_with_false_start(tmp_path: Path, page: Page) -> No
         s = session(page, out["sid"])
         assert s["cipher_suite"].startswith("TLS_ECDHE_"), s["cipher_suite"]  # DTLS 1.2
         tl = s["timeline"]
-        assert tl["sctp_init_sent"] < tl["dtls_done"] <= tl["sctp_established"], tl
+        # INIT no later than DTLS done (strictly earlier on a quiet box). Under a CPU hog
+        # (clean-clone `make test-stress`, 2026-12-02) both marks read 19.78 ms: the marks are
+        # the times the call took DTLS's events, not wire times, and that run took False
+        # Start's and the handshake's in one pass (why the pass merged them is not found).
+        # The wire order, INIT one round trip early, is asserted on a fake clock in
+        # tests/transceiver/test_call_datachannel.py; this test is that Chromium takes it.
+        assert tl["sctp_init_sent"] <= tl["dtls_done"] <= tl["sctp_established"], tl
         page.evaluate("dcHarness.close()")
     assert not errors.unexpected(), errors.errors
 
