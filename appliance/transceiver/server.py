@@ -484,14 +484,14 @@ class Transceiver:
         busy = self.meter.busy
         cost = self.call_cpu.cost
         available = max(self.meter.report.available, MIN_AVAILABLE)
-        if cost is None:
-            pass
-        elif available >= SHARED_BELOW:  # a core of its own (corestat.py): busy, plus what
-            # the calls that did not run through the last window may not show in it yet
-            calls = len(self.sessions) + len(self.phones)
-            busy += cost * max(0, calls - self.window_calls)
-        else:
-            busy = max(busy, (self.call_cpu.idle + cost * self._calls_in_window()) / available)
+        if cost is not None:
+            if available >= SHARED_BELOW:  # a core of its own (corestat.py): busy, plus
+                # what the calls that did not run through the last window cannot show yet
+                calls = len(self.sessions) + len(self.phones)
+                busy += cost * max(0, calls - self.window_calls)
+            else:
+                busy = max(busy, (self.call_cpu.idle + cost * self._calls_in_window())
+                           / available)
         return busy + self.call_cost() * extra
 
     def overloaded(self) -> bool:
