@@ -26,6 +26,7 @@ from integrations.bridge import (
     RATE,
     REPO,
     SILENCE,
+    Bridged,
     bot_process,
     bridged,
     dominant_hz,
@@ -128,10 +129,31 @@ async def test_a_call_through_appliance_up_reaches_the_pipeline_and_barges_in(
 # -- 2. the transceiver's bridge, in this process --------------------------------------------
 
 
+async def channel_round_trip(b: Bridged) -> float:
+    """Median seconds of five chat messages through the pipeline and back: the same path
+    (WebSocket, the bot's event loop, its pipeline) that speech.stopped and speech.started
+    take, measured in the same run, so the latency bounds below stretch with the box's load
+    instead of being a wall-clock bound of their own (issue 33)."""
+    b.host.channels.push(ChannelOpened(ChannelInfo(id=1, label="chat")))
+    trips = []
+    for n in range(5):
+        b.port.sent.clear()
+        sent = trio.current_time()
+        b.host.channels.push(ChannelMessage(1, "chat", f'{{"n": {n}}}'))
+        with trio.fail_after(5):
+            while not b.port.sent:
+                b.port.arrived = trio.Event()
+                await b.port.arrived.wait()
+        trips.append(trio.current_time() - sent)
+    b.port.sent.clear()
+    return sorted(trips)[len(trips) // 2]
+
+
 async def test_adapter_latency_and_interruption_at_the_protocol(bot: str) -> None:
     async with trio.open_nursery() as nursery:
         b = await bridged(nursery, bot)
         await b.talk([SILENCE] * 5, speech=False)
+        rtt = await channel_round_trip(b)
         await b.talk(sine(440, 75), speech=True)  # 1.5 s
         b.take_output()
         assert b.bridge.sample_rate == 16_000, "the pipeline's rate is accepted as is"
@@ -160,8 +182,12 @@ async def test_adapter_latency_and_interruption_at_the_protocol(bot: str) -> Non
         leaked = b.take_output()
         assert not leaked, f"{len(leaked) / 2 / RATE:.3f} s of the old answer after interrupt"
         print(f"\npipecat adapter: speech.stopped -> first audio {turnaround * 1e3:.1f} ms, "
-              f"speech.started -> interrupt {interrupt_latency * 1e3:.1f} ms")
-        assert turnaround < 0.25 and interrupt_latency < 0.1
+              f"speech.started -> interrupt {interrupt_latency * 1e3:.1f} ms, "
+              f"chat round trip {rtt * 1e3:.1f} ms")
+        # The goals (docs/integrations.md): first audio within 250 ms, the interrupt within
+        # 100 ms; on a loaded box, within ten of this run's own chat round trips.
+        assert turnaround < max(0.25, 10 * rtt), (turnaround, rtt)
+        assert interrupt_latency < max(0.1, 10 * rtt), (interrupt_latency, rtt)
         b.host.close("test-done")
 
 
