@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import trio
 from quart import Response, websocket
 from quart_trio import QuartTrio
 
@@ -48,6 +49,25 @@ log = logging.getLogger(__name__)
 SUBPROTOCOL = "realtime"
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
 MAX_MODEL = 256
+#: Seconds after our close frame to keep reading what the client still had in flight, so
+#: its close reply is seen (:func:`close_socket`).
+CLOSE_DRAIN = 5.0
+
+
+async def close_socket(code: int, reason: str) -> None:
+    """Close the route's socket with ``code``, then read (and drop) what the client still
+    sends until its close reply ends the connection, for at most :data:`CLOSE_DRAIN`.
+
+    hypercorn hands each incoming frame to the app through a queue of 10 and stops reading
+    the connection while that queue is full. A route that returned right after its close
+    frame left nobody to empty it: a client that had more than 10 frames in flight (a slow
+    reader still sending) never had its close reply read, and the TCP connection stayed
+    open until the *client* gave up (20 s for the websockets client; never for one that
+    does not). quart-trio cancels this read when hypercorn reports the disconnect."""
+    await websocket.close(code, reason)
+    with trio.move_on_after(CLOSE_DRAIN):
+        while True:
+            await websocket.receive()
 
 
 def token_from_subprotocols(protocols: list[str]) -> str | None:
@@ -112,7 +132,7 @@ def register_websocket(app: QuartTrio, rt: Realtime) -> None:
                 started_at=started, ended_at=state.clock(), reason=reason,
                 stats=sess.stats.as_dict())})
         if reason == END_SLOW_READER:
-            await websocket.close(CLOSE_SLOW_READER, "slow reader: events were not read")
+            await close_socket(CLOSE_SLOW_READER, "slow reader: events were not read")
         return None
 
     async def sideband_socket(call_id: str) -> Response | None:
@@ -130,7 +150,7 @@ def register_websocket(app: QuartTrio, rt: Realtime) -> None:
         log.info("sideband %s detached (%s)", att.sideband_id, reason)
         if reason != END_SIDEBAND_CLIENT:  # the client's own close needs no answer
             code, text = close_code(reason)
-            await websocket.close(code, text)
+            await close_socket(code, text)
         return None
 
     def _authorization() -> str:

@@ -11,6 +11,7 @@ import base64
 import json
 import math
 import os
+import socket
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -229,6 +230,9 @@ async def test_auth_off_loopback(nursery: trio.Nursery) -> None:
         assert await trio.to_thread.run_sync(subprotocol_session, url, secret.value) == "m1"
 
 
+CREATES = 60  # ~3.6 MB of events echoed back: past the server's queue and both buffers
+
+
 def slow_reader(url: str) -> int | None:
     """Send big events and read none: once the socket's buffers are full the server's
     queue grows, and past its bound the server must close with 1008, not buffer forever."""
@@ -238,10 +242,20 @@ def slow_reader(url: str) -> int | None:
     item = json.dumps({"type": "conversation.item.create", "item": {
         "type": "message", "role": "user",
         "content": [{"type": "input_text", "text": "x" * 60_000}]}})
+    # A small receive buffer (set before connect, so the window is small from the start):
+    # the server's sends stall after a few echoes, so a few MB of creates are far past its
+    # bound; all of them are still in flight when it closes, ahead of our close reply.
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32_768)
+    sock.connect((host, int(port)))
+    # close_timeout=None: we wait for the *server* to end the TCP connection after the
+    # close handshake, however long that takes (it took 20 s, until this client gave up,
+    # while the server stopped reading after its close: realtime_ws.close_socket).
     with connect(url.replace("http", "ws", 1) + "/v1/realtime?model=m", max_queue=2,
-                 max_size=None) as ws:
+                 max_size=None, sock=sock, close_timeout=None) as ws:
         try:
-            for _ in range(400):  # ~24 MB of echoes: far past any socket buffer
+            for _ in range(CREATES):
                 ws.send(item)
         except ConnectionClosed:
             pass
@@ -258,8 +272,8 @@ async def test_a_slow_reader_is_disconnected(nursery: trio.Nursery, monkeypatch:
 
     monkeypatch.setattr(ws_session, "QUEUE_LIMIT", 16)  # 2 events a create: 8 creates
     url, _ = await start_server(nursery)
-    with trio.fail_after(TIMEOUT):
-        code = await trio.to_thread.run_sync(slow_reader, url)
+    with trio.fail_after(TIMEOUT):  # a server that never closes fails here
+        code = await trio.to_thread.run_sync(slow_reader, url, abandon_on_cancel=True)
     assert code == ws_session.CLOSE_SLOW_READER
 
 
