@@ -2,11 +2,12 @@
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
-# One process by default. `make test PYTEST_ARGS="-n 2 --dist loadgroup"` runs two xdist
-# workers (the heavy directories in one of them, tests/conftest.py); not the default yet:
-# with one core's worth of unit tests beside them, the appliances under test read the busy
-# core as lost headroom and refuse calls (503 overloaded) (issue 33).
-PYTEST_ARGS ?=
+# Two xdist workers: every test that starts appliances, Chromium, SIP peers or netns hosts
+# runs in one of them, one at a time; the other takes the unit tests (tests/conftest.py,
+# SERIAL_DIRS). The appliances under test count only their own CPU as load (`--headroom
+# own`, tests/conftest.py), so the unit worker's busy core does not read as lost headroom.
+# 921 s -> 487 s of pytest on the 2-core box (issue 33). `PYTEST_ARGS=` runs one process.
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 
 .PHONY: up test test-stress flakes lint typecheck unit sysdeps realtime-client venv install install-test bench fuzz screenshots clean
 

@@ -45,8 +45,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [f"peer {name}: {version}" for name, version in peer_versions().items()]
 
 
-# Issue 33 item 4: with `PYTEST_ARGS="-n 2 --dist loadgroup"` (pytest-xdist; not the default,
-# see the Makefile) these directories, which start whole appliances, Chromium, SIP peers or
+# Issue 33 item 4: with `-n 2 --dist loadgroup` (pytest-xdist; `make test`'s default, see
+# the Makefile) these directories, which start whole appliances, Chromium, SIP peers or
 # netns hosts and assert time-dependent properties against a baseline measured in the same
 # test, all run in one worker, one at a time, so two of them never compete for the two cores;
 # the other worker takes the unit tests. Without xdist the mark does nothing.
