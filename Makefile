@@ -88,7 +88,8 @@ test: lint typecheck unit
 
 # Issue 33: the whole suite with a CPU hog busy on one of the cores for the whole run; and
 # the flake hunt: the timing-sensitive tests FLAKE_RUNS times each under the hog, with a
-# table of every test that failed at least once (.ci/flakes.py).
+# table of every test that failed at least once (.ci/flakes.py), with `make test`'s two
+# workers (a round of FLAKE_TESTS: ~5.5 min under the hog on the 2-core box).
 FLAKE_RUNS ?= 20
 FLAKE_TESTS ?= tests/browser tests/e2e tests/reliability tests/transceiver tests/interop
 
@@ -96,7 +97,7 @@ test-stress: install-test
 	$(BIN)/python .ci/hog.py -- $(MAKE) test
 
 flakes: install-test sysdeps realtime-client
-	$(BIN)/python .ci/hog.py -- $(BIN)/python .ci/flakes.py --runs $(FLAKE_RUNS) $(FLAKE_TESTS)
+	$(BIN)/python .ci/hog.py -- $(BIN)/python .ci/flakes.py --runs $(FLAKE_RUNS) $(PYTEST_ARGS) $(FLAKE_TESTS)
 
 # Coverage-guided fuzzing (atheris) of every network parser, FUZZ_SECONDS per target.
 FUZZ_SECONDS ?= 60
