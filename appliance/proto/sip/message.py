@@ -145,17 +145,28 @@ def _split_params(text: str, what: str) -> tuple[tuple[str, str | None], ...]:
             raise SipError(f"Bad {what} parameter")
         v: str | None = value.strip() if sep else None
         if v is not None and len(v) >= 2 and v[0] == '"' and v[-1] == '"':
-            v = v[1:-1]
+            v = _QUOTED_PAIR.sub(r"\1", v[1:-1])  # §25.1 quoted-pair: \" is a quote
         out.append((name.lower(), v))
     return tuple(out)
 
 
+_QUOTED_PAIR = re.compile(r"\\(.)", re.S)
+
+
 def _split_semicolons(text: str) -> list[str]:
+    """Split at ``;`` outside quoted strings, honouring §25.1 quoted-pairs (``\"`` inside
+    quotes does not end them), as :func:`_quote_if_needed` writes them: a value that went
+    out quoted and escaped (a Via we stamped with ``received``) parses back to itself."""
     parts: list[str] = []
     quoted = False
+    escape = False
     start = 0
     for i, ch in enumerate(text):
-        if ch == '"':
+        if escape:
+            escape = False
+        elif quoted and ch == "\\":
+            escape = True
+        elif ch == '"':
             quoted = not quoted
         elif ch == ";" and not quoted:
             parts.append(text[start:i])

@@ -414,6 +414,21 @@ def test_name_addr_and_via_received() -> None:
     assert parse_via_untrusted("SIP/2.0/UDP h : 5070 ;branch=z9hG4bKq").port == 5070
 
 
+def test_a_stamped_via_with_a_quote_in_a_value_parses_back_to_itself() -> None:
+    """Regression (found by tests/fuzz/test_deep.py::test_deep_sip_endpoint): a branch with a
+    stray quote was accepted, the endpoint stamped the Via with ``received`` and wrote the
+    branch out quoted with the quote escaped (§25.1 quoted-pair), and its own parser then
+    ended the quoted string at the escaped quote and raised SipError("Bad Via parameter")
+    out of ``SipEndpoint.handle_input``."""
+    v = parse_via_untrusted('SIP/2.0/UDP 10.0.0.5:5060;branch=z9hG4"Ks1;rport')
+    stamped = str(v.with_received("127.0.0.2", 5060))
+    assert '\\"' in stamped  # written out escaped
+    again = parse_via_untrusted(stamped)
+    assert again.branch == v.branch == 'z9hG4"Ks1;rport'
+    assert again.received == "127.0.0.2"
+    assert parse_via_untrusted(str(again)) == again
+
+
 def test_framer_byte_at_a_time() -> None:
     msgs = [wire(LWSDISP), wire(BASE.replace("Content-Length: 0", "Content-Length: 5")) + b"hello",
             wire(ESC01)]
