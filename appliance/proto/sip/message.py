@@ -105,12 +105,19 @@ def canonical(name: str) -> str:
 def split_list(value: str) -> list[str]:
     """Split a §7.3.1 comma list, honouring quoted strings and ``<...>`` (a URI may hold
     commas in its parameters)."""
+    return [part.strip() for part in _split_outside(value, ",", angles=True)]
+
+
+def _split_outside(text: str, sep: str, *, angles: bool) -> list[str]:
+    """Split ``text`` at ``sep`` outside quoted strings (honouring §25.1 quoted-pairs:
+    ``\\"`` inside quotes does not end them, as :func:`_quote_if_needed` writes them) and,
+    with ``angles``, outside ``<...>``."""
     out: list[str] = []
-    depth_angle = False
+    in_angle = False
     quoted = False
     escape = False
     start = 0
-    for i, ch in enumerate(value):
+    for i, ch in enumerate(text):
         if escape:
             escape = False
         elif quoted:
@@ -120,15 +127,23 @@ def split_list(value: str) -> list[str]:
                 quoted = False
         elif ch == '"':
             quoted = True
-        elif ch == "<":
-            depth_angle = True
-        elif ch == ">":
-            depth_angle = False
-        elif ch == "," and not depth_angle:
-            out.append(value[start:i].strip())
+        elif angles and ch == "<":
+            in_angle = True
+        elif angles and ch == ">":
+            in_angle = False
+        elif ch == sep and not in_angle:
+            out.append(text[start:i])
             start = i + 1
-    out.append(value[start:].strip())
+    out.append(text[start:])
     return out
+
+
+def _unquote_pairs(text: str) -> str:
+    """The inside of a quoted string with its §25.1 quoted-pairs undone (``\\"`` -> ``"``)."""
+    return _QUOTED_PAIR.sub(r"\1", text)
+
+
+_QUOTED_PAIR = re.compile(r"\\(.)")
 
 
 def _split_params(text: str, what: str) -> tuple[tuple[str, str | None], ...]:
@@ -138,41 +153,16 @@ def _split_params(text: str, what: str) -> tuple[tuple[str, str | None], ...]:
     out: list[tuple[str, str | None]] = []
     if not text.strip():
         return ()
-    for item in _split_semicolons(text):
+    for item in _split_outside(text, ";", angles=False):
         name, sep, value = item.partition("=")
         name = name.strip()
         if not name or not _TOKEN.match(name):
             raise SipError(f"Bad {what} parameter")
         v: str | None = value.strip() if sep else None
         if v is not None and len(v) >= 2 and v[0] == '"' and v[-1] == '"':
-            v = _QUOTED_PAIR.sub(r"\1", v[1:-1])  # §25.1 quoted-pair: \" is a quote
+            v = _unquote_pairs(v[1:-1])
         out.append((name.lower(), v))
     return tuple(out)
-
-
-_QUOTED_PAIR = re.compile(r"\\(.)", re.S)
-
-
-def _split_semicolons(text: str) -> list[str]:
-    """Split at ``;`` outside quoted strings, honouring §25.1 quoted-pairs (``\"`` inside
-    quotes does not end them), as :func:`_quote_if_needed` writes them: a value that went
-    out quoted and escaped (a Via we stamped with ``received``) parses back to itself."""
-    parts: list[str] = []
-    quoted = False
-    escape = False
-    start = 0
-    for i, ch in enumerate(text):
-        if escape:
-            escape = False
-        elif quoted and ch == "\\":
-            escape = True
-        elif ch == '"':
-            quoted = not quoted
-        elif ch == ";" and not quoted:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return parts
 
 
 def _param(params: tuple[tuple[str, str | None], ...], name: str) -> str | None:
@@ -349,7 +339,7 @@ def parse_name_addr_untrusted(text: str, what: str = "name-addr") -> NameAddr:
             i += 1
         else:
             raise SipError(f"Unterminated quoted display name in {what}")
-        display = re.sub(r"\\(.)", r"\1", text[1:i])
+        display = _unquote_pairs(text[1:i])
         text = text[i + 1 :].lstrip()
         if not text.startswith("<"):
             raise SipError(f"Bad {what}")
