@@ -106,8 +106,11 @@ $(VENV)/.installed-fuzz: $(VENV)/.installed-test
 	$(BIN)/pip install -q atheris || echo "atheris did not install: fuzz/run.py uses --engine random"
 	touch $@
 
+# Then the same targets under hypothesis, random and 10x the examples (HYPOTHESIS_PROFILE=deep):
+# make test's profile is derandomized (tests/conftest.py), so new findings come from here.
 fuzz: $(VENV)/.installed-fuzz
 	$(BIN)/python fuzz/run.py --seconds $(FUZZ_SECONDS)
+	HYPOTHESIS_PROFILE=deep $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests/fuzz
 
 # The README's pictures, from a real `appliance up` driven by Chromium (commit the PNGs).
 screenshots: install-test sysdeps
