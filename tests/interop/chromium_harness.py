@@ -44,6 +44,7 @@ from appliance.proto.dtls import (
     HandshakeComplete,
     Role,
 )
+from appliance.proto.dtls.record import is_client_hello
 from appliance.proto.ice import IceLiteAgent
 from appliance.proto.ice.events import CheckReceived, Nominated
 from appliance.proto.mux import Kind, classify
@@ -287,11 +288,21 @@ class ChromiumHarness:
         if kind is Kind.STUN and self._ice is not None:
             self._ice.handle_datagram(now, data, addr)
         elif kind is Kind.DTLS and addr in self.state.checked_addrs:
-            self.state.dtls_log.append(f"<- {describe_dtls(data)}")
+            # As the transceiver does (transceiver/call.py): DTLS is accepted from any
+            # address whose check succeeded, not only the first. Chromium may begin the
+            # handshake on one pair and nominate another (on a host with a second
+            # interface it checks from both), and its later flights come from the new one.
+            self.state.dtls_log.append(f"<- {addr[0]} {describe_dtls(data)}")
             if self._dtls is None:
-                self._dtls = self._new_dtls(addr)
-            if addr == self.state.dtls_peer:
-                self._dtls.handle_datagram(now, data)
+                self._dtls = self._new_dtls()
+            if self.state.nominated is None:
+                self.state.dtls_peer = addr  # until nomination, answer where it came from
+            if self._cookie_secret is not None and self._dtls.awaiting_client_hello \
+                    and is_client_hello(data):
+                # RFC 6347 §4.2.1: the cookie binds the address this ClientHello came from.
+                self._dtls.require_cookies(self._cookie_secret,
+                                           f"{addr[0]}:{addr[1]}".encode())
+            self._dtls.handle_datagram(now, data)
         elif kind is Kind.RTP and self._srtp is not None:
             self._echo_rtp(data, addr)
         elif kind is Kind.RTCP and self._srtp is not None:
@@ -302,8 +313,7 @@ class ChromiumHarness:
                 self.state.srtp_errors += 1
         self._pump()
 
-    def _new_dtls(self, addr: Addr) -> DtlsConnection:
-        self.state.dtls_peer = addr
+    def _new_dtls(self) -> DtlsConnection:
         return DtlsConnection(
             Role.SERVER,
             self.certificate,
@@ -311,8 +321,6 @@ class ChromiumHarness:
             srtp_profiles=self._srtp_profiles,
             cipher_suites=self._cipher_suites,
             cookie_secret=self._cookie_secret,
-            # RFC 6347 §4.2.1: the cookie binds the client's transport address.
-            cookie_context=f"{addr[0]}:{addr[1]}".encode(),
             # Chromium retransmits from ~60 ms on; a 1 s first timer only slows lossy runs.
             initial_retransmit=0.1,
             versions=self._dtls_versions,
@@ -341,11 +349,12 @@ class ChromiumHarness:
                     if ice_ev.addr not in self.state.checked_addrs:
                         self.state.checked_addrs.append(ice_ev.addr)
                 elif isinstance(ice_ev, Nominated):
-                    self.state.nominated = ice_ev.addr
+                    # The transceiver's media_flow: DTLS and SRTP go to the nominated pair.
+                    self.state.nominated = self.state.dtls_peer = ice_ev.addr
         if dtls is None or self.state.dtls_peer is None:
             return
         while (d := dtls.poll_transmit()) is not None:
-            self.state.dtls_log.append(f"-> {describe_dtls(d)}")
+            self.state.dtls_log.append(f"-> {self.state.dtls_peer[0]} {describe_dtls(d)}")
             if d[13:14] == b"\x03" and d[0] == 22:
                 self.state.hello_verify_requests += 1
             self._out.append((d, self.state.dtls_peer))

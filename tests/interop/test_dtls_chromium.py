@@ -173,8 +173,12 @@ def connect_and_check(
     """The shared body: connected, agreed parameters, SRTP both ways. Returns the stats."""
     state = start_call(page, harness)
     assert state == "connected", diagnostics(page, harness)
+    # Chromium reports connected once it has sent its last flight; the server completes
+    # when that flight arrives (in 1.3 the client's Finished), so it is waited for.
+    assert harness.wait_until(lambda s: s.complete is not None, TIMEOUT_S), \
+        diagnostics(page, harness)
     server = harness.state
-    assert server.complete is not None, diagnostics(page, harness)
+    assert server.complete is not None
     assert server.complete.srtp_profile is profile
     assert server.complete.version == version
     if suite is not None:
@@ -215,6 +219,9 @@ def connect_and_check(
         "127.0.0.1",
         server.udp_port,
     )
+    # Chromium nominated a pair it had checked, and DTLS and SRTP follow the nomination
+    # (on a host with a second interface it may have begun DTLS on another pair).
+    assert server.nominated in server.checked_addrs
     assert server.nominated == server.dtls_peer
 
     # Fingerprints cross-checked both ways (RFC 8122 §5).
