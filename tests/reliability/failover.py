@@ -195,6 +195,10 @@ class MediaCall:
     stamped: bool
     connected: trio.Event = field(default_factory=trio.Event)
     rx: list[tuple[float, int]] = field(default_factory=list)  # (arrival, RTP timestamp)
+    tx: list[float] = field(default_factory=list)  # when each RTP packet was sent
+    #: The echo comes back stamped with the transceiver's clock (the echo agent), not the
+    #: caller's timestamps (passthrough): a stall of ours as a sender shows as a jump.
+    own_clock: bool = True
     failed: str | None = None
     opened_at: float = 0.0
 
@@ -220,6 +224,7 @@ class MediaCall:
                 peer.handle_timeout(now)
                 if next_media is not None and now >= next_media and not peer.closed:
                     peer.send_rtp(frames[i % len(frames)], ts)
+                    self.tx.append(now)
                     i, ts = i + 1, ts + 960
                     next_media += 0.02
                     if next_media < now:  # fell behind: do not burst
@@ -253,7 +258,8 @@ async def open_media_call(nursery: trio.Nursery, up: Up, name: str,
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind((next_client_ip(), 0))
     sock.setblocking(False)
-    call = MediaCall(name, peer, sock, enable_rx_timestamps(sock), opened_at=opened)
+    call = MediaCall(name, peer, sock, enable_rx_timestamps(sock), opened_at=opened,
+                     own_clock=agent != "passthrough")
     nursery.start_soon(call.run, frames)
     return call
 
@@ -271,6 +277,7 @@ class AiortcCall:
         self.base = base
         self.offset = trio_offset  # trio clock - time.perf_counter()
         self.rx: list[tuple[float, int]] = []
+        self.tx: list[float] = []  # when each frame left the source, on trio's clock
         self.connected = threading.Event()
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -304,7 +311,7 @@ class AiortcCall:
         )
         from aiortc.rtcrtpreceiver import RTCRtpReceiver
 
-        rx = self.rx
+        rx, tx = self.rx, self.tx
         offset = self.offset
 
         class Tone(MediaStreamTrack):
@@ -324,6 +331,7 @@ class AiortcCall:
                 delay = self.t0 + self.pts / RATE - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)  # real-time pacing of a media source
+                tx.append(time.perf_counter() + offset)
                 i = self.pts % RATE
                 frame = av.AudioFrame.from_ndarray(self.pcm[i : i + 960].reshape(1, -1),
                                                    format="s16", layout="mono")
