@@ -42,24 +42,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from reliability.support import Stack, opus_frame  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from capacity import cpu_seconds  # noqa: E402  (bench scripts import their sibling)
+
 from appliance.client.peer import ClientPeer, Connected, Failed, RtpReceived  # noqa: E402
 from appliance.proto.dtls import Certificate  # noqa: E402
 from appliance.proto.framing import Deframer, encode_frame  # noqa: E402
 
 _SEQ = struct.Struct("!I")
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time of the process's threads to the nanosecond (schedstat's run time). utime and
-    stime from /proc/PID/stat count clock ticks (10 ms): a short window of a lightly loaded
-    relay reads 0 ticks, and a per-frame figure of 0."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            total += int((task / "schedstat").read_text().split()[0])
-        except (OSError, IndexError, ValueError):
-            pass  # the thread ended between the listing and the read
-    return total / 1e9
 
 
 class Probe:
@@ -212,9 +202,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                         while not all(p.received > 10 for p in probes):  # noqa: ASYNC110
                             await trio.sleep(0.05)
                     before = (await stack.relay_stats())["counters"]["packets_in"]
-                    cpu0 = cpu_seconds(pid)
+                    cpu0 = cpu_seconds([pid])
                     await trio.sleep(args.duration)
-                    cpu1 = cpu_seconds(pid)
+                    cpu1 = cpu_seconds([pid])
                     after = (await stack.relay_stats())["counters"]["packets_in"]
                     nursery.cancel_scope.cancel()
                 frames = after - before

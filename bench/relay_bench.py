@@ -54,6 +54,9 @@ sys.path.insert(0, str(ROOT))
 from appliance.proto.stun import binding_request  # noqa: E402
 from appliance.proto.ufrag import UfragCodec  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from capacity import cpu_seconds  # noqa: E402  (bench scripts import their sibling)
+
 SECRET = os.urandom(32)
 PAYLOAD = 172
 _HDR = struct.Struct("!BBHIQQ")  # 0x80 (RTP), PT, flow, seq, send time, echo hold (ns)
@@ -254,14 +257,6 @@ class Generator:
         return Result(sent, received, elapsed, rtts, late)
 
 
-def _cpu_seconds(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 def _control(path: str) -> dict[str, object]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.connect(path)
@@ -379,10 +374,10 @@ def main() -> int:
                 base = gen.run(gen.echo_addr, args.seconds, rate)
                 print(_row(f"direct  {label}", base, None, None, None), flush=True)
                 pids, c0 = _worker_stats(control)
-                cpu0, t0 = _cpu_seconds(pids), time.perf_counter()
+                cpu0, t0 = cpu_seconds(pids), time.perf_counter()
                 r = gen.run(public, args.seconds, rate)
                 pids, c1 = _worker_stats(control)
-                cpu = (_cpu_seconds(pids) - cpu0)
+                cpu = (cpu_seconds(pids) - cpu0)
                 wall = time.perf_counter() - t0
                 fwd = (c1["packets_out"] - c0["packets_out"]) / wall
                 wakes = c1.get("wakeups", 0) - c0.get("wakeups", 0)
