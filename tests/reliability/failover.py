@@ -73,6 +73,8 @@ class Up:
     udp: int
     state: Path
     workers: int
+    #: When :meth:`roll` saw each worker answer as a new process (trio time).
+    replaced_at: list[float] = field(default_factory=list)
 
     @classmethod
     async def start(cls, tmp: Path, workers: int = 1, redis: str | None = None,
@@ -166,9 +168,11 @@ class Up:
         old = [await self.worker_pid(w) for w in range(self.workers)]
         os.kill(self.proc.popen.pid, signal.SIGHUP)
         start = trio.current_time()
+        self.replaced_at = []
         for w, pid in enumerate(old):
             assert pid is not None
             await self._replaced(w, pid, within)
+            self.replaced_at.append(trio.current_time())
         return start, trio.current_time()
 
     def stop(self) -> None:
@@ -391,10 +395,16 @@ def longest_gap(rx_times: list[float], start: float, end: float) -> float:
 
 def longest_media_gap(rx: list[tuple[float, int]], start: float, end: float) -> float:
     """The longest run of audio (RTP timestamp jump, 48 kHz) that never arrived."""
-    ts = sorted({t for at, t in rx if start <= at <= end})
-    if len(ts) < 2:
-        return end - start
-    return max((b - a) / RATE - 0.02 for a, b in itertools.pairwise(ts))
+    return media_gap_at(rx, start, end)[0]
+
+
+def media_gap_at(rx: list[tuple[float, int]], start: float,
+                 end: float) -> tuple[float, float]:
+    """:func:`longest_media_gap` and the arrival time of the packet that ended it."""
+    got = sorted({(t, at) for at, t in rx if start <= at <= end})
+    if len(got) < 2:
+        return end - start, end
+    return max(((b - a) / RATE - 0.02, at) for (a, _), (b, at) in itertools.pairwise(got))
 
 
 # -- a redis-server we can kill and bring back on the same port ----------------------------
