@@ -141,10 +141,11 @@ def _free_port(host: str, kind: socket.SocketKind) -> int:
 
 
 def _https_backend(cfg: UpConfig) -> tuple[str, int]:
-    """Where the relays send TLS connections in shared-port mode: signaling's listener."""
-    host = cfg.http[0]
-    return ("127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host,
-            cfg.http[1])
+    """Where the relays send TLS connections in shared-port mode: signaling's PROXY-aware
+    backend (``relay_https``, on loopback), which passes them on to its HTTPS listener with
+    the real client's address (signaling/proxied.py)."""
+    assert cfg.relay_https is not None
+    return cfg.relay_https
 
 
 def _free_port_pair(host: str, *, tcp: bool) -> int:
@@ -226,6 +227,7 @@ class UpConfig:
     public_tcp_port: int | None = None
     #: one TCP port for HTTPS and ICE-TCP: the relays pass TLS connections to signaling
     https_on_media_port: bool = False
+    relay_https: tuple[str, int] | None = None  # signaling's backend for it (proxied.py)
     #: recordings (docs/recordings.md): every call unless it says otherwise, the state
     #: directory's recordings/ quota in bytes and how long a recording is kept
     record: bool = False
@@ -399,8 +401,8 @@ async def up(
     secret = ensure_secret(cfg.state_dir)
     if cfg.udp[1] == 0:  # "any port": pick one now so every relay worker shares the same
         cfg.udp = (cfg.udp[0], _free_port_pair(cfg.udp[0], tcp=cfg.ice_tcp))
-    if cfg.https_on_media_port and cfg.http[1] == 0:  # the relays need the port up front
-        cfg.http = (cfg.http[0], _free_port(cfg.http[0], socket.SOCK_STREAM))
+    if cfg.https_on_media_port and cfg.relay_https is None:  # the relays need it up front
+        cfg.relay_https = ("127.0.0.1", _free_port("127.0.0.1", socket.SOCK_STREAM))
     control_dir, temporary = _control_dir(cfg.state_dir)
     try:
         transceivers, relays = child_specs(cfg, secret, control_dir)
@@ -414,6 +416,7 @@ async def up(
             api_token=cfg.api_token,
             tls_cert=cfg.tls_cert,
             tls_key=cfg.tls_key,
+            relay_https=cfg.relay_https if cfg.https_on_media_port else None,
             webui_dir=cfg.webui_dir,
             managed=True,
             realtime_agent=cfg.realtime_agent,

@@ -143,7 +143,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="ICE-TCP connections per client IP and worker, at most (default 64)")
     a("--tcp-https", metavar="HOST:PORT",
       help="one port for HTTPS and ICE-TCP: a --tcp connection whose first byte starts a TLS "
-           "record is relayed, as is, to this HTTPS address (e.g. signaling on loopback)")
+           "record is relayed, as is, behind a PROXY v2 header naming the client, to this "
+           "address (signaling's --relay-https backend)")
     a("--config", metavar="FILE", help="TOML config file (flags override it)")
     a("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     # A supervisor's warm standby (appliance.children): start, read the configuration, then

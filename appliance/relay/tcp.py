@@ -35,9 +35,10 @@ One port for HTTPS and ICE-TCP (issue 18 #4, ``https`` / ``--tcp-https``): RFC 4
 the relay accepts are at most 2048 bytes, so a connection's first byte is 0x00-0x07; a TLS
 connection starts with a handshake record, byte 0x16 (RFC 8446 §5.1). With an HTTPS backend
 configured, a connection whose first byte is 0x16 is spliced, bytes as they are, to that
-address (signaling's HTTPS listener on loopback; ``tcp_https`` counts them); anything else
-goes through the ICE-TCP rules above. The backend sees the relay as the client (one IP for
-every HTTPS client: docs/operations.md lists what that costs).
+address (signaling's PROXY-aware HTTPS backend, ``--relay-https``; ``tcp_https`` counts
+them) behind a PROXY v2 header (STREAM) naming the client's TCP address and the address it
+reached, so signaling judges each request by the real client, never by this loopback hop
+(issue 40 item 0); anything else goes through the ICE-TCP rules above.
 
 Reads: one ``recv_into`` (up to 64 kB) per readability, its frames handed to the drain as
 one batch. That is a trio wake-up per TCP segment burst rather than the UDP path's batched
@@ -56,7 +57,7 @@ import trio
 from ..netio.sockets import bind_error, family_of, format_addr, sockname
 from ..proto.framing import Deframer, FramingError
 from ..proto.mux import Kind, first_byte_kind
-from ..proto.proxy import StreamAddr
+from ..proto.proxy import STREAM, StreamAddr, encode_header
 from ..proto.stun import StunError, peek_username_untrusted
 from ..proto.ufrag import UfragError
 from .core import IS_STUN, Address, RelayCore
@@ -389,9 +390,20 @@ class TcpListener:
                 pass
             scope.cancel()  # one side is done: HTTP/1.1 and h2 need no half-close
 
+        # The backend learns who the client is from a PROXY v2 header (STREAM: source = the
+        # client's TCP address, destination = the address it reached), not from this hop,
+        # which is loopback: signaling judges the API token by the real client (issue 40
+        # item 0; signaling/proxied.py reads it).
+        try:
+            local = conn.sock.getsockname()[:2]
+            proxy = encode_header((conn.client[0], conn.client[1]), (local[0], local[1]),
+                                  transport=STREAM)
+        except (OSError, ValueError):
+            counters.drop("tcp-https-unreachable")
+            return
         async with backend:
             try:
-                await backend.send_all(head)
+                await backend.send_all(proxy + head)
             except trio.BrokenResourceError:
                 return
             async with trio.open_nursery() as nursery:

@@ -14,8 +14,9 @@ GET    /healthz /readyz      liveness / at least one transceiver and relay answe
 GET    / /demo /<file>       the static web UI from ``webui/``                      none
 ==========================  =====================================================  ==========
 
-"auth" applies only when signaling is bound to a non-loopback address: ``api`` wants the API
-token; ``session`` also accepts a client token (and then only for sessions it created).
+"auth" applies unless signaling is bound to loopback *and* the request's real client is on
+this host (a caller spliced in from the media port or forwarded by a proxy is judged by its
+own address: proxied.py): ``api`` wants the API token; ``session`` also accepts a client token (and then only for sessions it created).
 Every error is ``application/problem+json`` (RFC 9457, see problems.py); bad input is a 4xx,
 never a 500.
 
@@ -42,6 +43,7 @@ from . import metrics, sip_http
 from . import realtime_http as realtime
 from .fastpath import WhipFastPath
 from .problems import Problem, problem_response
+from .proxied import TrustEdge
 from .realtime_ws import register_websocket
 from .registry import etag_matches, new_etag
 from .rules import (
@@ -284,7 +286,10 @@ def create_app(state: SignalingState) -> QuartTrio:
 
     # The WHIP create/delete are answered in front of Quart (fastpath.py), through the same
     # rules (rules.py); installed as asgi_app so hypercorn and the test client both use it.
-    app.asgi_app = WhipFastPath(app.asgi_app, state)  # type: ignore[method-assign,assignment]
+    # Outermost: the trust edge (proxied.py) puts the real client into every request's
+    # scope and decides whether it is local before any route or the fast path runs.
+    app.asgi_app = TrustEdge(  # type: ignore[method-assign,assignment]
+        WhipFastPath(app.asgi_app, state), state.real_clients)
     return app
 
 

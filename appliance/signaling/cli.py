@@ -54,6 +54,7 @@ DEFAULTS: dict[str, Any] = {
     "http": "127.0.0.1:8080",
     "udp_port": 3478,
     "public_tcp_port": None,
+    "relay_https": None,
     "admission_limit": 0.85,
     "transceiver_control": [],
     "relay_control": [],
@@ -101,6 +102,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the relays' public ICE-TCP port (relay --tcp, or the port a load "
                              "balancer maps to it, e.g. 443): answers then list a TCP passive "
                              "candidate per address beside the UDP one (default: none)")
+    parser.add_argument("--relay-https", metavar="HOST:PORT", default=None,
+                        help="accept the relays' spliced HTTPS connections here (relay "
+                             "--tcp-https points at it): each opens with a PROXY v2 header "
+                             "naming the real client, whose address decides whether the API "
+                             "token is needed (docs/security.md). Needs --tls; generates an "
+                             "API token if none is configured")
     add_auth_arguments(parser)
     add_realtime_arguments(parser)
     add_webhook_arguments(parser)
@@ -190,6 +197,11 @@ def build_config(args: argparse.Namespace) -> tuple[SignalingConfig, str | None]
         sip=sip_settings(args, public),
         admission_limit=parse_admission_limit(args.admission_limit),
     )
+    if getattr(args, "relay_https", None):
+        if not cfg.tls_cert:
+            raise ValueError("--relay-https needs --tls (or --tls-cert): the relays splice "
+                             "TLS connections to it")
+        cfg.relay_https = parse_hostport(args.relay_https, default_host="127.0.0.1")
     return cfg, fp
 
 

@@ -15,6 +15,7 @@ import re
 from werkzeug.exceptions import HTTPException
 
 from .problems import Problem
+from .proxied import CLIENT_IS_LOCAL
 from .registry import SessionRecord
 from .state import SignalingState
 from .tokens import PREFIX as CLIENT_TOKEN_PREFIX
@@ -34,8 +35,13 @@ CORS_RESPONSE_HEADERS = (("Access-Control-Allow-Origin", "*"),
 def authorize_header(state: SignalingState, authorization: str, *,
                      sessions: bool) -> ClientClaims | None:
     """Check an ``Authorization`` header value: None when the caller has full rights, the
-    claims of a client token otherwise; raises :class:`Problem` (401/403)."""
-    if not state.config.requires_auth():
+    claims of a client token otherwise; raises :class:`Problem` (401/403).
+
+    No token is needed only when signaling is bound to loopback *and* the request's real
+    client is on this host (``proxied.CLIENT_IS_LOCAL``, set per request by the trust edge:
+    a caller spliced in by the relays or forwarded by a proxy is judged by its own address,
+    issue 40 item 0)."""
+    if not state.config.requires_auth() and CLIENT_IS_LOCAL.get():
         return None
     challenge = {"WWW-Authenticate": 'Bearer realm="appliance"'}
     scheme, _, token = authorization.partition(" ")

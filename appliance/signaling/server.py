@@ -14,8 +14,10 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
+from ..config import format_hostport, parse_hostport
 from . import sip_http
 from .app import create_app
+from .proxied import serve_relay_https
 from .sip_server import serve_sip
 from .state import SignalingConfig, SignalingState
 
@@ -61,10 +63,17 @@ def check_public_address(text: str) -> str:
 def ensure_api_token(config: SignalingConfig) -> str | None:
     """When auth is needed and no API token is configured, generate one (and return it so
     the caller prints it); None otherwise."""
-    if config.requires_auth() and not config.api_token:
+    if config.reachable_from_elsewhere() and not config.api_token:
         config.api_token = secrets.token_urlsafe(32)
         return config.api_token
     return None
+
+
+def loopback_of(addr: tuple[str, int]) -> tuple[str, int]:
+    """Where this host reaches a listener bound to ``addr`` (a wildcard bind: loopback)."""
+    host = addr[0].strip("[]")
+    return ("127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host,
+            addr[1])
 
 
 def _listen_socket(host: str, port: int) -> socket.socket:
@@ -114,6 +123,11 @@ async def serve_signaling(
     try:
         async with trio.open_nursery() as nursery:
             binds: list[str] = await nursery.start(partial(serve, app, hypercorn_config(config)))
+            if config.relay_https is not None:  # HTTPS from the media port (proxied.py)
+                listening = parse_hostport(binds[0].partition("://")[2])  # port 0 resolved
+                bound = await nursery.start(serve_relay_https, config.relay_https,
+                                            loopback_of(listening), state.real_clients)
+                log.info("relay HTTPS backend on %s", format_hostport(bound))
             nursery.start_soon(_poll_forever, state)
             if state.webhooks.queue.endpoints:
                 nursery.start_soon(state.webhooks.run)

@@ -35,6 +35,7 @@ from .geo import IngressChoice, IngressMap
 from .health import POLL_TIMEOUT, Endpoint, ProcessHealth
 from .placement import Placement
 from .problems import Problem, from_control
+from .proxied import RealClients
 from .registry import LOST, SESSION_ID, SessionRecord, SessionRegistry, new_etag
 from .sip_config import SipSettings
 from .tokens import ClientTokens
@@ -58,6 +59,9 @@ class SignalingConfig:
     tcp_port: int | None = None
     api_token: str | None = None
     auth_required: bool | None = None  # None: decided by the bind address (loopback = no)
+    #: where the relays splice HTTPS from the media port (``--relay-https``, proxied.py):
+    #: connections open with a PROXY v2 header naming the real client. None: not served.
+    relay_https: tuple[str, int] | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
     webui_dir: Path | None = None
@@ -82,9 +86,16 @@ class SignalingConfig:
     sip: SipSettings | None = None  # --sip: phone calls (sip_server.py); None: off
 
     def requires_auth(self) -> bool:
+        """A token is needed even from a client on this host (a non-loopback bind, or
+        forced). Otherwise only a request whose real client is elsewhere needs one
+        (rules.authorize_header, proxied.py)."""
         if self.auth_required is not None:
             return self.auth_required
         return not is_loopback(self.http[0])
+
+    def reachable_from_elsewhere(self) -> bool:
+        """Clients on other hosts can reach the API: it must have a token to ask them for."""
+        return self.requires_auth() or self.relay_https is not None
 
 
 @functools.lru_cache(maxsize=64)
@@ -109,6 +120,8 @@ class SignalingState:
         self.config = config
         self.clock = clock
         self.tokens = ClientTokens(token_key)
+        #: open relay hops -> real clients (proxied.py; filled by serve_relay_https)
+        self.real_clients = RealClients()
         self.api_token = config.api_token
         self.registry = SessionRegistry(clock)
         self.health = ProcessHealth(

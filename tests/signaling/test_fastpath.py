@@ -18,6 +18,7 @@ import trio
 from signaling.fakes import OFFER
 
 from appliance.signaling.fastpath import WhipFastPath
+from appliance.signaling.proxied import RealClients, TrustEdge
 
 Answer = tuple[int, list[tuple[str, str]], str]
 
@@ -33,8 +34,11 @@ async def call(asgi: Callable[..., Awaitable[None]], method: str, path: str, *,
         "method": method, "scheme": "http", "path": path, "raw_path": path.encode(),
         "query_string": query.encode(), "root_path": "",
         "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or [])],
-        "client": ("203.0.113.9", 50000), "server": ("127.0.0.1", 8080), "extensions": {},
+        "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8080), "extensions": {},
     }
+    # Through the trust edge, as hypercorn's requests are (proxied.py): the loopback
+    # client is local, so a loopback bind asks it for no token.
+    asgi = TrustEdge(asgi, RealClients())
     sent: list[dict[str, Any]] = []
     done = trio.Event()
 
@@ -160,7 +164,9 @@ async def test_fast_path_answers_as_quart_does(make_env: Any, name: str,
     sids: list[str] = []
     for fast in (True, False):
         env = await make_env(**config)
-        installed = env.app.asgi_app
+        edge = env.app.asgi_app
+        assert isinstance(edge, TrustEdge)  # outermost (proxied.py), the fast path inside
+        installed = edge.app
         assert isinstance(installed, WhipFastPath)
         inner = installed.app
         counting = _Counting(inner)
@@ -190,7 +196,7 @@ async def test_fast_path_answers_as_quart_does(make_env: Any, name: str,
 
 async def test_other_requests_go_to_quart(make_env: Any) -> None:
     env = await make_env()
-    installed = env.app.asgi_app
+    installed = env.app.asgi_app.app
     seen: list[tuple[str, str]] = []
     inner = installed.app
 

@@ -32,13 +32,18 @@ def geo(**overrides: Any) -> IngressMap:
     return parse_ingress_map(**kw)
 
 
+TOKEN = "geo-test-token"
+
+
 async def sent_candidates(env: Any, *, peer: str = "127.0.0.1",
                           headers: dict[str, str] | None = None) -> list[list[Any]]:
     """POST an offer as if from ``peer`` and return what the fake transceiver was asked to
     advertise (also checked against the answer the client got)."""
     before = {k: len(f.requests) for k, f in env.fakes.items()}
+    # Remote peers: the API token, as from any other host (issue 40 item 0).
     resp = await env.client().post("/v1/sessions", data=OFFER.encode(),
-                                   headers={**SDP, **(headers or {})},
+                                   headers={**SDP, "Authorization": f"Bearer {TOKEN}",
+                                            **(headers or {})},
                                    scope_base={"client": (peer, 40000)})
     assert resp.status_code == 201, await resp.get_data()
     new = [r for k, f in env.fakes.items() for r in f.requests[before[k]:]]
@@ -51,12 +56,12 @@ async def sent_candidates(env: Any, *, peer: str = "127.0.0.1",
 
 
 async def test_without_a_map_every_client_gets_the_public_addresses(make_env: Any) -> None:
-    env = await make_env(n=1)
+    env = await make_env(api_token=TOKEN, n=1)
     assert await sent_candidates(env, peer="10.1.2.3", headers={"X-Region": "eu"}) == DEFAULT
 
 
 async def test_region_header_picks_the_region(make_env: Any) -> None:
-    env = await make_env(n=1, ingress=geo())
+    env = await make_env(api_token=TOKEN, n=1, ingress=geo())
     assert await sent_candidates(env, peer="198.18.0.1", headers={"X-Region": "eu"}) == EU
     assert await sent_candidates(env, peer="198.18.0.1", headers={"x-region": " us "}) == US
     # The header wins over the prefix of the peer address...
@@ -67,7 +72,7 @@ async def test_region_header_picks_the_region(make_env: Any) -> None:
 
 
 async def test_client_prefix_longest_match_then_default(make_env: Any) -> None:
-    env = await make_env(n=2, ingress=geo(region_header=None))
+    env = await make_env(api_token=TOKEN, n=2, ingress=geo(region_header=None))
     assert await sent_candidates(env, peer="10.1.2.3") == US  # /24 beats /16 and /8
     assert await sent_candidates(env, peer="10.1.9.9") == EU  # /16
     assert await sent_candidates(env, peer="10.200.0.1") == [["2001:db8:a0::1", 443]]  # /8
@@ -83,11 +88,11 @@ async def test_client_prefix_longest_match_then_default(make_env: Any) -> None:
 
 async def test_x_forwarded_for_is_believed_only_from_a_trusted_proxy(make_env: Any) -> None:
     xff = {"X-Forwarded-For": "10.1.2.3"}
-    untrusted = await make_env(n=1, ingress=geo(region_header=None))
+    untrusted = await make_env(api_token=TOKEN, n=1, ingress=geo(region_header=None))
     # A client speaking to signaling directly cannot pick a region by forging the header.
     assert await sent_candidates(untrusted, peer="192.0.2.200", headers=xff) == DEFAULT
 
-    env = await make_env(n=1, ingress=geo(region_header=None,
+    env = await make_env(api_token=TOKEN, n=1, ingress=geo(region_header=None,
                                            trusted_proxies=["172.16.0.0/12", "fd99::1"]))
     assert await sent_candidates(env, peer="172.16.0.5", headers=xff) == US
     # Right-most hop that is not a trusted proxy: the forged left-most entry is ignored.
@@ -103,7 +108,7 @@ async def test_x_forwarded_for_is_believed_only_from_a_trusted_proxy(make_env: A
 
 
 async def test_region_header_behind_trusted_proxies_only_from_them(make_env: Any) -> None:
-    env = await make_env(n=1, ingress=geo(trusted_proxies=["172.16.0.0/12"]))
+    env = await make_env(api_token=TOKEN, n=1, ingress=geo(trusted_proxies=["172.16.0.0/12"]))
     hdr = {"X-Region": "eu"}
     assert await sent_candidates(env, peer="172.16.0.5", headers=hdr) == EU
     # Straight from a client (not through the CDN): the header is not believed.
@@ -112,11 +117,12 @@ async def test_region_header_behind_trusted_proxies_only_from_them(make_env: Any
 
 
 async def test_every_transceiver_tried_gets_the_same_choice(make_env: Any) -> None:
-    env = await make_env(n=2, ingress=geo())
+    env = await make_env(api_token=TOKEN, n=2, ingress=geo())
     env.fakes[0].create_error = {"ok": False, "status": 503, "code": "draining", "detail": "d"}
     env.fakes[1].create_error = {"ok": False, "status": 503, "code": "draining", "detail": "d"}
     resp = await env.client().post("/v1/sessions", data=OFFER.encode(),
-                                   headers={**SDP, "X-Region": "eu"},
+                                   headers={**SDP, "X-Region": "eu",
+                                            "Authorization": f"Bearer {TOKEN}"},
                                    scope_base={"client": ("10.1.2.3", 1)})
     assert resp.status_code == 503
     sent = [r["candidates"] for f in env.fakes.values() for r in f.requests if r["op"] == "create"]

@@ -32,6 +32,7 @@ from sip.support import (
 
 from appliance.signaling import SignalingConfig, SignalingState
 from appliance.signaling.phone_media import TransceiverPhoneMedia
+from appliance.signaling.proxied import CLIENT_IS_LOCAL
 from appliance.signaling.realtime_http import Realtime, RealtimeProblem
 from appliance.signaling.sideband import attach
 from appliance.signaling.sip_calls import SipCall, SipCalls
@@ -63,8 +64,12 @@ def sip_call(call_id: str, state: str) -> SipCall:
 
 async def refusal(rt: Realtime, calls: SipCalls | None, call_id: str,
                   authorization: str = "") -> tuple[int, str]:
-    with pytest.raises(RealtimeProblem) as got:
-        await attach(rt, call_id, authorization, {}, calls)
+    local = CLIENT_IS_LOCAL.set(True)  # a loopback caller, as the trust edge marks one
+    try:
+        with pytest.raises(RealtimeProblem) as got:
+            await attach(rt, call_id, authorization, {}, calls)
+    finally:
+        CLIENT_IS_LOCAL.reset(local)
     return got.value.status, got.value.code
 
 
