@@ -36,6 +36,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # machine* is busy. The tests of admission on a shared core (reliability/test_hog_midrun.py,
 # the sans-IO ones in transceiver/ and signaling/) ask for `core` themselves.
 os.environ.setdefault("APPLIANCE_HEADROOM", "own")
+# The transceivers a test starts load no agent in the background (`--preload`, issue 38
+# item 8b): a preload is ~1 s of CPU, times hundreds of appliances. Tests of the preload
+# itself say `--preload` (tests/transceiver/test_warm.py).
+os.environ.setdefault("APPLIANCE_PRELOAD", "none")
 
 REPO = Path(__file__).resolve().parent.parent
 # Captured protocol bytes, kept in the repo so a clean clone tests alone.

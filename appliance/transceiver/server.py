@@ -153,6 +153,9 @@ class TransceiverConfig:
     control: str | None = None  # Unix socket path or host:port; None: no control server
     cluster: int = 0
     agent: str = "echo"
+    #: agent specs resolved in a worker thread at start (``--preload``): the assistant's
+    #: speech models load before the first call asks for them, not inside its set-up
+    preload: tuple[str, ...] = ()
     max_sessions: int = 500
     exit_when_drained: bool = False  # serve_transceiver returns once drained and idle
     opus_complexity: int = DEFAULT_COMPLEXITY  # encoder complexity of every PCM session
@@ -213,6 +216,7 @@ class Transceiver:
         self.codec = UfragCodec(config.secrets)
         self.counters: dict[str, int] = dict.fromkeys(COUNTER_NAMES, 0)
         self.sessions: dict[str, Session] = {}
+        self._warmed: set[str] = set()  # agent specs resolved once off the loop (warm)
         self.by_ufrag: dict[str, Session] = {}
         self.by_client: dict[Addr, Session] = {}
         #: a session's ICE-TCP passive candidates (control "tcp_candidates"), for restarts
@@ -660,8 +664,34 @@ class Transceiver:
         handler = getattr(self, "_op_" + op.replace(".", "_"), None)
         if handler is None:
             return _error(400, "unknown-op", f"unknown op {op!r}")
+        if op in ("create", "phone.create"):
+            spec = req.get("agent") or self.config.agent
+            if isinstance(spec, str):
+                await self.warm(spec)
         result: dict[str, Any] = handler(req)
         return result
+
+    async def warm(self, spec: str) -> None:
+        """Resolve an agent spec once in a worker thread, so the op's own ``resolve`` finds
+        its models loaded: the assistant's first resolve loads Whisper, Silero and the
+        turn model (~1 s), which inside the op stalled every call of this transceiver and
+        the new call's set-up (issue 38 item 8b). A spec that fails is left to the op,
+        which answers it 400."""
+        if spec in self._warmed:
+            return
+        try:
+            await trio.to_thread.run_sync(resolve, spec)
+        except AgentError:
+            return
+        if len(self._warmed) < 256:  # bounded: specs come from callers
+            self._warmed.add(spec)
+
+    async def preload(self) -> None:
+        """``--preload``: warm each spec at start, one after another, in a worker thread."""
+        for spec in self.config.preload:
+            started = time.perf_counter()
+            await self.warm(spec)
+            log.info("preloaded agent %s in %.2f s", spec, time.perf_counter() - started)
 
     def _session_state(self, sid: str) -> str | None:
         """A WebRTC or a phone session's state (the sideband attaches to either)."""
@@ -1136,6 +1166,8 @@ async def serve_transceiver(
                 sessions.start_soon(tr.pacer.run)
                 if config.measure_load:
                     sessions.start_soon(tr.measure_loop)
+                if config.preload:
+                    sessions.start_soon(tr.preload)
                 log.info("transceiver %d listening on %s", config.id, _fmt(udp))
                 task_status.started(TransceiverAddresses(udp, control, tr))
                 if not config.exit_when_drained:
