@@ -31,8 +31,9 @@ spec key           environment                      meaning
 =================  ===============================  ========================================
 
 Semantic end of turn (the default): the turn's audio goes to Smart Turn v3.2 after 200 ms
-of silence, and a P(complete) ≥ 0.8 ends the turn there (~250-300 ms after the last word
-instead of 500 ms); a turn it calls unfinished (a list, a number read out, "I would like
+of silence, and a P(complete) ≥ 0.8 ends the turn there (the pause, Silero's release and
+the inference: p50 ~510 ms after the last loud sample on the loaded test box, against 560
+for the fixed wait); a turn it calls unfinished (a list, a number read out, "I would like
 to …") ends after 1000 ms of silence, which a mid-sentence pause of 300-700 ms does not
 reach. These are Realtime ``semantic_vad`` ``eagerness: auto`` (appliance/speech/vad.py
 ``EAGERNESS``; figures in docs/speech.md). Without the model (the speech extra installed
