@@ -77,8 +77,7 @@ async def test_semantic_turn_ends_at_the_models_verdict_not_the_bound() -> None:
     endpoint = SureEndpoint()
     with trio.fail_after(120):
         got = [ev async for ev in ctx.transcripts(
-            turn=TurnConfig.semantic_vad("auto"), endpoint=endpoint,  # type: ignore[arg-type]
-            stt=make_stt("pocketsphinx"))]
+            turn=TurnConfig.semantic_vad("auto"), endpoint=endpoint)]  # type: ignore[arg-type]
     (stop,) = [e for e in got if isinstance(e, UserSpeechStopped)]
     assert len(endpoint.asked) == 1
     assert stop.at - stop.audio_end_ms / 1000 < 0.3  # the silence bound would be 0.98
