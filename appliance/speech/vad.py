@@ -17,17 +17,31 @@
 the energy VAD has its own adaptive rule and ignores it), ``prefix_padding_ms`` (audio kept
 before the detected start), ``silence_duration_ms`` (silence that ends the turn),
 ``create_response`` and ``interrupt_response`` (carried for the agent to act on).
-``semantic_vad`` has no semantic model here: it maps to ``server_vad`` on Silero with its
-``eagerness`` choosing the silence wait (low 1200 ms, medium/auto 700 ms, high 350 ms) —
-see docs/speech.md. Sans-IO in the house style: ``handle_input(now, pcm)``, then
-``poll_output()`` until ``None``.
+``semantic_vad`` is the semantic end of turn (``TurnConfig.semantic``): at each pause of
+``pause_ms`` of silence inside a turn the detector asks whether the turn is complete with an
+:class:`EndOfTurnQuery` (the turn's last 8 s at 16 kHz) and goes on with the frames; the
+shell runs Smart Turn (appliance/speech/endpoint.py, ~50 ms) off the loop and answers with
+``handle_verdict(now, query_id, probability)``. A probability at or above
+``semantic_threshold`` while the caller is still silent ends the turn at once; a verdict
+that comes back after the caller spoke again, or after the turn ended, is stale and
+ignored. ``silence_duration_ms`` stays the bound: a turn the model calls unfinished (lists
+and numbers read so), or one whose shell never answers, still ends after that much
+silence. ``eagerness`` picks the (threshold, bound) pair (:data:`EAGERNESS`), and
+``server_vad`` never asks (its exact meaning is unchanged). See docs/speech.md.
+
+Sans-IO in the house style: ``handle_input(now, pcm)``, then ``poll_output()`` until
+``None``; ``handle_verdict`` is the second input. The detector never runs the model.
+
+    frames ──handle_input──▶ TurnDetector ──poll_output──▶ SpeechStarted, SpeechAudio,
+                               ▲                          EndOfTurnQuery ─┐  SpeechStopped
+                               └──handle_verdict(now, query_id, p)◀── model in a thread
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Protocol, runtime_checkable
 
@@ -149,9 +163,15 @@ def make_vad(kind: str = "silero", *, threshold: float = 0.5) -> Vad:
     raise ValueError(f"unknown VAD {kind!r} (silero, energy)")
 
 
-# -- turn detection (Realtime server_vad) ---------------------------------------------------
+# -- turn detection (Realtime server_vad and semantic_vad) ---------------------------------
 
-_EAGERNESS_SILENCE_MS = {"low": 1200, "medium": 700, "auto": 700, "high": 350}
+#: Realtime ``semantic_vad.eagerness`` → (Smart Turn threshold, silence bound in ms). The
+#: threshold is P(complete) that ends the turn at a pause; the bound ends a turn the model
+#: calls unfinished. Chosen from bench/turn_bench.py (docs/speech.md has the figures): the
+#: bound must outlast a mid-sentence pause (300-700 ms of silence, plus Silero's ~100 ms
+#: release) or every pause the model gets wrong is a cut-off.
+EAGERNESS: dict[str, tuple[float, int]] = {
+    "low": (0.95, 1500), "medium": (0.8, 1000), "auto": (0.8, 1000), "high": (0.5, 700)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +186,22 @@ class TurnConfig:
     vad: str = "silero"  # or "energy"
     #: Shortest run of speech (ms) that opens a turn: clicks and coughs do not.
     min_speech_ms: int = 60
+    #: Semantic end of turn (``semantic_vad``): ask the model at each pause, with
+    #: ``silence_duration_ms`` as the bound. Off for ``server_vad``.
+    semantic: bool = False
+    #: P(complete) at or above which a pause ends the turn.
+    semantic_threshold: float = 0.5
+    #: Silence (ms) after which a pause is put to the model.
+    pause_ms: int = 200
+
+    @classmethod
+    def semantic_vad(cls, eagerness: str = "auto", **kw: Any) -> TurnConfig:
+        """A semantic turn config for a Realtime ``eagerness`` (see :data:`EAGERNESS`)."""
+        if eagerness not in EAGERNESS:
+            raise ValueError(f"unknown eagerness {eagerness!r}")
+        threshold, bound = EAGERNESS[eagerness]
+        return cls(semantic=True, semantic_threshold=threshold, silence_duration_ms=bound,
+                   **kw)
 
     @classmethod
     def from_realtime(cls, td: dict[str, Any] | None, *, vad: str = "silero") -> TurnConfig | None:
@@ -178,11 +214,8 @@ class TurnConfig:
         create = bool(td.get("create_response", True))
         interrupt = bool(td.get("interrupt_response", True))
         if kind == "semantic_vad":
-            eagerness = td.get("eagerness", "auto")
-            if eagerness not in _EAGERNESS_SILENCE_MS:
-                raise ValueError(f"unknown eagerness {eagerness!r}")
-            return cls(silence_duration_ms=_EAGERNESS_SILENCE_MS[eagerness],
-                       create_response=create, interrupt_response=interrupt, vad=vad)
+            return cls.semantic_vad(td.get("eagerness", "auto"), create_response=create,
+                                    interrupt_response=interrupt, vad=vad)
         if kind != "server_vad":
             raise ValueError(f"unknown turn_detection type {kind!r}")
         threshold = float(td.get("threshold", 0.5))
@@ -215,25 +248,55 @@ class SpeechStopped:
     audio_end_ms: int
 
 
-TurnEvent = SpeechStarted | SpeechAudio | SpeechStopped
+@dataclass(frozen=True, slots=True)
+class EndOfTurnQuery:
+    """Semantic mode: the caller paused; is the turn complete? Answer with
+    ``handle_verdict(now, query_id, p)`` (from a worker thread's result, never by running
+    the model on the loop). ``query_id`` names this turn and this pause: a verdict for an
+    older one is ignored."""
+
+    query_id: int
+    at: float
+    audio_end_ms: int  # where the speech before the pause ended
+    audio16k: bytes = field(repr=False)  # the turn so far (last 8 s), pause included
+
+
+TurnEvent = SpeechStarted | SpeechAudio | SpeechStopped | EndOfTurnQuery
+
+#: The model's window (8 s at 16 kHz, PCM16): the query carries no more than this.
+QUERY_BYTES = 8 * SILERO_RATE * 2
 
 
 class TurnDetector:
-    """Speech start/stop from a :class:`Vad`, with prefix padding and a silence wait."""
+    """Speech start/stop from a :class:`Vad`, with prefix padding, a silence wait and (in
+    semantic mode) end-of-turn queries at pauses (see the module docstring)."""
 
     def __init__(self, config: TurnConfig | None = None, vad: Vad | None = None) -> None:
         self.config = config or TurnConfig()
         self.vad: Vad = vad if vad is not None else make_vad(
             self.config.vad, threshold=self.config.threshold)
         c = self.config
+        if not 0.0 <= c.semantic_threshold <= 1.0:
+            raise ValueError("semantic_threshold must be between 0 and 1")
         self._prefix: deque[bytes] = deque(maxlen=max(1, c.prefix_padding_ms // FRAME_MS))
         self._min_frames = max(1, -(-c.min_speech_ms // FRAME_MS))
         self._silence_frames = max(1, -(-c.silence_duration_ms // FRAME_MS))
+        self._pause_frames = max(1, -(-c.pause_ms // FRAME_MS))
         self._frames = 0  # frames seen
         self._run = 0  # consecutive speech frames while idle
         self._silent = 0  # consecutive silent frames while in a turn
         self.in_turn = False
         self._out: deque[TurnEvent] = deque()
+        # Semantic mode: the turn's audio at 16 kHz (trimmed to the model's window), the
+        # query awaiting its verdict (None: none, or withdrawn because the caller spoke or
+        # the turn ended), and whether this pause was asked about already (once a pause).
+        self._audio16k = bytearray()
+        self._resampler: Resampler | None = None
+        self._query: int | None = None
+        self._asked = False
+        self._queries = 0
+        #: The last verdict taken (not stale), for metrics and tests.
+        self.last_probability: float | None = None
 
     def handle_input(self, now: float, pcm: bytes) -> None:
         speech = self.vad.update(pcm)
@@ -246,15 +309,64 @@ class TurnDetector:
                 self._silent = 0
                 start_frame = self._frames - len(self._prefix)
                 self._out.append(SpeechStarted(now, start_frame * FRAME_MS))
-                self._out.append(SpeechAudio(b"".join(self._prefix)))
+                opening = b"".join(self._prefix)
+                self._out.append(SpeechAudio(opening))
                 self._prefix.clear()
+                if self.config.semantic:
+                    self._resampler = Resampler(48_000, SILERO_RATE)
+                    self._audio16k.clear()
+                    self._keep16k(opening)
             return
         self._out.append(SpeechAudio(pcm))
-        self._silent = 0 if speech else self._silent + 1
+        if self.config.semantic:
+            self._keep16k(pcm)
+        if speech:
+            # The caller goes on: any question about this pause is moot.
+            self._silent = 0
+            self._query = None
+            self._asked = False
+            return
+        self._silent += 1
         if self._silent >= self._silence_frames:
-            self.in_turn = False
-            self._run = 0
-            self._out.append(SpeechStopped(now, (self._frames - self._silent) * FRAME_MS))
+            self._stop(now)  # the bound: with or without the model's verdict
+        elif (self.config.semantic and not self._asked
+              and self._silent >= self._pause_frames):
+            self._asked = True
+            self._queries += 1
+            self._query = self._queries
+            self._out.append(EndOfTurnQuery(self._query, now, self._speech_end_ms(),
+                                            bytes(self._audio16k[-QUERY_BYTES:])))
+
+    def handle_verdict(self, now: float, query_id: int, probability: float) -> None:
+        """The model's P(complete) for :class:`EndOfTurnQuery` ``query_id``. Ends the turn
+        now if it reaches the threshold and the query still stands (the caller has been
+        silent since it was asked); a stale verdict is ignored."""
+        if not 0 < query_id <= self._queries:
+            raise ValueError(f"no EndOfTurnQuery {query_id} was asked")
+        if query_id != self._query:
+            return  # the caller spoke again, or the turn already ended
+        self._query = None
+        self.last_probability = probability
+        if probability >= self.config.semantic_threshold:
+            self._stop(now)
+
+    def _stop(self, now: float) -> None:
+        self.in_turn = False
+        self._run = 0
+        self._query = None
+        self._asked = False
+        self._out.append(SpeechStopped(now, self._speech_end_ms()))
+        self._silent = 0
+
+    def _speech_end_ms(self) -> int:
+        return (self._frames - self._silent) * FRAME_MS
+
+    def _keep16k(self, pcm: bytes) -> None:
+        assert self._resampler is not None
+        x = self._resampler.process_float(np.frombuffer(pcm, dtype="<i2").astype(np.float32))
+        self._audio16k += np.clip(x, -32768, 32767).astype("<i2").tobytes()
+        if len(self._audio16k) > 2 * QUERY_BYTES:  # trimmed now and then, not every frame
+            del self._audio16k[:-QUERY_BYTES]
 
     def poll_output(self) -> TurnEvent | None:
         return self._out.popleft() if self._out else None

@@ -8,6 +8,8 @@ from speech.speech_support import espeak_pcm48, frames, mix, noise, silence, spe
 
 from appliance.agents.vad import EnergyVad
 from appliance.speech.vad import (
+    EAGERNESS,
+    EndOfTurnQuery,
     SileroVad,
     SpeechAudio,
     SpeechStarted,
@@ -101,11 +103,144 @@ def test_realtime_turn_detection_maps() -> None:
     assert cfg == TurnConfig(threshold=0.7, prefix_padding_ms=200, silence_duration_ms=800,
                              create_response=False, interrupt_response=False)
     assert TurnDetector(cfg).vad.threshold == 0.7  # type: ignore[attr-defined]
-    assert TurnConfig.from_realtime({"type": "semantic_vad", "eagerness": "high"}
-                                    ).silence_duration_ms == 350  # type: ignore[union-attr]
-    assert TurnConfig.from_realtime({"type": "semantic_vad"}
-                                    ).silence_duration_ms == 700  # type: ignore[union-attr]
+    assert not cfg.semantic  # server_vad keeps its meaning: silence alone
+    high = TurnConfig.from_realtime({"type": "semantic_vad", "eagerness": "high"})
+    assert high is not None and high.semantic
+    assert (high.semantic_threshold, high.silence_duration_ms) == EAGERNESS["high"]
+    auto = TurnConfig.from_realtime({"type": "semantic_vad", "create_response": False})
+    assert auto == TurnConfig.semantic_vad("medium", create_response=False)
+    # Eagerer ends sooner: a lower threshold and a shorter bound.
+    lo, med, hi = EAGERNESS["low"], EAGERNESS["medium"], EAGERNESS["high"]
+    assert lo[0] > med[0] > hi[0] and lo[1] > med[1] > hi[1]
     for bad in ({"type": "telepathy"}, {"threshold": 2}, {"silence_duration_ms": -1},
                 {"type": "semantic_vad", "eagerness": "eager"}):
         with pytest.raises(ValueError, match="unknown|between|0..10000"):
             TurnConfig.from_realtime(bad)
+
+
+# -- semantic end of turn: the query/verdict protocol on a fake clock and a fake VAD -------
+
+
+class ScriptedVad:
+    """Speech wherever the frame is not all zeros (the test writes the script in bytes)."""
+
+    last_level = -120.0
+
+    def update(self, pcm: bytes) -> bool:
+        return any(pcm)
+
+
+SPEECH = b"\x10\x00" * 960  # one 20 ms frame the scripted VAD calls speech
+QUIET = bytes(1920)
+
+
+class Driver:
+    """Feeds frames at 20 ms steps of a virtual clock and keeps every event."""
+
+    def __init__(self, cfg: TurnConfig) -> None:
+        self.det = TurnDetector(cfg, vad=ScriptedVad())
+        self.now = 0.0
+        self.events: list[object] = []
+
+    def feed(self, frame: bytes, n: int = 1) -> None:
+        for _ in range(n):
+            self.det.handle_input(self.now, frame)
+            self.now += 0.02
+            self.drain()
+
+    def drain(self) -> None:
+        while (ev := self.det.poll_output()) is not None:
+            self.events.append(ev)
+
+    def verdict(self, query: EndOfTurnQuery, p: float) -> None:
+        self.det.handle_verdict(self.now, query.query_id, p)
+        self.drain()
+
+    def of(self, kind: type) -> list:  # type: ignore[type-arg]
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+SEMANTIC = TurnConfig(semantic=True, semantic_threshold=0.5, pause_ms=200,
+                      silence_duration_ms=1000, prefix_padding_ms=100)
+
+
+def test_semantic_complete_verdict_ends_the_turn_at_once() -> None:
+    d = Driver(SEMANTIC)
+    d.feed(QUIET, 5)
+    d.feed(SPEECH, 50)  # 1 s of speech, ending at 1.1 s
+    d.feed(QUIET, 9)
+    assert not d.of(EndOfTurnQuery)  # 180 ms is not yet a pause
+    d.feed(QUIET)
+    (q,) = d.of(EndOfTurnQuery)
+    assert q.audio_end_ms == 1100 and q.at == pytest.approx(1.28)
+    # The turn so far at 16 kHz PCM16: the prefix's 40 ms before the onset (its other 60 ms
+    # are the speech that opened the turn), the 1 s of speech and the 200 ms pause.
+    assert len(q.audio16k) == pytest.approx(32 * (40 + 1000 + 200), abs=64)
+    d.feed(QUIET, 3)  # the model answers ~60 ms later; the frames went on meanwhile
+    assert not d.of(SpeechStopped)
+    d.verdict(q, 0.9)
+    (stop,) = d.of(SpeechStopped)
+    assert stop.audio_end_ms == 1100 and stop.at == pytest.approx(1.36)
+    assert d.det.last_probability == 0.9 and not d.det.in_turn
+
+
+def test_semantic_incomplete_verdict_waits_for_the_silence_bound() -> None:
+    d = Driver(SEMANTIC)
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 10)
+    (q,) = d.of(EndOfTurnQuery)
+    d.verdict(q, 0.2)  # "I would like to …": unfinished
+    d.feed(QUIET, 39)
+    assert not d.of(SpeechStopped)  # one query per pause: no second question
+    assert len(d.of(EndOfTurnQuery)) == 1
+    d.feed(QUIET)  # 1000 ms of silence: the bound
+    (stop,) = d.of(SpeechStopped)
+    assert stop.at == pytest.approx(0.4 + 1.0 - 0.02)
+
+
+def test_semantic_verdict_after_the_caller_spoke_again_is_stale() -> None:
+    """The model answers 'complete' for a pause the caller has already ended: the turn goes
+    on, and the next pause gets a question of its own."""
+    d = Driver(SEMANTIC)
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 10)
+    (q1,) = d.of(EndOfTurnQuery)
+    d.feed(SPEECH, 5)  # "… order a large pizza"
+    d.verdict(q1, 0.99)
+    assert not d.of(SpeechStopped) and d.det.in_turn and d.det.last_probability is None
+    d.feed(QUIET, 10)
+    q1_, q2 = d.of(EndOfTurnQuery)
+    assert q2.query_id != q1.query_id and q2.audio_end_ms == (20 + 10 + 5) * 20
+    d.verdict(q2, 0.7)
+    (stop,) = d.of(SpeechStopped)
+    assert stop.audio_end_ms == q2.audio_end_ms
+
+
+def test_semantic_verdict_after_the_bound_is_stale_and_unknown_ids_raise() -> None:
+    d = Driver(TurnConfig(semantic=True, pause_ms=200, silence_duration_ms=300))
+    d.feed(SPEECH, 10)
+    d.feed(QUIET, 15)
+    (q,) = d.of(EndOfTurnQuery)
+    assert len(d.of(SpeechStopped)) == 1  # the bound ended it before the model answered
+    d.verdict(q, 0.9)
+    assert len(d.of(SpeechStopped)) == 1
+    with pytest.raises(ValueError, match="no EndOfTurnQuery"):
+        d.det.handle_verdict(d.now, q.query_id + 1, 0.9)
+
+
+def test_server_vad_never_queries() -> None:
+    d = Driver(TurnConfig(silence_duration_ms=500))
+    for _ in range(3):
+        d.feed(SPEECH, 20)
+        d.feed(QUIET, 30)
+    assert not d.of(EndOfTurnQuery)
+    assert [e.at for e in d.of(SpeechStopped)] == pytest.approx(
+        [0.4 + 0.48 + i * 1.0 for i in range(3)])
+
+
+def test_semantic_query_carries_at_most_the_models_window() -> None:
+    d = Driver(SEMANTIC)
+    d.feed(SPEECH, 12 * 50)  # 12 s of speech
+    d.feed(QUIET, 10)
+    (q,) = d.of(EndOfTurnQuery)
+    assert len(q.audio16k) == 8 * 16_000 * 2
