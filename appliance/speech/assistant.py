@@ -28,6 +28,9 @@ spec key           environment                      meaning
                                                     ``silence`` (a fixed wait, as before)
 ``silence_ms``                                      the silence that ends a turn: the wait
                                                     (500) or, semantic, the bound (1000)
+``speculate``                                       ``1`` (default): transcribe at each
+                                                    200 ms pause, so the transcript is
+                                                    ready when the turn ends; ``0``: after
 =================  ===============================  ========================================
 
 Semantic end of turn (the default): the turn's audio goes to Smart Turn v3.2 after 200 ms
@@ -87,7 +90,7 @@ from .vad import SpeechUnavailable, TurnConfig, TurnDetector, make_vad
 log = logging.getLogger(__name__)
 EXTRA_HINT = "pip install 'appliance[speech]' (or make install)"
 _KEYS = {"llm", "model", "key_file", "stt", "stt_model", "tts", "tts_model", "voice", "vad",
-         "silence_ms", "turn"}
+         "silence_ms", "turn", "speculate"}
 MAX_HISTORY = 20  # messages kept for the LLM
 TRANSCRIPT_LABEL = "transcript"  # the data channel the transcript events are mirrored on
 
@@ -105,6 +108,7 @@ class AssistantOptions:
     vad: str = "silero"
     turn: str = "semantic"  # or "silence"
     silence_ms: int | None = None  # None: 500 (silence) or the semantic bound (1000)
+    speculate: bool = True  # transcribe at each pause (listen.py), not after the turn
 
     @classmethod
     def from_spec(cls, spec: str, env: dict[str, str] | None = None) -> AssistantOptions:
@@ -125,6 +129,9 @@ class AssistantOptions:
         turn = q.get("turn", "semantic")
         if turn not in ("semantic", "silence"):
             raise AgentError("assistant: turn is semantic or silence")
+        speculate = q.get("speculate", "1")
+        if speculate not in ("0", "1"):
+            raise AgentError("assistant: speculate is 0 or 1")
         silence: int | None = None
         if "silence_ms" in q:
             try:
@@ -146,7 +153,7 @@ class AssistantOptions:
             tts=q.get("tts") or env.get("APPLIANCE_TTS_URL") or _DEFAULTS.tts,
             tts_model=q.get("tts_model") or env.get("APPLIANCE_TTS_MODEL") or _DEFAULTS.tts_model,
             voice=q.get("voice") or env.get("APPLIANCE_TTS_VOICE") or _DEFAULTS.voice,
-            vad=vad, turn=turn, silence_ms=silence,
+            vad=vad, turn=turn, silence_ms=silence, speculate=speculate == "1",
         )
 
     def api_key(self, env: dict[str, str] | None = None) -> str | None:
@@ -285,11 +292,13 @@ class Assistant:
 
     def turn_config(self) -> TurnConfig:
         if self.engines.endpoint is not None:
-            cfg = TurnConfig.semantic_vad("auto", vad=self.opts.vad)
+            cfg = TurnConfig.semantic_vad("auto", vad=self.opts.vad,
+                                          speculate=self.opts.speculate)
             if self.opts.silence_ms is not None:
                 cfg = replace(cfg, silence_duration_ms=self.opts.silence_ms)
             return cfg
-        return TurnConfig(silence_duration_ms=self.opts.silence_ms or 500, vad=self.opts.vad)
+        return TurnConfig(silence_duration_ms=self.opts.silence_ms or 500, vad=self.opts.vad,
+                          speculate=self.opts.speculate)
 
     async def run(self, ctx: AgentContext) -> None:
         detector = TurnDetector(self.turn_config())

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import importlib.util
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -170,14 +169,6 @@ def available() -> bool:
     return importlib.util.find_spec("onnxruntime") is not None
 
 
-# Inference runs here, off the trio loop: one worker per core of the 2-core target, so a
-# burst of pauses in several calls queues rather than oversubscribing the CPU that Silero
-# and Whisper share.
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-POOL_WORKERS = 2
-
-
 class SmartTurn:
     """P(turn complete) for a turn's audio (see the module docstring)."""
 
@@ -195,12 +186,3 @@ class SmartTurn:
         features = log_mel_features(model_window(pcm16_16k))[None]
         out = self._session.run(None, {"input_features": features})
         return float(np.asarray(out[0]).reshape(-1)[0])
-
-    def submit(self, pcm16_16k: bytes) -> Future[float]:
-        """:meth:`probability` in the process's worker pool; poll ``done()`` from the loop."""
-        global _pool
-        with _pool_lock:
-            if _pool is None:
-                _pool = ThreadPoolExecutor(POOL_WORKERS, thread_name_prefix="smart-turn")
-            pool = _pool
-        return pool.submit(self.probability, pcm16_16k)

@@ -13,19 +13,30 @@ the call's frames and yields, in order:
 The Realtime ``conversation.item.input_audio_transcription.delta/.completed/.failed`` and
 ``input_audio_buffer.speech_started/stopped`` events map one to one onto these.
 
-Semantic end of turn: the detector's :class:`~appliance.speech.vad.EndOfTurnQuery` goes to
-Smart Turn in its worker pool (:meth:`~appliance.speech.endpoint.SmartTurn.submit`, ~50 ms
-of CPU off the trio loop, so other calls' frames keep flowing), and the answer is handed
-back with ``handle_verdict`` at the first frame after it is ready (≤ 20 ms later). Not a
-``trio.to_thread`` task: this is an async generator, which must not hold a nursery across
-its ``yield``; polling a future per frame also keeps verdicts in frame order. A model that
-fails leaves the silence bound to end the turn.
+Work at the pause (issue 38 items 2-3): at each pause of ``pause_ms`` inside a turn the
+detector asks an :class:`~appliance.speech.vad.EndOfTurnQuery`. Here that starts, side by
+side in worker threads (``trio.to_thread``; ~50-150 ms of CPU each, never on the loop that
+carries the other calls' frames):
+
+* **the verdict** (semantic mode): Smart Turn's P(complete), handed back with
+  ``handle_verdict`` the moment it is ready;
+* **a speculative transcript**: the STT stream's decode of the audio so far
+  (``stream.speculate()``, engines that have one). If the turn ends in that same pause
+  (``SpeechStopped.pause``), the audio after it is silence and that transcript is the
+  final one, ready when the turn ends instead of starting then; if the caller goes on, it
+  is dropped (counted in :data:`speculation`, with its CPU).
+
+While they run, this task goes on reading frames and feeding the detector (the caller may
+speak again, or the bound may end the turn); the events that produces are held until both
+are done (≤ one inference, ~0.1 s) and then yielded in order. An async generator must not
+hold a nursery across a ``yield``, so the nursery lives only inside that window. A model
+that fails leaves the silence bound to end the turn; a speculation that fails leaves
+``finish()`` to transcribe.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -98,6 +109,139 @@ def default_stt() -> SttEngine:
     return _default_stt
 
 
+@dataclass
+class Speculation:
+    """Process-wide count of speculative transcripts (bench/turn_latency.py reports it)."""
+
+    started: int = 0
+    used: int = 0  # the turn ended in that pause: it was the final transcript
+    wasted: int = 0  # the caller went on (or it failed)
+    cpu_seconds: float = 0.0  # worker-thread CPU of every speculative decode
+
+
+speculation = Speculation()
+
+
+class _Hearing:
+    """One call's turn detector, STT stream and the work started at pauses."""
+
+    def __init__(self, detector: TurnDetector, engine: SttEngine,
+                 model: SmartTurn | None) -> None:
+        self.detector = detector
+        self.engine = engine
+        self.model = model
+        self.stream: SttStream | None = None
+        self.start_ms = 0
+        #: pause (query id) -> its speculative transcript; None while still decoding
+        self.guesses: dict[int, str | None] = {}
+        self.guessed = trio.Event()  # set (and replaced) whenever a guess completes
+        self.busy = 0  # threads running for the current window
+        self._pending: EndOfTurnQuery | None = None  # a query waiting for its window
+        self.now = 0.0  # received_at of the last frame fed
+
+    async def ask(self, query: EndOfTurnQuery) -> None:
+        assert self.model is not None
+        try:
+            p = await trio.to_thread.run_sync(self.model.probability, query.audio16k)
+        except Exception:  # the model failed: the silence bound ends the turn
+            return
+        finally:
+            self.busy -= 1
+        # Stamped like every detector event: the time of the last frame it has seen.
+        self.detector.handle_verdict(self.now, query.query_id, p)
+
+    async def guess(self, query: EndOfTurnQuery, stream: Any) -> None:
+        speculation.started += 1
+        before = getattr(stream, "cpu_seconds", 0.0)
+        try:
+            self.guesses[query.query_id] = await stream.speculate()
+        except SttError:
+            self.guesses.pop(query.query_id, None)  # finish() will say what failed
+        finally:
+            speculation.cpu_seconds += getattr(stream, "cpu_seconds", 0.0) - before
+            self.busy -= 1
+            self.guessed.set()
+            self.guessed = trio.Event()
+
+    async def handle(self, ev: Any, out: list[HearingEvent],
+                     nursery: trio.Nursery | None) -> trio.Nursery | None:
+        """One detector event into ``out``; an :class:`EndOfTurnQuery` needs a nursery
+        (returned as the one to open when the caller has none yet)."""
+        if isinstance(ev, EndOfTurnQuery):
+            if nursery is None:
+                return None  # the caller opens the window and hands it back
+            if self.model is not None and self.detector.config.semantic:
+                self.busy += 1
+                nursery.start_soon(self.ask, ev)
+            if (self.detector.config.speculate and self.stream is not None
+                    and hasattr(self.stream, "speculate")):
+                self.busy += 1
+                self.guesses[ev.query_id] = None
+                nursery.start_soon(self.guess, ev, self.stream)
+        elif isinstance(ev, SpeechStarted):
+            self.start_ms = ev.audio_start_ms
+            self.stream = self.engine.stream()
+            self.guesses.clear()
+            out.append(UserSpeechStarted(ev.at, ev.audio_start_ms))
+        elif isinstance(ev, SpeechAudio):
+            if self.stream is not None:
+                try:
+                    partial = await self.stream.feed(ev.pcm)
+                except SttError:
+                    partial = None  # reported by finish()
+                if partial:
+                    out.append(TranscriptPartial(partial))
+        elif isinstance(ev, SpeechStopped) and self.stream is not None:
+            out.append(UserSpeechStopped(ev.at, ev.audio_end_ms))
+            s, self.stream = self.stream, None
+            t0 = trio.current_time()
+            text = await self._speculated(ev.pause)
+            for pause in self.guesses:
+                if pause != ev.pause:
+                    speculation.wasted += 1
+            self.guesses.clear()
+            if text is not None:
+                speculation.used += 1
+                await s.aclose()
+                out.append(TranscriptFinal(text, self.start_ms, ev.audio_end_ms, ev.at,
+                                           trio.current_time() - t0))
+                return nursery
+            try:
+                text = await s.finish()
+            except SttError as exc:
+                out.append(TranscriptFailed(str(exc), self.start_ms, ev.audio_end_ms))
+            else:
+                out.append(TranscriptFinal(text, self.start_ms, ev.audio_end_ms, ev.at,
+                                           trio.current_time() - t0))
+        return nursery
+
+    async def _speculated(self, pause: int | None) -> str | None:
+        """The transcript guessed at the pause that ended the turn (waiting for it if it
+        is still decoding); None if there is none."""
+        if pause is None:
+            return None
+        while pause in self.guesses and self.guesses[pause] is None:
+            await self.guessed.wait()
+        return self.guesses.pop(pause, None)
+
+    async def take(self, frame: Any, out: list[HearingEvent]) -> bool:
+        """Feed one frame; True when an :class:`EndOfTurnQuery` asks for a window."""
+        self.feed(frame)
+        return await self.drain(out, None)
+
+    def feed(self, frame: Any) -> None:
+        self.now = frame.received_at
+        self.detector.handle_input(frame.received_at, frame.pcm)
+
+    async def drain(self, out: list[HearingEvent], nursery: trio.Nursery | None) -> bool:
+        while (ev := self.detector.poll_output()) is not None:
+            if isinstance(ev, EndOfTurnQuery) and nursery is None:
+                self._pending = ev
+                return True
+            await self.handle(ev, out, nursery)
+        return False
+
+
 async def transcripts(ctx: AgentContext, *, turn: TurnConfig | None = None,
                       stt: SttEngine | None = None,
                       detector: TurnDetector | None = None,
@@ -106,53 +250,38 @@ async def transcripts(ctx: AgentContext, *, turn: TurnConfig | None = None,
     """The caller's turns and their transcripts (see the module docstring). ``endpoint``
     answers a semantic detector's queries (default: the process's Smart Turn)."""
     detector = detector or TurnDetector(turn or TurnConfig())
-    engine = stt or default_stt()
     model = endpoint or (SmartTurn() if detector.config.semantic else None)
-    asked: dict[int, Future[float]] = {}  # query id -> the model's answer, when ready
-    stream: SttStream | None = None
-    start_ms = 0
+    hearing = _Hearing(detector, stt or default_stt(), model)
+    frames = ctx.frames().__aiter__()
+    out: list[HearingEvent] = []
     try:
-        async for frame in ctx.frames():
-            detector.handle_input(frame.received_at, frame.pcm)
-            for query_id, answer in list(asked.items()):
-                if answer.done():
-                    del asked[query_id]
-                    try:
-                        p = answer.result()
-                    except Exception:  # the model failed: the silence bound ends the turn
-                        continue
-                    detector.handle_verdict(frame.received_at, query_id, p)
-            while (ev := detector.poll_output()) is not None:
-                if isinstance(ev, EndOfTurnQuery):
-                    assert model is not None  # a semantic detector has one
-                    asked[ev.query_id] = model.submit(ev.audio16k)
-                    continue
-                if isinstance(ev, SpeechStarted):
-                    start_ms = ev.audio_start_ms
-                    stream = engine.stream()
-                    yield UserSpeechStarted(ev.at, ev.audio_start_ms)
-                elif isinstance(ev, SpeechAudio):
-                    if stream is not None:
+        while True:
+            try:
+                frame = await frames.__anext__()
+            except StopAsyncIteration:
+                return
+            window = await hearing.take(frame, out)
+            if window:
+                # The pause's work runs in threads while this task keeps listening; what
+                # the frames meanwhile produce is held (no yield inside the nursery).
+                async with trio.open_nursery() as nursery:
+                    query, hearing._pending = hearing._pending, None
+                    assert query is not None
+                    await hearing.handle(query, out, nursery)
+                    await hearing.drain(out, nursery)
+                    while hearing.busy:
                         try:
-                            partial = await stream.feed(ev.pcm)
-                        except SttError:
-                            partial = None  # reported by finish()
-                        if partial:
-                            yield TranscriptPartial(partial)
-                elif isinstance(ev, SpeechStopped) and stream is not None:
-                    yield UserSpeechStopped(ev.at, ev.audio_end_ms)
-                    s, stream = stream, None
-                    t0 = trio.current_time()
-                    try:
-                        text = await s.finish()
-                    except SttError as exc:
-                        yield TranscriptFailed(str(exc), start_ms, ev.audio_end_ms)
-                    else:
-                        yield TranscriptFinal(text, start_ms, ev.audio_end_ms, ev.at,
-                                              trio.current_time() - t0)
+                            frame = await frames.__anext__()
+                        except StopAsyncIteration:
+                            break  # the call ended: the threads finish, nothing is read
+                        hearing.feed(frame)
+                        await hearing.drain(out, nursery)
+                    # A verdict that came in after the last frame may have ended the turn.
+                    await hearing.drain(out, nursery)
+            for ev in out:
+                yield ev
+            out.clear()
     finally:
-        for answer in asked.values():
-            answer.cancel()  # not started yet: never run; running: its result is dropped
-        if stream is not None:
+        if hearing.stream is not None:
             with trio.CancelScope(shield=True):
-                await stream.aclose()
+                await hearing.stream.aclose()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -247,6 +248,7 @@ class _WhisperStream:
         self._engine, self._language, self._prompt = engine, language, prompt
         self._resampler = Resampler(48_000, STT_RATE)
         self._buf = bytearray()
+        self.cpu_seconds = 0.0  # spent by speculate()
 
     async def feed(self, pcm: bytes) -> str | None:
         self._buf += self._resampler.process(pcm)
@@ -258,6 +260,22 @@ class _WhisperStream:
         pcm, self._buf = bytes(self._buf), bytearray()
         text: str = await trio.to_thread.run_sync(
             self._engine.transcribe_sync, pcm, self._language, self._prompt)
+        return text
+
+    async def speculate(self) -> str:
+        """The transcript of the audio so far, decoded now in a worker thread, the stream
+        left open. listen.py asks at a pause: if the turn ends in that pause, this is its
+        final transcript (the audio after it is silence) and :meth:`finish` is never
+        called; if the caller goes on, it was wasted. ``cpu_seconds`` adds its CPU time."""
+        pcm = bytes(self._buf)
+
+        def decode() -> tuple[str, float]:
+            t0 = time.thread_time()
+            text = self._engine.transcribe_sync(pcm, self._language, self._prompt)
+            return text, time.thread_time() - t0
+
+        text, cpu = await trio.to_thread.run_sync(decode)
+        self.cpu_seconds += cpu
         return text
 
     async def aclose(self) -> None:
@@ -334,6 +352,7 @@ class _HttpStream:
         self._engine, self._language, self._prompt = engine, language, prompt
         self._resampler = Resampler(48_000, STT_RATE)
         self._buf = bytearray()
+        self.cpu_seconds = 0.0  # spent by speculate()
 
     async def feed(self, pcm: bytes) -> str | None:
         self._buf += self._resampler.process(pcm)

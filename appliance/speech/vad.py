@@ -193,6 +193,9 @@ class TurnConfig:
     semantic_threshold: float = 0.5
     #: Silence (ms) after which a pause is put to the model.
     pause_ms: int = 200
+    #: Emit :class:`EndOfTurnQuery` at pauses even without the model (``server_vad``), for a
+    #: shell that starts work there (listen.py transcribes speculatively); no verdict needed.
+    speculate: bool = False
 
     @classmethod
     def semantic_vad(cls, eagerness: str = "auto", **kw: Any) -> TurnConfig:
@@ -246,6 +249,9 @@ class SpeechAudio:
 class SpeechStopped:
     at: float
     audio_end_ms: int
+    #: The :class:`EndOfTurnQuery` asked in the pause that ended the turn (None: none was):
+    #: whatever the shell started at that query (a speculative transcript) saw the whole turn.
+    pause: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +301,7 @@ class TurnDetector:
         self._query: int | None = None
         self._asked = False
         self._queries = 0
+        self._pause: int | None = None  # the query of the pause we are in, if asked
         #: The last verdict taken (not stale), for metrics and tests.
         self.last_probability: float | None = None
 
@@ -324,18 +331,21 @@ class TurnDetector:
             # The caller goes on: any question about this pause is moot.
             self._silent = 0
             self._query = None
+            self._pause = None
             self._asked = False
             return
         self._silent += 1
         if self._silent >= self._silence_frames:
             self._stop(now)  # the bound: with or without the model's verdict
-        elif (self.config.semantic and not self._asked
+        elif ((self.config.semantic or self.config.speculate) and not self._asked
               and self._silent >= self._pause_frames):
             self._asked = True
             self._queries += 1
-            self._query = self._queries
-            self._out.append(EndOfTurnQuery(self._query, now, self._speech_end_ms(),
-                                            bytes(self._audio16k[-QUERY_BYTES:])))
+            self._pause = self._queries
+            # Only a semantic detector waits for a verdict (and needs the audio for it).
+            self._query = self._queries if self.config.semantic else None
+            audio = bytes(self._audio16k[-QUERY_BYTES:]) if self.config.semantic else b""
+            self._out.append(EndOfTurnQuery(self._queries, now, self._speech_end_ms(), audio))
 
     def handle_verdict(self, now: float, query_id: int, probability: float) -> None:
         """The model's P(complete) for :class:`EndOfTurnQuery` ``query_id``. Ends the turn
@@ -355,7 +365,8 @@ class TurnDetector:
         self._run = 0
         self._query = None
         self._asked = False
-        self._out.append(SpeechStopped(now, self._speech_end_ms()))
+        self._out.append(SpeechStopped(now, self._speech_end_ms(), self._pause))
+        self._pause = None
         self._silent = 0
 
     def _speech_end_ms(self) -> int:

@@ -129,4 +129,4 @@ def test_a_finished_sentence_scores_above_its_first_half() -> None:
     part = model.probability(np.concatenate((first, pause)).tobytes())
     assert whole > part
     assert whole >= 0.5  # it ends the turn at the default threshold
-    assert model.submit(np.concatenate((x, pause)).tobytes()).result() == pytest.approx(whole)
+    assert model.probability(np.concatenate((x, pause)).tobytes()) == pytest.approx(whole)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from concurrent.futures import Future
+from typing import Any
 
 import trio
-from speech.speech_support import espeak_pcm48, frames, silence
+import trio.lowlevel
+from speech.speech_support import espeak_pcm48, frames, silence, speech_bounds_ms
 
 from appliance.agents import AgentContext, AgentHost, AgentIdentity, Frame
 from appliance.speech import (
@@ -16,6 +17,7 @@ from appliance.speech import (
     UserSpeechStopped,
     make_stt,
 )
+from appliance.speech.listen import speculation
 
 
 async def test_ctx_transcripts_yields_turns_and_words() -> None:
@@ -53,32 +55,135 @@ async def test_streaming_engine_gives_partials_first() -> None:
 
 
 class SureEndpoint:
-    """A stand-in for Smart Turn that calls every pause complete, answered at once."""
+    """A stand-in for Smart Turn that calls every pause complete (run in a worker thread,
+    as listen.py runs the real one)."""
 
     def __init__(self) -> None:
         self.asked: list[int] = []
 
-    def submit(self, pcm16_16k: bytes) -> Future[float]:
+    def probability(self, pcm16_16k: bytes) -> float:
         self.asked.append(len(pcm16_16k))
-        answer: Future[float] = Future()
-        answer.set_result(1.0)
-        return answer
+        return 1.0
 
 
 async def test_semantic_turn_ends_at_the_models_verdict_not_the_bound() -> None:
-    """The shell hands the detector's query to the endpoint and its verdict back: the turn
-    ends ~200 ms into the pause (plus a frame), not at the 1000 ms silence bound."""
+    """The shell hands the detector's query to the endpoint (in a worker thread) and its
+    verdict back: the turn ends ~200 ms into the pause (plus a frame), not at the 1000 ms
+    silence bound. Frames arrive on a 20 ms grid as on a call: the model's answer is
+    taken while the caller is still silent, which a queue of every frame at once would
+    outrun (the bound would fire before the thread returned)."""
     host = AgentHost(max_inbound_frames=10_000)
     ctx = AgentContext(host, AgentIdentity("t", "s1"))
-    for i, f in enumerate(frames(silence(0.3) + espeak_pcm48("turn on the lights")
-                                 + silence(1.5))):
-        host.push_frame(Frame(f, i * 0.02, i * 0.02, speech=False))
-    host.close("done")
+    audio = frames(silence(0.3) + espeak_pcm48("turn on the lights") + silence(1.5))
     endpoint = SureEndpoint()
-    with trio.fail_after(120):
-        got = [ev async for ev in ctx.transcripts(
-            turn=TurnConfig.semantic_vad("auto"), endpoint=endpoint)]  # type: ignore[arg-type]
+
+    async def caller() -> None:
+        for i, f in enumerate(audio):
+            host.push_frame(Frame(f, i * 0.02, i * 0.02, speech=False))
+            await trio.sleep(0.02)
+        host.close("done")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(caller)
+        with trio.fail_after(120):
+            got = [ev async for ev in ctx.transcripts(
+                turn=TurnConfig.semantic_vad("auto"), endpoint=endpoint)]  # type: ignore[arg-type]
     (stop,) = [e for e in got if isinstance(e, UserSpeechStopped)]
     assert len(endpoint.asked) == 1
-    assert stop.at - stop.audio_end_ms / 1000 < 0.3  # the silence bound would be 0.98
+    assert stop.at - stop.audio_end_ms / 1000 < 0.6  # the silence bound would be 0.98
     assert isinstance(got[-1], TranscriptFinal)
+
+
+class GuessingEngine:
+    """An STT engine whose streams say which path made the transcript: ``speculate()``
+    answers ``guess@<bytes heard>``, ``finish()`` answers ``final@<bytes heard>``."""
+
+    name = "guessing"
+
+    def __init__(self) -> None:
+        self.finished = 0
+
+    def stream(self, *, language: str | None = None, prompt: str | None = None) -> Any:
+        engine = self
+
+        class Stream:
+            def __init__(self) -> None:
+                self.heard = 0
+                self.cpu_seconds = 0.0
+
+            async def feed(self, pcm: bytes) -> None:
+                self.heard += len(pcm)
+
+            async def speculate(self) -> str:
+                await trio.lowlevel.checkpoint()  # as a worker thread would: the loop goes on
+                return f"guess@{self.heard}"
+
+            async def finish(self) -> str:
+                engine.finished += 1
+                return f"final@{self.heard}"
+
+            async def aclose(self) -> None:
+                pass
+
+        return Stream()
+
+
+def _trimmed(text: str) -> bytes:
+    """A phrase without espeak-ng's own leading and trailing silence (48 kHz PCM16)."""
+    pcm = espeak_pcm48(text)
+    start_ms, end_ms = speech_bounds_ms(pcm)
+    return pcm[start_ms * 96 : end_ms * 96]
+
+
+def _queue(ctx_audio: bytes) -> AgentContext:
+    host = AgentHost(max_inbound_frames=10_000)
+    ctx = AgentContext(host, AgentIdentity("t", "s1"))
+    for i, f in enumerate(frames(ctx_audio)):
+        host.push_frame(Frame(f, i * 0.02, i * 0.02, speech=False))
+    host.close("done")
+    return ctx
+
+
+async def test_a_turn_that_ends_in_the_pause_takes_the_transcript_started_there() -> None:
+    """Issue 38 item 3: the transcript is decoded at the 200 ms pause, while the detector
+    waits out the rest of the silence; the turn ending in that pause uses it, and the
+    stream is never asked to finish."""
+    before = (speculation.used, speculation.wasted)
+    engine = GuessingEngine()
+    ctx = _queue(silence(0.3) + espeak_pcm48("turn on the lights") + silence(1.0))
+    turn = TurnConfig(vad="energy", silence_duration_ms=500, speculate=True)
+    with trio.fail_after(60):
+        got = [ev async for ev in ctx.transcripts(turn=turn, stt=engine)]
+    (final,) = [e for e in got if isinstance(e, TranscriptFinal)]
+    assert final.text.startswith("guess@") and engine.finished == 0
+    assert (speculation.used, speculation.wasted) == (before[0] + 1, before[1])
+
+
+async def test_a_caller_who_goes_on_after_the_pause_wastes_the_guess() -> None:
+    """A 450 ms mid-sentence pause (the energy VAD's release leaves ~350 ms of silent
+    frames: past the 200 ms pause, short of the 500 ms bound) is asked about and guessed
+    at; the caller goes on, so the final transcript covers the words after it (the guess
+    of the last pause, which heard them all) and the first guess is counted as wasted."""
+    before = (speculation.used, speculation.wasted)
+    engine = GuessingEngine()
+    first, second = _trimmed("I would like to"), _trimmed("order a pizza")
+    ctx = _queue(silence(0.3) + first + silence(0.45) + second + silence(1.0))
+    turn = TurnConfig(vad="energy", silence_duration_ms=500, speculate=True)
+    with trio.fail_after(60):
+        got = [ev async for ev in ctx.transcripts(turn=turn, stt=engine)]
+    assert [type(e) for e in got] == [UserSpeechStarted, UserSpeechStopped, TranscriptFinal]
+    final = got[-1]
+    assert isinstance(final, TranscriptFinal) and final.text.startswith("guess@")
+    heard = int(final.text.split("@")[1])
+    assert heard > len(first) + len(second) // 2  # the guess of the last pause
+    assert (speculation.used, speculation.wasted) == (before[0] + 1, before[1] + 1)
+
+
+async def test_without_speculation_the_stream_finishes_after_the_turn() -> None:
+    engine = GuessingEngine()
+    ctx = _queue(silence(0.3) + espeak_pcm48("turn on the lights") + silence(1.0))
+    with trio.fail_after(60):
+        got = [ev async for ev in ctx.transcripts(
+            turn=TurnConfig(vad="energy", silence_duration_ms=500), stt=engine)]
+    (final,) = [e for e in got if isinstance(e, TranscriptFinal)]
+    assert final.text.startswith("final@") and engine.finished == 1
