@@ -1,8 +1,11 @@
 """Speech engines and the assistant's voice loop, offline, on this machine (issue 30).
 
-1. STT: word error rate and real-time factor (CPU seconds per second of audio, the decode
-   only, ``time.process_time``) of each offline engine on 20 fixed phrases spoken by
-   espeak-ng (en-gb, 140 wpm: not the assistant's own voice).
+1. STT: word error rate, real-time factor (CPU seconds per second of audio, the decode
+   only, ``time.process_time``) and wall-clock decode time per utterance (``finish()``,
+   p50/max) of each offline engine on 20 fixed phrases spoken by espeak-ng (en-gb, 140 wpm:
+   not the assistant's own voice), each as a turn (300 ms before, 500 ms after). Whisper
+   runs twice, with the 30 s window faster-whisper encodes and with the window sized to the
+   turn (issue 38), interleaved phrase by phrase, ``--stt-reps`` times over.
 2. VAD: CPU µs per 20 ms frame, Silero (ONNX) against the energy VAD, in the same run.
 3. The assistant (``--agent assistant``, all offline: Silero, Whisper tiny.en, the built-in
    responder, espeak-ng), in process at real time: caller frames pushed on a 20 ms grid,
@@ -18,6 +21,7 @@
 
     .venv/bin/python bench/speech_bench.py            # 20 phrases, 10 assistant calls
     .venv/bin/python bench/speech_bench.py --calls 4 --phrases 8 --realtime-calls 4
+    .venv/bin/python bench/speech_bench.py --stt-only --stt-reps 3 --skip-pocketsphinx
 """
 
 from __future__ import annotations
@@ -60,23 +64,34 @@ def norm(text: str) -> str:
     return " ".join(re.sub(r"[^a-z' ]", " ", text.lower()).split())
 
 
-async def stt_bench(engine: SttEngine, audio: list[bytes], phrases: list[str]) -> dict[str, float]:
-    preload = getattr(engine, "preload", None)
-    if preload:
-        preload()
-    errors = 0.0
-    cpu = 0.0
+async def stt_bench(engines: dict[str, SttEngine], audio: list[bytes], phrases: list[str],
+                    reps: int = 1) -> dict[str, dict[str, float]]:
+    """Each engine over the phrases, ``reps`` times, interleaved (phrase by phrase, engine
+    by engine) so that a busy machine slows them alike."""
+    for engine in engines.values():
+        preload = getattr(engine, "preload", None)
+        if preload:
+            preload()
+    errors = dict.fromkeys(engines, 0.0)
+    cpu = dict.fromkeys(engines, 0.0)
+    walls: dict[str, list[float]] = {name: [] for name in engines}
     seconds = 0.0
-    for phrase, pcm in zip(phrases, audio, strict=True):
-        stream = engine.stream()
-        t0 = time.process_time()
-        for f in frames(pcm):
-            await stream.feed(f)
-        text = await stream.finish()
-        cpu += time.process_time() - t0
-        seconds += len(pcm) / 96_000
-        errors += wer(phrase, norm(text))
-    return {"wer": errors / len(phrases), "rtf": cpu / seconds}
+    for _ in range(reps):
+        for phrase, pcm in zip(phrases, audio, strict=True):
+            seconds += len(pcm) / 96_000
+            for name, engine in engines.items():
+                stream = engine.stream()
+                t0 = time.process_time()
+                for f in frames(pcm):
+                    await stream.feed(f)
+                w0 = time.perf_counter()
+                text = await stream.finish()
+                walls[name].append(time.perf_counter() - w0)
+                cpu[name] += time.process_time() - t0
+                errors[name] += wer(phrase, norm(text))
+    n = len(phrases) * reps
+    return {name: {"wer": errors[name] / n, "rtf": cpu[name] / seconds,
+                   "p50": pct(walls[name], 50), "max": max(walls[name])} for name in engines}
 
 
 def vad_bench(pcm: bytes) -> dict[str, float]:
@@ -183,17 +198,24 @@ async def main() -> None:
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--realtime-calls", type=int, default=6)
     ap.add_argument("--skip-pocketsphinx", action="store_true")
+    ap.add_argument("--stt-reps", type=int, default=1, help="passes over the phrases (STT)")
+    ap.add_argument("--stt-only", action="store_true", help="stop after the STT figures")
     args = ap.parse_args()
     phrases = PHRASES[: args.phrases]
     audio = [espeak_pcm48(p) for p in phrases]
-    print(f"STT on {len(phrases)} espeak-ng phrases (en-gb, 140 wpm), "
-          f"{sum(len(a) for a in audio) / 96_000:.1f} s of audio")
-    engines: list[SttEngine] = [WhisperStt()]
+    turns = [silence(0.3) + a + silence(0.5) for a in audio]
+    print(f"STT on {len(phrases)} espeak-ng phrases (en-gb, 140 wpm) as turns (0.3 s before, "
+          f"0.5 s after), {sum(len(a) for a in turns) / 96_000:.1f} s of audio, "
+          f"{args.stt_reps} pass(es)")
+    engines: dict[str, SttEngine] = {"whisper (30 s window)": WhisperStt(),
+                                     "whisper (short window)": WhisperStt(short_window=True)}
     if not args.skip_pocketsphinx:
-        engines.append(PocketSphinxStt())
-    for engine in engines:
-        r = await stt_bench(engine, audio, phrases)
-        print(f"  {engine.name:13s} WER {r['wer']:6.1%}   RTF {r['rtf']:.3f} (CPU s per audio s)")
+        engines["pocketsphinx"] = PocketSphinxStt()
+    for name, r in (await stt_bench(engines, turns, phrases, args.stt_reps)).items():
+        print(f"  {name:22s} WER {r['wer']:6.1%}   RTF {r['rtf']:.3f} (CPU s per audio s)   "
+              f"decode p50 {r['p50'] * 1000:.0f} ms, max {r['max'] * 1000:.0f} ms")
+    if args.stt_only:
+        return
     v = vad_bench(b"".join(audio[:5]))
     print(f"VAD CPU per 20 ms frame: energy {v['energy']:.1f} µs, silero {v['silero']:.1f} µs "
           f"(x{v['silero'] / v['energy']:.0f})")

@@ -11,8 +11,11 @@ returns the final transcript. Engines that cannot stream (HTTP upload) return no
   ``faster-whisper`` with int8 weights on one CPU thread. Loaded once per process; calls
   share it under a lock (one decode at a time per process). Whisper is not a streaming
   model: the utterance is decoded once, at the end of the turn, and there are no partials.
-  On espeak-ng speech it makes about a fifth of PocketSphinx's word errors
-  (docs/speech.md has the figures).
+  faster-whisper encodes a fixed 30 s mel window, most of the decode's cost on a short
+  turn; ``short_window=True`` encodes a window sized to the turn (:func:`whisper_window`,
+  turns up to 25 s) at about a sixth of the decode time but, so far, more word errors, so
+  it is not the default (issue 38; docs/speech.md has the figures). On espeak-ng speech
+  Whisper makes about a fifth of PocketSphinx's word errors.
 * :class:`PocketSphinxStt` (``"pocketsphinx"``, streaming, partials): CMU PocketSphinx 5
   with the US-English acoustic model, dictionary and 3-gram LM shipped inside the
   ``pocketsphinx`` wheel. Decoders are expensive to build (the LM is 27 MB), so they are
@@ -208,11 +211,43 @@ def whisper_model() -> Any:
         return _whisper_model
 
 
+# The short window. Whisper was trained on 30 s windows and faster-whisper always encodes
+# one (3000 mel frames of 10 ms), however short the turn: the encoder's cost grows with the
+# window, so a 2 s turn paid for 30 s. CTranslate2's encoder takes fewer frames; the
+# figures that chose these constants are in docs/speech.md.
+WINDOW_GRID = 100  # frames (1 s): a few window shapes, not one per turn length
+WINDOW_PAD = 200  # frames of padding after the turn, at least: the decoder must see it end
+WINDOW_MIN = 500  # frames (5 s): a 3 s window looped more; 10 s read ~3 points better
+WINDOW_MAX_SECONDS = 25.0  # a longer turn takes faster-whisper's 30 s path
+_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # faster-whisper's defaults, and the
+_BEST_OF = 5  # thresholds below: the short path retries and filters as transcribe() does
+_COMPRESSION_RATIO_MAX = 2.4
+_LOG_PROB_MIN = -1.0
+_NO_SPEECH_SKIP = 0.6  # with a log probability under _LOG_PROB_MIN: silence, say nothing
+_NO_SPEECH_DROP = 0.8  # our own rule on either path: nothing was said
+_WORDS_PER_SECOND = 4.0  # more than this (fast speech is ~3.5) is the decoder looping
+
+
+def whisper_window(samples: int) -> int | None:
+    """The mel frames to encode for a turn of ``samples`` at 16 kHz, or ``None`` when it is
+    longer than :data:`WINDOW_MAX_SECONDS` and takes faster-whisper's 30 s window."""
+    if samples > WINDOW_MAX_SECONDS * STT_RATE:
+        return None
+    frames = samples // 160 + 1  # hop 160; what FeatureExtractor returns
+    window = -(-(frames + WINDOW_PAD) // WINDOW_GRID) * WINDOW_GRID
+    return min(3000, max(WINDOW_MIN, window))
+
+
 class WhisperStt:
     name = "whisper"
 
-    def __init__(self, *, language: str = "en", beam_size: int = 1) -> None:
+    def __init__(self, *, language: str = "en", beam_size: int = 1,
+                 short_window: bool = False) -> None:
+        """``short_window=True`` encodes a window sized to the turn (turns up to 25 s):
+        ~6x less decode time, but on the bench's espeak-ng voice 17-22 % word errors
+        against 12-15 % with the 30 s window, so it is opt-in until that gap is closed."""
         self.language, self.beam_size = language, beam_size
+        self.short_window = short_window
 
     def preload(self) -> None:
         whisper_model()
@@ -233,13 +268,103 @@ class WhisperStt:
         if len(audio) < STT_RATE // 10:
             return ""
         multilingual = bool(getattr(getattr(model, "model", None), "is_multilingual", False))
+        lang = language if multilingual and language else self.language
+        window = whisper_window(len(audio)) if self.short_window else None
         with _whisper_lock:
-            segments, _ = model.transcribe(
-                audio, language=(language if multilingual and language else self.language),
-                beam_size=self.beam_size, initial_prompt=prompt or None,
-                without_timestamps=True, condition_on_previous_text=False, vad_filter=False)
-            return " ".join(seg.text.strip() for seg in segments
-                            if seg.no_speech_prob < 0.8).strip()
+            if window is None:
+                return self._transcribe_30s(model, audio, lang, prompt)
+            return self._transcribe_window(model, audio, window, lang, prompt)
+
+    def _transcribe_30s(self, model: Any, audio: Any, language: str,
+                        prompt: str | None) -> str:
+        segments, _ = model.transcribe(
+            audio, language=language, beam_size=self.beam_size, initial_prompt=prompt or None,
+            without_timestamps=True, condition_on_previous_text=False, vad_filter=False)
+        return " ".join(seg.text.strip() for seg in segments
+                        if seg.no_speech_prob < _NO_SPEECH_DROP).strip()
+
+    def _transcribe_window(self, model: Any, audio: Any, window: int, language: str,
+                           prompt: str | None) -> str:
+        """One window of ``window`` mel frames: what ``model.transcribe`` does for a turn
+        shorter than 30 s (one window, ``initial_prompt``, the temperature fallback, the
+        no-speech skip), with the encoder fed only ``window`` frames."""
+        import numpy as np
+        from faster_whisper.tokenizer import Tokenizer
+        from faster_whisper.transcribe import get_compression_ratio, get_suppressed_tokens
+
+        features = model.feature_extractor(audio)  # [80, frames] log-mel, numpy
+        frames = min(features.shape[-1], window)
+        # Padded with 0.0, as faster-whisper pads the 30 s window (audio.pad_or_trim). The
+        # utterance's quietest level (features.min()) was measured too: within the noise
+        # of 0.0 at 5-10 s windows, worse at 3 s.
+        mel = np.zeros((1, features.shape[0], window), dtype=np.float32)
+        mel[0, :, :frames] = features[:, :frames]
+        encoded = model.encode(mel)
+        multilingual = bool(model.model.is_multilingual)
+        tokenizer = Tokenizer(model.hf_tokenizer, multilingual, task="transcribe",
+                              language=language if multilingual else None)
+        previous = tokenizer.encode(" " + prompt.strip()) if prompt else []
+        # With timestamps, unlike the 30 s path: in a short window the decoder without
+        # them repeated the sentence until max_length on 7 of 20 phrases; with them it
+        # closes the segment and stops. Text after a segment that starts past the audio
+        # (the model reading on into the padding) is cut below.
+        tokens = model.get_prompt(tokenizer, previous, without_timestamps=False)
+        seconds = len(audio) / STT_RATE
+        # Speech is ~3-4 tokens a second: a decode that reaches this bound is a loop.
+        max_length = min(448, len(tokens) + 16 + int(10 * seconds))
+        suppress = list(get_suppressed_tokens(tokenizer, [-1]))
+        tried: list[tuple[float, float, Any, list[int]]] = []
+        for temperature in _TEMPERATURES:
+            kw: dict[str, Any] = (
+                {"beam_size": 1, "num_hypotheses": _BEST_OF, "sampling_topk": 0,
+                 "sampling_temperature": temperature} if temperature > 0 else
+                {"beam_size": self.beam_size, "patience": 1.0})
+            result = model.model.generate(
+                encoded, [tokens], max_length=max_length, return_scores=True,
+                return_no_speech_prob=True, suppress_blank=True, suppress_tokens=suppress,
+                max_initial_timestamp_index=50, **kw)[0]  # 1.0 s, transcribe()'s default
+            n = len(result.sequences_ids[0])
+            ids = _within(result.sequences_ids[0], tokenizer.timestamp_begin, seconds)
+            if (len(tokens) + n >= max_length - 1
+                    or len(tokenizer.decode(ids).split()) > 1 + _WORDS_PER_SECOND * seconds):
+                # It ran to the bound, or said more words than fit in the audio: a loop
+                # ("Stop. Stop. Stop. Stop. Stop. Stop" for a 0.9 s "stop" with no silence
+                # before it). The 30 s window reads those right.
+                return self._transcribe_30s(model, audio, language, prompt)
+            avg_logprob = result.scores[0] * n / (n + 1)
+            ratio = get_compression_ratio(tokenizer.decode(ids).strip())
+            tried.append((avg_logprob, ratio, result, ids))
+            silent = (result.no_speech_prob > _NO_SPEECH_SKIP
+                      and avg_logprob < _LOG_PROB_MIN)
+            if silent or (ratio <= _COMPRESSION_RATIO_MAX and avg_logprob >= _LOG_PROB_MIN):
+                break
+        else:
+            tried = [max([t for t in tried if t[1] <= _COMPRESSION_RATIO_MAX] or tried,
+                         key=lambda t: t[0])]
+        avg_logprob, _, result, ids = tried[-1]
+        if ((result.no_speech_prob > _NO_SPEECH_SKIP and avg_logprob < _LOG_PROB_MIN)
+                or result.no_speech_prob >= _NO_SPEECH_DROP):
+            return ""
+        text: str = tokenizer.decode(ids)
+        return text.strip()
+
+
+def _within(ids: list[int], timestamp_begin: int, seconds: float) -> list[int]:
+    """The text tokens of the segments that start inside the audio (timestamps come in
+    start/end pairs, 20 ms a step; text after a start past the end is the model going on
+    into the padding)."""
+    out: list[int] = []
+    start = None
+    for t in ids:
+        if t < timestamp_begin:
+            out.append(t)
+        elif start is None:
+            start = (t - timestamp_begin) * 0.02
+            if start >= seconds:
+                break
+        else:
+            start = None
+    return out
 
 
 class _WhisperStream:
