@@ -51,7 +51,10 @@ surface and the demo page are to show them): ``transcript.user.started``
 opened and closed a turn), ``transcript.user.partial`` ``{text}``,
 ``transcript.user.final`` ``{text, audio_start_ms, audio_end_ms}``, ``transcript.user.failed``
 ``{error}``, ``transcript.agent`` ``{text}`` (a sentence as it starts to play), and
-``output.cleared`` ``{played_seconds, dropped_seconds}`` after a barge-in. The same events
+``output.cleared`` ``{played_seconds, dropped_seconds}`` after a barge-in, and
+``turn.metrics`` ``{turn, transcript_ms, stt_ms, first_token_ms, first_audio_ms,
+first_queued_ms}`` once a reply's first frame is queued (each mark in ms after the end of
+the turn was decided: :class:`TurnMarks`). The same events
 go, as JSON text, on a data channel labelled ``transcript`` when the caller opens one (the
 demo page does: it shows both sides' words live).
 """
@@ -261,6 +264,33 @@ def realtime_factory(spec: str) -> Any:
     return lambda: AssistantRealtime(engines)
 
 
+@dataclass
+class TurnMarks:
+    """One turn's waterfall on the trio clock (issue 38 item 5), sent as ``turn.metrics``
+    once the reply's first frame is queued: each mark in ms after the end of the turn was
+    decided (the caller's own silence before it is the detector's: ``silence_ms`` or the
+    semantic pause)."""
+
+    turn: int
+    end_of_turn: float
+    transcript: float  # the final transcript was in hand
+    stt_seconds: float  # of which the STT's own time after the end of turn
+    first_token: float | None = None  # the responder's first text
+    first_audio: float | None = None  # the TTS's first frame
+    first_queued: float | None = None  # that frame queued for the pacer
+
+    def event(self) -> dict[str, Any]:
+        def ms(t: float | None) -> float | None:
+            return None if t is None else round((t - self.end_of_turn) * 1000, 1)
+
+        return {"type": "turn.metrics", "turn": self.turn,
+                "transcript_ms": ms(self.transcript),
+                "stt_ms": round(self.stt_seconds * 1000, 1),
+                "first_token_ms": ms(self.first_token),
+                "first_audio_ms": ms(self.first_audio),
+                "first_queued_ms": ms(self.first_queued)}
+
+
 class Assistant:
     """One call's voice loop (one instance per session)."""
 
@@ -302,6 +332,7 @@ class Assistant:
 
     async def run(self, ctx: AgentContext) -> None:
         detector = TurnDetector(self.turn_config())
+        ended_at = trio.current_time()  # when the current turn ended (UserSpeechStopped)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._channels, ctx)
             async for ev in transcripts(ctx, stt=self.engines.stt, detector=detector,
@@ -312,6 +343,7 @@ class Assistant:
                     await self._publish(ctx, {"type": "transcript.user.started",
                                               "audio_start_ms": ev.audio_start_ms})
                 elif isinstance(ev, UserSpeechStopped):
+                    ended_at = ev.at
                     await self._publish(ctx, {"type": "transcript.user.stopped",
                                               "audio_end_ms": ev.audio_end_ms})
                 elif isinstance(ev, TranscriptPartial):
@@ -328,7 +360,9 @@ class Assistant:
                         scope = trio.CancelScope()
                         self._reply = scope
                         self.replies_started += 1
-                        nursery.start_soon(self.speak_reply, ctx, scope)
+                        marks = TurnMarks(self.replies_started, ended_at,
+                                          trio.current_time(), ev.stt_seconds)
+                        nursery.start_soon(self.speak_reply, ctx, scope, marks)
             nursery.cancel_scope.cancel()
 
     async def barge_in(self, ctx: AgentContext) -> None:
@@ -341,24 +375,36 @@ class Assistant:
         await self._publish(ctx, {"type": "output.cleared", "played_seconds": ctx.played_seconds,
                               "dropped_seconds": dropped})
 
-    async def _answer(self, send: trio.MemorySendChannel[str]) -> None:
-        async with send:
-            await self.engines.responder.reply(list(self.history), send.send_nowait)
+    async def _answer(self, send: trio.MemorySendChannel[str],
+                      marks: TurnMarks | None = None) -> None:
+        def text(chunk: str) -> None:
+            if marks is not None and marks.first_token is None:
+                marks.first_token = trio.current_time()
+            send.send_nowait(chunk)
 
-    async def speak_reply(self, ctx: AgentContext, scope: trio.CancelScope) -> None:
+        async with send:
+            await self.engines.responder.reply(list(self.history), text)
+
+    async def speak_reply(self, ctx: AgentContext, scope: trio.CancelScope,
+                          marks: TurnMarks | None = None) -> None:
         spoken: list[str] = []
         with scope:
             try:
                 send, receive = trio.open_memory_channel[str](math.inf)
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._answer, send)
+                    nursery.start_soon(self._answer, send, marks)
                     async with aclosing(sentences(receive)) as said:
                         async for sentence in said:
                             await self._publish(ctx, {"type": "transcript.agent", "text": sentence})
                             spoken.append(sentence)
                             async with aclosing(self.engines.tts.synthesize(sentence)) as audio:
                                 async for frame in audio:
+                                    if marks is not None and marks.first_audio is None:
+                                        marks.first_audio = trio.current_time()
                                     await ctx.send(frame)
+                                    if marks is not None and marks.first_queued is None:
+                                        marks.first_queued = trio.current_time()
+                                        await self._publish(ctx, marks.event())
             except (LlmError, TtsError) as exc:
                 await ctx.send_event({"type": "assistant.error", "error": str(exc)})
                 if not spoken:

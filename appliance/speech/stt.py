@@ -493,12 +493,16 @@ class _HttpStream:
 
 
 def make_stt(kind: str = "whisper", **kw: Any) -> SttEngine:
-    """``"whisper"``, ``"pocketsphinx"`` or ``"http"`` (with ``base_url``, ``api_key``,
-    ``model``)."""
+    """``"whisper"``, ``"whisper-short"`` (Whisper encoding a window sized to the turn:
+    ~6x faster, docs/speech.md has its word errors), ``"pocketsphinx"`` or ``"http"``
+    (with ``base_url``, ``api_key``, ``model``)."""
     if kind == "whisper":
         return WhisperStt(**kw)
+    if kind == "whisper-short":
+        return WhisperStt(short_window=True, **kw)
     if kind == "pocketsphinx":
         return PocketSphinxStt()
     if kind == "http":
         return HttpStt(**kw)
-    raise ValueError(f"unknown STT engine {kind!r} (whisper, pocketsphinx, http)")
+    raise ValueError(f"unknown STT engine {kind!r} (whisper, whisper-short, pocketsphinx, "
+                     "http)")

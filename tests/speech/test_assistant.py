@@ -70,6 +70,11 @@ async def test_assistant_hears_answers_and_speaks() -> None:
     assert len(final) == 1 and "time" in final[0]["text"].lower()
     said = call.of("transcript.agent")
     assert said[0]["text"].startswith("It is ")
+    (marks,) = call.of("turn.metrics")  # the turn's waterfall, in order (issue 38 item 5)
+    assert marks["turn"] == 1
+    steps = [marks[k] for k in ("transcript_ms", "first_token_ms", "first_audio_ms",
+                                "first_queued_ms")]
+    assert 0 <= steps[0] and steps == sorted(steps), marks
     reply = b"".join(f for f in call.out if f is not None)
     assert len(reply) / 96_000 > 0.5
     assert rms_dbfs(reply) > -35
