@@ -16,7 +16,8 @@ spec key           environment                      meaning
 ``key_file``       ``APPLIANCE_LLM_KEY_FILE``       file holding the API key, or the key
                    ``APPLIANCE_LLM_KEY``            itself in the environment (never in
                                                     the spec: specs are logged)
-``stt``            ``APPLIANCE_STT_URL``            ``whisper`` (default), ``pocketsphinx``
+``stt``            ``APPLIANCE_STT_URL``            ``whisper`` (default), ``whisper-short``
+                                                    (a turn-sized window), ``pocketsphinx``
                                                     or an OpenAI-compatible base URL
 ``stt_model``      ``APPLIANCE_STT_MODEL``          (``whisper-1``)
 ``tts``            ``APPLIANCE_TTS_URL``            ``espeak`` (default) or a base URL

@@ -155,8 +155,8 @@ class _Hearing:
         before = getattr(stream, "cpu_seconds", 0.0)
         try:
             self.guesses[query.query_id] = await stream.speculate()
-        except SttError:
-            self.guesses.pop(query.query_id, None)  # finish() will say what failed
+        except Exception:  # a guess only: finish() runs instead and reports any failure
+            self.guesses.pop(query.query_id, None)
         finally:
             speculation.cpu_seconds += getattr(stream, "cpu_seconds", 0.0) - before
             self.busy -= 1
