@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import weakref
 from collections import deque
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
@@ -241,6 +242,9 @@ class _PiperWorker:
 
     def __init__(self, cmd: list[str], *, warm_up: str | None = None) -> None:
         self.dir = tempfile.mkdtemp(prefix="appliance-piper-", dir=_shm_dir())
+        # The directory goes with the worker, or at exit for a process-wide engine that is
+        # never closed (its workers exit by themselves when their stdin closes).
+        self._remove_dir = weakref.finalize(self, shutil.rmtree, self.dir, True)
         self.proc = subprocess.Popen(
             [*cmd, "-d", self.dir], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, start_new_session=True)
@@ -319,7 +323,7 @@ class _PiperWorker:
         # else (a test's teardown, the bench's end): no task can be waiting on the fds, and
         # FdStream.close() must tell a run about them; each stream closes its fd when it is
         # collected with this worker, which is dropped from the pool before this call.
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self._remove_dir()
 
 
 class PiperTts:
