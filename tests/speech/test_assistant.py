@@ -82,7 +82,10 @@ async def test_assistant_hears_answers_and_speaks() -> None:
 
 
 async def test_barge_in_cuts_the_reply_at_once() -> None:
-    call = Call()
+    # espeak-ng pinned: this test pops output frames as fast as it can, not at 20 ms, so a
+    # reply from piper (synthesised a clause at a time, at ~0.1-0.2x real time) drains the
+    # queue between its clauses and the barge-in would find nothing queued to drop.
+    call = Call("assistant?tts=espeak")
     with trio.fail_after(240):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(call.agent.run, call.ctx)
@@ -142,7 +145,10 @@ async def test_assistant_with_a_chat_endpoint_speaks_each_sentence() -> None:
 def test_options_from_spec_and_env() -> None:
     env = {"APPLIANCE_LLM_URL": "http://llm:8080/v1", "APPLIANCE_LLM_KEY": "k"}
     opts = AssistantOptions.from_spec("assistant", env)
-    assert opts.llm == "http://llm:8080/v1" and opts.stt == "whisper" and opts.tts == "espeak"
+    assert opts.llm == "http://llm:8080/v1" and opts.stt == "whisper-short"
+    assert opts.tts == "espeak" and opts.stt == "whisper-short"
+    assert AssistantOptions.from_spec("assistant?tts=piper", env).tts == "piper"
+    assert AssistantOptions.from_spec("assistant?tts=espeak", env).tts == "espeak"
     assert opts.api_key(env) == "k"
     opts = AssistantOptions.from_spec("assistant?llm=http://x/v1&vad=energy&silence_ms=800", env)
     assert (opts.llm, opts.vad, opts.silence_ms) == ("http://x/v1", "energy", 800)

