@@ -30,7 +30,7 @@ max), the first turn after start-up (a warm-up turn, not counted), the load aver
 for every spec against the first (the baseline), the ratio of the p50s and p90s in the same
 run: the issue wants its figures "as ratios against the current loop in the same run".
 
-**Specs.** By default two: the baseline ``assistant?turn=silence&silence_ms=500&speculate=0`` (today's loop pinned
+**Specs.** By default two: the baseline ``assistant?turn=silence&silence_ms=500&speculate=0&stt=whisper`` (today's loop pinned
 by its options: Silero VAD, a fixed 500 ms end-of-turn silence, Whisper, the built-in
 responder, espeak-ng) and the default ``assistant``. Today they are the same loop, so their
 ratio is the run's own noise; once the default changes (issue 38 items 2-3), the baseline
@@ -97,7 +97,7 @@ from appliance.speech.audio import read_wav, resample  # noqa: E402
 RATE = 48_000
 FRAME = 960  # samples per 20 ms frame
 VOICED = 300  # peak |sample| of a voiced frame (speech_support.speech_bounds_ms's level)
-BASELINE = "assistant?turn=silence&silence_ms=500&speculate=0"
+BASELINE = "assistant?turn=silence&silence_ms=500&speculate=0&stt=whisper"
 LLM_REPLY = "Sure, I can help with that. Here is a short answer."
 
 
