@@ -60,7 +60,7 @@ opened and closed a turn), ``transcript.user.partial`` ``{text}``,
 ``{error}``, ``transcript.agent`` ``{text}`` (a sentence as it starts to play), and
 ``output.cleared`` ``{played_seconds, dropped_seconds}`` after a barge-in, and
 ``turn.metrics`` ``{turn, transcript_ms, stt_ms, first_token_ms, first_audio_ms,
-first_queued_ms}`` once a reply's first frame is queued (each mark in ms after the end of
+first_queued_ms}`` once a reply is queued (each mark in ms after the end of
 the turn was decided: :class:`TurnMarks`). The same events
 go, as JSON text, on a data channel labelled ``transcript`` when the caller opens one (the
 demo page does: it shows both sides' words live).
@@ -282,7 +282,7 @@ def realtime_factory(spec: str) -> Any:
 @dataclass
 class TurnMarks:
     """One turn's waterfall on the trio clock (issue 38 item 5), sent as ``turn.metrics``
-    once the reply's first frame is queued: each mark in ms after the end of the turn was
+    once the reply is queued: each mark in ms after the end of the turn was
     decided (the caller's own silence before it is the detector's: ``silence_ms`` or the
     semantic pause)."""
 
@@ -419,7 +419,10 @@ class Assistant:
                                     await ctx.send(frame)
                                     if marks is not None and marks.first_queued is None:
                                         marks.first_queued = trio.current_time()
-                                        await self._publish(ctx, marks.event())
+                if marks is not None and marks.first_queued is not None:
+                    # After the reply is queued, not between its frames: an await there
+                    # let the queue run dry mid-reply.
+                    await self._publish(ctx, marks.event())
             except (LlmError, TtsError) as exc:
                 await ctx.send_event({"type": "assistant.error", "error": str(exc)})
                 if not spoken:
