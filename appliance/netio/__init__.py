@@ -2,6 +2,8 @@
 
 * :mod:`.sockets` — UDP socket set-up: ``SO_REUSEPORT``, kernel buffer sizes, IPv6
   ``V6ONLY``, non-blocking, and what the kernel granted.
+* :mod:`.splice` — two byte streams joined both ways (the HTTPS splice from the shared TCP
+  port, in the relay and in signaling's relay backend).
 * ``_mmsg`` — the optional C extension (``appliance/netio/_mmsg.c``, Linux): batched
   ``recvmmsg``/``sendmmsg`` (with UDP GSO). Import it as::
 

@@ -55,6 +55,7 @@ from typing import Any
 import trio
 
 from ..netio.sockets import bind_error, family_of, format_addr, sockname
+from ..netio.splice import splice
 from ..proto.framing import Deframer, FramingError
 from ..proto.mux import Kind, first_byte_kind
 from ..proto.proxy import STREAM, StreamAddr, encode_header
@@ -381,15 +382,6 @@ class TcpListener:
         counters.tcp_https += 1
         client = trio.SocketStream(trio.socket.from_stdlib_socket(conn.sock))
 
-        async def pump(src: trio.SocketStream, dst: trio.SocketStream,
-                       scope: trio.CancelScope) -> None:
-            try:
-                while data := await src.receive_some(READ_SIZE):
-                    await dst.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
-            scope.cancel()  # one side is done: HTTP/1.1 and h2 need no half-close
-
         # The backend learns who the client is from a PROXY v2 header (STREAM: source = the
         # client's TCP address, destination = the address it reached), not from this hop,
         # which is loopback: signaling judges the API token by the real client (issue 40
@@ -406,9 +398,7 @@ class TcpListener:
                 await backend.send_all(proxy + head)
             except trio.BrokenResourceError:
                 return
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(pump, client, backend, nursery.cancel_scope)
-                nursery.start_soon(pump, backend, client, nursery.cancel_scope)
+            await splice(client, backend)
 
     def _first_frame_ok(self, frame: bytes) -> bool:
         """A frame before the connection has a flow: a Binding request whose server ufrag

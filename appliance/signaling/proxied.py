@@ -44,6 +44,7 @@ from typing import Any
 
 import trio
 
+from ..netio.splice import splice
 from ..proto.proxy import STREAM, ProxyError, parse_transport_untrusted
 
 log = logging.getLogger(__name__)
@@ -156,20 +157,6 @@ async def read_proxy_header(stream: trio.abc.ReceiveStream) -> tuple[Address, by
     return src, bytes(buf[end:])
 
 
-async def _splice(a: trio.abc.Stream, b: trio.abc.Stream) -> None:
-    async def pump(src: trio.abc.Stream, dst: trio.abc.Stream, scope: trio.CancelScope) -> None:
-        try:
-            while data := await src.receive_some(READ_SIZE):
-                await dst.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        scope.cancel()  # one side is done: HTTP/1.1 and h2 need no half-close
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(pump, a, b, nursery.cancel_scope)
-        nursery.start_soon(pump, b, a, nursery.cancel_scope)
-
-
 async def serve_relay_https(
     listen: Address,
     backend: Address,
@@ -207,7 +194,7 @@ async def serve_relay_https(
                 try:
                     if rest:
                         await hop.send_all(rest)
-                    await _splice(stream, hop)
+                    await splice(stream, hop)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
                 finally:
