@@ -36,6 +36,7 @@ that fails leaves the silence bound to end the turn; a speculation that fails le
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -52,6 +53,8 @@ from .vad import (
     TurnConfig,
     TurnDetector,
 )
+
+log = logging.getLogger(__name__)
 
 
 class AgentContext(Protocol):
@@ -144,6 +147,8 @@ class _Hearing:
         try:
             p = await trio.to_thread.run_sync(self.model.probability, query.audio16k)
         except Exception:  # the model failed: the silence bound ends the turn
+            log.warning("end-of-turn model failed; the silence bound ends this turn",
+                        exc_info=True)
             return
         finally:
             self.busy -= 1
@@ -164,12 +169,11 @@ class _Hearing:
             self.guessed = trio.Event()
 
     async def handle(self, ev: Any, out: list[HearingEvent],
-                     nursery: trio.Nursery | None) -> trio.Nursery | None:
-        """One detector event into ``out``; an :class:`EndOfTurnQuery` needs a nursery
-        (returned as the one to open when the caller has none yet)."""
+                     nursery: trio.Nursery | None) -> None:
+        """One detector event into ``out``; an :class:`EndOfTurnQuery` starts its work in
+        the window's ``nursery`` (:meth:`drain` holds a query back until there is one)."""
         if isinstance(ev, EndOfTurnQuery):
-            if nursery is None:
-                return None  # the caller opens the window and hands it back
+            assert nursery is not None
             if self.model is not None and self.detector.config.semantic:
                 self.busy += 1
                 nursery.start_soon(self.ask, ev)
@@ -205,7 +209,7 @@ class _Hearing:
                 await s.aclose()
                 out.append(TranscriptFinal(text, self.start_ms, ev.audio_end_ms, ev.at,
                                            trio.current_time() - t0))
-                return nursery
+                return
             try:
                 text = await s.finish()
             except SttError as exc:
@@ -213,7 +217,6 @@ class _Hearing:
             else:
                 out.append(TranscriptFinal(text, self.start_ms, ev.audio_end_ms, ev.at,
                                            trio.current_time() - t0))
-        return nursery
 
     async def _speculated(self, pause: int | None) -> str | None:
         """The transcript guessed at the pause that ended the turn (waiting for it if it
