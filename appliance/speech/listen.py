@@ -21,7 +21,9 @@ carries the other calls' frames):
 * **the verdict** (semantic mode): Smart Turn's P(complete), handed back with
   ``handle_verdict`` the moment it is ready;
 * **a speculative transcript**: the STT stream's decode of the audio so far
-  (``stream.speculate()``, engines that have one). If the turn ends in that same pause
+  (``stream.speculate()``, engines that have one), yielded at once as a
+  :class:`TranscriptPartial` while the turn is still open (Whisper's partials: one per
+  pause). If the turn ends in that same pause
   (``SpeechStopped.pause``), the audio after it is silence and that transcript is the
   final one, ready when the turn ends instead of starting then; if the caller goes on, it
   is dropped (counted in :data:`speculation`, with its CPU).
@@ -155,11 +157,14 @@ class _Hearing:
         # Stamped like every detector event: the time of the last frame it has seen.
         self.detector.handle_verdict(self.now, query.query_id, p)
 
-    async def guess(self, query: EndOfTurnQuery, stream: Any) -> None:
+    async def guess(self, query: EndOfTurnQuery, stream: Any,
+                    out: list[HearingEvent]) -> None:
         speculation.started += 1
         before = getattr(stream, "cpu_seconds", 0.0)
         try:
-            self.guesses[query.query_id] = await stream.speculate()
+            text = self.guesses[query.query_id] = await stream.speculate()
+            if text and self.stream is stream:  # the turn goes on: the caller sees it now
+                out.append(TranscriptPartial(text))
         except Exception:  # a guess only: finish() runs instead and reports any failure
             self.guesses.pop(query.query_id, None)
         finally:
@@ -181,7 +186,7 @@ class _Hearing:
                     and hasattr(self.stream, "speculate")):
                 self.busy += 1
                 self.guesses[ev.query_id] = None
-                nursery.start_soon(self.guess, ev, self.stream)
+                nursery.start_soon(self.guess, ev, self.stream, out)
         elif isinstance(ev, SpeechStarted):
             self.start_ms = ev.audio_start_ms
             self.stream = self.engine.stream()

