@@ -44,14 +44,17 @@ from .interface import AudioDelta, Delta, RealtimeAgent, ResponseRequest
 from .machine import (
     CancelResponse,
     ClearAudio,
+    JudgeTurn,
     RealtimeConnection,
     SessionUpdated,
+    SpeculateTurn,
     StartResponse,
     Transcribe,
 )
 from .protocol import json_copy
 from .sideband import POINTS, SidebandPoint
 from .transcription import transcribe_item
+from .turns import can_judge, can_speculate, judge, speculate
 
 log = logging.getLogger("appliance.realtime")
 LABEL = "oai-events"
@@ -174,7 +177,7 @@ class RealtimeShell:
             session_id=f"sess_{secrets.token_hex(8)}", ids=id_source(),
             queued_seconds=lambda: ctx.queued_seconds,
             session=session if isinstance(session, dict) else None,
-            can_transcribe=True)
+            can_transcribe=True, judge=can_judge(), speculate=can_speculate(agent))
         self.channel: int | None = None
         # audio.input.noise_reduction as the transceiver's stages have it (the create-time
         # session reached them through ctx.params; updates go as a media.update event).
@@ -291,6 +294,10 @@ class RealtimeShell:
                 self._nursery.start_soon(self._respond, action.request, scope)
             elif isinstance(action, Transcribe) and self._nursery is not None:
                 self._nursery.start_soon(self._transcribe, action)
+            elif isinstance(action, JudgeTurn) and self._nursery is not None:
+                self._nursery.start_soon(judge, action, self.machine, self._drain)
+            elif isinstance(action, SpeculateTurn) and self._nursery is not None:
+                self._nursery.start_soon(speculate, action, self.agent)
             elif isinstance(action, SessionUpdated):
                 hook = getattr(self.agent, "session_updated", None)
                 if callable(hook):

@@ -41,6 +41,10 @@ per call; a plain ``async def respond(request)`` generator function works too).
   ``conversation.item.input_audio_transcription.*`` events when the session turns
   transcription on; without it the appliance's speech engine named by the session's
   transcription ``model`` transcribes (appliance/realtime/transcription.py).
+  ``speculate(item_id, pause, audio)`` (async) is called at each pause inside a user turn
+  (appliance/realtime/turns.py) with the turn's audio so far: an agent may transcribe it
+  there, and use that transcript when ``turn.pause`` names the same pause (the caller said
+  nothing more); it is cancelled if the caller goes on.
 """
 
 from __future__ import annotations
@@ -59,6 +63,9 @@ class UserTurn:
     item_id: str
     audio: bytes = b""
     text: str | None = None
+    #: The turn ended in the pause the machine numbered so (``SpeculateTurn.pause``): a
+    #: speculative transcript started there saw all of its speech. None: no such pause.
+    pause: int | None = None
 
     @property
     def seconds(self) -> float:

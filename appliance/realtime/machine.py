@@ -43,12 +43,21 @@ cancels it (``response.done`` with ``status: cancelled``, reason ``turn_detected
 from __future__ import annotations
 
 import base64
+import json
 import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..speech.vad import (
+    EndOfTurnQuery,
+    SpeechAudio,
+    SpeechStarted,
+    SpeechStopped,
+    TurnConfig,
+    TurnDetector,
+)
 from . import session as sessions
 from .audio import RATE, from_48k, pcm48k_to_24k, seconds, to_48k
 from .conversation import Conversation, Item, item_from_client_untrusted, truncate
@@ -100,12 +109,35 @@ class Transcribe:
 
 
 @dataclass(frozen=True, slots=True)
+class JudgeTurn:
+    """Semantic end of turn: the caller paused; is the turn complete? The shell runs the
+    model on ``audio16k`` (the turn so far, 16 kHz PCM16, last 8 s) off the loop and answers
+    with ``handle_verdict(query_id, p)`` (appliance/realtime/turns.py)."""
+
+    query_id: int
+    audio16k: bytes = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculateTurn:
+    """The caller paused inside a turn: the audio so far (48 kHz PCM16, the item it will
+    become), for an agent that starts work there (its ``speculate`` hook). If the turn ends
+    in this pause the committed item's :class:`UserTurn` carries ``pause`` (the caller said
+    nothing after it); else the agent's work there is wasted."""
+
+    item_id: str
+    pause: int
+    audio: bytes = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class SessionUpdated:
     """The session changed (the shell calls the agent's ``session_updated`` hook)."""
 
 
 _SESSION_UPDATED = SessionUpdated()
-Action = StartResponse | CancelResponse | ClearAudio | Transcribe | SessionUpdated
+Action = (StartResponse | CancelResponse | ClearAudio | Transcribe | JudgeTurn | SpeculateTurn
+          | SessionUpdated)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,8 +201,15 @@ class _Buffer:
         self.size = 0
 
     def take(self) -> bytes:
-        out = b"".join(self.chunks)
+        out = self.peek()
         self.clear()
+        return out
+
+    def peek(self) -> bytes:
+        out = b"".join(self.chunks)
+        self.chunks.clear()
+        if out:
+            self.chunks.append(out)  # joined once: the next peek copies one chunk
         return out
 
 
@@ -194,12 +233,19 @@ class RealtimeConnection:
         session: dict[str, Any] | None = None,
         can_transcribe: bool = False,
         vad: Callable[[bytes], bool] | None = None,
+        judge: bool = False,
+        speculate: bool = False,
     ) -> None:
         """``vad`` set means a WebSocket session (no media track): appended audio is the
         caller's audio, cut into 20 ms frames and run through ``vad`` for server turn
         detection; the answer's audio goes out as ``response.output_audio.delta`` events
         (in the session's output format) and no ``output_audio_buffer.*`` event is sent, as
-        OpenAI does on a WebSocket."""
+        OpenAI does on a WebSocket.
+
+        ``judge``: the shell answers :class:`JudgeTurn` (Smart Turn is installed), so
+        ``semantic_vad`` is the semantic end of turn; without it ``semantic_vad`` ends a
+        turn after its eagerness's silence. ``speculate``: the shell's agent takes
+        :class:`SpeculateTurn` (work at each pause)."""
         self._ids = ids
         self._vad = vad
         self.websocket = vad is not None
@@ -215,14 +261,20 @@ class RealtimeConnection:
         self.conversation = Conversation()
         self.conversation_id = ids("conv")
         self._can_transcribe = can_transcribe
+        self._judge = judge
+        self._speculate = speculate
         self._events: deque[dict[str, Any]] = deque()
         self._actions: deque[Action] = deque()
         self.opened = False
-        # input side
+        # input side: the shared turn engine (appliance/speech/vad.py) on the frames' flags,
+        # rebuilt between turns when turn_detection changes
         self._buffer = _Buffer(int(MAX_BUFFER_SECONDS * RATE) * 2)
-        self._prefix: deque[bytes] = deque()
-        self._in_speech = False
-        self._silence_ms = 0
+        self._detector: TurnDetector | None = None
+        self._detector_for: str | None = None  # the turn_detection it was built from
+        self._detector_origin_ms = 0  # session audio before the detector's first frame
+        self._asked: dict[int, int] = {}  # JudgeTurn.query_id -> the detector's query
+        self._query_ids = 0
+        self._settled: dict[str, int] = {}  # item -> the pause its turn ended in (last 8)
         self._audio_ms = 0  # all audio the buffer has been fed, as OpenAI counts it
         self._pending_item: str | None = None
         # output side
@@ -288,8 +340,8 @@ class RealtimeConnection:
             self.session = sessions.apply_update_untrusted(self.session, d["session"], eid)
             self._emit("session.updated", session=json_copy(self.session))
             self._actions.append(_SESSION_UPDATED)
-            if sessions.turn_detection(self.session) is None and self._in_speech:
-                self._in_speech = False  # VAD turned off mid-turn: the buffer stays
+            if sessions.turn_detection(self.session) is None:
+                self._detector = None  # VAD turned off (mid-turn: the buffer stays)
         elif ev.type == "input_audio_buffer.append":
             raw = b64decode_untrusted(d["audio"], param="audio", event_id=eid)
             self._appended(to_48k(raw, sessions.input_format(self.session)))
@@ -303,12 +355,12 @@ class RealtimeConnection:
                     f"{MIN_COMMIT_MS}ms of audio, but buffer only has "
                     f"{seconds(len(self._buffer)) * 1000:.2f}ms of audio.",
                     code="input_audio_buffer_commit_empty", event_id=eid)
-            self._in_speech = False
+            self._end_turn()
             self._commit()
         elif ev.type == "input_audio_buffer.clear":
             self._buffer.clear()
             self._partial = b""
-            self._in_speech = False
+            self._end_turn()
             self._pending_item = None
             self._emit("input_audio_buffer.cleared")
         elif ev.type == "conversation.item.create":
@@ -370,6 +422,11 @@ class RealtimeConnection:
         self._emit("input_audio_buffer.dtmf_event_received", event=digit,
                    received_at=received_at)
 
+    @property
+    def in_speech(self) -> bool:
+        """A VAD turn is open."""
+        return self._detector is not None and self._detector.in_turn
+
     def handle_frame(self, pcm: bytes, speech: bool) -> None:
         """20 ms of the caller's audio (48 kHz PCM16) and its VAD flag (``Frame.speech``)."""
         self._audio_ms += FRAME_MS
@@ -377,39 +434,81 @@ class RealtimeConnection:
         if td is None:  # push-to-talk: everything goes into the buffer, the client commits
             self._append(pcm)
             return
-        if not self._in_speech:
-            if not speech:
-                pad = td.get("prefix_padding_ms", 300) // FRAME_MS
-                self._prefix.append(pcm)
-                while len(self._prefix) > pad:
-                    self._prefix.popleft()
-                return
-            self._in_speech = True
-            self._silence_ms = 0
-            # The buffer keeps what input_audio_buffer.append put there; the turn follows it.
-            for p in self._prefix:
-                self._append(p)
-            start_ms = self._audio_ms - FRAME_MS - FRAME_MS * len(self._prefix)
-            self._prefix.clear()
-            self._append(pcm)
-            self._pending_item = self._ids("item")
-            self._emit("input_audio_buffer.speech_started", audio_start_ms=max(0, start_ms),
-                       item_id=self._pending_item)
-            if td.get("interrupt_response", True):
-                self._barge_in()
-            return
-        self._append(pcm)
-        if speech:
-            self._silence_ms = 0
-            return
-        self._silence_ms += FRAME_MS
-        if self._silence_ms + VAD_HANGOVER_MS >= sessions.end_of_turn_silence_ms(td):
-            self._in_speech = False
-            self._emit("input_audio_buffer.speech_stopped", audio_end_ms=self._audio_ms,
-                       item_id=self._pending_item or self._ids("item"))
-            self._commit()
-            if td.get("create_response", True) and self.response is None:
-                self._create_response({}, None)
+        key = json.dumps(td, sort_keys=True)
+        if key != self._detector_for and not self.in_speech:
+            self._detector = TurnDetector(self._turn_config(td))
+            self._detector_for = key
+            self._detector_origin_ms = self._audio_ms - FRAME_MS
+            self._asked.clear()
+        assert self._detector is not None
+        self._detector.handle_frame(self._audio_ms / 1000, pcm, speech)
+        self._turn_events(td)
+
+    def _turn_config(self, td: dict[str, Any]) -> TurnConfig:
+        """The turn engine's config for a ``turn_detection``: the frames' flag as the VAD
+        (its 200 ms hangover is silence already counted), a turn opened by one speech
+        frame (the energy VAD has its own onset rule)."""
+        common: dict[str, Any] = {
+            "prefix_padding_ms": int(td.get("prefix_padding_ms", 300)), "vad": "flag",
+            "min_speech_ms": FRAME_MS, "release_ms": VAD_HANGOVER_MS,
+            "speculate": self._speculate}
+        if td["type"] == "semantic_vad" and self._judge:
+            return TurnConfig.semantic_vad(td.get("eagerness", "auto"), **common)
+        return TurnConfig(silence_duration_ms=sessions.end_of_turn_silence_ms(td), **common)
+
+    def handle_verdict(self, query_id: int, probability: float) -> None:
+        """The model's P(complete) for :class:`JudgeTurn` ``query_id``: may end the turn
+        (a verdict for a pause the caller already ended by speaking is ignored)."""
+        asked = self._asked.pop(query_id, None)
+        td = sessions.turn_detection(self.session)
+        if asked is None or self._detector is None or td is None:
+            return  # stale: another detector (turn_detection changed) or VAD off
+        self._detector.handle_verdict(self._audio_ms / 1000, asked, probability)
+        self._turn_events(td)
+
+    def _turn_events(self, td: dict[str, Any]) -> None:
+        det = self._detector
+        assert det is not None
+        while (ev := det.poll_output()) is not None:
+            if isinstance(ev, SpeechAudio):
+                self._append(ev.pcm)
+            elif isinstance(ev, SpeechStarted):
+                # The buffer keeps what input_audio_buffer.append put there; the turn
+                # follows it.
+                self._pending_item = self._ids("item")
+                self._emit("input_audio_buffer.speech_started",
+                           audio_start_ms=self._detector_origin_ms + ev.audio_start_ms,
+                           item_id=self._pending_item)
+                if td.get("interrupt_response", True):
+                    self._barge_in()
+            elif isinstance(ev, EndOfTurnQuery):
+                if self._judge and ev.audio16k:
+                    self._query_ids += 1
+                    self._asked[self._query_ids] = ev.query_id
+                    self._actions.append(JudgeTurn(self._query_ids, ev.audio16k))
+                if self._speculate and self._pending_item is not None:
+                    self._actions.append(SpeculateTurn(self._pending_item, ev.query_id,
+                                                       self._buffer.peek()))
+            elif isinstance(ev, SpeechStopped):
+                self._asked.clear()
+                item_id = self._pending_item or self._ids("item")
+                self._pending_item = item_id
+                if ev.pause is not None:
+                    self._settled[item_id] = ev.pause
+                    while len(self._settled) > 8:
+                        del self._settled[next(iter(self._settled))]
+                self._emit("input_audio_buffer.speech_stopped", audio_end_ms=self._audio_ms,
+                           item_id=item_id)
+                self._commit()
+                if td.get("create_response", True) and self.response is None:
+                    self._create_response({}, None)
+
+    def _end_turn(self) -> None:
+        """The client committed or cleared the buffer: any VAD turn is over (the next
+        speech opens a new one, on a fresh detector)."""
+        self._detector = None
+        self._detector_for = None
+        self._asked.clear()
 
     def _commit(self) -> None:
         item_id = self._pending_item or self._ids("item")
@@ -423,8 +522,9 @@ class RealtimeConnection:
         self._item_events(item, prev)
         transcription = self.session.get("audio", {}).get("input", {}).get("transcription")
         if transcription and self._can_transcribe:
-            self._actions.append(Transcribe(item_id, UserTurn(item_id, audio),
-                                            json_copy(transcription)))
+            self._actions.append(Transcribe(
+                item_id, UserTurn(item_id, audio, pause=self._settled.get(item_id)),
+                json_copy(transcription)))
 
     def _audio_item(self, item_id: str) -> Item | None:
         item = self.conversation.items.get(item_id)
@@ -573,7 +673,7 @@ class RealtimeConnection:
                     source = candidate
         if source is None:
             return None
-        return UserTurn(source.id, source.audio, source.text())
+        return UserTurn(source.id, source.audio, source.text(), self._settled.get(source.id))
 
     def handle_delta(self, response_id: str, delta: Delta) -> bool:
         """The agent's content for a response. For audio: True if the shell is to queue it

@@ -33,12 +33,15 @@ from .interface import RealtimeAgent, ResponseRequest
 from .machine import (
     CancelResponse,
     ClearAudio,
+    JudgeTurn,
     RealtimeConnection,
     SessionUpdated,
+    SpeculateTurn,
     StartResponse,
     Transcribe,
 )
 from .transcription import transcribe_item
+from .turns import can_judge, can_speculate, judge, speculate
 
 log = logging.getLogger("appliance.realtime.ws")
 QUEUE_LIMIT = 2048  # server events waiting for a slow socket before it is dropped
@@ -77,7 +80,7 @@ class RealtimeSocketSession:
         self.machine = RealtimeConnection(
             session_id=self.id, ids=id_source(), session=session,
             can_transcribe=True,
-            vad=EnergyVad().update)
+            vad=EnergyVad().update, judge=can_judge(), speculate=can_speculate(agent))
         self.stats = SocketStats()
         self.end_reason: str | None = None
         self._limit = QUEUE_LIMIT if queue_limit is None else queue_limit
@@ -155,6 +158,10 @@ class RealtimeSocketSession:
                 self._nursery.start_soon(self._respond, action.request, scope)
             elif isinstance(action, Transcribe) and self._nursery is not None:
                 self._nursery.start_soon(self._transcribe, action)
+            elif isinstance(action, JudgeTurn) and self._nursery is not None:
+                self._nursery.start_soon(judge, action, self.machine, self._drain)
+            elif isinstance(action, SpeculateTurn) and self._nursery is not None:
+                self._nursery.start_soon(speculate, action, self.agent)
             elif isinstance(action, SessionUpdated):
                 hook = getattr(self.agent, "session_updated", None)
                 if callable(hook):

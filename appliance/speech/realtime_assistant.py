@@ -11,7 +11,12 @@ truncation; this agent gives each response its content::
 * **Hearing**: :meth:`AssistantRealtime.transcribe` transcribes a user audio item once
   (the engine of the assistant's options; decoding in worker threads) and remembers it:
   the response that answers the item and the ``input_audio_transcription`` events (when the
-  session asks for them, appliance/realtime/transcription.py) share that one run.
+  session asks for them, appliance/realtime/transcription.py) share that one run. The
+  machine's turns come from the shared turn engine (appliance/realtime/turns.py): at each
+  pause inside a turn :meth:`AssistantRealtime.speculate` decodes the audio so far
+  (engines with ``stream.speculate()``: Whisper); when the turn ends in that pause
+  (``turn.pause``) that decode is the item's transcript, ready when the turn ends instead
+  of starting then (counted in ``appliance.speech.listen.speculation``, as the ctx loop's).
 * **The conversation**: the session's ``instructions`` are the system prompt (the
   assistant's default when empty); user items become ``user`` messages (their transcript),
   assistant items ``assistant`` messages, ``function_call`` items assistant ``tool_calls``
@@ -53,6 +58,7 @@ from ..realtime.interface import (
     TranscriptDelta,
     UserTurn,
 )
+from .listen import speculation
 from .llm import SYSTEM_PROMPT, LlmError, Message, Responder, SentenceSplitter, ToolCall
 from .stt import SttEngine, SttError
 from .tts import TtsEngine, TtsError
@@ -104,6 +110,18 @@ def chat_tool_choice(session: dict[str, Any]) -> Any:
     return None
 
 
+class _Guess:
+    """A speculative transcript of one item at one pause (``text`` None while decoding,
+    or if it failed)."""
+
+    __slots__ = ("pause", "text", "done")
+
+    def __init__(self, pause: int) -> None:
+        self.pause = pause
+        self.text: str | None = None
+        self.done = trio.Event()
+
+
 class AssistantRealtime:
     """One call's (one session's) Realtime assistant."""
 
@@ -111,6 +129,52 @@ class AssistantRealtime:
         self.engines = engines
         self._heard: OrderedDict[str, str] = OrderedDict()
         self._busy: dict[str, trio.Event] = {}
+        self._guesses: dict[str, _Guess] = {}  # item -> its latest pause's transcript
+
+    async def speculate(self, item_id: str, pause: int, audio: bytes) -> None:
+        """The caller paused inside the turn that will be ``item_id``: decode its audio so
+        far now (see the module docstring). A newer pause's guess replaces this one."""
+        probe = self.engines.stt.stream()
+        if not hasattr(probe, "speculate"):
+            await probe.aclose()
+            return  # this engine decodes only at the end (or costs money per request)
+        old = self._guesses.pop(item_id, None)
+        if old is not None:
+            speculation.wasted += 1
+        while len(self._guesses) >= MAX_REMEMBERED:
+            self._guesses.pop(next(iter(self._guesses)))
+        guess = self._guesses[item_id] = _Guess(pause)
+        speculation.started += 1
+        stream: Any = probe
+        try:
+            for i in range(0, len(audio), FEED_BYTES):
+                await stream.feed(audio[i : i + FEED_BYTES])
+            before = stream.cpu_seconds
+            try:
+                guess.text = (await stream.speculate()).strip()
+            finally:
+                speculation.cpu_seconds += stream.cpu_seconds - before
+        except SttError:
+            pass  # transcribe() decodes the item itself
+        finally:
+            guess.done.set()
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
+    async def _speculated(self, turn: UserTurn) -> str | None:
+        """The guess made at the pause the turn ended in, if any (waiting for it)."""
+        guess = self._guesses.pop(turn.item_id, None)
+        if guess is None:
+            return None
+        if turn.pause is None or guess.pause != turn.pause:
+            speculation.wasted += 1  # the caller went on after that pause
+            return None
+        await guess.done.wait()
+        if guess.text is None:
+            speculation.wasted += 1
+            return None
+        speculation.used += 1
+        return guess.text
 
     def _remember(self, item_id: str, text: str) -> None:
         self._heard[item_id] = text
@@ -130,6 +194,10 @@ class AssistantRealtime:
             return self._heard[turn.item_id]
         done = self._busy[turn.item_id] = trio.Event()
         try:
+            guessed = await self._speculated(turn)
+            if guessed is not None:
+                self._remember(turn.item_id, guessed)
+                return guessed
             stream = self.engines.stt.stream()
             try:
                 for i in range(0, len(turn.audio), FEED_BYTES):

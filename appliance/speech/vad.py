@@ -29,8 +29,12 @@ and numbers read so), or one whose shell never answers, still ends after that mu
 silence. ``eagerness`` picks the (threshold, bound) pair (:data:`EAGERNESS`), and
 ``server_vad`` never asks (its exact meaning is unchanged). See docs/speech.md.
 
-Sans-IO in the house style: ``handle_input(now, pcm)``, then ``poll_output()`` until
-``None``; ``handle_verdict`` is the second input. The detector never runs the model.
+Sans-IO in the house style: ``handle_input(now, pcm)`` (or ``handle_frame(now, pcm,
+speech)`` with a flag judged elsewhere: ``TurnConfig(vad="flag")``, the Realtime machine's
+way), then ``poll_output()`` until ``None``; ``handle_verdict`` is the second input. The
+detector never runs the model. One engine for every surface: the ctx voice loop
+(listen.py) and the Realtime machine (appliance/realtime/machine.py) both take their turns
+from it.
 
     frames ──handle_input──▶ TurnDetector ──poll_output──▶ SpeechStarted, SpeechAudio,
                                ▲                          EndOfTurnQuery ─┐  SpeechStopped
@@ -183,7 +187,7 @@ class TurnConfig:
     silence_duration_ms: int = 500
     create_response: bool = True
     interrupt_response: bool = True
-    vad: str = "silero"  # or "energy"
+    vad: str = "silero"  # or "energy"; "flag": the caller's own flags (handle_frame)
     #: Shortest run of speech (ms) that opens a turn: clicks and coughs do not.
     min_speech_ms: int = 60
     #: Semantic end of turn (``semantic_vad``): ask the model at each pause, with
@@ -196,6 +200,10 @@ class TurnConfig:
     #: Emit :class:`EndOfTurnQuery` at pauses even without the model (``server_vad``), for a
     #: shell that starts work there (listen.py transcribes speculatively); no verdict needed.
     speculate: bool = False
+    #: Silence the VAD's flag already covers when it falls (the energy VAD's hangover,
+    #: 200 ms): taken off ``pause_ms`` and ``silence_duration_ms`` so both still count
+    #: from the end of the voice.
+    release_ms: int = 0
 
     @classmethod
     def semantic_vad(cls, eagerness: str = "auto", **kw: Any) -> TurnConfig:
@@ -279,15 +287,17 @@ class TurnDetector:
 
     def __init__(self, config: TurnConfig | None = None, vad: Vad | None = None) -> None:
         self.config = config or TurnConfig()
-        self.vad: Vad = vad if vad is not None else make_vad(
-            self.config.vad, threshold=self.config.threshold)
         c = self.config
+        self.vad: Vad | None = vad if vad is not None or c.vad == "flag" else make_vad(
+            c.vad, threshold=c.threshold)
         if not 0.0 <= c.semantic_threshold <= 1.0:
             raise ValueError("semantic_threshold must be between 0 and 1")
-        self._prefix: deque[bytes] = deque(maxlen=max(1, c.prefix_padding_ms // FRAME_MS))
         self._min_frames = max(1, -(-c.min_speech_ms // FRAME_MS))
-        self._silence_frames = max(1, -(-c.silence_duration_ms // FRAME_MS))
-        self._pause_frames = max(1, -(-c.pause_ms // FRAME_MS))
+        # prefix_padding_ms of audio *before* the speech that opens the turn, and that speech
+        self._prefix: deque[bytes] = deque(
+            maxlen=max(0, c.prefix_padding_ms // FRAME_MS) + self._min_frames)
+        self._silence_frames = max(1, -(-(c.silence_duration_ms - c.release_ms) // FRAME_MS))
+        self._pause_frames = max(1, -(-(c.pause_ms - c.release_ms) // FRAME_MS))
         self._frames = 0  # frames seen
         self._run = 0  # consecutive speech frames while idle
         self._silent = 0  # consecutive silent frames while in a turn
@@ -306,7 +316,14 @@ class TurnDetector:
         self.last_probability: float | None = None
 
     def handle_input(self, now: float, pcm: bytes) -> None:
-        speech = self.vad.update(pcm)
+        """One 20 ms frame, judged by the detector's own :class:`Vad`."""
+        if self.vad is None:
+            raise ValueError("a 'flag' detector takes its frames with handle_frame")
+        self.handle_frame(now, pcm, self.vad.update(pcm))
+
+    def handle_frame(self, now: float, pcm: bytes, speech: bool) -> None:
+        """One 20 ms frame with a speech flag judged elsewhere (the Realtime machine's
+        ``Frame.speech``: the energy VAD every frame already carries)."""
         self._frames += 1
         if not self.in_turn:
             self._prefix.append(pcm)
@@ -370,7 +387,8 @@ class TurnDetector:
         self._silent = 0
 
     def _speech_end_ms(self) -> int:
-        return (self._frames - self._silent) * FRAME_MS
+        end = (self._frames - self._silent) * FRAME_MS
+        return end - self.config.release_ms if self._silent else end
 
     def _keep16k(self, pcm: bytes) -> None:
         assert self._resampler is not None

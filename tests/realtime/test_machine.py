@@ -9,7 +9,14 @@ import pytest
 from realtime.support import Harness, tone
 
 from appliance.realtime.interface import AudioDelta, TextDelta, TranscriptDelta
-from appliance.realtime.machine import HELD_BEFORE_OPEN, CancelResponse, ClearAudio, StartResponse
+from appliance.realtime.machine import (
+    HELD_BEFORE_OPEN,
+    CancelResponse,
+    ClearAudio,
+    JudgeTurn,
+    SpeculateTurn,
+    StartResponse,
+)
 
 
 def opened(**kw: Any) -> Harness:
@@ -283,3 +290,110 @@ def test_a_phone_keypad_press_is_openais_sip_dtmf_event() -> None:
     assert ev["type"] == "input_audio_buffer.dtmf_event_received"
     assert (ev["event"], ev["received_at"]) == ("7", 1_760_000_000)
     assert ev["event_id"].startswith("event_")
+
+
+# -- the shared turn engine: semantic end of turn and work at the pause (issue 38 item 7) --
+
+
+def _semantic(h: Harness, eagerness: str = "auto") -> None:
+    h.send(type="session.update", session={"type": "realtime", "audio": {"input": {
+        "turn_detection": {"type": "semantic_vad", "eagerness": eagerness}}}})
+
+
+def _of(h: Harness, kind: type) -> list:  # type: ignore[type-arg]
+    return [a for a in h.actions if isinstance(a, kind)]
+
+
+def test_semantic_vad_asks_the_model_at_the_pause_and_a_complete_verdict_ends_the_turn() -> None:
+    h = Harness(judge=True)
+    h.send(type="session.update", session={"type": "realtime"})
+    h.m.handle_open()
+    _semantic(h)
+    h.silence(400)
+    h.frames(tone(600), True)
+    assert not _of(h, JudgeTurn)
+    # The flag falls 200 ms after the voice (the energy VAD's hangover): the first silent
+    # flag is already a 200 ms pause, so the model is asked there.
+    h.silence(20)
+    (q,) = _of(h, JudgeTurn)
+    assert len(q.audio16k) == pytest.approx(32 * (300 + 600 + 20), abs=64)
+    h.silence(60)  # the model answers ~60 ms later; the frames went on meanwhile
+    assert "input_audio_buffer.speech_stopped" not in h.types()
+    h.m.handle_verdict(q.query_id, 0.95)
+    new = h.drain()
+    assert h.types(new)[:2] == ["input_audio_buffer.speech_stopped",
+                                "input_audio_buffer.committed"]
+    assert "response.created" in h.types(new)
+    # ended at 80 ms of flagged silence: the bound (1000 ms for auto) was never reached
+    assert new[0]["audio_end_ms"] == 400 + 600 + 80
+
+
+def test_semantic_vad_unfinished_or_stale_verdicts_wait_for_the_bound() -> None:
+    h = Harness(judge=True)
+    h.m.handle_open()
+    _semantic(h)  # auto: p >= 0.8 ends the turn, else 1000 ms of silence does
+    h.silence(200)
+    h.frames(tone(400), True)
+    h.silence(20)
+    (q1,) = _of(h, JudgeTurn)
+    h.m.handle_verdict(q1.query_id, 0.3)  # "I would like to ..."
+    h.frames(tone(400), True)  # ... and the caller goes on
+    h.silence(20)
+    q2 = _of(h, JudgeTurn)[-1]
+    assert q2.query_id != q1.query_id
+    h.m.handle_verdict(q1.query_id, 0.99)  # stale: that pause is over
+    h.drain()
+    assert "input_audio_buffer.speech_stopped" not in h.types()
+    h.m.handle_verdict(q2.query_id, 0.5)  # unfinished
+    h.silence(760)
+    assert "input_audio_buffer.speech_stopped" not in h.types()
+    h.silence(20)  # 800 ms of flags + the 200 ms hangover: the bound
+    assert "input_audio_buffer.speech_stopped" in h.types()
+
+
+def test_without_the_model_semantic_vad_is_its_eagerness_silence() -> None:
+    h = Harness()  # judge=False: Smart Turn is not installed
+    h.m.handle_open()
+    _semantic(h, "high")  # 500 ms
+    h.silence(200)
+    h.frames(tone(400), True)
+    assert not _of(h, JudgeTurn)
+    h.silence(280)
+    assert "input_audio_buffer.speech_stopped" not in h.types()
+    h.silence(20)
+    assert "input_audio_buffer.speech_stopped" in h.types()
+    assert not _of(h, JudgeTurn)
+
+
+def test_server_vad_speculation_names_the_pause_the_turn_ended_in() -> None:
+    h = Harness(speculate=True)
+    h.m.handle_open()
+    h.silence(400)
+    h.frames(tone(400), True)
+    h.silence(20)
+    (s1,) = _of(h, SpeculateTurn)
+    started = next(e for e in h.events if e["type"] == "input_audio_buffer.speech_started")
+    assert s1.item_id == started["item_id"]
+    assert len(s1.audio) == 96 * (300 + 400 + 20)  # the item so far, prefix padding first
+    h.frames(tone(200), True)  # the caller goes on: that speculation was in vain
+    h.silence(20)
+    s2 = _of(h, SpeculateTurn)[-1]
+    assert s2.pause != s1.pause and s2.item_id == s1.item_id
+    h.silence(300)  # server_vad's 500 ms (200 of them the hangover) ends it in that pause
+    (start,) = _of(h, StartResponse)
+    assert start.request.turn is not None
+    assert start.request.turn.item_id == s1.item_id and start.request.turn.pause == s2.pause
+    # the turn's audio is what the speculation saw, plus the silence after it
+    assert start.request.turn.audio.startswith(s2.audio)
+    assert not any(start.request.turn.audio[len(s2.audio):])
+
+
+def test_a_turn_with_no_pause_before_its_end_carries_none() -> None:
+    h = Harness()  # speculate=False, judge=False: no pause work is asked for
+    h.m.handle_open()
+    h.silence(400)
+    h.frames(tone(400), True)
+    h.silence(400)
+    assert not _of(h, SpeculateTurn) and not _of(h, JudgeTurn)
+    (start,) = _of(h, StartResponse)
+    assert start.request.turn is not None and start.request.turn.pause is None

@@ -12,8 +12,9 @@ from proto.test_sans_io import FORBIDDEN, _imports
 
 REALTIME = Path(__file__).resolve().parents[2] / "appliance" / "realtime"
 # The trio shells: AgentContext, a WebSocket, the speech engines they both run for
-# transcription events, and the sideband's long-poll fan-out.
-SHELLS = {"agent.py", "ws_session.py", "transcription.py", "sideband.py"}
+# transcription events and for the turn engine's pause work, and the sideband's long-poll
+# fan-out.
+SHELLS = {"agent.py", "ws_session.py", "transcription.py", "turns.py", "sideband.py"}
 # rthttp's routes (http.py) and rtbridge's upstream bridge (bridge.py) are shells too.
 CORE = [p for p in sorted(REALTIME.glob("*.py"))
         if p.name not in SHELLS | {"http.py", "bridge.py"}]

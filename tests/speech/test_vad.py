@@ -173,9 +173,9 @@ def test_semantic_complete_verdict_ends_the_turn_at_once() -> None:
     d.feed(QUIET)
     (q,) = d.of(EndOfTurnQuery)
     assert q.audio_end_ms == 1100 and q.at == pytest.approx(1.28)
-    # The turn so far at 16 kHz PCM16: the prefix's 40 ms before the onset (its other 60 ms
-    # are the speech that opened the turn), the 1 s of speech and the 200 ms pause.
-    assert len(q.audio16k) == pytest.approx(32 * (40 + 1000 + 200), abs=64)
+    # The turn so far at 16 kHz PCM16: the 100 ms of prefix padding before the onset (all
+    # the quiet there was), the 1 s of speech and the 200 ms pause.
+    assert len(q.audio16k) == pytest.approx(32 * (100 + 1000 + 200), abs=64)
     d.feed(QUIET, 3)  # the model answers ~60 ms later; the frames went on meanwhile
     assert not d.of(SpeechStopped)
     d.verdict(q, 0.9)

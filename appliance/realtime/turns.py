@@ -1,0 +1,67 @@
+"""The turn engine's pause work for both Realtime shells (the ``oai-events`` channel,
+appliance/realtime/agent.py, and the WebSocket, appliance/realtime/ws_session.py).
+
+The machine takes its turns from the shared turn engine (appliance/speech/vad.py's
+``TurnDetector``, the one the ctx voice loop uses). At each pause inside a user turn it
+asks for work only a shell can do, and goes on with the frames meanwhile:
+
+* :class:`~appliance.realtime.machine.JudgeTurn` (``semantic_vad``, when Smart Turn is
+  installed: :func:`can_judge`): Smart Turn's P(complete) on the turn so far, in a worker
+  thread (~50-100 ms of one core), handed back with ``machine.handle_verdict``; a verdict
+  at or above the eagerness's threshold ends the turn there instead of after the silence
+  bound;
+* :class:`~appliance.realtime.machine.SpeculateTurn` (agents with a ``speculate`` hook:
+  the assistant): the turn's audio so far, for the agent to transcribe while the caller is
+  silent. If the turn ends in that pause the committed item's ``UserTurn.pause`` names it
+  and the agent answers from that transcript instead of starting one then.
+
+A model that fails leaves the silence bound to end the turn; a speculation that fails
+leaves the agent to transcribe the committed item as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from .machine import JudgeTurn, RealtimeConnection, SpeculateTurn
+
+log = logging.getLogger("appliance.realtime.turns")
+
+
+def can_judge() -> bool:
+    """Smart Turn can run here (the ``speech`` extra): ``semantic_vad`` is semantic."""
+    from ..speech import endpoint
+
+    return endpoint.available()
+
+
+def can_speculate(agent: Any) -> bool:
+    return callable(getattr(agent, "speculate", None))
+
+
+async def judge(action: JudgeTurn, machine: RealtimeConnection,
+                drain: Callable[[], None]) -> None:
+    """Smart Turn on the pause's audio, off the loop; the verdict back to ``machine``."""
+    from ..speech.endpoint import SmartTurn
+
+    try:
+        p = await trio.to_thread.run_sync(
+            lambda: SmartTurn().probability(action.audio16k))
+    except Exception:  # the silence bound ends this turn
+        log.warning("end-of-turn model failed; the silence bound ends this turn",
+                    exc_info=True)
+        return
+    machine.handle_verdict(action.query_id, p)
+    drain()
+
+
+async def speculate(action: SpeculateTurn, agent: Any) -> None:
+    """The agent's ``speculate`` hook (its failure is only a lost head start)."""
+    try:
+        await agent.speculate(action.item_id, action.pause, action.audio)
+    except Exception:
+        log.info("speculation on %s failed", action.item_id, exc_info=True)
