@@ -8,6 +8,7 @@ operations are this protocol's other inputs)::
     handle_input(data)                  one client event (untrusted) -> events / actions
                                         (``handle_message`` is the same method)
     handle_frame(pcm, speech)           20 ms of the caller's audio + the VAD flag
+    handle_verdict(query_id, p)         Smart Turn's answer to a JudgeTurn (may end the turn)
     handle_delta(response_id, delta)    the agent's content -> True if audio is to be queued
     handle_response_end(response_id)    the agent finished (error=... if it failed)
     handle_transcript_delta(item_id, d) part of a user turn's transcript arrived
@@ -22,7 +23,10 @@ operations are this protocol's other inputs)::
 
 Actions tell the shell what only it can do: :class:`StartResponse` (run the agent),
 :class:`CancelResponse` (cancel that run), :class:`ClearAudio` (``ctx.interrupt()``: drop
-the queued audio *now*), :class:`Transcribe`. How much was heard comes from the injected
+the queued audio *now*), :class:`Transcribe`, and the turn engine's pause work
+(:class:`JudgeTurn`, :class:`SpeculateTurn`: appliance/realtime/turns.py). Turns come from
+the shared turn engine (appliance/speech/vad.py's ``TurnDetector``, fed the frames' VAD
+flag; the machine's media position is its clock). How much was heard comes from the injected
 ``queued_seconds`` (the transceiver's output queue): *played = queued into it − still in it*.
 
 A response's life (GA order, as OpenAI sends it)::

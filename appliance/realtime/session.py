@@ -9,11 +9,12 @@ echoed** in ``session.updated`` (a newer client's field must not be silently dro
 
 What acts on what: ``instructions``, ``output_modalities``, ``audio.output.voice`` and the
 rest reach the agent in each :class:`~appliance.realtime.interface.ResponseRequest`;
-``audio.input.turn_detection`` drives the machine's turns (``server_vad`` and
-``semantic_vad`` both run on the appliance's energy VAD: ``silence_duration_ms`` (server)
-or ``eagerness`` (semantic) sets the end-of-turn silence, ``prefix_padding_ms`` the audio
-kept before speech, ``create_response`` / ``interrupt_response`` are honoured;
-``threshold`` is kept, not applied). ``audio.input.transcription`` turns on the input transcription events
+``audio.input.turn_detection`` drives the machine's turns (the shared turn engine on the
+energy VAD: ``silence_duration_ms`` (server) sets the end-of-turn silence; ``eagerness``
+(semantic) the Smart Turn threshold and silence bound, or only a silence without the
+model, see machine.py; ``prefix_padding_ms`` the audio kept before speech,
+``create_response`` / ``interrupt_response`` are honoured; ``threshold`` is kept, not
+applied). ``audio.input.transcription`` turns on the input transcription events
 (appliance/realtime/transcription.py).
 """
 
