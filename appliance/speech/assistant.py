@@ -38,7 +38,19 @@ spec key           environment                      meaning
 ``speculate``                                       ``1`` (default): transcribe at each
                                                     200 ms pause, so the transcript is
                                                     ready when the turn ends; ``0``: after
+``preempt``                                         ``1`` (default): start the reply (LLM
+                                                    and first TTS audio) on that pause's
+                                                    transcript, held until the turn ends
+                                                    with it (else dropped); ``0``: after
 =================  ===============================  ========================================
+
+The speculation gate (``preempt``, issue 38 item 3): a reply started on a pause's
+transcript runs its LLM request and synthesises its first audio while the caller is still
+silent, but sends nothing — no ``transcript.agent``, no frame — until the turn ends with
+that same transcript (the turn ended in that pause: the gate opens and the reply goes on as
+any other) or is dropped (the caller spoke again, or the final transcript differs: its LLM
+request is closed, the work counted as wasted in ``listen.speculation``). With an LLM the
+head start is the rest of the pause; a wasted one costs an LLM request.
 
 Semantic end of turn (the default): the turn's audio goes to Smart Turn v3.2 after 200 ms
 of silence, and a P(complete) ≥ 0.8 ends the turn there (the pause, Silero's release and
@@ -90,6 +102,7 @@ from .listen import (
     TranscriptPartial,
     UserSpeechStarted,
     UserSpeechStopped,
+    speculation,
     transcripts,
 )
 from .llm import BuiltinResponder, ChatCompletions, LlmError, Message, Responder, sentences
@@ -100,7 +113,7 @@ from .vad import SpeechUnavailable, TurnConfig, TurnDetector, make_vad
 log = logging.getLogger(__name__)
 EXTRA_HINT = "pip install 'appliance[speech]' (or make install)"
 _KEYS = {"llm", "model", "key_file", "stt", "stt_model", "tts", "tts_model", "voice", "vad",
-         "silence_ms", "turn", "speculate"}
+         "silence_ms", "turn", "speculate", "preempt"}
 MAX_HISTORY = 20  # messages kept for the LLM
 TRANSCRIPT_LABEL = "transcript"  # the data channel the transcript events are mirrored on
 
@@ -124,6 +137,7 @@ class AssistantOptions:
     turn: str = "semantic"  # or "silence"
     silence_ms: int | None = None  # None: 500 (silence) or the semantic bound (1000)
     speculate: bool = True  # transcribe at each pause (listen.py), not after the turn
+    preempt: bool = True  # start the reply on that transcript, held until the turn ends
 
     @classmethod
     def from_spec(cls, spec: str, env: dict[str, str] | None = None) -> AssistantOptions:
@@ -147,6 +161,9 @@ class AssistantOptions:
         speculate = q.get("speculate", "1")
         if speculate not in ("0", "1"):
             raise AgentError("assistant: speculate is 0 or 1")
+        preempt = q.get("preempt", "1")
+        if preempt not in ("0", "1"):
+            raise AgentError("assistant: preempt is 0 or 1")
         silence: int | None = None
         if "silence_ms" in q:
             try:
@@ -169,6 +186,7 @@ class AssistantOptions:
             tts_model=q.get("tts_model") or env.get("APPLIANCE_TTS_MODEL") or _DEFAULTS.tts_model,
             voice=q.get("voice") or env.get("APPLIANCE_TTS_VOICE") or _DEFAULTS.voice,
             vad=vad, turn=turn, silence_ms=silence, speculate=speculate == "1",
+            preempt=preempt == "1",
         )
 
     def api_key(self, env: dict[str, str] | None = None) -> str | None:
@@ -306,6 +324,20 @@ class TurnMarks:
                 "first_queued_ms": ms(self.first_queued)}
 
 
+@dataclass
+class _Held:
+    """A reply started on a pause's transcript, behind its gate (see the module docstring)."""
+
+    text: str
+    scope: trio.CancelScope
+    gate: trio.Event
+    marks: TurnMarks
+
+    def drop(self) -> None:
+        self.scope.cancel()
+        speculation.replies_wasted += 1
+
+
 class Assistant:
     """One call's voice loop (one instance per session)."""
 
@@ -317,6 +349,7 @@ class Assistant:
         self.replies_started = 0
         self.interruptions = 0
         self._channel: int | None = None  # the caller's "transcript" channel, once open
+        self._held: _Held | None = None  # a reply started on a pause's transcript
 
     async def _publish(self, ctx: AgentContext, event: dict[str, Any]) -> None:
         """An event to the transceiver and, if open, on the ``transcript`` channel (never
@@ -353,6 +386,7 @@ class Assistant:
             async for ev in transcripts(ctx, stt=self.engines.stt, detector=detector,
                                         endpoint=self.engines.endpoint):
                 if isinstance(ev, UserSpeechStarted):
+                    self._drop_held()
                     if self._reply is not None or ctx.queued_seconds > 0:
                         await self.barge_in(ctx)
                     await self._publish(ctx, {"type": "transcript.user.started",
@@ -363,22 +397,53 @@ class Assistant:
                                               "audio_end_ms": ev.audio_end_ms})
                 elif isinstance(ev, TranscriptPartial):
                     await self._publish(ctx, {"type": "transcript.user.partial", "text": ev.text})
+                    if ev.pause is not None and ev.text.strip() and self.opts.preempt:
+                        self._drop_held()  # an older pause's: the caller went on
+                        self._held = self._hold(nursery, ctx, ev.text)
                 elif isinstance(ev, TranscriptFailed):
+                    self._drop_held()
                     await self._publish(ctx, {"type": "transcript.user.failed", "error": ev.error})
                 elif isinstance(ev, TranscriptFinal):
                     await self._publish(ctx, {"type": "transcript.user.final", "text": ev.text,
                                           "audio_start_ms": ev.audio_start_ms,
                                           "audio_end_ms": ev.audio_end_ms})
+                    held, self._held = self._held, None
+                    if held is not None and (not ev.text or held.text != ev.text):
+                        held.drop()
+                        held = None
                     if ev.text:
                         self.history.append({"role": "user", "content": ev.text})
                         del self.history[:-MAX_HISTORY]
+                        self.replies_started += 1
+                        now = trio.current_time()
+                        if held is not None:  # the turn ended in its pause: let it speak
+                            speculation.replies_used += 1
+                            held.marks.turn = self.replies_started
+                            held.marks.end_of_turn = ended_at
+                            held.marks.transcript = now
+                            held.marks.stt_seconds = ev.stt_seconds
+                            self._reply = held.scope
+                            held.gate.set()
+                            continue
                         scope = trio.CancelScope()
                         self._reply = scope
-                        self.replies_started += 1
-                        marks = TurnMarks(self.replies_started, ended_at,
-                                          trio.current_time(), ev.stt_seconds)
+                        marks = TurnMarks(self.replies_started, ended_at, now, ev.stt_seconds)
                         nursery.start_soon(self.speak_reply, ctx, scope, marks)
             nursery.cancel_scope.cancel()
+
+    def _hold(self, nursery: trio.Nursery, ctx: AgentContext, text: str) -> _Held:
+        """Start a reply to ``text`` (the pause's transcript) behind a closed gate."""
+        held = _Held(text, trio.CancelScope(), trio.Event(), TurnMarks(0, 0.0, 0.0, 0.0))
+        speculation.replies += 1
+        messages = [*self.history, {"role": "user", "content": text}][-MAX_HISTORY:]
+        nursery.start_soon(self.speak_reply, ctx, held.scope, held.marks, held.gate,
+                           messages)
+        return held
+
+    def _drop_held(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held.drop()
 
     async def barge_in(self, ctx: AgentContext) -> None:
         """The caller talks over the reply: cut it now (the queue is dropped at once)."""
@@ -391,39 +456,58 @@ class Assistant:
                               "dropped_seconds": dropped})
 
     async def _answer(self, send: trio.MemorySendChannel[str],
-                      marks: TurnMarks | None = None) -> None:
+                      marks: TurnMarks | None = None,
+                      messages: list[Message] | None = None) -> None:
         def text(chunk: str) -> None:
             if marks is not None and marks.first_token is None:
                 marks.first_token = trio.current_time()
             send.send_nowait(chunk)
 
         async with send:
-            await self.engines.responder.reply(list(self.history), text)
+            await self.engines.responder.reply(
+                list(self.history) if messages is None else messages, text)
 
     async def speak_reply(self, ctx: AgentContext, scope: trio.CancelScope,
-                          marks: TurnMarks | None = None) -> None:
+                          marks: TurnMarks | None = None, gate: trio.Event | None = None,
+                          messages: list[Message] | None = None) -> None:
+        """Speak the reply to the history (or to ``messages``). With a ``gate`` nothing
+        leaves — no event, no frame — until it is set: the reply waits there with its
+        first audio ready (the speculation gate, see the module docstring)."""
         spoken: list[str] = []
+
+        async def say(sentence: str) -> None:
+            if gate is not None:
+                await gate.wait()
+            await self._publish(ctx, {"type": "transcript.agent", "text": sentence})
+            spoken.append(sentence)
+
         with scope:
             try:
                 send, receive = trio.open_memory_channel[str](math.inf)
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._answer, send, marks)
+                    nursery.start_soon(self._answer, send, marks, messages)
                     async with aclosing(sentences(receive)) as said:
                         async for sentence in said:
-                            await self._publish(ctx, {"type": "transcript.agent", "text": sentence})
-                            spoken.append(sentence)
+                            said_it = False
                             async with aclosing(self.engines.tts.synthesize(sentence)) as audio:
                                 async for frame in audio:
                                     if marks is not None and marks.first_audio is None:
                                         marks.first_audio = trio.current_time()
+                                    if not said_it:  # its first audio is ready: say it
+                                        await say(sentence)
+                                        said_it = True
                                     await ctx.send(frame)
                                     if marks is not None and marks.first_queued is None:
                                         marks.first_queued = trio.current_time()
+                            if not said_it:
+                                await say(sentence)
                 if marks is not None and marks.first_queued is not None:
                     # After the reply is queued, not between its frames: an await there
                     # let the queue run dry mid-reply.
                     await self._publish(ctx, marks.event())
             except (LlmError, TtsError) as exc:
+                if gate is not None:
+                    await gate.wait()
                 await ctx.send_event({"type": "assistant.error", "error": str(exc)})
                 if not spoken:
                     fallback = "Sorry, my answering service failed."

@@ -82,6 +82,9 @@ class UserSpeechStopped:
 @dataclass(frozen=True, slots=True)
 class TranscriptPartial:
     text: str
+    #: The pause (``EndOfTurnQuery.query_id``) whose speculative decode this is; if the
+    #: turn ends in that pause this text is its final transcript. None: an engine's partial.
+    pause: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +125,11 @@ class Speculation:
     used: int = 0  # the turn ended in that pause: it was the final transcript
     wasted: int = 0  # the caller went on (or it failed)
     cpu_seconds: float = 0.0  # worker-thread CPU of every speculative decode
+    #: Replies started on a pause's transcript and held (the assistant's ``preempt``):
+    #: released when the turn ended with that transcript, else dropped.
+    replies: int = 0
+    replies_used: int = 0
+    replies_wasted: int = 0
 
 
 speculation = Speculation()
@@ -164,7 +172,7 @@ class _Hearing:
         try:
             text = self.guesses[query.query_id] = await stream.speculate()
             if text and self.stream is stream:  # the turn goes on: the caller sees it now
-                out.append(TranscriptPartial(text))
+                out.append(TranscriptPartial(text, query.query_id))
         except Exception:  # a guess only: finish() runs instead and reports any failure
             self.guesses.pop(query.query_id, None)
         finally:

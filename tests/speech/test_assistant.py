@@ -169,3 +169,93 @@ def test_missing_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(AgentError, match=r"speech.*extra|appliance\[speech\]"):
         resolve("assistant?silence_ms=600")
     assert resolve("echo").name == "echo"  # everything else still resolves
+
+
+# -- the speculation gate (issue 38 item 3) ----------------------------------------------
+
+
+class ToneTts:
+    """A TTS that answers at once with 100 ms of tone per sentence, noting when it was
+    asked (on the trio clock): the gate test needs no real engine and no wall time."""
+
+    name = "tone"
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[float, str]] = []
+
+    async def synthesize(self, text: str) -> Any:
+        self.asked.append((trio.current_time(), text))
+        for _ in range(5):
+            await trio.lowlevel.checkpoint()
+            yield b"\x10\x20" * 960
+
+
+async def _gated_call(audio: bytes) -> tuple[list[tuple[float, dict[str, Any]]], ToneTts]:
+    """The assistant (energy VAD, 500 ms silence turns, transcripts guessed at each
+    200 ms pause) hearing ``audio`` on a 20 ms grid; every event with its trio time."""
+    from speech.test_listen import GuessingEngine
+
+    from appliance.speech.assistant import Assistant, Engines
+    from appliance.speech.llm import BuiltinResponder
+
+    events: list[tuple[float, dict[str, Any]]] = []
+    host = AgentHost(on_event=lambda e: events.append((trio.current_time(), e)),
+                     max_inbound_frames=10_000)
+    ctx = AgentContext(host, AgentIdentity("assistant", "s1"))
+    tts = ToneTts()
+    opts = AssistantOptions.from_spec("assistant?vad=energy&turn=silence")
+    assistant = Assistant(opts, Engines(GuessingEngine(), tts, BuiltinResponder(), None))
+
+    async def caller() -> None:
+        for i, f in enumerate(frames(audio)):
+            host.push_frame(Frame(f, i * 0.02, trio.current_time(), speech=False))
+            await trio.sleep(0.02)  # the caller's real-time grid (on the mock clock)
+        host.close("done")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(caller)
+        await assistant.run(ctx)
+    return events, tts
+
+
+def _first(events: list[tuple[float, dict[str, Any]]], kind: str) -> float:
+    return next(t for t, e in events if e["type"] == kind)
+
+
+def test_a_reply_started_at_the_pause_is_held_until_the_turn_ends_with_its_words() -> None:
+    from appliance.speech.listen import speculation
+
+    used, wasted = speculation.replies_used, speculation.replies_wasted
+    audio = silence(0.3) + espeak_pcm48("turn on the lights") + silence(1.2)
+    events, tts = trio.run(_gated_call, audio, clock=trio.testing.MockClock(autojump_threshold=0))
+    final = _first(events, "transcript.user.final")
+    # The reply's first audio was made at the pause, ~300 ms before the turn ended ...
+    assert tts.asked[0][0] < final - 0.2
+    # ... and nothing of it left before the turn ended with the words it answers.
+    assert _first(events, "transcript.agent") >= final
+    kinds = [e["type"] for _, e in events]
+    assert kinds.index("transcript.agent") > kinds.index("transcript.user.final")
+    (said,) = [e for _, e in events if e["type"] == "transcript.agent"][:1]
+    heard = next(e for _, e in events if e["type"] == "transcript.user.final")["text"]
+    assert heard in said["text"]  # the built-in responder says what it heard
+    (marks,) = [e for _, e in events if e["type"] == "turn.metrics"]
+    assert marks["first_token_ms"] < 0 <= marks["first_queued_ms"]  # work before the end
+    assert (speculation.replies_used, speculation.replies_wasted) == (used + 1, wasted)
+
+
+def test_a_caller_who_goes_on_drops_the_held_reply() -> None:
+    from appliance.speech.listen import speculation
+
+    used, wasted = speculation.replies_used, speculation.replies_wasted
+    first, second = espeak_pcm48("I would like to"), espeak_pcm48("order a pizza")
+    audio = silence(0.3) + first[: len(first) * 3 // 4] + silence(0.45) + second + silence(1.2)
+    events, tts = trio.run(_gated_call, audio, clock=trio.testing.MockClock(autojump_threshold=0))
+    partials = [e["text"] for _, e in events if e["type"] == "transcript.user.partial"]
+    heard = next(e for _, e in events if e["type"] == "transcript.user.final")["text"]
+    assert len(partials) == 2 and partials[-1] == heard
+    # Two replies were begun, one per pause; only the one to the final words was spoken.
+    begun = [t for _, t in tts.asked if t.startswith("You said")]
+    assert begun == [f"You said: {partials[0]}.", f"You said: {heard}."]
+    said = [e["text"] for _, e in events if e["type"] == "transcript.agent"]
+    assert said and all(partials[0] not in s for s in said) and heard in said[0]
+    assert (speculation.replies_used, speculation.replies_wasted) == (used + 1, wasted + 1)
