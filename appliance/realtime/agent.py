@@ -54,7 +54,7 @@ from .machine import (
 from .protocol import json_copy
 from .sideband import POINTS, SidebandPoint
 from .transcription import transcribe_item
-from .turns import can_judge, can_speculate, judge, speculate
+from .turns import PauseWork, can_judge, can_speculate
 
 log = logging.getLogger("appliance.realtime")
 LABEL = "oai-events"
@@ -184,6 +184,7 @@ class RealtimeShell:
         self._noise_reduction = noise_reduction_type(self.machine.session)
         self._runs: dict[str, trio.CancelScope] = {}
         self._nursery: trio.Nursery | None = None
+        self._pause_work = PauseWork(self.machine, self.agent, self._drain)
         # Events go out in order through one sender task (send_message waits for room).
         self._out_send, self._out_recv = trio.open_memory_channel[str](1024)
         # The sideband (GET /v1/realtime?call_id=, appliance/realtime/sideband.py): every
@@ -294,10 +295,8 @@ class RealtimeShell:
                 self._nursery.start_soon(self._respond, action.request, scope)
             elif isinstance(action, Transcribe) and self._nursery is not None:
                 self._nursery.start_soon(self._transcribe, action)
-            elif isinstance(action, JudgeTurn) and self._nursery is not None:
-                self._nursery.start_soon(judge, action, self.machine, self._drain)
-            elif isinstance(action, SpeculateTurn) and self._nursery is not None:
-                self._nursery.start_soon(speculate, action, self.agent)
+            elif isinstance(action, JudgeTurn | SpeculateTurn) and self._nursery is not None:
+                self._pause_work.start(action, self._nursery)
             elif isinstance(action, SessionUpdated):
                 hook = getattr(self.agent, "session_updated", None)
                 if callable(hook):

@@ -43,6 +43,49 @@ def can_speculate(agent: Any) -> bool:
     return callable(getattr(agent, "speculate", None))
 
 
+class PauseWork:
+    """One session's pause work (both shells hold one): at most one Smart Turn inference
+    and one speculation in flight. A WebSocket client may append a minute of audio with
+    a hundred pauses in one event; a pause asked while the last one's work still runs is
+    skipped (its turn then ends on the silence bound, or is transcribed after it ends), so
+    a session's burst costs one inference and one decode at a time, never a queue."""
+
+    def __init__(self, machine: RealtimeConnection, agent: Any,
+                 drain: Callable[[], None]) -> None:
+        self.machine = machine
+        self.agent = agent
+        self.drain = drain
+        self.judging = False
+        self.speculating = False
+        self.skipped = 0  # pauses whose work was not started (the last one's still ran)
+
+    def start(self, action: JudgeTurn | SpeculateTurn, nursery: trio.Nursery) -> None:
+        if isinstance(action, JudgeTurn):
+            if self.judging:
+                self.skipped += 1
+                return
+            self.judging = True
+            nursery.start_soon(self._judge, action)
+        else:
+            if self.speculating:
+                self.skipped += 1
+                return
+            self.speculating = True
+            nursery.start_soon(self._speculate, action)
+
+    async def _judge(self, action: JudgeTurn) -> None:
+        try:
+            await judge(action, self.machine, self.drain)
+        finally:
+            self.judging = False
+
+    async def _speculate(self, action: SpeculateTurn) -> None:
+        try:
+            await speculate(action, self.agent)
+        finally:
+            self.speculating = False
+
+
 async def judge(action: JudgeTurn, machine: RealtimeConnection,
                 drain: Callable[[], None]) -> None:
     """Smart Turn on the pause's audio, off the loop; the verdict back to ``machine``."""

@@ -41,7 +41,7 @@ from .machine import (
     Transcribe,
 )
 from .transcription import transcribe_item
-from .turns import can_judge, can_speculate, judge, speculate
+from .turns import PauseWork, can_judge, can_speculate
 
 log = logging.getLogger("appliance.realtime.ws")
 QUEUE_LIMIT = 2048  # server events waiting for a slow socket before it is dropped
@@ -89,6 +89,7 @@ class RealtimeSocketSession:
         self._room = trio.Event()  # a waiting response: the queue fell under half
         self._runs: dict[str, trio.CancelScope] = {}
         self._nursery: trio.Nursery | None = None
+        self._pause_work = PauseWork(self.machine, self.agent, self._drain)
 
     async def run(self, receive: Callable[[], Awaitable[str | bytes]],
                   send: Callable[[str], Awaitable[None]]) -> str:
@@ -158,10 +159,8 @@ class RealtimeSocketSession:
                 self._nursery.start_soon(self._respond, action.request, scope)
             elif isinstance(action, Transcribe) and self._nursery is not None:
                 self._nursery.start_soon(self._transcribe, action)
-            elif isinstance(action, JudgeTurn) and self._nursery is not None:
-                self._nursery.start_soon(judge, action, self.machine, self._drain)
-            elif isinstance(action, SpeculateTurn) and self._nursery is not None:
-                self._nursery.start_soon(speculate, action, self.agent)
+            elif isinstance(action, JudgeTurn | SpeculateTurn) and self._nursery is not None:
+                self._pause_work.start(action, self._nursery)
             elif isinstance(action, SessionUpdated):
                 hook = getattr(self.agent, "session_updated", None)
                 if callable(hook):
