@@ -14,15 +14,16 @@ the limit anyway — a client that keeps sending but stops reading — the sessi
 :data:`END_SLOW_READER` (the route closes the socket with :data:`CLOSE_SLOW_READER`).
 
 **One shell, many protocols** (docs/style.md rule 20): the object facing the socket is a
-:class:`SocketProtocol` — the Realtime machine itself by default, or GPT-Live's
-:class:`~appliance.live.connection.LiveConnection`, which translates its events onto an
-inner machine (``protocol=`` and ``machine=``: the machine is what transcriptions report
-to and what the agent's ``session_updated`` hook reads). Two actions are this shell's own
-vocabulary for such a protocol: :class:`EndSession` (stop reading, send what is queued,
-end with its reason) and, with ``pace_lead`` set, the answer's audio leaves at real time
-plus that lead instead of as fast as the agent makes it, so a barge-in that cancels the
-response stops the audio the client gets, not only the audio still to be made. Actions
-the shell does not know go to :meth:`RealtimeSocketSession.handle_action` (a subclass's).
+``SocketProtocol`` (socket_protocol.py: the seam) — the Realtime machine itself by default,
+or GPT-Live's :class:`~appliance.live.connection.LiveConnection`, which translates its
+events onto an inner machine (``protocol=`` and ``machine=``: the machine is what
+transcriptions report to and what the agent's ``session_updated`` hook reads). Two
+behaviours are this shell's own for such a protocol: ``EndSession`` (stop reading, send
+what is queued, end with its reason) and, with ``pace_lead`` set, the answer's audio
+leaves at real time plus that lead instead of as fast as the agent makes it, so a
+barge-in that cancels the response stops the audio the client gets, not only the audio
+still to be made. Actions the shell does not know go to
+:meth:`RealtimeSocketSession.handle_action` (a subclass's).
 """
 
 from __future__ import annotations
@@ -34,14 +35,14 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
 from ..agents.vad import EnergyVad
 from .agent import AUDIO_PIECE, close_deltas, id_source
 from .audio import RATE
-from .interface import AudioDelta, Delta, RealtimeAgent, ResponseRequest
+from .interface import AudioDelta, RealtimeAgent, ResponseRequest
 from .machine import (
     CancelResponse,
     ClearAudio,
@@ -50,6 +51,7 @@ from .machine import (
     StartResponse,
     Transcribe,
 )
+from .socket_protocol import EndSession, SocketProtocol
 from .transcription import transcribe_item
 
 log = logging.getLogger("appliance.realtime.ws")
@@ -62,31 +64,6 @@ SEND_GRACE = 10.0  # seconds one event's frame may take to leave once it has sta
 
 class SocketClosed(Exception):
     """``receive`` found the socket closed."""
-
-
-@dataclass(frozen=True, slots=True)
-class EndSession:
-    """The protocol ends the session (GPT-Live's ``session.closed`` went out): the shell
-    reads no more, sends what is queued (for at most :data:`SEND_GRACE`) and returns
-    ``reason``."""
-
-    reason: str
-
-
-class SocketProtocol(Protocol):
-    """What the shell drives: the Realtime machine's surface towards a socket."""
-
-    def handle_open(self) -> None: ...
-
-    def handle_message(self, data: str | bytes) -> None: ...
-
-    def poll_action(self) -> object | None: ...
-
-    def poll_event(self) -> dict[str, Any] | None: ...
-
-    def handle_delta(self, response_id: str, delta: Delta) -> bool: ...
-
-    def handle_response_end(self, response_id: str, error: str | None = None) -> None: ...
 
 
 @dataclass(slots=True)
