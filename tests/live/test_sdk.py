@@ -285,3 +285,20 @@ async def test_a_socket_closed_without_session_close_is_connection_lost(
         await ended.wait()
     report = hooks[-1][1]
     assert report["call_id"] == sid and report["report"]["end_reason"] == "connection_lost"
+
+
+
+def unknown_content(url: str) -> int:
+    with pytest.raises(openai.NotFoundError) as missing:
+        client(url).live.sessions.download_recording("live_unknown0")
+    return int(missing.value.status_code)
+
+
+async def test_a_wrong_session_id_on_content_is_404(nursery: trio.Nursery) -> None:
+    """§5.2's last negative case, the half that holds today: no session is stored yet
+    (docs/live.md), so every id's recording is unknown. (The sideband's attach is not
+    served: an unknown WebSocket path answers 400 from Quart, not 404; item 5's route
+    will answer a wrong id itself.)"""
+    url, _ = await start_server(nursery)
+    with trio.fail_after(TIMEOUT):
+        assert await trio.to_thread.run_sync(unknown_content, url) == 404
