@@ -176,6 +176,20 @@ def negatives(url: str) -> list[Any]:
                                                      "event_id")
         conn.decision.create(event_id="d1")
         assert first_of(rec, "error").error.code == "unsupported_event"
+        # Every other helper of resources/live/ the appliance does not serve: an error each,
+        # naming the command, and the socket stays open.
+        conn.decision.item.create(item={"role": "user", "content": "hi"}, event_id="di")
+        conn.decision.item.delete(item_id="item_1", event_id="dd")
+        conn.response.item.create(item={"type": "function_call_output", "call_id": "c",
+                                        "output": "{}"}, event_id="ri")
+        conn.session.output_audio.fixture.play(audio=base64.b64encode(bytes(4800)).decode(),
+                                               event_id="fx")
+        for cid in ("di", "dd", "ri", "fx"):
+            err = first_of(rec, "error")
+            assert (err.error.code, err.client_event_id) == ("unsupported_event", cid)
+        conn.session.thinking.append(content="The user sounds busy.", delegation_id=None,
+                                     event_id="t1")
+        assert first_of(rec, "session.thinking.appended").client_event_id == "t1"
         conn.session.update(session={"delegation": {"type": "client",
                                                     "acknowledgement_delay_ms": 200}},
                             event_id="ok")
@@ -190,7 +204,42 @@ async def test_the_negative_cases_get_errors_on_an_open_socket(nursery: trio.Nur
     url, _ = await start_server(nursery)
     with trio.fail_after(TIMEOUT):
         events = await trio.to_thread.run_sync(negatives, url)
-    assert [e.type for e in events].count("error") == 6
+    assert [e.type for e in events].count("error") == 10
+
+
+
+def with_handlers(url: str) -> list[str]:
+    """The SDK's push API: handlers registered before connecting, dispatch_events() until
+    the server closes the socket after session.closed."""
+    seen: list[str] = []
+    manager = client(url).live.connect(extra_headers={"X-Agent": "realtime"})
+
+    @manager.on("session.started")
+    def started(event: Any) -> None:
+        seen.append(event.type)
+        conn.session.input_audio.mute()
+
+    @manager.on("session.input_audio.muted")
+    def muted(event: Any) -> None:
+        seen.append(event.type)
+        conn.session.close(event_id="bye")
+
+    @manager.on("session.closed")
+    def closed(event: Any) -> None:
+        seen.append(f"{event.type} {event.reason} {event.client_event_id}")
+
+    manager.send({"type": "session.start", "session": {"model": "gpt-live-1"}})
+    with manager as conn:
+        conn.dispatch_events()  # returns when the server closes with 1000
+    return seen
+
+
+async def test_the_sdks_event_handlers_and_dispatch(nursery: trio.Nursery) -> None:
+    url, _ = await start_server(nursery)
+    with trio.fail_after(TIMEOUT):
+        seen = await trio.to_thread.run_sync(with_handlers, url)
+    assert seen == ["session.started", "session.input_audio.muted",
+                    "session.closed close_requested bye"]
 
 
 def refused_upgrade(url: str, key: str) -> int:
