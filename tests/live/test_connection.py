@@ -343,3 +343,31 @@ def test_initial_input_seeds_the_conversation() -> None:
                       {"role": "assistant", "content": [{"text": "Hello Ada."}]}])
     items = [(i.data["role"], i.text()) for i in core.c.machine.conversation.items.values()]
     assert items == [("user", "My name is Ada."), ("assistant", "Hello Ada.")]
+
+
+def test_every_event_type_served_is_sent_and_matches_the_sdk() -> None:
+    """One session that makes every event type docs/live.md says is sent; each was checked
+    against the SDK's model on the way out (Core.drain), so together with the shape
+    checker's own field walk no type or field outside the SDK's union goes unchecked."""
+    from appliance.live.events import SERVER_EVENTS
+    from appliance.realtime.protocol import Support
+
+    core = Core(usage_every_ms=1000)
+    core.send(type="session.start", session={"model": "m", "store": True})  # + info
+    core.send(type="session.update", session={"triggers": []})
+    core.send(type="session.input_audio.mute")
+    core.send(type="session.input_audio.unmute")
+    for kind in ("instructions", "thinking", "commentary"):
+        core.send(type=f"session.{kind}.append", content="x", delegation_id=None)
+    [say] = core.take(StartResponse)
+    core.c.handle_response_end(say.request.response_id)
+    start, tr = _turn(core)
+    core.c.machine.handle_transcript_delta(tr.item_id, "hi")
+    core.c.handle_delta(start.request.response_id, TranscriptDelta("Hello."))
+    core.c.handle_delta(start.request.response_id, AudioDelta(zeros(0.1, 48_000)))
+    core.c.handle_response_end(start.request.response_id)
+    core.send(type="session.input_audio.commit")
+    core.send(type="session.close")
+    sent = {e["type"] for e in core.events}
+    served = {k for k, (support, _) in SERVER_EVENTS.items() if support is Support.SUPPORTED}
+    assert sent == served
