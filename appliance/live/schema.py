@@ -242,6 +242,8 @@ def validate_untrusted(spec: Spec, value: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise _type_error(path, "an object", value)
         tag = value.get(spec.key, spec.default)
+        if tag is None and spec.key in value:
+            raise _type_error(f"{path}.{spec.key}", "a string", None)
         if tag is None:
             raise LiveError(f"Missing required parameter: '{path}.{spec.key}'.",
                             code="missing_required_parameter", param=f"{path}.{spec.key}")

@@ -144,6 +144,10 @@ def test_defaults_are_resolved() -> None:
     ({"model": "m", "client": {"data_channel": {"allowed_client_events": ["Bad Type"]}}},
      "invalid_value", "session.client.data_channel.allowed_client_events[0]"),
     ({"model": "m", "store": "yes"}, "invalid_type", "session.store"),
+    ({"model": "m", "audio": {"format": {"type": None, "rate": 8000}}}, "invalid_type",
+     "session.audio.format.type"),
+    ({"model": "m", "audio": {"format": {"rate": 8000}}}, "missing_required_parameter",
+     "session.audio.format.type"),
     ({"model": ""}, "invalid_value", "session.model"),
 ])
 def test_bad_configs_name_the_param(session: dict[str, Any], code: str, param: str) -> None:
