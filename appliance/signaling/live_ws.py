@@ -25,20 +25,19 @@ the caller may pick another with the ``X-Agent`` header, as on the Realtime rout
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from quart import Response, websocket
 from quart_trio import QuartTrio
 
 from ..agents.loader import AgentError
-from ..live.agent import LiveAgent, live_factory
+from ..live.agent import live_factory
 from ..live.connection import Started
 from ..live.socket import CLOSED_NORMALLY, END_LOST, LiveSocketSession
 from ..realtime.ws_session import CLOSE_SLOW_READER, END_SLOW_READER
 from .problems import Problem
 from .realtime_http import Realtime, RealtimeProblem, error_response
-from .realtime_ws import close_socket, token_from_subprotocols
+from .realtime_ws import AgentFactories, close_socket, token_from_subprotocols
 from .rules import authorize_header, check_agent
 from .webhooks import CALL_ENDED, CALL_STARTED, end_report
 
@@ -49,24 +48,9 @@ EXTENSION = "appliance.live.sockets"
 CLOSE_NORMAL = 1000
 
 
-class LiveFactories:
-    """Spec -> LiveAgent factory, resolved once per spec (a file agent is imported once)."""
-
-    def __init__(self) -> None:
-        self._by_spec: dict[str, Callable[[], LiveAgent]] = {}
-
-    def get(self, spec: str) -> Callable[[], LiveAgent]:
-        factory = self._by_spec.get(spec)
-        if factory is None:
-            factory = live_factory(spec)
-            if len(self._by_spec) < 64:
-                self._by_spec[spec] = factory
-        return factory
-
-
 def register_live_websocket(app: QuartTrio, rt: Realtime) -> None:
     state = rt.state
-    factories = LiveFactories()
+    factories = AgentFactories(live_factory)
     sockets: dict[str, LiveSocketSession] = {}
     app.extensions[EXTENSION] = sockets
 
