@@ -83,12 +83,15 @@ from .recordings import (
 )
 from .relay.argv import relay_argv
 from .signaling.options import (
+    DEFAULT_LIVE_AGENT,
     DEFAULT_REALTIME_AGENT,
     add_auth_arguments,
+    add_live_arguments,
     add_realtime_arguments,
     add_sip_arguments,
     add_tls_arguments,
     add_webhook_arguments,
+    checked_live_agent,
     default_webui_dir,
     sip_settings,
     tls_settings,
@@ -116,6 +119,7 @@ DEFAULTS: dict[str, Any] = {
     "relay_workers": 1,
     "agent": "echo",
     "realtime_agent": DEFAULT_REALTIME_AGENT,
+    "live_agent": DEFAULT_LIVE_AGENT,
     "opus_complexity": None,  # None: the transceivers' own default
     "fixed_opus_complexity": False,
     "headroom": None,  # None: the transceivers' own default (core)
@@ -214,6 +218,7 @@ class UpConfig:
     log_level: str = "info"
     log_format: str = "text"
     realtime_agent: str = DEFAULT_REALTIME_AGENT  # the agent of /v1/realtime/calls
+    live_agent: str = DEFAULT_LIVE_AGENT  # the agent of GET /v1/live/sessions
     webhooks: tuple[WebhookEndpoint, ...] = ()  # --webhook-url (signaling/webhooks.py)
     sip: SipSettings | None = None  # --sip (signaling/sip_server.py)
     opus_complexity: int | None = None  # passed to every transceiver when set
@@ -296,6 +301,7 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
         tls_cert=cert, tls_key=key, tls_fingerprint=fp,
         webui_dir=Path(args.webui_dir) if getattr(args, "webui_dir", None) else default_webui_dir(),
         log_level=args.log_level, log_format=args.log_format, realtime_agent=realtime_agent,
+        live_agent=checked_live_agent(getattr(args, "live_agent", None)),
         webhooks=tuple(webhook_endpoints(args)),
         sip=sip_settings(args, public),
         opus_complexity=None if getattr(args, "opus_complexity", None) is None
@@ -420,6 +426,7 @@ async def up(
             webui_dir=cfg.webui_dir,
             managed=True,
             realtime_agent=cfg.realtime_agent,
+            live_agent=cfg.live_agent,
             webhooks=list(cfg.webhooks),
             sip=cfg.sip,
             admission_limit=cfg.admission_limit,
@@ -557,6 +564,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--child-command", metavar="CMD", default=None, help=argparse.SUPPRESS)
     add_auth_arguments(parser)
     add_realtime_arguments(parser)
+    add_live_arguments(parser)
     add_webhook_arguments(parser)
     add_sip_arguments(parser)
     add_tls_arguments(parser)

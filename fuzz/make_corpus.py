@@ -479,6 +479,55 @@ def sdp_phone_seeds() -> dict[str, bytes]:
         "hold-opus": base.replace(b"8 0 101", b"111 0").replace(b"a=ptime:20", b"a=rtpmap:111 opus/48000/2\r\na=sendonly\r\na=rtcp-mux"),
     }
 
+
+def live_seeds() -> dict[str, bytes]:
+    """Client events as openai-python's ``client.live`` helpers send them (a seed that
+    starts with ``s`` gets a valid ``session.start`` first: the target's convention)."""
+    import base64
+    import json
+
+    def ev(**e: object) -> bytes:
+        return json.dumps(e).encode()
+
+    loud = base64.b64encode(b"\x7f" * 1920 * 2).decode()  # 40 ms the target's VAD hears
+    quiet = base64.b64encode(bytes(24_000)).decode()
+    return {
+        "start-full": join_datagrams([ev(type="session.start", event_id="s1", session={
+            "model": "gpt-live-1", "instructions": "Be brief.",
+            "audio": {"format": {"type": "audio/pcm", "rate": 16000},
+                      "output": {"voice": {"id": "voice_1"}}},
+            "delegation": {"type": "client", "acknowledgement_delay_ms": 0},
+            "input": [{"role": "developer", "content": [{"type": "input_text", "text": "x"}]},
+                      {"role": "assistant", "content": [{"type": "output_text", "text": "y"}]}],
+            "client": {"data_channel": {"allowed_client_events": ["session.update"],
+                                        "allowed_server_events": "all"}},
+            "store": True, "safety_identifier": "u", "triggers": []}),
+            ev(type="session.update", session={"delegation": {"type": "client"}}),
+            ev(type="session.close")]),
+        "s-turn": join_datagrams([
+            ev(type="session.input_audio.append", audio=quiet),
+            *[ev(type="session.input_audio.append", audio=loud)] * 3,
+            *[ev(type="session.input_audio.append", audio=quiet)] * 3,
+            ev(type="session.input_audio.mute", event_id="m"),
+            ev(type="session.input_audio.unmute")]),
+        "s-appends": join_datagrams([
+            ev(type="session.instructions.append", content="a", delegation_id=None),
+            ev(type="session.thinking.append", content="b", delegation_id=None),
+            ev(type="session.commentary.append", content="c", delegation_id=None,
+               event_id="c1"),
+            ev(type="session.commentary.append", content="d", delegation_id="del_1")]),
+        "s-refused": join_datagrams([
+            ev(type="response.create"), ev(type="decision.create", event_id="d"),
+            ev(type="response.item.create", item={"type": "function_call_output"}),
+            ev(type="session.output_audio.fixture.play", audio=quiet),
+            ev(type="session.start", session={"model": "m"}),
+            ev(type="session.input_audio.commit")]),
+        "g711": join_datagrams([
+            ev(type="session.start", session={"model": "m", "audio": {
+                "format": {"type": "audio/pcmu", "rate": 8000}}}),
+            ev(type="session.input_audio.append", audio=base64.b64encode(b"\x10" * 801).decode())]),
+    }
+
 SEEDS = {
     "stun": stun_seeds,
     "ufrag": ufrag_seeds,
@@ -497,6 +546,7 @@ SEEDS = {
     "relay": relay_seeds,
     "sctp": sctp_seeds,
     "realtime": realtime_seeds,
+    "live": live_seeds,
     "framing": framing_seeds,
     "vouch": vouch_seeds,
     "sip": sip_seeds,

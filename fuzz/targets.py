@@ -661,6 +661,53 @@ def realtime(data: bytes) -> None:
                 conn.handle_delta(action.request.response_id, AudioDelta(bytes(960)))
         while conn.poll_event() is not None:
             pass
+def live(data: bytes) -> None:
+    """GPT-Live client events (``GET /v1/live/sessions``, issue 42): each datagram is one
+    WebSocket message. The parser raises only ``LiveError``; the core, fed the same
+    messages between audio appends, never raises, answers each with JSON the socket can
+    send, and keeps its timeline moving forward."""
+    import json
+
+    from appliance.live.connection import LiveConnection
+    from appliance.live.protocol import parse_client_event_untrusted
+    from appliance.live.schema import LiveError
+    from appliance.realtime.agent import id_source
+    from appliance.realtime.interface import AudioDelta, TranscriptDelta
+    from appliance.realtime.machine import StartResponse, Transcribe
+
+    conn = LiveConnection(session_id="live_fuzz", ids=id_source("f"), wall_clock=lambda: 0.0,
+                          vad=lambda frame: frame[:1] == b"\x7f")
+    conn.handle_open()
+    start = b'{"type":"session.start","session":{"model":"m"}}'
+    last = 0
+    for i, message in enumerate([start, *split_datagrams(data)] if data[:1] == b"s"
+                                else split_datagrams(data)):
+        try:
+            parse_client_event_untrusted(message)
+        except LiveError:
+            pass
+        conn.handle_input(message)
+        while (action := conn.poll_action()) is not None:
+            if isinstance(action, StartResponse):
+                rid = action.request.response_id
+                conn.handle_delta(rid, TranscriptDelta("ok"))
+                conn.handle_delta(rid, AudioDelta(bytes(962)))
+                if i % 2:
+                    conn.handle_response_end(rid)
+            elif isinstance(action, Transcribe):
+                conn.machine.handle_transcript_delta(action.item_id, "heard")
+                conn.machine.handle_transcript(action.item_id, "heard")
+        while (event := conn.poll_event()) is not None:
+            json.dumps(event)
+            for key in ("start_ms", "end_ms"):
+                assert event.get(key, 0) >= 0, event
+        assert conn.input_ms >= last
+        last = conn.input_ms
+    conn.close("expired")
+    while conn.poll_output() is not None:
+        pass
+
+
 # --- flow vouching (PROXY v2 LOCAL + vouch TLV, issue 20) ------------------------------
 
 from appliance.proto.proxy import vouch as _vouch  # noqa: E402 - appended section
@@ -771,6 +818,7 @@ TARGETS: dict[str, Target] = {
     "relay": relay,
     "sctp": sctp,
     "realtime": realtime,
+    "live": live,
     "framing": framing,
     "vouch": vouch,
     "sip": sip,

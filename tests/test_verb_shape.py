@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from appliance.live.connection import LiveConnection, LiveEvent, Started
 from appliance.proto.dtls import DtlsConnection
 from appliance.proto.framing import Deframer, encode_frame
 from appliance.proto.ice import (
@@ -52,7 +53,7 @@ TIMED: list[tuple[type, str | None]] = [
 ]
 
 #: Cores without a clock: ``handle_input(data)`` and ``poll_output()`` only.
-CLOCKLESS: list[type] = [Deframer, RealtimeConnection]
+CLOCKLESS: list[type] = [Deframer, RealtimeConnection, LiveConnection]
 
 #: Documented exceptions (docs/style.md rule 18), with the reason. The test below checks
 #: each still lacks the shape, so an exception cannot outlive its reason silently.
@@ -202,3 +203,17 @@ def test_realtime_connection_through_the_one_stream() -> None:
     assert isinstance(out[0], SessionUpdated)
     kinds = [o.event["type"] for o in out if isinstance(o, ServerEvent)]
     assert kinds == ["session.created", "session.updated"]
+
+
+def test_live_connection_through_the_one_stream() -> None:
+    n = iter(range(1000))
+    live = LiveConnection(session_id="live_1", ids=lambda kind: f"{kind}_{next(n)}",
+                          wall_clock=lambda: 0.0, vad=lambda frame: False)
+    live.handle_open()
+    assert live.poll_output() is None  # silent until session.start
+    live.handle_input(json.dumps({"type": "session.start", "session": {"model": "m"}}))
+    out = _drain(live)
+    assert all(_frozen(o) for o in out)
+    # Actions first (the machine's, then the core's own), then the server events.
+    assert [type(o) for o in out] == [SessionUpdated, Started, LiveEvent]
+    assert out[2].event["type"] == "session.started"

@@ -1,10 +1,12 @@
-"""Audio conversions between the appliance (48 kHz mono PCM16) and the Realtime API's
-formats (``audio/pcm`` at 24 kHz, ``audio/pcmu``, ``audio/pcma`` at 8 kHz, ITU-T G.711).
+"""Audio conversions between the appliance (48 kHz mono PCM16) and the Realtime and
+GPT-Live APIs' formats (``audio/pcm`` at 24 kHz — and 16 kHz on GPT-Live —, ``audio/pcmu``,
+``audio/pcma`` at 8 kHz, ITU-T G.711).
 
-Only the paths the event protocol needs: ``input_audio_buffer.append`` decodes into the
-appliance's rate; ``conversation.item.retrieve`` encodes stored audio as 24 kHz PCM.
-Rates change by integer factors (2 and 6), so a linear interpolation up and a pair/group
-mean down are enough for speech (the band of interest is far below either Nyquist).
+Only the paths the event protocols need: ``input_audio_buffer.append`` and
+``session.input_audio.append`` decode into the appliance's rate; ``conversation.item.retrieve``
+and the WebSocket sessions' output audio encode from it. Rates change by integer factors
+(2, 3 and 6), so a linear interpolation up and a pair/group mean down are enough for speech
+(the band of interest is far below either Nyquist).
 """
 
 from __future__ import annotations
@@ -31,6 +33,18 @@ def pcm24k_to_48k(pcm: bytes) -> bytes:
 def pcm48k_to_24k(pcm: bytes) -> bytes:
     s = np.frombuffer(pcm[: len(pcm) & ~3], "<i2").astype(np.int32)
     return bytes(((s[0::2] + s[1::2]) // 2).astype("<i2").tobytes())
+
+
+def pcm16k_to_48k(pcm: bytes) -> bytes:
+    """GPT-Live's ``audio/pcm`` at 16 kHz (its WebSocket takes 16 or 24 kHz)."""
+    return _up(np.frombuffer(pcm[: len(pcm) & ~1], "<i2"), 3)
+
+
+def pcm48k_to_16k(pcm: bytes) -> bytes:
+    """48 kHz PCM16 -> 16 kHz (the mean of each group of 3; a partial group is dropped)."""
+    n = len(pcm) // 6 * 3
+    s = np.frombuffer(pcm[: n * 2], "<i2").astype(np.int32)
+    return bytes((s.reshape(-1, 3).sum(axis=1) // 3).astype("<i2").tobytes())
 
 
 def _ulaw_table() -> np.ndarray:

@@ -184,10 +184,11 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def loads_untrusted(data: str | bytes) -> Any:
-    """Strict JSON (RFC 8259) with a size and depth bound; raises only :class:`EventError`."""
-    if len(data) > MAX_EVENT_BYTES:
-        raise EventError(f"event of {len(data)} bytes exceeds {MAX_EVENT_BYTES}",
+def loads_untrusted(data: str | bytes, *, limit: int = MAX_EVENT_BYTES) -> Any:
+    """Strict JSON (RFC 8259) with a size (``limit`` bytes: a data channel's message by
+    default) and depth bound; raises only :class:`EventError`."""
+    if len(data) > limit:
+        raise EventError(f"event of {len(data)} bytes exceeds {limit}",
                          code="invalid_json")
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data

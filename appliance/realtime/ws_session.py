@@ -12,6 +12,18 @@ Bounds: the events waiting for the socket are at most ``queue_limit``. A respons
 waits for room (back-pressure on the agent, as the output queue paces it on a call); past
 the limit anyway — a client that keeps sending but stops reading — the session ends with
 :data:`END_SLOW_READER` (the route closes the socket with :data:`CLOSE_SLOW_READER`).
+
+**One shell, many protocols** (docs/style.md rule 20): the object facing the socket is a
+``SocketProtocol`` (socket_protocol.py: the seam) — the Realtime machine itself by default,
+or GPT-Live's :class:`~appliance.live.connection.LiveConnection`, which translates its
+events onto an inner machine (``protocol=`` and ``machine=``: the machine is what
+transcriptions report to and what the agent's ``session_updated`` hook reads). Two
+behaviours are this shell's own for such a protocol: ``EndSession`` (stop reading, send
+what is queued, end with its reason) and, with ``pace_lead`` set, the answer's audio
+leaves at real time plus that lead instead of as fast as the agent makes it, so a
+barge-in that cancels the response stops the audio the client gets, not only the audio
+still to be made. Actions the shell does not know go to
+:meth:`RealtimeSocketSession.handle_action` (a subclass's).
 """
 
 from __future__ import annotations
@@ -28,8 +40,9 @@ from typing import Any
 import trio
 
 from ..agents.vad import EnergyVad
-from .agent import close_deltas, id_source
-from .interface import RealtimeAgent, ResponseRequest
+from .agent import AUDIO_PIECE, close_deltas, id_source
+from .audio import RATE
+from .interface import AudioDelta, RealtimeAgent, ResponseRequest
 from .machine import (
     CancelResponse,
     ClearAudio,
@@ -40,6 +53,7 @@ from .machine import (
     StartResponse,
     Transcribe,
 )
+from .socket_protocol import EndSession, SocketProtocol
 from .transcription import transcribe_item
 from .turns import PauseWork, can_judge, can_speculate
 
@@ -74,13 +88,23 @@ class SocketStats:
 
 class RealtimeSocketSession:
     def __init__(self, agent: RealtimeAgent, *, session: dict[str, Any] | None = None,
-                 queue_limit: int | None = None, session_id: str | None = None) -> None:
+                 queue_limit: int | None = None, session_id: str | None = None,
+                 protocol: SocketProtocol | None = None,
+                 machine: RealtimeConnection | None = None,
+                 pace_lead: float | None = None) -> None:
+        """``protocol`` (with the ``machine`` under it) replaces the Realtime machine the
+        shell builds by default; ``pace_lead`` (seconds) paces the answer's audio."""
         self.agent = agent
         self.id = session_id or f"sess_{secrets.token_hex(8)}"
-        self.machine = RealtimeConnection(
+        self.machine = machine or RealtimeConnection(
             session_id=self.id, ids=id_source(), session=session,
             can_transcribe=True,
             vad=EnergyVad().update, judge=can_judge(), speculate=can_speculate(agent))
+        self.protocol: SocketProtocol = protocol or self.machine
+        self._lead = pace_lead
+        self._play_at = 0.0  # trio clock: when the client has played all audio sent
+        self._reading: trio.CancelScope | None = None
+        self._sending = False
         self.stats = SocketStats()
         self.end_reason: str | None = None
         self._limit = QUEUE_LIMIT if queue_limit is None else queue_limit
@@ -98,23 +122,43 @@ class RealtimeSocketSession:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._sender, send)
-            self.machine.handle_open()
+            self.protocol.handle_open()
             self._drain()
-            while True:
-                try:
-                    data = await receive()
-                except SocketClosed:
-                    break
-                self.stats.events_in += 1
-                self.stats.bytes_in += len(data)
-                self.machine.handle_message(data)
-                self._drain()
-                if self.end_reason is not None:
-                    break
+            with trio.CancelScope() as self._reading:
+                while self.end_reason is None:
+                    try:
+                        data = await receive()
+                    except SocketClosed:
+                        break
+                    self.stats.events_in += 1
+                    self.stats.bytes_in += len(data)
+                    self.protocol.handle_message(data)
+                    self._drain()
             if self.end_reason is None:
                 self.end_reason = END_CLIENT
+            elif self.end_reason != END_SLOW_READER:
+                # The protocol ended the session: its last events (session.closed) go out
+                # before the route closes the socket; a peer that reads nothing gets
+                # SEND_GRACE, as a frame already started does.
+                for scope in self._runs.values():
+                    scope.cancel()
+                with trio.move_on_after(SEND_GRACE):
+                    while self._queue or self._sending:
+                        self._room = trio.Event()
+                        await self._room.wait()
             nursery.cancel_scope.cancel()
         return self.end_reason
+
+    def end(self, reason: str) -> None:
+        """End the session from outside the read loop (a timer, a route): as
+        :class:`EndSession` does."""
+        if self.end_reason is None:
+            self.end_reason = reason
+        if self._reading is not None:
+            self._reading.cancel()
+
+    def handle_action(self, action: object) -> None:
+        """An action this shell does not know (a subclass's protocol's own)."""
 
     def _overflow(self) -> None:
         if self.end_reason is None:
@@ -132,10 +176,13 @@ class RealtimeSocketSession:
                 # A frame half written cannot be taken back: finish it (or give up on a
                 # peer that reads nothing for SEND_GRACE s) even when the session is ending,
                 # so the close that follows is still a valid frame.
+                self._sending = True
                 with trio.CancelScope(shield=True), trio.move_on_after(SEND_GRACE):
                     await send(text)
+                self._sending = False
                 self.stats.events_out += 1
                 self.stats.bytes_out += len(text)
+            self._room.set()  # an ending session waits for the queue to be empty
             self._wake = trio.Event()
             await self._wake.wait()
 
@@ -145,13 +192,29 @@ class RealtimeSocketSession:
             self._room = trio.Event()
             await self._room.wait()
 
+    async def _paced(self, nbytes: int) -> None:
+        """Wait until ``nbytes`` more of 48 kHz PCM are due: the client is to hold at most
+        ``pace_lead`` seconds it has not played (its own playback clock is assumed to be
+        real time from the first audio on)."""
+        assert self._lead is not None
+        now = trio.current_time()
+        self._play_at = max(self._play_at, now)
+        wait = self._play_at - self._lead - now
+        if wait > 0:
+            await trio.sleep(wait)  # real-time pacing of a media source
+        self._play_at += nbytes / 2 / RATE
+
     def _drain(self) -> None:
         m = self.machine
-        while (action := m.poll_action()) is not None:
+        p = self.protocol
+        while (action := p.poll_action()) is not None:
             if isinstance(action, CancelResponse):
                 scope = self._runs.pop(action.response_id, None)
                 if scope is not None:
                     scope.cancel()
+                # Cut: what was sent and not yet played is the client's to drop; the next
+                # answer starts from now.
+                self._play_at = trio.current_time()
             elif isinstance(action, StartResponse) and self._nursery is not None:
                 scope = trio.CancelScope()
                 self._runs[action.request.response_id] = scope
@@ -167,8 +230,12 @@ class RealtimeSocketSession:
                     hook(dict(m.session))
             elif isinstance(action, ClearAudio):
                 pass  # nothing is queued for playback here: the client plays the deltas
+            elif isinstance(action, EndSession):
+                self.end(action.reason)
+            else:
+                self.handle_action(action)
         queued = False
-        while (event := m.poll_event()) is not None:
+        while (event := p.poll_event()) is not None:
             self._queue.append(json.dumps(event, separators=(",", ":")))
             queued = True
         if queued:
@@ -184,7 +251,17 @@ class RealtimeSocketSession:
                 deltas = self.agent.respond(request)
                 try:
                     async for delta in deltas:
-                        self.machine.handle_delta(rid, delta)
+                        if self._lead is not None and isinstance(delta, AudioDelta):
+                            # Paced: 100 ms pieces, so a cancel cuts within one.
+                            pcm = delta.pcm[: len(delta.pcm) & ~1]
+                            for i in range(0, len(pcm), AUDIO_PIECE):
+                                piece = AudioDelta(pcm[i : i + AUDIO_PIECE])
+                                await self._paced(len(piece.pcm))
+                                self.protocol.handle_delta(rid, piece)
+                                self._drain()
+                                await self._wait_room()
+                            continue
+                        self.protocol.handle_delta(rid, delta)
                         self._drain()
                         await self._wait_room()
                 finally:
@@ -194,7 +271,7 @@ class RealtimeSocketSession:
                 log.warning("realtime agent failed on %s: %r", rid, exc)
         self._runs.pop(rid, None)
         if not scope.cancelled_caught:
-            self.machine.handle_response_end(rid, error)
+            self.protocol.handle_response_end(rid, error)
             self._drain()
 
     async def _transcribe(self, action: Transcribe) -> None:

@@ -42,6 +42,7 @@ from werkzeug.exceptions import HTTPException
 from . import metrics, sip_http
 from . import realtime_http as realtime
 from .fastpath import WhipFastPath
+from .live_ws import register_live_websocket
 from .problems import Problem, problem_response
 from .proxied import TrustEdge
 from .realtime_ws import register_websocket
@@ -74,6 +75,8 @@ def create_app(state: SignalingState) -> QuartTrio:
     app.extensions["appliance.state"] = state
     realtime.register(app, state)  # /v1/realtime/*: before _after below, so its CORS wins
     register_websocket(app, app.extensions[realtime.EXTENSION])  # GET /v1/realtime (WebSocket)
+    # GET /v1/live/sessions (WebSocket): GPT-Live over the same shell, machine and agents
+    register_live_websocket(app, app.extensions[realtime.EXTENSION])
     sip_http.register(app, state)  # /v1/realtime/calls/{rtc_sip_…}/accept|reject|refer|hangup
 
     # -- errors -------------------------------------------------------------------------

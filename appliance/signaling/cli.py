@@ -28,12 +28,15 @@ from ..config import (
 from ..logs import add_logging_flags, configure
 from .geo import parse_ingress_map
 from .options import (
+    DEFAULT_LIVE_AGENT,
     DEFAULT_REALTIME_AGENT,
     add_auth_arguments,
+    add_live_arguments,
     add_realtime_arguments,
     add_sip_arguments,
     add_tls_arguments,
     add_webhook_arguments,
+    checked_live_agent,
     default_webui_dir,
     sip_settings,
     tls_settings,
@@ -64,6 +67,7 @@ DEFAULTS: dict[str, Any] = {
     "region_header": None,
     "trusted_proxy": [],
     "realtime_agent": DEFAULT_REALTIME_AGENT,
+    "live_agent": DEFAULT_LIVE_AGENT,
 }
 
 
@@ -110,6 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "API token if none is configured")
     add_auth_arguments(parser)
     add_realtime_arguments(parser)
+    add_live_arguments(parser)
     add_webhook_arguments(parser)
     add_sip_arguments(parser)
     add_geo_arguments(parser)
@@ -193,6 +198,7 @@ def build_config(args: argparse.Namespace) -> tuple[SignalingConfig, str | None]
         webui_dir=webui,
         ingress=ingress,
         realtime_agent=str(args.realtime_agent),
+        live_agent=checked_live_agent(getattr(args, "live_agent", None)),
         webhooks=webhook_endpoints(args),
         sip=sip_settings(args, public),
         admission_limit=parse_admission_limit(args.admission_limit),

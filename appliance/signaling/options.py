@@ -55,6 +55,33 @@ def add_realtime_arguments(parser: argparse.ArgumentParser) -> None:
                              "an upstream Realtime WebSocket service)")
 
 
+#: The agent of GPT-Live sessions (``GET /v1/live/sessions``) unless set: the offline
+#: assistant, so a fresh ``appliance up`` hears and answers words with no key.
+DEFAULT_LIVE_AGENT = "assistant"
+
+
+def add_live_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--live-agent", metavar="SPEC", default=None,
+                        help="agent for GPT-Live WebSocket sessions (GET /v1/live/sessions, "
+                             "OpenAI's client.live.connect(); default "
+                             f"{DEFAULT_LIVE_AGENT}: the offline assistant, assistant?llm=… "
+                             "for a model; realtime for the echo agent, "
+                             "realtime:module:attr for your own RealtimeAgent)")
+
+
+def checked_live_agent(spec: object) -> str:
+    """``--live-agent``, loaded once now when it is not the default, so a typo fails the
+    command at start (AgentError is a ValueError) instead of every session. The default is
+    resolved at the first session: a box without the speech extra still starts, and its
+    Live sessions are refused with the reason."""
+    live = str(spec or DEFAULT_LIVE_AGENT)
+    if live != DEFAULT_LIVE_AGENT:
+        from ..live.agent import live_factory
+
+        live_factory(live)
+    return live
+
+
 def add_webhook_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--webhook-url", action="append", metavar="URL[,secret-file=PATH|"
                         ",secret-env=NAME]", default=None,

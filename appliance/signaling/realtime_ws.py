@@ -78,15 +78,18 @@ def token_from_subprotocols(protocols: list[str]) -> str | None:
 
 
 class AgentFactories:
-    """Spec -> RealtimeAgent factory, resolved once per spec (a file agent is imported once)."""
+    """Spec -> RealtimeAgent factory, resolved once per spec (a file agent is imported once)
+    by ``resolve`` (GPT-Live's route wraps the same resolver: live/agent.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, resolve: Callable[[str], Callable[[], RealtimeAgent]] = factory_for_spec
+                 ) -> None:
+        self._resolve = resolve
         self._by_spec: dict[str, Callable[[], RealtimeAgent]] = {}
 
     def get(self, spec: str) -> Callable[[], RealtimeAgent]:
         factory = self._by_spec.get(spec)
         if factory is None:
-            factory = factory_for_spec(spec)
+            factory = self._resolve(spec)
             if len(self._by_spec) < 64:
                 self._by_spec[spec] = factory
         return factory

@@ -74,6 +74,7 @@ class SignalingConfig:
     events_interval: float = 1.0
     ingress: IngressMap = field(default_factory=IngressMap)  # geo-steered ingress (geo.py)
     realtime_agent: str = "realtime"  # the agent of /v1/realtime/calls (appliance/signaling/realtime_http.py)
+    live_agent: str = "assistant"  # the agent of GET /v1/live/sessions (signaling/live_ws.py)
     # Admission (admission.py, issue 23): busy share admitted up to, prior call cost.
     admission_limit: float = LIMIT
     admission_call_cost: float = PRIOR_COST

@@ -51,7 +51,6 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..agents.vad import EnergyVad, level_dbfs
 from .audio import Resampler
 
 FRAME_BYTES = 1920  # 20 ms at 48 kHz, PCM16
@@ -110,7 +109,7 @@ def silero_session() -> Any:
 class SileroVad:
     """Silero VAD v5 on 20 ms 48 kHz frames (see the module docstring)."""
 
-    __slots__ = ("threshold", "last_level", "last_probability", "_session", "_resampler",
+    __slots__ = ("threshold", "last_level", "last_probability", "_session", "_resampler", "_level",
                  "_pending", "_state", "_context", "_sr", "_speaking", "neg_threshold")
 
     def __init__(self, *, threshold: float = 0.5) -> None:
@@ -128,6 +127,12 @@ class SileroVad:
         self._context = np.zeros((1, SILERO_CONTEXT), dtype=np.float32)
         self._sr = np.array(SILERO_RATE, dtype=np.int64)
         self._speaking = False
+        # The energy VAD's level function, imported here: appliance.agents' package pulls
+        # in the trio shells, and this module's turn engine is the Realtime machine's,
+        # which stays sans-IO (tests/live/test_sans_io.py checks what it brings in).
+        from ..agents.vad import level_dbfs
+
+        self._level = level_dbfs
 
     def reset(self) -> None:
         self._state[:] = 0
@@ -143,7 +148,7 @@ class SileroVad:
         return float(out.reshape(-1)[0])
 
     def update(self, pcm: bytes) -> bool:
-        self.last_level = level_dbfs(pcm)
+        self.last_level = self._level(pcm)
         x = self._resampler.process_float(np.frombuffer(pcm, dtype="<i2").astype(np.float32))
         self._pending = np.concatenate((self._pending, x * (1.0 / 32768.0)))
         while len(self._pending) >= SILERO_WINDOW:
@@ -163,6 +168,8 @@ def make_vad(kind: str = "silero", *, threshold: float = 0.5) -> Vad:
     if kind == "silero":
         return SileroVad(threshold=threshold)
     if kind == "energy":
+        from ..agents.vad import EnergyVad  # see SileroVad.__init__
+
         return EnergyVad()
     raise ValueError(f"unknown VAD {kind!r} (silero, energy)")
 

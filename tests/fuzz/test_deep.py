@@ -63,6 +63,7 @@ EXAMPLES = {
     "relay": 1000,
     "sctp": 300,
     "realtime": 500,
+    "live": 400,
     "framing": 2000,
     "vouch": 2000,
     "sip": 1000,

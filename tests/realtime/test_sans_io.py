@@ -34,3 +34,25 @@ def test_no_io_imports(path: Path) -> None:
     names = {a.name for node in ast.walk(ast.parse(path.read_text()))
              if isinstance(node, ast.ImportFrom) for a in node.names}
     assert not names & {"AgentContext", "AgentHost"}, f"{path}: the core does not know AgentContext"
+
+
+def test_the_machine_brings_no_trio_with_the_turn_engine() -> None:
+    """The machine takes its turns from appliance.speech.vad: importing it must not pull
+    the speech package's trio shells in (the package loads its names lazily)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, appliance.realtime.machine\n"
+            "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('trio', 'subprocess', 'asyncio', 'socket'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.strip() == ""
+
+
+def test_the_speech_package_exports_what_it_lists() -> None:
+    import appliance.speech as speech
+
+    assert sorted(speech.__all__) == sorted(speech._WHERE)
+    for name in speech.__all__:
+        assert getattr(speech, name) is not None

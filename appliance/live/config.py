@@ -1,0 +1,253 @@
+"""The GPT-Live session config (``types/live/session_config.py``): validation, defaults,
+updates, the resolved ``SessionResource`` and the Realtime session it runs as.
+
+**Strict.** Every field is checked against :data:`SESSION_CONFIG` and an unknown one is an
+``error`` naming its ``param`` (the real service does the same; Realtime's config kept
+unknown fields). Beyond the shape, what the appliance cannot serve is refused at
+``session.start`` with ``unsupported_value`` and the field: ``responses`` and ``decisions``
+delegation, and ``triggers`` (Decisions). ``store: true`` is accepted — the flag is echoed —
+but nothing is stored yet, and the session says so in an ``info`` event.
+
+**Immutable after start** (``session.update`` → ``immutable_field_update``): model,
+instructions, audio (format and voice), input, client, store and safety_identifier.
+``session.update`` takes only ``delegation`` (of the session's type: ``client``, whose one
+setting is ``acknowledgement_delay_ms``) and ``triggers`` (an empty list only).
+
+**What acts on what** (the inner Realtime session, :func:`realtime_session`):
+``instructions`` is the agent's system prompt, ``audio.output.voice`` its voice (the
+offline TTS speaks in its own voice whatever the name), ``input`` seeds the conversation
+(developer messages as ``system`` items); ``audio.format`` is the WebSocket's encoding both
+ways (connection.py converts). Turn-taking has no knob here, as in GPT-Live: the inner
+session always runs ``semantic_vad`` with the appliance's turn engine, interrupting.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from .schema import (
+    AnyJson,
+    Arr,
+    Bool,
+    Const,
+    Int,
+    LiveError,
+    Obj,
+    OneOf,
+    Str,
+    Tagged,
+    optional,
+    required,
+    validate_untrusted,
+)
+
+BUILT_IN_VOICES = ("alloy", "ash", "ballad", "beacon", "bossa", "cedar", "cinder", "coral",
+                   "delta", "echo", "gleam", "marin", "meridian", "quartz", "ripple", "sage",
+                   "shida", "shimmer", "stone", "tempo", "verse", "vesper", "willow")
+DEFAULT_VOICE = "marin"
+DEFAULT_FORMAT: dict[str, Any] = {"type": "audio/pcm", "rate": 24000}
+#: How long a session may run (``expires_at``); then it closes with reason ``expired``.
+MAX_SESSION_SECONDS = 3600
+MAX_MODEL = 256
+MAX_INSTRUCTIONS_TOKENS = 16_384
+MAX_INPUT_ITEMS = 128
+MAX_INPUT_TOKENS = 8_192
+MAX_ID = 128
+_EVENT_TYPE = re.compile(r"(?:error|info|[a-z][a-z0-9_-]*(?:\.[a-z0-9_-]+)+)")
+
+
+def tokens(text: str) -> int:
+    """A token estimate (~4 characters each): the limits are stated in tokens, and no
+    tokenizer of the model exists here."""
+    return math.ceil(len(text) / 4)
+
+
+def _format(kind: str, rates: tuple[int, ...]) -> Obj:
+    return Obj({"type": required(Const(kind)), "rate": required(Int(choices=rates))})
+
+
+AUDIO_FORMAT = Tagged("type", {
+    "audio/pcm": _format("audio/pcm", (16000, 24000)),
+    "audio/pcmu": _format("audio/pcmu", (8000,)),
+    "audio/pcma": _format("audio/pcma", (8000,)),
+})
+VOICE = OneOf((Str(choices=BUILT_IN_VOICES), Obj({"id": required(Str(max_len=MAX_ID))})))
+AUDIO = Obj({"format": optional(AUDIO_FORMAT),
+             "output": optional(Obj({"voice": optional(VOICE)}))})
+CLIENT = Obj({"data_channel": required(Obj({
+    "allowed_client_events": optional(OneOf((
+        Const("all"), Arr(Str(max_len=128, pattern=_EVENT_TYPE), max_items=256)))),
+    "allowed_server_events": optional(OneOf((
+        Const("all"), Arr(Obj({"type": required(Str(max_len=128, pattern=_EVENT_TYPE)),
+                               "response_event": optional(Str(max_len=128))}),
+                          max_items=256)))),
+}))})
+_ACK = optional(Int(lo=0, hi=60_000))
+#: ``responses`` and ``decisions`` are refused after the shape check: their configs are
+#: not validated field by field (the refusal is the answer either way).
+DELEGATION = Tagged("type", {
+    "client": Obj({"type": required(Const("client")), "acknowledgement_delay_ms": _ACK}),
+    "responses": Obj({"type": required(Const("responses")), "responses": required(AnyJson()),
+                      "acknowledgement_delay_ms": _ACK}),
+    "decisions": Obj({"type": required(Const("decisions")), "decisions": required(AnyJson()),
+                      "acknowledgement_delay_ms": _ACK}),
+})
+UPDATE_DELEGATION = Tagged("type", {
+    "client": Obj({"type": required(Const("client")), "acknowledgement_delay_ms": _ACK}),
+    "responses": Obj({"type": required(Const("responses")), "responses": optional(AnyJson()),
+                      "acknowledgement_delay_ms": _ACK}),
+    "decisions": Obj({"type": required(Const("decisions")), "decisions": optional(AnyJson()),
+                      "acknowledgement_delay_ms": _ACK}),
+})
+
+
+def _message(role: str, parts: Tagged) -> Obj:
+    return Obj({"role": required(Const(role)),
+                "content": required(Arr(parts, exactly=1)),
+                "id": optional(Str(max_len=MAX_ID), nullable=True),
+                "status": optional(Str(choices=("incomplete", "completed")), nullable=True),
+                "type": optional(Const("message"))})
+
+
+_TEXT_IN = Tagged("type", {"input_text": Obj({"text": required(Str()),
+                                              "type": optional(Const("input_text"))})},
+                  default="input_text")
+_TEXT_OUT = Tagged("type", {"text": Obj({"text": required(Str()), "type": optional(Const("text"))}),
+                            "output_text": Obj({"text": required(Str()),
+                                                "type": required(Const("output_text"))})},
+                   default="text")
+INITIAL_ITEM = Tagged("role", {"developer": _message("developer", _TEXT_IN),
+                               "user": _message("user", _TEXT_IN),
+                               "assistant": _message("assistant", _TEXT_OUT)})
+
+SESSION_CONFIG = Obj({
+    "model": required(Str(max_len=MAX_MODEL)),
+    "audio": optional(AUDIO),
+    "client": optional(CLIENT),
+    "delegation": optional(DELEGATION, nullable=True),
+    "input": optional(Arr(INITIAL_ITEM, max_items=MAX_INPUT_ITEMS)),
+    "instructions": optional(Str(), nullable=True),
+    "safety_identifier": optional(Str(max_len=512), nullable=True),
+    "store": optional(Bool()),
+    "triggers": optional(Arr(AnyJson(), max_items=2)),
+})
+SESSION_UPDATE = Obj({
+    "delegation": optional(UPDATE_DELEGATION, nullable=True),
+    "triggers": optional(Arr(AnyJson(), max_items=2)),
+})
+
+
+def _unsupported(message: str, param: str) -> LiveError:
+    return LiveError(f"{message} This appliance does not serve it (docs/live.md).",
+                     code="unsupported_value", param=param)
+
+
+def _served(config: dict[str, Any], where: str) -> None:
+    """Refuse what passed the shape check but is not served (delegation other than
+    ``client``, Decisions triggers)."""
+    delegation = config.get("delegation")
+    if isinstance(delegation, dict) and delegation["type"] != "client":
+        kind = delegation["type"]
+        what = ("Responses delegation runs a Responses backend"
+                if kind == "responses" else "Decisions delegation needs the Decision API")
+        raise _unsupported(f"{what}: only client delegation is served.",
+                           f"{where}delegation.type")
+    if config.get("triggers"):
+        raise _unsupported("Decisions triggers need the Decision API.", f"{where}triggers")
+
+
+def resolve_untrusted(value: Any) -> dict[str, Any]:
+    """A ``session.start`` config, checked, with the server's defaults filled in (what
+    ``session.started`` shows). Raises :class:`LiveError`."""
+    cfg: dict[str, Any] = validate_untrusted(SESSION_CONFIG, value, "session")
+    model = cfg["model"]
+    if not model.strip() or not model.isprintable():
+        raise LiveError("Invalid value for 'session.model': a model name is required.",
+                        param="session.model")
+    instructions = cfg.get("instructions")
+    if instructions is not None and tokens(instructions) > MAX_INSTRUCTIONS_TOKENS:
+        raise LiveError(f"Invalid 'session.instructions': longer than "
+                        f"{MAX_INSTRUCTIONS_TOKENS} tokens.", code="string_above_max_length",
+                        param="session.instructions")
+    items = cfg.get("input") or []
+    if sum(tokens(item["content"][0]["text"]) for item in items) > MAX_INPUT_TOKENS:
+        raise LiveError(f"Invalid 'session.input': the history is longer than "
+                        f"{MAX_INPUT_TOKENS} tokens.", code="string_above_max_length",
+                        param="session.input")
+    _served(cfg, "session.")
+    audio = cfg.get("audio") or {}
+    output = audio.get("output") or {}
+    cfg["audio"] = {"format": audio.get("format") or dict(DEFAULT_FORMAT),
+                    "output": {"voice": output.get("voice") or DEFAULT_VOICE}}
+    cfg["delegation"] = cfg.get("delegation") or {"type": "client"}
+    cfg["input"] = items
+    cfg["store"] = bool(cfg.get("store", False))
+    for key in ("instructions", "safety_identifier"):
+        if cfg.get(key) is None:
+            cfg.pop(key, None)
+    return cfg
+
+
+def apply_update_untrusted(current: dict[str, Any], value: Any) -> dict[str, Any]:
+    """``current`` with a ``session.update`` applied (a new dict). Raises
+    :class:`LiveError`: ``immutable_field_update`` for a startup-only field."""
+    if isinstance(value, dict):
+        for key in value:
+            if key in SESSION_CONFIG.fields and key not in SESSION_UPDATE.fields:
+                raise LiveError(f"Cannot update 'session.{key}' after the session has "
+                                "started: it is immutable. Start a new session to change it.",
+                                code="immutable_field_update", param=f"session.{key}")
+    patch = validate_untrusted(SESSION_UPDATE, value, "session")
+    _served(patch, "session.")
+    out = dict(current)
+    delegation = patch.get("delegation")
+    if delegation is not None:
+        kind = current["delegation"]["type"]
+        if delegation["type"] != kind:
+            raise LiveError(f"Cannot change the delegation type from '{kind}' to "
+                            f"'{delegation['type']}': it is fixed at session start.",
+                            code="immutable_field_update", param="session.delegation.type")
+        out["delegation"] = {**current["delegation"], **delegation}
+    if "triggers" in patch:  # only [] passes _served: no triggers
+        out.pop("triggers", None)
+    return out
+
+
+def resource(config: dict[str, Any], *, session_id: str, expires_at: int) -> dict[str, Any]:
+    """The ``SessionResource`` of ``session.started`` / ``updated`` / ``closed``."""
+    return {"id": session_id, "expires_at": expires_at, "model": config["model"],
+            "status": "active",
+            **{k: v for k, v in config.items() if k != "model"}}
+
+
+def realtime_session(config: dict[str, Any], transcription_model: str) -> dict[str, Any]:
+    """The inner Realtime session (``session.update`` of appliance/realtime/session.py):
+    the agent's prompt and voice, audio always, and turns the server's."""
+    voice = config["audio"]["output"]["voice"]
+    return {
+        "type": "realtime",
+        "model": config["model"],
+        "instructions": config.get("instructions") or "",
+        "output_modalities": ["audio"],
+        "audio": {
+            "input": {
+                "transcription": {"model": transcription_model},
+                "turn_detection": {"type": "semantic_vad", "eagerness": "auto",
+                                   "create_response": True, "interrupt_response": True},
+            },
+            "output": {"voice": voice},
+        },
+    }
+
+
+def realtime_items(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """``session.input`` as Realtime conversation items (developer → ``system``)."""
+    out = []
+    for item in config.get("input") or ():
+        role = "system" if item["role"] == "developer" else item["role"]
+        part = "output_text" if role == "assistant" else "input_text"
+        out.append({"type": "message", "role": role,
+                    "content": [{"type": part, "text": item["content"][0]["text"]}]})
+    return out

@@ -1,0 +1,519 @@
+"""The GPT-Live protocol state of one WebSocket session (sans-IO): Live client events in,
+Live server events out, **translated onto an inner Realtime machine** — the appliance's one
+turn engine and agent protocol (appliance/realtime/machine.py), not a second one.
+
+Verbs (docs/style.md rule 18, a *clockless* core; it is driven by the same WebSocket shell
+as the Realtime machine, appliance/realtime/ws_session.py, through the same surface)::
+
+    handle_open()                      the socket is open: nothing is sent (Live is silent
+                                       until session.start)
+    handle_input(data)                 one client event (untrusted; ``handle_message``)
+    handle_delta(response_id, delta)   the agent's content (audio is encoded here, in the
+                                       session's format; the rest goes to the machine)
+    handle_response_end(response_id)   the agent finished (error=... if it failed)
+    close(reason) / lost()             user operations: the session expired / the socket
+                                       went away
+    poll_output()                      actions first, then :class:`LiveEvent`; None when
+                                       drained (``poll_action`` / ``poll_event`` split it)
+
+What maps onto what (Live has no items, responses or VAD events; the machine has them all)::
+
+    session.start                 -> the machine's session.update (semantic_vad turns,
+                                     transcription on, the agent's prompt and voice) and
+                                     session.input as conversation items
+    session.input_audio.append    -> 20 ms frames of 48 kHz PCM (silence while muted)
+                                     through the VAD into handle_frame: the machine opens
+                                     and ends turns, barges in and asks for responses
+    *.instructions|thinking.append -> a system item in the conversation
+    session.commentary.append     -> a response the agent speaks (agent.py), queued
+                                     behind the one running
+    transcription.delta (item)    -> session.input_transcript.delta, the turn's span
+    output_audio_transcript.delta -> session.output_transcript.delta, held until the
+                                     sentence's audio is out so its end_ms is known
+    AudioDelta                    -> session.output_audio.delta (encoded here)
+    everything else the machine says (items, responses, VAD events) is not Live's: dropped
+
+**The session timeline** (every ``start_ms`` / ``end_ms``) is the input audio's clock: the
+milliseconds of audio appended since ``session.start`` — wall-clock time for a client that
+streams in real time, and deterministic here. The answer's audio is laid on it from where
+the input stood when its first chunk came (``max(output end, input)``); a barge-in cuts the
+output back to the input's time.
+
+States are a table (rule 19): a command before ``session.start``, a second
+``session.start`` or anything after ``session.closed`` is an ``error`` event naming it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from ..realtime.audio import (
+    g711_from_48k,
+    g711_to_48k,
+    pcm16k_to_48k,
+    pcm24k_to_48k,
+    pcm48k_to_16k,
+    pcm48k_to_24k,
+)
+from ..realtime.interface import AudioDelta, Delta
+from ..realtime.machine import RealtimeConnection
+from ..realtime.socket_protocol import EndSession
+from . import events
+from .config import (
+    MAX_SESSION_SECONDS,
+    apply_update_untrusted,
+    realtime_items,
+    realtime_session,
+    resolve_untrusted,
+    resource,
+    tokens,
+)
+from .protocol import MAX_APPEND_TOKENS, ClientEvent, parse_client_event_untrusted
+from .schema import LiveError
+
+FRAME_BYTES = 1920  # 20 ms of 48 kHz PCM16: the machine's frame
+FRAME_MS = 20
+BYTES_PER_MS = 96  # 48 kHz PCM16
+USAGE_EVERY_MS = 15_000  # session.usage.updated cadence (the real service's, ~15 s)
+#: The ResponseRequest.extra key of a commentary to speak (agent.py reads it).
+SAY = "live_commentary"
+MAX_TURNS = 64  # user turns whose span is kept while their transcript is pending
+THINKING = "Silent context (do not read it out): "
+
+
+class State(Enum):
+    NEW = "new"  # open, silent until session.start
+    ACTIVE = "active"
+    CLOSED = "closed"  # session.closed sent, or the socket went away
+
+
+class Move(Enum):
+    START = "start"
+    COMMAND = "command"
+    CLOSE = "close"
+
+
+#: (state, move) -> next state; a pair that is not here is answered with _REFUSED's error.
+_TABLE: dict[tuple[State, Move], State] = {
+    (State.NEW, Move.START): State.ACTIVE,
+    (State.ACTIVE, Move.COMMAND): State.ACTIVE,
+    (State.ACTIVE, Move.CLOSE): State.CLOSED,
+}
+_REFUSED: dict[tuple[State, Move], tuple[str, str]] = {
+    (State.NEW, Move.COMMAND): ("session_not_started", "Send session.start first and wait "
+                                "for session.started."),
+    (State.NEW, Move.CLOSE): ("session_not_started", "There is no session to close: send "
+                              "session.start first."),
+    (State.ACTIVE, Move.START): ("session_already_started", "The session has already "
+                                 "started; session.start is accepted once per connection."),
+}
+
+
+def _move(kind: str) -> Move:
+    if kind == "session.start":
+        return Move.START
+    return Move.CLOSE if kind == "session.close" else Move.COMMAND
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """The session started: the shell ends it after ``expires_in`` seconds
+    (``close("expired")``) and may report it (webhooks)."""
+
+    session_id: str
+    model: str
+    expires_in: float
+
+
+@dataclass(frozen=True, slots=True)
+class LiveEvent:
+    """``poll_output()``: one server event, the JSON object ``poll_event()`` returns."""
+
+    event: dict[str, Any]
+
+
+_Codec = tuple[Callable[[bytes], bytes], Callable[[bytes], bytes], int]
+#: audio.format -> (decode to 48 kHz, encode from 48 kHz, 48 kHz bytes per encoded unit)
+_CODECS: dict[tuple[str, int], _Codec] = {
+    ("audio/pcm", 24000): (pcm24k_to_48k, pcm48k_to_24k, 4),
+    ("audio/pcm", 16000): (pcm16k_to_48k, pcm48k_to_16k, 6),
+    ("audio/pcmu", 8000): (lambda b: g711_to_48k(b, alaw=False),
+                           lambda b: g711_from_48k(b, alaw=False), 12),
+    ("audio/pcma", 8000): (lambda b: g711_to_48k(b, alaw=True),
+                           lambda b: g711_from_48k(b, alaw=True), 12),
+}
+
+
+class LiveConnection:
+    """One Live session. ``ids("event")`` makes unique ids; ``wall_clock()`` is Unix
+    seconds (only ``expires_at`` reads it); ``vad(frame) -> bool`` is the shell's voice
+    detector for 20 ms 48 kHz frames (the Realtime WebSocket's)."""
+
+    def __init__(self, *, session_id: str, ids: Callable[[str], str],
+                 wall_clock: Callable[[], float], vad: Callable[[bytes], bool],
+                 max_seconds: int = MAX_SESSION_SECONDS, usage_every_ms: int = USAGE_EVERY_MS,
+                 transcription_model: str = "whisper-1", judge: bool = False,
+                 speculate: bool = False) -> None:
+        """``judge`` / ``speculate``: the shell answers the turn engine's pause work
+        (appliance/realtime/turns.py), as the Realtime WebSocket's does."""
+        self.id = session_id
+        self._ids = ids
+        self._clock = wall_clock
+        self._vad = vad
+        self._max_seconds = max_seconds
+        self._usage_every = usage_every_ms
+        self._transcription = transcription_model
+        self.machine = RealtimeConnection(session_id=f"sess_{session_id}", ids=ids,
+                                          can_transcribe=True, vad=vad, judge=judge,
+                                          speculate=speculate)
+        self.machine.handle_open()
+        while self.machine.poll_event() is not None:
+            pass  # session.created is the Realtime client's, not ours
+        self.state = State.NEW
+        self.config: dict[str, Any] = {}
+        self.expires_at = 0
+        self.muted = False
+        self._events: deque[dict[str, Any]] = deque()
+        self._actions: deque[object] = deque()
+        self._decode, self._encode, self._unit = _CODECS[("audio/pcm", 24000)]
+        # input: the timeline, a sample byte split across appends, a frame's remainder
+        self.input_ms = 0
+        self._odd = b""
+        self._partial = b""
+        self._next_usage = usage_every_ms
+        self._turns: OrderedDict[str, list[int | None]] = OrderedDict()  # item -> [start, end]
+        self._heard_item: str | None = None  # the item of the last input transcript delta
+        # output: where the answer's audio ends on the timeline, the held transcript
+        self.output_ms = 0.0
+        self._response_audio = False
+        self._rest = b""  # 48 kHz bytes short of a whole encoded unit
+        self._held: tuple[str, int] | None = None  # (text, start_ms)
+        self._said = False  # an output transcript went out: later answers get a space
+        self._response_said = False
+        self._commentary: deque[str] = deque()
+        self._delegations: set[str] = set()  # none yet: the agents here never delegate
+
+    # -- poll --------------------------------------------------------------------------------
+
+    def poll_action(self) -> object | None:
+        """The next action: the machine's (StartResponse, CancelResponse, Transcribe,
+        SessionUpdated) and ours (:class:`Started`, ``EndSession``)."""
+        self._pump()
+        return self._actions.popleft() if self._actions else None
+
+    def poll_event(self) -> dict[str, Any] | None:
+        self._pump()
+        return self._events.popleft() if self._events else None
+
+    def poll_output(self) -> object | None:
+        """The next action, else the next server event as :class:`LiveEvent`; None when
+        there is neither."""
+        action = self.poll_action()
+        if action is not None:
+            return action
+        event = self.poll_event()
+        return None if event is None else LiveEvent(event)
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        self._pump()  # what the machine said before this comes first
+        self._events.append(event)
+
+    def _error(self, exc: LiveError) -> None:
+        self._emit(events.error(self._ids("event"), exc))
+
+    # -- input -------------------------------------------------------------------------------
+
+    def handle_open(self) -> None:
+        """The socket is open. A Live server says nothing until ``session.start``."""
+
+    def handle_message(self, data: str | bytes) -> None:
+        """One client event; never raises for any input (errors become ``error`` events)."""
+        try:
+            ev = parse_client_event_untrusted(data)
+            self._dispatch(ev)
+        except LiveError as exc:
+            self._error(exc)
+
+    handle_input = handle_message  # the rule-18 name of the network input
+
+    def _dispatch(self, ev: ClientEvent) -> None:
+        cid = ev.event_id
+        move = _move(ev.type)
+        nxt = _TABLE.get((self.state, move))
+        if nxt is None:
+            code, message = _REFUSED.get((self.state, move), (
+                "session_closed", "The session has closed."))
+            raise LiveError(message, code=code, param="type", client_event_id=cid)
+        try:
+            getattr(self, _HANDLERS[ev.type])(ev.data, cid)
+        except LiveError as exc:
+            raise exc.with_event(cid) from None
+        if self.state is not State.CLOSED:
+            self.state = nxt
+
+    def _start(self, data: dict[str, Any], cid: str | None) -> None:
+        cfg = resolve_untrusted(data["session"])
+        fmt = cfg["audio"]["format"]
+        self._decode, self._encode, self._unit = _CODECS[(fmt["type"], fmt["rate"])]
+        self.config = cfg
+        self.expires_at = int(self._clock()) + self._max_seconds
+        self._inner({"type": "session.update",
+                     "session": realtime_session(cfg, self._transcription)})
+        for item in realtime_items(cfg):
+            self._inner({"type": "conversation.item.create", "item": item})
+        self._emit(events.session_started(self._ids("event"), self.resource(), cid))
+        if cfg["store"]:
+            self._emit(events.info(self._ids("event"), "store_unavailable",
+                                   f"store: true is accepted but this appliance does not "
+                                   f"store sessions yet: no recording or fork of {self.id} "
+                                   "will exist (docs/live.md)."))
+        self._actions.append(Started(self.id, cfg["model"], float(self._max_seconds)))
+
+    def _update(self, data: dict[str, Any], cid: str | None) -> None:
+        self.config = apply_update_untrusted(self.config, data["session"])
+        self._emit(events.session_updated(self._ids("event"), self.resource(), cid))
+
+    def _close_requested(self, data: dict[str, Any], cid: str | None) -> None:
+        self._closed("close_requested", cid)
+
+    def _append_audio(self, data: dict[str, Any], cid: str | None) -> None:
+        try:
+            raw = base64.b64decode(data["audio"], validate=True)
+        except (binascii.Error, ValueError):
+            raise LiveError("Invalid 'audio': not valid base64.", param="audio") from None
+        if self._unit != 12:  # PCM16: a sample may be split across two appends
+            raw = self._odd + raw
+            whole = len(raw) & ~1
+            self._odd = raw[whole:]
+            raw = raw[:whole]
+        pcm = self._decode(raw)
+        if self.muted:  # the agent hears silence; the timeline goes on
+            pcm = bytes(len(pcm))
+        self._frames(pcm)
+
+    def _frames(self, pcm: bytes) -> None:
+        data = self._partial + pcm if self._partial else pcm
+        whole = len(data) - len(data) % FRAME_BYTES
+        self._partial = data[whole:]
+        for i in range(0, whole, FRAME_BYTES):
+            frame = data[i : i + FRAME_BYTES]
+            self.machine.handle_frame(frame, self._vad(frame))
+            self.input_ms += FRAME_MS
+            # Translated at the frame that caused them: a barge-in cuts the output here.
+            self._pump()
+            if self.input_ms >= self._next_usage:
+                self._next_usage += self._usage_every
+                self._emit(events.usage_updated(self._ids("event"), self._seconds()))
+
+    def _mute(self, data: dict[str, Any], cid: str | None) -> None:
+        self.muted = True
+        self._emit(events.input_audio_muted(self._ids("event"), True, cid))
+
+    def _unmute(self, data: dict[str, Any], cid: str | None) -> None:
+        self.muted = False
+        self._emit(events.input_audio_muted(self._ids("event"), False, cid))
+
+    def _append(self, kind: str, data: dict[str, Any], cid: str | None) -> None:
+        content: str = data["content"]
+        delegation = data["delegation_id"]
+        if delegation is not None and delegation not in self._delegations:
+            raise LiveError(f"Unknown delegation_id '{delegation[:64]}': no delegation of "
+                            "this session has that id.", param="delegation_id")
+        if tokens(content) > MAX_APPEND_TOKENS:
+            raise LiveError(f"Invalid 'content': longer than {MAX_APPEND_TOKENS} tokens.",
+                            code="string_above_max_length", param="content")
+        at = self.input_ms
+        if content.strip():
+            if kind == "session.commentary.append":
+                self._commentary.append(content)
+            else:
+                text = THINKING + content if kind == "session.thinking.append" else content
+                self._inner({"type": "conversation.item.create", "item": {
+                    "type": "message", "role": "system",
+                    "content": [{"type": "input_text", "text": text}]}})
+        self._emit(events.appended(kind, self._ids("event"), at, at, cid))
+        self._say_next()
+
+    def _instructions(self, data: dict[str, Any], cid: str | None) -> None:
+        self._append("session.instructions.append", data, cid)
+
+    def _thinking(self, data: dict[str, Any], cid: str | None) -> None:
+        self._append("session.thinking.append", data, cid)
+
+    def _commentary_append(self, data: dict[str, Any], cid: str | None) -> None:
+        self._append("session.commentary.append", data, cid)
+
+    # -- user operations -----------------------------------------------------------------------
+
+    def close(self, reason: str) -> None:
+        """End an active session from the server's side (``expired``): ``session.closed``
+        and ``EndSession``. Nothing happens in any other state."""
+        if self.state is State.ACTIVE:
+            self._closed(reason, None)
+
+    def lost(self) -> None:
+        """The socket went away: the session ends as ``connection_lost`` with nothing
+        sent (there is nowhere to send it)."""
+        self.state = State.CLOSED
+
+    def _closed(self, reason: str, cid: str | None) -> None:
+        self._pump()
+        self._flush()
+        self.state = State.CLOSED
+        self._events.append(events.session_closed(
+            self._ids("event"), reason, self.resource(), events.usage(self._seconds()), cid))
+        self._actions.append(EndSession(reason))
+
+    # -- the agent's output --------------------------------------------------------------------
+
+    def handle_delta(self, response_id: str, delta: Delta) -> bool:
+        """The agent's content for a response: audio becomes ``session.output_audio.delta``
+        (True: sent); transcripts go through the machine (its response bookkeeping)."""
+        if not isinstance(delta, AudioDelta):
+            return self.machine.handle_delta(response_id, delta)
+        r = self.machine.response
+        if r is None or r.id != response_id or self.state is not State.ACTIVE:
+            return False  # cancelled (barge-in) or over: drop it
+        self._pump()  # the sentence's transcript is held before its audio goes
+        pcm = self._rest + delta.pcm if self._rest else delta.pcm
+        whole = len(pcm) - len(pcm) % self._unit
+        self._rest = pcm[whole:]
+        if not whole:
+            return True
+        if not self._response_audio:
+            self._response_audio = True
+            self.output_ms = max(self.output_ms, float(self.input_ms))
+        self.output_ms += whole / BYTES_PER_MS
+        self._events.append(events.output_audio_delta(
+            base64.b64encode(self._encode(pcm[:whole])).decode("ascii")))
+        return True
+
+    def handle_response_end(self, response_id: str, error: str | None = None) -> None:
+        self.machine.handle_response_end(response_id, error)
+
+    # -- the machine's events, translated ----------------------------------------------------
+
+    def _inner(self, event: dict[str, Any]) -> None:
+        """A Realtime client event into the machine (its public input: the same checks)."""
+        self.machine.handle_message(json.dumps(event))
+
+    def _pump(self) -> None:
+        m = self.machine
+        while True:
+            moved = False
+            while (action := m.poll_action()) is not None:
+                self._actions.append(action)
+                moved = True
+            while (event := m.poll_event()) is not None:
+                self._translate(event)
+                moved = True
+            if not moved:
+                return
+
+    def _translate(self, e: dict[str, Any]) -> None:
+        kind = e["type"]
+        if kind == "input_audio_buffer.speech_started":
+            self._turns[e["item_id"]] = [e["audio_start_ms"], None]
+            while len(self._turns) > MAX_TURNS:
+                self._turns.popitem(last=False)
+        elif kind == "input_audio_buffer.speech_stopped":
+            span = self._turns.get(e["item_id"])
+            if span is not None:
+                span[1] = e["audio_end_ms"]
+        elif kind == "conversation.item.input_audio_transcription.delta":
+            self._heard(e["item_id"], e["delta"])
+        elif kind == "conversation.item.input_audio_transcription.completed":
+            self._turns.pop(e["item_id"], None)
+        elif kind == "conversation.item.input_audio_transcription.failed":
+            self._turns.pop(e["item_id"], None)
+            self._events.append(events.info(
+                self._ids("event"), "input_transcript_failed",
+                f"The user's speech could not be transcribed: {e['error']['message']}"))
+        elif kind == "response.created":
+            self._response_audio = False
+            self._response_said = False
+            self._rest = b""
+        elif kind in ("response.output_audio_transcript.delta", "response.output_text.delta"):
+            self._hold(e["delta"])
+        elif kind == "response.done":
+            if e["response"]["status"] == "cancelled":  # cut: the rest was never heard
+                self.output_ms = min(self.output_ms, float(self.input_ms))
+            self._flush()
+            self._say_next()
+        elif kind == "error":
+            err = e["error"]
+            self._events.append(events.error(self._ids("event"), LiveError(
+                err["message"], code=err["code"], param=err.get("param"),
+                client_event_id=err.get("event_id"), type=err["type"])))
+        # Items, responses, content parts, VAD events, rate limits: not Live's.
+
+    def _heard(self, item_id: str, text: str) -> None:
+        if not text:
+            return
+        span = self._turns.get(item_id) or [self.input_ms, self.input_ms]
+        start = span[0] if span[0] is not None else self.input_ms
+        end = span[1] if span[1] is not None else self.input_ms
+        if self._heard_item not in (None, item_id) and not text[0].isspace():
+            text = " " + text  # a new turn: the client joins the deltas as they come
+        self._heard_item = item_id
+        self._events.append(events.input_transcript_delta(self._ids("event"), text, start,
+                                                          end))
+
+    def _hold(self, text: str) -> None:
+        """A transcript delta waits for the audio after it: its span ends where that audio
+        ends, known at the next delta or the response's end."""
+        self._flush()
+        if not text:
+            return
+        if self._said and not self._response_said and not text[0].isspace():
+            text = " " + text
+        self._response_said = True
+        start = self.output_ms if self._response_audio else max(self.output_ms,
+                                                                float(self.input_ms))
+        self._held = (text, round(start))
+
+    def _flush(self) -> None:
+        if self._held is None:
+            return
+        text, start = self._held
+        self._held = None
+        self._said = True
+        end = max(start, round(self.output_ms)) if self._response_audio else start
+        self._events.append(events.output_transcript_delta(self._ids("event"), text, start,
+                                                           end))
+
+    def _say_next(self) -> None:
+        """Start the next queued commentary once no answer is running."""
+        if self.state is not State.ACTIVE:
+            return
+        if self._commentary and self.machine.response is None:
+            text = self._commentary.popleft()
+            self._inner({"type": "response.create", "response": {"input": [], SAY: text}})
+
+    # -- views -------------------------------------------------------------------------------
+
+    def resource(self) -> dict[str, Any]:
+        return resource(self.config, session_id=self.id, expires_at=self.expires_at)
+
+    def _seconds(self) -> int:
+        return int(max(float(self.input_ms), self.output_ms) // 1000)
+
+
+_HANDLERS: dict[str, str] = {
+    "session.start": "_start",
+    "session.update": "_update",
+    "session.close": "_close_requested",
+    "session.input_audio.append": "_append_audio",
+    "session.input_audio.mute": "_mute",
+    "session.input_audio.unmute": "_unmute",
+    "session.instructions.append": "_instructions",
+    "session.thinking.append": "_thinking",
+    "session.commentary.append": "_commentary_append",
+}

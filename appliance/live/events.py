@@ -1,0 +1,141 @@
+"""Every GPT-Live server event the appliance sends, one constructor each: the one place
+their JSON shapes are written (``types/live/server_event.py``; tests/live/test_shapes.py
+checks each against the SDK's ``ServerEvent`` union, field by field).
+
+Conventions of ``types/live/``: every event carries the server's ``event_id`` (``event_…``)
+except ``session.output_audio.delta`` on the primary socket; an event answering a command
+that had an ``event_id`` echoes it as ``client_event_id``; ``start_ms`` / ``end_ms`` are
+milliseconds of the session timeline (connection.py: the input audio's clock).
+:data:`SERVER_EVENTS` is docs/live.md's table of the union: what is sent, what never is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..realtime.protocol import Support
+from .schema import LiveError
+
+#: Every type of the SDK's primary ``ServerEvent`` union: (support, note).
+SERVER_EVENTS: dict[str, tuple[Support, str]] = {
+    "session.started": (Support.SUPPORTED, "id live_…, expires_at, status active, the "
+                        "resolved config"),
+    "session.updated": (Support.SUPPORTED, ""),
+    "session.closed": (Support.SUPPORTED, "close_requested, expired (after "
+                       "expires_at); a dropped socket ends the session as connection_lost"),
+    "session.input_audio.muted": (Support.SUPPORTED, ""),
+    "session.input_audio.unmuted": (Support.SUPPORTED, ""),
+    "session.input_transcript.delta": (Support.SUPPORTED, "one per user turn (Whisper), "
+                                       "the turn's start_ms/end_ms"),
+    "session.output_transcript.delta": (Support.SUPPORTED, "one per spoken sentence, the "
+                                        "sentence's audio span"),
+    "session.output_audio.delta": (Support.SUPPORTED, "the session's format, paced at "
+                                   "real time (+300 ms lead)"),
+    "session.instructions.appended": (Support.SUPPORTED, ""),
+    "session.thinking.appended": (Support.SUPPORTED, ""),
+    "session.commentary.appended": (Support.SUPPORTED, ""),
+    "session.usage.updated": (Support.SUPPORTED, "every 15 s of session timeline: "
+                              "usage.seconds; no context_window"),
+    "error": (Support.SUPPORTED, "OpenAI's codes; error.client_event_id and "
+              "client_event_id name the command"),
+    "info": (Support.SUPPORTED, "store_unavailable, input_transcript_failed"),
+    "session.output_audio.fixture.playing": (Support.NEVER, "no fixtures"),
+    "session.output_audio.fixture.played": (Support.NEVER, "no fixtures"),
+    "session.delegation.created": (Support.NEVER, "the agents here do not delegate yet"),
+    "response.event": (Support.NEVER, "no Responses delegation"),
+    "decision.event": (Support.NEVER, "no Decision API"),
+    "decision.item.created": (Support.NEVER, "no Decision API"),
+    "decision.item.deleted": (Support.NEVER, "no Decision API"),
+    "session.input_audio.append": (Support.NEVER, "sideband only (not served)"),
+    "transport.dtmf.received": (Support.NEVER, "sideband only (not served)"),
+    "transport.dtmf.send": (Support.NEVER, "sideband only (not served)"),
+    "transport.dtmf.sent": (Support.NEVER, "sideband only (not served)"),
+    "transport.ringing": (Support.NEVER, "sideband only (not served)"),
+    "transport.answered": (Support.NEVER, "sideband only (not served)"),
+    "transport.failed": (Support.NEVER, "sideband only (not served)"),
+}
+
+CLOSE_REASONS = ("close_requested", "expired", "content", "remote_hangup", "connection_lost")
+APPENDED = {"session.instructions.append": "session.instructions.appended",
+            "session.thinking.append": "session.thinking.appended",
+            "session.commentary.append": "session.commentary.appended"}
+
+
+def _answer(event: dict[str, Any], client_event_id: str | None) -> dict[str, Any]:
+    if client_event_id is not None:
+        event["client_event_id"] = client_event_id
+    return event
+
+
+def session_started(event_id: str, session: dict[str, Any],
+                    client_event_id: str | None = None) -> dict[str, Any]:
+    return _answer({"type": "session.started", "event_id": event_id, "session": session},
+                   client_event_id)
+
+
+def session_updated(event_id: str, session: dict[str, Any],
+                    client_event_id: str | None = None) -> dict[str, Any]:
+    return _answer({"type": "session.updated", "event_id": event_id, "session": session},
+                   client_event_id)
+
+
+def session_closed(event_id: str, reason: str, session: dict[str, Any],
+                   usage: dict[str, Any], client_event_id: str | None = None
+                   ) -> dict[str, Any]:
+    assert reason in CLOSE_REASONS
+    return _answer({"type": "session.closed", "event_id": event_id, "reason": reason,
+                    "session": session, "usage": usage}, client_event_id)
+
+
+def usage(seconds: int) -> dict[str, Any]:
+    """``SessionUsage``: cumulative whole seconds (a float in the SDK's type)."""
+    return {"seconds": float(seconds)}
+
+
+def usage_updated(event_id: str, seconds: int) -> dict[str, Any]:
+    return {"type": "session.usage.updated", "event_id": event_id, "usage": usage(seconds)}
+
+
+def input_audio_muted(event_id: str, muted: bool,
+                      client_event_id: str | None = None) -> dict[str, Any]:
+    kind = "session.input_audio.muted" if muted else "session.input_audio.unmuted"
+    return _answer({"type": kind, "event_id": event_id}, client_event_id)
+
+
+def appended(command: str, event_id: str, start_ms: int, end_ms: int,
+             client_event_id: str | None = None) -> dict[str, Any]:
+    """The ack of one of the three context appends (``command`` is the client type)."""
+    return _answer({"type": APPENDED[command], "event_id": event_id, "start_ms": start_ms,
+                    "end_ms": end_ms}, client_event_id)
+
+
+def input_transcript_delta(event_id: str, delta: str, start_ms: int,
+                           end_ms: int) -> dict[str, Any]:
+    return {"type": "session.input_transcript.delta", "event_id": event_id, "delta": delta,
+            "start_ms": start_ms, "end_ms": end_ms}
+
+
+def output_transcript_delta(event_id: str, delta: str, start_ms: int,
+                            end_ms: int) -> dict[str, Any]:
+    return {"type": "session.output_transcript.delta", "event_id": event_id,
+            "delta": delta, "start_ms": start_ms, "end_ms": end_ms}
+
+
+def output_audio_delta(b64: str) -> dict[str, Any]:
+    """On the primary socket: no event_id, no timestamps (those are the sideband's)."""
+    return {"type": "session.output_audio.delta", "delta": b64}
+
+
+def error(event_id: str, exc: LiveError) -> dict[str, Any]:
+    err: dict[str, Any] = {"type": exc.type, "code": exc.code, "message": exc.message,
+                           "param": exc.param}
+    if exc.client_event_id is not None:
+        err["client_event_id"] = exc.client_event_id
+    return _answer({"type": "error", "event_id": event_id, "error": err},
+                   exc.client_event_id)
+
+
+def info(event_id: str, code: str, message: str,
+         client_event_id: str | None = None) -> dict[str, Any]:
+    return _answer({"type": "info", "event_id": event_id, "code": code, "message": message},
+                   client_event_id)

@@ -1,0 +1,80 @@
+"""The trio shell of a GPT-Live WebSocket session: the Realtime WebSocket shell
+(appliance/realtime/ws_session.py — its send queue, back-pressure, slow-reader bound,
+response and transcription tasks) driving a :class:`~appliance.live.connection.LiveConnection`
+instead of the bare machine, with what only a Live session has:
+
+* the answer's audio **paced** at real time plus :data:`PACE_LEAD` (GPT-Live has no
+  "clear" event: a barge-in, which the server's turn engine detects and which cancels the
+  answer, must stop the audio the client receives, so little may run ahead of playback);
+* the session's **lifetime**: after ``expires_in`` seconds from ``session.start`` it
+  closes with reason ``expired`` (``session.closed``, then close code 1000);
+* a socket that goes away without ``session.close`` ends the session as
+  ``connection_lost`` (:data:`END_LOST`).
+
+Transport-free like its base: :meth:`run` takes ``receive()`` and ``send(text)``.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from ..agents.vad import EnergyVad
+from ..realtime.agent import id_source
+from ..realtime.interface import RealtimeAgent
+from ..realtime.turns import can_judge, can_speculate
+from ..realtime.ws_session import END_CLIENT, RealtimeSocketSession
+from .config import MAX_SESSION_SECONDS
+from .connection import LiveConnection, Started, State
+
+PACE_LEAD = 0.3  # seconds of answer audio the client may hold ahead of playback
+END_LOST = "connection_lost"
+#: End reasons after which the route closes the socket with 1000 (session.closed was sent).
+CLOSED_NORMALLY = ("close_requested", "expired")
+
+
+def new_session_id() -> str:
+    """``live_`` + 24 URL-safe characters (the SDK's pattern: ``^live_[A-Za-z0-9_-]+$``)."""
+    return "live_" + secrets.token_urlsafe(18)
+
+
+class LiveSocketSession(RealtimeSocketSession):
+    def __init__(self, agent: RealtimeAgent, *, session_id: str | None = None,
+                 queue_limit: int | None = None, max_seconds: int = MAX_SESSION_SECONDS,
+                 pace_lead: float | None = PACE_LEAD,
+                 on_started: Callable[[Started], None] | None = None) -> None:
+        sid = session_id or new_session_id()
+        self.live = LiveConnection(session_id=sid, ids=id_source(), wall_clock=time.time,
+                                   vad=EnergyVad().update, max_seconds=max_seconds,
+                                   judge=can_judge(), speculate=can_speculate(agent))
+        super().__init__(agent, session_id=sid, queue_limit=queue_limit, protocol=self.live,
+                         machine=self.live.machine, pace_lead=pace_lead)
+        self.started: Started | None = None
+        self._on_started = on_started
+
+    async def run(self, receive: Callable[[], Awaitable[str | bytes]],
+                  send: Callable[[str], Awaitable[None]]) -> str:
+        """Serve until ``session.closed`` went out, the socket went away or the client
+        stopped reading; returns the end reason (a Live close reason, or
+        ``slow_reader``)."""
+        try:
+            reason = await super().run(receive, send)
+        finally:
+            if self.live.state is not State.CLOSED:
+                self.live.lost()
+        return END_LOST if reason == END_CLIENT else reason
+
+    def handle_action(self, action: object) -> None:
+        if isinstance(action, Started) and self._nursery is not None:
+            self.started = action
+            self._nursery.start_soon(self._expire, action.expires_in)
+            if self._on_started is not None:
+                self._on_started(action)
+
+    async def _expire(self, seconds: float) -> None:
+        await trio.sleep(seconds)
+        self.live.close("expired")
+        self._drain()

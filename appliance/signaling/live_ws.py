@@ -1,0 +1,111 @@
+"""``GET /v1/live/sessions``: a GPT-Live session over a WebSocket (issue 42), on the same
+host and ``/v1`` as the REST routes, as the official SDK's ``client.live.connect()`` builds
+its URL from ``base_url``.
+
+Like ``GET /v1/realtime`` (realtime_ws.py) the session runs here, in signaling — base64
+audio in the events, no RTP — on the same shell, machine and agents: the Live protocol
+layer (appliance/live/) translates onto them. docs/live.md has the rules.
+
+**Auth**, checked before the upgrade (a refusal is an HTTP answer in OpenAI's error shape):
+``Authorization: Bearer <API token>`` (nothing on loopback), or the subprotocol pair
+``openai-live`` + ``openai-insecure-api-key.<token>`` for browsers that cannot set
+headers (KugelAudio's extension; the Python SDK sends none). GPT-Live has no ephemeral
+keys: an ``ek_`` or ``ct1.`` token is refused. A query string is ignored (the SDK sends
+none; GPT-Live takes the model in ``session.start``).
+
+**The agent** is ``--live-agent`` (default ``assistant``: the offline assistant);
+the caller may pick another with the ``X-Agent`` header, as on the Realtime routes.
+
+**Ends**: ``session.close`` or the session's expiry → ``session.closed``, then close code
+1000; a client that stops reading → 1008; a dropped socket → the session ends as
+``connection_lost``. Each ends with a ``realtime.call.ended`` webhook (transport
+``websocket``, the ``live_…`` id as ``call_id``) when it had started.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from quart import Response, websocket
+from quart_trio import QuartTrio
+
+from ..agents.loader import AgentError
+from ..live.agent import live_factory
+from ..live.connection import Started
+from ..live.socket import CLOSED_NORMALLY, END_LOST, LiveSocketSession
+from ..realtime.ws_session import CLOSE_SLOW_READER, END_SLOW_READER
+from .problems import Problem
+from .realtime_http import Realtime, RealtimeProblem, error_response
+from .realtime_ws import AgentFactories, close_socket, token_from_subprotocols
+from .rules import authorize_header, check_agent
+from .webhooks import CALL_ENDED, CALL_STARTED, end_report
+
+log = logging.getLogger(__name__)
+ROUTE = "/v1/live/sessions"
+SUBPROTOCOL = "openai-live"
+EXTENSION = "appliance.live.sockets"
+CLOSE_NORMAL = 1000
+
+
+def register_live_websocket(app: QuartTrio, rt: Realtime) -> None:
+    state = rt.state
+    factories = AgentFactories(live_factory)
+    sockets: dict[str, LiveSocketSession] = {}
+    app.extensions[EXTENSION] = sockets
+
+    @app.websocket(ROUTE)
+    async def live_socket() -> Response | None:
+        try:
+            spec = _admit()
+            agent = factories.get(spec)()
+        except Problem as p:
+            return error_response(p)
+        except AgentError as exc:
+            return error_response(RealtimeProblem(
+                500, "agent_not_servable", f"the live agent cannot serve a session: {exc}"))
+        protocols = list(websocket.requested_subprotocols)
+        await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in protocols else None)
+        hooks = state.webhooks
+        data: dict[str, Any] = {}
+        started_at = state.clock()
+
+        def on_started(started: Started) -> None:
+            nonlocal started_at
+            started_at = state.clock()
+            data.update(call_id=started.session_id, transport="websocket", agent=spec,
+                        model=started.model)
+            hooks.emit(CALL_STARTED, dict(data))
+            log.info("live socket %s started (model %s)", started.session_id, started.model)
+
+        sess = LiveSocketSession(agent, on_started=on_started)
+        sockets[sess.id] = sess
+        reason = END_LOST
+        try:
+            reason = await sess.run(websocket.receive, websocket.send)
+        finally:
+            sockets.pop(sess.id, None)
+            if data:
+                log.info("live socket %s ended (%s)", sess.id, reason)
+                hooks.emit(CALL_ENDED, {**data, "report": end_report(
+                    started_at=started_at, ended_at=state.clock(), reason=reason,
+                    stats=sess.stats.as_dict())})
+        if reason in CLOSED_NORMALLY:
+            await close_socket(CLOSE_NORMAL, reason)
+        elif reason == END_SLOW_READER:
+            await close_socket(CLOSE_SLOW_READER, "slow reader: events were not read")
+        return None
+
+    def _admit() -> str:
+        authorization = websocket.headers.get("Authorization", "")
+        if not authorization:
+            token = token_from_subprotocols(list(websocket.requested_subprotocols))
+            if token is not None:
+                authorization = f"Bearer {token}"
+        authorize_header(state, authorization, sessions=False)
+        asked = websocket.headers.get("X-Agent") or None
+        try:
+            spec = check_agent(asked)
+        except Problem as p:
+            raise RealtimeProblem(p.status, p.code, p.detail, "agent") from None
+        return spec or state.config.live_agent

@@ -1,0 +1,87 @@
+"""Structure-aware fuzzing of the GPT-Live parser and core with hypothesis (the byte-level
+target is ``live`` in fuzz/targets.py, run by tests/fuzz/test_deep.py): JSON objects built
+from the real event types and field names with values of every JSON type, so the schema
+walk meets wrong types, nulls, unknown and missing fields at every depth. The parser may
+raise only ``LiveError``; the core never raises and answers every message with events the
+SDK's types accept."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from appliance.live import config
+from appliance.live.connection import LiveConnection
+from appliance.live.protocol import EVENT_FIELDS, parse_client_event_untrusted
+from appliance.live.schema import LiveError
+
+pytest.importorskip("openai.types.live")
+from live.live_shapes import shape_errors  # noqa: E402
+
+NAMES = sorted({*config.SESSION_CONFIG.fields, *config.AUDIO.fields, "format", "output",
+                "voice", "type", "rate", "data_channel", "allowed_client_events",
+                "allowed_server_events", "acknowledgement_delay_ms", "role", "content",
+                "text", "id", "status", "responses", "decisions", "delegation_id", "audio", "session", "event_id", "item", "item_id"})
+WORDS = ["client", "responses", "audio/pcm", "audio/pcmu", "developer", "user", "assistant",
+         "input_text", "output_text", "marin", "all", "message", "gpt-live-1", ""]
+SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40),
+                    st.sampled_from([16000, 24000, 8000, 0, -1]),
+                    st.floats(allow_nan=False, allow_infinity=False),
+                    st.sampled_from(WORDS), st.text(max_size=12))
+JSON = st.recursive(SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=4),
+    st.dictionaries(st.sampled_from(NAMES), inner, max_size=5)), max_leaves=30)
+
+
+@st.composite
+def events(draw: st.DrawFn) -> dict[str, Any]:
+    kind = draw(st.sampled_from([*EVENT_FIELDS, "session.input_audio.commit", 7]))
+    body: dict[str, Any] = draw(st.dictionaries(st.sampled_from(NAMES), JSON, max_size=4))
+    if kind == "session.start" and draw(st.booleans()):
+        body["session"] = {"model": "m", **draw(st.dictionaries(
+            st.sampled_from(NAMES), JSON, max_size=4))}
+    return {"type": kind, **body}
+
+
+@settings(max_examples=400, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(events(), min_size=1, max_size=6))
+def test_the_parser_and_the_core_take_any_event(batch: list[dict[str, Any]]) -> None:
+    n = iter(range(10**6))
+    core = LiveConnection(session_id="live_f", ids=lambda p: f"{p}_{next(n)}",
+                          wall_clock=lambda: 0.0, vad=lambda frame: False)
+    core.handle_input(json.dumps({"type": "session.start", "session": {"model": "m"}}))
+    for event in batch:
+        text = json.dumps(event)
+        try:
+            parse_client_event_untrusted(text)
+        except LiveError:
+            pass
+        before = len(core.machine.conversation.items)
+        core.handle_input(text)
+        answered = 0
+        while (out := core.poll_event()) is not None:
+            assert shape_errors(out) == [], out
+            answered += 1
+        while core.poll_action() is not None:
+            pass
+        # Every command but an audio append is answered, and an error changes nothing.
+        if event["type"] != "session.input_audio.append" and core.state.value == "active":
+            assert answered or len(core.machine.conversation.items) > before
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(JSON)
+def test_the_config_takes_any_json(value: Any) -> None:
+    params = []
+    for candidate in (value, {"model": "m", "audio": value}, {"model": "m", "input": value},
+                      {"model": "m", "client": value}, {"model": "m", "delegation": value}):
+        try:
+            config.resolve_untrusted(candidate)
+        except LiveError as exc:
+            params.append(exc.param)
+    assert all(p is None or p.startswith("session") for p in params)
