@@ -92,14 +92,28 @@ from appliance.proto.sip import parse_untrusted as parse_sip_untrusted
 from appliance.proto.sip.ua import IncomingCall
 from appliance.proto.stun import (
     MAX_AMPLIFICATION,
+    AttrType,
     Message,
     StunError,
     binding_request,
+    long_term_key,
     peek_username_untrusted,
     reflexive_response,
     verify_fingerprint,
     verify_integrity,
 )
+from appliance.proto.turn import (
+    NonceCodec,
+    TurnConfig,
+    TurnError,
+    TurnServer,
+    is_turn,
+    mint_rest_credential,
+    parse_channel_data_untrusted,
+    parse_rest_username_untrusted,
+)
+from appliance.proto.turn import StreamFramer as TurnStreamFramer
+from appliance.proto.turn import Transmit as TurnTransmit
 from appliance.proto.ufrag import UfragCodec, UfragError
 from appliance.relay.core import CoreConfig, Flow, RelayCore
 
@@ -753,6 +767,105 @@ def sdp_phone(data: bytes) -> None:
     if not isinstance(got, PhoneRefusal):
         parse_offer_untrusted(got[1])
 
+# --- TURN -------------------------------------------------------------------------------------
+
+TURN_SECRET = b"fuzz-turn-secret"
+TURN_CRED = mint_rest_credential(TURN_SECRET, "fuzz", int(NOW) + 3600)
+TURN_OWN = ("203.0.113.1", 3478)
+_TURN_CLIENTS = (("198.51.100.1", 4000), ("198.51.100.1", 4001), ("198.51.100.2", 9))
+_AUTH_ATTRS = frozenset((AttrType.USERNAME, AttrType.REALM, AttrType.NONCE,
+                         AttrType.MESSAGE_INTEGRITY, AttrType.MESSAGE_INTEGRITY_SHA256,
+                         AttrType.FINGERPRINT, AttrType.PASSWORD_ALGORITHM,
+                         AttrType.PASSWORD_ALGORITHMS))
+
+
+class _FuzzPorts:
+    def __init__(self) -> None:
+        self.next = 49152
+
+    def bind(self, family: int, client: tuple[str, int]) -> tuple[str, int] | None:
+        self.next += 1
+        if self.next % 5 == 0:
+            return None  # sometimes out of ports: 508/440 paths
+        return ("203.0.113.1", self.next) if family == 1 else ("2001:db8::1", self.next)
+
+
+def turn_parsers(data: bytes) -> None:
+    """ChannelData, the TURN stream framer (cut where the first byte says; its buffer stays
+    bounded), REST usernames and nonces: only TurnError escapes (nonce checks never raise)."""
+    is_turn(data)
+    try:
+        parse_channel_data_untrusted(data)
+    except TurnError:
+        pass
+    framer = TurnStreamFramer(64 + (data[0] if data else 0) * 4)
+    step = 1 + (data[0] % 5 if data else 0)
+    try:
+        for i in range(0, len(data), step):
+            framer.handle_input(data[i : i + step])
+            while framer.poll_output() is not None:
+                pass
+            assert framer.buffered <= framer.max_message + 3 + step, "framer unbounded"
+    except TurnError:
+        pass
+    text = data.decode("utf-8", "replace")
+    try:
+        parse_rest_username_untrusted(text)
+    except TurnError:
+        pass
+    assert NonceCodec(b"k", 60).check(text, NOW, ("192.0.2.1", 1))[0] in ("ok", "stale", "bad")
+
+
+def turn(data: bytes) -> None:
+    """``TurnServer`` with tiny quotas. Each datagram's first byte picks the client and the
+    mode: raw; re-signed with a valid REST credential and nonce (so Allocate, Refresh,
+    CreatePermission and ChannelBind see hostile attributes past authentication); or fed to
+    ``from_peer`` as a peer's datagram. Invariants: never raises; every unsigned error answer
+    is at most the request + 32 bytes; quotas and per-allocation caps hold."""
+    cfg = TurnConfig(secrets=(TURN_SECRET,), nonce_key=b"fuzz-nonce", own=frozenset({TURN_OWN}),
+                     max_allocations=3, max_per_source=2, max_per_username=3,
+                     max_permissions=2, max_channels=2, unauth_burst=1000.0)
+    srv = TurnServer(cfg, _FuzzPorts())
+    now = NOW
+    for d in split_datagrams(data, limit=24):
+        if not d:
+            continue
+        sel, body = d[0], d[1:]
+        client = _TURN_CLIENTS[sel % 3]
+        if sel & 0x40 and srv.by_relayed:
+            relayed = sorted(srv.by_relayed)[sel % len(srv.by_relayed)]
+            srv.from_peer(now, relayed, TURN_OWN, body)
+        else:
+            raw = body
+            if sel & 0x80:
+                try:
+                    msg = Message.parse_untrusted(body)
+                    attrs = tuple((t, v) for t, v in msg.attributes if t not in _AUTH_ATTRS)
+                    attrs += ((AttrType.USERNAME, TURN_CRED.username),
+                              (AttrType.REALM, cfg.realm),
+                              (AttrType.NONCE, srv.nonces.mint(now, client, cookie=False)))
+                    key = long_term_key(TURN_CRED.username, cfg.realm, TURN_CRED.password)
+                    raw = Message(msg.method, msg.msg_class, msg.transaction_id, attrs,
+                                  ).encode(key, integrity="sha256" if sel & 0x20 else "sha1")
+                except (StunError, LocalProtocolError):
+                    raw = body
+            srv.handle_input(now, raw, client, TURN_OWN)
+            while (out := srv.poll_output()) is not None:
+                if isinstance(out, TurnTransmit) and out.data[:1] == b"\x01":
+                    answer = Message.parse_untrusted(out.data)
+                    signed = answer.has(AttrType.MESSAGE_INTEGRITY) or answer.has(
+                        AttrType.MESSAGE_INTEGRITY_SHA256)
+                    if not signed:
+                        assert len(out.data) <= len(raw) + 32, "TURN amplifies"
+        while srv.poll_output() is not None:
+            pass
+        assert len(srv.allocations) <= 3 and len(srv.by_relayed) == len(srv.allocations)
+        for alloc in srv.allocations.values():
+            assert len(alloc.channels) <= 2 and len(alloc.permissions) <= 2
+        now += (sel >> 3 & 3) * 100.0
+        srv.handle_timeout(now)
+
+
 TARGETS: dict[str, Target] = {
     "stun": stun,
     "ufrag": ufrag,
@@ -777,4 +890,6 @@ TARGETS: dict[str, Target] = {
     "sip_stream": sip_stream,
     "sip_endpoint": sip_endpoint,
     "sdp_phone": sdp_phone,
+    "turn": turn,
+    "turn_parsers": turn_parsers,
 }
