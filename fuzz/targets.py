@@ -783,8 +783,9 @@ class _FuzzPorts:
     def __init__(self) -> None:
         self.next = 49152
 
-    def bind(self, family: int, client: tuple[str, int]) -> tuple[str, int] | None:
-        self.next += 1
+    def bind(self, family: int, client: tuple[str, int],
+             even: bool = False) -> tuple[str, int] | None:
+        self.next += 1 + (even and self.next % 2 == 0)
         if self.next % 5 == 0:
             return None  # sometimes out of ports: 508/440 paths
         return ("203.0.113.1", self.next) if family == 1 else ("2001:db8::1", self.next)

@@ -15,9 +15,11 @@ ChannelData is TURN's 4-byte alternative to a Send/Data indication once a channe
     |                               |
     +-------------------------------+
 
-* Channel numbers are 0x4000-0x4FFF (§12: 0x5000-0xFFFF are reserved so that a ChannelData
-  first byte, 0x40-0x4F, never collides with DTLS or RTP, RFC 7983 §7); a number outside that
-  range is refused (``channel-range``).
+* Channel numbers are 0x4000-0x7FFF, the range of RFC 5766 §11 that clients still use
+  (coturn's ``turnutils_uclient`` picks them at random in it), although RFC 8656 §12 narrowed
+  it to 0x4000-0x4FFF: 0x5000-0x7FFF overlap QUIC's first bytes (RFC 9443), and the media
+  port carries no QUIC, so ChannelData (first byte 0x40-0x7F) still collides with nothing
+  there. A number outside 0x4000-0x7FFF is refused (``channel-range``).
 * ``Length`` counts the application data only. Over UDP padding is optional and a datagram
   may be longer than ``4 + Length`` (the rest is ignored); it must not be shorter (§12.5:
   "the ChannelData message ... is discarded").
@@ -48,7 +50,7 @@ __all__ = [
 ]
 
 CHANNEL_MIN = 0x4000
-CHANNEL_MAX = 0x4FFF
+CHANNEL_MAX = 0x7FFF  # RFC 5766 §11 (RFC 8656 §12: 0x4FFF), see above
 #: Largest message a TURN stream may carry here: a STUN message or a ChannelData message
 #: holding one relayed datagram of the relay's size (filter.MAX_DATAGRAM) with room to spare.
 STREAM_MAX = 4096
@@ -57,7 +59,7 @@ STREAM_MAX = 4096
 def parse_channel_data_untrusted(buf: bytes | bytearray | memoryview) -> tuple[int, int]:
     """``(channel, length)`` of a ChannelData message; the data is ``buf[4:4+length]``.
     Raises only :class:`TurnError` (a datagram shorter than its header says, a first byte
-    that is not 0x40-0x4F)."""
+    that is not 0x40-0x7F)."""
     n = len(buf)
     if n < 4:
         raise TurnError("shorter than a ChannelData header", hint="channel-short")

@@ -3,8 +3,9 @@ rule 7: demultiplex by the first bytes, never by a parser failing).
 
 The relay's public port carries ICE STUN, DTLS, RTP/RTCP (RFC 7983) and, with TURN on, TURN:
 
-* **ChannelData** — first byte 0x40-0x4F (RFC 8656 §12, RFC 7983 §7 "TURN Channel"): a range
-  no other protocol on the port uses, so the first byte alone decides.
+* **ChannelData** — first byte 0x40-0x7F (channels 0x4000-0x7FFF, RFC 5766 §11; RFC 8656
+  §12 and RFC 7983 §7 keep 0x40-0x4F and give the rest to QUIC, which this port does not
+  carry): a range no other protocol on the port uses, so the first byte alone decides.
 * **TURN's STUN messages** — first byte 0x00-0x03 like every STUN message, so the first *two*
   bytes decide: the message type (RFC 8489 §5) of an Allocate, Refresh, CreatePermission or
   ChannelBind request or a Send indication (RFC 8656 §18). ICE's Binding requests, the only
@@ -26,8 +27,8 @@ CLIENT_TYPES = frozenset(
         Method.ALLOCATE, Method.REFRESH, Method.CREATE_PERMISSION, Method.CHANNEL_BIND)]
     + [message_type(Method.SEND, Class.INDICATION)]
 )
-#: ``TURN_FIRST[b]``: a datagram starting with ``b`` is ChannelData (0x40-0x4F).
-TURN_FIRST = bytes(1 if 0x40 <= b <= 0x4F else 0 for b in range(256))
+#: ``TURN_FIRST[b]``: a datagram starting with ``b`` is ChannelData (0x40-0x7F).
+TURN_FIRST = bytes(1 if 0x40 <= b <= 0x7F else 0 for b in range(256))
 #: ``TURN_TYPE[t]``: a STUN message of type ``t`` (its first two bytes) is a TURN client's.
 TURN_TYPE = bytes(1 if t in CLIENT_TYPES else 0 for t in range(0x10000))
 

@@ -2,7 +2,8 @@
 
 Implemented: §7 Allocate (with §7.2's checks: REQUESTED-TRANSPORT UDP only, REQUESTED-
 ADDRESS-FAMILY, ADDITIONAL-ADDRESS-FAMILY answered with ADDRESS-ERROR-CODE 440, DONT-FRAGMENT
-accepted, EVEN-PORT and RESERVATION-TOKEN refused 508), §8 Refresh (lifetime 0 deletes),
+accepted, EVEN-PORT honoured without a reservation, EVEN-PORT with R and RESERVATION-TOKEN
+refused 508), §8 Refresh (lifetime 0 deletes),
 §9 permissions (per peer IP, 300 s), §10 CreatePermission, §11 Send and Data indications,
 §12 channels (ChannelBind, 600 s bindings, the 5-minute rebinding rule of §12, ChannelData
 both ways, padded on streams), long-term credentials (RFC 8489 §9.2) in the TURN REST API
@@ -12,8 +13,9 @@ nonces with expiry (438 Stale Nonce), FINGERPRINT echoed on responses.
 
 Deliberately omitted: TCP allocations (RFC 6062 Connect/ConnectionBind), dual allocations
 (one family per allocation: an ADDITIONAL-ADDRESS-FAMILY request gets ADDRESS-ERROR-CODE),
-EVEN-PORT/RESERVATION-TOKEN (508), USERHASH (no username anonymity is offered), ICMP
-attributes (the shell does not read ICMP errors), the 40-second response cache of RFC 8489
+reservations (508), USERHASH (no username anonymity is offered), ICMP
+attributes (the shell does not read ICMP errors), port reservations (EVEN-PORT's R bit,
+RESERVATION-TOKEN: 508), the 40-second response cache of RFC 8489
 §6.3.4 (Allocate retransmissions are recognised by transaction id, §7.2; Refresh,
 CreatePermission and ChannelBind are idempotent).
 
@@ -195,10 +197,10 @@ Output: TypeAlias = Transmit | PeerData | AllocationCreated | AllocationEnded
 
 class RelayPorts(Protocol):
     """The shell's relayed addresses: ``bind`` one of ``family`` (1 IPv4, 2 IPv6) for
-    ``client`` now, or None when there is none; released when :class:`AllocationEnded`
-    names it."""
+    ``client`` now — on an even port with ``even`` (EVEN-PORT, RFC 8656 §7.2) — or None when
+    there is none; released when :class:`AllocationEnded` names it."""
 
-    def bind(self, family: int, client: Addr) -> Addr | None: ...
+    def bind(self, family: int, client: Addr, even: bool = False) -> Addr | None: ...
 
 
 # --- configuration ------------------------------------------------------------------------
@@ -700,7 +702,8 @@ class TurnServer:
         if additional is not None and additional != FAMILY_V6:
             self._answer(msg, auth, addr, local, code=400)  # §7.2: only IPv6 may be added
             return
-        if msg.has(AttrType.RESERVATION_TOKEN) or msg.has(AttrType.EVEN_PORT):
+        even = msg.get(AttrType.EVEN_PORT)
+        if msg.has(AttrType.RESERVATION_TOKEN) or even == 1:
             self._answer(msg, auth, addr, local, code=508)  # no reservations here
             return
         fam = FAMILY_V4 if family is None else family
@@ -718,7 +721,7 @@ class TurnServer:
             self._answer(msg, auth, addr, local, code=508)
             return
         lifetime = self._lifetime(msg, refresh=False)
-        relayed = self.ports.bind(fam, addr)
+        relayed = self.ports.bind(fam, addr, even=even == 0)
         if relayed is None:
             self._answer(msg, auth, addr, local, code=440 if family is not None else 508)
             return
@@ -787,16 +790,18 @@ class TurnServer:
     # -- permissions and channels (§10.2, §11.2) -------------------------------------------------
 
     def _peer_allowed(self, peer: Addr, family: int) -> bool:
-        """Whether data may be relayed to ``peer`` from an allocation of ``family``."""
+        """Whether data may be relayed to ``peer`` from an allocation of ``family``: our own
+        media address exactly, or any port inside an operator's network. (A permission for
+        our IP does not open its other ports.)"""
         ip = _canonical_ip(peer[0])
         if ip is None or not self._ip_allowed(ip, family) or not 0 < peer[1] <= 0xFFFF:
             return False
-        if str(ip) in self._own_ips:
-            return (str(ip), peer[1]) in self.config.own  # our IP: only our media port
-        return True
+        return (str(ip), peer[1]) in self.config.own or \
+            any(ip in net for net in self.config.peers)
 
     def _ip_allowed(self, ip: ipaddress.IPv4Address | ipaddress.IPv6Address,
                     family: int) -> bool:
+        """Whether a permission may be installed for ``ip`` (RFC 8656 §9: per IP)."""
         if (ip.version == 4) != (family == FAMILY_V4):
             return False
         if ip.is_multicast or ip.is_unspecified or str(ip) == "255.255.255.255":

@@ -26,7 +26,7 @@ def test_channel_data_known_bytes() -> None:
     assert encode_channel_data(0x4FFF, b"abcd", pad=True) == b"\x4f\xff\x00\x04abcd"
     assert channel_data_header(0x4000, 0) == b"\x40\x00\x00\x00"
     with pytest.raises(ValueError, match="range"):
-        channel_data_header(0x5000, 1)
+        channel_data_header(0x8000, 1)
 
 
 def test_parse_channel_data() -> None:
@@ -34,7 +34,7 @@ def test_parse_channel_data() -> None:
     # Over UDP trailing padding is allowed and ignored (§12.5).
     assert parse_channel_data_untrusted(b"\x40\x01\x00\x03abc\x00") == (0x4001, 3)
     for bad, hint in ((b"\x40\x01\x00", "channel-short"), (b"\x40\x01\x00\x04abc", "channel-short"),
-                      (b"\x50\x00\x00\x00", "channel-range"), (b"\x7f\xff\x00\x00", "channel-range")):
+                      (b"\x80\x00\x00\x00", "channel-range"), (b"\x3f\xff\x00\x00", "channel-range")):
         with pytest.raises(TurnError) as exc:
             parse_channel_data_untrusted(bad)
         assert exc.value.hint == hint
@@ -45,7 +45,8 @@ def test_demux_tells_turn_from_ice_dtls_and_rtp() -> None:
     assert is_turn(b"\x40\x00\x00\x00")
     assert is_turn(b"\x00\x16")  # Send indication
     ice = Message(Method.BINDING, Class.REQUEST, bytes(12)).encode()
-    for other in (ice, b"\x01\x01", b"\x16\xfe\xfd", b"\x80\x6f", b"\x50\x00", b"", b"\x00"):
+    assert is_turn(b"\x7f\xff\x00\x00")  # RFC 5766's range
+    for other in (ice, b"\x01\x01", b"\x16\xfe\xfd", b"\x80\x6f", b"\x3f\x00", b"", b"\x00"):
         assert not is_turn(other), other
     # Responses and Data indications are the server's, never a client's.
     assert not is_turn(b"\x01\x03") and not is_turn(b"\x00\x17")

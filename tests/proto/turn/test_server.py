@@ -300,7 +300,7 @@ def test_allocate_retransmission_is_answered_again_and_another_is_437() -> None:
     ((), 400),  # no REQUESTED-TRANSPORT
     (((AttrType.REQUESTED_TRANSPORT, 6),), 442),  # TCP
     (((AttrType.REQUESTED_TRANSPORT, 17), (AttrType.REQUESTED_ADDRESS_FAMILY, 3)), 440),
-    (((AttrType.REQUESTED_TRANSPORT, 17), (AttrType.EVEN_PORT, 1)), 508),
+    (((AttrType.REQUESTED_TRANSPORT, 17), (AttrType.EVEN_PORT, 1)), 508),  # R: reserve
     (((AttrType.REQUESTED_TRANSPORT, 17), (AttrType.RESERVATION_TOKEN, bytes(8))), 508),
     (((AttrType.REQUESTED_TRANSPORT, 17), (AttrType.RESERVATION_TOKEN, bytes(8)),
       (AttrType.REQUESTED_ADDRESS_FAMILY, 1)), 400),
@@ -318,6 +318,14 @@ def test_allocate_refusals(extra: tuple[tuple[AttrType, object], ...], code: int
     assert not srv.allocations
     # An error to an authenticated request is signed (RFC 8489 §9.2.4).
     assert msg is not None and msg.has(AttrType.MESSAGE_INTEGRITY)
+
+
+def test_even_port_without_reservation_is_honoured() -> None:
+    srv, ports = server()
+    ports.bound.clear()
+    next(ports.ports)  # the next one would be odd
+    ok = allocate(srv, Client(), extra=((AttrType.EVEN_PORT, 0),))
+    assert ok is not None and ok.msg_class == Class.SUCCESS and relayed_of(ok)[1] % 2 == 0
 
 
 def test_ipv6_and_dual_allocation_requests() -> None:
@@ -526,7 +534,7 @@ def test_channel_bind_and_channel_data_both_ways() -> None:
     # Unbound channel, short datagram, reserved number: dropped and counted.
     for junk, reason in ((encode_channel_data(0x4002, b"x"), "turn-channel-unbound"),
                          (b"\x40\x01\x00\x09abc", "turn-channel-short"),
-                         (b"\x50\x00\x00\x00", "turn-channel-range")):
+                         (b"\x80\x00\x00\x00", "turn-not-turn")):
         srv.handle_input(NOW, junk, c.addr, c.local)
         assert drain(srv) == [] and srv.counters.drops[reason] == 1
 
@@ -561,12 +569,23 @@ def test_stream_clients_get_padded_channel_data() -> None:
     assert srv.channel_header(NOW, relayed, OWN, 5) is None  # padding needed: slow form
 
 
-@pytest.mark.parametrize("number", [0x3FFF, 0x5000, 0x7FFF])
+@pytest.mark.parametrize("number", [0x3FFF, 0x8000, 0xFFFF])
 def test_channel_numbers_outside_the_range_are_400(number: int) -> None:
     srv, c, _ = _allocated()
     assert _error(exchange(srv, c, Method.CHANNEL_BIND,  # type: ignore[arg-type]
                            ((AttrType.CHANNEL_NUMBER, number),
                             (AttrType.XOR_PEER_ADDRESS, OWN)))) == 400
+
+
+def test_rfc5766_channel_numbers_are_accepted() -> None:
+    """coturn's turnutils_uclient binds channels at random in 0x4000-0x7FFF (RFC 5766 §11);
+    RFC 8656 narrowed that to 0x4FFF for QUIC's sake, which this port does not carry."""
+    srv, c, relayed = _allocated()
+    assert _error(exchange(srv, c, Method.CHANNEL_BIND,  # type: ignore[arg-type]
+                           ((AttrType.CHANNEL_NUMBER, 0x7860),
+                            (AttrType.XOR_PEER_ADDRESS, OWN)))) is None
+    srv.handle_input(NOW, encode_channel_data(0x7860, b"x"), c.addr, c.local)  # type: ignore[attr-defined]
+    assert len(peer_data(drain(srv))) == 1  # type: ignore[arg-type]
 
 
 def test_channel_bind_to_our_ip_on_another_port_is_403() -> None:

@@ -48,10 +48,13 @@ class FakePorts:
         self.full = False
         self.bound: list[tuple[int, Addr]] = []
 
-    def bind(self, family: int, client: Addr) -> Addr | None:
+    def bind(self, family: int, client: Addr, even: bool = False) -> Addr | None:
         if self.full:
             return None
-        addr = ("192.0.2.1", next(self.ports)) if family == 1 else ("2001:db8::1", next(self.ports))
+        port = next(self.ports)
+        if even and port % 2:
+            port = next(self.ports)
+        addr = ("192.0.2.1", port) if family == 1 else ("2001:db8::1", port)
         self.bound.append((family, addr))
         return addr
 
