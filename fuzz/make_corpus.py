@@ -524,6 +524,21 @@ def turn_seeds() -> dict[str, bytes]:
     }
 
 
+def relay_turn_seeds() -> dict[str, bytes]:
+    m = _turn_messages()
+    # First byte: bit 7 re-sign; bit 6 wrap the body as TURN data to our media address
+    # (bit 4: ChannelData, else a Send indication; bit 5: the body is a valid ICE check);
+    # % 3 picks the client (0x80, 0x71, 0x62, 0x50, 0x41 are all the same one).
+    return {
+        "allocate-bind-media": join_datagrams([
+            b"\x80" + m["allocate"], b"\x80" + m["channel-bind"],
+            b"\x71", b"\x50" + b"\x80\x6f media", b"\x62"]),
+        "permission-send": join_datagrams([b"\x80" + m["allocate"], b"\x80" + m["permission-own"],
+                                           b"\x62", b"\x41" + b"\x16\xfe\xfd hello"]),
+        "raw": join_datagrams([b"\x00" + m["allocate-chromium"], b"\x00" + m["channel-data"]]),
+    }
+
+
 def turn_parser_seeds() -> dict[str, bytes]:
     m = _turn_messages()
     return {
@@ -560,6 +575,7 @@ SEEDS = {
     "sdp_phone": sdp_phone_seeds,
     "turn": turn_seeds,
     "turn_parsers": turn_parser_seeds,
+    "relay_turn": relay_turn_seeds,
 }
 
 

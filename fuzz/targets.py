@@ -21,6 +21,7 @@ before each datagram (a short tail is the last datagram).
 from __future__ import annotations
 
 import functools
+import ipaddress
 import struct
 from collections.abc import Callable
 
@@ -93,7 +94,9 @@ from appliance.proto.sip.ua import IncomingCall
 from appliance.proto.stun import (
     MAX_AMPLIFICATION,
     AttrType,
+    Class,
     Message,
+    Method,
     StunError,
     binding_request,
     long_term_key,
@@ -107,6 +110,7 @@ from appliance.proto.turn import (
     TurnConfig,
     TurnError,
     TurnServer,
+    encode_channel_data,
     is_turn,
     mint_rest_credential,
     parse_channel_data_untrusted,
@@ -115,7 +119,10 @@ from appliance.proto.turn import (
 from appliance.proto.turn import StreamFramer as TurnStreamFramer
 from appliance.proto.turn import Transmit as TurnTransmit
 from appliance.proto.ufrag import UfragCodec, UfragError
-from appliance.relay.core import CoreConfig, Flow, RelayCore
+from appliance.relay.core import TURN_HOP, CoreConfig, Flow, RelayCore, Relayed
+from appliance.relay.transport import Transport as RelayTransport
+from appliance.relay.transport import UdpSink
+from appliance.relay.turn import TurnGate, TurnSettings, own_media_map
 
 Target = Callable[[bytes], None]
 
@@ -867,6 +874,71 @@ def turn(data: bytes) -> None:
         srv.handle_timeout(now)
 
 
+class _FuzzSockets(_FuzzPorts):
+    def close(self, relayed: tuple[str, int]) -> None:
+        pass
+
+    def send(self, relayed: tuple[str, int], peer: tuple[str, int], data: memoryview) -> None:
+        assert peer[0].startswith("10."), f"relayed to {peer}, outside --turn-peer"
+
+
+def relay_turn(data: bytes) -> None:
+    """``RelayCore.handle_datagram`` with TURN attached (relay/turn.py): the same datagram
+    modes as ``turn`` (raw, re-signed, and a body wrapped as ChannelData on channel 0x4000,
+    or as a Send indication to our media address, carrying a Binding request with a valid
+    minted ufrag), through the relay's routing. Invariants: never raises; an unsigned answer
+    is at most the request + 32 bytes; a :class:`Relayed` slice lies inside the datagram and
+    its flow's client is a relayed address through ``TURN_HOP``; nothing is sent to a peer
+    outside --turn-peer; the flow table stays capped."""
+    core = RelayCore(CoreConfig(secrets=(SECRET,), transceivers={0: ("127.0.0.1", 4000)},
+                                max_flows=3))
+    core.sinks[(RelayTransport.UDP, _PUBLIC)] = UdpSink(_PUBLIC, lambda b, p: (len(p), 0, 0))
+    settings = TurnSettings(secrets=(TURN_SECRET,), max_allocations=3, max_per_source=2,
+                            peers=(ipaddress.ip_network("10.0.0.0/8"),))
+    gate = TurnGate(core, settings, own_media_map([], [_PUBLIC]), _FuzzSockets(),
+                    unix_offset=0.0)
+    srv = gate.server
+    key = long_term_key(TURN_CRED.username, settings.realm, TURN_CRED.password)
+    check = binding_request(bytes(12), username=CODEC.mint(cluster=0, transceiver=0,
+                                                           nonce=bytes(7)) + ":fuzz")
+    now = NOW
+    for d in split_datagrams(data, limit=24):
+        if not d:
+            continue
+        sel, body = d[0], d[1:]
+        client = _TURN_CLIENTS[sel % 3]
+        raw = body
+        if sel & 0x40:
+            inner = check if sel & 0x20 else body
+            raw = (encode_channel_data(0x4000, inner) if sel & 0x10 else
+                   Message(Method.SEND, Class.INDICATION, bytes(12), (
+                       (AttrType.XOR_PEER_ADDRESS, _PUBLIC), (AttrType.DATA, inner),
+                   )).encode(fingerprint=False))
+        elif sel & 0x80:
+            try:
+                msg = Message.parse_untrusted(body)
+                attrs = tuple((t, v) for t, v in msg.attributes if t not in _AUTH_ATTRS)
+                attrs += ((AttrType.USERNAME, TURN_CRED.username),
+                          (AttrType.REALM, settings.realm),
+                          (AttrType.NONCE, srv.nonces.mint(now, client, cookie=False)))
+                raw = Message(msg.method, msg.msg_class, msg.transaction_id, attrs).encode(key)
+            except (StunError, LocalProtocolError):
+                raw = body
+        res = core.handle_datagram(now, client, raw, _PUBLIC)
+        if isinstance(res, bytes):
+            answer = Message.parse_untrusted(res) if res[:1] in (b"\x00", b"\x01") else None
+            if answer is not None and not answer.has(AttrType.MESSAGE_INTEGRITY):
+                assert len(res) <= len(raw) + MAX_AMPLIFICATION, "TURN in the relay amplifies"
+        elif isinstance(res, Relayed):
+            assert 0 <= res.offset and res.offset + res.length <= len(raw)
+            assert res.flow.upstream is TURN_HOP and res.flow.client in srv.by_relayed
+        for sink in core.sinks.values():
+            sink.pending.clear()
+        assert len(core.flows) <= 3 and len(srv.allocations) <= 3
+        now += (sel >> 2 & 3) * 200.0
+        gate.sweep(now)
+
+
 TARGETS: dict[str, Target] = {
     "stun": stun,
     "ufrag": ufrag,
@@ -893,4 +965,5 @@ TARGETS: dict[str, Target] = {
     "sdp_phone": sdp_phone,
     "turn": turn,
     "turn_parsers": turn_parsers,
+    "relay_turn": relay_turn,
 }
