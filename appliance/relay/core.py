@@ -158,6 +158,10 @@ class TurnHandler(Protocol):
 
     def back(self, now: float, flow: Flow, buf: memoryview, q: int, size: int) -> None: ...
 
+    def has_allocation(self, client: Address, public: Address) -> bool: ...
+
+    def closed(self, now: float, client: Address, public: Address) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Route:

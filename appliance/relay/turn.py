@@ -58,6 +58,7 @@ from dataclasses import dataclass
 import trio
 
 from ..netio.sockets import family_of
+from ..proto.proxy import StreamAddr
 from ..proto.ratelimit import Gcra
 from ..proto.turn import (
     AllocationCreated,
@@ -296,15 +297,12 @@ class TurnGate:
     def handle(self, now: float, client: Address, data: bytes | bytearray | memoryview,
                public: Address, transport: Transport) -> Flow | bytes | Relayed | None:
         c = self.core.counters
-        if transport is not Transport.UDP:
-            c.drop("turn-transport")  # TURN over TCP/TLS: not on this path (yet)
-            return None
         srv = self.server
         if data[0] < 0x40 and (client, public) not in srv.allocations and \
                 not self._unknown.allow(now):
             c.drop("stun-overload")
             return None
-        srv.handle_input(now, data, client, public)
+        srv.handle_input(now, data, client, public, stream=transport is Transport.TCP)
         result: Flow | bytes | Relayed | None = None
         while (out := srv.poll_output()) is not None:
             if type(out) is PeerData:
@@ -339,8 +337,13 @@ class TurnGate:
             return tx.data if isinstance(tx, Transmit) else None
         return None
 
+    def _sink(self, out: Transmit) -> ReturnSink | None:
+        # A TCP client's address is a StreamAddr (relay/tcp.py): its sink is its listener's.
+        tp = Transport.TCP if isinstance(out.dest, StreamAddr) else Transport.UDP
+        return self.sinks.get((tp, out.local))
+
     def _send(self, out: Transmit) -> None:
-        sink = self.sinks.get((Transport.UDP, out.local))
+        sink = self._sink(out)
         if sink is None:
             self.core.counters.drop("turn-no-sink")
             return
@@ -395,7 +398,7 @@ class TurnGate:
         touched: list[ReturnSink] = []
         while (out := srv.poll_output()) is not None:
             if type(out) is Transmit:
-                sink = self.sinks.get((Transport.UDP, out.local))
+                sink = self._sink(out)
                 if sink is not None:
                     sink.pending.append((out.data, 0, 0, out.dest))
                     touched.append(sink)
@@ -410,6 +413,18 @@ class TurnGate:
                 c.bytes_out += nbytes
                 if failed:
                     c.drop("send-failed", failed)
+
+    # -- TCP connections (relay/tcp.py) ------------------------------------------------------
+
+    def has_allocation(self, client: Address, public: Address) -> bool:
+        return (client, public) in self.server.allocations
+
+    def closed(self, now: float, client: Address, public: Address) -> None:
+        """A TURN-over-TCP connection ended: so does its allocation."""
+        self.server.close(now, client, public)
+        while (out := self.server.poll_output()) is not None:
+            if type(out) is not Transmit:
+                self._event(out)
 
     # -- time -------------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """coturn's ``turnutils_uclient`` (Debian ``coturn``), an independent TURN client, against
-the relay's TURN over UDP (issue 40 items 1 and 6).
+the relay's TURN over UDP and over TCP (the media port's TCP listener, ``-t``) (issue 40
+items 1 and 6).
 
 A relay worker runs here with ``--turn``, a REST API shared secret and ``--turn-peer
 127.0.0.1/32`` (the peers are coturn's echo server ``turnutils_peer`` and, with ``-y``, the
@@ -62,19 +63,22 @@ async def _echo_peer(nursery: trio.Nursery) -> int:
                     await trio.sleep(0.05)  # not bound yet: ICMP came back at once
 
 
-@pytest.mark.parametrize("flags", [[], ["-s"], ["-y", "-m", "2"], ["-g", "-m", "3"]],
+@pytest.mark.parametrize("flags", [[], ["-s"], ["-y", "-m", "2"], ["-g", "-m", "3"],
+                                   ["-t"], ["-t", "-s"]],
                          ids=["channel-data", "send-indications", "client-to-client",
-                              "dont-fragment-3-clients"])
+                              "dont-fragment-3-clients", "tcp-channel-data",
+                              "tcp-send-indications"])
 async def test_uclient_relays_through_our_turn_with_no_loss(
         nursery: trio.Nursery, flags: list[str]) -> None:
     print(f"coturn {_coturn_version()}")
     relay: RelayHandle = await nursery.start(serve_relay, RelayConfig(
         secrets=(b"routing-secret-for-the-uclient-test",), listen=(("127.0.0.1", 0),),
-        turn=TurnSettings(secrets=(SECRET.encode(),),
+        tcp=(("127.0.0.1", 0),), turn=TurnSettings(secrets=(SECRET.encode(),),
                           peers=(ipaddress.ip_network("127.0.0.1/32"),))))
     peer_port = await _echo_peer(nursery)
     assert UCLIENT is not None
-    argv = [UCLIENT, *flags, "-p", str(relay.public[0][1]), "-W", SECRET, "-u", "uclient",
+    port = relay.tcp[0][1] if "-t" in flags else relay.public[0][1]
+    argv = [UCLIENT, *flags, "-p", str(port), "-W", SECRET, "-u", "uclient",
             "-e", "127.0.0.1", "-r", str(peer_port), "-n", str(MESSAGES), "-l", "172", "-c",
             "-X", "127.0.0.1"]
     with trio.fail_after(90):
@@ -91,3 +95,5 @@ async def test_uclient_relays_through_our_turn_with_no_loss(
     assert counters["turn_peer_sends"] >= MESSAGES
     assert counters["turn_packets_from_peer"] >= MESSAGES
     assert "turn-integrity" not in counters["drops"]
+    if "-t" in flags:
+        assert counters["tcp_established"] >= 1

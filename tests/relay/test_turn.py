@@ -23,8 +23,10 @@ from relay.support import (
 )
 from relay.support import Client as UdpClient
 
+from appliance.proto.framing import encode_frame
 from appliance.proto.stun import AttrType, Class, Message, Method
 from appliance.proto.turn import (
+    StreamFramer,
     encode_channel_data,
     mint_rest_credential,
     parse_channel_data_untrusted,
@@ -52,6 +54,11 @@ def _client(sock: UdpClient, relay: RelayHandle) -> Client:
     cred = mint_rest_credential(SECRET, "sess", int(time.time()) + 3600)
     return Client(addr=sock.address, local=relay.public[0], username=cred.username,
                   password=cred.password)
+
+
+def _tcp_client() -> Client:
+    cred = mint_rest_credential(SECRET, "sess", int(time.time()) + 3600)
+    return Client(username=cred.username, password=cred.password)
 
 
 async def _allocated(relay: RelayHandle) -> tuple[UdpClient, Client, tuple[str, int]]:
@@ -163,3 +170,76 @@ async def test_turn_is_off_unless_configured(nursery: trio.Nursery,
     # Junk like any malformed first packet: no answer, counted.
     await eventually(lambda: relay.stats()["counters"]["drops"].get("stun-malformed") == 1)
     assert "turn_requests" not in relay.stats()["counters"]
+
+
+class TurnTcp:
+    """A TURN-over-TCP client connection: STUN and padded ChannelData back to back, no
+    RFC 4571 prefix (RFC 8656 §12.5)."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.framer = StreamFramer()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        name = self.stream.socket.getsockname()
+        return (name[0], name[1])
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def recv(self, within: float = 5.0) -> bytes:
+        with trio.fail_after(within):
+            while (msg := self.framer.poll_output()) is None:
+                data = await self.stream.receive_some(65536)
+                if not data:
+                    raise EOFError("relay closed the connection")
+                self.framer.handle_input(data)
+        return msg
+
+
+async def test_turn_over_tcp_on_the_ice_tcp_port(nursery: trio.Nursery,
+                                                 start_relay: StartRelay) -> None:
+    """A TURN client over TCP (the media port's TCP listener) relays UDP to our media
+    address in-process; what comes back is padded ChannelData without RFC 4571 prefixes; the
+    allocation ends with the connection. An ICE-TCP connection on the same port still works."""
+    t = await open_transceiver(nursery)
+    relay = await start_relay(transceivers={0: t.address}, tcp=(("127.0.0.1", 0),),
+                              turn=TurnSettings(secrets=(SECRET,)))
+    own = relay.public[0]  # the UDP media address: what the answer's candidate names
+    stream = await trio.open_tcp_stream(*relay.tcp[0])
+    OPEN_SOCKETS.append(stream.socket)
+    conn = TurnTcp(stream)
+    c = _tcp_client()
+
+    async def ask(method: Method, attrs: tuple[tuple[AttrType, object], ...] = ()) -> Message:
+        for _ in range(2):
+            await conn.send(c.request(method, attrs))  # type: ignore[arg-type]
+            msg = c.learn(await conn.recv())
+            if msg.msg_class == Class.SUCCESS:
+                return msg
+        raise AssertionError(msg.error_code)
+
+    relayed = relayed_of(await ask(Method.ALLOCATE, ((AttrType.REQUESTED_TRANSPORT, 17),)))
+    await ask(Method.CHANNEL_BIND, ((AttrType.CHANNEL_NUMBER, 0x4000),
+                                    (AttrType.XOR_PEER_ADDRESS, own)))
+    first = check(ufrag())  # 4-byte padding follows it on the stream when needed
+    await conn.send(encode_channel_data(0x4000, first, pad=True))
+    got = await conn.recv()  # the echo
+    assert got == encode_channel_data(0x4000, first)
+    assert (t.got[-1].client, t.got[-1].public, t.got[-1].payload) == (relayed, own, first)
+    odd = b"\x80\x6f" + bytes(101)  # 103 bytes: one byte of padding each way
+    await conn.send(encode_channel_data(0x4000, odd, pad=True))
+    assert await conn.recv() == encode_channel_data(0x4000, odd)
+    assert relay.stats()["counters"]["tcp_established"] == 1
+
+    await stream.aclose()
+    await eventually(lambda: relay.stats()["counters"].get("turn_allocations_closed") == 1)
+    assert relayed not in relay.core.flows
+
+    # ICE-TCP (RFC 4571 frames) on the same listener is told apart and unaffected.
+    ice = await trio.open_tcp_stream(*relay.tcp[0])
+    OPEN_SOCKETS.append(ice.socket)
+    await ice.send_all(encode_frame(check(ufrag())))
+    await eventually(lambda: len(t.got) == 3)
+    assert t.got[-1].public == relay.tcp[0]  # arrived as ICE-TCP

@@ -184,8 +184,8 @@ class AllocationCreated:
 
 @dataclass(frozen=True, slots=True)
 class AllocationEnded:
-    """The allocation at ``relayed`` is gone (``reason``: ``expired``, ``deleted``): the
-    shell releases the address."""
+    """The allocation at ``relayed`` is gone (``reason``: ``expired``, ``deleted``,
+    ``closed`` — its TCP connection ended): the shell releases the address."""
 
     relayed: Addr
     client: Addr
@@ -432,6 +432,13 @@ class TurnServer:
             )).encode(fingerprint=False)
         self.counters.add("turn_packets_from_peer")
         self._transmits.append(Transmit(alloc.client, out, alloc.local))
+
+    def close(self, now: float, addr: Addr, local: Addr = ("", 0)) -> None:
+        """The TCP/TLS connection from ``addr`` to ``local`` closed: its allocation goes with
+        it (RFC 8656 §3.1: a TCP-carried allocation lives as long as its connection)."""
+        alloc = self.allocations.get((addr, local))
+        if alloc is not None:
+            self._delete(alloc, "closed")
 
     def channel_header(self, now: float, relayed: Addr, peer: Addr, length: int) -> tuple[
             Allocation, bytes] | None:

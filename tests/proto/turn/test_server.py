@@ -569,6 +569,20 @@ def test_stream_clients_get_padded_channel_data() -> None:
     assert srv.channel_header(NOW, relayed, OWN, 5) is None  # padding needed: slow form
 
 
+def test_closing_a_stream_client_deletes_its_allocation() -> None:
+    srv, _ = server()
+    c = Client()
+    learn(srv, c)
+    srv.handle_input(NOW, c.request(Method.ALLOCATE, ((AttrType.REQUESTED_TRANSPORT, 17),)),
+                     c.addr, c.local, stream=True)
+    relayed = relayed_of(c.learn(transmits(drain(srv))[0].data))
+    srv.close(NOW, ("203.0.113.50", 1), c.local)  # someone else's connection: nothing
+    assert srv.allocations
+    srv.close(NOW, c.addr, c.local)
+    assert events(drain(srv)) == [AllocationEnded(relayed, c.addr, "closed")]
+    assert not srv.allocations and srv.counters.counts["turn_allocations_closed"] == 1
+
+
 @pytest.mark.parametrize("number", [0x3FFF, 0x8000, 0xFFFF])
 def test_channel_numbers_outside_the_range_are_400(number: int) -> None:
     srv, c, _ = _allocated()
