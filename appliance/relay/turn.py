@@ -37,7 +37,7 @@ and a peer inside an operator's ``--turn-peer`` networks is reached through it. 
 networks nothing can legitimately arrive on a relayed socket, so it is not read and its
 receive buffer is shrunk to the minimum: junk sent to it costs a few kB per allocation.
 
-Counters (in the relay's ``stats``): ``turn_*`` (allocations created/expired/deleted,
+Counters (in the relay's ``stats``): ``turn_*`` (allocations created/expired/deleted/closed,
 requests, challenges, auth failures, packets to/from peers, ``turn_relayed_in`` /
 ``turn_relayed_out`` for our own media address, ``turn_peer_sends`` through sockets) and
 drops ``turn-*`` by reason.
@@ -440,9 +440,6 @@ class TurnGate:
                 self._send(out)  # pragma: no cover - timeouts send nothing today
             else:
                 self._event(out)
-
-    def stats(self) -> dict[str, int]:
-        return {"turn_allocations": len(self.server.allocations)}
 
 
 _EMPTY = bytearray(1)
