@@ -10,7 +10,8 @@ counters show every relayed datagram took the in-process path (``turn_relayed_in
 and none went out of a relayed socket (``turn_peer_sends``).
 
 Loopback only: `up` on 127.0.0.1 with a media port ≥ 1024 (Chromium does not relay to
-remote ports below 1024, issue 40 item 2). The page is the demo page, unchanged; an init
+remote ports below 1024, issue 40 item 2). Chromium reaches the TURN server over UDP, then over TCP (the media port's TCP
+listener). The page is the demo page, unchanged; an init
 script puts the TURN server (credentials minted here from the secret file given to `up`,
 as signaling will once item 3 is done) and the relay-only policy into every
 RTCPeerConnection it makes.
@@ -75,7 +76,11 @@ def _metric(page: Page, name: str) -> float:
                if line.startswith(f"appliance_relay_{name}"))
 
 
-def test_chromium_relay_only_call_through_our_turn(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["udp", "tcp"])
+def test_chromium_relay_only_call_through_our_turn(tmp_path: Path, transport: str) -> None:
+    """``transport``: how Chromium reaches the TURN server — UDP, or TCP to the same port
+    number (the ICE-TCP listener tells TURN from ICE-TCP); the relayed leg is UDP either
+    way."""
     secret_file = tmp_path / "turn.secret"
     secret_file.write_bytes(SECRET + b"\n")
     proc = Proc(["up", "--http", "127.0.0.1:0", "--udp", "127.0.0.1:0",
@@ -90,7 +95,8 @@ def test_chromium_relay_only_call_through_our_turn(tmp_path: Path) -> None:
         port = int(turn.group(1))
         assert port >= 1024
         cred = mint_rest_credential(SECRET, "chromium-test", int(time.time()) + 3600)
-        server = {"urls": f"turn:127.0.0.1:{port}?transport=udp", "username": cred.username,
+        server = {"urls": f"turn:127.0.0.1:{port}?transport={transport}",
+                  "username": cred.username,
                   "credential": cred.password}
         tone = write_tone_wav(tmp_path / "tone.wav")
         with sync_playwright() as p:
@@ -120,7 +126,8 @@ def test_chromium_relay_only_call_through_our_turn(tmp_path: Path) -> None:
                     pytest.fail(f"no echoed audio: {st}\n{''.join(proc.stderr)[-3000:]}")
                 print(f"selected pair: {st['local']} -> {st['remote']}")
                 assert st["dtls"] == "connected"
-                assert st["local"]["type"] == "relay" and st["local"]["relayProtocol"] == "udp"
+                assert st["local"]["type"] == "relay"
+                assert st["local"]["relayProtocol"] == transport
                 assert st["remote"]["port"] == port  # our media port, reached through TURN
                 relayed_in = _metric(page, "turn_relayed_in_total")
                 relayed_out = _metric(page, "turn_relayed_out_total")
