@@ -34,7 +34,9 @@ install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 # System packages the tests drive for real: Debian's Chromium, redis-server, iproute2, nftables
-# (the ICE-TCP test blocks UDP in a namespace with it), openssl,
+# (the ICE-TCP test blocks UDP in a namespace with it), openssl, coturn (its turnutils_uclient
+# and turnutils_peer test our TURN server; its own turnserver service is disabled at once, or
+# it would take UDP/TCP 3478, the appliance's default media port),
 # and node + npm (they bundle the official @openai/agents-realtime for the browser tests).
 # Installed only when one is missing, so a warm machine pays nothing; a Chromium older than
 # CHROMIUM_MIN (the oldest major the suite is known to work with, tests/peers.py) is
@@ -60,11 +62,14 @@ sysdeps:
 	command -v sipp >/dev/null || missing="$$missing sip-tester"; \
 	command -v baresip >/dev/null || missing="$$missing baresip"; \
 	command -v espeak-ng >/dev/null || missing="$$missing espeak-ng"; \
+	command -v turnutils_uclient >/dev/null || missing="$$missing coturn"; \
 	[ -e /usr/lib/$$(uname -m)-linux-gnu/libspeexdsp.so.1 ] || ldconfig -p 2>/dev/null | grep -q libspeexdsp.so.1 || missing="$$missing libspeexdsp1"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
+	  case " $$missing " in *" coturn "*) \
+	    $$SUDO systemctl disable --now coturn >/dev/null 2>&1 || true;; esac; \
 	fi
 
 up: install

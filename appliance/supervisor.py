@@ -131,6 +131,9 @@ DEFAULTS: dict[str, Any] = {
     "ice_tcp": True,
     "public_tcp_port": None,
     "https_on_media_port": False,
+    "turn": False,
+    "turn_secret_file": None,
+    "turn_peer": [],
     "record": False,
     "recording_quota": "1G",
     "recording_retention": "7d",
@@ -233,6 +236,11 @@ class UpConfig:
     #: one TCP port for HTTPS and ICE-TCP: the relays pass TLS connections to signaling
     https_on_media_port: bool = False
     relay_https: tuple[str, int] | None = None  # signaling's backend for it (proxied.py)
+    #: TURN on the media port (relay/turn.py, docs/turn.md): REST secret file (None: derived
+    #: from the routing secret) and extra peer networks
+    turn: bool = False
+    turn_secret_file: str | None = None
+    turn_peers: list[str] = field(default_factory=list)
     #: recordings (docs/recordings.md): every call unless it says otherwise, the state
     #: directory's recordings/ quota in bytes and how long a recording is kept
     record: bool = False
@@ -321,6 +329,14 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
     if cfg.https_on_media_port and not (cfg.ice_tcp and cfg.tls_cert):
         raise ValueError("--https-on-media-port needs ICE-TCP and --tls (or --tls-cert): the "
                          "relays tell HTTPS from ICE-TCP by the TLS record's first byte")
+    cfg.turn = bool(getattr(args, "turn", False))
+    secret_file = getattr(args, "turn_secret_file", None)
+    cfg.turn_secret_file = os.path.abspath(str(secret_file)) if secret_file else None
+    peers = getattr(args, "turn_peer", None) or []
+    cfg.turn_peers = [str(p) for p in (peers if isinstance(peers, list | tuple) else [peers])]
+    if cfg.turn and not turn_media(cfg):
+        raise ValueError("--turn needs a public address of the --udp address's family "
+                         "(--public-address): TURN clients and peers reach the relay by it")
     tcp_port = getattr(args, "public_tcp_port", None)
     if tcp_port is not None:
         cfg.public_tcp_port = int(tcp_port)
@@ -329,6 +345,13 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
     if child:
         cfg.child_command = child
     return cfg
+
+
+def turn_media(cfg: UpConfig) -> list[tuple[str, int]]:
+    """The media addresses TURN relays to in-process (and advertises relayed addresses on):
+    the public addresses of the --udp address's family, at its port."""
+    v6 = ":" in cfg.udp[0]
+    return [(a, cfg.udp[1]) for a in cfg.public_addresses if (":" in a) == v6]
 
 
 def _control_dir(state_dir: Path) -> tuple[Path, bool]:
@@ -382,7 +405,11 @@ def child_specs(cfg: UpConfig, secret: Path, control_dir: Path) -> tuple[list[Ch
                           secret_file=str(secret), control=control, redis=cfg.redis,
                           log_level=cfg.log_level, log_format=cfg.log_format,
                           tcp=[cfg.udp] if cfg.ice_tcp else [],
-                          tcp_https=_https_backend(cfg) if cfg.https_on_media_port else None)
+                          tcp_https=_https_backend(cfg) if cfg.https_on_media_port else None,
+                          turn=cfg.turn, turn_secret_file=cfg.turn_secret_file,
+                          media_addresses=turn_media(cfg) if cfg.turn else (),
+                          turn_relay_ips=[a for a, _ in turn_media(cfg)] if cfg.turn else (),
+                          turn_peers=cfg.turn_peers)
         # A warm standby (fork template) per worker: SIGKILL of a worker costs a few tens of ms, not a
         # Python start-up (docs/reliability.md "Relay worker failover").
         relays.append(ChildSpec("relay", str(w), argv, control, standby=True))
@@ -455,6 +482,11 @@ async def up(
                 tcp = ", ".join(format_hostport((a, port)) for a in cfg.public_addresses)
                 print(f"media: ICE-TCP {tcp} (listening on {format_hostport(cfg.udp)})",
                       flush=True)
+            if cfg.turn:
+                turn = ", ".join(f"turn:{format_hostport(a)}" for a in turn_media(cfg))
+                print(f"TURN (UDP): {turn}, REST API credentials from "
+                      f"{cfg.turn_secret_file or 'a secret derived from the routing secret'}",
+                      flush=True)
             if cfg.https_on_media_port:
                 print(f"HTTPS also on the media port: https://{format_hostport((cfg.public_addresses[0], cfg.public_tcp_port or cfg.udp[1]))}/",
                       flush=True)
@@ -506,6 +538,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "connection whose first byte starts a TLS record goes to "
                              "signaling, an RFC 4571 frame to ICE-TCP): e.g. --udp "
                              "0.0.0.0:443 for a network that opens only 443")
+    parser.add_argument("--turn", action="store_true", default=None,
+                        help="TURN server on the relays' UDP port (docs/turn.md): for clients "
+                             "restricted to relayed candidates; their media to this "
+                             "appliance never leaves the host. Credentials in the TURN REST "
+                             "API form (username expiry:id, password base64 HMAC-SHA1)")
+    parser.add_argument("--turn-secret-file", metavar="F", default=None,
+                        help="with --turn: the REST API shared secret(s), one per line "
+                             "(coturn's static-auth-secret form; default: derived from the "
+                             "routing secret)")
+    parser.add_argument("--turn-peer", action="append", metavar="CIDR", default=None,
+                        help="with --turn: also relay to peers in this network (repeatable; "
+                             "default: only this appliance's own media addresses)")
     parser.add_argument("--transceivers", type=int, metavar="N", default=None,
                         help="number of transceiver processes (default 2)")
     parser.add_argument("--relay-workers", type=int, metavar="M", default=None,

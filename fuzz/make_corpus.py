@@ -42,11 +42,16 @@ from appliance.proto.rtp import (  # noqa: E402
     serialize_rtcp,
 )
 from appliance.proto.stun import (  # noqa: E402
+    AttrType,
+    Class,
+    Message,
+    Method,
     binding_error,
     binding_request,
     binding_success,
     reflexive_response,
 )
+from appliance.proto.turn import encode_channel_data  # noqa: E402
 from appliance.proto.ufrag import UfragCodec  # noqa: E402
 
 VECTORS = REPO / "tests" / "vectors"
@@ -528,6 +533,72 @@ def live_seeds() -> dict[str, bytes]:
             ev(type="session.input_audio.append", audio=base64.b64encode(b"\x10" * 801).decode())]),
     }
 
+
+def _turn_messages() -> dict[str, bytes]:
+    own = ("203.0.113.1", 3478)
+    return {
+        "allocate": Message(Method.ALLOCATE, Class.REQUEST, TID, (
+            (AttrType.REQUESTED_TRANSPORT, 17), (AttrType.LIFETIME, 600))).encode(),
+        "allocate-chromium": bytes.fromhex(
+            "000300082112a44242476f7965615961557849520019000411000000"),
+        "refresh-0": Message(Method.REFRESH, Class.REQUEST, TID, (
+            (AttrType.LIFETIME, 0),)).encode(),
+        "permission": Message(Method.CREATE_PERMISSION, Class.REQUEST, TID, (
+            (AttrType.XOR_PEER_ADDRESS, own), (AttrType.XOR_PEER_ADDRESS, ("10.0.0.1", 1)),
+        )).encode(),
+        "permission-own": Message(Method.CREATE_PERMISSION, Class.REQUEST, TID, (
+            (AttrType.XOR_PEER_ADDRESS, own),)).encode(),
+        "channel-bind": Message(Method.CHANNEL_BIND, Class.REQUEST, TID, (
+            (AttrType.CHANNEL_NUMBER, 0x4000), (AttrType.XOR_PEER_ADDRESS, own))).encode(),
+        "send": Message(Method.SEND, Class.INDICATION, TID, (
+            (AttrType.XOR_PEER_ADDRESS, own), (AttrType.DATA, b"\x00\x01ping"))).encode(),
+        "channel-data": encode_channel_data(0x4000, b"\x80\x6f rtp"),
+    }
+
+
+def turn_seeds() -> dict[str, bytes]:
+    m = _turn_messages()
+    # First byte: bit 7 re-sign, bit 5 with SHA-256, bit 6 from a peer; % 3 picks the client
+    # (0x80 and 0x02 are the same one).
+    signed = [b"\x80" + m["allocate"], b"\x80" + m["permission"],
+              b"\x80" + m["permission-own"], b"\x02" + m["send"],
+              b"\x80" + m["channel-bind"], b"\x02" + m["channel-data"],
+              b"\x40" + b"\x80\x6f from peer"]
+    return {
+        "unsigned-allocate": join_datagrams([b"\x00" + m["allocate-chromium"]]),
+        "call": join_datagrams(signed),
+        "call-sha256": join_datagrams([b"\xa1" + d[1:] if d[0] == 0x80 else d for d in signed]),
+        "refresh-delete": join_datagrams([b"\x80" + m["allocate"], b"\x80" + m["refresh-0"],
+                                          b"\x98" + m["refresh-0"]]),
+        "three-clients": join_datagrams([bytes([0x80 + i]) + m["allocate"] for i in range(3)]),
+    }
+
+
+def relay_turn_seeds() -> dict[str, bytes]:
+    m = _turn_messages()
+    # First byte: bit 7 re-sign; bit 6 wrap the body as TURN data to our media address
+    # (bit 4: ChannelData, else a Send indication; bit 5: the body is a valid ICE check);
+    # % 3 picks the client (0x80, 0x71, 0x62, 0x50, 0x41 are all the same one).
+    return {
+        "allocate-bind-media": join_datagrams([
+            b"\x80" + m["allocate"], b"\x80" + m["channel-bind"],
+            b"\x71", b"\x50" + b"\x80\x6f media", b"\x62"]),
+        "permission-send": join_datagrams([b"\x80" + m["allocate"], b"\x80" + m["permission-own"],
+                                           b"\x62", b"\x41" + b"\x16\xfe\xfd hello"]),
+        "raw": join_datagrams([b"\x00" + m["allocate-chromium"], b"\x00" + m["channel-data"]]),
+    }
+
+
+def turn_parser_seeds() -> dict[str, bytes]:
+    m = _turn_messages()
+    return {
+        "channel-data": m["channel-data"],
+        "stream": m["allocate"] + encode_channel_data(0x4001, b"abcde", pad=True) + m["send"],
+        "username": b"1700003600:sess1",
+        "nonce": b"obMatJos2AAABAAAAAAAAAAAA",
+    }
+
+
 SEEDS = {
     "stun": stun_seeds,
     "ufrag": ufrag_seeds,
@@ -553,6 +624,9 @@ SEEDS = {
     "sip_stream": sip_stream_seeds,
     "sip_endpoint": sip_endpoint_seeds,
     "sdp_phone": sdp_phone_seeds,
+    "turn": turn_seeds,
+    "turn_parsers": turn_parser_seeds,
+    "relay_turn": relay_turn_seeds,
 }
 
 

@@ -51,6 +51,9 @@ TARGET_NAMES = (
     "dtls_handshake",
     "ice",
     "relay",
+    "turn",
+    "turn_parsers",
+    "relay_turn",
 )
 
 

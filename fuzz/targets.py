@@ -21,6 +21,7 @@ before each datagram (a short tail is the last datagram).
 from __future__ import annotations
 
 import functools
+import ipaddress
 import struct
 from collections.abc import Callable
 
@@ -92,16 +93,36 @@ from appliance.proto.sip import parse_untrusted as parse_sip_untrusted
 from appliance.proto.sip.ua import IncomingCall
 from appliance.proto.stun import (
     MAX_AMPLIFICATION,
+    AttrType,
+    Class,
     Message,
+    Method,
     StunError,
     binding_request,
+    long_term_key,
     peek_username_untrusted,
     reflexive_response,
     verify_fingerprint,
     verify_integrity,
 )
+from appliance.proto.turn import (
+    NonceCodec,
+    TurnConfig,
+    TurnError,
+    TurnServer,
+    encode_channel_data,
+    is_turn,
+    mint_rest_credential,
+    parse_channel_data_untrusted,
+    parse_rest_username_untrusted,
+)
+from appliance.proto.turn import StreamFramer as TurnStreamFramer
+from appliance.proto.turn import Transmit as TurnTransmit
 from appliance.proto.ufrag import UfragCodec, UfragError
-from appliance.relay.core import CoreConfig, Flow, RelayCore
+from appliance.relay.core import TURN_HOP, CoreConfig, Flow, RelayCore, Relayed
+from appliance.relay.transport import Transport as RelayTransport
+from appliance.relay.transport import UdpSink
+from appliance.relay.turn import TurnGate, TurnSettings, own_media_map
 
 Target = Callable[[bytes], None]
 
@@ -800,6 +821,171 @@ def sdp_phone(data: bytes) -> None:
     if not isinstance(got, PhoneRefusal):
         parse_offer_untrusted(got[1])
 
+# --- TURN -------------------------------------------------------------------------------------
+
+TURN_SECRET = b"fuzz-turn-secret"
+TURN_CRED = mint_rest_credential(TURN_SECRET, "fuzz", int(NOW) + 3600)
+TURN_OWN = ("203.0.113.1", 3478)
+_TURN_CLIENTS = (("198.51.100.1", 4000), ("198.51.100.1", 4001), ("198.51.100.2", 9))
+_AUTH_ATTRS = frozenset((AttrType.USERNAME, AttrType.REALM, AttrType.NONCE,
+                         AttrType.MESSAGE_INTEGRITY, AttrType.MESSAGE_INTEGRITY_SHA256,
+                         AttrType.FINGERPRINT, AttrType.PASSWORD_ALGORITHM,
+                         AttrType.PASSWORD_ALGORITHMS))
+
+
+class _FuzzPorts:
+    def __init__(self) -> None:
+        self.next = 49152
+
+    def bind(self, family: int, client: tuple[str, int],
+             even: bool = False) -> tuple[str, int] | None:
+        self.next += 1 + (even and self.next % 2 == 0)
+        if self.next % 5 == 0:
+            return None  # sometimes out of ports: 508/440 paths
+        return ("203.0.113.1", self.next) if family == 1 else ("2001:db8::1", self.next)
+
+
+def turn_parsers(data: bytes) -> None:
+    """ChannelData, the TURN stream framer (cut where the first byte says; its buffer stays
+    bounded), REST usernames and nonces: only TurnError escapes (nonce checks never raise)."""
+    is_turn(data)
+    try:
+        parse_channel_data_untrusted(data)
+    except TurnError:
+        pass
+    framer = TurnStreamFramer(64 + (data[0] if data else 0) * 4)
+    step = 1 + (data[0] % 5 if data else 0)
+    try:
+        for i in range(0, len(data), step):
+            framer.handle_input(data[i : i + step])
+            while framer.poll_output() is not None:
+                pass
+            assert framer.buffered <= framer.max_message + 3 + step, "framer unbounded"
+    except TurnError:
+        pass
+    text = data.decode("utf-8", "replace")
+    try:
+        parse_rest_username_untrusted(text)
+    except TurnError:
+        pass
+    assert NonceCodec(b"k", 60).check(text, NOW, ("192.0.2.1", 1))[0] in ("ok", "stale", "bad")
+
+
+def turn(data: bytes) -> None:
+    """``TurnServer`` with tiny quotas. Each datagram's first byte picks the client and the
+    mode: raw; re-signed with a valid REST credential and nonce (so Allocate, Refresh,
+    CreatePermission and ChannelBind see hostile attributes past authentication); or fed to
+    ``from_peer`` as a peer's datagram. Invariants: never raises; every unsigned error answer
+    is at most the request + 32 bytes; quotas and per-allocation caps hold."""
+    cfg = TurnConfig(secrets=(TURN_SECRET,), nonce_key=b"fuzz-nonce", own=frozenset({TURN_OWN}),
+                     max_allocations=3, max_per_source=2, max_per_username=3,
+                     max_permissions=2, max_channels=2, unauth_burst=1000.0)
+    srv = TurnServer(cfg, _FuzzPorts())
+    now = NOW
+    for d in split_datagrams(data, limit=24):
+        if not d:
+            continue
+        sel, body = d[0], d[1:]
+        client = _TURN_CLIENTS[sel % 3]
+        if sel & 0x40 and srv.by_relayed:
+            relayed = sorted(srv.by_relayed)[sel % len(srv.by_relayed)]
+            srv.from_peer(now, relayed, TURN_OWN, body)
+        else:
+            raw = body
+            if sel & 0x80:
+                try:
+                    msg = Message.parse_untrusted(body)
+                    attrs = tuple((t, v) for t, v in msg.attributes if t not in _AUTH_ATTRS)
+                    attrs += ((AttrType.USERNAME, TURN_CRED.username),
+                              (AttrType.REALM, cfg.realm),
+                              (AttrType.NONCE, srv.nonces.mint(now, client, cookie=False)))
+                    key = long_term_key(TURN_CRED.username, cfg.realm, TURN_CRED.password)
+                    raw = Message(msg.method, msg.msg_class, msg.transaction_id, attrs,
+                                  ).encode(key, integrity="sha256" if sel & 0x20 else "sha1")
+                except (StunError, LocalProtocolError):
+                    raw = body
+            srv.handle_input(now, raw, client, TURN_OWN)
+            while (out := srv.poll_output()) is not None:
+                if isinstance(out, TurnTransmit) and out.data[:1] == b"\x01":
+                    answer = Message.parse_untrusted(out.data)
+                    signed = answer.has(AttrType.MESSAGE_INTEGRITY) or answer.has(
+                        AttrType.MESSAGE_INTEGRITY_SHA256)
+                    if not signed:
+                        assert len(out.data) <= len(raw) + 32, "TURN amplifies"
+        while srv.poll_output() is not None:
+            pass
+        assert len(srv.allocations) <= 3 and len(srv.by_relayed) == len(srv.allocations)
+        for alloc in srv.allocations.values():
+            assert len(alloc.channels) <= 2 and len(alloc.permissions) <= 2
+        now += (sel >> 3 & 3) * 100.0
+        srv.handle_timeout(now)
+
+
+class _FuzzSockets(_FuzzPorts):
+    def close(self, relayed: tuple[str, int]) -> None:
+        pass
+
+    def send(self, relayed: tuple[str, int], peer: tuple[str, int], data: memoryview) -> None:
+        assert peer[0].startswith("10."), f"relayed to {peer}, outside --turn-peer"
+
+
+def relay_turn(data: bytes) -> None:
+    """``RelayCore.handle_datagram`` with TURN attached (relay/turn.py): the same datagram
+    modes as ``turn`` (raw, re-signed, and a body wrapped as ChannelData on channel 0x4000,
+    or as a Send indication to our media address, carrying a Binding request with a valid
+    minted ufrag), through the relay's routing. Invariants: never raises; an unsigned answer
+    is at most the request + 32 bytes; a :class:`Relayed` slice lies inside the datagram and
+    its flow's client is a relayed address through ``TURN_HOP``; nothing is sent to a peer
+    outside --turn-peer; the flow table stays capped."""
+    core = RelayCore(CoreConfig(secrets=(SECRET,), transceivers={0: ("127.0.0.1", 4000)},
+                                max_flows=3))
+    core.sinks[(RelayTransport.UDP, _PUBLIC)] = UdpSink(_PUBLIC, lambda b, p: (len(p), 0, 0))
+    settings = TurnSettings(secrets=(TURN_SECRET,), max_allocations=3, max_per_source=2,
+                            peers=(ipaddress.ip_network("10.0.0.0/8"),))
+    gate = TurnGate(core, settings, own_media_map([], [_PUBLIC]), _FuzzSockets(),
+                    unix_offset=0.0)
+    srv = gate.server
+    key = long_term_key(TURN_CRED.username, settings.realm, TURN_CRED.password)
+    check = binding_request(bytes(12), username=CODEC.mint(cluster=0, transceiver=0,
+                                                           nonce=bytes(7)) + ":fuzz")
+    now = NOW
+    for d in split_datagrams(data, limit=24):
+        if not d:
+            continue
+        sel, body = d[0], d[1:]
+        client = _TURN_CLIENTS[sel % 3]
+        raw = body
+        if sel & 0x40:
+            inner = check if sel & 0x20 else body
+            raw = (encode_channel_data(0x4000, inner) if sel & 0x10 else
+                   Message(Method.SEND, Class.INDICATION, bytes(12), (
+                       (AttrType.XOR_PEER_ADDRESS, _PUBLIC), (AttrType.DATA, inner),
+                   )).encode(fingerprint=False))
+        elif sel & 0x80:
+            try:
+                msg = Message.parse_untrusted(body)
+                attrs = tuple((t, v) for t, v in msg.attributes if t not in _AUTH_ATTRS)
+                attrs += ((AttrType.USERNAME, TURN_CRED.username),
+                          (AttrType.REALM, settings.realm),
+                          (AttrType.NONCE, srv.nonces.mint(now, client, cookie=False)))
+                raw = Message(msg.method, msg.msg_class, msg.transaction_id, attrs).encode(key)
+            except (StunError, LocalProtocolError):
+                raw = body
+        res = core.handle_datagram(now, client, raw, _PUBLIC)
+        if isinstance(res, bytes):
+            answer = Message.parse_untrusted(res) if res[:1] in (b"\x00", b"\x01") else None
+            if answer is not None and not answer.has(AttrType.MESSAGE_INTEGRITY):
+                assert len(res) <= len(raw) + MAX_AMPLIFICATION, "TURN in the relay amplifies"
+        elif isinstance(res, Relayed):
+            assert 0 <= res.offset and res.offset + res.length <= len(raw)
+            assert res.flow.upstream is TURN_HOP and res.flow.client in srv.by_relayed
+        for sink in core.sinks.values():
+            sink.pending.clear()
+        assert len(core.flows) <= 3 and len(srv.allocations) <= 3
+        now += (sel >> 2 & 3) * 200.0
+        gate.sweep(now)
+
+
 TARGETS: dict[str, Target] = {
     "stun": stun,
     "ufrag": ufrag,
@@ -825,4 +1011,7 @@ TARGETS: dict[str, Target] = {
     "sip_stream": sip_stream,
     "sip_endpoint": sip_endpoint,
     "sdp_phone": sdp_phone,
+    "turn": turn,
+    "turn_parsers": turn_parsers,
+    "relay_turn": relay_turn,
 }

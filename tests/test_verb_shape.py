@@ -33,6 +33,7 @@ from appliance.proto.ice import (
 from appliance.proto.sctp import Connected, MessageReceived, SctpAssociation
 from appliance.proto.sctp import Transmit as SctpTransmit
 from appliance.proto.sip.ua import SipEndpoint
+from appliance.proto.turn import StreamFramer, TurnServer
 from appliance.realtime.machine import RealtimeConnection, ServerEvent, SessionUpdated
 from appliance.relay.core import RelayCore
 from appliance.transceiver.call import ServerCall
@@ -50,10 +51,11 @@ TIMED: list[tuple[type, str | None]] = [
     (IceLiteAgent, "addr"),
     (IceClient, "addr"),
     (SctpAssociation, None),
+    (TurnServer, "addr"),
 ]
 
 #: Cores without a clock: ``handle_input(data)`` and ``poll_output()`` only.
-CLOCKLESS: list[type] = [Deframer, RealtimeConnection, LiveConnection]
+CLOCKLESS: list[type] = [Deframer, RealtimeConnection, LiveConnection, StreamFramer]
 
 #: Documented exceptions (docs/style.md rule 18), with the reason. The test below checks
 #: each still lacks the shape, so an exception cannot outlive its reason silently.

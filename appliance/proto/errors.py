@@ -8,6 +8,8 @@
     │   └── sip.SipUsageError       (answering a call twice, hanging up an unknown one)
     └── RemoteProtocolError         the peer sent bytes that break the protocol
         ├── stun.StunError          (hint: STUN error code, e.g. 400, 401, 487)
+        ├── turn.TurnError          (hint: drop reason: ChannelData, TURN stream framing,
+        │                            REST usernames; TURN's STUN messages raise StunError)
         ├── sctp.SctpError          (hint: drop reason for counters)
         ├── dtls.DtlsError          (hint: DTLS alert description)
         ├── proxy.ProxyError

@@ -45,6 +45,16 @@ def relay_argv(
     tcp_max_connections: int | None = None,
     tcp_max_per_ip: int | None = None,
     tcp_https: Address | None = None,
+    turn: bool = False,
+    turn_secret_file: str | None = None,
+    turn_realm: str | None = None,
+    media_addresses: Sequence[Address] = (),
+    turn_relay_ips: Sequence[str] = (),
+    turn_peers: Sequence[str] = (),
+    turn_max_allocations: int | None = None,
+    turn_allocations_per_ip: int | None = None,
+    turn_allocations_per_user: int | None = None,
+    turn_max_lifetime: int | None = None,
 ) -> list[str]:
     """``command`` (e.g. ``[python, "-m", "appliance", "relay"]``) plus the flags for the
     given settings. Floats are written with ``repr`` so they survive the round trip."""
@@ -82,6 +92,20 @@ def relay_argv(
     opt("--tcp-max-connections", tcp_max_connections)
     opt("--tcp-max-per-ip", tcp_max_per_ip)
     opt("--tcp-https", None if tcp_https is None else format_hostport(tcp_https))
+    if turn:  # TURN's secrets travel as a file name, never on the command line
+        argv.append("--turn")
+        opt("--turn-secret-file", turn_secret_file)
+        opt("--turn-realm", turn_realm)
+        for addr in media_addresses:
+            argv += ["--media-address", format_hostport(addr)]
+        for ip in turn_relay_ips:
+            argv += ["--turn-relay-ip", ip]
+        for net in turn_peers:
+            argv += ["--turn-peer", net]
+        opt("--turn-max-allocations", turn_max_allocations)
+        opt("--turn-allocations-per-ip", turn_allocations_per_ip)
+        opt("--turn-allocations-per-user", turn_allocations_per_user)
+        opt("--turn-max-lifetime", turn_max_lifetime)
     opt("--log-level", log_level)
     opt("--log-format", log_format)
     return argv

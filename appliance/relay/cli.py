@@ -20,6 +20,7 @@ With several listen addresses or workers, each field is a comma-separated list; 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import shutil
@@ -45,6 +46,7 @@ from .io import IO_ENV, IO_MODES, select_io
 from .resolver import pattern_address
 from .server import RelayConfig, serve_relay
 from .tcp import TcpLimits
+from .turn import TurnSettings, derive_turn_secret
 
 log = logging.getLogger("appliance.relay")
 
@@ -71,6 +73,16 @@ DEFAULTS: dict[str, Any] = {
     "tcp_max_connections": 10_000,
     "tcp_max_per_ip": 64,
     "tcp_https": None,
+    "turn": False,
+    "turn_secret_file": None,
+    "turn_realm": "appliance",
+    "media_address": [],
+    "turn_relay_ip": [],
+    "turn_peer": [],
+    "turn_max_allocations": 2000,
+    "turn_allocations_per_ip": 16,
+    "turn_allocations_per_user": 8,
+    "turn_max_lifetime": 3600,
 }
 
 
@@ -145,6 +157,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="one port for HTTPS and ICE-TCP: a --tcp connection whose first byte starts a TLS "
            "record is relayed, as is, behind a PROXY v2 header naming the client, to this "
            "address (signaling's --relay-https backend)")
+    a("--turn", action="store_true", default=None,
+      help="TURN server (RFC 8656) on the UDP listen addresses, for clients that may only "
+           "use relayed candidates; data to this appliance's own media address goes to its "
+           "transceiver without leaving the host (docs/turn.md)")
+    a("--turn-secret-file", metavar="F",
+      help="TURN REST API shared secrets, one per line as text (the first mints, all "
+           "verify; the form of coturn's static-auth-secret). Default: derived from the "
+           "routing secret")
+    a("--turn-realm", metavar="REALM",
+      help="TURN realm, 1-12 characters (default 'appliance'; longer would not fit the "
+           "amplification bound of a 401 to a 28-byte Allocate)")
+    a("--media-address", action="append", metavar="HOST:PORT",
+      help="an address clients reach this relay's media port at (repeatable; the answer's "
+           "candidates): TURN relays to it in-process. Default: the listen addresses bound "
+           "to a specific IP")
+    a("--turn-relay-ip", action="append", metavar="IP",
+      help="the IP of the relayed addresses TURN hands out (one per family; the sockets "
+           "bind to it if it is local, else to the wildcard). Default: the first "
+           "--media-address or specific listen IP")
+    a("--turn-peer", action="append", metavar="CIDR",
+      help="also relay to peers in this network (repeatable; default: only this "
+           "appliance's own media addresses). Careful: 127.0.0.0/8 or a private range "
+           "opens the services there to anyone holding a credential")
+    a("--turn-max-allocations", type=int, metavar="N",
+      help="TURN allocations per worker, at most (default 2000; one socket each)")
+    a("--turn-allocations-per-ip", type=int, metavar="N",
+      help="TURN allocations per client IP and worker (default 16)")
+    a("--turn-allocations-per-user", type=int, metavar="N",
+      help="TURN allocations per credential (REST username) and worker (default 8)")
+    a("--turn-max-lifetime", type=int, metavar="S",
+      help="longest allocation lifetime a client may ask for, seconds (default 3600)")
     a("--config", metavar="FILE", help="TOML config file (flags override it)")
     a("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     # A supervisor's warm standby (appliance.children): start, read the configuration, then
@@ -188,6 +231,56 @@ def _addr(text: object, what: str, default_host: str) -> Address:
         return parse_hostport(str(text), default_host=default_host)
     except ValueError as exc:
         raise UsageError(f"{what}: {exc}") from None
+
+
+def load_turn_secrets(path: str) -> tuple[bytes, ...]:
+    """A TURN secret file: one shared secret per non-empty line, taken as text (coturn's
+    ``static-auth-secret`` form: the HMAC key is the line's bytes); ``#`` starts a comment."""
+    with open(path, "rb") as f:
+        lines = [line.strip() for line in f.read().splitlines()]
+    out = tuple(line for line in lines if line and not line.startswith(b"#"))
+    if not out:
+        raise ValueError("holds no secret")
+    return out
+
+
+def _list(value: object) -> list[str]:
+    if value is None:
+        return []
+    return [str(v) for v in value] if isinstance(value, list | tuple) else [str(value)]
+
+
+def build_turn(args: argparse.Namespace, routing: list[bytes]) -> TurnSettings | None:
+    """``--turn`` and its flags, checked; None without ``--turn``."""
+    if not args.turn:
+        return None
+    if args.turn_secret_file:
+        try:
+            secrets = load_turn_secrets(str(args.turn_secret_file))
+        except OSError as exc:
+            raise UsageError(f"cannot read TURN secret file {args.turn_secret_file}: "
+                             f"{exc.strerror}") from None
+        except ValueError as exc:
+            raise UsageError(f"{args.turn_secret_file}: {exc}") from None
+    else:
+        secrets = tuple(derive_turn_secret(s) for s in routing)
+    media = tuple(_addr(x, "--media-address", "") for x in _list(args.media_address))
+    try:
+        relay_ips = tuple(str(ipaddress.ip_address(x)) for x in _list(args.turn_relay_ip))
+        peers = tuple(ipaddress.ip_network(x, strict=False) for x in _list(args.turn_peer))
+    except ValueError as exc:
+        raise UsageError(f"--turn-relay-ip / --turn-peer: {exc}") from None
+    settings = TurnSettings(
+        secrets=secrets, realm=str(args.turn_realm), media=media, relay_ips=relay_ips,
+        peers=peers, max_allocations=int(args.turn_max_allocations),
+        max_per_source=int(args.turn_allocations_per_ip),
+        max_per_username=int(args.turn_allocations_per_user),
+        max_lifetime=int(args.turn_max_lifetime))
+    try:
+        settings.server_config(frozenset())  # the server's own checks, now
+    except ValueError as exc:
+        raise UsageError(f"--turn: {exc}") from None
+    return settings
 
 
 def build_config(args: argparse.Namespace) -> RelayConfig:
@@ -260,6 +353,7 @@ def build_config(args: argparse.Namespace) -> RelayConfig:
                              max_per_ip=int(args.tcp_max_per_ip)),
         tcp_https=None if not args.tcp_https else _addr(args.tcp_https, "--tcp-https",
                                                         "127.0.0.1"),
+        turn=build_turn(args, secrets),
     )
 
 
@@ -312,6 +406,17 @@ def _child_argv(args: argparse.Namespace, config: RelayConfig, index: int,
         tcp_max_connections=config.tcp_limits.max_connections,
         tcp_max_per_ip=config.tcp_limits.max_per_ip,
         tcp_https=config.tcp_https,
+        turn=config.turn is not None,
+        turn_secret_file=args.turn_secret_file or None,
+        turn_realm=None if config.turn is None else config.turn.realm,
+        media_addresses=() if config.turn is None else config.turn.media,
+        turn_relay_ips=() if config.turn is None else config.turn.relay_ips,
+        turn_peers=() if config.turn is None else tuple(str(n) for n in config.turn.peers),
+        turn_max_allocations=None if config.turn is None else config.turn.max_allocations,
+        turn_allocations_per_ip=None if config.turn is None else config.turn.max_per_source,
+        turn_allocations_per_user=None if config.turn is None
+        else config.turn.max_per_username,
+        turn_max_lifetime=None if config.turn is None else config.turn.max_lifetime,
     )
 
 

@@ -68,6 +68,21 @@ DTLS handshake records (content type 22) of a known flow leave the shell's fast 
 for sessions of its own (the transceiver's cookie exchange, ``transceiver/admission.py``,
 handles the rest).
 
+TURN (issue 40, :mod:`.turn`): with a :class:`~.turn.TurnGate` attached
+(:meth:`RelayCore.attach_turn`), a datagram from a client's own address that is ChannelData
+(first byte 0x40-0x7F) or a TURN client's STUN message (Allocate, Refresh, CreatePermission,
+ChannelBind, Send: the first two bytes, :mod:`appliance.proto.turn.demux`) goes to the gate
+before anything else — also from an address that has an ICE flow of its own (browsers share
+one socket between their host candidate and their TURN allocation). What the gate relays to
+the appliance's own media address comes back here as a datagram from the allocation's
+*relayed address* through the hop :data:`TURN_HOP` — routed exactly like a direct client's
+(first packet a verified Binding request, then the flow table, every budget) and forwarded
+without leaving the host; the answer is a :class:`Relayed` (the payload's place inside the
+TURN datagram). Return traffic of such a flow goes back through the gate (fastpath.py), which
+wraps it for the TURN client. Flows through ``TURN_HOP`` skip the per-source new-flow bucket
+(their source IP is the relay's own; the TURN server's quotas bound them) and are never
+looked up or written to Redis (an allocation does not survive its worker).
+
 Every rate limit here is one of :mod:`appliance.proto.ratelimit` (GCRA budgets, token buckets).
 
 Bounded memory under any input: the flow table has a hard cap (``max_flows``); creating a flow
@@ -83,18 +98,20 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..proto.mux import Kind, first_byte_kind
 from ..proto.proxy import TLV_RELAY_ID, encode_tlv
 from ..proto.ratelimit import NEVER, Gcra, GcraRule, GcraTable, TokenBuckets
 from ..proto.stun import MAX_AMPLIFICATION, StunError, peek_username_untrusted, reflexive_response
+from ..proto.turn.demux import TURN_FIRST, TURN_TYPE
 from ..proto.ufrag import UfragCodec, UfragError
 from .counters import COUNTER_NAMES, Counters
 from .transport import Address, ReturnSink, Transport, encode_flow_header
 
 __all__ = [
-    "COUNTER_NAMES", "FAST_FIRST", "IS_STUN", "SLOW_FIRST", "Address", "CoreConfig",
-    "Counters", "Flow", "RelayCore", "Route", "TokenBuckets", "Transport",
+    "COUNTER_NAMES", "FAST_FIRST", "IS_STUN", "SLOW_FIRST", "TURN_HOP", "Address", "CoreConfig",
+    "Counters", "Flow", "RelayCore", "Relayed", "Route", "TokenBuckets", "Transport",
 ]
 
 #: ``IS_STUN[b]`` is true when a datagram starting with byte ``b`` is STUN (RFC 7983 §7),
@@ -106,12 +123,45 @@ IS_STUN = bytes(1 if first_byte_kind(b) is Kind.STUN else 0 for b in range(256))
 #: handshake records (content type 22, RFC 6347 §4.1), which spend the flow's handshake
 #: budget (``dtls-budget``). A call sends a handful of those; a ClientHello flood from a flow
 #: the attacker authenticated for a session of its own is thousands a second.
-SLOW_FIRST = bytes(1 if IS_STUN[b] or b == 22 else 0 for b in range(256))
+#: ChannelData (0x40-0x7F, TURN) is slow too: it is the TURN gate's, even from an address
+#: with an ICE flow (without TURN the core drops it).
+SLOW_FIRST = bytes(1 if IS_STUN[b] or b == 22 or TURN_FIRST[b] else 0 for b in range(256))
 #: ``FAST_FIRST[b]``: the complement — a known flow's datagram from the flow's own hop
 #: starting with ``b`` is forwarded to ``flow.dest`` by the shell without a call into the
 #: core (exactly what :meth:`RelayCore.handle_datagram` would decide, minus the call: it
 #: returns the flow and touches it). tests/relay/test_fastpath.py checks the agreement.
 FAST_FIRST = bytes(1 - x for x in SLOW_FIRST)
+
+#: The hop of flows whose client is a TURN allocation's relayed address (module docstring):
+#: their datagrams come from the TURN gate, their return traffic goes back through it.
+TURN_HOP: Address = ("turn", 0)
+
+
+class Relayed:
+    """:meth:`RelayCore.handle_datagram`'s answer for TURN data to our own media address:
+    forward ``length`` bytes at ``offset`` of the datagram (the ChannelData payload, the
+    Send indication's DATA) to ``flow.dest`` with ``flow.header``."""
+
+    __slots__ = ("flow", "length", "offset")
+
+    def __init__(self, flow: Flow, offset: int, length: int) -> None:
+        self.flow = flow
+        self.offset = offset
+        self.length = length
+
+
+class TurnHandler(Protocol):
+    """What the core needs of the TURN gate (relay/turn.py)."""
+
+    def handle(self, now: float, client: Address, data: bytes | bytearray | memoryview,
+               public: Address, transport: Transport) -> Flow | bytes | Relayed | None: ...
+
+    def back(self, now: float, flow: Flow, buf: memoryview, q: int, size: int) -> None: ...
+
+    def has_allocation(self, client: Address, public: Address) -> bool: ...
+
+    def closed(self, now: float, client: Address, public: Address) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Route:
@@ -302,6 +352,15 @@ class RelayCore:
         #: return sinks the shell registered, by (transport, public address): a new flow
         #: gets the one it arrived through (transport.py)
         self.sinks: dict[tuple[Transport, Address], ReturnSink] = {}
+        #: the TURN gate (relay/turn.py), when TURN is on: attach_turn
+        self.turn: TurnHandler | None = None
+
+    def attach_turn(self, turn: TurnHandler) -> None:
+        """Turn TURN on (before the shell builds its drains: they read ``no_flow_first``):
+        ChannelData from unknown addresses now reaches the core instead of being dropped."""
+        self.turn = turn
+        self.no_flow_first = bytes(0 if TURN_FIRST[b] else x
+                                   for b, x in enumerate(self.no_flow_first))
 
     @property
     def stun_tat(self) -> dict[bytes, float]:
@@ -318,10 +377,15 @@ class RelayCore:
         public: Address,
         upstream: Address | None = None,
         transport: Transport = Transport.UDP,
-    ) -> Flow | bytes | None:
+    ) -> Flow | bytes | Relayed | None:
         """Decide about one datagram from ``client`` (received on ``public`` over
         ``transport``, or framed by the relay at ``upstream``). The caller has counted it in
         ``packets_in``."""
+        if self.turn is not None and upstream is None and data and (TURN_FIRST[data[0]] or (
+                len(data) > 1 and TURN_TYPE[(data[0] << 8) | data[1]])):
+            # TURN's (demux.py). Without TURN such datagrams take the paths below, as any
+            # other junk does (no flow: dropped or looked up; a flow's: forwarded opaque).
+            return self.turn.handle(now, client, data, public, transport)
         flow = self.flows.get(client)
         if not data or not IS_STUN[data[0]]:
             if flow is not None and flow.upstream == upstream:
@@ -337,7 +401,8 @@ class RelayCore:
             # Vouching is for our own public sockets' clients only: an upstream relay is
             # any host on the internal network, and must not get a client's return traffic
             # pointed at it by a transceiver's answer (its clients re-learn by STUN/Redis).
-            if data and (self.config.redis or (self.config.vouch and upstream is None)):
+            if data and upstream is not TURN_HOP and (
+                    self.config.redis or (self.config.vouch and upstream is None)):
                 if self._want_lookup(now, client, public, upstream):
                     self._hold(now, client, data)
             else:
@@ -403,7 +468,7 @@ class RelayCore:
             flow.ufrag = server_ufrag
             self._touch(flow, now, len(data))
             return flow
-        if not self.buckets.allow(client[0], now):
+        if upstream is not TURN_HOP and not self.buckets.allow(client[0], now):
             self.counters.drop("rate-limited")
             return None
         if flow is not None:
@@ -592,7 +657,7 @@ class RelayCore:
     # -- Redis (the shell does the I/O) --------------------------------------------------
 
     def _mark_dirty(self, flow: Flow) -> None:
-        if self.config.redis:
+        if self.config.redis and flow.upstream is not TURN_HOP:
             self._dirty[flow.client] = flow
 
     def poll_writes(self, now: float) -> list[tuple[Address, str]]:

@@ -78,11 +78,18 @@ class Counters:
     packets_held: int = 0
     held_released: int = 0
     drops: dict[str, int] = field(default_factory=dict)
+    #: counters of optional parts, by name (TURN's ``turn_*``, relay/turn.py): reported
+    #: beside the fixed ones, and summed over workers like them
+    extra: dict[str, int] = field(default_factory=dict)
 
     def drop(self, reason: str, n: int = 1) -> None:
         self.drops[reason] = self.drops.get(reason, 0) + n
 
+    def add(self, name: str, n: int = 1) -> None:
+        self.extra[name] = self.extra.get(name, 0) + n
+
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {name: getattr(self, name) for name in COUNTER_NAMES}
+        out.update(self.extra)
         out["drops"] = dict(self.drops)
         return out

@@ -34,6 +34,11 @@ Per-datagram event-loop round trips are what make a textbook trio relay slow (DE
   through trio's scheduler per wake-up (a trio round trip costs about twice a bare epoll
   one, docs/performance.md "Relay"), yielding to trio at least every ``YIELD_EVERY``.
 
+TURN (:mod:`.turn`): ChannelData and TURN's STUN are the core's (``SLOW_FIRST``); the core's
+answer for data to our own media address is a :class:`~.core.Relayed` (forward the payload's
+slice of the datagram, no copy), and return traffic of a flow whose hop is
+:data:`~.core.TURN_HOP` goes to the TURN gate instead of a sink.
+
 The ICE-TCP listener (:mod:`.tcp`) is another source for a public-style drain (its frames
 are handed over in the same slot layout, ``transport=Transport.TCP``, client addresses as
 :class:`~appliance.proto.proxy.StreamAddr`) and another sink (:mod:`.transport`); the
@@ -62,7 +67,7 @@ from ..proto.proxy import (
     encode_header,
     parse_transport_untrusted,
 )
-from .core import FAST_FIRST, Address, Counters, Flow, RelayCore
+from .core import FAST_FIRST, TURN_HOP, Address, Counters, Flow, RelayCore, Relayed
 from .filter import MAX_DATAGRAM
 from .transport import Flush, Out, ReturnSink, Transport
 
@@ -192,6 +197,10 @@ def make_drain(
     outboxes += [(s.flush, s.pending) for s in (sinks or {}).values()]
     outboxes += [(s.flush, s.pending) for s in (stream_sinks or {}).values()]
     tcp = Transport.TCP
+    # TURN (relay/turn.py): return traffic of flows whose client is a relayed address goes
+    # back through the gate, which wraps it for the TURN client.
+    turn_hop = TURN_HOP
+    turn_back = core.turn.back if core.turn is not None else None
     flushes = tuple(outboxes)
     returning = returners if returners is not None else set()
     parse = parse_transport_untrusted
@@ -251,6 +260,10 @@ def make_drain(
                             if not flow.answered:
                                 note_answer(flow, mv[q : q + size])  # issue 9: stun-budget
                             if flow.upstream is not None:
+                                if flow.upstream is turn_hop:
+                                    if turn_back is not None:
+                                        turn_back(now, flow, mv, q, size)
+                                    continue
                                 # The flow came through an upstream relay: back along the hop.
                                 forward((flow.header, q, size, flow.upstream))
                                 continue
@@ -285,6 +298,9 @@ def make_drain(
                     continue
                 if isinstance(res, Flow):
                     forward((res.header, q, size, res.dest))
+                elif isinstance(res, Relayed):  # TURN data to our own media address
+                    rf = res.flow
+                    forward((rf.header, q + res.offset, res.length, rf.dest))
                 elif answer is not None:
                     answer((res, 0, 0, client))
                 else:  # a reflexive answer to an upstream relay's client goes back framed

@@ -15,13 +15,15 @@ Where things are::
      │                      routing loop; io.PythonIO / io.MmsgIO: the syscalls)
      ├─ housekeeping        RelayCore.sweep every tick (idle flows, refilled budgets)
      ├─ Resolver.run        transceiver names, off the hot path (resolver.py)
+     ├─ RelaySockets        TURN relayed sockets' readers, with --turn-peer (turn.py)
      ├─ reseed.Lookups      unknown clients' media: ask the transceivers (flow vouching,
      │                      reseed.py) and Redis (RedisFlowCache, with --redis)
      ├─ RedisFlowCache      writer task, with --redis (redis_cache.py)
      └─ serve_control       {"op": "stats"} (control.py)
 
     core.RelayCore          every decision, no I/O; transport.py: the Transport/ReturnSink
-                            seam a TCP listener plugs into; filter.py: the kernel filter
+                            seam a TCP listener plugs into; filter.py: the kernel filter;
+                            turn.TurnGate: TURN (issue 40), when ``turn`` is configured
 
 Junk is dropped as early as possible (issue 9, floods): in the kernel by the public
 sockets' BPF filter (:mod:`.filter`), then in the loop by the core's tables. Socket
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -67,6 +70,7 @@ from .reseed import FlowVouching, Lookups
 from .resolver import Resolver, pattern_address, resolve_at_start
 from .tcp import TcpLimits, TcpListener, tcp_listener
 from .transport import ReturnSink, UdpSink
+from .turn import RelaySockets, TurnGate, TurnSettings, own_media_map, raise_fd_limit
 
 __all__ = [
     "COALESCE_BELOW", "DENSE", "IO_ENV", "IO_MODES", "MAX_DATAGRAM", "SOCKET_BUFFER",
@@ -114,6 +118,8 @@ class RelayConfig:
     tcp_https: Address | None = None
     #: ask the transceivers about media from unknown clients (reseed.py, issue 20)
     vouch: bool = True
+    #: TURN on the UDP listen addresses (turn.py, issue 40), or None
+    turn: TurnSettings | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,9 +145,29 @@ class RelayHandle:
         }
 
 
-def _public_socket(addr: Address) -> socket.socket:
+def _public_socket(addr: Address, turn: bool = False) -> socket.socket:
     # The filter goes on before bind, so no datagram is ever queued unfiltered.
+    if turn:
+        return udp_socket(addr, reuseport=True,
+                          prepare=lambda s: attach_public_filter(s, turn=True))
     return udp_socket(addr, reuseport=True, prepare=lambda s: attach_public_filter(s))
+
+
+def relay_ips(settings: TurnSettings, public: Sequence[Address]) -> tuple[str, ...]:
+    """The IPs relayed addresses are advertised with: configured, else the media addresses'
+    and the specific listen IPs (one per family). ValueError when there is none."""
+    ips = list(settings.relay_ips) + [a[0] for a in settings.media] + [
+        a[0] for a in public if a[0] not in ("0.0.0.0", "::")]
+    if not ips:
+        raise ValueError("TURN on a wildcard listen address needs --turn-relay-ip or "
+                         "--media-address: the IP clients and peers know this host by")
+    return tuple(ips)
+
+
+async def _housekeeping_turn(gate: TurnGate) -> None:
+    while True:
+        await trio.sleep(1.0)  # allocation lifetimes are minutes: a second is exact enough
+        gate.sweep(trio.current_time())
 
 
 def _core(config: RelayConfig, transceivers: Mapping[int, Address],
@@ -239,9 +265,11 @@ async def serve_relay(
              RedisFlowCache(core, open_client(config.redis_url), config.cluster,
                             config.flow_timeout))
     socks: list[socket.socket] = []
+    relayed: RelaySockets | None = None
+    gate: TurnGate | None = None
     try:
         for addr in config.listen:
-            socks.append(_public_socket(addr))
+            socks.append(_public_socket(addr, turn=config.turn is not None))
         # A fixed internal port is shared by the workers (SO_REUSEPORT) so that one next-hop
         # address reaches all of them; the default ephemeral port is per worker.
         isock = udp_socket(config.internal, reuseport=config.internal[1] != 0)
@@ -254,6 +282,13 @@ async def serve_relay(
         listeners: list[TcpListener] = []
         public = tuple(sockname(s) for s in pubs)
         resolver.update_return_sources()
+        if config.turn is not None:
+            # Before build_drains: attaching the gate changes what the drains drop unread.
+            raise_fd_limit(config.turn.max_allocations)
+            relayed = RelaySockets(relay_ips(config.turn, public), core.counters,
+                                   read=bool(config.turn.peers))
+            gate = TurnGate(core, config.turn, own_media_map(config.turn.media, public),
+                            relayed, unix_offset=time.time() - trio.current_time())
 
         vouching = FlowVouching(core, config.secrets) if config.vouch else None
         lookups = Lookups(core, vouching, isock, cache)
@@ -279,6 +314,9 @@ async def serve_relay(
             nursery.start_soon(partial(hot_loop, drains, core.counters, wake=wake,
                                        coalesce=config.coalesce))
             nursery.start_soon(_housekeeping, core, config.flow_timeout)
+            if gate is not None and relayed is not None:
+                relayed.nursery = nursery
+                nursery.start_soon(_housekeeping_turn, gate)
             for listener in listeners:
                 nursery.start_soon(listener.serve)
             if resolver.needed:
@@ -292,10 +330,12 @@ async def serve_relay(
                                     worker_handler(core, config.worker, io, buffers))
             log.info(
                 "relay worker %d ready: public %s%s internal %s, %d transceivers, %d next hops, "
-                "io %s",
+                "io %s%s",
                 config.worker, ", ".join(format_addr(a) for a in public),
                 "".join(f", tcp {format_addr(a)}" for a in handle.tcp),
                 format_addr(handle.internal), len(transceivers), len(next_hops), io,
+                "" if gate is None else f", TURN (relayed on {', '.join(relayed.ips.values())})"
+                if relayed is not None else "",
             )
             log.info("relay worker %d socket buffers (kernel-granted): %s", config.worker,
                      buffers)
@@ -303,6 +343,8 @@ async def serve_relay(
     finally:
         for sock in socks:
             sock.close()
+        if relayed is not None:
+            relayed.close_all()
         if cache is not None:
             await cache.close()
 

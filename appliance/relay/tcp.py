@@ -40,6 +40,16 @@ them) behind a PROXY v2 header (STREAM) naming the client's TCP address and the 
 reached, so signaling judges each request by the real client, never by this loopback hop
 (issue 40 item 0); anything else goes through the ICE-TCP rules above.
 
+TURN over TCP (RFC 8656 §12.5, issue 40; with ``--turn``): a connection whose first bytes are
+a STUN message itself — the magic cookie at bytes 4-7, where an RFC 4571 frame has it at 6-9
+— is a TURN client's. Its stream is STUN messages and 4-byte-padded ChannelData back to back
+(:class:`~appliance.proto.turn.StreamFramer`, messages capped at ``max_frame``); each message
+goes to the same drain and from there to the TURN gate (relay/turn.py), and what goes back
+to the client is written without the RFC 4571 prefix. Until the connection has an allocation
+it is held to ``first_frame_timeout``, then to ``idle_timeout``; when it closes its allocation
+is deleted (RFC 8656 §3.1). Detection needs the first read to hold 8 bytes; a TURN client's
+first Allocate is at least 28, sent in one segment.
+
 Reads: one ``recv_into`` (up to 64 kB) per readability, its frames handed to the drain as
 one batch. That is a trio wake-up per TCP segment burst rather than the UDP path's batched
 epoll loop — ICE-TCP is the fallback path, measured in docs/performance.md.
@@ -60,6 +70,8 @@ from ..proto.framing import Deframer, FramingError
 from ..proto.mux import Kind, first_byte_kind
 from ..proto.proxy import STREAM, StreamAddr, encode_header
 from ..proto.stun import StunError, peek_username_untrusted
+from ..proto.stun.message import COOKIE_BYTES
+from ..proto.turn import StreamFramer, TurnError
 from ..proto.ufrag import UfragError
 from .core import IS_STUN, Address, RelayCore
 from .fastpath import HEADROOM, PUBLIC_SLOT, Drain, Outbox, make_drain
@@ -117,7 +129,7 @@ def tcp_listener(addr: Address, *, reuseport: bool = True) -> socket.socket:
 class TcpConnection:
     """One accepted client connection: its socket, write backlog and state."""
 
-    __slots__ = ("backlog", "blocked", "client", "closed", "flowed", "sock", "wake")
+    __slots__ = ("backlog", "blocked", "client", "closed", "flowed", "sock", "turn", "wake")
 
     def __init__(self, sock: socket.socket, client: StreamAddr) -> None:
         self.sock = sock
@@ -128,8 +140,10 @@ class TcpConnection:
         #: so frames stay in order)
         self.blocked = False
         self.wake = trio.Event()
-        self.flowed = False  # the core made a flow of it
+        self.flowed = False  # the core made a flow of it (TURN: an allocation)
         self.closed = False
+        #: a TURN-over-TCP client (module docstring): no RFC 4571 prefix on what we write
+        self.turn = False
 
 
 class TcpSink:
@@ -165,7 +179,8 @@ class TcpSink:
                 continue
             if not backlog:
                 touched.append(conn)
-            backlog += size.to_bytes(2, "big")  # RFC 4571 §2 length prefix
+            if not conn.turn:
+                backlog += size.to_bytes(2, "big")  # RFC 4571 §2 length prefix
             if header:
                 backlog += header
             if n:
@@ -281,6 +296,8 @@ class TcpListener:
         flow = self.core.flows.get(client)
         if flow is not None and flow.upstream is None:
             del self.core.flows[client]  # the flow ends with its connection
+        if conn.turn and self.core.turn is not None:
+            self.core.turn.closed(trio.current_time(), client, self.public)
         self.core.counters.tcp_closed += 1
         conn.sock.close()
 
@@ -339,6 +356,11 @@ class TcpListener:
                     and deframer.buffered == 0:
                 await self._splice(conn, bytes(rmv[:n]))
                 return
+            if core.turn is not None and not conn.flowed and deframer.buffered == 0 \
+                    and n >= 8 and rbuf[0] < 0x40 and rbuf[4:8] == COOKIE_BYTES:
+                conn.turn = True  # a STUN message, not an RFC 4571 frame: TURN over TCP
+                await self._turn_reader(conn, bytes(rmv[:n]), deadline)
+                return
             try:
                 deframer.handle_input(rmv[:n])
                 batch = self._batch
@@ -367,6 +389,60 @@ class TcpListener:
             if not conn.flowed and client in core.flows:
                 conn.flowed = True
                 counters.tcp_established += 1
+
+    async def _turn_reader(self, conn: TcpConnection, head: bytes, deadline: float) -> None:
+        """A TURN-over-TCP connection (module docstring) from its first bytes on."""
+        limits = self.limits
+        core = self.core
+        turn = core.turn
+        assert turn is not None
+        drop = core.counters.drop
+        sock = conn.sock
+        client = conn.client
+        framer = StreamFramer(limits.max_frame)
+        rbuf = bytearray(READ_SIZE)
+        buf = self.buf
+        slot = PUBLIC_SLOT
+        drain = self.drain
+        data: bytes | memoryview = head
+        while True:
+            try:
+                framer.handle_input(data)
+                batch = self._batch
+                while (msg := framer.poll_output()) is not None:
+                    at = len(batch) * slot + HEADROOM
+                    buf[at : at + len(msg)] = msg
+                    batch.append((len(msg), client))
+                    if len(batch) == TCP_BATCH:
+                        drain(trio.current_time())
+                        batch = self._batch
+            except TurnError as exc:
+                drop(f"tcp-turn-{exc.hint}")
+                return
+            finally:
+                if self._batch:
+                    drain(trio.current_time())
+            if not conn.flowed and turn.has_allocation(client, self.public):
+                conn.flowed = True
+                core.counters.tcp_established += 1
+            when = (trio.current_time() + limits.idle_timeout) if conn.flowed else deadline
+            with trio.move_on_at(when):
+                await trio.lowlevel.wait_readable(sock)
+            if conn.closed:
+                return
+            if trio.current_time() >= when:
+                drop("tcp-idle" if conn.flowed else "tcp-first-timeout")
+                return
+            try:
+                n = sock.recv_into(rbuf)
+            except (BlockingIOError, InterruptedError):
+                data = b""
+                continue
+            except OSError:
+                return
+            if n == 0:
+                return
+            data = memoryview(rbuf)[:n]
 
     async def _splice(self, conn: TcpConnection, head: bytes) -> None:
         """Shared-port mode: relay a TLS connection to the HTTPS backend, both ways, until

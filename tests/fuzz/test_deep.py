@@ -70,6 +70,9 @@ EXAMPLES = {
     "sip_stream": 1000,
     "sip_endpoint": 300,
     "sdp_phone": 1000,
+    "turn": 500,
+    "turn_parsers": 2000,
+    "relay_turn": 500,
 }
 
 _TOKENS = [b"\r\n", b":", b" ", b"/", b"=", b"\x00", b"\xff", b"999999", b"\x80\x28", b"\xfe\xfd"]

@@ -52,6 +52,10 @@ def _same_but_worker(a: RelayConfig, b: RelayConfig) -> dict[str, Any]:
      "--redis", "redis://127.0.0.1:1/0", "--io", "python", "--coalesce-us", "7.5"],
     ["--transceiver-pattern", "t-{id}.svc:4000", "--transceivers", "4",
      "--resolve-interval", "0.5", "--io", "mmsg", "--coalesce-us", "0"],
+    ["--turn", "--turn-realm", "example", "--media-address", "203.0.113.1:0",
+     "--turn-relay-ip", "203.0.113.1", "--turn-peer", "10.0.0.0/8", "--turn-peer", "::1",
+     "--turn-max-allocations", "50", "--turn-allocations-per-ip", "3",
+     "--turn-allocations-per-user", "2", "--turn-max-lifetime", "900"],
 ])
 def test_worker_argv_round_trips_the_parent_config(secret_file: Path, flags: list[str]) -> None:
     args, parent = _parse(["--secret-file", str(secret_file), "--workers", "2",
@@ -91,6 +95,58 @@ def test_up_builds_its_relay_workers_with_the_same_builder(tmp_path: Path,
         transceivers={int(t.key): ("127.0.0.1", int(t.argv[t.argv.index("--listen") + 1]
                                                     .rsplit(":", 1)[1]))
                       for t in transceivers})
+
+
+def test_turn_secrets_travel_as_a_file_never_on_the_command_line(
+        tmp_path: Path, secret_file: Path) -> None:
+    turn_file = tmp_path / "turn.secret"
+    turn_file.write_bytes(b"# coturn's static-auth-secret\nnot-a-flag-value\n")
+    args, parent = _parse(["--secret-file", str(secret_file), "--workers", "2",
+                           "--turn", "--turn-secret-file", str(turn_file),
+                           "--listen", "127.0.0.1:3478"])
+    assert parent.turn is not None and parent.turn.secrets == (b"not-a-flag-value",)
+    argv = cli._child_argv(args, parent, 0, [("127.0.0.1", 3478)], "/tmp/w0.sock")
+    assert "not-a-flag-value" not in " ".join(argv)
+    assert _parse(argv[3:])[1].turn == parent.turn
+    # Without a file the secret is derived from the routing secret (signaling can mint).
+    _, derived = _parse(["--secret-file", str(secret_file), "--turn", "--listen",
+                         "127.0.0.1:3478"])
+    assert derived.turn is not None and len(derived.turn.secrets[0]) == 64
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--turn-realm", "a-realm-of-thirteen"], "realm"),
+    (["--turn-peer", "10.0.0.0/33"], "--turn-peer"),
+    (["--turn-relay-ip", "example.org"], "--turn-relay-ip"),
+    (["--turn-allocations-per-ip", "0"], "quotas"),
+])
+def test_bad_turn_flags_are_usage_errors(secret_file: Path, flags: list[str],
+                                         message: str) -> None:
+    with pytest.raises(cli.UsageError, match=message):
+        _parse(["--secret-file", str(secret_file), "--turn", *flags])
+
+
+def test_up_passes_turn_to_its_relay_workers(tmp_path: Path, secret_file: Path) -> None:
+    parser = argparse.ArgumentParser()
+    add_up_arguments(parser)
+    turn_file = tmp_path / "turn.secret"
+    turn_file.write_bytes(b"shared\n")
+    args = parser.parse_args(["--state-dir", str(tmp_path / "state"), "--udp", "0.0.0.0:3478",
+                              "--public-address", "203.0.113.1",
+                              "--public-address", "2001:db8::1", "--turn",
+                              "--turn-secret-file", str(turn_file),
+                              "--turn-peer", "10.0.0.0/8"])
+    resolve(args, {}, "up", UP_DEFAULTS)
+    cfg = build_up_config(args)
+    _, relays = child_specs(cfg, secret_file, tmp_path)
+    _, config = _parse(relays[0].argv[3:])
+    assert config.turn is not None
+    # The IPv4 wildcard serves the IPv4 public address only: that is TURN's media address.
+    assert config.turn.media == (("203.0.113.1", 3478),)
+    assert config.turn.relay_ips == ("203.0.113.1",)
+    assert config.turn.secrets == (b"shared",)
+    assert [str(n) for n in config.turn.peers] == ["10.0.0.0/8"]
+    assert "shared" not in " ".join(relays[0].argv)
 
 
 def test_only_given_settings_are_written() -> None:

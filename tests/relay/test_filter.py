@@ -35,6 +35,22 @@ def test_kernel_filter_keeps_only_our_protocols_up_to_the_size_limit(family: int
         assert got == ACCEPTED  # nothing from DROPPED came in between
 
 
+@linux
+def test_kernel_filter_with_turn_also_keeps_channel_data() -> None:
+    """With TURN on, ChannelData (first byte 0x40-0x7F, channels 0x4000-0x7FFF) passes too;
+    everything else is filtered as before."""
+    accepted = [*ACCEPTED, b"\x40\x00\x00\x00", b"\x4f", b"\x7f\xff"]
+    dropped = [d for d in DROPPED if d[:1] not in (b"\x40", b"\x7f")]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as rx, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
+        assert attach_public_filter(rx, turn=True)
+        rx.bind(("127.0.0.1", 0))
+        rx.settimeout(0.5)
+        for data in dropped + accepted:  # in order: each accepted datagram is a barrier
+            tx.sendto(data, rx.getsockname())
+        assert [rx.recv(65536) for _ in accepted] == accepted
+
+
 @pytest.mark.usefixtures("close_sockets")
 async def test_loop_drops_junk_from_unknown_flows_and_reports_buffers(
     nursery: trio.Nursery, start_relay: StartRelay

@@ -1,8 +1,9 @@
-"""STUN (RFC 8489, RFC 5389) for ICE: a sans-IO codec, Binding builders and the relay's
-hot-path helpers.
+"""STUN (RFC 8489, RFC 5389) for ICE and TURN: a sans-IO codec, Binding builders and the
+relay's hot-path helpers.
 
-* ``message``  — ``Message`` codec, attribute registry, MESSAGE-INTEGRITY / FINGERPRINT,
-  long-term credential key (RFC 8489 §5, §9, §14).
+* ``message``  — ``Message`` codec, attribute registry (the TURN attributes of RFC 8656
+  included: one parser for both), MESSAGE-INTEGRITY / MESSAGE-INTEGRITY-SHA256 /
+  FINGERPRINT, long-term credential keys (RFC 8489 §5, §9, §14).
 * ``builders`` — Binding request / success / error as ICE uses them (RFC 8445 §7).
 * ``fast``     — ``peek_username_untrusted`` and ``reflexive_response`` for the relay.
 
@@ -33,13 +34,19 @@ from appliance.proto.stun.message import (
     Class,
     Message,
     Method,
+    PasswordAlgorithm,
     StunError,
+    encode_password_algorithms,
+    find_attribute,
     fingerprint_value,
     long_term_key,
     message_integrity,
+    message_integrity_sha256,
+    parse_password_algorithm_untrusted,
     saslprep,
     verify_fingerprint,
     verify_integrity,
+    verify_integrity_sha256,
 )
 
 __all__ = [
@@ -54,16 +61,22 @@ __all__ = [
     "Class",
     "Message",
     "Method",
+    "PasswordAlgorithm",
     "StunError",
     "binding_error",
     "binding_request",
     "binding_success",
+    "encode_password_algorithms",
+    "find_attribute",
     "fingerprint_value",
     "long_term_key",
     "message_integrity",
+    "message_integrity_sha256",
+    "parse_password_algorithm_untrusted",
     "peek_username_untrusted",
     "reflexive_response",
     "saslprep",
     "verify_fingerprint",
     "verify_integrity",
+    "verify_integrity_sha256",
 ]

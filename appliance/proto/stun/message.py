@@ -16,16 +16,27 @@ Implemented:
   §14.8 ERROR-CODE, §14.9 REALM, §14.10 NONCE, §14.13 UNKNOWN-ATTRIBUTES, §14.14 SOFTWARE;
 * RFC 8445 §16.1 PRIORITY, USE-CANDIDATE, ICE-CONTROLLED, ICE-CONTROLLING;
 * §9.2.2 long-term credential key (MD5 of ``username:realm:password``, with SASLprep of
-  RFC 4013 as RFC 5389 specified, so the RFC 5769 §2.4 vector verifies).
+  RFC 4013 as RFC 5389 specified, so the RFC 5769 §2.4 vector verifies), and its SHA-256
+  variant (§18.5.1.2) for PASSWORD-ALGORITHM SHA-256;
+* §14.6 MESSAGE-INTEGRITY-SHA256 (HMAC-SHA256, 16-32 bytes in steps of 4, truncated
+  compare), computed on send (``encode(..., integrity="sha256")``) and verified on the raw
+  bytes (``verify_integrity_sha256``); after it only FINGERPRINT is kept (§14.6);
+* §14.11/§14.12 PASSWORD-ALGORITHMS / PASSWORD-ALGORITHM, kept as raw bytes with their
+  codecs beside (``encode_password_algorithms``, ``parse_password_algorithm_untrusted``);
+* the TURN methods and attributes of RFC 8656 §14-§18 (CHANNEL-NUMBER, LIFETIME,
+  XOR-PEER-ADDRESS, DATA, XOR-RELAYED-ADDRESS, REQUESTED-ADDRESS-FAMILY, EVEN-PORT,
+  REQUESTED-TRANSPORT, DONT-FRAGMENT, RESERVATION-TOKEN, ADDITIONAL-ADDRESS-FAMILY,
+  ADDRESS-ERROR-CODE, ICMP): one registry, one parser, for ICE and TURN alike
+  (``appliance.proto.turn`` builds its server on this codec).
 
 Deliberately omitted:
 
 * RFC 3489 "classic" STUN (no magic cookie): rejected as malformed;
-* MESSAGE-INTEGRITY-SHA256 (§14.6), PASSWORD-ALGORITHM(S) and USERHASH (§14.4, §14.11,
-  §14.12): recognised and kept as raw bytes so they are never reported as unknown, but never
-  computed or verified (WebRTC ICE uses HMAC-SHA1 short-term credentials only);
+* USERHASH (§14.4): recognised and kept as raw bytes, never computed (the TURN server does
+  not offer username anonymity, so a client never needs it);
 * OpaqueString (RFC 8265) preparation of long-term passwords: SASLprep is used instead;
-* ALTERNATE-SERVER / ALTERNATE-DOMAIN and the TURN attributes: unknown to this codec.
+* ALTERNATE-SERVER / ALTERNATE-DOMAIN and RFC 6062's TCP-allocation attributes
+  (CONNECTION-ID): unknown to this codec.
 
 Wire layout (§5)::
 
@@ -68,12 +79,19 @@ __all__ = [
     "Message",
     "Method",
     "StunError",
+    "PasswordAlgorithm",
+    "encode_password_algorithms",
+    "find_attribute",
     "fingerprint_value",
     "long_term_key",
     "message_integrity",
+    "message_integrity_sha256",
+    "message_type",
+    "parse_password_algorithm_untrusted",
     "saslprep",
     "verify_fingerprint",
     "verify_integrity",
+    "verify_integrity_sha256",
 ]
 
 COOKIE = 0x2112A442
@@ -81,6 +99,9 @@ COOKIE_BYTES = COOKIE.to_bytes(4, "big")
 HEADER_LENGTH = 20
 FINGERPRINT_XOR = 0x5354554E
 INTEGRITY_LENGTH = 20
+#: §14.6: MESSAGE-INTEGRITY-SHA256 carries 16 to 32 bytes of the HMAC, in steps of 4.
+SHA256_INTEGRITY_MIN = 16
+SHA256_INTEGRITY_LENGTH = 32
 #: A STUN message over UDP must fit one datagram; we never build or accept more (§6.1).
 MAX_MESSAGE = 65535
 
@@ -107,7 +128,8 @@ class Class(enum.IntEnum):
 
 
 class Method(enum.IntEnum):
-    """Methods from the IANA registry (§18.1) we recognise; only Binding is used by ICE."""
+    """Methods from the IANA registry (§18.1) we recognise: Binding (ICE) and the TURN
+    methods of RFC 8656 §18 (appliance.proto.turn)."""
 
     BINDING = 0x001
     ALLOCATE = 0x003
@@ -132,6 +154,10 @@ def _message_type(method: int, cls: int) -> int:
     )
 
 
+#: The message type of ``(method, class)`` (§5), for tables built outside this module.
+message_type = _message_type
+
+
 def _split_type(mtype: int) -> tuple[int, int]:
     method = (mtype & 0x000F) | ((mtype & 0x00E0) >> 1) | ((mtype & 0x3E00) >> 2)
     cls = ((mtype & 0x0010) >> 4) | ((mtype & 0x0100) >> 7)
@@ -139,23 +165,36 @@ def _split_type(mtype: int) -> tuple[int, int]:
 
 
 class AttrType(enum.IntEnum):
-    """Attribute types of the registry table below (§18.3, RFC 8445 §16.1)."""
+    """Attribute types of the registry table below (§18.3, RFC 8445 §16.1, RFC 8656 §18)."""
 
     MAPPED_ADDRESS = 0x0001
     USERNAME = 0x0006
     MESSAGE_INTEGRITY = 0x0008
     ERROR_CODE = 0x0009
     UNKNOWN_ATTRIBUTES = 0x000A
+    CHANNEL_NUMBER = 0x000C  # RFC 8656 §18.1
+    LIFETIME = 0x000D  # RFC 8656 §18.2
+    XOR_PEER_ADDRESS = 0x0012  # RFC 8656 §18.3
+    DATA = 0x0013  # RFC 8656 §18.4
     REALM = 0x0014
     NONCE = 0x0015
+    XOR_RELAYED_ADDRESS = 0x0016  # RFC 8656 §18.5
+    REQUESTED_ADDRESS_FAMILY = 0x0017  # RFC 8656 §18.6
+    EVEN_PORT = 0x0018  # RFC 8656 §18.7
+    REQUESTED_TRANSPORT = 0x0019  # RFC 8656 §18.8
+    DONT_FRAGMENT = 0x001A  # RFC 8656 §18.9
     MESSAGE_INTEGRITY_SHA256 = 0x001C
     PASSWORD_ALGORITHM = 0x001D
     USERHASH = 0x001E
     XOR_MAPPED_ADDRESS = 0x0020
+    RESERVATION_TOKEN = 0x0022  # RFC 8656 §18.10
     PRIORITY = 0x0024
     USE_CANDIDATE = 0x0025
+    ADDITIONAL_ADDRESS_FAMILY = 0x8000  # RFC 8656 §18.11
+    ADDRESS_ERROR_CODE = 0x8001  # RFC 8656 §18.12
     PASSWORD_ALGORITHMS = 0x8002
     ALTERNATE_DOMAIN = 0x8003
+    ICMP = 0x8004  # RFC 8656 §18.13
     SOFTWARE = 0x8022
     FINGERPRINT = 0x8028
     ICE_CONTROLLED = 0x8029
@@ -215,6 +254,13 @@ def _dec_integrity(v: bytes, tid: bytes) -> AttrValue:
     return v
 
 
+def _dec_integrity_sha256(v: bytes, tid: bytes) -> AttrValue:
+    # §14.6: "at least 16 bytes ... a multiple of 4 ... at most 32".
+    if not SHA256_INTEGRITY_MIN <= len(v) <= SHA256_INTEGRITY_LENGTH or len(v) % 4:
+        raise _bad("MESSAGE-INTEGRITY-SHA256 must be 16-32 bytes in steps of 4")
+    return v
+
+
 def _dec_u32(v: bytes, tid: bytes) -> AttrValue:
     if len(v) != 4:
         raise _bad("32-bit attribute of wrong length")
@@ -237,6 +283,58 @@ def _enc_u64(value: AttrValue, tid: bytes) -> bytes:
     if not isinstance(value, int) or not 0 <= value < 1 << 64:
         raise LocalProtocolError("64-bit attribute out of range")
     return _U64.pack(value)
+
+
+#   0                   1                   2                   3
+#   0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1
+#  +-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
+#  |        Channel Number         |         RFFU = 0              |   CHANNEL-NUMBER
+#  +-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+   (RFC 8656 §18.1)
+#  |   Protocol    |                    RFFU                       |   REQUESTED-TRANSPORT,
+#  +-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+   (§18.8; and the family
+#                                                                       byte of §18.6, §18.11)
+#  The RFFU bits are ignored on receipt (RFC 8656 §18: "reserved for future use").
+
+
+def _dec_first_of_four(v: bytes, tid: bytes) -> AttrValue:
+    if len(v) != 4:
+        raise _bad("attribute must be 4 bytes")
+    return v[0]
+
+
+def _enc_first_of_four(value: AttrValue, tid: bytes) -> bytes:
+    if not isinstance(value, int) or not 0 <= value <= 0xFF:
+        raise LocalProtocolError("one-byte field out of range")
+    return bytes((value, 0, 0, 0))
+
+
+def _dec_channel(v: bytes, tid: bytes) -> AttrValue:
+    if len(v) != 4:
+        raise _bad("CHANNEL-NUMBER must be 4 bytes")
+    return (v[0] << 8) | v[1]
+
+
+def _enc_channel(value: AttrValue, tid: bytes) -> bytes:
+    if not isinstance(value, int) or not 0 <= value <= 0xFFFF:
+        raise LocalProtocolError("channel number out of range")
+    return bytes((value >> 8, value & 0xFF, 0, 0))
+
+
+def _dec_even_port(v: bytes, tid: bytes) -> AttrValue:
+    # §18.7: one byte, R (reserve the next port) in the top bit, the rest RFFU.
+    if len(v) != 1:
+        raise _bad("EVEN-PORT must be 1 byte")
+    return v[0] >> 7
+
+
+def _enc_even_port(value: AttrValue, tid: bytes) -> bytes:
+    return b"\x80" if value else b"\x00"
+
+
+def _dec_token(v: bytes, tid: bytes) -> AttrValue:
+    if len(v) != 8:
+        raise _bad("RESERVATION-TOKEN must be 8 bytes")
+    return v
 
 
 def _dec_flag(v: bytes, tid: bytes) -> AttrValue:
@@ -386,7 +484,9 @@ ATTRIBUTES: dict[int, _Spec] = {
     AttrType.UNKNOWN_ATTRIBUTES: _Spec("UNKNOWN-ATTRIBUTES", _dec_unknown, _enc_unknown),
     AttrType.REALM: _Spec("REALM", _dec_text(763), _enc_text),
     AttrType.NONCE: _Spec("NONCE", _dec_text(763), _enc_text),
-    AttrType.MESSAGE_INTEGRITY_SHA256: _Spec("MESSAGE-INTEGRITY-SHA256", _dec_raw, _enc_raw),
+    AttrType.MESSAGE_INTEGRITY_SHA256: _Spec(
+        "MESSAGE-INTEGRITY-SHA256", _dec_integrity_sha256, _enc_raw
+    ),
     AttrType.PASSWORD_ALGORITHM: _Spec("PASSWORD-ALGORITHM", _dec_raw, _enc_raw),
     AttrType.USERHASH: _Spec("USERHASH", _dec_raw, _enc_raw),
     AttrType.XOR_MAPPED_ADDRESS: _Spec(
@@ -400,10 +500,36 @@ ATTRIBUTES: dict[int, _Spec] = {
     AttrType.FINGERPRINT: _Spec("FINGERPRINT", _dec_u32, _enc_u32),
     AttrType.ICE_CONTROLLED: _Spec("ICE-CONTROLLED", _dec_u64, _enc_u64),
     AttrType.ICE_CONTROLLING: _Spec("ICE-CONTROLLING", _dec_u64, _enc_u64),
+    # TURN (RFC 8656 §18)
+    AttrType.CHANNEL_NUMBER: _Spec("CHANNEL-NUMBER", _dec_channel, _enc_channel),
+    AttrType.LIFETIME: _Spec("LIFETIME", _dec_u32, _enc_u32),
+    AttrType.XOR_PEER_ADDRESS: _Spec("XOR-PEER-ADDRESS", _dec_address(True), _enc_address(True)),
+    AttrType.DATA: _Spec("DATA", _dec_raw, _enc_raw),
+    AttrType.XOR_RELAYED_ADDRESS: _Spec(
+        "XOR-RELAYED-ADDRESS", _dec_address(True), _enc_address(True)
+    ),
+    AttrType.REQUESTED_ADDRESS_FAMILY: _Spec(
+        "REQUESTED-ADDRESS-FAMILY", _dec_first_of_four, _enc_first_of_four
+    ),
+    AttrType.EVEN_PORT: _Spec("EVEN-PORT", _dec_even_port, _enc_even_port),
+    AttrType.REQUESTED_TRANSPORT: _Spec(
+        "REQUESTED-TRANSPORT", _dec_first_of_four, _enc_first_of_four
+    ),
+    AttrType.DONT_FRAGMENT: _Spec("DONT-FRAGMENT", _dec_flag, _enc_flag),
+    AttrType.RESERVATION_TOKEN: _Spec("RESERVATION-TOKEN", _dec_token, _enc_raw),
+    AttrType.ADDITIONAL_ADDRESS_FAMILY: _Spec(
+        "ADDITIONAL-ADDRESS-FAMILY", _dec_first_of_four, _enc_first_of_four
+    ),
+    # ADDRESS-ERROR-CODE (family + ERROR-CODE layout) and ICMP are only ever sent by a
+    # server; kept raw (address_error_code() builds the former).
+    AttrType.ADDRESS_ERROR_CODE: _Spec("ADDRESS-ERROR-CODE", _dec_raw, _enc_raw),
+    AttrType.ICMP: _Spec("ICMP", _dec_raw, _enc_raw),
 }
 
-# MESSAGE-INTEGRITY and FINGERPRINT are computed by ``encode``, never copied from a message.
-_COMPUTED = frozenset((AttrType.MESSAGE_INTEGRITY, AttrType.FINGERPRINT))
+# The integrity attributes and FINGERPRINT are computed by ``encode``, never copied.
+_COMPUTED = frozenset(
+    (AttrType.MESSAGE_INTEGRITY, AttrType.MESSAGE_INTEGRITY_SHA256, AttrType.FINGERPRINT)
+)
 
 
 def _pad(n: int) -> int:
@@ -424,6 +550,19 @@ def message_integrity(prefix: bytes | bytearray | memoryview, key: bytes) -> byt
     with the header length adjusted to cover the MESSAGE-INTEGRITY attribute itself."""
     body = len(prefix) - HEADER_LENGTH + 4 + INTEGRITY_LENGTH
     mac = hmac.new(key, _with_length(prefix, body), hashlib.sha1)
+    mac.update(prefix[HEADER_LENGTH:])
+    return mac.digest()
+
+
+def message_integrity_sha256(prefix: bytes | bytearray | memoryview, key: bytes) -> bytes:
+    """HMAC-SHA256 over ``prefix`` (the message up to MESSAGE-INTEGRITY-SHA256), with the
+    header length adjusted to cover a 32-byte MESSAGE-INTEGRITY-SHA256 (§14.6)."""
+    return _hmac_sha256(prefix, key, SHA256_INTEGRITY_LENGTH)
+
+
+def _hmac_sha256(prefix: bytes | bytearray | memoryview, key: bytes, length: int) -> bytes:
+    body = len(prefix) - HEADER_LENGTH + 4 + length
+    mac = hmac.new(key, _with_length(prefix, body), hashlib.sha256)
     mac.update(prefix[HEADER_LENGTH:])
     return mac.digest()
 
@@ -460,6 +599,19 @@ def _walk(buf: bytes | bytearray | memoryview) -> list[tuple[int, int, int]] | N
     return out
 
 
+def find_attribute(raw: bytes | bytearray | memoryview, attr: int) -> tuple[int, int] | None:
+    """``(offset, length)`` of the value of the first ``attr`` in a well-framed message, or
+    None (absent, or the framing is bad). Never raises: for callers that want a value's
+    place in the datagram rather than a copy (TURN's DATA, relayed without copying)."""
+    attrs = _walk(raw)
+    if attrs is None:
+        return None
+    for atype, off, alen in attrs:
+        if atype == attr:
+            return off, alen
+    return None
+
+
 def verify_integrity(raw: bytes | bytearray | memoryview, key: bytes) -> bool:
     """True iff ``raw`` is well framed and its first MESSAGE-INTEGRITY is HMAC-SHA1 of the
     preceding bytes under ``key`` (§14.5), compared in constant time."""
@@ -471,6 +623,24 @@ def verify_integrity(raw: bytes | bytearray | memoryview, key: bytes) -> bool:
             if alen != INTEGRITY_LENGTH:
                 return False
             expected = message_integrity(raw[: off - 4], key)
+            return hmac.compare_digest(expected, bytes(raw[off : off + alen]))
+    return False
+
+
+def verify_integrity_sha256(raw: bytes | bytearray | memoryview, key: bytes) -> bool:
+    """True iff ``raw`` is well framed and its first MESSAGE-INTEGRITY-SHA256 (16-32 bytes
+    in steps of 4) is the leading bytes of HMAC-SHA256 of the preceding bytes under ``key``
+    (§14.6), compared in constant time."""
+    attrs = _walk(raw)
+    if attrs is None:
+        return False
+    for atype, off, alen in attrs:
+        if atype == AttrType.MESSAGE_INTEGRITY_SHA256:
+            if not SHA256_INTEGRITY_MIN <= alen <= SHA256_INTEGRITY_LENGTH or alen % 4:
+                return False
+            # The length field covers the attribute as sent (its own, possibly truncated,
+            # length), and the comparison is of that many leading bytes.
+            expected = _hmac_sha256(raw[: off - 4], key, alen)[:alen]
             return hmac.compare_digest(expected, bytes(raw[off : off + alen]))
     return False
 
@@ -522,10 +692,47 @@ def saslprep(text: str) -> str:
     return out
 
 
-def long_term_key(username: str, realm: str, password: str) -> bytes:
-    """§9.2.2 key = MD5(username ":" realm ":" SASLprep(password)) (MD5 algorithm)."""
+class PasswordAlgorithm(enum.IntEnum):
+    """§18.5 STUN Password Algorithms registry."""
+
+    MD5 = 0x0001
+    SHA256 = 0x0002
+
+
+def long_term_key(
+    username: str, realm: str, password: str, algorithm: int = PasswordAlgorithm.MD5
+) -> bytes:
+    """§9.2.2 key = MD5(username ":" realm ":" SASLprep(password)) for the MD5 algorithm (the
+    default, and the only one before RFC 8489), SHA-256 of the same for SHA-256 (§18.5.1.2)."""
     data = f"{username}:{realm}:{saslprep(password)}".encode()
+    if algorithm == PasswordAlgorithm.SHA256:
+        return hashlib.sha256(data).digest()
+    if algorithm != PasswordAlgorithm.MD5:
+        raise LocalProtocolError(f"unknown password algorithm {algorithm}")
     return hashlib.md5(data, usedforsecurity=False).digest()
+
+
+#   0                   1                   2                   3
+#   0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1
+#  +-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
+#  |          Algorithm           |  Algorithm Parameters Length   |
+#  +-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
+#  |                    Algorithm Parameters (variable)           ...   (§14.11, §14.12:
+#  +-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+   one, or a list of them)
+
+
+def encode_password_algorithms(algorithms: tuple[int, ...]) -> bytes:
+    """The value of PASSWORD-ALGORITHMS listing ``algorithms`` (no parameters: neither MD5
+    nor SHA-256 has any)."""
+    return b"".join(a.to_bytes(2, "big") + b"\x00\x00" for a in algorithms)
+
+
+def parse_password_algorithm_untrusted(value: bytes) -> int:
+    """The algorithm of a PASSWORD-ALGORITHM value (§14.12); StunError (400) if it is not
+    one well-formed entry without parameters."""
+    if len(value) != 4 or value[2:4] != b"\x00\x00":
+        raise _bad("PASSWORD-ALGORITHM must be one algorithm without parameters")
+    return (value[0] << 8) | value[1]
 
 
 # --- the message ------------------------------------------------------------------------
@@ -556,6 +763,10 @@ class Message:
             if t == attr:
                 return v
         return None
+
+    def get_all(self, attr: AttrType) -> list[AttrValue]:
+        """Every value of ``attr``, in wire order (XOR-PEER-ADDRESS repeats, RFC 8656 §10)."""
+        return [v for t, v in self.attributes if t == attr]
 
     def has(self, attr: AttrType) -> bool:
         return any(t == attr for t, _ in self.attributes)
@@ -624,6 +835,7 @@ class Message:
         attrs: list[tuple[AttrType, AttrValue]] = []
         unknown: list[int] = []
         seen_integrity = False
+        seen_sha256 = False
         seen_fingerprint = False
         pos = HEADER_LENGTH
         while pos < n:
@@ -638,6 +850,9 @@ class Message:
             if seen_fingerprint:
                 # §14.7: FINGERPRINT is always the last attribute.
                 raise _bad("attribute after FINGERPRINT")
+            if seen_sha256 and atype != AttrType.FINGERPRINT:
+                # §14.6: after MESSAGE-INTEGRITY-SHA256 only FINGERPRINT counts.
+                continue
             if seen_integrity and atype not in (
                 AttrType.FINGERPRINT,
                 AttrType.MESSAGE_INTEGRITY_SHA256,
@@ -654,6 +869,8 @@ class Message:
             attrs.append((AttrType(atype), value))
             if atype == AttrType.MESSAGE_INTEGRITY:
                 seen_integrity = True
+            elif atype == AttrType.MESSAGE_INTEGRITY_SHA256:
+                seen_sha256 = True
             elif atype == AttrType.FINGERPRINT:
                 seen_fingerprint = True
         if pos != n:
@@ -666,11 +883,17 @@ class Message:
         fingerprint: bool = True,
         *,
         padding: int = 0,
+        integrity: str = "sha1",
     ) -> bytes:
         """Serialise, appending MESSAGE-INTEGRITY (when ``integrity_key`` is given) and
         FINGERPRINT (when ``fingerprint``) after the other attributes, in that order (§14.5,
-        §14.7). ``padding`` is the padding byte value: 0 per RFC 8489 §14; other values
-        only exist to reproduce the RFC 5769 vectors (which pad with spaces)."""
+        §14.7). ``integrity`` picks the integrity attribute(s): ``"sha1"``
+        (MESSAGE-INTEGRITY), ``"sha256"`` (MESSAGE-INTEGRITY-SHA256, 32 bytes, §14.6) or
+        ``"both"`` (MESSAGE-INTEGRITY then MESSAGE-INTEGRITY-SHA256). ``padding`` is the
+        padding byte value: 0 per RFC 8489 §14; other values only exist to reproduce the
+        RFC 5769 vectors (which pad with spaces)."""
+        if integrity not in ("sha1", "sha256", "both"):
+            raise LocalProtocolError(f"unknown integrity {integrity!r}")
         tid = self.transaction_id
         pad_byte = bytes((padding,))
         parts: list[bytes] = []
@@ -684,10 +907,14 @@ class Message:
         body = b"".join(parts)
         mtype = _message_type(self.method, self.msg_class)
         out = _HEADER.pack(mtype, len(body), COOKIE, tid) + body
-        if integrity_key is not None:
+        if integrity_key is not None and integrity != "sha256":
             mac = message_integrity(out, integrity_key)
-            out = _HEADER.pack(mtype, len(body) + 24, COOKIE, tid) + body
+            out = _HEADER.pack(mtype, len(out) - HEADER_LENGTH + 24, COOKIE, tid) + out[20:]
             out += _TLV.pack(AttrType.MESSAGE_INTEGRITY, INTEGRITY_LENGTH) + mac
+        if integrity_key is not None and integrity != "sha1":
+            mac = message_integrity_sha256(out, integrity_key)
+            out = _HEADER.pack(mtype, len(out) - HEADER_LENGTH + 36, COOKIE, tid) + out[20:]
+            out += _TLV.pack(AttrType.MESSAGE_INTEGRITY_SHA256, SHA256_INTEGRITY_LENGTH) + mac
         if fingerprint:
             crc = fingerprint_value(out)
             out = _HEADER.pack(mtype, len(out) - HEADER_LENGTH + 8, COOKIE, tid) + out[20:]

@@ -1,0 +1,70 @@
+"""TURN (RFC 8656) for the relay: a sans-IO server on the one STUN codec.
+
+* ``server``      — :class:`TurnServer`: Allocate, Refresh, CreatePermission, ChannelBind,
+  Send/Data indications, ChannelData, long-term REST credentials, nonces, quotas, no open
+  relay, no amplification (its docstring has the whole decision table).
+* ``credentials`` — TURN REST API credentials (``expiry:id`` + base64 HMAC-SHA1) and the
+  server's stateless nonces.
+* ``channel``     — ChannelData codec and :class:`StreamFramer` (TURN over TCP/TLS, §12.5).
+* ``demux``       — which datagrams on the media port are TURN's (pure tables).
+* ``errors``      — :class:`TurnError` (ChannelData, stream framing, REST usernames).
+
+Every ``*_untrusted`` function raises only ``TurnError`` (or, for the STUN codec it builds on,
+``StunError``); :meth:`TurnServer.handle_input` never raises for peer bytes.
+"""
+
+from __future__ import annotations
+
+from .channel import (
+    CHANNEL_MAX,
+    CHANNEL_MIN,
+    StreamFramer,
+    channel_data_header,
+    encode_channel_data,
+    parse_channel_data_untrusted,
+)
+from .credentials import (
+    NonceCodec,
+    RestCredential,
+    mint_rest_credential,
+    parse_rest_username_untrusted,
+    rest_password,
+)
+from .demux import TURN_FIRST, TURN_TYPE, is_turn
+from .errors import TurnError
+from .server import (
+    AllocationCreated,
+    AllocationEnded,
+    PeerData,
+    RelayPorts,
+    Transmit,
+    TurnConfig,
+    TurnCounters,
+    TurnServer,
+)
+
+__all__ = [
+    "CHANNEL_MAX",
+    "CHANNEL_MIN",
+    "TURN_FIRST",
+    "TURN_TYPE",
+    "AllocationCreated",
+    "AllocationEnded",
+    "NonceCodec",
+    "PeerData",
+    "RelayPorts",
+    "RestCredential",
+    "StreamFramer",
+    "Transmit",
+    "TurnConfig",
+    "TurnCounters",
+    "TurnError",
+    "TurnServer",
+    "channel_data_header",
+    "encode_channel_data",
+    "is_turn",
+    "mint_rest_credential",
+    "parse_channel_data_untrusted",
+    "parse_rest_username_untrusted",
+    "rest_password",
+]

@@ -1,0 +1,135 @@
+"""Long-term credentials in the TURN REST API form, and the server's stateless nonces.
+
+**TURN REST API credentials** (draft-uberti-behave-turn-rest-00 §2.2, the form coturn's
+``use-auth-secret`` and LiveKit use): a service that shares a secret with the TURN server
+mints, per session and without talking to the server::
+
+    username   = "<expiry>:<id>"        expiry: Unix time (seconds) after which it is refused
+    credential = base64(HMAC-SHA1(secret, username))
+
+and the server recomputes the credential from the username and every secret it holds (so
+secrets can be rotated: the first one mints, all of them verify). The credential is then the
+long-term *password* of RFC 8489 §9.2 — the MESSAGE-INTEGRITY key is
+``MD5(username ":" realm ":" password)`` (or SHA-256 of it, §9.2.2) as for any user.
+
+**Nonces** (RFC 8489 §9.2, RFC 8656 §5): the server keeps no state per challenge. A nonce is::
+
+    ["obMatJos2" + base64(security features)]   nonce cookie (§9.2.1), when PASSWORD-
+                                                ALGORITHMS was offered with it
+    base64(expiry[4] || HMAC-SHA256(key, ...)[:5])   12 characters
+
+The MAC covers the cookie, the expiry and the client's transport address, so a nonce is
+good only from the address it was given to and only until it expires (then 438 Stale Nonce
+hands out a new one). It is short on purpose: a 401 has to fit the amplification bound of
+a 28-byte Allocate (``server.py``); the 40-bit MAC only has to make a forged *nonce*
+useless, and a nonce grants nothing without the credential's MESSAGE-INTEGRITY.
+
+Time is passed in (Unix seconds); nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import struct
+from dataclasses import dataclass
+
+from .errors import TurnError
+
+__all__ = [
+    "NONCE_COOKIE",
+    "NonceCodec",
+    "RestCredential",
+    "mint_rest_credential",
+    "parse_rest_username_untrusted",
+    "rest_password",
+]
+
+#: §9.2.1 nonce cookie followed by the 24 Security Feature bits, bit 0 ("Password
+#: algorithms") set: base64 of 0x000001 (bit 0 is the rightmost, RFC 8489 erratum 6290).
+NONCE_COOKIE = "obMatJos2" + "AAAB"
+_NONCE_BODY = 12  # base64 characters of expiry[4] || mac[5]
+_MAC = 5
+#: A REST username is "<expiry>:<id>"; we accept ids of printable characters, and cap the
+#: whole at the USERNAME attribute's 513 bytes (RFC 8489 §14.3) anyway.
+MAX_ID = 128
+
+
+def rest_password(secret: bytes, username: str) -> str:
+    """The credential of ``username`` under ``secret``: base64(HMAC-SHA1(secret, username))."""
+    return base64.b64encode(hmac.new(secret, username.encode(), hashlib.sha1).digest()).decode()
+
+
+@dataclass(frozen=True, slots=True)
+class RestCredential:
+    """One minted credential, as an RTCIceServer wants it."""
+
+    username: str
+    password: str
+    expiry: int
+
+    def __repr__(self) -> str:  # never print the password
+        return f"RestCredential(username={self.username!r}, expiry={self.expiry})"
+
+
+def mint_rest_credential(secret: bytes, ident: str, expiry: int) -> RestCredential:
+    """A credential for ``ident`` valid until Unix time ``expiry``."""
+    if not ident or len(ident) > MAX_ID or not ident.isprintable() or ":" in ident:
+        raise ValueError("a REST credential id is 1-128 printable characters without ':'")
+    username = f"{int(expiry)}:{ident}"
+    return RestCredential(username, rest_password(secret, username), int(expiry))
+
+
+def parse_rest_username_untrusted(username: str) -> tuple[int, str]:
+    """``(expiry, id)`` of a REST username ``"<expiry>:<id>"`` (a bare ``"<expiry>"`` has the
+    id ``""``, as coturn accepts it). Raises only :class:`TurnError` (``bad-username``)."""
+    expiry_text, _, ident = username.partition(":")
+    if not expiry_text.isascii() or not expiry_text.isdigit() or len(expiry_text) > 12:
+        raise TurnError("REST username does not start with an expiry", hint="bad-username")
+    if len(ident) > MAX_ID:
+        raise TurnError("REST username id too long", hint="bad-username")
+    return int(expiry_text), ident
+
+
+class NonceCodec:
+    """Mints and checks the stateless nonces of the module docstring."""
+
+    __slots__ = ("_key", "lifetime")
+
+    def __init__(self, key: bytes, lifetime: float) -> None:
+        if lifetime <= 0:
+            raise ValueError("nonce lifetime must be > 0")
+        self._key = key
+        self.lifetime = lifetime
+
+    def _mac(self, cookie: bool, expiry: int, client: tuple[str, int]) -> bytes:
+        msg = b"%d|%d|%s|%d" % (cookie, expiry, client[0].encode(), client[1])
+        return hmac.new(self._key, msg, hashlib.sha256).digest()[:_MAC]
+
+    def mint(self, unix: float, client: tuple[str, int], *, cookie: bool) -> str:
+        """A nonce for ``client``, good for ``lifetime`` seconds from ``unix``; with the
+        cookie when the answer offers PASSWORD-ALGORITHMS."""
+        expiry = int(unix + self.lifetime) & 0xFFFFFFFF
+        body = base64.b64encode(struct.pack("!I", expiry) + self._mac(cookie, expiry, client))
+        return (NONCE_COOKIE if cookie else "") + body.decode()
+
+    def check(self, nonce: str, unix: float, client: tuple[str, int]) -> tuple[str, bool]:
+        """``(verdict, cookie)``: verdict ``"ok"``, ``"stale"`` (ours, expired) or ``"bad"``
+        (not ours, or another client's); ``cookie`` whether it carries the nonce cookie
+        (the client must then follow the PASSWORD-ALGORITHMS rules, RFC 8489 §9.2.4)."""
+        cookie = nonce.startswith(NONCE_COOKIE)
+        body = nonce[len(NONCE_COOKIE) :] if cookie else nonce
+        if len(body) != _NONCE_BODY or not body.isascii():
+            return "bad", cookie
+        try:
+            raw = base64.b64decode(body, validate=True)
+        except (binascii.Error, ValueError):
+            return "bad", cookie
+        expiry = int(struct.unpack_from("!I", raw)[0])
+        if not hmac.compare_digest(raw[4:], self._mac(cookie, expiry, client)):
+            return "bad", cookie
+        if expiry <= int(unix):
+            return "stale", cookie
+        return "ok", cookie

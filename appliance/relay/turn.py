@@ -1,0 +1,461 @@
+"""TURN in the relay (issue 40): the gate between the routing core and the sans-IO
+:class:`~appliance.proto.turn.TurnServer`, and the relayed sockets.
+
+::
+
+    TURN client ──UDP──► public socket ─► drain ─► RelayCore.handle_datagram
+                                                     │ ChannelData / TURN STUN (demux.py)
+                                                     ▼
+                                                  TurnGate.handle ─► TurnServer
+                                                     │
+       answers (401, Allocate success, …) ◄──────────┤ Transmit
+                                                     │ PeerData
+              peer = our own media address ──────────┼──► RelayCore.handle_datagram(
+              (item 2: never leaves the host)        │      client = relayed address,
+                                                     │      hop = TURN_HOP) ─► transceiver
+              peer inside --turn-peer ───────────────┴──► relayed socket ─► peer
+
+    transceiver ─► internal drain: flow.upstream is TURN_HOP ─► TurnGate.back ─► ChannelData
+                   (or a Data indication) ─► public socket ─► TURN client
+    peer ─► relayed socket reader ─► TurnGate.from_peer ─► TurnServer ─► public socket
+
+**Our own media address is delivered in-process.** A browser with
+``iceTransportPolicy: "relay"`` pairs its relay candidate (the allocation's relayed address)
+with the answer's host candidate (our media address) and sends its checks, DTLS and SRTP
+through the allocation to it. The gate hands that payload straight back to the routing core
+as if it had arrived on the public socket from the relayed address: the ICE ufrag of the
+first check routes it to the owning transceiver, the flow table does the rest, and the
+transceiver sees a client at the relayed address (its XOR-MAPPED-ADDRESS, consent checks and
+media all name it) — no datagram to ourselves, no hairpin through a NAT, no port below 1024
+to send to. Its replies come back to the gate (fastpath's internal drain, by the flow's hop)
+and go to the TURN client as ChannelData (4-byte header + the payload in place: no copy) or,
+before a channel is bound, as a Data indication.
+
+**Relayed addresses are real sockets** (one UDP socket per allocation, bound on the relay IP
+with an ephemeral port): the kernel guarantees two workers never hand out the same address,
+and a peer inside an operator's ``--turn-peer`` networks is reached through it. Without such
+networks nothing can legitimately arrive on a relayed socket, so it is not read and its
+receive buffer is shrunk to the minimum: junk sent to it costs a few kB per allocation.
+
+Counters (in the relay's ``stats``): ``turn_*`` (allocations created/expired/deleted/closed,
+requests, challenges, auth failures, packets to/from peers, ``turn_relayed_in`` /
+``turn_relayed_out`` for our own media address, ``turn_peer_sends`` through sockets) and
+drops ``turn-*`` by reason.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import hmac
+import ipaddress
+import logging
+import resource
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import trio
+
+from ..netio.sockets import family_of
+from ..proto.proxy import StreamAddr
+from ..proto.ratelimit import Gcra
+from ..proto.turn import (
+    AllocationCreated,
+    AllocationEnded,
+    PeerData,
+    RelayPorts,
+    Transmit,
+    TurnConfig,
+    TurnCounters,
+    TurnServer,
+)
+from ..proto.turn.server import Network
+from .core import TURN_HOP, Address, Flow, RelayCore, Relayed
+from .counters import Counters
+from .transport import ReturnSink, Transport
+
+log = logging.getLogger("appliance.relay.server")
+
+__all__ = [
+    "RelaySockets", "TurnGate", "TurnSettings", "derive_turn_secret", "own_media_map",
+]
+
+#: Datagrams read from one relayed socket per wake-up (peers under --turn-peer only).
+PEER_BATCH = 32
+
+
+def derive_turn_secret(routing_secret: bytes) -> bytes:
+    """The TURN REST API shared secret when none is configured: derived from the routing
+    secret (signaling, which mints credentials, has it too), as 64 hex characters — a
+    printable string, so the same secret can be given to coturn or a credential tool."""
+    return hmac.new(routing_secret, b"appliance turn-rest secret v1",
+                    hashlib.sha256).hexdigest().encode()
+
+
+def nonce_key(secret: bytes) -> bytes:
+    """The nonce key of :class:`~appliance.proto.turn.NonceCodec`: from the first shared
+    secret, so every worker accepts every worker's nonces (a restart costs no round trip)."""
+    return hmac.new(secret, b"appliance turn nonce v1", hashlib.sha256).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class TurnSettings:
+    """TURN in one relay worker (the CLI builds it: ``--turn`` and its flags)."""
+
+    secrets: tuple[bytes, ...]
+    realm: str = "appliance"
+    #: the appliance's own media addresses as clients reach them (the answer's candidates)
+    media: tuple[Address, ...] = ()
+    #: the IPs relayed addresses are advertised with, per family (4, 6)
+    relay_ips: tuple[str, ...] = ()
+    peers: tuple[Network, ...] = ()
+    max_allocations: int = 2000
+    max_per_source: int = 16
+    max_per_username: int = 8
+    max_lifetime: int = 3600
+
+    def server_config(self, own: frozenset[Address]) -> TurnConfig:
+        return TurnConfig(secrets=self.secrets, nonce_key=nonce_key(self.secrets[0]),
+                          realm=self.realm, own=own, peers=self.peers,
+                          max_allocations=self.max_allocations,
+                          max_per_source=self.max_per_source,
+                          max_per_username=self.max_per_username,
+                          max_lifetime=self.max_lifetime)
+
+
+def _canonical(addr: Address) -> Address:
+    return (str(ipaddress.ip_address(addr[0])), addr[1])
+
+
+def own_media_map(media: Sequence[Address], listen: Sequence[Address]) -> dict[Address, Address]:
+    """Our own media address (as a peer names it) -> the listen address it arrives on: each
+    media address maps to the listen address of its family and port (a wildcard bind takes
+    every address of its family). A listen address bound to a specific IP is a media address
+    of itself. ValueError for a media address no listen address serves."""
+    out: dict[Address, Address] = {}
+    for addr in listen:
+        if addr[0] not in ("0.0.0.0", "::"):
+            out[_canonical(addr)] = addr
+    for addr in media:
+        ip = ipaddress.ip_address(addr[0])
+        match = [a for a in listen if a[1] == addr[1]
+                 and ipaddress.ip_address(a[0]).version == ip.version
+                 and (a[0] in ("0.0.0.0", "::") or ipaddress.ip_address(a[0]) == ip)]
+        if not match:
+            raise ValueError(f"media address {addr[0]}:{addr[1]} is not served by any "
+                             "listen address (same family and port)")
+        out[_canonical(addr)] = match[0]
+    return out
+
+
+class RelaySockets:
+    """The relayed addresses as real UDP sockets (:class:`~appliance.proto.turn.RelayPorts`).
+
+    ``relay_ips`` are the advertised IPs, one per family; a socket binds to that IP when it
+    is local, else to the family's wildcard (a cloud VM's public IP is its NAT's). With
+    ``read`` (peers beyond our own media address are allowed) each socket gets a reader task
+    in ``nursery`` (set by the shell before traffic flows); without, its receive buffer is
+    shrunk to the minimum and it is never read.
+    """
+
+    def __init__(self, relay_ips: Sequence[str], counters: Counters, *, read: bool) -> None:
+        self.ips: dict[int, str] = {}
+        for ip in relay_ips:
+            self.ips.setdefault(4 if ipaddress.ip_address(ip).version == 4 else 6, ip)
+        self.counters = counters
+        self.read = read
+        self.socks: dict[Address, socket.socket] = {}
+        self.scopes: dict[Address, trio.CancelScope] = {}
+        self.nursery: trio.Nursery | None = None
+        #: the gate's peer-data entry, set by TurnGate
+        self.deliver: Callable[[float, Address, Address, bytes], None] | None = None
+
+    def bind(self, family: int, client: Address, even: bool = False) -> Address | None:
+        ip = self.ips.get(4 if family == 1 else 6)
+        if ip is None:
+            return None
+        for _ in range(16 if even else 1):  # EVEN-PORT: the kernel's ports are random
+            sock = self._bind(ip)
+            if sock is None:
+                return None
+            port = int(sock.getsockname()[1])
+            if not even or port % 2 == 0:
+                break
+            sock.close()
+        else:
+            self.counters.drop("turn-no-even-port")
+            return None
+        relayed = (str(ipaddress.ip_address(ip)), port)
+        self.socks[relayed] = sock
+        if self.read and self.nursery is not None:
+            scope = trio.CancelScope()
+            self.scopes[relayed] = scope
+            self.nursery.start_soon(self._reader, relayed, sock, scope)
+        return relayed
+
+    def _bind(self, ip: str) -> socket.socket | None:
+        af = family_of(ip)
+        sock = socket.socket(af, socket.SOCK_DGRAM)
+        try:
+            if af == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if not self.read:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)  # the kernel's minimum
+            sock.setblocking(False)
+            try:
+                sock.bind((ip, 0))
+            except OSError as exc:
+                if exc.errno != errno.EADDRNOTAVAIL:
+                    raise
+                sock.bind(("::" if af == socket.AF_INET6 else "0.0.0.0", 0))
+        except OSError:
+            sock.close()
+            self.counters.drop("turn-bind-failed")  # out of ports or descriptors: 508
+            return None
+        return sock
+
+    def close(self, relayed: Address) -> None:
+        scope = self.scopes.pop(relayed, None)
+        if scope is not None:
+            scope.cancel()
+        sock = self.socks.pop(relayed, None)
+        if sock is not None:
+            sock.close()
+
+    def send(self, relayed: Address, peer: Address, data: memoryview) -> None:
+        sock = self.socks.get(relayed)
+        if sock is None:
+            return
+        try:
+            sock.sendto(data, peer)
+        except OSError:
+            self.counters.drop("turn-peer-send-failed")
+            return
+        self.counters.add("turn_peer_sends")
+
+    async def _reader(self, relayed: Address, sock: socket.socket,
+                      scope: trio.CancelScope) -> None:
+        with scope:
+            while True:
+                await trio.lowlevel.wait_readable(sock)
+                now = trio.current_time()
+                for _ in range(PEER_BATCH):
+                    try:
+                        data, src = sock.recvfrom(65536)
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except OSError:
+                        continue  # an ICMP error queued on the socket
+                    if self.deliver is not None:
+                        self.deliver(now, relayed, (src[0], src[1]), data)
+
+    def close_all(self) -> None:
+        for relayed in list(self.socks):
+            self.close(relayed)
+
+
+def raise_fd_limit(wanted: int) -> None:
+    """One descriptor per allocation: ask for ``wanted`` more than in use (up to the hard
+    limit) so the allocation cap, not EMFILE, is what refuses a client."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    goal = wanted + 1024
+    if soft < goal and (hard == resource.RLIM_INFINITY or soft < hard):
+        new = goal if hard == resource.RLIM_INFINITY else min(goal, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        except (ValueError, OSError):  # pragma: no cover - a container that forbids it
+            log.warning("relay: cannot raise the descriptor limit to %d for TURN", new)
+
+
+class TurnGate:
+    """The relay's TURN: :meth:`handle` for the core, :meth:`back` for the internal drain,
+    :meth:`from_peer` for relayed sockets, :meth:`sweep` for housekeeping."""
+
+    def __init__(self, core: RelayCore, settings: TurnSettings, own: Mapping[Address, Address],
+                 ports: RelayPorts | RelaySockets, *, unix_offset: float = 0.0) -> None:
+        self.core = core
+        self.own = dict(own)
+        self.ports = ports
+        counters = core.counters
+        self.server = TurnServer(settings.server_config(frozenset(own)), ports,
+                                 unix_offset=unix_offset,
+                                 counters=_RelayTally(counters))
+        #: relayed address -> the own media address its client last sent to (the peer the
+        #: transceiver's replies are wrapped as coming from)
+        self.peer_of: dict[Address, Address] = {}
+        self.sinks: Mapping[tuple[Transport, Address], ReturnSink] = core.sinks
+        #: TURN STUN from clients without an allocation spends the worker-wide budget of
+        #: STUN from unknown addresses before it is parsed (stun-overload), like ICE's
+        self._unknown: Gcra = core._unknown_stun
+        if isinstance(ports, RelaySockets):
+            ports.deliver = self.from_peer
+        core.attach_turn(self)
+
+    # -- client -> server (RelayCore.handle_datagram) ------------------------------------
+
+    def handle(self, now: float, client: Address, data: bytes | bytearray | memoryview,
+               public: Address, transport: Transport) -> Flow | bytes | Relayed | None:
+        c = self.core.counters
+        srv = self.server
+        if data[0] < 0x40 and (client, public) not in srv.allocations and \
+                not self._unknown.allow(now):
+            c.drop("stun-overload")
+            return None
+        srv.handle_input(now, data, client, public, stream=transport is Transport.TCP)
+        result: Flow | bytes | Relayed | None = None
+        while (out := srv.poll_output()) is not None:
+            if type(out) is PeerData:
+                result = self._to_peer(now, out)
+            elif type(out) is Transmit:
+                if out.dest == client and out.local == public and result is None:
+                    result = out.data  # the answer: out of the socket it came in on
+                else:
+                    self._send(out)
+            else:
+                self._event(out)
+        return result
+
+    def _to_peer(self, now: float, out: PeerData) -> Relayed | bytes | None:
+        public = self.own.get(out.peer)
+        if public is None:
+            # A peer inside --turn-peer (the server checked it): out of the relayed socket.
+            send = getattr(self.ports, "send", None)
+            if send is not None:
+                send(out.relayed, out.peer, out.data)
+            return None
+        # Our own media address: route the payload as a datagram from the relayed address.
+        self.peer_of[out.relayed] = out.peer
+        self.core.counters.add("turn_relayed_in")
+        res = self.core.handle_datagram(now, out.relayed, out.data, public, TURN_HOP)
+        if isinstance(res, Flow):
+            return Relayed(res, out.offset, len(out.data))
+        if isinstance(res, bytes):
+            # A reflexive STUN answer to the relayed address: wrapped for the TURN client.
+            self.server.from_peer(now, out.relayed, out.peer, res)
+            tx = self.server.poll_output()
+            return tx.data if isinstance(tx, Transmit) else None
+        return None
+
+    def _sink(self, out: Transmit) -> ReturnSink | None:
+        # A TCP client's address is a StreamAddr (relay/tcp.py): its sink is its listener's.
+        tp = Transport.TCP if isinstance(out.dest, StreamAddr) else Transport.UDP
+        return self.sinks.get((tp, out.local))
+
+    def _send(self, out: Transmit) -> None:
+        sink = self._sink(out)
+        if sink is None:
+            self.core.counters.drop("turn-no-sink")
+            return
+        sink.pending.append((out.data, 0, 0, out.dest))
+
+    def _event(self, out: object) -> None:
+        if isinstance(out, AllocationEnded):
+            self.peer_of.pop(out.relayed, None)
+            flow = self.core.flows.pop(out.relayed, None)  # its transceiver flow ends too
+            if flow is not None:
+                self.core.counters.flows_expired += 1
+            close = getattr(self.ports, "close", None)
+            if close is not None:
+                close(out.relayed)
+        elif isinstance(out, AllocationCreated):
+            log.debug("relay: TURN allocation %s", out.relayed)
+
+    # -- transceiver -> client (fastpath's internal drain) ---------------------------------
+
+    def back(self, now: float, flow: Flow, buf: memoryview, q: int, size: int) -> None:
+        """The transceiver's datagram ``buf[q:q+size]`` to ``flow`` (whose client is a
+        relayed address): to the TURN client, as ChannelData with the payload left where it
+        is, or as a Data indication (queued on the public socket's sink; the drain flushes)."""
+        relayed = flow.client
+        peer = self.peer_of.get(relayed)
+        if peer is None:
+            self.core.counters.drop("turn-no-allocation")
+            return
+        srv = self.server
+        fast = srv.channel_header(now, relayed, peer, size)
+        if fast is not None:
+            alloc, header = fast
+            sink = self.sinks.get((Transport.UDP, alloc.local))
+            if sink is not None:
+                self.core.counters.add("turn_relayed_out")
+                sink.pending.append((header, q, size, alloc.client))
+            return
+        srv.from_peer(now, relayed, peer, buf[q : q + size])
+        while (out := srv.poll_output()) is not None:
+            if type(out) is Transmit:
+                self.core.counters.add("turn_relayed_out")
+                self._send(out)
+            else:
+                self._event(out)
+
+    # -- peer -> client (relayed sockets) ----------------------------------------------------
+
+    def from_peer(self, now: float, relayed: Address, peer: Address, data: bytes) -> None:
+        """A peer's datagram on a relayed socket: to its TURN client, sent at once."""
+        srv = self.server
+        srv.from_peer(now, relayed, peer, data)
+        touched: list[ReturnSink] = []
+        while (out := srv.poll_output()) is not None:
+            if type(out) is Transmit:
+                sink = self._sink(out)
+                if sink is not None:
+                    sink.pending.append((out.data, 0, 0, out.dest))
+                    touched.append(sink)
+            else:
+                self._event(out)
+        c = self.core.counters
+        for sink in touched:
+            if sink.pending:
+                sent, nbytes, failed = sink.flush(_EMPTY, sink.pending)
+                sink.pending.clear()
+                c.packets_out += sent
+                c.bytes_out += nbytes
+                if failed:
+                    c.drop("send-failed", failed)
+
+    # -- TCP connections (relay/tcp.py) ------------------------------------------------------
+
+    def has_allocation(self, client: Address, public: Address) -> bool:
+        return (client, public) in self.server.allocations
+
+    def closed(self, now: float, client: Address, public: Address) -> None:
+        """A TURN-over-TCP connection ended: so does its allocation."""
+        self.server.close(now, client, public)
+        while (out := self.server.poll_output()) is not None:
+            if type(out) is not Transmit:
+                self._event(out)
+
+    # -- time -------------------------------------------------------------------------------
+
+    def next_deadline(self) -> float | None:
+        return self.server.poll_timeout()
+
+    def sweep(self, now: float) -> None:
+        """Expire allocations (their sockets close, their flows end)."""
+        srv = self.server
+        srv.handle_timeout(now)
+        while (out := srv.poll_output()) is not None:
+            if type(out) is Transmit:
+                self._send(out)  # pragma: no cover - timeouts send nothing today
+            else:
+                self._event(out)
+
+
+_EMPTY = bytearray(1)
+
+
+class _RelayTally(TurnCounters):
+    """The TURN server's counters written straight into the relay's: ``stats`` reports them
+    with every other counter (``turn_*``) and drop (``turn-*``), and merged_stats sums them
+    over workers like the rest."""
+
+    def __init__(self, counters: Counters) -> None:
+        super().__init__()
+        self._c = counters
+
+    def add(self, name: str, n: int = 1) -> None:
+        self._c.add(name, n)
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        self._c.drop(reason, n)

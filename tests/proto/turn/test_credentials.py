@@ -1,0 +1,60 @@
+"""TURN REST API credentials and the server's stateless nonces."""
+
+from __future__ import annotations
+
+import pytest
+
+from appliance.proto.turn import (
+    NonceCodec,
+    TurnError,
+    mint_rest_credential,
+    parse_rest_username_untrusted,
+    rest_password,
+)
+from appliance.proto.turn.credentials import NONCE_COOKIE
+
+
+def test_rest_password_matches_an_independent_computation() -> None:
+    """The vector was computed with OpenSSL, the way coturn's documentation shows it:
+    ``printf '1700003600:sess1' | openssl dgst -sha1 -hmac turn-test-shared-secret -binary
+    | base64``."""
+    assert rest_password(b"turn-test-shared-secret", "1700003600:sess1") == \
+        "C67p/DeVCUDvxYV+VMRZhPrCC/A="
+    cred = mint_rest_credential(b"turn-test-shared-secret", "sess1", 1700003600)
+    assert (cred.username, cred.password, cred.expiry) == (
+        "1700003600:sess1", "C67p/DeVCUDvxYV+VMRZhPrCC/A=", 1700003600)
+    assert "C67p" not in repr(cred)  # never printed
+
+
+@pytest.mark.parametrize("ident", ["", "a:b", "x" * 129, "tab\there"])
+def test_mint_refuses_bad_ids(ident: str) -> None:
+    with pytest.raises(ValueError, match="REST credential id"):
+        mint_rest_credential(b"s", ident, 1)
+
+
+def test_parse_rest_username() -> None:
+    assert parse_rest_username_untrusted("1700003600:sess1") == (1700003600, "sess1")
+    assert parse_rest_username_untrusted("1700003600") == (1700003600, "")
+    assert parse_rest_username_untrusted("5:a:b") == (5, "a:b")
+    for bad in ("alice", ":x", "-1:x", "１２:x", "1" * 13 + ":x", "1:" + "x" * 129):
+        with pytest.raises(TurnError):
+            parse_rest_username_untrusted(bad)
+
+
+def test_nonces_expire_and_are_bound_to_the_client() -> None:
+    codec = NonceCodec(b"k", lifetime=60)
+    client = ("198.51.100.7", 5000)
+    n = codec.mint(1000.0, client, cookie=False)
+    assert len(n) == 12
+    assert codec.check(n, 1059.0, client) == ("ok", False)
+    assert codec.check(n, 1060.0, client) == ("stale", False)
+    assert codec.check(n, 1000.0, ("198.51.100.7", 5001)) == ("bad", False)
+    assert NonceCodec(b"other", 60).check(n, 1000.0, client) == ("bad", False)
+    c = codec.mint(1000.0, client, cookie=True)
+    assert c.startswith(NONCE_COOKIE) and len(c) == 25
+    assert codec.check(c, 1000.0, client) == ("ok", True)
+    # The cookie is under the MAC: adding or removing it breaks the nonce.
+    assert codec.check(NONCE_COOKIE + n, 1000.0, client)[0] == "bad"
+    assert codec.check(c[len(NONCE_COOKIE):], 1000.0, client)[0] == "bad"
+    for junk in ("", "!" * 12, "é" * 12, "A" * 11, NONCE_COOKIE):
+        assert codec.check(junk, 1000.0, client)[0] == "bad"
