@@ -5,7 +5,7 @@ ratios say what the Live protocol layer costs over the surface it is built on:
 * **setup**: Live: WebSocket connect + ``session.start`` -> ``session.started`` read (and
   ``session.start`` -> ``session.started`` alone); Realtime: connect -> ``session.created``.
 * **first audio**: the caller's audio streamed at real time (50 ms chunks: silence, a
-  tone, silence), from the moment the last loud chunk is sent (the end of speech) to the
+  phrase spoken by espeak-ng, silence), from the moment the last loud chunk is sent (the end of speech) to the
   first output audio delta read (``session.output_audio.delta`` /
   ``response.output_audio.delta``). Both sessions run the same turn engine (Realtime
   configured ``semantic_vad``, eagerness ``auto``, as Live always is) and the same agent
@@ -22,9 +22,11 @@ import base64
 import json
 import math
 import statistics
+import sys
 import threading
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,9 +43,27 @@ def _chunks(pcm: bytes) -> list[str]:
     return [base64.b64encode(pcm[i : i + n]).decode() for i in range(0, len(pcm), n)]
 
 
+_said = 0
+
+
 def speech(seconds: float = 0.6) -> list[str]:
-    t = np.arange(int(RATE * seconds)) / RATE
-    return _chunks((np.sin(2 * math.pi * 440 * t) * 9000).astype("<i2").tobytes())
+    """The next of turn_latency's phrases (espeak-ng, trimmed to its voiced span: the
+    semantic end of turn judges words, and calls a bare tone unfinished, leaving it to the
+    silence bound), or a tone where espeak-ng is missing."""
+    global _said
+    try:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from speech.speech_support import PHRASES, espeak_pcm48, speech_bounds_ms
+
+        from appliance.realtime.audio import pcm48k_to_24k
+
+        _said += 1
+        pcm = espeak_pcm48(PHRASES[_said // 2 % len(PHRASES)])  # each surface says it once
+        first, last = speech_bounds_ms(pcm)
+        return _chunks(pcm48k_to_24k(pcm[first * 96 : last * 96]))
+    except (OSError, ImportError, RuntimeError):
+        t = np.arange(int(RATE * seconds)) / RATE
+        return _chunks((np.sin(2 * math.pi * 440 * t) * 9000).astype("<i2").tobytes())
 
 
 QUIET = _chunks(bytes(int(RATE * CHUNK_S) * 2))[0]
