@@ -50,13 +50,13 @@ shell plugs in:
 
 A :class:`Transmit` is ``(payload, flow)``: the client datagram and the :class:`Flow`
 (client address, public relay address, relay internal address and its PROXY v2 header) to
-send it on; the shell sends ``flow.header + payload`` to ``flow.relay`` — and the call, as it hands
-a Transmit out, keeps the payload in ``flow.unconfirmed`` until a datagram of the flow
-comes back through that relay.
+send it on; the shell sends ``flow.header + payload`` to ``flow.relay`` — and the call, as
+it hands a Transmit out, keeps the payload in ``flow.unconfirmed`` until a datagram of the
+flow has come back through that relay and a few newer ones were sent (:meth:`Flow.heard`).
 
 When the relay that forwards a flow changes (a relay worker died and its successor, or
-another worker, now carries the client: issue 41 item 2), what we sent to the old one since
-we last heard from it may have died with it: the echo of the client's last packets, paced
+another worker, now carries the client: issue 41 item 2), what we sent to the old one
+since we last heard from it (and just before) may have died with it: the echo of the client's last packets, paced
 frames, sent in the tens of ms before the successor's first word reached us. Lost, they are
 holes in our RTP sequence, and a receiver whose jitter buffer waits for every sequence
 number turns one hole into a long silence (aiortc's audio buffer: 16 packets, so ~320 ms,
@@ -253,6 +253,11 @@ class SctpAssociation(Protocol):
 #: Datagrams a flow keeps that were sent since it last heard from its relay (module
 #: docstring): 320 ms of 20 ms audio, more than a relay takeover's bound (250 ms).
 UNCONFIRMED = 16
+#: ... and the newest it keeps even then: a relay heard from a moment ago may still hold
+#: what we sent it in its socket (a worker killed mid-batch, or descheduled on a loaded
+#: host: with "everything before the last datagram heard" 2 of 320 call-events still lost
+#: one, issue 41 item 2). 60 ms of 20 ms audio; the copies cost a receiver a replay drop.
+CONFIRM_LAG = 3
 
 
 class Flow:
@@ -270,8 +275,15 @@ class Flow:
         # frames those back onto its connection (DESIGN.md, RFC 6544).
         self.header = encode_header(client, public, b"", transport_of(client))
         #: payloads handed out (poll_output) for ``relay`` after the last datagram heard
-        #: through it
+        #: through it, and the newest CONFIRM_LAG before
         self.unconfirmed: deque[bytes] = deque(maxlen=UNCONFIRMED)
+
+    def heard(self) -> None:
+        """A datagram of this flow came through its relay: what was sent before went
+        through a relay that was alive, but for the newest :data:`CONFIRM_LAG`."""
+        unconfirmed = self.unconfirmed
+        while len(unconfirmed) > CONFIRM_LAG:
+            unconfirmed.popleft()
 
     def move(self, relay: Addr) -> list[bytes]:
         """Reply through ``relay`` from now on; the payloads sent since the old relay was
@@ -495,7 +507,7 @@ class ServerCall:
             # send again what may have been lost with the old one (module docstring).
             self._resend(flow, flow.move(relay))
         else:
-            flow.unconfirmed.clear()  # what was sent before it went through a live relay
+            flow.heard()
         return flow
 
     def _resend(self, flow: Flow, payloads: list[bytes]) -> None:
@@ -623,7 +635,7 @@ class ServerCall:
         if flow.relay != relay:  # moved (module docstring)
             self._resend(flow, flow.move(relay))
         else:
-            flow.unconfirmed.clear()  # what was sent before it went through a live relay
+            flow.heard()
         if self.media_flow is None:
             self.media_flow = flow  # DTLS may start before USE-CANDIDATE arrives
         dtls, gate = self.dtls, self._gate
@@ -753,7 +765,7 @@ class ServerCall:
         if flow.relay != relay:  # moved (module docstring)
             self._resend(flow, flow.move(relay))
         else:
-            flow.unconfirmed.clear()  # what was sent before it went through a live relay
+            flow.heard()
         try:
             plain = srtp.unprotect_untrusted(data)
             pt, seq, ts, ssrc, marker, off, end = rtp_header_fields_untrusted(plain)
@@ -793,7 +805,7 @@ class ServerCall:
         if flow.relay != relay:  # moved (module docstring)
             self._resend(flow, flow.move(relay))
         else:
-            flow.unconfirmed.clear()  # what was sent before it went through a live relay
+            flow.heard()
         try:
             packets = parse_rtcp_untrusted(srtp.unprotect_rtcp_untrusted(data))
         except (SrtpError, RtpError):
