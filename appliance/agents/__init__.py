@@ -41,6 +41,7 @@ from .registry import (
     AgentError,
     AgentFn,
     ResolvedAgent,
+    agent_kind,
     register,
     register_scheme,
     resolve,
@@ -52,5 +53,5 @@ __all__ = [
     "ChannelOpened",
     "DEFAULT_AGENT", "FRAME_BYTES", "PASSTHROUGH", "FRAME_SAMPLES", "SAMPLE_RATE", "AgentContext",
     "AgentError", "AgentFn", "AgentHost", "AgentIdentity", "EnergyVad", "Frame",
-    "ResolvedAgent", "SessionEnded", "level_dbfs", "register", "register_scheme", "resolve",
+    "ResolvedAgent", "SessionEnded", "agent_kind", "level_dbfs", "register", "register_scheme", "resolve",
 ]

@@ -49,6 +49,8 @@ from typing import Protocol
 
 import trio
 
+from ..logs import redact
+from ..netio.sockets import format_addr
 from ..proto.proxy.vouch import Kind, Vouch, VouchError, derive_key, encode, parse_untrusted
 from ..proto.ratelimit import Gcra
 from .core import Address, Flow, RelayCore
@@ -145,6 +147,11 @@ class FlowVouching:
         flow = self.core.handle_lookup(now, msg.client, msg.public, entry[2], f"t{msg.transceiver}")
         if flow is not None:
             c.flows_vouched += 1
+            # Per flow, how long its route took to come back (issue 41 item 2: a takeover's
+            # timeline is the first datagram's arrival, this, and the echo's return).
+            log.debug("flow %s re-seeded by transceiver %d, %.1f ms after it was asked",
+                      redact(format_addr(msg.client)), msg.transceiver,
+                      1000 * (now - entry[3] + self.ttl))
         return flow
 
 

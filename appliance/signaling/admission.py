@@ -65,6 +65,22 @@ older transceiver) is judged by the model.
 degraded (transceiver/degrade.py): load that grew after admission is met by a cheaper
 encoder first and then by refusing new calls, never by loading the calls further.
 
+**Work in worker threads is a per-call cost (issue 41 item 4).** An agent's model
+inference (the assistant's Whisper decode per turn) runs in the transceiver's worker
+threads; ``busy`` is its media loop's alone, and what the worker threads use is learned by
+the transceiver as a cost per call of each agent kind (transceiver/offload.py) and
+reported as ``offload_cpu`` (kind -> own CPU share per call), ``offload_calls`` (what its
+live calls cost that way, together) and ``agent_kind`` (the kind of a create that names
+no agent). Both are own CPU like ``cost``, so they count ``/ available``::
+
+    now  += offload_calls / available
+    next  = now + (cost + offload_cpu[kind of the call being placed]) / available
+                  * (placed since the report + creates in flight + 1)
+
+so an assistant call costs what its decodes cost averaged over its calls, and one decode's
+burst is not a full core. (The pending calls are counted at the placed call's kind: a burst
+of POSTs is usually one agent.)
+
 No I/O: health.py feeds reports in, state.py asks before each create.
 """
 
@@ -72,8 +88,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from ..agents.registry import agent_kind
 
 LIMIT = 0.85  # busy share of a core up to which calls are admitted
 #: Share of a core one call is assumed to cost until a transceiver reports calls: a PCM
@@ -88,6 +106,8 @@ LAG_SATURATED_MS = 5.0  # headroom.LAG_SATURATED (mean lag): such a window says 
 RETRY_AFTER = 2  # seconds, with every 503 overloaded (two report intervals)
 MIN_AVAILABLE = 0.01  # transceiver/corestat.py's floor of available cores
 SHARED_BELOW = 0.95  # transceiver/corestat.py's: under it the core counts as shared
+MAX_OFFLOAD = 2.0  # transceiver/offload.py's MAX_COST: a per-call offload above is bogus
+MAX_KINDS = 32  # offload costs kept per transceiver (transceiver/offload.py's MAX_KINDS)
 
 
 @dataclass
@@ -103,6 +123,11 @@ class _Node:
     placed: int = 0  # creates this signaling placed here, ever (monotonic)
     placed_at_report: int = 0  # ... of which the last report had seen
     reports: int = 0
+    # Worker-thread work (module docstring): per call by agent kind, the live calls' total,
+    # and the kind of a create with no agent (None: an older transceiver, or none reported).
+    offload: dict[str, float] = field(default_factory=dict)
+    offload_calls: float = 0.0
+    agent_kind: str | None = None
 
 
 class Admission:
@@ -151,6 +176,7 @@ class Admission:
         node.available = 1.0 if available is None else min(max(available, MIN_AVAILABLE), 1.0)
         limit = _num(load.get("admit_limit"))
         node.admit_limit = None if limit is None else min(max(limit, 0.0), 1.0)
+        node.offload, node.offload_calls, node.agent_kind = _offload(load)
         cpu = _num(load.get("cpu"))
         lag = _num(load.get("lag_mean_ms")) or 0.0
         by_state = stats.get("sessions_by_state")
@@ -189,16 +215,26 @@ class Admission:
         node = self._node(k)
         return node.placed - node.placed_at_report + self._placing.get(k, 0)
 
-    def projected(self, k: int, extra: int = 1) -> float:
-        """``k``'s busy share with what is pending and ``extra`` calls more."""
+    def offload_cost(self, k: int, agent: str | None = None) -> float:
+        """What one call of ``agent`` (None: ``k``'s default) costs on ``k`` in worker
+        threads, own CPU (module docstring; 0 for a kind ``k`` has not reported)."""
         node = self._node(k)
-        share = node.cost / node.available  # one call's share of what k has
+        kind = node.agent_kind if agent is None else agent_kind(agent)
+        return 0.0 if kind is None else node.offload.get(kind, 0.0)
+
+    def projected(self, k: int, extra: int = 1, agent: str | None = None) -> float:
+        """``k``'s busy share with what is pending and ``extra`` calls more (of ``agent``;
+        None: the transceiver's default)."""
+        node = self._node(k)
+        # one call's share of what k has: its media loop's, and its worker threads' work
+        share = (node.cost + self.offload_cost(k, agent)) / node.available
         if node.available >= SHARED_BELOW and node.steady is not None:
             # A core of its own: busy is what the calls that ran through the window cost;
             # the rest (new, still connecting) may not show in it yet.
             now = node.busy + share * (node.sessions - node.steady)
         else:  # shared: its calls may get less than they need, and busy says less
             now = max(node.busy, (node.idle + node.cost * node.sessions) / node.available)
+        now += node.offload_calls / node.available
         return now + share * (self.pending(k) + extra)
 
     def limit_of(self, k: int) -> float:
@@ -207,14 +243,15 @@ class Admission:
         node = self._node(k)
         return self.limit if node.admit_limit is None else min(self.limit, node.admit_limit)
 
-    def admits(self, k: int) -> bool:
-        return self.projected(k) <= self.limit_of(k)
+    def admits(self, k: int, agent: str | None = None) -> bool:
+        return self.projected(k, 1, agent) <= self.limit_of(k)
 
     def room(self, k: int) -> int:
         """How many more calls ``k`` would be given now."""
         node = self._node(k)
         free = self.limit_of(k) - self.projected(k, 0)
-        return max(0, math.floor(free / (node.cost / node.available) + 1e-9))
+        share = (node.cost + self.offload_cost(k)) / node.available
+        return max(0, math.floor(free / share + 1e-9))
 
     def view(self, k: int) -> dict[str, Any]:
         """For the health view (the dashboard), /readyz and /metrics: the figures admission
@@ -226,7 +263,25 @@ class Admission:
                 "call_cost_learned": node.learned, "pending": self.pending(k),
                 "limit": limit, "busy": round(node.busy, 4),
                 "available": round(node.available, 4), "degraded": node.admit_limit is not None,
+                "offload_calls": round(node.offload_calls, 5),
+                "offload_cost": round(self.offload_cost(k), 5),
                 "reports": node.reports}
+
+
+def _offload(load: Mapping[str, Any]) -> tuple[dict[str, float], float, str | None]:
+    """A report's worker-thread costs (module docstring), bounded and clamped; none from a
+    transceiver that does not report them."""
+    costs: dict[str, float] = {}
+    raw = load.get("offload_cpu")
+    if isinstance(raw, Mapping):
+        for kind, value in raw.items():
+            cost = _num(value)
+            if isinstance(kind, str) and cost is not None and len(costs) < MAX_KINDS:
+                costs[kind] = min(max(cost, 0.0), MAX_OFFLOAD)
+    calls = _num(load.get("offload_calls"))
+    kind = load.get("agent_kind")
+    return (costs, 0.0 if calls is None else min(max(calls, 0.0), 1.0),
+            kind if isinstance(kind, str) else None)
 
 
 def _num(value: object) -> float | None:

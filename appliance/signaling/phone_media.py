@@ -430,14 +430,17 @@ class TransceiverPhoneMedia:
         counts = dict(st.registry.active_counts())
         for k, n in self.phone_counts().items():
             counts[k] = counts.get(k, 0) + n
+        phone = body.get("phone")  # the call's agent: what one more call of it costs
+        spec = phone.get("agent") if isinstance(phone, Mapping) else body.get("agent")
+        agent = spec if isinstance(spec, str) else None
         order = [k for k in st.placement.order(st.health.up_transceivers(), counts)
-                 if st.admission.admits(k)]
+                 if st.admission.admits(k, agent)]
         if not order:
             self._count("refused-no-transceiver")
             return MediaRefusal(503, "no transceiver can take the call")
         last = "no transceiver answered"
         for k in order:
-            if not st.admission.admits(k):
+            if not st.admission.admits(k, agent):
                 continue
             ep = st.health.transceivers[k]
             req = {"op": "phone.create", "session_id": call_id, **body}

@@ -248,14 +248,14 @@ class SignalingState:
         # Admission (admission.py): only where one more call fits, decided before any
         # create is sent; no await between this and in_flight() below, so a burst of
         # POSTs sees each other's placements.
-        order = [k for k in order if self.admission.admits(k)]
+        order = [k for k in order if self.admission.admits(k, agent)]
         if not order:
             self.admission.refused += 1
             raise Problem(503, "overloaded", "every transceiver is at capacity: retry later",
                           {"Retry-After": str(self.admission.retry_after)})
         last: Problem | None = None
         for k in order:
-            if not self.admission.admits(k):  # filled up while an earlier try was awaited
+            if not self.admission.admits(k, agent):  # filled up while an earlier try was awaited
                 continue
             ep = self.health.transceivers[k]
             sid = id_prefix + secrets.token_urlsafe(12)

@@ -50,7 +50,19 @@ shell plugs in:
 
 A :class:`Transmit` is ``(payload, flow)``: the client datagram and the :class:`Flow`
 (client address, public relay address, relay internal address and its PROXY v2 header) to
-send it on; the shell sends ``flow.header + payload`` to ``flow.relay``.
+send it on; the shell sends ``flow.header + payload`` to ``flow.relay`` — and the call, as
+it hands a Transmit out, keeps the payload in ``flow.unconfirmed`` until a datagram of the
+flow has come back through that relay and a few newer ones were sent (:meth:`Flow.heard`).
+
+When the relay that forwards a flow changes (a relay worker died and its successor, or
+another worker, now carries the client: issue 41 item 2), what we sent to the old one
+since we last heard from it (and just before) may have died with it: the echo of the client's last packets, paced
+frames, sent in the tens of ms before the successor's first word reached us. Lost, they are
+holes in our RTP sequence, and a receiver whose jitter buffer waits for every sequence
+number turns one hole into a long silence (aiortc's audio buffer: 16 packets, so ~320 ms,
+the value issue 41 saw repeat). So a move re-sends them through the new relay first
+(:meth:`Flow.move`: at most :data:`UNCONFIRMED`, oldest first); a receiver that did get one
+drops the copy (SRTP and DTLS replay protection, RFC 3711 §3.3.2, RFC 6347 §4.1.2.6).
 
 DTLS role (``dtls.role``, from the answer's ``a=setup``; docs/adr-dtls-active.md): as the
 server we wait for the client's ClientHello, as before. As the *client* (we answered
@@ -238,11 +250,22 @@ class SctpAssociation(Protocol):
 # -- flows ------------------------------------------------------------------------------------
 
 
-class Flow:
-    """One client address as the relay presented it: the PROXY header for replies and the
-    internal address of the relay that last forwarded a packet of this flow."""
+#: Datagrams a flow keeps that were sent since it last heard from its relay (module
+#: docstring): 320 ms of 20 ms audio, more than a relay takeover's bound (250 ms).
+UNCONFIRMED = 16
+#: ... and the newest it keeps even then: a relay heard from a moment ago may still hold
+#: what we sent it in its socket (a worker killed mid-batch, or descheduled on a loaded
+#: host: with "everything before the last datagram heard" 2 of 320 call-events still lost
+#: one, issue 41 item 2). 60 ms of 20 ms audio; the copies cost a receiver a replay drop.
+CONFIRM_LAG = 3
 
-    __slots__ = ("client", "public", "relay", "header")
+
+class Flow:
+    """One client address as the relay presented it: the PROXY header for replies, the
+    internal address of the relay that last forwarded a packet of this flow, and what was
+    sent through that relay since (module docstring)."""
+
+    __slots__ = ("client", "public", "relay", "header", "unconfirmed")
 
     def __init__(self, client: Addr, public: Addr, relay: Addr) -> None:
         self.client = client
@@ -251,6 +274,25 @@ class Flow:
         # An ICE-TCP client (a StreamAddr key) is answered with a STREAM header: the relay
         # frames those back onto its connection (DESIGN.md, RFC 6544).
         self.header = encode_header(client, public, b"", transport_of(client))
+        #: payloads handed out (poll_output) for ``relay`` after the last datagram heard
+        #: through it, and the newest CONFIRM_LAG before
+        self.unconfirmed: deque[bytes] = deque(maxlen=UNCONFIRMED)
+
+    def heard(self) -> None:
+        """A datagram of this flow came through its relay: what was sent before went
+        through a relay that was alive, but for the newest :data:`CONFIRM_LAG`."""
+        unconfirmed = self.unconfirmed
+        while len(unconfirmed) > CONFIRM_LAG:
+            unconfirmed.popleft()
+
+    def move(self, relay: Addr) -> list[bytes]:
+        """Reply through ``relay`` from now on; the payloads sent since the old relay was
+        last heard from, oldest first, to send again through the new one (they may have
+        been lost with the old: module docstring)."""
+        self.relay = relay
+        again = list(self.unconfirmed)
+        self.unconfirmed.clear()
+        return again
 
 
 class Transmit(NamedTuple):
@@ -395,10 +437,14 @@ class ServerCall:
         since (the shell's channel operations) is pulled through DTLS first; the last
         output of a drain that may have moved the deadline is a :class:`Timeout`."""
         out = self._out
-        if out:
-            return out.popleft()
-        if self.sctp is not None and self.state is not CallState.ENDED and self._pull_sctp():
-            return out.popleft()
+        if out or (self.sctp is not None and self.state is not CallState.ENDED
+                   and self._pull_sctp()):
+            first = out.popleft()
+            if type(first) is Transmit:
+                # The shell sends it now, through flow.relay: kept until that relay is
+                # heard from (module docstring).
+                first[1].unconfirmed.append(first[0])
+            return first
         if self._timer_dirty:
             self._timer_dirty = False
             at = self.poll_timeout()
@@ -453,16 +499,22 @@ class ServerCall:
 
     def _flow(self, client: Addr, public: Addr, relay: Addr) -> Flow:
         flow = self.flows.get(client)
-        if flow is None:
+        if flow is None or flow.public != public:
             flow = Flow(client, public, relay)
-        elif flow.relay != relay or flow.public != public:
+        elif flow.relay != relay:
             # The relay that forwards this flow changed (relay restart, another worker):
-            # reply through the internal address the flow's last packet came from.
-            if flow.public != public:
-                flow = Flow(client, public, relay)
-            else:
-                flow.relay = relay
+            # reply through the internal address the flow's last packet came from, and
+            # send again what may have been lost with the old one (module docstring).
+            self._resend(flow, flow.move(relay))
+        else:
+            flow.heard()
         return flow
+
+    def _resend(self, flow: Flow, payloads: list[bytes]) -> None:
+        """What the flow sent through a relay it has just left, again through its new one
+        (:meth:`Flow.move`), ahead of anything else of its own."""
+        for payload in payloads:
+            self._out.append(Transmit(payload, flow))
 
     def _stun(self, now: float, data: bytes, source: Source) -> None:
         client, public, relay = source
@@ -580,7 +632,10 @@ class ServerCall:
         if flow is None:
             self._counters["drop_unknown_flow"] += 1
             return
-        flow.relay = relay
+        if flow.relay != relay:  # moved (module docstring)
+            self._resend(flow, flow.move(relay))
+        else:
+            flow.heard()
         if self.media_flow is None:
             self.media_flow = flow  # DTLS may start before USE-CANDIDATE arrives
         dtls, gate = self.dtls, self._gate
@@ -707,7 +762,10 @@ class ServerCall:
         if flow is None:
             self._counters["drop_unknown_flow"] += 1
             return
-        flow.relay = relay
+        if flow.relay != relay:  # moved (module docstring)
+            self._resend(flow, flow.move(relay))
+        else:
+            flow.heard()
         try:
             plain = srtp.unprotect_untrusted(data)
             pt, seq, ts, ssrc, marker, off, end = rtp_header_fields_untrusted(plain)
@@ -744,7 +802,10 @@ class ServerCall:
         if flow is None:
             self._counters["drop_unknown_flow"] += 1
             return
-        flow.relay = relay
+        if flow.relay != relay:  # moved (module docstring)
+            self._resend(flow, flow.move(relay))
+        else:
+            flow.heard()
         try:
             packets = parse_rtcp_untrusted(srtp.unprotect_rtcp_untrusted(data))
         except (SrtpError, RtpError):

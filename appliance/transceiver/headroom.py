@@ -6,9 +6,9 @@ A transceiver's media work is periodic: every call needs its packets handled wit
 were measured under ``bench/capacity.py`` load (docs/operations.md, "Admission";
 docs/performance-history.md, "Overload"):
 
-* **busy** — CPU seconds of this process per wall second (``time.process_time``: utime +
-  stime of every thread, exactly what the capacity benchmark reads from ``/proc``). It
-  grows linearly with the calls carried (each PCM call costs the same ~1.2 % of a core at
+* **busy** — CPU seconds of the media loop's thread per wall second (``time.thread_time``
+  on that thread; until issue 41 ``time.process_time``, every thread: see "Offload" below).
+  It grows linearly with the calls carried (each PCM call costs the same ~1.2 % of a core at
   complexity 5), long before anything goes wrong, so signaling can *extrapolate* it: busy
   now + cost per call x calls about to arrive. **This is the admission signal.**
 * **loop lag** — how late a 20 ms tick task wakes up. Flat near 0 until the core
@@ -26,6 +26,13 @@ docs/performance-history.md, "Overload"):
 
 :class:`LoadMeter` is sans-IO (times and CPU seconds are passed in, from the shell's tick
 task in server.py): ``handle_tick(now, cpu, lag)`` every tick, read :attr:`busy`.
+
+**Offload (issue 41 item 4).** ``cpu`` is the media loop thread's CPU; what the process's
+other threads used (``offload=``, cumulative seconds: an agent's model inference in
+``trio.to_thread`` workers) is reported per window (``offload``, a share of a core) and
+decided on nowhere here: one Whisper decode read as a full window of a core that could not
+keep its calls, and degraded an idle transceiver (offload.py says what it is counted as
+instead: the learned per-call cost of the calls that asked for it).
 
 **Issue 32: what the core has left.** ``busy`` assumed a core of its own. Now, when the
 shell passes what it read at a window's end (:meth:`LoadMeter.window_due` says when:
@@ -110,6 +117,7 @@ class LoadReport:
     cpus: int | None = None  # CPUs in the affinity set
     late_p90_ms: float | None = None  # the decided percentile of tick/pacer lateness
     late: float = 0.0  # the delay signal as a busy share (0 unless sending and late)
+    offload: float = 0.0  # the last window's CPU share of the process's other threads
 
     def to_json(self) -> dict[str, float | None]:
         def r(v: float | None, n: int) -> float | None:
@@ -121,22 +129,25 @@ class LoadReport:
                 "core_available": round(self.core_available, 4),
                 "core_idle": r(self.core_idle, 4), "core_steal": r(self.core_steal, 4),
                 "cpus": self.cpus, "late_p90_ms": r(self.late_p90_ms, 3),
-                "late": round(self.late, 4)}
+                "late": round(self.late, 4), "offload": round(self.offload, 4)}
 
 
 class LoadMeter:
     """CPU share per window, smoothed; tick lag beside it; with issue 32's inputs, what the
     core had left and the delay signal (module docstring)."""
 
-    __slots__ = ("_avail", "_cpu0", "_lag_max", "_lag_n", "_lag_sum", "_late", "_own",
-                 "_packets0", "_runnable", "_sent0", "_stat", "_t0", "behind", "busy",
-                 "own_only", "report", "windows")
+    __slots__ = ("_avail", "_cpu0", "_lag_max", "_lag_n", "_lag_sum", "_late", "_offload0",
+                 "_own", "_packets0", "_runnable", "_sent0", "_stat", "_t0", "behind", "busy",
+                 "offload_s", "own_only", "report", "windows")
 
     def __init__(self, *, own_only: bool = False) -> None:
         #: ``--headroom own`` (:data:`HEADROOM_MODES`): busy is the own CPU share alone
         self.own_only = own_only
         self._t0 = math.nan  # start of the current window (nan: no tick yet)
         self._cpu0 = 0.0
+        self._offload0: float | None = None
+        #: the last window's offload CPU seconds (other threads; offload.py learns from it)
+        self.offload_s = 0.0
         self._packets0 = 0
         self._sent0: int | None = None
         self._lag_max = 0.0
@@ -165,13 +176,15 @@ class LoadMeter:
 
     def handle_tick(self, now: float, cpu: float, lag: float, packets: int = 0, *,
                     sent: int | None = None, stat: ProcStat | None = None,
-                    affinity: frozenset[int] | None = None) -> bool:
-        """One tick at ``now`` (seconds), process CPU seconds ``cpu``, the tick ``lag``
-        seconds late, ``packets`` received so far, ``sent`` datagrams sent so far; at a
-        window's edge (:meth:`window_due`) the shell's ``/proc/stat`` read and affinity
-        set. True when a window just completed."""
+                    affinity: frozenset[int] | None = None, offload: float | None = None) -> bool:
+        """One tick at ``now`` (seconds), the media loop thread's CPU seconds ``cpu``, the
+        tick ``lag`` seconds late, ``packets`` received so far, ``sent`` datagrams sent so
+        far, ``offload`` CPU seconds of the process's other threads so far (module
+        docstring); at a window's edge (:meth:`window_due`) the shell's ``/proc/stat`` read
+        and affinity set. True when a window just completed."""
         if math.isnan(self._t0):
             self._t0, self._cpu0, self._packets0, self._sent0 = now, cpu, packets, sent
+            self._offload0 = offload
             if stat is not None:
                 self._stat = stat
             self._late.clear()
@@ -185,6 +198,9 @@ class LoadMeter:
         if span < WINDOW:
             return False
         own_share = max(0.0, cpu - self._cpu0) / span
+        # Reported, not decided on (module docstring, "Offload").
+        self.offload_s = (max(0.0, offload - self._offload0)
+                          if offload is not None and self._offload0 is not None else 0.0)
         npk = packets - self._packets0
         if self._lag_sum / self._lag_n > LAG_SATURATED:
             self.behind += 1
@@ -228,8 +244,10 @@ class LoadMeter:
             core_idle=None if sample is None else sample.idle,
             core_steal=None if sample is None else sample.steal,
             cpus=None if sample is None else sample.cpus,
-            late_p90_ms=None if late_p90 is None else late_p90 * 1000, late=late)
+            late_p90_ms=None if late_p90 is None else late_p90 * 1000, late=late,
+            offload=self.offload_s / span)
         self._t0, self._cpu0, self._packets0, self._sent0 = now, cpu, packets, sent
+        self._offload0 = offload
         self._lag_max = self._lag_sum = 0.0
         self._lag_n = 0
         self._late.clear()

@@ -51,7 +51,7 @@ from typing import Any
 import trio
 
 from appliance import recordings
-from appliance.agents import AgentError, resolve
+from appliance.agents import AgentError, ResolvedAgent, agent_kind, resolve
 from appliance.config import HEADROOM_MODES
 from appliance.control import check_params, serve_control
 from appliance.logs import loggable_url, redact
@@ -77,6 +77,7 @@ from .call import Addr
 from .corestat import MIN_AVAILABLE, SHARED_BELOW, ProcStat
 from .degrade import ComplexityController
 from .headroom import LAG_SATURATED, TICK, CallCost, LoadMeter, read_core_stat
+from .offload import OffloadCost
 from .opus import DEFAULT_COMPLEXITY
 from .pacer import Pacer
 from .phone_session import DIGITS, LEG_COUNTERS, PhoneSession
@@ -252,6 +253,9 @@ class Transceiver:
         # and those still connecting when it began (with the ones connecting at its end,
         # each one was created in it or connecting at its start).
         self.call_cpu = CallCost()
+        # What calls cost in worker threads (model inference), per agent kind (offload.py,
+        # issue 41 item 4): a per-call cost, not a window's busy.
+        self.offload = OffloadCost()
         self._churn_in_window = 0  # sessions and phones created or ended since the last window
         self._connecting_at_window_start = 0
         self.window_calls = 0  # calls connected throughout the last window
@@ -425,19 +429,24 @@ class Transceiver:
             # (Not at all with --headroom own: the meter would not use it.)
             due = self.meter.window_due(now) and not self.meter.own_only
             stat, cpus = read_core_stat() if due else (None, None)
-            self.handle_tick(now, time.process_time(), now - deadline, stat, cpus)
+            # The media loop is this thread; the rest of the process's CPU is its worker
+            # threads' (offload.py: an agent's inference is its calls' cost, not the loop's).
+            loop = time.thread_time()
+            self.handle_tick(now, loop, now - deadline, stat, cpus,
+                             offload=max(0.0, time.process_time() - loop))
             deadline += TICK
             if deadline <= now:  # missed ticks are not made up in a burst
                 deadline = now + TICK
 
     def handle_tick(self, now: float, cpu: float, lag: float, stat: ProcStat | None = None,
-                    cpus: frozenset[int] | None = None) -> None:
-        """One meter tick (``cpu``: process CPU seconds; at a window's edge ``/proc/stat``
-        and the affinity set, headroom.py); tests drive it with made-up load."""
+                    cpus: frozenset[int] | None = None, *, offload: float | None = None) -> None:
+        """One meter tick (``cpu``: the media loop thread's CPU seconds, ``offload`` the
+        other threads'; at a window's edge ``/proc/stat`` and the affinity set, headroom.py);
+        tests drive it with made-up load."""
         self.meter.add_lateness(self.pacer.take_lateness())
         if not self.meter.handle_tick(now, cpu, lag, self.counters["datagrams_in"],
                                       sent=self.counters["datagrams_out"], stat=stat,
-                                      affinity=cpus):
+                                      affinity=cpus, offload=offload):
             return
         connecting = sum(1 for s in self.sessions.values() if s.state != "connected")
         self.window_unsettled = self._churn_in_window + self._connecting_at_window_start
@@ -447,6 +456,12 @@ class Transceiver:
         report = self.meter.report
         self.call_cpu.handle_window(report.cpu, self.window_calls, self.window_unsettled,
                                     behind=report.lag_mean_ms > LAG_SATURATED * 1000)
+        # The worker threads' CPU, charged to the steady calls that can have asked for it.
+        tasks: dict[str, int] = {}
+        for kind in self._task_kinds(connected_only=True):
+            tasks[kind] = tasks.get(kind, 0) + 1
+        self.offload.handle_window(self.meter.offload_s, report.window_s, tasks,
+                                   unsettled=self.window_unsettled)
         ctl = self.complexity
         # The first step is taken as soon as one more call would not fit under urgent, by
         # signaling's own projection of this report (projected): so a report that leaves
@@ -464,6 +479,21 @@ class Transceiver:
                 if phone.pipeline is not None:
                     phone.pipeline.set_complexity(ev.complexity)
 
+    def _task_kinds(self, *, connected_only: bool = False) -> list[str]:
+        """The agent kind of each call whose agent runs as a task (offload.py: only those
+        can send work to a thread; ``echo`` is a frame handler on this loop)."""
+        def runs_task(agent: ResolvedAgent) -> bool:
+            return agent.on_frame is None and not agent.passthrough
+        kinds = [agent_kind(s.agent.name) for s in self.sessions.values()
+                 if runs_task(s.agent) and not (connected_only and s.state != "connected")]
+        kinds += [agent_kind(p.agent.name) for p in self.phones.values() if runs_task(p.agent)]
+        return kinds
+
+    def offload_need(self) -> float:
+        """What the live calls' worker-thread work costs by the learned per-call costs of
+        their kinds (offload.py), a share of a core."""
+        return self.offload.need(self._task_kinds())
+
     def _calls_in_window(self) -> int:
         """The calls the meter's last window can have measured."""
         return len(self.sessions) + len(self.phones) - self._created_in_window
@@ -480,11 +510,13 @@ class Transceiver:
         n = self._calls_in_window()
         return max(MIN_CALL_COST, self.meter.busy / n) if n > 0 else MIN_CALL_COST
 
-    def projected(self, extra: int) -> float:
-        """The busy share with ``extra`` calls more, the way signaling's admission projects
-        it from this report (signaling/admission.py): once a call's cost is learned, the
-        calls' whole need counts (``idle + cost x calls`` over ``available``: under a hog they
-        get less CPU than they need, and ``busy`` alone would say they cost less)."""
+    def projected(self, extra: int, agent: str | None = None) -> float:
+        """The busy share with ``extra`` calls more (of ``agent``'s kind; None: the
+        default agent), the way signaling's admission projects it from this report
+        (signaling/admission.py): once a call's cost is learned, the calls' whole need
+        counts (``idle + cost x calls`` over ``available``: under a hog they get less CPU
+        than they need, and ``busy`` alone would say they cost less), and the live calls'
+        worker-thread work at its learned per-call cost (offload.py), not as it bursts."""
         busy = self.meter.busy
         cost = self.call_cpu.cost
         available = max(self.meter.report.available, MIN_AVAILABLE)
@@ -496,11 +528,15 @@ class Transceiver:
             else:
                 busy = max(busy, (self.call_cpu.idle + cost * self._calls_in_window())
                            / available)
-        return busy + self.call_cost() * extra
+        offload = self.offload.cost(agent_kind(agent or self.config.agent))
+        return (busy + self.offload_need() / available
+                + (self.call_cost() + offload / available) * extra)
 
-    def overloaded(self) -> bool:
-        """No headroom for one more call (the defence-in-depth check of ``create``)."""
-        projected = self.projected(self._created_in_window + 1)
+    def overloaded(self, agent: object = None) -> bool:
+        """No headroom for one more call of ``agent`` (the defence-in-depth check of
+        ``create``; a spec that is not a string is refused later, as bad)."""
+        projected = self.projected(self._created_in_window + 1,
+                                   agent if isinstance(agent, str) else None)
         # While the complexity controller has calls degraded, only up to its step-up
         # threshold (degrade.py, issue 32: degrade first, then refuse new calls).
         return projected > self.complexity.admit_limit(self.config.refuse_busy)
@@ -513,6 +549,12 @@ class Transceiver:
                 "call_cpu": None if self.call_cpu.cost is None else round(self.call_cpu.cost, 6),
                 "idle_cpu": round(self.call_cpu.idle, 6),
                 "window_calls": self.window_calls, "window_unsettled": self.window_unsettled,
+                # Worker-thread work as a per-call cost by agent kind (offload.py): what
+                # one call of each kind costs, what the live calls cost together, and the
+                # kind a create without an agent gets (signaling/admission.py).
+                "offload_cpu": {k: round(v, 6) for k, v in self.offload.costs().items()},
+                "offload_calls": round(self.offload_need(), 6),
+                "agent_kind": agent_kind(self.config.agent),
                 "opus_complexity": self.complexity.complexity,
                 "opus_complexity_steps": list(self.complexity.steps),
                 "degraded": self.complexity.degraded,
@@ -709,7 +751,7 @@ class Transceiver:
             return _error(503, "draining", "this transceiver is draining")
         if len(self.sessions) + len(self.phones) >= self.config.max_sessions:
             return _error(503, "full", f"{self.config.max_sessions} sessions is the limit")
-        if self.overloaded():  # before any SDP or DTLS work (issue 23)
+        if self.overloaded(req.get("agent")):  # before any SDP or DTLS work (issue 23)
             self.counters["sessions_refused_overloaded"] += 1
             return _error(503, "overloaded",
                           f"no headroom for another call (busy {100 * self.meter.busy:.0f} %)")
@@ -895,7 +937,9 @@ class Transceiver:
             return _error(503, "draining", "this transceiver is draining")
         if len(self.sessions) + len(self.phones) >= self.config.max_sessions:
             return _error(503, "full", f"{self.config.max_sessions} sessions is the limit")
-        if self.overloaded():
+        phone_req = req.get("phone")  # (its agent: what one more call of it would cost)
+        if self.overloaded(phone_req.get("agent") if isinstance(phone_req, dict)
+                           else req.get("agent")):
             self.counters["sessions_refused_overloaded"] += 1
             return _error(503, "overloaded",
                           f"no headroom for another call (busy {100 * self.meter.busy:.0f} %)")

@@ -12,22 +12,35 @@ The query also tells us that this client's datagrams now reach the relay at the 
 source (the worker that had the flow died, or the ``SO_REUSEPORT`` hash moved the client),
 so the flow's return traffic is pointed there at once instead of at the client's next
 packet (DESIGN.md: "the transceiver replies to the internal address the flow's last packet
-came from" — the query is that relay's first word about the flow).
+came from" — the query is that relay's first word about the flow). And what we sent the
+old worker since we last heard from it is sent again through the new one first
+(:meth:`~.call.Flow.move`, issue 41 item 2): a worker that had to ask lost the flow, and
+may have lost those datagrams with it — the echo of the client's last packets before a
+``kill -9``, sent into a dead socket, were the holes that made aiortc callers go silent for
+~320 ms. (Also when the query comes from the address we were sending to: a relay restarted
+on a fixed internal port asks from the same address and has lost the same way.)
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from appliance.proto.proxy.vouch import Kind, Vouch, VouchError, derive_key, encode, parse_untrusted
 
+from ..logs import redact
 from .call import Addr
+
+log = logging.getLogger(__name__)
 
 
 class _Flow(Protocol):
     public: Addr
     relay: Addr
+    header: bytes
+
+    def move(self, relay: Addr) -> list[bytes]: ...
 
 
 class _Call(Protocol):
@@ -57,7 +70,8 @@ class VouchResponder:
         self.counters = counters
         # queries = answers + refused (a client that is not ours, or not at that public
         # address: a phone call's latch refusing a stray port shows here)
-        for name in ("vouch_queries", "vouch_answers", "vouch_refused", "drop_vouch"):
+        for name in ("vouch_queries", "vouch_answers", "vouch_refused", "drop_vouch",
+                     "vouch_resent"):
             counters.setdefault(name, 0)
 
     def handle_datagram(self, data: bytes | bytearray | memoryview, relay: Addr) -> None:
@@ -82,7 +96,15 @@ class VouchResponder:
         if flow is None or flow.public != msg.public:
             c["vouch_refused"] += 1
             return
-        flow.relay = relay  # its datagrams reach that worker now (module docstring)
+        # Its datagrams reach that worker now, and what may have been lost is sent again
+        # through it, oldest first (module docstring).
+        again = flow.move(relay)
+        for payload in again:
+            self.send(flow.header + payload, relay)
+        self.counters["vouch_resent"] += len(again)
+        if again:
+            log.debug("flow %s moved to relay %s: %d datagram(s) sent again",
+                      redact(msg.client), relay, len(again))
         self._answer(msg, relay)
 
     def _answer(self, msg: Vouch, relay: Addr) -> None:

@@ -78,7 +78,7 @@ class Up:
 
     @classmethod
     async def start(cls, tmp: Path, workers: int = 1, redis: str | None = None,
-                    within: float = 90.0) -> Up:
+                    within: float = 90.0, extra: tuple[str, ...] = ()) -> Up:
         http, udp = free_tcp_port(), free_udp_port()
         # A short state dir: the control sockets' paths must stay under ~107 bytes.
         state = Path(tempfile.mkdtemp(prefix="fo-"))
@@ -87,6 +87,7 @@ class Up:
                 "--transceivers", "2", "--relay-workers", str(workers)]
         if redis:
             argv += ["--redis", redis]
+        argv += list(extra)
         proc = await spawn(argv, tmp / "up.log", "appliance ready", within)
         up = cls(proc, f"http://127.0.0.1:{http}", udp, state, workers)
         # `up` is ready when every worker is; the standbys start right after.

@@ -6,6 +6,9 @@ Every datagram gets a delay (``delay`` plus up to ``jitter``); with probability 
 is dropped, ``duplicate`` it arrives twice (the copy with its own delay), ``reorder`` it is
 held back by another ``hold``. All randomness comes from ``seed``, so a seed is a run.
 ``drop(direction, data)`` lets a test discard chosen datagrams ("c2s" or "s2c").
+``relay`` is the relay internal address the client's datagrams reach the server through
+(a test moves it: a relay worker's successor); what the server sends to an address in
+``dead`` is lost (``lost_to_dead`` keeps it), as it is to a relay worker killed.
 
 DTLS roles: the client offers ``a=setup:actpass`` and the answer makes the server the DTLS
 client (``a=setup:active``); ``offer_setup="active"`` munges the offer (as a browser test
@@ -84,6 +87,8 @@ class CallPair:
     versions: frozenset[str] = frozenset({"1.2"})
     false_start: bool = False  # the client's (as DTLS 1.3 server: 0.5-RTT media)
     server_false_start: bool = False  # the transceiver's, as DTLS 1.2 client (server.py)
+    relay: tuple[str, int] = RELAY  # the relay the client's datagrams come through
+    dead: set[tuple[str, int]] = field(default_factory=set)  # relays whose input is lost
 
     def __post_init__(self) -> None:
         self.now = 0.0
@@ -120,6 +125,7 @@ class CallPair:
         self.server_events: list[CallEvent] = []
         self.sent: dict[str, int] = {"c2s": 0, "s2c": 0}
         self.dropped: dict[str, int] = {"c2s": 0, "s2c": 0}
+        self.lost_to_dead: list[bytes] = []
         self._heap: list[tuple[float, int, bool, bytes]] = []
         self._order = itertools.count()
         # A periodic hook (the client's microphone, say): tick(now) every `tick_every` s.
@@ -163,9 +169,12 @@ class CallPair:
             while (out := self.server.poll_output()) is not None:
                 if isinstance(out, Transmit):
                     payload, flow = out
-                    assert (flow.client == CLIENT and flow.public == PUBLIC
-                            and flow.relay == RELAY)
-                    self._send(False, payload)
+                    assert flow.client == CLIENT and flow.public == PUBLIC
+                    if flow.relay in self.dead:
+                        self.lost_to_dead.append(payload)
+                    else:
+                        assert flow.relay == self.relay, (flow.relay, self.relay)
+                        self._send(False, payload)
                 elif not isinstance(out, Timeout):
                     self.server_events.append(out)
                     self._on_server_event(out)
@@ -197,7 +206,7 @@ class CallPair:
         while self._heap and self._heap[0][0] <= now:
             _, _, to_server, data = heapq.heappop(self._heap)
             if to_server:
-                self.server.handle_input(now, data, (CLIENT, PUBLIC, RELAY))
+                self.server.handle_input(now, data, (CLIENT, PUBLIC, self.relay))
             else:
                 self.client.handle_datagram(now, data, PUBLIC)
             self._collect()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from appliance.proto.proxy.vouch import Kind, Vouch, derive_key, encode, parse_untrusted
+from appliance.transceiver.call import Flow
 from appliance.transceiver.vouch import VouchResponder
 
 SECRET = b"routing-secret-0123456789abcdef"
@@ -16,14 +17,8 @@ OLD, NEW = ("127.0.0.1", 5000), ("127.0.0.1", 5001)
 
 
 @dataclass
-class FakeFlow:
-    public: tuple[str, int]
-    relay: tuple[str, int]
-
-
-@dataclass
 class FakeCall:
-    flows: dict[tuple[str, int], FakeFlow] = field(default_factory=dict)
+    flows: dict[tuple[str, int], Flow] = field(default_factory=dict)
 
 
 @dataclass
@@ -31,8 +26,8 @@ class FakeSession:
     call: FakeCall
 
 
-def responder() -> tuple[VouchResponder, list[tuple[bytes, tuple[str, int]]], FakeFlow]:
-    flow = FakeFlow(PUBLIC, OLD)
+def responder() -> tuple[VouchResponder, list[tuple[bytes, tuple[str, int]]], Flow]:
+    flow = Flow(CLIENT, PUBLIC, OLD)
     sent: list[tuple[bytes, tuple[str, int]]] = []
     by_client = {CLIENT: FakeSession(FakeCall({CLIENT: flow}))}
     counters: dict[str, int] = {}
@@ -66,3 +61,22 @@ def test_silence_for_anything_else() -> None:
     assert sent == [] and flow.relay == OLD
     assert r.counters["drop_vouch"] == 3 and r.counters["vouch_answers"] == 0
     assert r.counters["vouch_refused"] == 2 == r.counters["vouch_queries"]
+
+
+def test_what_was_sent_since_the_old_worker_was_heard_goes_again_through_the_asker() -> None:
+    """Regression (issue 41 item 2): a worker asks because it has no flow for the client —
+    it was just started after the one that had it died, and what we sent that one since we
+    last heard from it (the echo of the client's last packets) may have died with it. It is
+    sent again through the asker, oldest first, before the answer releases the client's
+    held packets (tests/transceiver/test_relay_move.py has the call's side)."""
+    r, sent, flow = responder()
+    flow.unconfirmed.extend([b"srtp-41", b"srtp-42"])
+    r.handle_datagram(query(), NEW)
+    assert sent[:2] == [(flow.header + b"srtp-41", NEW), (flow.header + b"srtp-42", NEW)]
+    (answer, to), = sent[2:]
+    assert to == NEW and parse_untrusted(answer, [KEY]).kind is Kind.VOUCH
+    assert flow.relay == NEW and not flow.unconfirmed
+    assert r.counters["vouch_resent"] == 2
+    # A second worker asking (a reshuffle) has nothing more to be sent.
+    r.handle_datagram(query(nonce=b"nonce-02"), OLD)
+    assert len(sent) == 4 and r.counters["vouch_resent"] == 2
