@@ -337,7 +337,7 @@ class Realtime:
             started_at=started, ended_at=ended,
             reason=rec.end_reason or "gone" if rec is not None else "gone", stats=stats,
             recording=recording_link(call_id, view.get("media")),
-            transcript=view.get("transcript"))})
+            transcript=view.get("transcript"), turns=view.get("turns"))})
         return True
 
     async def watch_calls(self) -> None:
