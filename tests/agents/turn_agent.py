@@ -1,7 +1,8 @@
-"""An echo agent that reports one turn's waterfall — ``turn.metrics``, the event the built-in
-assistant sends (speech/assistant.py ``TurnMarks``) — after the caller's first 10 frames,
-plus one ``turn.metrics`` without a turn number, which the transceiver must drop. What a
-call to the assistant leaves in the session object, without the speech models. Loaded by
+"""An agent that listens and reports one turn's waterfall — ``turn.metrics``, the event the
+built-in assistant sends (speech/assistant.py ``TurnMarks``) — after the caller's first 10
+frames, plus one ``turn.metrics`` without a turn number, which the transceiver must drop:
+what a call to the assistant leaves in the session object, without the speech models. It
+sends no audio, so a page that called its first audio "setup" would wait forever. Loaded by
 the tests as ``path/turn_agent.py:agent``."""
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ TURN = {"turn": 1, "speech_start_ms": -1840.0, "speech_end_ms": -520.0, "transcr
 
 async def agent(ctx: AgentContext) -> None:
     frames = 0
-    async for frame in ctx.frames():
-        await ctx.send(frame.pcm)
+    async for _ in ctx.frames():
         frames += 1
         if frames == 10:
             await ctx.send_event({"type": "turn.metrics", **TURN, "first_queued_ms": 31.1,
