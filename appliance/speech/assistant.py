@@ -523,9 +523,9 @@ class Assistant:
         """Stamp ``first_sent`` when the reply's first frame (queued at ``start``) goes out,
         unless the ``send()`` that queued it sent it at once (an idle pacer does), then
         publish the turn's marks: from a task of its own, so the reply's loop never waits
-        on it (an await between its frames let the queue run dry mid-reply). A call that
-        ends first publishes what it has (no ``first_sent``); a barge-in cancels this with
-        the reply."""
+        on it (an await between its frames let the queue run dry mid-reply). A barge-in
+        cancels this with the reply, and so, as a rule, does the call's end (``run`` stops
+        its replies); if this gets there first it publishes what it has, no ``first_sent``."""
         if marks.first_sent is None and await ctx.played_past(start):
             marks.first_sent = trio.current_time()
         await self._publish(ctx, marks.event())
