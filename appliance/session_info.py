@@ -37,6 +37,13 @@ crosses a process boundary.
     (transcript: what an agent reported hearing and saying — the assistant's
     ``transcript.user.final`` / ``transcript.agent`` events — the last
     :data:`MAX_TRANSCRIPT` lines; null when it reported none)
+     "turns": null | [{"turn": 1, "speech_start_ms": -1840.0, "speech_end_ms": -520.0,
+                       "transcript_ms": 2.1, "stt_ms": 2.0, "first_token_ms": -60.3,
+                       "first_audio_ms": 31.0, "first_sent_ms": 31.2}]
+    (turns: each turn's waterfall as the agent reported it — the assistant's
+    ``turn.metrics`` events, :func:`turn_line` — the last :data:`MAX_TURNS`; each mark in
+    ms after the end of the turn was decided (negative: before it), null when the turn
+    never reached it; null when it reported none)
 
 ``SessionInfo(...).to_json()`` makes the dict (key order as above); ``from_json(obj)``
 reads one back, checking each field's type (raises :class:`ValueError` naming the field;
@@ -47,6 +54,7 @@ with the transceiver shows: the identity it knows, everything else unknown.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +79,37 @@ class RelayFlow:
 
 
 MAX_TRANSCRIPT = 50  # transcript lines a session object carries (the newest)
+MAX_TURNS = 50  # turn waterfalls a session object carries (the newest)
+
+#: A turn's marks (issue 38 item 5), in the order they happen, each in ms after the end of
+#: the turn was decided (itself 0): the detector heard speech start; the VAD paused (the
+#: caller's last voiced audio arrived); the final transcript was in hand; the LLM's first
+#: token; the TTS's first frame; that frame sent to the caller.
+TURN_MARKS = ("speech_start_ms", "speech_end_ms", "transcript_ms", "first_token_ms",
+              "first_audio_ms", "first_sent_ms")
+#: How long the STT took after the end of turn (not a mark: a part of ``transcript_ms``).
+TURN_EXTRAS = ("stt_ms",)
+#: A mark further than this from the end of turn is not believed (an agent's clock bug).
+MAX_TURN_MS = 3_600_000.0
+
+
+def turn_line(event: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The session object's ``turns`` line for an agent's ``turn.metrics`` event: its
+    ``turn`` (a positive integer) and each of :data:`TURN_MARKS` and :data:`TURN_EXTRAS`
+    as a finite number of ms (rounded to 0.1) or None; anything else in the event is left
+    out. None when the event has no turn number. Agents are any code (``ws://`` ones too),
+    so this is what keeps their events to the shape."""
+    turn = event.get("turn")
+    if not isinstance(turn, int) or isinstance(turn, bool) or turn < 1:
+        return None
+    out: dict[str, Any] = {"turn": turn}
+    for key in (*TURN_MARKS, *TURN_EXTRAS):
+        value = event.get(key)
+        out[key] = None
+        if (isinstance(value, int | float) and not isinstance(value, bool)
+                and math.isfinite(value) and abs(value) <= MAX_TURN_MS):
+            out[key] = round(float(value), 1)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +140,8 @@ class SessionInfo:
     media: Mapping[str, Any] | None = None
     #: The agent's transcript lines, newest last (null when it reported none).
     transcript: tuple[Mapping[str, Any], ...] | None = None
+    #: The agent's turn waterfalls (:func:`turn_line`), newest last (null: none reported).
+    turns: tuple[Mapping[str, Any], ...] | None = None
 
     @classmethod
     def placeholder(cls, id: str, transceiver: int, created_at: float,
@@ -134,6 +175,7 @@ class SessionInfo:
             "media": dict(self.media) if self.media is not None else None,
             "transcript": ([dict(t) for t in self.transcript] if self.transcript is not None
                            else None),
+            "turns": [dict(t) for t in self.turns] if self.turns is not None else None,
         }
 
     @classmethod
@@ -170,6 +212,10 @@ class SessionInfo:
                 and isinstance(t.get("text"), str) and _is_num_or_none(t.get("at"))
                 for t in transcript)):
             raise ValueError("transcript must be a list of {who, text, at} lines or null")
+        turns = obj.get("turns")
+        if turns is not None and not (isinstance(turns, list) and all(
+                isinstance(t, Mapping) and turn_line(t) is not None for t in turns)):
+            raise ValueError("turns must be a list of {turn, …_ms} lines or null")
         return cls(
             id=_str(obj, "id"),
             transceiver=_int(obj, "transceiver"),
@@ -195,7 +241,15 @@ class SessionInfo:
             media=dict(media) if media is not None else None,
             transcript=(tuple(dict(t) for t in transcript[-MAX_TRANSCRIPT:])
                         if transcript is not None else None),
+            turns=(tuple(_turn(t) for t in turns[-MAX_TURNS:]) if turns is not None
+                   else None),
         )
+
+
+def _turn(line: Mapping[str, Any]) -> dict[str, Any]:
+    out = turn_line(line)
+    assert out is not None  # from_json checked every line
+    return out
 
 
 _MISSING: Any = object()

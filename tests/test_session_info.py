@@ -8,7 +8,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.session_info import STATES, TIMELINE_STEPS, RelayFlow, SessionInfo
+from appliance.session_info import (
+    MAX_TURNS,
+    STATES,
+    TIMELINE_STEPS,
+    TURN_EXTRAS,
+    TURN_MARKS,
+    RelayFlow,
+    SessionInfo,
+    turn_line,
+)
 
 FULL: dict[str, Any] = {
     "id": "s1", "state": "connected", "end_reason": None, "transceiver": 2, "agent": "echo",
@@ -27,6 +36,9 @@ FULL: dict[str, Any] = {
               "stages": {}, "stage_failures": 0, "failed": {}, "unavailable": {}},
     "transcript": [{"who": "user", "text": "what time is it", "at": 1764460801.5},
                    {"who": "agent", "text": "It is 9:41.", "at": 1764460802.25}],
+    "turns": [{"turn": 1, "speech_start_ms": -1840.0, "speech_end_ms": -520.0,
+               "transcript_ms": 2.1, "stt_ms": 2.0, "first_token_ms": -60.3,
+               "first_audio_ms": 31.0, "first_sent_ms": 31.2}],
 }
 
 
@@ -56,6 +68,7 @@ def test_missing_optional_fields_take_defaults_and_unknown_keys_are_ignored() ->
     ("datachannels", []), ("datachannels", "open"), ("media", []), ("media", 1),
     ("transcript", {}), ("transcript", [{"who": "bot", "text": "x", "at": 1}]),
     ("transcript", [{"who": "user", "text": 5, "at": 1}]),
+    ("turns", {}), ("turns", [{"turn": 0}]), ("turns", [{"turn": "1"}]), ("turns", [3]),
 ])
 def test_wrong_types_raise_value_error_naming_the_field(key: str, value: object) -> None:
     with pytest.raises(ValueError, match=key.split("_")[0]):
@@ -71,3 +84,26 @@ def test_from_json_raises_only_value_error(obj: dict[str, Any]) -> None:
     except ValueError:
         return
     assert info.state in STATES
+
+
+def test_a_turn_line_keeps_the_waterfall_and_nothing_else() -> None:
+    """An agent's ``turn.metrics`` event (any agent: ``ws://`` ones too) becomes the session
+    object's line: the turn number and every mark as ms or null, nothing else."""
+    event = {"type": "turn.metrics", "turn": 3, "speech_start_ms": -1500, "speech_end_ms":
+             -500.04, "transcript_ms": 0.0, "stt_ms": 1.26, "first_token_ms": float("nan"),
+             "first_audio_ms": "40", "first_queued_ms": 41.0, "first_sent_ms": 1e12,
+             "html": "<b>"}
+    assert turn_line(event) == {
+        "turn": 3, "speech_start_ms": -1500.0, "speech_end_ms": -500.0, "transcript_ms": 0.0,
+        "first_token_ms": None, "first_audio_ms": None, "first_sent_ms": None, "stt_ms": 1.3}
+    assert list(turn_line(event) or {}) == ["turn", *TURN_MARKS, *TURN_EXTRAS]
+    for bad in ({}, {"turn": 0}, {"turn": True}, {"turn": 1.0}, {"turn": "2"}):
+        assert turn_line(bad) is None
+
+
+def test_a_session_object_carries_the_newest_turns() -> None:
+    lines = [{"turn": n, "first_sent_ms": float(n)} for n in range(1, MAX_TURNS + 6)]
+    info = SessionInfo.from_json({**FULL, "turns": lines})
+    assert info.turns is not None and len(info.turns) == MAX_TURNS
+    assert [t["turn"] for t in info.turns] == list(range(6, MAX_TURNS + 6))
+    assert info.turns[0]["speech_end_ms"] is None  # a mark the agent did not report

@@ -339,12 +339,13 @@ const PHASES = [["answer", "Answer"], ["ice", "ICE"], ["dtls", "DTLS"], ["audio"
  * The setup timeline (offer → answer → ICE → DTLS → first audio) as a bar with one
  * segment per phase, proportional to its duration, plus every step as a list (which is also
  * what a screen reader reads). `timeline` holds ms since the offer was received, null for
- * steps not reached yet.
+ * steps not reached yet; `omit` names steps left out (the demo leaves out the agent's first
+ * audio out, which for an assistant is after the caller's first sentence, not setup).
  */
-export function renderTimeline(container, timeline, heading = "Setup timeline") {
+export function renderTimeline(container, timeline, heading = "Setup timeline", omit = []) {
   container.replaceChildren();
   const tl = timeline || {};
-  const at = (k) => (typeof tl[k] === "number" && Number.isFinite(tl[k]) ? tl[k] : null);
+  const at = (k) => (!omit.includes(k) && typeof tl[k] === "number" && Number.isFinite(tl[k]) ? tl[k] : null);
   const reached = STEPS.filter(([k]) => at(k) !== null);
   const total = reached.length ? Math.max(...reached.map(([k]) => at(k))) : 0;
   container.append(h("h3", { text: `${heading}${total ? `: ${fmtMs(total)}` : ""}` }));
@@ -366,7 +367,8 @@ export function renderTimeline(container, timeline, heading = "Setup timeline") 
   container.append(bar);
   const list = h("ol", { class: "tl-steps" },
     h("li", {}, "Offer received ", h("b", { text: "0 ms" })),
-    ...STEPS.map(([key, phase, label]) => h("li", { "data-phase": at(key) !== null ? phase : null },
+    ...STEPS.filter(([key]) => !omit.includes(key)).map(([key, phase, label]) => h("li",
+      { "data-phase": at(key) !== null ? phase : null },
       `${label} `, h("b", { text: at(key) !== null ? fmtMs(at(key)) : "pending" }))));
   container.append(list);
 }
@@ -394,4 +396,85 @@ export function renderSparkline(container, label, values, format) {
     h("svg", { viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none", role: "img", "aria-label": summary },
       pts.length ? h("polyline", { points: pts.length === 1 ? `0,${pts[0].split(",")[1]} ${W},${pts[0].split(",")[1]}` : pts.join(" ") }) : null),
   );
+}
+
+// ---------------------------------------------------------------------------- turns
+
+// A turn's marks (the session object's `turns`, appliance/session_info.py: ms after the
+// end of the turn was decided, negative before it), in the order they happen, with the
+// phase each one ends. `null` is the end of turn itself (0 ms).
+const TURN_MARKS = [
+  ["speech_start_ms", null, "Speech started"],
+  ["speech_end_ms", "speech", "Speech ended (VAD pause)"],
+  [null, "wait", "End of turn"],
+  ["transcript_ms", "stt", "Transcript"],
+  ["first_token_ms", "llm", "First token"],
+  ["first_audio_ms", "tts", "First audio"],
+  ["first_sent_ms", "send", "First frame sent"],
+];
+const TURN_PHASES = {
+  speech: "Speech", wait: "End of turn", stt: "Transcript", llm: "LLM", tts: "TTS", send: "Send",
+};
+
+function turnMark(turn, key) {
+  if (key === null) return 0;
+  const v = turn[key];
+  return typeof v === "number" && Number.isFinite(v) ? v : null;
+}
+
+const signedMs = (ms) => `${ms < 0 ? "−" : "+"}${fmtMs(Math.abs(ms))}`;
+
+/**
+ * Each turn's waterfall (issue 38 item 5) as a bar like the setup timeline's: from the
+ * caller's speech start through the VAD's pause, the end of turn, the transcript, the LLM's
+ * first token and the TTS's first frame to that frame sent, one segment per phase,
+ * proportional to its duration. A heading says how long the caller waited (end of speech →
+ * first frame sent, what /metrics calls appliance_turn_first_sent_seconds) and a list gives
+ * every mark from the end of speech (also what a screen reader reads). `turns` is the
+ * session object's list; the container is hidden while there is none.
+ */
+export function renderTurns(container, turns, heading = "Turns") {
+  const list = Array.isArray(turns) ? turns.filter((t) => t && typeof t.turn === "number") : [];
+  container.hidden = !list.length;
+  const title = heading ? [h("h3", { text: list.length ? `${heading} (${list.length})` : heading })] : [];
+  container.replaceChildren(...title, ...list.map((t) => renderTurn(t)));
+}
+
+function renderTurn(turn) {
+  const marks = TURN_MARKS.map(([key, phase, label]) => ({ key, phase, label, at: turnMark(turn, key) }));
+  const reached = marks.filter((m) => m.at !== null);
+  const origin = Math.min(...reached.map((m) => m.at));
+  const total = Math.max(...reached.map((m) => m.at)) - origin;
+  const pause = turnMark(turn, "speech_end_ms");
+  const sent = turnMark(turn, "first_sent_ms");
+  const ref = pause !== null ? pause : 0; // what the list counts from
+  const bar = h("div", { class: "tl-bar turn-bar", "aria-hidden": "true" });
+  let prev = origin;
+  for (const m of marks) {
+    if (m.phase === null || m.at === null) continue;
+    // A mark before the one it follows (a reply begun at the pause has its first token
+    // before the end of turn) draws as nothing: that work hid under the wait.
+    const end = Math.max(prev, m.at);
+    const dur = end - prev;
+    const pct = total ? (dur / total) * 100 : 0;
+    const label = TURN_PHASES[m.phase];
+    bar.append(h("div", {
+      class: "tl-seg", "data-phase": m.phase, style: `flex: ${pct} 0 0`,
+      title: `${label}: ${fmtMs(dur)} (${m.label.toLowerCase()} at ${signedMs(m.at - ref)})`,
+      text: pct > 14 ? `${label} ${fmtMs(dur)}` : "",
+    }));
+    prev = end;
+  }
+  const waited = pause !== null && sent !== null
+    ? `reply sent ${fmtMs(sent - pause)} after the speech ended` : "no reply sent";
+  // The list counts from the end of speech (the histograms do too), or from the end of
+  // turn when the agent did not report the VAD's pause.
+  const item = (phase, label, value) => h("li", { "data-phase": phase }, `${label} `, h("b", { text: value }));
+  const start = turnMark(turn, "speech_start_ms");
+  const steps = h("ol", { class: "tl-steps" },
+    pause !== null && start !== null ? item("speech", "Speech", fmtMs(pause - start)) : null,
+    ...marks.filter((m) => m.key !== "speech_start_ms").map((m) => (m.at === null
+      ? item(null, m.label, "–") : item(m.phase, m.label, m.at === ref ? "0 ms" : signedMs(m.at - ref)))));
+  return h("div", { class: "turn", "data-turn": String(turn.turn) },
+    h("h4", { text: `Turn ${turn.turn}: ${waited}` }), bar, steps);
 }

@@ -1,9 +1,11 @@
 // The sessions dashboard (/): a live table fed by GET /v1/events, a detail panel with the
-// setup timeline and RTT/jitter/loss sparklines, per-process relay/transceiver health, and
-// an End button per session (DELETE /v1/sessions/{id}).
+// setup timeline, each turn's waterfall (voice agents) and RTT/jitter/loss sparklines,
+// per-process relay/transceiver health, and an End button per session (DELETE
+// /v1/sessions/{id}).
 import {
   AuthError, adoptTokenFromUrl, api, fmtBitrate, fmtDuration, fmtLoss, fmtMs, fmtNum, fmtTime,
-  followEvents, h, httpError, renderSparkline, renderTimeline, shortId, useApiTokenDirectly, wireAuthForm, dash,
+  followEvents, h, httpError, renderSparkline, renderTimeline, renderTurns, shortId, useApiTokenDirectly,
+  wireAuthForm, dash,
 } from "./common.js";
 
 const HISTORY = 60; // samples kept per session (one a second: the last minute)
@@ -173,6 +175,7 @@ function renderDetail() {
       $("detail-gone").hidden = !gotSnapshot;
       $("detail-fields").replaceChildren();
       $("detail-timeline").replaceChildren();
+      renderTurns($("detail-turns"), null);
       $("detail-end").disabled = true;
     }
     return;
@@ -206,6 +209,7 @@ function renderDetail() {
   ];
   $("detail-fields").replaceChildren(...fields.flatMap(([k, v]) => [h("dt", { text: k }), h("dd", { text: String(v) })]));
   renderTimeline($("detail-timeline"), s.timeline);
+  renderTurns($("detail-turns"), s.turns); // each turn's waterfall, when its agent reports them
   renderTranscript($("detail-transcript"), s.transcript);
   renderSparkline($("spark-rtt"), "RTT", entry.history.map((x) => x.rtt), (v) => fmtMs(v));
   renderSparkline($("spark-jitter"), "Jitter", entry.history.map((x) => x.jitter), (v) => fmtMs(v));

@@ -7,7 +7,7 @@
 // window.applianceDemo exposes the page state for tests and for the console.
 import {
   AuthError, HttpError, UnreachableError, adoptTokenFromUrl, api, apiUrl, fmtMs, fmtNum, h,
-  httpError, renderTimeline, wireAuthForm,
+  httpError, renderTimeline, renderTurns, wireAuthForm,
 } from "./common.js";
 
 const $ = (id) => document.getElementById(id);
@@ -150,13 +150,15 @@ function renderStats(st) {
 async function start() {
   if (run) teardown(run, false);
   const r = { pc: null, stream: null, sessionUrl: null, sessionId: null, cleanups: [], connected: false,
-    t0: performance.now(), setupMs: null, micMs: null, answerMs: null, serverTimeline: null, stopping: false };
+    t0: performance.now(), setupMs: null, micMs: null, answerMs: null, answeredAt: null, serverTimeline: null,
+    turns: null, stopping: false };
   run = r;
   clearMessage();
   lastStats = null;
   $("setup-ms").textContent = "–";
   $("setup-parts").textContent = "";
   $("server-timeline").replaceChildren();
+  renderTurns($("turns"), null, "");
   $("stats").replaceChildren();
   $("transcript-log").replaceChildren();
   transcript.length = 0;
@@ -225,7 +227,8 @@ async function start() {
     });
     if (r !== run) return;
     if (resp.status !== 201 && resp.status !== 200) throw await httpError(resp, "The server refused the session");
-    r.answerMs = performance.now() - tPost;
+    r.answeredAt = performance.now();
+    r.answerMs = r.answeredAt - tPost;
     const loc = resp.headers.get("Location");
     if (loc) {
       r.sessionUrl = new URL(loc, resp.url || apiUrl("v1/sessions")).toString();
@@ -382,7 +385,8 @@ function onConnectionState(r) {
   const cs = r.pc.connectionState;
   if (cs === "connected") {
     r.connected = true;
-    if (state !== "ended") setState("connected", r.setupMs === null ? "waiting for audio" : "talk now");
+    if (r.setupMs === null) showSetup(r);
+    if (state !== "ended") setState("connected", "talk now");
   } else if (cs === "disconnected" && r.connected) {
     setState("connected", "connection interrupted, waiting for it to recover");
   } else if (cs === "failed" || cs === "closed") {
@@ -407,9 +411,24 @@ function connectionFailed(r, target) {
     + "UDP to that address may be blocked by a firewall, or the advertised address (appliance up --public-address) is not reachable from this browser.");
 }
 
-/** Poll getStats() quickly until the first audio packet arrives, then once a second. */
+/**
+ * Setup is connect time (issue 38 item 8c): Start → the peer connection is connected (ICE
+ * and DTLS done). The first audio from the agent is not setup: the echo sends it at once,
+ * but an assistant speaks only after your first sentence, so that wait was the sentence and
+ * the reply. Its turns are timed on their own, in the Turns panel.
+ */
+function showSetup(r) {
+  r.setupMs = Math.round(performance.now() - r.t0);
+  $("setup-ms").textContent = `${r.setupMs} ms`;
+  const ice = r.answeredAt !== null ? performance.now() - r.answeredAt : null;
+  $("setup-parts").textContent = `Microphone access ${fmtMs(r.micMs)} · offer → answer ${fmtMs(r.answerMs)}`
+    + ` · ICE and DTLS ${fmtMs(ice)} (the rest is making the offer).`;
+}
+
+/** The media stats, once a second (quickly at first, until the first audio packet). */
 function watchFirstAudio(r) {
   let timer = null;
+  let heard = false;
   const tick = async () => {
     if (r !== run || !r.pc || r.pc.connectionState === "closed") return;
     try {
@@ -417,14 +436,9 @@ function watchFirstAudio(r) {
       if (r !== run) return;
       lastStats = st;
       renderStats(st);
-      if (r.setupMs === null && st.inbound && st.inbound.packetsReceived > 0) {
-        r.setupMs = Math.round(performance.now() - r.t0);
-        $("setup-ms").textContent = `${r.setupMs} ms`;
-        $("setup-parts").textContent = `Microphone access ${fmtMs(r.micMs)} · offer → answer ${fmtMs(r.answerMs)} · the rest is ICE, DTLS and the first packet.`;
-        if (state === "connected") setState("connected", "talk now");
-      }
+      heard = heard || Boolean(st.inbound && st.inbound.packetsReceived > 0);
     } catch { /* the connection closed under us */ }
-    timer = setTimeout(tick, r.setupMs === null ? 25 : 1000);
+    timer = setTimeout(tick, heard ? 1000 : 25);
   };
   tick();
   r.cleanups.push(() => clearTimeout(timer));
@@ -462,7 +476,13 @@ async function checkEnded(r) {
   if (s && s.session) s = s.session;
   if (s && s.timeline) {
     r.serverTimeline = s.timeline;
-    renderTimeline($("server-timeline"), s.timeline, "Server timeline");
+    // Connect steps only: the server's first audio out is the agent's first words (an
+    // assistant's come after your first sentence); those are timed as turns.
+    renderTimeline($("server-timeline"), s.timeline, "Server timeline", ["first_rtp_out"]);
+  }
+  if (s && Array.isArray(s.turns)) {
+    r.turns = s.turns;
+    renderTurns($("turns"), s.turns, "");
   }
   if (s && s.state === "ended") {
     ended(r, `The session was ended${s.end_reason ? `: ${s.end_reason}` : ""}.`);
@@ -543,6 +563,8 @@ window.applianceDemo = {
   get sessionId() { return run ? run.sessionId : null; },
   get setupMs() { return run ? run.setupMs : null; },
   get serverTimeline() { return run ? run.serverTimeline : null; },
+  /** The session object's `turns`: each turn's waterfall, as the Turns panel draws it. */
+  get waterfalls() { return run && run.turns ? run.turns.map((t) => ({ ...t })) : []; },
   get levels() { return { ...levels }; },
   get transcript() { return transcript.map((t) => ({ ...t })); },
   get turns() { return turns.map((t) => ({ ...t })); },

@@ -145,6 +145,21 @@ class AgentContext:
         """Return once everything queued has been handed to the pacer (or the call ended)."""
         await self._host.wait_drained()
 
+    async def played_past(self, seconds: float) -> bool:
+        """Return True once :attr:`played_seconds` is past ``seconds`` (the pacer has sent
+        output beyond that point), False if the output was interrupted or the call ended
+        first. ``played_seconds + queued_seconds`` read just before a :meth:`send` is where
+        that audio starts: waiting past it returns the moment its first frame went out (the
+        assistant's ``first_sent`` mark)."""
+        host = self._host
+        target = round(seconds * SAMPLE_RATE)
+        interrupts = host.interrupts
+        while host.played_samples <= target:
+            if host.closed or host.interrupts != interrupts:
+                return False
+            await host._space_lot.park()  # woken by every frame the pacer takes
+        return True
+
     async def output_queued(self) -> None:
         """Return once audio has been queued since the last return (or since the start).
 

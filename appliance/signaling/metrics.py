@@ -7,6 +7,11 @@ Families:
 * ``appliance_session_setup_seconds{step}`` — histogram of the setup timeline, one
   observation per session and step (offer received → answer sent, ICE nominated, DTLS done,
   first RTP in/out), taken the first time signaling sees that step;
+* ``appliance_turn_<span>_seconds`` — histograms of the turns' waterfalls (the agent's
+  ``turn.metrics``, kept in the session objects' ``turns``), one observation per turn and
+  span, timed from the caller's end of speech: ``speech`` (how long the caller spoke),
+  ``end_of_turn``, ``transcript``, ``first_token``, ``first_audio`` and ``first_sent`` (the
+  pause the caller hears); registry.py ``TURN_SPANS``;
 * ``appliance_transceiver_<counter>_total{transceiver}`` and
   ``appliance_relay_<counter>_total{worker}`` — the peers' own counters from ``stats``,
   nested objects flattened with ``_`` (``drops: {bad_proxy: 3}`` → ``drops_bad_proxy``);
@@ -40,7 +45,7 @@ import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .histogram import BUCKETS
+from .histogram import Histogram
 from .sip_calls import SipCalls
 from .sip_server import SipService
 from .state import SignalingState
@@ -265,6 +270,34 @@ def _render_sip(fams: _Families, calls: SipCalls) -> None:
              shell.connections)
 
 
+def _histogram(fams: _Families, name: str, help_text: str, labels: Mapping[str, str],
+               h: Histogram) -> None:
+    """One histogram's series (cumulative buckets, ``+Inf``, sum, count) under ``labels``."""
+    cum = 0
+    for bound, n in zip(h.bounds, h.counts, strict=True):
+        cum += n
+        fams.add_raw(name, "histogram", help_text,
+                     f"{name}_bucket{_labels({**labels, 'le': _num(bound)})} {cum}")
+    fams.add_raw(name, "histogram", help_text,
+                 f"{name}_bucket{_labels({**labels, 'le': '+Inf'})} {h.count}")
+    fams.add_raw(name, "histogram", help_text, f"{name}_sum{_labels(labels)} {_num(h.sum)}")
+    fams.add_raw(name, "histogram", help_text, f"{name}_count{_labels(labels)} {h.count}")
+
+
+#: HELP of the ``appliance_turn_<name>_seconds`` families (registry.py ``TURN_SPANS``).
+_TURN_HELP = {
+    "speech": "Per turn: the caller's speech, from the detector hearing it start to the "
+              "VAD's pause.",
+    "end_of_turn": "Per turn: from the caller's end of speech (the VAD's pause) to the end "
+                   "of turn being decided.",
+    "transcript": "Per turn: from the caller's end of speech to the final transcript.",
+    "first_token": "Per turn: from the caller's end of speech to the LLM's first token.",
+    "first_audio": "Per turn: from the caller's end of speech to the TTS's first frame.",
+    "first_sent": "Per turn: from the caller's end of speech to the reply's first frame "
+                  "sent (the pause the caller hears).",
+}
+
+
 def render(state: SignalingState, sip: SipCalls | None = None) -> str:
     fams = _Families()
 
@@ -286,18 +319,11 @@ def render(state: SignalingState, sip: SipCalls | None = None) -> str:
 
     _render_channels(fams, state)
 
-    hname = "appliance_session_setup_seconds"
     help_h = "Time from offer received to each setup step, per session."
     for step, h in state.registry.setup_hist.items():
-        cum = 0
-        for bound, n in zip(BUCKETS, h.counts, strict=True):
-            cum += n
-            fams.add_raw(hname, "histogram", help_h,
-                         f'{hname}_bucket{_labels({"step": step, "le": _num(bound)})} {cum}')
-        fams.add_raw(hname, "histogram", help_h,
-                     f'{hname}_bucket{_labels({"step": step, "le": "+Inf"})} {h.count}')
-        fams.add_raw(hname, "histogram", help_h, f'{hname}_sum{_labels({"step": step})} {_num(h.sum)}')
-        fams.add_raw(hname, "histogram", help_h, f'{hname}_count{_labels({"step": step})} {h.count}')
+        _histogram(fams, "appliance_session_setup_seconds", help_h, {"step": step}, h)
+    for name, h in state.registry.turn_hist.items():
+        _histogram(fams, f"appliance_turn_{name}_seconds", _TURN_HELP[name], {}, h)
 
     for ep in state.transceivers.values():
         counters = ep.stats.get("counters")

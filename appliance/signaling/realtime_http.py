@@ -71,7 +71,7 @@ from .rules import (
 )
 from .state import SignalingState
 from .tokens import ClientClaims, TokenError
-from .webhooks import CALL_ENDED, CALL_STARTED, end_report, recording_link
+from .webhooks import CALL_ENDED, CALL_STARTED, end_report, recording_link, report_stats
 
 EK_PREFIX = "ek_"
 SCOPE_CALLS = "realtime.calls"
@@ -330,14 +330,12 @@ class Realtime:
         now = self.state.clock()
         started = rec.created_at if rec is not None else now
         ended = rec.ended_at if rec is not None and rec.ended_at is not None else now
-        stats = {k: view.get(k) for k in ("packets_in", "packets_out", "bytes_in",
-                                          "bytes_out", "rtt_ms", "jitter_ms", "loss",
-                                          "codec", "datachannels")}
+        stats = report_stats(view)
         hooks.emit(CALL_ENDED, {**data, "report": end_report(
             started_at=started, ended_at=ended,
             reason=rec.end_reason or "gone" if rec is not None else "gone", stats=stats,
             recording=recording_link(call_id, view.get("media")),
-            transcript=view.get("transcript"))})
+            transcript=view.get("transcript"), turns=view.get("turns"))})
         return True
 
     async def watch_calls(self) -> None:

@@ -5,7 +5,8 @@ adopted from a transceiver after a restart of signaling), which transceiver owns
 current ETag (RFC 9725 §4.3), who may change it (client-token ``jti``), and the last session
 object a transceiver reported, so a session whose transceiver died can still be listed, as
 ended with reason ``"transceiver lost"``. It also takes the setup-time observations
-(``appliance_session_setup_seconds``) from those objects, once per session and step.
+(``appliance_session_setup_seconds``) from those objects, once per session and step, and
+the turn waterfalls' (``appliance_turn_*_seconds``, :data:`TURN_SPANS`), once per turn.
 
 No I/O here: the control-channel calls are state.py's; what they answer is handed in.
 Memory is bounded: at most :data:`MAX_RECORDS` records (ended ones forgotten oldest first),
@@ -26,7 +27,7 @@ import trio
 
 from appliance.session_info import SessionInfo
 
-from .histogram import Histogram
+from .histogram import TURN_BUCKETS, Histogram
 from .problems import Problem
 
 # The name these log lines had before the registry left state.py (log filters key on it).
@@ -34,6 +35,20 @@ log = logging.getLogger("appliance.signaling.state")
 
 # Setup steps whose latency goes into the histogram (timeline keys of docs/control-protocol.md).
 SETUP_STEPS = ("answer_sent", "ice_nominated", "dtls_done", "first_rtp_in", "first_rtp_out")
+#: The turn histograms (``appliance_turn_<name>_seconds``): name → the marks of a session
+#: object's ``turns`` line it spans (session_info.py ``TURN_MARKS``; None: the end of turn,
+#: 0 ms). Timed from the caller's end of speech — the VAD's pause — which is where a person
+#: starts to wait, so ``first_sent`` is the pause a caller hears (issue 38 item 1 measures
+#: the same from outside) and none of them is negative (a reply begun at a pause can have
+#: its first token before the end of turn, never before the pause).
+TURN_SPANS: dict[str, tuple[str, str | None]] = {
+    "speech": ("speech_start_ms", "speech_end_ms"),
+    "end_of_turn": ("speech_end_ms", None),
+    "transcript": ("speech_end_ms", "transcript_ms"),
+    "first_token": ("speech_end_ms", "first_token_ms"),
+    "first_audio": ("speech_end_ms", "first_audio_ms"),
+    "first_sent": ("speech_end_ms", "first_sent_ms"),
+}
 MAX_RECORDS = 10_000  # bounded memory: ended sessions are forgotten oldest first past this
 ENDED_RETENTION = 3600.0  # seconds an ended session stays listed
 PURGE_EVERY = 1.0  # seconds between retention sweeps (a sweep walks every record)
@@ -54,6 +69,7 @@ class SessionRecord:
     end_reason: str | None = None
     last: dict[str, Any] | None = None
     observed: set[str] = field(default_factory=set)
+    turns_observed: int = 0  # the highest turn number taken into the turn histograms
 
     @property
     def ended(self) -> bool:
@@ -70,6 +86,25 @@ class SessionRecord:
         if self.ended:
             base.update(state="ended", end_reason=self.end_reason, ended_at=self.ended_at)
         return base
+
+
+def turn_spans(line: dict[str, Any]) -> dict[str, float]:
+    """A ``turns`` line's :data:`TURN_SPANS` in seconds, those whose marks it has (a turn
+    cut short by the caller has no ``first_sent``; an agent may report fewer marks)."""
+    def mark(key: str | None) -> float | None:
+        if key is None:
+            return 0.0
+        value = line.get(key)
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            return None
+        return float(value) if math.isfinite(value) else None
+
+    out: dict[str, float] = {}
+    for name, (start, end) in TURN_SPANS.items():
+        a, b = mark(start), mark(end)
+        if a is not None and b is not None:
+            out[name] = max(0.0, b - a) / 1000.0
+    return out
 
 
 def new_etag() -> str:
@@ -96,6 +131,7 @@ class SessionRegistry:
         self._live: dict[str, SessionRecord] = {}
         self._purged_at = -math.inf
         self.setup_hist = {step: Histogram() for step in SETUP_STEPS}
+        self.turn_hist = {name: Histogram(TURN_BUCKETS) for name in TURN_SPANS}
         self.sessions_lost = 0
 
     def get(self, sid: str) -> SessionRecord | None:
@@ -167,6 +203,7 @@ class SessionRegistry:
             rec.end_reason = str(obj.get("end_reason") or "ended")
             ended_at = obj.get("ended_at")
             rec.ended_at = float(ended_at) if isinstance(ended_at, int | float) else self.clock()
+        self._observe_turns(rec, obj.get("turns"))
         timeline = obj.get("timeline")
         if not isinstance(timeline, dict):
             return
@@ -176,6 +213,20 @@ class SessionRegistry:
                 continue
             rec.observed.add(step)
             self.setup_hist[step].observe(max(0.0, float(ms)) / 1000.0)
+
+    def _observe_turns(self, rec: SessionRecord, turns: Any) -> None:
+        """Each turn line not seen before (a higher ``turn`` number) into the histograms;
+        a session object keeps its last 50, far more than can happen between two polls."""
+        if not isinstance(turns, list):
+            return
+        seen = rec.turns_observed
+        for line in turns:
+            n = line.get("turn") if isinstance(line, dict) else None
+            if not isinstance(n, int) or n <= seen:
+                continue
+            rec.turns_observed = max(rec.turns_observed, n)
+            for name, seconds in turn_spans(line).items():
+                self.turn_hist[name].observe(seconds)
 
     def reconcile(self, k: int, objs: Iterable[dict[str, Any]], *, asked_at: float) -> None:
         """Transceiver ``k`` listed ``objs`` for a poll sent at trio time ``asked_at``."""

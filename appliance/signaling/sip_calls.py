@@ -402,7 +402,8 @@ class SipCalls:
         report = end_report(started_at=call.started_at or call.created_at,
                             ended_at=call.ended_at or self.clock(), reason=reason,
                             stats=report_stats(session),
-                            transcript=session.get("transcript") if session else None)
+                            transcript=session.get("transcript") if session else None,
+                            turns=session.get("turns") if session else None)
         report["hung_up_by"] = call.hung_up_by
         report["sip"] = sip_report(
             direction="inbound", sip_call_id=invite.get("Call-ID"), from_=invite.get("From"),

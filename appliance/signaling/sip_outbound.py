@@ -453,7 +453,8 @@ class SipOutbound:
         report = end_report(started_at=call.started_at or call.created_at,
                             ended_at=call.ended_at or self.clock(), reason=reason,
                             stats=report_stats(session),
-                            transcript=session.get("transcript") if session else None)
+                            transcript=session.get("transcript") if session else None,
+                            turns=session.get("turns") if session else None)
         report["hung_up_by"] = call.hung_up_by
         report["sip"] = sip_report(direction="outbound", sip_call_id=call.sip_call_id,
                                    from_=call.from_uri, to=call.target,

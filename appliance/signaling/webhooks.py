@@ -16,7 +16,8 @@ here are the appliance's, named in the same family):
   ``ended_at``, ``duration_seconds``, ``end_reason``, ``hung_up_by`` (``client`` | ``api`` |
   ``agent`` | ``server`` | ``unknown``), ``stats`` (the session object's media and
   network counters for a WebRTC or phone call — a phone call's with its RTP leg's counters —
-  the socket's event/byte counts for a WebSocket) and ``transcript``; a phone call's also
+  the socket's event/byte counts for a WebSocket), ``transcript`` and ``turns`` (each
+  turn's waterfall, as the agent reported it in ``turn.metrics``); a phone call's also
   ``sip`` (:func:`sip_report`: Call-ID, From, To, hangup cause).
 
 Delivery (:class:`WebhookQueue`, sans-IO; :func:`deliver_forever`, the trio task): a bounded
@@ -155,16 +156,21 @@ def hung_up_by(reason: str) -> str:
 
 def end_report(*, started_at: float, ended_at: float, reason: str,
                stats: dict[str, Any], recording: dict[str, Any] | None = None,
-               transcript: Any = None) -> dict[str, Any]:
+               transcript: Any = None, turns: Any = None) -> dict[str, Any]:
     """``recording``: :func:`recording_link`'s, or None when the call was not recorded.
     ``transcript``: the session object's lines (``[{"who", "text", "at"}]``, the newest
-    50, session_info.py) when its agent reported any; anything else becomes None."""
+    50, session_info.py) when its agent reported any; ``turns``: its turn waterfalls
+    (``[{"turn", "speech_start_ms", …, "first_sent_ms"}]``, the newest 50, each mark in ms
+    after that turn's end was decided: session_info.py ``turn_line``) when its agent
+    reported any; anything else becomes None."""
     lines = [dict(t) for t in transcript if isinstance(t, dict)] if isinstance(
         transcript, list) else []
+    waterfalls = [dict(t) for t in turns if isinstance(t, dict)] if isinstance(
+        turns, list) else []
     return {"started_at": started_at, "ended_at": ended_at,
             "duration_seconds": round(max(0.0, ended_at - started_at), 3),
             "end_reason": reason, "hung_up_by": hung_up_by(reason), "stats": stats,
-            "recording": recording, "transcript": lines or None}
+            "recording": recording, "transcript": lines or None, "turns": waterfalls or None}
 
 
 #: the session object's fields an end-of-call report's ``stats`` carries (WebRTC and phone)

@@ -71,9 +71,11 @@ opened and closed a turn), ``transcript.user.partial`` ``{text}``,
 ``transcript.user.final`` ``{text, audio_start_ms, audio_end_ms}``, ``transcript.user.failed``
 ``{error}``, ``transcript.agent`` ``{text}`` (a sentence as it starts to play), and
 ``output.cleared`` ``{played_seconds, dropped_seconds}`` after a barge-in, and
-``turn.metrics`` ``{turn, transcript_ms, stt_ms, first_token_ms, first_audio_ms,
-first_queued_ms}`` once a reply is queued (each mark in ms after the end of
-the turn was decided: :class:`TurnMarks`). The same events
+``turn.metrics`` ``{turn, speech_start_ms, speech_end_ms, transcript_ms, stt_ms,
+first_token_ms, first_audio_ms, first_queued_ms, first_sent_ms}`` once a reply's first
+frame is sent (the turn's waterfall, each mark in ms after the end of the turn was decided:
+:class:`TurnMarks`; the transceiver keeps them for the end-of-call report, /metrics and the
+dashboard). The same events
 go, as JSON text, on a data channel labelled ``transcript`` when the caller opens one (the
 demo page does: it shows both sides' words live).
 """
@@ -85,6 +87,8 @@ import logging
 import math
 import os
 import threading
+from collections import deque
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import Any
@@ -108,7 +112,7 @@ from .listen import (
 from .llm import BuiltinResponder, ChatCompletions, LlmError, Message, Responder, sentences
 from .stt import SttEngine, make_stt
 from .tts import TtsEngine, TtsError, make_tts
-from .vad import SpeechUnavailable, TurnConfig, TurnDetector, make_vad
+from .vad import FRAME_MS, SpeechUnavailable, TurnConfig, TurnDetector, make_vad
 
 log = logging.getLogger(__name__)
 EXTRA_HINT = "pip install 'appliance[speech]' (or make install)"
@@ -300,28 +304,68 @@ def realtime_factory(spec: str) -> Any:
 @dataclass
 class TurnMarks:
     """One turn's waterfall on the trio clock (issue 38 item 5), sent as ``turn.metrics``
-    once the reply is queued: each mark in ms after the end of the turn was
-    decided (the caller's own silence before it is the detector's: ``silence_ms`` or the
-    semantic pause)."""
+    once the reply's first frame is sent: each mark in ms after the end of the turn was
+    decided (negative: before it). The caller's silence between ``speech_end`` and the end
+    of turn is the detector's wait (``silence_ms``, or the semantic pause and verdict); the
+    marks' names are the session object's ``turns`` keys (appliance/session_info.py)."""
 
     turn: int
     end_of_turn: float
     transcript: float  # the final transcript was in hand
     stt_seconds: float  # of which the STT's own time after the end of turn
+    #: The detector heard speech start (``min_speech_ms`` into it: UserSpeechStarted).
+    speech_start: float | None = None
+    #: The VAD paused: the caller's last voiced frame arrived (:class:`_Arrivals`).
+    speech_end: float | None = None
     first_token: float | None = None  # the responder's first text
     first_audio: float | None = None  # the TTS's first frame
     first_queued: float | None = None  # that frame queued for the pacer
+    first_sent: float | None = None  # that frame sent: the pacer took it (played_past)
 
     def event(self) -> dict[str, Any]:
         def ms(t: float | None) -> float | None:
             return None if t is None else round((t - self.end_of_turn) * 1000, 1)
 
         return {"type": "turn.metrics", "turn": self.turn,
+                "speech_start_ms": ms(self.speech_start),
+                "speech_end_ms": ms(self.speech_end),
                 "transcript_ms": ms(self.transcript),
                 "stt_ms": round(self.stt_seconds * 1000, 1),
                 "first_token_ms": ms(self.first_token),
                 "first_audio_ms": ms(self.first_audio),
-                "first_queued_ms": ms(self.first_queued)}
+                "first_queued_ms": ms(self.first_queued),
+                "first_sent_ms": ms(self.first_sent)}
+
+
+class _Arrivals:
+    """The caller's frames on their way to the turn detector, with the arrival times of the
+    last :data:`KEEP` of them: the detector counts media time in frames (a turn's
+    ``audio_end_ms`` is the end of frame ``audio_end_ms // 20`` of those it was fed), so
+    this tells when the audio at such a position arrived — the moment the VAD paused. (The
+    listener, appliance/speech/listen.py, has that time only as a media position.)"""
+
+    #: 10 s of frames: past the longest silence bound (5 s) plus what the listener reads
+    #: while a pause's threads run, before it yields the end of the turn.
+    KEEP = 500
+
+    def __init__(self, ctx: AgentContext) -> None:
+        self._ctx = ctx
+        self._times: deque[float] = deque(maxlen=self.KEEP)
+        self._count = 0  # frames handed on (the detector's own count: it sees only these)
+
+    async def frames(self) -> AsyncGenerator[Any, None]:
+        async for frame in self._ctx.frames():
+            self._count += 1
+            self._times.append(frame.received_at)
+            yield frame
+
+    def at(self, position_ms: int) -> float | None:
+        """Arrival time of the frame that ends at media position ``position_ms`` (None
+        before the first frame, or if it is older than what is kept)."""
+        back = self._count - position_ms // FRAME_MS  # 0: the newest frame
+        if position_ms < FRAME_MS or not 0 <= back < len(self._times):
+            return None
+        return self._times[-1 - back]
 
 
 @dataclass
@@ -381,11 +425,15 @@ class Assistant:
     async def run(self, ctx: AgentContext) -> None:
         detector = TurnDetector(self.turn_config())
         ended_at = trio.current_time()  # when the current turn ended (UserSpeechStopped)
+        started_at: float | None = None  # when it started (UserSpeechStarted)
+        paused_at: float | None = None  # when its speech ended (the VAD's pause)
+        arrivals = _Arrivals(ctx)  # the detector's frames, for paused_at
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._channels, ctx)
-            async for ev in transcripts(ctx, stt=self.engines.stt, detector=detector,
+            async for ev in transcripts(arrivals, stt=self.engines.stt, detector=detector,
                                         endpoint=self.engines.endpoint):
                 if isinstance(ev, UserSpeechStarted):
+                    started_at = ev.at
                     self._drop_held()
                     if self._reply is not None or ctx.queued_seconds > 0:
                         await self.barge_in(ctx)
@@ -393,6 +441,7 @@ class Assistant:
                                               "audio_start_ms": ev.audio_start_ms})
                 elif isinstance(ev, UserSpeechStopped):
                     ended_at = ev.at
+                    paused_at = arrivals.at(ev.audio_end_ms)
                     await self._publish(ctx, {"type": "transcript.user.stopped",
                                               "audio_end_ms": ev.audio_end_ms})
                 elif isinstance(ev, TranscriptPartial):
@@ -422,12 +471,15 @@ class Assistant:
                             held.marks.end_of_turn = ended_at
                             held.marks.transcript = now
                             held.marks.stt_seconds = ev.stt_seconds
+                            held.marks.speech_start = started_at
+                            held.marks.speech_end = paused_at
                             self._reply = held.scope
                             held.gate.set()
                             continue
                         scope = trio.CancelScope()
                         self._reply = scope
-                        marks = TurnMarks(self.replies_started, ended_at, now, ev.stt_seconds)
+                        marks = TurnMarks(self.replies_started, ended_at, now, ev.stt_seconds,
+                                          speech_start=started_at, speech_end=paused_at)
                         nursery.start_soon(self.speak_reply, ctx, scope, marks)
             nursery.cancel_scope.cancel()
 
@@ -467,6 +519,17 @@ class Assistant:
             await self.engines.responder.reply(
                 list(self.history) if messages is None else messages, text)
 
+    async def _first_sent(self, ctx: AgentContext, marks: TurnMarks, start: float) -> None:
+        """Stamp ``first_sent`` when the reply's first frame (queued at ``start``) goes out,
+        unless the ``send()`` that queued it sent it at once (an idle pacer does), then
+        publish the turn's marks: from a task of its own, so the reply's loop never waits
+        on it (an await between its frames let the queue run dry mid-reply). A barge-in
+        cancels this with the reply, and so, as a rule, does the call's end (``run`` stops
+        its replies); if this gets there first it publishes what it has, no ``first_sent``."""
+        if marks.first_sent is None and await ctx.played_past(start):
+            marks.first_sent = trio.current_time()
+        await self._publish(ctx, marks.event())
+
     async def speak_reply(self, ctx: AgentContext, scope: trio.CancelScope,
                           marks: TurnMarks | None = None, gate: trio.Event | None = None,
                           messages: list[Message] | None = None) -> None:
@@ -496,15 +559,15 @@ class Assistant:
                                     if not said_it:  # its first audio is ready: say it
                                         await say(sentence)
                                         said_it = True
+                                    start = ctx.played_seconds + ctx.queued_seconds
                                     await ctx.send(frame)
                                     if marks is not None and marks.first_queued is None:
                                         marks.first_queued = trio.current_time()
+                                        if ctx.played_seconds > start:  # send() sent it
+                                            marks.first_sent = marks.first_queued
+                                        nursery.start_soon(self._first_sent, ctx, marks, start)
                             if not said_it:
                                 await say(sentence)
-                if marks is not None and marks.first_queued is not None:
-                    # After the reply is queued, not between its frames: an await there
-                    # let the queue run dry mid-reply.
-                    await self._publish(ctx, marks.event())
             except (LlmError, TtsError) as exc:
                 if gate is not None:
                     await gate.wait()

@@ -45,7 +45,7 @@ from appliance.logs import loggable_url, redact
 from appliance.phone_params import PhoneParams
 from appliance.proto.errors import LocalProtocolError
 from appliance.proto.proxy import encode_header
-from appliance.session_info import MAX_TRANSCRIPT, RelayFlow, SessionInfo
+from appliance.session_info import MAX_TRANSCRIPT, MAX_TURNS, RelayFlow, SessionInfo, turn_line
 
 from . import rtp_leg
 from .call import Addr
@@ -148,6 +148,7 @@ class PhoneSession:
         self._folded: dict[RtpLeg, dict[str, int] | None] = {}  # None: folded for good
         self._drains = 0
         self._transcript: deque[dict[str, Any]] = deque(maxlen=MAX_TRANSCRIPT)
+        self._turns: deque[dict[str, Any]] = deque(maxlen=MAX_TURNS)  # (as session.py's)
         for name in LEG_COUNTERS:  # present (at 0) once the transceiver has had a phone call
             counters.setdefault(f"phone_{name}", 0)
         counters.setdefault("phone_dtmf_in", 0)
@@ -419,6 +420,10 @@ class PhoneSession:
                 who = "user" if kind == "transcript.user.final" else "agent"
                 self._transcript.append({"who": who, "text": text[:1000],
                                          "at": round(time.time(), 3)})
+        elif kind == "turn.metrics":  # a turn's waterfall, as session.py keeps it
+            line = turn_line(event)
+            if line is not None:
+                self._turns.append(line)
         elif kind == "media.update" and self.pipeline is not None:
             nr = event.get("noise_reduction")
             if nr is None or nr in NOISE_REDUCTION:
@@ -495,6 +500,7 @@ class PhoneSession:
             loss=leg.remote_loss if leg is not None else None,
             media=self.pipeline.stages.describe() if self.pipeline is not None else None,
             transcript=tuple(self._transcript) if self._transcript else None,
+            turns=tuple(self._turns) if self._turns else None,
         )
 
     def describe(self) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from appliance.agents import AgentContext, AgentHost, AgentIdentity, ResolvedAge
 from appliance.logs import loggable_url, redact
 from appliance.proto.dtls import DtlsConnection, Role
 from appliance.proto.sdp import Answer
-from appliance.session_info import MAX_TRANSCRIPT, RelayFlow, SessionInfo
+from appliance.session_info import MAX_TRANSCRIPT, MAX_TURNS, RelayFlow, SessionInfo, turn_line
 
 from .admission import DtlsGate
 from .call import (
@@ -123,6 +123,9 @@ class Session:
         # What the agent said it heard and said (the assistant's transcript events), for
         # the session object (the dashboard shows it per call).
         self._transcript: deque[dict[str, Any]] = deque(maxlen=MAX_TRANSCRIPT)
+        # Each turn's waterfall the agent reported (``turn.metrics``): signaling takes the
+        # end-of-call report's ``turns`` and the appliance_turn_* histograms from these.
+        self._turns: deque[dict[str, Any]] = deque(maxlen=MAX_TURNS)
         # Agent.
         self.host = AgentHost(on_event=self._agent_event, on_output=self._output_queued)
         self._on_frame = agent.on_frame  # synchronous frame handler (no agent task), or None
@@ -246,6 +249,7 @@ class Session:
             datachannels=self.channels.stats() if self.channels is not None else None,
             media=self.pipeline.stages.describe() if self.pipeline is not None else None,
             transcript=tuple(self._transcript) if self._transcript else None,
+            turns=tuple(self._turns) if self._turns else None,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -387,6 +391,10 @@ class Session:
                 who = "user" if event["type"] == "transcript.user.final" else "agent"
                 self._transcript.append({"who": who, "text": text[:1000],
                                          "at": round(time.time(), 3)})
+        elif event.get("type") == "turn.metrics":
+            line = turn_line(event)
+            if line is not None:
+                self._turns.append(line)
         elif event.get("type") == "media.update" and self.pipeline is not None:
             nr = event.get("noise_reduction")  # Realtime session.update (realtime/agent.py)
             if nr is None or nr in NOISE_REDUCTION:

@@ -112,6 +112,36 @@ async def test_interrupt_drops_queued_and_pending_output(
         assert host.queued_samples == 960
 
 
+async def test_played_past_returns_when_the_first_frame_of_a_send_goes_out() -> None:
+    """What the assistant's ``first_sent`` mark waits on: read where a send's audio starts,
+    then wait until the pacer has taken its first frame (not the backlog before it)."""
+    host, ctx = make()
+    await ctx.send(bytes(FRAME_BYTES * 2))  # a backlog of two frames
+    start = ctx.played_seconds + ctx.queued_seconds
+    await ctx.send(b"\x01" * FRAME_BYTES)
+    done: list[bool] = []
+
+    async def wait() -> None:
+        done.append(await ctx.played_past(start))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait)
+        for _ in range(2):
+            assert host.pop_output_frame() == bytes(FRAME_BYTES)
+            await trio.testing.wait_all_tasks_blocked()
+            assert done == []  # the backlog went out: not yet
+        assert host.pop_output_frame() == b"\x01" * FRAME_BYTES
+    assert done == [True]
+    # Interrupted (or the call ended) before it went out: False, at once.
+    start = ctx.played_seconds + ctx.queued_seconds
+    await ctx.send(bytes(FRAME_BYTES))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait)
+        await trio.testing.wait_all_tasks_blocked()
+        ctx.interrupt()
+    assert done == [True, False]
+
+
 async def test_inbound_frames_drop_oldest_when_agent_lags() -> None:
     host, ctx = make(max_inbound_frames=3)
     for i in range(5):

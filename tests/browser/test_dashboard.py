@@ -281,3 +281,40 @@ def test_detail_shows_data_channels(page: Page, backend: FakeBackend) -> None:
     expect(fields).to_contain_text("Data channelsnone offered")
     screenshot(page, "dashboard-datachannels")
     assert not errors.unexpected()
+
+
+def test_detail_draws_a_bar_per_turn(page: Page, backend: FakeBackend) -> None:
+    """Issue 38 item 5: a voice agent's turns (the session object's ``turns``) as bars like
+    the setup timeline's, each segment proportional to its phase."""
+    from agents.turn_agent import TURN
+
+    errors = PageErrors(page)
+    voice, other = sample_session(3), sample_session(1)
+    # Turn 2: cut short (no first frame sent), from an agent that does not report the pause.
+    voice["turns"] = [TURN, {"turn": 2, "speech_start_ms": None, "speech_end_ms": None,
+                             "transcript_ms": 40.0, "stt_ms": 40.0, "first_token_ms": 300.0,
+                             "first_audio_ms": None, "first_sent_ms": None}]
+    backend.sessions[:] = [voice, other]
+    page.goto(backend.url + "/")
+    page.get_by_role("button", name=f"Details of session {voice['id']}").click()
+    turns = page.locator("#detail-turns")
+    expect(turns.locator("h3")).to_have_text("Turns (2)")
+    first, second = turns.locator(".turn[data-turn='1']"), turns.locator(".turn[data-turn='2']")
+    expect(first.locator("h4")).to_have_text("Turn 1: reply sent 551 ms after the speech ended")
+    expect(second.locator("h4")).to_have_text("Turn 2: no reply sent")
+    expect(second.locator(".tl-seg")).to_have_count(3)  # wait (0 ms), transcript, LLM
+    expect(second.locator(".tl-steps")).to_contain_text("First token +300 ms")
+    # The caller's 1.32 s of speech beside the detector's 520 ms wait (the small segments'
+    # padding keeps them readable, so the two big ones are compared).
+    widths = page.wait_for_function(
+        """() => {
+            const w = [...document.querySelectorAll("#detail-turns .turn[data-turn='1'] .tl-seg")]
+                .map(e => e.getBoundingClientRect().width);
+            return w.length === 6 && w[0] > 0 ? w : null;
+        }""").json_value()
+    assert abs(widths[0] / widths[1] / (1320 / 520) - 1) < 0.03, widths
+    screenshot(page, "dashboard-turn-bars")
+    # A session whose agent reports no turns has no Turns section.
+    page.get_by_role("button", name=f"Details of session {other['id']}").click()
+    expect(turns).to_be_hidden()
+    assert not errors.unexpected()

@@ -5,7 +5,8 @@ pitch 35: not the assistant's own en-us 165 wpm voice) is the browser's fake mic
 espeak-ng). The demo page shows the live transcript of both sides from the assistant's
 ``transcript`` data channel; the test checks the words it heard (word error rate), that
 the reply's audio arrives (speech-band energy of the received track, measured by a Web
-Audio analyser), and a barge-in: the next loop of the phrase cuts the reply while it plays.
+Audio analyser), that the turn's waterfall is drawn (issue 38 item 5), and a barge-in:
+the next loop of the phrase cuts the reply while it plays.
 
 WER threshold: Whisper tiny.en on this voice through Opus and Chromium's audio processing
 heard "What time is it?" (WER 0) in each of the 5 runs measured here; the threshold (0.25:
@@ -154,6 +155,18 @@ def test_assistant_hears_and_answers_aloud(assistant_up: str,
         assert spectrum["loudestDb"] > -50 and spectrum["ratio"] > 0.5, spectrum
         expect(page.locator("#transcript-log")).to_contain_text("you: ")
         expect(page.locator("#transcript-log")).to_contain_text("agent: It is ")
+        # The turn's waterfall (issue 38 item 5): a bar, from the caller's speech to the
+        # reply's first frame sent, every mark reported (the session object's turns).
+        turn = page.locator("#turns .turn[data-turn='1']")
+        expect(turn.locator("h4")).to_contain_text("Turn 1: reply sent ", timeout=10_000)
+        expect(turn.locator(".tl-seg")).to_have_count(6)
+        (marks,) = page.evaluate("applianceDemo.waterfalls")
+        assert all(v is not None for v in marks.values()), marks
+        assert marks["speech_start_ms"] < marks["speech_end_ms"] < 0 <= marks["transcript_ms"]
+        assert marks["first_audio_ms"] <= marks["first_sent_ms"], marks
+        # Setup is connect time (item 8c): measured before the assistant said anything.
+        assert page.evaluate("applianceDemo.setupMs") is not None
+        expect(page.locator("#setup-what")).to_contain_text("to connected")
         screenshot(page, "demo-assistant-transcript")
 
         # 3. The dashboard shows the call's transcript (the session object's lines).
@@ -164,6 +177,8 @@ def test_assistant_hears_and_answers_aloud(assistant_up: str,
         lines = dash.locator("#detail-transcript")
         expect(lines).to_contain_text(f"caller: {heard[0]}", timeout=15_000)
         expect(lines).to_contain_text("agent: It is ")
+        expect(dash.locator("#detail-turns .turn[data-turn='1'] h4")).to_contain_text(
+            "reply sent")
         screenshot(dash, "dashboard-assistant-transcript")
         assert not errors.unexpected()
     finally:

@@ -79,6 +79,41 @@ async def test_metrics_format_and_values(make_env: Any) -> None:
     assert m['appliance_session_setup_seconds_count{step="dtls_done"}'] == 3
 
 
+async def test_turn_waterfalls_become_histograms(make_env: Any) -> None:
+    """The turns an agent reported (``turn.metrics``, kept in the session object by the
+    transceiver) reach /metrics the way the setup timelines do: through the list poll, one
+    observation per turn and span, timed from the caller's end of speech (issue 38 item 5)."""
+    env = await make_env(n=1)
+    c = env.client()
+    assert (await c.post("/v1/sessions", data=OFFER, headers=SDP)).status_code == 201
+    m = parse_exposition((await (await c.get("/metrics")).get_data()).decode())
+    for span in ("speech", "end_of_turn", "transcript", "first_token", "first_audio",
+                 "first_sent"):
+        assert m[f"appliance_turn_{span}_seconds_count"] == 0  # declared before any turn
+    [fake] = env.fakes.values()
+    [session] = fake.sessions.values()
+    turn = {"turn": 1, "speech_start_ms": -1840.0, "speech_end_ms": -520.0,
+            "transcript_ms": 2.1, "stt_ms": 2.0, "first_token_ms": -60.3,
+            "first_audio_ms": 31.0, "first_sent_ms": 31.2}
+    session["turns"] = [turn]
+    await c.get("/metrics")
+    session["turns"] = [turn, {**turn, "turn": 2, "first_sent_ms": 280.0}]
+    m = parse_exposition((await (await c.get("/metrics")).get_data()).decode())
+    # 0.5512 s and 0.8 s from the end of speech to the first frame sent: cumulative buckets.
+    assert m['appliance_turn_first_sent_seconds_bucket{le="0.5"}'] == 0
+    assert m['appliance_turn_first_sent_seconds_bucket{le="0.6"}'] == 1
+    assert m['appliance_turn_first_sent_seconds_bucket{le="0.8"}'] == 2
+    assert m['appliance_turn_first_sent_seconds_bucket{le="+Inf"}'] == 2
+    assert m["appliance_turn_first_sent_seconds_count"] == 2
+    assert abs(m["appliance_turn_first_sent_seconds_sum"] - 1.3512) < 1e-9
+    assert m["appliance_turn_end_of_turn_seconds_count"] == 2
+    assert abs(m["appliance_turn_end_of_turn_seconds_sum"] - 1.04) < 1e-9
+    assert abs(m["appliance_turn_speech_seconds_sum"] - 2.64) < 1e-9
+    # The session's own view carries them (the dashboard draws them from it).
+    view = await (await c.get(f"/v1/sessions/{session['id']}")).get_json()
+    assert [t["turn"] for t in view["turns"]] == [1, 2]
+
+
 async def test_lost_sessions_are_counted(make_env: Any) -> None:
     env = await make_env(n=1)
     c = env.client()

@@ -104,3 +104,39 @@ def test_lookup_refuses_malformed_ids(sid: str) -> None:
     with pytest.raises(R.Problem) as exc:
         reg.lookup(sid)
     assert exc.value.status == 404
+
+
+#: A turn's session-object line (session_info.py): the caller spoke 1.3 s, the VAD paused
+#: 520 ms before the end of turn was decided, and the reply's first frame went out 31.2 ms
+#: after it.
+TURN = {"turn": 1, "speech_start_ms": -1840.0, "speech_end_ms": -520.0, "transcript_ms": 2.1,
+        "stt_ms": 2.0, "first_token_ms": -60.3, "first_audio_ms": 31.0, "first_sent_ms": 31.2}
+
+
+def test_turn_spans_are_timed_from_the_callers_end_of_speech() -> None:
+    spans = R.turn_spans(TURN)
+    assert spans == pytest.approx({"speech": 1.32, "end_of_turn": 0.52, "transcript": 0.5221,
+                                   "first_token": 0.4597, "first_audio": 0.551,
+                                   "first_sent": 0.5512})
+    assert set(spans) == set(R.TURN_SPANS)
+    # A turn without the VAD's pause (an agent that reports less) is timed by nothing; one
+    # cut short before its reply went out has no first_sent.
+    assert R.turn_spans({**TURN, "speech_end_ms": None}) == {}
+    assert set(R.turn_spans({**TURN, "first_sent_ms": None})) == set(R.TURN_SPANS) - {
+        "first_sent"}
+
+
+def test_each_turn_is_observed_once() -> None:
+    reg = _registry([1000.0])
+    rec = _rec(1, 0, 1000.0)
+    reg.add(rec)
+    second = {**TURN, "turn": 2, "first_sent_ms": 980.0}
+    reg.observe(rec, {"state": "connected", "turns": [TURN]})
+    reg.observe(rec, {"state": "connected", "turns": [TURN, second]})  # a poll later
+    reg.observe(rec, {"state": "ended", "turns": [TURN, second, "junk", {"turn": "3"}]})
+    sent = reg.turn_hist["first_sent"]
+    assert sent.count == 2 and sent.sum == pytest.approx(0.5512 + 1.5)
+    # The turn buckets: 0.5512 s is past 0.5 and within 0.6; 1.5 s within 1.5.
+    assert dict(zip(sent.bounds, sent.counts, strict=True))[0.6] == 1
+    assert dict(zip(sent.bounds, sent.counts, strict=True))[1.5] == 1
+    assert reg.turn_hist["speech"].count == 2

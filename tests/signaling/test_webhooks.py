@@ -34,6 +34,9 @@ from appliance.signaling.webhooks import (
 
 openai = pytest.importorskip("openai")
 
+#: A turn's waterfall as a session object carries it (appliance/session_info.py).
+TURN = {"turn": 1, "speech_start_ms": -1840.0, "speech_end_ms": -520.0, "transcript_ms": 2.1,
+        "stt_ms": 2.0, "first_token_ms": -60.3, "first_audio_ms": 31.0, "first_sent_ms": 31.2}
 SECRET = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
 TIMEOUT = 30
 
@@ -300,7 +303,8 @@ async def test_a_call_ended_on_the_transceiver_is_found_by_the_poll(make_env: An
         fake.sessions[call_id].update(
             state="ended", end_reason="agent-done", ended_at=env.clock.t + 12.5,
             packets_in=640, transcript=[{"who": "user", "text": "what time is it", "at": 1.0},
-                                        {"who": "agent", "text": "It is noon.", "at": 2.0}])
+                                        {"who": "agent", "text": "It is noon.", "at": 2.0}],
+            turns=[TURN])
         await rx.wait_for(2)
     started, ended = (json.loads(b) for _, b in rx.requests)
     assert (started["type"], ended["type"]) == (CALL_STARTED, CALL_ENDED)
@@ -309,6 +313,7 @@ async def test_a_call_ended_on_the_transceiver_is_found_by_the_poll(make_env: An
     assert report["duration_seconds"] == 12.5 and report["stats"]["packets_in"] == 640
     assert [(t["who"], t["text"]) for t in report["transcript"]] == [
         ("user", "what time is it"), ("agent", "It is noon.")]
+    assert report["turns"] == [TURN]  # the turn's waterfall, as the session object has it
     assert env.state.webhooks.pending_calls == {}
 
 

@@ -1,11 +1,12 @@
 """A phone call's end-of-call report and its counters in ``/metrics`` (issue 28 items 3-4).
 
 * The ``realtime.call.ended`` webhook of a phone call carries what a WebRTC call's does —
-  ``transcript`` (the agent's ``transcript.*`` events, kept by the transceiver's phone
-  session) and ``stats`` (the session object's, with the RTP leg's counters) — plus ``sip``:
-  the INVITE's Call-ID, From and To, and the hangup cause. SIPp calls in with a 1 kHz PCMU
+  ``transcript`` and ``turns`` (the agent's ``transcript.*`` and ``turn.metrics`` events,
+  kept by the transceiver's phone session) and ``stats`` (the session object's, with the
+  RTP leg's counters) — plus ``sip``: the INVITE's Call-ID, From and To, and the hangup
+  cause. SIPp calls in with a 1 kHz PCMU
   tone from a pcap, the webhook's backend accepts it with an agent that echoes and reports
-  two transcript lines, and SIPp hangs up.
+  two transcript lines and a turn, and SIPp hangs up.
 * The transceiver's phone counters (RTP/RTCP each way, drops by cause — ``stray``: the
   latch refused a source — SRTP authentication failures, DTMF) reach signaling's
   ``/metrics`` as ``appliance_transceiver_phone_<name>_total``, equal to the ended leg's own
@@ -58,7 +59,7 @@ def header(event: dict[str, Any], name: str) -> str:
 
 async def test_phone_call_report_carries_transcript_stats_and_sip_fields(
         nursery: trio.Nursery, tmp_path: Path) -> None:
-    from sip.transcript_agent import GREETING, HEARD
+    from sip.transcript_agent import GREETING, HEARD, TURN
 
     stack = await start_phone_stack(nursery, tmp_path, webhooks=True)
     phone = stack.phone
@@ -82,6 +83,7 @@ async def test_phone_call_report_carries_transcript_stats_and_sip_fields(
     report = ended["data"]["report"]
     lines = report["transcript"]
     assert [(t["who"], t["text"]) for t in lines] == [("agent", GREETING), ("user", HEARD)]
+    assert report["turns"] == [TURN]  # the turn's waterfall (issue 38 item 5)
     sip = report["sip"]
     assert sip["direction"] == "inbound"
     assert sip["call_id"] == header(incoming, "Call-ID")

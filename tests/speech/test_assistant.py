@@ -72,8 +72,9 @@ async def test_assistant_hears_answers_and_speaks() -> None:
     assert said[0]["text"].startswith("It is ")
     (marks,) = call.of("turn.metrics")  # the turn's waterfall, in order (issue 38 item 5)
     assert marks["turn"] == 1
+    assert marks["speech_start_ms"] < marks["speech_end_ms"] < 0, marks  # before the end
     steps = [marks[k] for k in ("transcript_ms", "first_token_ms", "first_audio_ms",
-                                "first_queued_ms")]
+                                "first_queued_ms", "first_sent_ms")]
     assert 0 <= steps[0] and steps == sorted(steps), marks
     reply = b"".join(f for f in call.out if f is not None)
     assert len(reply) / 96_000 > 0.5
@@ -209,6 +210,7 @@ async def _gated_call(audio: bytes) -> tuple[list[tuple[float, dict[str, Any]]],
     async def caller() -> None:
         for i, f in enumerate(frames(audio)):
             host.push_frame(Frame(f, i * 0.02, trio.current_time(), speech=False))
+            host.pop_output_frame()  # the pacer: one frame of the reply out per 20 ms
             await trio.sleep(0.02)  # the caller's real-time grid (on the mock clock)
         host.close("done")
 
@@ -240,6 +242,10 @@ def test_a_reply_started_at_the_pause_is_held_until_the_turn_ends_with_its_words
     assert heard in said["text"]  # the built-in responder says what it heard
     (marks,) = [e for _, e in events if e["type"] == "turn.metrics"]
     assert marks["first_token_ms"] < 0 <= marks["first_queued_ms"]  # work before the end
+    # The waterfall on the 20 ms grid: the VAD paused 500 ms (the silence wait) before the
+    # end of turn, and the pacer sent the reply's first frame at its next 20 ms tick.
+    assert marks["speech_start_ms"] < marks["speech_end_ms"] == -500.0, marks
+    assert marks["first_queued_ms"] <= marks["first_sent_ms"] <= marks["first_queued_ms"] + 20
     assert (speculation.replies_used, speculation.replies_wasted) == (used + 1, wasted)
 
 
@@ -259,3 +265,30 @@ def test_a_caller_who_goes_on_drops_the_held_reply() -> None:
     said = [e["text"] for _, e in events if e["type"] == "transcript.agent"]
     assert said and all(partials[0] not in s for s in said) and heard in said[0]
     assert (speculation.replies_used, speculation.replies_wasted) == (used + 1, wasted + 1)
+
+
+def test_turn_marks_map_onto_the_session_object_and_the_histograms() -> None:
+    """One turn's marks (trio clock) → its ``turn.metrics`` event (ms after the end of the
+    turn) → the transceiver's session-object line (session_info.turn_line, which the
+    end-of-call report carries) → the /metrics spans (signaling/registry.turn_spans)."""
+    from appliance.session_info import turn_line
+    from appliance.signaling.registry import turn_spans
+    from appliance.speech.assistant import TurnMarks
+
+    marks = TurnMarks(turn=2, end_of_turn=100.0, transcript=100.0021, stt_seconds=0.002,
+                      speech_start=98.16, speech_end=99.48, first_token=99.9397,
+                      first_audio=100.031, first_queued=100.0311, first_sent=100.0312)
+    event = marks.event()
+    assert event == {"type": "turn.metrics", "turn": 2, "speech_start_ms": -1840.0,
+                     "speech_end_ms": -520.0, "transcript_ms": 2.1, "stt_ms": 2.0,
+                     "first_token_ms": -60.3, "first_audio_ms": 31.0, "first_queued_ms": 31.1,
+                     "first_sent_ms": 31.2}
+    line = turn_line(event)
+    assert line is not None and "first_queued_ms" not in line and line["first_sent_ms"] == 31.2
+    assert turn_spans(line) == pytest.approx({
+        "speech": 1.32, "end_of_turn": 0.52, "transcript": 0.5221, "first_token": 0.4597,
+        "first_audio": 0.551, "first_sent": 0.5512})
+    # A reply cut short before it was sent: no first_sent, nor a span for it.
+    cut = TurnMarks(turn=3, end_of_turn=5.0, transcript=5.01, stt_seconds=0.01,
+                    speech_start=3.0, speech_end=4.5).event()
+    assert cut["first_sent_ms"] is None and "first_sent" not in turn_spans(turn_line(cut) or {})
