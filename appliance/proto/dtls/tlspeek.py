@@ -49,7 +49,7 @@ class HelloPeek:
     alpn: tuple[bytes, ...]
 
 
-def peek_client_hello_untrusted(head: bytes | bytearray | memoryview) -> HelloPeek | None:
+def peek_client_hello_untrusted(head: bytes | memoryview) -> HelloPeek | None:
     """The SNI and ALPN of the ClientHello at the start of ``head``, or None when more bytes
     are needed. Raises only :class:`DtlsError` (not TLS, not a ClientHello, malformed)."""
     r = Reader(head)
