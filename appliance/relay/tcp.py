@@ -518,6 +518,7 @@ class TcpListener:
             if n == 0:
                 return
             head += rbuf[:n]
+        del rbuf  # the TURN reader has its own: not two 64 kB buffers per TLS connection
         tls = self.tls if self.core.turn is not None else None
         where = route(peek, tls, self.https is not None)
         if where is Route.HTTPS:
