@@ -103,6 +103,9 @@ READ_SIZE = 65536
 #: RFC 8446 §5.1: ContentType.handshake, the first byte of every TLS connection.
 TLS_HANDSHAKE = 0x16
 BACKLOG = 1024
+#: Bytes a TLS record adds to a message at most (TLS 1.2 AES-GCM: 5 header + 8 explicit
+#: nonce + 16 tag; TLS 1.3: 5 + 1 inner type + 16 tag): the write cap counts them.
+TLS_OVERHEAD = 29
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +194,7 @@ class TcpSink:
                 continue
             size = len(header) + n
             backlog = conn.backlog
-            if len(backlog) + 2 + size > cap:
+            if len(backlog) + (TLS_OVERHEAD if conn.tls else 2) + size > cap:
                 drop("tcp-write-full")  # a slow reader: its own frames go, nobody else's
                 continue
             if not backlog:
