@@ -22,6 +22,7 @@ from appliance.proto.dtls.tlspeek import HelloPeek
 from appliance.proto.proxy import STREAM, parse_transport_untrusted
 from appliance.proto.stun.message import COOKIE_BYTES
 from appliance.relay import RelayHandle
+from appliance.relay.tcp import TcpLimits
 from appliance.relay.tls import Route, TurnTls, route
 from appliance.relay.turn import TurnSettings
 from appliance.signaling.tls import ensure_self_signed
@@ -169,3 +170,44 @@ async def test_other_tls_is_closed_and_counted(
                 assert await stream.receive_some(100) == b""  # closed, nothing said
             await eventually(lambda: reason in relay.stats()["counters"]["drops"])
     assert backend.got == []
+
+
+async def test_a_hello_that_never_ends_times_out(
+        nursery: trio.Nursery, start_relay: StartRelay, tmp_path: Path) -> None:
+    """Slowloris on the split: a record header promising a 2000-byte ClientHello, then
+    silence. The connection is closed at the first-frame timeout, not held."""
+    backend = Backend()
+    await nursery.start(backend.serve)
+    cert, key, _ = ensure_self_signed(tmp_path, ["127.0.0.1"])
+    relay = await start_relay(
+        tcp=(("127.0.0.1", 0),), tcp_https=backend.address,
+        tcp_limits=TcpLimits(first_frame_timeout=0.3),
+        turn=TurnSettings(secrets=(b"split-test-secret",)),
+        turn_tls=TurnTls(cert=cert, key=key))
+    stream = await trio.open_tcp_stream(*relay.tcp[0])
+    async with stream:
+        await stream.send_all(b"\x16\x03\x01\x07\xd0\x01\x00\x07\xcc\x03\x03")
+        with trio.fail_after(10):
+            assert await stream.receive_some(100) == b""
+        await eventually(lambda: "tcp-first-timeout" in relay.stats()["counters"]["drops"])
+    assert backend.got == []
+
+
+async def test_a_failed_handshake_is_counted(
+        nursery: trio.Nursery, start_relay: StartRelay, tmp_path: Path) -> None:
+    """A TURN/TLS client that breaks TLS after its hello (a handshake message of no known
+    type where its second flight belongs) is closed and counted, nothing else."""
+    relay, backend, _ = await _relay(start_relay, nursery, tmp_path)
+    out = ssl.MemoryBIO()
+    hello = _client_context(["stun.turn"]).wrap_bio(ssl.MemoryBIO(), out)
+    with pytest.raises(ssl.SSLWantReadError):
+        hello.do_handshake()
+    stream = await trio.open_tcp_stream(*relay.tcp[0])
+    async with stream:
+        await stream.send_all(out.read() + b"\x16\x03\x03\x00\x04\x63\x00\x00\x00")
+        # The server's flight, then EOF (or a reset, should our bytes still be unread).
+        with trio.fail_after(10), contextlib.suppress(trio.BrokenResourceError):
+            while await stream.receive_some(65536):
+                pass
+        await eventually(lambda: "tcp-tls-handshake" in relay.stats()["counters"]["drops"])
+    assert relay.stats()["counters"]["tcp_turn_tls"] == 1 and backend.got == []
