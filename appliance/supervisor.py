@@ -82,6 +82,7 @@ from .recordings import (
     parse_size,
 )
 from .relay.argv import relay_argv
+from .relay.tls import TurnTls
 from .signaling.options import (
     DEFAULT_LIVE_AGENT,
     DEFAULT_REALTIME_AGENT,
@@ -409,7 +410,12 @@ def child_specs(cfg: UpConfig, secret: Path, control_dir: Path) -> tuple[list[Ch
                           turn=cfg.turn, turn_secret_file=cfg.turn_secret_file,
                           media_addresses=turn_media(cfg) if cfg.turn else (),
                           turn_relay_ips=[a for a, _ in turn_media(cfg)] if cfg.turn else (),
-                          turn_peers=cfg.turn_peers)
+                          turn_peers=cfg.turn_peers,
+                          # TURN over TLS wherever the media port serves TLS (issue 40 item
+                          # 3), with the same certificate as HTTPS (relay/tls.py splits).
+                          turn_tls=TurnTls(cfg.tls_cert, cfg.tls_key)
+                          if cfg.turn and cfg.https_on_media_port and cfg.tls_cert
+                          and cfg.tls_key else None)
         # A warm standby (fork template) per worker: SIGKILL of a worker costs a few tens of ms, not a
         # Python start-up (docs/reliability.md "Relay worker failover").
         relays.append(ChildSpec("relay", str(w), argv, control, standby=True))
@@ -490,6 +496,9 @@ async def up(
             if cfg.https_on_media_port:
                 print(f"HTTPS also on the media port: https://{format_hostport((cfg.public_addresses[0], cfg.public_tcp_port or cfg.udp[1]))}/",
                       flush=True)
+                if cfg.turn:  # relay/tls.py: the same port, split by the ClientHello
+                    print(f"TURN (TLS) on the media port: turns:{format_hostport((cfg.public_addresses[0], cfg.public_tcp_port or cfg.udp[1]))}?transport=tcp",
+                          flush=True)
             print(f"appliance ready: web UI {base}/  demo {base}/demo  API {base}/v1/sessions",
                   flush=True)
             task_status.started((base, sup, state))

@@ -34,6 +34,7 @@ from appliance.proto.dtls import (
 from appliance.proto.dtls.messages import (
     _PARSERS,
     _PARSERS13,
+    parse_alpn_untrusted,
     parse_body13_untrusted,
     parse_cookie_untrusted,
     parse_ec_point_formats_untrusted,
@@ -42,6 +43,7 @@ from appliance.proto.dtls.messages import (
     parse_key_share_hrr_untrusted,
     parse_key_share_sh_untrusted,
     parse_renegotiation_info_untrusted,
+    parse_server_name_untrusted,
     parse_signature_algorithms_untrusted,
     parse_supported_groups_untrusted,
     parse_supported_versions_ch_untrusted,
@@ -57,6 +59,7 @@ from appliance.proto.dtls.record13 import (
     parse_ciphertext_untrusted,
     split_inner_plaintext_untrusted,
 )
+from appliance.proto.dtls.tlspeek import peek_client_hello_untrusted
 from appliance.proto.errors import LocalProtocolError
 from appliance.proto.framing import Deframer, FramingError, encode_frame
 from appliance.proto.ice import IceLiteAgent
@@ -347,8 +350,10 @@ def _certificate(name: str) -> Certificate:
 
 def dtls_parsers(data: bytes) -> None:
     """Record and handshake-fragment codecs, every handshake body parser, the extension
-    parsers. The first byte picks the handshake message type."""
-    for fn in (parse_records_untrusted, parse_handshake_fragments_untrusted):
+    parsers, and the TLS ClientHello peek of the media port's split (relay/tls.py). The
+    first byte picks the handshake message type."""
+    for fn in (parse_records_untrusted, parse_handshake_fragments_untrusted,
+               peek_client_hello_untrusted):
         try:
             fn(data)
         except DtlsError:
@@ -367,6 +372,8 @@ def dtls_parsers(data: bytes) -> None:
         parse_ec_point_formats_untrusted,
         parse_use_srtp_untrusted,
         parse_renegotiation_info_untrusted,
+        parse_server_name_untrusted,
+        parse_alpn_untrusted,
     ):
         try:
             ext(body)

@@ -11,8 +11,12 @@ file > defaults), exactly as if the flag had not been typed.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from ..config import format_hostport
+
+if TYPE_CHECKING:
+    from .tls import TurnTls
 
 Address = tuple[str, int]
 
@@ -55,6 +59,7 @@ def relay_argv(
     turn_allocations_per_ip: int | None = None,
     turn_allocations_per_user: int | None = None,
     turn_max_lifetime: int | None = None,
+    turn_tls: TurnTls | None = None,
 ) -> list[str]:
     """``command`` (e.g. ``[python, "-m", "appliance", "relay"]``) plus the flags for the
     given settings. Floats are written with ``repr`` so they survive the round trip."""
@@ -106,6 +111,13 @@ def relay_argv(
         opt("--turn-allocations-per-ip", turn_allocations_per_ip)
         opt("--turn-allocations-per-user", turn_allocations_per_user)
         opt("--turn-max-lifetime", turn_max_lifetime)
+        if turn_tls is not None:  # file names only: the key never rides on a command line
+            opt("--turn-tls-cert", turn_tls.cert)
+            opt("--turn-tls-key", turn_tls.key)
+            for name in turn_tls.names:
+                argv += ["--turn-tls-name", name]
+            for name in turn_tls.https_names:
+                argv += ["--tcp-https-name", name]
     opt("--log-level", log_level)
     opt("--log-format", log_format)
     return argv

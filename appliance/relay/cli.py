@@ -26,6 +26,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -46,6 +47,7 @@ from .io import IO_ENV, IO_MODES, select_io
 from .resolver import pattern_address
 from .server import RelayConfig, serve_relay
 from .tcp import TcpLimits
+from .tls import TurnTls
 from .turn import TurnSettings, derive_turn_secret
 
 log = logging.getLogger("appliance.relay")
@@ -83,6 +85,10 @@ DEFAULTS: dict[str, Any] = {
     "turn_allocations_per_ip": 16,
     "turn_allocations_per_user": 8,
     "turn_max_lifetime": 3600,
+    "turn_tls_cert": None,
+    "turn_tls_key": None,
+    "turn_tls_name": [],
+    "tcp_https_name": [],
 }
 
 
@@ -188,6 +194,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="TURN allocations per credential (REST username) and worker (default 8)")
     a("--turn-max-lifetime", type=int, metavar="S",
       help="longest allocation lifetime a client may ask for, seconds (default 3600)")
+    a("--turn-tls-cert", metavar="PEM",
+      help="TURN over TLS on the --tcp listeners (needs --turn): this certificate chain "
+           "(the operator's --tls-cert or signaling's self-signed one); a TLS connection "
+           "goes to TURN when its ALPN offers stun.turn, its SNI is a --turn-tls-name, or "
+           "it offers no ALPN at all (docs/turn.md)")
+    a("--turn-tls-key", metavar="PEM", help="the private key of --turn-tls-cert")
+    a("--turn-tls-name", action="append", metavar="HOST",
+      help="an SNI host name that means TURN/TLS (repeatable)")
+    a("--tcp-https-name", action="append", metavar="HOST",
+      help="an SNI host name that means HTTPS signaling even without an http ALPN "
+           "(repeatable; with --tcp-https and --turn-tls-cert)")
     a("--config", metavar="FILE", help="TOML config file (flags override it)")
     a("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     # A supervisor's warm standby (appliance.children): start, read the configuration, then
@@ -283,6 +300,28 @@ def build_turn(args: argparse.Namespace, routing: list[bytes]) -> TurnSettings |
     return settings
 
 
+def build_turn_tls(args: argparse.Namespace) -> TurnTls | None:
+    """``--turn-tls-cert/--turn-tls-key`` and the split's names, checked (the chain loads
+    now, so a bad file is a usage error, not a dead listener); None without them."""
+    cert, key = args.turn_tls_cert, args.turn_tls_key
+    if not cert and not key:
+        return None
+    if not (cert and key):
+        raise UsageError("--turn-tls-cert and --turn-tls-key go together")
+    if not args.turn:
+        raise UsageError("--turn-tls-cert needs --turn")
+    if not args.tcp:
+        raise UsageError("--turn-tls-cert needs a --tcp listener")
+    tls = TurnTls(cert=str(cert), key=str(key),
+                  names=tuple(n.lower().rstrip(".") for n in _list(args.turn_tls_name)),
+                  https_names=tuple(n.lower().rstrip(".") for n in _list(args.tcp_https_name)))
+    try:
+        tls.context()
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(f"--turn-tls-cert/--turn-tls-key: {exc}") from None
+    return tls
+
+
 def build_config(args: argparse.Namespace) -> RelayConfig:
     """The worker configuration from resolved args; raises UsageError with a clear message."""
     if not args.secret_file:
@@ -354,6 +393,7 @@ def build_config(args: argparse.Namespace) -> RelayConfig:
         tcp_https=None if not args.tcp_https else _addr(args.tcp_https, "--tcp-https",
                                                         "127.0.0.1"),
         turn=build_turn(args, secrets),
+        turn_tls=build_turn_tls(args),
     )
 
 
@@ -417,6 +457,7 @@ def _child_argv(args: argparse.Namespace, config: RelayConfig, index: int,
         turn_allocations_per_user=None if config.turn is None
         else config.turn.max_per_username,
         turn_max_lifetime=None if config.turn is None else config.turn.max_lifetime,
+        turn_tls=config.turn_tls,
     )
 
 

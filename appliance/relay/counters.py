@@ -30,6 +30,7 @@ COUNTER_NAMES = (
     "tcp_established",
     "tcp_closed",
     "tcp_https",
+    "tcp_turn_tls",
     "flows_vouched",
     "vouch_queries",
     "redis_errors",
@@ -73,6 +74,8 @@ class Counters:
     tcp_closed: int = 0
     #: shared-port mode: TLS connections relayed to the HTTPS backend (relay/tcp.py)
     tcp_https: int = 0
+    #: TLS connections the split gave to TURN/TLS (relay/tls.py)
+    tcp_turn_tls: int = 0
     #: datagrams of clients being looked up, held (issue 32), and of those forwarded once
     #: the look-up installed the flow (the rest expired; they are in drops *-pending)
     packets_held: int = 0

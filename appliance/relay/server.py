@@ -69,6 +69,7 @@ from .redis_cache import RedisFlowCache, open_client
 from .reseed import FlowVouching, Lookups
 from .resolver import Resolver, pattern_address, resolve_at_start
 from .tcp import TcpLimits, TcpListener, tcp_listener
+from .tls import TurnTls
 from .transport import ReturnSink, UdpSink
 from .turn import RelaySockets, TurnGate, TurnSettings, own_media_map, raise_fd_limit
 
@@ -120,6 +121,8 @@ class RelayConfig:
     vouch: bool = True
     #: TURN on the UDP listen addresses (turn.py, issue 40), or None
     turn: TurnSettings | None = None
+    #: TURN over TLS on the ICE-TCP listeners and the TLS split's names (tls.py), or None
+    turn_tls: TurnTls | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +206,7 @@ def build_drains(
     tcp_limits: TcpLimits | None = None,
     listeners: list[TcpListener] | None = None,
     tcp_https: Address | None = None,
+    turn_tls: TurnTls | None = None,
     local: Callable[[float, memoryview, Address], object] | None = None,
 ) -> dict[int, Drain]:
     """Every socket's drain, by fd: the return sinks and the internal outbox the drains
@@ -222,8 +226,8 @@ def build_drains(
                                          MMSG_BATCH),
             buf=buf, slot=PUBLIC_SLOT, count=MMSG_BATCH, internal=internal_out,
             public=addr, reply=sinks[addr])
-    tcps = [TcpListener(core, sock, internal_out, tcp_limits or TcpLimits(), tcp_https)
-            for sock in tcp]
+    tcps = [TcpListener(core, sock, internal_out, tcp_limits or TcpLimits(), tcp_https,
+                        turn_tls) for sock in tcp]
     if listeners is not None:
         listeners.extend(tcps)
     ibuf = bytearray(INTERNAL_SLOT * INTERNAL_BATCH)
@@ -295,6 +299,7 @@ async def serve_relay(
         drains = build_drains(core, list(zip(public, pubs, strict=True)), isock, syscalls,
                               resolver.return_sources, config.relay_id, tcp_socks,
                               config.tcp_limits, listeners, config.tcp_https,
+                              config.turn_tls if config.turn is not None else None,
                               None if vouching is None else lookups.handle_local)
         if cache is not None:
             cache.on_recovered = lookups.flush_released  # held datagrams go out at once

@@ -50,6 +50,16 @@ it is held to ``first_frame_timeout``, then to ``idle_timeout``; when it closes 
 is deleted (RFC 8656 §3.1). Detection needs the first read to hold 8 bytes; a TURN client's
 first Allocate is at least 28, sent in one segment.
 
+TURN over TLS and the TLS split (issue 40 item 4; relay/tls.py): with TURN/TLS configured
+(``--turn-tls-cert/--turn-tls-key``) or an HTTPS backend, a connection whose first byte is
+0x16 is held (within ``first_frame_timeout``) until its whole ClientHello is in, and the
+hello's ALPN and SNI (:mod:`appliance.proto.dtls.tlspeek`) choose: HTTPS is spliced as
+above; TURN is terminated here over memory BIOs (:class:`~.tls.TlsSession`) and its
+plaintext is the TURN-over-TCP stream above, its return messages encrypted onto the same
+back-pressured backlog; a malformed hello is closed and counted (``tcp-tls-hello``), as is
+one asking for an ALPN protocol we do not speak (``tcp-tls-alpn``) and a failed handshake
+(``tcp-tls-handshake``).
+
 Reads: one ``recv_into`` (up to 64 kB) per readability, its frames handed to the drain as
 one batch. That is a trio wake-up per TCP segment burst rather than the UDP path's batched
 epoll loop — ICE-TCP is the fallback path, measured in docs/performance.md.
@@ -59,6 +69,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +77,8 @@ import trio
 
 from ..netio.sockets import bind_error, family_of, format_addr, sockname
 from ..netio.splice import splice
+from ..proto.dtls import DtlsError
+from ..proto.dtls.tlspeek import MAX_HELLO_BYTES, peek_client_hello_untrusted
 from ..proto.framing import Deframer, FramingError
 from ..proto.mux import Kind, first_byte_kind
 from ..proto.proxy import STREAM, StreamAddr, encode_header
@@ -76,6 +89,7 @@ from ..proto.ufrag import UfragError
 from .core import IS_STUN, Address, RelayCore
 from .fastpath import HEADROOM, PUBLIC_SLOT, Drain, Outbox, make_drain
 from .filter import MAX_DATAGRAM
+from .tls import Route, TlsSession, TurnTls, route
 from .transport import Out, Transport
 
 log = logging.getLogger(__name__)
@@ -89,6 +103,9 @@ READ_SIZE = 65536
 #: RFC 8446 §5.1: ContentType.handshake, the first byte of every TLS connection.
 TLS_HANDSHAKE = 0x16
 BACKLOG = 1024
+#: Bytes a TLS record adds to a message at most (TLS 1.2 AES-GCM: 5 header + 8 explicit
+#: nonce + 16 tag; TLS 1.3: 5 + 1 inner type + 16 tag): the write cap counts them.
+TLS_OVERHEAD = 29
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +146,8 @@ def tcp_listener(addr: Address, *, reuseport: bool = True) -> socket.socket:
 class TcpConnection:
     """One accepted client connection: its socket, write backlog and state."""
 
-    __slots__ = ("backlog", "blocked", "client", "closed", "flowed", "sock", "turn", "wake")
+    __slots__ = ("backlog", "blocked", "client", "closed", "flowed", "sock", "tls", "turn",
+                 "wake")
 
     def __init__(self, sock: socket.socket, client: StreamAddr) -> None:
         self.sock = sock
@@ -144,6 +162,8 @@ class TcpConnection:
         self.closed = False
         #: a TURN-over-TCP client (module docstring): no RFC 4571 prefix on what we write
         self.turn = False
+        #: TURN over TLS: the session that encrypts what we write and decrypts what we read
+        self.tls: TlsSession | None = None
 
 
 class TcpSink:
@@ -174,23 +194,38 @@ class TcpSink:
                 continue
             size = len(header) + n
             backlog = conn.backlog
-            if len(backlog) + 2 + size > cap:
+            if len(backlog) + (TLS_OVERHEAD if conn.tls else 2) + size > cap:
                 drop("tcp-write-full")  # a slow reader: its own frames go, nobody else's
                 continue
             if not backlog:
                 touched.append(conn)
-            if not conn.turn:
-                backlog += size.to_bytes(2, "big")  # RFC 4571 §2 length prefix
-            if header:
-                backlog += header
-            if n:
-                backlog += memoryview(buf)[p : p + n]
+            if conn.tls is not None:  # TURN/TLS: the TURN-over-TCP stream, encrypted
+                try:
+                    backlog += conn.tls.send(bytes(header) + buf[p : p + n])
+                except ssl.SSLError:
+                    drop("tcp-tls-write")
+                    continue
+            else:
+                if not conn.turn:
+                    backlog += size.to_bytes(2, "big")  # RFC 4571 §2 length prefix
+                if header:
+                    backlog += header
+                if n:
+                    backlog += memoryview(buf)[p : p + n]
             sent += 1
             nbytes += size
         for conn in touched:
             if not conn.blocked:
                 push(conn)
         return sent, nbytes, 0
+
+
+def queue(conn: TcpConnection, data: bytes) -> None:
+    """Bytes of our own (TLS handshake flights, alerts) onto the connection, in order."""
+    if data and not conn.closed:
+        conn.backlog += data
+        if not conn.blocked:
+            push(conn)
 
 
 def push(conn: TcpConnection) -> None:
@@ -214,8 +249,12 @@ class TcpListener:
     """One ``--tcp`` address: accepts, reads frames into the drain, writes frames back."""
 
     def __init__(self, core: RelayCore, sock: socket.socket, internal: Outbox,
-                 limits: TcpLimits, https: Address | None = None) -> None:
+                 limits: TcpLimits, https: Address | None = None,
+                 tls: TurnTls | None = None) -> None:
         self.core = core
+        #: TURN/TLS (relay/tls.py): the split's names and the server context, or None
+        self.tls = tls
+        self.tls_context = None if tls is None else tls.context()
         #: where TLS connections go in shared-port mode (module docstring), or None
         self.https = https
         self.sock = sock
@@ -352,9 +391,9 @@ class TcpListener:
                 return  # reset by the peer
             if n == 0:
                 return  # the client closed (or half-closed: nothing more will come)
-            if self.https is not None and not conn.flowed and rbuf[0] == TLS_HANDSHAKE \
-                    and deframer.buffered == 0:
-                await self._splice(conn, bytes(rmv[:n]))
+            if (self.https is not None or self.tls is not None) and not conn.flowed \
+                    and rbuf[0] == TLS_HANDSHAKE and deframer.buffered == 0:
+                await self._tls_split(conn, bytes(rmv[:n]), deadline)
                 return
             if core.turn is not None and not conn.flowed and deframer.buffered == 0 \
                     and n >= 8 and rbuf[0] < 0x40 and rbuf[4:8] == COOKIE_BYTES:
@@ -406,6 +445,14 @@ class TcpListener:
         drain = self.drain
         data: bytes | memoryview = head
         while True:
+            if conn.tls is not None:
+                try:
+                    data = conn.tls.receive(data)
+                except ssl.SSLError:
+                    queue(conn, conn.tls.pending())  # the alert, best effort
+                    drop("tcp-tls-handshake")
+                    return
+                queue(conn, conn.tls.pending())
             try:
                 framer.handle_input(data)
                 batch = self._batch
@@ -443,6 +490,50 @@ class TcpListener:
             if n == 0:
                 return
             data = memoryview(rbuf)[:n]
+
+    async def _tls_split(self, conn: TcpConnection, head: bytes, deadline: float) -> None:
+        """A connection that starts with a TLS record: read its ClientHello whole, then
+        splice it to HTTPS or terminate TURN/TLS here (relay/tls.py :func:`~.tls.route`)."""
+        drop = self.core.counters.drop
+        rbuf = bytearray(READ_SIZE)
+        while True:
+            try:
+                peek = peek_client_hello_untrusted(head)
+            except DtlsError:
+                drop("tcp-tls-hello")
+                return
+            if peek is not None:
+                break
+            if len(head) >= MAX_HELLO_BYTES:  # pragma: no cover - the peek refuses first
+                drop("tcp-tls-hello")
+                return
+            with trio.move_on_at(deadline):
+                await trio.lowlevel.wait_readable(conn.sock)
+            if trio.current_time() >= deadline:
+                drop("tcp-first-timeout")
+                return
+            try:
+                n = conn.sock.recv_into(rbuf)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                return
+            if n == 0:
+                return
+            head += rbuf[:n]
+        del rbuf  # the TURN reader has its own: not two 64 kB buffers per TLS connection
+        tls = self.tls if self.core.turn is not None else None
+        where = route(peek, tls, self.https is not None)
+        if where is Route.HTTPS:
+            await self._splice(conn, head)
+        elif where is Route.TURN:
+            assert self.tls_context is not None
+            conn.turn = True
+            conn.tls = TlsSession(self.tls_context)
+            self.core.counters.tcp_turn_tls += 1
+            await self._turn_reader(conn, head, deadline)
+        else:
+            drop("tcp-tls-alpn")
 
     async def _splice(self, conn: TcpConnection, head: bytes) -> None:
         """Shared-port mode: relay a TLS connection to the HTTPS backend, both ways, until

@@ -30,6 +30,9 @@ pytestmark = pytest.mark.slow
 INSECURE = ssl.create_default_context()
 INSECURE.check_hostname = False
 INSECURE.verify_mode = ssl.CERT_NONE  # a self-signed certificate made for this test
+# Offer http/1.1 as browsers and curl do: with TURN/TLS on the same port a TLS client that
+# offers no ALPN is taken for a `turns:` client (docs/turn.md "Over TLS", rule 4).
+INSECURE.set_alpn_protocols(["http/1.1"])
 
 
 def https(method: str, url: str, body: bytes | None = None,

@@ -11,7 +11,7 @@ and none went out of a relayed socket (``turn_peer_sends``).
 
 Loopback only: `up` on 127.0.0.1 with a media port ≥ 1024 (Chromium does not relay to
 remote ports below 1024, issue 40 item 2). Chromium reaches the TURN server over UDP, then over TCP (the media port's TCP
-listener). The page is the demo page, unchanged; an init
+listener), then over TLS on that listener (``turns:``; issue 40 item 4). The page is the demo page, unchanged; an init
 script puts the TURN server (credentials minted here from the secret file given to `up`,
 as signaling will once item 3 is done) and the relay-only policy into every
 RTCPeerConnection it makes.
@@ -76,16 +76,19 @@ def _metric(page: Page, name: str) -> float:
                if line.startswith(f"appliance_relay_{name}"))
 
 
-@pytest.mark.parametrize("transport", ["udp", "tcp"])
+@pytest.mark.parametrize("transport", ["udp", "tcp", "tls"])
 def test_chromium_relay_only_call_through_our_turn(tmp_path: Path, transport: str) -> None:
     """``transport``: how Chromium reaches the TURN server — UDP, or TCP to the same port
-    number (the ICE-TCP listener tells TURN from ICE-TCP); the relayed leg is UDP either
-    way."""
+    number (the ICE-TCP listener tells TURN from ICE-TCP), or TLS to that port
+    (``turns:``, with ``--tls self-signed --https-on-media-port``: the ClientHello's missing
+    ALPN sends it to TURN/TLS, relay/tls.py); the relayed leg is UDP either way."""
     secret_file = tmp_path / "turn.secret"
     secret_file.write_bytes(SECRET + b"\n")
+    tls = ["--tls", "self-signed", "--https-on-media-port"] if transport == "tls" else []
     proc = Proc(["up", "--http", "127.0.0.1:0", "--udp", "127.0.0.1:0",
                  "--public-address", "127.0.0.1", "--state-dir", str(tmp_path / "state"),
-                 "--transceivers", "1", "--turn", "--turn-secret-file", str(secret_file)],
+                 "--transceivers", "1", "--turn", "--turn-secret-file", str(secret_file),
+                 *tls],
                 "appliance ready", timeout=60)
     try:
         out = "".join(proc.stdout)
@@ -95,7 +98,9 @@ def test_chromium_relay_only_call_through_our_turn(tmp_path: Path, transport: st
         port = int(turn.group(1))
         assert port >= 1024
         cred = mint_rest_credential(SECRET, "chromium-test", int(time.time()) + 3600)
-        server = {"urls": f"turn:127.0.0.1:{port}?transport={transport}",
+        url = (f"turns:127.0.0.1:{port}?transport=tcp" if transport == "tls"
+               else f"turn:127.0.0.1:{port}?transport={transport}")
+        server = {"urls": url,
                   "username": cred.username,
                   "credential": cred.password}
         tone = write_tone_wav(tmp_path / "tone.wav")
@@ -104,10 +109,13 @@ def test_chromium_relay_only_call_through_our_turn(tmp_path: Path, transport: st
                 executable_path=chromium_executable(), headless=True,
                 args=[*BASE_ARGS, "--use-fake-device-for-media-stream",
                       f"--use-file-for-fake-audio-capture={tone}",
-                      "--use-fake-ui-for-media-stream"])
+                      "--use-fake-ui-for-media-stream",
+                      # the self-signed certificate, for the page and for turns:
+                      *(["--ignore-certificate-errors"] if tls else [])])
             try:
                 print(f"chromium {browser.version}")
-                ctx = browser.new_context(permissions=["microphone"])
+                ctx = browser.new_context(permissions=["microphone"],
+                                          ignore_https_errors=bool(tls))
                 ctx.add_init_script(RELAY_ONLY % json.dumps(server))
                 page = ctx.new_page()
                 page.set_default_timeout(20_000)
@@ -134,6 +142,8 @@ def test_chromium_relay_only_call_through_our_turn(tmp_path: Path, transport: st
                 print(f"relay: turn_relayed_in {relayed_in}, turn_relayed_out {relayed_out}")
                 assert relayed_in > 25 and relayed_out > 25
                 assert _metric(page, "turn_peer_sends_total") == 0  # never left the host
+                if tls:  # the split gave Chromium's turns: connection to TURN/TLS
+                    assert _metric(page, "tcp_turn_tls_total") >= 1
                 ctx.close()
             finally:
                 browser.close()

@@ -16,6 +16,8 @@ from appliance.config import resolve
 from appliance.relay import cli
 from appliance.relay.argv import relay_argv
 from appliance.relay.server import RelayConfig
+from appliance.relay.tls import TurnTls
+from appliance.signaling.tls import ensure_self_signed
 from appliance.supervisor import DEFAULTS as UP_DEFAULTS
 from appliance.supervisor import add_arguments as add_up_arguments
 from appliance.supervisor import build_up_config, child_specs
@@ -152,3 +154,58 @@ def test_up_passes_turn_to_its_relay_workers(tmp_path: Path, secret_file: Path) 
 def test_only_given_settings_are_written() -> None:
     argv = relay_argv(["relay"], listen=[("::", 3478)], secret_file="s", workers=None)
     assert argv == ["relay", "--listen", "[::]:3478", "--secret-file", "s"]
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> tuple[str, str]:
+    cert, key, _ = ensure_self_signed(tmp_path / "tls", ["127.0.0.1"])
+    return cert, key
+
+
+def test_turn_tls_round_trips_as_file_names(secret_file: Path,
+                                            tls_files: tuple[str, str]) -> None:
+    cert, key = tls_files
+    args, parent = _parse(["--secret-file", str(secret_file), "--workers", "2", "--turn",
+                           "--tcp", "127.0.0.1:0", "--turn-tls-cert", cert, "--turn-tls-key",
+                           key, "--turn-tls-name", "TURN.example.com.",
+                           "--tcp-https-name", "App.example.com"])
+    assert parent.turn_tls == TurnTls(cert, key, ("turn.example.com",), ("app.example.com",))
+    argv = cli._child_argv(args, parent, 1, [("127.0.0.1", 40000)], "/tmp/w1.sock")
+    assert Path(key).read_text() not in " ".join(argv)  # the key travels as its file name
+    assert _parse(argv[3:])[1].turn_tls == parent.turn_tls
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--turn", "--tcp", "127.0.0.1:0", "--turn-tls-cert", "CERT"], "go together"),
+    (["--tcp", "127.0.0.1:0", "--turn-tls-cert", "CERT", "--turn-tls-key", "KEY"],
+     "needs --turn"),
+    (["--turn", "--turn-tls-cert", "CERT", "--turn-tls-key", "KEY"], "needs a --tcp"),
+    (["--turn", "--tcp", "127.0.0.1:0", "--turn-tls-cert", "KEY", "--turn-tls-key", "KEY"],
+     "--turn-tls-cert/--turn-tls-key"),
+])
+def test_bad_turn_tls_flags_are_usage_errors(secret_file: Path, tls_files: tuple[str, str],
+                                             flags: list[str], message: str) -> None:
+    cert, key = tls_files
+    flags = [cert if f == "CERT" else key if f == "KEY" else f for f in flags]
+    with pytest.raises(cli.UsageError, match=message):
+        _parse(["--secret-file", str(secret_file), *flags])
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["https-on-media-port", "tls-only"])
+def test_up_gives_turn_tls_where_the_media_port_serves_tls(
+        tmp_path: Path, secret_file: Path, shared: bool) -> None:
+    parser = argparse.ArgumentParser()
+    add_up_arguments(parser)
+    args = parser.parse_args(["--state-dir", str(tmp_path / "state"), "--udp", "0.0.0.0:3478",
+                              "--tls", "self-signed", "--turn",
+                              *(["--https-on-media-port"] if shared else [])])
+    resolve(args, {}, "up", UP_DEFAULTS)
+    cfg = build_up_config(args)
+    if shared:
+        cfg.relay_https = ("127.0.0.1", 40443)  # `up` picks it before it builds the relays
+    _, relays = child_specs(cfg, secret_file, tmp_path)
+    _, config = _parse(relays[0].argv[3:])
+    if shared:  # signaling's certificate, for TURN/TLS on the same TCP port
+        assert config.turn_tls == TurnTls(str(cfg.tls_cert), str(cfg.tls_key))
+    else:
+        assert config.turn_tls is None

@@ -109,6 +109,7 @@ class ExtensionType(enum.IntEnum):
     ec_point_formats = 11
     signature_algorithms = 13
     use_srtp = 14
+    application_layer_protocol_negotiation = 16
     encrypt_then_mac = 22
     extended_master_secret = 23
     session_ticket = 35
@@ -242,6 +243,7 @@ class Ext13(enum.IntEnum):
     supported_groups = 10
     signature_algorithms = 13
     use_srtp = 14
+    application_layer_protocol_negotiation = 16
     pre_shared_key = 41
     early_data = 42
     supported_versions = 43

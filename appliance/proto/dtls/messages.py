@@ -107,12 +107,14 @@ class ClientHello:
     extensions: tuple[Extension, ...]
 
     @classmethod
-    def parse_untrusted(cls, body: bytes) -> ClientHello:
+    def parse_untrusted(cls, body: bytes, *, stream: bool = False) -> ClientHello:
+        """``stream``: a TLS (not DTLS) ClientHello, which has no cookie field (RFC 5246
+        §7.4.1.2, RFC 8446 §4.1.2); ``cookie`` is then ``b""``. Used by :mod:`.tlspeek`."""
         r = Reader(body)
         version = r.uint(2)
         random = r.take(32)
         session_id = r.vector(1, maximum=32)
-        cookie = r.vector(1)
+        cookie = b"" if stream else r.vector(1)
         suites_raw = r.vector(2, minimum=2)
         if len(suites_raw) % 2:
             raise DtlsError("odd cipher_suites length")
@@ -405,6 +407,40 @@ def parse_ec_point_formats_untrusted(data: bytes) -> bytes:
     formats = r.vector(1, minimum=1)
     r.expect_end("ec_point_formats")
     return formats
+
+
+def parse_server_name_untrusted(data: bytes) -> bytes | None:
+    """RFC 6066 §3 ``ServerNameList``: the first ``host_name`` (type 0), or None.
+
+    ::
+
+        struct { NameType name_type; select (name_type) { case host_name: HostName; } name;
+        } ServerName;                                   // NameType host_name(0)
+        struct { ServerName server_name_list<1..2^16-1> } ServerNameList;
+    """
+    r = Reader(data)
+    names = r.sub(2)
+    r.expect_end("server_name")
+    while names.remaining:
+        name_type = names.uint(1)
+        name = names.vector(2, minimum=1)
+        if name_type == 0:
+            return name
+    return None
+
+
+def parse_alpn_untrusted(data: bytes) -> tuple[bytes, ...]:
+    """RFC 7301 §3.1 ``ProtocolNameList``: ``ProtocolName protocol_name_list<2..2^16-1>``,
+    each ``opaque ProtocolName<1..2^8-1>``."""
+    r = Reader(data)
+    names = r.sub(2)
+    r.expect_end("application_layer_protocol_negotiation")
+    out: list[bytes] = []
+    while names.remaining:
+        out.append(names.vector(1, minimum=1))
+    if not out:
+        raise DtlsError("empty ALPN list")
+    return tuple(out)
 
 
 def parse_use_srtp_untrusted(data: bytes) -> tuple[tuple[int, ...], bytes]:
