@@ -58,6 +58,7 @@ from typing import Any
 
 import trio
 
+from . import plugins  # noqa: F401  (registers realtime/ and speech/: appliance/plugins.py)
 from .agents import resolve as resolve_agent
 from .children import ChildSpec, StartupError, Supervisor, exception_leaves
 from .config import (

@@ -19,6 +19,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+# The suite builds roles in-process (a Transceiver, a signaling app, an agent context), so it
+# is a composition root like the roles' entry points: it loads the plugins they load.
+from appliance import plugins  # noqa: F401  (registers realtime/ and speech/)
+
 settings.register_profile(
     "ci", max_examples=300, deadline=None, derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],

@@ -42,7 +42,9 @@ from .registry import (
     AgentFn,
     ResolvedAgent,
     agent_kind,
+    provide_transcripts,
     register,
+    register_family,
     register_scheme,
     resolve,
 )
@@ -53,5 +55,6 @@ __all__ = [
     "ChannelOpened",
     "DEFAULT_AGENT", "FRAME_BYTES", "PASSTHROUGH", "FRAME_SAMPLES", "SAMPLE_RATE", "AgentContext",
     "AgentError", "AgentFn", "AgentHost", "AgentIdentity", "EnergyVad", "Frame",
-    "ResolvedAgent", "SessionEnded", "agent_kind", "level_dbfs", "register", "register_scheme", "resolve",
+    "ResolvedAgent", "SessionEnded", "agent_kind", "level_dbfs", "provide_transcripts",
+    "register", "register_family", "register_scheme", "resolve",
 ]

@@ -37,9 +37,8 @@ mark (the browser's ``bufferedAmount``). The bounds are in :mod:`appliance.agent
 
 from __future__ import annotations
 
-import importlib
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +53,20 @@ FRAME_BYTES = FRAME_SAMPLES * 2
 
 class SessionEnded(Exception):
     """Raised by :meth:`AgentContext.send` once the session is over."""
+
+
+#: What ``ctx.transcripts(**options)`` is made by: ``provider(ctx, **options)`` -> the async
+#: iterator of the caller's turns and words. agents/ has none of its own: the speech
+#: package provides :func:`appliance.speech.listen.transcripts` (appliance/speech/plugin.py).
+TranscriptsProvider = Callable[..., AsyncGenerator[Any, None]]
+_transcripts: TranscriptsProvider | None = None
+
+
+def provide_transcripts(provider: TranscriptsProvider | None) -> None:
+    """Make ``provider`` what ``ctx.transcripts()`` runs in every context created without
+    one of its own (the speech package calls this when it is loaded as a plugin)."""
+    global _transcripts
+    _transcripts = provider
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +98,14 @@ class AgentContext:
     sample_rate = SAMPLE_RATE
     frame_samples = FRAME_SAMPLES
 
-    def __init__(self, host: AgentHost, identity: AgentIdentity) -> None:
+    def __init__(self, host: AgentHost, identity: AgentIdentity, *,
+                 transcripts: TranscriptsProvider | None = None) -> None:
         self._host = host
         self.identity = identity
         self._output_seen = 0  # host.queued_total at the last output_queued()
+        #: :meth:`transcripts`' provider: given here, else the one the speech plugin
+        #: provided (:func:`provide_transcripts`), looked up at the call.
+        self._transcripts = transcripts
 
     @property
     def session_id(self) -> str:
@@ -204,10 +221,12 @@ class AgentContext:
         (PocketSphinx by default) over :meth:`frames` — :func:`appliance.speech.transcripts`
         with ``options`` (``turn=``, ``stt=``). It reads the frames itself, so an agent uses
         one or the other. Needs the ``speech`` extra (docs/speech.md)."""
-        # By name (numpy only; the engines load on first use): speech depends on agents.
-        listen = importlib.import_module("appliance.speech.listen")
-        gen: AsyncGenerator[Any, None] = listen.transcripts(self, **options)
-        return gen
+        # Injected, never imported: speech sits above agents (it registers the provider).
+        provider = self._transcripts or _transcripts
+        if provider is None:
+            raise RuntimeError("ctx.transcripts() needs the speech package loaded as a plugin "
+                               "(import appliance.plugins; the transceiver does)")
+        return provider(self, **options)
 
     # -- data channels (appliance.agents.channels) -------------------------------------------
 
@@ -256,6 +275,10 @@ class AgentContext:
     def buffered_amount(self, channel: int | str) -> int:
         """Bytes sent on the channel and not yet acknowledged by the caller."""
         return self._host.channels.buffered_amount(channel)
+
+
+#: An agent: called once per session with that session's context.
+AgentFn = Callable[[AgentContext], Awaitable[None]]
 
 
 class AgentHost:

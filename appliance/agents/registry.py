@@ -7,15 +7,15 @@
 * ``package.module:attr`` or ``path/to/file.py:attr`` — imported on first use; ``attr`` is an async function
   ``async def agent(ctx)`` or a class whose instances have ``async def run(self, ctx)``
   (a fresh instance per session);
-* ``realtime`` / ``realtime:<module:attr|file.py:attr>`` — the OpenAI Realtime event
-  protocol on the ``oai-events`` channel, answered by the built-in echo realtime agent or a
-  user ``RealtimeAgent`` (:mod:`appliance.realtime.agent`, docs/realtime.md);
-* ``assistant`` / ``assistant?llm=URL&…`` — the voice assistant (listen, transcribe,
-  answer, speak; :mod:`appliance.speech.assistant`, docs/speech.md); needs the ``speech``
-  extra, and fails here with a message naming it when that is missing;
+* ``NAME``, ``NAME:…`` or ``NAME?…`` for a family registered with :func:`register_family`:
+  the whole spec goes to the family's resolver. This floor names no family; the packages
+  that have one register it themselves (the realtime package ``realtime``, the speech
+  package ``assistant``: docs/realtime.md, docs/speech.md), and the processes that run
+  agents import them (appliance/plugins.py);
 * ``scheme://…`` — an external agent, handled by the factory registered for that scheme
-  with :func:`register_scheme` (the WebSocket bridge registers ``ws`` and ``wss``). Until a
-  bridge is registered such specs are rejected with a clear error.
+  with :func:`register_scheme`: ``ws`` and ``wss`` are the built-in WebSocket bridge
+  (:mod:`.ws`), others come from their packages (``realtime+ws``); an unregistered scheme
+  is rejected with a clear error.
 
 :func:`resolve` is called when a session is created, so a bad spec fails the ``create``
 request (400 ``unknown-agent``) instead of the session later; ``appliance up`` and
@@ -24,18 +24,22 @@ request (400 ``unknown-agent``) instead of the session later; ``appliance up`` a
 
 from __future__ import annotations
 
-import importlib
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .channels import ChannelEvent
-from .context import AgentContext, Frame
+from .context import AgentContext, AgentFn, Frame
+from .context import provide_transcripts as provide_transcripts  # the seam, in one place
+from .echo import echo, echo_channel, echo_frame
 from .loader import AgentError as AgentError  # re-exported: where callers have always found it
 from .loader import import_target
 
-AgentFn = Callable[[AgentContext], Awaitable[None]]
+__all__ = ["DEFAULT_AGENT", "PASSTHROUGH", "AgentError", "AgentFn", "ChannelFn", "FrameFn",
+           "ResolvedAgent", "SchemeFactory", "SpecResolver", "family_name", "provide_transcripts",
+           "register", "register_family", "register_scheme", "resolve"]
+
 #: A synchronous per-frame handler, called by the transceiver for every decoded frame
 #: instead of running an agent task (built-ins only; see :attr:`ResolvedAgent.on_frame`).
 FrameFn = Callable[[AgentContext, Frame], None]
@@ -43,20 +47,25 @@ FrameFn = Callable[[AgentContext, Frame], None]
 ChannelFn = Callable[[AgentContext, ChannelEvent], None]
 #: A scheme factory turns the whole spec (``ws://host/path``) into an agent function.
 SchemeFactory = Callable[[str], AgentFn]
+#: A family's resolver: the whole spec (``assistant?llm=…``) -> an agent function, or
+#: :class:`AgentError` naming what is wrong with it (checked at start-up and per ``create``).
+SpecResolver = Callable[[str], AgentFn]
 
 DEFAULT_AGENT = "echo"
 PASSTHROUGH = "passthrough"
-_BUILTINS: dict[str, str] = {"echo": "appliance.agents.echo:echo"}
-#: Built-ins that also have a synchronous frame handler (same behaviour, no task per frame).
-_INLINE: dict[str, str] = {"echo": "appliance.agents.echo:echo_frame"}
-#: ... and their synchronous data-channel handlers (see :attr:`ResolvedAgent.on_channel`).
-_INLINE_CHANNEL: dict[str, str] = {"echo": "appliance.agents.echo:echo_channel"}
-_BUILTIN_SCHEMES: dict[str, str] = {"ws": "appliance.agents.ws", "wss": "appliance.agents.ws",
-                                     # The OpenAI-Realtime upstream bridge (issue 17).
-                                     "realtime+ws": "appliance.realtime.bridge",
-                                     "realtime+wss": "appliance.realtime.bridge"}
+
+
+def _ws_bridge(spec: str) -> AgentFn:
+    """``ws://`` / ``wss://``: the built-in WebSocket bridge, loaded with its first spec
+    (trio-websocket and PyAV stay out of a transceiver that never runs one)."""
+    from .ws import bridge
+
+    return bridge(spec)
+
+
 _registered: dict[str, Any] = {}
-_schemes: dict[str, SchemeFactory] = {}
+_schemes: dict[str, SchemeFactory] = {"ws": _ws_bridge, "wss": _ws_bridge}
+_families: dict[str, SpecResolver] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +90,25 @@ def register(name: str, agent: Any) -> None:
 
 
 def register_scheme(scheme: str, factory: SchemeFactory) -> None:
-    """Route ``scheme://…`` specs to ``factory`` (the hook for the WebSocket bridge)."""
+    """Route ``scheme://…`` specs to ``factory`` (the hook for the WebSocket bridges)."""
     _schemes[scheme.lower()] = factory
+
+
+def register_family(name: str, resolver: SpecResolver) -> None:
+    """Route ``name``, ``name:…`` and ``name?…`` specs, whole, to ``resolver`` (how a plugin
+    package adds an agent kind with options: appliance/realtime/plugin.py,
+    appliance/speech/plugin.py). A family is matched before schemes, so its options may
+    hold URLs (``assistant?llm=http://…``)."""
+    _families[name] = resolver
+
+
+def family_name(spec: str) -> str:
+    """The family a spec would belong to: everything before its first ``:`` or ``?``
+    (``assistant?llm=…`` -> ``assistant``; ``pkg.mod:attr`` -> ``pkg.mod``, which no family
+    is named). The Realtime WebSocket surface's own table (realtime/registry.py) uses it
+    too."""
+    cut = min((i for i in (spec.find(":"), spec.find("?")) if i >= 0), default=len(spec))
+    return spec[:cut]
 
 
 def _as_fn(obj: Any, spec: str) -> AgentFn:
@@ -102,19 +128,6 @@ def _as_fn(obj: Any, spec: str) -> AgentFn:
         bound: AgentFn = obj.run  # an instance: shared by every session
         return bound
     raise AgentError(f"agent {spec!r} is not an async function or an agent class")
-
-
-
-
-def _assistant(spec: str) -> AgentFn:
-    """``assistant[?options]`` (appliance.speech.assistant); needs the ``speech`` extra."""
-    try:
-        module = importlib.import_module("appliance.speech.assistant")
-    except ModuleNotFoundError as exc:  # numpy-only parts import; engines fail in resolve_spec
-        raise AgentError(f"--agent assistant needs the 'speech' extra ({exc.name} is missing): "
-                         "pip install 'appliance[speech]'") from exc
-    fn: AgentFn = module.resolve_spec(spec)
-    return fn
 
 
 async def _no_agent(ctx: AgentContext) -> None:
@@ -145,31 +158,23 @@ def agent_kind(spec: str | None) -> str:
 def resolve(spec: str | None) -> ResolvedAgent:
     """The runnable agent for ``spec`` (``None`` or ``""``: the default, ``echo``)."""
     spec = (spec or DEFAULT_AGENT).strip()
-    if spec == "assistant" or spec.startswith("assistant?"):  # the voice loop (issue 30);
-        return ResolvedAgent(spec, _assistant(spec))  # first: its options hold URLs
+    family = _families.get(family_name(spec))
+    if family is not None:  # first: a family's options may hold URLs (assistant?llm=http://…)
+        return ResolvedAgent(spec, family(spec))
     scheme, sep, _ = spec.partition("://")
     if sep:
         factory = _schemes.get(scheme.lower())
-        if factory is None and scheme.lower() in _BUILTIN_SCHEMES:
-            importlib.import_module(_BUILTIN_SCHEMES[scheme.lower()])  # registers itself
-            factory = _schemes.get(scheme.lower())
         if factory is None:
             raise AgentError(f"agent {spec!r}: no bridge for {scheme}:// agents is installed")
         return ResolvedAgent(spec, factory(spec))
     if spec == PASSTHROUGH:
         return ResolvedAgent(spec, _no_agent, passthrough=True)
-    if spec == "realtime" or spec.startswith("realtime:"):  # the OpenAI Realtime protocol
-        realtime = importlib.import_module("appliance.realtime.agent")  # (issue 17)
-        return ResolvedAgent(spec, realtime.resolve_spec(spec))
     if spec in _registered:
         return ResolvedAgent(spec, _as_fn(_registered[spec], spec))
-    if spec in _BUILTINS:
-        inline = import_target(_INLINE[spec], spec) if spec in _INLINE else None
-        on_channel = import_target(_INLINE_CHANNEL[spec], spec) if spec in _INLINE_CHANNEL else None
-        return ResolvedAgent(spec, _as_fn(import_target(_BUILTINS[spec], spec), spec), on_frame=inline,
-                             on_channel=on_channel)
+    if spec == DEFAULT_AGENT:  # the built-in echo: a frame handler, no task per frame
+        return ResolvedAgent(spec, echo, on_frame=echo_frame, on_channel=echo_channel)
     if ":" in spec:
         return ResolvedAgent(spec, _as_fn(import_target(spec, spec), spec))
-    known = ", ".join(sorted(set(_BUILTINS) | set(_registered) | {PASSTHROUGH, "assistant"}))
+    known = ", ".join(sorted({DEFAULT_AGENT, PASSTHROUGH, *_registered, *_families}))
     raise AgentError(f"unknown agent {spec!r} (built-in: {known}; or package.module:attr, "
                      "path/file.py:attr, ws://host:port/path)")

@@ -28,7 +28,6 @@ import base64
 import binascii
 import json
 import logging
-from collections.abc import Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -44,8 +43,7 @@ from trio_websocket import (
 
 from ..logs import loggable_url
 from .channels import ChannelClosed, ChannelError, ChannelEvent, ChannelMessage, ChannelOpened
-from .context import FRAME_SAMPLES, SAMPLE_RATE, AgentContext, SessionEnded
-from .registry import AgentFn, register_scheme
+from .context import FRAME_SAMPLES, SAMPLE_RATE, AgentContext, AgentFn, SessionEnded
 
 log = logging.getLogger("appliance.agents.ws")
 
@@ -429,17 +427,10 @@ def _closed_reason(exc: ConnectionClosed) -> str:
 
 
 def bridge(spec: str) -> AgentFn:
-    """The scheme factory: one :class:`WsBridge` per session."""
+    """The scheme factory (the registry's ``ws`` and ``wss``): one :class:`WsBridge` per
+    session."""
 
     async def run(ctx: AgentContext) -> None:
         await WsBridge(spec).run(ctx)
 
     return run
-
-
-def install(register: Callable[[str, Callable[[str], AgentFn]], None] = register_scheme) -> None:
-    register("ws", bridge)
-    register("wss", bridge)
-
-
-install()

@@ -26,7 +26,6 @@ field is answered with an ``error`` without reaching the machine.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import logging
@@ -52,6 +51,7 @@ from .machine import (
     Transcribe,
 )
 from .protocol import json_copy
+from .registry import factory_resolver, registered
 from .sideband import POINTS, SidebandPoint
 from .transcription import transcribe_item
 from .turns import PauseWork, can_judge, can_speculate
@@ -125,17 +125,13 @@ def factory_for_spec(spec: str) -> Callable[[], RealtimeAgent]:
         from .echo import EchoRealtime
 
         return EchoRealtime
-    if spec == "assistant" or spec.startswith("assistant?"):  # appliance/speech (issue 30)
-        try:
-            module = importlib.import_module("appliance.speech.assistant")
-        except ModuleNotFoundError as exc:
-            raise AgentError(f"--agent assistant needs the 'speech' extra ({exc.name} is "
-                             "missing): pip install 'appliance[speech]'") from exc
-        made: Callable[[], RealtimeAgent] = module.realtime_factory(spec)
-        return made
+    resolver = factory_resolver(spec)  # another package's family (speech: assistant)
+    if resolver is not None:
+        return resolver(spec)
     if not spec.startswith(SPEC_PREFIX + ":") or not spec[len(SPEC_PREFIX) + 1 :]:
+        others = "".join(f"{name}[?options], " for name in registered())
         raise AgentError(f"agent {spec!r} cannot answer a Realtime WebSocket session: expected "
-                         "realtime, assistant[?options] or realtime:<module:attr|file.py:attr>")
+                         f"realtime, {others}or realtime:<module:attr|file.py:attr>")
     target = spec[len(SPEC_PREFIX) + 1 :]
     return agent_factory(import_target(target, spec), spec)
 

@@ -59,7 +59,6 @@ import json
 import logging
 import ssl
 from collections import deque
-from collections.abc import Callable
 from contextlib import aclosing
 from typing import Any
 from urllib.parse import urlsplit
@@ -74,7 +73,7 @@ from trio_websocket import (
 
 from ..agents.channels import ChannelError, ChannelMessage, ChannelOpened
 from ..agents.context import FRAME_BYTES, SAMPLE_RATE, AgentContext, SessionEnded
-from ..agents.registry import AgentFn, register_scheme
+from ..agents.registry import AgentFn
 from ..agents.ws import Resampler
 from ..logs import loggable_url
 from .bridge_state import (
@@ -93,7 +92,7 @@ from .bridge_state import (
 )
 
 __all__ = ["KEY_ENV", "KEY_FILE_ENV", "LABEL", "PCM_FORMAT", "SCHEMES", "UPSTREAM_RATE",
-           "Playout", "RealtimeBridge", "Upstream", "bridge", "error_event", "install",
+           "Playout", "RealtimeBridge", "Upstream", "bridge", "error_event",
            "parse_browser", "pin_formats"]
 
 log = logging.getLogger("appliance.realtime.bridge")
@@ -573,18 +572,11 @@ def _leaves(group: BaseExceptionGroup[UpstreamFailed]) -> list[UpstreamFailed]:
 
 
 def bridge(spec: str) -> AgentFn:
-    """The scheme factory: parses (and checks) the spec once, one bridge per call."""
+    """The scheme factory (registered for :data:`SCHEMES` by appliance/realtime/plugin.py):
+    parses (and checks) the spec once, one bridge per call."""
     upstream = Upstream.parse(spec)
 
     async def run(ctx: AgentContext) -> None:
         await RealtimeBridge(upstream).run(ctx)
 
     return run
-
-
-def install(register: Callable[[str, Callable[[str], AgentFn]], None] = register_scheme) -> None:
-    for scheme in SCHEMES:
-        register(scheme, bridge)
-
-
-install()

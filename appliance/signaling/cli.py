@@ -17,6 +17,7 @@ from typing import Any
 
 import trio
 
+from .. import plugins  # noqa: F401  (registers realtime/ and speech/: appliance/plugins.py)
 from ..config import (
     ConfigError,
     format_hostport,

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 
 import trio
 
+from appliance import plugins  # noqa: F401  (registers realtime/ and speech/: appliance/plugins.py)
 from appliance.agents import AgentError
 from appliance.agents import resolve as resolve_agent
 from appliance.children import exception_leaves
