@@ -405,12 +405,16 @@ def test_pipeline_recorder_taps_raw_in_and_sent_out() -> None:
 
 def test_a_speech_option_without_its_library_is_reported_not_fatal(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from appliance.transceiver.stages import call_stages
+    from appliance.transceiver.stages import aec, denoise
 
     def missing(module: str) -> Any:
-        raise ImportError(f"No module named 'lib_for_{module}'")
+        def make(*args: Any, **kwargs: Any) -> Any:
+            raise ImportError(f"No module named 'lib_for_{module}'")
+        return make
 
-    monkeypatch.setattr(call_stages, "_optional", missing)
+    # Each speech stage's module loads its library when the stage is made.
+    monkeypatch.setattr(aec, "make_echo_canceller", missing("aec"))
+    monkeypatch.setattr(denoise, "make_denoiser", missing("denoise"))
     stages = CallStages(MediaConfig(noise_reduction="far_field", echo_cancellation=True))
     assert stages.inbound.names() == ["level-in"]
     un = stages.describe()["unavailable"]

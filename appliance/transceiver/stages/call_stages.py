@@ -12,7 +12,6 @@ package is missing (``media.unavailable``), and everything else works.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import Any
 
@@ -22,12 +21,6 @@ from .level import LevelMeter
 from .recorder import RecorderTap
 
 log = logging.getLogger(__name__)
-
-
-def _optional(module: str) -> Any:
-    """A speech stage's module, imported on first use (ImportError when its library, or
-    the module itself, is missing: the option is then reported unavailable)."""
-    return importlib.import_module(f"{__package__}.{module}")
 
 
 class CallStages:
@@ -81,14 +74,18 @@ class CallStages:
         """The in side goes right after the raw recorder tap; the out side (returned) is
         added by the caller after the out meter and any extras."""
         try:
+            # A speech stage's module is imported on first use: ImportError when its library
+            # (or the module itself) is missing, and the option is reported unavailable.
+            from . import aec
+
             # The in chain carries each frame's media time (the sender's RTP clock): the
             # canceller places the microphone stream by it.
-            near, ref = _optional("aec").make_echo_canceller(media=self.inbound)
+            near, ref = aec.make_echo_canceller(media=self.inbound)
         except (ImportError, OSError, StageUnavailable) as exc:
             self._missing("echo_cancellation", exc)
             return None
         self._insert_in(near, ("recorder-in",))
-        return ref  # type: ignore[no-any-return]
+        return ref
 
     def set_noise_reduction(self, mode: str | None) -> None:
         """Switch noise suppression mid-call (``session.update``): None removes it."""
@@ -100,7 +97,9 @@ class CallStages:
         if mode is None:
             return
         try:
-            stage = _optional("denoise").make_denoiser(mode)
+            from . import denoise  # on first use, as aec above
+
+            stage = denoise.make_denoiser(mode)
         except (ImportError, OSError, StageUnavailable) as exc:
             self._missing("noise_reduction", exc)
             return
