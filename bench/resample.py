@@ -1,5 +1,6 @@
-"""The 8 <-> 48 kHz resampler (transceiver/resample.py) against the G.711 codec's built-in
-conversion (g711.py: linear interpolation up, 6-sample mean down), in one run: quality
+"""The 8 <-> 48 kHz resampling of the G.711 legs (appliance/audio/resample.py, both of its
+designs: ``TELEPHONE``, which the legs run, and ``DEFAULT``) against the conversion the
+G.711 codec first had (linear interpolation up, 6-sample mean down), in one run: quality
 figures (passband ripple to 3.4 kHz, worst alias/image above 4 kHz) and time per 20 ms
 frame, printed with the ratio to the baseline.
 
@@ -15,8 +16,8 @@ import time
 
 import numpy as np
 
-from appliance.transceiver import g711
-from appliance.transceiver.resample import Downsampler, Upsampler
+from appliance.audio import g711
+from appliance.audio.resample import DEFAULT, TELEPHONE, Design, Resampler
 
 A = 16000.0
 
@@ -38,7 +39,6 @@ def _db(r: float) -> float:
 
 
 def _naive_up(x: np.ndarray) -> np.ndarray:
-    d = g711.G711Decoder("pcmu")
     last, steps = 0.0, np.arange(1, 7) / 6
     out = []
     for i in range(0, len(x), 160):
@@ -46,7 +46,6 @@ def _naive_up(x: np.ndarray) -> np.ndarray:
         prev = np.concatenate(([last], f[:-1]))
         out.append(np.rint((prev[:, None] + (f - prev)[:, None] * steps).reshape(-1)))
         last = float(f[-1])
-    del d
     return np.concatenate(out).astype(np.int16)
 
 
@@ -76,33 +75,40 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=2000)
     n = ap.parse_args().frames
 
-    def fir_down(x: np.ndarray) -> np.ndarray:
-        d = Downsampler()
-        return np.concatenate([d.process(x[i:i + 960]) for i in range(0, len(x), 960)])
+    def fir(design: Design) -> tuple[object, object]:
+        def down(x: np.ndarray) -> np.ndarray:
+            d = Resampler(48000, 8000, design)
+            return np.concatenate([d.process_int16(x[i:i + 960]) for i in range(0, len(x), 960)])
 
-    def fir_up(x: np.ndarray) -> np.ndarray:
-        u = Upsampler()
-        return np.concatenate([u.process(x[i:i + 160]) for i in range(0, len(x), 160)])
+        def up(x: np.ndarray) -> np.ndarray:
+            u = Resampler(8000, 48000, design)
+            return np.concatenate([u.process_int16(x[i:i + 160]) for i in range(0, len(x), 160)])
 
-    for name, up, down in (("g711 naive", _naive_up, _naive_down), ("polyphase FIR", fir_up,
-                                                                      fir_down)):
+        return up, down
+
+    rows = [("g711 naive", _naive_up, _naive_down), ("FIR telephone", *fir(TELEPHONE)),
+            ("FIR default", *fir(DEFAULT))]
+    for name, up, down in rows:
         ripple, alias, image = quality(up, down)
         print(f"{name:14s} down ripple 0-3.4k {ripple:6.3f} dB   worst alias {alias:7.1f} dB"
               f"   worst up image {image:7.1f} dB")
     f8, f48 = _tone(1000, 8000, 160), _tone(1000, 48000, 960)
-    dec, enc = g711.G711Decoder("pcmu"), g711.G711Encoder("pcmu")
     payload = g711.encode("pcmu", f8)
-    base_up = per_frame(dec.decode, payload, n)  # table + interpolation
-    base_dn = per_frame(enc.encode, f48.tobytes(), n)  # mean + table
+    naive_up = per_frame(_naive_up, f8, n)
+    naive_dn = per_frame(_naive_down, f48, n)
     law_only_up = per_frame(lambda p: g711.decode("pcmu", p), payload, n)
     law_only_dn = per_frame(lambda s: g711.encode("pcmu", s), f8, n)
-    u, d = Upsampler(), Downsampler()
-    fir_u = per_frame(u.process, f8, n)
-    fir_d = per_frame(d.process, f48, n)
-    print(f"per 20 ms frame: up   naive decode {base_up:6.1f} µs, table only {law_only_up:5.1f}"
-          f" µs, FIR {fir_u:6.1f} µs (FIR+table / naive = {(fir_u + law_only_up) / base_up:4.2f})")
-    print(f"per 20 ms frame: down naive encode {base_dn:6.1f} µs, table only {law_only_dn:5.1f}"
-          f" µs, FIR {fir_d:6.1f} µs (FIR+table / naive = {(fir_d + law_only_dn) / base_dn:4.2f})")
+    for name, design in (("telephone", TELEPHONE), ("default", DEFAULT)):
+        u, d = Resampler(8000, 48000, design), Resampler(48000, 8000, design)
+        fir_u = per_frame(u.process_int16, f8, n)
+        fir_d = per_frame(d.process_int16, f48, n)
+        print(f"per 20 ms frame, {name:9s}: up   naive {naive_up:6.1f} µs, table only "
+              f"{law_only_up:5.1f} µs, FIR {fir_u:6.1f} µs (FIR / naive = {fir_u / naive_up:4.2f})")
+        print(f"per 20 ms frame, {name:9s}: down naive {naive_dn:6.1f} µs, table only "
+              f"{law_only_dn:5.1f} µs, FIR {fir_d:6.1f} µs (FIR / naive = {fir_d / naive_dn:4.2f})")
+    dec, enc = g711.G711Decoder("pcmu"), g711.G711Encoder("pcmu")
+    print(f"the legs' codec per 20 ms frame: decode {per_frame(dec.decode, payload, n):6.1f} µs,"
+          f" encode {per_frame(enc.encode, f48.tobytes(), n):6.1f} µs")
 
 
 if __name__ == "__main__":

@@ -289,7 +289,7 @@ def tone_payload(i: int) -> bytes:
     if TONE is None:
         import numpy as np
 
-        from appliance.transceiver import g711
+        from appliance.audio import g711
 
         t = np.arange(50 * 160) / 8000
         pcm = np.repeat((9000 * np.sin(2 * np.pi * 1000 * t)).astype("<i2"), 6)
@@ -511,7 +511,8 @@ def codec_us_per_frame(frames: int = 1000) -> dict[str, float]:
 
     import numpy as np
 
-    from appliance.transceiver import g711, opus
+    from appliance.audio import g711
+    from appliance.transceiver import opus
 
     t = np.arange(frames * 960) / 48000
     pcm = (9000 * np.sin(2 * np.pi * 700 * t)).astype("<i2")

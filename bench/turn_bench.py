@@ -60,7 +60,7 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent / "tests")
 
 from speech.speech_support import PHRASES, espeak_pcm48, speech_bounds_ms  # noqa: E402
 
-from appliance.speech.audio import resample  # noqa: E402
+from appliance.audio.resample import resample  # noqa: E402
 from appliance.speech.endpoint import SmartTurn  # noqa: E402
 from appliance.speech.tts import piper_command, piper_voice_model  # noqa: E402
 from appliance.speech.vad import (  # noqa: E402

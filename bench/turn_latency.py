@@ -90,9 +90,10 @@ from e2e.test_up_http import http_json  # noqa: E402
 from speech.fake_openai import KEY, FakeOpenAI, fake_openai  # noqa: E402
 from speech.speech_support import PHRASES, espeak_pcm48, frames, silence  # noqa: E402
 
+from appliance.audio.resample import resample  # noqa: E402
 from appliance.loadgen.media import Decoder  # noqa: E402
 from appliance.loadgen.stats import percentile  # noqa: E402
-from appliance.speech.audio import read_wav, resample  # noqa: E402
+from appliance.speech.audio import read_wav  # noqa: E402
 
 RATE = 48_000
 FRAME = 960  # samples per 20 ms frame

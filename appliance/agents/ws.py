@@ -3,7 +3,8 @@
 For every session the transceiver opens one WebSocket to the agent and speaks the protocol
 in docs/agent-protocol.md: JSON text frames for events, binary frames for mono PCM16 little
 endian at the sample rate the agent chose in ``session.accept`` (48000, 24000 or 16000;
-other rates are resampled here with libswresample via PyAV, never by dropping samples).
+other rates are resampled here by appliance/audio/resample.py's windowed-sinc filter, never by
+dropping samples).
 
 Flow control: inbound frames go out as fast as the socket takes them; if the agent reads
 too slowly the transceiver drops the oldest unsent frames (``input.dropped``), never
@@ -31,8 +32,6 @@ import logging
 from contextlib import aclosing
 from typing import Any
 
-import av
-import numpy as np
 import trio
 from trio_websocket import (
     ConnectionClosed,
@@ -41,6 +40,7 @@ from trio_websocket import (
     connect_websocket_url,
 )
 
+from ..audio.resample import Resampler
 from ..logs import loggable_url
 from .channels import ChannelClosed, ChannelError, ChannelEvent, ChannelMessage, ChannelOpened
 from .context import FRAME_SAMPLES, SAMPLE_RATE, AgentContext, AgentFn, SessionEnded
@@ -58,27 +58,6 @@ MAX_MESSAGE = 1 << 20  # bytes per WebSocket message, either direction
 
 class ProtocolError(Exception):
     """The agent sent something the protocol does not allow."""
-
-
-class Resampler:
-    """Streaming mono PCM16 rate conversion (libswresample); identity when rates match."""
-
-    def __init__(self, src: int, dst: int) -> None:
-        self.src, self.dst = src, dst
-        self._pts = 0
-        self._r: Any = (
-            av.AudioResampler(format="s16", layout="mono", rate=dst) if src != dst else None
-        )
-
-    def process(self, pcm: bytes) -> bytes:
-        if self._r is None or not pcm:
-            return pcm
-        samples = np.frombuffer(pcm, dtype=np.int16).reshape(1, -1)
-        frame = av.AudioFrame.from_ndarray(samples, format="s16", layout="mono")
-        frame.sample_rate = self.src
-        frame.pts = self._pts
-        self._pts += samples.shape[1]
-        return b"".join(f.to_ndarray().tobytes() for f in self._r.resample(frame))
 
 
 class _Framer:

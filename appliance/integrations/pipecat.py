@@ -20,7 +20,7 @@ What maps to what:
 
 * caller audio (binary, PCM16 at the accepted rate) -> ``InputAudioRawFrame`` at the
   pipeline's input rate. The transport accepts the session at that rate when the
-  transceiver offers it (48/24/16 kHz; the transceiver resamples with libswresample),
+  transceiver offers it (48/24/16 kHz; the transceiver resamples: appliance/audio/),
   otherwise at 48 kHz and resamples here with Pipecat's stream resampler.
 * ``speech.started`` / ``speech.stopped`` (the appliance's energy VAD, 200 ms hangover)
   -> ``VADUserStartedSpeakingFrame`` / ``VADUserStoppedSpeakingFrame``, the frames

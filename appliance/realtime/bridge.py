@@ -13,8 +13,8 @@ gets one WebSocket per call from here::
 What the bridge does, and why (the WebRTC surface differs from the WebSocket one only in who
 carries the audio and who knows what was played):
 
-* **audio up**: every 20 ms frame is resampled 48 kHz → 24 kHz (libswresample, the filter
-  :mod:`appliance.agents.ws` uses) and sent at once as ``input_audio_buffer.append`` with
+* **audio up**: every 20 ms frame is resampled 48 kHz → 24 kHz (:mod:`appliance.audio.resample`,
+  the filter :mod:`appliance.agents.ws` uses) and sent at once as ``input_audio_buffer.append`` with
   base64 ``audio/pcm`` (the GA format: 16-bit little-endian mono at 24 kHz). Nothing is
   batched: the upstream's VAD sees audio as soon as the transceiver decoded it.
 * **audio down**: ``response.output_audio.delta`` is decoded, resampled 24 → 48 kHz and played
@@ -74,7 +74,7 @@ from trio_websocket import (
 from ..agents.channels import ChannelError, ChannelMessage, ChannelOpened
 from ..agents.context import FRAME_BYTES, SAMPLE_RATE, AgentContext, SessionEnded
 from ..agents.registry import AgentFn
-from ..agents.ws import Resampler
+from ..audio.resample import Resampler
 from ..logs import loggable_url
 from .bridge_state import (
     KEY_ENV,

@@ -1,11 +1,10 @@
-"""Sample-rate conversion and small PCM helpers for the speech engines (numpy only).
+"""Small PCM helpers for the speech engines (numpy only): WAV files and streams, and the
+measures the tests and benches take (band energy, RMS level).
 
 The appliance speaks mono PCM16 at 48 kHz in 20 ms frames; speech models want 16 kHz, and
-TTS engines produce 22.05 kHz (espeak-ng) or 24 kHz (OpenAI ``pcm``). :class:`Resampler` is
-a streaming rational polyphase resampler: a Kaiser-windowed sinc low-pass (β = 8, ~80 dB
-stop band) cut off at 92 % of the lower Nyquist frequency, so decimating 48 → 16 kHz does
-not fold 8-24 kHz (sibilants, fan noise) back into the speech band. State carries across
-calls, so feeding 20 ms frames gives exactly the samples one call on the whole signal would.
+TTS engines produce 22.05 kHz (espeak-ng) or 24 kHz (OpenAI ``pcm``): the conversion is
+:mod:`appliance.audio.resample` (the one resampler, :data:`~appliance.audio.resample.DEFAULT`
+design), shared with the WebSocket bridges and the Realtime machine.
 """
 
 from __future__ import annotations
@@ -14,93 +13,6 @@ import math
 import struct
 
 import numpy as np
-import numpy.typing as npt
-
-F32 = npt.NDArray[np.float32]
-
-
-class Resampler:
-    """Streaming ``src`` → ``dst`` Hz resampler of mono PCM16 (or float) blocks."""
-
-    __slots__ = ("src", "dst", "up", "down", "taps", "_bank", "_buf", "_base", "_next_out")
-
-    def __init__(self, src: int, dst: int, *, taps_per_phase: int | None = None) -> None:
-        if src <= 0 or dst <= 0:
-            raise ValueError("sample rates must be positive")
-        g = math.gcd(src, dst)
-        self.src, self.dst = src, dst
-        self.up, self.down = dst // g, src // g
-        ratio = max(1.0, self.down / self.up)
-        k = taps_per_phase or int(2 * math.ceil(16 * ratio)) + 16
-        self.taps = k
-        n = self.up * k
-        cutoff = 0.92 * 0.5 / max(self.up, self.down)  # cycles per upsampled sample
-        t = np.arange(n, dtype=np.float64) - (n - 1) / 2.0
-        h = 2 * cutoff * np.sinc(2 * cutoff * t) * np.kaiser(n, 8.0)
-        h *= self.up / h.sum()
-        # bank[p, i] = h[p + up*i]: the taps that meet input samples for output phase p.
-        self._bank = h.reshape(k, self.up).T.astype(np.float32).copy()
-        self._buf = np.zeros(k - 1, dtype=np.float32)  # the last k-1 input samples
-        self._base = -(k - 1)  # absolute input index of _buf[0]
-        self._next_out = 0
-
-    @property
-    def delay_seconds(self) -> float:
-        """Group delay of the filter."""
-        return (self.up * self.taps - 1) / 2.0 / (self.up * self.src)
-
-    def process_float(self, x: F32) -> F32:
-        """Feed float samples; return the float output samples now computable."""
-        buf = np.concatenate((self._buf, x.astype(np.float32, copy=False)))
-        total_in = self._base + len(buf)  # absolute index one past the newest input
-        up, down = self.up, self.down
-        # Outputs n whose newest input sample (n*down)//up is already here.
-        n_end = (total_in * up + down - 1) // down  # first n with (n*down)//up >= total_in
-        n0 = self._next_out
-        if n_end > n0:
-            ns = np.arange(n0, n_end, dtype=np.int64)
-            u = ns * down
-            phase = u % up
-            newest = u // up - self._base
-            k = self.taps
-            if up == 1 or down == 1:
-                # Integer ratios: one convolution per phase, then pick (fast path).
-                conv = np.stack([np.convolve(buf, self._bank[q], "valid") for q in range(up)])
-                out = conv[phase, newest - (k - 1)].astype(np.float32)
-            else:
-                idx = newest[:, None] - np.arange(k, dtype=np.int64)[None, :]
-                out = np.einsum("ij,ij->i", buf[idx], self._bank[phase]).astype(np.float32)
-            self._next_out = int(n_end)
-        else:
-            out = np.zeros(0, dtype=np.float32)
-        keep = self.taps - 1
-        self._base = total_in - keep
-        self._buf = buf[len(buf) - keep :].copy()
-        return out
-
-    def process(self, pcm: bytes) -> bytes:
-        """Feed PCM16 bytes; return the PCM16 output now computable."""
-        x = np.frombuffer(pcm, dtype="<i2").astype(np.float32)
-        return to_pcm16(self.process_float(x))
-
-    def flush(self) -> bytes:
-        """The tail held back by the filter (feeds ``taps`` zeros)."""
-        return to_pcm16(self.process_float(np.zeros(self.taps, dtype=np.float32)))
-
-
-def to_pcm16(x: F32) -> bytes:
-    return np.clip(np.rint(x), -32768, 32767).astype("<i2").tobytes()
-
-
-def resample(pcm: bytes, src: int, dst: int) -> bytes:
-    """Resample a whole PCM16 buffer (delay-compensated: output aligned with the input)."""
-    if src == dst:
-        return pcm
-    r = Resampler(src, dst)
-    out = r.process(pcm) + r.flush()
-    skip = round(r.delay_seconds * dst)
-    want = len(pcm) // 2 * dst // src
-    return out[2 * skip : 2 * (skip + want)]
 
 
 def wav_bytes(pcm: bytes, rate: int) -> bytes:

@@ -39,7 +39,8 @@ from typing import Any, Protocol
 
 import trio
 
-from .audio import Resampler, wav_bytes
+from ..audio.resample import Resampler
+from .audio import wav_bytes
 from .vad import SpeechUnavailable
 
 STT_RATE = 16_000

@@ -42,7 +42,8 @@ from typing import Any, Protocol
 
 import trio
 
-from .audio import Resampler, WavError, parse_wav_header, read_wav
+from ..audio.resample import Resampler
+from .audio import WavError, parse_wav_header, read_wav
 from .stt import _httpx
 from .vad import FRAME_BYTES, SpeechUnavailable
 

@@ -51,7 +51,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from .audio import Resampler
+from ..audio.resample import Resampler
 
 FRAME_BYTES = 1920  # 20 ms at 48 kHz, PCM16
 FRAME_MS = 20

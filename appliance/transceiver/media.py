@@ -35,9 +35,9 @@ from collections.abc import Callable, Iterable
 
 from appliance.agents import AgentContext, AgentHost, EnergyVad, Frame
 from appliance.agents.registry import FrameFn
+from appliance.audio import g711
 from appliance.logs import loggable_url
 
-from . import g711
 from .jitter import JitterBuffer
 from .leg import MediaLeg
 from .opus import FRAME_BYTES, Decoder, Encoder, OpusDecoder, OpusEncoder

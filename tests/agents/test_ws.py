@@ -23,6 +23,7 @@ from appliance.agents import (
     resolve,
 )
 from appliance.agents import ws as ws_mod
+from appliance.audio.resample import Resampler
 
 Handler = Callable[[WebSocketConnection], Awaitable[None]]
 
@@ -89,15 +90,16 @@ async def accept(ws: WebSocketConnection, rate: int | None = None) -> dict[str, 
 
 
 def test_resampler_is_a_real_filter() -> None:
-    """1 kHz survives 48k→16k→48k; 10 kHz (above 8 kHz Nyquist) is removed, not aliased."""
-    down = ws_mod.Resampler(48_000, 16_000)
-    up = ws_mod.Resampler(16_000, 48_000)
+    """The bridge's resampler (appliance/audio/resample.py, the default design): 1 kHz
+    survives 48k→16k→48k; 10 kHz (above 8 kHz Nyquist) is removed, not aliased."""
+    down = Resampler(48_000, 16_000)
+    up = Resampler(16_000, 48_000)
     low = down.process(sine(1000, 48_000))
     assert abs(len(low) // 2 - 16_000) < 64
     assert dominant(low[2000:], 16_000) == pytest.approx(1000, abs=5)
     back = up.process(low)
     assert dominant(back[6000:], 48_000) == pytest.approx(1000, abs=5)
-    hi = ws_mod.Resampler(48_000, 16_000).process(sine(10_000, 48_000))
+    hi = Resampler(48_000, 16_000).process(sine(10_000, 48_000))
     rms = np.sqrt(np.mean(np.frombuffer(hi[2000:], "<i2").astype(float) ** 2))
     assert rms < 100  # 10_000-amplitude input; sample dropping would alias it to 6 kHz
 

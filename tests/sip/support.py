@@ -246,8 +246,8 @@ def write_tone_pcap(path: Path, *, freq: float = 1000.0, seconds: float = 3.0,
 
     import numpy as np
 
+    from appliance.audio import g711
     from appliance.proto.rtp import rtp_header
-    from appliance.transceiver import g711
 
     n = int(seconds * 50)
     t = np.arange(n * 160) / 8000

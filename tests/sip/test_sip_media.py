@@ -36,8 +36,8 @@ from sip.support import (
     write_tone_wav,
 )
 
+from appliance.audio import g711
 from appliance.proto.rtp import rtp_header_fields_untrusted
-from appliance.transceiver import g711
 
 pytestmark = [pytest.mark.interop]
 

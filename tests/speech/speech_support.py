@@ -9,7 +9,8 @@ import subprocess
 
 import numpy as np
 
-from appliance.speech.audio import read_wav, resample
+from appliance.audio.resample import resample
+from appliance.speech.audio import read_wav
 
 FRAME_BYTES = 1920
 TEST_VOICE = ("en-gb", "140", "35")  # voice, words per minute, pitch

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from appliance.audio.resample import resample
 from appliance.speech import endpoint
-from appliance.speech.audio import resample
 from appliance.speech.tts import piper_command, piper_voice_model
 from appliance.speech.vad import SpeechUnavailable
 

@@ -14,7 +14,7 @@ import pytest
 import trio
 from speech.speech_support import PHRASES, espeak_pcm48, frames, silence, wer
 
-from appliance.speech.audio import resample
+from appliance.audio.resample import resample
 from appliance.speech.stt import (
     STT_RATE,
     WINDOW_MAX_SECONDS,

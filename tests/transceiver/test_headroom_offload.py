@@ -302,7 +302,7 @@ async def test_a_real_whisper_decode_in_a_worker_is_offload_not_the_loops_cpu(
     import numpy as np
     from transceiver.speech_audio import espeak
 
-    from appliance.speech.audio import resample
+    from appliance.audio.resample import resample
     from appliance.speech.stt import STT_RATE, WhisperStt, whisper_model
 
     tr = running

@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 import trio
 
+from appliance.audio import g711
 from appliance.phone_params import PhoneParams
 from appliance.proto.proxy import encode_header, parse_transport_untrusted
 from appliance.proto.proxy.vouch import Kind, Vouch, VouchError, derive_key, encode, parse_untrusted
 from appliance.proto.rtp import rtp_header, rtp_header_fields_untrusted
-from appliance.transceiver import g711, rtp_leg
+from appliance.transceiver import rtp_leg
 from appliance.transceiver.server import (
     Transceiver,
     TransceiverAddresses,

@@ -1,7 +1,7 @@
-"""G.711 (ITU-T G.711: PCMU = µ-law, PCMA = A-law), the fallback codec when an offer has
-no Opus (RFC 3551 §4.5.14: 8 kHz, one channel, static payload types 0 and 8), to and from
-the agents' 48 kHz PCM16 — the :class:`~.opus.Decoder` / :class:`~.opus.Encoder` shapes
-the media pipeline (media.py) takes.
+"""G.711 (ITU-T G.711: PCMU = µ-law, PCMA = A-law): the one implementation of both laws,
+for the transceiver's phone and WebRTC legs (RFC 3551 §4.5.14: 8 kHz, one channel, static
+payload types 0 and 8: the fallback codec when an offer has no Opus) and the Realtime API's
+``audio/pcmu`` / ``audio/pcma`` formats (appliance/realtime/audio.py).
 
 Table-driven with numpy (``audioop`` is deprecated since Python 3.11 and gone in 3.13):
 
@@ -9,16 +9,16 @@ Table-driven with numpy (``audioop`` is deprecated since Python 3.11 and gone in
   expansions, ±32124 for µ-law and ±32256 for A-law: G.711's 14/13-bit segments scaled to
   16 bits);
 * encoding is a 65,536-entry table indexed by the PCM16 sample's bit pattern, built once at
-  import from the same segment rules, so both directions are one ``take`` per frame.
+  import from the same segment rules (bit-exact with the Sun reference and ``audioop``:
+  tests/audio/test_g711.py), so both directions are one ``take`` per frame.
 
-Rates: 8 kHz <-> 48 kHz is exactly ×6, through the polyphase low-pass of ``resample.py``
-(a 384-tap windowed sinc: 0.002 dB ripple to 3.4 kHz, images and aliases below -75 dB, one
-matrix product per frame, ~4 ms of delay each way), stateful across frames so a stream cut
-into packets joins without clicks. (It replaced linear interpolation up and a 6-sample mean
-down: 2.7 dB of droop at 3.4 kHz, aliases only 4.5 dB down; bench/resample.py.)
+:class:`G711Decoder` / :class:`G711Encoder` are the codec the media pipeline runs
+(the :class:`~appliance.transceiver.opus.Decoder` / ``Encoder`` shapes): 8 kHz <-> 48 kHz is
+exactly ×6, through :mod:`.resample`'s :data:`~.resample.TELEPHONE` low-pass (0.003 dB
+ripple to 3.4 kHz, images and aliases below -75 dB, ~4 ms of delay each way), stateful
+across frames so a stream cut into packets joins without clicks.
 Loss concealment repeats nothing: a lost G.711 packet is 20 ms of silence fed through the
-filter (G.711 Appendix I
-PLC is not implemented).
+filter (G.711 Appendix I PLC is not implemented).
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from typing import Final
 
 import numpy as np
 
-from .resample import Downsampler, Upsampler
+from .resample import TELEPHONE, Resampler
 
+LAWS: Final = ("pcmu", "pcma")
 RATE: Final = 8000
 FACTOR: Final = 6  # 48000 / 8000
 FRAME_SAMPLES_8K: Final = 160  # 20 ms
@@ -102,18 +103,19 @@ class G711Decoder:
             raise ValueError(f"not a G.711 law: {law!r}")
         self.law = law
         self.errors = 0  # the Decoder protocol's count; every byte string is valid G.711
-        self._up = Upsampler()
+        self._up = Resampler(RATE, RATE * FACTOR, TELEPHONE)
 
     def decode(self, payload: bytes) -> bytes:
         x = decode(self.law, payload)
         if not len(x):
             return b""
-        return self._up.process(x).astype("<i2").tobytes()
+        return self._up.process_int16(x).astype("<i2").tobytes()
 
     def conceal(self, fec_from: bytes | None = None) -> bytes:
         """A lost 20 ms packet: silence (G.711 carries no FEC to recover it from), through
         the filter so the audio before it fades out instead of stopping dead."""
-        return self._up.process(np.zeros(FRAME_SAMPLES_8K, np.int16)).astype("<i2").tobytes()
+        silence = np.zeros(FRAME_SAMPLES_8K, np.int16)
+        return self._up.process_int16(silence).astype("<i2").tobytes()
 
 
 class G711Encoder:
@@ -124,10 +126,10 @@ class G711Encoder:
         if law not in ENCODE:
             raise ValueError(f"not a G.711 law: {law!r}")
         self.law = law
-        self._down = Downsampler()
+        self._down = Resampler(RATE * FACTOR, RATE, TELEPHONE)
 
     def encode(self, pcm: bytes) -> bytes:
-        return encode(self.law, self._down.process(np.frombuffer(pcm, "<i2")))
+        return encode(self.law, self._down.process_int16(np.frombuffer(pcm, "<i2")))
 
     def set_expected_loss(self, percent: int) -> None:
         """G.711 has no in-band FEC to tune."""

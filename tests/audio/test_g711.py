@@ -1,4 +1,4 @@
-"""The G.711 codec (appliance/transceiver/g711.py): the tables against ITU-T G.711's
+"""The G.711 codec (appliance/audio/g711.py): the tables against ITU-T G.711's
 reference values and, where the interpreter still has it, every code and every PCM16 value
 against CPython's ``audioop`` (the same Sun reference algorithm); the 8 <-> 48 kHz path
 keeps a tone's pitch and level."""
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.transceiver.g711 import DECODE, ENCODE, G711Decoder, G711Encoder, decode, encode
+from appliance.audio.g711 import DECODE, ENCODE, G711Decoder, G711Encoder, decode, encode
 
 
 def audioop_module() -> object | None:
