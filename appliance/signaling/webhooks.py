@@ -25,6 +25,13 @@ queue — a full queue drops the new event and counts it, it never blocks signal
 attempt at a time per endpoint, retried on a non-2xx answer or a connection error with
 exponential backoff (:data:`BACKOFF_S` doubling to :data:`BACKOFF_MAX_S`, at most
 :data:`MAX_ATTEMPTS` attempts). Secrets are never logged; URLs are logged without query.
+
+The HTTP client (:func:`post`) is h11 (the HTTP/1.1 core hypercorn serves with) over a trio
+stream, TLS with the system's trust store for ``https``: one POST per connection
+(``Connection: close``), whose answer is its status code — read from the response head, the
+body never; a redirect is not followed (a 3xx is not a 2xx: retried like any failure); an
+attempt gets :data:`ATTEMPT_TIMEOUT_S` in all; a response that breaks HTTP/1.1 is a
+``ValueError`` (:func:`response_status_untrusted`).
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import h11
 import trio
 
 log = logging.getLogger(__name__)
@@ -55,7 +63,8 @@ MAX_ATTEMPTS = 8
 BACKOFF_S = 1.0
 BACKOFF_MAX_S = 300.0
 ATTEMPT_TIMEOUT_S = 10.0
-MAX_STATUS_LINE = 4096
+MAX_RESPONSE_HEAD = 16 * 1024  # status line and headers; a longer head is a ValueError
+USER_AGENT = "appliance-webhooks"
 CALL_STARTED = "realtime.call.started"
 CALL_ENDED = "realtime.call.ended"
 
@@ -274,13 +283,37 @@ class WebhookQueue:
         self._waiting.appendleft(d)  # the endpoint's next attempt: keep its order
 
 
-def parse_status_line_untrusted(line: bytes) -> int:
-    """``HTTP/1.1 204 No Content`` -> 204; raises ValueError for anything else."""
-    parts = line.split(b" ", 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit() \
-            or len(parts[1]) != 3:
-        raise ValueError("not an HTTP/1.x status line")
-    return int(parts[1])
+def request_bytes(conn: h11.Connection, url: str, headers: dict[str, str], body: bytes) -> bytes:
+    """The whole POST of ``body`` to ``url`` as ``conn`` (a client connection) writes it."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    authority = host if parts.port is None else f"{host}:{parts.port}"
+    request = h11.Request(method="POST", target=target, headers=[
+        ("Host", authority), ("Content-Type", "application/json"),
+        ("Content-Length", str(len(body))), ("User-Agent", USER_AGENT),
+        ("Connection", "close"), *headers.items()])
+    out = conn.send(request) or b""
+    out += conn.send(h11.Data(data=body)) or b""
+    return out + (conn.send(h11.EndOfMessage()) or b"")
+
+
+def response_status_untrusted(conn: h11.Connection, data: bytes) -> int | None:
+    """Feed the server's bytes (``b""``: it closed); the final status code once the response
+    head is in (1xx are skipped), None while more is needed. A response that breaks HTTP/1.1,
+    or a connection closed before one, raises ValueError (h11's errors converted here)."""
+    try:
+        conn.receive_data(data)
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                return None
+            if isinstance(event, h11.Response):
+                return int(event.status_code)
+            if not isinstance(event, h11.InformationalResponse):  # 100 Continue, …: skipped
+                raise ValueError(f"no response: {type(event).__name__}")
+    except h11.ProtocolError as exc:
+        raise ValueError(f"bad HTTP response: {exc}") from None
 
 
 async def post(url: str, headers: dict[str, str], body: bytes) -> int:
@@ -291,21 +324,13 @@ async def post(url: str, headers: dict[str, str], body: bytes) -> int:
     stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
     if parts.scheme == "https":
         stream = trio.SSLStream(stream, ssl.create_default_context(), server_hostname=host)
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    authority = host if parts.port is None else f"{host}:{parts.port}"
-    head = [f"POST {target} HTTP/1.1", f"Host: {authority}",
-            "Content-Type: application/json", f"Content-Length: {len(body)}",
-            "User-Agent: appliance-webhooks", "Connection: close",
-            *(f"{k}: {v}" for k, v in headers.items())]
+    conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_RESPONSE_HEAD)
     async with stream:
-        await stream.send_all(("\r\n".join(head) + "\r\n\r\n").encode() + body)
-        buf = b""
-        while b"\r\n" not in buf:
-            chunk = await stream.receive_some(1024)
-            if not chunk or len(buf) > MAX_STATUS_LINE:
-                raise ValueError("no status line")
-            buf += chunk
-    return parse_status_line_untrusted(buf.split(b"\r\n", 1)[0])
+        await stream.send_all(request_bytes(conn, url, headers, body))
+        while True:
+            status = response_status_untrusted(conn, bytes(await stream.receive_some(4096)))
+            if status is not None:
+                return status
 
 
 Poster = Callable[[str, dict[str, str], bytes], Any]

@@ -11,6 +11,7 @@ import math
 from functools import partial
 from typing import Any
 
+import h11
 import pytest
 import trio
 from hypothesis import given
@@ -27,7 +28,9 @@ from appliance.signaling.webhooks import (
     Webhooks,
     event,
     parse_endpoint,
-    parse_status_line_untrusted,
+    post,
+    request_bytes,
+    response_status_untrusted,
     secret_key,
     signed_headers,
 )
@@ -79,13 +82,66 @@ def test_endpoint_secrets(tmp_path: Any) -> None:
             secret_key(bad_secret)
 
 
-@given(st.binary(max_size=64))
-def test_status_line_parser_raises_only_value_error(line: bytes) -> None:
+def _client() -> h11.Connection:
+    conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=4096)
+    request_bytes(conn, "http://h/x", {}, b"{}")
+    return conn
+
+
+@given(st.binary(max_size=64), st.integers(min_value=1, max_value=64))
+def test_response_parser_raises_only_value_error(data: bytes, cut: int) -> None:
+    """Any answer, whole or in pieces, then the server closes: a status or ValueError."""
+    conn = _client()
     try:
-        status = parse_status_line_untrusted(line)
+        status = None
+        for i in range(0, len(data), cut):
+            status = response_status_untrusted(conn, data[i : i + cut])
+            if status is not None:
+                break
+        else:
+            status = response_status_untrusted(conn, b"")
     except ValueError:
         return
-    assert 0 <= status <= 999
+    assert status is not None and 200 <= status <= 999
+
+
+def test_response_status_skips_1xx_and_reads_only_the_head() -> None:
+    conn = _client()
+    assert response_status_untrusted(conn, b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 20") is None
+    assert response_status_untrusted(conn, b"4 No Content\r\nX: y\r\n\r\n") == 204
+    conn = _client()
+    with pytest.raises(ValueError, match="bad HTTP response"):
+        response_status_untrusted(conn, b"HTTP/1.1 200 OK\r\nX: " + b"a" * 5000)
+    with pytest.raises(ValueError, match="bad HTTP response"):
+        response_status_untrusted(_client(), b"")  # closed before any answer
+
+
+async def test_post_writes_one_request_and_follows_no_redirect(nursery: trio.Nursery) -> None:
+    """What a receiver gets (the head our old hand-written client wrote: Host with the port,
+    the query kept, Connection: close, our headers as given), and a 302 is an answer, not
+    an address to follow."""
+    seen: list[bytes] = []
+
+    async def handle(stream: trio.SocketStream) -> None:
+        buf = b""
+        while not buf.endswith(b"{}"):
+            buf += await stream.receive_some(65536)
+        seen.append(buf)
+        await stream.send_all(b"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:9/x\r\n"
+                              b"Content-Length: 0\r\n\r\n")
+        await stream.aclose()
+
+    listeners = await nursery.start(partial(trio.serve_tcp, handle, 0, host="127.0.0.1"))
+    port = listeners[0].socket.getsockname()[1]
+    with trio.fail_after(TIMEOUT):
+        status = await post(f"http://127.0.0.1:{port}/hook?t=1", {"webhook-id": "evt_1"}, b"{}")
+    assert status == 302 and len(seen) == 1
+    head, _, body = seen[0].partition(b"\r\n\r\n")
+    assert body == b"{}"
+    assert head.split(b"\r\n") == [
+        b"POST /hook?t=1 HTTP/1.1", f"Host: 127.0.0.1:{port}".encode(),
+        b"Content-Type: application/json", b"Content-Length: 2",
+        b"User-Agent: appliance-webhooks", b"Connection: close", b"webhook-id: evt_1"]
 
 
 def test_queue_is_bounded() -> None:
