@@ -57,7 +57,7 @@ PASSTHROUGH = "passthrough"
 
 def _ws_bridge(spec: str) -> AgentFn:
     """``ws://`` / ``wss://``: the built-in WebSocket bridge, loaded with its first spec
-    (trio-websocket and PyAV stay out of a transceiver that never runs one)."""
+    (trio-websocket stays out of a transceiver that never runs one)."""
     from .ws import bridge
 
     return bridge(spec)
