@@ -141,18 +141,20 @@ MAX_KIND = 100
 def agent_kind(spec: str | None) -> str:
     """What a spec's calls have in common for costing them (issue 41 item 4: the learned
     per-call cost of an assistant call, transceiver/offload.py): the spec without its
-    options (``assistant?stt=whisper`` -> ``assistant``), a ``scheme://`` bridge's scheme
-    alone (a URL may carry credentials, and the work is the remote agent's), ``realtime``
-    for any Realtime spec. ``None`` or ``""`` is the default agent, as in :func:`resolve`;
-    signaling, which may not know a transceiver's default, asks that transceiver's report."""
+    options (``assistant?stt=whisper`` -> ``assistant``), a registered family's name for
+    any of its specs (``realtime:pkg.mod:Agent`` -> ``realtime``; matched first, as
+    :func:`resolve` does, so ``assistant?llm=http://…`` is ``assistant``), a ``scheme://``
+    bridge's scheme alone (a URL may carry credentials, and the work is the remote
+    agent's). ``None`` or ``""`` is the default agent, as in :func:`resolve`; signaling,
+    which may not know a transceiver's default, asks that transceiver's report."""
     spec = (spec or DEFAULT_AGENT).strip()
+    family = family_name(spec)
+    if family in _families:
+        return family[:MAX_KIND]
     scheme, sep, _ = spec.partition("://")
     if sep:
         return scheme.lower()[:MAX_KIND - 3] + "://"
-    name = spec.partition("?")[0]
-    if name.startswith("realtime:"):
-        return "realtime"
-    return name[:MAX_KIND]
+    return spec.partition("?")[0][:MAX_KIND]
 
 
 def resolve(spec: str | None) -> ResolvedAgent:

@@ -111,6 +111,8 @@ def test_agent_kinds() -> None:
     assert agent_kind("assistant?stt=whisper&voice=x") == "assistant"
     assert agent_kind("ws://user:secret@host/path?token=x") == "ws://"
     assert agent_kind("realtime:gpt-x") == agent_kind("realtime") == "realtime"
+    # a family's options may hold a URL: still the family (as resolve() matches it)
+    assert agent_kind("assistant?llm=http://127.0.0.1:11434/v1") == "assistant"
     assert agent_kind("pkg.mod:agent") == "pkg.mod:agent"
 
 
