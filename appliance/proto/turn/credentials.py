@@ -42,9 +42,11 @@ __all__ = [
     "NONCE_COOKIE",
     "NonceCodec",
     "RestCredential",
+    "ice_server",
     "mint_rest_credential",
     "parse_rest_username_untrusted",
     "rest_password",
+    "whip_link_headers",
 ]
 
 #: §9.2.1 nonce cookie followed by the 24 Security Feature bits, bit 0 ("Password
@@ -80,6 +82,25 @@ def mint_rest_credential(secret: bytes, ident: str, expiry: int) -> RestCredenti
         raise ValueError("a REST credential id is 1-128 printable characters without ':'")
     username = f"{int(expiry)}:{ident}"
     return RestCredential(username, rest_password(secret, username), int(expiry))
+
+
+def ice_server(cred: RestCredential, urls: list[str]) -> dict[str, object]:
+    """One RTCIceServer (W3C webrtc-pc §4.2.1) for ``urls``: what a browser passes to
+    ``new RTCPeerConnection({iceServers: [...]})`` as it is."""
+    return {"urls": list(urls), "username": cred.username, "credential": cred.password}
+
+
+def whip_link_headers(cred: RestCredential, urls: list[str]) -> list[str]:
+    """The WHIP ``Link`` header values (RFC 9725 §4.6), one per URL: ``<url>;
+    rel="ice-server"; username="..."; credential="..."; credential-type="password"``.
+    Usernames are ``expiry:id`` of printable characters without ``"``; the credential is base64."""
+    if '"' in cred.username or "\\" in cred.username:
+        raise ValueError("a username for a Link header carries no quote or backslash")
+    return [
+        f'<{url}>; rel="ice-server"; username="{cred.username}"; '
+        f'credential="{cred.password}"; credential-type="password"'
+        for url in urls
+    ]
 
 
 def parse_rest_username_untrusted(username: str) -> tuple[int, str]:

@@ -58,3 +58,22 @@ def test_nonces_expire_and_are_bound_to_the_client() -> None:
     assert codec.check(c[len(NONCE_COOKIE):], 1000.0, client)[0] == "bad"
     for junk in ("", "!" * 12, "é" * 12, "A" * 11, NONCE_COOKIE):
         assert codec.check(junk, 1000.0, client)[0] == "bad"
+
+
+def test_ice_server_and_whip_link_headers_carry_the_minted_credential() -> None:
+    from appliance.proto.turn.credentials import ice_server, whip_link_headers
+
+    cred = mint_rest_credential(b"s3cret", "sess1", 2_000_000_000)
+    urls = ["turn:198.51.100.1:3478?transport=udp", "turn:198.51.100.1:3478?transport=tcp"]
+    assert ice_server(cred, urls) == {
+        "urls": urls,
+        "username": "2000000000:sess1",
+        "credential": rest_password(b"s3cret", "2000000000:sess1"),
+    }
+    links = whip_link_headers(cred, urls)
+    assert links[0] == (
+        '<turn:198.51.100.1:3478?transport=udp>; rel="ice-server"; '
+        f'username="2000000000:sess1"; credential="{cred.password}"; '
+        'credential-type="password"'
+    )
+    assert len(links) == 2
