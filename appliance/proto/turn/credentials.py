@@ -46,6 +46,7 @@ __all__ = [
     "mint_rest_credential",
     "parse_rest_username_untrusted",
     "rest_password",
+    "turn_urls",
     "whip_link_headers",
 ]
 
@@ -88,6 +89,22 @@ def ice_server(cred: RestCredential, urls: list[str]) -> dict[str, object]:
     """One RTCIceServer (W3C webrtc-pc §4.2.1) for ``urls``: what a browser passes to
     ``new RTCPeerConnection({iceServers: [...]})`` as it is."""
     return {"urls": list(urls), "username": cred.username, "credential": cred.password}
+
+
+def turn_urls(host: str, port: int, *, udp: bool = True, tcp: bool = True,
+              tls_port: int | None = None) -> list[str]:
+    """The ``turn:``/``turns:`` URLs (RFC 7065) of a server on ``host``: UDP and TCP on
+    ``port`` (the one actually listened on, or a proxy's), TLS on ``tls_port`` when given.
+    An IPv6 literal is bracketed."""
+    h = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    urls = []
+    if udp:
+        urls.append(f"turn:{h}:{port}?transport=udp")
+    if tcp:
+        urls.append(f"turn:{h}:{port}?transport=tcp")
+    if tls_port is not None:
+        urls.append(f"turns:{h}:{tls_port}?transport=tcp")
+    return urls
 
 
 def whip_link_headers(cred: RestCredential, urls: list[str]) -> list[str]:

@@ -77,3 +77,16 @@ def test_ice_server_and_whip_link_headers_carry_the_minted_credential() -> None:
         'credential-type="password"'
     )
     assert len(links) == 2
+
+
+def test_turn_urls_carry_the_port_and_bracket_ipv6() -> None:
+    from appliance.proto.turn.credentials import turn_urls
+
+    assert turn_urls("203.0.113.5", 3478) == [
+        "turn:203.0.113.5:3478?transport=udp",
+        "turn:203.0.113.5:3478?transport=tcp",
+    ]
+    assert turn_urls("2001:db8::1", 443, udp=False, tls_port=443) == [
+        "turn:[2001:db8::1]:443?transport=tcp",
+        "turns:[2001:db8::1]:443?transport=tcp",
+    ]
