@@ -324,6 +324,9 @@ async def test_two_worker_processes_share_the_tcp_port(
     finally:
         if proc.returncode is None:
             proc.kill()
+            with trio.CancelScope(shield=True):
+                await proc.wait()  # reaped here, not blamed on a later test's GC
+            await proc.aclose()
 
 
 async def test_ipv6_listener(nursery: trio.Nursery, start_relay: StartRelay) -> None:
