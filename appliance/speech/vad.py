@@ -29,7 +29,7 @@ number, a comma or an ellipsis, or has no words): the text vetoes the model, and
 silence bound ends the turn. A verdict that comes back after the caller spoke again, or
 after the turn ended, is stale and ignored. ``silence_duration_ms`` stays the bound: a turn the model calls unfinished (lists
 and numbers read so), or one whose shell never answers, still ends after that much
-silence. ``eagerness`` picks the (threshold, bound) pair (:data:`EAGERNESS`), and
+silence. ``eagerness`` picks the (threshold, bound, pause) (:data:`EAGERNESS`), and
 ``server_vad`` never asks (its exact meaning is unchanged). See docs/speech.md.
 
 Sans-IO in the house style: ``handle_input(now, pcm)`` (or ``handle_frame(now, pcm,
@@ -174,13 +174,19 @@ def make_vad(kind: str = "silero", *, threshold: float = 0.5) -> Vad:
 
 # -- turn detection (Realtime server_vad and semantic_vad) ---------------------------------
 
-#: Realtime ``semantic_vad.eagerness`` → (Smart Turn threshold, silence bound in ms). The
-#: threshold is P(complete) that ends the turn at a pause; the bound ends a turn the model
-#: calls unfinished. Chosen from bench/turn_bench.py (docs/speech.md has the figures): the
-#: bound must outlast a mid-sentence pause (300-700 ms of silence, plus Silero's ~100 ms
-#: release) or every pause the model gets wrong is a cut-off.
-EAGERNESS: dict[str, tuple[float, int]] = {
-    "low": (0.95, 1500), "medium": (0.8, 1000), "auto": (0.8, 1000), "high": (0.5, 700)}
+#: Realtime ``semantic_vad.eagerness`` → (Smart Turn threshold, silence bound in ms, pause in
+#: ms). The pause is the silence after which the model (and the STT) is asked; the
+#: threshold is P(complete) that ends the turn there; the bound ends a turn the model (or
+#: the transcript) calls unfinished. Chosen from bench/turn_bench.py --cutoffs
+#: (docs/speech.md has the figures): on mid-sentence pauses of 300-700 ms Smart Turn and
+#: Whisper both call about half of them complete, so only waiting them out gets the false
+#: cut-offs near 5 %: ``low`` asks after 600 ms of silence (0-5 % cut off, turn end p50
+#: ~900 ms); ``auto`` asks after 200 ms (20-35 % with the transcript, p50 ~500 ms); the
+#: bound must outlast a pause (plus Silero's ~100 ms release) or every wrong verdict is a
+#: cut-off.
+EAGERNESS: dict[str, tuple[float, int, int]] = {
+    "low": (0.8, 1000, 600), "medium": (0.8, 1000, 200), "auto": (0.8, 1000, 200),
+    "high": (0.5, 700, 200)}
 
 
 # -- the transcript as a second signal ------------------------------------------------------
@@ -260,9 +266,9 @@ class TurnConfig:
         """A semantic turn config for a Realtime ``eagerness`` (see :data:`EAGERNESS`)."""
         if eagerness not in EAGERNESS:
             raise ValueError(f"unknown eagerness {eagerness!r}")
-        threshold, bound = EAGERNESS[eagerness]
+        threshold, bound, pause = EAGERNESS[eagerness]
         return cls(semantic=True, semantic_threshold=threshold, silence_duration_ms=bound,
-                   **kw)
+                   pause_ms=pause, **kw)
 
     @classmethod
     def from_realtime(cls, td: dict[str, Any] | None, *, vad: str = "silero") -> TurnConfig | None:

@@ -107,12 +107,13 @@ def test_realtime_turn_detection_maps() -> None:
     assert not cfg.semantic  # server_vad keeps its meaning: silence alone
     high = TurnConfig.from_realtime({"type": "semantic_vad", "eagerness": "high"})
     assert high is not None and high.semantic
-    assert (high.semantic_threshold, high.silence_duration_ms) == EAGERNESS["high"]
+    assert (high.semantic_threshold, high.silence_duration_ms, high.pause_ms) == EAGERNESS["high"]
     auto = TurnConfig.from_realtime({"type": "semantic_vad", "create_response": False})
     assert auto == TurnConfig.semantic_vad("medium", create_response=False)
-    # Eagerer ends sooner: a lower threshold and a shorter bound.
+    # Eagerer ends sooner: never a higher threshold, a longer bound or a later question.
     lo, med, hi = EAGERNESS["low"], EAGERNESS["medium"], EAGERNESS["high"]
-    assert lo[0] > med[0] > hi[0] and lo[1] > med[1] > hi[1]
+    assert all(a >= b >= c for a, b, c in zip(lo, med, hi, strict=True))
+    assert lo != med != hi
     for bad in ({"type": "telepathy"}, {"threshold": 2}, {"silence_duration_ms": -1},
                 {"type": "semantic_vad", "eagerness": "eager"}):
         with pytest.raises(ValueError, match="unknown|between|0..10000"):
