@@ -22,14 +22,15 @@ before the detected start), ``silence_duration_ms`` (silence that ends the turn)
 :class:`EndOfTurnQuery` (the turn's last 8 s at 16 kHz) and goes on with the frames; the
 shell runs Smart Turn (appliance/speech/endpoint.py, ~50 ms) off the loop and answers with
 ``handle_verdict(now, query_id, probability, transcript)``. A probability at or above
-``semantic_threshold`` while the caller is still silent ends the turn at once, unless the
+``semantic_threshold`` (``words_threshold`` when a transcript comes with it) while the
+caller is still silent ends the turn at once, unless the
 shell's speculative transcript of the turn so far (Whisper's, decoded at the same pause:
 listen.py) reads as cut short (:func:`unfinished`: it ends on "to", "and", "the", a
 number, a comma or an ellipsis, or has no words): the text vetoes the model, and the
 silence bound ends the turn. A verdict that comes back after the caller spoke again, or
 after the turn ended, is stale and ignored. ``silence_duration_ms`` stays the bound: a turn the model calls unfinished (lists
 and numbers read so), or one whose shell never answers, still ends after that much
-silence. ``eagerness`` picks the (threshold, bound, pause) (:data:`EAGERNESS`), and
+silence. ``eagerness`` picks the thresholds, bound and pause (:data:`EAGERNESS`), and
 ``server_vad`` never asks (its exact meaning is unchanged). See docs/speech.md.
 
 Sans-IO in the house style: ``handle_input(now, pcm)`` (or ``handle_frame(now, pcm,
@@ -175,18 +176,21 @@ def make_vad(kind: str = "silero", *, threshold: float = 0.5) -> Vad:
 # -- turn detection (Realtime server_vad and semantic_vad) ---------------------------------
 
 #: Realtime ``semantic_vad.eagerness`` → (Smart Turn threshold, silence bound in ms, pause in
-#: ms). The pause is the silence after which the model (and the STT) is asked; the
+#: ms, threshold with a transcript). The pause is the silence after which the model (and the STT) is asked; the
 #: threshold is P(complete) that ends the turn there; the bound ends a turn the model (or
 #: the transcript) calls unfinished. Chosen from bench/turn_bench.py --cutoffs
 #: (docs/speech.md has the figures): on mid-sentence pauses of 300-700 ms Smart Turn and
 #: Whisper both call about half of them complete, so only waiting them out gets the false
-#: cut-offs near 5 %: ``low`` asks after 600 ms of silence (0-5 % cut off, turn end p50
-#: ~900 ms); ``auto`` asks after 200 ms (20-35 % with the transcript, p50 ~500 ms); the
+#: cut-offs near 5 %: ``low`` asks after 600 ms of silence (0-10 % cut off, turn end p50
+#: ~900 ms); ``auto`` asks after 200 ms (25-50 % with the transcript, p50 ~500 ms); the
 #: bound must outlast a pause (plus Silero's ~100 ms release) or every wrong verdict is a
 #: cut-off.
-EAGERNESS: dict[str, tuple[float, int, int]] = {
-    "low": (0.8, 1000, 600), "medium": (0.8, 1000, 200), "auto": (0.8, 1000, 200),
-    "high": (0.5, 700, 200)}
+#: The fourth value is the threshold when the verdict comes with the pause's transcript:
+#: with the words able to veto, 0.8 cut off as many phrases as 0.5, or one fewer, in five
+#: runs on both phrase sets, and made more turns wait for the bound.
+EAGERNESS: dict[str, tuple[float, int, int, float]] = {
+    "low": (0.8, 1000, 600, 0.5), "medium": (0.8, 1000, 200, 0.5),
+    "auto": (0.8, 1000, 200, 0.5), "high": (0.5, 700, 200, 0.5)}
 
 
 # -- the transcript as a second signal ------------------------------------------------------
@@ -248,6 +252,9 @@ class TurnConfig:
     semantic: bool = False
     #: P(complete) at or above which a pause ends the turn.
     semantic_threshold: float = 0.5
+    #: The same when the verdict comes with the pause's transcript (which can veto it);
+    #: None: ``semantic_threshold``.
+    words_threshold: float | None = None
     #: Silence (ms) after which a pause is put to the model.
     pause_ms: int = 200
     #: Silence (ms) at which a pause the model called unfinished is put to it again
@@ -266,9 +273,9 @@ class TurnConfig:
         """A semantic turn config for a Realtime ``eagerness`` (see :data:`EAGERNESS`)."""
         if eagerness not in EAGERNESS:
             raise ValueError(f"unknown eagerness {eagerness!r}")
-        threshold, bound, pause = EAGERNESS[eagerness]
+        threshold, bound, pause, words = EAGERNESS[eagerness]
         return cls(semantic=True, semantic_threshold=threshold, silence_duration_ms=bound,
-                   pause_ms=pause, **kw)
+                   pause_ms=pause, words_threshold=words, **kw)
 
     @classmethod
     def from_realtime(cls, td: dict[str, Any] | None, *, vad: str = "silero") -> TurnConfig | None:
@@ -350,7 +357,7 @@ class TurnDetector:
         c = self.config
         self.vad: Vad | None = vad if vad is not None or c.vad == "flag" else make_vad(
             c.vad, threshold=c.threshold)
-        if not 0.0 <= c.semantic_threshold <= 1.0:
+        if not all(0.0 <= t <= 1.0 for t in (c.semantic_threshold, c.words_threshold or 0)):
             raise ValueError("semantic_threshold must be between 0 and 1")
         self._min_frames = max(1, -(-c.min_speech_ms // FRAME_MS))
         # prefix_padding_ms of audio *before* the speech that opens the turn, and that speech
@@ -379,6 +386,7 @@ class TurnDetector:
         # words will not change while the caller is silent), a verdict said unfinished.
         self._vetoed = False
         self._reask = False
+        self._words = False  # this pause's verdict came with a transcript
         #: The last verdict taken (not stale), for metrics and tests.
         self.last_probability: float | None = None
         #: Complete verdicts the transcript overruled (:func:`unfinished`).
@@ -419,7 +427,7 @@ class TurnDetector:
             self._query = None
             self._pause = None
             self._asked = False
-            self._vetoed = self._reask = False
+            self._vetoed = self._reask = self._words = False
             return
         self._silent += 1
         if self._silent >= self._silence_frames:
@@ -457,9 +465,15 @@ class TurnDetector:
             return  # the caller spoke again, or the turn already ended
         self._query = None
         self.last_probability = probability
+        c = self.config
+        threshold = c.semantic_threshold
+        if transcript is not None:
+            self._words = True
+        if self._words and c.words_threshold is not None:
+            threshold = c.words_threshold  # the words will veto what they contradict
         if transcript is not None and unfinished(transcript):
             self._vetoed = True
-        if probability < self.config.semantic_threshold:
+        if probability < threshold:
             # Unfinished by the model: the bound ends it, or a second question (once a
             # pause, and not when the words already said unfinished).
             self._reask = bool(self._reask_frames) and query_id == self._pause \
@@ -474,7 +488,7 @@ class TurnDetector:
         self._run = 0
         self._query = None
         self._asked = False
-        self._vetoed = self._reask = False
+        self._vetoed = self._reask = self._words = False
         self._out.append(SpeechStopped(now, self._speech_end_ms(), self._pause))
         self._pause = None
         self._silent = 0

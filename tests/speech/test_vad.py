@@ -107,7 +107,8 @@ def test_realtime_turn_detection_maps() -> None:
     assert not cfg.semantic  # server_vad keeps its meaning: silence alone
     high = TurnConfig.from_realtime({"type": "semantic_vad", "eagerness": "high"})
     assert high is not None and high.semantic
-    assert (high.semantic_threshold, high.silence_duration_ms, high.pause_ms) == EAGERNESS["high"]
+    assert (high.semantic_threshold, high.silence_duration_ms, high.pause_ms,
+            high.words_threshold) == EAGERNESS["high"]
     auto = TurnConfig.from_realtime({"type": "semantic_vad", "create_response": False})
     assert auto == TurnConfig.semantic_vad("medium", create_response=False)
     # Eagerer ends sooner: never a higher threshold, a longer bound or a later question.
@@ -391,3 +392,42 @@ def test_server_vad_and_speculation_never_ask_again() -> None:
     d.feed(QUIET, 60)
     (q,) = d.of(EndOfTurnQuery)
     assert not q.again and len(d.of(SpeechStopped)) == 1
+
+
+WORDS = TurnConfig(semantic=True, semantic_threshold=0.8, words_threshold=0.5, pause_ms=200,
+                   reask_ms=500, silence_duration_ms=1000, prefix_padding_ms=100)
+
+
+def test_with_words_a_lower_probability_ends_the_turn() -> None:
+    """The words veto what they contradict, so the model need only lean complete."""
+    d = Driver(WORDS)
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 10)
+    (q,) = d.of(EndOfTurnQuery)
+    d.verdict(q, 0.6, "Turn the music down.")
+    (stop,) = d.of(SpeechStopped)
+    assert stop.pause == q.query_id
+
+
+def test_without_words_the_model_threshold_holds() -> None:
+    """The Realtime machine passes no transcript: 0.6 is under its 0.8."""
+    d = Driver(WORDS)
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 10)
+    (q,) = d.of(EndOfTurnQuery)
+    d.verdict(q, 0.6)
+    d.feed(QUIET, 10)
+    assert not d.of(SpeechStopped)
+
+
+def test_a_second_question_keeps_the_words_threshold_of_its_pause() -> None:
+    d = Driver(WORDS)
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 10)
+    (q1,) = d.of(EndOfTurnQuery)
+    d.verdict(q1, 0.3, "Let me think.")
+    d.feed(QUIET, 15)
+    _, q2 = d.of(EndOfTurnQuery)
+    d.verdict(q2, 0.6)  # no words with a second question: the pause had them
+    (stop,) = d.of(SpeechStopped)
+    assert stop.pause == q1.query_id
