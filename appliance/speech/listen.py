@@ -19,7 +19,12 @@ side in worker threads (``trio.to_thread``; ~50-150 ms of CPU each, never on the
 carries the other calls' frames):
 
 * **the verdict** (semantic mode): Smart Turn's P(complete), handed back with
-  ``handle_verdict`` the moment it is ready;
+  ``handle_verdict`` together with the pause's speculative transcript (below) once both
+  are ready, so the detector can overrule a "complete" that the words contradict ("I would
+  like to…": :func:`~appliance.speech.vad.unfinished`). Whisper's short window and the
+  model take about as long (~50-150 ms each, on two cores side by side), and the reply
+  needs that transcript anyway, so waiting for it costs the caller little. A second
+  question about the same pause (``EndOfTurnQuery.again``) starts no new transcript;
 * **a speculative transcript**: the STT stream's decode of the audio so far
   (``stream.speculate()``, engines that have one), yielded at once as a
   :class:`TranscriptPartial` while the turn is still open (Whisper's partials: one per
@@ -155,15 +160,26 @@ class _Hearing:
     async def ask(self, query: EndOfTurnQuery) -> None:
         assert self.model is not None
         try:
-            p = await trio.to_thread.run_sync(self.model.probability, query.audio16k)
-        except Exception:  # the model failed: the silence bound ends the turn
-            log.warning("end-of-turn model failed; the silence bound ends this turn",
-                        exc_info=True)
-            return
+            try:
+                p = await trio.to_thread.run_sync(self.model.probability, query.audio16k)
+            except Exception:  # the model failed: the silence bound ends the turn
+                log.warning("end-of-turn model failed; the silence bound ends this turn",
+                            exc_info=True)
+                return
+            # The pause's transcript goes with the verdict (None: no guess was started, or
+            # it failed, and the model decides alone).
+            text = await self._guess_of(query.query_id)
+            # Stamped like every detector event: the time of the last frame it has seen.
+            self.detector.handle_verdict(self.now, query.query_id, p, text)
         finally:
             self.busy -= 1
-        # Stamped like every detector event: the time of the last frame it has seen.
-        self.detector.handle_verdict(self.now, query.query_id, p)
+
+    async def _guess_of(self, pause: int) -> str | None:
+        """The speculative transcript started at ``pause``, waiting for it if it is still
+        decoding (without taking it: the end of the turn may still use it)."""
+        while pause in self.guesses and self.guesses[pause] is None:
+            await self.guessed.wait()
+        return self.guesses.get(pause)
 
     async def guess(self, query: EndOfTurnQuery, stream: Any,
                     out: list[HearingEvent]) -> None:
@@ -190,7 +206,7 @@ class _Hearing:
             if self.model is not None and self.detector.config.semantic:
                 self.busy += 1
                 nursery.start_soon(self.ask, ev)
-            if (self.detector.config.speculate and self.stream is not None
+            if (self.detector.config.speculate and not ev.again and self.stream is not None
                     and hasattr(self.stream, "speculate")):
                 self.busy += 1
                 self.guesses[ev.query_id] = None
@@ -236,9 +252,9 @@ class _Hearing:
         is still decoding); None if there is none."""
         if pause is None:
             return None
-        while pause in self.guesses and self.guesses[pause] is None:
-            await self.guessed.wait()
-        return self.guesses.pop(pause, None)
+        text = await self._guess_of(pause)
+        self.guesses.pop(pause, None)
+        return text
 
     async def take(self, frame: Any, out: list[HearingEvent]) -> bool:
         """Feed one frame; True when an :class:`EndOfTurnQuery` asks for a window."""

@@ -21,24 +21,30 @@ before the detected start), ``silence_duration_ms`` (silence that ends the turn)
 ``pause_ms`` of silence inside a turn the detector asks whether the turn is complete with an
 :class:`EndOfTurnQuery` (the turn's last 8 s at 16 kHz) and goes on with the frames; the
 shell runs Smart Turn (appliance/speech/endpoint.py, ~50 ms) off the loop and answers with
-``handle_verdict(now, query_id, probability)``. A probability at or above
-``semantic_threshold`` while the caller is still silent ends the turn at once; a verdict
-that comes back after the caller spoke again, or after the turn ended, is stale and
-ignored. ``silence_duration_ms`` stays the bound: a turn the model calls unfinished (lists
+``handle_verdict(now, query_id, probability, transcript)``. A probability at or above
+``semantic_threshold`` (``words_threshold`` when a transcript comes with it) while the
+caller is still silent ends the turn at once, unless the
+shell's speculative transcript of the turn so far (Whisper's, decoded at the same pause:
+listen.py) reads as cut short (:func:`unfinished`: it ends on "to", "and", "the", a
+number, a comma or an ellipsis, or has no words): the text vetoes the model, and the
+silence bound ends the turn. A verdict that comes back after the caller spoke again, or
+after the turn ended, is stale and ignored. ``silence_duration_ms`` stays the bound: a turn the model calls unfinished (lists
 and numbers read so), or one whose shell never answers, still ends after that much
-silence. ``eagerness`` picks the (threshold, bound) pair (:data:`EAGERNESS`), and
+silence. ``eagerness`` picks the thresholds, bound and pause (:data:`EAGERNESS`), and
 ``server_vad`` never asks (its exact meaning is unchanged). See docs/speech.md.
 
 Sans-IO in the house style: ``handle_input(now, pcm)`` (or ``handle_frame(now, pcm,
 speech)`` with a flag judged elsewhere: ``TurnConfig(vad="flag")``, the Realtime machine's
-way), then ``poll_output()`` until ``None``; ``handle_verdict`` is the second input. The
-detector never runs the model. One engine for every surface: the ctx voice loop
+way), then ``poll_output()`` until ``None``; ``handle_verdict`` is the second input (the model's
+probability and, when the shell has one, the pause's transcript). The detector never runs
+the model or the STT. One engine for every surface: the ctx voice loop
 (listen.py) and the Realtime machine (appliance/realtime/machine.py) both take their turns
 from it.
 
     frames ──handle_input──▶ TurnDetector ──poll_output──▶ SpeechStarted, SpeechAudio,
                                ▲                          EndOfTurnQuery ─┐  SpeechStopped
-                               └──handle_verdict(now, query_id, p)◀── model in a thread
+                               └──handle_verdict(now, query_id, p, text)◀── model (+ STT)
+                                                                     in threads
 """
 
 from __future__ import annotations
@@ -176,13 +182,64 @@ def make_vad(kind: str = "silero", *, threshold: float = 0.5) -> Vad:
 
 # -- turn detection (Realtime server_vad and semantic_vad) ---------------------------------
 
-#: Realtime ``semantic_vad.eagerness`` → (Smart Turn threshold, silence bound in ms). The
-#: threshold is P(complete) that ends the turn at a pause; the bound ends a turn the model
-#: calls unfinished. Chosen from bench/turn_bench.py (docs/speech.md has the figures): the
-#: bound must outlast a mid-sentence pause (300-700 ms of silence, plus Silero's ~100 ms
-#: release) or every pause the model gets wrong is a cut-off.
-EAGERNESS: dict[str, tuple[float, int]] = {
-    "low": (0.95, 1500), "medium": (0.8, 1000), "auto": (0.8, 1000), "high": (0.5, 700)}
+#: Realtime ``semantic_vad.eagerness`` → (Smart Turn threshold, silence bound in ms, pause in
+#: ms, threshold with a transcript). The pause is the silence after which the model (and the STT) is asked; the
+#: threshold is P(complete) that ends the turn there; the bound ends a turn the model (or
+#: the transcript) calls unfinished. Chosen from bench/turn_bench.py --cutoffs
+#: (docs/speech.md has the figures): on mid-sentence pauses of 300-700 ms Smart Turn and
+#: Whisper both call about half of them complete, so only waiting them out gets the false
+#: cut-offs near 5 %: ``low`` asks after 600 ms of silence (0-10 % cut off, turn end p50
+#: ~900 ms); ``auto`` asks after 200 ms (25-50 % with the transcript, p50 ~500 ms); the
+#: bound must outlast a pause (plus Silero's ~100 ms release) or every wrong verdict is a
+#: cut-off.
+#: The fourth value is the threshold when the verdict comes with the pause's transcript:
+#: with the words able to veto, 0.8 cut off as many phrases as 0.5, or one fewer, in five
+#: runs on both phrase sets, and made more turns wait for the bound.
+EAGERNESS: dict[str, tuple[float, int, int, float]] = {
+    "low": (0.8, 1000, 600, 0.5), "medium": (0.8, 1000, 200, 0.5),
+    "auto": (0.8, 1000, 200, 0.5), "high": (0.5, 700, 200, 0.5)}
+
+
+# -- the transcript as a second signal ------------------------------------------------------
+
+#: Words an utterance does not end on: articles and possessives, conjunctions, "to", the
+#: copula, fillers. Smart Turn hears prosody and words, and calls "send the report to |"
+#: complete at 0.94-0.98 on the bench's voice; Whisper's transcript of the same pause says
+#: "to". Left out on purpose: "so", "on", "in", "that", "this" ("I think so.", "Hold on.",
+#: "Count me in.", "I like that." end turns).
+DANGLING_WORDS = frozenset(
+    "a an the my your our their its and or but nor because if than to "
+    "um uh uhm er erm hmm mm".split())
+#: Also dangling at the end of a statement, but not of a question, where English strands
+#: them ("Where are you from?", "What is it for?").
+DANGLING_IN_STATEMENTS = frozenset("of for at with from into onto about is are was were am".split())
+#: A number read out is often read in groups ("five five five, … one two three four"):
+#: one that ends the transcript is taken as not yet finished (Vapi's endpointing waits
+#: longer after a number for the same reason).
+NUMBER_WORDS = frozenset(
+    "zero oh one two three four five six seven eight nine ten eleven twelve thirteen "
+    "fourteen fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty "
+    "seventy eighty ninety hundred thousand million".split())
+
+
+def unfinished(transcript: str) -> bool:
+    """Whether a speculative transcript of the turn so far reads as cut short, so that a
+    "complete" verdict at this pause should not end the turn. Whisper punctuates what it
+    hears: a finished sentence ends in ``.``, ``?`` or ``!``; a trailing-off one in ``...``,
+    a comma, or nothing. Unfinished: no words at all (a filler, a breath: nothing to answer
+    yet), no closing punctuation, an ellipsis or a comma at the end, a last word from
+    :data:`DANGLING_WORDS` (or :data:`DANGLING_IN_STATEMENTS` outside a question), or a
+    number (a digit or a number word) last."""
+    text = transcript.strip()
+    if text.endswith(("...", "…")) or not text.endswith((".", "?", "!")):
+        return True  # also "" (no words)
+    words = "".join(c if c.isalnum() or c == "'" else " " for c in text.lower()).split()
+    if not words:
+        return True
+    last = words[-1]
+    if last in DANGLING_WORDS or last.isdigit() or last in NUMBER_WORDS:
+        return True
+    return not text.endswith("?") and last in DANGLING_IN_STATEMENTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,8 +259,14 @@ class TurnConfig:
     semantic: bool = False
     #: P(complete) at or above which a pause ends the turn.
     semantic_threshold: float = 0.5
+    #: The same when the verdict comes with the pause's transcript (which can veto it);
+    #: None: ``semantic_threshold``.
+    words_threshold: float | None = None
     #: Silence (ms) after which a pause is put to the model.
     pause_ms: int = 200
+    #: Silence (ms) at which a pause the model called unfinished is put to it again
+    #: (P(complete) can rise as the silence goes on); 0: one question per pause.
+    reask_ms: int = 0
     #: Emit :class:`EndOfTurnQuery` at pauses even without the model (``server_vad``), for a
     #: shell that starts work there (listen.py transcribes speculatively); no verdict needed.
     speculate: bool = False
@@ -217,9 +280,9 @@ class TurnConfig:
         """A semantic turn config for a Realtime ``eagerness`` (see :data:`EAGERNESS`)."""
         if eagerness not in EAGERNESS:
             raise ValueError(f"unknown eagerness {eagerness!r}")
-        threshold, bound = EAGERNESS[eagerness]
+        threshold, bound, pause, words = EAGERNESS[eagerness]
         return cls(semantic=True, semantic_threshold=threshold, silence_duration_ms=bound,
-                   **kw)
+                   pause_ms=pause, words_threshold=words, **kw)
 
     @classmethod
     def from_realtime(cls, td: dict[str, Any] | None, *, vad: str = "silero") -> TurnConfig | None:
@@ -280,6 +343,10 @@ class EndOfTurnQuery:
     at: float
     audio_end_ms: int  # where the speech before the pause ended
     audio16k: bytes = field(repr=False)  # the turn so far (last 8 s), pause included
+    #: A second question about the same pause (``TurnConfig.reask_ms``): the words have not
+    #: changed, so a shell starts no new transcript for it, and the pause's first query is
+    #: the one ``SpeechStopped.pause`` names.
+    again: bool = False
 
 
 TurnEvent = SpeechStarted | SpeechAudio | SpeechStopped | EndOfTurnQuery
@@ -297,7 +364,7 @@ class TurnDetector:
         c = self.config
         self.vad: Vad | None = vad if vad is not None or c.vad == "flag" else make_vad(
             c.vad, threshold=c.threshold)
-        if not 0.0 <= c.semantic_threshold <= 1.0:
+        if not all(0.0 <= t <= 1.0 for t in (c.semantic_threshold, c.words_threshold or 0)):
             raise ValueError("semantic_threshold must be between 0 and 1")
         self._min_frames = max(1, -(-c.min_speech_ms // FRAME_MS))
         # prefix_padding_ms of audio *before* the speech that opens the turn, and that speech
@@ -305,6 +372,9 @@ class TurnDetector:
             maxlen=max(0, c.prefix_padding_ms // FRAME_MS) + self._min_frames)
         self._silence_frames = max(1, -(-(c.silence_duration_ms - c.release_ms) // FRAME_MS))
         self._pause_frames = max(1, -(-(c.pause_ms - c.release_ms) // FRAME_MS))
+        self._reask_frames = (max(self._pause_frames + 1,
+                                  -(-(c.reask_ms - c.release_ms) // FRAME_MS))
+                              if c.reask_ms and c.semantic else 0)
         self._frames = 0  # frames seen
         self._run = 0  # consecutive speech frames while idle
         self._silent = 0  # consecutive silent frames while in a turn
@@ -319,8 +389,15 @@ class TurnDetector:
         self._asked = False
         self._queries = 0
         self._pause: int | None = None  # the query of the pause we are in, if asked
+        # This pause's state for a second question: its transcript vetoed the model (the
+        # words will not change while the caller is silent), a verdict said unfinished.
+        self._vetoed = False
+        self._reask = False
+        self._words = False  # this pause's verdict came with a transcript
         #: The last verdict taken (not stale), for metrics and tests.
         self.last_probability: float | None = None
+        #: Complete verdicts the transcript overruled (:func:`unfinished`).
+        self.vetoes = 0
 
     def handle_input(self, now: float, pcm: bytes) -> None:
         """One 20 ms frame, judged by the detector's own :class:`Vad`."""
@@ -357,6 +434,7 @@ class TurnDetector:
             self._query = None
             self._pause = None
             self._asked = False
+            self._vetoed = self._reask = self._words = False
             return
         self._silent += 1
         if self._silent >= self._silence_frames:
@@ -370,18 +448,46 @@ class TurnDetector:
             self._query = self._queries if self.config.semantic else None
             audio = bytes(self._audio16k[-QUERY_BYTES:]) if self.config.semantic else b""
             self._out.append(EndOfTurnQuery(self._queries, now, self._speech_end_ms(), audio))
+        elif self._reask and self._silent >= self._reask_frames:
+            # Once a pause, and only when the model said unfinished and the words did not:
+            # a second look with more silence in the window.
+            self._reask = False
+            self._queries += 1
+            self._query = self._queries
+            self._out.append(EndOfTurnQuery(self._queries, now, self._speech_end_ms(),
+                                            bytes(self._audio16k[-QUERY_BYTES:]), again=True))
 
-    def handle_verdict(self, now: float, query_id: int, probability: float) -> None:
-        """The model's P(complete) for :class:`EndOfTurnQuery` ``query_id``. Ends the turn
-        now if it reaches the threshold and the query still stands (the caller has been
-        silent since it was asked); a stale verdict is ignored."""
+    def handle_verdict(self, now: float, query_id: int, probability: float,
+                       transcript: str | None = None) -> None:
+        """The model's P(complete) for :class:`EndOfTurnQuery` ``query_id``, with the
+        shell's speculative transcript of the turn at that pause if it has one (None: it
+        has none; the model decides alone). Ends the turn now if the probability reaches
+        the threshold, the transcript does not read as cut short (:func:`unfinished`), and
+        the query still stands (the caller has been silent since it was asked); a stale
+        verdict is ignored. A second question about the pause (``again``) needs no
+        transcript: the first one's ruling holds until the caller speaks."""
         if not 0 < query_id <= self._queries:
             raise ValueError(f"no EndOfTurnQuery {query_id} was asked")
         if query_id != self._query:
             return  # the caller spoke again, or the turn already ended
         self._query = None
         self.last_probability = probability
-        if probability >= self.config.semantic_threshold:
+        c = self.config
+        threshold = c.semantic_threshold
+        if transcript is not None:
+            self._words = True
+        if self._words and c.words_threshold is not None:
+            threshold = c.words_threshold  # the words will veto what they contradict
+        if transcript is not None and unfinished(transcript):
+            self._vetoed = True
+        if probability < threshold:
+            # Unfinished by the model: the bound ends it, or a second question (once a
+            # pause, and not when the words already said unfinished).
+            self._reask = bool(self._reask_frames) and query_id == self._pause \
+                and not self._vetoed
+        elif self._vetoed:
+            self.vetoes += 1  # complete by the model, cut short by the words: the bound
+        else:
             self._stop(now)
 
     def _stop(self, now: float) -> None:
@@ -389,6 +495,7 @@ class TurnDetector:
         self._run = 0
         self._query = None
         self._asked = False
+        self._vetoed = self._reask = self._words = False
         self._out.append(SpeechStopped(now, self._speech_end_ms(), self._pause))
         self._pause = None
         self._silent = 0

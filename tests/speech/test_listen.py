@@ -18,6 +18,7 @@ from appliance.speech import (
     make_stt,
 )
 from appliance.speech.listen import speculation
+from appliance.speech.vad import TurnDetector
 
 
 async def test_ctx_transcripts_yields_turns_and_words() -> None:
@@ -204,3 +205,78 @@ async def test_without_speculation_the_stream_finishes_after_the_turn() -> None:
             turn=TurnConfig(vad="energy", silence_duration_ms=500), stt=engine)]
     (final,) = [e for e in got if isinstance(e, TranscriptFinal)]
     assert final.text.startswith("final@") and engine.finished == 1
+
+
+class WordsEngine:
+    """An STT engine whose speculative transcript is always ``words`` (after a checkpoint,
+    as a worker thread would take a while), and whose final one says so."""
+
+    name = "words"
+
+    def __init__(self, words: str) -> None:
+        self.words = words
+        self.guessed = 0
+
+    def stream(self, *, language: str | None = None, prompt: str | None = None) -> Any:
+        engine = self
+
+        class Stream:
+            cpu_seconds = 0.0
+
+            async def feed(self, pcm: bytes) -> None:
+                pass
+
+            async def speculate(self) -> str:
+                await trio.lowlevel.checkpoint()
+                engine.guessed += 1
+                return engine.words
+
+            async def finish(self) -> str:
+                return "finished"
+
+            async def aclose(self) -> None:
+                pass
+
+        return Stream()
+
+
+async def _semantic_turn(words: str) -> tuple[list[Any], TurnDetector, WordsEngine]:
+    """One phrase and 1.5 s of silence, frames on a 20 ms grid, a model that calls every
+    pause complete, and a speculating engine that hears ``words``."""
+    host = AgentHost(max_inbound_frames=10_000)
+    ctx = AgentContext(host, AgentIdentity("t", "s1"))
+    audio = frames(silence(0.3) + _trimmed("send the report to") + silence(1.5))
+
+    async def caller() -> None:
+        for i, f in enumerate(audio):
+            host.push_frame(Frame(f, i * 0.02, i * 0.02, speech=False))
+            await trio.sleep(0.02)  # real-time pacing of a media source, not test sync
+        host.close("done")
+
+    detector = TurnDetector(TurnConfig.semantic_vad("auto", speculate=True))
+    engine = WordsEngine(words)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(caller)
+        with trio.fail_after(120):
+            got = [ev async for ev in ctx.transcripts(
+                detector=detector, stt=engine, endpoint=SureEndpoint())]  # type: ignore[arg-type]
+    return got, detector, engine
+
+
+async def test_the_pause_transcript_goes_with_the_verdict_and_can_veto_it() -> None:
+    """Issue 38 item 2: the model says complete, the pause's transcript ends on "to": the
+    detector is handed both, keeps the turn open, and the silence bound (1000 ms) ends it;
+    the transcript made at that pause is still the final one."""
+    got, detector, engine = await _semantic_turn("Send the report to...")
+    (stop,) = [e for e in got if isinstance(e, UserSpeechStopped)]
+    (final,) = [e for e in got if isinstance(e, TranscriptFinal)]
+    assert detector.vetoes == 1 and detector.last_probability == 1.0
+    assert stop.at - stop.audio_end_ms / 1000 >= 0.9  # the bound, not the verdict
+    assert final.text == "Send the report to..." and engine.guessed == 1
+
+
+async def test_finished_words_let_the_verdict_end_the_turn() -> None:
+    got, detector, engine = await _semantic_turn("Send the report to Anna.")
+    (final,) = [e for e in got if isinstance(e, TranscriptFinal)]
+    assert detector.vetoes == 0 and detector.last_probability == 1.0
+    assert final.text == "Send the report to Anna." and engine.guessed == 1

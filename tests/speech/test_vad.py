@@ -19,6 +19,7 @@ from appliance.speech.vad import (
     Vad,
     make_vad,
     silero_session,
+    unfinished,
 )
 
 
@@ -106,12 +107,14 @@ def test_realtime_turn_detection_maps() -> None:
     assert not cfg.semantic  # server_vad keeps its meaning: silence alone
     high = TurnConfig.from_realtime({"type": "semantic_vad", "eagerness": "high"})
     assert high is not None and high.semantic
-    assert (high.semantic_threshold, high.silence_duration_ms) == EAGERNESS["high"]
+    assert (high.semantic_threshold, high.silence_duration_ms, high.pause_ms,
+            high.words_threshold) == EAGERNESS["high"]
     auto = TurnConfig.from_realtime({"type": "semantic_vad", "create_response": False})
     assert auto == TurnConfig.semantic_vad("medium", create_response=False)
-    # Eagerer ends sooner: a lower threshold and a shorter bound.
+    # Eagerer ends sooner: never a higher threshold, a longer bound or a later question.
     lo, med, hi = EAGERNESS["low"], EAGERNESS["medium"], EAGERNESS["high"]
-    assert lo[0] > med[0] > hi[0] and lo[1] > med[1] > hi[1]
+    assert all(a >= b >= c for a, b, c in zip(lo, med, hi, strict=True))
+    assert lo != med != hi
     for bad in ({"type": "telepathy"}, {"threshold": 2}, {"silence_duration_ms": -1},
                 {"type": "semantic_vad", "eagerness": "eager"}):
         with pytest.raises(ValueError, match="unknown|between|0..10000"):
@@ -152,8 +155,8 @@ class Driver:
         while (ev := self.det.poll_output()) is not None:
             self.events.append(ev)
 
-    def verdict(self, query: EndOfTurnQuery, p: float) -> None:
-        self.det.handle_verdict(self.now, query.query_id, p)
+    def verdict(self, query: EndOfTurnQuery, p: float, text: str | None = None) -> None:
+        self.det.handle_verdict(self.now, query.query_id, p, text)
         self.drain()
 
     def of(self, kind: type) -> list:  # type: ignore[type-arg]
@@ -244,3 +247,187 @@ def test_semantic_query_carries_at_most_the_models_window() -> None:
     d.feed(QUIET, 10)
     (q,) = d.of(EndOfTurnQuery)
     assert len(q.audio16k) == 8 * 16_000 * 2
+
+
+# -- the transcript as a second signal, and a second question (issue 38 item 2) ------------
+
+
+@pytest.mark.parametrize("text", [
+    "I would like to...", "I would like to", "And then we…", "We need milk, eggs,",
+    "Send the report to.", "I'd like to book a table for.", "What I really want is a.",
+    "My number is 555.", "My number is five five five.", "The address is twelve.",
+    "Um.", "The meeting is at.", "", "   ", "...", "Let me see the",
+    "Is it the?",  # articles and conjunctions dangle in a question too
+])
+def test_transcripts_that_read_as_cut_short(text: str) -> None:
+    assert unfinished(text)
+
+
+@pytest.mark.parametrize("text", [
+    "Yes.", "No thanks.", "What time is it?", "Okay, thank you.", "I think so.",
+    "Hold on.", "I like that.", "Send the report to Anna and Peter.",
+    "Where are you from?", "What is it for?",  # a question may end on a preposition
+    "Turn the music down!", "That's all.",
+])
+def test_transcripts_that_read_as_finished(text: str) -> None:
+    assert not unfinished(text)
+
+
+def test_a_complete_verdict_the_words_contradict_waits_for_the_bound() -> None:
+    """Smart Turn calls "send the report to |" complete (0.94-0.98 on the bench voice);
+    the pause's transcript ends on "to", so the turn goes on to the silence bound."""
+    d = Driver(SEMANTIC)
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 10)
+    (q,) = d.of(EndOfTurnQuery)
+    d.verdict(q, 0.97, "Send the report to...")
+    assert not d.of(SpeechStopped) and d.det.in_turn and d.det.vetoes == 1
+    d.feed(QUIET, 39)
+    assert not d.of(SpeechStopped)
+    d.feed(QUIET)
+    (stop,) = d.of(SpeechStopped)
+    assert stop.at == pytest.approx(0.4 + 1.0 - 0.02) and stop.pause == q.query_id
+
+
+def test_a_complete_verdict_with_finished_words_ends_the_turn() -> None:
+    d = Driver(SEMANTIC)
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 10)
+    (q,) = d.of(EndOfTurnQuery)
+    d.verdict(q, 0.97, "Send the report to Anna.")
+    (stop,) = d.of(SpeechStopped)
+    assert stop.pause == q.query_id and d.det.vetoes == 0
+
+
+def test_a_veto_lasts_for_its_pause_only() -> None:
+    """The next pause is judged afresh: its own verdict and its own words."""
+    d = Driver(SEMANTIC)
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 10)
+    (q1,) = d.of(EndOfTurnQuery)
+    d.verdict(q1, 0.99, "I would like to...")
+    d.feed(SPEECH, 20)  # "… order a large pizza."
+    d.feed(QUIET, 10)
+    _, q2 = d.of(EndOfTurnQuery)
+    d.verdict(q2, 0.99, "I would like to order a large pizza.")
+    (stop,) = d.of(SpeechStopped)
+    assert stop.pause == q2.query_id
+
+
+def test_an_unfinished_transcript_never_makes_a_turn_end_sooner() -> None:
+    """The words only veto: an incomplete verdict with finished words still waits."""
+    d = Driver(SEMANTIC)
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 10)
+    (q,) = d.of(EndOfTurnQuery)
+    d.verdict(q, 0.2, "Yes.")
+    d.feed(QUIET, 30)
+    assert not d.of(SpeechStopped) and d.det.vetoes == 0
+
+
+REASK = TurnConfig(semantic=True, semantic_threshold=0.5, pause_ms=200, reask_ms=500,
+                   silence_duration_ms=1000, prefix_padding_ms=100)
+
+
+def test_an_unfinished_pause_is_asked_again_later_once() -> None:
+    d = Driver(REASK)
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 10)  # 200 ms: the first question
+    (q1,) = d.of(EndOfTurnQuery)
+    assert not q1.again
+    d.verdict(q1, 0.3, "Let me think.")
+    d.feed(QUIET, 14)
+    assert len(d.of(EndOfTurnQuery)) == 1
+    d.feed(QUIET)  # 500 ms of silence: asked again, with more silence in the window
+    _, q2 = d.of(EndOfTurnQuery)
+    assert q2.again and q2.at == pytest.approx(0.4 + 0.48)
+    assert q2.audio_end_ms == q1.audio_end_ms and len(q2.audio16k) > len(q1.audio16k)
+    d.verdict(q2, 0.3)
+    d.feed(QUIET, 24)
+    assert len(d.of(EndOfTurnQuery)) == 2 and not d.of(SpeechStopped)  # not a third time
+    d.feed(QUIET)
+    (stop,) = d.of(SpeechStopped)
+    assert stop.at == pytest.approx(0.4 + 0.98)
+
+
+def test_a_second_question_can_end_the_turn_and_names_the_first() -> None:
+    """The pause's first query is the one a shell speculated at: SpeechStopped names it."""
+    d = Driver(REASK)
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 10)
+    (q1,) = d.of(EndOfTurnQuery)
+    d.verdict(q1, 0.3, "I need it by Monday.")
+    d.feed(QUIET, 15)
+    _, q2 = d.of(EndOfTurnQuery)
+    d.verdict(q2, 0.9)  # no words: the first question's ruling stands (none here)
+    (stop,) = d.of(SpeechStopped)
+    assert stop.pause == q1.query_id and stop.at == pytest.approx(0.4 + 0.5)
+
+
+def test_words_that_vetoed_a_pause_are_not_asked_about_again() -> None:
+    d = Driver(REASK)
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 10)
+    (q1,) = d.of(EndOfTurnQuery)
+    d.verdict(q1, 0.3, "I would like to...")
+    d.feed(QUIET, 30)
+    assert len(d.of(EndOfTurnQuery)) == 1 and not d.of(SpeechStopped)
+
+
+def test_speech_withdraws_a_pending_second_question() -> None:
+    d = Driver(REASK)
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 10)
+    (q1,) = d.of(EndOfTurnQuery)
+    d.verdict(q1, 0.3, "Let me think.")
+    d.feed(SPEECH, 5)  # the caller goes on before 500 ms
+    d.feed(QUIET, 10)
+    qs = d.of(EndOfTurnQuery)
+    assert len(qs) == 2 and not qs[1].again  # the new pause's first question
+
+
+def test_server_vad_and_speculation_never_ask_again() -> None:
+    d = Driver(TurnConfig(silence_duration_ms=1000, speculate=True, reask_ms=500))
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 60)
+    (q,) = d.of(EndOfTurnQuery)
+    assert not q.again and len(d.of(SpeechStopped)) == 1
+
+
+WORDS = TurnConfig(semantic=True, semantic_threshold=0.8, words_threshold=0.5, pause_ms=200,
+                   reask_ms=500, silence_duration_ms=1000, prefix_padding_ms=100)
+
+
+def test_with_words_a_lower_probability_ends_the_turn() -> None:
+    """The words veto what they contradict, so the model need only lean complete."""
+    d = Driver(WORDS)
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 10)
+    (q,) = d.of(EndOfTurnQuery)
+    d.verdict(q, 0.6, "Turn the music down.")
+    (stop,) = d.of(SpeechStopped)
+    assert stop.pause == q.query_id
+
+
+def test_without_words_the_model_threshold_holds() -> None:
+    """The Realtime machine passes no transcript: 0.6 is under its 0.8."""
+    d = Driver(WORDS)
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 10)
+    (q,) = d.of(EndOfTurnQuery)
+    d.verdict(q, 0.6)
+    d.feed(QUIET, 10)
+    assert not d.of(SpeechStopped)
+
+
+def test_a_second_question_keeps_the_words_threshold_of_its_pause() -> None:
+    d = Driver(WORDS)
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 10)
+    (q1,) = d.of(EndOfTurnQuery)
+    d.verdict(q1, 0.3, "Let me think.")
+    d.feed(QUIET, 15)
+    _, q2 = d.of(EndOfTurnQuery)
+    d.verdict(q2, 0.6)  # no words with a second question: the pause had them
+    (stop,) = d.of(SpeechStopped)
+    assert stop.pause == q1.query_id
