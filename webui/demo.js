@@ -57,8 +57,13 @@ function clearMessage() {
   delete $("message").dataset.code;
 }
 
+/** Whether r is still the page's run: not replaced by a new Start, and not being stopped. */
+function current(r) {
+  return r === run && !r.stopping;
+}
+
 function fail(r, code, title, text, opts) {
-  if (r !== run) return;
+  if (!current(r)) return; // Stop (or a new Start) owns the page now
   showMessage("error", code, title, text, opts);
   teardown(r, false);
   setState("failed", title);
@@ -194,7 +199,7 @@ async function start() {
     }
     return fail(r, "mic-error", "The microphone could not be opened", String(e && e.message ? e.message : e));
   }
-  if (r !== run) { r.stream.getTracks().forEach((t) => t.stop()); return; }
+  if (!current(r)) { r.stream.getTracks().forEach((t) => t.stop()); return; }
   r.micMs = performance.now() - r.t0;
   r.cleanups.push(() => r.stream.getTracks().forEach((t) => t.stop()));
   attachMeter(r, r.stream, "input");
@@ -216,7 +221,7 @@ async function start() {
   try {
     await pc.setLocalDescription(await pc.createOffer());
     await gathered(pc, GATHER_MAX_MS);
-    if (r !== run) return;
+    if (!current(r)) return;
     const agent = chosenAgent();
     const path = `v1/sessions${agent ? `?agent=${encodeURIComponent(agent)}` : ""}`;
     const tPost = performance.now();
@@ -225,15 +230,20 @@ async function start() {
       headers: { "Content-Type": "application/sdp", Accept: "application/sdp" },
       body: pc.localDescription.sdp,
     });
-    if (r !== run) return;
-    if (resp.status !== 201 && resp.status !== 200) throw await httpError(resp, "The server refused the session");
-    r.answeredAt = performance.now();
-    r.answerMs = r.answeredAt - tPost;
     const loc = resp.headers.get("Location");
-    if (loc) {
+    if (loc && (resp.status === 201 || resp.status === 200)) {
       r.sessionUrl = new URL(loc, resp.url || apiUrl("v1/sessions")).toString();
       r.sessionId = decodeURIComponent(new URL(r.sessionUrl).pathname.split("/").filter(Boolean).pop());
     }
+    if (!current(r)) {
+      // Stopped (or restarted) while the offer was in flight: the server made a session
+      // nobody will use; end it now rather than leave it to the consent timeout.
+      deleteSession(r);
+      return;
+    }
+    if (resp.status !== 201 && resp.status !== 200) throw await httpError(resp, "The server refused the session");
+    r.answeredAt = performance.now();
+    r.answerMs = r.answeredAt - tPost;
     answerSdp = await resp.text();
   } catch (e) {
     if (e instanceof UnreachableError) return fail(r, "unreachable", "The server is unreachable", e.message);
@@ -249,7 +259,7 @@ async function start() {
     deleteSession(r);
     return fail(r, "bad-answer", "The server's answer could not be used", String(e && e.message ? e.message : e));
   }
-  if (r !== run) return;
+  if (!current(r)) return;
   const target = candidateAddresses(answerSdp);
   setState("connecting", `connecting media to ${target || "the server"}`);
   const connectTimer = setTimeout(() => {

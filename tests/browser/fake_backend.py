@@ -184,6 +184,8 @@ class FakeBackend:
         self.requests: list[tuple[str, str, str | None]] = []  # method, path, Authorization
         self.tokens: set[str] = set()
         self.events_status = 200  # e.g. 404 to exercise the polling fallback
+        # Set to an unset Event to hold every offer's answer until the test sets it.
+        self.answer_gate: threading.Event | None = None
         self._stop = threading.Event()
         # A UDP port that exists but never answers: ICE checks vanish into it.
         self._blackhole = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -364,6 +366,9 @@ class FakeBackend:
                 with backend.lock:
                     backend.offers.append({"agent": query.get("agent", [None])[0], "sdp": offer})
                     backend.sessions.append(session)
+                gate = backend.answer_gate
+                if gate is not None:
+                    gate.wait(60)
                 if backend.echo is not None:
                     answer = backend.echo.answer(session["id"], offer)
                     live = sample_session(len(backend.sessions) + 100, state="connected", age=0)

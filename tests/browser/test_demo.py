@@ -4,6 +4,7 @@ media connection; the agent choice; the narrow layout; keyboard use."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -162,6 +163,23 @@ def test_keyboard_only(page: Page, backend: FakeBackend) -> None:
     page.get_by_role("button", name="Stop").focus()
     page.keyboard.press("Enter")
     expect(page.locator("#state")).to_have_text("ended")
+
+
+def test_stop_while_the_offer_is_in_flight(page: Page, backend: FakeBackend) -> None:
+    """Stop pressed before the answer arrives wins: the page stays "ended" (not "failed" when
+    the late answer meets a closed peer connection), and the session the late answer names
+    is deleted rather than left to the consent timeout."""
+    backend.answer_gate = threading.Event()
+    page.goto(backend.url + "/demo?connect_timeout_ms=60000")
+    with page.expect_request(lambda req: req.method == "POST" and "/v1/sessions" in req.url):
+        page.get_by_role("button", name="Start", exact=True).click()
+    page.get_by_role("button", name="Stop").click()
+    expect(page.locator("#state")).to_have_text("ended")
+    with page.expect_request(lambda req: req.method == "DELETE"):
+        backend.answer_gate.set()
+    expect(page.locator("#state")).to_have_text("ended")
+    expect(page.get_by_role("alert")).to_contain_text("You stopped the session")
+    assert page.evaluate("document.querySelector('#message').dataset.code") == "stopped"
 
 
 def test_narrow_layout(browser: Browser, backend: FakeBackend) -> None:
