@@ -33,11 +33,13 @@ run: the issue wants its figures "as ratios against the current loop in the same
 **CPU per call** (item 6: capacity is not traded away): the CPU seconds of the ``up``
 process tree (every process under it, with the children each has reaped: the espeak-ng of
 every sentence) from the first phrase of the connected calls to the end of the last reply,
-per call per second of that window; minus the tree's own idle rate, measured for ``--idle``
-s before the calls in the same run; the callers' talk fraction in that window (their
-phrases' voiced spans: the phrase + ``--gap`` pacing, not a set figure); and from it the
-calls per core, beside whether item 1's latency bounds held at that call count (p50 ≤ 500
-and p99 ≤ 800 ms with one call, p50 ≤ 800 ms with more) and the ratio to the baseline's CPU.
+less the tree's own idle rate (measured for ``--idle`` s before the calls, in the same run),
+per second of call time (each call's own, first phrase to last reply, summed); the callers'
+talk fraction of that time (their phrases' voiced spans: the phrase + ``--gap`` pacing and
+the replies' length set it, reported, not chosen: the built-in responder's long replies
+give ~15 %; ``--llm-delay 0 --llm-reply 'Sure, I can help with that.'`` ~40 %); and from it
+the calls per core, beside whether item 1's latency bounds held at that call count (p50 ≤
+500 and p99 ≤ 800 ms with one call, p50 ≤ 800 ms with more) and the ratio to the baseline.
 
 **Specs.** By default two: the baseline ``assistant?turn=silence&silence_ms=500&speculate=0&stt=whisper`` (today's loop pinned
 by its options: Silero VAD, a fixed 500 ms end-of-turn silence, Whisper, the built-in
@@ -189,6 +191,7 @@ class Caller:
     replied: asyncio.Event = field(default_factory=asyncio.Event)
     packets: int = 0
     talk_seconds: float = 0.0  # the phrases' voiced spans said so far
+    talk_window: float = 0.0  # from its first phrase to the end of its last reply
 
     def on_rtp(self, payload: bytes, at: float) -> None:
         """Every received RTP packet, as aiortc's receiver gets it (before its jitter
@@ -282,6 +285,7 @@ async def wait_quiet(caller: Caller, gap: float, within: float = 120.0) -> None:
 async def converse(caller: Caller, mic: Any, phrases: list[Phrase], *, start: int, turns: int,
                    gap: float, reply_within: float) -> list[Turn]:
     out = []
+    t0 = time.perf_counter()
     for k in range(turns):
         p = phrases[(start + k) % len(phrases)]
         await wait_quiet(caller, gap)
@@ -296,6 +300,7 @@ async def converse(caller: Caller, mic: Any, phrases: list[Phrase], *, start: in
         out.append(Turn(caller.index, p.text, p.voice, latency, caller.early))
         caller.end_of_speech = None  # disarmed until the next phrase
     await wait_quiet(caller, gap)
+    caller.talk_window += time.perf_counter() - t0
     return out
 
 
@@ -328,17 +333,17 @@ class Window:
     seconds: float = 0.0  # wall time
     calls: int = 0
     talk_s: float = 0.0  # the callers' voiced spans, summed over the calls
+    #: Each call's own time, summed: from its first phrase to its last reply's end (a call
+    #: that is done waits for the slowest one; that wait is not call time).
+    call_seconds: float = 0.0
 
     def __iadd__(self, other: Window) -> Window:
         self.cpu_s += other.cpu_s
         self.seconds += other.seconds
         self.calls = max(self.calls, other.calls)
         self.talk_s += other.talk_s
+        self.call_seconds += other.call_seconds
         return self
-
-    @property
-    def call_seconds(self) -> float:
-        return self.seconds * self.calls
 
 
 #: Issue 38 item 1: the p50 (and, for one call, the p99) bounds, ms.
@@ -429,7 +434,8 @@ async def run_calls(base: str, n: int, phrases: list[Phrase], *, turns: int, gap
                      reply_within=reply_within) for caller, mic in mics))
         window = Window((tree_cpu_seconds(pid) - cpu0) if pid else 0.0,
                         time.perf_counter() - t0, n,
-                        sum(c.talk_seconds for c, _ in mics))
+                        sum(c.talk_seconds for c, _ in mics),
+                        sum(c.talk_window for c, _ in mics))
         if turns and not any(c.packets for c in callers.values()):
             # (a call without turns may end before any RTP comes back)
             raise RuntimeError("no RTP came back on any call")
@@ -449,7 +455,8 @@ async def run_calls(base: str, n: int, phrases: list[Phrase], *, turns: int, gap
 
 
 @asynccontextmanager
-async def stand_in_llm(delay: float | None) -> AsyncIterator[FakeOpenAI | None]:
+async def stand_in_llm(delay: float | None, reply: str = LLM_REPLY
+                       ) -> AsyncIterator[FakeOpenAI | None]:
     """tests/speech/fake_openai.py's server, its chat stream's first token ``delay`` s after
     the response headers (a model's time to first token), with a two-sentence reply."""
     if delay is None:
@@ -460,7 +467,7 @@ async def stand_in_llm(delay: float | None) -> AsyncIterator[FakeOpenAI | None]:
 
         async def delayed_chat(send: Any, receive: Any, req: dict[str, Any]) -> None:
             if not api.replies:
-                api.replies.append(LLM_REPLY)
+                api.replies.append(reply)
             bodies = 0
 
             async def delayed(msg: dict[str, Any]) -> None:
@@ -640,7 +647,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     n_phrases = max(8, args.turns + 3 * max(args.calls))
     phrases = await trio.to_thread.run_sync(build_phrases, n_phrases, args.piper_model)
     specs = ([args.baseline] if args.baseline else []) + args.agent
-    async with stand_in_llm(args.llm_delay) as api:
+    async with stand_in_llm(args.llm_delay, args.llm_reply) as api:
         env = {} if api is None else {"APPLIANCE_LLM_KEY": KEY, "APPLIANCE_LLM_URL": ""}
         ups = await start_ups(specs, env, None if api is None else api.base_url)
         try:
@@ -724,6 +731,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--llm-delay", type=float, default=None, metavar="D",
                    help="answer with a stand-in OpenAI-compatible LLM whose first token "
                         "streams after D s; report latency minus D too")
+    p.add_argument("--llm-reply", default=LLM_REPLY, metavar="TEXT",
+                   help="what the stand-in LLM answers (with --llm-delay; a shorter reply "
+                        "raises the callers' talk fraction)")
     p.add_argument("--piper-model", metavar="ONNX",
                    help="speak every other phrase with this Piper voice (needs `piper`)")
     p.add_argument("--json", action="store_true", help="print the JSON only")
