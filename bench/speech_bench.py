@@ -34,8 +34,9 @@
    joe voice (when installed), through the assistant's hearing path
    (``appliance.speech.listen.transcripts``: semantic turn, Silero, Smart Turn, Whisper's
    short window) on a fake clock, Smart Turn's verdict landing ``--onset-lag`` frames after
-   its query (:class:`speech_support.VerdictOnCue`: deterministic, so counts compare
-   across runs and trees). Each phrase alone (0.6 s before it: silence, or white noise at
+   its query (:class:`speech_support.VerdictOnCue`: the turns' bounds are the same in
+   every run, so *kept* compares across runs and trees; *heard* may move by one, a
+   speculative decode's snapshot by a frame). Each phrase alone (0.6 s before it: silence, or white noise at
    -50 dBFS under the whole call), at today's prefix and at 240 ms (the pre-roll before
    3f6322b: 300 ms that included the 60 ms of speech that opened the turn); and said after
    a short turn ("okay.") that the model ends in the pause just before the phrase, at

@@ -117,7 +117,9 @@ class VerdictOnCue:
     them, and the verdict on each query is held until the call has handed over the frame
     :meth:`cue` names; then the call waits until the detector has taken it. So a verdict
     lands at a chosen frame (the model's real latency, ~50-100 ms, or one chosen to fall
-    just inside the caller's next word), with no sleep and no race.
+    just inside the caller's next word), with no sleep and no race. (A speculative decode
+    still snapshots the audio when its task first runs, which trio's scheduler may move by
+    a frame: a transcript can differ between runs, a turn's bounds cannot.)
 
     ``transcripts(call, detector=call.detector, endpoint=call)``; ``model`` (a SmartTurn)
     gives the probability, or every pause is called complete."""
