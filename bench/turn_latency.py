@@ -30,6 +30,17 @@ max), the first turn after start-up (a warm-up turn, not counted), the load aver
 for every spec against the first (the baseline), the ratio of the p50s and p90s in the same
 run: the issue wants its figures "as ratios against the current loop in the same run".
 
+**CPU per call** (item 6: capacity is not traded away): the CPU seconds of the ``up``
+process tree (every process under it, with the children each has reaped: the espeak-ng of
+every sentence) from the first phrase of the connected calls to the end of the last reply,
+less the tree's own idle rate (measured for ``--idle`` s before the calls, in the same run),
+per second of call time (each call's own, first phrase to last reply, summed); the callers'
+talk fraction of that time (their phrases' voiced spans: the phrase + ``--gap`` pacing and
+the replies' length set it, reported, not chosen: the built-in responder's long replies
+give ~15 %; ``--llm-delay 0 --llm-reply 'Sure, I can help with that.'`` ~40 %); and from it
+the calls per core, beside whether item 1's latency bounds held at that call count (p50 ≤
+500 and p99 ≤ 800 ms with one call, p50 ≤ 800 ms with more) and the ratio to the baseline.
+
 **Specs.** By default two: the baseline ``assistant?turn=silence&silence_ms=500&speculate=0&stt=whisper`` (today's loop pinned
 by its options: Silero VAD, a fixed 500 ms end-of-turn silence, Whisper, the built-in
 responder, espeak-ng) and the default ``assistant``. Today they are the same loop, so their
@@ -84,7 +95,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # installed one (`up` is started with the same PYTHONPATH), so a worktree measures itself.
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench"), str(ROOT)]
 
-from capacity import machine  # noqa: E402
+from capacity import machine, process_tree  # noqa: E402
 from e2e.procs import Proc, free_tcp_port, free_udp_port  # noqa: E402
 from e2e.test_up_http import http_json  # noqa: E402
 from speech.fake_openai import KEY, FakeOpenAI, fake_openai  # noqa: E402
@@ -111,6 +122,11 @@ class Phrase:
     voice: str
     frames: tuple[bytes, ...]  # 20 ms PCM16 frames, espeak's own padding kept
     last_voiced: int  # index of the last frame whose peak is above VOICED
+    first_voiced: int = 0  # and of the first: the caller talks from this frame to that one
+
+    @property
+    def talk_seconds(self) -> float:
+        return (self.last_voiced - self.first_voiced + 1) * FRAME / RATE
 
 
 def phrase(text: str, voice: str, pcm: bytes) -> Phrase:
@@ -119,7 +135,7 @@ def phrase(text: str, voice: str, pcm: bytes) -> Phrase:
     voiced = [i for i, p in enumerate(peaks) if p > VOICED]
     if not voiced:
         raise RuntimeError(f"{voice} said nothing for {text!r}")
-    return Phrase(text, voice, fs, voiced[-1])
+    return Phrase(text, voice, fs, voiced[-1], voiced[0])
 
 
 def piper_pcm48(text: str, model: str) -> bytes:
@@ -175,6 +191,8 @@ class Caller:
     last_voiced_rx: float = 0.0
     replied: asyncio.Event = field(default_factory=asyncio.Event)
     packets: int = 0
+    talk_seconds: float = 0.0  # the phrases' voiced spans said so far
+    talk_window: float = 0.0  # from its first phrase to the end of its last reply
 
     def on_rtp(self, payload: bytes, at: float) -> None:
         """Every received RTP packet, as aiortc's receiver gets it (before its jitter
@@ -268,10 +286,12 @@ async def wait_quiet(caller: Caller, gap: float, within: float = 120.0) -> None:
 async def converse(caller: Caller, mic: Any, phrases: list[Phrase], *, start: int, turns: int,
                    gap: float, reply_within: float) -> list[Turn]:
     out = []
+    t0 = time.perf_counter()
     for k in range(turns):
         p = phrases[(start + k) % len(phrases)]
         await wait_quiet(caller, gap)
         await mic.say(p)
+        caller.talk_seconds += p.talk_seconds
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(reply_within):
                 await caller.replied.wait()
@@ -281,12 +301,87 @@ async def converse(caller: Caller, mic: Any, phrases: list[Phrase], *, start: in
         out.append(Turn(caller.index, p.text, p.voice, latency, caller.early))
         caller.end_of_speech = None  # disarmed until the next phrase
     await wait_quiet(caller, gap)
+    caller.talk_window += time.perf_counter() - t0
+    return out
+
+
+# -- CPU per call (issue 38 item 6) ------------------------------------------------------------
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of ``pid`` and every process under it (``appliance up``: the supervisor,
+    relay, signaling, transceivers, Piper workers), from /proc/PID/stat: utime + stime, and
+    cutime + cstime, the children each has reaped (the espeak-ng process every sentence runs
+    in). A process's CPU so moves to its parent when it is reaped, and is counted once
+    either way; one that is gone between the listing and the read counts 0."""
+    total = 0
+    for p in process_tree(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime (14-17)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Window:
+    """The ``up`` tree's CPU while calls talk: from the first phrase of N connected calls to
+    the last reply's end (set-up and teardown are left out)."""
+
+    cpu_s: float = 0.0
+    seconds: float = 0.0  # wall time
+    calls: int = 0
+    talk_s: float = 0.0  # the callers' voiced spans, summed over the calls
+    #: Each call's own time, summed: from its first phrase to its last reply's end (a call
+    #: that is done waits for the slowest one; that wait is not call time).
+    call_seconds: float = 0.0
+
+    def __iadd__(self, other: Window) -> Window:
+        self.cpu_s += other.cpu_s
+        self.seconds += other.seconds
+        self.calls = max(self.calls, other.calls)
+        self.talk_s += other.talk_s
+        self.call_seconds += other.call_seconds
+        return self
+
+
+#: Issue 38 item 1: the p50 (and, for one call, the p99) bounds, ms.
+BOUNDS = {"p50_ms": (500, 800), "p99_ms": (800, None)}  # (one call, more calls at once)
+
+
+def within_bounds(n: int, row: dict[str, Any]) -> bool:
+    for key, (one, more) in BOUNDS.items():
+        bound = one if n == 1 else more
+        if bound is not None and (row.get(key) is None or row[key] > bound):
+            return False
+    return row["misses"] == 0
+
+
+def cpu_row(w: Window, idle_per_s: float | None, n: int, row: dict[str, Any]
+            ) -> dict[str, Any]:
+    """CPU per call per second of call time, gross and above the tree's idle rate (measured
+    before the calls, in the same run), and the calls per core that rate gives."""
+    if not w.call_seconds:
+        return {}
+    per = w.cpu_s / w.call_seconds
+    out: dict[str, Any] = {"cpu_s": round(w.cpu_s, 2), "window_s": round(w.seconds, 1),
+                           "calls": w.calls, "talk_fraction": round(w.talk_s / w.call_seconds, 3),
+                           "per_call_s": round(per, 4)}
+    if idle_per_s is not None:
+        above = max(0.0, (w.cpu_s - idle_per_s * w.seconds) / w.call_seconds)
+        out["above_idle_per_call_s"] = round(above, 4)
+        out["calls_per_core"] = round(1 / above, 1) if above else None
+    out["within_bounds"] = within_bounds(n, row)
     return out
 
 
 async def run_calls(base: str, n: int, phrases: list[Phrase], *, turns: int, gap: float,
-                    reply_within: float, offset: int = 0) -> list[Turn]:
-    """N aiortc calls at once, each ``turns`` turns, call i from phrase ``offset + 3 i``."""
+                    reply_within: float, offset: int = 0, pid: int | None = None
+                    ) -> tuple[list[Turn], Window]:
+    """N aiortc calls at once, each ``turns`` turns, call i from phrase ``offset + 3 i``;
+    with ``pid`` (``up``), its tree's CPU over the turns (:class:`Window`)."""
     from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
     from aiortc.rtcrtpreceiver import RTCRtpReceiver
 
@@ -334,13 +429,18 @@ async def run_calls(base: str, n: int, phrases: list[Phrase], *, turns: int, gap
                     raise RuntimeError("an aiortc call failed to connect")
                 await asyncio.sleep(0.05)  # aiortc's state, polled: a bench, not a test
         await asyncio.sleep(0.5)  # media flowing both ways before the first phrase
+        cpu0, t0 = (tree_cpu_seconds(pid) if pid else 0.0), time.perf_counter()
         results = await asyncio.gather(*(
             converse(caller, mic, phrases, start=offset + 3 * caller.index, turns=turns, gap=gap,
                      reply_within=reply_within) for caller, mic in mics))
+        window = Window((tree_cpu_seconds(pid) - cpu0) if pid else 0.0,
+                        time.perf_counter() - t0, n,
+                        sum(c.talk_seconds for c, _ in mics),
+                        sum(c.talk_window for c, _ in mics))
         if turns and not any(c.packets for c in callers.values()):
             # (a call without turns may end before any RTP comes back)
             raise RuntimeError("no RTP came back on any call")
-        return [t for r in results for t in r]
+        return [t for r in results for t in r], window
     finally:
         RTCRtpReceiver._handle_rtp_packet = real  # type: ignore[method-assign]
         for task in drains:
@@ -356,7 +456,8 @@ async def run_calls(base: str, n: int, phrases: list[Phrase], *, turns: int, gap
 
 
 @asynccontextmanager
-async def stand_in_llm(delay: float | None) -> AsyncIterator[FakeOpenAI | None]:
+async def stand_in_llm(delay: float | None, reply: str = LLM_REPLY
+                       ) -> AsyncIterator[FakeOpenAI | None]:
     """tests/speech/fake_openai.py's server, its chat stream's first token ``delay`` s after
     the response headers (a model's time to first token), with a two-sentence reply."""
     if delay is None:
@@ -367,7 +468,7 @@ async def stand_in_llm(delay: float | None) -> AsyncIterator[FakeOpenAI | None]:
 
         async def delayed_chat(send: Any, receive: Any, req: dict[str, Any]) -> None:
             if not api.replies:
-                api.replies.append(LLM_REPLY)
+                api.replies.append(reply)
             bodies = 0
 
             async def delayed(msg: dict[str, Any]) -> None:
@@ -470,18 +571,30 @@ async def measure(ups: list[Up], args: argparse.Namespace,
     """Every spec at every call count, the turns split into ``--rounds`` rounds whose spec
     order alternates (A B, B A, ...): a box whose load drifts during the run then weighs on
     every spec alike, not on whichever ran last."""
-    def calls(base: str, n: int, turns: int, offset: int) -> Callable[[], list[Turn]]:
-        return lambda: asyncio.run(run_calls(base, n, phrases, turns=turns, gap=args.gap,
-                                             reply_within=args.timeout, offset=offset))
+    def calls(up: Up, n: int, turns: int, offset: int
+              ) -> Callable[[], tuple[list[Turn], Window]]:
+        return lambda: asyncio.run(run_calls(up.base, n, phrases, turns=turns, gap=args.gap,
+                                             reply_within=args.timeout, offset=offset,
+                                             pid=up.proc.proc.pid))
 
     out: list[dict[str, Any]] = [{"spec": up.spec, "start_s": up.start_s, "configs": {}}
                                  for up in ups]
     if args.warmup:
         for up, res in zip(ups, out, strict=True):
-            warm = await trio.to_thread.run_sync(calls(up.base, 1, args.warmup, 0))
+            warm, _ = await trio.to_thread.run_sync(calls(up, 1, args.warmup, 0))
             res["first_turn_ms"] = warm[0].latency_ms
+    idle: list[float | None] = [None for _ in ups]
+    if args.idle:
+        # Each tree's own CPU with no call (its transceivers' timers, metrics, the relay),
+        # taken off the calls' CPU below: what a call adds is what capacity is made of.
+        for i, up in enumerate(ups):
+            cpu0 = tree_cpu_seconds(up.proc.proc.pid)
+            await trio.sleep(args.idle)  # the measuring window, nothing to wait for
+            idle[i] = (tree_cpu_seconds(up.proc.proc.pid) - cpu0) / args.idle
+            out[i]["idle_cpu_per_s"] = round(idle[i] or 0.0, 4)
     for n in args.calls:
         turns: list[list[Turn]] = [[] for _ in ups]
+        windows = [Window() for _ in ups]
         loads: list[list[float]] = [[] for _ in ups]
         for r, per_call in enumerate(split(args.turns, args.rounds)):
             if not per_call:
@@ -490,12 +603,15 @@ async def measure(ups: list[Up], args: argparse.Namespace,
             for i in order if r % 2 == 0 else order[::-1]:
                 loads[i].append(round(os.getloadavg()[0], 1))
                 # Each round starts further on in the phrase list: no phrase said twice.
-                turns[i] += await trio.to_thread.run_sync(
-                    calls(ups[i].base, n, per_call, sum(split(args.turns, args.rounds)[:r])))
+                got, window = await trio.to_thread.run_sync(
+                    calls(ups[i], n, per_call, sum(split(args.turns, args.rounds)[:r])))
+                turns[i] += got
+                windows[i] += window
                 loads[i].append(round(os.getloadavg()[0], 1))
         for i, res in enumerate(out):
             row = summary(turns[i], args.llm_delay)
             row["load"] = [min(loads[i]), max(loads[i])]
+            row["cpu"] = cpu_row(windows[i], idle[i], n, row)
             row["turn_list"] = [t.__dict__ for t in turns[i]]
             res["configs"][str(n)] = row
             brief = {k: v for k, v in row.items() if k != "turn_list"}
@@ -505,7 +621,8 @@ async def measure(ups: list[Up], args: argparse.Namespace,
 
 
 def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each spec's p50 and p90 over the first spec's (the baseline), per call count."""
+    """Each spec's p50, p90 and CPU per call over the first spec's (the baseline), per call
+    count."""
     if len(results) < 2:
         return []
     base = results[0]
@@ -519,6 +636,10 @@ def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for key in ("p50_ms", "p90_ms"):
                 a, b = row.get(key), ref.get(key)
                 entry[key.replace("_ms", "")] = round(a / b, 3) if a and b else None
+            key = "above_idle_per_call_s" if "above_idle_per_call_s" in row["cpu"] \
+                else "per_call_s"
+            a, b = row["cpu"].get(key), ref["cpu"].get(key)
+            entry["cpu_per_call"] = round(a / b, 3) if a and b else None
             out.append(entry)
     return out
 
@@ -527,7 +648,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     n_phrases = max(8, args.turns + 3 * max(args.calls))
     phrases = await trio.to_thread.run_sync(build_phrases, n_phrases, args.piper_model)
     specs = ([args.baseline] if args.baseline else []) + args.agent
-    async with stand_in_llm(args.llm_delay) as api:
+    async with stand_in_llm(args.llm_delay, args.llm_reply) as api:
         env = {} if api is None else {"APPLIANCE_LLM_KEY": KEY, "APPLIANCE_LLM_URL": ""}
         ups = await start_ups(specs, env, None if api is None else api.base_url)
         try:
@@ -566,9 +687,24 @@ def print_report(result: dict[str, Any]) -> None:
             print(line)
         print(f"{'':42} (up ready in {r['start_s']} s; first turn after start "
               f"{_f(r.get('first_turn_ms'))} ms, not counted)")
+    print("CPU of the `up` process tree per call, per second of call time (the calls' turns "
+          "only), above its idle rate; calls per core at that rate; item 1's bounds")
+    print(f"{'spec':42} {'calls':>5} {'talk':>5} {'CPU s':>7} {'per s':>7} {'>idle':>7} "
+          f"{'per core':>8}  bounds")
+    for r in result["specs"]:
+        for n, row in r["configs"].items():
+            c = row["cpu"]
+            if not c:
+                continue
+            above = c.get("above_idle_per_call_s")
+            print(f"{r['spec'][:42]:42} {n:>5} {c['talk_fraction']:>5.0%} {c['cpu_s']:>7.1f} "
+                  f"{c['per_call_s']:>7.3f} {'-' if above is None else f'{above:.3f}':>7} "
+                  f"{_f(c.get('calls_per_core')):>8}  {'met' if c['within_bounds'] else 'missed'}")
+        if r.get("idle_cpu_per_s") is not None:
+            print(f"{'':42} (idle: {r['idle_cpu_per_s']:.3f} CPU s per s)")
     for q in result["ratios"]:
         print(f"{q['spec']} / {q['baseline']}, {q['calls']} call(s): "
-              f"p50 x{q['p50']}, p90 x{q['p90']}")
+              f"p50 x{q['p50']}, p90 x{q['p90']}, CPU per call x{q['cpu_per_call']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -586,6 +722,9 @@ def main(argv: list[str] | None = None) -> int:
                         "alternating (default 2: A B, then B A)")
     p.add_argument("--warmup", type=int, default=1,
                    help="turns of one call after start-up, not counted (default 1)")
+    p.add_argument("--idle", type=float, default=5.0,
+                   help="s of each `up` with no call, its idle CPU taken off the calls' "
+                        "(default 5; 0: gross CPU only)")
     p.add_argument("--gap", type=float, default=0.8,
                    help="s of quiet after a reply before the next phrase (default 0.8)")
     p.add_argument("--timeout", type=float, default=15.0,
@@ -593,6 +732,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--llm-delay", type=float, default=None, metavar="D",
                    help="answer with a stand-in OpenAI-compatible LLM whose first token "
                         "streams after D s; report latency minus D too")
+    p.add_argument("--llm-reply", default=LLM_REPLY, metavar="TEXT",
+                   help="what the stand-in LLM answers (with --llm-delay; a shorter reply "
+                        "raises the callers' talk fraction)")
     p.add_argument("--piper-model", metavar="ONNX",
                    help="speak every other phrase with this Piper voice (needs `piper`)")
     p.add_argument("--json", action="store_true", help="print the JSON only")

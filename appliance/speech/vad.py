@@ -367,7 +367,8 @@ class TurnDetector:
         if not all(0.0 <= t <= 1.0 for t in (c.semantic_threshold, c.words_threshold or 0)):
             raise ValueError("semantic_threshold must be between 0 and 1")
         self._min_frames = max(1, -(-c.min_speech_ms // FRAME_MS))
-        # prefix_padding_ms of audio *before* the speech that opens the turn, and that speech
+        # The pre-roll: prefix_padding_ms of audio *before* the speech that opens the turn,
+        # and that speech. It runs on through a turn's trailing silence (see handle_frame).
         self._prefix: deque[bytes] = deque(
             maxlen=max(0, c.prefix_padding_ms // FRAME_MS) + self._min_frames)
         self._silence_frames = max(1, -(-(c.silence_duration_ms - c.release_ms) // FRAME_MS))
@@ -435,7 +436,14 @@ class TurnDetector:
             self._pause = None
             self._asked = False
             self._vetoed = self._reask = self._words = False
+            self._prefix.clear()
             return
+        # The pre-roll keeps the turn's trailing silence (never its speech: turns do not
+        # overlap). A flag rises 60-100 ms after a word's onset (Silero's 32 ms windows, its
+        # threshold), so when a verdict ends the turn in a pause the caller has just ended,
+        # the next word has begun in frames still flagged silent: they open the next turn
+        # (issue 38 item 8a: "What time is it" was heard as "time is it").
+        self._prefix.append(pcm)
         self._silent += 1
         if self._silent >= self._silence_frames:
             self._stop(now)  # the bound: with or without the model's verdict

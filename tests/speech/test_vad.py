@@ -3,6 +3,8 @@ the Realtime server_vad turn detector around them, on espeak-ng speech, silence 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from speech.speech_support import espeak_pcm48, frames, mix, noise, silence, speech_bounds_ms
 
@@ -431,3 +433,41 @@ def test_a_second_question_keeps_the_words_threshold_of_its_pause() -> None:
     d.verdict(q2, 0.6)  # no words with a second question: the pause had them
     (stop,) = d.of(SpeechStopped)
     assert stop.pause == q1.query_id
+
+
+def test_a_turn_that_opens_as_the_last_one_ends_keeps_its_onset() -> None:
+    """Issue 38 item 8a: in Chromium, "hello there, what time is it right now" came out as
+    two turns, the second heard as "time as it right now". Smart Turn called "hello there"
+    complete, but its verdict came back after the caller had gone on: the next word had
+    begun, in frames the VAD still called silent (Silero flags a word 60-100 ms after its
+    onset). The verdict ended the turn with that onset inside it, and the next turn's
+    pre-roll only began there, so its audio started inside the word. The pre-roll now runs
+    through a turn's trailing silence: the next turn opens with the whole onset, and still
+    after the last turn's speech."""
+    onset = b"\x20\x00" * 960  # the next word, before and after the VAD flags it
+    det = TurnDetector(replace(SEMANTIC, vad="flag"))  # prefix 100 ms + min_speech 60 ms
+    events: list[object] = []
+    now = 0.0
+
+    def feed(pcm: bytes, speech: bool, n: int) -> None:
+        nonlocal now
+        for _ in range(n):
+            det.handle_frame(now, pcm, speech)
+            now += 0.02
+            while (ev := det.poll_output()) is not None:
+                events.append(ev)
+
+    feed(SPEECH, True, 20)
+    feed(QUIET, False, 10)  # the 200 ms pause: the query
+    (query,) = [e for e in events if isinstance(e, EndOfTurnQuery)]
+    feed(onset, False, 3)  # the caller goes on; the VAD has not flagged it yet
+    det.handle_verdict(now, query.query_id, 0.9)  # "complete", 60 ms late
+    while (ev := det.poll_output()) is not None:
+        events.append(ev)
+    feed(onset, True, 3)  # flagged: the next turn opens after min_speech_ms
+    stop = next(e for e in events if isinstance(e, SpeechStopped))
+    second = [e for e in events if isinstance(e, SpeechStarted)][1]
+    opening = events[events.index(second) + 1]
+    assert isinstance(opening, SpeechAudio)
+    assert opening.pcm == QUIET * 2 + onset * 6  # 160 ms of pre-roll: all of the onset
+    assert second.audio_start_ms == (36 - 8) * 20 >= stop.audio_end_ms == 400
