@@ -32,6 +32,7 @@ from appliance.proto.ice import (
 )
 from appliance.proto.sctp import Connected, MessageReceived, SctpAssociation
 from appliance.proto.sctp import Transmit as SctpTransmit
+from appliance.proto.sip.transaction import ClientTransaction, ServerTransaction
 from appliance.proto.sip.ua import SipEndpoint
 from appliance.proto.turn import StreamFramer, TurnServer
 from appliance.realtime.machine import RealtimeConnection, ServerEvent, SessionUpdated
@@ -47,6 +48,8 @@ TIMED: list[tuple[type, str | None]] = [
     (ServerCall, "source"),
     (DtlsConnection, None),
     (SipEndpoint, "addr"),
+    (ServerTransaction, None),  # data: the request that matched it, parsed
+    (ClientTransaction, None),  # data: the response that matched it, parsed
     (RtpLeg, "addr"),
     (IceLiteAgent, "addr"),
     (IceClient, "addr"),

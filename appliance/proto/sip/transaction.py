@@ -1,9 +1,15 @@
 """SIP transactions (RFC 3261 §17, with the RFC 6026 fixes), time passed in.
 
 Four machines, each a small object the endpoint (``ua.py``) keeps in a table keyed by
-:func:`server_key` / :func:`client_key`. Every method returns the datagrams to send (to the
-transaction's own ``addr``/``transport``: the endpoint wraps them in ``Transmit``); nothing
-here knows about dialogs.
+:func:`server_key` / :func:`client_key`, with the house verbs (docs/style.md rule 18):
+``handle_input(now, message)`` (the requests or responses that matched it),
+``handle_timeout(now)``, ``poll_timeout()`` and ``poll_output()`` until None, which gives
+:class:`Send` (bytes for the transaction's own ``addr``/``transport``: the endpoint wraps
+them in ``Transmit``), :class:`Received` (a response for the endpoint), :class:`TimedOut`
+(Timer B/F: a 408 for the endpoint) and :class:`NoAck` (Timer H, or L with no ACK). The
+endpoint's operations are plain methods: ``send_response`` and ``ack_2xx`` on a server
+transaction; a client transaction's request is its first output. Nothing here knows
+about dialogs.
 
 =================  ========================================================================
 machine            states and timers (unreliable transport; on TCP/TLS the retransmission
@@ -35,6 +41,7 @@ Request-URI — enough for retransmission absorption, which is all the fallback 
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass
 
 from appliance.proto.sip.message import Request, Response
@@ -90,15 +97,48 @@ def response_client_key(resp: Response) -> Key | None:
     return client_key(vias[0].branch or "", resp.cseq.method)
 
 
+@dataclass(frozen=True, slots=True)
+class Send:
+    """A message for the transaction's peer (its ``addr`` over its ``transport``)."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A response the client transaction passes up to the endpoint."""
+
+    response: Response
+
+
+@dataclass(frozen=True, slots=True)
+class TimedOut:
+    """Timer B or F fired: the endpoint treats the request as answered 408 (§17.1.1.2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NoAck:
+    """The server transaction's final response was never acknowledged (Timer H; Timer L
+    ending an Accepted transaction whose 2xx got no ACK)."""
+
+
+Output = Send | Received | TimedOut | NoAck
+
+
 class _Timed:
-    __slots__ = ("timers",)
+    __slots__ = ("_out", "timers")
 
     def __init__(self) -> None:
         #: timer name -> absolute deadline
         self.timers: dict[str, float] = {}
+        self._out: deque[Output] = deque()
 
-    def deadline(self) -> float | None:
+    def poll_timeout(self) -> float | None:
         return min(self.timers.values()) if self.timers else None
+
+    def poll_output(self) -> Output | None:
+        """The next output in the order it was queued; None when drained."""
+        return self._out.popleft() if self._out else None
 
     def _due(self, now: float) -> list[str]:
         due = sorted((t, name) for name, t in self.timers.items() if t <= now)
@@ -135,11 +175,11 @@ class ServerTransaction(_Timed):
     def done(self) -> bool:
         return self.state is State.TERMINATED
 
-    def respond(self, now: float, status: int, data: bytes) -> list[bytes]:
-        """Send a response from the TU. Responses after the final one are ignored (the
-        caller checked its own state; this keeps the machine total)."""
+    def send_response(self, now: float, status: int, data: bytes) -> None:
+        """A response from the TU. Responses after the final one are ignored (the caller
+        checked its own state; this keeps the machine total)."""
         if self.state in (State.COMPLETED, State.CONFIRMED, State.ACCEPTED, State.TERMINATED):
-            return []
+            return
         self.last, self.last_status = data, status
         tm = self.tm
         if status < 200:
@@ -160,23 +200,22 @@ class ServerTransaction(_Timed):
                 self.interval = tm.t1
                 self.timers["G"] = now + tm.t1
             self.timers["H"] = now + 64 * tm.t1
-        return [data]
+        self._out.append(Send(data))
 
-    def receive_request(self, now: float, req: Request) -> list[bytes]:
+    def handle_input(self, now: float, data: Request) -> None:
         """A request that matched this transaction: a retransmission, or the ACK of a
         non-2xx final response. Never passed up to the TU."""
-        if req.method == "ACK":
+        if data.method == "ACK":
             if self.state is State.COMPLETED and self.invite:
                 self.state = State.CONFIRMED
                 self.timers.pop("G", None)
                 self.timers.pop("H", None)
                 self.timers["I"] = now + (0.0 if self.reliable else self.tm.t4)
-            return []
+            return
         if self.state is State.TRYING or self.last is None:
-            return []  # §17.2.2: retransmissions in Trying are discarded
+            return  # §17.2.2: retransmissions in Trying are discarded
         if self.state in (State.PROCEEDING, State.COMPLETED, State.ACCEPTED):
-            return [self.last]
-        return []
+            self._out.append(Send(self.last))
 
     def ack_2xx(self) -> None:
         """The dialog matched the ACK of our 2xx: stop retransmitting (Timer L still
@@ -184,29 +223,26 @@ class ServerTransaction(_Timed):
         self.acked = True
         self.timers.pop("G2xx", None)
 
-    def handle_timeout(self, now: float) -> tuple[list[bytes], str | None]:
-        """Returns (datagrams, failure) where failure is "no-ack" when Timer H fires, or
-        when Timer L ends an Accepted transaction whose 2xx was never acknowledged."""
-        out: list[bytes] = []
-        failure: str | None = None
+    def handle_timeout(self, now: float) -> None:
+        """Retransmissions (Timer G), and :class:`NoAck` when Timer H fires or Timer L ends
+        an Accepted transaction whose 2xx was never acknowledged."""
         for name in self._due(now):
             if name in ("G", "G2xx") and self.last is not None:
-                out.append(self.last)
+                self._out.append(Send(self.last))
                 self.interval = min(2 * self.interval, self.tm.t2)
                 self.timers[name] = now + self.interval
             elif name == "H":
                 self.state = State.TERMINATED
                 self.timers.clear()
-                failure = "no-ack"
+                self._out.append(NoAck())
             elif name == "L":
                 self.state = State.TERMINATED
                 self.timers.clear()
                 if not self.acked:
-                    failure = "no-ack"
+                    self._out.append(NoAck())
             elif name in ("I", "J"):
                 self.state = State.TERMINATED
                 self.timers.clear()
-        return out, failure
 
 
 class ClientTransaction(_Timed):
@@ -233,63 +269,61 @@ class ClientTransaction(_Timed):
         if not self.reliable:
             self.timers["A" if self.invite else "E"] = now + timers.t1
         self.timers["B" if self.invite else "F"] = now + 64 * timers.t1
+        self._out.append(Send(self.wire))  # the request itself is the first output
 
     @property
     def done(self) -> bool:
         return self.state is State.TERMINATED
 
-    def start(self) -> list[bytes]:
-        return [self.wire]
-
-    def receive_response(self, now: float, resp: Response) -> tuple[list[bytes], Response | None]:
-        """(datagrams to send, the response to pass up or None when absorbed)."""
+    def handle_input(self, now: float, data: Response) -> None:
+        """A response that matched this transaction: :class:`Received` when it goes up,
+        nothing when it is absorbed; the ACK of a non-2xx final is sent here."""
+        resp = data
         st, tm = self.state, self.tm
         if st is State.TERMINATED:
-            return [], None
+            return
+        out = self._out
         if self.invite:
             if st in (State.CALLING, State.PROCEEDING):
                 self.timers.pop("A", None)
                 if resp.status < 200:
                     self.state = State.PROCEEDING
                     self.timers.pop("B", None)  # §17.1.1.2: Timer B only guards Calling
-                    return [], resp
-                if resp.status < 300:
+                elif resp.status < 300:
                     self.state = State.ACCEPTED
                     self.timers.clear()
                     self.timers["M"] = now + 64 * tm.t1
-                    return [], resp
-                self.state = State.COMPLETED
-                self.timers.clear()
-                self.timers["D"] = now + (0.0 if self.reliable else 32.0)
-                self.last_ack = bytes(ack_for_non_2xx(self.request, resp))
-                return [self.last_ack], resp
-            if st is State.COMPLETED and resp.status >= 300 and self.last_ack is not None:
-                return [self.last_ack], None  # §17.1.1.2: retransmitted final: ACK again
-            if st is State.ACCEPTED and 200 <= resp.status < 300:
-                return [], resp  # the UAC core re-sends its ACK for each 2xx
-            return [], None
+                else:
+                    self.state = State.COMPLETED
+                    self.timers.clear()
+                    self.timers["D"] = now + (0.0 if self.reliable else 32.0)
+                    self.last_ack = bytes(ack_for_non_2xx(self.request, resp))
+                    out.append(Send(self.last_ack))
+                out.append(Received(resp))
+            elif st is State.COMPLETED and resp.status >= 300 and self.last_ack is not None:
+                out.append(Send(self.last_ack))  # §17.1.1.2: retransmitted final: ACK again
+            elif st is State.ACCEPTED and 200 <= resp.status < 300:
+                out.append(Received(resp))  # the UAC core re-sends its ACK for each 2xx
+            return
         if st in (State.TRYING, State.PROCEEDING):
             if resp.status < 200:
                 self.state = State.PROCEEDING
-                return [], resp
-            self.state = State.COMPLETED
-            self.timers.clear()
-            self.timers["K"] = now + (0.0 if self.reliable else tm.t4)
-            return [], resp
-        return [], None
+            else:
+                self.state = State.COMPLETED
+                self.timers.clear()
+                self.timers["K"] = now + (0.0 if self.reliable else tm.t4)
+            out.append(Received(resp))
 
-    def handle_timeout(self, now: float) -> tuple[list[bytes], bool]:
-        """(datagrams, timed_out): timed_out is True when Timer B or F fired (§17.1.1.2:
-        the TU treats it as a 408)."""
-        out: list[bytes] = []
-        timed_out = False
+    def handle_timeout(self, now: float) -> None:
+        """Retransmissions (Timers A and E), and :class:`TimedOut` when Timer B or F fires
+        (§17.1.1.2: the TU treats it as a 408)."""
         for name in self._due(now):
             if name == "A":
-                out.append(self.wire)
+                self._out.append(Send(self.wire))
                 self.interval *= 2  # §17.1.1.2: Timer A doubles without a cap
                 self.timers["A"] = now + self.interval
             elif name == "E":
-                out.append(self.wire)
+                self._out.append(Send(self.wire))
                 if self.state is State.PROCEEDING:
                     self.interval = self.tm.t2
                 else:
@@ -298,11 +332,10 @@ class ClientTransaction(_Timed):
             elif name in ("B", "F"):
                 self.state = State.TERMINATED
                 self.timers.clear()
-                timed_out = True
+                self._out.append(TimedOut())
             elif name in ("D", "K", "M"):
                 self.state = State.TERMINATED
                 self.timers.clear()
-        return out, timed_out
 
 
 def ack_for_non_2xx(invite: Request, resp: Response) -> Request:

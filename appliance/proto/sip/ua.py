@@ -86,8 +86,12 @@ from appliance.proto.sip.transaction import (
     MAGIC,
     ClientTransaction,
     Key,
+    NoAck,
+    Received,
+    Send,
     ServerTransaction,
     State,
+    TimedOut,
     Timers,
     client_key,
     response_client_key,
@@ -165,8 +169,8 @@ class SipEndpoint:
         return self._out.popleft() if self._out else None
 
     def poll_timeout(self) -> float | None:
-        deadlines = [d for t in self._server.values() if (d := t.deadline()) is not None]
-        deadlines += [d for t in self._client.values() if (d := t.deadline()) is not None]
+        deadlines = [d for t in self._server.values() if (d := t.poll_timeout()) is not None]
+        deadlines += [d for t in self._client.values() if (d := t.poll_timeout()) is not None]
         deadlines += [c.ring_deadline for c in self._calls.values() if c.ring_deadline is not None]
         return min(deadlines) if deadlines else None
 
@@ -210,7 +214,8 @@ class SipEndpoint:
         key = server_key(msg)
         txn = self._server.get(key)
         if txn is not None and not (msg.method == "ACK" and txn.state is State.ACCEPTED):
-            self._send(txn, txn.receive_request(now, msg))
+            txn.handle_input(now, msg)
+            self._drain(now, txn)
             return
         if msg.method == "ACK":
             self._on_ack(now, msg)  # the ACK of a 2xx is its own transaction (§17.1.1.3)
@@ -242,21 +247,17 @@ class SipEndpoint:
 
     def handle_timeout(self, now: float) -> None:
         for key, st in list(self._server.items()):
-            d = st.deadline()
+            d = st.poll_timeout()
             if d is not None and d <= now:
-                out, failure = st.handle_timeout(now)
-                self._send(st, out)
-                if failure and st.owner is not None:
-                    self._server_failed(now, st)
+                st.handle_timeout(now)
+                self._drain(now, st)
             if st.done:
                 del self._server[key]
         for key, ct in list(self._client.items()):
-            d = ct.deadline()
+            d = ct.poll_timeout()
             if d is not None and d <= now:
-                out, timed_out = ct.handle_timeout(now)
-                self._send_client(ct, out)
-                if timed_out:
-                    self._client_timed_out(now, ct)
+                ct.handle_timeout(now)
+                self._drain(now, ct)
             if ct.done:
                 del self._client[key]
         for call in list(self._calls.values()):
@@ -389,13 +390,20 @@ class SipEndpoint:
             raise SipUsageError(f"call is not in state {' / '.join(s.value for s in states)}")
         return call
 
-    def _send(self, txn: ServerTransaction, datagrams: list[bytes]) -> None:
-        for d in datagrams:
-            self._out.append(Transmit(d, txn.addr, txn.transport))
-
-    def _send_client(self, txn: ClientTransaction, datagrams: list[bytes]) -> None:
-        for d in datagrams:
-            self._out.append(Transmit(d, txn.addr, txn.transport))
+    def _drain(self, now: float, txn: ServerTransaction | ClientTransaction) -> None:
+        """Everything a transaction has to say, in order: its messages go out to its peer,
+        what it passes up is acted on here (the one place the endpoint reads a
+        transaction's outputs)."""
+        while (o := txn.poll_output()) is not None:
+            if isinstance(o, Send):
+                self._out.append(Transmit(o.data, txn.addr, txn.transport))
+            elif isinstance(txn, ClientTransaction):
+                if isinstance(o, Received):
+                    self._on_client_response(now, txn, o.response)
+                elif isinstance(o, TimedOut):
+                    self._client_timed_out(now, txn)
+            elif isinstance(o, NoAck) and txn.owner is not None:
+                self._server_failed(now, txn)
 
     def _response(self, req: Request | RawMessage, status: int, reason: str | None = None,
                   *, tag: str | None = None, contact: bool = False,
@@ -435,7 +443,8 @@ class SipEndpoint:
             tag = secrets.token_hex(6)  # §8.2.6.2: a final response outside a dialog
         resp = self._response(txn.request, status, reason, tag=tag, contact=contact,
                               extra=extra, body=body, ctype=ctype, transport=txn.transport)
-        self._send(txn, txn.respond(now, status, bytes(resp)))
+        txn.send_response(now, status, bytes(resp))
+        self._drain(now, txn)
 
     def _send_minimal(self, req: Request, status: int, reason: str, limit: int, addr: Addr,
                       transport: str) -> None:
@@ -542,7 +551,7 @@ class SipEndpoint:
         txn = ClientTransaction(req, call.addr, call.transport, now, self.config.timers)
         txn.owner = call.call_id
         self._client[client_key(req.branch or "", req.method)] = txn
-        self._send_client(txn, txn.start())
+        self._drain(now, txn)  # the request itself
 
     def _send_bye(self, now: float, call: Dialog) -> None:
         self._start_client(now, call, self._in_dialog(call, "BYE"))
@@ -795,10 +804,11 @@ class SipEndpoint:
         if txn is None:
             self.counters["stray-response"] += 1
             return
-        out, up = txn.receive_response(now, resp)
-        self._send_client(txn, out)
-        if up is None:
-            return
+        txn.handle_input(now, resp)
+        self._drain(now, txn)
+
+    def _on_client_response(self, now: float, txn: ClientTransaction, up: Response) -> None:
+        """A response one of our transactions passed up (:class:`Received`)."""
         call = self._calls.get(txn.owner or "")
         if call is None:
             return
