@@ -8,8 +8,10 @@
   goes through.
 * :mod:`.auth` — digest answers to 401/407 (RFC 2617, RFC 8760).
 * :mod:`.events` — what the endpoint hands its shell.
-* :mod:`.ua` — :class:`SipEndpoint`: the UAS and UAC over the layers above (dispatch,
-  CANCEL/BYE/re-INVITE/INFO/REFER, rate limits), with the house verbs.
+* :mod:`.base`, :mod:`.uas`, :mod:`.uac` — the endpoint's shared state and sending, and its
+  two halves: calls that come to us, calls and requests we send.
+* :mod:`.ua` — :class:`SipEndpoint`: both halves behind the house verbs (the source policy,
+  rate limits and table caps at the door, timers, hangup).
 
 SDP for phone media lives beside the WebRTC answerer: :mod:`appliance.proto.sdp.phone`.
 No I/O, no clock: ``now`` is passed in.
