@@ -20,7 +20,7 @@ from appliance.relay.tls import TurnTls
 from appliance.signaling.tls import ensure_self_signed
 from appliance.supervisor import DEFAULTS as UP_DEFAULTS
 from appliance.supervisor import add_arguments as add_up_arguments
-from appliance.supervisor import build_up_config, child_specs
+from appliance.supervisor import build_up_config, child_specs, turn_media
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, RelayConfig]:
@@ -94,6 +94,10 @@ def test_up_builds_its_relay_workers_with_the_same_builder(tmp_path: Path,
         command, listen=[cfg.udp], secret_file=str(secret_file),
         control=relays[0].control, redis=cfg.redis, log_level=cfg.log_level,
         log_format=cfg.log_format, tcp=[cfg.udp],  # ICE-TCP on the UDP port by default
+        # TURN on by default, relaying to the public address (the default route's; off on
+        # a host without one of the --udp address's family)
+        turn=bool(turn_media(cfg)), media_addresses=turn_media(cfg),
+        turn_relay_ips=[a for a, _ in turn_media(cfg)],
         transceivers={int(t.key): ("127.0.0.1", int(t.argv[t.argv.index("--listen") + 1]
                                                     .rsplit(":", 1)[1]))
                       for t in transceivers})
@@ -125,7 +129,8 @@ def test_turn_secrets_travel_as_a_file_never_on_the_command_line(
 def test_bad_turn_flags_are_usage_errors(secret_file: Path, flags: list[str],
                                          message: str) -> None:
     with pytest.raises(cli.UsageError, match=message):
-        _parse(["--secret-file", str(secret_file), "--turn", *flags])
+        _parse(["--secret-file", str(secret_file), "--listen", "127.0.0.1:3478", "--turn",
+                *flags])
 
 
 def test_up_passes_turn_to_its_relay_workers(tmp_path: Path, secret_file: Path) -> None:
@@ -154,6 +159,32 @@ def test_up_passes_turn_to_its_relay_workers(tmp_path: Path, secret_file: Path) 
 def test_only_given_settings_are_written() -> None:
     argv = relay_argv(["relay"], listen=[("::", 3478)], secret_file="s", workers=None)
     assert argv == ["relay", "--listen", "[::]:3478", "--secret-file", "s"]
+    # TURN off is written: a worker's own default is on wherever it knows its address.
+    off = relay_argv(["relay"], listen=[("127.0.0.1", 3478)], secret_file="s", turn=False)
+    assert off[-1] == "--no-turn"
+
+
+def test_turn_is_on_by_default_where_the_media_address_is_known(secret_file: Path) -> None:
+    """Issue 40 item 3: TURN is on by default. A relay that knows the address clients reach
+    it by (bound to one IP, or told with --media-address) runs it; one on a wildcard without
+    that address (a Kubernetes relay behind a load balancer) cannot relay to itself, so it
+    stays off there unless asked, and asking is a usage error."""
+    base = ["--secret-file", str(secret_file)]
+    on = _parse([*base, "--listen", "127.0.0.1:3478"])[1].turn
+    assert on is not None and on.secrets == _parse(
+        [*base, "--listen", "127.0.0.1:3478", "--turn"])[1].turn.secrets  # type: ignore[union-attr]
+    told = _parse([*base, "--listen", "0.0.0.0:3478", "--media-address", "203.0.113.1:3478"])[1]
+    assert told.turn is not None and told.turn.media == (("203.0.113.1", 3478),)
+    assert _parse([*base, "--listen", "0.0.0.0:3478"])[1].turn is None
+    assert _parse([*base, "--listen", "127.0.0.1:3478", "--no-turn"])[1].turn is None
+    with pytest.raises(cli.UsageError, match="--media-address"):
+        _parse([*base, "--listen", "0.0.0.0:3478", "--turn"])
+    # The config file's key: turn = false.
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args([*base, "--listen", "127.0.0.1:3478"])
+    resolve(args, {"relay": {"turn": False}}, "relay", cli.DEFAULTS)
+    assert cli.build_config(args).turn is None
 
 
 @pytest.fixture
@@ -166,6 +197,7 @@ def test_turn_tls_round_trips_as_file_names(secret_file: Path,
                                             tls_files: tuple[str, str]) -> None:
     cert, key = tls_files
     args, parent = _parse(["--secret-file", str(secret_file), "--workers", "2", "--turn",
+                           "--listen", "127.0.0.1:0",
                            "--tcp", "127.0.0.1:0", "--turn-tls-cert", cert, "--turn-tls-key",
                            key, "--turn-tls-name", "TURN.example.com.",
                            "--tcp-https-name", "App.example.com"])
@@ -177,8 +209,8 @@ def test_turn_tls_round_trips_as_file_names(secret_file: Path,
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--turn", "--tcp", "127.0.0.1:0", "--turn-tls-cert", "CERT"], "go together"),
-    (["--tcp", "127.0.0.1:0", "--turn-tls-cert", "CERT", "--turn-tls-key", "KEY"],
-     "needs --turn"),
+    (["--no-turn", "--tcp", "127.0.0.1:0", "--turn-tls-cert", "CERT", "--turn-tls-key", "KEY"],
+     "needs TURN"),
     (["--turn", "--turn-tls-cert", "CERT", "--turn-tls-key", "KEY"], "needs a --tcp"),
     (["--turn", "--tcp", "127.0.0.1:0", "--turn-tls-cert", "KEY", "--turn-tls-key", "KEY"],
      "--turn-tls-cert/--turn-tls-key"),
@@ -188,7 +220,7 @@ def test_bad_turn_tls_flags_are_usage_errors(secret_file: Path, tls_files: tuple
     cert, key = tls_files
     flags = [cert if f == "CERT" else key if f == "KEY" else f for f in flags]
     with pytest.raises(cli.UsageError, match=message):
-        _parse(["--secret-file", str(secret_file), *flags])
+        _parse(["--secret-file", str(secret_file), "--listen", "127.0.0.1:3478", *flags])
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["https-on-media-port", "tls-only"])
