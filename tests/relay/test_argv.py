@@ -20,7 +20,7 @@ from appliance.relay.tls import TurnTls
 from appliance.signaling.tls import ensure_self_signed
 from appliance.supervisor import DEFAULTS as UP_DEFAULTS
 from appliance.supervisor import add_arguments as add_up_arguments
-from appliance.supervisor import build_up_config, child_specs, turn_media
+from appliance.supervisor import build_up_config, child_specs, turn_advert, turn_media
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, RelayConfig]:
@@ -241,3 +241,57 @@ def test_up_gives_turn_tls_where_the_media_port_serves_tls(
         assert config.turn_tls == TurnTls(str(cfg.tls_cert), str(cfg.tls_key))
     else:
         assert config.turn_tls is None
+
+
+def _up(tmp_path: Path, *flags: str, public: str = "203.0.113.1") -> Any:
+    parser = argparse.ArgumentParser()
+    add_up_arguments(parser)
+    args = parser.parse_args(["--state-dir", str(tmp_path / "state"), "--udp", "0.0.0.0:3478",
+                              "--public-address", public, *flags])
+    resolve(args, {}, "up", UP_DEFAULTS)
+    return build_up_config(args)
+
+
+def test_up_advertises_what_its_relays_listen_on_with_their_secret(
+        tmp_path: Path, secret_file: Path) -> None:
+    """Issue 40 item 3: signaling's TURN URLs are the ports the relays actually listen on,
+    and its secret is the one the relays verify with (derived from the same routing
+    secret), so what it mints they accept."""
+    cfg = _up(tmp_path)
+    advert = turn_advert(cfg, secret_file)
+    assert advert is not None
+    assert advert.urls == ("turn:203.0.113.1:3478?transport=udp",
+                           "turn:203.0.113.1:3478?transport=tcp")
+    _, relays = child_specs(cfg, secret_file, tmp_path)
+    relay = _parse(relays[0].argv[3:])[1].turn
+    assert relay is not None and advert.secret == relay.secrets[0]
+    # A load balancer's TCP port; TLS where the media port serves it; no ICE-TCP: UDP only.
+    assert turn_advert(_up(tmp_path, "--public-tcp-port", "443"), secret_file).urls[1] == (  # type: ignore[union-attr]
+        "turn:203.0.113.1:443?transport=tcp")
+    tls = _up(tmp_path, "--tls", "self-signed", "--https-on-media-port")
+    assert turn_advert(tls, secret_file).urls[2] == (  # type: ignore[union-attr]
+        "turns:203.0.113.1:3478?transport=tcp")
+    assert turn_advert(_up(tmp_path, "--no-ice-tcp"), secret_file).urls == (  # type: ignore[union-attr]
+        "turn:203.0.113.1:3478?transport=udp",)
+    # A proxy in front: its URLs instead; a TURN secret file: its first secret.
+    turn_file = tmp_path / "turn.secret"
+    turn_file.write_bytes(b"first\nsecond\n")
+    proxied = turn_advert(_up(tmp_path, "--turn-url", "turns:turn.example.com:443",
+                              "--turn-secret-file", str(turn_file)), secret_file)
+    assert proxied is not None and proxied.urls == ("turns:turn.example.com:443",)
+    assert proxied.secret == b"first"
+    with pytest.raises(ValueError, match="turn: or turns:"):
+        _up(tmp_path, "--turn-url", "stun:203.0.113.1")
+
+
+def test_up_no_turn_turns_off_the_relays_and_the_advert(tmp_path: Path,
+                                                        secret_file: Path) -> None:
+    cfg = _up(tmp_path, "--no-turn")
+    assert turn_advert(cfg, secret_file) is None
+    _, relays = child_specs(cfg, secret_file, tmp_path)
+    assert "--no-turn" in relays[0].argv and _parse(relays[0].argv[3:])[1].turn is None
+    # Without a public address of the --udp family TURN could not relay to us: off by
+    # default, an error when asked for.
+    assert not _up(tmp_path, public="2001:db8::1").turn
+    with pytest.raises(ValueError, match="public address"):
+        _up(tmp_path, "--turn", public="2001:db8::1")
