@@ -134,5 +134,5 @@ def test_operator_turn_urls_that_could_break_a_link_header_are_refused(url: str)
     """--turn-url goes inside the <…> of a WHIP Link header and into an RTCIceServer."""
     from appliance.proto.turn.credentials import check_turn_url
 
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="turn"):
         check_turn_url(url)
