@@ -88,6 +88,7 @@ from .relay.argv import relay_argv
 from .relay.tls import TurnTls
 from .signaling.ice_servers import DEFAULT_TTL as DEFAULT_TURN_TTL
 from .signaling.ice_servers import TurnAdvert
+from .signaling.ice_servers import check_ttl as check_turn_ttl
 from .signaling.options import (
     DEFAULT_LIVE_AGENT,
     DEFAULT_REALTIME_AGENT,
@@ -359,7 +360,7 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
     peers = getattr(args, "turn_peer", None) or []
     cfg.turn_peers = [str(p) for p in (peers if isinstance(peers, list | tuple) else [peers])]
     cfg.turn_urls = turn_url_overrides(args)
-    cfg.turn_ttl = float(getattr(args, "turn_credential_ttl", None) or DEFAULT_TURN_TTL)
+    cfg.turn_ttl = check_turn_ttl(getattr(args, "turn_credential_ttl", None) or DEFAULT_TURN_TTL)
     if cfg.turn and not turn_media(cfg):
         if asked:
             raise ValueError("--turn needs a public address of the --udp address's family "

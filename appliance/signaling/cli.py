@@ -31,7 +31,7 @@ from ..proto.turn.credentials import derive_turn_secret, parse_turn_secrets, tur
 from ..proto.ufrag import load_secrets
 from .geo import parse_ingress_map
 from .ice_servers import DEFAULT_TTL as DEFAULT_TURN_TTL
-from .ice_servers import TurnAdvert
+from .ice_servers import TurnAdvert, check_ttl
 from .options import (
     DEFAULT_LIVE_AGENT,
     DEFAULT_REALTIME_AGENT,
@@ -206,7 +206,7 @@ def build_turn(args: argparse.Namespace, cfg: SignalingConfig) -> TurnAdvert | N
         for host in cfg.public_addresses:
             urls += turn_urls(host, cfg.udp_port, tcp=cfg.tcp_port is not None,
                               tcp_port=cfg.tcp_port, tls_port=tls)
-    return TurnAdvert(secret=secret, urls=tuple(urls), ttl=float(args.turn_credential_ttl))
+    return TurnAdvert(secret=secret, urls=tuple(urls), ttl=check_ttl(args.turn_credential_ttl))
 
 
 def build_config(args: argparse.Namespace) -> tuple[SignalingConfig, str | None]:

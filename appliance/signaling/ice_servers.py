@@ -40,6 +40,15 @@ from ..proto.turn.credentials import (
 
 #: How long a call through TURN may last on one credential, from when it could start.
 DEFAULT_TTL = 7200.0
+MIN_TTL, MAX_TTL = 60.0, 7 * 86400.0
+
+
+def check_ttl(value: object) -> float:
+    """``--turn-credential-ttl``, checked (ValueError says the bounds)."""
+    ttl = float(str(value))
+    if not MIN_TTL <= ttl <= MAX_TTL:
+        raise ValueError(f"--turn-credential-ttl must be {MIN_TTL:g}..{MAX_TTL:g} seconds")
+    return ttl
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +63,7 @@ class TurnAdvert:
     def __post_init__(self) -> None:
         if not self.urls:
             raise ValueError("TURN advertised with no URL")
-        if not 60 <= self.ttl <= 7 * 86400:
-            raise ValueError("--turn-credential-ttl must be 60..604800 seconds")
+        check_ttl(self.ttl)
 
     def mint(self, now: float, *, valid_for: float = 0.0) -> RestCredential:
         """A fresh credential usable from now until ``valid_for + ttl`` seconds from now."""

@@ -282,6 +282,8 @@ def test_up_advertises_what_its_relays_listen_on_with_their_secret(
     assert proxied.secret == b"first"
     with pytest.raises(ValueError, match="turn: or turns:"):
         _up(tmp_path, "--turn-url", "stun:203.0.113.1")
+    with pytest.raises(ValueError, match="--turn-credential-ttl"):
+        _up(tmp_path, "--turn-credential-ttl", "5")
 
 
 def test_up_no_turn_turns_off_the_relays_and_the_advert(tmp_path: Path,
