@@ -381,10 +381,11 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
 def turn_advert(cfg: UpConfig, routing_secret_file: Path) -> TurnAdvert | None:
     """What signaling advertises for the relays' TURN (signaling/ice_servers.py): the secret
     the relays verify with (the first of --turn-secret-file, or derived from the routing
-    secret, relay/cli.py build_turn) and the URLs of the ports actually listened on — UDP
-    and TCP on the media port (TCP where ICE-TCP listens, at --public-tcp-port when a load
-    balancer maps it), TLS on that TCP port where it serves TLS — unless --turn-url names
-    others (a proxy in front)."""
+    secret, relay/cli.py build_turn) and the URLs of the ports actually listened on — TCP
+    on the media port where ICE-TCP listens (at --public-tcp-port when a load balancer maps
+    it), TLS on that port where it serves TLS; TURN over UDP is served but not advertised
+    (below) — unless --turn-url names others (a proxy in front, another address). None
+    when TURN is off or there is nothing to advertise."""
     if not cfg.turn:
         return None
     if cfg.turn_secret_file is not None:
@@ -397,8 +398,14 @@ def turn_advert(cfg: UpConfig, routing_secret_file: Path) -> TurnAdvert | None:
         tcp_port = cfg.public_tcp_port or cfg.udp[1]
         tls = cfg.https_on_media_port and cfg.tls_cert is not None
         for host, port in turn_media(cfg):
-            urls += turn_urls(host, port, tcp=cfg.ice_tcp, tcp_port=tcp_port,
+            # Not TURN over UDP: its address would be our UDP host candidate's, and
+            # Chromium hands whatever arrives from a TURN server's address on its shared
+            # UDP socket to the TURN client, which drops our direct STUN answers, DTLS and
+            # SRTP: every call would leave the direct UDP path (docs/turn.md).
+            urls += turn_urls(host, port, udp=False, tcp=cfg.ice_tcp, tcp_port=tcp_port,
                               tls_port=tcp_port if tls else None)
+    if not urls:  # --no-ice-tcp without TLS on the media port: only UDP, not advertised
+        return None
     return TurnAdvert(secret=secret, urls=tuple(urls), ttl=cfg.turn_ttl)
 
 
@@ -548,6 +555,9 @@ async def up(
                       "session from signaling, secret "
                       f"{cfg.turn_secret_file or 'derived from the routing secret'})",
                       flush=True)
+            elif cfg.turn:
+                print("TURN: UDP only (no ICE-TCP, no TLS on the media port): not advertised "
+                      "to clients (docs/turn.md; --turn-url to advertise)", flush=True)
             else:
                 print("TURN: off", flush=True)
             if cfg.https_on_media_port:

@@ -187,8 +187,8 @@ def build_turn(args: argparse.Namespace, cfg: SignalingConfig) -> TurnAdvert | N
     """What to advertise of the relays' TURN (ice_servers.py): on when a secret is known —
     ``--turn-secret-file``, or derived from the routing secret of ``--secret-file`` as the
     relays derive it — unless ``--no-turn``. The URLs are ``--turn-url``, else the public
-    addresses at the relays' ports: UDP, TCP where ``--public-tcp-port`` says ICE-TCP
-    listens, TLS on that port where ``--relay-https`` says it serves TLS."""
+    addresses at the relays' TCP port where ``--public-tcp-port`` says ICE-TCP listens,
+    TURN over TCP and, where ``--relay-https`` says it serves TLS, over TLS."""
     if args.turn is False:
         return None
     if args.turn_secret_file:
@@ -204,8 +204,15 @@ def build_turn(args: argparse.Namespace, cfg: SignalingConfig) -> TurnAdvert | N
     if not urls:
         tls = cfg.tcp_port if cfg.relay_https is not None else None
         for host in cfg.public_addresses:
-            urls += turn_urls(host, cfg.udp_port, tcp=cfg.tcp_port is not None,
+            # TCP and TLS only: TURN over UDP on the media address breaks Chromium's direct
+            # UDP path (supervisor.turn_advert says why).
+            urls += turn_urls(host, cfg.udp_port, udp=False, tcp=cfg.tcp_port is not None,
                               tcp_port=cfg.tcp_port, tls_port=tls)
+    if not urls:
+        if args.turn:
+            raise ValueError("--turn needs --public-tcp-port (the relays' TCP listener) or "
+                             "--turn-url: TURN over UDP on the media port is not advertised")
+        return None
     return TurnAdvert(secret=secret, urls=tuple(urls), ttl=check_ttl(args.turn_credential_ttl))
 
 

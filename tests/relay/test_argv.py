@@ -260,19 +260,20 @@ def test_up_advertises_what_its_relays_listen_on_with_their_secret(
     cfg = _up(tmp_path)
     advert = turn_advert(cfg, secret_file)
     assert advert is not None
-    assert advert.urls == ("turn:203.0.113.1:3478?transport=udp",
-                           "turn:203.0.113.1:3478?transport=tcp")
+    # TCP only: TURN/UDP on the media address would break Chromium's direct UDP path.
+    assert advert.urls == ("turn:203.0.113.1:3478?transport=tcp",)
     _, relays = child_specs(cfg, secret_file, tmp_path)
     relay = _parse(relays[0].argv[3:])[1].turn
     assert relay is not None and advert.secret == relay.secrets[0]
     # A load balancer's TCP port; TLS where the media port serves it; no ICE-TCP: UDP only.
-    assert turn_advert(_up(tmp_path, "--public-tcp-port", "443"), secret_file).urls[1] == (  # type: ignore[union-attr]
-        "turn:203.0.113.1:443?transport=tcp")
+    assert turn_advert(_up(tmp_path, "--public-tcp-port", "443"), secret_file).urls == (  # type: ignore[union-attr]
+        "turn:203.0.113.1:443?transport=tcp",)
     tls = _up(tmp_path, "--tls", "self-signed", "--https-on-media-port")
-    assert turn_advert(tls, secret_file).urls[2] == (  # type: ignore[union-attr]
-        "turns:203.0.113.1:3478?transport=tcp")
-    assert turn_advert(_up(tmp_path, "--no-ice-tcp"), secret_file).urls == (  # type: ignore[union-attr]
-        "turn:203.0.113.1:3478?transport=udp",)
+    assert turn_advert(tls, secret_file).urls == (  # type: ignore[union-attr]
+        "turn:203.0.113.1:3478?transport=tcp", "turns:203.0.113.1:3478?transport=tcp")
+    # Only UDP left: the relays serve it, signaling advertises nothing (unless --turn-url).
+    no_tcp = _up(tmp_path, "--no-ice-tcp")
+    assert no_tcp.turn and turn_advert(no_tcp, secret_file) is None
     # A proxy in front: its URLs instead; a TURN secret file: its first secret.
     turn_file = tmp_path / "turn.secret"
     turn_file.write_bytes(b"first\nsecond\n")

@@ -150,8 +150,11 @@ def test_standalone_signaling_learns_the_secret_as_the_relay_does(tmp_path: Path
     relay = relay_cli.build_config(args).turn
     assert relay is not None and cfg.turn is not None
     assert cfg.turn.secret == relay.secrets[0]  # what signaling mints, the relay verifies
-    assert cfg.turn.urls == ("turn:203.0.113.9:3478?transport=udp",
-                             "turn:203.0.113.9:443?transport=tcp")
+    assert cfg.turn.urls == ("turn:203.0.113.9:443?transport=tcp",)  # TCP: not UDP (docs)
+    # No TCP listener named: nothing to advertise (asking for it is an error).
+    assert _signaling([*base, "--secret-file", str(routing)]).turn is None
+    with pytest.raises(ValueError, match="--public-tcp-port"):
+        _signaling([*base, "--secret-file", str(routing), "--turn"])
     # A proxy in front: --turn-url replaces them; a TURN secret file is used as the relay's.
     turn_file = tmp_path / "turn.secret"
     turn_file.write_bytes(b"shared\n")
