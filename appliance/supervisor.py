@@ -75,6 +75,8 @@ from .config import (
     resolve,
 )
 from .logs import add_logging_flags, configure
+from .proto.turn.credentials import derive_turn_secret, parse_turn_secrets, turn_urls
+from .proto.ufrag import load_secrets
 from .recordings import (
     DEFAULT_QUOTA,
     DEFAULT_RETENTION,
@@ -84,6 +86,9 @@ from .recordings import (
 )
 from .relay.argv import relay_argv
 from .relay.tls import TurnTls
+from .signaling.ice_servers import DEFAULT_TTL as DEFAULT_TURN_TTL
+from .signaling.ice_servers import TurnAdvert
+from .signaling.ice_servers import check_ttl as check_turn_ttl
 from .signaling.options import (
     DEFAULT_LIVE_AGENT,
     DEFAULT_REALTIME_AGENT,
@@ -92,11 +97,13 @@ from .signaling.options import (
     add_realtime_arguments,
     add_sip_arguments,
     add_tls_arguments,
+    add_turn_arguments,
     add_webhook_arguments,
     checked_live_agent,
     default_webui_dir,
     sip_settings,
     tls_settings,
+    turn_url_overrides,
     webhook_endpoints,
 )
 from .signaling.server import (
@@ -134,9 +141,11 @@ DEFAULTS: dict[str, Any] = {
     "public_tcp_port": None,
     "relayed_media_port": None,
     "https_on_media_port": False,
-    "turn": False,
+    "turn": None,  # None: on wherever a public address of the media port's family is known
     "turn_secret_file": None,
     "turn_peer": [],
+    "turn_url": [],
+    "turn_credential_ttl": DEFAULT_TURN_TTL,
     "record": False,
     "recording_quota": "1G",
     "recording_retention": "7d",
@@ -253,10 +262,13 @@ class UpConfig:
     https_on_media_port: bool = False
     relay_https: tuple[str, int] | None = None  # signaling's backend for it (proxied.py)
     #: TURN on the media port (relay/turn.py, docs/turn.md): REST secret file (None: derived
-    #: from the routing secret) and extra peer networks
-    turn: bool = False
+    #: from the routing secret), extra peer networks, the URLs advertised instead of the
+    #: media port's (a proxy in front) and how long a minted credential lasts
+    turn: bool = True
     turn_secret_file: str | None = None
     turn_peers: list[str] = field(default_factory=list)
+    turn_urls: list[str] = field(default_factory=list)
+    turn_ttl: float = DEFAULT_TURN_TTL
     #: the relayed-media port (issue 40 item 2): with TURN on and a media port below 1024,
     #: the relays also listen on UDP at this port and answers add it as a lower-priority
     #: candidate, so TURN clients (Chromium relays to no port below 1024) have a peer port.
@@ -350,14 +362,31 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
     if cfg.https_on_media_port and not (cfg.ice_tcp and cfg.tls_cert):
         raise ValueError("--https-on-media-port needs ICE-TCP and --tls (or --tls-cert): the "
                          "relays tell HTTPS from ICE-TCP by the TLS record's first byte")
-    cfg.turn = bool(getattr(args, "turn", False))
+    # TURN (issue 40 item 3): on by default; off with --no-turn (config: turn = false), or
+    # by default when no public address of the media port's family is known to relay to.
+    asked = getattr(args, "turn", None)
+    cfg.turn = asked is not False
     secret_file = getattr(args, "turn_secret_file", None)
     cfg.turn_secret_file = os.path.abspath(str(secret_file)) if secret_file else None
+    if cfg.turn_secret_file is not None:
+        try:
+            with open(cfg.turn_secret_file, "rb") as f:
+                parse_turn_secrets(f.read())
+        except OSError as exc:
+            raise ValueError(f"--turn-secret-file {secret_file}: {exc.strerror}") from None
+        except ValueError as exc:
+            raise ValueError(f"--turn-secret-file {secret_file}: {exc}") from None
     peers = getattr(args, "turn_peer", None) or []
     cfg.turn_peers = [str(p) for p in (peers if isinstance(peers, list | tuple) else [peers])]
+    cfg.turn_urls = turn_url_overrides(args)
+    cfg.turn_ttl = check_turn_ttl(getattr(args, "turn_credential_ttl", None) or DEFAULT_TURN_TTL)
     if cfg.turn and not turn_media(cfg):
-        raise ValueError("--turn needs a public address of the --udp address's family "
-                         "(--public-address): TURN clients and peers reach the relay by it")
+        if asked:
+            raise ValueError("--turn needs a public address of the --udp address's family "
+                             "(--public-address): TURN clients and peers reach the relay by it")
+        cfg.turn = False
+        log.warning("TURN off: no public address of the --udp address's family to relay to "
+                    "(--public-address)")
     relayed = getattr(args, "relayed_media_port", None)
     if relayed is not None:
         cfg.relayed_media_port = int(relayed)
@@ -385,6 +414,37 @@ def relayed_media_port(cfg: UpConfig) -> int | None:
     if not cfg.turn or cfg.udp[1] == 0 or cfg.udp[1] >= 1024:
         return None
     return cfg.relayed_media_port or RELAYED_MEDIA_PORT
+
+
+def turn_advert(cfg: UpConfig, routing_secret_file: Path) -> TurnAdvert | None:
+    """What signaling advertises for the relays' TURN (signaling/ice_servers.py): the secret
+    the relays verify with (the first of --turn-secret-file, or derived from the routing
+    secret, relay/cli.py build_turn) and the URLs of the ports actually listened on — TCP
+    on the media port where ICE-TCP listens (at --public-tcp-port when a load balancer maps
+    it), TLS on that port where it serves TLS; TURN over UDP is served but not advertised
+    (below) — unless --turn-url names others (a proxy in front, another address). None
+    when TURN is off or there is nothing to advertise."""
+    if not cfg.turn:
+        return None
+    if cfg.turn_secret_file is not None:
+        with open(cfg.turn_secret_file, "rb") as f:
+            secret = parse_turn_secrets(f.read())[0]
+    else:
+        secret = derive_turn_secret(load_secrets(routing_secret_file.read_bytes())[0])
+    urls = list(cfg.turn_urls)
+    if not urls:
+        tcp_port = cfg.public_tcp_port or cfg.udp[1]
+        tls = cfg.https_on_media_port and cfg.tls_cert is not None
+        for host in dict.fromkeys(h for h, _ in turn_media(cfg)):
+            # Not TURN over UDP: its address would be our UDP host candidate's, and
+            # Chromium hands whatever arrives from a TURN server's address on its shared
+            # UDP socket to the TURN client, which drops our direct STUN answers, DTLS and
+            # SRTP: every call would leave the direct UDP path (docs/turn.md).
+            urls += turn_urls(host, cfg.udp[1], udp=False, tcp=cfg.ice_tcp, tcp_port=tcp_port,
+                              tls_port=tcp_port if tls else None)
+    if not urls:  # --no-ice-tcp without TLS on the media port: only UDP, not advertised
+        return None
+    return TurnAdvert(secret=secret, urls=tuple(urls), ttl=cfg.turn_ttl)
 
 
 def turn_media(cfg: UpConfig) -> list[tuple[str, int]]:
@@ -509,6 +569,7 @@ async def up(
             sip=cfg.sip,
             admission_limit=cfg.admission_limit,
             recordings_dir=cfg.state_dir / RECORDINGS_DIR,
+            turn=turn_advert(cfg, secret),
         )
         generated = ensure_api_token(sig_cfg)
         state = SignalingState(sig_cfg)
@@ -536,17 +597,19 @@ async def up(
                 tcp = ", ".join(format_hostport((a, port)) for a in cfg.public_addresses)
                 print(f"media: ICE-TCP {tcp} (listening on {format_hostport(cfg.udp)})",
                       flush=True)
-            if cfg.turn:
-                turn = ", ".join(f"turn:{format_hostport(a)}" for a in turn_media(cfg))
-                print(f"TURN (UDP): {turn}, REST API credentials from "
-                      f"{cfg.turn_secret_file or 'a secret derived from the routing secret'}",
+            if sig_cfg.turn is not None:  # the URLs signaling hands out, with credentials
+                print(f"TURN: {' '.join(sig_cfg.turn.urls)} (REST API credentials per "
+                      "session from signaling, secret "
+                      f"{cfg.turn_secret_file or 'derived from the routing secret'})",
                       flush=True)
+            elif cfg.turn:
+                print("TURN: UDP only (no ICE-TCP, no TLS on the media port): not advertised "
+                      "to clients (docs/turn.md; --turn-url to advertise)", flush=True)
+            else:
+                print("TURN: off", flush=True)
             if cfg.https_on_media_port:
                 print(f"HTTPS also on the media port: https://{format_hostport((cfg.public_addresses[0], cfg.public_tcp_port or cfg.udp[1]))}/",
                       flush=True)
-                if cfg.turn:  # relay/tls.py: the same port, split by the ClientHello
-                    print(f"TURN (TLS) on the media port: turns:{format_hostport((cfg.public_addresses[0], cfg.public_tcp_port or cfg.udp[1]))}?transport=tcp",
-                          flush=True)
             print(f"appliance ready: web UI {base}/  demo {base}/demo  API {base}/v1/sessions",
                   flush=True)
             task_status.started((base, sup, state))
@@ -600,17 +663,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "connection whose first byte starts a TLS record goes to "
                              "signaling, an RFC 4571 frame to ICE-TCP): e.g. --udp "
                              "0.0.0.0:443 for a network that opens only 443")
-    parser.add_argument("--turn", action="store_true", default=None,
-                        help="TURN server on the relays' UDP port (docs/turn.md): for clients "
-                             "restricted to relayed candidates; their media to this "
-                             "appliance never leaves the host. Credentials in the TURN REST "
-                             "API form (username expiry:id, password base64 HMAC-SHA1)")
-    parser.add_argument("--turn-secret-file", metavar="F", default=None,
-                        help="with --turn: the REST API shared secret(s), one per line "
-                             "(coturn's static-auth-secret form; default: derived from the "
-                             "routing secret)")
+    add_turn_arguments(parser, role="up")
     parser.add_argument("--turn-peer", action="append", metavar="CIDR", default=None,
-                        help="with --turn: also relay to peers in this network (repeatable; "
+                        help="TURN also relays to peers in this network (repeatable; "
                              "default: only this appliance's own media addresses)")
     parser.add_argument("--transceivers", type=int, metavar="N", default=None,
                         help="number of transceiver processes (default 2)")

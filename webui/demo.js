@@ -4,6 +4,14 @@
 // candidates: we wait for ICE gathering for at most ~200 ms and POST whatever we have; the
 // browser then sends connectivity checks to the server's one candidate (the relay port).
 //
+// TURN (docs/turn.md): before the offer the page asks GET /v1/ice_servers for the
+// appliance's TURN servers and a fresh credential, and gives them to its RTCPeerConnection
+// (the WHIP Link headers come only with the answer, too late for the offer's ICE agent).
+// Its relay candidates need not be in the offer either: the browser checks from them to
+// the server's candidate whenever they are gathered. ?relay=1 sets iceTransportPolicy
+// "relay": the call then goes through TURN or not at all (to try what a locked-down
+// network or browser policy does).
+//
 // window.applianceDemo exposes the page state for tests and for the console.
 import {
   AuthError, HttpError, UnreachableError, adoptTokenFromUrl, api, apiUrl, fmtMs, fmtNum, h,
@@ -15,6 +23,8 @@ const params = new URLSearchParams(location.search);
 // Overridable for tests: how long media may take to connect before we call it failed.
 const CONNECT_TIMEOUT_MS = Number(params.get("connect_timeout_ms")) || 15000;
 const GATHER_MAX_MS = 200;
+// ?relay=1: relayed candidates only (iceTransportPolicy "relay"), through the appliance's TURN.
+const FORCE_RELAY = ["1", "true", "yes"].includes((params.get("relay") || "").toLowerCase());
 
 let state = "idle";
 let errorCode = null;
@@ -154,7 +164,7 @@ function renderStats(st) {
 
 async function start() {
   if (run) teardown(run, false);
-  const r = { pc: null, stream: null, sessionUrl: null, sessionId: null, cleanups: [], connected: false,
+  const r = { pc: null, stream: null, sessionUrl: null, sessionId: null, iceServers: null, agent: "", cleanups: [], connected: false,
     t0: performance.now(), setupMs: null, micMs: null, answerMs: null, answeredAt: null, serverTimeline: null,
     turns: null, stopping: false };
   run = r;
@@ -169,6 +179,13 @@ async function start() {
   transcript.length = 0;
   turns.length = 0;
   setState("starting", "asking for the microphone");
+  // The agent is chosen at Start: a client token (when the API needs one) is minted for it,
+  // and the first request below may be the one that mints it.
+  r.agent = chosenAgent();
+  setTokenAgent(r.agent);
+  // The TURN servers, asked while the microphone prompt is up (settled, never rejected: a
+  // failure is judged below, once the microphone is ours).
+  const iceAsked = fetchIceServers().then((servers) => ({ servers }), (error) => ({ error }));
 
   // 1. Microphone. Browsers only offer it to secure contexts (https or localhost).
   if (!navigator.mediaDevices || !navigator.mediaDevices.getUserMedia) {
@@ -204,9 +221,27 @@ async function start() {
   r.cleanups.push(() => r.stream.getTracks().forEach((t) => t.stop()));
   attachMeter(r, r.stream, "input");
 
-  // 2. Offer.
-  setState("connecting", "sending the offer");
-  const pc = new RTCPeerConnection({ bundlePolicy: "max-bundle", rtcpMuxPolicy: "require" });
+  // 2. ICE servers (TURN), then the offer.
+  const ice = await iceAsked;
+  if (!current(r)) return;
+  if (ice.error) {
+    const e = ice.error;
+    if (e instanceof UnreachableError) return fail(r, "unreachable", "The server is unreachable", e.message);
+    if (e instanceof AuthError) return fail(r, "auth", "Access token required", e.message, { auth: true });
+    // Anything else: TURN is a fallback; the direct path may still work (unless forced).
+    if (FORCE_RELAY) return fail(r, "no-turn", "The TURN servers are not available", e.message || String(e));
+    ice.servers = [];
+  }
+  r.iceServers = ice.servers;
+  if (FORCE_RELAY && !ice.servers.length) {
+    return fail(r, "no-turn", "No TURN server to relay through",
+      "The page was opened with ?relay=1 (relayed candidates only), but this appliance advertises no TURN server (it was started with --no-turn, or without a public address).");
+  }
+  setState("connecting", FORCE_RELAY ? "sending the offer (relay only)" : "sending the offer");
+  const pc = new RTCPeerConnection({
+    bundlePolicy: "max-bundle", rtcpMuxPolicy: "require", iceServers: ice.servers,
+    ...(FORCE_RELAY ? { iceTransportPolicy: "relay" } : {}),
+  });
   r.pc = pc;
   r.cleanups.push(() => pc.close());
   for (const track of r.stream.getAudioTracks()) pc.addTrack(track, r.stream);
@@ -222,8 +257,7 @@ async function start() {
     await pc.setLocalDescription(await pc.createOffer());
     await gathered(pc, GATHER_MAX_MS);
     if (!current(r)) return;
-    const agent = chosenAgent();
-    setTokenAgent(agent); // a client token (when the API needs one) is minted for this agent
+    const agent = r.agent;
     const path = `v1/sessions${agent ? `?agent=${encodeURIComponent(agent)}` : ""}`;
     const tPost = performance.now();
     const resp = await api(path, {
@@ -269,6 +303,16 @@ async function start() {
   r.cleanups.push(() => clearTimeout(connectTimer));
   watchFirstAudio(r);
   pollSession(r);
+}
+
+/** The appliance's TURN servers as RTCIceServer objects, with a credential minted for this
+ * call (GET /v1/ice_servers); [] when it advertises none (or is too old to say). */
+async function fetchIceServers() {
+  const resp = await api("v1/ice_servers", { headers: { Accept: "application/json" } });
+  if (resp.status === 404) return [];
+  if (!resp.ok) throw await httpError(resp, "Could not get the TURN servers");
+  const body = await resp.json();
+  return body && Array.isArray(body.ice_servers) ? body.ice_servers : [];
 }
 
 function gathered(pc, maxMs) {
@@ -572,6 +616,10 @@ window.applianceDemo = {
   get error() { return errorCode; },
   get message() { return $("message").hidden ? null : `${$("message-title").textContent}: ${$("message-text").textContent}`; },
   get sessionId() { return run ? run.sessionId : null; },
+  /** The TURN servers this call's RTCPeerConnection was given, and whether only relayed
+   * candidates were allowed (?relay=1). */
+  get iceServers() { return run && run.iceServers ? run.iceServers.map((s) => ({ urls: s.urls })) : []; },
+  get relayOnly() { return FORCE_RELAY; },
   get setupMs() { return run ? run.setupMs : null; },
   get serverTimeline() { return run ? run.serverTimeline : null; },
   /** The session object's `turns`: each turn's waterfall, as the Turns panel draws it. */

@@ -53,6 +53,10 @@ async def request(
             if not verify_tls:
                 ctx.check_hostname = False
                 ctx.verify_mode = ssl.CERT_NONE
+            # Offer http/1.1 as browsers and curl do: on a media port that serves HTTPS
+            # beside TURN/TLS (on by default), a hello offering no ALPN is taken for a
+            # `turns:` client (docs/turn.md "Over TLS", rule 4).
+            ctx.set_alpn_protocols(["http/1.1"])
             stream = trio.SSLStream(stream, ctx, server_hostname=host)
         hdrs = {"Host": parts.netloc, "Connection": "close", "Content-Length": str(len(body))}
         hdrs.update(headers or {})

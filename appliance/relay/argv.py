@@ -49,7 +49,7 @@ def relay_argv(
     tcp_max_connections: int | None = None,
     tcp_max_per_ip: int | None = None,
     tcp_https: Address | None = None,
-    turn: bool = False,
+    turn: bool | None = None,
     turn_secret_file: str | None = None,
     turn_realm: str | None = None,
     media_addresses: Sequence[Address] = (),
@@ -97,7 +97,9 @@ def relay_argv(
     opt("--tcp-max-connections", tcp_max_connections)
     opt("--tcp-max-per-ip", tcp_max_per_ip)
     opt("--tcp-https", None if tcp_https is None else format_hostport(tcp_https))
-    if turn:  # TURN's secrets travel as a file name, never on the command line
+    if turn is False:  # explicit: a worker's default is on where it knows its media address
+        argv.append("--no-turn")
+    elif turn:  # TURN's secrets travel as a file name, never on the command line
         argv.append("--turn")
         opt("--turn-secret-file", turn_secret_file)
         opt("--turn-realm", turn_realm)

@@ -39,6 +39,7 @@ from ..children import ChildSpec, Supervisor, exception_leaves, serve_fork_templ
 from ..config import ConfigError, format_hostport, load_config, parse_hostport, resolve
 from ..control import serve_control
 from ..heap import settle_heap
+from ..proto.turn.credentials import derive_turn_secret, parse_turn_secrets
 from ..proto.ufrag import load_secrets
 from .argv import relay_argv
 from .control import merged_stats, unknown_op
@@ -48,7 +49,7 @@ from .resolver import pattern_address
 from .server import RelayConfig, serve_relay
 from .tcp import TcpLimits
 from .tls import TurnTls
-from .turn import TurnSettings, derive_turn_secret
+from .turn import TurnSettings
 
 log = logging.getLogger("appliance.relay")
 
@@ -75,7 +76,7 @@ DEFAULTS: dict[str, Any] = {
     "tcp_max_connections": 10_000,
     "tcp_max_per_ip": 64,
     "tcp_https": None,
-    "turn": False,
+    "turn": None,  # None: on wherever the relay knows its media address (build_turn)
     "turn_secret_file": None,
     "turn_realm": "appliance",
     "media_address": [],
@@ -164,9 +165,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
            "record is relayed, as is, behind a PROXY v2 header naming the client, to this "
            "address (signaling's --relay-https backend)")
     a("--turn", action="store_true", default=None,
-      help="TURN server (RFC 8656) on the UDP listen addresses, for clients that may only "
-           "use relayed candidates; data to this appliance's own media address goes to its "
-           "transceiver without leaving the host (docs/turn.md)")
+      help="TURN server (RFC 8656) on the UDP listen addresses (and the --tcp listeners), "
+           "for clients that may only use relayed candidates; data to this appliance's own "
+           "media address goes to its transceiver without leaving the host (docs/turn.md). "
+           "On by default wherever the media address is known (a --listen bound to one IP, "
+           "or --media-address / --turn-relay-ip); --turn makes it a usage error when not")
+    a("--no-turn", dest="turn", action="store_false", default=None,
+      help="no TURN server (config file: turn = false): TURN requests are dropped like any "
+           "other unknown first packet")
     a("--turn-secret-file", metavar="F",
       help="TURN REST API shared secrets, one per line as text (the first mints, all "
            "verify; the form of coturn's static-auth-secret). Default: derived from the "
@@ -254,11 +260,7 @@ def load_turn_secrets(path: str) -> tuple[bytes, ...]:
     """A TURN secret file: one shared secret per non-empty line, taken as text (coturn's
     ``static-auth-secret`` form: the HMAC key is the line's bytes); ``#`` starts a comment."""
     with open(path, "rb") as f:
-        lines = [line.strip() for line in f.read().splitlines()]
-    out = tuple(line for line in lines if line and not line.startswith(b"#"))
-    if not out:
-        raise ValueError("holds no secret")
-    return out
+        return parse_turn_secrets(f.read())
 
 
 def _list(value: object) -> list[str]:
@@ -267,9 +269,27 @@ def _list(value: object) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list | tuple) else [str(value)]
 
 
+def _knows_media_address(args: argparse.Namespace) -> bool:
+    """Whether TURN can name this relay's media address (server.relay_ips): a listen
+    address bound to one IP, or --media-address / --turn-relay-ip."""
+    listen = _list(args.listen)
+    return bool(_list(args.media_address) or _list(args.turn_relay_ip) or any(
+        _addr(x, "--listen", "0.0.0.0")[0] not in ("0.0.0.0", "::") for x in listen))
+
+
 def build_turn(args: argparse.Namespace, routing: list[bytes]) -> TurnSettings | None:
-    """``--turn`` and its flags, checked; None without ``--turn``."""
-    if not args.turn:
+    """TURN's settings, checked; None with ``--no-turn``, or by default when the relay
+    listens on a wildcard and is not told the address clients reach it by (TURN could not
+    relay to our own media address, so it would only answer 403s: a Kubernetes relay behind
+    a load balancer, deploy/kubernetes/40-relay.yaml). ``--turn`` there is a usage error."""
+    if args.turn is False:
+        return None
+    if not _knows_media_address(args):
+        if args.turn:
+            raise UsageError("--turn on a wildcard listen address needs --media-address "
+                             "(or --turn-relay-ip): the address clients reach this relay by")
+        log.info("TURN off: the relay listens on a wildcard address and has no "
+                 "--media-address (or --turn-relay-ip) to relay to")
         return None
     if args.turn_secret_file:
         try:
@@ -300,7 +320,7 @@ def build_turn(args: argparse.Namespace, routing: list[bytes]) -> TurnSettings |
     return settings
 
 
-def build_turn_tls(args: argparse.Namespace) -> TurnTls | None:
+def build_turn_tls(args: argparse.Namespace, turn: bool) -> TurnTls | None:
     """``--turn-tls-cert/--turn-tls-key`` and the split's names, checked (the chain loads
     now, so a bad file is a usage error, not a dead listener); None without them."""
     cert, key = args.turn_tls_cert, args.turn_tls_key
@@ -308,8 +328,9 @@ def build_turn_tls(args: argparse.Namespace) -> TurnTls | None:
         return None
     if not (cert and key):
         raise UsageError("--turn-tls-cert and --turn-tls-key go together")
-    if not args.turn:
-        raise UsageError("--turn-tls-cert needs --turn")
+    if not turn:
+        raise UsageError("--turn-tls-cert needs TURN (no --no-turn, and a media address "
+                         "it can relay to)")
     if not args.tcp:
         raise UsageError("--turn-tls-cert needs a --tcp listener")
     tls = TurnTls(cert=str(cert), key=str(key),
@@ -367,6 +388,7 @@ def build_config(args: argparse.Namespace) -> RelayConfig:
     coalesce_us = float(args.coalesce_us)
     if not 0 <= coalesce_us <= 1000:
         raise UsageError("--coalesce-us must be 0..1000")
+    turn = build_turn(args, secrets)
     return RelayConfig(
         secrets=tuple(secrets),
         listen=tuple(_addr(x, "--listen", "0.0.0.0") for x in listen),
@@ -392,8 +414,8 @@ def build_config(args: argparse.Namespace) -> RelayConfig:
                              max_per_ip=int(args.tcp_max_per_ip)),
         tcp_https=None if not args.tcp_https else _addr(args.tcp_https, "--tcp-https",
                                                         "127.0.0.1"),
-        turn=build_turn(args, secrets),
-        turn_tls=build_turn_tls(args),
+        turn=turn,
+        turn_tls=build_turn_tls(args, turn is not None),
     )
 
 

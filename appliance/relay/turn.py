@@ -78,19 +78,11 @@ from .transport import ReturnSink, Transport
 log = logging.getLogger("appliance.relay.server")
 
 __all__ = [
-    "RelaySockets", "TurnGate", "TurnSettings", "derive_turn_secret", "own_media_map",
+    "RelaySockets", "TurnGate", "TurnSettings", "own_media_map",
 ]
 
 #: Datagrams read from one relayed socket per wake-up (peers under --turn-peer only).
 PEER_BATCH = 32
-
-
-def derive_turn_secret(routing_secret: bytes) -> bytes:
-    """The TURN REST API shared secret when none is configured: derived from the routing
-    secret (signaling, which mints credentials, has it too), as 64 hex characters — a
-    printable string, so the same secret can be given to coturn or a credential tool."""
-    return hmac.new(routing_secret, b"appliance turn-rest secret v1",
-                    hashlib.sha256).hexdigest().encode()
 
 
 def nonce_key(secret: bytes) -> bytes:

@@ -8,7 +8,8 @@ PATCH  /v1/sessions/{id}     trickle-ice-sdpfrag: 204 (trickle) / 200 (ICE resta
 DELETE /v1/sessions/{id}     end the session                                        session
 GET    /v1/sessions[/{id}]   JSON, live from the transceivers + the registry        api
 GET    /v1/events            server-sent events: sessions + health, ~1 s            api
-POST   /v1/client_tokens     mint a short-lived browser token                       api
+POST   /v1/client_tokens     mint a short-lived browser token (+ ``ice_servers``)   api
+GET    /v1/ice_servers       TURN servers + a fresh credential (RTCIceServer list)  session
 GET    /metrics              Prometheus text                                         api
 GET    /healthz /readyz      liveness / at least one transceiver and relay answer   none
 GET    / /demo /<file>       the static web UI from ``webui/``                      none
@@ -19,6 +20,9 @@ this host (a caller spliced in from the media port or forwarded by a proxy is ju
 own address: proxied.py): ``api`` wants the API token; ``session`` also accepts a client token (and then only for sessions it created).
 Every error is ``application/problem+json`` (RFC 9457, see problems.py); bad input is a 4xx,
 never a 500.
+
+A 201 to ``POST /v1/sessions`` carries one WHIP ``Link: <turn:…>; rel="ice-server"`` header
+per TURN server with a credential minted for it (RFC 9725 §4.6, ice_servers.py).
 
 ``POST /v1/sessions`` and ``DELETE /v1/sessions/{id}`` are answered in front of Quart by
 fastpath.py (the WHIP hot path, no request contexts); the rules both paths apply are in
@@ -42,6 +46,7 @@ from werkzeug.exceptions import HTTPException
 from . import metrics, sip_http
 from . import realtime_http as realtime
 from .fastpath import WhipFastPath
+from .ice_servers import ice_servers
 from .live_ws import register_live_websocket
 from .problems import Problem, problem_response
 from .proxied import TrustEdge
@@ -147,8 +152,8 @@ def create_app(state: SignalingState) -> QuartTrio:
             offer, agent, claims.jti if claims else None, ingress=ingress
         )
         resp = Response(answer, status=201, content_type=SDP)
-        for k, v in created_headers(rec):
-            resp.headers[k] = v
+        for k, v in created_headers(rec, state):
+            resp.headers.add(k, v)  # add: one Link header per TURN server
         return resp
 
     @app.patch("/v1/sessions/<sid>")
@@ -225,12 +230,30 @@ def create_app(state: SignalingState) -> QuartTrio:
                 # The minter has full rights (above): it may choose the agent the token's
                 # sessions get, as it could have created the session itself.
                 agent = check_agent(body["agent"] or None)
-        token, claims = state.tokens.mint(now=state.clock(), ttl=ttl, agent=agent)
+        now = state.clock()
+        token, claims = state.tokens.mint(now=now, ttl=ttl, agent=agent)
+        # The TURN servers the call this token places may use (ice_servers.py): their
+        # credential lasts from the token's last moment to a call's length after it.
         resp = json_response(
             {"token": token, "expires_at": claims.exp, "ttl": ttl, "scope": list(claims.scope),
+             "ice_servers": ice_servers(state.config.turn, now, valid_for=ttl),
              **({} if agent is None else {"agent": agent})},
             status=201,
         )
+        resp.headers["Cache-Control"] = "no-store"
+        return resp
+
+    @app.get("/v1/ice_servers")
+    async def get_ice_servers() -> Response:
+        """The TURN servers for a call about to be offered (``iceServers`` before the
+        offer: the WHIP Link headers come only with the answer). Whoever may create a
+        session may ask: loopback, the API token, a client token."""
+        authorize(sessions=True)
+        now = state.clock()
+        servers = ice_servers(state.config.turn, now)
+        # The credential's own expiry (its username is "expiry:id"); null without TURN.
+        expires = int(str(servers[0]["username"]).split(":", 1)[0]) if servers else None
+        resp = json_response({"ice_servers": servers, "expires_at": expires})
         resp.headers["Cache-Control"] = "no-store"
         return resp
 

@@ -27,7 +27,11 @@ from ..config import (
     resolve,
 )
 from ..logs import add_logging_flags, configure
+from ..proto.turn.credentials import derive_turn_secret, parse_turn_secrets, turn_urls
+from ..proto.ufrag import load_secrets
 from .geo import parse_ingress_map
+from .ice_servers import DEFAULT_TTL as DEFAULT_TURN_TTL
+from .ice_servers import TurnAdvert, check_ttl
 from .options import (
     DEFAULT_LIVE_AGENT,
     DEFAULT_REALTIME_AGENT,
@@ -36,11 +40,13 @@ from .options import (
     add_realtime_arguments,
     add_sip_arguments,
     add_tls_arguments,
+    add_turn_arguments,
     add_webhook_arguments,
     checked_live_agent,
     default_webui_dir,
     sip_settings,
     tls_settings,
+    turn_url_overrides,
     webhook_endpoints,
 )
 from .server import (
@@ -70,6 +76,11 @@ DEFAULTS: dict[str, Any] = {
     "trusted_proxy": [],
     "realtime_agent": DEFAULT_REALTIME_AGENT,
     "live_agent": DEFAULT_LIVE_AGENT,
+    "turn": None,
+    "secret_file": None,
+    "turn_secret_file": None,
+    "turn_url": [],
+    "turn_credential_ttl": DEFAULT_TURN_TTL,
 }
 
 
@@ -124,6 +135,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_live_arguments(parser)
     add_webhook_arguments(parser)
     add_sip_arguments(parser)
+    add_turn_arguments(parser, role="signaling")
     add_geo_arguments(parser)
     add_tls_arguments(parser)
     parser.add_argument("--state-dir", metavar="DIR", default=None,
@@ -175,6 +187,47 @@ def _relayed_port(value: object) -> int | None:
         raise ValueError("--relayed-media-port must be 1024..65535 (Chromium will not relay "
                          "to a port below 1024)")
     return port
+def _read(path: object, what: str, parse: Any) -> Any:
+    try:
+        with open(str(path), "rb") as f:
+            return parse(f.read())
+    except OSError as exc:
+        raise ValueError(f"{what} {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ValueError(f"{what} {path}: {exc}") from None
+
+
+def build_turn(args: argparse.Namespace, cfg: SignalingConfig) -> TurnAdvert | None:
+    """What to advertise of the relays' TURN (ice_servers.py): on when a secret is known —
+    ``--turn-secret-file``, or derived from the routing secret of ``--secret-file`` as the
+    relays derive it — unless ``--no-turn``. The URLs are ``--turn-url``, else the public
+    addresses at the relays' TCP port where ``--public-tcp-port`` says ICE-TCP listens,
+    TURN over TCP and, where ``--relay-https`` says it serves TLS, over TLS."""
+    if args.turn is False:
+        return None
+    if args.turn_secret_file:
+        secret = _read(args.turn_secret_file, "--turn-secret-file", parse_turn_secrets)[0]
+    elif args.secret_file:
+        secret = derive_turn_secret(_read(args.secret_file, "--secret-file", load_secrets)[0])
+    elif args.turn:
+        raise ValueError("--turn needs --secret-file (the relays' routing secret) or "
+                         "--turn-secret-file: credentials are minted with the relays' secret")
+    else:
+        return None
+    urls = turn_url_overrides(args)
+    if not urls:
+        tls = cfg.tcp_port if cfg.relay_https is not None else None
+        for host in cfg.public_addresses:
+            # TCP and TLS only: TURN over UDP on the media address breaks Chromium's direct
+            # UDP path (supervisor.turn_advert says why).
+            urls += turn_urls(host, cfg.udp_port, udp=False, tcp=cfg.tcp_port is not None,
+                              tcp_port=cfg.tcp_port, tls_port=tls)
+    if not urls:
+        if args.turn:
+            raise ValueError("--turn needs --public-tcp-port (the relays' TCP listener) or "
+                             "--turn-url: TURN over UDP on the media port is not advertised")
+        return None
+    return TurnAdvert(secret=secret, urls=tuple(urls), ttl=check_ttl(args.turn_credential_ttl))
 
 
 def build_config(args: argparse.Namespace) -> tuple[SignalingConfig, str | None]:
@@ -226,6 +279,7 @@ def build_config(args: argparse.Namespace) -> tuple[SignalingConfig, str | None]
             raise ValueError("--relay-https needs --tls (or --tls-cert): the relays splice "
                              "TLS connections to it")
         cfg.relay_https = parse_hostport(args.relay_https, default_host="127.0.0.1")
+    cfg.turn = build_turn(args, cfg)
     return cfg, fp
 
 

@@ -174,7 +174,7 @@ class WhipFastPath:
         )
         body = answer.encode()
         out = [(b"content-type", SDP.encode()), (b"content-length", str(len(body)).encode())]
-        out += [(k.lower().encode(), v.encode()) for k, v in created_headers(rec)]
+        out += [(k.lower().encode(), v.encode()) for k, v in created_headers(rec, state)]
         return 201, out, body
 
     async def _delete(self, scope: Scope, headers: dict[str, list[str]],

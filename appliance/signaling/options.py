@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..proto.turn.credentials import check_turn_url
 from ..statedir import default_state_dir
 from .sip_config import SipSettings, parse_networks
 from .tls import ensure_self_signed
@@ -30,6 +31,51 @@ def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
                         help="serve HTTPS with this certificate chain (needs --tls-key)")
     parser.add_argument("--tls-key", metavar="PEM", default=None,
                         help="private key for --tls-cert")
+
+
+def add_turn_arguments(parser: argparse.ArgumentParser, *, role: str) -> None:
+    """TURN for clients (issue 40 item 3, docs/turn.md): ``up`` runs it in its relays and
+    advertises it; ``signaling`` advertises the relays' (it mints credentials with their
+    secret)."""
+    if role == "up":
+        on = ("TURN server on the relays' media port — UDP, TCP where ICE-TCP listens, TLS "
+              "where --https-on-media-port serves TLS — for clients restricted to relayed "
+              "candidates (their media to this appliance never leaves the host); signaling "
+              "hands out its URLs and a credential per session (WHIP Link headers, "
+              "ice_servers). On by default; this flag only makes a missing public address an "
+              "error")
+    else:
+        on = ("advertise the relays' TURN servers with a credential per session (WHIP Link "
+              "headers, ice_servers): on by default when a TURN secret is known "
+              "(--secret-file or --turn-secret-file)")
+    parser.add_argument("--turn", action="store_true", default=None, help=on)
+    parser.add_argument("--no-turn", dest="turn", action="store_false", default=None,
+                        help="no TURN (config file: turn = false)" + (
+                            ": the relays drop TURN requests and clients are given no "
+                            "TURN server" if role == "up" else ": clients are given no "
+                            "TURN server"))
+    parser.add_argument("--turn-secret-file", metavar="F", default=None,
+                        help="the TURN REST API shared secret(s), one per line (coturn's "
+                             "static-auth-secret form; the first mints, all verify; "
+                             "default: derived from the routing secret)")
+    parser.add_argument("--turn-url", action="append", metavar="URL", default=None,
+                        help="advertise this TURN URL instead of the media port's (repeatable; "
+                             "e.g. turns:turn.example.com:443?transport=tcp when a proxy "
+                             "in front takes 443)")
+    parser.add_argument("--turn-credential-ttl", type=float, metavar="S", default=None,
+                        help="how long a TURN credential handed out lasts from when its call "
+                             "may start: a call through TURN longer than this loses its "
+                             "relay at the next refresh (default 7200)")
+    if role == "signaling":
+        parser.add_argument("--secret-file", metavar="F", default=None,
+                            help="the routing secret file the relays have: the TURN secret "
+                                 "is derived from it unless --turn-secret-file is given")
+
+
+def turn_url_overrides(args: argparse.Namespace) -> list[str]:
+    """``--turn-url``, each checked (ValueError names the bad one)."""
+    urls = getattr(args, "turn_url", None) or []
+    return [check_turn_url(str(u)) for u in (urls if isinstance(urls, list | tuple) else [urls])]
 
 
 def add_auth_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,6 +6,7 @@ OpenAI Realtime API over WebRTC works against the appliance by changing its base
 route                                         what                                              auth
 ===========================================  ================================================  =====
 POST   /v1/realtime/client_secrets            mint an ``ek_…`` client secret + its session      api
+                                              (+ ``ice_servers``, our extension)
 POST   /v1/realtime/calls[?dcid=N]            SDP offer (raw or multipart) -> 201 + answer      call
 GET    /v1/realtime/calls/{call_id}           the call: state, session config, media stats      call
 DELETE /v1/realtime/calls/{call_id}           hang up (also ``POST …/{call_id}/hangup``)        call
@@ -60,6 +61,7 @@ from werkzeug.exceptions import HTTPException
 
 from appliance import recordings
 
+from .ice_servers import ice_servers, link_headers
 from .problems import Problem
 from .rules import (
     SDP,
@@ -435,8 +437,12 @@ def register(app: QuartTrio, state: SignalingState) -> None:
         value, claims = rt.tokens.mint(now=now, ttl=ttl, scope=(SCOPE_CALLS,))
         rt.secrets.add(claims.jti, Secret(exp=claims.exp, session=session, agent=agent), now=now)
         expires_at = math.floor(claims.exp)
+        # Our extension (docs/realtime.md): the TURN servers for the call this secret
+        # places, as RTCIceServer objects, valid from the secret's last moment on.
         resp = Response(json.dumps({"value": value, "expires_at": expires_at,
-                                    "session": effective_session(session)}),
+                                    "session": effective_session(session),
+                                    "ice_servers": ice_servers(state.config.turn, now,
+                                                               valid_for=ttl)}),
                         status=200, content_type="application/json")
         resp.headers["Cache-Control"] = "no-store"
         return resp
@@ -494,6 +500,8 @@ def register(app: QuartTrio, state: SignalingState) -> None:
         resp = Response(answer, status=201, content_type=SDP)
         resp.headers["Location"] = f"/v1/realtime/calls/{rec.id}"
         resp.headers["Cache-Control"] = "no-store"
+        for link in link_headers(state.config.turn, state.clock()):  # as WHIP's 201
+            resp.headers.add("Link", link)
         return resp
 
     def own_call(call_id: str, caller: Caller) -> Any:

@@ -14,6 +14,7 @@ import re
 
 from werkzeug.exceptions import HTTPException
 
+from .ice_servers import link_headers
 from .problems import Problem
 from .proxied import CLIENT_IS_LOCAL
 from .registry import SessionRecord
@@ -118,10 +119,12 @@ def agent_for(asked: str | None, claims: ClientClaims | None) -> str | None:
                        granted=None if claims is None else claims.agent)
 
 
-def created_headers(rec: SessionRecord) -> list[tuple[str, str]]:
-    """The 201's headers after Content-Type/Length (RFC 9725 §4.2)."""
+def created_headers(rec: SessionRecord, state: SignalingState) -> list[tuple[str, str]]:
+    """The 201's headers after Content-Type/Length (RFC 9725 §4.2), then one ``Link`` per
+    TURN server with a credential minted for this session (§4.6, ice_servers.py)."""
     return [("Location", f"/v1/sessions/{rec.id}"), ("ETag", rec.etag),
-            ("Accept-Patch", SDPFRAG), ("Cache-Control", "no-store")]
+            ("Accept-Patch", SDPFRAG), ("Cache-Control", "no-store"),
+            *(("Link", v) for v in link_headers(state.config.turn, state.clock()))]
 
 
 def http_problem(exc: HTTPException, max_body: int) -> Problem:

@@ -33,6 +33,7 @@ from ..control import ControlError, check_params
 from .admission import LIMIT, PRIOR_COST, Admission
 from .geo import IngressChoice, IngressMap
 from .health import POLL_TIMEOUT, Endpoint, ProcessHealth
+from .ice_servers import TurnAdvert
 from .placement import Placement
 from .problems import Problem, from_control
 from .proxied import RealClients
@@ -89,6 +90,9 @@ class SignalingConfig:
     #: None: GET …/recording answers 404), served by realtime_http.py
     recordings_dir: Path | None = None
     sip: SipSettings | None = None  # --sip: phone calls (sip_server.py); None: off
+    #: the relays' TURN servers and the secret to mint their credentials with
+    #: (ice_servers.py); None: no TURN advertised (--no-turn, or no secret known)
+    turn: TurnAdvert | None = None
 
     def requires_auth(self) -> bool:
         """A token is needed even from a client on this host (a non-loopback bind, or

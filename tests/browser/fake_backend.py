@@ -13,6 +13,8 @@ the same shapes:
   port that never answers, so the browser's connection attempt fails (the pages' failure
   path), or with ``echo=True`` a real answer from an aiortc peer that echoes the audio;
   the request is recorded in ``offers``;
+* ``GET /v1/ice_servers``: ``{"ice_servers": ice_servers, "expires_at": …}`` (the mutable
+  ``ice_servers``, RTCIceServer objects; ``[]`` by default: no TURN advertised);
 * with ``auth=True``, bearer tokens as appliance/signaling/tokens.py has them: the API token
   (``API_TOKEN``) grants everything, including ``POST /v1/client_tokens``; a client token
   may only create and delete sessions.
@@ -184,6 +186,7 @@ class FakeBackend:
         self.requests: list[tuple[str, str, str | None]] = []  # method, path, Authorization
         self.tokens: set[str] = set()
         self.minted: list[dict[str, Any]] = []  # the bodies of POST /v1/client_tokens
+        self.ice_servers: list[dict[str, Any]] = []  # what GET /v1/ice_servers hands out
         self.events_status = 200  # e.g. 404 to exercise the polling fallback
         # Set to an unset Event to hold every offer's answer until the test sets it.
         self.answer_gate: threading.Event | None = None
@@ -314,13 +317,17 @@ class FakeBackend:
                     return self._file(unquote(path.lstrip("/")))
                 if path == "/v1/client_tokens" and self.command == "POST":
                     return self._client_token()
-                client_ok = (self.command, path) == ("POST", "/v1/sessions") or (
+                client_ok = (self.command, path) in (("POST", "/v1/sessions"),
+                                                     ("GET", "/v1/ice_servers")) or (
                     self.command == "DELETE" and path.startswith("/v1/sessions/")
                 )
                 if not self._authorized(client_ok=client_ok):
                     return self._problem(401, "unauthorized", "a bearer token is required")
                 if path == "/v1/events" and self.command == "GET":
                     return self._events()
+                if path == "/v1/ice_servers" and self.command == "GET":
+                    return self._json(200, {"ice_servers": backend.ice_servers,
+                                            "expires_at": int(time.time()) + 7200})
                 if path == "/v1/sessions" and self.command == "GET":
                     return self._json(200, {"sessions": backend.snapshot()["sessions"]})
                 if path == "/v1/sessions" and self.command == "POST":

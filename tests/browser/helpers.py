@@ -225,19 +225,26 @@ def running_appliance_up(tmp_path: Path, *extra: str, name: str = "up",
         (ARTIFACTS / f"e2e-appliance-up-{name}.log").write_text(log_path.read_text())
 
 
-#: An init script (``% json.dumps(ice_server)``): every RTCPeerConnection the page makes gets
-#: that TURN server and the relay-only policy, and is kept in ``window.__pcs``.
-RELAY_ONLY = """(() => {
+#: Every RTCPeerConnection the page makes keeps only the TURN URLs of the transport under
+#: test (a regular expression); the configuration the page asked for is recorded.
+ONE_TRANSPORT = """(() => {
   const Native = window.RTCPeerConnection;
-  const turn = %s;
+  const keep = new RegExp(%s);
   window.__pcs = [];
+  window.__configs = [];
   window.RTCPeerConnection = function (config) {
-    const pc = new Native({...(config || {}), iceServers: [turn], iceTransportPolicy: "relay"});
+    window.__configs.push(JSON.parse(JSON.stringify(config || {})));
+    const servers = ((config || {}).iceServers || []).map(
+      (s) => ({...s, urls: [].concat(s.urls).filter((u) => keep.test(u))}));
+    const pc = new Native({...(config || {}), iceServers: servers});
     window.__pcs.push(pc);
     return pc;
   };
   window.RTCPeerConnection.prototype = Native.prototype;
 })();"""
+#: The TURN URLs of one transport, for ONE_TRANSPORT.
+KEEP_TURN = {"udp": r"^turn:.*\?transport=udp$", "tcp": r"^turn:.*\?transport=tcp$",
+             "tls": r"^turns:"}
 
 SELECTED_PAIR = """async () => {
   const pc = window.__pcs[window.__pcs.length - 1];

@@ -230,3 +230,51 @@ def test_talk_to_echo_peer_then_end_from_dashboard(page: Page, context: BrowserC
         expect(page.get_by_role("alert")).to_contain_text("Session ended")
         assert backend.deleted == [sid]
     assert not errors.unexpected()
+
+
+#: Records the configuration of every RTCPeerConnection the page makes.
+RECORD_PC_CONFIGS = """(() => {
+  const Native = window.RTCPeerConnection;
+  window.__pcConfigs = [];
+  window.RTCPeerConnection = function (config) {
+    window.__pcConfigs.push(JSON.parse(JSON.stringify(config || {})));
+    return new Native(config);
+  };
+  window.RTCPeerConnection.prototype = Native.prototype;
+})();"""
+
+TURN_SERVER = {"urls": ["turn:127.0.0.1:9?transport=udp", "turn:127.0.0.1:9?transport=tcp"],
+               "username": "1900000000:demo-test", "credential": "c2VjcmV0"}
+
+
+@pytest.mark.parametrize("relay", [False, True], ids=["all", "relay-only"])
+def test_the_demo_gives_its_peer_connection_the_turn_servers(
+        context: BrowserContext, backend: FakeBackend, relay: bool) -> None:
+    """Issue 40 item 3: the page asks GET /v1/ice_servers before its offer and makes its
+    RTCPeerConnection with them; ?relay=1 adds iceTransportPolicy "relay"."""
+    backend.ice_servers = [TURN_SERVER]
+    context.add_init_script(RECORD_PC_CONFIGS)
+    page = context.new_page()
+    page.goto(backend.url + "/demo?connect_timeout_ms=60000" + ("&relay=1" if relay else ""))
+    page.get_by_role("button", name="Start", exact=True).click()
+    expect(page.locator("#state-detail")).to_contain_text("connecting media")
+    gets = [r for r in backend.requests if r[:2] == ("GET", "/v1/ice_servers")]
+    posts = [i for i, r in enumerate(backend.requests) if r[:2] == ("POST", "/v1/sessions")]
+    assert len(gets) == 1 and backend.requests.index(gets[0]) < posts[0]  # before the offer
+    (config,) = page.evaluate("window.__pcConfigs")
+    assert config["iceServers"] == [TURN_SERVER]
+    assert config.get("iceTransportPolicy") == ("relay" if relay else None)
+    assert page.evaluate("applianceDemo.relayOnly") is relay
+    page.get_by_role("button", name="Stop").click()
+    expect(page.locator("#state")).to_have_text("ended")
+
+
+def test_relay_only_without_turn_says_why(page: Page, backend: FakeBackend) -> None:
+    """?relay=1 on an appliance that advertises no TURN (--no-turn): a clear failure before
+    any offer, not a connection that times out."""
+    page.goto(backend.url + "/demo?relay=1")
+    page.get_by_role("button", name="Start", exact=True).click()
+    expect(page.locator("#state")).to_have_text("failed")
+    expect(page.get_by_role("alert")).to_contain_text("No TURN server to relay through")
+    assert demo_state(page)["error"] == "no-turn"
+    assert backend.offers == []

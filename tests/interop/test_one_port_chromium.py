@@ -13,10 +13,11 @@ other than 443, and counts what it drops.
 Media on 443 is the case item 2 is about: Chromium will not relay to a peer port below 1024
 (it gathers the relay candidate and never checks a pair whose remote port is 443), so the
 answer also offers the relayed-media port (3478 by default, lower priority) and the relay
-delivers what Chromium relays to it in-process, never out of a relayed socket. The page
-gets the TURN server from an init script (credentials minted here from the secret file
-given to `up`) with ``iceTransportPolicy: "relay"``, so the only way the call can work is
-TURN/TLS on 443.
+delivers what Chromium relays to it in-process, never out of a relayed socket. The page is
+the demo as a user opens it with ``?relay=1`` (``iceTransportPolicy: "relay"``) and the API
+token: it mints a client token, takes the TURN servers and a credential from ``GET
+/v1/ice_servers`` (issue 40 item 3) — an init script keeps only the ``turns:`` one — so the
+only way the call can work is TURN/TLS on 443.
 
 Needs root (network namespaces, nft); without it the test fails, never skips.
 """
@@ -29,23 +30,19 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from browser.helpers import BASE_ARGS, RELAY_ONLY, SELECTED_PAIR, write_tone_wav
+from browser.helpers import BASE_ARGS, KEEP_TURN, ONE_TRANSPORT, SELECTED_PAIR, write_tone_wav
 from peers import chromium_executable
 from playwright.sync_api import Page, sync_playwright
-
-from appliance.proto.turn import mint_rest_credential
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "multihost"))
 from netns import Net, NetnsUnavailable  # noqa: E402
 
 pytestmark = [pytest.mark.interop, pytest.mark.browser, pytest.mark.slow]
 
-SECRET = b"one-port-turn-test-secret"
 RELAYED_MEDIA_PORT = 3478  # appliance.supervisor.RELAYED_MEDIA_PORT, the default
 
 
@@ -97,8 +94,6 @@ def test_a_whole_call_through_tcp_443_only(tmp_path: Path) -> None:
     os.chmod(tmp_path, 0o755)
     sub = os.getpid() % 200 + 20
     app_ip, client_ip = f"10.202.{sub}.1", f"10.202.{sub}.2"
-    secret_file = tmp_path / "turn.secret"
-    secret_file.write_bytes(SECRET + b"\n")
     net: Net | None = None
     try:
         try:
@@ -121,7 +116,6 @@ def test_a_whole_call_through_tcp_443_only(tmp_path: Path) -> None:
         app = net.run("app", ["-m", "appliance", "up", "--http", "127.0.0.1:8080",
                               "--udp", f"{app_ip}:443", "--public-address", app_ip,
                               "--tls", "self-signed", "--https-on-media-port",
-                              "--turn", "--turn-secret-file", str(secret_file),
                               "--transceivers", "1", "--state-dir", str(tmp_path / "state")],
                       "appliance ready", timeout=90)
         out = "".join(app.stdout)
@@ -134,9 +128,6 @@ def test_a_whole_call_through_tcp_443_only(tmp_path: Path) -> None:
                            f'"{chromium_executable()}" "$@"\n')
         wrapper.chmod(0o755)
         tone = write_tone_wav(tmp_path / "tone.wav")
-        cred = mint_rest_credential(SECRET, "one-port", int(time.time()) + 3600)
-        server = {"urls": f"turns:{app_ip}:443?transport=tcp",
-                  "username": cred.username, "credential": cred.password}
         with sync_playwright() as p:
             browser = p.chromium.launch(
                 executable_path=str(wrapper), headless=True,
@@ -145,10 +136,10 @@ def test_a_whole_call_through_tcp_443_only(tmp_path: Path) -> None:
                       "--use-fake-ui-for-media-stream", "--ignore-certificate-errors"])
             try:
                 ctx = browser.new_context(permissions=["microphone"], ignore_https_errors=True)
-                ctx.add_init_script(RELAY_ONLY % json.dumps(server))
+                ctx.add_init_script(ONE_TRANSPORT % json.dumps(KEEP_TURN["tls"]))
                 page = ctx.new_page()
                 page.set_default_timeout(20_000)
-                page.goto(f"https://{app_ip}:443/demo#token={token.group(1)}")
+                page.goto(f"https://{app_ip}:443/demo?relay=1#token={token.group(1)}")
                 page.get_by_role("button", name="Start", exact=True).click()
                 try:
                     page.wait_for_function("applianceDemo.state === 'connected'",
@@ -170,6 +161,10 @@ def test_a_whole_call_through_tcp_443_only(tmp_path: Path) -> None:
                     pytest.fail(f"no echoed audio: {st}\n{''.join(app.stderr)[-3000:]}")
                 print(f"chromium {browser.version}; selected pair: {st['local']} -> "
                       f"{st['remote']}")
+                (config,) = page.evaluate("window.__configs")
+                assert config["iceTransportPolicy"] == "relay"
+                assert [u for s in config["iceServers"] for u in s["urls"]
+                        if u.startswith("turns:")] == [f"turns:{app_ip}:443?transport=tcp"]
                 assert st["dtls"] == "connected"
                 assert st["local"]["type"] == "relay" and st["local"]["relayProtocol"] == "tls"
                 # The relayed-media port: Chromium never checks the pair to 443.

@@ -20,7 +20,7 @@ from appliance.relay.tls import TurnTls
 from appliance.signaling.tls import ensure_self_signed
 from appliance.supervisor import DEFAULTS as UP_DEFAULTS
 from appliance.supervisor import add_arguments as add_up_arguments
-from appliance.supervisor import build_up_config, child_specs
+from appliance.supervisor import build_up_config, child_specs, turn_advert, turn_media
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, RelayConfig]:
@@ -94,6 +94,10 @@ def test_up_builds_its_relay_workers_with_the_same_builder(tmp_path: Path,
         command, listen=[cfg.udp], secret_file=str(secret_file),
         control=relays[0].control, redis=cfg.redis, log_level=cfg.log_level,
         log_format=cfg.log_format, tcp=[cfg.udp],  # ICE-TCP on the UDP port by default
+        # TURN on by default, relaying to the public address (the default route's; off on
+        # a host without one of the --udp address's family)
+        turn=bool(turn_media(cfg)), media_addresses=turn_media(cfg),
+        turn_relay_ips=[a for a, _ in turn_media(cfg)],
         transceivers={int(t.key): ("127.0.0.1", int(t.argv[t.argv.index("--listen") + 1]
                                                     .rsplit(":", 1)[1]))
                       for t in transceivers})
@@ -125,7 +129,8 @@ def test_turn_secrets_travel_as_a_file_never_on_the_command_line(
 def test_bad_turn_flags_are_usage_errors(secret_file: Path, flags: list[str],
                                          message: str) -> None:
     with pytest.raises(cli.UsageError, match=message):
-        _parse(["--secret-file", str(secret_file), "--turn", *flags])
+        _parse(["--secret-file", str(secret_file), "--listen", "127.0.0.1:3478", "--turn",
+                *flags])
 
 
 def test_up_passes_turn_to_its_relay_workers(tmp_path: Path, secret_file: Path) -> None:
@@ -154,6 +159,32 @@ def test_up_passes_turn_to_its_relay_workers(tmp_path: Path, secret_file: Path) 
 def test_only_given_settings_are_written() -> None:
     argv = relay_argv(["relay"], listen=[("::", 3478)], secret_file="s", workers=None)
     assert argv == ["relay", "--listen", "[::]:3478", "--secret-file", "s"]
+    # TURN off is written: a worker's own default is on wherever it knows its address.
+    off = relay_argv(["relay"], listen=[("127.0.0.1", 3478)], secret_file="s", turn=False)
+    assert off[-1] == "--no-turn"
+
+
+def test_turn_is_on_by_default_where_the_media_address_is_known(secret_file: Path) -> None:
+    """Issue 40 item 3: TURN is on by default. A relay that knows the address clients reach
+    it by (bound to one IP, or told with --media-address) runs it; one on a wildcard without
+    that address (a Kubernetes relay behind a load balancer) cannot relay to itself, so it
+    stays off there unless asked, and asking is a usage error."""
+    base = ["--secret-file", str(secret_file)]
+    on = _parse([*base, "--listen", "127.0.0.1:3478"])[1].turn
+    assert on is not None and on.secrets == _parse(
+        [*base, "--listen", "127.0.0.1:3478", "--turn"])[1].turn.secrets  # type: ignore[union-attr]
+    told = _parse([*base, "--listen", "0.0.0.0:3478", "--media-address", "203.0.113.1:3478"])[1]
+    assert told.turn is not None and told.turn.media == (("203.0.113.1", 3478),)
+    assert _parse([*base, "--listen", "0.0.0.0:3478"])[1].turn is None
+    assert _parse([*base, "--listen", "127.0.0.1:3478", "--no-turn"])[1].turn is None
+    with pytest.raises(cli.UsageError, match="--media-address"):
+        _parse([*base, "--listen", "0.0.0.0:3478", "--turn"])
+    # The config file's key: turn = false.
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args([*base, "--listen", "127.0.0.1:3478"])
+    resolve(args, {"relay": {"turn": False}}, "relay", cli.DEFAULTS)
+    assert cli.build_config(args).turn is None
 
 
 @pytest.fixture
@@ -166,6 +197,7 @@ def test_turn_tls_round_trips_as_file_names(secret_file: Path,
                                             tls_files: tuple[str, str]) -> None:
     cert, key = tls_files
     args, parent = _parse(["--secret-file", str(secret_file), "--workers", "2", "--turn",
+                           "--listen", "127.0.0.1:0",
                            "--tcp", "127.0.0.1:0", "--turn-tls-cert", cert, "--turn-tls-key",
                            key, "--turn-tls-name", "TURN.example.com.",
                            "--tcp-https-name", "App.example.com"])
@@ -177,8 +209,8 @@ def test_turn_tls_round_trips_as_file_names(secret_file: Path,
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--turn", "--tcp", "127.0.0.1:0", "--turn-tls-cert", "CERT"], "go together"),
-    (["--tcp", "127.0.0.1:0", "--turn-tls-cert", "CERT", "--turn-tls-key", "KEY"],
-     "needs --turn"),
+    (["--no-turn", "--tcp", "127.0.0.1:0", "--turn-tls-cert", "CERT", "--turn-tls-key", "KEY"],
+     "needs TURN"),
     (["--turn", "--turn-tls-cert", "CERT", "--turn-tls-key", "KEY"], "needs a --tcp"),
     (["--turn", "--tcp", "127.0.0.1:0", "--turn-tls-cert", "KEY", "--turn-tls-key", "KEY"],
      "--turn-tls-cert/--turn-tls-key"),
@@ -188,7 +220,7 @@ def test_bad_turn_tls_flags_are_usage_errors(secret_file: Path, tls_files: tuple
     cert, key = tls_files
     flags = [cert if f == "CERT" else key if f == "KEY" else f for f in flags]
     with pytest.raises(cli.UsageError, match=message):
-        _parse(["--secret-file", str(secret_file), *flags])
+        _parse(["--secret-file", str(secret_file), "--listen", "127.0.0.1:3478", *flags])
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["https-on-media-port", "tls-only"])
@@ -253,3 +285,58 @@ def test_a_relayed_media_port_turn_clients_cannot_use_is_refused(tmp_path: Path,
     resolve(args, {}, "up", UP_DEFAULTS)
     with pytest.raises(ValueError, match="--relayed-media-port must be 1024..65535"):
         build_up_config(args)
+def _up(tmp_path: Path, *flags: str, public: str = "203.0.113.1") -> Any:
+    parser = argparse.ArgumentParser()
+    add_up_arguments(parser)
+    args = parser.parse_args(["--state-dir", str(tmp_path / "state"), "--udp", "0.0.0.0:3478",
+                              "--public-address", public, *flags])
+    resolve(args, {}, "up", UP_DEFAULTS)
+    return build_up_config(args)
+
+
+def test_up_advertises_what_its_relays_listen_on_with_their_secret(
+        tmp_path: Path, secret_file: Path) -> None:
+    """Issue 40 item 3: signaling's TURN URLs are the ports the relays actually listen on,
+    and its secret is the one the relays verify with (derived from the same routing
+    secret), so what it mints they accept."""
+    cfg = _up(tmp_path)
+    advert = turn_advert(cfg, secret_file)
+    assert advert is not None
+    # TCP only: TURN/UDP on the media address would break Chromium's direct UDP path.
+    assert advert.urls == ("turn:203.0.113.1:3478?transport=tcp",)
+    _, relays = child_specs(cfg, secret_file, tmp_path)
+    relay = _parse(relays[0].argv[3:])[1].turn
+    assert relay is not None and advert.secret == relay.secrets[0]
+    # A load balancer's TCP port; TLS where the media port serves it; no ICE-TCP: UDP only.
+    assert turn_advert(_up(tmp_path, "--public-tcp-port", "443"), secret_file).urls == (  # type: ignore[union-attr]
+        "turn:203.0.113.1:443?transport=tcp",)
+    tls = _up(tmp_path, "--tls", "self-signed", "--https-on-media-port")
+    assert turn_advert(tls, secret_file).urls == (  # type: ignore[union-attr]
+        "turn:203.0.113.1:3478?transport=tcp", "turns:203.0.113.1:3478?transport=tcp")
+    # Only UDP left: the relays serve it, signaling advertises nothing (unless --turn-url).
+    no_tcp = _up(tmp_path, "--no-ice-tcp")
+    assert no_tcp.turn and turn_advert(no_tcp, secret_file) is None
+    # A proxy in front: its URLs instead; a TURN secret file: its first secret.
+    turn_file = tmp_path / "turn.secret"
+    turn_file.write_bytes(b"first\nsecond\n")
+    proxied = turn_advert(_up(tmp_path, "--turn-url", "turns:turn.example.com:443",
+                              "--turn-secret-file", str(turn_file)), secret_file)
+    assert proxied is not None and proxied.urls == ("turns:turn.example.com:443",)
+    assert proxied.secret == b"first"
+    with pytest.raises(ValueError, match="turn: or turns:"):
+        _up(tmp_path, "--turn-url", "stun:203.0.113.1")
+    with pytest.raises(ValueError, match="--turn-credential-ttl"):
+        _up(tmp_path, "--turn-credential-ttl", "5")
+
+
+def test_up_no_turn_turns_off_the_relays_and_the_advert(tmp_path: Path,
+                                                        secret_file: Path) -> None:
+    cfg = _up(tmp_path, "--no-turn")
+    assert turn_advert(cfg, secret_file) is None
+    _, relays = child_specs(cfg, secret_file, tmp_path)
+    assert "--no-turn" in relays[0].argv and _parse(relays[0].argv[3:])[1].turn is None
+    # Without a public address of the --udp family TURN could not relay to us: off by
+    # default, an error when asked for.
+    assert not _up(tmp_path, public="2001:db8::1").turn
+    with pytest.raises(ValueError, match="public address"):
+        _up(tmp_path, "--turn", public="2001:db8::1")

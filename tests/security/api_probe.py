@@ -30,6 +30,9 @@ def ask(base: str, method: str, path: str, websocket: bool, token: str | None,
         ctx = ssl.create_default_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE  # the appliance's own self-signed certificate
+        # http/1.1, as every browser, curl and httpx offer: on the media port (TURN on by
+        # default) a hello offering no ALPN is a `turns:` client's (docs/turn.md, rule 4).
+        ctx.set_alpn_protocols(["http/1.1"])
         conn = http.client.HTTPSConnection(url.hostname or "", port, timeout=15, context=ctx)
     else:
         conn = http.client.HTTPConnection(url.hostname or "", port, timeout=15)

@@ -78,7 +78,8 @@ async def test_client_secret_has_the_ga_shape(make_env: Any) -> None:
     out = await secret(c, expires_after={"anchor": "created_at", "seconds": 60},
                        session={"type": "realtime", "instructions": "be brief",
                                 "audio": {"output": {"voice": "marin"}}, "x_custom": 1})
-    assert set(out) == {"value", "expires_at", "session"}
+    assert set(out) == {"value", "expires_at", "session", "ice_servers"}
+    assert out["ice_servers"] == []  # no TURN configured (test_ice_servers.py: with)
     assert out["value"].startswith("ek_")
     assert out["expires_at"] == int(env.clock() + 60)
     s = out["session"]

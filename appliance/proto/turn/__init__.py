@@ -3,8 +3,9 @@
 * ``server``      — :class:`TurnServer`: Allocate, Refresh, CreatePermission, ChannelBind,
   Send/Data indications, ChannelData, long-term REST credentials, nonces, quotas, no open
   relay, no amplification (its docstring has the whole decision table).
-* ``credentials`` — TURN REST API credentials (``expiry:id`` + base64 HMAC-SHA1) and the
-  server's stateless nonces.
+* ``credentials`` — TURN REST API credentials (``expiry:id`` + base64 HMAC-SHA1), the
+  shared secret they are minted with, the shapes clients learn them in (RTCIceServer, WHIP
+  ``Link``) and the server's stateless nonces: all signaling needs, without the relay.
 * ``channel``     — ChannelData codec and :class:`StreamFramer` (TURN over TCP/TLS, §12.5).
 * ``demux``       — which datagrams on the media port are TURN's (pure tables).
 * ``errors``      — :class:`TurnError` (ChannelData, stream framing, REST usernames).
@@ -26,9 +27,15 @@ from .channel import (
 from .credentials import (
     NonceCodec,
     RestCredential,
+    check_turn_url,
+    derive_turn_secret,
+    ice_server,
     mint_rest_credential,
     parse_rest_username_untrusted,
+    parse_turn_secrets,
     rest_password,
+    turn_urls,
+    whip_link_headers,
 )
 from .demux import TURN_FIRST, TURN_TYPE, is_turn
 from .errors import TurnError
@@ -61,10 +68,16 @@ __all__ = [
     "TurnError",
     "TurnServer",
     "channel_data_header",
+    "check_turn_url",
+    "derive_turn_secret",
     "encode_channel_data",
+    "ice_server",
     "is_turn",
     "mint_rest_credential",
     "parse_channel_data_untrusted",
     "parse_rest_username_untrusted",
+    "parse_turn_secrets",
     "rest_password",
+    "turn_urls",
+    "whip_link_headers",
 ]

@@ -42,9 +42,12 @@ __all__ = [
     "NONCE_COOKIE",
     "NonceCodec",
     "RestCredential",
+    "check_turn_url",
+    "derive_turn_secret",
     "ice_server",
     "mint_rest_credential",
     "parse_rest_username_untrusted",
+    "parse_turn_secrets",
     "rest_password",
     "turn_urls",
     "whip_link_headers",
@@ -58,6 +61,26 @@ _MAC = 5
 #: A REST username is "<expiry>:<id>"; we accept ids of printable characters, and cap the
 #: whole at the USERNAME attribute's 513 bytes (RFC 8489 §14.3) anyway.
 MAX_ID = 128
+
+
+def derive_turn_secret(routing_secret: bytes) -> bytes:
+    """The TURN REST API shared secret when none is configured: derived from the routing
+    secret, which the relays (they verify) and signaling (it mints) both hold, as 64 hex
+    characters — a printable string, so the same secret can be given to coturn or a
+    credential tool. Here, not in the relay, so signaling mints without importing it."""
+    return hmac.new(routing_secret, b"appliance turn-rest secret v1",
+                    hashlib.sha256).hexdigest().encode()
+
+
+def parse_turn_secrets(data: bytes) -> tuple[bytes, ...]:
+    """A TURN secret file's contents: one shared secret per non-empty line, taken as text
+    (coturn's ``static-auth-secret`` form: the HMAC key is the line's bytes); ``#`` starts a
+    comment. The first mints, all verify. ValueError when it holds none."""
+    lines = [line.strip() for line in data.splitlines()]
+    out = tuple(line for line in lines if line and not line.startswith(b"#"))
+    if not out:
+        raise ValueError("holds no secret")
+    return out
 
 
 def rest_password(secret: bytes, username: str) -> str:
@@ -92,19 +115,35 @@ def ice_server(cred: RestCredential, urls: list[str]) -> dict[str, object]:
 
 
 def turn_urls(host: str, port: int, *, udp: bool = True, tcp: bool = True,
-              tls_port: int | None = None) -> list[str]:
-    """The ``turn:``/``turns:`` URLs (RFC 7065) of a server on ``host``: UDP and TCP on
-    ``port`` (the one actually listened on, or a proxy's), TLS on ``tls_port`` when given.
-    An IPv6 literal is bracketed."""
+              tls_port: int | None = None, tcp_port: int | None = None) -> list[str]:
+    """The ``turn:``/``turns:`` URLs (RFC 7065) of a server on ``host``: UDP on ``port``
+    (the one actually listened on, or a proxy's), TCP on ``tcp_port`` (default ``port``:
+    the media port's TCP listener has its number), TLS on ``tls_port`` when given. An IPv6
+    literal is bracketed."""
     h = f"[{host}]" if ":" in host and not host.startswith("[") else host
     urls = []
     if udp:
         urls.append(f"turn:{h}:{port}?transport=udp")
     if tcp:
-        urls.append(f"turn:{h}:{port}?transport=tcp")
+        urls.append(f"turn:{h}:{port if tcp_port is None else tcp_port}?transport=tcp")
     if tls_port is not None:
         urls.append(f"turns:{h}:{tls_port}?transport=tcp")
     return urls
+
+
+def check_turn_url(url: str) -> str:
+    """An operator's TURN URL (``--turn-url``, e.g. a proxy's ``turns:turn.example.com:443
+    ?transport=tcp``), checked just enough to be safe in an RTCIceServer and inside the
+    ``<…>`` of a WHIP Link header (RFC 7065 schemes, printable ASCII, no space, quote or
+    angle bracket). ValueError otherwise."""
+    if not url.startswith(("turn:", "turns:")) or len(url) > 512:
+        raise ValueError(f"{url!r} is not a turn: or turns: URL (RFC 7065)")
+    if not url.isascii() or not url.isprintable() or any(c in url for c in ' "<>\\,'):
+        raise ValueError(f"{url!r}: a TURN URL has no space, quote, comma or angle bracket")
+    host = url.split(":", 1)[1].split("?", 1)[0]
+    if not host or host.startswith("//"):
+        raise ValueError(f"{url!r}: expected turn:HOST[:PORT][?transport=udp|tcp]")
+    return url
 
 
 def whip_link_headers(cred: RestCredential, urls: list[str]) -> list[str]:

@@ -90,3 +90,49 @@ def test_turn_urls_carry_the_port_and_bracket_ipv6() -> None:
         "turn:[2001:db8::1]:443?transport=tcp",
         "turns:[2001:db8::1]:443?transport=tcp",
     ]
+
+
+def test_turn_urls_take_a_tcp_port_of_their_own() -> None:
+    """A load balancer may map another TCP port to the media port (--public-tcp-port)."""
+    from appliance.proto.turn.credentials import turn_urls
+
+    assert turn_urls("203.0.113.5", 3478, tcp_port=443, tls_port=443) == [
+        "turn:203.0.113.5:3478?transport=udp",
+        "turn:203.0.113.5:443?transport=tcp",
+        "turns:203.0.113.5:443?transport=tcp",
+    ]
+
+
+def test_the_derived_secret_is_the_routing_secret_s_and_printable() -> None:
+    from appliance.proto.turn.credentials import derive_turn_secret
+
+    a, b = derive_turn_secret(b"routing-1"), derive_turn_secret(b"routing-2")
+    assert a != b and a == derive_turn_secret(b"routing-1")
+    assert len(a) == 64 and a.decode().isalnum()  # hex: usable as coturn's static-auth-secret
+
+
+def test_turn_secret_files_are_read_as_coturn_reads_them() -> None:
+    from appliance.proto.turn.credentials import parse_turn_secrets
+
+    assert parse_turn_secrets(b"# rotation\n new \n\nold\n") == (b"new", b"old")
+    with pytest.raises(ValueError, match="no secret"):
+        parse_turn_secrets(b"# only a comment\n\n")
+
+
+@pytest.mark.parametrize("url", ["turns:turn.example.com:443?transport=tcp",
+                                 "turn:203.0.113.5:3478?transport=udp", "turn:[2001:db8::1]"])
+def test_operator_turn_urls_are_accepted(url: str) -> None:
+    from appliance.proto.turn.credentials import check_turn_url
+
+    assert check_turn_url(url) == url
+
+
+@pytest.mark.parametrize("url", ["stun:203.0.113.5", "https://x", "turn:", "turn://x",
+                                 'turn:x>; rel="next"', "turn:a b", "turn:x,turn:y",
+                                 "turn:h\u00e9st", "turn:" + "a" * 600])
+def test_operator_turn_urls_that_could_break_a_link_header_are_refused(url: str) -> None:
+    """--turn-url goes inside the <…> of a WHIP Link header and into an RTCIceServer."""
+    from appliance.proto.turn.credentials import check_turn_url
+
+    with pytest.raises(ValueError, match="turn"):
+        check_turn_url(url)
