@@ -34,6 +34,7 @@ from .schema import (
     Const,
     Int,
     LiveError,
+    Num,
     Obj,
     OneOf,
     Str,
@@ -133,6 +134,18 @@ SESSION_CONFIG = Obj({
     "store": optional(Bool()),
     "triggers": optional(Arr(AnyJson(), max_items=2)),
 })
+#: ``MediaSessionConfigParam`` (``POST /v1/live/sessions``, WebRTC): no ``audio.format``
+#: (the media transport negotiates its codec), and the WebRTC-only ``idle_timeout_s`` and
+#: ``wake_policy`` (idle.py).
+MEDIA_SESSION_CONFIG = Obj({
+    **{k: v for k, v in SESSION_CONFIG.fields.items() if k != "audio"},
+    "audio": optional(Obj({"output": optional(Obj({"voice": optional(VOICE)}))})),
+    "idle_timeout_s": optional(Int(lo=1, hi=MAX_SESSION_SECONDS)),
+    "wake_policy": optional(Obj({"type": required(Const("speech")),
+                                 "vad_threshold": optional(Num(lo=0.0, hi=1.0))})),
+})
+#: What a WebRTC session's resource does not show (``SessionResource`` has no such fields).
+MEDIA_ONLY = ("idle_timeout_s", "wake_policy")
 SESSION_UPDATE = Obj({
     "delegation": optional(UPDATE_DELEGATION, nullable=True),
     "triggers": optional(Arr(AnyJson(), max_items=2)),
@@ -158,10 +171,18 @@ def _served(config: dict[str, Any], where: str) -> None:
         raise _unsupported("Decisions triggers need the Decision API.", f"{where}triggers")
 
 
-def resolve_untrusted(value: Any) -> dict[str, Any]:
-    """A ``session.start`` config, checked, with the server's defaults filled in (what
+def resolve_untrusted(value: Any, *, media: bool = False) -> dict[str, Any]:
+    """A ``session.start`` config (``media``: the ``session`` of a WebRTC
+    ``POST /v1/live/sessions``), checked, with the server's defaults filled in (what
     ``session.started`` shows). Raises :class:`LiveError`."""
-    cfg: dict[str, Any] = validate_untrusted(SESSION_CONFIG, value, "session")
+    spec = MEDIA_SESSION_CONFIG if media else SESSION_CONFIG
+    cfg: dict[str, Any] = validate_untrusted(spec, value, "session")
+    if "idle_timeout_s" in cfg and "wake_policy" not in cfg:
+        # GPT-Live pauses only "a session with a speech wake policy": without one nothing
+        # could ever wake it, so the pair is refused rather than the timeout ignored.
+        raise LiveError("Invalid 'session.idle_timeout_s': an idle timeout needs "
+                        "'session.wake_policy' (speech wakes a paused session).",
+                        param="session.idle_timeout_s")
     model = cfg["model"]
     if not model.strip() or not model.isprintable():
         raise LiveError("Invalid value for 'session.model': a model name is required.",
@@ -179,8 +200,9 @@ def resolve_untrusted(value: Any) -> dict[str, Any]:
     _served(cfg, "session.")
     audio = cfg.get("audio") or {}
     output = audio.get("output") or {}
-    cfg["audio"] = {"format": audio.get("format") or dict(DEFAULT_FORMAT),
-                    "output": {"voice": output.get("voice") or DEFAULT_VOICE}}
+    voice = {"voice": output.get("voice") or DEFAULT_VOICE}
+    cfg["audio"] = ({"output": voice} if media else
+                    {"format": audio.get("format") or dict(DEFAULT_FORMAT), "output": voice})
     cfg["delegation"] = cfg.get("delegation") or {"type": "client"}
     cfg["input"] = items
     cfg["store"] = bool(cfg.get("store", False))
@@ -219,7 +241,7 @@ def resource(config: dict[str, Any], *, session_id: str, expires_at: int) -> dic
     """The ``SessionResource`` of ``session.started`` / ``updated`` / ``closed``."""
     return {"id": session_id, "expires_at": expires_at, "model": config["model"],
             "status": "active",
-            **{k: v for k, v in config.items() if k != "model"}}
+            **{k: v for k, v in config.items() if k != "model" and k not in MEDIA_ONLY}}
 
 
 def realtime_session(config: dict[str, Any], transcription_model: str) -> dict[str, Any]:

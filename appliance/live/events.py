@@ -55,6 +55,14 @@ SERVER_EVENTS: dict[str, tuple[Support, str]] = {
     "transport.failed": (Support.NEVER, "sideband only (not served)"),
 }
 
+#: Beyond the primary union: the WebRTC data channel's (and the sideband's) extras, in the
+#: SDK's ``ConnectServerEvent`` (``types/live/connect_server_event.py``).
+DATA_CHANNEL_EVENTS: dict[str, tuple[Support, str]] = {
+    "session.paused": (Support.SUPPORTED, "idle_timeout_s of inactivity under a "
+                       "wake_policy: inference paused"),
+    "session.resumed": (Support.SUPPORTED, "speech woke inference (the first wake too)"),
+}
+
 CLOSE_REASONS = ("close_requested", "expired", "content", "remote_hangup", "connection_lost")
 APPENDED = {"session.instructions.append": "session.instructions.appended",
             "session.thinking.append": "session.thinking.appended",
@@ -87,13 +95,28 @@ def session_closed(event_id: str, reason: str, session: dict[str, Any],
                     "session": session, "usage": usage}, client_event_id)
 
 
-def usage(seconds: int) -> dict[str, Any]:
-    """``SessionUsage``: cumulative whole seconds (a float in the SDK's type)."""
-    return {"seconds": float(seconds)}
+def usage(seconds: int, *, active_seconds: int | None = None,
+          paused_seconds: int | None = None) -> dict[str, Any]:
+    """``SessionUsage``: cumulative whole seconds (a float in the SDK's type); a gated
+    WebRTC session adds the active / paused split (adding up to ``seconds``)."""
+    out: dict[str, Any] = {"seconds": float(seconds)}
+    if active_seconds is not None and paused_seconds is not None:
+        out.update(active_seconds=active_seconds, paused_seconds=paused_seconds)
+    return out
 
 
-def usage_updated(event_id: str, seconds: int) -> dict[str, Any]:
-    return {"type": "session.usage.updated", "event_id": event_id, "usage": usage(seconds)}
+def usage_updated(event_id: str, seconds: int, *, active_seconds: int | None = None,
+                  paused_seconds: int | None = None) -> dict[str, Any]:
+    return {"type": "session.usage.updated", "event_id": event_id,
+            "usage": usage(seconds, active_seconds=active_seconds,
+                           paused_seconds=paused_seconds)}
+
+
+def paused(event_id: str, is_paused: bool) -> dict[str, Any]:
+    """``session.paused`` / ``session.resumed`` (data channel and sideband only: not in the
+    primary ``ServerEvent`` union)."""
+    return {"type": "session.paused" if is_paused else "session.resumed",
+            "event_id": event_id}
 
 
 def input_audio_muted(event_id: str, muted: bool,
