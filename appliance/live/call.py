@@ -10,8 +10,6 @@ What only a Live call adds, here:
 * the session **starts with the call**: signaling validated the ``session`` of the POST and
   passed it as ``ctx.params["live"]["session"]``; ``session.started`` goes out when the
   browser's ``oai-events`` channel opens;
-* the **wake gate's timer** (``idle_timeout_s``): one task sleeping until the core's
-  ``poll_timeout()``, then ``handle_timeout(now)`` on the trio clock;
 * the session's **lifetime** (``expires_at``: reason ``expired``) and its **end**: on
   ``session.closed`` (``session.close`` on the channel, or expiry) the events still queued
   are handed to the channel (bounded by :data:`CLOSE_GRACE`), then the call is hung up
@@ -52,14 +50,12 @@ class LiveCallShell(RealtimeShell):
     def __init__(self, ctx: AgentContext, agent: RealtimeAgent) -> None:
         self.live = LiveConnection(
             session_id=ctx.session_id, ids=id_source(), wall_clock=time.time, media=True,
-            queued_seconds=lambda: ctx.queued_seconds, clock=trio.current_time,
+            queued_seconds=lambda: ctx.queued_seconds,
             judge=can_judge(), speculate=can_speculate(agent))
         super().__init__(ctx, agent, protocol=self.live, machine=self.live.machine,
                          sideband=False)
         self.live.start(session_config(ctx))  # LiveError: signaling let a bad config by
         self.started: Started | None = None
-        self._deadline: float | None = None
-        self._timer_moved = trio.Event()
         self._ending = False
 
     async def run(self) -> None:
@@ -70,7 +66,6 @@ class LiveCallShell(RealtimeShell):
                 self.live.lost()  # the caller left: the session ends with the call
 
     def tasks(self, nursery: trio.Nursery) -> None:
-        nursery.start_soon(self._timer)
         self._drain()  # Started: the expiry timer, now that there is a nursery
 
     def handle_action(self, action: object) -> None:
@@ -82,28 +77,6 @@ class LiveCallShell(RealtimeShell):
         elif isinstance(action, EndSession) and not self._ending:
             self._ending = True
             self._nursery.start_soon(self._end, action.reason)
-
-    def _drain(self, origin: str | None = None) -> None:
-        super()._drain(origin)
-        deadline = self.live.poll_timeout()
-        if deadline != self._deadline:
-            self._deadline = deadline
-            self._timer_moved.set()
-
-    async def _timer(self) -> None:
-        """The wake gate's idle timer: sleep until the core's deadline (or until it
-        moves), then let the core decide."""
-        while True:
-            self._timer_moved = trio.Event()
-            deadline = self._deadline
-            if deadline is None:
-                await self._timer_moved.wait()
-                continue
-            with trio.move_on_at(deadline):
-                await self._timer_moved.wait()
-                continue
-            self.live.handle_timeout(trio.current_time())
-            self._drain()
 
     async def _expire(self, seconds: float) -> None:
         await trio.sleep(seconds)

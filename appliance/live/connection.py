@@ -45,10 +45,11 @@ channel's, held until it opens (:meth:`handle_open`), then filtered by
 ``allowed_server_events`` drops what may not go out; an ``info`` ``data_channel_permissions``
 says what was applied). With a ``wake_policy`` the session is gated (idle.py): asleep until
 speech wakes it (``session.resumed``), paused after ``idle_timeout_s`` idle
-(``session.paused``) — the only timer of this core, driven by ``handle_timeout(now)`` /
-``poll_timeout()`` on the ``clock`` the shell injects. While asleep the agent hears silence,
-except the last :data:`WAKE_HOLD_FRAMES` frames, held back and delivered whole when the
-speech in them wakes the session (so its first word is heard).
+(``session.paused``). The gate's clock is the track's: each arriving frame is 20 ms (the
+timeline rule below), so the core stays clockless and a pause lands on the frame that
+crosses the deadline. While asleep the agent hears silence, except the last
+:data:`WAKE_HOLD_FRAMES` frames, held back and delivered whole when the speech in them wakes
+the session (so its first word is heard).
 
 **The session timeline** (every ``start_ms`` / ``end_ms``) is the input audio's clock: the
 milliseconds of audio appended since ``session.start`` — wall-clock time for a client that
@@ -182,20 +183,17 @@ class LiveConnection:
                  max_seconds: int = MAX_SESSION_SECONDS, usage_every_ms: int = USAGE_EVERY_MS,
                  transcription_model: str = "whisper-1", judge: bool = False,
                  speculate: bool = False, media: bool = False,
-                 queued_seconds: Callable[[], float] = lambda: 0.0,
-                 clock: Callable[[], float] = lambda: 0.0) -> None:
+                 queued_seconds: Callable[[], float] = lambda: 0.0) -> None:
         """``judge`` / ``speculate``: the shell answers the turn engine's pause work
         (appliance/realtime/turns.py), as the Realtime WebSocket's does. ``media``: a
         WebRTC call (``vad`` unused: the frames carry their flag; ``queued_seconds`` is the
-        output queue's, for the machine's barge-in; ``clock`` is monotonic seconds, read
-        only by the wake gate)."""
+        output queue's, for the machine's barge-in)."""
         if not media and vad is None:
             raise ValueError("a WebSocket session needs a vad")
         self.id = session_id
         self.media = media
         self._ids = ids
         self._clock = wall_clock
-        self._now = clock
         self._vad = vad or (lambda _: False)
         self._max_seconds = max_seconds
         self._usage_every = usage_every_ms
@@ -236,6 +234,7 @@ class LiveConnection:
         self._allowed_server: frozenset[str] | None = None
         self.gate: WakeGate | None = None
         self._asleep: deque[tuple[bytes, bool]] = deque()
+        self._track_ms = 0  # the track's frames as they arrived: the wake gate's clock
 
     # -- poll --------------------------------------------------------------------------------
 
@@ -344,7 +343,7 @@ class LiveConnection:
         wake = cfg.get("wake_policy")
         if self.media and wake is not None:
             self.gate = WakeGate(vad_threshold=wake.get("vad_threshold", 0.5),
-                                 idle_timeout_s=cfg.get("idle_timeout_s"), now=self._now())
+                                 idle_timeout_s=cfg.get("idle_timeout_s"), now=self._t())
         if cfg["store"]:
             self._emit(events.info(self._ids("event"), "store_unavailable",
                                    f"store: true is accepted but this appliance does not "
@@ -426,40 +425,30 @@ class LiveConnection:
         if gate is None:
             self._feed(pcm, speech)
             return
+        self._track_ms += FRAME_MS
+        now = self._t()
+        gate.handle_input(now, speech, self._busy)
+        gate.handle_timeout(now)  # idle_timeout_s: this frame may cross the deadline
         if gate.awake:
-            gate.handle_input(self._now(), speech, self._busy)
-            self._feed(pcm, speech)
-            return
-        self._asleep.append((pcm, speech))
-        gate.handle_input(self._now(), speech)
-        if gate.awake:  # the held frames hold the speech that woke it: all of them, real
+            # Woken by this frame: the held ones hold the start of that speech, all real.
             held, self._asleep = self._asleep, deque()
             for frame, flag in held:
                 self._feed(frame, flag)
-        elif len(self._asleep) > WAKE_HOLD_FRAMES:
-            self._asleep.popleft()
-            self._feed(SILENT_FRAME, False)
+            self._feed(pcm, speech)
+        else:
+            self._asleep.append((pcm, speech))
+            if len(self._asleep) > WAKE_HOLD_FRAMES:
+                self._asleep.popleft()
+                self._feed(SILENT_FRAME, False)
         self._gated()
+
+    def _t(self) -> float:
+        return self._track_ms / 1000
 
     @property
     def _busy(self) -> bool:
         m = self.machine
         return m.response is not None or m.playing is not None or bool(self._commentary)
-
-    def handle_timeout(self, now: float) -> None:
-        """The wake gate's timer (idle_timeout_s): may pause the session."""
-        if self.gate is None or self.state is not State.ACTIVE:
-            return
-        if self._busy:
-            self.gate.handle_input(now, False, True)
-        self.gate.handle_timeout(now)
-        self._gated()
-
-    def poll_timeout(self) -> float | None:
-        """When :meth:`handle_timeout` is next due (the shell's clock); None: no timer."""
-        if self.gate is None or self.state is not State.ACTIVE:
-            return None
-        return self.gate.poll_timeout()
 
     def _gated(self) -> None:
         assert self.gate is not None
@@ -686,7 +675,7 @@ class LiveConnection:
         if self.gate is None:
             return {}
         seconds = self._seconds()
-        paused = min(seconds, int(self.gate.paused_seconds(self._now())))
+        paused = min(seconds, int(self.gate.paused_seconds(self._t())))
         return {"active_seconds": seconds - paused, "paused_seconds": paused}
 
 

@@ -33,7 +33,8 @@ Verbs (STYLE.md rule 18)::
     poll_output()                     Paused / Resumed, in order; None when drained
     paused_seconds(now)               the time spent not awake, for usage
 
-``now`` is any monotonic clock in seconds (the shell's trio clock; a test's plain float).
+``now`` is any monotonic clock in seconds: a WebRTC session's is the track's own timeline
+(connection.py: 20 ms a frame, as they arrive), a test's a plain float.
 """
 
 from __future__ import annotations
