@@ -26,8 +26,9 @@ What counts here (the SDK does not say; docs/live.md states it):
 
 Verbs (STYLE.md rule 18)::
 
-    handle_input(now, speech, busy)   one 20 ms input frame: its VAD flag, and whether the
-                                      agent is busy; may wake
+    handle_input(now, data, busy)     one 20 ms input frame: ``data`` is its VAD flag
+                                      (speech?), ``busy`` whether the agent is answering;
+                                      may wake
     handle_timeout(now)               may pause
     poll_timeout()                    when to call handle_timeout next (None: no timer)
     poll_output()                     Paused / Resumed, in order; None when drained
@@ -118,7 +119,9 @@ class WakeGate:
             self._asleep_since = now
             self._out.append(Paused())
 
-    def handle_input(self, now: float, speech: bool, busy: bool = False) -> None:
+    def handle_input(self, now: float, data: bool, busy: bool = False) -> None:
+        """One 20 ms frame: ``data`` is the VAD's speech flag."""
+        speech = data
         if self.phase is Phase.AWAKE:
             if speech or busy:
                 self._last_active = now
@@ -138,6 +141,7 @@ class WakeGate:
         return self._last_active + self._idle
 
     def poll_output(self) -> Paused | Resumed | None:
+        """The next change, in order; None when drained."""
         return self._out.popleft() if self._out else None
 
     def paused_seconds(self, now: float) -> float:
