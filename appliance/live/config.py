@@ -244,12 +244,33 @@ def resource(config: dict[str, Any], *, session_id: str, expires_at: int) -> dic
             **{k: v for k, v in config.items() if k != "model" and k not in MEDIA_ONLY}}
 
 
+#: Client delegation (issue 42 item 3): the one tool the agent is given. GPT-Live's model
+#: decides to delegate; here the agent's LLM decides by calling this tool (an agent with
+#: tools: the assistant with an LLM, or a RealtimeAgent of your own; the built-in
+#: responder never does). The task text stays with the LLM: GPT-Live's
+#: ``session.delegation.created`` carries none (the application rebuilds the task from the
+#: transcript up to ``offset_ms``).
+DELEGATE_TOOL = "delegate"
+DELEGATE: dict[str, Any] = {
+    "type": "function", "name": DELEGATE_TOOL,
+    "description": ("Hand a task you cannot complete from the conversation alone (it needs "
+                    "the user's account, live data, or an action in the application) to "
+                    "the application. Do not make up its result: it will come back to "
+                    "you as context, and you will be told what to say."),
+    "parameters": {"type": "object", "properties": {
+        "task": {"type": "string", "description": "The task, in one sentence."}},
+        "required": ["task"]},
+}
+
+
 def realtime_session(config: dict[str, Any], transcription_model: str) -> dict[str, Any]:
     """The inner Realtime session (``session.update`` of appliance/realtime/session.py):
-    the agent's prompt and voice, audio always, and turns the server's."""
+    the agent's prompt, voice and (client delegation) its delegate tool, audio always, and
+    turns the server's."""
     voice = config["audio"]["output"]["voice"]
     return {
         "type": "realtime",
+        "tools": [DELEGATE] if config["delegation"]["type"] == "client" else [],
         "model": config["model"],
         "instructions": config.get("instructions") or "",
         "output_modalities": ["audio"],

@@ -27,6 +27,12 @@ What maps onto what (Live has no items, responses or VAD events; the machine has
     *.instructions|thinking.append -> a system item in the conversation
     session.commentary.append     -> a response the agent speaks (agent.py), queued
                                      behind the one running
+    the delegate tool's call      -> session.delegation.created (client delegation: the
+    (function_call_arguments.done)   agent's LLM decided), the call answered at once in
+                                     the conversation ("delegated"), and after
+                                     acknowledgement_delay_ms of timeline an automatic
+                                     spoken acknowledgement — unless a commentary or
+                                     thinking append comes first (it cancels them all)
     transcription.delta (item)    -> session.input_transcript.delta, the turn's span
     output_audio_transcript.delta -> session.output_transcript.delta, held until the
                                      sentence's audio is out so its end_ms is known
@@ -85,6 +91,7 @@ from ..realtime.machine import RealtimeConnection
 from ..realtime.socket_protocol import EndSession
 from . import events
 from .config import (
+    DELEGATE_TOOL,
     MAX_SESSION_SECONDS,
     apply_update_untrusted,
     realtime_items,
@@ -108,6 +115,14 @@ THINKING = "Silent context (do not read it out): "
 HELD_BEFORE_OPEN = 256  # WebRTC: events kept for a channel that is not open yet
 WAKE_HOLD_FRAMES = 25  # WebRTC, asleep: the last 500 ms, delivered when they wake it
 SILENT_FRAME = bytes(FRAME_BYTES)
+#: What the agent says when an acknowledgement falls due (GPT-Live's model says its own
+#: words, "Okay, checking now" on the wire).
+ACKNOWLEDGEMENT = "Okay, checking now."
+#: The delegate call's answer in the agent's conversation: the LLM's tool call is never
+#: left open (a chat-completions backend refuses a tool call without its result).
+DELEGATED = ("Delegated to the application ({id}). Its result will come back as context; "
+             "do not guess it.")
+MAX_DELEGATIONS = 1024  # delegation ids kept for delegation_id checks (oldest forgotten)
 
 
 class State(Enum):
@@ -227,7 +242,9 @@ class LiveConnection:
         self._said = False  # an output transcript went out: later answers get a space
         self._response_said = False
         self._commentary: deque[str] = deque()
-        self._delegations: set[str] = set()  # none yet: the agents here never delegate
+        # client delegation: the ids made (for delegation_id), acknowledgements pending
+        self._delegations: OrderedDict[str, None] = OrderedDict()
+        self._acks: dict[str, int] = {}  # delegation id -> the timeline ms it falls due
         # WebRTC: the channel, its permissions, the wake gate and what it holds back
         self.opened = not media
         self._allowed_client: frozenset[str] | None = None  # None: all
@@ -409,6 +426,8 @@ class LiveConnection:
         self.input_ms += FRAME_MS
         # Translated at the frame that caused them: a barge-in cuts the output here.
         self._pump()
+        if self._acks:
+            self._acknowledge()
         if self.input_ms >= self._next_usage:
             self._next_usage += self._usage_every
             self._emit(events.usage_updated(self._ids("event"), self._seconds(),
@@ -476,6 +495,8 @@ class LiveConnection:
             raise LiveError(f"Invalid 'content': longer than {MAX_APPEND_TOKENS} tokens.",
                             code="string_above_max_length", param="content")
         at = self.input_ms
+        if kind != "session.instructions.append":
+            self._acks.clear()  # "any commentary or thinking ... cancels all pending"
         if content.strip():
             if kind == "session.commentary.append":
                 self._commentary.append(content)
@@ -604,6 +625,8 @@ class LiveConnection:
             self._rest = b""
         elif kind in ("response.output_audio_transcript.delta", "response.output_text.delta"):
             self._hold(e["delta"])
+        elif kind == "response.function_call_arguments.done" and e["name"] == DELEGATE_TOOL:
+            self._delegate(e["item_id"], e["call_id"])
         elif kind == "response.done":
             if e["response"]["status"] == "cancelled":  # cut: the rest was never heard
                 self.output_ms = min(self.output_ms, float(self.input_ms))
@@ -615,6 +638,33 @@ class LiveConnection:
                 err["message"], code=err["code"], param=err.get("param"),
                 client_event_id=err.get("event_id"), type=err["type"])))
         # Items, responses, content parts, VAD events, rate limits: not Live's.
+
+    def _delegate(self, item_id: str, call_id: str) -> None:
+        """The agent called its delegate tool: a client delegation (its id is the call's
+        item id, ``item_…`` as GPT-Live's are)."""
+        if self.config.get("delegation", {}).get("type") != "client":
+            return
+        self._delegations[item_id] = None
+        while len(self._delegations) > MAX_DELEGATIONS:
+            self._delegations.popitem(last=False)
+        self._events.append(events.delegation_created(self._ids("event"), item_id,
+                                                      self.input_ms))
+        self._inner({"type": "conversation.item.create", "item": {
+            "type": "function_call_output", "call_id": call_id,
+            "output": DELEGATED.format(id=item_id)}})
+        delay = self.config["delegation"].get("acknowledgement_delay_ms", 0)
+        self._acks[item_id] = self.input_ms + delay
+        self._acknowledge()
+
+    def _acknowledge(self) -> None:
+        """Speak the acknowledgements that fell due (one for all due at once)."""
+        due = [d for d, at in self._acks.items() if at <= self.input_ms]
+        if not due:
+            return
+        for d in due:
+            del self._acks[d]
+        self._commentary.append(ACKNOWLEDGEMENT)
+        self._say_next()
 
     def _heard(self, item_id: str, text: str) -> None:
         if not text:

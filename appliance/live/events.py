@@ -41,7 +41,9 @@ SERVER_EVENTS: dict[str, tuple[Support, str]] = {
     "info": (Support.SUPPORTED, "store_unavailable, input_transcript_failed"),
     "session.output_audio.fixture.playing": (Support.NEVER, "no fixtures"),
     "session.output_audio.fixture.played": (Support.NEVER, "no fixtures"),
-    "session.delegation.created": (Support.NEVER, "the agents here do not delegate yet"),
+    "session.delegation.created": (Support.SUPPORTED, "client delegation: when the agent's "
+                                   "LLM calls its delegate tool (an agent with tools, e.g. "
+                                   "--llm); offset_ms on the timeline, no task text"),
     "response.event": (Support.NEVER, "no Responses delegation"),
     "decision.event": (Support.NEVER, "no Decision API"),
     "decision.item.created": (Support.NEVER, "no Decision API"),
@@ -147,6 +149,14 @@ def output_transcript_delta(event_id: str, delta: str, start_ms: int,
 def output_audio_delta(b64: str) -> dict[str, Any]:
     """On the primary socket: no event_id, no timestamps (those are the sideband's)."""
     return {"type": "session.output_audio.delta", "delta": b64}
+
+
+def delegation_created(event_id: str, delegation_id: str, offset_ms: int,
+                       target: str = "client") -> dict[str, Any]:
+    """The agent delegated work: metadata only (GPT-Live sends no task text)."""
+    return {"type": "session.delegation.created", "event_id": event_id,
+            "offset_ms": offset_ms,
+            "delegation": {"id": delegation_id, "type": "delegation", "target": target}}
 
 
 def error(event_id: str, exc: LiveError) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import pytest
 from live.live_shapes import shape_errors
 
 from appliance.live.connection import SAY, LiveConnection, LiveEvent, Started, State
-from appliance.realtime.interface import AudioDelta, TextDelta, TranscriptDelta
+from appliance.realtime.interface import AudioDelta, FunctionCall, TextDelta, TranscriptDelta
 from appliance.realtime.machine import CancelResponse, StartResponse, Transcribe
 from appliance.realtime.socket_protocol import EndSession
 
@@ -365,6 +365,7 @@ def test_every_event_type_served_is_sent_and_matches_the_sdk() -> None:
     core.c.machine.handle_transcript_delta(tr.item_id, "hi")
     core.c.handle_delta(start.request.response_id, TranscriptDelta("Hello."))
     core.c.handle_delta(start.request.response_id, AudioDelta(zeros(0.1, 48_000)))
+    core.c.handle_delta(start.request.response_id, FunctionCall("delegate", "{}"))  # client
     core.c.handle_response_end(start.request.response_id)
     core.send(type="session.input_audio.commit")
     core.send(type="session.close")
