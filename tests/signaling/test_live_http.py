@@ -9,6 +9,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from signaling.fakes import OFFER
 from signaling.test_realtime_http import API, bearer, creates, openai_error, secret
 
@@ -112,3 +114,24 @@ def test_the_parser_raises_only_its_problem() -> None:
                 b'{"session": {"model": "m"}, "transport": {"type": "webrtc", "sdp": 5}}'):
         with pytest.raises(RealtimeProblem):
             parse_create_untrusted(raw)
+
+
+_JSON = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
+              st.sampled_from(["webrtc", "gpt-live-1", "speech", OFFER, ""]), st.text(max_size=8)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(
+        ["session", "transport", "type", "sdp", "model", "wake_policy", "idle_timeout_s",
+         "vad_threshold", "client", "data_channel", "audio", "x"]), inner, max_size=4)),
+    max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.one_of(st.binary(max_size=64), _JSON.map(lambda v: json.dumps(v).encode())))
+def test_the_parser_takes_any_body(raw: bytes) -> None:
+    """parse_create_untrusted may raise only its RealtimeProblem, always a 400."""
+    status = 400
+    try:
+        parse_create_untrusted(raw)
+    except RealtimeProblem as p:
+        status = p.status
+    assert status == 400
