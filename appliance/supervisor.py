@@ -132,6 +132,7 @@ DEFAULTS: dict[str, Any] = {
     "internal_base_port": 0,
     "ice_tcp": True,
     "public_tcp_port": None,
+    "relayed_media_port": None,
     "https_on_media_port": False,
     "turn": False,
     "turn_secret_file": None,
@@ -184,6 +185,19 @@ def check_media_port(cfg: UpConfig) -> None:
         return
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     kinds = [(socket.SOCK_DGRAM, "UDP")] + ([(socket.SOCK_STREAM, "TCP")] if cfg.ice_tcp else [])
+    relayed = relayed_media_port(cfg)
+    if relayed is not None:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                s.bind((host, relayed))
+            except OSError as exc:
+                err = OSError(f"--udp {format_hostport(cfg.udp)}: the relayed-media UDP port "
+                              f"{relayed} (TURN clients relay to no port below 1024) is not "
+                              f"free ({exc.strerror}); choose one with --relayed-media-port")
+                err.errno = exc.errno
+                raise err from None
     for kind, name in kinds:
         with socket.socket(family, kind) as s:
             if family == socket.AF_INET6:  # as the relay binds: IPv4 on the port is not ours
@@ -243,6 +257,11 @@ class UpConfig:
     turn: bool = False
     turn_secret_file: str | None = None
     turn_peers: list[str] = field(default_factory=list)
+    #: the relayed-media port (issue 40 item 2): with TURN on and a media port below 1024,
+    #: the relays also listen on UDP at this port and answers add it as a lower-priority
+    #: candidate, so TURN clients (Chromium relays to no port below 1024) have a peer port.
+    #: None: RELAYED_MEDIA_PORT when needed.
+    relayed_media_port: int | None = None
     #: recordings (docs/recordings.md): every call unless it says otherwise, the state
     #: directory's recordings/ quota in bytes and how long a recording is kept
     record: bool = False
@@ -339,6 +358,12 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
     if cfg.turn and not turn_media(cfg):
         raise ValueError("--turn needs a public address of the --udp address's family "
                          "(--public-address): TURN clients and peers reach the relay by it")
+    relayed = getattr(args, "relayed_media_port", None)
+    if relayed is not None:
+        cfg.relayed_media_port = int(relayed)
+        if not 1024 <= cfg.relayed_media_port <= 65535:
+            raise ValueError("--relayed-media-port must be 1024..65535 (Chromium will not "
+                             "relay to a port below 1024)")
     tcp_port = getattr(args, "public_tcp_port", None)
     if tcp_port is not None:
         cfg.public_tcp_port = int(tcp_port)
@@ -349,11 +374,26 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
     return cfg
 
 
+#: The relayed-media port when the media port is below 1024 and none is given: TURN's own
+#: registered port (RFC 8656 §18), so a firewall rule written for TURN fits it.
+RELAYED_MEDIA_PORT = 3478
+
+
+def relayed_media_port(cfg: UpConfig) -> int | None:
+    """The second UDP port TURN clients relay to (issue 40 item 2), or None when the media
+    port is one they relay to already (>= 1024, or any port picked at start-up)."""
+    if not cfg.turn or cfg.udp[1] == 0 or cfg.udp[1] >= 1024:
+        return None
+    return cfg.relayed_media_port or RELAYED_MEDIA_PORT
+
+
 def turn_media(cfg: UpConfig) -> list[tuple[str, int]]:
     """The media addresses TURN relays to in-process (and advertises relayed addresses on):
-    the public addresses of the --udp address's family, at its port."""
+    the public addresses of the --udp address's family, at its port and at the
+    relayed-media port when there is one."""
     v6 = ":" in cfg.udp[0]
-    return [(a, cfg.udp[1]) for a in cfg.public_addresses if (":" in a) == v6]
+    ports = [cfg.udp[1]] + ([p] if (p := relayed_media_port(cfg)) else [])
+    return [(a, port) for port in ports for a in cfg.public_addresses if (":" in a) == v6]
 
 
 def _control_dir(state_dir: Path) -> tuple[Path, bool]:
@@ -403,14 +443,17 @@ def child_specs(cfg: UpConfig, secret: Path, control_dir: Path) -> tuple[list[Ch
     relays = []
     for w in range(cfg.relay_workers):
         control = str(control_dir / f"relay-{w}.sock")
-        argv = relay_argv(relay_cmd, listen=[cfg.udp], transceivers=routes,
+        relayed = relayed_media_port(cfg)
+        listen = [cfg.udp] + ([(cfg.udp[0], relayed)] if relayed else [])
+        argv = relay_argv(relay_cmd, listen=listen, transceivers=routes,
                           secret_file=str(secret), control=control, redis=cfg.redis,
                           log_level=cfg.log_level, log_format=cfg.log_format,
                           tcp=[cfg.udp] if cfg.ice_tcp else [],
                           tcp_https=_https_backend(cfg) if cfg.https_on_media_port else None,
                           turn=cfg.turn, turn_secret_file=cfg.turn_secret_file,
                           media_addresses=turn_media(cfg) if cfg.turn else (),
-                          turn_relay_ips=[a for a, _ in turn_media(cfg)] if cfg.turn else (),
+                          turn_relay_ips=list(dict.fromkeys(a for a, _ in turn_media(cfg)))
+                          if cfg.turn else (),
                           turn_peers=cfg.turn_peers,
                           # TURN over TLS wherever the media port serves TLS (issue 40 item
                           # 3), with the same certificate as HTTPS (relay/tls.py splits).
@@ -453,6 +496,7 @@ async def up(
             public_addresses=cfg.public_addresses,
             udp_port=cfg.udp[1],
             tcp_port=(cfg.public_tcp_port or cfg.udp[1]) if cfg.ice_tcp else None,
+            relayed_media_port=relayed_media_port(cfg),
             api_token=cfg.api_token,
             tls_cert=cfg.tls_cert,
             tls_key=cfg.tls_key,
@@ -484,6 +528,9 @@ async def up(
                 print(f"API token (generated): {generated}", flush=True)
             media = ", ".join(format_hostport((a, cfg.udp[1])) for a in cfg.public_addresses)
             print(f"media: UDP {media}", flush=True)
+            if (relayed := relayed_media_port(cfg)) is not None:
+                print(f"media: UDP port {relayed} too, for TURN clients (they relay to no port "
+                      f"below 1024; it need not be open outside)", flush=True)
             if cfg.ice_tcp:
                 port = cfg.public_tcp_port or cfg.udp[1]
                 tcp = ", ".join(format_hostport((a, port)) for a in cfg.public_addresses)
@@ -543,6 +590,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the ICE-TCP port clients reach when a load balancer maps "
                              "another one to the relays' (e.g. 443 outside; default: the "
                              "--udp port)")
+    parser.add_argument("--relayed-media-port", type=int, metavar="PORT", default=None,
+                        help="with TURN and a --udp port below 1024: the second UDP port the "
+                             "relays listen on and answers offer to TURN clients, which relay "
+                             f"to no port below 1024 (default {RELAYED_MEDIA_PORT}; it need not "
+                             "be open outside)")
     parser.add_argument("--https-on-media-port", action="store_true", default=None,
                         help="with --tls: serve HTTPS on the relays' TCP port too (a "
                              "connection whose first byte starts a TLS record goes to "

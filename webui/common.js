@@ -50,12 +50,20 @@ export async function httpError(resp, fallback) {
 // The long-lived API token a person pasted (or passed as #token=… in the URL), kept for this
 // tab only. It is used for one thing: minting short-lived client tokens.
 const API_KEY = "appliance.apiToken";
-let clientToken = null; // { value, expiresMs }
+let clientToken = null; // { value, expiresMs, agent }
+// The agent client tokens are minted for (POST /v1/client_tokens {"agent"}): a client token
+// may create sessions only with the agent it was minted for. null: the deployment's.
+let tokenAgent = null;
 let authNeeded = false;
 // "client": mint short-lived client tokens (the demo: they may create and end their own
 // sessions). "api": send the API token itself (the dashboard lists, watches and ends every
 // session, which client tokens are not scoped for).
 let tokenKind = "client";
+
+/** The agent the page's next sessions ask for; a client token for another is re-minted. */
+export function setTokenAgent(agent) {
+  tokenAgent = agent || null;
+}
 
 export function useApiTokenDirectly() {
   tokenKind = "api";
@@ -91,7 +99,7 @@ async function mintClientToken() {
   if (apiKey) headers.Authorization = `Bearer ${apiKey}`;
   let resp;
   try {
-    resp = await fetch(url, { method: "POST", headers, body: "{}" });
+    resp = await fetch(url, { method: "POST", headers, body: JSON.stringify(tokenAgent ? { agent: tokenAgent } : {}) });
   } catch (e) {
     throw new UnreachableError(url, e);
   }
@@ -103,7 +111,7 @@ async function mintClientToken() {
   if (!resp.ok) throw await httpError(resp, "Could not get a client token");
   const body = await resp.json();
   if (!body || typeof body.token !== "string") throw new AuthError("The server sent no client token.");
-  clientToken = { value: body.token, expiresMs: toMs(body.expires_at) };
+  clientToken = { value: body.token, expiresMs: toMs(body.expires_at), agent: tokenAgent };
   return clientToken.value;
 }
 
@@ -114,7 +122,8 @@ async function currentToken(force) {
     if (!apiKey) throw new AuthError();
     return apiKey;
   }
-  if (!force && clientToken && clientToken.expiresMs - Date.now() > 15_000) return clientToken.value;
+  if (!force && clientToken && clientToken.agent === tokenAgent
+      && clientToken.expiresMs - Date.now() > 15_000) return clientToken.value;
   return mintClientToken();
 }
 

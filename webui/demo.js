@@ -7,7 +7,7 @@
 // window.applianceDemo exposes the page state for tests and for the console.
 import {
   AuthError, HttpError, UnreachableError, adoptTokenFromUrl, api, apiUrl, fmtMs, fmtNum, h,
-  httpError, renderTimeline, renderTurns, wireAuthForm,
+  httpError, renderTimeline, renderTurns, setTokenAgent, wireAuthForm,
 } from "./common.js";
 
 const $ = (id) => document.getElementById(id);
@@ -223,6 +223,7 @@ async function start() {
     await gathered(pc, GATHER_MAX_MS);
     if (!current(r)) return;
     const agent = chosenAgent();
+    setTokenAgent(agent); // a client token (when the API needs one) is minted for this agent
     const path = `v1/sessions${agent ? `?agent=${encodeURIComponent(agent)}` : ""}`;
     const tPost = performance.now();
     const resp = await api(path, {

@@ -52,6 +52,7 @@ from .rules import (
     CORS_RESPONSE_HEADERS,
     SDP,
     SDPFRAG,
+    agent_for,
     authorize_header,
     check_agent,
     check_body_headers,
@@ -133,8 +134,8 @@ def create_app(state: SignalingState) -> QuartTrio:
     async def create_session() -> Response:
         claims = authorize(sessions=True)
         offer = await read_body(SDP)
-        agent = check_agent(request.args.get("agent") or request.headers.get("X-Agent") or None,
-                            full_rights=claims is None)
+        agent = agent_for(request.args.get("agent") or request.headers.get("X-Agent") or None,
+                          claims)
         ingress = None
         if state.config.ingress.enabled:
             geo = state.config.ingress
@@ -195,6 +196,7 @@ def create_app(state: SignalingState) -> QuartTrio:
     async def client_tokens() -> Response:
         authorize(sessions=False)
         ttl = state.config.client_token_ttl
+        agent: str | None = None
         raw = await request.get_data()
         assert isinstance(raw, bytes)
         if raw.strip():
@@ -220,9 +222,16 @@ def create_app(state: SignalingState) -> QuartTrio:
                     raise Problem(400, "bad-ttl", "ttl must be a number of seconds, 1.."
                                   f"{state.config.client_token_max_ttl:g}")
                 ttl = float(ttl_in)
-        token, claims = state.tokens.mint(now=state.clock(), ttl=ttl)
+            if body.get("agent") is not None:
+                if not isinstance(body["agent"], str):
+                    raise Problem(400, "bad-agent", "agent must be a string")
+                # The minter has full rights (above): it may choose the agent the token's
+                # sessions get, as it could have created the session itself.
+                agent = check_agent(body["agent"] or None)
+        token, claims = state.tokens.mint(now=state.clock(), ttl=ttl, agent=agent)
         resp = json_response(
-            {"token": token, "expires_at": claims.exp, "ttl": ttl, "scope": list(claims.scope)},
+            {"token": token, "expires_at": claims.exp, "ttl": ttl, "scope": list(claims.scope),
+             **({} if agent is None else {"agent": agent})},
             status=201,
         )
         resp.headers["Cache-Control"] = "no-store"

@@ -58,6 +58,7 @@ DEFAULTS: dict[str, Any] = {
     "http": "127.0.0.1:8080",
     "udp_port": 3478,
     "public_tcp_port": None,
+    "relayed_media_port": None,
     "relay_https": None,
     "admission_limit": 0.85,
     "transceiver_control": [],
@@ -107,6 +108,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the relays' public ICE-TCP port (relay --tcp, or the port a load "
                              "balancer maps to it, e.g. 443): answers then list a TCP passive "
                              "candidate per address beside the UDP one (default: none)")
+    parser.add_argument("--relayed-media-port", type=int, metavar="PORT", default=None,
+                        help="a second relay UDP port (>= 1024) answered as a lower-priority "
+                             "candidate beside each UDP one: what TURN clients relay to when "
+                             "--udp-port is below 1024 (Chromium will not relay to such ports; "
+                             "relay: a second --listen and --media-address at this port)")
     parser.add_argument("--relay-https", metavar="HOST:PORT", default=None,
                         help="accept the relays' spliced HTTPS connections here (relay "
                              "--tcp-https points at it): each opens with a PROXY v2 header "
@@ -161,6 +167,16 @@ def _tcp_port(value: object) -> int | None:
     return port
 
 
+def _relayed_port(value: object) -> int | None:
+    if value is None:
+        return None
+    port = int(str(value))
+    if not 1024 <= port <= 65535:
+        raise ValueError("--relayed-media-port must be 1024..65535 (Chromium will not relay "
+                         "to a port below 1024)")
+    return port
+
+
 def build_config(args: argparse.Namespace) -> tuple[SignalingConfig, str | None]:
     """A SignalingConfig from resolved args; also the TLS fingerprint when self-signed."""
     host, port = parse_hostport(args.http, default_host="127.0.0.1")
@@ -193,6 +209,7 @@ def build_config(args: argparse.Namespace) -> tuple[SignalingConfig, str | None]
         public_addresses=public,
         udp_port=udp_port,
         tcp_port=_tcp_port(args.public_tcp_port),
+        relayed_media_port=_relayed_port(args.relayed_media_port),
         api_token=args.api_token or None,
         tls_cert=cert,
         tls_key=key,

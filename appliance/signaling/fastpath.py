@@ -45,8 +45,8 @@ from .problems import Problem, problem_body
 from .rules import (
     CORS_RESPONSE_HEADERS,
     SDP,
+    agent_for,
     authorize_header,
-    check_agent,
     check_body_headers,
     check_owner,
     created_headers,
@@ -158,8 +158,8 @@ class WhipFastPath:
         state = self.state
         claims = authorize_header(state, _first(headers, "authorization") or "", sessions=True)
         offer = await self._read_body(headers, receive, SDP)
-        agent = check_agent(_query_arg(scope, "agent") or _first(headers, "x-agent") or None,
-                            full_rights=claims is None)
+        agent = agent_for(_query_arg(scope, "agent") or _first(headers, "x-agent") or None,
+                          claims)
         ingress = None
         if state.config.ingress.enabled:
             geo = state.config.ingress

@@ -91,18 +91,31 @@ def decode_body(raw: bytes, expected: str) -> str:
         raise Problem(400, "bad-encoding", f"the body is not UTF-8 (byte {exc.start})") from None
 
 
-def check_agent(agent: str | None, *, full_rights: bool = True) -> str | None:
+def check_agent(agent: str | None, *, full_rights: bool = True,
+                granted: str | None = None) -> str | None:
     """The agent a caller asked for, checked. Only a full-rights caller (the API token, or
     anyone on a loopback bind) may name one: a spec is code to import, a file to load or a
     URL the transceiver connects to with the deployment's own keys (a ``realtime+wss://``
-    bridge sends ``$APPLIANCE_REALTIME_KEY``), so a browser's client token gets the
-    configured agent and a 403 for asking otherwise."""
+    bridge sends ``$APPLIANCE_REALTIME_KEY``), so a browser's client token gets the agent
+    its minter ``granted`` it (or the configured one) and a 403 for asking otherwise."""
     if agent is not None and not _AGENT_RE.match(agent):
         raise Problem(400, "bad-agent", "agent must be 1..256 printable ASCII characters")
-    if agent is not None and not full_rights:
+    if full_rights:
+        return agent
+    if agent is not None and agent != granted:
         raise Problem(403, "agent-not-allowed",
-                      "a client token cannot choose the agent: the deployment's is used")
-    return agent
+                      f"this client token was minted for the agent {granted!r}: mint one for "
+                      f"{agent!r} (POST /v1/client_tokens {{\"agent\": ...}}) to use it"
+                      if granted is not None else
+                      "a client token cannot choose the agent: the deployment's is used (or "
+                      "mint the token with one: POST /v1/client_tokens {\"agent\": ...})")
+    return granted
+
+
+def agent_for(asked: str | None, claims: ClientClaims | None) -> str | None:
+    """:func:`check_agent` for a request authorized with ``claims`` (None: full rights)."""
+    return check_agent(asked, full_rights=claims is None,
+                       granted=None if claims is None else claims.agent)
 
 
 def created_headers(rec: SessionRecord) -> list[tuple[str, str]]:

@@ -57,6 +57,10 @@ class SignalingConfig:
     #: the relays' public ICE-TCP port (RFC 6544 passive candidates beside the UDP ones, the
     #: same addresses); None: UDP only. Behind a load balancer, the port clients reach.
     tcp_port: int | None = None
+    #: a second UDP port on the same addresses, answered as a lower-priority host candidate
+    #: after each UDP one: what TURN clients relay to when ``udp_port`` is below 1024, which
+    #: Chromium will not relay to (issue 40 item 2; docs/turn.md). None: no such candidate.
+    relayed_media_port: int | None = None
     api_token: str | None = None
     auth_required: bool | None = None  # None: decided by the bind address (loopback = no)
     #: where the relays splice HTTPS from the media port (``--relay-https``, proxied.py):
@@ -209,8 +213,14 @@ class SignalingState:
     # -- ingress --------------------------------------------------------------------------
 
     def candidates(self) -> list[list[Any]]:
-        """The default candidates: every public address with the relays' UDP port."""
-        return [[addr, self.config.udp_port] for addr in self.config.public_addresses]
+        """The default candidates: every public address with the relays' UDP port, then
+        (lower priority: the answer ranks candidates in this order) with the relayed-media
+        port when there is one."""
+        out = [[addr, self.config.udp_port] for addr in self.config.public_addresses]
+        if self.config.relayed_media_port is not None:
+            out += [[addr, self.config.relayed_media_port]
+                    for addr in self.config.public_addresses]
+        return out
 
     def pick_ingress(
         self, *, peer: str | None, forwarded_for: list[str], region: str | None
@@ -266,7 +276,8 @@ class SignalingState:
                 "agent": agent,
                 "candidates": candidates,
                 **({} if self.config.tcp_port is None else
-                   {"tcp_candidates": [[h, self.config.tcp_port] for h, _ in candidates]}),
+                   {"tcp_candidates": [[h, self.config.tcp_port]
+                                       for h in dict.fromkeys(h for h, _ in candidates)]}),
             }
             if params is not None:
                 try:

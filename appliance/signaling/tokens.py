@@ -12,7 +12,9 @@ address (DESIGN.md "Auth"):
       ct1.<base64url(JSON claims)>.<base64url(HMAC-SHA256(key, "ct1." + claims)[:16])>
 
   Claims: ``exp`` (Unix seconds), ``jti`` (random id), ``scope`` (list of strings; today
-  only ``"sessions"``: create, patch and delete sessions). A session created with a client
+  only ``"sessions"``: create, patch and delete sessions), and ``agent`` when the minter
+  (a full-rights caller) chose the agent its sessions get (the demo page's agent picker on
+  a deployment that needs tokens); a token without one gets the deployment's agent. A session created with a client
   token remembers the token's ``jti``, and only that token (or the API token) may patch or
   delete it, so a leaked browser token cannot tear down other callers' sessions.
 
@@ -51,6 +53,7 @@ class ClientClaims:
     jti: str
     exp: float
     scope: tuple[str, ...]
+    agent: str | None = None  # chosen by the minter; None: the deployment's
 
 
 def _b64(data: bytes) -> str:
@@ -82,11 +85,14 @@ class ClientTokens:
     def _mac(self, signed: bytes) -> bytes:
         return hmac.new(self._key, signed, hashlib.sha256).digest()[:_MAC_LEN]
 
-    def mint(self, *, now: float, ttl: float, scope: tuple[str, ...] = (SCOPE_SESSIONS,)) -> tuple[str, ClientClaims]:
-        claims = ClientClaims(jti=secrets.token_urlsafe(9), exp=round(now + ttl, 3), scope=scope)
-        body = json.dumps(
-            {"exp": claims.exp, "jti": claims.jti, "scope": list(scope)}, separators=(",", ":")
-        ).encode()
+    def mint(self, *, now: float, ttl: float, scope: tuple[str, ...] = (SCOPE_SESSIONS,),
+             agent: str | None = None) -> tuple[str, ClientClaims]:
+        claims = ClientClaims(jti=secrets.token_urlsafe(9), exp=round(now + ttl, 3), scope=scope,
+                              agent=agent)
+        fields: dict[str, object] = {"exp": claims.exp, "jti": claims.jti, "scope": list(scope)}
+        if agent is not None:
+            fields["agent"] = agent
+        body = json.dumps(fields, separators=(",", ":")).encode()
         signed = (self._prefix + _b64(body)).encode("ascii")
         return f"{signed.decode()}.{_b64(self._mac(signed))}", claims
 
@@ -112,6 +118,7 @@ class ClientTokens:
                 jti=str(raw["jti"]),
                 exp=float(raw["exp"]),
                 scope=tuple(str(s) for s in raw["scope"]),
+                agent=None if raw.get("agent") is None else str(raw["agent"]),
             )
         except (ValueError, KeyError, TypeError):
             raise TokenError("client token claims are malformed", "malformed") from None

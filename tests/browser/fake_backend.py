@@ -183,6 +183,7 @@ class FakeBackend:
         self.offers: list[dict[str, Any]] = []
         self.requests: list[tuple[str, str, str | None]] = []  # method, path, Authorization
         self.tokens: set[str] = set()
+        self.minted: list[dict[str, Any]] = []  # the bodies of POST /v1/client_tokens
         self.events_status = 200  # e.g. 404 to exercise the polling fallback
         # Set to an unset Event to hold every offer's answer until the test sets it.
         self.answer_gate: threading.Event | None = None
@@ -352,8 +353,11 @@ class FakeBackend:
             def _client_token(self) -> None:
                 if not self._authorized(client_ok=False):
                     return self._problem(401, "unauthorized", "minting client tokens needs the API token")
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
                 token = "ct1." + uuid.uuid4().hex
                 backend.tokens.add(token)
+                backend.minted.append(body)
                 self._json(201, {"token": token, "expires_at": time.time() + 60})
 
             def _create(self, query: dict[str, list[str]]) -> None:

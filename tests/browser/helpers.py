@@ -223,3 +223,37 @@ def running_appliance_up(tmp_path: Path, *extra: str, name: str = "up",
                 proc.wait(timeout=5)
         ARTIFACTS.mkdir(exist_ok=True)
         (ARTIFACTS / f"e2e-appliance-up-{name}.log").write_text(log_path.read_text())
+
+
+#: An init script (``% json.dumps(ice_server)``): every RTCPeerConnection the page makes gets
+#: that TURN server and the relay-only policy, and is kept in ``window.__pcs``.
+RELAY_ONLY = """(() => {
+  const Native = window.RTCPeerConnection;
+  const turn = %s;
+  window.__pcs = [];
+  window.RTCPeerConnection = function (config) {
+    const pc = new Native({...(config || {}), iceServers: [turn], iceTransportPolicy: "relay"});
+    window.__pcs.push(pc);
+    return pc;
+  };
+  window.RTCPeerConnection.prototype = Native.prototype;
+})();"""
+
+SELECTED_PAIR = """async () => {
+  const pc = window.__pcs[window.__pcs.length - 1];
+  const all = {};
+  (await pc.getStats()).forEach((s) => { all[s.id] = s; });
+  const t = Object.values(all).find((s) => s.type === "transport");
+  const pair = t && all[t.selectedCandidatePairId];
+  const local = pair && all[pair.localCandidateId];
+  const remote = pair && all[pair.remoteCandidateId];
+  return {
+    dtls: t ? t.dtlsState : null,
+    local: local ? {type: local.candidateType, relayProtocol: local.relayProtocol || null,
+                    port: local.port} : null,
+    remote: remote ? {type: remote.candidateType, port: remote.port,
+                      address: remote.address || remote.ip} : null,
+    inbound: Object.values(all).find((s) => s.type === "inbound-rtp" && s.kind === "audio")
+      || null,
+  };
+}"""

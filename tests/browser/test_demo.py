@@ -94,6 +94,9 @@ def test_token_required_then_client_token(page: Page) -> None:
         expect(page.locator("#state-detail")).to_contain_text("connecting media")
         posts = [r for r in backend.requests if r[:2] == ("POST", "/v1/sessions")]
         assert posts[-1][2] and posts[-1][2].startswith("Bearer ct1."), posts
+        # Minted for the agent picked (a client token may not name another; the real
+        # appliance's side: tests/interop/test_one_port_chromium.py).
+        assert backend.minted == [{"agent": "echo"}]
         # Stop ends the session with the same client token.
         page.get_by_role("button", name="Stop").click()
         expect(page.locator("#state")).to_have_text("ended")

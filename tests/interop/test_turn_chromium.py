@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser.helpers import BASE_ARGS, write_tone_wav
+from browser.helpers import BASE_ARGS, RELAY_ONLY, SELECTED_PAIR, write_tone_wav
 from e2e.procs import Proc
 from peers import chromium_executable
 from playwright.sync_api import Page, sync_playwright
@@ -36,39 +36,6 @@ from appliance.proto.turn import mint_rest_credential
 pytestmark = [pytest.mark.interop, pytest.mark.browser, pytest.mark.slow]
 
 SECRET = b"chromium-turn-test-secret"
-
-#: Every RTCPeerConnection the page makes gets our TURN server and the relay-only policy.
-RELAY_ONLY = """(() => {
-  const Native = window.RTCPeerConnection;
-  const turn = %s;
-  window.__pcs = [];
-  window.RTCPeerConnection = function (config) {
-    const pc = new Native({...(config || {}), iceServers: [turn], iceTransportPolicy: "relay"});
-    window.__pcs.push(pc);
-    return pc;
-  };
-  window.RTCPeerConnection.prototype = Native.prototype;
-})();"""
-
-SELECTED = """async () => {
-  const pc = window.__pcs[window.__pcs.length - 1];
-  const all = {};
-  (await pc.getStats()).forEach((s) => { all[s.id] = s; });
-  const t = Object.values(all).find((s) => s.type === "transport");
-  const pair = t && all[t.selectedCandidatePairId];
-  const local = pair && all[pair.localCandidateId];
-  const remote = pair && all[pair.remoteCandidateId];
-  return {
-    dtls: t ? t.dtlsState : null,
-    local: local ? {type: local.candidateType, relayProtocol: local.relayProtocol || null,
-                    port: local.port} : null,
-    remote: remote ? {type: remote.candidateType, port: remote.port,
-                      address: remote.address || remote.ip} : null,
-    inbound: Object.values(all).find((s) => s.type === "inbound-rtp" && s.kind === "audio")
-      || null,
-  };
-}"""
-
 
 def _metric(page: Page, name: str) -> float:
     text = page.evaluate("async () => (await fetch('/metrics')).text()")
@@ -124,7 +91,7 @@ def test_chromium_relay_only_call_through_our_turn(tmp_path: Path, transport: st
                 page.wait_for_function("applianceDemo.state === 'connected'", timeout=40_000)
                 st: dict[str, Any] = {}
                 for _ in range(200):
-                    st = page.evaluate(SELECTED)
+                    st = page.evaluate(SELECTED_PAIR)
                     inbound = st["inbound"]
                     if inbound and inbound.get("packetsReceived", 0) > 25 \
                             and inbound.get("totalAudioEnergy", 0) > 0.01:

@@ -209,3 +209,47 @@ def test_up_gives_turn_tls_where_the_media_port_serves_tls(
         assert config.turn_tls == TurnTls(str(cfg.tls_cert), str(cfg.tls_key))
     else:
         assert config.turn_tls is None
+
+
+@pytest.mark.parametrize(("udp", "flags", "relayed"), [
+    ("0.0.0.0:443", [], 3478),  # below 1024: the default relayed-media port
+    ("0.0.0.0:443", ["--relayed-media-port", "40443"], 40443),
+    ("0.0.0.0:3478", [], None),  # Chromium relays to it already
+    ("0.0.0.0:3478", ["--relayed-media-port", "40443"], None),
+])
+def test_up_gives_turn_clients_a_port_they_relay_to(
+        tmp_path: Path, secret_file: Path, udp: str, flags: list[str],
+        relayed: int | None) -> None:
+    """Issue 40 item 2: Chromium relays to no peer port below 1024, so with media on 443 the
+    relays also listen on the relayed-media port, TURN counts it as our own media address,
+    and signaling answers it as a second, lower-priority candidate."""
+    parser = argparse.ArgumentParser()
+    add_up_arguments(parser)
+    args = parser.parse_args(["--state-dir", str(tmp_path / "state"), "--udp", udp,
+                              "--public-address", "203.0.113.1", "--turn", *flags])
+    resolve(args, {}, "up", UP_DEFAULTS)
+    cfg = build_up_config(args)
+    port = int(udp.rsplit(":", 1)[1])
+    _, relays = child_specs(cfg, secret_file, tmp_path)
+    _, config = _parse(relays[0].argv[3:])
+    assert config.turn is not None
+    if relayed is None:
+        assert config.listen == (("0.0.0.0", port),)
+        assert config.turn.media == (("203.0.113.1", port),)
+    else:
+        assert config.listen == (("0.0.0.0", port), ("0.0.0.0", relayed))
+        assert set(config.turn.media) == {("203.0.113.1", port), ("203.0.113.1", relayed)}
+        assert config.turn.relay_ips == ("203.0.113.1",)
+        assert config.tcp == (("0.0.0.0", port),)  # TCP stays on the one port
+
+
+@pytest.mark.parametrize("port", ["80", "70000"])
+def test_a_relayed_media_port_turn_clients_cannot_use_is_refused(tmp_path: Path,
+                                                                 port: str) -> None:
+    parser = argparse.ArgumentParser()
+    add_up_arguments(parser)
+    args = parser.parse_args(["--state-dir", str(tmp_path / "state"), "--udp", "0.0.0.0:443",
+                              "--turn", "--relayed-media-port", port])
+    resolve(args, {}, "up", UP_DEFAULTS)
+    with pytest.raises(ValueError, match="--relayed-media-port must be 1024..65535"):
+        build_up_config(args)

@@ -51,6 +51,20 @@ async def test_create_is_201_with_answer_location_and_etag(make_env: Any) -> Non
     assert reqs[0]["candidates"] == [["198.51.100.1", 3478], ["2001:db8::5", 3478]]
 
 
+async def test_the_relayed_media_port_is_a_second_lower_priority_candidate(
+        make_env: Any) -> None:
+    """Issue 40 item 2: with media below port 1024 (which Chromium will not relay to), each
+    address is also answered at the relayed-media port, after every UDP candidate (the
+    answer ranks them in this order); ICE-TCP stays one passive candidate per address."""
+    env = await make_env(n=1, udp_port=443, tcp_port=443, relayed_media_port=3478)
+    resp = await create(env.client())
+    assert resp.status_code == 201
+    (req,) = [r for r in env.fakes[0].requests if r["op"] == "create"]
+    assert req["candidates"] == [["198.51.100.1", 443], ["2001:db8::5", 443],
+                                 ["198.51.100.1", 3478], ["2001:db8::5", 3478]]
+    assert req["tcp_candidates"] == [["198.51.100.1", 443], ["2001:db8::5", 443]]
+
+
 async def test_agent_from_query_or_header(make_env: Any) -> None:
     env = await make_env(n=1)
     c = env.client()

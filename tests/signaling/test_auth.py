@@ -123,6 +123,34 @@ async def test_only_a_full_rights_caller_may_choose_the_agent(make_env: Any) -> 
     assert r.status_code == 201
 
 
+async def test_a_client_token_minted_for_an_agent_gets_that_agent_only(make_env: Any) -> None:
+    """The minter (full rights) may choose the agent, as it could create the session itself:
+    the demo page's agent picker on a deployment that needs tokens. The token's sessions get
+    that agent, named or not; another is a 403 that says how to get one; the agent is inside
+    the MAC, so it cannot be edited."""
+    env = await public_env(make_env)
+    c = env.client()
+    minted = await mint(c, agent="assistant")
+    assert minted["agent"] == "assistant"
+    tok = bearer(minted["token"])
+    for query in ({}, {"agent": "assistant"}):
+        r = await c.post("/v1/sessions", data=OFFER, headers={**SDP, **tok}, query_string=query)
+        assert r.status_code == 201, await r.get_data()
+    r = await c.post("/v1/sessions", data=OFFER, headers={**SDP, **tok},
+                     query_string={"agent": "echo"})
+    assert await code_of(r) == (403, "agent-not-allowed")
+    assert "minted for the agent 'assistant'" in (await r.get_json())["detail"]
+    agents = [q["agent"] for f in env.fakes.values() for q in f.requests if q["op"] == "create"]
+    assert agents == ["assistant", "assistant"]
+    # Only a full-rights caller mints, and a bad agent is refused at minting.
+    assert await code_of(await c.post("/v1/client_tokens", json={"agent": "echo"},
+                                      headers=tok)) == (403, "token-scope")
+    r = await c.post("/v1/client_tokens", json={"agent": "bad agent\n"}, headers=API)
+    assert await code_of(r) == (400, "bad-agent")
+    assert await code_of(await c.post("/v1/client_tokens", json={"agent": 7},
+                                      headers=API)) == (400, "bad-agent")
+
+
 async def test_client_token_expires(make_env: Any) -> None:
     env = await public_env(make_env)
     c = env.client()

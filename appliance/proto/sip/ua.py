@@ -47,8 +47,6 @@ Outbound INVITEs answer one 401/407 challenge (:mod:`.auth`); credentials are ne
 
 from __future__ import annotations
 
-import enum
-import ipaddress
 import secrets
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
@@ -56,9 +54,26 @@ from dataclasses import dataclass, field, replace
 
 from appliance.proto.ratelimit import TokenBuckets
 from appliance.proto.sip import auth
+from appliance.proto.sip.dialog import CallState, Dialog, dtmf_relay, sipfrag_status
 from appliance.proto.sip.errors import SipError, SipUsageError
+from appliance.proto.sip.events import (
+    Addr,
+    CallAcked,
+    CallAnswered,
+    CallCancelled,
+    CallEnded,
+    CallFailed,
+    CallProgress,
+    Dtmf,
+    Event,
+    IncomingCall,
+    Output,
+    ReferProgress,
+    ReInvite,
+    ReInviteAnswered,
+    Transmit,
+)
 from appliance.proto.sip.message import (
-    Headers,
     RawMessage,
     Request,
     Response,
@@ -66,6 +81,7 @@ from appliance.proto.sip.message import (
     parse_untrusted,
     parse_uri_untrusted,
 )
+from appliance.proto.sip.policy import Decision, cidr_policy, loopback_only
 from appliance.proto.sip.transaction import (
     MAGIC,
     ClientTransaction,
@@ -78,7 +94,12 @@ from appliance.proto.sip.transaction import (
     server_key,
 )
 
-Addr = tuple[str, int]
+__all__ = [  # the endpoint's vocabulary, importable from here as before the split
+    "Addr", "CallAcked", "CallAnswered", "CallCancelled", "CallEnded", "CallFailed",
+    "CallProgress", "CallState", "Decision", "Dtmf", "EndpointConfig", "Event",
+    "IncomingCall", "Output", "ReInvite", "ReInviteAnswered", "ReferProgress", "SipEndpoint",
+    "Transmit", "cidr_policy", "loopback_only",
+]
 
 ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, NOTIFY, REFER"
 ACCEPT = "application/sdp, application/dtmf-relay, message/sipfrag"
@@ -97,41 +118,6 @@ _REASONS = {
 }
 
 
-class Decision(enum.Enum):
-    """What the allow hook says about a source address (issue 28 item 6)."""
-
-    ALLOW = "allow"  # a trunk's network: served, and counted as verified for UDP sizes
-    REFUSE = "refuse"  # answered 403 (minimal, never larger than the request)
-    DROP = "drop"  # silence: SIP scanners get nothing back
-
-
-def loopback_only(ip: str) -> Decision:
-    return Decision.ALLOW if ip.startswith("127.") or ip == "::1" else Decision.REFUSE
-
-
-def cidr_policy(cidrs: Iterable[str], *, drop: bool = False,
-                loopback: bool = True) -> Callable[[str], Decision]:
-    """The allow hook for ``--sip-allow CIDR`` (repeatable): sources inside any network are
-    served; the rest get 403, or silence with ``drop`` (issue 28 item 6). Loopback is
-    allowed unless ``loopback=False``, as for the HTTP API. IPv4-mapped IPv6 sources are
-    judged as IPv4."""
-    nets = [ipaddress.ip_network(c, strict=False) for c in cidrs]
-    if loopback:
-        nets += [ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128")]
-    otherwise = Decision.DROP if drop else Decision.REFUSE
-
-    def allow(ip: str) -> Decision:
-        try:
-            addr = ipaddress.ip_address(ip.split("%", 1)[0])
-        except ValueError:
-            return otherwise
-        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-            addr = addr.ipv4_mapped
-        return Decision.ALLOW if any(addr in n for n in nets) else otherwise
-
-    return allow
-
-
 @dataclass(frozen=True, slots=True)
 class EndpointConfig:
     host: str  # our address for Via / Contact
@@ -148,169 +134,6 @@ class EndpointConfig:
     timers: Timers = field(default_factory=Timers)
 
 
-# ---------------------------------------------------------------- outputs
-
-
-@dataclass(frozen=True, slots=True)
-class Transmit:
-    data: bytes
-    addr: Addr
-    transport: str  # "udp" | "tcp" | "tls"
-
-
-@dataclass(frozen=True, slots=True)
-class IncomingCall:
-    call_id: str
-    invite: Request
-    offer_sdp: bytes  # b"" for an offerless INVITE (the answer then comes in the ACK)
-    sip_headers: Headers
-    source: Addr
-    transport: str
-
-
-@dataclass(frozen=True, slots=True)
-class CallProgress:
-    call_id: str
-    status: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class CallAnswered:
-    call_id: str
-    answer_sdp: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class CallAcked:
-    call_id: str
-    sdp: bytes  # the answer, for an offerless INVITE; else usually b""
-
-
-@dataclass(frozen=True, slots=True)
-class CallEnded:
-    call_id: str
-    reason: str
-    by: str  # "local" | "remote"
-
-
-@dataclass(frozen=True, slots=True)
-class CallCancelled:
-    call_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class CallFailed:
-    call_id: str
-    status: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Dtmf:
-    call_id: str
-    digit: str
-    duration_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class ReInvite:
-    call_id: str
-    offer_sdp: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class ReInviteAnswered:
-    """The peer's final answer to *our* re-INVITE (:meth:`SipEndpoint.reinvite`): status
-    2xx with its SDP answer, or the refusal (491 glare, 488, ...): the old session stands."""
-
-    call_id: str
-    status: int
-    answer_sdp: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class ReferProgress:
-    call_id: str
-    status: int
-    reason: str
-    final: bool
-
-
-Event = (IncomingCall | CallProgress | CallAnswered | CallAcked | CallEnded | CallCancelled
-         | CallFailed | Dtmf | ReInvite | ReInviteAnswered | ReferProgress)
-Output = Transmit | Event
-
-
-class CallState(enum.Enum):
-    INCOMING = "incoming"  # INVITE received, 100 sent
-    EARLY = "early"  # 180 sent
-    ANSWERED = "answered"  # 200 sent, waiting for ACK
-    OUTGOING = "outgoing"  # INVITE sent
-    OUT_EARLY = "out-early"  # 1xx received
-    CONFIRMED = "confirmed"
-    ENDED = "ended"
-
-
-class _Call:
-    """One call's dialog state (§12): mutable, internal."""
-
-    __slots__ = ("ack_wire", "addr", "auth_tried", "bye_after_ack", "call_id", "cancel_pending",
-                 "credentials", "invite", "invite_txn", "local_hdr", "local_seq", "local_tag",
-                 "outbound", "remote_hdr", "remote_seq", "remote_tag", "remote_target",
-                 "reinvite_txn", "ring_deadline", "route_set", "sip_call_id", "state",
-                 "transport")
-
-    def __init__(self, call_id: str, sip_call_id: str, addr: Addr, transport: str,
-                 outbound: bool) -> None:
-        self.call_id = call_id
-        self.sip_call_id = sip_call_id
-        self.addr = addr
-        self.transport = transport
-        self.outbound = outbound
-        self.state = CallState.OUTGOING if outbound else CallState.INCOMING
-        self.local_tag = secrets.token_hex(6)
-        self.remote_tag: str | None = None
-        self.local_hdr = ""  # our From/To value (with our tag)
-        self.remote_hdr = ""
-        self.remote_target = parse_uri_untrusted("sip:invalid")
-        self.route_set: tuple[str, ...] = ()
-        self.local_seq = secrets.randbelow(2**16) + 1
-        self.remote_seq: int | None = None
-        self.invite: Request | None = None
-        self.invite_txn: ServerTransaction | None = None
-        self.reinvite_txn: ServerTransaction | None = None
-        self.ack_wire: bytes | None = None
-        self.credentials: auth.Credentials | None = None
-        self.auth_tried = False
-        self.cancel_pending = False
-        self.bye_after_ack = False
-        self.ring_deadline: float | None = None
-
-
-def _dtmf_relay(body: bytes) -> tuple[str, int] | None:
-    """``application/dtmf-relay`` (``Signal=5\\r\\nDuration=160``), the de facto INFO
-    format (no RFC; Cisco's, which every trunk copies)."""
-    digit, duration = None, 250
-    for line in body.decode("ascii", "replace").splitlines():
-        k, _, v = line.partition("=")
-        k, v = k.strip().lower(), v.strip()
-        if k == "signal" and len(v) == 1 and v in "0123456789*#ABCDabcd":
-            digit = v.upper()
-        elif k == "duration" and v.isdigit() and len(v) < 6:
-            duration = int(v)
-    return (digit, duration) if digit else None
-
-
-def _sipfrag_status(body: bytes) -> tuple[int, str] | None:
-    """RFC 3420 message/sipfrag in a REFER NOTIFY (RFC 3515 §2.4.5): its status line."""
-    first = body.split(b"\n", 1)[0].decode("utf-8", "replace").strip()
-    parts = first.split(" ", 2)
-    if len(parts) >= 2 and parts[0].upper() == "SIP/2.0" and parts[1].isdigit() and len(parts[1]) == 3:
-        return int(parts[1]), parts[2] if len(parts) > 2 else ""
-    return None
-
-
 class SipEndpoint:
     """The UA core plus its transactions. Not thread-safe; one per SIP listener set."""
 
@@ -319,7 +142,7 @@ class SipEndpoint:
         self._out: deque[Output] = deque()
         self._server: dict[Key, ServerTransaction] = {}
         self._client: dict[Key, ClientTransaction] = {}
-        self._calls: dict[str, _Call] = {}
+        self._calls: dict[str, Dialog] = {}
         #: (SIP Call-ID, our tag) -> call id
         self._dialogs: dict[tuple[str, str], str] = {}
         self._buckets: TokenBuckets[str] = TokenBuckets(config.rate, config.burst,
@@ -447,13 +270,13 @@ class SipEndpoint:
 
     def ringing(self, now: float, call_id: str) -> None:
         call = self._call(call_id, CallState.INCOMING, CallState.EARLY)
-        call.state = CallState.EARLY
+        call.move(CallState.EARLY)
         self._respond(now, call.invite_txn, 180, contact=True, call=call)
 
     def accept(self, now: float, call_id: str, answer_sdp: bytes) -> None:
         """200 OK with our SDP; retransmitted until the ACK (or 64·T1, then BYE)."""
         call = self._call(call_id, CallState.INCOMING, CallState.EARLY)
-        call.state = CallState.ANSWERED
+        call.move(CallState.ANSWERED)
         call.ring_deadline = None
         self._respond(now, call.invite_txn, 200, contact=True, call=call, body=answer_sdp,
                       extra=(("Allow", ALLOW), ("Supported", "replaces")))
@@ -539,7 +362,7 @@ class SipEndpoint:
         uri = parse_uri_untrusted(target)
         parse_uri_untrusted(from_uri)
         call_id = "sip_" + secrets.token_hex(12)
-        call = _Call(call_id, f"{secrets.token_hex(12)}@{self.config.host}", addr, transport,
+        call = Dialog(call_id, f"{secrets.token_hex(12)}@{self.config.host}", addr, transport,
                      outbound=True)
         call.local_hdr = f"<{from_uri}>;tag={call.local_tag}"
         call.remote_hdr = f"<{target}>"
@@ -560,7 +383,7 @@ class SipEndpoint:
 
     # ------------------------------------------------------------ internals: sending
 
-    def _call(self, call_id: str, *states: CallState) -> _Call:
+    def _call(self, call_id: str, *states: CallState) -> Dialog:
         call = self._calls.get(call_id)
         if call is None or call.state not in states:
             raise SipUsageError(f"call is not in state {' / '.join(s.value for s in states)}")
@@ -602,7 +425,7 @@ class SipEndpoint:
         return Response(status, reason or _REASONS.get(status, "Unknown"), tuple(headers), body)
 
     def _respond(self, now: float, txn: ServerTransaction | None, status: int,
-                 reason: str | None = None, *, call: _Call | None = None,
+                 reason: str | None = None, *, call: Dialog | None = None,
                  contact: bool = False, extra: Iterable[tuple[str, str]] = (),
                  body: bytes = b"", ctype: str = "application/sdp") -> None:
         if txn is None:
@@ -680,7 +503,7 @@ class SipEndpoint:
             host = f"[{host}]"
         return branch, f"SIP/2.0/{t} {host}:{self._port(transport)};branch={branch};rport"
 
-    def _in_dialog(self, call: _Call, method: str, *, extra: Iterable[tuple[str, str]] = (),
+    def _in_dialog(self, call: Dialog, method: str, *, extra: Iterable[tuple[str, str]] = (),
                    body: bytes = b"", ctype: str = "application/sdp",
                    seq: int | None = None) -> Request:
         """§12.2.1.1: a request within the dialog."""
@@ -700,7 +523,7 @@ class SipEndpoint:
             headers.append(("Content-Type", ctype))
         return Request(method, call.remote_target, tuple(headers), body)
 
-    def _build_invite(self, call: _Call, sdp: bytes, headers: tuple[tuple[str, str], ...],
+    def _build_invite(self, call: Dialog, sdp: bytes, headers: tuple[tuple[str, str], ...],
                       authz: tuple[tuple[str, str], ...]) -> Request:
         _, via = self._via(call.transport)
         hs: list[tuple[str, str]] = [
@@ -713,7 +536,7 @@ class SipEndpoint:
             hs.append(("Content-Type", "application/sdp"))
         return Request("INVITE", call.remote_target, tuple(hs), sdp)
 
-    def _start_client(self, now: float, call: _Call, req: Request) -> None:
+    def _start_client(self, now: float, call: Dialog, req: Request) -> None:
         if len(self._client) >= self.config.max_transactions:
             raise SipUsageError("client transaction table full")
         txn = ClientTransaction(req, call.addr, call.transport, now, self.config.timers)
@@ -721,10 +544,10 @@ class SipEndpoint:
         self._client[client_key(req.branch or "", req.method)] = txn
         self._send_client(txn, txn.start())
 
-    def _send_bye(self, now: float, call: _Call) -> None:
+    def _send_bye(self, now: float, call: Dialog) -> None:
         self._start_client(now, call, self._in_dialog(call, "BYE"))
 
-    def _send_cancel(self, now: float, call: _Call) -> None:
+    def _send_cancel(self, now: float, call: Dialog) -> None:
         """§9.1: CANCEL copies the INVITE's Request-URI, Call-ID, To, From, CSeq number and
         its single Via (same branch), so the server finds the transaction."""
         inv = call.invite
@@ -736,15 +559,15 @@ class SipEndpoint:
         hs.append(("Max-Forwards", "70"))
         self._start_client(now, call, Request("CANCEL", inv.uri, tuple(hs)))
 
-    def _end(self, call: _Call, reason: str, by: str, *, forget: bool = True) -> None:
+    def _end(self, call: Dialog, reason: str, by: str, *, forget: bool = True) -> None:
         if call.state is not CallState.ENDED:
-            call.state = CallState.ENDED
+            call.move(CallState.ENDED)
             call.ring_deadline = None
             self._out.append(CallEnded(call.call_id, reason, by))
         if forget:
             self._forget(call)
 
-    def _forget(self, call: _Call) -> None:
+    def _forget(self, call: Dialog) -> None:
         if self._calls.pop(call.call_id, None) is not None and call.outbound:
             self._dialed[call.addr[0]] -= 1
             if self._dialed[call.addr[0]] <= 0:
@@ -816,7 +639,7 @@ class SipEndpoint:
             return
         # §17.2.1: 100 Trying at once (our TU answers later than 200 ms, the webhook)
         self._respond(now, txn, 100)
-        call = _Call("sip_" + secrets.token_hex(12), req.call_id, txn.addr, txn.transport,
+        call = Dialog("sip_" + secrets.token_hex(12), req.call_id, txn.addr, txn.transport,
                      outbound=False)
         contacts = req.contacts
         call.remote_tag = req.from_.tag
@@ -845,7 +668,7 @@ class SipEndpoint:
         if inv.state is State.PROCEEDING and call is not None:
             # §9.2: the INVITE gets 487; the call is over
             self._respond(now, inv, 487, call=call)
-            call.state = CallState.ENDED
+            call.move(CallState.ENDED)
             call.ring_deadline = None
             self._out.append(CallCancelled(call.call_id))
             self._forget(call)
@@ -866,7 +689,7 @@ class SipEndpoint:
                     and st.request.cseq.seq == req.cseq.seq):
                 st.ack_2xx()
         if call.state is CallState.ANSWERED:
-            call.state = CallState.CONFIRMED
+            call.move(CallState.CONFIRMED)
             self._out.append(CallAcked(call.call_id, req.body))
         elif call.state is CallState.ENDED and call.bye_after_ack:
             call.bye_after_ack = False
@@ -912,7 +735,7 @@ class SipEndpoint:
         else:
             self._respond(now, txn, 501, call=call)
 
-    def _on_reinvite(self, now: float, req: Request, txn: ServerTransaction, call: _Call) -> None:
+    def _on_reinvite(self, now: float, req: Request, txn: ServerTransaction, call: Dialog) -> None:
         if call.state is not CallState.CONFIRMED:
             # §14.2: a re-INVITE before our 2xx was ACKed -> 500 with Retry-After
             self._respond(now, txn, 500, call=call, extra=(("Retry-After", "1"),))
@@ -931,10 +754,10 @@ class SipEndpoint:
         call.reinvite_txn = txn
         self._out.append(ReInvite(call.call_id, req.body))
 
-    def _on_info(self, now: float, req: Request, txn: ServerTransaction, call: _Call) -> None:
+    def _on_info(self, now: float, req: Request, txn: ServerTransaction, call: Dialog) -> None:
         ctype = req.content_type
         if ctype == "application/dtmf-relay":
-            got = _dtmf_relay(req.body)
+            got = dtmf_relay(req.body)
             if got is None:
                 self._respond(now, txn, 400, "Bad dtmf-relay Body", call=call)
                 return
@@ -952,14 +775,14 @@ class SipEndpoint:
         else:
             self._respond(now, txn, 415, call=call, extra=(("Accept", ACCEPT),))
 
-    def _on_notify(self, now: float, req: Request, txn: ServerTransaction, call: _Call) -> None:
+    def _on_notify(self, now: float, req: Request, txn: ServerTransaction, call: Dialog) -> None:
         event = (req.get("Event") or "").split(";")[0].strip().lower()
         if event != "refer":
             self._respond(now, txn, 489, "Bad Event", call=call)
             return
         self._respond(now, txn, 200, call=call)
         state = (req.get("Subscription-State") or "").split(";")[0].strip().lower()
-        got = _sipfrag_status(req.body) if req.content_type == "message/sipfrag" else None
+        got = sipfrag_status(req.body) if req.content_type == "message/sipfrag" else None
         if got is not None:
             self._out.append(ReferProgress(call.call_id, got[0], got[1],
                                            final=state == "terminated" or got[0] >= 200))
@@ -992,7 +815,7 @@ class SipEndpoint:
         elif txn.purpose in ("INFO",) and up.status in (408, 481):
             self._end(call, f"{up.status} to {txn.purpose}", "remote")
 
-    def _reinvite_response(self, call: _Call, txn: ClientTransaction, resp: Response) -> None:
+    def _reinvite_response(self, call: Dialog, txn: ClientTransaction, resp: Response) -> None:
         if resp.status < 200:
             return
         if resp.status < 300:
@@ -1010,12 +833,12 @@ class SipEndpoint:
             self._end(call, f"{resp.status} to re-INVITE", "remote")
         self._out.append(ReInviteAnswered(call.call_id, resp.status, resp.body))
 
-    def _invite_response(self, now: float, call: _Call, txn: ClientTransaction,
+    def _invite_response(self, now: float, call: Dialog, txn: ClientTransaction,
                          resp: Response) -> None:
         status = resp.status
         if status < 200:
             if call.state is CallState.OUTGOING:
-                call.state = CallState.OUT_EARLY
+                call.move(CallState.OUT_EARLY)
             elif call.state is CallState.ENDED and call.cancel_pending:
                 call.cancel_pending = False
                 self._send_cancel(now, call)
@@ -1043,7 +866,7 @@ class SipEndpoint:
                 self._send_bye(now, call)
                 self._forget(call)
                 return
-            call.state = CallState.CONFIRMED
+            call.move(CallState.CONFIRMED)
             self._out.append(CallAnswered(call.call_id, resp.body))
             return
         if status in (401, 407) and call.credentials is not None and not call.auth_tried \
@@ -1051,11 +874,11 @@ class SipEndpoint:
             if self._answer_challenge(now, call, resp):
                 return
         if call.state is not CallState.ENDED:
-            call.state = CallState.ENDED
+            call.move(CallState.ENDED)
             self._out.append(CallFailed(call.call_id, status, resp.reason))
         self._forget(call)
 
-    def _answer_challenge(self, now: float, call: _Call, resp: Response) -> bool:
+    def _answer_challenge(self, now: float, call: Dialog, resp: Response) -> bool:
         """RFC 3261 §22.2: re-send the INVITE once with Authorization; same Call-ID and
         From tag, CSeq + 1, a new branch."""
         name = "WWW-Authenticate" if resp.status == 401 else "Proxy-Authenticate"
@@ -1101,7 +924,7 @@ class SipEndpoint:
             return
         if txn.purpose == "INVITE":
             if call.state in (CallState.OUTGOING, CallState.OUT_EARLY):
-                call.state = CallState.ENDED
+                call.move(CallState.ENDED)
                 self._out.append(CallFailed(call.call_id, 408, "Request Timeout"))
             self._forget(call)
         elif txn.purpose == "REFER":

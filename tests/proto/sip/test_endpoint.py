@@ -340,3 +340,27 @@ def test_outbound_invite_answers_one_challenge(status: int, algorithm: str) -> N
     ep.handle_input(NOW, challenge(again, again), PEER)
     tx, ev = drain(ep)
     assert len(ev) == 1 and ev[0].call_id == call_id and ev[0].status == status  # type: ignore[union-attr]
+
+
+def test_a_dialog_moves_only_along_its_transition_table() -> None:
+    """Issue 39 item 4: a call's state is an enum with a transition table that raises on an
+    illegal move (h11's style), and every assignment goes through it."""
+    from appliance.proto.sip.dialog import TRANSITIONS, CallState, Dialog, IllegalTransition
+
+    assert TRANSITIONS[CallState.ENDED] == frozenset()  # the end is the end
+    reachable = {CallState.INCOMING, CallState.OUTGOING}
+    for _ in CallState:
+        reachable |= {t for s in reachable for t in TRANSITIONS[s]}
+    assert reachable == set(CallState)
+    uas = Dialog("sip_1", "x@h", ("192.0.2.1", 5060), "udp", outbound=False)
+    for to in (CallState.EARLY, CallState.EARLY, CallState.ANSWERED, CallState.CONFIRMED):
+        uas.move(to)
+    with pytest.raises(IllegalTransition, match="confirmed -> early"):
+        uas.move(CallState.EARLY)
+    uac = Dialog("sip_2", "y@h", ("192.0.2.1", 5060), "udp", outbound=True)
+    with pytest.raises(IllegalTransition):
+        uac.move(CallState.ANSWERED)  # a UAS state: we never answer our own INVITE
+    uac.move(CallState.ENDED)
+    with pytest.raises(IllegalTransition):
+        uac.move(CallState.CONFIRMED)
+    assert uac.state is CallState.ENDED
