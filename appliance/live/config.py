@@ -247,7 +247,12 @@ def resource(config: dict[str, Any], *, session_id: str, expires_at: int) -> dic
 #: Client delegation (issue 42 item 3): the one tool the agent is given. GPT-Live's model
 #: decides to delegate; here the agent's LLM decides by calling this tool (an agent with
 #: tools: the assistant with an LLM, or a RealtimeAgent of your own; the built-in
-#: responder never does). The task text stays with the LLM: GPT-Live's
+#: responder never does). Offered only when the session names ``delegation: {"type":
+#: "client"}`` itself (:func:`offers_delegation`): GPT-Live's default is client delegation,
+#: but a client that does not ask for it has no handler for what comes back, and an
+#: OpenAI-compatible backend without tool support (vLLM without auto tool choice, some
+#: local servers) would refuse every answer of a session that declares a tool.
+#: The task text stays with the LLM: GPT-Live's
 #: ``session.delegation.created`` carries none (the application rebuilds the task from the
 #: transcript up to ``offset_ms``).
 DELEGATE_TOOL = "delegate"
@@ -263,14 +268,22 @@ DELEGATE: dict[str, Any] = {
 }
 
 
-def realtime_session(config: dict[str, Any], transcription_model: str) -> dict[str, Any]:
+def offers_delegation(session: Any) -> bool:
+    """Whether a (checked) ``session.start`` / POST config asked for client delegation by
+    name, so its agent gets the delegate tool."""
+    delegation = session.get("delegation") if isinstance(session, dict) else None
+    return isinstance(delegation, dict) and delegation.get("type") == "client"
+
+
+def realtime_session(config: dict[str, Any], transcription_model: str, *,
+                     delegate: bool = False) -> dict[str, Any]:
     """The inner Realtime session (``session.update`` of appliance/realtime/session.py):
-    the agent's prompt, voice and (client delegation) its delegate tool, audio always, and
+    the agent's prompt, voice and (``delegate``) its delegate tool, audio always, and
     turns the server's."""
     voice = config["audio"]["output"]["voice"]
     return {
         "type": "realtime",
-        "tools": [DELEGATE] if config["delegation"]["type"] == "client" else [],
+        "tools": [DELEGATE] if delegate else [],
         "model": config["model"],
         "instructions": config.get("instructions") or "",
         "output_modalities": ["audio"],

@@ -94,6 +94,7 @@ from .config import (
     DELEGATE_TOOL,
     MAX_SESSION_SECONDS,
     apply_update_untrusted,
+    offers_delegation,
     realtime_items,
     realtime_session,
     resolve_untrusted,
@@ -245,6 +246,7 @@ class LiveConnection:
         # client delegation: the ids made (for delegation_id), acknowledgements pending
         self._delegations: OrderedDict[str, None] = OrderedDict()
         self._acks: dict[str, int] = {}  # delegation id -> the timeline ms it falls due
+        self._delegating = False  # the agent was given the delegate tool
         # WebRTC: the channel, its permissions, the wake gate and what it holds back
         self.opened = not media
         self._allowed_client: frozenset[str] | None = None  # None: all
@@ -344,13 +346,15 @@ class LiveConnection:
 
     def _start(self, data: dict[str, Any], cid: str | None) -> None:
         cfg = resolve_untrusted(data["session"], media=self.media)
+        self._delegating = offers_delegation(data["session"])
         if not self.media:
             fmt = cfg["audio"]["format"]
             self._decode, self._encode, self._unit = _CODECS[(fmt["type"], fmt["rate"])]
         self.config = cfg
         self.expires_at = int(self._clock()) + self._max_seconds
         self._inner({"type": "session.update",
-                     "session": realtime_session(cfg, self._transcription)})
+                     "session": realtime_session(cfg, self._transcription,
+                                                 delegate=self._delegating)})
         for item in realtime_items(cfg):
             self._inner({"type": "conversation.item.create", "item": item})
         self._emit(events.session_started(self._ids("event"), self.resource(), cid))
@@ -642,8 +646,8 @@ class LiveConnection:
     def _delegate(self, item_id: str, call_id: str) -> None:
         """The agent called its delegate tool: a client delegation (its id is the call's
         item id, ``item_…`` as GPT-Live's are)."""
-        if self.config.get("delegation", {}).get("type") != "client":
-            return
+        if not self._delegating:
+            return  # a tool the session never offered: not a delegation
         self._delegations[item_id] = None
         while len(self._delegations) > MAX_DELEGATIONS:
             self._delegations.popitem(last=False)

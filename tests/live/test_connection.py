@@ -353,7 +353,8 @@ def test_every_event_type_served_is_sent_and_matches_the_sdk() -> None:
     from appliance.realtime.protocol import Support
 
     core = Core(usage_every_ms=1000)
-    core.send(type="session.start", session={"model": "m", "store": True})  # + info
+    core.send(type="session.start", session={"model": "m", "store": True,  # + info
+                                             "delegation": {"type": "client"}})
     core.send(type="session.update", session={"triggers": []})
     core.send(type="session.input_audio.mute")
     core.send(type="session.input_audio.unmute")

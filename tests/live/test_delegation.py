@@ -34,7 +34,7 @@ def said(core: Core) -> list[str]:
 
 def test_the_delegate_call_is_a_client_delegation_acknowledged_at_once() -> None:
     core = Core()
-    core.start()
+    core.start(delegation={"type": "client"})
     created = delegate(core)
     d = created["delegation"]
     assert isinstance(d, dict) and d["target"] == "client" and d["type"] == "delegation"
@@ -88,15 +88,30 @@ def test_an_instructions_append_does_not_cancel_it() -> None:
 
 def test_an_unknown_delegation_id_is_still_refused() -> None:
     core = Core()
-    core.start()
+    core.start(delegation={"type": "client"})
     delegate(core)
     [err] = core.send(type="session.commentary.append", content="x", delegation_id="item_no")
     assert err["error"]["param"] == "delegation_id"
 
 
-def test_another_tool_is_not_a_delegation() -> None:
+def test_without_client_delegation_named_there_is_no_tool_and_no_delegation() -> None:
+    """Regression guard: a session that does not name client delegation gives its agent no
+    tool (an LLM backend without tool support would refuse every answer), and a call of a
+    tool named delegate is not a delegation."""
     core = Core()
     core.start()
+    start, _ = _turn(core)
+    assert start.request.session["tools"] == []
+    rid = start.request.response_id
+    core.c.handle_delta(rid, FunctionCall(DELEGATE_TOOL, "{}", "call_3"))
+    core.c.handle_response_end(rid)
+    assert [e for e in core.drain() if e["type"] == "session.delegation.created"] == []
+    assert said(core) == []
+
+
+def test_another_tool_is_not_a_delegation() -> None:
+    core = Core()
+    core.start(delegation={"type": "client"})
     start, _ = _turn(core)
     rid = start.request.response_id
     core.c.handle_delta(rid, FunctionCall("lookup", "{}", "call_9"))
