@@ -5,6 +5,8 @@ package above it (docs/architecture.md, "Imports only point down"): each plugin 
 itself from its own package when imported —
 
 * appliance/realtime/plugin.py: ``--agent realtime[:<target>]``, ``realtime+ws(s)://``;
+* appliance/live/plugin.py: ``--agent live[:<--live-agent spec>]`` (GPT-Live's WebRTC
+  sessions, placed by ``POST /v1/live/sessions``);
 * appliance/speech/plugin.py: ``--agent assistant[?options]`` (calls and the Realtime
   WebSocket surface) and ``ctx.transcripts()``'s provider.
 
@@ -16,7 +18,8 @@ in-process (the test suite's conftest.py). A new plugin is a line here.
 
 from __future__ import annotations
 
+from .live import plugin as live_plugin
 from .realtime import plugin as realtime_plugin
 from .speech import plugin as speech_plugin
 
-__all__ = ["realtime_plugin", "speech_plugin"]
+__all__ = ["live_plugin", "realtime_plugin", "speech_plugin"]

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from appliance.live.connection import LiveConnection, LiveEvent, Started
+from appliance.live.idle import WakeGate
 from appliance.proto.dtls import DtlsConnection
 from appliance.proto.framing import Deframer, encode_frame
 from appliance.proto.ice import (
@@ -55,6 +56,7 @@ TIMED: list[tuple[type, str | None]] = [
     (IceClient, "addr"),
     (SctpAssociation, None),
     (TurnServer, "addr"),
+    (WakeGate, None),
 ]
 
 #: Cores without a clock: ``handle_input(data)`` and ``poll_output()`` only.

@@ -34,6 +34,7 @@ from .schema import (
     Const,
     Int,
     LiveError,
+    Num,
     Obj,
     OneOf,
     Str,
@@ -133,6 +134,18 @@ SESSION_CONFIG = Obj({
     "store": optional(Bool()),
     "triggers": optional(Arr(AnyJson(), max_items=2)),
 })
+#: ``MediaSessionConfigParam`` (``POST /v1/live/sessions``, WebRTC): no ``audio.format``
+#: (the media transport negotiates its codec), and the WebRTC-only ``idle_timeout_s`` and
+#: ``wake_policy`` (idle.py).
+MEDIA_SESSION_CONFIG = Obj({
+    **{k: v for k, v in SESSION_CONFIG.fields.items() if k != "audio"},
+    "audio": optional(Obj({"output": optional(Obj({"voice": optional(VOICE)}))})),
+    "idle_timeout_s": optional(Int(lo=1, hi=MAX_SESSION_SECONDS)),
+    "wake_policy": optional(Obj({"type": required(Const("speech")),
+                                 "vad_threshold": optional(Num(lo=0.0, hi=1.0))})),
+})
+#: What a WebRTC session's resource does not show (``SessionResource`` has no such fields).
+MEDIA_ONLY = ("idle_timeout_s", "wake_policy")
 SESSION_UPDATE = Obj({
     "delegation": optional(UPDATE_DELEGATION, nullable=True),
     "triggers": optional(Arr(AnyJson(), max_items=2)),
@@ -158,10 +171,18 @@ def _served(config: dict[str, Any], where: str) -> None:
         raise _unsupported("Decisions triggers need the Decision API.", f"{where}triggers")
 
 
-def resolve_untrusted(value: Any) -> dict[str, Any]:
-    """A ``session.start`` config, checked, with the server's defaults filled in (what
+def resolve_untrusted(value: Any, *, media: bool = False) -> dict[str, Any]:
+    """A ``session.start`` config (``media``: the ``session`` of a WebRTC
+    ``POST /v1/live/sessions``), checked, with the server's defaults filled in (what
     ``session.started`` shows). Raises :class:`LiveError`."""
-    cfg: dict[str, Any] = validate_untrusted(SESSION_CONFIG, value, "session")
+    spec = MEDIA_SESSION_CONFIG if media else SESSION_CONFIG
+    cfg: dict[str, Any] = validate_untrusted(spec, value, "session")
+    if "idle_timeout_s" in cfg and "wake_policy" not in cfg:
+        # GPT-Live pauses only "a session with a speech wake policy": without one nothing
+        # could ever wake it, so the pair is refused rather than the timeout ignored.
+        raise LiveError("Invalid 'session.idle_timeout_s': an idle timeout needs "
+                        "'session.wake_policy' (speech wakes a paused session).",
+                        param="session.idle_timeout_s")
     model = cfg["model"]
     if not model.strip() or not model.isprintable():
         raise LiveError("Invalid value for 'session.model': a model name is required.",
@@ -179,8 +200,9 @@ def resolve_untrusted(value: Any) -> dict[str, Any]:
     _served(cfg, "session.")
     audio = cfg.get("audio") or {}
     output = audio.get("output") or {}
-    cfg["audio"] = {"format": audio.get("format") or dict(DEFAULT_FORMAT),
-                    "output": {"voice": output.get("voice") or DEFAULT_VOICE}}
+    voice = {"voice": output.get("voice") or DEFAULT_VOICE}
+    cfg["audio"] = ({"output": voice} if media else
+                    {"format": audio.get("format") or dict(DEFAULT_FORMAT), "output": voice})
     cfg["delegation"] = cfg.get("delegation") or {"type": "client"}
     cfg["input"] = items
     cfg["store"] = bool(cfg.get("store", False))
@@ -219,15 +241,49 @@ def resource(config: dict[str, Any], *, session_id: str, expires_at: int) -> dic
     """The ``SessionResource`` of ``session.started`` / ``updated`` / ``closed``."""
     return {"id": session_id, "expires_at": expires_at, "model": config["model"],
             "status": "active",
-            **{k: v for k, v in config.items() if k != "model"}}
+            **{k: v for k, v in config.items() if k != "model" and k not in MEDIA_ONLY}}
 
 
-def realtime_session(config: dict[str, Any], transcription_model: str) -> dict[str, Any]:
+#: Client delegation (issue 42 item 3): the one tool the agent is given. GPT-Live's model
+#: decides to delegate; here the agent's LLM decides by calling this tool (an agent with
+#: tools: the assistant with an LLM, or a RealtimeAgent of your own; the built-in
+#: responder never does). Offered only when the session names ``delegation: {"type":
+#: "client"}`` itself (:func:`offers_delegation`): GPT-Live's default is client delegation,
+#: but a client that does not ask for it has no handler for what comes back, and an
+#: OpenAI-compatible backend without tool support (vLLM without auto tool choice, some
+#: local servers) would refuse every answer of a session that declares a tool.
+#: The task text stays with the LLM: GPT-Live's
+#: ``session.delegation.created`` carries none (the application rebuilds the task from the
+#: transcript up to ``offset_ms``).
+DELEGATE_TOOL = "delegate"
+DELEGATE: dict[str, Any] = {
+    "type": "function", "name": DELEGATE_TOOL,
+    "description": ("Hand a task you cannot complete from the conversation alone (it needs "
+                    "the user's account, live data, or an action in the application) to "
+                    "the application. Do not make up its result: it will come back to "
+                    "you as context, and you will be told what to say."),
+    "parameters": {"type": "object", "properties": {
+        "task": {"type": "string", "description": "The task, in one sentence."}},
+        "required": ["task"]},
+}
+
+
+def offers_delegation(session: Any) -> bool:
+    """Whether a (checked) ``session.start`` / POST config asked for client delegation by
+    name, so its agent gets the delegate tool."""
+    delegation = session.get("delegation") if isinstance(session, dict) else None
+    return isinstance(delegation, dict) and delegation.get("type") == "client"
+
+
+def realtime_session(config: dict[str, Any], transcription_model: str, *,
+                     delegate: bool = False) -> dict[str, Any]:
     """The inner Realtime session (``session.update`` of appliance/realtime/session.py):
-    the agent's prompt and voice, audio always, and turns the server's."""
+    the agent's prompt, voice and (``delegate``) its delegate tool, audio always, and
+    turns the server's."""
     voice = config["audio"]["output"]["voice"]
     return {
         "type": "realtime",
+        "tools": [DELEGATE] if delegate else [],
         "model": config["model"],
         "instructions": config.get("instructions") or "",
         "output_modalities": ["audio"],

@@ -27,11 +27,35 @@ What maps onto what (Live has no items, responses or VAD events; the machine has
     *.instructions|thinking.append -> a system item in the conversation
     session.commentary.append     -> a response the agent speaks (agent.py), queued
                                      behind the one running
+    the delegate tool's call      -> session.delegation.created (client delegation: the
+    (function_call_arguments.done)   agent's LLM decided), the call answered at once in
+                                     the conversation ("delegated"), and after
+                                     acknowledgement_delay_ms of timeline an automatic
+                                     spoken acknowledgement — unless a commentary or
+                                     thinking append comes first (it cancels them all)
     transcription.delta (item)    -> session.input_transcript.delta, the turn's span
     output_audio_transcript.delta -> session.output_transcript.delta, held until the
                                      sentence's audio is out so its end_ms is known
     AudioDelta                    -> session.output_audio.delta (encoded here)
     everything else the machine says (items, responses, VAD events) is not Live's: dropped
+
+**Two transports, one core.** ``media=False``: the WebSocket (``GET /v1/live/sessions``),
+audio in ``session.input_audio.append`` and out in ``session.output_audio.delta``. ``media=True``:
+a WebRTC call (``POST /v1/live/sessions``): the HTTP request started the session
+(:meth:`start`; ``session.start`` on the channel is refused), the caller's audio is the
+track's 20 ms frames (:meth:`handle_frame`, with the transceiver's VAD flag) and the answer's
+goes back on the track (``handle_delta`` returns True: queue it; the machine runs in its
+WebRTC mode, so a barge-in is a ``ClearAudio``), and the events are the ``oai-events``
+channel's, held until it opens (:meth:`handle_open`), then filtered by
+``client.data_channel`` (``allowed_client_events`` refuses a command with ``error``,
+``allowed_server_events`` drops what may not go out; an ``info`` ``data_channel_permissions``
+says what was applied). With a ``wake_policy`` the session is gated (idle.py): asleep until
+speech wakes it (``session.resumed``), paused after ``idle_timeout_s`` idle
+(``session.paused``). The gate's clock is the track's: each arriving frame is 20 ms (the
+timeline rule below), so the core stays clockless and a pause lands on the frame that
+crosses the deadline. While asleep the agent hears silence, except the last
+:data:`WAKE_HOLD_FRAMES` frames, held back and delivered whole when the speech in them wakes
+the session (so its first word is heard).
 
 **The session timeline** (every ``start_ms`` / ``end_ms``) is the input audio's clock: the
 milliseconds of audio appended since ``session.start`` — wall-clock time for a client that
@@ -67,14 +91,17 @@ from ..realtime.machine import RealtimeConnection
 from ..realtime.socket_protocol import EndSession
 from . import events
 from .config import (
+    DELEGATE_TOOL,
     MAX_SESSION_SECONDS,
     apply_update_untrusted,
+    offers_delegation,
     realtime_items,
     realtime_session,
     resolve_untrusted,
     resource,
     tokens,
 )
+from .idle import Paused, WakeGate
 from .protocol import MAX_APPEND_TOKENS, ClientEvent, parse_client_event_untrusted
 from .schema import LiveError
 
@@ -86,6 +113,17 @@ USAGE_EVERY_MS = 15_000  # session.usage.updated cadence (the real service's, ~1
 SAY = "live_commentary"
 MAX_TURNS = 64  # user turns whose span is kept while their transcript is pending
 THINKING = "Silent context (do not read it out): "
+HELD_BEFORE_OPEN = 256  # WebRTC: events kept for a channel that is not open yet
+WAKE_HOLD_FRAMES = 25  # WebRTC, asleep: the last 500 ms, delivered when they wake it
+SILENT_FRAME = bytes(FRAME_BYTES)
+#: What the agent says when an acknowledgement falls due (GPT-Live's model says its own
+#: words, "Okay, checking now" on the wire).
+ACKNOWLEDGEMENT = "Okay, checking now."
+#: The delegate call's answer in the agent's conversation: the LLM's tool call is never
+#: left open (a chat-completions backend refuses a tool call without its result).
+DELEGATED = ("Delegated to the application ({id}). Its result will come back as context; "
+             "do not guess it.")
+MAX_DELEGATIONS = 1024  # delegation ids kept for delegation_id checks (oldest forgotten)
 
 
 class State(Enum):
@@ -157,21 +195,28 @@ class LiveConnection:
     detector for 20 ms 48 kHz frames (the Realtime WebSocket's)."""
 
     def __init__(self, *, session_id: str, ids: Callable[[str], str],
-                 wall_clock: Callable[[], float], vad: Callable[[bytes], bool],
+                 wall_clock: Callable[[], float], vad: Callable[[bytes], bool] | None = None,
                  max_seconds: int = MAX_SESSION_SECONDS, usage_every_ms: int = USAGE_EVERY_MS,
                  transcription_model: str = "whisper-1", judge: bool = False,
-                 speculate: bool = False) -> None:
+                 speculate: bool = False, media: bool = False,
+                 queued_seconds: Callable[[], float] = lambda: 0.0) -> None:
         """``judge`` / ``speculate``: the shell answers the turn engine's pause work
-        (appliance/realtime/turns.py), as the Realtime WebSocket's does."""
+        (appliance/realtime/turns.py), as the Realtime WebSocket's does. ``media``: a
+        WebRTC call (``vad`` unused: the frames carry their flag; ``queued_seconds`` is the
+        output queue's, for the machine's barge-in)."""
+        if not media and vad is None:
+            raise ValueError("a WebSocket session needs a vad")
         self.id = session_id
+        self.media = media
         self._ids = ids
         self._clock = wall_clock
-        self._vad = vad
+        self._vad = vad or (lambda _: False)
         self._max_seconds = max_seconds
         self._usage_every = usage_every_ms
         self._transcription = transcription_model
         self.machine = RealtimeConnection(session_id=f"sess_{session_id}", ids=ids,
-                                          can_transcribe=True, vad=vad, judge=judge,
+                                          can_transcribe=True, vad=None if media else vad,
+                                          queued_seconds=queued_seconds, judge=judge,
                                           speculate=speculate)
         self.machine.handle_open()
         while self.machine.poll_event() is not None:
@@ -198,7 +243,17 @@ class LiveConnection:
         self._said = False  # an output transcript went out: later answers get a space
         self._response_said = False
         self._commentary: deque[str] = deque()
-        self._delegations: set[str] = set()  # none yet: the agents here never delegate
+        # client delegation: the ids made (for delegation_id), acknowledgements pending
+        self._delegations: OrderedDict[str, None] = OrderedDict()
+        self._acks: dict[str, int] = {}  # delegation id -> the timeline ms it falls due
+        self._delegating = False  # the agent was given the delegate tool
+        # WebRTC: the channel, its permissions, the wake gate and what it holds back
+        self.opened = not media
+        self._allowed_client: frozenset[str] | None = None  # None: all
+        self._allowed_server: frozenset[str] | None = None
+        self.gate: WakeGate | None = None
+        self._asleep: deque[tuple[bytes, bool]] = deque()
+        self._track_ms = 0  # the track's frames as they arrived: the wake gate's clock
 
     # -- poll --------------------------------------------------------------------------------
 
@@ -209,8 +264,18 @@ class LiveConnection:
         return self._actions.popleft() if self._actions else None
 
     def poll_event(self) -> dict[str, Any] | None:
+        """The next server event; on WebRTC, None until the channel is open, and only the
+        events ``allowed_server_events`` lets through."""
         self._pump()
-        return self._events.popleft() if self._events else None
+        if not self.opened:
+            while len(self._events) > HELD_BEFORE_OPEN:
+                self._events.popleft()  # an audio-only caller: the oldest go
+            return None
+        while self._events:
+            event = self._events.popleft()
+            if self._allowed_server is None or event["type"] in self._allowed_server:
+                return event
+        return None
 
     def poll_output(self) -> object | None:
         """The next action, else the next server event as :class:`LiveEvent`; None when
@@ -231,7 +296,10 @@ class LiveConnection:
     # -- input -------------------------------------------------------------------------------
 
     def handle_open(self) -> None:
-        """The socket is open. A Live server says nothing until ``session.start``."""
+        """The socket is open: a Live server says nothing until ``session.start``. On
+        WebRTC, the ``oai-events`` channel opened: what was held goes out, ``session.started``
+        first."""
+        self.opened = True
 
     def handle_message(self, data: str | bytes) -> None:
         """One client event; never raises for any input (errors become ``error`` events)."""
@@ -245,11 +313,19 @@ class LiveConnection:
 
     def _dispatch(self, ev: ClientEvent) -> None:
         cid = ev.event_id
+        if self._allowed_client is not None and ev.type not in self._allowed_client:
+            raise LiveError(f"The data channel may not send '{ev.type}': the session's "
+                            "client.data_channel.allowed_client_events does not list it.",
+                            code="client_event_not_allowed", param="type",
+                            client_event_id=cid)
         move = _move(ev.type)
         nxt = _TABLE.get((self.state, move))
         if nxt is None:
             code, message = _REFUSED.get((self.state, move), (
                 "session_closed", "The session has closed."))
+            if self.media and move is Move.START:
+                message = ("A WebRTC session is started by POST /v1/live/sessions: do not "
+                           "send session.start on the data channel.")
             raise LiveError(message, code=code, param="type", client_event_id=cid)
         try:
             getattr(self, _HANDLERS[ev.type])(ev.data, cid)
@@ -258,23 +334,61 @@ class LiveConnection:
         if self.state is not State.CLOSED:
             self.state = nxt
 
+    def start(self, session: Any) -> None:
+        """WebRTC: the session config of ``POST /v1/live/sessions`` (validated again here:
+        raises :class:`LiveError`) starts the session; ``session.started`` waits for the
+        channel."""
+        if self.state is not State.NEW or not self.media:
+            raise LiveError("The session has already started.",
+                            code="session_already_started", param="session")
+        self._start({"session": session}, None)
+        self.state = State.ACTIVE
+
     def _start(self, data: dict[str, Any], cid: str | None) -> None:
-        cfg = resolve_untrusted(data["session"])
-        fmt = cfg["audio"]["format"]
-        self._decode, self._encode, self._unit = _CODECS[(fmt["type"], fmt["rate"])]
+        cfg = resolve_untrusted(data["session"], media=self.media)
+        self._delegating = offers_delegation(data["session"])
+        if not self.media:
+            fmt = cfg["audio"]["format"]
+            self._decode, self._encode, self._unit = _CODECS[(fmt["type"], fmt["rate"])]
         self.config = cfg
         self.expires_at = int(self._clock()) + self._max_seconds
         self._inner({"type": "session.update",
-                     "session": realtime_session(cfg, self._transcription)})
+                     "session": realtime_session(cfg, self._transcription,
+                                                 delegate=self._delegating)})
         for item in realtime_items(cfg):
             self._inner({"type": "conversation.item.create", "item": item})
         self._emit(events.session_started(self._ids("event"), self.resource(), cid))
+        channel = (cfg.get("client") or {}).get("data_channel")
+        if self.media and channel is not None:
+            self._permissions(channel)
+        wake = cfg.get("wake_policy")
+        if self.media and wake is not None:
+            self.gate = WakeGate(vad_threshold=wake.get("vad_threshold", 0.5),
+                                 idle_timeout_s=cfg.get("idle_timeout_s"), now=self._t())
         if cfg["store"]:
             self._emit(events.info(self._ids("event"), "store_unavailable",
                                    f"store: true is accepted but this appliance does not "
                                    f"store sessions yet: no recording or fork of {self.id} "
                                    "will exist (docs/live.md)."))
         self._actions.append(Started(self.id, cfg["model"], float(self._max_seconds)))
+
+    def _permissions(self, channel: dict[str, Any]) -> None:
+        """``client.data_channel``: what the channel may send and receive, and the
+        ``info`` that says so (itself subject to ``allowed_server_events``)."""
+        client = channel.get("allowed_client_events", "all")
+        server = channel.get("allowed_server_events", "all")
+        if client != "all":
+            self._allowed_client = frozenset(client)
+        if server != "all":
+            self._allowed_server = frozenset(s["type"] for s in server)
+
+        def show(allowed: frozenset[str] | None) -> str:
+            return "all" if allowed is None else ", ".join(sorted(allowed)) or "none"
+
+        self._emit(events.info(self._ids("event"), "data_channel_permissions",
+                               f"Data channel permissions applied. Client events: "
+                               f"{show(self._allowed_client)}. Server events: "
+                               f"{show(self._allowed_server)}."))
 
     def _update(self, data: dict[str, Any], cid: str | None) -> None:
         self.config = apply_update_untrusted(self.config, data["session"])
@@ -284,6 +398,10 @@ class LiveConnection:
         self._closed("close_requested", cid)
 
     def _append_audio(self, data: dict[str, Any], cid: str | None) -> None:
+        if self.media:
+            raise LiveError("On WebRTC the caller's audio is the media track: "
+                            "session.input_audio.append is for WebSocket sessions.",
+                            code="unsupported_event", param="type")
         try:
             raw = base64.b64decode(data["audio"], validate=True)
         except (binascii.Error, ValueError):
@@ -304,13 +422,64 @@ class LiveConnection:
         self._partial = data[whole:]
         for i in range(0, whole, FRAME_BYTES):
             frame = data[i : i + FRAME_BYTES]
-            self.machine.handle_frame(frame, self._vad(frame))
-            self.input_ms += FRAME_MS
-            # Translated at the frame that caused them: a barge-in cuts the output here.
-            self._pump()
-            if self.input_ms >= self._next_usage:
-                self._next_usage += self._usage_every
-                self._emit(events.usage_updated(self._ids("event"), self._seconds()))
+            self._feed(frame, self._vad(frame))
+
+    def _feed(self, frame: bytes, speech: bool) -> None:
+        """One 20 ms frame into the machine: the timeline moves on."""
+        self.machine.handle_frame(frame, speech)
+        self.input_ms += FRAME_MS
+        # Translated at the frame that caused them: a barge-in cuts the output here.
+        self._pump()
+        if self._acks:
+            self._acknowledge()
+        if self.input_ms >= self._next_usage:
+            self._next_usage += self._usage_every
+            self._emit(events.usage_updated(self._ids("event"), self._seconds(),
+                                            **self._breakdown()))
+
+    def handle_frame(self, pcm: bytes, speech: bool) -> None:
+        """WebRTC: 20 ms of the caller's audio (48 kHz PCM16) and its VAD flag. Ignored
+        before the start and after the end."""
+        if self.state is not State.ACTIVE:
+            return
+        if self.muted:  # the agent hears silence; the timeline goes on; it wakes nothing
+            pcm, speech = SILENT_FRAME, False
+        gate = self.gate
+        if gate is None:
+            self._feed(pcm, speech)
+            return
+        self._track_ms += FRAME_MS
+        now = self._t()
+        gate.handle_input(now, speech, self._busy)
+        gate.handle_timeout(now)  # idle_timeout_s: this frame may cross the deadline
+        if gate.awake:
+            # Woken by this frame: the held ones hold the start of that speech, all real.
+            held, self._asleep = self._asleep, deque()
+            for frame, flag in held:
+                self._feed(frame, flag)
+            self._feed(pcm, speech)
+        else:
+            self._asleep.append((pcm, speech))
+            if len(self._asleep) > WAKE_HOLD_FRAMES:
+                self._asleep.popleft()
+                self._feed(SILENT_FRAME, False)
+        self._gated()
+
+    def _t(self) -> float:
+        return self._track_ms / 1000
+
+    @property
+    def _busy(self) -> bool:
+        m = self.machine
+        return m.response is not None or m.playing is not None or bool(self._commentary)
+
+    def _gated(self) -> None:
+        assert self.gate is not None
+        while (out := self.gate.poll_output()) is not None:
+            paused = isinstance(out, Paused)
+            self._emit(events.paused(self._ids("event"), paused))
+            if not paused:
+                self._say_next()
 
     def _mute(self, data: dict[str, Any], cid: str | None) -> None:
         self.muted = True
@@ -330,6 +499,8 @@ class LiveConnection:
             raise LiveError(f"Invalid 'content': longer than {MAX_APPEND_TOKENS} tokens.",
                             code="string_above_max_length", param="content")
         at = self.input_ms
+        if kind != "session.instructions.append":
+            self._acks.clear()  # "any commentary or thinking ... cancels all pending"
         if content.strip():
             if kind == "session.commentary.append":
                 self._commentary.append(content)
@@ -368,7 +539,8 @@ class LiveConnection:
         self._flush()
         self.state = State.CLOSED
         self._events.append(events.session_closed(
-            self._ids("event"), reason, self.resource(), events.usage(self._seconds()), cid))
+            self._ids("event"), reason, self.resource(),
+            events.usage(self._seconds(), **self._breakdown()), cid))
         self._actions.append(EndSession(reason))
 
     # -- the agent's output --------------------------------------------------------------------
@@ -378,6 +550,17 @@ class LiveConnection:
         (True: sent); transcripts go through the machine (its response bookkeeping)."""
         if not isinstance(delta, AudioDelta):
             return self.machine.handle_delta(response_id, delta)
+        if self.media:  # the track carries it: the machine's WebRTC bookkeeping decides
+            if self.state is not State.ACTIVE:
+                return False
+            self._pump()
+            queue = self.machine.handle_delta(response_id, delta)
+            if queue:
+                if not self._response_audio:
+                    self._response_audio = True
+                    self.output_ms = max(self.output_ms, float(self.input_ms))
+                self.output_ms += len(delta.pcm) / BYTES_PER_MS
+            return queue
         r = self.machine.response
         if r is None or r.id != response_id or self.state is not State.ACTIVE:
             return False  # cancelled (barge-in) or over: drop it
@@ -397,6 +580,10 @@ class LiveConnection:
 
     def handle_response_end(self, response_id: str, error: str | None = None) -> None:
         self.machine.handle_response_end(response_id, error)
+
+    def handle_output_drained(self, response_id: str) -> None:
+        """WebRTC: the response's last audio frame left (the machine's bookkeeping)."""
+        self.machine.handle_output_drained(response_id)
 
     # -- the machine's events, translated ----------------------------------------------------
 
@@ -442,6 +629,8 @@ class LiveConnection:
             self._rest = b""
         elif kind in ("response.output_audio_transcript.delta", "response.output_text.delta"):
             self._hold(e["delta"])
+        elif kind == "response.function_call_arguments.done" and e["name"] == DELEGATE_TOOL:
+            self._delegate(e["item_id"], e["call_id"])
         elif kind == "response.done":
             if e["response"]["status"] == "cancelled":  # cut: the rest was never heard
                 self.output_ms = min(self.output_ms, float(self.input_ms))
@@ -453,6 +642,33 @@ class LiveConnection:
                 err["message"], code=err["code"], param=err.get("param"),
                 client_event_id=err.get("event_id"), type=err["type"])))
         # Items, responses, content parts, VAD events, rate limits: not Live's.
+
+    def _delegate(self, item_id: str, call_id: str) -> None:
+        """The agent called its delegate tool: a client delegation (its id is the call's
+        item id, ``item_…`` as GPT-Live's are)."""
+        if not self._delegating:
+            return  # a tool the session never offered: not a delegation
+        self._delegations[item_id] = None
+        while len(self._delegations) > MAX_DELEGATIONS:
+            self._delegations.popitem(last=False)
+        self._events.append(events.delegation_created(self._ids("event"), item_id,
+                                                      self.input_ms))
+        self._inner({"type": "conversation.item.create", "item": {
+            "type": "function_call_output", "call_id": call_id,
+            "output": DELEGATED.format(id=item_id)}})
+        delay = self.config["delegation"].get("acknowledgement_delay_ms", 0)
+        self._acks[item_id] = self.input_ms + delay
+        self._acknowledge()
+
+    def _acknowledge(self) -> None:
+        """Speak the acknowledgements that fell due (one for all due at once)."""
+        due = [d for d, at in self._acks.items() if at <= self.input_ms]
+        if not due:
+            return
+        for d in due:
+            del self._acks[d]
+        self._commentary.append(ACKNOWLEDGEMENT)
+        self._say_next()
 
     def _heard(self, item_id: str, text: str) -> None:
         if not text:
@@ -493,6 +709,8 @@ class LiveConnection:
         """Start the next queued commentary once no answer is running."""
         if self.state is not State.ACTIVE:
             return
+        if self.gate is not None and not self.gate.awake:
+            return  # inference is paused: the commentary waits for the wake
         if self._commentary and self.machine.response is None:
             text = self._commentary.popleft()
             self._inner({"type": "response.create", "response": {"input": [], SAY: text}})
@@ -504,6 +722,15 @@ class LiveConnection:
 
     def _seconds(self) -> int:
         return int(max(float(self.input_ms), self.output_ms) // 1000)
+
+    def _breakdown(self) -> dict[str, int]:
+        """A gated WebRTC session's ``active_seconds`` / ``paused_seconds`` (they add up
+        to ``seconds``); nothing for any other."""
+        if self.gate is None:
+            return {}
+        seconds = self._seconds()
+        paused = min(seconds, int(self.gate.paused_seconds(self._t())))
+        return {"active_seconds": seconds - paused, "paused_seconds": paused}
 
 
 _HANDLERS: dict[str, str] = {

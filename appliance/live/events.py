@@ -41,7 +41,9 @@ SERVER_EVENTS: dict[str, tuple[Support, str]] = {
     "info": (Support.SUPPORTED, "store_unavailable, input_transcript_failed"),
     "session.output_audio.fixture.playing": (Support.NEVER, "no fixtures"),
     "session.output_audio.fixture.played": (Support.NEVER, "no fixtures"),
-    "session.delegation.created": (Support.NEVER, "the agents here do not delegate yet"),
+    "session.delegation.created": (Support.SUPPORTED, "client delegation: when the agent's "
+                                   "LLM calls its delegate tool (an agent with tools, e.g. "
+                                   "--llm); offset_ms on the timeline, no task text"),
     "response.event": (Support.NEVER, "no Responses delegation"),
     "decision.event": (Support.NEVER, "no Decision API"),
     "decision.item.created": (Support.NEVER, "no Decision API"),
@@ -53,6 +55,14 @@ SERVER_EVENTS: dict[str, tuple[Support, str]] = {
     "transport.ringing": (Support.NEVER, "sideband only (not served)"),
     "transport.answered": (Support.NEVER, "sideband only (not served)"),
     "transport.failed": (Support.NEVER, "sideband only (not served)"),
+}
+
+#: Beyond the primary union: the WebRTC data channel's (and the sideband's) extras, in the
+#: SDK's ``ConnectServerEvent`` (``types/live/connect_server_event.py``).
+DATA_CHANNEL_EVENTS: dict[str, tuple[Support, str]] = {
+    "session.paused": (Support.SUPPORTED, "idle_timeout_s of inactivity under a "
+                       "wake_policy: inference paused"),
+    "session.resumed": (Support.SUPPORTED, "speech woke inference (the first wake too)"),
 }
 
 CLOSE_REASONS = ("close_requested", "expired", "content", "remote_hangup", "connection_lost")
@@ -87,13 +97,28 @@ def session_closed(event_id: str, reason: str, session: dict[str, Any],
                     "session": session, "usage": usage}, client_event_id)
 
 
-def usage(seconds: int) -> dict[str, Any]:
-    """``SessionUsage``: cumulative whole seconds (a float in the SDK's type)."""
-    return {"seconds": float(seconds)}
+def usage(seconds: int, *, active_seconds: int | None = None,
+          paused_seconds: int | None = None) -> dict[str, Any]:
+    """``SessionUsage``: cumulative whole seconds (a float in the SDK's type); a gated
+    WebRTC session adds the active / paused split (adding up to ``seconds``)."""
+    out: dict[str, Any] = {"seconds": float(seconds)}
+    if active_seconds is not None and paused_seconds is not None:
+        out.update(active_seconds=active_seconds, paused_seconds=paused_seconds)
+    return out
 
 
-def usage_updated(event_id: str, seconds: int) -> dict[str, Any]:
-    return {"type": "session.usage.updated", "event_id": event_id, "usage": usage(seconds)}
+def usage_updated(event_id: str, seconds: int, *, active_seconds: int | None = None,
+                  paused_seconds: int | None = None) -> dict[str, Any]:
+    return {"type": "session.usage.updated", "event_id": event_id,
+            "usage": usage(seconds, active_seconds=active_seconds,
+                           paused_seconds=paused_seconds)}
+
+
+def paused(event_id: str, is_paused: bool) -> dict[str, Any]:
+    """``session.paused`` / ``session.resumed`` (data channel and sideband only: not in the
+    primary ``ServerEvent`` union)."""
+    return {"type": "session.paused" if is_paused else "session.resumed",
+            "event_id": event_id}
 
 
 def input_audio_muted(event_id: str, muted: bool,
@@ -124,6 +149,14 @@ def output_transcript_delta(event_id: str, delta: str, start_ms: int,
 def output_audio_delta(b64: str) -> dict[str, Any]:
     """On the primary socket: no event_id, no timestamps (those are the sideband's)."""
     return {"type": "session.output_audio.delta", "delta": b64}
+
+
+def delegation_created(event_id: str, delegation_id: str, offset_ms: int,
+                       target: str = "client") -> dict[str, Any]:
+    """The agent delegated work: metadata only (GPT-Live sends no task text)."""
+    return {"type": "session.delegation.created", "event_id": event_id,
+            "offset_ms": offset_ms,
+            "delegation": {"id": delegation_id, "type": "delegation", "target": target}}
 
 
 def error(event_id: str, exc: LiveError) -> dict[str, Any]:

@@ -24,6 +24,7 @@ tests/live/test_protocol.py compares field by field.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -68,6 +69,14 @@ class Int:
     lo: int | None = None
     hi: int | None = None
     choices: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Num:
+    """A JSON number (an integer is one too), within ``lo``..``hi`` inclusive."""
+
+    lo: float | None = None
+    hi: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +135,7 @@ class OneOf:
     options: tuple[Spec, ...] = field(default_factory=tuple)
 
 
-Spec = Str | Int | Bool | Const | AnyJson | Obj | Arr | Tagged | OneOf
+Spec = Str | Int | Num | Bool | Const | AnyJson | Obj | Arr | Tagged | OneOf
 
 
 def required(spec: Spec, *, nullable: bool = False) -> Field:
@@ -170,6 +179,8 @@ def _accepts(spec: Spec, value: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
     if isinstance(spec, Bool):
         return isinstance(value, bool)
+    if isinstance(spec, Num):
+        return isinstance(value, int | float) and not isinstance(value, bool)
     if isinstance(spec, Obj | Tagged):
         return isinstance(value, dict)
     if isinstance(spec, Arr):
@@ -221,6 +232,15 @@ def validate_untrusted(spec: Spec, value: Any, path: str) -> Any:
         if not isinstance(value, bool):
             raise _type_error(path, "a boolean", value)
         return value
+    if isinstance(spec, Num):
+        if not isinstance(value, int | float) or isinstance(value, bool) \
+                or not math.isfinite(value):
+            raise _type_error(path, "a number", value)
+        if (spec.lo is not None and value < spec.lo) or (spec.hi is not None
+                                                         and value > spec.hi):
+            raise LiveError(f"Invalid '{path}': expected a number from {spec.lo} to "
+                            f"{spec.hi}, but got {_show(value)} instead.", param=path)
+        return float(value)
     if isinstance(spec, AnyJson):
         return value
     if isinstance(spec, Obj):
@@ -269,6 +289,8 @@ def _kind(spec: Spec) -> str:
         return "an integer"
     if isinstance(spec, Bool):
         return "a boolean"
+    if isinstance(spec, Num):
+        return "a number"
     if isinstance(spec, Arr):
         return "an array"
     return "an object"

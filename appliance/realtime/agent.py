@@ -22,6 +22,14 @@ is serialised once and published there with its origin (the browser, or the side
 client event caused it), which decides what the channel gets; a controller's client events
 come in through :meth:`RealtimeShell._feed`, and a browser ``session.update`` of a locked
 field is answered with an ``error`` without reaching the machine.
+
+**One shell, many protocols** (docs/style.md rule 20), as the WebSocket shell
+(ws_session.py): the object facing the channel and the track is a ``CallProtocol``
+(socket_protocol.py) — the Realtime machine by default, or GPT-Live's WebRTC
+:class:`~appliance.live.connection.LiveConnection` over its own machine (``protocol=``,
+``machine=``; appliance/live/call.py), which registers no Realtime sideband
+(``sideband=False``). Actions this shell does not know go to :meth:`RealtimeShell.handle_action`,
+and :meth:`RealtimeShell.tasks` starts a subclass's own tasks in the call's nursery.
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ from .machine import (
 from .protocol import json_copy
 from .registry import factory_resolver, registered
 from .sideband import POINTS, SidebandPoint
+from .socket_protocol import CallProtocol
 from .transcription import transcribe_item
 from .turns import PauseWork, can_judge, can_speculate
 
@@ -161,7 +170,9 @@ def noise_reduction_type(session: Any) -> str | None:
 
 
 class RealtimeShell:
-    def __init__(self, ctx: AgentContext, agent: RealtimeAgent) -> None:
+    def __init__(self, ctx: AgentContext, agent: RealtimeAgent, *,
+                 protocol: CallProtocol | None = None,
+                 machine: RealtimeConnection | None = None, sideband: bool = True) -> None:
         self.ctx = ctx
         self.agent = agent
         params = ctx.params.get("realtime") if isinstance(ctx.params, dict) else None
@@ -169,11 +180,13 @@ class RealtimeShell:
         session = params.get("session")
         dcid = params.get("dcid")
         self.dcid = dcid if isinstance(dcid, int) and not isinstance(dcid, bool) else None
-        self.machine = RealtimeConnection(
+        self.machine = machine or RealtimeConnection(
             session_id=f"sess_{secrets.token_hex(8)}", ids=id_source(),
             queued_seconds=lambda: ctx.queued_seconds,
             session=session if isinstance(session, dict) else None,
             can_transcribe=True, judge=can_judge(), speculate=can_speculate(agent))
+        self.protocol: CallProtocol = protocol or self.machine
+        self._attach = sideband
         self.channel: int | None = None
         # audio.input.noise_reduction as the transceiver's stages have it (the create-time
         # session reached them through ctx.params; updates go as a media.update event).
@@ -183,13 +196,17 @@ class RealtimeShell:
         self._pause_work = PauseWork(self.machine, self.agent, self._drain)
         # Events go out in order through one sender task (send_message waits for room).
         self._out_send, self._out_recv = trio.open_memory_channel[str](1024)
+        #: Set once the sender has handed every queued event to the channel after the send
+        #: side was closed (a protocol that ends the session closes it: live/call.py).
+        self.flushed = trio.Event()
         # The sideband (GET /v1/realtime?call_id=, appliance/realtime/sideband.py): every
         # drained event is also offered to the backends attached to this call.
         self.sideband = SidebandPoint(ctx.session_id, lambda: json_copy(self.machine.session),
                                       self._feed)
 
     async def run(self) -> None:
-        POINTS[self.sideband.call_id] = self.sideband
+        if self._attach:
+            POINTS[self.sideband.call_id] = self.sideband
         try:
             await self._run()
         finally:
@@ -208,13 +225,14 @@ class RealtimeShell:
             if self.ctx.identity.info.get("transport") == "sip":
                 # a phone call has no oai-events channel to wait for: its events go to the
                 # sidebands from the start (session.created first), none are held
-                self.machine.handle_open()
+                self.protocol.handle_open()
                 self._drain()
             nursery.start_soon(self._sender)
             nursery.start_soon(self._channel_loop)
             nursery.start_soon(self._event_loop)
+            self.tasks(nursery)
             async for frame in self.ctx.frames():
-                self.machine.handle_frame(frame.pcm, frame.speech)
+                self.protocol.handle_frame(frame.pcm, frame.speech)
                 self._drain()
             nursery.cancel_scope.cancel()
 
@@ -222,7 +240,7 @@ class RealtimeShell:
         async for event in self.ctx.channel_events():
             if isinstance(event, ChannelOpened) and event.channel.label == LABEL:
                 self.channel = event.channel.id
-                self.machine.handle_open()
+                self.protocol.handle_open()
             elif isinstance(event, ChannelMessage) and event.channel_id == self.channel:
                 data = event.data
                 data = data if isinstance(data, str) else bytes(data)
@@ -230,7 +248,7 @@ class RealtimeShell:
                 if refused is not None:  # a locked session field: the machine never sees it
                     self._to_channel(json.dumps(refused.to_event(f"event_{secrets.token_hex(8)}")))
                     continue
-                self.machine.handle_message(data)
+                self.protocol.handle_message(data)
             elif isinstance(event, ChannelClosed) and event.channel_id == self.channel:
                 self.channel = None  # events from now on have nowhere to go
                 continue
@@ -261,6 +279,7 @@ class RealtimeShell:
                 await self.ctx.send_message(self.channel, text)
             except ChannelError:
                 continue  # closed meanwhile: this one is lost, a reopened channel gets the rest
+        self.flushed.set()
 
     def _feed(self, text: str, origin: str) -> None:
         """A client event of the sideband ``origin`` (its controller)."""
@@ -275,10 +294,19 @@ class RealtimeShell:
             self._out_send.send_nowait(text)
         except trio.WouldBlock:
             pass  # 1024 unsent events: the peer stopped reading; drop, never block
+        except trio.ClosedResourceError:
+            pass  # the session ended: nothing more goes out
+
+    def tasks(self, nursery: trio.Nursery) -> None:
+        """Start a subclass's own tasks in the call's nursery (none here)."""
+
+    def handle_action(self, action: object) -> None:
+        """An action this shell does not know (a subclass's protocol's own)."""
 
     def _drain(self, origin: str | None = None) -> None:
         m = self.machine
-        while (action := m.poll_action()) is not None:
+        p = self.protocol
+        while (action := p.poll_action()) is not None:
             if isinstance(action, ClearAudio):
                 self.ctx.interrupt()
             elif isinstance(action, CancelResponse):
@@ -298,7 +326,9 @@ class RealtimeShell:
                 if callable(hook):
                     hook(dict(m.session))
                 self._noise_reduction_changed()
-        while (event := m.poll_event()) is not None:
+            else:
+                self.handle_action(action)
+        while (event := p.poll_event()) is not None:
             # The channel closed: events have nowhere to go but the sidebands (before it
             # opens the machine holds them).
             text = self.sideband.publish(event, json.dumps(event, separators=(",", ":")),
@@ -318,13 +348,13 @@ class RealtimeShell:
                             pcm = delta.pcm[: len(delta.pcm) & ~1]
                             for i in range(0, len(pcm), AUDIO_PIECE):
                                 piece = AudioDelta(pcm[i : i + AUDIO_PIECE])
-                                ok = self.machine.handle_delta(rid, piece)
+                                ok = self.protocol.handle_delta(rid, piece)
                                 self._drain()
                                 if not ok:
                                     break
                                 await self.ctx.send(piece.pcm)
                         else:
-                            self.machine.handle_delta(rid, delta)
+                            self.protocol.handle_delta(rid, delta)
                             self._drain()
                 finally:
                     await close_deltas(deltas)
@@ -333,10 +363,10 @@ class RealtimeShell:
                 log.warning("realtime agent failed on %s: %r", rid, exc)
         self._runs.pop(rid, None)
         if not scope.cancelled_caught:
-            self.machine.handle_response_end(rid, error)
+            self.protocol.handle_response_end(rid, error)
             self._drain()
         await self.ctx.drained()
-        self.machine.handle_output_drained(rid)
+        self.protocol.handle_output_drained(rid)
         self._drain()
 
     async def _transcribe(self, action: Transcribe) -> None:

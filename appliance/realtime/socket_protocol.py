@@ -41,3 +41,14 @@ class SocketProtocol(Protocol):
     def handle_delta(self, response_id: str, delta: Delta) -> bool: ...
 
     def handle_response_end(self, response_id: str, error: str | None = None) -> None: ...
+
+
+class CallProtocol(SocketProtocol, Protocol):
+    """What the call shell (agent.py :class:`~appliance.realtime.agent.RealtimeShell`)
+    drives: the socket surface plus a media track's — the caller's 20 ms frames in, and the
+    report that a response's audio has left the output queue. The Realtime machine is one;
+    GPT-Live's WebRTC :class:`~appliance.live.connection.LiveConnection` another."""
+
+    def handle_frame(self, pcm: bytes, speech: bool) -> None: ...
+
+    def handle_output_drained(self, response_id: str) -> None: ...

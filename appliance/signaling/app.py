@@ -47,6 +47,7 @@ from . import metrics, sip_http
 from . import realtime_http as realtime
 from .fastpath import WhipFastPath
 from .ice_servers import ice_servers
+from .live_http import register_live_http
 from .live_ws import register_live_websocket
 from .problems import Problem, problem_response
 from .proxied import TrustEdge
@@ -83,6 +84,8 @@ def create_app(state: SignalingState) -> QuartTrio:
     register_websocket(app, app.extensions[realtime.EXTENSION])  # GET /v1/realtime (WebSocket)
     # GET /v1/live/sessions (WebSocket): GPT-Live over the same shell, machine and agents
     register_live_websocket(app, app.extensions[realtime.EXTENSION])
+    # POST /v1/live/sessions: GPT-Live over WebRTC, placed as /v1/realtime/calls places calls
+    register_live_http(app, app.extensions[realtime.EXTENSION])
     sip_http.register(app, state)  # /v1/realtime/calls/{rtc_sip_…}/accept|reject|refer|hangup
 
     # -- errors -------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from .problems import Problem
 from .realtime_http import Realtime, RealtimeProblem, error_response
 from .realtime_ws import AgentFactories, close_socket, token_from_subprotocols
 from .rules import authorize_header, check_agent
+from .state import SignalingState
 from .webhooks import CALL_ENDED, CALL_STARTED, end_report
 
 log = logging.getLogger(__name__)
@@ -102,10 +103,17 @@ def register_live_websocket(app: QuartTrio, rt: Realtime) -> None:
             token = token_from_subprotocols(list(websocket.requested_subprotocols))
             if token is not None:
                 authorization = f"Bearer {token}"
-        authorize_header(state, authorization, sessions=False)
-        asked = websocket.headers.get("X-Agent") or None
-        try:
-            spec = check_agent(asked)
-        except Problem as p:
-            raise RealtimeProblem(p.status, p.code, p.detail, "agent") from None
-        return spec or state.config.live_agent
+        return admit(state, authorization, websocket.headers.get("X-Agent") or None)
+
+
+def admit(state: SignalingState, authorization: str, asked: str | None) -> str:
+    """Who may open a Live session, on either transport, and with which agent: the API
+    token (nothing on loopback; GPT-Live has no ephemeral keys, so an ``ek_`` or ``ct1.``
+    token is refused), and ``X-Agent`` (a full-rights caller's pick) or ``--live-agent``.
+    Raises :class:`RealtimeProblem` (401/403/400)."""
+    authorize_header(state, authorization, sessions=False)
+    try:
+        spec = check_agent(asked)
+    except Problem as p:
+        raise RealtimeProblem(p.status, p.code, p.detail, "agent") from None
+    return spec or state.config.live_agent

@@ -25,7 +25,7 @@ from appliance.agents import (
 from appliance.agents.registry import family_name
 
 APPLIANCE = Path(__file__).resolve().parents[2] / "appliance"
-PLUGINS = ("appliance.realtime", "appliance.speech")
+PLUGINS = ("appliance.realtime", "appliance.speech", "appliance.live")
 
 
 def _named_modules(path: Path) -> set[str]:
@@ -87,7 +87,7 @@ def test_nothing_is_registered_until_the_plugins_are_imported() -> None:
         "        print(spec, str(exc).split(' (')[0])\n"
         "import sys\n"
         "print(sorted(m for m in sys.modules if m.startswith(('appliance.realtime', "
-        "'appliance.speech'))))\n"
+        "'appliance.speech', 'appliance.live'))))\n"
         "import appliance.plugins\n"
         "print(resolve('realtime').name)\n")
     assert out.splitlines() == [
@@ -109,7 +109,7 @@ def test_each_role_that_resolves_agents_loads_the_plugins(module: str) -> None:
                "from appliance.agents import context\n"
                "print(sorted(registry._families), sorted(registry._schemes), rt.registered(),"
                " context._transcripts is not None)")
-    assert out == ("['assistant', 'realtime'] ['realtime+ws', 'realtime+wss', 'ws', 'wss'] "
+    assert out == ("['assistant', 'live', 'realtime'] ['realtime+ws', 'realtime+wss', 'ws', 'wss'] "
                    "['assistant'] True")
 
 

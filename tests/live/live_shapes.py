@@ -11,6 +11,7 @@ import types
 import typing
 from typing import Any
 
+from openai.types.live.connect_server_event import SessionPaused, SessionResumed
 from openai.types.live.server_event import ServerEvent
 from pydantic import BaseModel, ValidationError
 
@@ -22,6 +23,11 @@ _MEMBERS: dict[str, type[BaseModel]] = {
     m.model_fields["type"].annotation.__args__[0]: m
     for m in typing.get_args(typing.get_args(ServerEvent)[0])
 }
+#: The WebRTC data channel's events beyond the primary union: ``session.paused`` /
+#: ``resumed`` ("delivered to the sideband and, when permitted by its event settings, the
+#: data channel": ``ConnectServerEvent``; the primary socket never gets them).
+_DATA_CHANNEL: dict[str, type[BaseModel]] = {
+    **_MEMBERS, "session.paused": SessionPaused, "session.resumed": SessionResumed}
 
 
 def _fits(tp: Any, value: Any) -> bool:
@@ -81,12 +87,14 @@ def _extra(tp: Any, value: Any, path: str) -> list[str]:
     return []
 
 
-def shape_errors(event: dict[str, Any]) -> list[str]:
-    """What is wrong with ``event`` by the SDK's types (empty: nothing)."""
+def shape_errors(event: dict[str, Any], *, data_channel: bool = False) -> list[str]:
+    """What is wrong with ``event`` by the SDK's types (empty: nothing); ``data_channel``:
+    an event of a WebRTC session's ``oai-events`` channel."""
     kind = event.get("type")
-    model = _MEMBERS.get(kind) if isinstance(kind, str) else None
+    members = _DATA_CHANNEL if data_channel else _MEMBERS
+    model = members.get(kind) if isinstance(kind, str) else None
     if model is None:
-        return [f"type {kind!r} is not in the SDK's ServerEvent union"]
+        return [f"type {kind!r} is not in the SDK's server event union"]
     try:
         model.model_validate(event)  # the member the SDK's "type" discriminator picks
     except ValidationError as exc:

@@ -17,7 +17,7 @@ import pytest
 from live.live_shapes import shape_errors
 
 from appliance.live.connection import SAY, LiveConnection, LiveEvent, Started, State
-from appliance.realtime.interface import AudioDelta, TextDelta, TranscriptDelta
+from appliance.realtime.interface import AudioDelta, FunctionCall, TextDelta, TranscriptDelta
 from appliance.realtime.machine import CancelResponse, StartResponse, Transcribe
 from appliance.realtime.socket_protocol import EndSession
 
@@ -353,7 +353,8 @@ def test_every_event_type_served_is_sent_and_matches_the_sdk() -> None:
     from appliance.realtime.protocol import Support
 
     core = Core(usage_every_ms=1000)
-    core.send(type="session.start", session={"model": "m", "store": True})  # + info
+    core.send(type="session.start", session={"model": "m", "store": True,  # + info
+                                             "delegation": {"type": "client"}})
     core.send(type="session.update", session={"triggers": []})
     core.send(type="session.input_audio.mute")
     core.send(type="session.input_audio.unmute")
@@ -365,6 +366,7 @@ def test_every_event_type_served_is_sent_and_matches_the_sdk() -> None:
     core.c.machine.handle_transcript_delta(tr.item_id, "hi")
     core.c.handle_delta(start.request.response_id, TranscriptDelta("Hello."))
     core.c.handle_delta(start.request.response_id, AudioDelta(zeros(0.1, 48_000)))
+    core.c.handle_delta(start.request.response_id, FunctionCall("delegate", "{}"))  # client
     core.c.handle_response_end(start.request.response_id)
     core.send(type="session.input_audio.commit")
     core.send(type="session.close")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from appliance.live.events import SERVER_EVENTS
+from appliance.live.events import DATA_CHANNEL_EVENTS, SERVER_EVENTS
 from appliance.live.protocol import CLIENT_EVENTS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "live.md"
@@ -21,3 +21,5 @@ def _table(section: str) -> dict[str, str]:
 def test_the_docs_tables_are_the_code_tables() -> None:
     assert _table("Client events") == {k: v[0].value for k, v in CLIENT_EVENTS.items()}
     assert _table("Server events") == {k: v[0].value for k, v in SERVER_EVENTS.items()}
+    assert _table("Data channel events") == {k: v[0].value
+                                             for k, v in DATA_CHANNEL_EVENTS.items()}

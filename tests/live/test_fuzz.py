@@ -85,3 +85,44 @@ def test_the_config_takes_any_json(value: Any) -> None:
         except LiveError as exc:
             params.append(exc.param)
     assert all(p is None or p.startswith("session") for p in params)
+
+
+MEDIA_NAMES = sorted({*NAMES, "idle_timeout_s", "wake_policy", "vad_threshold", "speech"})
+MEDIA_CONFIGS = st.sampled_from([
+    {}, {"wake_policy": {"type": "speech"}},
+    {"wake_policy": {"type": "speech", "vad_threshold": 0.0}, "idle_timeout_s": 1},
+    {"client": {"data_channel": {"allowed_client_events": [],
+                                 "allowed_server_events": [{"type": "error"}]}}},
+    {"client": {"data_channel": {"allowed_client_events": ["session.close", "session.update"]}},
+     "wake_policy": {"type": "speech", "vad_threshold": 1}, "idle_timeout_s": 1},
+])
+
+
+@settings(max_examples=300, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(MEDIA_CONFIGS, st.dictionaries(st.sampled_from(MEDIA_NAMES), JSON,
+                                                max_size=5)),
+       st.lists(st.tuples(events(), st.booleans()), min_size=1, max_size=6))
+def test_the_webrtc_core_takes_any_config_and_event(session: dict[str, Any],
+                                                    batch: list[tuple[dict[str, Any], bool]]
+                                                    ) -> None:
+    """WebRTC (``media=True``): a config from the POST may be refused only with LiveError;
+    a started core takes any channel event and speech or silence frames, and every event
+    it lets out on the channel is in the SDK's data channel union."""
+    n = iter(range(10**6))
+    core = LiveConnection(session_id="live_f", ids=lambda p: f"{p}_{next(n)}",
+                          wall_clock=lambda: 0.0, media=True)
+    try:
+        core.start({"model": "m", **session})
+    except LiveError:
+        return
+    core.handle_open()
+    frame = (b"\x00\x20" * 960)
+    for event, speech in batch:
+        core.handle_input(json.dumps(event))
+        for _ in range(10):
+            core.handle_frame(frame if speech else bytes(1920), speech)
+        while (out := core.poll_event()) is not None:
+            assert shape_errors(out, data_channel=True) == [], out
+        while core.poll_action() is not None:
+            pass

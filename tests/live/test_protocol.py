@@ -13,7 +13,7 @@ import pytest
 import typing_extensions
 
 from appliance.live import config, protocol
-from appliance.live.events import SERVER_EVENTS
+from appliance.live.events import DATA_CHANNEL_EVENTS, SERVER_EVENTS
 from appliance.live.protocol import CLIENT_EVENTS, EVENT_FIELDS, parse_client_event_untrusted
 from appliance.live.schema import AnyJson, Arr, Field, LiveError, Obj, OneOf, Tagged
 
@@ -318,3 +318,22 @@ def test_every_sdk_server_event_is_listed() -> None:
     union = typing.get_args(ServerEvent)[0]
     types = {m.model_fields["type"].annotation.__args__[0] for m in typing.get_args(union)}
     assert types == set(SERVER_EVENTS)
+
+
+def test_the_media_session_config_has_the_sdk_fields() -> None:
+    """POST /v1/live/sessions' ``session`` (MediaSessionConfigParam): no audio.format,
+    idle_timeout_s and wake_policy."""
+    from openai.types.live.media_session_config_param import MediaSessionConfigParam
+
+    assert _compare(config.MEDIA_SESSION_CONFIG, MediaSessionConfigParam, "session") == []
+
+
+def test_the_data_channel_extras_are_the_sdks_and_only_the_channels() -> None:
+    """session.paused / resumed are ConnectServerEvent's (data channel and sideband), not the
+    primary union's: the WebSocket never sends them."""
+    from openai.types.live.connect_server_event import ConnectServerEvent
+
+    union = typing.get_args(ConnectServerEvent)[0]
+    connect = {m.model_fields["type"].annotation.__args__[0] for m in typing.get_args(union)}
+    assert set(DATA_CHANNEL_EVENTS) <= connect
+    assert not set(DATA_CHANNEL_EVENTS) & set(SERVER_EVENTS)

@@ -1,0 +1,165 @@
+"""GPT-Live over WebRTC end to end (issue 42 item 4): ``appliance up`` with its defaults
+(the offline assistant behind Live), aiortc as the browser and the official SDK's
+``client.live.create(session=…, transport={"type": "webrtc", "sdp": offer})`` for the HTTP
+call, as a backend would make it for its browser.
+
+The caller's microphone is a WAV played by aiortc's MediaPlayer at real time: half a second
+of silence, espeak-ng saying "what time is it", then silence. The session asks for a
+``wake_policy`` (so inference waits for that speech: ``session.resumed``) and restricts the
+data channel (``client.data_channel``): ``info data_channel_permissions`` follows
+``session.started`` on ``oai-events``; ``session.start`` and a command the permissions do not
+list are refused with ``error`` naming them; the assistant hears the phrase
+(``session.input_transcript.delta``), answers it (``session.output_transcript.delta``) and
+the answer's audio comes back on the media track; ``session.close`` ends the session
+(``session.closed``) and the call (signaling's record says it ended). Every event received on
+the channel is checked against the SDK's types (``ServerEvent``, with the data channel's
+``session.paused``/``resumed`` from ``ConnectServerEvent``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.contrib.media import MediaPlayer
+from e2e.procs import Proc, free_tcp_port, free_udp_port
+from e2e.test_realtime_aiortc import Events
+from e2e.test_up_http import http_json, in_fresh_thread
+from live.live_shapes import shape_errors
+from speech.speech_support import espeak_pcm48, have_espeak, silence
+
+openai = pytest.importorskip("openai")
+pytestmark = [pytest.mark.interop, pytest.mark.slow,
+              pytest.mark.skipif(not have_espeak(), reason="espeak-ng is not installed")]
+RATE = 48_000
+SERVER_EVENTS = ["session.started", "info", "error", "session.resumed", "session.paused",
+                 "session.input_transcript.delta", "session.output_transcript.delta",
+                 "session.closed"]
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("live-rtc")
+    http, udp = free_tcp_port(), free_udp_port()
+    proc = Proc(["up", "--http", f"127.0.0.1:{http}", "--udp", f"127.0.0.1:{udp}",
+                 "--public-address", "127.0.0.1", "--state-dir", str(tmp / "state"),
+                 "--transceivers", "1"], "appliance ready", timeout=120,
+                env={"APPLIANCE_LLM_KEY": "", "APPLIANCE_LLM_URL": "", "OPENAI_API_KEY": ""})
+    try:
+        yield f"http://127.0.0.1:{http}"
+    finally:
+        rc = proc.stop()
+    assert rc == 0, "".join(proc.stderr)[-3000:]
+
+
+def write_wav(path: Path) -> None:
+    pcm = silence(0.5) + espeak_pcm48("what time is it") + silence(12.0)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(RATE)
+        w.writeframes(pcm)
+
+
+def create(base: str, offer: str) -> Any:
+    client = openai.OpenAI(api_key="unused-on-loopback", base_url=base + "/v1")
+    return client.live.create(
+        session={"model": "gpt-live-1", "wake_policy": {"type": "speech"},
+                 "client": {"data_channel": {
+                     "allowed_client_events": ["session.close", "session.start"],
+                     "allowed_server_events": [{"type": t} for t in SERVER_EVENTS]}}},
+        transport={"type": "webrtc", "sdp": offer})
+
+
+async def live_call(base: str, wav: Path) -> dict[str, Any]:
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    player = MediaPlayer(str(wav))
+    assert player.audio is not None
+    pc.addTrack(player.audio)
+    channel = pc.createDataChannel("oai-events")
+    events = Events()
+    channel.on("message", lambda m: asyncio.ensure_future(events.add(m)))
+    loop = asyncio.get_running_loop()
+    heard: list[tuple[float, float]] = []  # (time, peak) of each received frame
+
+    @pc.on("track")
+    def _(track: Any) -> None:
+        async def drain() -> None:
+            while True:
+                frame = await track.recv()
+                heard.append((loop.time(), float(np.abs(frame.to_ndarray()).max())))
+        asyncio.ensure_future(drain())
+
+    await pc.setLocalDescription(await pc.createOffer())
+    made = await asyncio.to_thread(create, base, pc.localDescription.sdp)
+    await pc.setRemoteDescription(RTCSessionDescription(made.transport.sdp, "answer"))
+    out: dict[str, Any] = {"id": made.session.id, "answer": made.transport.sdp}
+    try:
+        out["started"] = await events.wait("session.started")
+        out["info"] = await events.wait("info")
+        channel.send(json.dumps({"type": "session.start", "event_id": "again",
+                                 "session": {"model": "gpt-live-1"}}))
+        out["start_refused"] = await events.wait("error", client_event_id="again")
+        channel.send(json.dumps({"type": "session.thinking.append", "event_id": "think",
+                                 "content": "quiet", "delegation_id": None}))
+        out["not_allowed"] = await events.wait("error", client_event_id="think")
+        out["resumed"] = await events.wait("session.resumed", within=20)
+        out["heard"] = await events.wait("session.input_transcript.delta", within=120)
+        said = await events.wait("session.output_transcript.delta", within=60)
+        out["said"] = said
+        t_said = loop.time()
+        await asyncio.sleep(1.5)  # the answer keeps playing: the scenario, not a sync
+        out["loud"] = sum(1 for t, peak in heard if t >= t_said - 3 and peak > 1000)
+        channel.send(json.dumps({"type": "session.close", "event_id": "bye"}))
+        out["closed"] = await events.wait("session.closed")
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:  # the hang-up reaches signaling's record
+            status, _, body = await asyncio.to_thread(
+                http_json, "GET", f"{base}/v1/sessions/{made.session.id}")
+            out["record"] = (status, json.loads(body) if status == 200 else body)
+            if status != 200 or out["record"][1].get("state") in ("ended", "closed"):
+                break
+            await asyncio.sleep(0.2)  # polling an HTTP view, not a sync of ours
+        out["events"] = list(events.got)
+    finally:
+        await pc.close()
+        player.audio.stop()
+    return out
+
+
+def test_a_live_webrtc_session_through_up(up: str, tmp_path: Path) -> None:
+    wav = tmp_path / "mic.wav"
+    write_wav(wav)
+    out = in_fresh_thread(lambda: asyncio.run(live_call(up, wav)), timeout=240)
+    kinds = [e["type"] for e in out["events"]]
+    print("event types:", kinds)
+    for e in out["events"]:
+        assert not shape_errors(e, data_channel=True), (e, shape_errors(e, data_channel=True))
+        assert e["type"] in SERVER_EVENTS  # allowed_server_events held
+    assert out["id"].startswith("live_")
+    assert "a=fingerprint" in out["answer"] and "webrtc-datachannel" in out["answer"]
+    assert kinds[:2] == ["session.started", "info"]
+    session = out["started"]["session"]
+    assert session["id"] == out["id"] and session["status"] == "active"
+    assert "wake_policy" not in session and "format" not in session["audio"]
+    assert out["info"]["code"] == "data_channel_permissions"
+    assert out["start_refused"]["error"]["code"] == "session_already_started"
+    assert out["not_allowed"]["error"]["code"] == "client_event_not_allowed"
+    assert out["not_allowed"]["error"]["param"] == "type"
+    assert kinds.index("session.resumed") < kinds.index("session.input_transcript.delta")
+    assert "time" in out["heard"]["delta"].lower()
+    assert out["said"]["delta"].startswith("It is ")  # the built-in responder, no key
+    assert out["loud"] >= 25, out["loud"]  # >= half a second of the answer on the track
+    assert out["closed"]["reason"] == "close_requested"
+    assert out["closed"]["client_event_id"] == "bye"
+    usage = out["closed"]["usage"]
+    assert usage["active_seconds"] + usage["paused_seconds"] == usage["seconds"]
+    status, record = out["record"]
+    assert status == 404 or record["state"] in ("ended", "closed"), out["record"]
