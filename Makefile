@@ -63,13 +63,14 @@ sysdeps:
 	command -v baresip >/dev/null || missing="$$missing baresip"; \
 	command -v espeak-ng >/dev/null || missing="$$missing espeak-ng"; \
 	command -v turnutils_uclient >/dev/null || missing="$$missing coturn"; \
+	command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || missing="$$missing haproxy"; \
 	[ -e /usr/lib/$$(uname -m)-linux-gnu/libspeexdsp.so.1 ] || ldconfig -p 2>/dev/null | grep -q libspeexdsp.so.1 || missing="$$missing libspeexdsp1"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
-	  case " $$missing " in *" coturn "*) \
-	    $$SUDO systemctl disable --now coturn >/dev/null 2>&1 || true;; esac; \
+	  for svc in coturn haproxy; do case " $$missing " in *" $$svc "*) \
+	    $$SUDO systemctl disable --now $$svc >/dev/null 2>&1 || true;; esac; done; \
 	fi
 
 up: install

@@ -42,6 +42,7 @@ directory 0700) and reused afterwards, so ufrags minted before a restart stay va
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import shlex
@@ -144,6 +145,7 @@ DEFAULTS: dict[str, Any] = {
     "turn": None,  # None: on wherever a public address of the media port's family is known
     "turn_secret_file": None,
     "turn_peer": [],
+    "tcp_proxy_from": [],
     "turn_url": [],
     "turn_credential_ttl": DEFAULT_TURN_TTL,
     "record": False,
@@ -267,6 +269,8 @@ class UpConfig:
     turn: bool = True
     turn_secret_file: str | None = None
     turn_peers: list[str] = field(default_factory=list)
+    #: front proxies whose PROXY header the relays' TCP listener believes (relay/tcp.py)
+    tcp_proxy_from: list[str] = field(default_factory=list)
     turn_urls: list[str] = field(default_factory=list)
     turn_ttl: float = DEFAULT_TURN_TTL
     #: the relayed-media port (issue 40 item 2): with TURN on and a media port below 1024,
@@ -378,6 +382,13 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
             raise ValueError(f"--turn-secret-file {secret_file}: {exc}") from None
     peers = getattr(args, "turn_peer", None) or []
     cfg.turn_peers = [str(p) for p in (peers if isinstance(peers, list | tuple) else [peers])]
+    fronts = getattr(args, "tcp_proxy_from", None) or []
+    cfg.tcp_proxy_from = [str(f) for f in (fronts if isinstance(fronts, list | tuple) else [fronts])]
+    for net in cfg.tcp_proxy_from:
+        try:
+            ipaddress.ip_network(net, strict=False)
+        except ValueError as exc:
+            raise ValueError(f"--tcp-proxy-from {net}: {exc}") from None
     cfg.turn_urls = turn_url_overrides(args)
     cfg.turn_ttl = check_turn_ttl(getattr(args, "turn_credential_ttl", None) or DEFAULT_TURN_TTL)
     if cfg.turn and not turn_media(cfg):
@@ -515,6 +526,7 @@ def child_specs(cfg: UpConfig, secret: Path, control_dir: Path) -> tuple[list[Ch
                           turn_relay_ips=list(dict.fromkeys(a for a, _ in turn_media(cfg)))
                           if cfg.turn else (),
                           turn_peers=cfg.turn_peers,
+                          tcp_proxy_from=cfg.tcp_proxy_from,
                           # TURN over TLS wherever the media port serves TLS (issue 40 item
                           # 3), with the same certificate as HTTPS (relay/tls.py splits).
                           turn_tls=TurnTls(cfg.tls_cert, cfg.tls_key)
@@ -667,6 +679,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--turn-peer", action="append", metavar="CIDR", default=None,
                         help="TURN also relays to peers in this network (repeatable; "
                              "default: only this appliance's own media addresses)")
+    parser.add_argument("--tcp-proxy-from", action="append", metavar="CIDR", default=None,
+                        help="a reverse proxy in front of the media port's TCP (repeatable): "
+                             "connections from it must open with a PROXY v1/v2 header "
+                             "(HAProxy send-proxy-v2, nginx proxy_protocol) and are judged by "
+                             "the client it names: the API token rule, TURN quotas, ICE-TCP "
+                             "(docs/turn.md 'A proxy in front')")
     parser.add_argument("--transceivers", type=int, metavar="N", default=None,
                         help="number of transceiver processes (default 2)")
     parser.add_argument("--relay-workers", type=int, metavar="M", default=None,

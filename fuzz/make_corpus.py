@@ -599,10 +599,25 @@ def turn_parser_seeds() -> dict[str, bytes]:
     }
 
 
+def proxy_stream_seeds() -> dict[str, bytes]:
+    tls = b"\x16\x03\x01\x00\x05hello"
+    return {
+        "v1-tcp4": b"PROXY TCP4 192.0.2.7 198.51.100.1 51234 443\r\n" + tls,
+        "v1-tcp6": b"PROXY TCP6 2001:db8::7 2001:db8::1 51234 443\r\n" + tls,
+        "v1-unknown": b"PROXY UNKNOWN\r\n",
+        "v2-tcp4": encode_header(("192.0.2.7", 51234), ("198.51.100.1", 443),
+                                 transport=STREAM) + tls,
+        "v2-tcp6-tlv": encode_header(("2001:db8::7", 1), ("2001:db8::1", 443),
+                                     encode_tlv(TLV_RELAY_ID, b"\x01"), STREAM),
+        "no-header": tls,
+    }
+
+
 SEEDS = {
     "stun": stun_seeds,
     "ufrag": ufrag_seeds,
     "proxy": proxy_seeds,
+    "proxy_stream": proxy_stream_seeds,
     "rtp": rtp_seeds,
     "sdp": sdp_seeds,
     "dtls_parsers": dtls_parser_seeds,

@@ -71,6 +71,7 @@ from appliance.proto.proxy import (
     parse_untrusted,
     tlvs_untrusted,
 )
+from appliance.proto.proxy.stream import parse_stream_header_untrusted
 from appliance.proto.rtp import (
     RtpError,
     RtpPacket,
@@ -220,6 +221,19 @@ def proxy(data: bytes) -> None:
     # header, bit for bit (TLVs are carried opaquely).
     tlvs = bytes(data[16 + (12 if data[13] >> 4 == 1 else 36) : offset])
     assert encode_header(src, dst, tlvs, transport) == bytes(data[:offset])
+
+
+def proxy_stream(data: bytes) -> None:
+    """``proxy.stream.parse_stream_header_untrusted`` (a front proxy's v1/v2 header on a TCP
+    connection): only ProxyError escapes; a parsed header ends inside the bytes, and every
+    shorter prefix of it is still "need more" or the same refusal."""
+    try:
+        got = parse_stream_header_untrusted(data)
+    except ProxyError:
+        return
+    if got is not None:
+        assert 0 < got[2] <= len(data)
+        assert parse_stream_header_untrusted(data[: got[2]]) == got
 
 
 # --- RFC 4571 framing (ICE-TCP) -------------------------------------------------------------
@@ -997,6 +1011,7 @@ TARGETS: dict[str, Target] = {
     "stun": stun,
     "ufrag": ufrag,
     "proxy": proxy,
+    "proxy_stream": proxy_stream,
     "rtp": rtp,
     "sdp": sdp,
     "dtls_parsers": dtls_parsers,

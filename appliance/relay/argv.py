@@ -49,6 +49,7 @@ def relay_argv(
     tcp_max_connections: int | None = None,
     tcp_max_per_ip: int | None = None,
     tcp_https: Address | None = None,
+    tcp_proxy_from: Sequence[str] = (),
     turn: bool | None = None,
     turn_secret_file: str | None = None,
     turn_realm: str | None = None,
@@ -97,6 +98,8 @@ def relay_argv(
     opt("--tcp-max-connections", tcp_max_connections)
     opt("--tcp-max-per-ip", tcp_max_per_ip)
     opt("--tcp-https", None if tcp_https is None else format_hostport(tcp_https))
+    for net in tcp_proxy_from:
+        argv += ["--tcp-proxy-from", net]
     if turn is False:  # explicit: a worker's default is on where it knows its media address
         argv.append("--no-turn")
     elif turn:  # TURN's secrets travel as a file name, never on the command line

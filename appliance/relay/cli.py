@@ -75,6 +75,7 @@ DEFAULTS: dict[str, Any] = {
     "tcp": [],
     "tcp_max_connections": 10_000,
     "tcp_max_per_ip": 64,
+    "tcp_proxy_from": [],
     "tcp_https": None,
     "turn": None,  # None: on wherever the relay knows its media address (build_turn)
     "turn_secret_file": None,
@@ -160,6 +161,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="ICE-TCP connections per worker, at most (default 10000)")
     a("--tcp-max-per-ip", type=int, metavar="N",
       help="ICE-TCP connections per client IP and worker, at most (default 64)")
+    a("--tcp-proxy-from", action="append", metavar="CIDR",
+      help="a front proxy's address (repeatable): TCP connections from these networks must "
+           "open with a PROXY v1/v2 header (HAProxy send-proxy[-v2], nginx proxy_protocol), "
+           "and the client it names is the one the relay, TURN and the API judge "
+           "(docs/turn.md 'A proxy in front'); from elsewhere no header is read")
     a("--tcp-https", metavar="HOST:PORT",
       help="one port for HTTPS and ICE-TCP: a --tcp connection whose first byte starts a TLS "
            "record is relayed, as is, behind a PROXY v2 header naming the client, to this "
@@ -267,6 +273,13 @@ def _list(value: object) -> list[str]:
     if value is None:
         return []
     return [str(v) for v in value] if isinstance(value, list | tuple) else [str(value)]
+
+
+def _networks(value: object, what: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    try:
+        return tuple(ipaddress.ip_network(x, strict=False) for x in _list(value))
+    except ValueError as exc:
+        raise UsageError(f"{what}: {exc}") from None
 
 
 def _knows_media_address(args: argparse.Namespace) -> bool:
@@ -411,7 +424,8 @@ def build_config(args: argparse.Namespace) -> RelayConfig:
         coalesce=coalesce_us / 1e6,
         tcp=tuple(_addr(x, "--tcp", "0.0.0.0") for x in tcp),
         tcp_limits=TcpLimits(max_connections=int(args.tcp_max_connections),
-                             max_per_ip=int(args.tcp_max_per_ip)),
+                             max_per_ip=int(args.tcp_max_per_ip),
+                             proxy_from=_networks(args.tcp_proxy_from, "--tcp-proxy-from")),
         tcp_https=None if not args.tcp_https else _addr(args.tcp_https, "--tcp-https",
                                                         "127.0.0.1"),
         turn=turn,
@@ -468,6 +482,7 @@ def _child_argv(args: argparse.Namespace, config: RelayConfig, index: int,
         tcp_max_connections=config.tcp_limits.max_connections,
         tcp_max_per_ip=config.tcp_limits.max_per_ip,
         tcp_https=config.tcp_https,
+        tcp_proxy_from=tuple(str(n) for n in config.tcp_limits.proxy_from),
         turn=config.turn is not None,
         turn_secret_file=args.turn_secret_file or None,
         turn_realm=None if config.turn is None else config.turn.realm,

@@ -31,6 +31,7 @@ COUNTER_NAMES = (
     "tcp_closed",
     "tcp_https",
     "tcp_turn_tls",
+    "tcp_proxied",
     "flows_vouched",
     "vouch_queries",
     "redis_errors",
@@ -76,6 +77,7 @@ class Counters:
     tcp_https: int = 0
     #: TLS connections the split gave to TURN/TLS (relay/tls.py)
     tcp_turn_tls: int = 0
+    tcp_proxied: int = 0  # connections whose client a front proxy's header named
     #: datagrams of clients being looked up, held (issue 32), and of those forwarded once
     #: the look-up installed the flow (the rest expired; they are in drops *-pending)
     packets_held: int = 0

@@ -60,6 +60,14 @@ back-pressured backlog; a malformed hello is closed and counted (``tcp-tls-hello
 one asking for an ALPN protocol we do not speak (``tcp-tls-alpn``) and a failed handshake
 (``tcp-tls-handshake``).
 
+A front proxy (``TcpLimits.proxy_from``, ``--tcp-proxy-from``; docs/turn.md "A proxy in
+front of 443"): a connection from those networks must open with a PROXY v1/v2 header
+(:mod:`appliance.proto.proxy.stream`) within ``first_frame_timeout``; the client it names
+becomes the connection's client for everything above (flows, TURN, the per-IP bound, the
+HTTPS splice's header), and the bytes after it are the connection's first. No header, a bad
+one, or one naming no client (``UNKNOWN``/``LOCAL``: health checks) is closed and counted
+(``tcp-proxy-*``); connections from elsewhere are never asked for one.
+
 Reads: one ``recv_into`` (up to 64 kB) per readability, its frames handed to the drain as
 one batch. That is a trio wake-up per TCP segment burst rather than the UDP path's batched
 epoll loop — ICE-TCP is the fallback path, measured in docs/performance.md.
@@ -67,6 +75,7 @@ epoll loop — ICE-TCP is the fallback path, measured in docs/performance.md.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
 import ssl
@@ -81,7 +90,8 @@ from ..proto.dtls import DtlsError
 from ..proto.dtls.tlspeek import MAX_HELLO_BYTES, peek_client_hello_untrusted
 from ..proto.framing import Deframer, FramingError
 from ..proto.mux import Kind, first_byte_kind
-from ..proto.proxy import STREAM, StreamAddr, encode_header
+from ..proto.proxy import STREAM, ProxyError, StreamAddr, encode_header
+from ..proto.proxy.stream import parse_stream_header_untrusted
 from ..proto.stun import StunError, peek_username_untrusted
 from ..proto.stun.message import COOKIE_BYTES
 from ..proto.turn import StreamFramer, TurnError
@@ -118,6 +128,9 @@ class TcpLimits:
     idle_timeout: float = 60.0
     max_frame: int = MAX_DATAGRAM
     write_buffer: int = 64 * 1024
+    #: front proxies (``--tcp-proxy-from``): a connection from these must open with a PROXY
+    #: header, and the client it names is the connection's client (module docstring)
+    proxy_from: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
 
 
 def tcp_listener(addr: Address, *, reuseport: bool = True) -> socket.socket:
@@ -146,12 +159,16 @@ def tcp_listener(addr: Address, *, reuseport: bool = True) -> socket.socket:
 class TcpConnection:
     """One accepted client connection: its socket, write backlog and state."""
 
-    __slots__ = ("backlog", "blocked", "client", "closed", "flowed", "sock", "tls", "turn",
-                 "wake")
+    __slots__ = ("backlog", "blocked", "client", "closed", "flowed", "head", "reached", "sock",
+                 "tls", "turn", "wake")
 
     def __init__(self, sock: socket.socket, client: StreamAddr) -> None:
         self.sock = sock
         self.client = client
+        #: bytes read before the reader started (what followed a front proxy's header)
+        self.head = b""
+        #: the address the client reached: ours, or a front proxy's (its header says)
+        self.reached: Address | None = None
         #: framed bytes the kernel has not taken yet (bounded by TcpLimits.write_buffer)
         self.backlog = bytearray()
         #: the writer task owns the backlog until it is empty (no direct sends meanwhile,
@@ -263,6 +280,9 @@ class TcpListener:
         self.sink = TcpSink(self.public, core, limits.write_buffer)
         core.sinks[(Transport.TCP, self.public)] = self.sink
         self.per_ip: dict[str, int] = {}
+        #: connections from a front proxy whose header is not in yet (they count toward
+        #: max_connections; per-IP bounds apply to the client they name)
+        self.proxied_pending = 0
         self.buf = bytearray(PUBLIC_SLOT * TCP_BATCH)
         self._batch: list[tuple[int, Address]] = []
         self.drain: Drain = make_drain(
@@ -292,25 +312,103 @@ class TcpListener:
                     await trio.sleep(0.01)  # EMFILE would spin: let connections close
                     continue
                 ip = str(peer[0])
-                if len(self.sink.conns) >= limits.max_connections:
+                if len(self.sink.conns) + self.proxied_pending >= limits.max_connections:
                     csock.close()
                     counters.drop("tcp-refused-total")
                     continue
-                if self.per_ip.get(ip, 0) >= limits.max_per_ip:
+                from_proxy = self._from_proxy(ip)
+                if not from_proxy and self.per_ip.get(ip, 0) >= limits.max_per_ip:
                     csock.close()
                     counters.drop("tcp-refused-ip")
                     continue
                 csock.setblocking(False)
                 csock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # media: no Nagle
-                client = StreamAddr((ip, int(peer[1])))
-                if client in self.sink.conns:  # pragma: no cover - the kernel reused a live 4-tuple
-                    csock.close()
-                    continue
-                conn = TcpConnection(csock, client)
-                self.sink.conns[client] = conn
-                self.per_ip[ip] = self.per_ip.get(ip, 0) + 1
+                conn = TcpConnection(csock, StreamAddr((ip, int(peer[1]))))
                 counters.tcp_accepted += 1
-                nursery.start_soon(self._connection, conn)
+                if from_proxy:  # its client is known once its header is in
+                    self.proxied_pending += 1
+                    nursery.start_soon(self._proxied, conn)
+                elif self._admit(conn):
+                    nursery.start_soon(self._connection, conn)
+
+    def _from_proxy(self, ip: str) -> bool:
+        nets = self.limits.proxy_from
+        if not nets:
+            return False
+        try:
+            addr = ipaddress.ip_address(ip.split("%", 1)[0])
+        except ValueError:
+            return False
+        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped
+        return any(addr in n for n in nets)
+
+    def _admit(self, conn: TcpConnection) -> bool:
+        """Enter the connection in the tables under its client; False (closed, counted)
+        when that client is over its per-IP bound or already connected."""
+        client = conn.client
+        ip = client[0]
+        if self.per_ip.get(ip, 0) >= self.limits.max_per_ip:
+            self._discard(conn, "tcp-refused-ip")
+            return False
+        if client in self.sink.conns:  # the kernel reused a live 4-tuple, or a proxy lied
+            self._discard(conn, "tcp-duplicate-client")
+            return False
+        self.sink.conns[client] = conn
+        self.per_ip[ip] = self.per_ip.get(ip, 0) + 1
+        return True
+
+    def _discard(self, conn: TcpConnection, reason: str | None) -> None:
+        """Close an accepted connection that never entered the tables (counted as closed,
+        so accepted - closed stays the open count)."""
+        conn.sock.close()
+        if reason:
+            self.core.counters.drop(reason)
+        self.core.counters.tcp_closed += 1
+
+    async def _proxied(self, conn: TcpConnection) -> None:
+        """A connection from a front proxy (``proxy_from``): read its PROXY v1/v2 header
+        within ``first_frame_timeout``; the client it names becomes the connection's client
+        (quotas, flows, TURN allocations and the API's trust follow it) and the bytes after
+        it are the connection's first. No header, a bad one or one naming no client (a
+        health check): closed and counted."""
+        deadline = trio.current_time() + self.limits.first_frame_timeout
+        buf = bytearray()
+        got = None
+        try:  # (cancelled meanwhile: the socket is closed below, never left open)
+            while got is None:
+                with trio.move_on_at(deadline):
+                    await trio.lowlevel.wait_readable(conn.sock)
+                if trio.current_time() >= deadline:
+                    self._discard(conn, "tcp-proxy-timeout")
+                    return
+                try:
+                    chunk = conn.sock.recv(READ_SIZE - len(buf))
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    self._discard(conn, None)
+                    return
+                if not chunk:
+                    self._discard(conn, None)
+                    return
+                buf += chunk
+                try:
+                    got = parse_stream_header_untrusted(buf)
+                except ProxyError as exc:
+                    self._discard(conn, f"tcp-proxy-{exc.hint}")
+                    return
+        finally:
+            self.proxied_pending -= 1
+            if got is None:
+                conn.sock.close()
+        src, dst, end = got
+        conn.client = StreamAddr(src)
+        conn.reached = dst
+        conn.head = bytes(buf[end:])
+        if self._admit(conn):
+            self.core.counters.tcp_proxied += 1
+            await self._connection(conn)
 
     async def _connection(self, conn: TcpConnection) -> None:
         try:
@@ -374,23 +472,28 @@ class TcpListener:
         deadline = trio.current_time() + limits.first_frame_timeout
         drain = self.drain
         while not conn.closed:
-            if not conn.flowed:
-                when = deadline
+            if conn.head:  # what followed a front proxy's header
+                n = len(conn.head)
+                rbuf[:n] = conn.head
+                conn.head = b""
             else:
-                when = trio.current_time() + limits.idle_timeout
-            with trio.move_on_at(when):
-                await trio.lowlevel.wait_readable(sock)
-            if trio.current_time() >= when:
-                drop("tcp-idle" if conn.flowed else "tcp-first-timeout")
-                return
-            try:
-                n = sock.recv_into(rbuf)
-            except (BlockingIOError, InterruptedError):
-                continue
-            except OSError:
-                return  # reset by the peer
-            if n == 0:
-                return  # the client closed (or half-closed: nothing more will come)
+                if not conn.flowed:
+                    when = deadline
+                else:
+                    when = trio.current_time() + limits.idle_timeout
+                with trio.move_on_at(when):
+                    await trio.lowlevel.wait_readable(sock)
+                if trio.current_time() >= when:
+                    drop("tcp-idle" if conn.flowed else "tcp-first-timeout")
+                    return
+                try:
+                    n = sock.recv_into(rbuf)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    return  # reset by the peer
+                if n == 0:
+                    return  # the client closed (or half-closed: nothing more will come)
             if (self.https is not None or self.tls is not None) and not conn.flowed \
                     and rbuf[0] == TLS_HANDSHAKE and deframer.buffered == 0:
                 await self._tls_split(conn, bytes(rmv[:n]), deadline)
@@ -554,7 +657,7 @@ class TcpListener:
         # which is loopback: signaling judges the API token by the real client (issue 40
         # item 0; signaling/proxied.py reads it).
         try:
-            local = conn.sock.getsockname()[:2]
+            local = conn.reached or conn.sock.getsockname()[:2]
             proxy = encode_header((conn.client[0], conn.client[1]), (local[0], local[1]),
                                   transport=STREAM)
         except (OSError, ValueError):

@@ -49,6 +49,7 @@ EXAMPLES = {
     "stun": 2000,
     "ufrag": 2000,
     "proxy": 2000,
+    "proxy_stream": 2000,
     "rtp": 2000,
     "sdp": 1000,
     "dtls_parsers": 2000,
