@@ -141,7 +141,10 @@ async def test_relay_floods_leave_calls_untouched(
     print("flood", result, "loss up", up, "down", down, "drops", drops, "kernel drops", kernel,
           "sockets", stats.get("sockets"), "new call connected after", connect_s)
 
-    assert result["rate"] > 10_000  # really a flood
+    # Really a flood: ten times the calls' own packets at least (N_CALLS calls, 50 packets a
+    # second each way). Not an absolute rate: the flooder shares this 2-core box with the
+    # relay and the calls, and under a loaded host sent 8.7 k/s where a quiet one sends 30 k/s.
+    assert result["rate"] > 10 * N_CALLS * 2 * 50, result
     assert all(c.failed is None for c in [*calls, newcall])
     # No flow for any attacker datagram (the new call made one).
     assert stats["flows"] == flows_before + 1 == N_CALLS + 1
