@@ -112,7 +112,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                       "self-signed", "--https-on-media-port"],
             "https": ["--http", f"{app_ip}:8443", "--udp", f"{app_ip}:4443", "--tls",
                       "self-signed", "--https-on-media-port"],
-            "http": ["--http", f"{app_ip}:8080", "--udp", f"{app_ip}:3478"],
+            # Not 3478: the "media" shape's relays listen there too (TURN is on by default
+            # and its media port is below 1024: the relayed-media port, docs/turn.md).
+            "http": ["--http", f"{app_ip}:8080", "--udp", f"{app_ip}:3479"],
         }
         procs = {name: net.run("app", ["-m", "appliance", "up", *args, *common,
                                        "--state-dir", str(tmp / name)],
