@@ -120,7 +120,7 @@ from appliance.session_info import TIMELINE_STEPS
 from .admission import DtlsGate
 from .flight_budget import FlightBudget
 from .leg import MediaStream
-from .rtcp import RTCP_INTERVAL, RtcpMonitor
+from .rtcp import RTCP_INTERVAL, RemoteReport, ReportSent, RtcpMonitor
 
 Addr = tuple[str, int]
 #: Where a datagram came from: (client address, public relay address it was sent to,
@@ -179,21 +179,6 @@ class Connected:
 
     srtp_profile: str | None
     cipher_suite: str
-
-
-@dataclass(frozen=True, slots=True)
-class RemoteReport:
-    """An RTCP report block about our stream: the client's view of it."""
-
-    rtt: float | None  # seconds, None until an SR of ours was echoed
-    jitter: float  # seconds
-    loss: float  # fraction lost since its previous report, 0..1
-
-
-@dataclass(frozen=True, slots=True)
-class ReportSent:
-    """We sent an RTCP report (every ~``rtcp_interval``): a good time to tell the agent the
-    call's figures (the ``stats`` event)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -813,8 +798,7 @@ class ServerCall:
             return
         rtcp = self.rtcp
         if rtcp.on_rtcp(now, packets):
-            assert rtcp.remote_jitter is not None and rtcp.remote_loss is not None
-            self._out.append(RemoteReport(rtcp.rtt, rtcp.remote_jitter, rtcp.remote_loss))
+            self._out.append(rtcp.remote_report())
 
     # -- out (the MediaLeg) ----------------------------------------------------------------
 
