@@ -65,6 +65,9 @@ SendFn = Callable[[bytes, Addr], None]
 #: No RTP or RTCP for this long (while not on hold) ends the call: signaling then sends
 #: the BYE. Read when a leg is made, so tests can shorten it.
 MEDIA_TIMEOUT = rtp_leg.MEDIA_TIMEOUT
+#: RTCP report interval of a leg (the agent's ``stats`` event comes with each report), read
+#: when a leg is made like ``session.RTCP_INTERVAL`` for a WebRTC call, so tests can shorten it.
+RTCP_INTERVAL = rtp_leg.RTCP_INTERVAL
 #: DTMF digits an agent may send (RFC 4733 §3.2 events 0-15)
 DIGITS = frozenset("0123456789*#ABCD")
 #: The leg counters (rtp_leg.LegCounters) summed into the transceiver's counters as
@@ -171,7 +174,7 @@ class PhoneSession(CallShell):
     def _start_leg(self, params: PhoneParams, now: float) -> None:
         cfg = leg_config(params, self.ssrc)  # ValueError: the op answers 400
         cfg = replace(cfg, wall_offset=self._wall_offset, cname=self.id[:32],
-                      media_timeout=MEDIA_TIMEOUT)
+                      media_timeout=MEDIA_TIMEOUT, rtcp_interval=RTCP_INTERVAL)
         leg = RtpLeg(cfg, now)
         leg.set_direction(params.direction)  # our answer's (the offer's reversed)
         old = self.leg
