@@ -54,7 +54,7 @@ from .call import Addr
 from .media import PcmPipeline
 from .pacer import Pacer
 from .phone import leg_config, vouches
-from .rtcp import RemoteReport, ReportSent
+from .rtcp import RemoteReport, ReportSent, RtcpMonitor
 from .rtp_leg import Dtmf, Ended, Latched, RtpLeg, Transmit
 from .shell import CallShell
 from .stages import MediaConfig
@@ -357,14 +357,11 @@ class PhoneSession(CallShell):
                 log.info("phone %s: dtmf.send refused: %s", self.id, exc)
         return True
 
-    def _stats_event(self) -> dict[str, Any]:
-        leg = self.leg
-        rx = leg.rx if leg is not None else None
-        return {"rtt_ms": round(leg.rtt * 1000, 1)
-                if leg is not None and leg.rtt is not None else None,
-                "jitter_ms": None if rx is None else round(rx.jitter_seconds * 1000, 1),
-                "loss": leg.remote_loss if leg is not None else None,
-                "packets_in": self.packets_in, "packets_out": self.packets_out}
+    def _rtcp_monitor(self) -> RtcpMonitor | None:
+        return self.leg.rtcp if self.leg is not None else None
+
+    def _packet_counts(self) -> tuple[int, int]:
+        return self.packets_in, self.packets_out
 
     def _close_core(self, reason: str) -> None:
         if self.leg is not None:
@@ -386,7 +383,6 @@ class PhoneSession(CallShell):
     def _core_info(self) -> dict[str, Any]:
         leg = self.leg
         dest = leg.destination if leg is not None else None
-        rx = leg.rx if leg is not None else None
         return dict(
             state=self.state, end_reason=self.end_reason,
             client_address=_fmt(dest) if dest is not None else None,
@@ -394,11 +390,7 @@ class PhoneSession(CallShell):
             if self.public is not None and self.relay is not None else None,
             codec=_codec_label(self.params) if self.params is not None else None,
             srtp_profile=self.params.srtp.suite if self.params and self.params.srtp else None,
-            packets_in=self.packets_in, packets_out=self.packets_out,
             bytes_in=self.bytes_in, bytes_out=self.bytes_out,
-            rtt_ms=round(leg.rtt * 1000, 1) if leg is not None and leg.rtt is not None else None,
-            jitter_ms=None if rx is None else round(rx.jitter_seconds * 1000, 1),
-            loss=leg.remote_loss if leg is not None else None,
         )
 
     def describe(self) -> dict[str, Any]:

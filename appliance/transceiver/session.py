@@ -53,7 +53,7 @@ from .media import PcmPipeline
 from .opus import DEFAULT_COMPLEXITY, Decoder, Encoder
 from .pacer import Pacer
 from .passthrough import PassthroughStream
-from .rtcp import RTCP_INTERVAL, RemoteReport, ReportSent
+from .rtcp import RTCP_INTERVAL, RemoteReport, ReportSent, RtcpMonitor
 from .shell import CallShell
 from .stages import MediaConfig
 
@@ -190,7 +190,6 @@ class Session(CallShell):
     def _core_info(self) -> dict[str, Any]:
         call = self.call
         flow = call.media_flow
-        rtcp = call.rtcp
         return dict(
             state=call.state.value,
             end_reason=call.end_reason,
@@ -199,13 +198,8 @@ class Session(CallShell):
             codec=self.codec,
             srtp_profile=call.srtp_profile,
             cipher_suite=call.cipher_suite,
-            packets_in=call.packets_in,
-            packets_out=call.packets_out,
             bytes_in=call.bytes_in,
             bytes_out=call.bytes_out,
-            rtt_ms=rtcp.rtt_ms(),
-            jitter_ms=rtcp.jitter_ms(),
-            loss=rtcp.loss(),
             timeline=dict(call.timeline),
             datachannels=self.channels.stats() if self.channels is not None else None,
         )
@@ -262,11 +256,11 @@ class Session(CallShell):
         elif self.channels is not None:  # the data-channel endpoint's, unwrapped
             self.channels.on_event(ev)
 
-    def _stats_event(self) -> dict[str, Any]:
-        call = self.call
-        return {"rtt_ms": call.rtcp.rtt_ms(), "jitter_ms": call.rtcp.jitter_ms(),
-                "loss": call.rtcp.loss(), "packets_in": call.packets_in,
-                "packets_out": call.packets_out}
+    def _rtcp_monitor(self) -> RtcpMonitor:
+        return self.call.rtcp
+
+    def _packet_counts(self) -> tuple[int, int]:
+        return self.call.packets_in, self.call.packets_out
 
     # -- timers ---------------------------------------------------------------------------
 

@@ -35,7 +35,10 @@ The core interface a call kind implements (sans-IO below it, synchronous here):
 * ``_core_end_reason()``: the reason the core ended with, if it ended first;
 * ``_core_teardown(reason)``: the kind's own bookkeeping when the call ends;
 * ``_core_info()``: the kind's fields of the session object (appliance/session_info.py);
-* ``_stats_event()``: the figures of the ``stats`` event;
+* ``_rtcp_monitor()`` / ``_packet_counts()``: the leg's RTCP piece (None before a phone
+  call has a leg) and its packets in and out, from which the shell takes the figures of
+  both the ``stats`` event and the session object — the same meaning on every leg (``loss``:
+  what we lost of the far end's stream, ``jitter_ms``: its interarrival jitter);
 * ``_agent_op(kind, event)``: an agent event only this kind understands (True: handled).
 
 Anything that escapes a handler or task ends this call only (``internal-error``).
@@ -58,7 +61,7 @@ from appliance.session_info import MAX_TRANSCRIPT, MAX_TURNS, SessionInfo, turn_
 
 from .media import PcmPipeline
 from .pacer import Pacer
-from .rtcp import RemoteReport
+from .rtcp import RemoteReport, RtcpMonitor
 from .stages import NOISE_REDUCTION
 
 log = logging.getLogger(__name__)
@@ -125,7 +128,10 @@ class CallShell:
     def _core_info(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def _stats_event(self) -> dict[str, Any]:
+    def _rtcp_monitor(self) -> RtcpMonitor | None:
+        raise NotImplementedError
+
+    def _packet_counts(self) -> tuple[int, int]:
         raise NotImplementedError
 
     def _agent_op(self, kind: object, event: dict[str, Any]) -> bool:
@@ -140,7 +146,17 @@ class CallShell:
 
     def report_sent(self) -> None:
         """We sent an RTCP report (~every 5 s): the agent's ``stats`` event."""
-        self.host.push_event({"type": "stats", **self._stats_event()})
+        self.host.push_event({"type": "stats", **self._figures()})
+
+    def _figures(self) -> dict[str, Any]:
+        """RTT, jitter, loss and packets each way: the ``stats`` event's, the session
+        object's."""
+        rtcp = self._rtcp_monitor()
+        packets_in, packets_out = self._packet_counts()
+        return {"rtt_ms": rtcp.rtt_ms() if rtcp is not None else None,
+                "jitter_ms": rtcp.jitter_ms() if rtcp is not None else None,
+                "loss": rtcp.loss() if rtcp is not None else None,
+                "packets_in": packets_in, "packets_out": packets_out}
 
     # -- timers ----------------------------------------------------------------------------
 
@@ -305,7 +321,7 @@ class CallShell:
             media=self.pipeline.stages.describe() if self.pipeline is not None else None,
             transcript=tuple(self._transcript) if self._transcript else None,
             turns=tuple(self._turns) if self._turns else None,
-            **self._core_info())
+            **self._figures(), **self._core_info())
 
     def describe(self) -> dict[str, Any]:
         return self.info().to_json()

@@ -225,7 +225,9 @@ async def test_every_call_kind_is_recorded_as_a_stereo_wav(
 
 async def test_every_call_kinds_agent_gets_stats(caller: Caller) -> None:
     """docs/agent-protocol.md: a ``stats`` event with each RTCP report (every ~5 s; here
-    0.2 s), on any leg. Phone agents never got one."""
+    0.2 s), on any leg. Phone agents never got one, and a phone call's session object said
+    ``loss`` for the far end's report about our stream where a WebRTC call's says what we
+    lost of theirs."""
     AGENT_EVENTS.pop(caller.sid, None)  # (another kind's run)
     await caller.start(agent=EVENTS_AGENT)
     await caller.talk(25)
@@ -236,6 +238,12 @@ async def test_every_call_kinds_agent_gets_stats(caller: Caller) -> None:
     stats = [e for e in AGENT_EVENTS[caller.sid] if e["type"] == "stats"]
     assert set(stats[-1]) == {"type", "rtt_ms", "jitter_ms", "loss", "packets_in",
                               "packets_out"}
+    # The same figures with the same meaning on every leg: what we received of the far
+    # end's stream (nothing lost over loopback), as the session object says too.
+    assert stats[-1]["loss"] == 0 and stats[-1]["jitter_ms"] is not None
+    view = caller.tr.calls[caller.sid].describe()
+    assert view["loss"] == 0 and view["jitter_ms"] is not None
+    assert view["packets_in"] >= stats[-1]["packets_in"] > 0
     assert [e["type"] for e in AGENT_EVENTS[caller.sid]][0] == "session.started"
     await caller.end()
     with trio.fail_after(HANG):
