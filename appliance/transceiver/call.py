@@ -359,8 +359,11 @@ class ServerCall:
         #: payload type, no SRTP is keyed, no RTCP is sent).
         self.payload_type = answer.opus_pt
         self.audio = answer.plan is not None
+        # at the negotiated codec's RTP clock: Opus 48000, PCMU/PCMA 8000 (an offer with no
+        # Opus), so jitter and SR timestamps are in the stream's own units
         self.rtcp = RtcpMonitor(ssrc, cname, wall_offset=wall_offset, interval=rtcp_interval,
-                                rng=rng)
+                                rng=rng, clock_rate=answer.plan.opus.clock_rate
+                                if answer.plan is not None else 48_000)
         self.flows: dict[Addr, Flow] = {}
         self.media_flow: Flow | None = None
         self.media: MediaStream | None = None
@@ -765,7 +768,7 @@ class ServerCall:
         # RtcpMonitor.on_rtp, inlined: one call fewer per packet on the echo path.
         rx = self.rtcp.rx
         if rx is None or rx.ssrc != ssrc:  # first packet, or the client changed SSRC
-            rx = self.rtcp.rx = ReceptionStats(ssrc)
+            rx = self.rtcp.rx = ReceptionStats(ssrc, clock_rate=self.rtcp.clock_rate)
         rx.update(seq, ts, now)
         if self.timeline["first_rtp_in"] is None:
             self._mark("first_rtp_in", now)

@@ -273,3 +273,33 @@ async def test_every_call_kinds_opus_fec_follows_the_reported_loss(
         while 0.25 not in told:  # noqa: ASYNC110 (the report crosses a real socket)
             await trio.sleep(0.01)  # a poll interval
     await caller.end()
+
+
+@pytest.mark.parametrize(("offer_pts", "rate"), [("111 0", 48_000), ("0 8", 8_000)])
+def test_a_webrtc_calls_rtcp_runs_at_its_codecs_clock(offer_pts: str, rate: int) -> None:
+    """The RTCP piece both legs share runs at the negotiated codec's RTP clock. A WebRTC
+    call answered with PCMU (an offer without Opus) kept its statistics at Opus's 48 kHz:
+    the far end's jitter came out 6x too small, our SR's RTP timestamps 6x too fast."""
+    from transceiver.support import CHROME
+
+    from appliance.proto.dtls import Certificate, DtlsConnection, Role
+    from appliance.proto.sdp import build_answer, parse_offer_untrusted
+    from appliance.transceiver.call import ServerCall
+
+    text = CHROME.read_text().replace(
+        "m=audio 9 UDP/TLS/RTP/SAVPF 111 63 9 0 8 13 110 126",
+        f"m=audio 9 UDP/TLS/RTP/SAVPF {offer_pts} 126")
+    cert = Certificate.generate(1e9)
+    answer = build_answer(parse_offer_untrusted(text), ice_ufrag="srvufrag", ice_pwd="p" * 24,
+                          fingerprint=cert.fingerprint, candidates=[PUBLIC], ssrc=7,
+                          cname="c", session_id=1)
+    assert answer.plan is not None and answer.plan.opus.clock_rate == rate
+    call = ServerCall(answer=answer, local_ufrag="srvufrag", local_pwd="p" * 24,
+                      dtls=DtlsConnection(Role.SERVER, cert, remote_fingerprints=None),
+                      ssrc=7, cname="c", now=0.0,
+                      wall_offset=1e9, counters={})
+    assert call.rtcp.clock_rate == rate and call.rtcp.tx.clock_rate == rate
+    # A report block's jitter (timestamp units) in seconds, at that clock: 10 ms.
+    block = ReportBlock(7, 0, 0, 1000, rate // 100, 0, 0)
+    assert call.rtcp.on_rtcp(1.0, [RtcpReceiverReport(9, (block,))])
+    assert call.rtcp.remote_jitter == pytest.approx(0.010)
