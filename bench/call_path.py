@@ -174,7 +174,9 @@ def _run(n: int, ticks: int, prepare: int, stub: bool, profile: str | None,
                 if stub:
                     session.decoder = StubDecoder()  # type: ignore[assignment]
                     session.encoder = StubEncoder()  # type: ignore[assignment]
-                tr.sessions[session.id] = session
+                # the one call table (issue 39); a tree from before it had tr.sessions
+                table = tr.calls if hasattr(tr, "calls") else tr.sessions
+                table[session.id] = session
                 tr.by_ufrag[ufrag] = session
                 await nursery.start(session.run)
                 ice.start(trio.current_time())

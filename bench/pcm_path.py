@@ -14,6 +14,10 @@ one here, so a before/after comparison shares one run and one machine load:
 
     .venv/bin/python bench/pcm_path.py
     .venv/bin/python bench/pcm_path.py --compare /tmp/before --rounds 5
+
+``--phone`` measures a G.711 (PCMU) phone echo call instead: a real phone session
+(plain-RTP leg, G.711 8 kHz <-> 48 kHz, the ``echo`` agent) handed plain RTP packets through
+its ``handle_input`` on the same fake clock; ``--compare`` then runs both call kinds.
 """
 
 from __future__ import annotations
@@ -212,6 +216,79 @@ def _measure(packets: int, stub: bool, complexity: int | None, media: str | None
     return result[0]
 
 
+def _measure_phone(packets: int) -> float:
+    """One G.711 phone echo call in this process; CPU µs per echoed packet."""
+    import numpy as np
+    import trio
+    import trio.testing
+
+    from appliance.agents import resolve
+    from appliance.audio import g711
+    from appliance.phone_params import PhoneParams
+    from appliance.proto.rtp import RtpPacket
+    from appliance.transceiver.pacer import Pacer
+
+    sys.path.insert(0, str(HERE))
+    from opus_complexity import speech_like
+
+    import appliance
+
+    print(f"appliance from {Path(appliance.__file__).parent}", file=sys.stderr)
+    speech = speech_like(seconds=4.0)  # 48 kHz int16
+    narrow = speech[::6]  # 8 kHz: the bench's input only needs to be speech-like
+    frames = [g711.encode("pcmu", narrow[i * 160:(i + 1) * 160]) for i in range(200)]
+    wire = [bytes(RtpPacket(0, (1000 + i) & 0xFFFF, 160 * i, 0x1234, frames[i % 200],
+                            i == 0)) for i in range(packets)]
+    params = PhoneParams(
+        call_id="bench", agent="echo", session={}, codec="PCMU", payload_type=0,
+        clock_rate=8000, dtmf_payload_type=101, direction="sendrecv", remote=CLIENT,
+        rtcp_mux=True, remote_rtcp=None, trunk_ip=CLIENT[0])
+    state = {"rtp_out": 0}
+
+    def send(data: bytes, relay: tuple[str, int]) -> None:
+        state["rtp_out"] += 1
+
+    class Counters(dict[str, int]):
+        def __missing__(self, key: str) -> int:
+            return 0
+
+    result: list[float] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            pacer = Pacer()
+            nursery.start_soon(pacer.run)
+            try:  # one call class (issue 39)
+                from appliance.transceiver.phone_session import PhoneSession as Call
+            except ImportError:  # pragma: no cover - a later tree
+                raise
+            session = Call(
+                session_id="bench", call_id="bench", transceiver=0, agent=resolve("echo"),
+                params=params, send=send, now=trio.current_time(), on_end=lambda s: None,
+                on_event=lambda e: None, on_latched=lambda s, a: None, counters=Counters(),
+                pacer=pacer, opus_complexity=5)
+            await nursery.start(session.run)
+            clock = trio.lowlevel.current_clock()
+            assert isinstance(clock, trio.testing.MockClock)
+            source = (CLIENT, PUBLIC, RELAY)
+            handle_input = session.handle_input
+            warm = min(100, packets // 4)
+            for i, data in enumerate(wire):
+                if i == warm:
+                    t0, sent0 = time.process_time(), state["rtp_out"]
+                clock.jump(0.020)
+                handle_input(trio.current_time(), data, source)
+            cpu = time.process_time() - t0
+            sent = state["rtp_out"] - sent0
+            assert sent >= 0.98 * (len(wire) - warm), f"only {sent} packets echoed"
+            result.append(cpu / (len(wire) - warm) * 1e6)
+            nursery.cancel_scope.cancel()
+
+    np.seterr(all="ignore")
+    trio.run(main, clock=trio.testing.MockClock(rate=0))
+    return result[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--packets", type=int, default=2000)
@@ -224,12 +301,17 @@ def main(argv: list[str] | None = None) -> int:
                    help='per-call media options, e.g. \'{"level_meter": false}\' (no stages)')
     p.add_argument("--prepare", type=int, default=0,
                    help="make this many packets first (callgrind: two --packets, one --prepare)")
+    p.add_argument("--phone", action="store_true",
+                   help="a G.711 phone echo call instead (with --compare: both kinds)")
     p.add_argument("--tree", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.tree:
         sys.path.insert(0, args.tree)
     else:
         sys.path.insert(0, str(HERE.parent))
+    if args.compare is None and args.phone:
+        print(f"{_measure_phone(args.packets):.1f}")
+        return 0
     if args.compare is None:
         us = _measure(args.packets, args.stub_codec, args.complexity, args.media, args.prepare)
         print(f"{us:.1f}")
@@ -237,12 +319,15 @@ def main(argv: list[str] | None = None) -> int:
     trees = {"before": str(Path(args.compare).resolve()), "after": str(HERE.parent)}
     print(f"load average {open('/proc/loadavg').read().split()[:3]}; {args.rounds} rounds, "
           f"{args.packets} packets each, alternating", flush=True)
-    got: dict[tuple[str, bool], list[float]] = {}
+    got: dict[tuple[str, object], list[float]] = {}
+    kinds: tuple[object, ...] = (False, True, "phone") if args.phone else (False, True)
     for _ in range(args.rounds):
-        for stub in (False, True):
+        for stub in kinds:
             for name, tree in trees.items():
                 cmd = [sys.executable, __file__, "--tree", tree, "--packets", str(args.packets)]
-                if stub:
+                if stub == "phone":
+                    cmd.append("--phone")
+                elif stub:
                     cmd.append("--stub-codec")
                 if args.media is not None:
                     cmd += ["--media", args.media]
@@ -250,9 +335,10 @@ def main(argv: list[str] | None = None) -> int:
                                      env={**os.environ, "PYTHONPATH": tree})
                 got.setdefault((name, stub), []).append(float(out.stdout.split()[-1]))
     print("path                        before µs/pkt   after µs/pkt   (min / median of rounds)")
-    for stub in (False, True):
+    for stub in kinds:
         b, a = got[("before", stub)], got[("after", stub)]
-        label = "own Python (codec stubbed)" if stub else "whole echo path (real Opus)"
+        label = ("G.711 phone echo call" if stub == "phone" else
+                 "own Python (codec stubbed)" if stub else "whole echo path (real Opus)")
         print(f"{label:<28} {min(b):6.1f} / {statistics.median(b):6.1f}  "
               f"{min(a):6.1f} / {statistics.median(a):6.1f}")
     print(f"load average {open('/proc/loadavg').read().split()[:3]}")

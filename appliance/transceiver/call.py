@@ -120,7 +120,7 @@ from appliance.session_info import TIMELINE_STEPS
 from .admission import DtlsGate
 from .flight_budget import FlightBudget
 from .leg import MediaStream
-from .rtcp import RTCP_INTERVAL, RtcpMonitor
+from .rtcp import RTCP_INTERVAL, RemoteReport, ReportSent, RtcpMonitor
 
 Addr = tuple[str, int]
 #: Where a datagram came from: (client address, public relay address it was sent to,
@@ -179,21 +179,6 @@ class Connected:
 
     srtp_profile: str | None
     cipher_suite: str
-
-
-@dataclass(frozen=True, slots=True)
-class RemoteReport:
-    """An RTCP report block about our stream: the client's view of it."""
-
-    rtt: float | None  # seconds, None until an SR of ours was echoed
-    jitter: float  # seconds
-    loss: float  # fraction lost since its previous report, 0..1
-
-
-@dataclass(frozen=True, slots=True)
-class ReportSent:
-    """We sent an RTCP report (every ~``rtcp_interval``): a good time to tell the agent the
-    call's figures (the ``stats`` event)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,8 +359,11 @@ class ServerCall:
         #: payload type, no SRTP is keyed, no RTCP is sent).
         self.payload_type = answer.opus_pt
         self.audio = answer.plan is not None
+        # at the negotiated codec's RTP clock: Opus 48000, PCMU/PCMA 8000 (an offer with no
+        # Opus), so jitter and SR timestamps are in the stream's own units
         self.rtcp = RtcpMonitor(ssrc, cname, wall_offset=wall_offset, interval=rtcp_interval,
-                                rng=rng)
+                                rng=rng, clock_rate=answer.plan.opus.clock_rate
+                                if answer.plan is not None else 48_000)
         self.flows: dict[Addr, Flow] = {}
         self.media_flow: Flow | None = None
         self.media: MediaStream | None = None
@@ -780,7 +768,7 @@ class ServerCall:
         # RtcpMonitor.on_rtp, inlined: one call fewer per packet on the echo path.
         rx = self.rtcp.rx
         if rx is None or rx.ssrc != ssrc:  # first packet, or the client changed SSRC
-            rx = self.rtcp.rx = ReceptionStats(ssrc)
+            rx = self.rtcp.rx = ReceptionStats(ssrc, clock_rate=self.rtcp.clock_rate)
         rx.update(seq, ts, now)
         if self.timeline["first_rtp_in"] is None:
             self._mark("first_rtp_in", now)
@@ -813,8 +801,7 @@ class ServerCall:
             return
         rtcp = self.rtcp
         if rtcp.on_rtcp(now, packets):
-            assert rtcp.remote_jitter is not None and rtcp.remote_loss is not None
-            self._out.append(RemoteReport(rtcp.rtt, rtcp.remote_jitter, rtcp.remote_loss))
+            self._out.append(rtcp.remote_report())
 
     # -- out (the MediaLeg) ----------------------------------------------------------------
 

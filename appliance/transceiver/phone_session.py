@@ -1,6 +1,10 @@
-"""A phone call's media on a transceiver: :class:`PhoneSession`, the trio shell around a
-sans-IO :class:`~.rtp_leg.RtpLeg` and the same :class:`~.media.PcmPipeline` and agent a
-WebRTC :class:`~.session.Session` runs (issue 28 items 2-3, docs/sip.md "Media").
+"""A phone call's media on a transceiver: :class:`PhoneSession`, the call kind on the one
+shell (``shell.py``) whose core is a sans-IO :class:`~.rtp_leg.RtpLeg`, with the same
+:class:`~.media.PcmPipeline` and agent a WebRTC :class:`~.session.Session` runs (issue 28
+items 2-3, docs/sip.md "Media"). Timers, pacing, the agent task, ``stats``, FEC from the
+far end's RTCP, teardown and the session object are the shell's, shared with WebRTC calls
+(issue 39); what is the phone's own is below: the leg's making and replacing (re-INVITEs),
+latching, DTMF both ways, the PROXY headers for the relay, the leg counters.
 
 ::
 
@@ -32,28 +36,28 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
 import trio
 
-from appliance.agents import AgentContext, AgentHost, AgentIdentity, ResolvedAgent
-from appliance.logs import loggable_url, redact
+from appliance.agents import AgentContext, AgentIdentity, ResolvedAgent
+from appliance.logs import redact
 from appliance.phone_params import PhoneParams
 from appliance.proto.errors import LocalProtocolError
 from appliance.proto.proxy import encode_header
-from appliance.session_info import MAX_TRANSCRIPT, MAX_TURNS, RelayFlow, SessionInfo, turn_line
+from appliance.session_info import RelayFlow
 
 from . import rtp_leg
 from .call import Addr
 from .media import PcmPipeline
 from .pacer import Pacer
 from .phone import leg_config, vouches
+from .rtcp import RemoteReport, ReportSent, RtcpMonitor
 from .rtp_leg import Dtmf, Ended, Latched, RtpLeg, Transmit
-from .stages import NOISE_REDUCTION, MediaConfig
+from .shell import CallShell
+from .stages import MediaConfig
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,9 @@ SendFn = Callable[[bytes, Addr], None]
 #: No RTP or RTCP for this long (while not on hold) ends the call: signaling then sends
 #: the BYE. Read when a leg is made, so tests can shorten it.
 MEDIA_TIMEOUT = rtp_leg.MEDIA_TIMEOUT
+#: RTCP report interval of a leg (the agent's ``stats`` event comes with each report), read
+#: when a leg is made like ``session.RTCP_INTERVAL`` for a WebRTC call, so tests can shorten it.
+RTCP_INTERVAL = rtp_leg.RTCP_INTERVAL
 #: DTMF digits an agent may send (RFC 4733 §3.2 events 0-15)
 DIGITS = frozenset("0123456789*#ABCD")
 #: The leg counters (rtp_leg.LegCounters) summed into the transceiver's counters as
@@ -77,12 +84,13 @@ def _codec_label(params: PhoneParams) -> str:
     return "opus/48000/2" if params.codec == "opus" else f"{params.codec}/8000"
 
 
-class PhoneSession:
+class PhoneSession(CallShell):
     """One phone call's media and agent (module docstring). ``on_event`` gets the
     events for signaling (``ended``, ``dtmf``); ``on_latched`` tells the transceiver a new
     source address is this call's (its client table)."""
 
     kind = "phone"
+    noun = "phone"
 
     def __init__(
         self,
@@ -105,50 +113,34 @@ class PhoneSession:
     ) -> None:
         if agent.passthrough:
             raise ValueError("a passthrough agent cannot answer phone calls (no SRTP to echo)")
-        self.id = session_id
+        self._init_shell(session_id=session_id, transceiver=transceiver, agent=agent,
+                         on_end=on_end, counters=counters, pacer=pacer)
         self.call_id = call_id
-        self.transceiver = transceiver
-        self.agent = agent
         self.params = params
-        self.created_at = time.time()
-        self.ended_at: float | None = None
         self.end_reason: str | None = None
         self._send = send
-        self._on_end = on_end
         self._on_event = on_event
         self._on_latched = on_latched
-        self._counters = counters
-        self.pacer = pacer
         self._opus_complexity = opus_complexity
         self._media = (media or MediaConfig()).with_(opus_complexity=opus_complexity)
         self._wall_offset = self.created_at - now
         self.ssrc = secrets.randbits(32)
-        self.host = AgentHost(on_event=self._agent_event, on_output=self._output_queued)
-        self._on_frame = agent.on_frame
         self.ctx = AgentContext(self.host, AgentIdentity(
             agent.name, session_id, transceiver,
             {"codec": _codec_label(params) if params else None, "transport": "sip",
              "call_id": call_id},
             params=dict(session_params or {})))
         self.leg: RtpLeg | None = None
-        self.pipeline: PcmPipeline | None = None
         #: the relay the latest datagram came through, and the public address it reached
         self.relay: Addr | None = None
         self.public: Addr | None = None
         self._headers: dict[tuple[Addr, Addr], bytes] = {}
         self._started = False
-        self._ended = False
-        self._nursery: trio.Nursery | None = None
-        self._cancel = trio.CancelScope()
-        self._timer_lot = trio.lowlevel.ParkingLot()
-        self._timer_at = math.inf
         self.packets_in = self.packets_out = self.bytes_in = self.bytes_out = 0
         self.dtmf_digits = 0
         #: what of each leg's counters is already in the transceiver's (by leg identity)
         self._folded: dict[RtpLeg, dict[str, int] | None] = {}  # None: folded for good
         self._drains = 0
-        self._transcript: deque[dict[str, Any]] = deque(maxlen=MAX_TRANSCRIPT)
-        self._turns: deque[dict[str, Any]] = deque(maxlen=MAX_TURNS)  # (as session.py's)
         for name in LEG_COUNTERS:  # present (at 0) once the transceiver has had a phone call
             counters.setdefault(f"phone_{name}", 0)
         counters.setdefault("phone_dtmf_in", 0)
@@ -182,7 +174,7 @@ class PhoneSession:
     def _start_leg(self, params: PhoneParams, now: float) -> None:
         cfg = leg_config(params, self.ssrc)  # ValueError: the op answers 400
         cfg = replace(cfg, wall_offset=self._wall_offset, cname=self.id[:32],
-                      media_timeout=MEDIA_TIMEOUT)
+                      media_timeout=MEDIA_TIMEOUT, rtcp_interval=RTCP_INTERVAL)
         leg = RtpLeg(cfg, now)
         leg.set_direction(params.direction)  # our answer's (the offer's reversed)
         old = self.leg
@@ -208,8 +200,7 @@ class PhoneSession:
             self.host.push_event({"type": "session.started", "session_id": self.id,
                                   "sample_rate": 48000, "frame_samples": 960,
                                   "transport": "sip", "call_id": self.call_id})
-            if self._nursery is not None:
-                self._begin_agent()
+            self._begin_agent()
         self._poke_timer(leg.poll_timeout())
 
     def answered(self, params: PhoneParams, now: float) -> None:
@@ -315,6 +306,12 @@ class PhoneSession:
                                       "source": "rfc4733"})
                 self._on_event({"type": "dtmf", "call_id": self.call_id,
                                 "session_id": self.id, "digit": out.digit, "duration_ms": ms})
+            elif isinstance(out, ReportSent):
+                if leg is self.leg:
+                    self.report_sent()  # (the shell: the agent's stats event)
+            elif isinstance(out, RemoteReport):
+                if leg is self.leg:
+                    self.remote_report(out)  # (the shell: Opus FEC follows the loss)
             elif isinstance(out, Ended):
                 if leg is self.leg:
                     self._teardown(out.reason)
@@ -346,165 +343,58 @@ class PhoneSession:
             self.leg.handle_timeout(now)
             self._drain()
 
-    def _poke_timer(self, at: float | None) -> None:
-        if at is not None and at < self._timer_at:
-            self._timer_lot.unpark_all()
+    # -- the rest of the core interface (shell.py) -----------------------------------------
 
-    async def _timer_loop(self) -> None:
-        while True:
-            self._timer_at = self.next_deadline()
-            with trio.move_on_at(self._timer_at):
-                await self._timer_lot.park()
-            self._timer_at = -math.inf
-            now = trio.current_time()
-            if now >= self.next_deadline():
-                self.handle_timeout(now)
+    def _agent_op(self, kind: object, event: dict[str, Any]) -> bool:
+        if kind != "dtmf.send":
+            return False
+        # an agent pressing keys (an IVR on the far end)
+        digits = event.get("digits")
+        if isinstance(digits, str) and 0 < len(digits) <= 32 and self.leg is not None:
+            try:
+                self.send_dtmf(trio.current_time(), digits)
+            except ValueError as exc:
+                log.info("phone %s: dtmf.send refused: %s", self.id, exc)
+        return True
 
-    def _schedule(self, at: float) -> None:
-        self.pacer.schedule(at, self)
+    def _rtcp_monitor(self) -> RtcpMonitor | None:
+        return self.leg.rtcp if self.leg is not None else None
 
-    def pace(self, now: float, at: float) -> None:
-        if self.pipeline is None or self._ended:
-            return
-        try:
-            self.pipeline.pace(now, at)
-            self._drain()
-        except Exception:
-            self._counters["session_errors"] += 1
-            log.exception("phone %s: sending failed; ending it", self.id)
-            self.end("internal-error")
+    def _packet_counts(self) -> tuple[int, int]:
+        return self.packets_in, self.packets_out
 
-    def _output_queued(self) -> None:
-        pipeline = self.pipeline
-        if pipeline is None:
-            while self.host.pop_output_frame() is not None:  # no stream yet: discard
-                pass
-            return
-        if pipeline.pace_at is not None:
-            return
-        pipeline.pump(trio.current_time(), False)
-        if self._on_frame is None:
-            self._drain()
-
-    def _begin_agent(self) -> None:
-        if self._on_frame is None and self._nursery is not None:
-            self._nursery.start_soon(self._run_agent)
-
-    async def _run_agent(self) -> None:
-        try:
-            await self.agent.run(self.ctx)
-        except Exception:
-            log.exception("phone %s: agent %s failed", self.id, loggable_url(self.agent.name))
-            self.end("agent-error")
-            return
-        await self.host.wait_drained()
-        if not self._ended:
-            self.end("agent-done")
-
-    def _agent_event(self, event: dict[str, Any]) -> None:
-        kind = event.get("type")
-        if kind == "session.end":
-            reason = event.get("reason")
-            self.end(f"agent: {reason}" if isinstance(reason, str) else "agent-hangup")
-        elif kind == "dtmf.send":  # an agent pressing keys (an IVR on the far end)
-            digits = event.get("digits")
-            if isinstance(digits, str) and 0 < len(digits) <= 32 and self.leg is not None:
-                try:
-                    self.send_dtmf(trio.current_time(), digits)
-                except ValueError as exc:
-                    log.info("phone %s: dtmf.send refused: %s", self.id, exc)
-        elif kind in ("transcript.user.final", "transcript.agent"):
-            # the same lines a WebRTC session keeps (session.py), for the end-of-call report
-            text = event.get("text")
-            if isinstance(text, str) and text:
-                who = "user" if kind == "transcript.user.final" else "agent"
-                self._transcript.append({"who": who, "text": text[:1000],
-                                         "at": round(time.time(), 3)})
-        elif kind == "turn.metrics":  # a turn's waterfall, as session.py keeps it
-            line = turn_line(event)
-            if line is not None:
-                self._turns.append(line)
-        elif kind == "media.update" and self.pipeline is not None:
-            nr = event.get("noise_reduction")
-            if nr is None or nr in NOISE_REDUCTION:
-                self.pipeline.stages.set_noise_reduction(nr)
-        else:
-            log.debug("phone %s agent event %s", self.id, kind)
-
-    # -- lifecycle ---------------------------------------------------------------------------
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        try:
-            with self._cancel:
-                if self.pipeline is not None:
-                    _ = self.pipeline.decoder, self.pipeline.encoder
-                async with trio.open_nursery() as nursery:
-                    self._nursery = nursery
-                    nursery.start_soon(self._timer_loop)
-                    if self._started:
-                        self._begin_agent()
-                    task_status.started()
-        except Exception:
-            log.exception("phone %s crashed", self.id)
-            self.end("internal-error")
-        finally:
-            self._nursery = None
-            self.end(self.end_reason or "shutdown")
-
-    def end(self, reason: str) -> None:
-        if self._ended:
-            return
+    def _close_core(self, reason: str) -> None:
         if self.leg is not None:
             self.leg.close(reason)  # an RTCP BYE when RTCP is in use
-            self._drain_leg(self.leg)
-        self._teardown(reason)
+            self._drain_leg(self.leg)  # its Ended runs _teardown
 
-    def _teardown(self, reason: str) -> None:
-        if self._ended:
-            return
-        self._ended = True
+    def _core_end_reason(self) -> str | None:
+        return self.end_reason
+
+    def _core_teardown(self, reason: str) -> None:
         self.end_reason = reason
-        self.ended_at = time.time()
         if self.leg is not None:
             self._fold(self.leg, final=True)
-        self.host.push_event({"type": "session.ended", "reason": reason})
-        self.host.close(reason)
-        if self.pipeline is not None:
-            self.pipeline.close()
-        self._cancel.cancel()
-        log.info("phone %s ended: %s", self.id, reason)
         self._on_event({"type": "ended", "call_id": self.call_id, "session_id": self.id,
                         "reason": reason})
-        self._on_end(self)
 
     # -- the session object ------------------------------------------------------------------
 
-    def info(self) -> SessionInfo:
+    def _core_info(self) -> dict[str, Any]:
         leg = self.leg
         dest = leg.destination if leg is not None else None
-        rx = leg.rx if leg is not None else None
-        return SessionInfo(
-            id=self.id, state=self.state, end_reason=self.end_reason,
-            transceiver=self.transceiver, agent=self.agent.name,
+        return dict(
+            state=self.state, end_reason=self.end_reason,
             client_address=_fmt(dest) if dest is not None else None,
             relay_flow=RelayFlow(_fmt(self.public), _fmt(self.relay))
             if self.public is not None and self.relay is not None else None,
             codec=_codec_label(self.params) if self.params is not None else None,
             srtp_profile=self.params.srtp.suite if self.params and self.params.srtp else None,
-            created_at=round(self.created_at, 3),
-            ended_at=round(self.ended_at, 3) if self.ended_at else None,
-            packets_in=self.packets_in, packets_out=self.packets_out,
             bytes_in=self.bytes_in, bytes_out=self.bytes_out,
-            rtt_ms=round(leg.rtt * 1000, 1) if leg is not None and leg.rtt is not None else None,
-            jitter_ms=None if rx is None else round(rx.jitter_seconds * 1000, 1),
-            loss=leg.remote_loss if leg is not None else None,
-            media=self.pipeline.stages.describe() if self.pipeline is not None else None,
-            transcript=tuple(self._transcript) if self._transcript else None,
-            turns=tuple(self._turns) if self._turns else None,
         )
 
     def describe(self) -> dict[str, Any]:
-        out = self.info().to_json()
+        out = super().describe()
         leg = self.leg
         out["phone"] = {
             "call_id": self.call_id, "pending": self.pending,

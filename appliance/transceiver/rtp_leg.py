@@ -56,9 +56,12 @@ Outbound sequence numbers: the media slot numbers its audio packets; telephone-e
 share the stream (one SSRC, RFC 4733 §2.1) and need numbers too, so the leg keeps an
 offset: each DTMF packet takes the next number and shifts the audio after it by one.
 
-The leg seam's ``MediaLeg`` / ``MediaStream`` Protocols are being defined in
-``appliance/transceiver/leg.py`` by the call-path rework (issue 27); until that lands,
-identical copies live below and the leg satisfies them structurally.
+RTCP is the one RTP session piece every leg shares (``rtcp.py``): an
+:class:`~.rtcp.RtcpMonitor` at the codec's clock rate keeps the statistics and writes the
+reports, and the leg queues the same :class:`~.rtcp.RemoteReport` / :class:`~.rtcp.ReportSent`
+outputs a WebRTC call does, so the call's shell adapts Opus FEC to the far end's loss and
+sends the agent its ``stats`` event whatever the leg. The leg satisfies the seam's
+``MediaLeg`` Protocol (``leg.py``) structurally.
 """
 
 from __future__ import annotations
@@ -66,30 +69,24 @@ from __future__ import annotations
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Final
 
 from appliance.proto.errors import LocalProtocolError
 from appliance.proto.rtp import (
     ReceptionStats,
-    ReportBlock,
-    RtcpBye,
     RtcpPacket,
-    RtcpReceiverReport,
-    RtcpSdes,
-    RtcpSenderReport,
     RtpError,
-    SdesChunk,
-    SdesItem,
     SenderStats,
     parse_rtcp_untrusted,
     rtp_header,
     rtp_header_fields_untrusted,
-    rtt_from_report_block,
-    serialize_rtcp,
 )
 from appliance.proto.rtp.dtmf import DtmfReceiver, DtmfSender
 from appliance.proto.sdp.sdes import CryptoSuite
 from appliance.proto.srtp import KeyingMaterial, SrtpError, SrtpProfile, SrtpSession
+
+from .leg import MediaStream
+from .rtcp import RemoteReport, ReportSent, RtcpMonitor
 
 Address = tuple[str, int]
 
@@ -107,39 +104,6 @@ SUITE_PROFILES: Final[dict[CryptoSuite, SrtpProfile]] = {
     CryptoSuite.AEAD_AES_128_GCM: SrtpProfile.AEAD_AES_128_GCM,
     CryptoSuite.AEAD_AES_256_GCM: SrtpProfile.AEAD_AES_256_GCM,
 }
-
-
-# -- the seam (copied from transceiver/leg.py of the call-path rework; see docstring) ----
-
-
-class MediaStream(Protocol):
-    """A leg's ``media`` slot: gets each authenticated RTP packet of the leg's payload
-    type, decrypted (``plain[off:end]`` is the payload)."""
-
-    def handle_rtp(self, now: float, plain: bytes, ssrc: int, seq: int, ts: int,
-                   marker: bool, off: int, end: int) -> None: ...
-
-    def poll_timeout(self) -> float | None: ...
-
-    def handle_timeout(self, now: float) -> None: ...
-
-
-class MediaLeg(Protocol):
-    """What carries one call's RTP, as its media slot sees it."""
-
-    media: MediaStream | None
-
-    @property
-    def ssrc(self) -> int: ...
-
-    @property
-    def payload_type(self) -> int | None: ...
-
-    def can_send(self) -> bool: ...
-
-    def send_rtp(self, now: float, seq: int, ts: int, marker: bool, payload: bytes) -> None: ...
-
-    def close(self, reason: str) -> None: ...
 
 
 # -- configuration and outputs ------------------------------------------------------------
@@ -244,7 +208,7 @@ class Ended:
     reason: str
 
 
-LegOutput = Transmit | Latched | Dtmf | Ended
+LegOutput = Transmit | Latched | Dtmf | RemoteReport | ReportSent | Ended
 
 
 @dataclass(slots=True)
@@ -299,11 +263,11 @@ class RtpLeg:
         self._send = True  # direction: we may send (not recvonly / inactive)
         self._receive = True  # we expect media (not sendonly / inactive: hold)
         self._deadline = now + config.media_timeout if config.media_timeout else None
-        self._next_report = (now + self._jittered()) if config.rtcp else None
-        self.rx: ReceptionStats | None = None
-        self.tx = SenderStats(config.ssrc, clock_rate=config.clock_rate)
-        self.rtt: float | None = None
-        self.remote_loss: float | None = None
+        self.rtcp = RtcpMonitor(config.ssrc, config.cname, wall_offset=config.wall_offset,
+                                interval=config.rtcp_interval, rng=self._rng,
+                                clock_rate=config.clock_rate)
+        if config.rtcp:  # (False: no reports; the peer's are still read)
+            self.rtcp.start(now)
         self._seq_offset = 0
         self._last_seq: int | None = None
         self._initial_ts = self._rng.getrandbits(32)
@@ -319,6 +283,23 @@ class RtpLeg:
     @property
     def payload_type(self) -> int | None:
         return self.config.payload_type
+
+    @property
+    def rx(self) -> ReceptionStats | None:
+        """The peer's stream's reception statistics (the RTCP monitor's)."""
+        return self.rtcp.rx
+
+    @property
+    def tx(self) -> SenderStats:
+        return self.rtcp.tx
+
+    @property
+    def rtt(self) -> float | None:
+        return self.rtcp.rtt
+
+    @property
+    def remote_loss(self) -> float | None:
+        return self.rtcp.remote_loss
 
     @property
     def destination(self) -> Address:
@@ -409,7 +390,7 @@ class RtpLeg:
     def poll_timeout(self) -> float | None:
         if self._closed:
             return None
-        times = [t for t in (self._deadline if self._receive else None, self._next_report,
+        times = [t for t in (self._deadline if self._receive else None, self.rtcp.next_report,
                              self._dtmf_tx.poll_timeout(), self._dtmf_rx.poll_timeout(),
                              self.media.poll_timeout() if self.media is not None else None)
                  if t is not None]
@@ -422,9 +403,8 @@ class RtpLeg:
         if self._receive and self._deadline is not None and now >= self._deadline:
             self.close("rtp-timeout")
             return
-        if self._next_report is not None and now >= self._next_report:
-            self._send_report(bye=False)
-            self._next_report = now + self._jittered()
+        if self.rtcp.due(now):
+            self._send_report(bye=False)  # (the monitor schedules the next one)
         self._dtmf_tx.handle_timeout(now)
         self._drain_dtmf_tx()
         self._dtmf_rx.handle_timeout(now)
@@ -464,10 +444,7 @@ class RtpLeg:
         if self._srtp is None and not self._plain_rtp_source_ok(latch, src, ssrc, seq, now):
             return
         self._deadline = now + cfg.media_timeout if cfg.media_timeout else None
-        rx = self.rx
-        if rx is None or rx.ssrc != ssrc:  # first packet, or the peer changed SSRC
-            rx = self.rx = ReceptionStats(ssrc, clock_rate=cfg.clock_rate)
-        rx.update(seq, ts, now)
+        self.rtcp.on_rtp(now, ssrc, seq, ts)
         self.counters.rtp_in += 1
         if pt == cfg.payload_type:
             if self.media is not None:
@@ -564,22 +541,10 @@ class RtpLeg:
         return False
 
     def _on_rtcp(self, now: float, packets: list[RtcpPacket]) -> None:
-        for p in packets:
-            if isinstance(p, RtcpSenderReport):
-                if self.rx is not None:
-                    self.rx.on_sender_report(p.ntp_msw, p.ntp_lsw, now)
-                blocks = p.reports
-            elif isinstance(p, RtcpReceiverReport):
-                blocks = p.reports
-            else:
-                continue  # SDES, BYE (the SIP BYE ends the call), feedback: nothing to do
-            for block in blocks:
-                if block.ssrc == self.config.ssrc:
-                    rtt = rtt_from_report_block(now + self.config.wall_offset, block.lsr,
-                                                block.dlsr)
-                    if rtt is not None:
-                        self.rtt = rtt
-                    self.remote_loss = block.fraction_lost / 256
+        # SR timing for our next report block, RTT and the peer's view of our stream; a
+        # BYE changes nothing (the SIP BYE ends the call).
+        if self.rtcp.on_rtcp(now, packets):
+            self._out.append(self.rtcp.remote_report())  # the shell: Opus FEC follows it
 
     def _drain_dtmf_rx(self) -> None:
         while (press := self._dtmf_rx.poll_output()) is not None:
@@ -610,26 +575,14 @@ class RtpLeg:
             self._transmit_rtp(rtp_header(pt, seq, pkt.timestamp, self.config.ssrc,
                                           pkt.marker) + pkt.payload)
 
-    def _jittered(self) -> float:
-        # RFC 3550 §6.3.1: randomise the interval (0.5..1.5 x) to avoid synchronisation.
-        return self.config.rtcp_interval * (0.5 + self._rng.random())
-
     def _send_report(self, *, bye: bool) -> None:
         now = self._now  # close() has no ``now``: the latest time any input gave us
-        reports: tuple[ReportBlock, ...] = ()
-        if self.rx is not None:
-            reports = (self.rx.report_block(now),)
-        first: RtcpSenderReport | RtcpReceiverReport
-        if self.tx.packet_count > self.counters.dtmf_out:  # audio sent: an SR (§6.4.1)
-            first = self.tx.sender_report(now, now + self.config.wall_offset, reports)
-        else:
-            first = RtcpReceiverReport(self.config.ssrc, reports)
-        packets: list[RtcpPacket] = [first, RtcpSdes((SdesChunk(
-            self.config.ssrc, ((SdesItem.CNAME, self.config.cname.encode()),)),))]
-        if bye:
-            packets.append(RtcpBye((self.config.ssrc,)))
-        data = serialize_rtcp(packets)
+        # An SR once audio went out (§6.4.1): telephone-events alone leave it an RR.
+        data = self.rtcp.report(now, bye=bye,
+                                sent_media=self.tx.packet_count > self.counters.dtmf_out)
         if self._srtp is not None:
             data = self._srtp.protect_rtcp(data)
         self.counters.rtcp_out += 1
         self._out.append(Transmit(data, self.rtcp_destination, rtcp=not self.config.rtcp_mux))
+        if not bye:
+            self._out.append(ReportSent())  # the shell: the agent's ``stats`` event

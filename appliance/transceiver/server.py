@@ -1,4 +1,4 @@
-"""The transceiver's trio shell: one shared UDP socket, the session table, the control server.
+"""The transceiver's trio shell: one shared UDP socket, the call table, the control server.
 
 Datagram path (DESIGN.md "Relay ↔ transceiver datagram format", "Transceiver behaviour")::
 
@@ -22,8 +22,12 @@ PCM sessions, and the relay is woken once per batch instead of once per datagram
 from other tasks (pacer, agents, timers) go out at once. Sends never block: a full socket buffer drops the datagram and counts it (UDP
 semantics, never a stalled loop). The clock is read once per batch.
 
-Sessions run in a nursery of their own; a session whose handler raises is ended
-(``internal-error``) and the others carry on. The control channel
+One table holds every call, WebRTC or phone (:attr:`Transceiver.calls`: each a
+:class:`~.shell.CallShell`, so each gets the same timers, pacing, agent, ``stats``,
+recording and teardown); the indexes that route datagrams to a call differ by leg
+(``by_ufrag``/``by_client`` for ICE, ``phone_by_*`` for RTP from a trunk). Calls run in
+a nursery of their own; a call whose handler raises is ended (``internal-error``) and the
+others carry on. The control channel
 (docs/control-protocol.md) creates, patches, deletes and reports sessions.
 
 Drain (issue 10, rolling upgrades): ``{"op": "drain"}`` (or :meth:`Transceiver.drain`)
@@ -90,6 +94,9 @@ try:  # optional C extension (setup.py): sendmmsg batching, Linux only
     from appliance.netio import _mmsg
 except ImportError:  # pragma: no cover - not built (no compiler/headers) or not Linux
     _mmsg = None  # type: ignore[assignment]
+
+#: A call of any kind in the one table (both are :class:`~.shell.CallShell` call kinds)
+Call = Session | PhoneSession
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +223,9 @@ class Transceiver:
         self.sock = sock
         self.codec = UfragCodec(config.secrets)
         self.counters: dict[str, int] = dict.fromkeys(COUNTER_NAMES, 0)
-        self.sessions: dict[str, Session] = {}
+        #: every live call, WebRTC (:class:`Session`) or phone (:class:`PhoneSession`): the
+        #: one table admission, load, drain and recordings count
+        self.calls: dict[str, Call] = {}
         self._warmed: set[str] = set()  # agent specs resolved once off the loop (warm)
         self.by_ufrag: dict[str, Session] = {}
         self.by_client: dict[Addr, Session] = {}
@@ -265,7 +274,6 @@ class Transceiver:
         #: relay workers' "is this client yours?" (vouch.py; relay failover, issue 20)
         # Phone calls (phone_session.py, docs/sip.md "Media"): their own tables, asked only
         # when by_client misses, so a WebRTC packet pays nothing for them.
-        self.phones: dict[str, PhoneSession] = {}
         self.phone_by_client: dict[Addr, PhoneSession] = {}
         self.phone_by_remote: dict[Addr, PhoneSession] = {}  # the signalled RTP address
         self.phone_by_ip: dict[str, dict[str, PhoneSession]] = {}  # the SIP source's IP
@@ -448,9 +456,10 @@ class Transceiver:
                                       sent=self.counters["datagrams_out"], stat=stat,
                                       affinity=cpus, offload=offload):
             return
-        connecting = sum(1 for s in self.sessions.values() if s.state != "connected")
+        connecting = sum(1 for c in self.calls.values()
+                         if type(c) is Session and c.state != "connected")
         self.window_unsettled = self._churn_in_window + self._connecting_at_window_start
-        self.window_calls = len(self.sessions) + len(self.phones) - connecting
+        self.window_calls = len(self.calls) - connecting
         self._connecting_at_window_start = connecting
         self._created_in_window = self._churn_in_window = 0
         report = self.meter.report
@@ -471,23 +480,20 @@ class Transceiver:
         while (ev := ctl.poll_event()) is not None:
             self.counters["complexity_changes"] += 1
             log.info("busy %.0f %%: Opus complexity %d -> %d for %d session(s)",
-                     100 * ev.busy, ev.previous, ev.complexity, len(self.sessions))
-            for session in self.sessions.values():
-                if session.pipeline is not None:
-                    session.pipeline.set_complexity(ev.complexity)
-            for phone in self.phones.values():
-                if phone.pipeline is not None:
-                    phone.pipeline.set_complexity(ev.complexity)
+                     100 * ev.busy, ev.previous, ev.complexity, len(self.calls))
+            for call in self.calls.values():
+                if call.pipeline is not None:
+                    call.pipeline.set_complexity(ev.complexity)
 
     def _task_kinds(self, *, connected_only: bool = False) -> list[str]:
         """The agent kind of each call whose agent runs as a task (offload.py: only those
         can send work to a thread; ``echo`` is a frame handler on this loop)."""
         def runs_task(agent: ResolvedAgent) -> bool:
             return agent.on_frame is None and not agent.passthrough
-        kinds = [agent_kind(s.agent.name) for s in self.sessions.values()
-                 if runs_task(s.agent) and not (connected_only and s.state != "connected")]
-        kinds += [agent_kind(p.agent.name) for p in self.phones.values() if runs_task(p.agent)]
-        return kinds
+        # (a phone call counts from its creation: its agent may run before media flows)
+        return [agent_kind(c.agent.name) for c in self.calls.values()
+                if runs_task(c.agent) and not (connected_only and type(c) is Session
+                                               and c.state != "connected")]
 
     def offload_need(self) -> float:
         """What the live calls' worker-thread work costs by the learned per-call costs of
@@ -496,7 +502,7 @@ class Transceiver:
 
     def _calls_in_window(self) -> int:
         """The calls the meter's last window can have measured."""
-        return len(self.sessions) + len(self.phones) - self._created_in_window
+        return len(self.calls) - self._created_in_window
 
     def call_cost(self) -> float:
         """One more call's share of what this transceiver has (busy units): the learned
@@ -523,8 +529,7 @@ class Transceiver:
         if cost is not None:
             if available >= SHARED_BELOW:  # a core of its own (corestat.py): busy, plus
                 # what the calls that did not run through the last window cannot show yet
-                calls = len(self.sessions) + len(self.phones)
-                busy += cost * max(0, calls - self.window_calls)
+                busy += cost * max(0, len(self.calls) - self.window_calls)
             else:
                 busy = max(busy, (self.call_cpu.idle + cost * self._calls_in_window())
                            / available)
@@ -544,7 +549,7 @@ class Transceiver:
     def load_view(self) -> dict[str, Any]:
         """``stats``' ``load`` object (docs/control-protocol.md)."""
         return {**self.meter.report.to_json(), "busy": round(self.meter.busy, 4),
-                "sessions": len(self.sessions) + len(self.phones),
+                "sessions": len(self.calls),
                 "call_cost": round(self.call_cost(), 5),
                 "call_cpu": None if self.call_cpu.cost is None else round(self.call_cpu.cost, 6),
                 "idle_cpu": round(self.call_cpu.idle, 6),
@@ -652,14 +657,23 @@ class Transceiver:
 
     # -- session table -------------------------------------------------------------------
 
-    def _on_end(self, session: Session) -> None:
-        if self.sessions.pop(session.id, None) is None:
+    def _on_end(self, call: Call) -> None:
+        """Any call ended (its shell's teardown): out of the table and its kind's indexes;
+        its recording finishes."""
+        if self.calls.pop(call.id, None) is None:
             return
-        recording = self.recordings.pop(session.id, None)
+        recording = self.recordings.pop(call.id, None)
         if recording is not None:
             recording.call_ended()  # its task writes the rest and finalises the file
-        self.counters["sessions_ended"] += 1
         self._churn_in_window += 1
+        if isinstance(call, Session):
+            self._session_ended(call)
+        else:
+            self._phone_ended(call)
+        self._check_drained()
+
+    def _session_ended(self, session: Session) -> None:
+        self.counters["sessions_ended"] += 1
         self.tcp_candidates.pop(session.id, None)
         self.admission.finished(session.call)  # (the call's close did; a no-op then)
         for ufrag in [u for u, s in self.by_ufrag.items() if s is session]:
@@ -667,19 +681,16 @@ class Transceiver:
         for client in [c for c, s in self.by_client.items() if s is session]:
             del self.by_client[client]
         self.ended.append(EndedSession(session))
-        self._check_drained()
 
     def drain(self) -> None:
         """Take no new session; :attr:`drained` is set when the last one has ended."""
         if not self.draining:
             self.draining = True
-            log.info("draining: no new sessions; %d session(s) left",
-                     len(self.sessions) + len(self.phones))
+            log.info("draining: no new sessions; %d session(s) left", len(self.calls))
         self._check_drained()
 
     def _check_drained(self) -> None:
-        if self.draining and not self.sessions and not self.phones \
-                and not self.drained.is_set():
+        if self.draining and not self.calls and not self.drained.is_set():
             log.info("drained: no session left")
             self.drained.set()
 
@@ -687,8 +698,8 @@ class Transceiver:
         sid = req.get("session_id")
         if not isinstance(sid, str):
             return _error(400, "bad-request", "session_id must be a string")
-        session = self.sessions.get(sid)
-        if session is None:
+        session = self.calls.get(sid)
+        if type(session) is not Session:  # (a phone call has its phone.* ops)
             for old in self.ended:
                 if old.id == sid:
                     return old
@@ -737,9 +748,9 @@ class Transceiver:
 
     def _session_state(self, sid: str) -> str | None:
         """A WebRTC or a phone session's state (the sideband attaches to either)."""
-        phone = self.phones.get(sid)
-        if phone is not None:
-            return phone.state
+        call = self.calls.get(sid)
+        if type(call) is PhoneSession:
+            return call.state
         if any(old.get("id") == sid for old in self.ended_phones):
             return "ended"
         found = self._find({"session_id": sid})
@@ -749,7 +760,7 @@ class Transceiver:
         now = trio.current_time()
         if self.draining:
             return _error(503, "draining", "this transceiver is draining")
-        if len(self.sessions) + len(self.phones) >= self.config.max_sessions:
+        if len(self.calls) >= self.config.max_sessions:
             return _error(503, "full", f"{self.config.max_sessions} sessions is the limit")
         if self.overloaded(req.get("agent")):  # before any SDP or DTLS work (issue 23)
             self.counters["sessions_refused_overloaded"] += 1
@@ -758,7 +769,7 @@ class Transceiver:
         sid = req.get("session_id")
         if not isinstance(sid, str) or not 0 < len(sid) <= MAX_SESSION_ID:
             return _error(400, "bad-request", "session_id must be a 1..128 character string")
-        if sid in self.sessions:
+        if sid in self.calls:
             return _error(409, "session-exists", f"session {sid!r} already exists")
         offer_text = req.get("offer")
         if not isinstance(offer_text, str):
@@ -812,7 +823,7 @@ class Transceiver:
             gate=self.dtls_setup.gate,
         )
         assert self._nursery is not None
-        self.sessions[sid] = session
+        self.calls[sid] = session
         self.by_ufrag[ufrag] = session
         if tcp:
             self.tcp_candidates[sid] = tcp
@@ -840,17 +851,21 @@ class Transceiver:
             want = False
         return media if media.record is want else media.with_(record=want)
 
-    def _start_recording(self, session: Session) -> None:
-        pipeline = session.pipeline
+    def _start_recording(self, call: Call) -> None:
+        """The call's recording, if its media config asked (``_recording_choice``): any
+        call kind, once it has a pipeline (a pending phone call: when it is answered)."""
+        pipeline = call.pipeline
         if pipeline is None or not pipeline.config.record or pipeline.stages.recorder is None:
             return
+        if call.id in self.recordings or call.id not in self.calls:
+            return  # already recording (a re-INVITE), or ended
         assert self.config.recordings_dir is not None and self._nursery is not None
         rec = CallRecording(
-            pipeline.stages.recorder, session.id,
+            pipeline.stages.recorder, call.id,
             RecordingSettings(Path(self.config.recordings_dir), self.config.recording_quota,
                               self.config.recording_retention), self.counters)
         pipeline.stages.recording = rec
-        self.recordings[session.id] = rec
+        self.recordings[call.id] = rec
         self.counters["recordings_started"] += 1
         self._nursery.start_soon(rec.run)
 
@@ -898,7 +913,7 @@ class Transceiver:
         return {"ok": True, "end_reason": found.end_reason, "ended_at": found.ended_at}
 
     def _op_list(self, req: dict[str, Any]) -> dict[str, Any]:
-        live = [s.describe() for s in self.sessions.values()]
+        live = [s.describe() for s in self.calls.values() if type(s) is Session]
         return {"ok": True, "sessions": live + [s.describe() for s in self.ended]}
 
     def _op_get(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -909,20 +924,24 @@ class Transceiver:
 
     def _op_stats(self, req: dict[str, Any]) -> dict[str, Any]:
         by_state = dict.fromkeys(("new", "connecting", "connected"), 0)
-        for s in self.sessions.values():
-            by_state[s.state] = by_state.get(s.state, 0) + 1
+        phones = 0
+        for c in self.calls.values():
+            if type(c) is Session:
+                by_state[c.state] = by_state.get(c.state, 0) + 1
+            else:
+                phones += 1
         now = trio.current_time()
         admission = {"cookie_mode": self.admission.active(now),
                      "handshakes": self.admission.handshakes,
                      "switched_on": self.admission.switched_on}
         return {"ok": True, "transceiver": self.config.id, "counters": dict(self.counters),
-                "sessions_by_state": by_state, "phones": len(self.phones),
+                "sessions_by_state": by_state, "phones": phones,
                 "draining": self.draining,
                 "dtls_admission": admission, "load": self.load_view()}
 
     def _op_drain(self, req: dict[str, Any]) -> dict[str, Any]:
         self.drain()
-        return {"ok": True, "sessions": len(self.sessions),
+        return {"ok": True, "sessions": sum(type(c) is Session for c in self.calls.values()),
                 "exit_when_drained": self.config.exit_when_drained}
 
 
@@ -935,7 +954,7 @@ class Transceiver:
         now = trio.current_time()
         if self.draining:
             return _error(503, "draining", "this transceiver is draining")
-        if len(self.sessions) + len(self.phones) >= self.config.max_sessions:
+        if len(self.calls) >= self.config.max_sessions:
             return _error(503, "full", f"{self.config.max_sessions} sessions is the limit")
         phone_req = req.get("phone")  # (its agent: what one more call of it would cost)
         if self.overloaded(phone_req.get("agent") if isinstance(phone_req, dict)
@@ -946,7 +965,7 @@ class Transceiver:
         sid = req.get("session_id")
         if not isinstance(sid, str) or not 0 < len(sid) <= MAX_SESSION_ID:
             return _error(400, "bad-request", "session_id must be a 1..128 character string")
-        if sid in self.phones or sid in self.sessions:
+        if sid in self.calls:
             return _error(409, "session-exists", f"session {sid!r} already exists")
         params: PhoneParams | None = None
         call_id: Any
@@ -969,6 +988,7 @@ class Transceiver:
             media = MediaConfig.from_params_untrusted(ctx_params)
         except ValueError as exc:
             return _error(400, "bad-params", str(exc))
+        media = self._recording_choice(sid, media)  # recorded like a WebRTC call
         try:
             agent = resolve(agent_spec or self.config.agent)
         except AgentError as exc:
@@ -976,20 +996,21 @@ class Transceiver:
         try:
             phone = PhoneSession(
                 session_id=sid, call_id=call_id, transceiver=self.config.id, agent=agent,
-                params=params, send=self.send, now=now, on_end=self._phone_ended,
+                params=params, send=self.send, now=now, on_end=self._on_end,
                 on_event=self._phone_event, on_latched=self._phone_latched,
                 counters=self.counters, pacer=self.pacer,
                 opus_complexity=self.complexity.complexity, session_params=ctx_params,
                 media=media)
         except ValueError as exc:
             return _error(400, "bad-params", str(exc))
-        self.phones[sid] = phone
+        self.calls[sid] = phone
         self._index_phone(phone)
         self.counters["phones_created"] += 1
         self._created_in_window += 1
         self._churn_in_window += 1
         assert self._nursery is not None
         self._nursery.start_soon(phone.run)
+        self._start_recording(phone)  # (a pending call: once answered)
         log.info("phone %s created (%s): agent %s", sid,
                  "pending an answer" if params is None else params.codec,
                  loggable_url(agent.name))
@@ -999,8 +1020,8 @@ class Transceiver:
         sid = req.get("session_id")
         if not isinstance(sid, str):
             return _error(400, "bad-request", "session_id must be a string")
-        phone = self.phones.get(sid)
-        if phone is None:
+        phone = self.calls.get(sid)
+        if type(phone) is not PhoneSession:
             return _error(404, "unknown-session", f"no phone session {sid!r} on this transceiver")
         return phone
 
@@ -1026,6 +1047,7 @@ class Transceiver:
         finally:
             if phone.state != "ended":
                 self._index_phone(phone)
+        self._start_recording(phone)  # its first pipeline, if it is to be recorded
         return {"ok": True, "state": phone.state}
 
     def _op_phone_dtmf(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -1053,7 +1075,7 @@ class Transceiver:
 
     def _op_phone_end(self, req: dict[str, Any]) -> dict[str, Any]:
         sid = req.get("session_id")
-        phone = self.phones.get(sid) if isinstance(sid, str) else None
+        phone = self._phone(sid)
         if phone is None:
             for old in self.ended_phones:
                 if old.get("id") == sid:
@@ -1065,7 +1087,7 @@ class Transceiver:
 
     def _op_phone_get(self, req: dict[str, Any]) -> dict[str, Any]:
         sid = req.get("session_id")
-        phone = self.phones.get(sid) if isinstance(sid, str) else None
+        phone = self._phone(sid)
         if phone is not None:
             return {"ok": True, "session": phone.describe()}
         for old in self.ended_phones:
@@ -1075,7 +1097,8 @@ class Transceiver:
 
     def _op_phone_list(self, req: dict[str, Any]) -> dict[str, Any]:
         return {"ok": True, "epoch": self.phone_epoch,
-                "sessions": [p.describe() for p in self.phones.values()]}
+                "sessions": [p.describe() for p in self.calls.values()
+                             if type(p) is PhoneSession]}
 
     async def _phone_events(self, req: dict[str, Any]) -> dict[str, Any]:
         """Signaling's long-poll: the events after ``after`` (of this ``epoch``), waiting
@@ -1095,7 +1118,7 @@ class Transceiver:
         events = [dict(ev, seq=seq) for seq, ev in self.phone_events if seq > after]
         return {"ok": True, "epoch": self.phone_epoch, "next": self.phone_seq,
                 "events": events[:512],
-                "live": sorted(self.phones)}
+                "live": sorted(c.id for c in self.calls.values() if type(c) is PhoneSession)}
 
     # -- phone tables and events -----------------------------------------------------------
 
@@ -1105,16 +1128,16 @@ class Transceiver:
         self._phone_wake.set()
         self._phone_wake = trio.Event()
 
+    def _phone(self, sid: object) -> PhoneSession | None:
+        call = self.calls.get(sid) if isinstance(sid, str) else None
+        return call if type(call) is PhoneSession else None
+
     def _phone_ended(self, phone: PhoneSession) -> None:
-        if self.phones.pop(phone.id, None) is None:
-            return
         self.counters["phones_ended"] += 1
-        self._churn_in_window += 1
         self._unindex_phone(phone)
         for client in [c for c, p in self.phone_by_client.items() if p is phone]:
             del self.phone_by_client[client]
         self.ended_phones.append(phone.describe())
-        self._check_drained()
 
     def _phone_latched(self, phone: PhoneSession, addr: Addr) -> None:
         if len(self.phone_by_client) < 65536 or addr in self.phone_by_client:

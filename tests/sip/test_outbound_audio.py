@@ -79,7 +79,7 @@ async def test_outbound_call_to_baresip_hears_the_echo_both_ways(
             await trio.sleep(0.05)
 
     def session() -> Any:
-        return next(iter(tr.phones.values()), None)
+        return next(iter(tr.calls.values()), None)
 
     try:
         await callee.start(nursery)
@@ -100,7 +100,7 @@ async def test_outbound_call_to_baresip_hears_the_echo_both_ways(
             await trio.to_thread.run_sync(
                 lambda: client.post(f"/realtime/calls/{call_id}/hangup", cast_to=object))
             ended = await until_status(call_id, "ended")
-            await eventually(lambda: not tr.phones, "/hangup ended the media")
+            await eventually(lambda: not tr.calls, "/hangup ended the media")
             assert phone.receiver is not None
             report = (await phone.receiver.wait_for(CALL_ENDED))["data"]["report"]
     except BaseException:

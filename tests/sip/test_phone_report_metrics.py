@@ -116,7 +116,7 @@ async def test_phone_counters_reach_metrics(nursery: trio.Nursery, tmp_path: Pat
         run = await run_sipp(nursery, stack.phone, "echo_pcap.xml", cwd=tmp_path)
 
         def latched() -> Any:
-            return next((p for p in tr.phones.values() if p.latched is not None), None)
+            return next((p for p in tr.calls.values() if p.latched is not None), None)
 
         await eventually(lambda: latched() is not None or run.done.is_set(), "the latch")
         assert latched() is not None, run.text
@@ -127,7 +127,7 @@ async def test_phone_counters_reach_metrics(nursery: trio.Nursery, tmp_path: Pat
                                stack.relay_public)
         code, out = await run.result()
         assert code == 0, out
-        await eventually(lambda: not tr.phones, "the BYE ended the phone session")
+        await eventually(lambda: not tr.calls, "the BYE ended the phone session")
     leg = tr.ended_phones[-1]["phone"]["leg"]
     # the latch refused the second port (RFC 4961 behaviour, docs/adr-sip-media.md)
     # the latch refused the second port (RFC 4961 behaviour, docs/adr-sip-media.md) before

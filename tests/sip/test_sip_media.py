@@ -79,7 +79,7 @@ async def test_sipp_pcap_tone_comes_back_from_the_echo_agent(nursery: trio.Nurse
     # in order and never repeated (a gap may be the capture's own loss on a loaded box)
     assert all(0 < (b - a) & 0xFFFF < 1000 for a, b in zip(seqs, seqs[1:], strict=False))
     tr = stack.transceiver
-    await eventually(lambda: not tr.phones, "the BYE ended the phone session")
+    await eventually(lambda: not tr.calls, "the BYE ended the phone session")
     assert tr.counters["phones_created"] == 1 and tr.counters["phones_ended"] == 1
     ended = tr.ended_phones[-1]
     assert ended["end_reason"] == "sip-ended" and ended["phone"]["latched"] == f"127.0.0.1:{mp}"
@@ -132,7 +132,7 @@ async def test_baresip_hears_its_tone_echoed_and_its_digits_reach_the_agent(
     uri = f"sip:agent@{host}:{port}" + ("" if transport == "udp" else f";transport={transport}")
 
     def session() -> Any:
-        return next(iter(tr.phones.values()), None)
+        return next(iter(tr.calls.values()), None)
 
     try:
         await phone.start(nursery)
@@ -150,7 +150,7 @@ async def test_baresip_hears_its_tone_echoed_and_its_digits_reach_the_agent(
             call_id = ps.call_id
             calls = stack.phone.client().realtime.calls
             await trio.to_thread.run_sync(lambda: calls.hangup(call_id))
-            await eventually(lambda: not tr.phones, "/hangup ended the media")
+            await eventually(lambda: not tr.calls, "/hangup ended the media")
             view = await trio.to_thread.run_sync(
                 lambda: stack.phone.client().get(f"/realtime/calls/{call_id}", cast_to=object))
     except BaseException:
@@ -184,7 +184,7 @@ async def test_sip_info_digits_reach_the_agent_and_the_media_timeout_sends_bye(
     digits: list[dict[str, Any]] = []
 
     def agent_heard() -> bool:  # what the agent's event queue holds (the echo reads none)
-        for ps in tr.phones.values():
+        for ps in tr.calls.values():
             digits.extend(e for e in ps.host._events_in if e.get("type") == "dtmf")
         return bool(digits)
 
@@ -219,7 +219,7 @@ async def test_baresip_behind_a_masquerading_nat_is_latched_and_hears_the_echo(
         host, port = stack.phone.sip
 
         def session() -> Any:
-            return next(iter(tr.phones.values()), None)
+            return next(iter(tr.calls.values()), None)
 
         await phone.start(nursery)
         with trio.fail_after(TIMEOUT):
@@ -239,12 +239,12 @@ async def test_baresip_behind_a_masquerading_nat_is_latched_and_hears_the_echo(
             await eventually(lambda: ps.dtmf_digits >= 1, "a digit through the NAT")
             calls = stack.phone.client().realtime.calls
             await trio.to_thread.run_sync(lambda: calls.hangup(ps.call_id))
-            await eventually(lambda: not tr.phones, "/hangup ended the media")
+            await eventually(lambda: not tr.calls, "/hangup ended the media")
     except BaseException:
         if phone is not None:
             print(phone.text)
         print("relay:", stack.relay_stats() if "stack" in locals() else None)
-        print("phones:", [p.describe() for p in tr.phones.values()] if "tr" in locals() else None)
+        print("phones:", [p.describe() for p in tr.calls.values()] if "tr" in locals() else None)
         raise
     finally:
         if phone is not None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import trio
 
+from appliance.agents import AgentContext
 from appliance.proto.dtls import Certificate, DtlsConnection, HandshakeComplete, Role
 from appliance.proto.ice import IceClient
 from appliance.proto.mux import Kind, classify
@@ -147,3 +148,23 @@ def dominant_hz(pcm: bytes) -> float:
     x = np.frombuffer(pcm, dtype=np.int16).astype(np.float64)
     spectrum = np.abs(np.fft.rfft(x * np.hanning(len(x))))
     return float(np.argmax(spectrum) * 48_000 / len(x))
+
+
+#: What :func:`events_agent` saw, by session id (its tests read it).
+AGENT_EVENTS: dict[str, list[dict[str, object]]] = {}
+
+
+async def events_agent(ctx: AgentContext) -> None:
+    """An agent task (spec ``transceiver.support:events_agent``) that echoes what it hears
+    and keeps every event the transceiver sends it in :data:`AGENT_EVENTS`."""
+    seen = AGENT_EVENTS.setdefault(ctx.session_id, [])
+
+    async def echo() -> None:
+        async for frame in ctx.frames():
+            ctx.send_nowait(frame.pcm)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(echo)
+        async for event in ctx.events():
+            seen.append(event)
+        nursery.cancel_scope.cancel()

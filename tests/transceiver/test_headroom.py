@@ -125,7 +125,7 @@ async def test_stats_reports_load_and_a_full_transceiver_refuses_creates(
     r = await create(control, "c")
     assert (r["ok"], r["status"], r["code"]) == (False, 503, "overloaded")
     assert tr.counters["sessions_refused_overloaded"] == 1
-    assert "c" not in tr.sessions
+    assert "c" not in tr.calls
 
 
 async def test_creates_since_the_last_window_count_against_the_headroom(
@@ -150,7 +150,7 @@ async def test_complexity_steps_reach_the_live_calls_encoders(
     for sid in ["a", *(f"x{i}" for i in range(9))]:  # ten calls
         assert (await create(control, sid))["ok"]
     await trio.testing.wait_all_tasks_blocked()  # the sessions' run() made their codecs
-    session = tr.sessions["a"]
+    session = tr.calls["a"]
     assert session.encoder is not None
     t = 0.0
     while tr.complexity.complexity == 5 and t < 10:
@@ -169,7 +169,7 @@ async def test_complexity_steps_reach_the_live_calls_encoders(
     assert tr.complexity.complexity == 3
     assert (await create(control, "b"))["ok"]  # a call made now starts at 3
     await trio.testing.wait_all_tasks_blocked()
-    assert complexity_of(tr.sessions["b"].encoder) == 3
+    assert complexity_of(tr.calls["b"].encoder) == 3
     while tr.complexity.complexity != 5 and t < 60:
         t = load_window(tr, t, 0.2)  # load fell: back up to the default
     assert complexity_of(session.encoder) == 5

@@ -225,14 +225,14 @@ async def _one_assistant_call(tr: Transceiver, host: QuietHost,
         window("idle", 0.01)
     await _create(tr, "caller")
     window("setup", 0.05)
-    tr.sessions["caller"].call.state = CallState.CONNECTED
+    tr.calls["caller"].call.state = CallState.CONNECTED
     window("setup", 0.03, sent=50)
     for w in range(60):  # 30 s of the call: 0.5 s windows
         window("call", 0.025, 0.9 if w % 10 in (4, 5) else 0.0, sent=50)
     assert tr.config.control is not None
     await control_request(tr.config.control, {"op": "delete", "session_id": "caller"})
     with trio.fail_after(10):
-        while "caller" in tr.sessions:  # noqa: ASYNC110 (the session ends in its own task)
+        while "caller" in tr.calls:  # noqa: ASYNC110 (the session ends in its own task)
             await trio.sleep(0.01)  # a poll interval
     for _ in range(4):  # 2 s after the call has ended
         window("after", 0.01)
@@ -310,7 +310,7 @@ async def test_a_real_whisper_decode_in_a_worker_is_offload_not_the_loops_cpu(
     tr = running
     await trio.to_thread.run_sync(whisper_model)  # loaded before any window is measured
     await _create(tr, "caller")
-    tr.sessions["caller"].call.state = CallState.CONNECTED
+    tr.calls["caller"].call.state = CallState.CONNECTED
     windows: list[tuple[float, float, int, bool, float | None]] = []
     inner = tr.handle_tick
 

@@ -90,7 +90,7 @@ async def create(tr: Transceiver, sid: str) -> None:
 def connect(tr: Transceiver, *sids: str) -> None:
     """ICE and DTLS done (the call's state as its table would set it)."""
     for sid in sids:
-        tr.sessions[sid].call.state = CallState.CONNECTED
+        tr.calls[sid].call.state = CallState.CONNECTED
 
 
 class Host:

@@ -112,7 +112,7 @@ async def test_sessions_of_a_transceiver_encode_at_its_complexity(
             "op": "create", "session_id": "c1", "offer": client.offer(),
             "candidates": [["198.51.100.1", 3478]]})
         assert resp["ok"], resp
-        session = addrs.transceiver.sessions["c1"]
+        session = addrs.transceiver.calls["c1"]
         assert isinstance(session.encoder, _LibOpusEncoder)
         assert session.encoder.complexity == complexity
         nursery.cancel_scope.cancel()

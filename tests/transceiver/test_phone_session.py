@@ -143,7 +143,7 @@ async def test_the_echo_agent_answers_a_tone_over_plain_rtp(rig: Rig) -> None:
 async def test_rfc4733_digits_reach_the_agent_and_signaling(rig: Rig) -> None:
     sid = "rtc_sip_" + "b" * 24
     assert (await rig.op(op="phone.create", session_id=sid, phone=params(rig)))["ok"]
-    phone = rig.tr.phones[sid]
+    phone = rig.tr.calls[sid]
     # ctx.params as a WebRTC Realtime call's: the accept's session config under "realtime"
     assert phone.ctx.params["realtime"] == {"session": {"type": "realtime"}, "dcid": None,
                                             "call_id": phone.call_id}
@@ -217,7 +217,7 @@ async def test_a_pending_call_starts_media_when_answered(rig: Rig) -> None:
     resp = await rig.op(op="phone.create", session_id=sid, call_id=sid, agent="echo",
                         session={})
     assert resp["ok"], resp
-    assert rig.tr.phones[sid].state == "new"
+    assert rig.tr.calls[sid].state == "new"
     await rig.send_rtp(tone_packets(1)[0])  # nothing to take it yet: dropped
     bad = await rig.op(op="phone.update", session_id="nope", phone=params(rig))
     assert bad["status"] == 404
@@ -229,16 +229,16 @@ async def test_a_pending_call_starts_media_when_answered(rig: Rig) -> None:
         _, _, payload = await rig.recv()
     assert rtp_header_fields_untrusted(payload)[0] == 0
     # a re-INVITE to hold: direction only, same leg; we stop sending
-    leg = rig.tr.phones[sid].leg
+    leg = rig.tr.calls[sid].leg
     held = await rig.op(op="phone.update", session_id=sid, phone=params(rig, direction="recvonly"))
-    assert held["ok"] and rig.tr.phones[sid].leg is leg and leg is not None
+    assert held["ok"] and rig.tr.calls[sid].leg is leg and leg is not None
     assert not leg.can_send()
     # RFC 2543 hold (c=0.0.0.0) is a direction change too: the leg and its latch stay
     old_hold = await rig.op(op="phone.update", session_id=sid, phone=params(
         rig, direction="inactive", remote=["0.0.0.0", rig.trunk[1]]))
-    assert old_hold["ok"] and rig.tr.phones[sid].leg is leg and leg.latched == rig.trunk
+    assert old_hold["ok"] and rig.tr.calls[sid].leg is leg and leg.latched == rig.trunk
     unhold = await rig.op(op="phone.update", session_id=sid, phone=params(rig))
-    assert unhold["ok"] and rig.tr.phones[sid].leg is leg and leg.can_send()
+    assert unhold["ok"] and rig.tr.calls[sid].leg is leg and leg.can_send()
 
 
 async def test_bad_params_are_refused_clearly(rig: Rig) -> None:

@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 from appliance.proto.errors import LocalProtocolError
 from appliance.proto.rtp import RtpPacket, parse_rtcp_untrusted, rtp_header_fields_untrusted
 from appliance.proto.sdp.sdes import CryptoSuite
+from appliance.transceiver.leg import MediaLeg
 from appliance.transceiver.rtp_leg import (
     Address,
     Dtmf,
     Ended,
     Latched,
-    MediaLeg,
     RtpLeg,
     RtpLegConfig,
     SdesKeys,

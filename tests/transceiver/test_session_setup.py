@@ -70,7 +70,7 @@ async def test_create_answers_before_the_codec_is_made(
         await trio.testing.wait_all_tasks_blocked()
         want = [] if agent == "passthrough" else [False]
         assert (dec.made, enc.made) == (want, want)  # made once, after create returned
-        session = tr.sessions["c1"]
+        session = tr.calls["c1"]
         assert (session.decoder is None) == (agent == "passthrough")
         client.start(resp["answer"], trio.current_time())
         with trio.fail_after(5):

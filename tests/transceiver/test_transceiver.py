@@ -366,7 +366,7 @@ async def test_held_call_state_stays_bounded_and_ended_sessions_are_small(
     refs: list[weakref.ref[Session]] = []
     for sid, agent in (("s1", "passthrough"), ("s2", "echo")):
         client = await connect(transceiver, relay_sock, sid=sid, agent=agent)
-        session = tr.sessions[sid]
+        session = tr.calls[sid]
         refs.append(weakref.ref(session))
         assert (session.decoder is None) == (agent == "passthrough")
         client.received_rtcp.clear()
