@@ -20,6 +20,8 @@ operations are this protocol's other inputs)::
                                         in a :class:`ServerEvent`
     poll_action() / poll_event()        the same stream split in two (the shells, which
                                         drain the actions and then the events, use these)
+    poll_bound()                        the turn engine's turn bounds (:class:`TurnBound`),
+                                        a side stream for the shells' turn waterfall
 
 Actions tell the shell what only it can do: :class:`StartResponse` (run the agent),
 :class:`CancelResponse` (cancel that run), :class:`ClearAudio` (``ctx.interrupt()``: drop
@@ -132,6 +134,19 @@ class SpeculateTurn:
     item_id: str
     pause: int
     audio: bytes = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnBound:
+    """The turn engine opened (``ended`` False) or ended a user turn that will be the item
+    ``item_id``: for the shell's turn waterfall (appliance/realtime/waterfall.py), which
+    stamps the time it drained this (the machine has no clock). ``speech_end_ms``: where
+    the caller's speech ended, as a session media position (:attr:`RealtimeConnection.
+    audio_ms`; the end of turn's silence and the VAD's hangover not included)."""
+
+    item_id: str
+    ended: bool
+    speech_end_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +295,9 @@ class RealtimeConnection:
         self._query_ids = 0
         self._settled: dict[str, int] = {}  # item -> the pause its turn ended in (last 8)
         self._audio_ms = 0  # all audio the buffer has been fed, as OpenAI counts it
+        # The turn engine's turn bounds for the shell's waterfall (poll_bound): a shell that
+        # does not read them loses only the oldest.
+        self._bounds: deque[TurnBound] = deque(maxlen=16)
         self._pending_item: str | None = None
         # output side
         self.response: _Response | None = None  # generating
@@ -300,6 +318,16 @@ class RealtimeConnection:
 
     def poll_action(self) -> Action | None:
         return self._actions.popleft() if self._actions else None
+
+    def poll_bound(self) -> TurnBound | None:
+        """The next :class:`TurnBound` (a side stream beside the events: a protocol over
+        this machine, GPT-Live's, translates the events; the turns are the machine's)."""
+        return self._bounds.popleft() if self._bounds else None
+
+    @property
+    def audio_ms(self) -> int:
+        """The caller's audio fed so far (ms of session media time)."""
+        return self._audio_ms
 
     def poll_output(self) -> Output | None:
         """The next action, else the next server event (as :class:`ServerEvent`, and held
@@ -483,6 +511,7 @@ class RealtimeConnection:
                 self._emit("input_audio_buffer.speech_started",
                            audio_start_ms=self._detector_origin_ms + ev.audio_start_ms,
                            item_id=self._pending_item)
+                self._bounds.append(TurnBound(self._pending_item, False))
                 if td.get("interrupt_response", True):
                     self._barge_in()
             elif isinstance(ev, EndOfTurnQuery):
@@ -503,6 +532,8 @@ class RealtimeConnection:
                         del self._settled[next(iter(self._settled))]
                 self._emit("input_audio_buffer.speech_stopped", audio_end_ms=self._audio_ms,
                            item_id=item_id)
+                self._bounds.append(TurnBound(item_id, True,
+                                              self._detector_origin_ms + ev.audio_end_ms))
                 self._commit()
                 if td.get("create_response", True) and self.response is None:
                     self._create_response({}, None)

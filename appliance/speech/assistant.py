@@ -87,7 +87,6 @@ import logging
 import math
 import os
 import threading
-from collections import deque
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, replace
@@ -110,6 +109,7 @@ from .listen import (
     transcripts,
 )
 from .llm import BuiltinResponder, ChatCompletions, LlmError, Message, Responder, sentences
+from .marks import Arrivals, TurnMarks
 from .stt import SttEngine, make_stt
 from .tts import TtsEngine, TtsError, make_tts
 from .vad import FRAME_MS, SpeechUnavailable, TurnConfig, TurnDetector, make_vad
@@ -301,71 +301,29 @@ def realtime_factory(spec: str) -> Any:
     return lambda: AssistantRealtime(engines)
 
 
-@dataclass
-class TurnMarks:
-    """One turn's waterfall on the trio clock (issue 38 item 5), sent as ``turn.metrics``
-    once the reply's first frame is sent: each mark in ms after the end of the turn was
-    decided (negative: before it). The caller's silence between ``speech_end`` and the end
-    of turn is the detector's wait (``silence_ms``, or the semantic pause and verdict); the
-    marks' names are the session object's ``turns`` keys (appliance/session_info.py)."""
-
-    turn: int
-    end_of_turn: float
-    transcript: float  # the final transcript was in hand
-    stt_seconds: float  # of which the STT's own time after the end of turn
-    #: The detector heard speech start (``min_speech_ms`` into it: UserSpeechStarted).
-    speech_start: float | None = None
-    #: The VAD paused: the caller's last voiced frame arrived (:class:`_Arrivals`).
-    speech_end: float | None = None
-    first_token: float | None = None  # the responder's first text
-    first_audio: float | None = None  # the TTS's first frame
-    first_queued: float | None = None  # that frame queued for the pacer
-    first_sent: float | None = None  # that frame sent: the pacer took it (played_past)
-
-    def event(self) -> dict[str, Any]:
-        def ms(t: float | None) -> float | None:
-            return None if t is None else round((t - self.end_of_turn) * 1000, 1)
-
-        return {"type": "turn.metrics", "turn": self.turn,
-                "speech_start_ms": ms(self.speech_start),
-                "speech_end_ms": ms(self.speech_end),
-                "transcript_ms": ms(self.transcript),
-                "stt_ms": round(self.stt_seconds * 1000, 1),
-                "first_token_ms": ms(self.first_token),
-                "first_audio_ms": ms(self.first_audio),
-                "first_queued_ms": ms(self.first_queued),
-                "first_sent_ms": ms(self.first_sent)}
-
-
 class _Arrivals:
-    """The caller's frames on their way to the turn detector, with the arrival times of the
-    last :data:`KEEP` of them: the detector counts media time in frames (a turn's
-    ``audio_end_ms`` is the end of frame ``audio_end_ms // 20`` of those it was fed), so
-    this tells when the audio at such a position arrived — the moment the VAD paused. (The
-    listener, appliance/speech/listen.py, has that time only as a media position.)"""
-
-    #: 10 s of frames: past the longest silence bound (5 s) plus what the listener reads
-    #: while a pause's threads run, before it yields the end of the turn.
-    KEEP = 500
+    """The caller's frames on their way to the turn detector, each one's arrival noted by
+    its media position (:class:`~appliance.speech.marks.Arrivals`): the detector counts
+    media time in frames (a turn's ``audio_end_ms`` is the end of frame ``audio_end_ms //
+    20`` of those it was fed), so this tells when the audio at such a position arrived —
+    the moment the VAD paused. (The listener, appliance/speech/listen.py, has that time
+    only as a media position.)"""
 
     def __init__(self, ctx: AgentContext) -> None:
         self._ctx = ctx
-        self._times: deque[float] = deque(maxlen=self.KEEP)
+        self._map = Arrivals()
         self._count = 0  # frames handed on (the detector's own count: it sees only these)
 
     async def frames(self) -> AsyncGenerator[Any, None]:
         async for frame in self._ctx.frames():
             self._count += 1
-            self._times.append(frame.received_at)
+            self._map.note(self._count * FRAME_MS, frame.received_at)
             yield frame
 
     def at(self, position_ms: int) -> float | None:
         """Arrival time of the frame that ends at media position ``position_ms`` (None
         before the first frame, or if it is older than what is kept)."""
-        back = self._count - position_ms // FRAME_MS  # 0: the newest frame
-        if position_ms < FRAME_MS or not 0 <= back < len(self._times):
-            return None
-        return self._times[-1 - back]
+        return self._map.at(position_ms)
 
 
 @dataclass
