@@ -222,6 +222,34 @@ NUMBER_WORDS = frozenset(
     "seventy eighty ninety hundred thousand million".split())
 
 
+#: Phrases a caller thinks aloud with: more is coming ("Hmm, let me think…"), and an
+#: answer now would talk over them. (A turn that really ends so waits for the bound.)
+HESITATIONS = (("let", "me", "think"), ("let", "me", "see"), ("let", "me", "check"),
+               ("i", "mean"), ("you", "know"), ("i", "guess"), ("sort", "of"), ("kind", "of"))
+#: Words that open a sequence whose next step is still to come when nothing follows them:
+#: "First, open the settings" waits for its "then …".
+SEQUENCE_OPENERS = frozenset({"first", "firstly"})
+SEQUENCE_NEXT = frozenset({"then", "second", "secondly", "next", "after", "afterwards",
+                           "and", "finally"})
+
+
+def _words(text: str) -> list[str]:
+    return "".join(c if c.isalnum() or c == "'" else " " for c in text.lower()).split()
+
+
+def _open_list(sentence: str) -> bool:
+    """A list still being read out: "We need milk, eggs." — a clause of two or more words
+    before the first comma, one word after the last, and no "and"/"or" closing it. Whisper
+    ends each chunk it hears with a full stop, so a list paused between items reads as a
+    finished sentence; a list that is done has its conjunction ("milk, eggs and bread")."""
+    parts = sentence.split(",")
+    if len(parts) < 2:
+        return False
+    head, tail = _words(parts[0]), _words(parts[-1])
+    return len(head) >= 2 and len(tail) == 1 and not {"and", "or", "nor"} & set(
+        _words(",".join(parts[1:])))
+
+
 def unfinished(transcript: str) -> bool:
     """Whether a speculative transcript of the turn so far reads as cut short, so that a
     "complete" verdict at this pause should not end the turn. Whisper punctuates what it
@@ -229,17 +257,35 @@ def unfinished(transcript: str) -> bool:
     a comma, or nothing. Unfinished: no words at all (a filler, a breath: nothing to answer
     yet), no closing punctuation, an ellipsis or a comma at the end, a last word from
     :data:`DANGLING_WORDS` (or :data:`DANGLING_IN_STATEMENTS` outside a question), or a
-    number (a digit or a number word) last."""
+    number (a digit or a number word) last; and, in the last sentence, a list read out
+    without its closing "and" (:func:`_open_list`), a hesitation at the end
+    (:data:`HESITATIONS`: "let me think"), a question that stops at "you please" ("Could
+    you please?": its verb is still to come), or a "First, …" with no next step."""
     text = transcript.strip()
     if text.endswith(("...", "…")) or not text.endswith((".", "?", "!")):
         return True  # also "" (no words)
-    words = "".join(c if c.isalnum() or c == "'" else " " for c in text.lower()).split()
+    words = _words(text)
     if not words:
         return True
     last = words[-1]
     if last in DANGLING_WORDS or last.isdigit() or last in NUMBER_WORDS:
         return True
-    return not text.endswith("?") and last in DANGLING_IN_STATEMENTS
+    if not text.endswith("?") and last in DANGLING_IN_STATEMENTS:
+        return True
+    # The last sentence: Whisper may have split the turn so far into several.
+    body = text.rstrip(".?!")
+    cut = max(body.rfind(". "), body.rfind("? "), body.rfind("! "))
+    sentence = body[cut + 2 :] if cut >= 0 else body
+    said = _words(sentence)
+    if not said:
+        return False
+    if _open_list(sentence):
+        return True
+    if any(tuple(said[-len(h):]) == h for h in HESITATIONS):
+        return True
+    if said[-2:] == ["you", "please"]:
+        return True
+    return said[0] in SEQUENCE_OPENERS and not SEQUENCE_NEXT & set(said[1:])
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +313,11 @@ class TurnConfig:
     #: Silence (ms) at which a pause the model called unfinished is put to it again
     #: (P(complete) can rise as the silence goes on); 0: one question per pause.
     reask_ms: int = 0
+    #: Silence (ms) a pause must reach before a "complete" verdict ends the turn (0: the
+    #: verdict ends it at once). The verdict (and the pause's transcript) are asked for at
+    #: ``pause_ms`` and are in hand long before: the turn then ends the moment the silence
+    #: reaches this, with no inference left to wait for, unless the caller speaks first.
+    hold_ms: int = 0
     #: Emit :class:`EndOfTurnQuery` at pauses even without the model (``server_vad``), for a
     #: shell that starts work there (listen.py transcribes speculatively); no verdict needed.
     speculate: bool = False
@@ -376,6 +427,7 @@ class TurnDetector:
         self._reask_frames = (max(self._pause_frames + 1,
                                   -(-(c.reask_ms - c.release_ms) // FRAME_MS))
                               if c.reask_ms and c.semantic else 0)
+        self._hold_frames = max(0, -(-(c.hold_ms - c.release_ms) // FRAME_MS))
         self._frames = 0  # frames seen
         self._run = 0  # consecutive speech frames while idle
         self._silent = 0  # consecutive silent frames while in a turn
@@ -395,6 +447,7 @@ class TurnDetector:
         self._vetoed = False
         self._reask = False
         self._words = False  # this pause's verdict came with a transcript
+        self._held = False  # a complete verdict waits for the silence to reach hold_ms
         #: The last verdict taken (not stale), for metrics and tests.
         self.last_probability: float | None = None
         #: Complete verdicts the transcript overruled (:func:`unfinished`).
@@ -435,7 +488,7 @@ class TurnDetector:
             self._query = None
             self._pause = None
             self._asked = False
-            self._vetoed = self._reask = self._words = False
+            self._vetoed = self._reask = self._words = self._held = False
             self._prefix.clear()
             return
         # The pre-roll keeps the turn's trailing silence (never its speech: turns do not
@@ -447,6 +500,8 @@ class TurnDetector:
         self._silent += 1
         if self._silent >= self._silence_frames:
             self._stop(now)  # the bound: with or without the model's verdict
+        elif self._held and self._silent >= self._hold_frames:
+            self._stop(now)  # a complete verdict, held until the silence reached hold_ms
         elif ((self.config.semantic or self.config.speculate) and not self._asked
               and self._silent >= self._pause_frames):
             self._asked = True
@@ -495,6 +550,8 @@ class TurnDetector:
                 and not self._vetoed
         elif self._vetoed:
             self.vetoes += 1  # complete by the model, cut short by the words: the bound
+        elif self._silent < self._hold_frames:
+            self._held = True  # complete: ends when the silence reaches hold_ms
         else:
             self._stop(now)
 
@@ -503,7 +560,7 @@ class TurnDetector:
         self._run = 0
         self._query = None
         self._asked = False
-        self._vetoed = self._reask = self._words = False
+        self._vetoed = self._reask = self._words = self._held = False
         self._out.append(SpeechStopped(now, self._speech_end_ms(), self._pause))
         self._pause = None
         self._silent = 0
