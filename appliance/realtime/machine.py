@@ -8,7 +8,8 @@ operations are this protocol's other inputs)::
     handle_input(data)                  one client event (untrusted) -> events / actions
                                         (``handle_message`` is the same method)
     handle_frame(pcm, speech)           20 ms of the caller's audio + the VAD flag
-    handle_verdict(query_id, p)         Smart Turn's answer to a JudgeTurn (may end the turn)
+    handle_verdict(query_id, p[, text]) Smart Turn's answer to a JudgeTurn, with the pause's
+                                        transcript if there is one (may end the turn)
     handle_delta(response_id, delta)    the agent's content -> True if audio is to be queued
     handle_response_end(response_id)    the agent finished (error=... if it failed)
     handle_transcript_delta(item_id, d) part of a user turn's transcript arrived
@@ -122,6 +123,11 @@ class JudgeTurn:
 
     query_id: int
     audio16k: bytes = field(repr=False)
+    #: The :class:`SpeculateTurn` of the same pause (its item and pause), when the agent
+    #: transcribes at pauses: the shell hands that transcript over with the verdict, so the
+    #: words can veto a "complete" they contradict (the ctx loop's way, listen.py).
+    item_id: str | None = None
+    pause: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -488,14 +494,18 @@ class RealtimeConnection:
             return TurnConfig.semantic_vad(td.get("eagerness", "auto"), **common)
         return TurnConfig(silence_duration_ms=sessions.end_of_turn_silence_ms(td), **common)
 
-    def handle_verdict(self, query_id: int, probability: float) -> None:
-        """The model's P(complete) for :class:`JudgeTurn` ``query_id``: may end the turn
-        (a verdict for a pause the caller already ended by speaking is ignored)."""
+    def handle_verdict(self, query_id: int, probability: float,
+                       transcript: str | None = None) -> None:
+        """The model's P(complete) for :class:`JudgeTurn` ``query_id``, with the pause's
+        speculative transcript when the agent made one (None: the model decides alone): may
+        end the turn (a verdict for a pause the caller already ended by speaking is
+        ignored; words that read as cut short veto a "complete": the turn engine's
+        ``unfinished``)."""
         asked = self._asked.pop(query_id, None)
         td = sessions.turn_detection(self.session)
         if asked is None or self._detector is None or td is None:
             return  # stale: another detector (turn_detection changed) or VAD off
-        self._detector.handle_verdict(self._audio_ms / 1000, asked, probability)
+        self._detector.handle_verdict(self._audio_ms / 1000, asked, probability, transcript)
         self._turn_events(td)
 
     def _turn_events(self, td: dict[str, Any]) -> None:
@@ -515,11 +525,18 @@ class RealtimeConnection:
                 if td.get("interrupt_response", True):
                     self._barge_in()
             elif isinstance(ev, EndOfTurnQuery):
+                # A second question about a pause (``again``) has the first one's words:
+                # no new transcript (its pause id would not be the one the turn ends in).
+                speculate = self._speculate and self._pending_item is not None and not ev.again
                 if self._judge and ev.audio16k:
                     self._query_ids += 1
                     self._asked[self._query_ids] = ev.query_id
-                    self._actions.append(JudgeTurn(self._query_ids, ev.audio16k))
-                if self._speculate and self._pending_item is not None:
+                    self._actions.append(JudgeTurn(
+                        self._query_ids, ev.audio16k,
+                        self._pending_item if speculate else None,
+                        ev.query_id if speculate else None))
+                if speculate:
+                    assert self._pending_item is not None
                     self._actions.append(SpeculateTurn(self._pending_item, ev.query_id,
                                                        self._buffer.peek()))
             elif isinstance(ev, SpeechStopped):

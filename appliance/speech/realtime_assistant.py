@@ -179,6 +179,17 @@ class AssistantRealtime:
             with trio.CancelScope(shield=True):
                 await stream.aclose()
 
+    async def pause_words(self, item_id: str, pause: int) -> str | None:
+        """The transcript :meth:`speculate` makes of ``item_id``'s pause ``pause`` (waiting
+        for it), for the end-of-turn verdict of that pause (appliance/realtime/turns.py):
+        None when there is none (the engine decodes only at the end, or the shell skipped
+        this pause's decode) or it failed."""
+        guess = self._guesses.get(item_id)
+        if guess is None or guess.pause != pause:
+            return None
+        await guess.done.wait()
+        return guess.text
+
     async def _speculated(self, turn: UserTurn) -> str | None:
         """The guess made at the pause the turn ended in, if any (waiting for it)."""
         guess = self._guesses.pop(turn.item_id, None)

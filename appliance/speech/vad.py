@@ -183,21 +183,25 @@ def make_vad(kind: str = "silero", *, threshold: float = 0.5) -> Vad:
 # -- turn detection (Realtime server_vad and semantic_vad) ---------------------------------
 
 #: Realtime ``semantic_vad.eagerness`` → (Smart Turn threshold, silence bound in ms, pause in
-#: ms, threshold with a transcript). The pause is the silence after which the model (and the STT) is asked; the
-#: threshold is P(complete) that ends the turn there; the bound ends a turn the model (or
-#: the transcript) calls unfinished. Chosen from bench/turn_bench.py --cutoffs
-#: (docs/speech.md has the figures): on mid-sentence pauses of 300-700 ms Smart Turn and
-#: Whisper both call about half of them complete, so only waiting them out gets the false
-#: cut-offs near 5 %: ``low`` asks after 600 ms of silence (0-10 % cut off, turn end p50
-#: ~900 ms); ``auto`` asks after 200 ms (25-50 % with the transcript, p50 ~500 ms); the
-#: bound must outlast a pause (plus Silero's ~100 ms release) or every wrong verdict is a
-#: cut-off.
+#: ms, threshold with a transcript, hold in ms). The pause is the silence after which the
+#: model (and the STT) is asked; the threshold is P(complete) that ends the turn; the hold
+#: is the silence a "complete" verdict waits for before it ends the turn (0: at once); the
+#: bound ends a turn the model (or the transcript) calls unfinished. Chosen from
+#: bench/turn_bench.py --cutoffs (docs/speech.md has the figures): on mid-sentence pauses
+#: of 300-700 ms Smart Turn calls about half of them complete at 0.9-0.99, and the pause's
+#: transcript (:func:`unfinished`) catches only the ones whose words dangle, so only waiting
+#: out the pause gets the false cut-offs to 5 %: ``auto`` asks after 200 ms (the verdict
+#: and the transcript are in hand by ~350 ms) and holds a complete verdict to 600 ms of
+#: silence (5 % cut off on the tuning set, turn end p50 ~670 ms after the last loud sample;
+#: without the hold 20 % at ~390 ms); ``high`` ends at the verdict (the fast setting: 20-60 %
+#: cut off); ``low`` asks after 600 ms. The bound must outlast a pause (plus Silero's
+#: ~100 ms release) or every wrong verdict is a cut-off.
 #: The fourth value is the threshold when the verdict comes with the pause's transcript:
 #: with the words able to veto, 0.8 cut off as many phrases as 0.5, or one fewer, in five
 #: runs on both phrase sets, and made more turns wait for the bound.
-EAGERNESS: dict[str, tuple[float, int, int, float]] = {
-    "low": (0.8, 1000, 600, 0.5), "medium": (0.8, 1000, 200, 0.5),
-    "auto": (0.8, 1000, 200, 0.5), "high": (0.5, 700, 200, 0.5)}
+EAGERNESS: dict[str, tuple[float, int, int, float, int]] = {
+    "low": (0.8, 1000, 600, 0.5, 600), "medium": (0.8, 1000, 200, 0.5, 600),
+    "auto": (0.8, 1000, 200, 0.5, 600), "high": (0.5, 700, 200, 0.5, 0)}
 
 
 # -- the transcript as a second signal ------------------------------------------------------
@@ -331,9 +335,11 @@ class TurnConfig:
         """A semantic turn config for a Realtime ``eagerness`` (see :data:`EAGERNESS`)."""
         if eagerness not in EAGERNESS:
             raise ValueError(f"unknown eagerness {eagerness!r}")
-        threshold, bound, pause, words = EAGERNESS[eagerness]
-        return cls(semantic=True, semantic_threshold=threshold, silence_duration_ms=bound,
-                   pause_ms=pause, words_threshold=words, **kw)
+        threshold, bound, pause, words, hold = EAGERNESS[eagerness]
+        fields: dict[str, Any] = {
+            "semantic": True, "semantic_threshold": threshold, "silence_duration_ms": bound,
+            "pause_ms": pause, "words_threshold": words, "hold_ms": hold}
+        return cls(**{**fields, **kw})
 
     @classmethod
     def from_realtime(cls, td: dict[str, Any] | None, *, vad: str = "silero") -> TurnConfig | None:

@@ -110,7 +110,11 @@ def test_realtime_turn_detection_maps() -> None:
     high = TurnConfig.from_realtime({"type": "semantic_vad", "eagerness": "high"})
     assert high is not None and high.semantic
     assert (high.semantic_threshold, high.silence_duration_ms, high.pause_ms,
-            high.words_threshold) == EAGERNESS["high"]
+            high.words_threshold, high.hold_ms) == EAGERNESS["high"]
+    # The default holds a complete verdict until the pause has lasted 600 ms (issue 38
+    # item 2: the false cut-offs at the default); a caller may still choose to be fast.
+    assert TurnConfig.semantic_vad("auto").hold_ms == 600
+    assert TurnConfig.semantic_vad("auto", hold_ms=0).hold_ms == 0
     auto = TurnConfig.from_realtime({"type": "semantic_vad", "create_response": False})
     assert auto == TurnConfig.semantic_vad("medium", create_response=False)
     # Eagerer ends sooner: never a higher threshold, a longer bound or a later question.
