@@ -51,7 +51,13 @@ last loud sample (p50/p90, phrases with pauses; the short answers apart), when t
 transcript is ready (what a reply waits for), how many turns the model ended, and the
 CPU per inference.
 
-    .venv/bin/python bench/turn_bench.py --cutoffs
+    .venv/bin/python bench/turn_bench.py --cutoffs [--audio FILE] [--fixed MODEL_MS,STT_MS]
+
+``--audio FILE`` keeps one rendering of both sets (written on the first run, read on the
+next: the rows of two runs then hear the same audio); ``--fixed`` takes every verdict to
+come back MODEL_MS after its query and every pause transcript STT_MS after, instead of the
+measured wall time (on a shared box that is mostly the other sessions' load): the rows then
+differ only by their detector, and a rerun on the same audio gives the same figures.
 """
 
 from __future__ import annotations
@@ -434,7 +440,8 @@ def run_cutoffs_with(x: np.ndarray, cfg: TurnConfig, answers: Answers, text: boo
                 if at is None:  # no decode in that pause: finish() starts now
                     at = now + answers.guess(resample(bytes(turn), SR, 16_000))[1]
                 # Ended by the model (at once, or held): before the silence bound.
-                by_model = ev.at - ev.audio_end_ms / 1000 < cfg.silence_duration_ms / 1000
+                by_model = (ev.at - ev.audio_end_ms / 1000
+                            < cfg.silence_duration_ms / 1000 - 0.01)
                 ends.append((ev.at, by_model, max(ev.at, at)))
                 ready.clear()
     return ends, queries
