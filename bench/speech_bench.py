@@ -364,7 +364,7 @@ async def tts_section(rounds: int) -> None:
         await tts_conversation()
     if len(engines) > 1:
         for workers in (1, 2):
-            pool = PiperTts(workers=workers)
+            pool = PiperTts(workers=workers, clips=0)  # the model path, as above
             r = await tts_concurrent(pool, rounds)
             print(f"  two calls at once, piper workers={workers}: first audio p50 "
                   f"{r['p50']:4.0f} ms  p90 {r['p90']:4.0f} ms ({r['n']:.0f} sentences)")
