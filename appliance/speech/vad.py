@@ -23,14 +23,16 @@ before the detected start), ``silence_duration_ms`` (silence that ends the turn)
 shell runs Smart Turn (appliance/speech/endpoint.py, ~50 ms) off the loop and answers with
 ``handle_verdict(now, query_id, probability, transcript)``. A probability at or above
 ``semantic_threshold`` (``words_threshold`` when a transcript comes with it) while the
-caller is still silent ends the turn at once, unless the
-shell's speculative transcript of the turn so far (Whisper's, decoded at the same pause:
-listen.py) reads as cut short (:func:`unfinished`: it ends on "to", "and", "the", a
-number, a comma or an ellipsis, or has no words): the text vetoes the model, and the
+caller is still silent ends the turn — at once, or, with a hold (``hold_ms``, 600 for the
+default ``auto``), once the pause's silence reaches it — unless the shell's speculative
+transcript of the turn so far (Whisper's, decoded at the same pause: listen.py) reads as
+cut short (:func:`unfinished`: it ends on "to", "and", "the", a number, a comma or an
+ellipsis, has no words, or its last sentence is a list without its "and", a hesitation,
+"could you please?", a "First, …" with no next step): the text vetoes the model, and the
 silence bound ends the turn. A verdict that comes back after the caller spoke again, or
 after the turn ended, is stale and ignored. ``silence_duration_ms`` stays the bound: a turn the model calls unfinished (lists
 and numbers read so), or one whose shell never answers, still ends after that much
-silence. ``eagerness`` picks the thresholds, bound and pause (:data:`EAGERNESS`), and
+silence. ``eagerness`` picks the thresholds, bound, pause and hold (:data:`EAGERNESS`), and
 ``server_vad`` never asks (its exact meaning is unchanged). See docs/speech.md.
 
 Sans-IO in the house style: ``handle_input(now, pcm)`` (or ``handle_frame(now, pcm,
