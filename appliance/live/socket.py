@@ -19,6 +19,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
@@ -45,13 +46,14 @@ class LiveSocketSession(RealtimeSocketSession):
     def __init__(self, agent: RealtimeAgent, *, session_id: str | None = None,
                  queue_limit: int | None = None, max_seconds: int = MAX_SESSION_SECONDS,
                  pace_lead: float | None = PACE_LEAD,
-                 on_started: Callable[[Started], None] | None = None) -> None:
+                 on_started: Callable[[Started], None] | None = None,
+                 on_turn: Callable[[dict[str, Any]], None] | None = None) -> None:
         sid = session_id or new_session_id()
         self.live = LiveConnection(session_id=sid, ids=id_source(), wall_clock=time.time,
                                    vad=EnergyVad().update, max_seconds=max_seconds,
                                    judge=can_judge(), speculate=can_speculate(agent))
         super().__init__(agent, session_id=sid, queue_limit=queue_limit, protocol=self.live,
-                         machine=self.live.machine, pace_lead=pace_lead)
+                         machine=self.live.machine, pace_lead=pace_lead, on_turn=on_turn)
         self.started: Started | None = None
         self._on_started = on_started
 

@@ -47,7 +47,7 @@ import trio
 from ..agents.channels import ChannelClosed, ChannelError, ChannelMessage, ChannelOpened
 from ..agents.context import AgentContext
 from ..agents.loader import AgentError, import_target
-from .interface import AudioDelta, Delta, RealtimeAgent, ResponseRequest
+from .interface import AudioDelta, Delta, RealtimeAgent, ResponseRequest, TextDelta, TranscriptDelta
 from .machine import (
     CancelResponse,
     ClearAudio,
@@ -64,6 +64,7 @@ from .sideband import POINTS, SidebandPoint
 from .socket_protocol import CallProtocol
 from .transcription import transcribe_item
 from .turns import PauseWork, can_judge, can_speculate
+from .waterfall import Waterfall
 
 log = logging.getLogger("appliance.realtime")
 LABEL = "oai-events"
@@ -194,6 +195,9 @@ class RealtimeShell:
         self._runs: dict[str, trio.CancelScope] = {}
         self._nursery: trio.Nursery | None = None
         self._pause_work = PauseWork(self.machine, self.agent, self._drain)
+        # Each turn's marks (issue 38 item 5), sent as turn.metrics like the ctx loop's: the
+        # transceiver keeps them for the report, /metrics and the dashboard.
+        self.waterfall = Waterfall()
         # Events go out in order through one sender task (send_message waits for room).
         self._out_send, self._out_recv = trio.open_memory_channel[str](1024)
         #: Set once the sender has handed every queued event to the channel after the send
@@ -233,6 +237,7 @@ class RealtimeShell:
             self.tasks(nursery)
             async for frame in self.ctx.frames():
                 self.protocol.handle_frame(frame.pcm, frame.speech)
+                self.waterfall.arrived(self.machine.audio_ms, frame.received_at)
                 self._drain()
             nursery.cancel_scope.cancel()
 
@@ -306,6 +311,9 @@ class RealtimeShell:
     def _drain(self, origin: str | None = None) -> None:
         m = self.machine
         p = self.protocol
+        now = trio.current_time()
+        while (bound := m.poll_bound()) is not None:
+            self.waterfall.bound(bound, now)
         while (action := p.poll_action()) is not None:
             if isinstance(action, ClearAudio):
                 self.ctx.interrupt()
@@ -316,6 +324,7 @@ class RealtimeShell:
             elif isinstance(action, StartResponse) and self._nursery is not None:
                 scope = trio.CancelScope()
                 self._runs[action.request.response_id] = scope
+                self.waterfall.respond(action.request)
                 self._nursery.start_soon(self._respond, action.request, scope)
             elif isinstance(action, Transcribe) and self._nursery is not None:
                 self._nursery.start_soon(self._transcribe, action)
@@ -345,6 +354,7 @@ class RealtimeShell:
                 try:
                     async for delta in deltas:
                         if isinstance(delta, AudioDelta):
+                            self.waterfall.audio(rid, trio.current_time())
                             pcm = delta.pcm[: len(delta.pcm) & ~1]
                             for i in range(0, len(pcm), AUDIO_PIECE):
                                 piece = AudioDelta(pcm[i : i + AUDIO_PIECE])
@@ -352,8 +362,12 @@ class RealtimeShell:
                                 self._drain()
                                 if not ok:
                                     break
+                                start = self.ctx.played_seconds + self.ctx.queued_seconds
                                 await self.ctx.send(piece.pcm)
+                                self._queued(rid, start)
                         else:
+                            if isinstance(delta, TranscriptDelta | TextDelta):
+                                self.waterfall.text(rid, trio.current_time())
                             self.protocol.handle_delta(rid, delta)
                             self._drain()
                 finally:
@@ -362,12 +376,37 @@ class RealtimeShell:
                 error = type(exc).__name__
                 log.warning("realtime agent failed on %s: %r", rid, exc)
         self._runs.pop(rid, None)
+        self.waterfall.ended(rid)
         if not scope.cancelled_caught:
             self.protocol.handle_response_end(rid, error)
             self._drain()
         await self.ctx.drained()
         self.protocol.handle_output_drained(rid)
         self._drain()
+
+    def _queued(self, rid: str, start: float) -> None:
+        """The response's audio from ``start`` (output seconds) was queued: the first time,
+        watch for it to go out (the turn's ``first_sent``, then its ``turn.metrics``)."""
+        if not self.waterfall.queued(rid, trio.current_time()) or self._nursery is None:
+            return
+        if self.ctx.played_seconds > start:  # send() sent it at once (an idle pacer)
+            self._report(rid, trio.current_time())
+        else:
+            self._nursery.start_soon(self._first_sent, rid, start)
+
+    async def _first_sent(self, rid: str, start: float) -> None:
+        """From a task of its own, so the response never waits on it; a barge-in (or the
+        call's end) before the frame went out reports nothing: the caller heard no reply."""
+        if await self.ctx.played_past(start):
+            self._report(rid, trio.current_time())
+        else:
+            self.waterfall.forget(rid)
+
+    def _report(self, rid: str, sent_at: float) -> None:
+        hook = getattr(self.agent, "turn_marks", None)
+        event = self.waterfall.sent(rid, sent_at, hook(rid) if callable(hook) else None)
+        if event is not None and self._nursery is not None:
+            self._nursery.start_soon(self.ctx.send_event, event)
 
     async def _transcribe(self, action: Transcribe) -> None:
         await transcribe_item(action, self.agent, self.machine, self._drain)

@@ -8,7 +8,8 @@ operations are this protocol's other inputs)::
     handle_input(data)                  one client event (untrusted) -> events / actions
                                         (``handle_message`` is the same method)
     handle_frame(pcm, speech)           20 ms of the caller's audio + the VAD flag
-    handle_verdict(query_id, p)         Smart Turn's answer to a JudgeTurn (may end the turn)
+    handle_verdict(query_id, p[, text]) Smart Turn's answer to a JudgeTurn, with the pause's
+                                        transcript if there is one (may end the turn)
     handle_delta(response_id, delta)    the agent's content -> True if audio is to be queued
     handle_response_end(response_id)    the agent finished (error=... if it failed)
     handle_transcript_delta(item_id, d) part of a user turn's transcript arrived
@@ -20,6 +21,8 @@ operations are this protocol's other inputs)::
                                         in a :class:`ServerEvent`
     poll_action() / poll_event()        the same stream split in two (the shells, which
                                         drain the actions and then the events, use these)
+    poll_bound()                        the turn engine's turn bounds (:class:`TurnBound`),
+                                        a side stream for the shells' turn waterfall
 
 Actions tell the shell what only it can do: :class:`StartResponse` (run the agent),
 :class:`CancelResponse` (cancel that run), :class:`ClearAudio` (``ctx.interrupt()``: drop
@@ -120,6 +123,11 @@ class JudgeTurn:
 
     query_id: int
     audio16k: bytes = field(repr=False)
+    #: The :class:`SpeculateTurn` of the same pause (its item and pause), when the agent
+    #: transcribes at pauses: the shell hands that transcript over with the verdict, so the
+    #: words can veto a "complete" they contradict (the ctx loop's way, listen.py).
+    item_id: str | None = None
+    pause: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +140,19 @@ class SpeculateTurn:
     item_id: str
     pause: int
     audio: bytes = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnBound:
+    """The turn engine opened (``ended`` False) or ended a user turn that will be the item
+    ``item_id``: for the shell's turn waterfall (appliance/realtime/waterfall.py), which
+    stamps the time it drained this (the machine has no clock). ``speech_end_ms``: where
+    the caller's speech ended, as a session media position (:attr:`RealtimeConnection.
+    audio_ms`; the end of turn's silence and the VAD's hangover not included)."""
+
+    item_id: str
+    ended: bool
+    speech_end_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +301,9 @@ class RealtimeConnection:
         self._query_ids = 0
         self._settled: dict[str, int] = {}  # item -> the pause its turn ended in (last 8)
         self._audio_ms = 0  # all audio the buffer has been fed, as OpenAI counts it
+        # The turn engine's turn bounds for the shell's waterfall (poll_bound): a shell that
+        # does not read them loses only the oldest.
+        self._bounds: deque[TurnBound] = deque(maxlen=16)
         self._pending_item: str | None = None
         # output side
         self.response: _Response | None = None  # generating
@@ -300,6 +324,16 @@ class RealtimeConnection:
 
     def poll_action(self) -> Action | None:
         return self._actions.popleft() if self._actions else None
+
+    def poll_bound(self) -> TurnBound | None:
+        """The next :class:`TurnBound` (a side stream beside the events: a protocol over
+        this machine, GPT-Live's, translates the events; the turns are the machine's)."""
+        return self._bounds.popleft() if self._bounds else None
+
+    @property
+    def audio_ms(self) -> int:
+        """The caller's audio fed so far (ms of session media time)."""
+        return self._audio_ms
 
     def poll_output(self) -> Output | None:
         """The next action, else the next server event (as :class:`ServerEvent`, and held
@@ -460,14 +494,18 @@ class RealtimeConnection:
             return TurnConfig.semantic_vad(td.get("eagerness", "auto"), **common)
         return TurnConfig(silence_duration_ms=sessions.end_of_turn_silence_ms(td), **common)
 
-    def handle_verdict(self, query_id: int, probability: float) -> None:
-        """The model's P(complete) for :class:`JudgeTurn` ``query_id``: may end the turn
-        (a verdict for a pause the caller already ended by speaking is ignored)."""
+    def handle_verdict(self, query_id: int, probability: float,
+                       transcript: str | None = None) -> None:
+        """The model's P(complete) for :class:`JudgeTurn` ``query_id``, with the pause's
+        speculative transcript when the agent made one (None: the model decides alone): may
+        end the turn (a verdict for a pause the caller already ended by speaking is
+        ignored; words that read as cut short veto a "complete": the turn engine's
+        ``unfinished``)."""
         asked = self._asked.pop(query_id, None)
         td = sessions.turn_detection(self.session)
         if asked is None or self._detector is None or td is None:
             return  # stale: another detector (turn_detection changed) or VAD off
-        self._detector.handle_verdict(self._audio_ms / 1000, asked, probability)
+        self._detector.handle_verdict(self._audio_ms / 1000, asked, probability, transcript)
         self._turn_events(td)
 
     def _turn_events(self, td: dict[str, Any]) -> None:
@@ -483,14 +521,22 @@ class RealtimeConnection:
                 self._emit("input_audio_buffer.speech_started",
                            audio_start_ms=self._detector_origin_ms + ev.audio_start_ms,
                            item_id=self._pending_item)
+                self._bounds.append(TurnBound(self._pending_item, False))
                 if td.get("interrupt_response", True):
                     self._barge_in()
             elif isinstance(ev, EndOfTurnQuery):
+                # A second question about a pause (``again``) has the first one's words:
+                # no new transcript (its pause id would not be the one the turn ends in).
+                speculate = self._speculate and self._pending_item is not None and not ev.again
                 if self._judge and ev.audio16k:
                     self._query_ids += 1
                     self._asked[self._query_ids] = ev.query_id
-                    self._actions.append(JudgeTurn(self._query_ids, ev.audio16k))
-                if self._speculate and self._pending_item is not None:
+                    self._actions.append(JudgeTurn(
+                        self._query_ids, ev.audio16k,
+                        self._pending_item if speculate else None,
+                        ev.query_id if speculate else None))
+                if speculate:
+                    assert self._pending_item is not None
                     self._actions.append(SpeculateTurn(self._pending_item, ev.query_id,
                                                        self._buffer.peek()))
             elif isinstance(ev, SpeechStopped):
@@ -503,6 +549,8 @@ class RealtimeConnection:
                         del self._settled[next(iter(self._settled))]
                 self._emit("input_audio_buffer.speech_stopped", audio_end_ms=self._audio_ms,
                            item_id=item_id)
+                self._bounds.append(TurnBound(item_id, True,
+                                              self._detector_origin_ms + ev.audio_end_ms))
                 self._commit()
                 if td.get("create_response", True) and self.response is None:
                     self._create_response({}, None)

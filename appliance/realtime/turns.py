@@ -75,7 +75,7 @@ class PauseWork:
 
     async def _judge(self, action: JudgeTurn) -> None:
         try:
-            await judge(action, self.machine, self.drain)
+            await judge(action, self.machine, self.drain, self.agent)
         finally:
             self.judging = False
 
@@ -87,8 +87,11 @@ class PauseWork:
 
 
 async def judge(action: JudgeTurn, machine: RealtimeConnection,
-                drain: Callable[[], None]) -> None:
-    """Smart Turn on the pause's audio, off the loop; the verdict back to ``machine``."""
+                drain: Callable[[], None], agent: Any = None) -> None:
+    """Smart Turn on the pause's audio, off the loop; the verdict back to ``machine``, with
+    the pause's speculative transcript when the agent made one (its ``pause_words(item_id,
+    pause)`` hook: the assistant's decode of the same pause, running beside the model; the
+    words may veto a "complete" they contradict, as in the ctx loop)."""
     from ..speech.endpoint import SmartTurn
 
     try:
@@ -98,7 +101,14 @@ async def judge(action: JudgeTurn, machine: RealtimeConnection,
         log.warning("end-of-turn model failed; the silence bound ends this turn",
                     exc_info=True)
         return
-    machine.handle_verdict(action.query_id, p)
+    words: str | None = None
+    hook = getattr(agent, "pause_words", None)
+    if action.item_id is not None and action.pause is not None and callable(hook):
+        try:
+            words = await hook(action.item_id, action.pause)
+        except Exception:  # the model decides alone
+            log.info("pause transcript of %s failed", action.item_id, exc_info=True)
+    machine.handle_verdict(action.query_id, p, words)
     drain()
 
 

@@ -40,9 +40,10 @@ from typing import Any
 import trio
 
 from ..agents.vad import EnergyVad
+from ..session_info import MAX_TURNS, turn_line
 from .agent import AUDIO_PIECE, close_deltas, id_source
 from .audio import RATE
-from .interface import AudioDelta, RealtimeAgent, ResponseRequest
+from .interface import AudioDelta, RealtimeAgent, ResponseRequest, TextDelta, TranscriptDelta
 from .machine import (
     CancelResponse,
     ClearAudio,
@@ -56,6 +57,7 @@ from .machine import (
 from .socket_protocol import EndSession, SocketProtocol
 from .transcription import transcribe_item
 from .turns import PauseWork, can_judge, can_speculate
+from .waterfall import Waterfall
 
 log = logging.getLogger("appliance.realtime.ws")
 QUEUE_LIMIT = 2048  # server events waiting for a slow socket before it is dropped
@@ -91,9 +93,12 @@ class RealtimeSocketSession:
                  queue_limit: int | None = None, session_id: str | None = None,
                  protocol: SocketProtocol | None = None,
                  machine: RealtimeConnection | None = None,
-                 pace_lead: float | None = None) -> None:
+                 pace_lead: float | None = None,
+                 on_turn: Callable[[dict[str, Any]], None] | None = None) -> None:
         """``protocol`` (with the ``machine`` under it) replaces the Realtime machine the
-        shell builds by default; ``pace_lead`` (seconds) paces the answer's audio."""
+        shell builds by default; ``pace_lead`` (seconds) paces the answer's audio;
+        ``on_turn`` takes each turn's waterfall line as it completes (signaling's turn
+        histograms), and :attr:`turns` keeps the last ones (the end-of-call report's)."""
         self.agent = agent
         self.id = session_id or f"sess_{secrets.token_hex(8)}"
         self.machine = machine or RealtimeConnection(
@@ -114,6 +119,14 @@ class RealtimeSocketSession:
         self._runs: dict[str, trio.CancelScope] = {}
         self._nursery: trio.Nursery | None = None
         self._pause_work = PauseWork(self.machine, self.agent, self._drain)
+        # Each turn's marks (issue 38 item 5): "first sent" is the first audio delta's
+        # event written to the socket (the sender counts the events it wrote against the
+        # count queued when that one was).
+        self.waterfall = Waterfall()
+        self.turns: deque[dict[str, Any]] = deque(maxlen=MAX_TURNS)
+        self._on_turn = on_turn
+        self._queued_count = 0  # events ever queued for the socket
+        self._watch: deque[tuple[int, str]] = deque()  # (queued count, response id)
 
     async def run(self, receive: Callable[[], Awaitable[str | bytes]],
                   send: Callable[[str], Awaitable[None]]) -> str:
@@ -182,6 +195,8 @@ class RealtimeSocketSession:
                 self._sending = False
                 self.stats.events_out += 1
                 self.stats.bytes_out += len(text)
+                while self._watch and self._watch[0][0] <= self.stats.events_out:
+                    self._report(self._watch.popleft()[1], trio.current_time())
             self._room.set()  # an ending session waits for the queue to be empty
             self._wake = trio.Event()
             await self._wake.wait()
@@ -207,6 +222,12 @@ class RealtimeSocketSession:
     def _drain(self) -> None:
         m = self.machine
         p = self.protocol
+        now = trio.current_time()
+        # A WebSocket client's audio arrives in messages: what the machine was fed by now
+        # arrived by now.
+        self.waterfall.arrived(m.audio_ms, now)
+        while (bound := m.poll_bound()) is not None:
+            self.waterfall.bound(bound, now)
         while (action := p.poll_action()) is not None:
             if isinstance(action, CancelResponse):
                 scope = self._runs.pop(action.response_id, None)
@@ -219,6 +240,7 @@ class RealtimeSocketSession:
                 scope = trio.CancelScope()
                 self._runs[action.request.response_id] = scope
                 self.stats.responses += 1
+                self.waterfall.respond(action.request)
                 self._nursery.start_soon(self._respond, action.request, scope)
             elif isinstance(action, Transcribe) and self._nursery is not None:
                 self._nursery.start_soon(self._transcribe, action)
@@ -237,6 +259,7 @@ class RealtimeSocketSession:
         queued = False
         while (event := p.poll_event()) is not None:
             self._queue.append(json.dumps(event, separators=(",", ":")))
+            self._queued_count += 1
             queued = True
         if queued:
             self._wake.set()
@@ -251,18 +274,20 @@ class RealtimeSocketSession:
                 deltas = self.agent.respond(request)
                 try:
                     async for delta in deltas:
+                        if isinstance(delta, AudioDelta):
+                            self.waterfall.audio(rid, trio.current_time())
+                        elif isinstance(delta, TranscriptDelta | TextDelta):
+                            self.waterfall.text(rid, trio.current_time())
                         if self._lead is not None and isinstance(delta, AudioDelta):
                             # Paced: 100 ms pieces, so a cancel cuts within one.
                             pcm = delta.pcm[: len(delta.pcm) & ~1]
                             for i in range(0, len(pcm), AUDIO_PIECE):
                                 piece = AudioDelta(pcm[i : i + AUDIO_PIECE])
                                 await self._paced(len(piece.pcm))
-                                self.protocol.handle_delta(rid, piece)
-                                self._drain()
+                                self._deliver(rid, piece)
                                 await self._wait_room()
                             continue
-                        self.protocol.handle_delta(rid, delta)
-                        self._drain()
+                        self._deliver(rid, delta)
                         await self._wait_room()
                 finally:
                     await close_deltas(deltas)
@@ -270,9 +295,30 @@ class RealtimeSocketSession:
                 error = type(exc).__name__
                 log.warning("realtime agent failed on %s: %r", rid, exc)
         self._runs.pop(rid, None)
+        self.waterfall.ended(rid)
         if not scope.cancelled_caught:
             self.protocol.handle_response_end(rid, error)
             self._drain()
+
+    def _deliver(self, rid: str, delta: Any) -> None:
+        """One delta to the protocol; the response's first audio event queued is watched
+        until the sender has written it (the turn's ``first_sent``)."""
+        before = self._queued_count
+        self.protocol.handle_delta(rid, delta)
+        self._drain()
+        if (isinstance(delta, AudioDelta) and self._queued_count > before
+                and self.waterfall.queued(rid, trio.current_time())):
+            self._watch.append((self._queued_count, rid))
+
+    def _report(self, rid: str, sent_at: float) -> None:
+        hook = getattr(self.agent, "turn_marks", None)
+        event = self.waterfall.sent(rid, sent_at, hook(rid) if callable(hook) else None)
+        line = turn_line(event) if event is not None else None
+        if line is None:
+            return
+        self.turns.append(line)
+        if self._on_turn is not None:
+            self._on_turn(line)
 
     async def _transcribe(self, action: Transcribe) -> None:
         await transcribe_item(action, self.agent, self.machine, self._drain)

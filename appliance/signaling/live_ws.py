@@ -79,7 +79,8 @@ def register_live_websocket(app: QuartTrio, rt: Realtime) -> None:
             hooks.emit(CALL_STARTED, dict(data))
             log.info("live socket %s started (model %s)", started.session_id, started.model)
 
-        sess = LiveSocketSession(agent, on_started=on_started)
+        sess = LiveSocketSession(agent, on_started=on_started,
+                                 on_turn=state.registry.observe_turn)
         sockets[sess.id] = sess
         reason = END_LOST
         try:
@@ -90,7 +91,7 @@ def register_live_websocket(app: QuartTrio, rt: Realtime) -> None:
                 log.info("live socket %s ended (%s)", sess.id, reason)
                 hooks.emit(CALL_ENDED, {**data, "report": end_report(
                     started_at=started_at, ended_at=state.clock(), reason=reason,
-                    stats=sess.stats.as_dict())})
+                    stats=sess.stats.as_dict(), turns=list(sess.turns))})
         if reason in CLOSED_NORMALLY:
             await close_socket(CLOSE_NORMAL, reason)
         elif reason == END_SLOW_READER:

@@ -116,7 +116,8 @@ def register_websocket(app: QuartTrio, rt: Realtime) -> None:
                 f"session: {exc}"))
         protocols = list(websocket.requested_subprotocols)
         await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in protocols else None)
-        sess = RealtimeSocketSession(agent, session=session)
+        sess = RealtimeSocketSession(agent, session=session,
+                                     on_turn=state.registry.observe_turn)
         live[sess.id] = sess
         log.info("realtime socket %s opened (model %s)", sess.id, session.get("model"))
         data = {"call_id": sess.id, "transport": "websocket", "agent": spec,
@@ -133,7 +134,7 @@ def register_websocket(app: QuartTrio, rt: Realtime) -> None:
             log.info("realtime socket %s ended (%s)", sess.id, reason)
             hooks.emit(CALL_ENDED, {**data, "report": end_report(
                 started_at=started, ended_at=state.clock(), reason=reason,
-                stats=sess.stats.as_dict())})
+                stats=sess.stats.as_dict(), turns=list(sess.turns))})
         if reason == END_SLOW_READER:
             await close_socket(CLOSE_SLOW_READER, "slow reader: events were not read")
         return None

@@ -225,8 +225,14 @@ class SessionRegistry:
             if not isinstance(n, int) or n <= seen:
                 continue
             rec.turns_observed = max(rec.turns_observed, n)
-            for name, seconds in turn_spans(line).items():
-                self.turn_hist[name].observe(seconds)
+            self.observe_turn(line)
+
+    def observe_turn(self, line: dict[str, Any]) -> None:
+        """One turn line (session_info.py ``turn_line``) into the turn histograms: a
+        session object's (above), or a WebSocket session's, which signaling runs itself
+        (realtime_ws.py, live_ws.py: no transceiver reports it)."""
+        for name, seconds in turn_spans(line).items():
+            self.turn_hist[name].observe(seconds)
 
     def reconcile(self, k: int, objs: Iterable[dict[str, Any]], *, asked_at: float) -> None:
         """Transceiver ``k`` listed ``objs`` for a poll sent at trio time ``asked_at``."""

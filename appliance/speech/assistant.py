@@ -35,6 +35,8 @@ spec key           environment                      meaning
                                                     ``silence`` (a fixed wait, as before)
 ``silence_ms``                                      the silence that ends a turn: the wait
                                                     (500) or, semantic, the bound (1000)
+``hold_ms``                                         semantic: the silence a "complete"
+                                                    verdict waits for (600; 0: none)
 ``speculate``                                       ``1`` (default): transcribe at each
                                                     200 ms pause, so the transcript is
                                                     ready when the turn ends; ``0``: after
@@ -53,12 +55,14 @@ request is closed, the work counted as wasted in ``listen.speculation``). With a
 head start is the rest of the pause; a wasted one costs an LLM request.
 
 Semantic end of turn (the default): the turn's audio goes to Smart Turn v3.2 after 200 ms
-of silence, and a P(complete) ≥ 0.8 ends the turn there (the pause, Silero's release and
-the inference: p50 ~510 ms after the last loud sample on the loaded test box, against 560
-for the fixed wait); a turn it calls unfinished (a list, a number read out, "I would like
-to …") ends after 1000 ms of silence, which a mid-sentence pause of 300-700 ms does not
-reach. These are Realtime ``semantic_vad`` ``eagerness: auto`` (appliance/speech/vad.py
-``EAGERNESS``; figures in docs/speech.md). Without the model (the speech extra installed
+of silence, and the speculative transcript of the same pause with it; a P(complete) ≥ 0.5
+whose words do not read as cut short ends the turn once the pause has lasted 600 ms (the
+hold: the verdict is in hand by then, so the end waits for no inference); a turn the
+model or the words call unfinished (a list, a number read out, "I would like to …") ends
+after 1000 ms of silence, which a mid-sentence pause of 300-700 ms does not reach. These
+are Realtime ``semantic_vad`` ``eagerness: auto`` (appliance/speech/vad.py ``EAGERNESS``;
+figures in docs/speech.md: 5 % false cut-offs on the tuning phrases, turn end p50 ~670 ms
+after the last loud sample). Without the model (the speech extra installed
 without pipecat-ai) the assistant falls back to ``turn=silence`` and says so at start-up.
 
 The HTTP STT/TTS engines use the same key as the LLM (``APPLIANCE_SPEECH_KEY`` overrides).
@@ -87,7 +91,6 @@ import logging
 import math
 import os
 import threading
-from collections import deque
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, replace
@@ -110,6 +113,7 @@ from .listen import (
     transcripts,
 )
 from .llm import BuiltinResponder, ChatCompletions, LlmError, Message, Responder, sentences
+from .marks import Arrivals, TurnMarks
 from .stt import SttEngine, make_stt
 from .tts import TtsEngine, TtsError, make_tts
 from .vad import FRAME_MS, SpeechUnavailable, TurnConfig, TurnDetector, make_vad
@@ -117,7 +121,7 @@ from .vad import FRAME_MS, SpeechUnavailable, TurnConfig, TurnDetector, make_vad
 log = logging.getLogger(__name__)
 EXTRA_HINT = "pip install 'appliance[speech]' (or make install)"
 _KEYS = {"llm", "model", "key_file", "stt", "stt_model", "tts", "tts_model", "voice", "vad",
-         "silence_ms", "turn", "speculate", "preempt"}
+         "silence_ms", "turn", "speculate", "preempt", "hold_ms"}
 MAX_HISTORY = 20  # messages kept for the LLM
 TRANSCRIPT_LABEL = "transcript"  # the data channel the transcript events are mirrored on
 
@@ -140,6 +144,9 @@ class AssistantOptions:
     vad: str = "silero"
     turn: str = "semantic"  # or "silence"
     silence_ms: int | None = None  # None: 500 (silence) or the semantic bound (1000)
+    #: semantic: the silence a complete verdict waits for (None: auto's 600; 0: none, the
+    #: turn ends at the verdict: ~270 ms sooner, 4x the false cut-offs, docs/speech.md)
+    hold_ms: int | None = None
     speculate: bool = True  # transcribe at each pause (listen.py), not after the turn
     preempt: bool = True  # start the reply on that transcript, held until the turn ends
 
@@ -176,6 +183,14 @@ class AssistantOptions:
                 raise AgentError("assistant: silence_ms is an integer") from exc
             if not 100 <= silence <= 5000:
                 raise AgentError("assistant: silence_ms is 100..5000")
+        hold: int | None = None
+        if "hold_ms" in q:
+            try:
+                hold = int(q["hold_ms"])
+            except ValueError as exc:
+                raise AgentError("assistant: hold_ms is an integer") from exc
+            if not 0 <= hold <= 5000:
+                raise AgentError("assistant: hold_ms is 0..5000")
         for key in ("llm", "stt", "tts"):
             value = q.get(key)
             if value and "://" in value and not value.startswith(("http://", "https://")):
@@ -190,7 +205,7 @@ class AssistantOptions:
             tts_model=q.get("tts_model") or env.get("APPLIANCE_TTS_MODEL") or _DEFAULTS.tts_model,
             voice=q.get("voice") or env.get("APPLIANCE_TTS_VOICE") or _DEFAULTS.voice,
             vad=vad, turn=turn, silence_ms=silence, speculate=speculate == "1",
-            preempt=preempt == "1",
+            preempt=preempt == "1", hold_ms=hold,
         )
 
     def api_key(self, env: dict[str, str] | None = None) -> str | None:
@@ -301,71 +316,29 @@ def realtime_factory(spec: str) -> Any:
     return lambda: AssistantRealtime(engines)
 
 
-@dataclass
-class TurnMarks:
-    """One turn's waterfall on the trio clock (issue 38 item 5), sent as ``turn.metrics``
-    once the reply's first frame is sent: each mark in ms after the end of the turn was
-    decided (negative: before it). The caller's silence between ``speech_end`` and the end
-    of turn is the detector's wait (``silence_ms``, or the semantic pause and verdict); the
-    marks' names are the session object's ``turns`` keys (appliance/session_info.py)."""
-
-    turn: int
-    end_of_turn: float
-    transcript: float  # the final transcript was in hand
-    stt_seconds: float  # of which the STT's own time after the end of turn
-    #: The detector heard speech start (``min_speech_ms`` into it: UserSpeechStarted).
-    speech_start: float | None = None
-    #: The VAD paused: the caller's last voiced frame arrived (:class:`_Arrivals`).
-    speech_end: float | None = None
-    first_token: float | None = None  # the responder's first text
-    first_audio: float | None = None  # the TTS's first frame
-    first_queued: float | None = None  # that frame queued for the pacer
-    first_sent: float | None = None  # that frame sent: the pacer took it (played_past)
-
-    def event(self) -> dict[str, Any]:
-        def ms(t: float | None) -> float | None:
-            return None if t is None else round((t - self.end_of_turn) * 1000, 1)
-
-        return {"type": "turn.metrics", "turn": self.turn,
-                "speech_start_ms": ms(self.speech_start),
-                "speech_end_ms": ms(self.speech_end),
-                "transcript_ms": ms(self.transcript),
-                "stt_ms": round(self.stt_seconds * 1000, 1),
-                "first_token_ms": ms(self.first_token),
-                "first_audio_ms": ms(self.first_audio),
-                "first_queued_ms": ms(self.first_queued),
-                "first_sent_ms": ms(self.first_sent)}
-
-
 class _Arrivals:
-    """The caller's frames on their way to the turn detector, with the arrival times of the
-    last :data:`KEEP` of them: the detector counts media time in frames (a turn's
-    ``audio_end_ms`` is the end of frame ``audio_end_ms // 20`` of those it was fed), so
-    this tells when the audio at such a position arrived — the moment the VAD paused. (The
-    listener, appliance/speech/listen.py, has that time only as a media position.)"""
-
-    #: 10 s of frames: past the longest silence bound (5 s) plus what the listener reads
-    #: while a pause's threads run, before it yields the end of the turn.
-    KEEP = 500
+    """The caller's frames on their way to the turn detector, each one's arrival noted by
+    its media position (:class:`~appliance.speech.marks.Arrivals`): the detector counts
+    media time in frames (a turn's ``audio_end_ms`` is the end of frame ``audio_end_ms //
+    20`` of those it was fed), so this tells when the audio at such a position arrived —
+    the moment the VAD paused. (The listener, appliance/speech/listen.py, has that time
+    only as a media position.)"""
 
     def __init__(self, ctx: AgentContext) -> None:
         self._ctx = ctx
-        self._times: deque[float] = deque(maxlen=self.KEEP)
+        self._map = Arrivals()
         self._count = 0  # frames handed on (the detector's own count: it sees only these)
 
     async def frames(self) -> AsyncGenerator[Any, None]:
         async for frame in self._ctx.frames():
             self._count += 1
-            self._times.append(frame.received_at)
+            self._map.note(self._count * FRAME_MS, frame.received_at)
             yield frame
 
     def at(self, position_ms: int) -> float | None:
         """Arrival time of the frame that ends at media position ``position_ms`` (None
         before the first frame, or if it is older than what is kept)."""
-        back = self._count - position_ms // FRAME_MS  # 0: the newest frame
-        if position_ms < FRAME_MS or not 0 <= back < len(self._times):
-            return None
-        return self._times[-1 - back]
+        return self._map.at(position_ms)
 
 
 @dataclass
@@ -418,6 +391,8 @@ class Assistant:
                                           speculate=self.opts.speculate)
             if self.opts.silence_ms is not None:
                 cfg = replace(cfg, silence_duration_ms=self.opts.silence_ms)
+            if self.opts.hold_ms is not None:
+                cfg = replace(cfg, hold_ms=self.opts.hold_ms)
             return cfg
         return TurnConfig(silence_duration_ms=self.opts.silence_ms or 500, vad=self.opts.vad,
                           speculate=self.opts.speculate)

@@ -130,6 +130,24 @@ class AssistantRealtime:
         self._heard: OrderedDict[str, str] = OrderedDict()
         self._busy: dict[str, trio.Event] = {}
         self._guesses: dict[str, _Guess] = {}  # item -> its latest pause's transcript
+        # The turn waterfall's marks only the agent sees (issue 38 item 5; the shell asks
+        # with turn_marks): when each item's transcript was in hand and what the STT took
+        # of it, and per response its LLM's first text. Trio clock.
+        self._heard_at: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        self._marks: OrderedDict[str, dict[str, float]] = OrderedDict()
+
+    def turn_marks(self, response_id: str) -> dict[str, float] | None:
+        """The response's ``transcript``, ``stt_seconds`` and ``first_token`` marks (the
+        shell's waterfall, appliance/realtime/waterfall.py), once: forgotten after."""
+        return self._marks.pop(response_id, None)
+
+    def _marks_of(self, response_id: str) -> dict[str, float]:
+        marks = self._marks.get(response_id)
+        if marks is None:
+            marks = self._marks[response_id] = {}
+            while len(self._marks) > MAX_REMEMBERED:
+                self._marks.popitem(last=False)
+        return marks
 
     async def speculate(self, item_id: str, pause: int, audio: bytes) -> None:
         """The caller paused inside the turn that will be ``item_id``: decode its audio so
@@ -161,6 +179,17 @@ class AssistantRealtime:
             with trio.CancelScope(shield=True):
                 await stream.aclose()
 
+    async def pause_words(self, item_id: str, pause: int) -> str | None:
+        """The transcript :meth:`speculate` makes of ``item_id``'s pause ``pause`` (waiting
+        for it), for the end-of-turn verdict of that pause (appliance/realtime/turns.py):
+        None when there is none (the engine decodes only at the end, or the shell skipped
+        this pause's decode) or it failed."""
+        guess = self._guesses.get(item_id)
+        if guess is None or guess.pause != pause:
+            return None
+        await guess.done.wait()
+        return guess.text
+
     async def _speculated(self, turn: UserTurn) -> str | None:
         """The guess made at the pause the turn ended in, if any (waiting for it)."""
         guess = self._guesses.pop(turn.item_id, None)
@@ -176,10 +205,14 @@ class AssistantRealtime:
         speculation.used += 1
         return guess.text
 
-    def _remember(self, item_id: str, text: str) -> None:
+    def _remember(self, item_id: str, text: str, began: float) -> None:
         self._heard[item_id] = text
+        now = trio.current_time()
+        self._heard_at[item_id] = (now, now - began)
         while len(self._heard) > MAX_REMEMBERED:
             self._heard.popitem(last=False)
+        while len(self._heard_at) > MAX_REMEMBERED:
+            self._heard_at.popitem(last=False)
 
     async def transcribe(self, turn: UserTurn) -> str:
         """The item's words (transcribed once; a second caller waits for the first)."""
@@ -193,10 +226,11 @@ class AssistantRealtime:
         else:
             return self._heard[turn.item_id]
         done = self._busy[turn.item_id] = trio.Event()
+        began = trio.current_time()
         try:
             guessed = await self._speculated(turn)
             if guessed is not None:
-                self._remember(turn.item_id, guessed)
+                self._remember(turn.item_id, guessed, began)
                 return guessed
             stream = self.engines.stt.stream()
             try:
@@ -206,7 +240,7 @@ class AssistantRealtime:
             finally:
                 with trio.CancelScope(shield=True):
                     await stream.aclose()
-            self._remember(turn.item_id, text)
+            self._remember(turn.item_id, text, began)
             return text
         finally:
             del self._busy[turn.item_id]
@@ -258,6 +292,10 @@ class AssistantRealtime:
             messages = await self._messages(request)
         except SttError:
             messages = []
+        heard = self._heard_at.get(request.turn.item_id) if request.turn is not None else None
+        if heard is not None:
+            self._marks_of(request.response_id).update(
+                transcript=heard[0], stt_seconds=heard[1])
         last_user = next((m for m in reversed(messages) if m["role"] == "user"), None)
         try:
             if not answered_tool and (last_user is None or not last_user.get("content")):
@@ -287,7 +325,11 @@ class AssistantRealtime:
                 async for piece in stream:
                     if isinstance(piece, ToolCall):
                         calls.append(piece)
-                    elif done := splitter.feed(piece):
+                        continue
+                    marks = self._marks_of(request.response_id)
+                    if "first_token" not in marks:
+                        marks["first_token"] = trio.current_time()
+                    if done := splitter.feed(piece):
                         async with aclosing(self._say(done, audio, first=not said)) as deltas:
                             async for delta in deltas:
                                 yield delta

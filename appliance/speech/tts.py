@@ -34,7 +34,7 @@ import sys
 import tempfile
 import threading
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from pathlib import Path
@@ -42,12 +42,15 @@ from typing import Any, Protocol
 
 import trio
 
-from ..audio.resample import Resampler
+from ..audio.resample import Resampler, resample
 from .audio import WavError, parse_wav_header, read_wav
 from .stt import _httpx
 from .vad import FRAME_BYTES, SpeechUnavailable
 
 OUT_RATE = 48_000
+#: Clauses of at most this many words are kept for reuse (PiperTts ``clips``): the
+#: openings replies repeat, not whole sentences.
+CLIP_WORDS = 4
 log = logging.getLogger(__name__)
 
 
@@ -345,7 +348,8 @@ class PiperTts:
 
     def __init__(self, *, model: str | os.PathLike[str] | None = None,
                  program: Sequence[str] | None = None, workers: int = 2,
-                 first_words: int = 2, fallback: TtsEngine | None | bool = True) -> None:
+                 first_words: int = 2, fallback: TtsEngine | None | bool = True,
+                 clips: int = 64) -> None:
         found = Path(model) if model is not None else piper_voice_model()
         if found is None:
             raise SpeechUnavailable(
@@ -360,6 +364,11 @@ class PiperTts:
         self._cmd = [*cmd, "-m", str(found), "-c", f"{found}.json"]
         self.max_workers = workers
         self.first_words = first_words  # split_clauses(): 0 cuts at punctuation only
+        #: Short clauses' audio kept per process (at most ``clips``, the least recently
+        #: used go; 0: none): ~1 s of 48 kHz audio, ~100 KB, each.
+        self.clips = clips
+        self._clips: OrderedDict[str, bytes] = OrderedDict()
+        self.clip_hits = 0
         self._slots = trio.Semaphore(workers)
         self._lock = threading.Lock()  # preload() may run in a worker thread
         self._idle: list[_PiperWorker] = []
@@ -430,28 +439,62 @@ class PiperTts:
             self._spawn_locked()  # its model loads while the fallback speaks
         w.close()
 
+    def remembers(self, clause: str) -> bool:
+        """Whether ``clause`` would play from memory (benchmarks, tests)."""
+        return clause in self._clips
+
+    def _cached(self, clause: str) -> bytes | None:
+        pcm = self._clips.get(clause)
+        if pcm is not None:
+            self._clips.move_to_end(clause)
+            self.clip_hits += 1
+        return pcm
+
+    def _keep(self, clause: str, pcm: bytes) -> None:
+        """A short clause's audio (48 kHz) for the next reply that opens with it."""
+        if len(clause.split()) > CLIP_WORDS or self.clips <= 0:
+            return
+        self._clips[clause] = pcm
+        while len(self._clips) > self.clips:
+            self._clips.popitem(last=False)
+
     async def synthesize(self, text: str) -> AsyncGenerator[bytes, None]:
         clauses = split_clauses(text, self.first_words)
         if not clauses:
             return
         framer = _Framer()
-        resampler: Resampler | None = None
         done = 0  # clauses whose audio has been yielded
         failure: BaseException | None = None
+        # Short clauses said before (a reply's opening words repeat: "You said:", "It
+        # is", "Sure,") play from memory: their first audio needs no model run. The others
+        # go to the worker in order, each sent ahead so it is synthesised while the one
+        # before plays.
+        clips = [self._cached(c) for c in clauses]
+        sent = [False] * len(clauses)
         async with self._slots:
             worker = self._take()
             replaced = False
             try:
                 await worker.drain()
-                await worker.send(clauses[0])
+                for j in (0, 1)[: len(clauses)]:
+                    if clips[j] is None:
+                        await worker.send(clauses[j])
+                        sent[j] = True
+                        break
                 for i in range(len(clauses)):
-                    wav = await worker.receive()
-                    if i + 1 < len(clauses):
-                        await worker.send(clauses[i + 1])  # synthesised while this plays
-                    pcm, rate = read_wav(wav)
-                    if resampler is None:
-                        resampler = Resampler(rate, OUT_RATE)
-                    for frame in framer.push(resampler.process(pcm)):
+                    pcm = clips[i]
+                    if pcm is None:
+                        if not sent[i]:
+                            await worker.send(clauses[i])
+                            sent[i] = True
+                        raw, rate = read_wav(await worker.receive())
+                        pcm = resample(raw, rate, OUT_RATE)
+                        self._keep(clauses[i], pcm)
+                    j = i + 1
+                    if j < len(clauses) and clips[j] is None and not sent[j]:
+                        await worker.send(clauses[j])  # synthesised while this plays
+                        sent[j] = True
+                    for frame in framer.push(pcm):
                         yield frame
                     done = i + 1
             except (_WorkerDied, WavError) as exc:
@@ -461,9 +504,6 @@ class PiperTts:
             finally:
                 if not replaced:
                     self._give_back(worker)  # lines still in flight are drained by the next user
-        if resampler is not None:
-            for frame in framer.push(resampler.flush()):
-                yield frame
         for frame in framer.tail():
             yield frame
         if failure is None:

@@ -23,14 +23,16 @@ before the detected start), ``silence_duration_ms`` (silence that ends the turn)
 shell runs Smart Turn (appliance/speech/endpoint.py, ~50 ms) off the loop and answers with
 ``handle_verdict(now, query_id, probability, transcript)``. A probability at or above
 ``semantic_threshold`` (``words_threshold`` when a transcript comes with it) while the
-caller is still silent ends the turn at once, unless the
-shell's speculative transcript of the turn so far (Whisper's, decoded at the same pause:
-listen.py) reads as cut short (:func:`unfinished`: it ends on "to", "and", "the", a
-number, a comma or an ellipsis, or has no words): the text vetoes the model, and the
+caller is still silent ends the turn — at once, or, with a hold (``hold_ms``, 600 for the
+default ``auto``), once the pause's silence reaches it — unless the shell's speculative
+transcript of the turn so far (Whisper's, decoded at the same pause: listen.py) reads as
+cut short (:func:`unfinished`: it ends on "to", "and", "the", a number, a comma or an
+ellipsis, has no words, or its last sentence is a list without its "and", a hesitation,
+"could you please?", a "First, …" with no next step): the text vetoes the model, and the
 silence bound ends the turn. A verdict that comes back after the caller spoke again, or
 after the turn ended, is stale and ignored. ``silence_duration_ms`` stays the bound: a turn the model calls unfinished (lists
 and numbers read so), or one whose shell never answers, still ends after that much
-silence. ``eagerness`` picks the thresholds, bound and pause (:data:`EAGERNESS`), and
+silence. ``eagerness`` picks the thresholds, bound, pause and hold (:data:`EAGERNESS`), and
 ``server_vad`` never asks (its exact meaning is unchanged). See docs/speech.md.
 
 Sans-IO in the house style: ``handle_input(now, pcm)`` (or ``handle_frame(now, pcm,
@@ -183,21 +185,25 @@ def make_vad(kind: str = "silero", *, threshold: float = 0.5) -> Vad:
 # -- turn detection (Realtime server_vad and semantic_vad) ---------------------------------
 
 #: Realtime ``semantic_vad.eagerness`` → (Smart Turn threshold, silence bound in ms, pause in
-#: ms, threshold with a transcript). The pause is the silence after which the model (and the STT) is asked; the
-#: threshold is P(complete) that ends the turn there; the bound ends a turn the model (or
-#: the transcript) calls unfinished. Chosen from bench/turn_bench.py --cutoffs
-#: (docs/speech.md has the figures): on mid-sentence pauses of 300-700 ms Smart Turn and
-#: Whisper both call about half of them complete, so only waiting them out gets the false
-#: cut-offs near 5 %: ``low`` asks after 600 ms of silence (0-10 % cut off, turn end p50
-#: ~900 ms); ``auto`` asks after 200 ms (25-50 % with the transcript, p50 ~500 ms); the
-#: bound must outlast a pause (plus Silero's ~100 ms release) or every wrong verdict is a
-#: cut-off.
+#: ms, threshold with a transcript, hold in ms). The pause is the silence after which the
+#: model (and the STT) is asked; the threshold is P(complete) that ends the turn; the hold
+#: is the silence a "complete" verdict waits for before it ends the turn (0: at once); the
+#: bound ends a turn the model (or the transcript) calls unfinished. Chosen from
+#: bench/turn_bench.py --cutoffs (docs/speech.md has the figures): on mid-sentence pauses
+#: of 300-700 ms Smart Turn calls about half of them complete at 0.9-0.99, and the pause's
+#: transcript (:func:`unfinished`) catches only the ones whose words dangle, so only waiting
+#: out the pause gets the false cut-offs to 5 %: ``auto`` asks after 200 ms (the verdict
+#: and the transcript are in hand by ~350 ms) and holds a complete verdict to 600 ms of
+#: silence (5 % cut off on the tuning set, turn end p50 ~670 ms after the last loud sample;
+#: without the hold 20 % at ~390 ms); ``high`` ends at the verdict (the fast setting: 20-60 %
+#: cut off); ``low`` asks after 600 ms. The bound must outlast a pause (plus Silero's
+#: ~100 ms release) or every wrong verdict is a cut-off.
 #: The fourth value is the threshold when the verdict comes with the pause's transcript:
 #: with the words able to veto, 0.8 cut off as many phrases as 0.5, or one fewer, in five
 #: runs on both phrase sets, and made more turns wait for the bound.
-EAGERNESS: dict[str, tuple[float, int, int, float]] = {
-    "low": (0.8, 1000, 600, 0.5), "medium": (0.8, 1000, 200, 0.5),
-    "auto": (0.8, 1000, 200, 0.5), "high": (0.5, 700, 200, 0.5)}
+EAGERNESS: dict[str, tuple[float, int, int, float, int]] = {
+    "low": (0.8, 1000, 600, 0.5, 600), "medium": (0.8, 1000, 200, 0.5, 600),
+    "auto": (0.8, 1000, 200, 0.5, 600), "high": (0.5, 700, 200, 0.5, 0)}
 
 
 # -- the transcript as a second signal ------------------------------------------------------
@@ -222,6 +228,34 @@ NUMBER_WORDS = frozenset(
     "seventy eighty ninety hundred thousand million".split())
 
 
+#: Phrases a caller thinks aloud with: more is coming ("Hmm, let me think…"), and an
+#: answer now would talk over them. (A turn that really ends so waits for the bound.)
+HESITATIONS = (("let", "me", "think"), ("let", "me", "see"), ("let", "me", "check"),
+               ("i", "mean"), ("you", "know"), ("i", "guess"), ("sort", "of"), ("kind", "of"))
+#: Words that open a sequence whose next step is still to come when nothing follows them:
+#: "First, open the settings" waits for its "then …".
+SEQUENCE_OPENERS = frozenset({"first", "firstly"})
+SEQUENCE_NEXT = frozenset({"then", "second", "secondly", "next", "after", "afterwards",
+                           "and", "finally"})
+
+
+def _words(text: str) -> list[str]:
+    return "".join(c if c.isalnum() or c == "'" else " " for c in text.lower()).split()
+
+
+def _open_list(sentence: str) -> bool:
+    """A list still being read out: "We need milk, eggs." — a clause of two or more words
+    before the first comma, one word after the last, and no "and"/"or" closing it. Whisper
+    ends each chunk it hears with a full stop, so a list paused between items reads as a
+    finished sentence; a list that is done has its conjunction ("milk, eggs and bread")."""
+    parts = sentence.split(",")
+    if len(parts) < 2:
+        return False
+    head, tail = _words(parts[0]), _words(parts[-1])
+    return len(head) >= 2 and len(tail) == 1 and not {"and", "or", "nor"} & set(
+        _words(",".join(parts[1:])))
+
+
 def unfinished(transcript: str) -> bool:
     """Whether a speculative transcript of the turn so far reads as cut short, so that a
     "complete" verdict at this pause should not end the turn. Whisper punctuates what it
@@ -229,17 +263,35 @@ def unfinished(transcript: str) -> bool:
     a comma, or nothing. Unfinished: no words at all (a filler, a breath: nothing to answer
     yet), no closing punctuation, an ellipsis or a comma at the end, a last word from
     :data:`DANGLING_WORDS` (or :data:`DANGLING_IN_STATEMENTS` outside a question), or a
-    number (a digit or a number word) last."""
+    number (a digit or a number word) last; and, in the last sentence, a list read out
+    without its closing "and" (:func:`_open_list`), a hesitation at the end
+    (:data:`HESITATIONS`: "let me think"), a question that stops at "you please" ("Could
+    you please?": its verb is still to come), or a "First, …" with no next step."""
     text = transcript.strip()
     if text.endswith(("...", "…")) or not text.endswith((".", "?", "!")):
         return True  # also "" (no words)
-    words = "".join(c if c.isalnum() or c == "'" else " " for c in text.lower()).split()
+    words = _words(text)
     if not words:
         return True
     last = words[-1]
     if last in DANGLING_WORDS or last.isdigit() or last in NUMBER_WORDS:
         return True
-    return not text.endswith("?") and last in DANGLING_IN_STATEMENTS
+    if not text.endswith("?") and last in DANGLING_IN_STATEMENTS:
+        return True
+    # The last sentence: Whisper may have split the turn so far into several.
+    body = text.rstrip(".?!")
+    cut = max(body.rfind(". "), body.rfind("? "), body.rfind("! "))
+    sentence = body[cut + 2 :] if cut >= 0 else body
+    said = _words(sentence)
+    if not said:
+        return False
+    if _open_list(sentence):
+        return True
+    if any(tuple(said[-len(h):]) == h for h in HESITATIONS):
+        return True
+    if said[-2:] == ["you", "please"]:
+        return True
+    return said[0] in SEQUENCE_OPENERS and not SEQUENCE_NEXT & set(said[1:])
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +319,11 @@ class TurnConfig:
     #: Silence (ms) at which a pause the model called unfinished is put to it again
     #: (P(complete) can rise as the silence goes on); 0: one question per pause.
     reask_ms: int = 0
+    #: Silence (ms) a pause must reach before a "complete" verdict ends the turn (0: the
+    #: verdict ends it at once). The verdict (and the pause's transcript) are asked for at
+    #: ``pause_ms`` and are in hand long before: the turn then ends the moment the silence
+    #: reaches this, with no inference left to wait for, unless the caller speaks first.
+    hold_ms: int = 0
     #: Emit :class:`EndOfTurnQuery` at pauses even without the model (``server_vad``), for a
     #: shell that starts work there (listen.py transcribes speculatively); no verdict needed.
     speculate: bool = False
@@ -280,9 +337,11 @@ class TurnConfig:
         """A semantic turn config for a Realtime ``eagerness`` (see :data:`EAGERNESS`)."""
         if eagerness not in EAGERNESS:
             raise ValueError(f"unknown eagerness {eagerness!r}")
-        threshold, bound, pause, words = EAGERNESS[eagerness]
-        return cls(semantic=True, semantic_threshold=threshold, silence_duration_ms=bound,
-                   pause_ms=pause, words_threshold=words, **kw)
+        threshold, bound, pause, words, hold = EAGERNESS[eagerness]
+        fields: dict[str, Any] = {
+            "semantic": True, "semantic_threshold": threshold, "silence_duration_ms": bound,
+            "pause_ms": pause, "words_threshold": words, "hold_ms": hold}
+        return cls(**{**fields, **kw})
 
     @classmethod
     def from_realtime(cls, td: dict[str, Any] | None, *, vad: str = "silero") -> TurnConfig | None:
@@ -376,6 +435,7 @@ class TurnDetector:
         self._reask_frames = (max(self._pause_frames + 1,
                                   -(-(c.reask_ms - c.release_ms) // FRAME_MS))
                               if c.reask_ms and c.semantic else 0)
+        self._hold_frames = max(0, -(-(c.hold_ms - c.release_ms) // FRAME_MS))
         self._frames = 0  # frames seen
         self._run = 0  # consecutive speech frames while idle
         self._silent = 0  # consecutive silent frames while in a turn
@@ -395,6 +455,7 @@ class TurnDetector:
         self._vetoed = False
         self._reask = False
         self._words = False  # this pause's verdict came with a transcript
+        self._held = False  # a complete verdict waits for the silence to reach hold_ms
         #: The last verdict taken (not stale), for metrics and tests.
         self.last_probability: float | None = None
         #: Complete verdicts the transcript overruled (:func:`unfinished`).
@@ -435,7 +496,7 @@ class TurnDetector:
             self._query = None
             self._pause = None
             self._asked = False
-            self._vetoed = self._reask = self._words = False
+            self._vetoed = self._reask = self._words = self._held = False
             self._prefix.clear()
             return
         # The pre-roll keeps the turn's trailing silence (never its speech: turns do not
@@ -447,6 +508,8 @@ class TurnDetector:
         self._silent += 1
         if self._silent >= self._silence_frames:
             self._stop(now)  # the bound: with or without the model's verdict
+        elif self._held and self._silent >= self._hold_frames:
+            self._stop(now)  # a complete verdict, held until the silence reached hold_ms
         elif ((self.config.semantic or self.config.speculate) and not self._asked
               and self._silent >= self._pause_frames):
             self._asked = True
@@ -495,6 +558,8 @@ class TurnDetector:
                 and not self._vetoed
         elif self._vetoed:
             self.vetoes += 1  # complete by the model, cut short by the words: the bound
+        elif self._silent < self._hold_frames:
+            self._held = True  # complete: ends when the silence reaches hold_ms
         else:
             self._stop(now)
 
@@ -503,7 +568,7 @@ class TurnDetector:
         self._run = 0
         self._query = None
         self._asked = False
-        self._vetoed = self._reask = self._words = False
+        self._vetoed = self._reask = self._words = self._held = False
         self._out.append(SpeechStopped(now, self._speech_end_ms(), self._pause))
         self._pause = None
         self._silent = 0

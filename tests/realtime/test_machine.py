@@ -320,12 +320,41 @@ def test_semantic_vad_asks_the_model_at_the_pause_and_a_complete_verdict_ends_th
     h.silence(60)  # the model answers ~60 ms later; the frames went on meanwhile
     assert "input_audio_buffer.speech_stopped" not in h.types()
     h.m.handle_verdict(q.query_id, 0.95)
-    new = h.drain()
+    assert "input_audio_buffer.speech_stopped" not in h.types(h.drain())
+    # auto holds a complete verdict until the pause has lasted 600 ms (the flag's 200 ms
+    # hangover and 400 ms of flagged silence): then it ends with no inference to wait for.
+    h.silence(300)
+    assert "input_audio_buffer.speech_stopped" not in h.types()
+    new = h.silence(20)
     assert h.types(new)[:2] == ["input_audio_buffer.speech_stopped",
                                 "input_audio_buffer.committed"]
     assert "response.created" in h.types(new)
-    # ended at 80 ms of flagged silence: the bound (1000 ms for auto) was never reached
-    assert new[0]["audio_end_ms"] == 400 + 600 + 80
+    # ended at 400 ms of flagged silence: the bound (1000 ms for auto) was never reached
+    assert new[0]["audio_end_ms"] == 400 + 600 + 400
+
+
+def test_semantic_vad_takes_the_pause_words_with_the_verdict() -> None:
+    """An agent that transcribes at pauses (the assistant) gets its words into the verdict:
+    JudgeTurn names the SpeculateTurn of its pause, and words that dangle veto a
+    "complete" (the ctx loop's rule, vad.unfinished): the turn waits for the bound."""
+    h = Harness(judge=True, speculate=True)
+    h.m.handle_open()
+    _semantic(h, "high")  # no hold: the verdict ends the turn at once
+    h.silence(200)
+    h.frames(tone(400), True)
+    h.silence(20)
+    (q,) = _of(h, JudgeTurn)
+    (s,) = _of(h, SpeculateTurn)
+    assert (q.item_id, q.pause) == (s.item_id, s.pause)
+    h.m.handle_verdict(q.query_id, 0.97, "Send the report to...")
+    h.drain()
+    assert "input_audio_buffer.speech_stopped" not in h.types()
+    h.frames(tone(400), True)
+    h.silence(20)
+    q2 = _of(h, JudgeTurn)[-1]
+    h.m.handle_verdict(q2.query_id, 0.97, "Send the report to Anna.")
+    new = h.drain()
+    assert h.types(new)[0] == "input_audio_buffer.speech_stopped"
 
 
 def test_semantic_vad_unfinished_or_stale_verdicts_wait_for_the_bound() -> None:

@@ -28,7 +28,7 @@ async def test_a_burst_of_pauses_runs_one_inference_and_one_speculation_at_a_tim
     judged: list[int] = []
     verdict = trio.Event()
 
-    async def fake_judge(action: JudgeTurn, machine: Any, drain: Any) -> None:
+    async def fake_judge(action: JudgeTurn, machine: Any, drain: Any, agent: Any) -> None:
         judged.append(action.query_id)
         await verdict.wait()
 
@@ -49,3 +49,39 @@ async def test_a_burst_of_pauses_runs_one_inference_and_one_speculation_at_a_tim
         work.start(JudgeTurn(4, b""), nursery)  # the next pause's work runs again
         await trio.testing.wait_all_tasks_blocked()
         assert judged == [1, 4]
+
+
+class WordsAgent:
+    """An agent whose transcript of a pause is ready when asked (the assistant's hook)."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, int]] = []
+
+    async def pause_words(self, item_id: str, pause: int) -> str | None:
+        self.asked.append((item_id, pause))
+        await trio.lowlevel.checkpoint()
+        return "I would like to..."
+
+
+async def test_the_verdict_goes_back_with_the_pauses_words(monkeypatch: Any) -> None:
+    """``judge`` hands the machine the model's P(complete) and the agent's transcript of the
+    same pause (``JudgeTurn.item_id``/``pause``), as listen.py does for the ctx loop."""
+    from appliance.speech import endpoint
+
+    class Model:
+        def probability(self, audio16k: bytes) -> float:
+            return 0.97
+
+    monkeypatch.setattr(endpoint, "SmartTurn", Model)
+    got: list[tuple[int, float, str | None]] = []
+
+    class Machine:
+        def handle_verdict(self, query_id: int, p: float, words: str | None = None) -> None:
+            got.append((query_id, p, words))
+
+    agent = WordsAgent()
+    await turns.judge(JudgeTurn(7, b"", "item_1", 3), Machine(), lambda: None,  # type: ignore[arg-type]
+                      agent)
+    assert got == [(7, 0.97, "I would like to...")] and agent.asked == [("item_1", 3)]
+    await turns.judge(JudgeTurn(8, b""), Machine(), lambda: None, agent)  # type: ignore[arg-type]
+    assert got[-1] == (8, 0.97, None) and len(agent.asked) == 1  # no pause: model alone

@@ -324,6 +324,44 @@ async def test_a_websocket_session_reports_its_end(make_env: Any, nursery: trio.
     assert report["stats"]["events_in"] == 1 and report["stats"]["events_out"] >= 3
 
 
+def websocket_audio_turn(url: str) -> None:
+    """0.6 s of tone then silence, appended in 100 ms pieces (24 kHz PCM16): server_vad
+    ends the turn and the echo agent plays it back."""
+    import base64
+
+    import numpy as np
+    from websockets.sync.client import connect
+
+    t = np.arange(int(24_000 * 0.6)) / 24_000
+    audio = (np.sin(2 * np.pi * 300 * t) * 8000).astype("<i2").tobytes() + bytes(2 * 36_000)
+    with connect(url.replace("http", "ws", 1) + "/v1/realtime?model=m") as ws:
+        for i in range(0, len(audio), 4_800):
+            ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                "audio": base64.b64encode(audio[i : i + 4_800]).decode()}))
+        while json.loads(ws.recv(timeout=TIMEOUT))["type"] != "response.done":
+            pass
+
+
+async def test_a_websocket_sessions_turns_reach_its_report_and_the_histograms(
+        make_env: Any, nursery: trio.Nursery) -> None:
+    """Issue 38 item 5 on the WebSocket (which signaling runs itself, no transceiver): the
+    turn's waterfall is in the end-of-call report's ``turns`` and in /metrics."""
+    rx = Receiver(fail=0)
+    port = await rx.serve(nursery)
+    ep = Endpoint(f"http://127.0.0.1:{port}/hook", secret_key(SECRET))
+    env = await make_env(webhooks=[ep])
+    env.state.config.http = ("127.0.0.1", 0)
+    binds = await nursery.start(partial(serve_signaling, env.state.config, state=env.state))
+    with trio.fail_after(TIMEOUT):
+        await trio.to_thread.run_sync(websocket_audio_turn, binds[0])
+        await rx.wait_for(2)
+    _, ended = (json.loads(b) for _, b in rx.requests)
+    (turn,) = ended["data"]["report"]["turns"]
+    assert turn["turn"] == 1
+    assert turn["speech_start_ms"] < turn["speech_end_ms"] < 0 <= turn["first_sent_ms"]
+    assert env.state.registry.turn_hist["first_sent"].count == 1
+
+
 def test_webhook_url_flags(tmp_path: Any, monkeypatch: Any) -> None:
     import argparse
 

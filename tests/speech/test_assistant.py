@@ -292,3 +292,19 @@ def test_turn_marks_map_onto_the_session_object_and_the_histograms() -> None:
     cut = TurnMarks(turn=3, end_of_turn=5.0, transcript=5.01, stt_seconds=0.01,
                     speech_start=3.0, speech_end=4.5).event()
     assert cut["first_sent_ms"] is None and "first_sent" not in turn_spans(turn_line(cut) or {})
+
+
+def test_hold_ms_sets_the_semantic_hold() -> None:
+    """``hold_ms`` (issue 38 item 2): the default holds a complete verdict to 600 ms of
+    silence; 0 ends the turn at the verdict (faster, more cut-offs)."""
+    from appliance.speech.assistant import Assistant, Engines
+
+    def config(spec: str) -> Any:
+        opts = AssistantOptions.from_spec(spec, {})
+        return Assistant(opts, Engines(None, None, None, object())).turn_config()  # type: ignore[arg-type]
+
+    assert config("assistant").hold_ms == 600
+    assert config("assistant?hold_ms=0").hold_ms == 0
+    for bad in ("assistant?hold_ms=-1", "assistant?hold_ms=soon"):
+        with pytest.raises(AgentError, match="hold_ms"):
+            AssistantOptions.from_spec(bad, {})

@@ -306,7 +306,10 @@ async def test_the_word_after_a_turn_ended_in_its_pause_is_heard_whole() -> None
     rises = next(i for i in range(onset, len(flagged)) if flagged[i])
     assert rises > onset  # the premise: Silero flags the word some frames after its onset
 
-    call = VerdictOnCue(audio, TurnConfig.semantic_vad("auto", speculate=True))
+    # No hold: a verdict that ends the turn at once is what can land inside the next word
+    # (with auto's 600 ms hold this 500 ms pause does not end the turn at all; a longer
+    # pause ends it at the hold, and a word begun then is the same case as this one).
+    call = VerdictOnCue(audio, TurnConfig.semantic_vad("auto", speculate=True, hold_ms=0))
     call.cue = lambda query_frame: rises - 1  # type: ignore[method-assign]
     with trio.fail_after(120):
         got = [ev async for ev in transcripts(call, detector=call.detector, endpoint=call,  # type: ignore[arg-type]

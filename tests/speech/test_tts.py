@@ -148,6 +148,25 @@ async def test_closing_early_leaves_a_reusable_worker(piper: PiperTts) -> None:
 
 
 @needs_piper
+async def test_a_repeated_opening_plays_from_memory(piper: PiperTts) -> None:
+    """Issue 38 item 4: a reply that opens with a short clause said before ("You said:",
+    "It is") plays it from memory, so its first audio waits for no model run; the rest
+    goes to the worker, sent ahead while the clip plays. Piper samples its prosody, so
+    audio equal to the first reply's is audio that was not synthesised again."""
+    one = [f async for f in piper.synthesize("You said, hello there.")]
+    assert piper.clip_hits == 0
+    two = [f async for f in piper.synthesize("You said, goodbye and thank you.")]
+    assert piper.clip_hits == 1
+    assert piper.remembers("You said,")
+    clip = len(piper._cached("You said,") or b"") // FRAME_BYTES
+    assert clip > 5 and two[:clip] == one[:clip]
+    assert _speech_seconds(two) > _speech_seconds(one[:clip]) + 0.5  # the rest was spoken
+    piper.clips = 0  # off: nothing more is kept
+    [f async for f in piper.synthesize("Fresh words.")]
+    assert not piper.remembers("Fresh words.")
+
+
+@needs_piper
 async def test_two_calls_at_once_both_finish(piper: PiperTts) -> None:
     results: dict[str, float] = {}
 

@@ -110,7 +110,11 @@ def test_realtime_turn_detection_maps() -> None:
     high = TurnConfig.from_realtime({"type": "semantic_vad", "eagerness": "high"})
     assert high is not None and high.semantic
     assert (high.semantic_threshold, high.silence_duration_ms, high.pause_ms,
-            high.words_threshold) == EAGERNESS["high"]
+            high.words_threshold, high.hold_ms) == EAGERNESS["high"]
+    # The default holds a complete verdict until the pause has lasted 600 ms (issue 38
+    # item 2: the false cut-offs at the default); a caller may still choose to be fast.
+    assert TurnConfig.semantic_vad("auto").hold_ms == 600
+    assert TurnConfig.semantic_vad("auto", hold_ms=0).hold_ms == 0
     auto = TurnConfig.from_realtime({"type": "semantic_vad", "create_response": False})
     assert auto == TurnConfig.semantic_vad("medium", create_response=False)
     # Eagerer ends sooner: never a higher threshold, a longer bound or a later question.
@@ -260,6 +264,10 @@ def test_semantic_query_carries_at_most_the_models_window() -> None:
     "My number is 555.", "My number is five five five.", "The address is twelve.",
     "Um.", "The meeting is at.", "", "   ", "...", "Let me see the",
     "Is it the?",  # articles and conjunctions dangle in a question too
+    # A list paused between items (Whisper closes each chunk with a full stop), a
+    # hesitation, a question stopped before its verb, a first step with no next one.
+    "We need milk, eggs.", "I need apples, oranges.", "Hmm, let me think.",
+    "Could you please?", "First, open the settings.", "Okay. So I need bread, milk.",
 ])
 def test_transcripts_that_read_as_cut_short(text: str) -> None:
     assert unfinished(text)
@@ -270,6 +278,10 @@ def test_transcripts_that_read_as_cut_short(text: str) -> None:
     "Hold on.", "I like that.", "Send the report to Anna and Peter.",
     "Where are you from?", "What is it for?",  # a question may end on a preposition
     "Turn the music down!", "That's all.",
+    "We need milk, eggs and bread.", "I need apples, oranges, or grapes.",
+    "No, that's fine.", "Yes, please.", "We'll arrive on Friday, around noon.",
+    "First, open the settings, then tap on network.", "Could you please help me?",
+    "Let me think. No, that's fine.",  # the hesitation was not the last sentence
 ])
 def test_transcripts_that_read_as_finished(text: str) -> None:
     assert not unfinished(text)
@@ -337,7 +349,7 @@ def test_an_unfinished_pause_is_asked_again_later_once() -> None:
     d.feed(QUIET, 10)  # 200 ms: the first question
     (q1,) = d.of(EndOfTurnQuery)
     assert not q1.again
-    d.verdict(q1, 0.3, "Let me think.")
+    d.verdict(q1, 0.3, "I need it by Monday.")
     d.feed(QUIET, 14)
     assert len(d.of(EndOfTurnQuery)) == 1
     d.feed(QUIET)  # 500 ms of silence: asked again, with more silence in the window
@@ -427,7 +439,7 @@ def test_a_second_question_keeps_the_words_threshold_of_its_pause() -> None:
     d.feed(SPEECH, 20)
     d.feed(QUIET, 10)
     (q1,) = d.of(EndOfTurnQuery)
-    d.verdict(q1, 0.3, "Let me think.")
+    d.verdict(q1, 0.3, "I need it by Monday.")
     d.feed(QUIET, 15)
     _, q2 = d.of(EndOfTurnQuery)
     d.verdict(q2, 0.6)  # no words with a second question: the pause had them
@@ -471,3 +483,58 @@ def test_a_turn_that_opens_as_the_last_one_ends_keeps_its_onset() -> None:
     assert isinstance(opening, SpeechAudio)
     assert opening.pcm == QUIET * 2 + onset * 6  # 160 ms of pre-roll: all of the onset
     assert second.audio_start_ms == (36 - 8) * 20 >= stop.audio_end_ms == 400
+
+
+HOLD = TurnConfig(semantic=True, semantic_threshold=0.5, pause_ms=200, hold_ms=500,
+                  silence_duration_ms=1000, prefix_padding_ms=100)
+
+
+def test_a_held_complete_verdict_ends_the_turn_when_the_silence_reaches_the_hold() -> None:
+    """Asked at 200 ms, answered "complete" 60 ms later: the turn ends at 500 ms of
+    silence, the verdict long in hand (no inference left to wait for)."""
+    d = Driver(HOLD)
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 10)
+    (q,) = d.of(EndOfTurnQuery)
+    d.feed(QUIET, 3)
+    d.verdict(q, 0.9, "What time is it?")
+    assert d.det.in_turn and not d.of(SpeechStopped)
+    d.feed(QUIET, 11)
+    assert not d.of(SpeechStopped)  # 480 ms
+    d.feed(QUIET)
+    (stop,) = d.of(SpeechStopped)
+    assert stop.at == pytest.approx(0.4 + 0.48) and stop.pause == q.query_id
+    assert len(d.of(EndOfTurnQuery)) == 1
+
+
+def test_speech_before_the_hold_withdraws_a_complete_verdict() -> None:
+    """"We'll arrive on Friday, | around noon": the words and the model both said
+    complete, and the caller went on before the hold: the turn goes on."""
+    d = Driver(HOLD)
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 10)
+    (q1,) = d.of(EndOfTurnQuery)
+    d.verdict(q1, 0.98, "We'll arrive on Friday.")
+    d.feed(QUIET, 10)  # a 400 ms pause
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 26)  # longer than the hold, less than the bound: no verdict, no end
+    assert not d.of(SpeechStopped) and d.det.in_turn
+    _, q2 = d.of(EndOfTurnQuery)
+    d.verdict(q2, 0.98, "We'll arrive on Friday, around noon.")
+    (stop,) = d.of(SpeechStopped)  # its silence is past the hold: at once
+    assert stop.pause == q2.query_id
+
+
+def test_a_hold_with_a_second_question_ends_on_its_complete_verdict() -> None:
+    d = Driver(replace(HOLD, reask_ms=500))
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 10)
+    (q1,) = d.of(EndOfTurnQuery)
+    d.verdict(q1, 0.3, "I need it by Monday.")  # the model: unfinished
+    d.feed(QUIET, 15)
+    _, q2 = d.of(EndOfTurnQuery)
+    assert q2.again and not d.of(SpeechStopped)
+    d.feed(QUIET, 2)
+    d.verdict(q2, 0.8)  # past the hold already: ends now
+    (stop,) = d.of(SpeechStopped)
+    assert stop.at == pytest.approx(0.4 + 0.54) and stop.pause == q1.query_id
