@@ -50,8 +50,9 @@ pytestmark = pytest.mark.slow
 PROBE = str(Path(__file__).resolve().parent / "api_probe.py")
 #: Routes anyone may ask (docs/security.md): liveness, readiness and the static web UI.
 PUBLIC = {"healthz", "readyz", "index", "demo", "webui_file"}
-#: The Realtime surface's "405 Method Not Allowed" table: serves nothing to anyone.
-NOT_ALLOWED = "realtime_405_"
+#: The Realtime and GPT-Live surfaces' "405 Method Not Allowed" handlers: serve nothing to
+#: anyone (the method is wrong before the caller is).
+NOT_ALLOWED = ("realtime_405_", "live_405")
 _PARAMS = {"call_id": "rtc_probe", "sid": "probe", "name": "demo.js"}
 
 
