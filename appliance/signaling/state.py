@@ -8,7 +8,9 @@ HTTP API over the control channel (docs/control-protocol.md).
 * :class:`~.placement.Placement` (placement.py) — which transceiver gets the next create,
   creates in flight counted as load;
 * :class:`~.health.ProcessHealth` (health.py) — the control endpoints, their liveness
-  (told by the supervisor, or found out by polling) and readiness.
+  (told by the supervisor, or found out by polling) and readiness;
+* :class:`~.call_events.CallEvents` (call_events.py) — how every call's end is heard (the
+  transceivers' ``events`` long-poll).
 
 What is left here is the I/O between them: each operation asks a transceiver over its
 control client and hands the answer to the registry. Anything the HTTP layer should answer
@@ -31,6 +33,7 @@ import trio
 
 from ..control import ControlError, check_params
 from .admission import LIMIT, PRIOR_COST, Admission
+from .call_events import CallEvents
 from .geo import IngressChoice, IngressMap
 from .health import POLL_TIMEOUT, Endpoint, ProcessHealth
 from .ice_servers import TurnAdvert
@@ -85,7 +88,6 @@ class SignalingConfig:
     admission_call_cost: float = PRIOR_COST
     # Webhooks (webhooks.py): the endpoints, and how often live calls are checked for an end.
     webhooks: list[WebhookEndpoint] = field(default_factory=list)
-    webhook_call_poll: float = 2.0
     #: where the transceivers write call recordings (appliance up: <state dir>/recordings;
     #: None: GET …/recording answers 404), served by realtime_http.py
     recordings_dir: Path | None = None
@@ -146,6 +148,8 @@ class SignalingState:
         self.http_responses: dict[int, int] = {}
         self.ingress_picks: dict[str, int] = {}  # region ("" = default) -> answers
         self.webhooks = Webhooks(list(config.webhooks), clock=clock)
+        #: how every call's end is heard: the transceivers' ``events`` (call_events.py)
+        self.call_events = CallEvents(self)
 
     # -- the parts, as the HTTP layer and the supervisor see them ------------------------
 
@@ -318,6 +322,7 @@ class SignalingState:
                 agent=agent,
             )
             self.registry.add(rec)
+            self.call_events.placed(k)
             if ingress is not None and ingress.region is not None:
                 log.info("session %s created on transceiver %s, ingress %s (by %s)",
                          sid, k, ingress.region, ingress.reason)

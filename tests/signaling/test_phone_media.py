@@ -1,7 +1,7 @@
 """Signaling's ``TransceiverPhoneMedia`` with fake transceiver control clients (no I/O): a
 phone call is placed like a WebRTC call (least loaded first, phone calls counted, a 503
 tries the next), its ``phone.create`` carries the PhoneParams, ``update``/``dtmf``/``end``
-reach the transceiver that has it, and ``phone.events`` answers become listener calls."""
+reach the transceiver that has it, and ``events`` answers become listener calls."""
 
 from __future__ import annotations
 

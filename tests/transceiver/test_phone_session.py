@@ -2,7 +2,7 @@
 UDP socket and control ops: a fake relay (a loopback socket sending PROXY v2 datagrams, and
 the vouch query a relay worker sends) stands in for the relay, the trunk's RTP is built
 here. The echo agent must send the caller's tone back (FFT), RFC 4733 digits must reach the
-agent and the ``phone.events`` long-poll, and ``phone.end`` / the media timeout end it.
+agent and the ``events`` long-poll, and ``phone.end`` / the media timeout end it.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ async def test_the_echo_agent_answers_a_tone_over_plain_rtp(rig: Rig) -> None:
     await rig.send_rtp(packets[0], src=("127.0.0.1", rig.trunk[1] + 1))
     ended = await rig.op(op="phone.end", session_id=sid, reason="bye")
     assert ended == {"ok": True, "end_reason": "bye"}
-    ev = await rig.op(op="phone.events", after=0, wait=0, epoch=rig.tr.phone_epoch)
+    ev = await rig.op(op="events", after=0, wait=0, epoch=rig.tr.epoch)
     assert [e["type"] for e in ev["events"]] == ["ended"] and ev["live"] == []
     assert ev["events"][0]["call_id"] == sid and ev["events"][0]["reason"] == "bye"
 
@@ -151,7 +151,7 @@ async def test_rfc4733_digits_reach_the_agent_and_signaling(rig: Rig) -> None:
     polled: list[dict[str, Any]] = []
 
     async def poll() -> None:  # signaling's long-poll, waiting before the digit is sent
-        resp = await rig.op(op="phone.events", after=0, wait=TIMEOUT, epoch=rig.tr.phone_epoch)
+        resp = await rig.op(op="events", after=0, wait=TIMEOUT, epoch=rig.tr.epoch)
         polled.extend(resp["events"])
 
     with trio.fail_after(TIMEOUT):
@@ -268,10 +268,10 @@ async def test_media_timeout_ends_the_call(nursery: trio.Nursery,
     assert (await tr.handle_control({"op": "phone.create", "session_id": "t1",
                                      "phone": p.to_json()}))["ok"]
     with trio.fail_after(rtp_leg.MEDIA_TIMEOUT + TIMEOUT):
-        resp = await tr.handle_control({"op": "phone.events", "after": 0,
+        resp = await tr.handle_control({"op": "events", "after": 0,
                                         "wait": rtp_leg.MEDIA_TIMEOUT + 5, "epoch": None})
         while not resp["events"]:
-            resp = await tr.handle_control({"op": "phone.events", "after": 0, "wait": 5,
-                                            "epoch": tr.phone_epoch})
+            resp = await tr.handle_control({"op": "events", "after": 0, "wait": 5,
+                                            "epoch": tr.epoch})
     assert resp["events"][0]["reason"] == "rtp-timeout"
     assert trio.current_time() - start >= rtp_leg.MEDIA_TIMEOUT
