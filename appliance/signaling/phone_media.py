@@ -51,6 +51,7 @@ from ..proto.sdp.sdes import (
     choose_crypto,
     generate_crypto,
 )
+from .registry import SessionRecord, new_etag
 
 if TYPE_CHECKING:
     from .state import SignalingState
@@ -421,9 +422,7 @@ class TransceiverPhoneMedia:
 
     async def _place(self, call_id: str, body: dict[str, Any]) -> MediaRefusal | None:
         st = self.state
-        counts = dict(st.registry.active_counts())
-        for k, n in self.phone_counts().items():
-            counts[k] = counts.get(k, 0) + n
+        counts = st.registry.active_counts()  # phone calls are in it (one registry)
         phone = body.get("phone")  # the call's agent: what one more call of it costs
         spec = phone.get("agent") if isinstance(phone, Mapping) else body.get("agent")
         agent = spec if isinstance(spec, str) else None
@@ -454,6 +453,10 @@ class TransceiverPhoneMedia:
             st.placement.placed(k)
             st.admission.placed(k)
             self.where[call_id] = k
+            # in the one registry: GET /v1/sessions and the dashboard list it like any call
+            st.registry.add(SessionRecord(
+                id=call_id, transceiver=k, etag=new_etag(), created_at=st.clock(),
+                created_mono=trio.current_time(), agent=agent, kind="phone"))
             self._count("placed")
             st.call_events.placed(k)
             log.info("phone call %s placed on transceiver %s", call_id, k)

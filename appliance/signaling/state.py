@@ -150,6 +150,8 @@ class SignalingState:
         self.webhooks = Webhooks(list(config.webhooks), clock=clock)
         #: how every call's end is heard: the transceivers' ``events`` (call_events.py)
         self.call_events = CallEvents(self)
+        #: hang up a phone call (sip_http.py sets it): DELETE /v1/sessions/{id} of one
+        self.hang_up_phone: Callable[[str], None] | None = None
 
     # -- the parts, as the HTTP layer and the supervisor see them ------------------------
 
@@ -357,6 +359,8 @@ class SignalingState:
         return resp
 
     async def patch_session(self, rec: SessionRecord, sdpfrag: str) -> str:
+        if rec.kind == "phone":
+            raise Problem(409, "phone-call", f"{rec.id} is a phone call: it has no ICE to patch")
         ep = self._live_endpoint(rec)
         resp = await self._call(ep, {"op": "patch", "session_id": rec.id, "sdpfrag": sdpfrag})
         answer = resp.get("sdpfrag") or ""
@@ -364,7 +368,15 @@ class SignalingState:
 
     async def delete_session(self, rec: SessionRecord, reason: str = "deleted") -> None:
         """End the session; if its transceiver had already ended it (consent timeout, the
-        agent hung up, ...), the record keeps the transceiver's reason and time, not ours."""
+        agent hung up, ...), the record keeps the transceiver's reason and time, not ours.
+        A phone call is hung up as ``…/hangup`` would (a BYE): its record ends when the
+        transceiver's ``events`` say so."""
+        if rec.kind == "phone":
+            self._live_endpoint(rec)  # 404 session-ended when it is over
+            if self.hang_up_phone is None:
+                raise Problem(409, "phone-call", f"{rec.id} is a phone call and SIP is off")
+            self.hang_up_phone(rec.id)
+            return
         ep = self._live_endpoint(rec)
         ended_at: Any = None
         try:

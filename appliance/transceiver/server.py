@@ -920,13 +920,16 @@ class Transceiver:
         return {"ok": True, "end_reason": found.end_reason, "ended_at": found.ended_at}
 
     def _op_list(self, req: dict[str, Any]) -> dict[str, Any]:
-        live = [s.describe() for s in self.calls.values() if type(s) is Session]
-        return {"ok": True, "sessions": live + [s.describe() for s in self.ended]}
+        """Every call, either kind (its session object's ``kind`` says which)."""
+        live = [c.describe() for c in self.calls.values()]
+        return {"ok": True, "sessions": live + [s.describe() for s in self.ended]
+                + list(self.ended_phones)}
 
     def _op_get(self, req: dict[str, Any]) -> dict[str, Any]:
         found = self._find(req)
         if isinstance(found, dict):
-            return found
+            phone = self._op_phone_get(req)  # a phone call is a call like any
+            return phone if phone.get("ok") else found
         return {"ok": True, "session": found.describe()}
 
     def _op_stats(self, req: dict[str, Any]) -> dict[str, Any]:

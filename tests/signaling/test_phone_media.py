@@ -135,6 +135,34 @@ async def test_events_become_listener_calls_for_calls_placed_there_only() -> Non
     assert listener.ended[-1] == (b, "transceiver-lost") and media.where == {}
 
 
+async def test_a_phone_call_is_in_the_one_registry_and_its_end_comes_from_events() -> None:
+    """Issue 39 item 2: a placed phone call is a session record (``GET /v1/sessions``, the
+    dashboard) of kind ``phone``, counted for placement; the transceiver's ``events``
+    end it there and in the SIP call control at once; DELETE hangs it up (a BYE), never a
+    WebRTC ``delete`` the transceiver would not know."""
+    t = FakeTransceiver(0)
+    media, listener = setup(t)
+    st = media.state
+    hung_up: list[str] = []
+    st.hang_up_phone = hung_up.append
+    cid = "rtc_sip_" + "8" * 24
+    await media.create(cid, OFFER, ("203.0.113.5", 5060), "echo", {})
+    [view] = st.registry.views()
+    assert view["id"] == cid and view["kind"] == "phone" and view["state"] == "new"
+    assert view["transceiver"] == 0 and view["agent"] == "echo"
+    assert st.registry.active_counts() == {0: 1}
+    await st.delete_session(st.registry.lookup(cid))
+    assert hung_up == [cid] and [r["op"] for r in t.got] == ["phone.create"]
+    session = {**view, "state": "ended", "end_reason": "sip-bye", "ended_at": 1.5e9,
+               "packets_in": 40}
+    st.call_events.handle(0, [{"type": "ended", "call_id": cid, "kind": "phone",
+                               "reason": "sip-bye", "session": session, "seq": 1}])
+    assert listener.ended == [(cid, "sip-bye")]
+    [view] = st.registry.views()
+    assert (view["state"], view["end_reason"], view["packets_in"]) == ("ended", "sip-bye", 40)
+    assert st.registry.active_counts() == {}
+
+
 ANSWER = (b"v=0\r\no=callee 7 1 IN IP4 203.0.113.9\r\ns=-\r\nc=IN IP4 203.0.113.9\r\n"
           b"t=0 0\r\nm=audio 41000 RTP/AVP 8 101\r\na=rtpmap:8 PCMA/8000\r\n"
           b"a=rtpmap:101 telephone-event/8000\r\na=sendrecv\r\n")
