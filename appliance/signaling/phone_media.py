@@ -157,7 +157,7 @@ class MediaCall:
     version: int = 1
 
     def params(self) -> PhoneParams:
-        """The ``phone.create`` op's params for the transceiver (appliance/phone_params.py)."""
+        """The phone leg options of ``create`` (``phone``) for the transceiver (appliance/phone_params.py)."""
         p = self.plan
         srtp = None
         if self.local_crypto is not None and self.remote_crypto is not None:
@@ -340,7 +340,7 @@ class RelayAnswerMedia:
 class TransceiverPhoneMedia:
     """Phone media on the transceivers: the answer from :class:`RelayAnswerMedia`, the call
     placed like a WebRTC call (``Placement`` order, ``Admission``, a create in flight
-    counted as load) with a ``phone.create`` op carrying :meth:`MediaCall.params`; the
+    counted as load) with a ``create`` op of leg ``phone`` carrying :meth:`MediaCall.params`; the
     transceivers' ``events`` long-poll (call_events.py, one for every call) hands its
     ``ended`` and ``dtmf`` events for phone calls to the listener (docs/sip.md "Media")."""
 
@@ -436,13 +436,13 @@ class TransceiverPhoneMedia:
             if not st.admission.admits(k, agent):
                 continue
             ep = st.health.transceivers[k]
-            req = {"op": "phone.create", "session_id": call_id, **body}
+            req = {"op": "create", "leg": "phone", "session_id": call_id, **body}
             try:
                 with st.placement.in_flight(k):
                     resp = await ep.client.request(req)
             except ControlError as exc:
                 ep.last_error = str(exc)
-                log.warning("transceiver %s did not answer phone.create: %s", k, exc)
+                log.warning("transceiver %s did not answer create: %s", k, exc)
                 continue
             if not resp.get("ok"):
                 last = str(resp.get("detail") or resp.get("code") or "refused")[:120]

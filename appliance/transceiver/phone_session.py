@@ -18,8 +18,8 @@ latching, DTMF both ways, the PROXY headers for the relay, the leg counters.
                        Dtmf    ─► agent event {"type": "dtmf"} + an event for signaling
                        Ended   ─► teardown (the transceiver's "ended" event for signaling)
 
-A session is created **answering** (``phone.create`` with :class:`PhoneParams`: media
-starts at once) or **pending** (``phone.create`` without params: our own offer went out in
+A session is created **answering** (``create``, leg ``phone``, with :class:`PhoneParams`:
+media starts at once) or **pending** (a phone ``create`` without params: our own offer went out in
 an outbound INVITE; nothing runs until ``phone.answered`` brings the far end's answer as
 params). ``phone.update`` (a re-INVITE) changes the direction in place; a new remote, codec
 or key makes a new leg (the leg's latch never moves for plain RTP: docs/adr-sip-media.md).

@@ -724,7 +724,7 @@ class Transceiver:
         handler = getattr(self, "_op_" + op.replace(".", "_"), None)
         if handler is None:
             return _error(400, "unknown-op", f"unknown op {op!r}")
-        if op in ("create", "phone.create"):
+        if op == "create":
             spec = req.get("agent") or self.config.agent
             if isinstance(spec, str):
                 await self.warm(spec)
@@ -764,6 +764,13 @@ class Transceiver:
         return None if isinstance(found, dict) else found.state
 
     def _op_create(self, req: dict[str, Any]) -> dict[str, Any]:
+        """A call of either leg kind: ``leg`` ``"webrtc"`` (the default: an SDP offer) or
+        ``"phone"`` (its leg options: :meth:`_create_phone`)."""
+        leg = req.get("leg", "webrtc")
+        if leg == "phone":
+            return self._create_phone(req)
+        if leg != "webrtc":
+            return _error(400, "bad-leg", "leg must be \"webrtc\" or \"phone\"")
         now = trio.current_time()
         if self.draining:
             return _error(503, "draining", "this transceiver is draining")
@@ -957,8 +964,8 @@ class Transceiver:
 
     # -- phone calls (phone_session.py; docs/control-protocol.md "Phone calls") ----------
 
-    def _op_phone_create(self, req: dict[str, Any]) -> dict[str, Any]:
-        """A phone call's media: answering (``phone`` = PhoneParams, media at once) or
+    def _create_phone(self, req: dict[str, Any]) -> dict[str, Any]:
+        """``create`` with ``leg: "phone"``, a phone call's media: answering (``phone`` = PhoneParams, media at once) or
         pending our own offer (``phone`` absent; ``call_id`` and ``agent`` given; the
         answer comes as ``phone.answered``)."""
         now = trio.current_time()

@@ -1,6 +1,6 @@
 """Per-call features, written once and run for every call kind (issue 39 item 3): a WebRTC
 call (ICE + DTLS-SRTP, the test's client from ``support.py``), an inbound phone call
-(``phone.create`` with the trunk's params) and an outbound one (``phone.create`` pending,
+(``create`` with ``leg: "phone"`` and the trunk's params) and an outbound one (pending,
 then ``phone.answered``). Each runs on a real transceiver and its UDP socket, the test
 playing the relay (PROXY v2 headers).
 
@@ -114,11 +114,11 @@ class Caller:
                     await client.pump(trio.current_time())
                     await trio.sleep(0.005)  # a poll interval: the handshake runs over UDP
         elif self.kind == "sip-in":
-            resp = await self.op(op="phone.create", session_id=self.sid,
+            resp = await self.op(op="create", leg="phone", session_id=self.sid,
                                  phone=self._phone(agent))
             self.ssrc = resp["ssrc"]
         else:  # sip-out: our offer went out in an INVITE; the answer comes later
-            resp = await self.op(op="phone.create", session_id=self.sid, call_id=self.sid,
+            resp = await self.op(op="create", leg="phone", session_id=self.sid, call_id=self.sid,
                                  agent=agent)
             self.ssrc = resp["ssrc"]
             assert self.tr.calls[self.sid].pipeline is None  # nothing runs while pending

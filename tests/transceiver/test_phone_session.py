@@ -113,7 +113,7 @@ def peak_hz(ulaw: bytes) -> float:
 
 async def test_the_echo_agent_answers_a_tone_over_plain_rtp(rig: Rig) -> None:
     sid = "rtc_sip_" + "a" * 24
-    resp = await rig.op(op="phone.create", session_id=sid, phone=params(rig))
+    resp = await rig.op(op="create", leg="phone", session_id=sid, phone=params(rig))
     assert resp["ok"], resp
     got: list[bytes] = []
     packets = tone_packets(50)
@@ -142,7 +142,7 @@ async def test_the_echo_agent_answers_a_tone_over_plain_rtp(rig: Rig) -> None:
 
 async def test_rfc4733_digits_reach_the_agent_and_signaling(rig: Rig) -> None:
     sid = "rtc_sip_" + "b" * 24
-    assert (await rig.op(op="phone.create", session_id=sid, phone=params(rig)))["ok"]
+    assert (await rig.op(op="create", leg="phone", session_id=sid, phone=params(rig)))["ok"]
     phone = rig.tr.calls[sid]
     # ctx.params as a WebRTC Realtime call's: the accept's session config under "realtime"
     assert phone.ctx.params["realtime"] == {"session": {"type": "realtime"}, "dcid": None,
@@ -184,7 +184,7 @@ async def test_rfc4733_digits_reach_the_agent_and_signaling(rig: Rig) -> None:
 
 async def test_the_relay_vouch_is_answered_for_the_call_sources_only(rig: Rig) -> None:
     sid = "rtc_sip_" + "c" * 24
-    assert (await rig.op(op="phone.create", session_id=sid, phone=params(rig)))["ok"]
+    assert (await rig.op(op="create", leg="phone", session_id=sid, phone=params(rig)))["ok"]
     key = derive_key(SECRET)
 
     async def ask(client: tuple[str, int]) -> bool:
@@ -214,7 +214,7 @@ async def test_the_relay_vouch_is_answered_for_the_call_sources_only(rig: Rig) -
 
 async def test_a_pending_call_starts_media_when_answered(rig: Rig) -> None:
     sid = "rtc_sip_" + "d" * 24
-    resp = await rig.op(op="phone.create", session_id=sid, call_id=sid, agent="echo",
+    resp = await rig.op(op="create", leg="phone", session_id=sid, call_id=sid, agent="echo",
                         session={})
     assert resp["ok"], resp
     assert rig.tr.calls[sid].state == "new"
@@ -245,11 +245,14 @@ async def test_bad_params_are_refused_clearly(rig: Rig) -> None:
     for body, code in [({"phone": {"codec": "G729"}}, "bad-params"),
                        ({"phone": params(rig), "session_id": ""}, "bad-request"),
                        ({"phone": params(rig, agent="nope-agent")}, "unknown-agent"),
-                       ({"phone": params(rig, agent="passthrough")}, "bad-params")]:
-        req = {"op": "phone.create", "session_id": "x", **body}
+                       ({"phone": params(rig, agent="passthrough")}, "bad-params"),
+                       ({"phone": params(rig), "leg": "pigeon"}, "bad-leg")]:
+        req = {"op": "create", "leg": "phone", "session_id": "x", **body}
         resp = await rig.tr.handle_control(req)
         assert not resp["ok"] and resp["code"] == code, (body, resp)
     assert (await rig.op(op="phone.nope"))["code"] == "unknown-op"
+    # one create for every leg kind: the old phone-only op is gone
+    assert (await rig.op(op="phone.create", phone=params(rig)))["code"] == "unknown-op"
 
 
 async def test_media_timeout_ends_the_call(nursery: trio.Nursery,
@@ -265,7 +268,7 @@ async def test_media_timeout_ends_the_call(nursery: trio.Nursery,
         "payload_type": 8, "clock_rate": 8000, "dtmf_payload_type": None,
         "direction": "sendrecv", "remote": ["127.0.0.1", 9], "rtcp_mux": True,
         "remote_rtcp": None, "trunk_ip": "127.0.0.1"})
-    assert (await tr.handle_control({"op": "phone.create", "session_id": "t1",
+    assert (await tr.handle_control({"op": "create", "leg": "phone", "session_id": "t1",
                                      "phone": p.to_json()}))["ok"]
     with trio.fail_after(rtp_leg.MEDIA_TIMEOUT + TIMEOUT):
         resp = await tr.handle_control({"op": "events", "after": 0,
