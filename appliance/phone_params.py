@@ -1,4 +1,4 @@
-"""The ``params`` of the (future) ``phone.create`` control op: the one definition of the
+"""The leg options of a phone ``create`` control op (``phone``): the one definition of the
 JSON shape signaling sends a transceiver to run a phone call's media (STYLE.md rule 15).
 
 ::

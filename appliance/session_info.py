@@ -61,6 +61,8 @@ from typing import Any
 
 #: The values of ``state`` (the transceiver's ``CallState``), in lifecycle order.
 STATES = ("new", "connecting", "connected", "ended")
+#: what carries the call: a WebRTC peer, or a phone call (SIP, inbound or outbound)
+KINDS = ("webrtc", "phone")
 #: The ``timeline`` steps, in the order they happen (ms after the transceiver got the offer).
 TIMELINE_STEPS = ("offer_received", "answer_sent", "first_stun", "ice_nominated",
                   "dtls_done", "first_rtp_in", "first_rtp_out")
@@ -142,6 +144,8 @@ class SessionInfo:
     transcript: tuple[Mapping[str, Any], ...] | None = None
     #: The agent's turn waterfalls (:func:`turn_line`), newest last (null: none reported).
     turns: tuple[Mapping[str, Any], ...] | None = None
+    #: What carries the call (:data:`KINDS`).
+    kind: str = "webrtc"
 
     @classmethod
     def placeholder(cls, id: str, transceiver: int, created_at: float,
@@ -176,6 +180,7 @@ class SessionInfo:
             "transcript": ([dict(t) for t in self.transcript] if self.transcript is not None
                            else None),
             "turns": [dict(t) for t in self.turns] if self.turns is not None else None,
+            "kind": self.kind,
         }
 
     @classmethod
@@ -196,6 +201,9 @@ class SessionInfo:
         state = _str(obj, "state", "new")
         if state not in STATES:
             raise ValueError(f"state must be one of {', '.join(STATES)}")
+        kind = _str(obj, "kind", "webrtc")
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}")
         timeline = obj.get("timeline", {})
         if not isinstance(timeline, Mapping) or not all(
                 isinstance(k, str) and _is_num_or_none(v) for k, v in timeline.items()):
@@ -221,6 +229,7 @@ class SessionInfo:
             transceiver=_int(obj, "transceiver"),
             created_at=_num(obj, "created_at"),
             state=state,
+            kind=kind,
             end_reason=_opt_str(obj, "end_reason"),
             agent=_opt_str(obj, "agent"),
             client_address=_opt_str(obj, "client_address"),

@@ -39,6 +39,7 @@ FULL: dict[str, Any] = {
     "turns": [{"turn": 1, "speech_start_ms": -1840.0, "speech_end_ms": -520.0,
                "transcript_ms": 2.1, "stt_ms": 2.0, "first_token_ms": -60.3,
                "first_audio_ms": 31.0, "first_sent_ms": 31.2}],
+    "kind": "webrtc",
 }
 
 
@@ -47,6 +48,16 @@ def test_round_trip_keeps_every_field_and_the_key_order() -> None:
     assert info.relay_flow == RelayFlow("198.51.100.1:3478", "127.0.0.1:40001")
     out = info.to_json()
     assert out == FULL and list(out) == list(FULL)
+
+
+def test_kind_is_webrtc_or_phone_and_an_old_object_without_it_is_webrtc() -> None:
+    """A phone call's session object says so (issue 39 item 2); one written before
+    ``kind`` existed reads as WebRTC; anything else is refused, naming the field."""
+    assert SessionInfo.from_json({**FULL, "kind": "phone"}).to_json()["kind"] == "phone"
+    old = {k: v for k, v in FULL.items() if k != "kind"}
+    assert SessionInfo.from_json(old).kind == "webrtc"
+    with pytest.raises(ValueError, match="kind"):
+        SessionInfo.from_json({**FULL, "kind": "pigeon"})
 
 
 def test_placeholder_is_a_new_session_with_nothing_known() -> None:

@@ -26,7 +26,8 @@ const COLUMNS = [
   ["id", "Session", "", null],
   ["state", "State", "", null],
   ["transceiver", "Transceiver", "num", (s) => s.transceiver ?? dash],
-  ["client", "Client", "mono", (s) => s.client_address || dash],
+  // A phone call (kind "phone": SIP, either direction) says so before its trunk's address.
+  ["client", "Client", "mono", (s) => (s.kind === "phone" ? `phone ${s.client_address || ""}`.trim() : s.client_address || dash)],
   ["agent", "Agent", "agent", (s) => s.agent || dash],
   ["codec", "Codec", "", (s) => s.codec || dash],
   ["duration", "Duration", "num", (s) => fmtDuration(duration(s))],
@@ -192,6 +193,7 @@ function renderDetail() {
   const flow = s.relay_flow || {};
   const fields = [
     ["State", `${s.state || dash}${s.end_reason ? ` (${s.end_reason})` : ""}`],
+    ["Kind", s.kind === "phone" ? "phone call (SIP)" : "WebRTC"],
     ["Transceiver", s.transceiver ?? dash],
     ["Agent", s.agent || dash],
     ["Client address", s.client_address || dash],

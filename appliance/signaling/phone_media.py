@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import trio
 
-from ..control import ControlClient, ControlError
+from ..control import ControlError
 from ..phone_params import PhoneParams, SrtpParams
 from ..proto.errors import ProtocolError
 from ..proto.sdp.parse import parse_offer_untrusted
@@ -51,6 +51,7 @@ from ..proto.sdp.sdes import (
     choose_crypto,
     generate_crypto,
 )
+from .registry import SessionRecord, new_etag
 
 if TYPE_CHECKING:
     from .state import SignalingState
@@ -156,7 +157,7 @@ class MediaCall:
     version: int = 1
 
     def params(self) -> PhoneParams:
-        """The ``phone.create`` op's params for the transceiver (appliance/phone_params.py)."""
+        """The phone leg options of ``create`` (``phone``) for the transceiver (appliance/phone_params.py)."""
         p = self.plan
         srtp = None
         if self.local_crypto is not None and self.remote_crypto is not None:
@@ -336,30 +337,24 @@ class RelayAnswerMedia:
         return MediaAnswer(answer_sdp.decode("utf-8", "replace"), plan)
 
 
-#: how long one ``phone.events`` long-poll waits on the transceiver for an event
-EVENTS_WAIT = 5.0
-
-
 class TransceiverPhoneMedia:
     """Phone media on the transceivers: the answer from :class:`RelayAnswerMedia`, the call
     placed like a WebRTC call (``Placement`` order, ``Admission``, a create in flight
-    counted as load) with a ``phone.create`` op carrying :meth:`MediaCall.params`, and one
-    ``phone.events`` long-poll task per transceiver that holds calls, which hands
-    ``ended`` and ``dtmf`` events to the listener (docs/sip.md "Media")."""
+    counted as load) with a ``create`` op of leg ``phone`` carrying :meth:`MediaCall.params`; the
+    transceivers' ``events`` long-poll (call_events.py, one for every call) hands its
+    ``ended`` and ``dtmf`` events for phone calls to the listener (docs/sip.md "Media")."""
 
-    def __init__(self, state: SignalingState, sdp: RelayAnswerMedia | None = None, *,
-                 events_wait: float = EVENTS_WAIT) -> None:
+    def __init__(self, state: SignalingState, sdp: RelayAnswerMedia | None = None) -> None:
         cfg = state.config
         self.state = state
         self.sdp = sdp or RelayAnswerMedia(cfg.public_addresses[0], cfg.udp_port)
-        self.events_wait = events_wait
+        state.call_events.handlers.append(self.handle_events)
+        state.call_events.holds.append(lambda k: k in self.where.values())
         self.listener: PhoneMediaListener | None = None
         self.where: dict[str, int] = {}  # call_id -> transceiver
         #: calls whose media ended first (an ``ended`` event), until end() reads their
         #: session object (bounded: the oldest go first)
         self._ended_on: dict[str, int] = {}
-        self._nursery: trio.Nursery | None = None
-        self._pollers: dict[int, trio.Event] = {}  # transceiver -> "has calls again"
         self.counters: dict[str, int] = {}
 
     def bind(self, listener: PhoneMediaListener) -> None:
@@ -372,7 +367,7 @@ class TransceiverPhoneMedia:
         return self.where.get(call_id)
 
     def start(self, nursery: trio.Nursery) -> None:
-        self._nursery = nursery
+        self.state.call_events.start(nursery)
 
     def _count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
@@ -427,9 +422,7 @@ class TransceiverPhoneMedia:
 
     async def _place(self, call_id: str, body: dict[str, Any]) -> MediaRefusal | None:
         st = self.state
-        counts = dict(st.registry.active_counts())
-        for k, n in self.phone_counts().items():
-            counts[k] = counts.get(k, 0) + n
+        counts = st.registry.active_counts()  # phone calls are in it (one registry)
         phone = body.get("phone")  # the call's agent: what one more call of it costs
         spec = phone.get("agent") if isinstance(phone, Mapping) else body.get("agent")
         agent = spec if isinstance(spec, str) else None
@@ -443,13 +436,13 @@ class TransceiverPhoneMedia:
             if not st.admission.admits(k, agent):
                 continue
             ep = st.health.transceivers[k]
-            req = {"op": "phone.create", "session_id": call_id, **body}
+            req = {"op": "create", "leg": "phone", "session_id": call_id, **body}
             try:
                 with st.placement.in_flight(k):
                     resp = await ep.client.request(req)
             except ControlError as exc:
                 ep.last_error = str(exc)
-                log.warning("transceiver %s did not answer phone.create: %s", k, exc)
+                log.warning("transceiver %s did not answer create: %s", k, exc)
                 continue
             if not resp.get("ok"):
                 last = str(resp.get("detail") or resp.get("code") or "refused")[:120]
@@ -460,8 +453,12 @@ class TransceiverPhoneMedia:
             st.placement.placed(k)
             st.admission.placed(k)
             self.where[call_id] = k
+            # in the one registry: GET /v1/sessions and the dashboard list it like any call
+            st.registry.add(SessionRecord(
+                id=call_id, transceiver=k, etag=new_etag(), created_at=st.clock(),
+                created_mono=trio.current_time(), agent=agent, kind="phone"))
             self._count("placed")
-            self._poll(k)
+            st.call_events.placed(k)
             log.info("phone call %s placed on transceiver %s", call_id, k)
             return None
         self._count("refused-no-transceiver")
@@ -522,19 +519,10 @@ class TransceiverPhoneMedia:
 
     # -- events from the transceivers ---------------------------------------------------------
 
-    def _poll(self, k: int) -> None:
-        wake = self._pollers.get(k)
-        if wake is not None:
-            wake.set()
-            return
-        if self._nursery is None:
-            return  # not started (unit tests drive handle_events themselves)
-        self._pollers[k] = trio.Event()
-        self._nursery.start_soon(self._poll_loop, k)
-
     def handle_events(self, k: int, events: list[Any], live: set[str] | None = None) -> None:
-        """One ``phone.events`` answer from transceiver ``k``. ``live``: the phone sessions
-        it still has; a call we placed there and it no longer has ended unseen (a restart)."""
+        """One ``events`` answer from transceiver ``k``, for its phone calls (call_events.py).
+        ``live``: the calls it still has; a call we placed there and it no longer has ended
+        unseen (a restart)."""
         listener = self.listener
         for ev in events:
             if not isinstance(ev, dict):
@@ -559,40 +547,3 @@ class TransceiverPhoneMedia:
                 self.where.pop(call_id, None)
                 if listener is not None:
                     listener.media_ended(call_id, "transceiver-lost")
-
-    async def _poll_loop(self, k: int) -> None:
-        ep = self.state.health.transceivers[k]
-        # Its own connection: the control server answers one connection's requests in
-        # order, and a waiting poll must not hold up creates behind it.
-        client = ControlClient(ep.address, timeout=self.events_wait + 10.0)
-        epoch: str | None = None
-        after = 0
-        try:
-            while True:
-                if k not in self.where.values():  # no call there: sleep until one is
-                    wake = self._pollers[k] = trio.Event()
-                    await wake.wait()
-                    continue
-                try:
-                    resp = await client.request({"op": "phone.events", "epoch": epoch,
-                                                 "after": after, "wait": self.events_wait})
-                except ControlError as exc:
-                    log.info("phone.events from transceiver %s failed: %s", k, exc)
-                    await trio.sleep(1.0)
-                    continue
-                if not resp.get("ok"):
-                    await trio.sleep(1.0)
-                    continue
-                got_epoch = resp.get("epoch")
-                restarted = epoch is not None and got_epoch != epoch
-                epoch = got_epoch if isinstance(got_epoch, str) else None
-                nxt = resp.get("next")
-                after = nxt if isinstance(nxt, int) else 0
-                events = resp.get("events")
-                live = resp.get("live")
-                # After a restart (a new epoch) the calls it no longer has are over.
-                self.handle_events(k, events if isinstance(events, list) else [],
-                                   set(live) if isinstance(live, list) and restarted else None)
-        finally:
-            with trio.CancelScope(shield=True):
-                await client.aclose()

@@ -282,6 +282,9 @@ class Realtime:
         self.tokens = state.tokens.with_prefix(EK_PREFIX)
         self.secrets = SecretTable()
         self.calls: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        # the ends of WebRTC calls nobody hung up through the API (the caller left, the
+        # agent hung up), as the transceivers' ``events`` tell them (call_events.py)
+        state.call_events.on_ended.append(self.call_ended_if_done)
 
     def caller(self, authorization: str) -> Caller:
         scheme, _, token = authorization.partition(" ")
@@ -339,18 +342,6 @@ class Realtime:
             recording=recording_link(call_id, view.get("media")),
             transcript=view.get("transcript"), turns=view.get("turns"))})
         return True
-
-    async def watch_calls(self) -> None:
-        """Find the ends of WebRTC calls nobody hung up through the API (the caller left,
-        the agent hung up): a list poll every ``webhook_call_poll`` s while any is live."""
-        while True:
-            await trio.sleep(self.state.config.webhook_call_poll)
-            pending = self.state.webhooks.pending_calls
-            if not pending:
-                continue
-            await self.state.list_sessions()
-            for call_id in list(pending):
-                self.call_ended_if_done(call_id)
 
     def remember_call(self, call_id: str, session: dict[str, Any]) -> None:
         self.calls[call_id] = session

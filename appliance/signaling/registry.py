@@ -70,6 +70,7 @@ class SessionRecord:
     last: dict[str, Any] | None = None
     observed: set[str] = field(default_factory=set)
     turns_observed: int = 0  # the highest turn number taken into the turn histograms
+    kind: str = "webrtc"  # or "phone" (session_info.KINDS): a SIP call, either direction
 
     @property
     def ended(self) -> bool:
@@ -81,6 +82,7 @@ class SessionRecord:
         # The one definition of the shape (appliance/session_info.py), nothing known yet.
         base = SessionInfo.placeholder(self.id, self.transceiver, self.created_at,
                                        self.agent).to_json()
+        base["kind"] = self.kind
         if self.last:
             base.update(self.last)
         if self.ended:
@@ -191,6 +193,7 @@ class SessionRegistry:
             created_at=float(created) if isinstance(created, int | float) else self.clock(),
             created_mono=trio.current_time(),
             agent=obj.get("agent") if isinstance(obj.get("agent"), str) else None,
+            kind="phone" if obj.get("kind") == "phone" else "webrtc",
         )
         self.add(rec)
         return rec

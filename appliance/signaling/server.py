@@ -129,11 +129,9 @@ async def serve_signaling(
                                             loopback_of(listening), state.real_clients)
                 log.info("relay HTTPS backend on %s", format_hostport(bound))
             nursery.start_soon(_poll_forever, state)
+            state.call_events.start(nursery)  # every call's end (call_events.py)
             if state.webhooks.queue.endpoints:
                 nursery.start_soon(state.webhooks.run)
-                rt = app.extensions.get("appliance.realtime")
-                if rt is not None:
-                    nursery.start_soon(rt.watch_calls)
             if config.sip is not None:  # phone calls: sip_server.py, docs/sip.md
                 await nursery.start(serve_sip, config.sip, app.extensions[sip_http.EXTENSION])
             log.info("signaling listening on %s", ", ".join(binds))

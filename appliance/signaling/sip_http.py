@@ -77,6 +77,17 @@ def register(app: QuartTrio, state: SignalingState) -> SipCalls | None:
         outbound = calls.media if isinstance(calls.media, OutboundPhoneMedia) else None
         calls.outbound = SipOutbound(state, settings.trunks, outbound, clock=calls.clock)
     app.extensions[EXTENSION] = calls
+    if calls is not None:
+        def hang_up(call_id: str) -> None:  # DELETE /v1/sessions/{id} of a phone call
+            try:
+                if calls.outbound is not None and calls.outbound.owns(call_id):
+                    calls.outbound.hangup(call_id)
+                else:
+                    calls.hangup(call_id)
+            except (CallError, OutboundError) as exc:
+                raise Problem(exc.status, exc.code, exc.message) from None
+
+        state.hang_up_phone = hang_up
 
     def authorize() -> None:
         authorize_header(state, request.headers.get("Authorization", ""), sessions=False)

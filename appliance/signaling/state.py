@@ -8,7 +8,9 @@ HTTP API over the control channel (docs/control-protocol.md).
 * :class:`~.placement.Placement` (placement.py) — which transceiver gets the next create,
   creates in flight counted as load;
 * :class:`~.health.ProcessHealth` (health.py) — the control endpoints, their liveness
-  (told by the supervisor, or found out by polling) and readiness.
+  (told by the supervisor, or found out by polling) and readiness;
+* :class:`~.call_events.CallEvents` (call_events.py) — how every call's end is heard (the
+  transceivers' ``events`` long-poll).
 
 What is left here is the I/O between them: each operation asks a transceiver over its
 control client and hands the answer to the registry. Anything the HTTP layer should answer
@@ -31,6 +33,7 @@ import trio
 
 from ..control import ControlError, check_params
 from .admission import LIMIT, PRIOR_COST, Admission
+from .call_events import CallEvents
 from .geo import IngressChoice, IngressMap
 from .health import POLL_TIMEOUT, Endpoint, ProcessHealth
 from .ice_servers import TurnAdvert
@@ -85,7 +88,6 @@ class SignalingConfig:
     admission_call_cost: float = PRIOR_COST
     # Webhooks (webhooks.py): the endpoints, and how often live calls are checked for an end.
     webhooks: list[WebhookEndpoint] = field(default_factory=list)
-    webhook_call_poll: float = 2.0
     #: where the transceivers write call recordings (appliance up: <state dir>/recordings;
     #: None: GET …/recording answers 404), served by realtime_http.py
     recordings_dir: Path | None = None
@@ -146,6 +148,10 @@ class SignalingState:
         self.http_responses: dict[int, int] = {}
         self.ingress_picks: dict[str, int] = {}  # region ("" = default) -> answers
         self.webhooks = Webhooks(list(config.webhooks), clock=clock)
+        #: how every call's end is heard: the transceivers' ``events`` (call_events.py)
+        self.call_events = CallEvents(self)
+        #: hang up a phone call (sip_http.py sets it): DELETE /v1/sessions/{id} of one
+        self.hang_up_phone: Callable[[str], None] | None = None
 
     # -- the parts, as the HTTP layer and the supervisor see them ------------------------
 
@@ -318,6 +324,7 @@ class SignalingState:
                 agent=agent,
             )
             self.registry.add(rec)
+            self.call_events.placed(k)
             if ingress is not None and ingress.region is not None:
                 log.info("session %s created on transceiver %s, ingress %s (by %s)",
                          sid, k, ingress.region, ingress.reason)
@@ -352,6 +359,8 @@ class SignalingState:
         return resp
 
     async def patch_session(self, rec: SessionRecord, sdpfrag: str) -> str:
+        if rec.kind == "phone":
+            raise Problem(409, "phone-call", f"{rec.id} is a phone call: it has no ICE to patch")
         ep = self._live_endpoint(rec)
         resp = await self._call(ep, {"op": "patch", "session_id": rec.id, "sdpfrag": sdpfrag})
         answer = resp.get("sdpfrag") or ""
@@ -359,7 +368,15 @@ class SignalingState:
 
     async def delete_session(self, rec: SessionRecord, reason: str = "deleted") -> None:
         """End the session; if its transceiver had already ended it (consent timeout, the
-        agent hung up, ...), the record keeps the transceiver's reason and time, not ours."""
+        agent hung up, ...), the record keeps the transceiver's reason and time, not ours.
+        A phone call is hung up as ``…/hangup`` would (a BYE): its record ends when the
+        transceiver's ``events`` say so."""
+        if rec.kind == "phone":
+            self._live_endpoint(rec)  # 404 session-ended when it is over
+            if self.hang_up_phone is None:
+                raise Problem(409, "phone-call", f"{rec.id} is a phone call and SIP is off")
+            self.hang_up_phone(rec.id)
+            return
         ep = self._live_endpoint(rec)
         ended_at: Any = None
         try:

@@ -1,11 +1,11 @@
-"""The transceiver's half of a phone call's media, the pure part: what a ``phone.create``
+"""The transceiver's half of a phone call's media, the pure part: what a phone ``create``
 control op's params (``appliance/phone_params.py``) become — the :class:`~.rtp_leg.RtpLeg`
 configuration — and the relay's vouch rule for the call's sources (docs/adr-sip-media.md,
 "Latching, restricted").
 
 ::
 
-    signaling PhoneMedia ── phone.create {PhoneParams} ──► leg_config() ──► RtpLeg
+    signaling PhoneMedia ── create {leg: phone, PhoneParams} ──► leg_config() ──► RtpLeg
                                                             │ + PcmPipeline + the agent:
                                                             │   phone_session.PhoneSession
     relay look-up for an unknown source ─────────────────► vouches(params, latched, src)

@@ -16,10 +16,10 @@ latching, DTMF both ways, the PROXY headers for the relay, the leg counters.
     leg.poll_output(): Transmit ─► PROXY(src=dest, dst=public) + RTP ─► that relay
                        Latched ─► the transceiver's client table follows the latch
                        Dtmf    ─► agent event {"type": "dtmf"} + an event for signaling
-                       Ended   ─► teardown; {"type": "ended"} for signaling
+                       Ended   ─► teardown (the transceiver's "ended" event for signaling)
 
-A session is created **answering** (``phone.create`` with :class:`PhoneParams`: media
-starts at once) or **pending** (``phone.create`` without params: our own offer went out in
+A session is created **answering** (``create``, leg ``phone``, with :class:`PhoneParams`:
+media starts at once) or **pending** (a phone ``create`` without params: our own offer went out in
 an outbound INVITE; nothing runs until ``phone.answered`` brings the far end's answer as
 params). ``phone.update`` (a re-INVITE) changes the direction in place; a new remote, codec
 or key makes a new leg (the leg's latch never moves for plain RTP: docs/adr-sip-media.md).
@@ -86,7 +86,7 @@ def _codec_label(params: PhoneParams) -> str:
 
 class PhoneSession(CallShell):
     """One phone call's media and agent (module docstring). ``on_event`` gets the
-    events for signaling (``ended``, ``dtmf``); ``on_latched`` tells the transceiver a new
+    events for signaling (``dtmf``; its end is the transceiver's ``ended``); ``on_latched`` tells the transceiver a new
     source address is this call's (its client table)."""
 
     kind = "phone"
@@ -375,8 +375,7 @@ class PhoneSession(CallShell):
         self.end_reason = reason
         if self.leg is not None:
             self._fold(self.leg, final=True)
-        self._on_event({"type": "ended", "call_id": self.call_id, "session_id": self.id,
-                        "reason": reason})
+        # (its "ended" event is the transceiver's, for every call: server.py _on_end)
 
     # -- the session object ------------------------------------------------------------------
 

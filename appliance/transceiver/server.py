@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import json
 import logging
 import math
 import secrets
@@ -116,8 +117,10 @@ YIELD_AFTER = 0.002
 BUFSIZE = 65536 + 256
 SOCKET_BUFFER = 4 << 20
 RECENTLY_ENDED = 256  # ended sessions kept for list/get (end_reason, final stats)
-PHONE_EVENTS = 4096  # phone events kept for signaling's long-poll
-PHONE_EVENTS_WAIT = 30.0  # the longest a phone.events poll may wait
+CALL_EVENTS = 4096  # call events kept for signaling's ``events`` long-poll
+CALL_EVENTS_WAIT = 30.0  # the longest an ``events`` poll may wait
+#: an ``events`` answer stops adding events past this much JSON (a line is at most 1 MiB)
+CALL_EVENTS_BYTES = 256 * 1024
 MAX_SESSION_ID = 128
 # Early drop (issue 9, ICE password-guessing storm): STUN from a client address that is no
 # session's known flow passes a per-address budget (GCRA: 10/s, burst 20) *before* its
@@ -278,11 +281,11 @@ class Transceiver:
         self.phone_by_remote: dict[Addr, PhoneSession] = {}  # the signalled RTP address
         self.phone_by_ip: dict[str, dict[str, PhoneSession]] = {}  # the SIP source's IP
         self.ended_phones: deque[dict[str, Any]] = deque(maxlen=RECENTLY_ENDED)
-        #: what signaling's ``phone.events`` long-poll reads: (seq, event), bounded
-        self.phone_events: deque[tuple[int, dict[str, Any]]] = deque(maxlen=PHONE_EVENTS)
-        self.phone_seq = 0
-        self.phone_epoch = secrets.token_hex(8)  # a restarted transceiver: a new epoch
-        self._phone_wake = trio.Event()
+        #: what signaling's ``events`` long-poll reads, for every call: (seq, event), bounded
+        self.call_events: deque[tuple[int, dict[str, Any]]] = deque(maxlen=CALL_EVENTS)
+        self.event_seq = 0
+        self.epoch = secrets.token_hex(8)  # a restarted transceiver: a new epoch
+        self._events_wake = trio.Event()
         self.vouch = VouchResponder(config.id, config.secrets, self.by_client, self.send,
                                     self.counters, other=self._phone_vouch)
 
@@ -670,6 +673,10 @@ class Transceiver:
             self._session_ended(call)
         else:
             self._phone_ended(call)
+        # the one "this call ended" signaling hears, for either kind (``events``)
+        self._call_event({"type": "ended", "call_id": call.id,
+                          "kind": "phone" if isinstance(call, PhoneSession) else "webrtc",
+                          "reason": call.end_reason or "ended"})
         self._check_drained()
 
     def _session_ended(self, session: Session) -> None:
@@ -712,12 +719,12 @@ class Transceiver:
         op = req["op"]
         if op.startswith("realtime."):  # the sideband (appliance/realtime/sideband.py)
             return await sideband.handle_op(op, req, self._session_state)
-        if op == "phone.events":  # the one op that waits (signaling's long-poll)
-            return await self._phone_events(req)
+        if op == "events":  # the one op that waits (signaling's long-poll)
+            return await self._events(req)
         handler = getattr(self, "_op_" + op.replace(".", "_"), None)
         if handler is None:
             return _error(400, "unknown-op", f"unknown op {op!r}")
-        if op in ("create", "phone.create"):
+        if op == "create":
             spec = req.get("agent") or self.config.agent
             if isinstance(spec, str):
                 await self.warm(spec)
@@ -757,6 +764,13 @@ class Transceiver:
         return None if isinstance(found, dict) else found.state
 
     def _op_create(self, req: dict[str, Any]) -> dict[str, Any]:
+        """A call of either leg kind: ``leg`` ``"webrtc"`` (the default: an SDP offer) or
+        ``"phone"`` (its leg options: :meth:`_create_phone`)."""
+        leg = req.get("leg", "webrtc")
+        if leg == "phone":
+            return self._create_phone(req)
+        if leg != "webrtc":
+            return _error(400, "bad-leg", "leg must be \"webrtc\" or \"phone\"")
         now = trio.current_time()
         if self.draining:
             return _error(503, "draining", "this transceiver is draining")
@@ -913,13 +927,16 @@ class Transceiver:
         return {"ok": True, "end_reason": found.end_reason, "ended_at": found.ended_at}
 
     def _op_list(self, req: dict[str, Any]) -> dict[str, Any]:
-        live = [s.describe() for s in self.calls.values() if type(s) is Session]
-        return {"ok": True, "sessions": live + [s.describe() for s in self.ended]}
+        """Every call, either kind (its session object's ``kind`` says which)."""
+        live = [c.describe() for c in self.calls.values()]
+        return {"ok": True, "sessions": live + [s.describe() for s in self.ended]
+                + list(self.ended_phones)}
 
     def _op_get(self, req: dict[str, Any]) -> dict[str, Any]:
         found = self._find(req)
         if isinstance(found, dict):
-            return found
+            phone = self._op_phone_get(req)  # a phone call is a call like any
+            return phone if phone.get("ok") else found
         return {"ok": True, "session": found.describe()}
 
     def _op_stats(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -947,8 +964,8 @@ class Transceiver:
 
     # -- phone calls (phone_session.py; docs/control-protocol.md "Phone calls") ----------
 
-    def _op_phone_create(self, req: dict[str, Any]) -> dict[str, Any]:
-        """A phone call's media: answering (``phone`` = PhoneParams, media at once) or
+    def _create_phone(self, req: dict[str, Any]) -> dict[str, Any]:
+        """``create`` with ``leg: "phone"``, a phone call's media: answering (``phone`` = PhoneParams, media at once) or
         pending our own offer (``phone`` absent; ``call_id`` and ``agent`` given; the
         answer comes as ``phone.answered``)."""
         now = trio.current_time()
@@ -997,7 +1014,7 @@ class Transceiver:
             phone = PhoneSession(
                 session_id=sid, call_id=call_id, transceiver=self.config.id, agent=agent,
                 params=params, send=self.send, now=now, on_end=self._on_end,
-                on_event=self._phone_event, on_latched=self._phone_latched,
+                on_event=self._call_event, on_latched=self._phone_latched,
                 counters=self.counters, pacer=self.pacer,
                 opus_complexity=self.complexity.complexity, session_params=ctx_params,
                 media=media)
@@ -1096,37 +1113,58 @@ class Transceiver:
         return _error(404, "unknown-session", f"no phone session {sid!r} on this transceiver")
 
     def _op_phone_list(self, req: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": True, "epoch": self.phone_epoch,
+        return {"ok": True, "epoch": self.epoch,
                 "sessions": [p.describe() for p in self.calls.values()
                              if type(p) is PhoneSession]}
 
-    async def _phone_events(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Signaling's long-poll: the events after ``after`` (of this ``epoch``), waiting
-        up to ``wait`` seconds for one. A different epoch (we restarted) starts from 0."""
+    async def _events(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Signaling's long-poll, for every call: the events after ``after`` (of this
+        ``epoch``), waiting up to ``wait`` seconds for one. A different epoch (we
+        restarted) starts from 0. An ``ended`` event carries the call's ended session
+        object (``session``) while this transceiver still keeps it (the last
+        :data:`RECENTLY_ENDED` of each kind), so signaling needs no ``get`` or ``list``."""
         after, wait = req.get("after", 0), req.get("wait", 0)
-        if req.get("epoch") != self.phone_epoch:
+        if req.get("epoch") != self.epoch:
             after = 0
         if isinstance(after, bool) or not isinstance(after, int):
             after = 0
         if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
             wait = 0
-        if after > self.phone_seq:
+        if after > self.event_seq:
             after = 0
-        if self.phone_seq <= after and wait > 0:
-            with trio.move_on_after(min(float(wait), PHONE_EVENTS_WAIT)):
-                await self._phone_wake.wait()
-        events = [dict(ev, seq=seq) for seq, ev in self.phone_events if seq > after]
-        return {"ok": True, "epoch": self.phone_epoch, "next": self.phone_seq,
-                "events": events[:512],
-                "live": sorted(c.id for c in self.calls.values() if type(c) is PhoneSession)}
+        if self.event_seq <= after and wait > 0:
+            with trio.move_on_after(min(float(wait), CALL_EVENTS_WAIT)):
+                await self._events_wake.wait()
+        ended: dict[str, dict[str, Any]] = {old.id: old.describe() for old in self.ended}
+        ended.update((str(old.get("id")), old) for old in self.ended_phones)
+        events: list[dict[str, Any]] = []
+        size, nxt = 0, after
+        for seq, ev in self.call_events:
+            if seq <= after:
+                continue
+            out = dict(ev, seq=seq)
+            if ev["type"] == "ended" and ev["call_id"] in ended:
+                out["session"] = ended[ev["call_id"]]
+            n = len(json.dumps(out))
+            if n > CALL_EVENTS_BYTES and "session" in out:
+                del out["session"]  # too big to carry: signaling keeps what it knew
+                n = len(json.dumps(out))
+            if events and (size + n > CALL_EVENTS_BYTES or len(events) >= 512):
+                break  # the rest in the next answer (``next`` is the last one sent)
+            events.append(out)
+            size, nxt = size + n, seq
+        if not events:
+            nxt = self.event_seq
+        return {"ok": True, "epoch": self.epoch, "next": nxt, "events": events,
+                "live": sorted(self.calls)}
 
-    # -- phone tables and events -----------------------------------------------------------
+    # -- call events, phone tables -------------------------------------------------------
 
-    def _phone_event(self, event: dict[str, Any]) -> None:
-        self.phone_seq += 1
-        self.phone_events.append((self.phone_seq, event))
-        self._phone_wake.set()
-        self._phone_wake = trio.Event()
+    def _call_event(self, event: dict[str, Any]) -> None:
+        self.event_seq += 1
+        self.call_events.append((self.event_seq, event))
+        self._events_wake.set()
+        self._events_wake = trio.Event()
 
     def _phone(self, sid: object) -> PhoneSession | None:
         call = self.calls.get(sid) if isinstance(sid, str) else None

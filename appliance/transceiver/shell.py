@@ -74,6 +74,8 @@ class CallShell:
 
     #: the word the logs name a call of this kind with
     noun = "call"
+    #: the session object's ``kind`` (session_info.KINDS)
+    kind = "webrtc"
 
     def _init_shell(self, *, session_id: str, transceiver: int, agent: ResolvedAgent,
                     on_end: Callable[[Any], None], counters: dict[str, int],
@@ -320,7 +322,7 @@ class CallShell:
             ended_at=round(self.ended_at, 3) if self.ended_at else None,
             media=self.pipeline.stages.describe() if self.pipeline is not None else None,
             transcript=tuple(self._transcript) if self._transcript else None,
-            turns=tuple(self._turns) if self._turns else None,
+            turns=tuple(self._turns) if self._turns else None, kind=self.kind,
             **self._figures(), **self._core_info())
 
     def describe(self) -> dict[str, Any]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import trio
+
 OFFER = (
     "v=0\r\no=- 1 2 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\na=group:BUNDLE 0\r\n"
     "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\nc=IN IP4 0.0.0.0\r\na=mid:0\r\n"
@@ -25,6 +27,24 @@ class FakeTransceiver:
         self.create_error: dict[str, Any] | None = None
         self.counters = {"datagrams_in": 10, "datagrams_out": 9, "drops": {"bad_proxy": 1}}
         self.load: dict[str, Any] | None = None  # stats' "load" (headroom), when set
+        #: the ``events`` long-poll's ring: what end_call() ended, as (seq, event)
+        self.events: list[tuple[int, dict[str, Any]]] = []
+        self._wake = trio.Event()
+
+    def ops(self) -> list[str]:
+        """The ops it was asked, in order."""
+        return [r["op"] for r in self.requests]
+
+    def end_call(self, sid: str, **fields: Any) -> None:
+        """The call ends here (the caller left, the agent hung up): its session object
+        updated with ``fields`` and an ``ended`` event for the ``events`` long-poll."""
+        obj = self.sessions[sid]
+        obj.update(state="ended", **fields)
+        self.events.append((len(self.events) + 1, {
+            "type": "ended", "call_id": sid, "kind": "webrtc",
+            "reason": obj.get("end_reason"), "session": dict(obj)}))
+        self._wake.set()
+        self._wake = trio.Event()
 
     async def handle(self, req: dict[str, Any]) -> dict[str, Any]:
         self.requests.append(req)
@@ -67,6 +87,14 @@ class FakeTransceiver:
             return {"ok": True, "session": self.sessions[sid]}
         if op == "list":
             return {"ok": True, "sessions": list(self.sessions.values())}
+        if op == "events":
+            after = req.get("after") if req.get("epoch") == "fake" else 0
+            if len(self.events) <= after and req.get("wait"):
+                with trio.move_on_after(req["wait"]):
+                    await self._wake.wait()
+            return {"ok": True, "epoch": "fake", "next": len(self.events),
+                    "events": [dict(ev, seq=seq) for seq, ev in self.events if seq > after],
+                    "live": [s for s, o in self.sessions.items() if o["state"] != "ended"]}
         if op == "stats":
             by_state: dict[str, int] = {}
             for s in self.sessions.values():

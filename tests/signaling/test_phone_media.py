@@ -1,7 +1,7 @@
 """Signaling's ``TransceiverPhoneMedia`` with fake transceiver control clients (no I/O): a
 phone call is placed like a WebRTC call (least loaded first, phone calls counted, a 503
-tries the next), its ``phone.create`` carries the PhoneParams, ``update``/``dtmf``/``end``
-reach the transceiver that has it, and ``phone.events`` answers become listener calls."""
+tries the next), its ``create`` (leg ``phone``) carries the PhoneParams, ``update``/``dtmf``/``end``
+reach the transceiver that has it, and ``events`` answers become listener calls."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ async def test_a_call_is_placed_least_loaded_first_and_a_503_tries_the_next() ->
                              {"instructions": "hi"})
     assert isinstance(got, MediaAnswer)
     assert "c=IN IP4 198.51.100.7" in got.sdp and "m=audio 3478 RTP/AVP 0 101" in got.sdp
-    assert [r["op"] for r in busy.got] == ["phone.create"]
+    assert [r["op"] for r in busy.got] == ["create"]
     [req] = free.got
     params = PhoneParams.from_json_untrusted(req["phone"])
     assert req["session_id"] == "rtc_sip_" + "1" * 24 and params.remote == ("203.0.113.5", 40000)
@@ -94,7 +94,7 @@ async def test_update_dtmf_and_end_go_to_the_transceiver_that_has_the_call() -> 
     await media.end(cid)
     await media.end(cid)  # idempotent: nothing more is sent
     ops = [(r["op"], r.get("phone", {}).get("direction"), r.get("digit")) for r in t.got]
-    assert ops == [("phone.create", "sendrecv", None), ("phone.update", "recvonly", None),
+    assert ops == [("create", "sendrecv", None), ("phone.update", "recvonly", None),
                    ("phone.dtmf", None, "9"), ("phone.end", None, None),
                    ("phone.get", None, None)]  # the ended session object, for the report
     assert media.where == {}
@@ -113,7 +113,7 @@ async def test_end_returns_the_ended_session_object_even_after_the_media_ended_f
     media.handle_events(0, [{"type": "ended", "call_id": cid, "reason": "rtp-timeout"}])
     assert listener.ended == [(cid, "rtp-timeout")] and media.where == {}
     assert await media.end(cid) == session
-    assert [r["op"] for r in t.got] == ["phone.create", "phone.end", "phone.get"]
+    assert [r["op"] for r in t.got] == ["create", "phone.end", "phone.get"]
     assert await media.end(cid) is None  # once: nothing is left to ask
 
 
@@ -135,6 +135,34 @@ async def test_events_become_listener_calls_for_calls_placed_there_only() -> Non
     assert listener.ended[-1] == (b, "transceiver-lost") and media.where == {}
 
 
+async def test_a_phone_call_is_in_the_one_registry_and_its_end_comes_from_events() -> None:
+    """Issue 39 item 2: a placed phone call is a session record (``GET /v1/sessions``, the
+    dashboard) of kind ``phone``, counted for placement; the transceiver's ``events``
+    end it there and in the SIP call control at once; DELETE hangs it up (a BYE), never a
+    WebRTC ``delete`` the transceiver would not know."""
+    t = FakeTransceiver(0)
+    media, listener = setup(t)
+    st = media.state
+    hung_up: list[str] = []
+    st.hang_up_phone = hung_up.append
+    cid = "rtc_sip_" + "8" * 24
+    await media.create(cid, OFFER, ("203.0.113.5", 5060), "echo", {})
+    [view] = st.registry.views()
+    assert view["id"] == cid and view["kind"] == "phone" and view["state"] == "new"
+    assert view["transceiver"] == 0 and view["agent"] == "echo"
+    assert st.registry.active_counts() == {0: 1}
+    await st.delete_session(st.registry.lookup(cid))
+    assert hung_up == [cid] and [r["op"] for r in t.got] == ["create"]
+    session = {**view, "state": "ended", "end_reason": "sip-bye", "ended_at": 1.5e9,
+               "packets_in": 40}
+    st.call_events.handle(0, [{"type": "ended", "call_id": cid, "kind": "phone",
+                               "reason": "sip-bye", "session": session, "seq": 1}])
+    assert listener.ended == [(cid, "sip-bye")]
+    [view] = st.registry.views()
+    assert (view["state"], view["end_reason"], view["packets_in"]) == ("ended", "sip-bye", 40)
+    assert st.registry.active_counts() == {}
+
+
 ANSWER = (b"v=0\r\no=callee 7 1 IN IP4 203.0.113.9\r\ns=-\r\nc=IN IP4 203.0.113.9\r\n"
           b"t=0 0\r\nm=audio 41000 RTP/AVP 8 101\r\na=rtpmap:8 PCMA/8000\r\n"
           b"a=rtpmap:101 telephone-event/8000\r\na=sendrecv\r\n")
@@ -148,7 +176,7 @@ async def test_an_outbound_call_places_a_pending_session_then_answered_gives_it_
     assert not isinstance(offer, MediaRefusal)
     assert "c=IN IP4 198.51.100.7" in offer.sdp and "m=audio 3478 RTP/AVP 0 8 101" in offer.sdp
     [pending] = t.got
-    assert pending["op"] == "phone.create" and "phone" not in pending  # no leg before the answer
+    assert (pending["op"], pending["leg"]) == ("create", "phone") and "phone" not in pending  # no leg before the answer
     assert pending["agent"] == "echo" and pending["session"] == {"voice": "x"}
     got = await media.answered(cid, ANSWER)
     assert isinstance(got, MediaAnswer) and got.plan.codec.name.upper() == "PCMA"
@@ -168,7 +196,7 @@ async def test_an_outbound_answer_we_cannot_serve_never_reaches_the_transceiver(
     bad = ANSWER.replace(b"RTP/AVP 8 101", b"RTP/AVP 18 101").replace(b"8 PCMA", b"18 G729")
     got = await media.answered(cid, bad)
     assert isinstance(got, MediaRefusal) and got.status == 488
-    assert [r["op"] for r in t.got] == ["phone.create"]
+    assert [r["op"] for r in t.got] == ["create"]
 
 
 async def test_no_transceiver_for_an_outbound_call_means_it_is_never_dialled() -> None:

@@ -378,15 +378,16 @@ def test_webhook_url_flags(tmp_path: Any, monkeypatch: Any) -> None:
     assert webhook_endpoints(parser.parse_args([])) == []
 
 
-async def test_a_call_ended_on_the_transceiver_is_found_by_the_poll(make_env: Any,
-                                                                   nursery: trio.Nursery) -> None:
+async def test_a_call_ended_on_the_transceiver_is_heard_through_its_events(
+        make_env: Any, nursery: trio.Nursery) -> None:
+    """The agent hangs up: the transceiver's ``events`` long-poll brings the end and its
+    facts (no ``list`` poll: signaling asks nothing else after the create)."""
     rx = Receiver(fail=0)
     port = await rx.serve(nursery)
     ep = Endpoint(f"http://127.0.0.1:{port}/hook", secret_key(SECRET))
-    env = await make_env(webhooks=[ep], webhook_call_poll=0.05)
-    rt = env.app.extensions["appliance.realtime"]
+    env = await make_env(webhooks=[ep])
     nursery.start_soon(env.state.webhooks.run)
-    nursery.start_soon(rt.watch_calls)
+    env.state.call_events.start(nursery)
     resp = await env.client().post("/v1/realtime/calls", data=OFFER,
                                    headers={"Content-Type": "application/sdp"})
     assert resp.status_code == 201
@@ -394,8 +395,8 @@ async def test_a_call_ended_on_the_transceiver_is_found_by_the_poll(make_env: An
     with trio.fail_after(TIMEOUT):
         await rx.wait_for(1)
         [fake] = [f for f in env.fakes.values() if call_id in f.sessions]
-        fake.sessions[call_id].update(
-            state="ended", end_reason="agent-done", ended_at=env.clock.t + 12.5,
+        fake.end_call(
+            call_id, end_reason="agent-done", ended_at=env.clock.t + 12.5,
             packets_in=640, transcript=[{"who": "user", "text": "what time is it", "at": 1.0},
                                         {"who": "agent", "text": "It is noon.", "at": 2.0}],
             turns=[TURN])
@@ -409,6 +410,8 @@ async def test_a_call_ended_on_the_transceiver_is_found_by_the_poll(make_env: An
         ("user", "what time is it"), ("agent", "It is noon.")]
     assert report["turns"] == [TURN]  # the turn's waterfall, as the session object has it
     assert env.state.webhooks.pending_calls == {}
+    assert set(fake.ops()) == {"create", "events"}  # the end came with no list or get
+    assert env.state.registry.lookup(call_id).end_reason == "agent-done"
 
 
 def test_who_hung_up() -> None:

@@ -98,6 +98,16 @@ async def test_phone_call_report_carries_transcript_stats_and_sip_fields(
     assert stats["leg"]["rtp_in"] >= 100 and stats["leg"]["rtp_out"] >= 100, stats
     assert stats["packets_in"] >= stats["leg"]["rtp_in"]
     assert len([e for e in phone.receiver.events if e["type"] == CALL_ENDED]) == 1
+    # One registry (issue 39 item 2): the phone call is a session like any, of its kind,
+    # in GET /v1/sessions and /v1/sessions/{id} (what the dashboard's feed lists).
+    async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+        listed = (await http.get(f"{phone.base_url}/v1/sessions")).json()["sessions"]
+        one = (await http.get(f"{phone.base_url}/v1/sessions/{call_id}")).json()
+    [mine] = [x for x in listed if x["id"] == call_id]
+    for view in (mine, one):
+        assert view["kind"] == "phone" and view["state"] == "ended", view
+        assert view["codec"] == "PCMU/8000" and view["packets_in"] >= 100
+        assert view["phone"]["leg"]["rtp_in"] >= 100
 
 
 def metric(text: str, name: str) -> float | None:

@@ -7,7 +7,7 @@ transceiver running the echo agent (``TransceiverPhoneMedia``, transceiver/phone
   in over UDP, TCP and TLS (the generated ``--sip-tls`` certificate) and with SDES-SRTP
   (``mediaenc=srtp-mand``), plays a 700 Hz tone and must hear it back (FFT of what it
   recorded); the digits it presses (RFC 4733) must reach signaling through the
-  transceiver's ``phone.events``; ``/hangup`` (the SDK) must end the media.
+  transceiver's ``events``; ``/hangup`` (the SDK) must end the media.
 
 Every wait is on a condition (SIPp's exit, captured packets, the transceiver's tables).
 """
@@ -159,7 +159,7 @@ async def test_baresip_hears_its_tone_echoed_and_its_digits_reach_the_agent(
     finally:
         await phone.stop()
     assert isinstance(view, dict) and view["status"] == "ended"
-    assert view["dtmf"].startswith("12"), view  # RFC 4733 from baresip, via phone.events
+    assert view["dtmf"].startswith("12"), view  # RFC 4733 from baresip, via the events op
     ended = tr.ended_phones[-1]
     assert ended["end_reason"] == "sip-ended"
     assert ended["srtp_profile"] == ("AES_CM_128_HMAC_SHA1_80" if mediaenc else None)

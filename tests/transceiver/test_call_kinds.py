@@ -1,6 +1,6 @@
 """Per-call features, written once and run for every call kind (issue 39 item 3): a WebRTC
 call (ICE + DTLS-SRTP, the test's client from ``support.py``), an inbound phone call
-(``phone.create`` with the trunk's params) and an outbound one (``phone.create`` pending,
+(``create`` with ``leg: "phone"`` and the trunk's params) and an outbound one (pending,
 then ``phone.answered``). Each runs on a real transceiver and its UDP socket, the test
 playing the relay (PROXY v2 headers).
 
@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
+import trio.testing
 from transceiver.support import AGENT_EVENTS, Client, sine
 
 from appliance import recordings
@@ -113,11 +114,11 @@ class Caller:
                     await client.pump(trio.current_time())
                     await trio.sleep(0.005)  # a poll interval: the handshake runs over UDP
         elif self.kind == "sip-in":
-            resp = await self.op(op="phone.create", session_id=self.sid,
+            resp = await self.op(op="create", leg="phone", session_id=self.sid,
                                  phone=self._phone(agent))
             self.ssrc = resp["ssrc"]
         else:  # sip-out: our offer went out in an INVITE; the answer comes later
-            resp = await self.op(op="phone.create", session_id=self.sid, call_id=self.sid,
+            resp = await self.op(op="create", leg="phone", session_id=self.sid, call_id=self.sid,
                                  agent=agent)
             self.ssrc = resp["ssrc"]
             assert self.tr.calls[self.sid].pipeline is None  # nothing runs while pending
@@ -224,6 +225,39 @@ async def test_every_call_kind_is_recorded_as_a_stereo_wav(
     assert np.abs(caller_ch).max() > 3000 and np.abs(agent_ch).max() > 3000
     assert dominant_hz(caller_ch) == pytest.approx(440, abs=10)
     assert dominant_hz(agent_ch) == pytest.approx(440, abs=10)  # the echo
+
+
+async def test_every_call_kinds_end_reaches_a_waiting_events_poll(caller: Caller) -> None:
+    """Signaling's one long-poll for every call's end (``events``): the poll waiting when
+    the call ends answers with an ``ended`` event carrying the kind, the reason and the
+    ended session object (the end-of-call facts: counters, transcript), so signaling
+    needs no ``list`` or ``get``. WebRTC ends were once found only by polling ``list``."""
+    await caller.start()
+    await caller.talk(10)
+    first = await caller.op(op="events", epoch=None, after=0, wait=0)
+    assert caller.sid in first["live"]
+    assert not [e for e in first["events"] if e["call_id"] == caller.sid]
+    got: list[dict[str, Any]] = []
+
+    async def poll() -> None:
+        resp = await caller.op(op="events", epoch=first["epoch"], after=first["next"],
+                               wait=HANG)
+        got.extend(resp["events"])
+        assert caller.sid not in resp["live"]
+
+    with trio.fail_after(HANG):
+        async with trio.open_nursery() as n:
+            n.start_soon(poll)
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == []  # it waits for the end
+            await caller.end("bye")
+    [ended] = got
+    assert ended["type"] == "ended" and ended["call_id"] == caller.sid
+    assert ended["kind"] == ("webrtc" if caller.kind == "webrtc" else "phone")
+    assert ended["reason"] == "bye" and ended["seq"] == first["next"] + 1
+    session = ended["session"]
+    assert session["id"] == caller.sid and session["state"] == "ended"
+    assert session["end_reason"] == "bye" and session["packets_in"] > 0
 
 
 async def test_every_call_kinds_agent_gets_stats(caller: Caller) -> None:

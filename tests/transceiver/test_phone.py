@@ -1,5 +1,5 @@
 """From a trunk's SDP offer to working media legs: signaling's ``RelayAnswerMedia`` answers
-and keeps the call, its ``phone.create`` params cross a JSON round trip, the transceiver
+and keeps the call, its phone ``create`` params cross a JSON round trip, the transceiver
 turns them into an ``RtpLeg``, and that leg talks (SRTP or plain) with a leg keyed the way
 the trunk would key it from our answer. Also the relay vouch rule of the ADR."""
 

@@ -2,7 +2,7 @@
 UDP socket and control ops: a fake relay (a loopback socket sending PROXY v2 datagrams, and
 the vouch query a relay worker sends) stands in for the relay, the trunk's RTP is built
 here. The echo agent must send the caller's tone back (FFT), RFC 4733 digits must reach the
-agent and the ``phone.events`` long-poll, and ``phone.end`` / the media timeout end it.
+agent and the ``events`` long-poll, and ``phone.end`` / the media timeout end it.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def peak_hz(ulaw: bytes) -> float:
 
 async def test_the_echo_agent_answers_a_tone_over_plain_rtp(rig: Rig) -> None:
     sid = "rtc_sip_" + "a" * 24
-    resp = await rig.op(op="phone.create", session_id=sid, phone=params(rig))
+    resp = await rig.op(op="create", leg="phone", session_id=sid, phone=params(rig))
     assert resp["ok"], resp
     got: list[bytes] = []
     packets = tone_packets(50)
@@ -135,14 +135,14 @@ async def test_the_echo_agent_answers_a_tone_over_plain_rtp(rig: Rig) -> None:
     await rig.send_rtp(packets[0], src=("127.0.0.1", rig.trunk[1] + 1))
     ended = await rig.op(op="phone.end", session_id=sid, reason="bye")
     assert ended == {"ok": True, "end_reason": "bye"}
-    ev = await rig.op(op="phone.events", after=0, wait=0, epoch=rig.tr.phone_epoch)
+    ev = await rig.op(op="events", after=0, wait=0, epoch=rig.tr.epoch)
     assert [e["type"] for e in ev["events"]] == ["ended"] and ev["live"] == []
     assert ev["events"][0]["call_id"] == sid and ev["events"][0]["reason"] == "bye"
 
 
 async def test_rfc4733_digits_reach_the_agent_and_signaling(rig: Rig) -> None:
     sid = "rtc_sip_" + "b" * 24
-    assert (await rig.op(op="phone.create", session_id=sid, phone=params(rig)))["ok"]
+    assert (await rig.op(op="create", leg="phone", session_id=sid, phone=params(rig)))["ok"]
     phone = rig.tr.calls[sid]
     # ctx.params as a WebRTC Realtime call's: the accept's session config under "realtime"
     assert phone.ctx.params["realtime"] == {"session": {"type": "realtime"}, "dcid": None,
@@ -151,7 +151,7 @@ async def test_rfc4733_digits_reach_the_agent_and_signaling(rig: Rig) -> None:
     polled: list[dict[str, Any]] = []
 
     async def poll() -> None:  # signaling's long-poll, waiting before the digit is sent
-        resp = await rig.op(op="phone.events", after=0, wait=TIMEOUT, epoch=rig.tr.phone_epoch)
+        resp = await rig.op(op="events", after=0, wait=TIMEOUT, epoch=rig.tr.epoch)
         polled.extend(resp["events"])
 
     with trio.fail_after(TIMEOUT):
@@ -184,7 +184,7 @@ async def test_rfc4733_digits_reach_the_agent_and_signaling(rig: Rig) -> None:
 
 async def test_the_relay_vouch_is_answered_for_the_call_sources_only(rig: Rig) -> None:
     sid = "rtc_sip_" + "c" * 24
-    assert (await rig.op(op="phone.create", session_id=sid, phone=params(rig)))["ok"]
+    assert (await rig.op(op="create", leg="phone", session_id=sid, phone=params(rig)))["ok"]
     key = derive_key(SECRET)
 
     async def ask(client: tuple[str, int]) -> bool:
@@ -214,7 +214,7 @@ async def test_the_relay_vouch_is_answered_for_the_call_sources_only(rig: Rig) -
 
 async def test_a_pending_call_starts_media_when_answered(rig: Rig) -> None:
     sid = "rtc_sip_" + "d" * 24
-    resp = await rig.op(op="phone.create", session_id=sid, call_id=sid, agent="echo",
+    resp = await rig.op(op="create", leg="phone", session_id=sid, call_id=sid, agent="echo",
                         session={})
     assert resp["ok"], resp
     assert rig.tr.calls[sid].state == "new"
@@ -245,11 +245,14 @@ async def test_bad_params_are_refused_clearly(rig: Rig) -> None:
     for body, code in [({"phone": {"codec": "G729"}}, "bad-params"),
                        ({"phone": params(rig), "session_id": ""}, "bad-request"),
                        ({"phone": params(rig, agent="nope-agent")}, "unknown-agent"),
-                       ({"phone": params(rig, agent="passthrough")}, "bad-params")]:
-        req = {"op": "phone.create", "session_id": "x", **body}
+                       ({"phone": params(rig, agent="passthrough")}, "bad-params"),
+                       ({"phone": params(rig), "leg": "pigeon"}, "bad-leg")]:
+        req = {"op": "create", "leg": "phone", "session_id": "x", **body}
         resp = await rig.tr.handle_control(req)
         assert not resp["ok"] and resp["code"] == code, (body, resp)
     assert (await rig.op(op="phone.nope"))["code"] == "unknown-op"
+    # one create for every leg kind: the old phone-only op is gone
+    assert (await rig.op(op="phone.create", phone=params(rig)))["code"] == "unknown-op"
 
 
 async def test_media_timeout_ends_the_call(nursery: trio.Nursery,
@@ -265,13 +268,13 @@ async def test_media_timeout_ends_the_call(nursery: trio.Nursery,
         "payload_type": 8, "clock_rate": 8000, "dtmf_payload_type": None,
         "direction": "sendrecv", "remote": ["127.0.0.1", 9], "rtcp_mux": True,
         "remote_rtcp": None, "trunk_ip": "127.0.0.1"})
-    assert (await tr.handle_control({"op": "phone.create", "session_id": "t1",
+    assert (await tr.handle_control({"op": "create", "leg": "phone", "session_id": "t1",
                                      "phone": p.to_json()}))["ok"]
     with trio.fail_after(rtp_leg.MEDIA_TIMEOUT + TIMEOUT):
-        resp = await tr.handle_control({"op": "phone.events", "after": 0,
+        resp = await tr.handle_control({"op": "events", "after": 0,
                                         "wait": rtp_leg.MEDIA_TIMEOUT + 5, "epoch": None})
         while not resp["events"]:
-            resp = await tr.handle_control({"op": "phone.events", "after": 0, "wait": 5,
-                                            "epoch": tr.phone_epoch})
+            resp = await tr.handle_control({"op": "events", "after": 0, "wait": 5,
+                                            "epoch": tr.epoch})
     assert resp["events"][0]["reason"] == "rtp-timeout"
     assert trio.current_time() - start >= rtp_leg.MEDIA_TIMEOUT
