@@ -40,6 +40,7 @@ from .live_ws import ROUTE, admit
 from .problems import Problem
 from .realtime_http import Realtime, RealtimeProblem, error_response, openai_errors
 from .rules import check_body_headers
+from .webhooks import LIVE_TRANSPORT_CONNECTED
 
 JSON = "application/json"
 SESSION_PREFIX = "live_"
@@ -103,6 +104,9 @@ def register_live_http(app: QuartTrio, rt: Realtime) -> None:
         rec, answer = await state.create_session(offer, agent_spec(spec), None,
                                                  params=params, id_prefix=SESSION_PREFIX)
         rt.call_started(rec.id, transport="webrtc", agent=spec, model=session["model"])
+        if state.webhooks.queue.endpoints:  # GPT-Live's own, beside the family's started
+            state.webhooks.emit(LIVE_TRANSPORT_CONNECTED,
+                                {"session_id": rec.id, "type": "webrtc"})
         body = {"session": {"id": rec.id}, "transport": {"type": "webrtc", "sdp": answer}}
         resp = Response(json.dumps(body), status=201, content_type=JSON)
         resp.headers["Cache-Control"] = "no-store"

@@ -18,7 +18,10 @@ here are the appliance's, named in the same family):
   network counters for a WebRTC or phone call — a phone call's with its RTP leg's counters —
   the socket's event/byte counts for a WebSocket), ``transcript`` and ``turns`` (each
   turn's waterfall, as the agent reported it in ``turn.metrics``); a phone call's also
-  ``sip`` (:func:`sip_report`: Call-ID, From, To, hangup cause).
+  ``sip`` (:func:`sip_report`: Call-ID, From, To, hangup cause);
+* ``live.transport.connected`` (GPT-Live's, the SDK's shape) — ``data``: ``session_id``,
+  ``type`` (``webrtc``), once per WebRTC Live session, beside its ``realtime.call.started``
+  (live_http.py).
 
 Delivery (:class:`WebhookQueue`, sans-IO; :func:`deliver_forever`, the trio task): a bounded
 queue — a full queue drops the new event and counts it, it never blocks signaling — one
@@ -67,6 +70,11 @@ MAX_RESPONSE_HEAD = 16 * 1024  # status line and headers; a longer head is a Val
 USER_AGENT = "appliance-webhooks"
 CALL_STARTED = "realtime.call.started"
 CALL_ENDED = "realtime.call.ended"
+#: GPT-Live's (the SDK's ``LiveTransportConnectedWebhookEvent``): ``data`` is exactly
+#: ``{"session_id", "type": "webrtc"}``, sent once per WebRTC Live session when
+#: ``POST /v1/live/sessions`` has placed it and written its answer — the SDK's "sent when a
+#: direct Live WebRTC session is created"; its id is the one to attach a sideband with.
+LIVE_TRANSPORT_CONNECTED = "live.transport.connected"
 
 
 class WebhookConfigError(ValueError):

@@ -22,6 +22,7 @@ from appliance.signaling import serve_signaling
 from appliance.signaling.webhooks import (
     CALL_ENDED,
     CALL_STARTED,
+    LIVE_TRANSPORT_CONNECTED,
     Endpoint,
     WebhookConfigError,
     WebhookQueue,
@@ -293,6 +294,44 @@ async def test_sdk_calls_create_and_hangup_with_webhooks(make_env: Any,
     assert report["duration_seconds"] >= 0 and "packets_in" in report["stats"]
     for headers, body in rx.requests:  # each verifies
         await trio.to_thread.run_sync(unwrap, body, headers)
+
+
+def sdk_live_create(url: str, token: str) -> str:
+    client = openai.OpenAI(base_url=url + "/v1", api_key=token)
+    made = client.live.create(session={"model": "gpt-live-1"},
+                              transport={"type": "webrtc", "sdp": OFFER})
+    return made.session.id
+
+
+async def test_a_webrtc_live_session_fires_live_transport_connected_once(
+        make_env: Any, nursery: trio.Nursery) -> None:
+    """``live.transport.connected`` in the SDK's own shape (``data`` exactly
+    ``{session_id, type: "webrtc"}``), signed so ``client.webhooks.unwrap`` takes it, once
+    per WebRTC Live session, beside the family's ``realtime.call.started``."""
+    from openai.types.webhooks.live_transport_connected_webhook_event import (
+        LiveTransportConnectedWebhookEvent,
+    )
+
+    rx = Receiver(fail=0)
+    port = await rx.serve(nursery)
+    ep = Endpoint(f"http://127.0.0.1:{port}/hook", secret_key(SECRET))
+    env = await make_env(api_token="the-api-token", auth_required=True, webhooks=[ep])
+    import time
+
+    env.clock.t = time.time()  # the SDK checks the webhook timestamp against its own clock
+    env.state.config.http = ("127.0.0.1", 0)
+    binds = await nursery.start(partial(serve_signaling, env.state.config, state=env.state))
+    with trio.fail_after(TIMEOUT):
+        session_id = await trio.to_thread.run_sync(sdk_live_create, binds[0], "the-api-token")
+        await rx.wait_for(2)
+    events = [json.loads(b) for _, b in rx.requests]
+    assert sorted(e["type"] for e in events) == sorted([CALL_STARTED, LIVE_TRANSPORT_CONNECTED])
+    [live] = [(h, b) for h, b in rx.requests
+              if json.loads(b)["type"] == LIVE_TRANSPORT_CONNECTED]
+    got = await trio.to_thread.run_sync(unwrap, live[1], live[0])
+    assert isinstance(got, LiveTransportConnectedWebhookEvent)
+    assert got.data.session_id == session_id and session_id.startswith("live_")
+    assert json.loads(live[1])["data"] == {"session_id": session_id, "type": "webrtc"}
 
 
 def websocket_session(url: str) -> None:
