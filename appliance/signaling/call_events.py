@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from ..control import ControlClient, ControlError
-
-if TYPE_CHECKING:
-    from .state import SignalingState
+from .health import ProcessHealth
+from .registry import SessionRegistry
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +30,14 @@ Handler = Callable[[int, list[dict[str, Any]], "set[str] | None"], None]
 
 
 class CallEvents:
-    def __init__(self, state: SignalingState, *, wait: float = EVENTS_WAIT) -> None:
-        self.state = state
+    """Given the session registry (what ends), the process health (where the transceivers
+    are) and the clock: not signaling's whole state, which owns this."""
+
+    def __init__(self, registry: SessionRegistry, health: ProcessHealth,
+                 clock: Callable[[], float], *, wait: float = EVENTS_WAIT) -> None:
+        self.registry = registry
+        self.health = health
+        self.clock = clock
         self.wait = wait
         self.handlers: list[Handler] = [self.ended_calls]
         #: whether transceiver ``k`` holds a call someone waits on (besides the registry's)
@@ -45,7 +50,7 @@ class CallEvents:
     def start(self, nursery: trio.Nursery) -> None:
         if self._nursery is None:
             self._nursery = nursery
-            for k in self.state.registry.active_counts():  # placed before we started
+            for k in self.registry.active_counts():  # placed before we started
                 self.placed(k)
 
     def placed(self, k: int) -> None:
@@ -60,7 +65,7 @@ class CallEvents:
         self._nursery.start_soon(self._poll_loop, k)
 
     def _holds(self, k: int) -> bool:
-        return bool(self.state.registry.active_counts().get(k)) or any(h(k) for h in self.holds)
+        return bool(self.registry.active_counts().get(k)) or any(h(k) for h in self.holds)
 
     def handle(self, k: int, events: list[Any], live: set[str] | None = None) -> None:
         """One ``events`` answer from transceiver ``k``, to every handler."""
@@ -72,7 +77,7 @@ class CallEvents:
         """WebRTC sessions of the registry that ended on ``k``: their ended session object
         (or what the event says) into the record; after a restart (``live`` given) the
         ones it no longer has are ``gone``, as a ``list`` would have found."""
-        registry = self.state.registry
+        registry = self.registry
         done: list[str] = []
         for ev in events:
             rec = registry.get(ev["call_id"])
@@ -86,7 +91,7 @@ class CallEvents:
             registry.observe(rec, obj)
             done.append(rec.id)
         if live is not None:
-            now = self.state.clock()
+            now = self.clock()
             for rec in list(registry.sessions.values()):
                 if rec.transceiver == k and not rec.ended and rec.id not in live:
                     rec.ended_at, rec.end_reason = now, "gone"
@@ -96,7 +101,7 @@ class CallEvents:
                 listener(call_id)
 
     async def _poll_loop(self, k: int) -> None:
-        ep = self.state.health.transceivers[k]
+        ep = self.health.transceivers[k]
         # Its own connection: the control server answers one connection's requests in
         # order, and a waiting poll must not hold up creates behind it.
         client = ControlClient(ep.address, timeout=self.wait + 10.0)

@@ -149,7 +149,7 @@ class SignalingState:
         self.ingress_picks: dict[str, int] = {}  # region ("" = default) -> answers
         self.webhooks = Webhooks(list(config.webhooks), clock=clock)
         #: how every call's end is heard: the transceivers' ``events`` (call_events.py)
-        self.call_events = CallEvents(self)
+        self.call_events = CallEvents(self.registry, self.health, lambda: self.clock())
         #: hang up a phone call (sip_http.py sets it): DELETE /v1/sessions/{id} of one
         self.hang_up_phone: Callable[[str], None] | None = None
 
