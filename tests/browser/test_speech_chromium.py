@@ -112,8 +112,14 @@ BAND_JS = """() => {
 
 
 def mute_after_first_turn(page: Page) -> None:
-    page.wait_for_function("applianceDemo.turns.some((t) => t.event === 'stopped')",
-                           timeout=60_000)
+    """Mute once a turn of the looping phrase was heard as words. Not at the first turn's
+    end: the fake microphone plays from getUserMedia and the call connects later, so the
+    first turn can be the tail of a phrase, which may be heard as nothing ("not
+    understood": no reply); muted then, no turn would ever be answered (a clean-clone run
+    waited 90 s for an answer that way)."""
+    page.wait_for_function(
+        "applianceDemo.transcript.some((t) => t.who === 'user' && t.final"
+        " && t.text !== '(not understood)')", timeout=60_000)
     page.evaluate("applianceDemo.setMicEnabled(false)")
 
 

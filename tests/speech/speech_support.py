@@ -120,12 +120,15 @@ class VerdictOnCue:
     lands at a chosen frame (the model's real latency, ~50-100 ms, or one chosen to fall
     just inside the caller's next word), with no sleep and no race. (A speculative decode
     still snapshots the audio when its task first runs, which trio's scheduler may move by
-    a frame: a transcript can differ between runs, a turn's bounds cannot.)
+    a frame: a transcript can differ between runs. With ``words`` the pause's transcript
+    goes to the detector with the verdict and may veto it, so then a turn's bounds can
+    differ too; ``words=False`` keeps them fixed, the model deciding alone.)
 
     ``transcripts(call, detector=call.detector, endpoint=call)``; ``model`` (a SmartTurn)
     gives the probability, or every pause is called complete."""
 
-    def __init__(self, pcm: bytes, config: Any, *, model: Any = None, lag: int = 4) -> None:
+    def __init__(self, pcm: bytes, config: Any, *, model: Any = None, lag: int = 4,
+                 words: bool = True) -> None:
         from appliance.speech.vad import TurnDetector
 
         self.pcm, self.model, self.lag = pcm, model, lag
@@ -143,7 +146,8 @@ class VerdictOnCue:
 
             def handle_verdict(self, now: float, query_id: int, probability: float,
                                transcript: str | None = None) -> None:
-                super().handle_verdict(now, query_id, probability, transcript)
+                super().handle_verdict(now, query_id, probability,
+                                       transcript if words else None)
                 call.verdicts.append(self._frames - 1)
                 call.taken.set()
 
