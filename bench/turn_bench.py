@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import math
 import pickle
 import subprocess
@@ -447,6 +448,20 @@ def run_cutoffs_with(x: np.ndarray, cfg: TurnConfig, answers: Answers, text: boo
     return ends, queries
 
 
+def run_cold(x: np.ndarray, truth: list[tuple[int, list[int], int]], cfg: TurnConfig,
+             answers: Answers, text: bool | str) -> list[tuple[float, bool, float]]:
+    """:func:`run_cutoffs` with every phrase a new call's first turn (a detector of its
+    own, from 1 s before its onset): what a learned hold does for a caller not yet heard.
+    The set run whole is one call whose turns come one after another."""
+    ends: list[tuple[float, bool, float]] = []
+    bounds = [max(0, onset - 1000) for onset, _, _ in truth] + [len(x) * 1000 // SR]
+    for a, b in itertools.pairwise(bounds):
+        part, _ = run_cutoffs(x[a * SR // 1000 : b * SR // 1000], cfg, answers, text)
+        ends += [(end + a / 1000, by_model, words + a / 1000)
+                 for end, by_model, words in part]
+    return ends
+
+
 def auto(**kw: Any) -> TurnConfig:
     """``semantic_vad`` auto with some of its values changed."""
     return dataclasses.replace(TurnConfig.semantic_vad("auto"), **kw)
@@ -458,20 +473,25 @@ LEVERS: list[tuple[str, TurnConfig, bool | str]] = [
     ("silence 500 ms (server_vad default)", TurnConfig(), False),
     ("silence 700 ms", TurnConfig(silence_duration_ms=700), False),
     ("silence 800 ms", TurnConfig(silence_duration_ms=800), False),
-    ("model auto, no hold (before)", auto(hold_ms=0), False),
-    ("model auto (hold 600): agents without words", auto(), False),
-    ("+text auto, old words, no hold (old default)", auto(hold_ms=0), "before"),
-    ("+text auto, new words, no hold", auto(hold_ms=0), True),
+    ("model auto, no hold (before)", auto(hold_ms=0, hold_floor_ms=None), False),
+    ("model auto (learned hold): agents without words", auto(), False),
+    ("+text auto, old words, no hold (old default)", auto(hold_ms=0, hold_floor_ms=None),
+     "before"),
+    ("+text auto, new words, no hold", auto(hold_ms=0, hold_floor_ms=None), True),
     ("+text high (p>=0.5, bound 700, no hold)", TurnConfig.semantic_vad("high"), True),
-    ("+text auto + hold 400", auto(hold_ms=400), True),
-    ("+text auto + hold 500", auto(hold_ms=500), True),
-    ("+text auto (hold 600): the default", auto(), True),
-    ("+text auto, old words + hold 600", auto(), "before"),
-    ("+text auto + hold 600, bound 800", auto(silence_duration_ms=800), True),
-    ("+text auto + hold 600 + re-ask 600", auto(reask_ms=600), True),
-    ("+text auto + hold 700", auto(hold_ms=700), True),
+    ("+text auto + hold 400", auto(hold_ms=400, hold_floor_ms=None), True),
+    ("+text auto + hold 500", auto(hold_ms=500, hold_floor_ms=None), True),
+    ("+text auto + hold 600 (fixed)", auto(hold_floor_ms=None), True),
+    ("+text auto, learned hold: the default", auto(), True),
+    ("+text auto, learned hold, floor 0", auto(hold_floor_ms=0), True),
+    ("+text auto, old words + hold 600", auto(hold_floor_ms=None), "before"),
+    ("+text auto + hold 600, bound 800", auto(hold_floor_ms=None, silence_duration_ms=800),
+     True),
+    ("+text auto + hold 600 + re-ask 600", auto(hold_floor_ms=None, reask_ms=600), True),
+    ("+text auto + hold 700", auto(hold_ms=700, hold_floor_ms=None), True),
     ("+text low (pause 600)", TurnConfig.semantic_vad("low"), True),
-    ("+text auto, pause 500, no hold", auto(hold_ms=0, pause_ms=500), True),
+    ("+text auto, pause 500, no hold", auto(hold_ms=0, hold_floor_ms=None, pause_ms=500),
+     True),
 ]
 
 
@@ -536,17 +556,22 @@ def cutoffs_main() -> int:
     print("\nend: the turn's end after the phrase's last loud sample; words: its transcript "
           "ready (what a reply waits for); p50/p90 ms, phrases with pauses, then the short "
           "answers")
+    print("cold: the cut-offs with every phrase a new call's first turn (only for a learned "
+          "hold; the other detectors keep no state across turns)")
     print(f"\n{'detector':<44}{'set':>9}{'cut-off':>9}{'rate':>6}{'end':>10}{'words':>10}"
-          f"{'short end':>10}{'words':>10}{'by model':>10}{'queries':>8}")
+          f"{'short end':>10}{'words':>10}{'by model':>10}{'queries':>8}{'cold':>7}")
     for label, cfg, text in LEVERS:
         for name, (x, truth) in sets.items():
             ends, queries = run_cutoffs(x, cfg, answers, text)
             cut, n, lat, by_model = score_cutoffs(ends, truth)
             turns = len(lat["end"]) + len(lat["short end"])
+            cold = "-"
+            if cfg.hold_floor_ms is not None:
+                cold = f"{score_cutoffs(run_cold(x, truth, cfg, answers, text), truth)[0]}/{n}"
             print(f"{label if name == 'tuning' else '':<44}{name:>9}{cut:>5}/{n:<3}"
                   f"{cut / n:>6.0%}{pcts(lat['end']):>10}{pcts(lat['words']):>10}"
                   f"{pcts(lat['short end']):>10}{pcts(lat['short words']):>10}"
-                  f"{by_model:>6}/{turns:<3}{queries:>8}", flush=True)
+                  f"{by_model:>6}/{turns:<3}{queries:>8}{cold:>7}", flush=True)
     cpu = np.array(answers.cpu) * 1000
     wall = np.array(answers.stt_wall) * 1000
     print(f"\nSmart Turn CPU per inference: p50 {np.percentile(cpu, 50):.0f} ms, "

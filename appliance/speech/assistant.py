@@ -36,7 +36,9 @@ spec key           environment                      meaning
 ``silence_ms``                                      the silence that ends a turn: the wait
                                                     (500) or, semantic, the bound (1000)
 ``hold_ms``                                         semantic: the silence a "complete"
-                                                    verdict waits for (600; 0: none)
+                                                    verdict waits for, fixed (default: it
+                                                    starts at 600 and learns the caller's
+                                                    pace, 300-800; 0: none)
 ``speculate``                                       ``1`` (default): transcribe at each
                                                     200 ms pause, so the transcript is
                                                     ready when the turn ends; ``0``: after
@@ -392,7 +394,7 @@ class Assistant:
             if self.opts.silence_ms is not None:
                 cfg = replace(cfg, silence_duration_ms=self.opts.silence_ms)
             if self.opts.hold_ms is not None:
-                cfg = replace(cfg, hold_ms=self.opts.hold_ms)
+                cfg = replace(cfg, hold_ms=self.opts.hold_ms, hold_floor_ms=None)
             return cfg
         return TurnConfig(silence_duration_ms=self.opts.silence_ms or 500, vad=self.opts.vad,
                           speculate=self.opts.speculate)

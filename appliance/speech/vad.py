@@ -185,7 +185,8 @@ def make_vad(kind: str = "silero", *, threshold: float = 0.5) -> Vad:
 # -- turn detection (Realtime server_vad and semantic_vad) ---------------------------------
 
 #: Realtime ``semantic_vad.eagerness`` → (Smart Turn threshold, silence bound in ms, pause in
-#: ms, threshold with a transcript, hold in ms). The pause is the silence after which the
+#: ms, threshold with a transcript, hold in ms, the learned hold's floor in ms or None for
+#: a fixed hold). The pause is the silence after which the
 #: model (and the STT) is asked; the threshold is P(complete) that ends the turn; the hold
 #: is the silence a "complete" verdict waits for before it ends the turn (0: at once); the
 #: bound ends a turn the model (or the transcript) calls unfinished. Chosen from
@@ -201,9 +202,13 @@ def make_vad(kind: str = "silero", *, threshold: float = 0.5) -> Vad:
 #: The fourth value is the threshold when the verdict comes with the pause's transcript:
 #: with the words able to veto, 0.8 cut off as many phrases as 0.5, or one fewer, in five
 #: runs on both phrase sets, and made more turns wait for the bound.
-EAGERNESS: dict[str, tuple[float, int, int, float, int]] = {
-    "low": (0.8, 1000, 600, 0.5, 600), "medium": (0.8, 1000, 200, 0.5, 600),
-    "auto": (0.8, 1000, 200, 0.5, 600), "high": (0.5, 700, 200, 0.5, 0)}
+#: The sixth: ``auto`` and ``medium`` learn the caller's pace (``TurnConfig.hold_floor_ms``):
+#: the first turn waits the 600 ms hold, a caller who never pauses mid-sentence gets down
+#: toward 300 within a few turns, one who does keeps 600-800 (no more cut-offs than the
+#: fixed hold on the phrase sets, fewer once they have paused once).
+EAGERNESS: dict[str, tuple[float, int, int, float, int, int | None]] = {
+    "low": (0.8, 1000, 600, 0.5, 600, None), "medium": (0.8, 1000, 200, 0.5, 600, 300),
+    "auto": (0.8, 1000, 200, 0.5, 600, 300), "high": (0.5, 700, 200, 0.5, 0, None)}
 
 
 # -- the transcript as a second signal ------------------------------------------------------
@@ -294,6 +299,18 @@ def unfinished(transcript: str) -> bool:
     return said[0] in SEQUENCE_OPENERS and not SEQUENCE_NEXT & set(said[1:])
 
 
+#: A learned hold waits this much longer than the silence the caller was seen to speak
+#: on after (see ``TurnConfig.hold_floor_ms``).
+HOLD_MARGIN_MS = 100
+#: How far down to its floor a learned hold goes at a turn change after a turn with no
+#: pause in it.
+HOLD_RELAX = 0.75
+#: The most a learned hold rises to (and never past the bound): a caller seen to pause
+#: ~700 ms mid-sentence gets 800; a longer wait costs every turn of theirs more than the
+#: rare longer pause it would save (bench/turn_bench.py --cutoffs, docs/speech.md).
+HOLD_CEILING_MS = 800
+
+
 @dataclass(frozen=True, slots=True)
 class TurnConfig:
     """The Realtime ``turn_detection`` parameters, as the turn detector uses them."""
@@ -324,6 +341,16 @@ class TurnConfig:
     #: ``pause_ms`` and are in hand long before: the turn then ends the moment the silence
     #: reaches this, with no inference left to wait for, unless the caller speaks first.
     hold_ms: int = 0
+    #: The hold learns the caller's pace (None: it is ``hold_ms``, fixed). Set, the hold
+    #: starts at ``hold_ms`` (cautious with a caller not yet heard) and each turn change
+    #: after a turn with no pause in it takes it :data:`HOLD_RELAX` of the way down to this
+    #: floor; a pause the caller spoke on after (one long enough to be asked about), or a
+    #: turn a verdict ended that speech followed sooner than the bound (a cut-off talked
+    #: over), raises it to that silence + :data:`HOLD_MARGIN_MS` (at most the bound) and
+    #: keeps it there for the next turn. LiveKit's dynamic endpointing learns the same two
+    #: pauses; this one starts high instead of low, so a first turn is never cut shorter
+    #: than with the fixed hold.
+    hold_floor_ms: int | None = None
     #: Emit :class:`EndOfTurnQuery` at pauses even without the model (``server_vad``), for a
     #: shell that starts work there (listen.py transcribes speculatively); no verdict needed.
     speculate: bool = False
@@ -337,10 +364,11 @@ class TurnConfig:
         """A semantic turn config for a Realtime ``eagerness`` (see :data:`EAGERNESS`)."""
         if eagerness not in EAGERNESS:
             raise ValueError(f"unknown eagerness {eagerness!r}")
-        threshold, bound, pause, words, hold = EAGERNESS[eagerness]
+        threshold, bound, pause, words, hold, floor = EAGERNESS[eagerness]
         fields: dict[str, Any] = {
             "semantic": True, "semantic_threshold": threshold, "silence_duration_ms": bound,
-            "pause_ms": pause, "words_threshold": words, "hold_ms": hold}
+            "pause_ms": pause, "words_threshold": words, "hold_ms": hold,
+            "hold_floor_ms": floor}
         return cls(**{**fields, **kw})
 
     @classmethod
@@ -436,6 +464,17 @@ class TurnDetector:
                                   -(-(c.reask_ms - c.release_ms) // FRAME_MS))
                               if c.reask_ms and c.semantic else 0)
         self._hold_frames = max(0, -(-(c.hold_ms - c.release_ms) // FRAME_MS))
+        # A learned hold (hold_floor_ms): it starts at _hold_frames and moves between
+        # _floor_frames and the bound.
+        self._floor_frames = (None if c.hold_floor_ms is None else min(
+            self._hold_frames, max(0, -(-(c.hold_floor_ms - c.release_ms) // FRAME_MS))))
+        self._margin_frames = -(-HOLD_MARGIN_MS // FRAME_MS)
+        self._learned = None if self._floor_frames is None else self._hold_frames
+        self._paused = False  # this turn had a pause the caller spoke on after
+        # The frame count at the last turn's end of speech, when a verdict (not the bound)
+        # ended it: speech sooner than the bound after it was a cut-off.
+        self._ended_at: int | None = None
+        self._last_end: int | None = None  # the same for any ended turn
         self._frames = 0  # frames seen
         self._run = 0  # consecutive speech frames while idle
         self._silent = 0  # consecutive silent frames while in a turn
@@ -475,6 +514,7 @@ class TurnDetector:
             self._prefix.append(pcm)
             self._run = self._run + 1 if speech else 0
             if self._run >= self._min_frames:
+                self._learn_from_start(self._frames - self._run)
                 self.in_turn = True
                 self._silent = 0
                 start_frame = self._frames - len(self._prefix)
@@ -492,6 +532,8 @@ class TurnDetector:
             self._keep16k(pcm)
         if speech:
             # The caller goes on: any question about this pause is moot.
+            if self._asked and self._learned is not None:
+                self._learn(self._silent)  # a pause they spoke on after
             self._silent = 0
             self._query = None
             self._pause = None
@@ -508,7 +550,7 @@ class TurnDetector:
         self._silent += 1
         if self._silent >= self._silence_frames:
             self._stop(now)  # the bound: with or without the model's verdict
-        elif self._held and self._silent >= self._hold_frames:
+        elif self._held and self._silent >= self._hold_now():
             self._stop(now)  # a complete verdict, held until the silence reached hold_ms
         elif ((self.config.semantic or self.config.speculate) and not self._asked
               and self._silent >= self._pause_frames):
@@ -558,12 +600,45 @@ class TurnDetector:
                 and not self._vetoed
         elif self._vetoed:
             self.vetoes += 1  # complete by the model, cut short by the words: the bound
-        elif self._silent < self._hold_frames:
+        elif self._silent < self._hold_now():
             self._held = True  # complete: ends when the silence reaches hold_ms
         else:
             self._stop(now)
 
+    @property
+    def hold_ms(self) -> int:
+        """The hold a complete verdict waits for now (learned, with ``hold_floor_ms``)."""
+        return self._hold_now() * FRAME_MS + (self.config.release_ms if self._hold_now() else 0)
+
+    def _hold_now(self) -> int:
+        return self._hold_frames if self._learned is None else self._learned
+
+    def _learn(self, silent: int) -> None:
+        """The caller spoke on after ``silent`` frames of silence: hold at least that long
+        (+ the margin), up to the ceiling."""
+        assert self._learned is not None
+        self._paused = True
+        ceiling = min(self._silence_frames, HOLD_CEILING_MS // FRAME_MS)
+        self._learned = min(ceiling, max(self._learned, silent + self._margin_frames))
+
+    def _learn_from_start(self, onset: int) -> None:
+        """A turn starts at frame ``onset`` (its first speech frame minus one): soon after
+        a turn a verdict ended, that turn was cut off; after the bound, a turn change, which
+        relaxes the learned hold toward its floor if the turn before had no pause."""
+        if self._learned is None or self._floor_frames is None or self._last_end is None:
+            return
+        gap = onset - self._last_end
+        paused, self._paused = self._paused, False
+        if self._ended_at is not None and gap < self._silence_frames:
+            self._learn(gap)
+        elif gap >= self._silence_frames and not paused:
+            self._learned -= round((self._learned - self._floor_frames) * HOLD_RELAX)
+        self._ended_at = self._last_end = None
+
     def _stop(self, now: float) -> None:
+        by_verdict = self._silent < self._silence_frames
+        self._last_end = self._frames - self._silent
+        self._ended_at = self._last_end if by_verdict else None
         self.in_turn = False
         self._run = 0
         self._query = None

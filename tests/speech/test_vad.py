@@ -110,16 +110,19 @@ def test_realtime_turn_detection_maps() -> None:
     high = TurnConfig.from_realtime({"type": "semantic_vad", "eagerness": "high"})
     assert high is not None and high.semantic
     assert (high.semantic_threshold, high.silence_duration_ms, high.pause_ms,
-            high.words_threshold, high.hold_ms) == EAGERNESS["high"]
+            high.words_threshold, high.hold_ms, high.hold_floor_ms) == EAGERNESS["high"]
     # The default holds a complete verdict until the pause has lasted 600 ms (issue 38
     # item 2: the false cut-offs at the default); a caller may still choose to be fast.
     assert TurnConfig.semantic_vad("auto").hold_ms == 600
     assert TurnConfig.semantic_vad("auto", hold_ms=0).hold_ms == 0
+    # ... and learns the caller's pace from there (test_a_learned_hold_*); low is patient.
+    assert TurnConfig.semantic_vad("auto").hold_floor_ms == 300
+    assert TurnConfig.semantic_vad("low").hold_floor_ms is None
     auto = TurnConfig.from_realtime({"type": "semantic_vad", "create_response": False})
     assert auto == TurnConfig.semantic_vad("medium", create_response=False)
     # Eagerer ends sooner: never a higher threshold, a longer bound or a later question.
     lo, med, hi = EAGERNESS["low"], EAGERNESS["medium"], EAGERNESS["high"]
-    assert all(a >= b >= c for a, b, c in zip(lo, med, hi, strict=True))
+    assert all(a >= b >= c for a, b, c in zip(lo[:5], med[:5], hi[:5], strict=True))
     assert lo != med != hi
     for bad in ({"type": "telepathy"}, {"threshold": 2}, {"silence_duration_ms": -1},
                 {"type": "semantic_vad", "eagerness": "eager"}):
@@ -538,3 +541,88 @@ def test_a_hold_with_a_second_question_ends_on_its_complete_verdict() -> None:
     d.verdict(q2, 0.8)  # past the hold already: ends now
     (stop,) = d.of(SpeechStopped)
     assert stop.at == pytest.approx(0.4 + 0.54) and stop.pause == q1.query_id
+
+
+LEARN = replace(HOLD, hold_ms=600, hold_floor_ms=300)
+
+
+def crisp_turn(d: Driver, text: str = "What time is it?") -> SpeechStopped:
+    """A turn with no pause inside: 400 ms of speech, a complete verdict at the pause,
+    the hold, then the quiet of the agent's answer (past the bound: a turn change)."""
+    before = len(d.of(SpeechStopped))
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 10)
+    d.verdict(d.of(EndOfTurnQuery)[-1], 0.9, text)
+    d.feed(QUIET, 40)
+    stops = d.of(SpeechStopped)
+    assert len(stops) == before + 1
+    return stops[-1]
+
+
+def test_a_learned_hold_starts_at_the_hold_and_relaxes_for_a_caller_who_never_pauses() -> None:
+    d = Driver(LEARN)
+    ends = []
+    for _ in range(5):
+        stop = crisp_turn(d)
+        ends.append(round(stop.at * 1000 - stop.audio_end_ms) + 20)  # at: the frame's start
+    # 600 at first (a caller not yet heard gets the fixed hold), then 3/4 of the way down
+    # to the 300 ms floor at each turn change (in whole frames): 380, 320, 300.
+    assert ends == [600, 380, 320, 300, 300]
+    assert d.det.hold_ms == 300
+
+
+def test_a_learned_hold_rises_after_a_pause_the_caller_spoke_on_after() -> None:
+    d = Driver(LEARN)
+    for _ in range(2):
+        crisp_turn(d)
+    assert d.det.hold_ms == 380  # 320 once the next turn starts (a turn change)
+    # "We'll arrive on Friday, | around noon": a 280 ms pause the model called complete
+    # (held, not yet ended at the learned 320), then more words.
+    d.feed(SPEECH, 20)
+    assert d.det.hold_ms == 320
+    d.feed(QUIET, 10)
+    d.verdict(d.of(EndOfTurnQuery)[-1], 0.98, "We'll arrive on Friday.")
+    d.feed(QUIET, 4)
+    assert d.det.in_turn
+    d.feed(SPEECH, 20)
+    assert d.det.hold_ms == 380  # the 280 ms pause + the 100 ms margin
+    d.feed(QUIET, 10)
+    d.verdict(d.of(EndOfTurnQuery)[-1], 0.98, "We'll arrive on Friday, around noon.")
+    d.feed(QUIET, 40)
+    stop = d.of(SpeechStopped)[-1]
+    assert round(stop.at * 1000 - stop.audio_end_ms) + 20 == 380
+    # A turn with a pause in it does not relax the hold at the next turn change...
+    stop = crisp_turn(d)
+    assert round(stop.at * 1000 - stop.audio_end_ms) + 20 == 380
+    stop = crisp_turn(d)  # ... one with none does
+    assert round(stop.at * 1000 - stop.audio_end_ms) + 20 == 320
+
+
+def test_a_learned_hold_rises_after_a_cut_off_the_caller_talked_over() -> None:
+    d = Driver(LEARN)
+    for _ in range(4):
+        crisp_turn(d)
+    assert d.det.hold_ms == 300
+    d.feed(SPEECH, 20)
+    d.feed(QUIET, 10)
+    d.verdict(d.of(EndOfTurnQuery)[-1], 0.98, "Please add eggs.")
+    d.feed(QUIET, 5)
+    assert not d.det.in_turn  # cut off at 300 ms
+    d.feed(QUIET, 15)  # the caller goes on 600 ms after the end of their words
+    d.feed(SPEECH, 20)
+    assert d.det.in_turn and d.det.hold_ms == 700
+    # Never past the ceiling (800), whatever the gap short of the bound.
+    d.feed(QUIET, 10)
+    d.verdict(d.of(EndOfTurnQuery)[-1], 0.98, "Flour.")
+    d.feed(QUIET, 25)
+    assert not d.det.in_turn  # the learned 700 ms
+    d.feed(QUIET, 10)
+    d.feed(SPEECH, 20)  # 900 ms after: still a cut-off (the bound is 1000)
+    assert d.det.hold_ms == 800
+
+
+def test_a_fixed_hold_learns_nothing() -> None:
+    d = Driver(replace(LEARN, hold_floor_ms=None))
+    for _ in range(4):
+        stop = crisp_turn(d)
+    assert round(stop.at * 1000 - stop.audio_end_ms) + 20 == 600 and d.det.hold_ms == 600
