@@ -14,14 +14,19 @@ What only a Live call adds, here:
   ``session.closed`` (``session.close`` on the channel, or expiry) the events still queued
   are handed to the channel (bounded by :data:`CLOSE_GRACE`), then the call is hung up
   (``session.end``);
-* no Realtime sideband: ``GET /v1/realtime?call_id=`` does not attach to a Live session
-  (GPT-Live's own sideband, ``…/{id}/attach``, is issue 42 item 5).
+* GPT-Live's own **sideband** (``GET /v1/live/sessions/{id}/attach``), not the Realtime
+  one: a :class:`~appliance.realtime.sideband.SidebandPoint` of the ``live`` surface
+  registered under the call's id (signaling reaches it with the ``realtime.*`` control ops;
+  ``GET /v1/realtime?call_id=`` is refused with 409), fed the core's observer stream after
+  every drain; a sideband's command runs through :meth:`LiveConnection.handle_sideband`
+  (its ``session.close`` hangs the call up, as the channel's does).
 
 The agent spec is ``live[:SPEC]`` (plugin.py): SPEC is ``--live-agent``'s language.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any
@@ -31,6 +36,7 @@ import trio
 from ..agents.context import AgentContext
 from ..realtime.agent import LABEL, RealtimeShell, id_source
 from ..realtime.interface import RealtimeAgent
+from ..realtime.sideband import LIVE, SidebandPoint, register, unregister
 from ..realtime.socket_protocol import EndSession
 from ..realtime.turns import can_judge, can_speculate
 from .connection import LiveConnection, Started, State
@@ -57,13 +63,35 @@ class LiveCallShell(RealtimeShell):
         self.live.start(session_config(ctx))  # LiveError: signaling let a bad config by
         self.started: Started | None = None
         self._ending = False
+        self.live_sideband = SidebandPoint(ctx.session_id, self.live.resource,
+                                           self._feed_live, surface=LIVE,
+                                           replay=self.live.replay)
+        self.live.observed = lambda: bool(self.live_sideband.attachments)
 
     async def run(self) -> None:
+        register(self.live_sideband)
         try:
             await super().run()
         finally:
             if self.live.state is not State.CLOSED:
                 self.live.lost()  # the caller left: the session ends with the call
+                self._observe(None)  # the sidebands' session.closed (connection_lost)
+            unregister(self.live_sideband)
+            self.live_sideband.close()
+
+    def _drain(self, origin: str | None = None) -> None:
+        super()._drain(origin)
+        self._observe(origin)
+
+    def _observe(self, origin: str | None) -> None:
+        while (event := self.live.poll_observed()) is not None:
+            self.live_sideband.observe(event, json.dumps(event, separators=(",", ":")),
+                                       origin)
+
+    def _feed_live(self, text: str, origin: str) -> None:
+        """A command of the attached sideband ``origin``."""
+        self.live.handle_sideband(text)
+        self._drain(origin)
 
     def tasks(self, nursery: trio.Nursery) -> None:
         self._drain()  # Started: the expiry timer, now that there is a nursery

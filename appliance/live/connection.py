@@ -63,6 +63,18 @@ streams in real time, and deterministic here. The answer's audio is laid on it f
 the input stood when its first chunk came (``max(output end, input)``); a barge-in cuts the
 output back to the input's time.
 
+**The sideband's stream** (``GET /v1/live/sessions/{id}/attach``; the shells hand it to
+their :class:`~appliance.realtime.sideband.SidebandPoint`): while ``observed()`` says a
+sideband is attached, every event also goes to :meth:`poll_observed` — before the WebRTC
+channel's hold and ``allowed_server_events`` filter — with the observer extras of
+``ConnectServerEvent``: the caller's audio reflected as ``session.input_audio.append``
+(PCM16 24 kHz, before muting; :data:`REFLECT_FRAMES` frames a piece on WebRTC) and the
+answer's audio as ``session.output_audio.delta`` in PCM16 24 kHz with its timeline span
+(the primary socket's carries the session's format and no span). A sideband's command
+(:meth:`handle_sideband`) is acted on like the client's, without the data channel's
+``allowed_client_events``; ``session.start`` and ``session.input_audio.append`` are not
+sideband commands, and an error it causes goes to the sidebands' stream only.
+
 States are a table (rule 19): a command before ``session.start``, a second
 ``session.start`` or anything after ``session.closed`` is an ``error`` event naming it.
 """
@@ -124,6 +136,15 @@ ACKNOWLEDGEMENT = "Okay, checking now."
 DELEGATED = ("Delegated to the application ({id}). Its result will come back as context; "
              "do not guess it.")
 MAX_DELEGATIONS = 1024  # delegation ids kept for delegation_id checks (oldest forgotten)
+REFLECT_FRAMES = 5  # WebRTC: the caller's 20 ms frames per reflected input piece (100 ms)
+MAX_OBSERVED = 4096  # events kept for the sideband between two drains (oldest go)
+#: Not sideband commands (ConnectClientEvent has neither): why, for the error.
+NOT_SIDEBAND = {
+    "session.start": "The session is already running: a sideband does not send "
+    "session.start.",
+    "session.input_audio.append": "A sideband observes the session's audio; the input "
+    "comes from the primary transport.",
+}
 
 
 class State(Enum):
@@ -254,6 +275,11 @@ class LiveConnection:
         self.gate: WakeGate | None = None
         self._asleep: deque[tuple[bytes, bool]] = deque()
         self._track_ms = 0  # the track's frames as they arrived: the wake gate's clock
+        # the sideband: its stream, whether one is attached, the command being run
+        self.observed: Callable[[], bool] = lambda: False  # set by the shell
+        self._observed: deque[dict[str, Any]] = deque()
+        self._from_sideband = False
+        self._reflect = b""  # WebRTC: 48 kHz frames not yet reflected
 
     # -- poll --------------------------------------------------------------------------------
 
@@ -286,12 +312,35 @@ class LiveConnection:
         event = self.poll_event()
         return None if event is None else LiveEvent(event)
 
+    def poll_observed(self) -> dict[str, Any] | None:
+        """The sideband's next event (every one, and the observer extras), None when
+        drained; nothing is kept while no sideband is attached."""
+        self._pump()
+        return self._observed.popleft() if self._observed else None
+
+    def replay(self) -> dict[str, Any]:
+        """What a sideband attaching now gets first: ``session.started`` with the session
+        as it stands (GPT-Live's "short replay")."""
+        return events.session_started(self._ids("event"), self.resource())
+
+    def _out(self, event: dict[str, Any], *, primary: bool = True,
+             observers: bool = True) -> None:
+        """One server event for the primary side, the sidebands, or both."""
+        if primary:
+            self._events.append(event)
+        if observers and self.observed():
+            self._observed.append(event)
+            if len(self._observed) > MAX_OBSERVED:
+                self._observed.popleft()  # a shell that never drains: bounded anyway
+
     def _emit(self, event: dict[str, Any]) -> None:
         self._pump()  # what the machine said before this comes first
-        self._events.append(event)
+        self._out(event)
 
     def _error(self, exc: LiveError) -> None:
-        self._emit(events.error(self._ids("event"), exc))
+        self._pump()
+        # A sideband's mistake is its own: the primary client never sees it.
+        self._out(events.error(self._ids("event"), exc), primary=not self._from_sideband)
 
     # -- input -------------------------------------------------------------------------------
 
@@ -311,9 +360,26 @@ class LiveConnection:
 
     handle_input = handle_message  # the rule-18 name of the network input
 
-    def _dispatch(self, ev: ClientEvent) -> None:
+    def handle_sideband(self, data: str | bytes) -> None:
+        """One command of an attached sideband (untrusted JSON, a trusted sender): acted on
+        as the client's would be, never raises; its errors go to the sidebands only."""
+        self._from_sideband = True
+        try:
+            ev = parse_client_event_untrusted(data)
+            if ev.type in NOT_SIDEBAND:
+                raise LiveError(NOT_SIDEBAND[ev.type], code="unsupported_event",
+                                param="type", client_event_id=ev.event_id)
+            self._dispatch(ev, trusted=True)
+            self._pump()  # what the machine answered it, under the same rule
+        except LiveError as exc:
+            self._error(exc)
+        finally:
+            self._from_sideband = False
+
+    def _dispatch(self, ev: ClientEvent, *, trusted: bool = False) -> None:
         cid = ev.event_id
-        if self._allowed_client is not None and ev.type not in self._allowed_client:
+        if (not trusted and self._allowed_client is not None
+                and ev.type not in self._allowed_client):
             raise LiveError(f"The data channel may not send '{ev.type}': the session's "
                             "client.data_channel.allowed_client_events does not list it.",
                             code="client_event_not_allowed", param="type",
@@ -412,6 +478,10 @@ class LiveConnection:
             self._odd = raw[whole:]
             raw = raw[:whole]
         pcm = self._decode(raw)
+        if self.observed():  # reflected before muting, in the sideband's format
+            self._out(events.input_audio_reflected(base64.b64encode(
+                raw if self._unit == 4 else pcm48k_to_24k(pcm)).decode("ascii")),
+                primary=False)
         if self.muted:  # the agent hears silence; the timeline goes on
             pcm = bytes(len(pcm))
         self._frames(pcm)
@@ -442,6 +512,14 @@ class LiveConnection:
         before the start and after the end."""
         if self.state is not State.ACTIVE:
             return
+        if self.observed():  # reflected before muting, 100 ms a piece
+            self._reflect += pcm
+            if len(self._reflect) >= REFLECT_FRAMES * FRAME_BYTES:
+                self._out(events.input_audio_reflected(base64.b64encode(
+                    pcm48k_to_24k(self._reflect)).decode("ascii")), primary=False)
+                self._reflect = b""
+        elif self._reflect:
+            self._reflect = b""
         if self.muted:  # the agent hears silence; the timeline goes on; it wakes nothing
             pcm, speech = SILENT_FRAME, False
         gate = self.gate
@@ -530,15 +608,22 @@ class LiveConnection:
             self._closed(reason, None)
 
     def lost(self) -> None:
-        """The socket went away: the session ends as ``connection_lost`` with nothing
-        sent (there is nowhere to send it)."""
+        """The socket went away: the session ends as ``connection_lost``, with nothing
+        sent to the primary side (there is nowhere to send it); an attached sideband gets
+        ``session.closed``."""
+        if self.state is State.ACTIVE and self.observed():
+            self._pump()
+            self._flush()
+            self._out(events.session_closed(
+                self._ids("event"), "connection_lost", self.resource(),
+                events.usage(self._seconds(), **self._breakdown())), primary=False)
         self.state = State.CLOSED
 
     def _closed(self, reason: str, cid: str | None) -> None:
         self._pump()
         self._flush()
         self.state = State.CLOSED
-        self._events.append(events.session_closed(
+        self._out(events.session_closed(
             self._ids("event"), reason, self.resource(),
             events.usage(self._seconds(), **self._breakdown()), cid))
         self._actions.append(EndSession(reason))
@@ -559,7 +644,7 @@ class LiveConnection:
                 if not self._response_audio:
                     self._response_audio = True
                     self.output_ms = max(self.output_ms, float(self.input_ms))
-                self.output_ms += len(delta.pcm) / BYTES_PER_MS
+                self._reflect_output(delta.pcm)
             return queue
         r = self.machine.response
         if r is None or r.id != response_id or self.state is not State.ACTIVE:
@@ -573,10 +658,20 @@ class LiveConnection:
         if not self._response_audio:
             self._response_audio = True
             self.output_ms = max(self.output_ms, float(self.input_ms))
-        self.output_ms += whole / BYTES_PER_MS
-        self._events.append(events.output_audio_delta(
-            base64.b64encode(self._encode(pcm[:whole])).decode("ascii")))
+        self._out(events.output_audio_delta(
+            base64.b64encode(self._encode(pcm[:whole])).decode("ascii")), observers=False)
+        self._reflect_output(pcm[:whole])
         return True
+
+    def _reflect_output(self, pcm: bytes) -> None:
+        """The answer's audio (48 kHz) moves the output timeline on; a sideband gets it as
+        PCM16 24 kHz with its span."""
+        start = self.output_ms
+        self.output_ms += len(pcm) / BYTES_PER_MS
+        if self.observed():
+            self._out(events.output_audio_delta(
+                base64.b64encode(pcm48k_to_24k(pcm)).decode("ascii"),
+                start_ms=round(start), end_ms=round(self.output_ms)), primary=False)
 
     def handle_response_end(self, response_id: str, error: str | None = None) -> None:
         self.machine.handle_response_end(response_id, error)
@@ -620,7 +715,7 @@ class LiveConnection:
             self._turns.pop(e["item_id"], None)
         elif kind == "conversation.item.input_audio_transcription.failed":
             self._turns.pop(e["item_id"], None)
-            self._events.append(events.info(
+            self._out(events.info(
                 self._ids("event"), "input_transcript_failed",
                 f"The user's speech could not be transcribed: {e['error']['message']}"))
         elif kind == "response.created":
@@ -638,9 +733,10 @@ class LiveConnection:
             self._say_next()
         elif kind == "error":
             err = e["error"]
-            self._events.append(events.error(self._ids("event"), LiveError(
+            self._out(events.error(self._ids("event"), LiveError(
                 err["message"], code=err["code"], param=err.get("param"),
-                client_event_id=err.get("event_id"), type=err["type"])))
+                client_event_id=err.get("event_id"), type=err["type"])),
+                primary=not self._from_sideband)
         # Items, responses, content parts, VAD events, rate limits: not Live's.
 
     def _delegate(self, item_id: str, call_id: str) -> None:
@@ -651,7 +747,7 @@ class LiveConnection:
         self._delegations[item_id] = None
         while len(self._delegations) > MAX_DELEGATIONS:
             self._delegations.popitem(last=False)
-        self._events.append(events.delegation_created(self._ids("event"), item_id,
+        self._out(events.delegation_created(self._ids("event"), item_id,
                                                       self.input_ms))
         self._inner({"type": "conversation.item.create", "item": {
             "type": "function_call_output", "call_id": call_id,
@@ -679,7 +775,7 @@ class LiveConnection:
         if self._heard_item not in (None, item_id) and not text[0].isspace():
             text = " " + text  # a new turn: the client joins the deltas as they come
         self._heard_item = item_id
-        self._events.append(events.input_transcript_delta(self._ids("event"), text, start,
+        self._out(events.input_transcript_delta(self._ids("event"), text, start,
                                                           end))
 
     def _hold(self, text: str) -> None:
@@ -702,7 +798,7 @@ class LiveConnection:
         self._held = None
         self._said = True
         end = max(start, round(self.output_ms)) if self._response_audio else start
-        self._events.append(events.output_transcript_delta(self._ids("event"), text, start,
+        self._out(events.output_transcript_delta(self._ids("event"), text, start,
                                                            end))
 
     def _say_next(self) -> None:

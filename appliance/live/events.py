@@ -30,7 +30,8 @@ SERVER_EVENTS: dict[str, tuple[Support, str]] = {
     "session.output_transcript.delta": (Support.SUPPORTED, "one per spoken sentence, the "
                                         "sentence's audio span"),
     "session.output_audio.delta": (Support.SUPPORTED, "the session's format, paced at "
-                                   "real time (+300 ms lead)"),
+                                   "real time (+300 ms lead); on a sideband PCM16 24 kHz "
+                                   "with start_ms/end_ms, on WebRTC too"),
     "session.instructions.appended": (Support.SUPPORTED, ""),
     "session.thinking.appended": (Support.SUPPORTED, ""),
     "session.commentary.appended": (Support.SUPPORTED, ""),
@@ -48,13 +49,14 @@ SERVER_EVENTS: dict[str, tuple[Support, str]] = {
     "decision.event": (Support.NEVER, "no Decision API"),
     "decision.item.created": (Support.NEVER, "no Decision API"),
     "decision.item.deleted": (Support.NEVER, "no Decision API"),
-    "session.input_audio.append": (Support.NEVER, "sideband only (not served)"),
-    "transport.dtmf.received": (Support.NEVER, "sideband only (not served)"),
-    "transport.dtmf.send": (Support.NEVER, "sideband only (not served)"),
-    "transport.dtmf.sent": (Support.NEVER, "sideband only (not served)"),
-    "transport.ringing": (Support.NEVER, "sideband only (not served)"),
-    "transport.answered": (Support.NEVER, "sideband only (not served)"),
-    "transport.failed": (Support.NEVER, "sideband only (not served)"),
+    "session.input_audio.append": (Support.SUPPORTED, "sideband only: the caller's audio "
+                                   "reflected, PCM16 24 kHz, before muting"),
+    "transport.dtmf.received": (Support.NEVER, "sideband of a SIP session (none yet)"),
+    "transport.dtmf.send": (Support.NEVER, "sideband of a SIP session (none yet)"),
+    "transport.dtmf.sent": (Support.NEVER, "sideband of a SIP session (none yet)"),
+    "transport.ringing": (Support.NEVER, "sideband of an outbound SIP leg (none yet)"),
+    "transport.answered": (Support.NEVER, "sideband of an outbound SIP leg (none yet)"),
+    "transport.failed": (Support.NEVER, "sideband of an outbound SIP leg (none yet)"),
 }
 
 #: Beyond the primary union: the WebRTC data channel's (and the sideband's) extras, in the
@@ -146,9 +148,20 @@ def output_transcript_delta(event_id: str, delta: str, start_ms: int,
             "delta": delta, "start_ms": start_ms, "end_ms": end_ms}
 
 
-def output_audio_delta(b64: str) -> dict[str, Any]:
-    """On the primary socket: no event_id, no timestamps (those are the sideband's)."""
-    return {"type": "session.output_audio.delta", "delta": b64}
+def output_audio_delta(b64: str, *, start_ms: int | None = None,
+                       end_ms: int | None = None) -> dict[str, Any]:
+    """No event_id; on the primary socket no timestamps, on a sideband (PCM16 24 kHz) the
+    span of the chunk on the session timeline."""
+    event: dict[str, Any] = {"type": "session.output_audio.delta", "delta": b64}
+    if start_ms is not None and end_ms is not None:
+        event.update(start_ms=start_ms, end_ms=end_ms)
+    return event
+
+
+def input_audio_reflected(b64: str) -> dict[str, Any]:
+    """The caller's audio reflected to a sideband (PCM16 24 kHz, before muting): the
+    server event that shares the client command's type and ``audio`` key; no event_id."""
+    return {"type": "session.input_audio.append", "audio": b64}
 
 
 def delegation_created(event_id: str, delegation_id: str, offset_ms: int,

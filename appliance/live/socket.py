@@ -9,13 +9,19 @@ instead of the bare machine, with what only a Live session has:
 * the session's **lifetime**: after ``expires_in`` seconds from ``session.start`` it
   closes with reason ``expired`` (``session.closed``, then close code 1000);
 * a socket that goes away without ``session.close`` ends the session as
-  ``connection_lost`` (:data:`END_LOST`).
+  ``connection_lost`` (:data:`END_LOST`);
+* its **sideband** (``GET /v1/live/sessions/{id}/attach``): a
+  :class:`~appliance.realtime.sideband.SidebandPoint` of the ``live`` surface, registered
+  in ``POINTS`` from ``session.started`` to the end (signaling attaches to it in process:
+  appliance/signaling/sideband.py), fed the core's observer stream after every drain; a
+  sideband's command runs through :meth:`LiveConnection.handle_sideband`.
 
 Transport-free like its base: :meth:`run` takes ``receive()`` and ``send(text)``.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -26,6 +32,7 @@ import trio
 from ..agents.vad import EnergyVad
 from ..realtime.agent import id_source
 from ..realtime.interface import RealtimeAgent
+from ..realtime.sideband import LIVE, SidebandPoint, register, unregister
 from ..realtime.turns import can_judge, can_speculate
 from ..realtime.ws_session import END_CLIENT, RealtimeSocketSession
 from .config import MAX_SESSION_SECONDS
@@ -56,6 +63,10 @@ class LiveSocketSession(RealtimeSocketSession):
                          machine=self.live.machine, pace_lead=pace_lead, on_turn=on_turn)
         self.started: Started | None = None
         self._on_started = on_started
+        self.sideband = SidebandPoint(sid, self.live.resource, self._feed, surface=LIVE,
+                                      replay=self.live.replay)
+        self.live.observed = lambda: bool(self.sideband.attachments)
+        self._origin: str | None = None  # the sideband whose command is being run
 
     async def run(self, receive: Callable[[], Awaitable[str | bytes]],
                   send: Callable[[str], Awaitable[None]]) -> str:
@@ -67,14 +78,36 @@ class LiveSocketSession(RealtimeSocketSession):
         finally:
             if self.live.state is not State.CLOSED:
                 self.live.lost()
+                self._observe()  # the sidebands' session.closed (connection_lost)
+            unregister(self.sideband)
+            self.sideband.close()  # the sidebands get what was queued, then close
         return END_LOST if reason == END_CLIENT else reason
 
     def handle_action(self, action: object) -> None:
         if isinstance(action, Started) and self._nursery is not None:
             self.started = action
+            register(self.sideband)  # attachable once its id is known
             self._nursery.start_soon(self._expire, action.expires_in)
             if self._on_started is not None:
                 self._on_started(action)
+
+    def _drain(self) -> None:
+        super()._drain()
+        self._observe()
+
+    def _observe(self) -> None:
+        while (event := self.live.poll_observed()) is not None:
+            self.sideband.observe(event, json.dumps(event, separators=(",", ":")),
+                                  self._origin)
+
+    def _feed(self, text: str, origin: str) -> None:
+        """A command of the attached sideband ``origin``."""
+        self._origin = origin
+        try:
+            self.live.handle_sideband(text)
+            self._drain()
+        finally:
+            self._origin = None
 
     async def _expire(self, seconds: float) -> None:
         await trio.sleep(seconds)

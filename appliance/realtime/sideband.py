@@ -24,6 +24,17 @@ that would change them (an ``error``, the update not applied: it is atomic).
 
 Registry: shells register their point under the call's session id in :data:`POINTS` (one
 process-wide table: the transceiver's control handler finds a call's point there).
+
+**Two surfaces, one fan-out.** A point serves the Realtime sideband (``surface`` ``"realtime"``:
+the rules above) or GPT-Live's (``"live"``, ``GET /v1/live/sessions/{id}/attach``:
+appliance/live/socket.py and call.py register one). The protocol supplies what differs:
+``replay`` (the event an attachment gets first: Realtime's ``session.created``, Live's
+``session.started``: the short replay) and the routing — a Live session's core makes the observers' stream
+itself (appliance/live/connection.py ``poll_observed``: every event, the reflected audio,
+an error only to the sideband that caused it), handed to :meth:`SidebandPoint.observe`.
+On a Live point every attachment may send (no controller, no locks: GPT-Live's sideband is
+the trusted backend's), and ``realtime.attach`` names the surface it wants: asking one
+surface for the other's session is a 409.
 """
 
 from __future__ import annotations
@@ -49,9 +60,30 @@ LOCKABLE = frozenset({"instructions", "tools", "tool_choice", "output_modalities
 CLOSED_SLOW = "slow_reader"
 CLOSED_ENDED = "call_ended"
 CLOSED_DETACHED = "detached"
+REALTIME = "realtime"
+LIVE = "live"
+SURFACES = (REALTIME, LIVE)
 
 #: session id -> the point of its live Realtime call (registered by RealtimeShell.run).
 POINTS: dict[str, SidebandPoint] = {}
+#: A Live WebRTC session's point exists once its media connected (the agent runs from
+#: then on), but a backend attaches on ``live.transport.connected``, sent when the session
+#: is created: a Live attach waits this long for the point of a session still connecting.
+ATTACH_WAIT = 10.0
+_registered = trio.Event()  # set (and replaced) whenever a point is registered
+
+
+def register(point: SidebandPoint) -> None:
+    """``POINTS[point.call_id] = point``, waking the attaches waiting for it."""
+    global _registered
+    POINTS[point.call_id] = point
+    _registered.set()
+    _registered = trio.Event()
+
+
+def unregister(point: SidebandPoint) -> None:
+    if POINTS.get(point.call_id) is point:
+        del POINTS[point.call_id]
 
 _FUNCTION_EVENTS = frozenset({"response.function_call_arguments.delta",
                               "response.function_call_arguments.done"})
@@ -115,13 +147,18 @@ class Attachment:
 class SidebandPoint:
     """The sideband side of one call's shell. ``session`` returns the current session;
     ``feed(text, origin)`` runs a client event through the call's machine (the shell drains
-    and publishes what it produced)."""
+    and publishes what it produced). ``surface``: whose sideband this is; ``replay``: the
+    event an attachment gets first (default: Realtime's ``session.created``)."""
 
     def __init__(self, call_id: str, session: Callable[[], dict[str, Any]],
-                 feed: Callable[[str, str], None]) -> None:
+                 feed: Callable[[str, str], None], *, surface: str = REALTIME,
+                 replay: Callable[[], dict[str, Any]] | None = None) -> None:
+        assert surface in SURFACES
         self.call_id = call_id
+        self.surface = surface
         self._session = session
         self._feed = feed
+        self._replay = replay or self._session_created
         self.attachments: dict[str, Attachment] = {}
         self.controller: str | None = None
         self.locks: set[str] = set()
@@ -132,12 +169,24 @@ class SidebandPoint:
 
     # -- attachments ---------------------------------------------------------------------
 
+    def _session_created(self) -> dict[str, Any]:
+        return {"type": "session.created", "event_id": f"event_{secrets.token_hex(8)}",
+                "session": self._session()}
+
     def attach(self, role: str | None, locks: list[str]) -> tuple[Attachment, dict[str, Any]]:
+        """A new attachment and its replay (the event to send first)."""
         if self.ended:
             raise SidebandError(410, "call_ended", f"call {self.call_id} has ended")
         if len(self.attachments) >= MAX_ATTACHMENTS:
             raise SidebandError(429, "too_many_sidebands",
                                 f"{MAX_ATTACHMENTS} sidebands are attached to this call")
+        if self.surface == LIVE:
+            if role is not None or locks:
+                raise SidebandError(400, "invalid_value", "a GPT-Live sideband has no roles "
+                                    "or locks: every attached backend may send commands")
+            att = Attachment(f"sb_{secrets.token_hex(8)}", True)
+            self.attachments[att.id] = att
+            return att, self._replay()
         if role not in (None, "controller", "observer"):
             raise SidebandError(400, "invalid_value", "role must be controller or observer")
         controller = role == "controller" or (role is None and self.controller is None)
@@ -155,9 +204,7 @@ class SidebandPoint:
         if controller:
             self.controller = att.id
             self.locks.update(locks)  # locks outlive the controller: the browser gains nothing
-        created = {"type": "session.created", "event_id": f"event_{secrets.token_hex(8)}",
-                   "session": self._session()}
-        return att, created
+        return att, self._replay()
 
     def detach(self, sideband_id: str) -> None:
         att = self.attachments.pop(sideband_id, None)
@@ -230,20 +277,28 @@ class SidebandPoint:
             for name in self._pending_tools:
                 self.tool_owner[name] = origin
             self._pending_tools = None
-        if kind == "error":  # to the side whose event caused it, only
-            if origin is None:
-                return text
-            att = self.attachments.get(origin)
-            if att is not None:
-                att.push(text)
+        if kind == "error" and origin is None:  # the browser's: its channel only
+            return text
+        self.observe(event, text, origin)
+        if kind == "error":
             return None
-        for att in self.attachments.values():
-            att.push(text)
         if self._function_owner(event) is not None:
             return None
         if kind == "response.done" and self._item_owner:
             return self._without_sideband_calls(event, text)
         return text
+
+    def observe(self, event: dict[str, Any], text: str, origin: str | None) -> None:
+        """Queue ``event`` for the sidebands: an ``error`` only to the one whose client
+        event caused it (``origin``; an error of the primary side's goes to none), anything
+        else to every one. Live's shells hand their core's observer stream here."""
+        if event.get("type") == "error":
+            att = self.attachments.get(origin) if origin is not None else None
+            if att is not None:
+                att.push(text)
+            return
+        for att in self.attachments.values():
+            att.push(text)
 
     def _without_sideband_calls(self, event: dict[str, Any], text: str) -> str:
         response = event.get("response")
@@ -299,6 +354,8 @@ async def handle_op(op: str, req: dict[str, Any], state_of: Callable[[str], str 
     is the transceiver's session state (None: unknown here)."""
     try:
         if op == "realtime.attach":
+            if req.get("surface") == LIVE:
+                await _connecting(req.get("session_id"), state_of)
             return _attach(req, state_of)
         sid = req.get("sideband_id")
         found = ATTACHED.get(sid) if isinstance(sid, str) else None
@@ -330,6 +387,16 @@ async def handle_op(op: str, req: dict[str, Any], state_of: Callable[[str], str 
     return _error(400, "unknown-op", f"unknown op {op!r}")
 
 
+async def _connecting(sid: Any, state_of: Callable[[str], str | None]) -> None:
+    """Wait (up to :data:`ATTACH_WAIT`) while the session ``sid`` exists here, has no
+    point yet and has not ended: its media is still connecting."""
+    if not isinstance(sid, str):
+        return
+    with trio.move_on_after(ATTACH_WAIT):
+        while POINTS.get(sid) is None and state_of(sid) not in (None, "ended"):
+            await _registered.wait()
+
+
 def _attach(req: dict[str, Any], state_of: Callable[[str], str | None]) -> dict[str, Any]:
     sid = req.get("session_id")
     if not isinstance(sid, str):
@@ -340,7 +407,20 @@ def _attach(req: dict[str, Any], state_of: Callable[[str], str | None]) -> dict[
     point = POINTS.get(sid)
     if state == "ended" or (point is not None and point.ended):
         raise SidebandError(410, "call_ended", f"call {sid!r} has ended")
-    if point is None:
+    surface = req.get("surface", REALTIME)
+    if surface not in SURFACES:
+        raise SidebandError(400, "bad-request", f"surface must be one of {SURFACES}")
+    if point is None or point.surface != surface:
+        if surface == LIVE and point is None:
+            raise SidebandError(409, "session_not_connected", f"session {sid!r} has no "
+                                f"media yet: its caller did not connect within "
+                                f"{ATTACH_WAIT:g} s")
+        if surface == LIVE:
+            raise SidebandError(409, "not_live", f"session {sid!r} is not a GPT-Live "
+                                "session: attach with GET /v1/realtime?call_id=")
+        if point is not None:
+            raise SidebandError(409, "not_realtime", f"call {sid!r} is a GPT-Live session: "
+                                f"attach at /v1/live/sessions/{sid}/attach")
         raise SidebandError(409, "not_realtime", f"call {sid!r} is not answered by a "
                             "Realtime agent: there is no event stream to attach to")
     locks = req.get("locks") or []
@@ -352,5 +432,6 @@ def _attach(req: dict[str, Any], state_of: Callable[[str], str | None]) -> dict[
         for key in [k for k, (_, a) in ATTACHED.items() if a.closed is not None]:
             del ATTACHED[key]
     ATTACHED[att.id] = (point, att)
+    # session_created: the replay, whichever surface's (Live's is session.started)
     return {"ok": True, "sideband_id": att.id, "controller": att.controller,
             "locks": sorted(point.locks), "session_created": created}

@@ -20,6 +20,14 @@ the caller may pick another with the ``X-Agent`` header, as on the Realtime rout
 1000; a client that stops reading → 1008; a dropped socket → the session ends as
 ``connection_lost``. Each ends with a ``realtime.call.ended`` webhook (transport
 ``websocket``, the ``live_…`` id as ``call_id``) when it had started.
+
+**The sideband** ``GET /v1/live/sessions/{id}/attach[?graceful_close=true]`` (the SDK's
+``client.live.sideband.connect``): a backend's WebSocket attached to a running WebSocket or
+WebRTC Live session — the Realtime sideband's socket and ops (sideband.py
+:func:`~appliance.signaling.sideband.attach_live`), asking for the ``live`` surface. Auth as
+the session routes; an unknown id is a 404 before the upgrade. It ends with close code 1000
+once the session has ended (always the closing handshake: ``graceful_close`` is accepted,
+and is this server's default).
 """
 
 from __future__ import annotations
@@ -39,11 +47,14 @@ from .problems import Problem
 from .realtime_http import Realtime, RealtimeProblem, error_response
 from .realtime_ws import AgentFactories, close_socket, token_from_subprotocols
 from .rules import authorize_header, check_agent
+from .sideband import END_CLIENT as END_SIDEBAND_CLIENT
+from .sideband import SidebandSocket, attach_live, close_code, local_session
 from .state import SignalingState
 from .webhooks import CALL_ENDED, CALL_STARTED, end_report
 
 log = logging.getLogger(__name__)
 ROUTE = "/v1/live/sessions"
+ATTACH_ROUTE = "/v1/live/sessions/<session_id>/attach"
 SUBPROTOCOL = "openai-live"
 EXTENSION = "appliance.live.sockets"
 CLOSE_NORMAL = 1000
@@ -98,13 +109,33 @@ def register_live_websocket(app: QuartTrio, rt: Realtime) -> None:
             await close_socket(CLOSE_SLOW_READER, "slow reader: events were not read")
         return None
 
-    def _admit() -> str:
+    @app.websocket(ATTACH_ROUTE)
+    async def live_sideband(session_id: str) -> Response | None:
+        try:
+            att = await attach_live(rt, session_id, _authorization(), websocket.args,
+                                    local_session)
+        except Problem as p:
+            return error_response(p)
+        protocols = list(websocket.requested_subprotocols)
+        await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in protocols else None)
+        log.info("live sideband %s attached to %s", att.sideband_id, session_id)
+        reason = await SidebandSocket(att).run(websocket.receive, websocket.send)
+        log.info("live sideband %s detached (%s)", att.sideband_id, reason)
+        if reason != END_SIDEBAND_CLIENT:  # the client's own close needs no answer
+            code, text = close_code(reason)
+            await close_socket(code, text)
+        return None
+
+    def _authorization() -> str:
         authorization = websocket.headers.get("Authorization", "")
         if not authorization:
             token = token_from_subprotocols(list(websocket.requested_subprotocols))
             if token is not None:
                 authorization = f"Bearer {token}"
-        return admit(state, authorization, websocket.headers.get("X-Agent") or None)
+        return authorization
+
+    def _admit() -> str:
+        return admit(state, _authorization(), websocket.headers.get("X-Agent") or None)
 
 
 def admit(state: SignalingState, authorization: str, asked: str | None) -> str:

@@ -16,6 +16,13 @@ refusal is an HTTP answer in OpenAI's error shape. After it, three tasks:
 A socket that does not read (the queue past :data:`QUEUE_LIMIT`, or the transceiver's queue
 past its own) is closed with 1008; the call ending closes it with 1000; a transceiver that
 stops answering, with 1011. Closing the socket detaches it; the call goes on.
+
+**GPT-Live's sideband** (``GET /v1/live/sessions/{id}/attach``: live_ws.py's route,
+:func:`attach_live`) is the same socket over the same ops, asking for the ``live``
+surface: a WebRTC Live session's point is on its call's transceiver (the registry names
+it), a WebSocket one's is in this process (its shell runs here: :class:`LocalLink` answers
+the ops in process instead of over a control connection). The first event is the session's
+replay (``session.started``), the rest its observer stream.
 """
 
 from __future__ import annotations
@@ -25,15 +32,16 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
 from ..control import ControlClient, ControlError
 from ..realtime.protocol import MAX_EVENT_BYTES, EventError
-from ..realtime.sideband import CLOSED_ENDED, CLOSED_SLOW
+from ..realtime.sideband import CLOSED_ENDED, CLOSED_SLOW, LIVE, POINTS, handle_op
 from ..realtime.ws_session import SEND_GRACE, SocketClosed
 from .realtime_http import Realtime, RealtimeProblem
+from .rules import authorize_header
 from .sip_calls import CALL_ID_RE, CallError, SipCalls
 
 log = logging.getLogger("appliance.realtime.sideband")
@@ -47,14 +55,42 @@ END_CLIENT = "client_closed"
 END_LOST = "transceiver_lost"
 
 
+class Link(Protocol):
+    """Where the ``realtime.*`` ops go: a transceiver's :class:`ControlClient`, or
+    :class:`LocalLink` for a session that runs in this process."""
+
+    async def request(self, msg: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class LocalLink:
+    """The ops answered in this process (a Live WebSocket session's point is here): the
+    transceiver's own handler, over ``POINTS``; ``live(session_id)`` says whether the
+    session is still running (its route's table)."""
+
+    def __init__(self, live: Callable[[str], bool]) -> None:
+        self._live = live
+
+    def _state(self, session_id: str) -> str | None:
+        return "active" if self._live(session_id) else None
+
+    async def request(self, msg: dict[str, Any]) -> dict[str, Any]:
+        return await handle_op(str(msg.get("op")), msg, self._state)
+
+    async def aclose(self) -> None:
+        pass
+
+
 @dataclass(frozen=True, slots=True)
 class Attached:
     call_id: str
     address: str  # the transceiver's control address (the poller's own connection)
-    client: ControlClient  # the shared one, for send and detach
+    client: Link  # the shared one, for send and detach
     sideband_id: str
     controller: bool
-    created: dict[str, Any]
+    created: dict[str, Any]  # the replay: the first event (session.created / .started)
+    poll: Link | None = None  # the poller's link, when attach made it (Live)
 
 
 def parse_locks(value: str | None) -> list[str]:
@@ -114,6 +150,67 @@ async def attach(rt: Realtime, call_id: str, authorization: str,
                     bool(resp.get("controller")), created if isinstance(created, dict) else {})
 
 
+MAX_SESSION_ID = 128
+
+
+async def attach_live(rt: Realtime, session_id: str, authorization: str, args: Any,
+                      local: Callable[[str], bool]) -> Attached:
+    """Attach to the GPT-Live session ``session_id`` or raise a :class:`RealtimeProblem`
+    (before the upgrade). ``local(id)``: a WebSocket session of this process that has
+    started; any other is a WebRTC session of the registry, on its transceiver."""
+    authorize_header(rt.state, authorization, sessions=False)  # the API token, as /v1
+    graceful = args.get("graceful_close")
+    if graceful is not None and graceful not in ("true", "false"):
+        raise RealtimeProblem(400, "invalid_value", "graceful_close must be true or false",
+                              "graceful_close")
+    if not 0 < len(session_id) <= MAX_SESSION_ID or not session_id.isprintable():
+        raise RealtimeProblem(400, "invalid_value", "the path does not name a session id",
+                              "session_id")
+    link: Link
+    poll: Link
+    address = ""
+    if local(session_id):
+        link = poll = LocalLink(local)
+    else:
+        rec = rt.state.registry.get(session_id)
+        if rec is None or not session_id.startswith("live_"):
+            raise RealtimeProblem(404, "session_not_found", f"no Live session "
+                                  f"{session_id!r}", "session_id")
+        ep = rt.state.health.transceivers.get(rec.transceiver)
+        if rec.ended or ep is None:
+            raise RealtimeProblem(410, "session_closed", f"session {session_id!r} has "
+                                  f"ended ({rec.end_reason or 'transceiver lost'})",
+                                  "session_id")
+        link, address = ep.client, ep.address
+        # the poller's own connection, which may wait for a session still connecting
+        # (realtime/sideband.py ATTACH_WAIT) without holding up the shared one
+        poll = ControlClient(address, timeout=POLL_WAIT + 10.0)
+    try:
+        resp = await poll.request({"op": "realtime.attach", "session_id": session_id,
+                                   "surface": LIVE})
+    except ControlError:
+        await poll.aclose()
+        raise RealtimeProblem(503, "transceiver_unavailable", "the session's transceiver "
+                              "did not answer", headers={"Retry-After": "1"}) from None
+    if not resp.get("ok"):
+        await poll.aclose()
+        status = resp.get("status")
+        raise RealtimeProblem(status if isinstance(status, int) else 500,
+                              str(resp.get("code") or "attach_failed"),
+                              str(resp.get("detail") or "the session refused the sideband"),
+                              "session_id")
+    created = resp.get("session_created")
+    return Attached(session_id, address, link, str(resp.get("sideband_id")), True,
+                    created if isinstance(created, dict) else {}, poll)
+
+
+def local_session(session_id: str) -> bool:
+    """A Live WebSocket session of this process that has started (its point is in
+    ``POINTS`` from ``session.started`` on)."""
+    point = POINTS.get(session_id)
+    return point is not None and point.surface == LIVE and not point.ended
+
+
 class SidebandSocket:
     def __init__(self, att: Attached, *, queue_limit: int = QUEUE_LIMIT,
                  poll_client: ControlClient | None = None) -> None:
@@ -125,7 +222,8 @@ class SidebandSocket:
         self._queue: deque[str] = deque()
         self._wake = trio.Event()
         self._empty = trio.Event()
-        self._poll = poll_client or ControlClient(att.address, timeout=POLL_WAIT + 10.0)
+        self._poll: Link = poll_client or att.poll or ControlClient(
+            att.address, timeout=POLL_WAIT + 10.0)
         self._nursery: trio.Nursery | None = None
 
     async def run(self, receive: Callable[[], Awaitable[str | bytes]],

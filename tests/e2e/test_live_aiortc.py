@@ -21,6 +21,7 @@ import asyncio
 import json
 import time
 import wave
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -163,3 +164,84 @@ def test_a_live_webrtc_session_through_up(up: str, tmp_path: Path) -> None:
     assert usage["active_seconds"] + usage["paused_seconds"] == usage["seconds"]
     status, record = out["record"]
     assert status == 404 or record["state"] in ("ended", "closed"), out["record"]
+
+
+# -- the sideband (issue 42 item 5) ------------------------------------------------------------
+
+
+def watch(base: str, session_id: str, got: list[dict[str, Any]]) -> dict[str, Any]:
+    """A backend's sideband through the SDK's own helper, attached as soon as the session
+    exists (as on ``live.transport.connected``): it watches one turn, then ends the call."""
+    client = openai.OpenAI(api_key="unused-on-loopback", base_url=base + "/v1")
+
+    def until(sb: Any, kind: str) -> dict[str, Any]:
+        while True:
+            raw = json.loads(sb.recv_bytes())
+            sb.parse_event(json.dumps(raw))
+            got.append(raw)
+            if raw["type"] == kind:
+                return raw
+
+    with client.live.sideband.connect(session_id=session_id, graceful_close=True) as sb:
+        out: dict[str, Any] = {"replay": until(sb, "session.started")}
+        out["heard"] = until(sb, "session.input_transcript.delta")
+        out["said"] = until(sb, "session.output_transcript.delta")  # after its audio
+        sb.session.close(event_id="bye")
+        out["closed"] = until(sb, "session.closed")
+        out["rest"] = [e.type for e in sb]  # the call is over: closed with 1000
+    out["events"] = got
+    return out
+
+
+async def watched_call(base: str, wav: Path) -> dict[str, Any]:
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    player = MediaPlayer(str(wav))
+    assert player.audio is not None
+    pc.addTrack(player.audio)
+    channel = pc.createDataChannel("oai-events")
+    events = Events()
+    channel.on("message", lambda m: asyncio.ensure_future(events.add(m)))
+    await pc.setLocalDescription(await pc.createOffer())
+    client = openai.OpenAI(api_key="unused-on-loopback", base_url=base + "/v1")
+    made = await asyncio.to_thread(client.live.create, session={"model": "gpt-live-1"},
+                                   transport={"type": "webrtc",
+                                              "sdp": pc.localDescription.sdp})
+    got: list[dict[str, Any]] = []
+    watching = asyncio.ensure_future(asyncio.to_thread(watch, base, made.session.id, got))
+    await pc.setRemoteDescription(RTCSessionDescription(made.transport.sdp, "answer"))
+    try:
+        try:
+            out = await asyncio.wait_for(watching, 180)
+        except TimeoutError:
+            raise AssertionError(f"sideband: {Counter(e['type'] for e in got)}; channel: "
+                                 f"{[e['type'] for e in events.got]}") from None
+        out["channel_closed"] = await events.wait("session.closed")
+        out["id"] = made.session.id
+        out["channel"] = list(events.got)
+    finally:
+        await pc.close()
+        player.audio.stop()
+    return out
+
+
+def test_a_sideband_watches_a_live_webrtc_session_and_ends_it(up: str, tmp_path: Path) -> None:
+    wav = tmp_path / "mic.wav"
+    write_wav(wav)
+    out = in_fresh_thread(lambda: asyncio.run(watched_call(up, wav)), timeout=240)
+    kinds = [e["type"] for e in out["events"]]
+    print("sideband event types:", sorted(set(kinds)))
+    for e in out["events"]:
+        assert not shape_errors(e, sideband=True), (e, shape_errors(e, sideband=True))
+    assert kinds[0] == "session.started" and out["replay"]["session"]["id"] == out["id"]
+    assert "time" in out["heard"]["delta"].lower()
+    assert out["said"]["delta"].startswith("It is ")
+    # the observer extras: the caller's track reflected, the answer's audio with its span
+    assert kinds.count("session.input_audio.append") >= 20  # >= 2 s of 100 ms pieces
+    audio = [e for e in out["events"] if e["type"] == "session.output_audio.delta"]
+    assert audio and all(e["end_ms"] > e["start_ms"] for e in audio)
+    # the sideband's session.close ends the session for everyone: the channel hears it too
+    assert out["closed"]["reason"] == "close_requested"
+    assert out["closed"]["client_event_id"] == "bye"
+    assert out["channel_closed"]["client_event_id"] == "bye"
+    assert out["rest"] == []
+    assert not [e for e in out["channel"] if e["type"] == "session.input_audio.append"]

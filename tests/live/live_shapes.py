@@ -11,7 +11,11 @@ import types
 import typing
 from typing import Any
 
-from openai.types.live.connect_server_event import SessionPaused, SessionResumed
+from openai.types.live.connect_server_event import (
+    ConnectServerEvent,
+    SessionPaused,
+    SessionResumed,
+)
 from openai.types.live.server_event import ServerEvent
 from pydantic import BaseModel, ValidationError
 
@@ -28,6 +32,13 @@ _MEMBERS: dict[str, type[BaseModel]] = {
 #: data channel": ``ConnectServerEvent``; the primary socket never gets them).
 _DATA_CHANNEL: dict[str, type[BaseModel]] = {
     **_MEMBERS, "session.paused": SessionPaused, "session.resumed": SessionResumed}
+#: A sideband's (``GET /v1/live/sessions/{id}/attach``): the SDK's ``ConnectServerEvent``,
+#: whose ``session.input_audio.append`` is the reflected input audio and whose
+#: ``session.output_audio.delta`` carries start_ms/end_ms.
+_SIDEBAND: dict[str, type[BaseModel]] = {
+    m.model_fields["type"].annotation.__args__[0]: m
+    for m in typing.get_args(typing.get_args(ConnectServerEvent)[0])
+}
 
 
 def _fits(tp: Any, value: Any) -> bool:
@@ -87,11 +98,16 @@ def _extra(tp: Any, value: Any, path: str) -> list[str]:
     return []
 
 
-def shape_errors(event: dict[str, Any], *, data_channel: bool = False) -> list[str]:
+def shape_errors(event: dict[str, Any], *, data_channel: bool = False,
+                 sideband: bool = False) -> list[str]:
     """What is wrong with ``event`` by the SDK's types (empty: nothing); ``data_channel``:
-    an event of a WebRTC session's ``oai-events`` channel."""
+    an event of a WebRTC session's ``oai-events`` channel; ``sideband``: of a sideband
+    (``ConnectServerEvent``; its output audio must carry its span)."""
     kind = event.get("type")
-    members = _DATA_CHANNEL if data_channel else _MEMBERS
+    if sideband and kind == "session.output_audio.delta" and not (
+            isinstance(event.get("start_ms"), int) and isinstance(event.get("end_ms"), int)):
+        return ["a sideband's session.output_audio.delta needs start_ms and end_ms"]
+    members = _SIDEBAND if sideband else _DATA_CHANNEL if data_channel else _MEMBERS
     model = members.get(kind) if isinstance(kind, str) else None
     if model is None:
         return [f"type {kind!r} is not in the SDK's server event union"]

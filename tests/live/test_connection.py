@@ -41,14 +41,19 @@ def loud(frame: bytes) -> bool:
 class Core:
     """One LiveConnection and everything it said, every event checked against the SDK."""
 
-    def __init__(self, **kw: Any) -> None:
+    def __init__(self, *, observed: bool = False, **kw: Any) -> None:
         n = itertools.count()
         self.c = LiveConnection(session_id="live_test1", ids=lambda p: f"{p}_{next(n)}",
                                 wall_clock=lambda: 1_000.5, vad=loud, **kw)
+        self.c.observed = lambda: observed  # a sideband attached
         self.events: list[dict[str, Any]] = []
+        self.observed: list[dict[str, Any]] = []  # the sideband's stream
         self.actions: list[object] = []
 
     def drain(self) -> list[dict[str, Any]]:
+        while (seen := self.c.poll_observed()) is not None:
+            assert shape_errors(seen, sideband=True) == [], seen
+            self.observed.append(seen)
         new = []
         while (out := self.c.poll_output()) is not None:
             if isinstance(out, LiveEvent):
@@ -352,7 +357,7 @@ def test_every_event_type_served_is_sent_and_matches_the_sdk() -> None:
     from appliance.live.events import SERVER_EVENTS
     from appliance.realtime.protocol import Support
 
-    core = Core(usage_every_ms=1000)
+    core = Core(usage_every_ms=1000, observed=True)  # + the sideband's reflected input
     core.send(type="session.start", session={"model": "m", "store": True,  # + info
                                              "delegation": {"type": "client"}})
     core.send(type="session.update", session={"triggers": []})
@@ -370,6 +375,6 @@ def test_every_event_type_served_is_sent_and_matches_the_sdk() -> None:
     core.c.handle_response_end(start.request.response_id)
     core.send(type="session.input_audio.commit")
     core.send(type="session.close")
-    sent = {e["type"] for e in core.events}
+    sent = {e["type"] for e in core.events + core.observed}
     served = {k for k, (support, _) in SERVER_EVENTS.items() if support is Support.SUPPORTED}
     assert sent == served

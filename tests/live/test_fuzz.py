@@ -126,3 +126,25 @@ def test_the_webrtc_core_takes_any_config_and_event(session: dict[str, Any],
             assert shape_errors(out, data_channel=True) == [], out
         while core.poll_action() is not None:
             pass
+
+
+@settings(max_examples=300, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(events(), st.binary(max_size=64)), min_size=1,
+                max_size=6))
+def test_the_sideband_entry_takes_any_message(batch: list[Any]) -> None:
+    """``handle_sideband`` (a sideband's commands) never raises; what it answers, on either
+    stream, the SDK's types accept, and the primary side never sees its errors."""
+    n = iter(range(10**6))
+    core = LiveConnection(session_id="live_f", ids=lambda p: f"{p}_{next(n)}",
+                          wall_clock=lambda: 0.0, vad=lambda frame: False)
+    core.observed = lambda: True
+    core.handle_input(json.dumps({"type": "session.start", "session": {"model": "m"}}))
+    for message in batch:
+        core.handle_sideband(message if isinstance(message, bytes) else json.dumps(message))
+        while (out := core.poll_event()) is not None:
+            assert shape_errors(out) == [] and out["type"] != "error", out
+        while (seen := core.poll_observed()) is not None:
+            assert shape_errors(seen, sideband=True) == [], seen
+        while core.poll_action() is not None:
+            pass

@@ -344,10 +344,9 @@ def unknown_content(url: str) -> int:
 
 
 async def test_a_wrong_session_id_on_content_is_404(nursery: trio.Nursery) -> None:
-    """§5.2's last negative case, the half that holds today: no session is stored yet
-    (docs/live.md), so every id's recording is unknown. (The sideband's attach is not
-    served: an unknown WebSocket path answers 400 from Quart, not 404; item 5's route
-    will answer a wrong id itself.)"""
+    """§5.2's last negative case, the content half: no session is stored yet
+    (docs/live.md), so every id's recording is unknown. (The attach half:
+    test_sideband.py.)"""
     url, _ = await start_server(nursery)
     with trio.fail_after(TIMEOUT):
         assert await trio.to_thread.run_sync(unknown_content, url) == 404
