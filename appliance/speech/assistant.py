@@ -123,9 +123,22 @@ from .vad import FRAME_MS, SpeechUnavailable, TurnConfig, TurnDetector, make_vad
 log = logging.getLogger(__name__)
 EXTRA_HINT = "pip install 'appliance[speech]' (or make install)"
 _KEYS = {"llm", "model", "key_file", "stt", "stt_model", "tts", "tts_model", "voice", "vad",
-         "silence_ms", "turn", "speculate", "preempt", "hold_ms"}
+         "silence_ms", "turn", "speculate", "preempt", "hold_ms", "reask_ms"}
 MAX_HISTORY = 20  # messages kept for the LLM
 TRANSCRIPT_LABEL = "transcript"  # the data channel the transcript events are mirrored on
+
+
+def _ms(q: dict[str, str], key: str) -> int | None:
+    """The option ``key`` of the spec's query as 0..5000 ms (None: not given)."""
+    if key not in q:
+        return None
+    try:
+        value = int(q[key])
+    except ValueError as exc:
+        raise AgentError(f"assistant: {key} is an integer") from exc
+    if not 0 <= value <= 5000:
+        raise AgentError(f"assistant: {key} is 0..5000")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +162,9 @@ class AssistantOptions:
     #: semantic: the silence a complete verdict waits for (None: auto's 600; 0: none, the
     #: turn ends at the verdict: ~270 ms sooner, 4x the false cut-offs, docs/speech.md)
     hold_ms: int | None = None
+    #: semantic: the silence at which a pause the model called unfinished is asked again
+    #: (None: never; TurnConfig.reask_ms)
+    reask_ms: int | None = None
     speculate: bool = True  # transcribe at each pause (listen.py), not after the turn
     preempt: bool = True  # start the reply on that transcript, held until the turn ends
 
@@ -185,14 +201,7 @@ class AssistantOptions:
                 raise AgentError("assistant: silence_ms is an integer") from exc
             if not 100 <= silence <= 5000:
                 raise AgentError("assistant: silence_ms is 100..5000")
-        hold: int | None = None
-        if "hold_ms" in q:
-            try:
-                hold = int(q["hold_ms"])
-            except ValueError as exc:
-                raise AgentError("assistant: hold_ms is an integer") from exc
-            if not 0 <= hold <= 5000:
-                raise AgentError("assistant: hold_ms is 0..5000")
+        hold, reask = (_ms(q, key) for key in ("hold_ms", "reask_ms"))
         for key in ("llm", "stt", "tts"):
             value = q.get(key)
             if value and "://" in value and not value.startswith(("http://", "https://")):
@@ -207,7 +216,7 @@ class AssistantOptions:
             tts_model=q.get("tts_model") or env.get("APPLIANCE_TTS_MODEL") or _DEFAULTS.tts_model,
             voice=q.get("voice") or env.get("APPLIANCE_TTS_VOICE") or _DEFAULTS.voice,
             vad=vad, turn=turn, silence_ms=silence, speculate=speculate == "1",
-            preempt=preempt == "1", hold_ms=hold,
+            preempt=preempt == "1", hold_ms=hold, reask_ms=reask,
         )
 
     def api_key(self, env: dict[str, str] | None = None) -> str | None:
@@ -395,6 +404,8 @@ class Assistant:
                 cfg = replace(cfg, silence_duration_ms=self.opts.silence_ms)
             if self.opts.hold_ms is not None:
                 cfg = replace(cfg, hold_ms=self.opts.hold_ms, hold_floor_ms=None)
+            if self.opts.reask_ms is not None:
+                cfg = replace(cfg, reask_ms=self.opts.reask_ms)
             return cfg
         return TurnConfig(silence_duration_ms=self.opts.silence_ms or 500, vad=self.opts.vad,
                           speculate=self.opts.speculate)
