@@ -559,6 +559,7 @@ class TurnServer:
         self._per_user[rec.username] = self._per_user.get(rec.username, 0) + 1
         self._per_source[rec.client[0]] = self._per_source.get(rec.client[0], 0) + 1
         self._schedule(alloc)
+        self._mark(alloc)  # this worker is its keeper now: written under its own name
         c.add("turn_allocations_imported")
         self._events.append(AllocationCreated(rec.relayed, rec.client, rec.local))
         return True
