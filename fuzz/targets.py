@@ -118,6 +118,7 @@ from appliance.proto.turn import (
     is_turn,
     mint_rest_credential,
     parse_channel_data_untrusted,
+    parse_record_untrusted,
     parse_rest_username_untrusted,
 )
 from appliance.proto.turn import StreamFramer as TurnStreamFramer
@@ -890,6 +891,10 @@ def turn_parsers(data: bytes) -> None:
     except TurnError:
         pass
     assert NonceCodec(b"k", 60).check(text, NOW, ("192.0.2.1", 1))[0] in ("ok", "stale", "bad")
+    try:  # an allocation's flow-cache record (snapshot.py): untrusted after a worker kill
+        parse_record_untrusted(data)
+    except TurnError:
+        pass
 
 
 def turn(data: bytes) -> None:

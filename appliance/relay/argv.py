@@ -61,6 +61,7 @@ def relay_argv(
     turn_allocations_per_user: int | None = None,
     turn_max_lifetime: int | None = None,
     turn_tls: TurnTls | None = None,
+    turn_state_dir: str | None = None,
 ) -> list[str]:
     """``command`` (e.g. ``[python, "-m", "appliance", "relay"]``) plus the flags for the
     given settings. Floats are written with ``repr`` so they survive the round trip."""
@@ -116,6 +117,7 @@ def relay_argv(
         opt("--turn-allocations-per-ip", turn_allocations_per_ip)
         opt("--turn-allocations-per-user", turn_allocations_per_user)
         opt("--turn-max-lifetime", turn_max_lifetime)
+        opt("--turn-state-dir", turn_state_dir)
         if turn_tls is not None:  # file names only: the key never rides on a command line
             opt("--turn-tls-cert", turn_tls.cert)
             opt("--turn-tls-key", turn_tls.key)

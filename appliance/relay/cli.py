@@ -87,6 +87,7 @@ DEFAULTS: dict[str, Any] = {
     "turn_allocations_per_ip": 16,
     "turn_allocations_per_user": 8,
     "turn_max_lifetime": 3600,
+    "turn_state_dir": None,
     "turn_tls_cert": None,
     "turn_tls_key": None,
     "turn_tls_name": [],
@@ -206,6 +207,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="TURN allocations per credential (REST username) and worker (default 8)")
     a("--turn-max-lifetime", type=int, metavar="S",
       help="longest allocation lifetime a client may ask for, seconds (default 3600)")
+    a("--turn-state-dir", metavar="DIR",
+      help="without --redis: keep this worker's TURN allocations in a file here, so the "
+           "worker that replaces a killed one re-creates them (a private directory; "
+           "`appliance up` and --workers M give their own)")
     a("--turn-tls-cert", metavar="PEM",
       help="TURN over TLS on the --tcp listeners (needs --turn): this certificate chain "
            "(the operator's --tls-cert or signaling's self-signed one); a TLS connection "
@@ -430,6 +435,7 @@ def build_config(args: argparse.Namespace) -> RelayConfig:
                                                         "127.0.0.1"),
         turn=turn,
         turn_tls=build_turn_tls(args, turn is not None),
+        turn_state_dir=args.turn_state_dir or None,
     )
 
 
@@ -465,7 +471,7 @@ async def _run_worker(config: RelayConfig, pin: bool) -> None:
 
 def _child_argv(args: argparse.Namespace, config: RelayConfig, index: int,
                 listen: Sequence[Address], control: str,
-                tcp: Sequence[Address] | None = None) -> list[str]:
+                tcp: Sequence[Address] | None = None, tmp: str | None = None) -> list[str]:
     """Worker ``index``'s command line: this relay's settings, one worker, its own control
     socket (the one argv builder, :func:`.argv.relay_argv`)."""
     return relay_argv(
@@ -495,6 +501,8 @@ def _child_argv(args: argparse.Namespace, config: RelayConfig, index: int,
         else config.turn.max_per_username,
         turn_max_lifetime=None if config.turn is None else config.turn.max_lifetime,
         turn_tls=config.turn_tls,
+        # The embedded TURN cache: every life of worker i reads what the last one wrote.
+        turn_state_dir=config.turn_state_dir or tmp,
     )
 
 
@@ -522,7 +530,8 @@ class _Workers:
         """(Re)write every worker's argv for these public addresses: the first worker picks
         any ephemeral public port; the others (and restarts) must bind the same one."""
         for i, spec in enumerate(self.specs):
-            spec.argv = _child_argv(self.args, self.config, i, listen, spec.control, tcp)
+            spec.argv = _child_argv(self.args, self.config, i, listen, spec.control, tcp,
+                                    self.tmp)
 
     def ready(self, index: int) -> dict[str, str] | None:
         status = self.supervisor.status[self.specs[index].name]

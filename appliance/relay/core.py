@@ -81,7 +81,9 @@ without leaving the host; the answer is a :class:`Relayed` (the payload's place 
 TURN datagram). Return traffic of such a flow goes back through the gate (fastpath.py), which
 wraps it for the TURN client. Flows through ``TURN_HOP`` skip the per-source new-flow bucket
 (their source IP is the relay's own; the TURN server's quotas bound them) and are never
-looked up or written to Redis (an allocation does not survive its worker).
+written to Redis; after a worker restart the allocation is re-created from the flow cache
+(turn.py) and its flow is re-learnt by asking the transceivers (reseed.py), like a direct
+client's.
 
 Every rate limit here is one of :mod:`appliance.proto.ratelimit` (GCRA budgets, token buckets).
 
@@ -401,8 +403,12 @@ class RelayCore:
             # Vouching is for our own public sockets' clients only: an upstream relay is
             # any host on the internal network, and must not get a client's return traffic
             # pointed at it by a transceiver's answer (its clients re-learn by STUN/Redis).
-            if data and upstream is not TURN_HOP and (
-                    self.config.redis or (self.config.vouch and upstream is None)):
+            # A TURN allocation's relayed address is ours too: its datagrams come from an
+            # authenticated allocation (re-created after a worker restart, turn.py), and
+            # the flow's replies go back through the gate, so the transceivers are asked.
+            if data and ((upstream is TURN_HOP and self.config.vouch) or (
+                    upstream is not TURN_HOP and (
+                        self.config.redis or (self.config.vouch and upstream is None)))):
                 if self._want_lookup(now, client, public, upstream):
                     self._hold(now, client, data)
             else:
@@ -694,7 +700,8 @@ class RelayCore:
         if len(self._lookups) >= self.config.max_pending_lookups:
             self.counters.drop(f"{kind}-busy")
             return False
-        if not self.buckets.allow(client[0], now):
+        if upstream is not TURN_HOP and not self.buckets.allow(client[0], now):
+            # (A relayed address's IP is the relay's own: the TURN quotas bound those.)
             self.counters.drop("rate-limited")
             return False
         self.counters.drop(f"{kind}-pending")

@@ -19,6 +19,7 @@ Where things are::
      ├─ reseed.Lookups      unknown clients' media: ask the transceivers (flow vouching,
      │                      reseed.py) and Redis (RedisFlowCache, with --redis)
      ├─ RedisFlowCache      writer task, with --redis (redis_cache.py)
+     ├─ serve_turn_store    TURN allocations to Redis or the state file (turn_store.py)
      └─ serve_control       {"op": "stats"} (control.py)
 
     core.RelayCore          every decision, no I/O; transport.py: the Transport/ReturnSink
@@ -72,6 +73,7 @@ from .tcp import TcpLimits, TcpListener, tcp_listener
 from .tls import TurnTls
 from .transport import ReturnSink, UdpSink
 from .turn import RelaySockets, TurnGate, TurnSettings, own_media_map, raise_fd_limit
+from .turn_store import FileTurnStore, RedisTurnStore, TurnStore, restore, serve_turn_store
 
 __all__ = [
     "COALESCE_BELOW", "DENSE", "IO_ENV", "IO_MODES", "MAX_DATAGRAM", "SOCKET_BUFFER",
@@ -123,6 +125,9 @@ class RelayConfig:
     turn: TurnSettings | None = None
     #: TURN over TLS on the ICE-TCP listeners and the TLS split's names (tls.py), or None
     turn_tls: TurnTls | None = None
+    #: the embedded cache of TURN allocations (turn_store.py) when there is no Redis: a
+    #: private directory the supervisor gives every life of this worker index, or None
+    turn_state_dir: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,12 +320,24 @@ async def serve_relay(
         buffers["internal"] = socket_buffers(isock)
         handle = RelayHandle(public, sockname(isock), core, config.worker, buffers, io,
                              tuple(t.public for t in listeners))
+        store: TurnStore | None = None
+        if gate is not None:
+            if cache is not None:
+                store = RedisTurnStore(cache.client, config.cluster, config.worker)
+            elif config.turn_state_dir is not None:
+                store = FileTurnStore(config.turn_state_dir, config.cluster, config.worker)
         async with trio.open_nursery() as nursery:
+            if gate is not None and relayed is not None:
+                relayed.nursery = nursery
+            if gate is not None and store is not None:
+                # Before the ready line: the allocations of the worker this one replaces
+                # are back before its clients' next datagrams are read (turn_store.py).
+                await restore(gate, store)
+                nursery.start_soon(serve_turn_store, gate, store)
             nursery.start_soon(partial(hot_loop, drains, core.counters, wake=wake,
                                        coalesce=config.coalesce))
             nursery.start_soon(_housekeeping, core, config.flow_timeout)
-            if gate is not None and relayed is not None:
-                relayed.nursery = nursery
+            if gate is not None:
                 nursery.start_soon(_housekeeping_turn, gate)
             for listener in listeners:
                 nursery.start_soon(listener.serve)

@@ -186,7 +186,25 @@ class RelaySockets:
             self.nursery.start_soon(self._reader, relayed, sock, scope)
         return relayed
 
-    def _bind(self, ip: str) -> socket.socket | None:
+    def claim(self, relayed: Address) -> bool:
+        """Bind exactly ``relayed`` again (an allocation re-created after a worker restart:
+        the dead worker's socket was closed by the kernel); False if it is taken."""
+        if relayed in self.socks:
+            return False
+        ip = self.ips.get(4 if ":" not in relayed[0] else 6)
+        if ip is None or str(ipaddress.ip_address(ip)) != relayed[0]:
+            return False  # not an address this worker hands out
+        sock = self._bind(ip, relayed[1], count=False)
+        if sock is None:
+            return False
+        self.socks[relayed] = sock
+        if self.read and self.nursery is not None:
+            scope = trio.CancelScope()
+            self.scopes[relayed] = scope
+            self.nursery.start_soon(self._reader, relayed, sock, scope)
+        return True
+
+    def _bind(self, ip: str, port: int = 0, *, count: bool = True) -> socket.socket | None:
         af = family_of(ip)
         sock = socket.socket(af, socket.SOCK_DGRAM)
         try:
@@ -196,14 +214,15 @@ class RelaySockets:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)  # the kernel's minimum
             sock.setblocking(False)
             try:
-                sock.bind((ip, 0))
+                sock.bind((ip, port))
             except OSError as exc:
                 if exc.errno != errno.EADDRNOTAVAIL:
                     raise
-                sock.bind(("::" if af == socket.AF_INET6 else "0.0.0.0", 0))
+                sock.bind(("::" if af == socket.AF_INET6 else "0.0.0.0", port))
         except OSError:
             sock.close()
-            self.counters.drop("turn-bind-failed")  # out of ports or descriptors: 508
+            if count:
+                self.counters.drop("turn-bind-failed")  # out of ports or descriptors: 508
             return None
         return sock
 
@@ -417,6 +436,18 @@ class TurnGate:
         while (out := self.server.poll_output()) is not None:
             if type(out) is not Transmit:
                 self._event(out)
+
+    # -- a worker restart (turn_store.py) -------------------------------------------------
+
+    def restore(self, now: float, records: Sequence[bytes]) -> int:
+        """Re-create the allocations of these cache records (written by the worker this one
+        replaces); how many were. Bad records are dropped and counted by the server."""
+        n = 0
+        for record in records:
+            n += self.server.import_allocation(now, record)
+        while (out := self.server.poll_output()) is not None:
+            self._event(out)
+        return n
 
     # -- time -------------------------------------------------------------------------------
 

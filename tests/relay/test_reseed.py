@@ -7,7 +7,7 @@ from __future__ import annotations
 from relay.support import DTLS, RTP, SECRET, check, ufrag
 
 from appliance.proto.proxy.vouch import Kind, Vouch, derive_key, encode, parse_untrusted
-from appliance.relay.core import CoreConfig, Flow, RelayCore, Route
+from appliance.relay.core import TURN_HOP, CoreConfig, Flow, RelayCore, Route
 from appliance.relay.reseed import FlowVouching
 
 PUBLIC = ("198.51.100.1", 3478)
@@ -115,6 +115,28 @@ def test_a_stun_check_still_makes_its_own_flow() -> None:
 
 
 # -- issue 32: the first packet of a moved flow ---------------------------------------------
+
+
+def test_media_from_a_recreated_turn_allocation_is_vouched_for() -> None:
+    """Issue 40 item 2: after a worker kill the successor re-creates a TURN allocation from
+    the cache (turn_store.py), but not the flow of its relayed address to the transceiver;
+    the client's next media through the allocation (hop TURN_HOP, source the relayed
+    address: the relay's own IP, so no per-source bucket) makes the worker ask, is held, and
+    goes out once the transceiver vouches — before, it was dropped (no-flow) until the
+    client's next consent check."""
+    core, v = setup(new_flow_rate=1.0, new_flow_burst=1.0)
+    relayed = ("198.51.100.1", 50000)
+    for n in range(3):  # three allocations' relayed addresses: one IP, never rate-limited
+        assert core.handle_datagram(0.0, (relayed[0], relayed[1] + n), RTP, PUBLIC,
+                                    TURN_HOP) is None
+    wanted = core.poll_lookups(0.0)
+    assert [(c, u) for c, _, u in wanted] == [((relayed[0], relayed[1] + n), TURN_HOP)
+                                              for n in range(3)]
+    q = parse_untrusted(v.queries(0.0, wanted)[0][0], [KEY])
+    flow = v.handle_datagram(0.01, answer(q, ident=0), T[0])
+    assert isinstance(flow, Flow) and flow.upstream is TURN_HOP
+    assert core.poll_released() == [(flow, bytes(RTP))]
+    assert "rate-limited" not in core.counters.drops
 
 
 def test_first_packets_of_a_moved_flow_are_forwarded_once_vouched() -> None:

@@ -7,6 +7,8 @@
   shared secret they are minted with, the shapes clients learn them in (RTCIceServer, WHIP
   ``Link``) and the server's stateless nonces: all signaling needs, without the relay.
 * ``channel``     — ChannelData codec and :class:`StreamFramer` (TURN over TCP/TLS, §12.5).
+* ``snapshot``    — an allocation as a cache record (no secret, no key), so a TURN/UDP
+  allocation outlives the relay worker that made it; its parser is untrusted-input safe.
 * ``demux``       — which datagrams on the media port are TURN's (pure tables).
 * ``errors``      — :class:`TurnError` (ChannelData, stream framing, REST usernames).
 
@@ -43,12 +45,14 @@ from .server import (
     AllocationCreated,
     AllocationEnded,
     PeerData,
+    ReclaimPorts,
     RelayPorts,
     Transmit,
     TurnConfig,
     TurnCounters,
     TurnServer,
 )
+from .snapshot import AllocationRecord, encode_record, parse_record_untrusted
 
 __all__ = [
     "CHANNEL_MAX",
@@ -56,9 +60,11 @@ __all__ = [
     "TURN_FIRST",
     "TURN_TYPE",
     "AllocationCreated",
+    "AllocationRecord",
     "AllocationEnded",
     "NonceCodec",
     "PeerData",
+    "ReclaimPorts",
     "RelayPorts",
     "RestCredential",
     "StreamFramer",
@@ -69,12 +75,14 @@ __all__ = [
     "TurnServer",
     "channel_data_header",
     "check_turn_url",
+    "encode_record",
     "derive_turn_secret",
     "encode_channel_data",
     "ice_server",
     "is_turn",
     "mint_rest_credential",
     "parse_channel_data_untrusted",
+    "parse_record_untrusted",
     "parse_rest_username_untrusted",
     "parse_turn_secrets",
     "rest_password",

@@ -27,6 +27,8 @@ Verbs (docs/style.md rule 18)::
                                                              at an allocation's relayed address
     poll_output() -> Transmit | PeerData | AllocationCreated | AllocationEnded | None
     poll_timeout() / handle_timeout(now)                     allocation expiry
+    poll_changes() / import_allocation(now, record)          UDP allocations to and from
+                                                             the flow cache (.snapshot)
 
 ``now`` is any monotonic clock in seconds; ``unix_offset`` turns it into Unix time for the
 REST credentials' expiry and the nonces. The relayed addresses come from the shell through an
@@ -101,6 +103,7 @@ from .channel import (
 )
 from .credentials import NonceCodec, parse_rest_username_untrusted, rest_password
 from .errors import TurnError
+from .snapshot import AllocationRecord, encode_record, parse_record_untrusted
 
 __all__ = [
     "PERMISSION_LIFETIME",
@@ -108,6 +111,7 @@ __all__ = [
     "AllocationCreated",
     "AllocationEnded",
     "PeerData",
+    "ReclaimPorts",
     "RelayPorts",
     "Transmit",
     "TurnConfig",
@@ -201,6 +205,13 @@ class RelayPorts(Protocol):
     there is none; released when :class:`AllocationEnded` names it."""
 
     def bind(self, family: int, client: Addr, even: bool = False) -> Addr | None: ...
+
+
+class ReclaimPorts(RelayPorts, Protocol):
+    """Ports that can also take back one exact relayed address (``claim``: True when it is
+    now ours), for allocations imported from the cache after a worker restart."""
+
+    def claim(self, relayed: Addr) -> bool: ...
 
 
 # --- configuration ------------------------------------------------------------------------
@@ -360,6 +371,9 @@ class TurnServer:
         self._seq = 0
         self._transmits: deque[Transmit | PeerData] = deque()
         self._events: deque[AllocationCreated | AllocationEnded] = deque()
+        #: UDP allocations changed (made, refreshed, permissions, channels) or ended since
+        #: the last poll_changes, by relayed address: what the shell writes to its cache
+        self._changed: dict[Addr, Allocation | None] = {}
         # (class, method) -> handler: every request and indication a client may send.
         self._handlers = {
             (Class.REQUEST, Method.ALLOCATE): self._allocate,
@@ -454,6 +468,101 @@ class TurnServer:
             return None
         self.counters.add("turn_packets_from_peer")
         return alloc, ch.header + length.to_bytes(2, "big")
+
+    # -- surviving a worker restart (.snapshot) ---------------------------------------------
+
+    def _mark(self, alloc: Allocation) -> None:
+        if not alloc.stream:  # a TCP/TLS allocation dies with its connection: never cached
+            self._changed[alloc.relayed] = alloc
+
+    def export_allocation(self, alloc: Allocation) -> bytes:
+        """``alloc`` as a cache record (:mod:`.snapshot`): no secret, no key, Unix times."""
+        off = self.unix_offset
+        return encode_record(AllocationRecord(
+            client=alloc.client, local=alloc.local, relayed=alloc.relayed,
+            family=alloc.family, username=alloc.username, tid=alloc.tid,
+            expires=alloc.expires + off,
+            permissions=tuple((ip, t + off) for ip, t in alloc.permissions.items()),
+            channels=tuple((ch.number, ch.peer, ch.expires + off)
+                           for ch in alloc.channels.values())))
+
+    def poll_changes(self) -> list[tuple[Addr, bytes | None, float]]:
+        """The UDP allocations changed or ended since the last call, as ``(relayed, record
+        or None when it ended, seconds it has left)``: the shell writes or deletes them."""
+        if not self._changed:
+            return []
+        out: list[tuple[Addr, bytes | None, float]] = []
+        for relayed, alloc in self._changed.items():
+            if alloc is None or self.by_relayed.get(relayed) is not alloc:
+                out.append((relayed, None, 0.0))
+            else:
+                out.append((relayed, self.export_allocation(alloc), alloc.expires))
+        self._changed.clear()
+        return out
+
+    def import_allocation(self, now: float, data: bytes | bytearray | memoryview) -> bool:
+        """Re-create the allocation of a cache record (written by a worker that died), so the
+        client's next ChannelData or Send is relayed with no new Allocate. The record is
+        untrusted: a corrupt one, one past its expiry, one beyond this server's caps or
+        whose 5-tuple or relayed address is taken is dropped and counted (``turn-import-*``),
+        never raised. The relayed address must be :meth:`ReclaimPorts.claim`-ed back."""
+        c = self.counters
+        try:
+            rec = parse_record_untrusted(data)
+        except TurnError:
+            c.drop("turn-import-corrupt")
+            return False
+        off = self.unix_offset
+        expires = rec.expires - off
+        cfg = self.config
+        if expires <= now:
+            c.drop("turn-import-expired")
+            return False
+        if expires > now + cfg.max_lifetime or len(rec.permissions) > cfg.max_permissions \
+                or len(rec.channels) > cfg.max_channels:
+            c.drop("turn-import-corrupt")  # no server of ours writes that
+            return False
+        # No open relay through the cache either: what the record permits must be what this
+        # server would permit (a cache written under other --turn-peer networks included).
+        for ip_text, _ in rec.permissions:
+            # canonical already (.snapshot)
+            if not self._ip_allowed(ipaddress.ip_address(ip_text), rec.family):
+                c.drop("turn-import-forbidden")
+                return False
+        if not all(self._peer_allowed(peer, rec.family) for _, peer, _ in rec.channels):
+            c.drop("turn-import-forbidden")
+            return False
+        key = (rec.client, rec.local)
+        if key in self.allocations or rec.relayed in self.by_relayed:
+            c.drop("turn-import-exists")
+            return False
+        if len(self.allocations) >= cfg.max_allocations or \
+                self._per_user.get(rec.username, 0) >= cfg.max_per_username or \
+                self._per_source.get(rec.client[0], 0) >= cfg.max_per_source:
+            c.drop("turn-import-quota")
+            return False
+        claim = getattr(self.ports, "claim", None)
+        if claim is None or not claim(rec.relayed):
+            c.drop("turn-import-port-taken")  # another allocation has it now
+            return False
+        alloc = Allocation(rec.client, rec.local, rec.relayed, rec.family, rec.username,
+                           rec.tid, expires, False)
+        for peer_ip, t in rec.permissions:
+            alloc.permissions[peer_ip] = t - off
+        for number, peer, t in rec.channels:
+            ch = Channel(number, peer, t - off)
+            alloc.channels[number] = ch
+            alloc.by_peer[peer] = ch
+        alloc.prune(now)
+        self.allocations[key] = alloc
+        self.by_relayed[rec.relayed] = alloc
+        self._per_user[rec.username] = self._per_user.get(rec.username, 0) + 1
+        self._per_source[rec.client[0]] = self._per_source.get(rec.client[0], 0) + 1
+        self._schedule(alloc)
+        self._mark(alloc)  # this worker is its keeper now: written under its own name
+        c.add("turn_allocations_imported")
+        self._events.append(AllocationCreated(rec.relayed, rec.client, rec.local))
+        return True
 
     # -- client -> peer data ---------------------------------------------------------------
 
@@ -739,6 +848,7 @@ class TurnServer:
         self._per_user[auth.username] = self._per_user.get(auth.username, 0) + 1
         self._per_source[addr[0]] = self._per_source.get(addr[0], 0) + 1
         self._schedule(alloc)
+        self._mark(alloc)
         self.counters.add("turn_allocations_created")
         self._allocated(now, msg, auth, alloc, dual=additional is not None)
         self._events.append(AllocationCreated(relayed, addr, local))
@@ -772,6 +882,8 @@ class TurnServer:
             else:
                 table.pop(k, None)
         self.counters.add(f"turn_allocations_{reason}")
+        if not alloc.stream:
+            self._changed[alloc.relayed] = None
         self._events.append(AllocationEnded(alloc.relayed, alloc.client, reason))
 
     # -- Refresh (§8.2) -----------------------------------------------------------------------
@@ -792,6 +904,7 @@ class TurnServer:
             alloc.expires = now + lifetime
             self._schedule(alloc)
             alloc.prune(now)  # dead permissions and channels go at every refresh
+            self._mark(alloc)
         self._answer(msg, auth, addr, local, ((AttrType.LIFETIME, lifetime),))
 
     # -- permissions and channels (§10.2, §11.2) -------------------------------------------------
@@ -854,6 +967,7 @@ class TurnServer:
             return
         for peer in peers:
             alloc.permissions[peer[0]] = now + PERMISSION_LIFETIME
+        self._mark(alloc)
         self.counters.add("turn_permissions", len(peers))
         self._answer(msg, auth, addr, local)
 
@@ -897,6 +1011,7 @@ class TurnServer:
             by_number.expires = now + CHANNEL_LIFETIME
         # §11.2: binding (or refreshing) a channel installs or refreshes the permission.
         alloc.permissions[peer[0]] = now + PERMISSION_LIFETIME
+        self._mark(alloc)
         self._answer(msg, auth, addr, local)
 
     def _seq_next(self) -> int:

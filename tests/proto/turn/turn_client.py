@@ -58,6 +58,13 @@ class FakePorts:
         self.bound.append((family, addr))
         return addr
 
+    def claim(self, relayed: Addr) -> bool:
+        """Take back an exact address (an imported allocation's); False when ``full``."""
+        if self.full:
+            return False
+        self.bound.append((1 if "." in relayed[0] else 2, relayed))
+        return True
+
 
 def config(**kw: object) -> TurnConfig:
     base: dict[str, object] = {"secrets": (SECRET,), "nonce_key": b"nonce-key",

@@ -1,0 +1,170 @@
+"""An allocation exported to the flow cache and imported by the worker that takes over
+(issue 40 item 2: a TURN call survives a relay-worker kill), without sockets, on a fake
+clock: the imported allocation relays the client's next ChannelData with no new Allocate;
+a corrupt, expired, forbidden or colliding record is dropped and counted, never raised."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+from proto.turn.turn_client import (
+    NOW,
+    OWN,
+    SECRET,
+    UNIX,
+    Client,
+    allocate,
+    drain,
+    exchange,
+    peer_data,
+    relayed_of,
+    server,
+    transmits,
+)
+
+from appliance.proto.stun import AttrType, Method
+from appliance.proto.turn import (
+    TurnError,
+    encode_channel_data,
+    parse_record_untrusted,
+)
+from appliance.proto.turn.server import TurnServer
+
+
+def _bound() -> tuple[TurnServer, Client, tuple[str, int], bytes]:
+    """A server with one allocation that has channel 0x4001 to our own media address;
+    returns the record its change queue holds last."""
+    srv, _ = server()
+    c = Client()
+    relayed = relayed_of(allocate(srv, c))  # type: ignore[arg-type]
+    bind = exchange(srv, c, Method.CHANNEL_BIND,
+                    ((AttrType.CHANNEL_NUMBER, 0x4001), (AttrType.XOR_PEER_ADDRESS, OWN)))
+    assert bind is not None and bind.error_code is None
+    drain(srv)
+    changes = srv.poll_changes()
+    assert [r for r, _, _ in changes] == [relayed]
+    record = changes[0][1]
+    assert record is not None
+    return srv, c, relayed, record
+
+
+def test_a_record_carries_no_secret_and_uses_unix_time() -> None:
+    srv, c, relayed, record = _bound()
+    assert SECRET not in record and c.password.encode() not in record
+    obj = json.loads(record)
+    assert obj["u"] == c.username and obj["r"] == list(relayed)
+    assert obj["e"] == UNIX + 600  # the default lifetime, in Unix time
+    assert obj["ch"] == [[0x4001, OWN[0], OWN[1], UNIX + 600]]
+    assert srv.poll_changes() == []  # drained
+
+
+def test_the_next_channel_data_is_relayed_by_a_new_server_without_allocate() -> None:
+    """The scenario of the issue: the worker holding the allocation is killed; its
+    successor (another process: another monotonic clock, so another unix_offset) imports
+    the record and relays the client's next ChannelData, and answers its next Refresh."""
+    _, c, relayed, record = _bound()
+    srv2, ports2 = server()
+    later = 5_000.0  # the new process's clock: same Unix instant + 30 s
+    srv2.unix_offset = UNIX + 30 - later
+    assert srv2.import_allocation(later, record)
+    assert ports2.bound == [(1, relayed)]  # the relayed address was claimed back, exactly
+    drain(srv2)
+    srv2.handle_input(later, encode_channel_data(0x4001, b"media"), c.addr, c.local)
+    (pd,) = peer_data(drain(srv2))
+    assert pd.relayed == relayed and pd.peer == OWN and bytes(pd.data) == b"media"
+    # The return path uses the channel too, and expiry was carried over (600 - 30 s left).
+    fast = srv2.channel_header(later, relayed, OWN, 6)
+    assert fast is not None and fast[1] == encode_channel_data(0x4001, b"answer")[:4]
+    assert srv2.poll_timeout() == later + 570
+    # The client's next Refresh is authenticated afresh (key from the REST secret).
+    msg = exchange(srv2, c, Method.REFRESH, ((AttrType.LIFETIME, 600),), now=later)
+    assert msg is not None and msg.error_code is None
+    assert srv2.counters.counts["turn_allocations_imported"] == 1
+    assert [r for r, rec, _ in srv2.poll_changes() if rec is not None] == [relayed]
+
+
+def test_changes_follow_refresh_permission_and_expiry() -> None:
+    srv, c, relayed, _ = _bound()
+    exchange(srv, c, Method.CREATE_PERMISSION, ((AttrType.XOR_PEER_ADDRESS, OWN),))
+    assert [r for r, rec, _ in srv.poll_changes() if rec] == [relayed]
+    exchange(srv, c, Method.REFRESH, ((AttrType.LIFETIME, 1200),))
+    (change,) = srv.poll_changes()
+    assert change[1] is not None and json.loads(change[1])["e"] == UNIX + 1200
+    srv.handle_timeout(NOW + 1200)
+    assert srv.poll_changes() == [(relayed, None, 0.0)]  # ended: the shell deletes it
+
+
+def test_bad_records_are_dropped_and_counted() -> None:
+    _, _, relayed, record = _bound()
+    obj = json.loads(record)
+    cases = {
+        b"not json": "turn-import-corrupt",
+        json.dumps({**obj, "v": 2}).encode(): "turn-import-corrupt",
+        json.dumps({**obj, "r": ["192.0.2.1", 70000]}).encode(): "turn-import-corrupt",
+        json.dumps({**obj, "f": 2}).encode(): "turn-import-corrupt",
+        json.dumps({**obj, "e": UNIX - 1}).encode(): "turn-import-expired",
+        json.dumps({**obj, "e": UNIX + 10**6}).encode(): "turn-import-corrupt",
+        json.dumps({**obj, "p": {"203.0.113.9": UNIX + 100}}).encode(): "turn-import-forbidden",
+        json.dumps({**obj, "ch": [[0x4001, "192.0.2.1", 9, UNIX + 9]]}).encode():
+            "turn-import-forbidden",
+    }
+    for data, reason in cases.items():
+        srv2, _ = server()
+        assert not srv2.import_allocation(NOW, data)
+        assert srv2.counters.drops == {reason: 1}, data
+        assert srv2.allocations == {}
+    # Twice: the second collides; and a relayed port someone else holds now.
+    srv2, ports2 = server()
+    assert srv2.import_allocation(NOW, record)
+    assert not srv2.import_allocation(NOW, record)
+    assert srv2.counters.drops == {"turn-import-exists": 1}
+    srv3, ports3 = server()
+    ports3.full = True
+    assert not srv3.import_allocation(NOW, record)
+    assert srv3.counters.drops == {"turn-import-port-taken": 1}
+
+
+def test_stream_allocations_are_never_cached() -> None:
+    srv, _ = server()
+    c = Client()
+    srv.handle_input(NOW, c.request(Method.ALLOCATE, ((AttrType.REQUESTED_TRANSPORT, 17),),
+                                    auth=False), c.addr, c.local, stream=True)
+    c.learn(transmits(drain(srv))[0].data)
+    srv.handle_input(NOW, c.request(Method.ALLOCATE, ((AttrType.REQUESTED_TRANSPORT, 17),)),
+                     c.addr, c.local, stream=True)
+    drain(srv)
+    assert len(srv.allocations) == 1 and srv.poll_changes() == []
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=4), inner,
+                                                                max_size=5),
+    max_leaves=20)
+
+
+@given(st.one_of(st.binary(max_size=400), _json.map(lambda v: json.dumps(v).encode()),
+                 st.dictionaries(st.sampled_from(["v", "c", "l", "r", "f", "u", "t", "e", "p",
+                                                  "ch"]), _json)
+                 .map(lambda d: json.dumps({"v": 1, **d}).encode())))
+def test_the_record_decoder_raises_only_turn_error(data: bytes) -> None:
+    for n in (len(data), *range(min(len(data), 16))):
+        try:
+            parse_record_untrusted(data[:n])
+        except TurnError:
+            pass
+    srv, _ = server()
+    srv.import_allocation(NOW, data)  # never raises
+    assert len(srv.allocations) <= 1
+
+
+@given(st.data())
+def test_mutated_real_records_never_raise(data: st.DataObject) -> None:
+    _, _, _, record = _bound()
+    obj = json.loads(record)
+    key = data.draw(st.sampled_from(sorted(obj)))
+    obj[key] = data.draw(_json)
+    srv, _ = server()
+    srv.import_allocation(NOW, json.dumps(obj).encode())
