@@ -39,6 +39,9 @@ spec key           environment                      meaning
                                                     verdict waits for, fixed (default: it
                                                     starts at 600 and learns the caller's
                                                     pace, 300-800; 0: none)
+``reask_ms``                                        semantic: ask a pause the model
+                                                    called unfinished again at this
+                                                    silence (off)
 ``speculate``                                       ``1`` (default): transcribe at each
                                                     200 ms pause, so the transcript is
                                                     ready when the turn ends; ``0``: after

@@ -304,7 +304,13 @@ def test_hold_ms_sets_the_semantic_hold() -> None:
         return Assistant(opts, Engines(None, None, None, object())).turn_config()  # type: ignore[arg-type]
 
     assert config("assistant").hold_ms == 600
+    # ... at first: the default learns the caller's pace from there (floor 300); a hold
+    # given on the spec is fixed.
+    assert config("assistant").hold_floor_ms == 300
     assert config("assistant?hold_ms=0").hold_ms == 0
-    for bad in ("assistant?hold_ms=-1", "assistant?hold_ms=soon"):
-        with pytest.raises(AgentError, match="hold_ms"):
+    assert config("assistant?hold_ms=600").hold_floor_ms is None
+    assert config("assistant").reask_ms == 0
+    assert config("assistant?reask_ms=500").reask_ms == 500
+    for bad in ("assistant?hold_ms=-1", "assistant?hold_ms=soon", "assistant?reask_ms=6000"):
+        with pytest.raises(AgentError, match="hold_ms|reask_ms"):
             AssistantOptions.from_spec(bad, {})
