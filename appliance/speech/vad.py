@@ -239,6 +239,9 @@ HESITATIONS = (("let", "me", "think"), ("let", "me", "see"), ("let", "me", "chec
                ("i", "mean"), ("you", "know"), ("i", "guess"), ("sort", "of"), ("kind", "of"))
 #: Words that open a sequence whose next step is still to come when nothing follows them:
 #: "First, open the settings" waits for its "then …".
+#: Words that close a sentence after a comma, not a list's next item: "Play some music,
+#: please." (bench/turn_latency.py: vetoed as an open list, it waited for the bound).
+CLOSING_WORDS = frozenset({"please", "thanks", "too", "though", "again", "now"})
 SEQUENCE_OPENERS = frozenset({"first", "firstly"})
 SEQUENCE_NEXT = frozenset({"then", "second", "secondly", "next", "after", "afterwards",
                            "and", "finally"})
@@ -252,11 +255,15 @@ def _open_list(sentence: str) -> bool:
     """A list still being read out: "We need milk, eggs." — a clause of two or more words
     before the first comma, one word after the last, and no "and"/"or" closing it. Whisper
     ends each chunk it hears with a full stop, so a list paused between items reads as a
-    finished sentence; a list that is done has its conjunction ("milk, eggs and bread")."""
+    finished sentence; a list that is done has its conjunction ("milk, eggs and bread").
+    A last word that closes a sentence rather than adding an item ("Play some music,
+    please.") is no list (:data:`CLOSING_WORDS`)."""
     parts = sentence.split(",")
     if len(parts) < 2:
         return False
     head, tail = _words(parts[0]), _words(parts[-1])
+    if tail and tail[-1] in CLOSING_WORDS:
+        return False
     return len(head) >= 2 and len(tail) == 1 and not {"and", "or", "nor"} & set(
         _words(",".join(parts[1:])))
 

@@ -285,6 +285,7 @@ def test_transcripts_that_read_as_cut_short(text: str) -> None:
     "No, that's fine.", "Yes, please.", "We'll arrive on Friday, around noon.",
     "First, open the settings, then tap on network.", "Could you please help me?",
     "Let me think. No, that's fine.",  # the hesitation was not the last sentence
+    "Play some music, please.", "Call me back, thanks.",  # a closing word, no list item
 ])
 def test_transcripts_that_read_as_finished(text: str) -> None:
     assert not unfinished(text)
