@@ -24,7 +24,8 @@ shell runs Smart Turn (appliance/speech/endpoint.py, ~50 ms) off the loop and an
 ``handle_verdict(now, query_id, probability, transcript)``. A probability at or above
 ``semantic_threshold`` (``words_threshold`` when a transcript comes with it) while the
 caller is still silent ends the turn — at once, or, with a hold (``hold_ms``, 600 for the
-default ``auto``), once the pause's silence reaches it — unless the shell's speculative
+default ``auto``, which then learns the caller's pace: ``TurnConfig.hold_floor_ms``), once
+the pause's silence reaches it — unless the shell's speculative
 transcript of the turn so far (Whisper's, decoded at the same pause: listen.py) reads as
 cut short (:func:`unfinished`: it ends on "to", "and", "the", a number, a comma or an
 ellipsis, has no words, or its last sentence is a list without its "and", a hesitation,
@@ -237,11 +238,11 @@ NUMBER_WORDS = frozenset(
 #: answer now would talk over them. (A turn that really ends so waits for the bound.)
 HESITATIONS = (("let", "me", "think"), ("let", "me", "see"), ("let", "me", "check"),
                ("i", "mean"), ("you", "know"), ("i", "guess"), ("sort", "of"), ("kind", "of"))
-#: Words that open a sequence whose next step is still to come when nothing follows them:
-#: "First, open the settings" waits for its "then …".
 #: Words that close a sentence after a comma, not a list's next item: "Play some music,
 #: please." (bench/turn_latency.py: vetoed as an open list, it waited for the bound).
 CLOSING_WORDS = frozenset({"please", "thanks", "too", "though", "again", "now"})
+#: Words that open a sequence whose next step is still to come when nothing follows them:
+#: "First, open the settings" waits for its "then …".
 SEQUENCE_OPENERS = frozenset({"first", "firstly"})
 SEQUENCE_NEXT = frozenset({"then", "second", "secondly", "next", "after", "afterwards",
                            "and", "finally"})
@@ -353,7 +354,8 @@ class TurnConfig:
     #: after a turn with no pause in it takes it :data:`HOLD_RELAX` of the way down to this
     #: floor; a pause the caller spoke on after (one long enough to be asked about), or a
     #: turn a verdict ended that speech followed sooner than the bound (a cut-off talked
-    #: over), raises it to that silence + :data:`HOLD_MARGIN_MS` (at most the bound) and
+    #: over), raises it to that silence + :data:`HOLD_MARGIN_MS` (at most
+    #: :data:`HOLD_CEILING_MS`, never past the bound) and
     #: keeps it there for the next turn. LiveKit's dynamic endpointing learns the same two
     #: pauses; this one starts high instead of low, so a first turn is never cut shorter
     #: than with the fixed hold.
@@ -625,7 +627,8 @@ class TurnDetector:
         (+ the margin), up to the ceiling."""
         assert self._learned is not None
         self._paused = True
-        ceiling = min(self._silence_frames, HOLD_CEILING_MS // FRAME_MS)
+        ceiling = min(self._silence_frames,
+                      (HOLD_CEILING_MS - self.config.release_ms) // FRAME_MS)
         self._learned = min(ceiling, max(self._learned, silent + self._margin_frames))
 
     def _learn_from_start(self, onset: int) -> None:
