@@ -53,7 +53,7 @@ PUBLIC = {"healthz", "readyz", "index", "demo", "webui_file"}
 #: The Realtime and GPT-Live surfaces' "405 Method Not Allowed" handlers: serve nothing to
 #: anyone (the method is wrong before the caller is).
 NOT_ALLOWED = ("realtime_405_", "live_405")
-_PARAMS = {"call_id": "rtc_probe", "sid": "probe", "name": "demo.js"}
+_PARAMS = {"call_id": "rtc_probe", "session_id": "live_probe", "sid": "probe", "name": "demo.js"}
 
 
 def routes() -> tuple[list[list[Any]], list[list[Any]]]:
