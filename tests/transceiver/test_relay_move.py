@@ -32,7 +32,20 @@ SUCCESSOR = ("10.0.0.2", 4001)  # the dead worker's successor (another internal 
 
 
 def _sequences(pair: CallPair) -> list[int]:
-    return [e.packet.sequence for e in echoes(pair)]
+    """The echoes' RTP sequence numbers in arrival order, unwrapped: the stream starts at a
+    random number and may pass 65535 during the test (RFC 3550 §3)."""
+    out: list[int] = []
+    for e in echoes(pair):
+        seq = e.packet.sequence
+        if out:
+            last = out[-1]
+            seq += last - (last & 0xFFFF)
+            if seq < last - 0x8000:
+                seq += 0x10000
+            elif seq > last + 0x8000:
+                seq -= 0x10000
+        out.append(seq)
+    return out
 
 
 def _holes(seqs: list[int]) -> int:
