@@ -56,8 +56,7 @@ from typing import Any
 import trio
 
 from appliance import recordings
-from appliance.agents import AgentError, ResolvedAgent, agent_kind, resolve
-from appliance.config import HEADROOM_MODES
+from appliance.agents import AgentError, resolve
 from appliance.control import check_params, serve_control
 from appliance.logs import loggable_url, redact
 from appliance.netio.sockets import udp_socket
@@ -79,10 +78,7 @@ from appliance.realtime import sideband
 
 from .admission import DtlsSetup
 from .call import Addr
-from .corestat import MIN_AVAILABLE, SHARED_BELOW, ProcStat
-from .degrade import ComplexityController
-from .headroom import LAG_SATURATED, TICK, CallCost, LoadMeter, read_core_stat
-from .offload import OffloadCost
+from .load import TransceiverLoad
 from .opus import DEFAULT_COMPLEXITY
 from .pacer import Pacer
 from .phone_session import DIGITS, LEG_COUNTERS, PhoneSession
@@ -153,7 +149,6 @@ COUNTER_NAMES = (
 #: call, reaches this. Above signaling's admission limit (0.85), so that only a burst
 #: signaling could not see (another signaling, a stale report) reaches it.
 REFUSE_BUSY = 0.95
-MIN_CALL_COST = 0.002  # share of a core assumed per call before any is measured
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +181,7 @@ class TransceiverConfig:
     refuse_busy: float = REFUSE_BUSY  # see REFUSE_BUSY
     # Run the headroom meter's tick task (the CLI does: `appliance transceiver` is a process
     # of its own). Off by default in process: the meter reads the whole process's CPU, which
-    # in a test or benchmark includes its clients; tests feed Transceiver.handle_tick.
+    # in a test or benchmark includes its clients; tests feed TransceiverLoad.handle_tick (load.py).
     measure_load: bool = False
     # What the headroom counts (--headroom, headroom.py): "core", what the CPUs it may run on
     # have left (issue 32), or "own", its own CPU only (a core of its own: before issue 32).
@@ -253,25 +248,11 @@ class Transceiver:
         #: PROXY header bytes -> (client, public, payload offset) (dispatch)
         self._proxy_cache: dict[bytes, tuple[Addr, Addr, int]] = {}
         self._send_batch = _mmsg.send_batch if (_mmsg is not None and config.batch_sends) else None
-        # Headroom (issue 23): the meter's tick task (measure_loop) feeds both.
-        if config.headroom not in HEADROOM_MODES:
-            raise ValueError(f"headroom must be one of {HEADROOM_MODES}, not {config.headroom!r}")
-        self.meter = LoadMeter(own_only=config.headroom == "own")
-        self.complexity = ComplexityController(config.opus_complexity,
-                                               enabled=config.adaptive_complexity)
-        self._created_in_window = 0  # creates since the meter's last window
-        # What one running call costs, learned only from windows with no setup in them
-        # (headroom.CallCost, issue 32): per window, the sessions created or ended in it
-        # and those still connecting when it began (with the ones connecting at its end,
-        # each one was created in it or connecting at its start).
-        self.call_cpu = CallCost()
-        # What calls cost in worker threads (model inference), per agent kind (offload.py,
-        # issue 41 item 4): a per-call cost, not a window's busy.
-        self.offload = OffloadCost()
-        self._churn_in_window = 0  # sessions and phones created or ended since the last window
-        self._connecting_at_window_start = 0
-        self.window_calls = 0  # calls connected throughout the last window
-        self.window_unsettled = 0  # sessions created, ended or connecting in it
+        #: headroom, call costs, complexity and the refusal under load (load.py)
+        self.load = TransceiverLoad(
+            self.calls, self.counters, self.pacer, agent=config.agent,
+            headroom=config.headroom, opus_complexity=config.opus_complexity,
+            adaptive_complexity=config.adaptive_complexity, refuse_busy=config.refuse_busy)
         #: the live calls' recordings (recording.py), told when their call ends
         self.recordings: dict[str, CallRecording] = {}
         #: relay workers' "is this client yours?" (vouch.py; relay failover, issue 20)
@@ -428,149 +409,6 @@ class Transceiver:
             if full:
                 await trio.lowlevel.checkpoint()
 
-    # -- headroom (issue 23) ------------------------------------------------------------
-
-    async def measure_loop(self) -> None:
-        """The headroom meter's 20 ms tick (headroom.py): its own lateness is the loop lag."""
-        deadline = trio.current_time() + TICK
-        while True:
-            await trio.sleep_until(deadline)
-            now = trio.current_time()
-            # What the core has left (issue 32): /proc/stat once per window, not per tick.
-            # (Not at all with --headroom own: the meter would not use it.)
-            due = self.meter.window_due(now) and not self.meter.own_only
-            stat, cpus = read_core_stat() if due else (None, None)
-            # The media loop is this thread; the rest of the process's CPU is its worker
-            # threads' (offload.py: an agent's inference is its calls' cost, not the loop's).
-            loop = time.thread_time()
-            self.handle_tick(now, loop, now - deadline, stat, cpus,
-                             offload=max(0.0, time.process_time() - loop))
-            deadline += TICK
-            if deadline <= now:  # missed ticks are not made up in a burst
-                deadline = now + TICK
-
-    def handle_tick(self, now: float, cpu: float, lag: float, stat: ProcStat | None = None,
-                    cpus: frozenset[int] | None = None, *, offload: float | None = None) -> None:
-        """One meter tick (``cpu``: the media loop thread's CPU seconds, ``offload`` the
-        other threads'; at a window's edge ``/proc/stat`` and the affinity set, headroom.py);
-        tests drive it with made-up load."""
-        self.meter.add_lateness(self.pacer.take_lateness())
-        if not self.meter.handle_tick(now, cpu, lag, self.counters["datagrams_in"],
-                                      sent=self.counters["datagrams_out"], stat=stat,
-                                      affinity=cpus, offload=offload):
-            return
-        connecting = sum(1 for c in self.calls.values()
-                         if type(c) is Session and c.state != "connected")
-        self.window_unsettled = self._churn_in_window + self._connecting_at_window_start
-        self.window_calls = len(self.calls) - connecting
-        self._connecting_at_window_start = connecting
-        self._created_in_window = self._churn_in_window = 0
-        report = self.meter.report
-        self.call_cpu.handle_window(report.cpu, self.window_calls, self.window_unsettled,
-                                    behind=report.lag_mean_ms > LAG_SATURATED * 1000)
-        # The worker threads' CPU, charged to the steady calls that can have asked for it.
-        tasks: dict[str, int] = {}
-        for kind in self._task_kinds(connected_only=True):
-            tasks[kind] = tasks.get(kind, 0) + 1
-        self.offload.handle_window(self.meter.offload_s, report.window_s, tasks,
-                                   unsettled=self.window_unsettled)
-        ctl = self.complexity
-        # The first step is taken as soon as one more call would not fit under urgent, by
-        # signaling's own projection of this report (projected): so a report that leaves
-        # signaling no room (its limit, 0.85, is above urgent) already shows the calls
-        # degraded (issue 32 item 4).
-        ctl.handle_load(now, self.meter.busy, self.projected(1) - self.meter.busy)
-        while (ev := ctl.poll_event()) is not None:
-            self.counters["complexity_changes"] += 1
-            log.info("busy %.0f %%: Opus complexity %d -> %d for %d session(s)",
-                     100 * ev.busy, ev.previous, ev.complexity, len(self.calls))
-            for call in self.calls.values():
-                if call.pipeline is not None:
-                    call.pipeline.set_complexity(ev.complexity)
-
-    def _task_kinds(self, *, connected_only: bool = False) -> list[str]:
-        """The agent kind of each call whose agent runs as a task (offload.py: only those
-        can send work to a thread; ``echo`` is a frame handler on this loop)."""
-        def runs_task(agent: ResolvedAgent) -> bool:
-            return agent.on_frame is None and not agent.passthrough
-        # (a phone call counts from its creation: its agent may run before media flows)
-        return [agent_kind(c.agent.name) for c in self.calls.values()
-                if runs_task(c.agent) and not (connected_only and type(c) is Session
-                                               and c.state != "connected")]
-
-    def offload_need(self) -> float:
-        """What the live calls' worker-thread work costs by the learned per-call costs of
-        their kinds (offload.py), a share of a core."""
-        return self.offload.need(self._task_kinds())
-
-    def _calls_in_window(self) -> int:
-        """The calls the meter's last window can have measured."""
-        return len(self.calls) - self._created_in_window
-
-    def call_cost(self) -> float:
-        """One more call's share of what this transceiver has (busy units): the learned
-        own CPU of a running call (:class:`.headroom.CallCost`) divided by what a unit of own
-        CPU costs now (the meter's ``available``), as signaling's admission counts it; until
-        a steady window has taught the cost, busy per call (idle cost included: an over-
-        rather than an under-estimate)."""
-        cost = self.call_cpu.cost
-        if cost is not None:
-            return max(MIN_CALL_COST, cost / max(self.meter.report.available, MIN_AVAILABLE))
-        n = self._calls_in_window()
-        return max(MIN_CALL_COST, self.meter.busy / n) if n > 0 else MIN_CALL_COST
-
-    def projected(self, extra: int, agent: str | None = None) -> float:
-        """The busy share with ``extra`` calls more (of ``agent``'s kind; None: the
-        default agent), the way signaling's admission projects it from this report
-        (signaling/admission.py): once a call's cost is learned, the calls' whole need
-        counts (``idle + cost x calls`` over ``available``: under a hog they get less CPU
-        than they need, and ``busy`` alone would say they cost less), and the live calls'
-        worker-thread work at its learned per-call cost (offload.py), not as it bursts."""
-        busy = self.meter.busy
-        cost = self.call_cpu.cost
-        available = max(self.meter.report.available, MIN_AVAILABLE)
-        if cost is not None:
-            if available >= SHARED_BELOW:  # a core of its own (corestat.py): busy, plus
-                # what the calls that did not run through the last window cannot show yet
-                busy += cost * max(0, len(self.calls) - self.window_calls)
-            else:
-                busy = max(busy, (self.call_cpu.idle + cost * self._calls_in_window())
-                           / available)
-        offload = self.offload.cost(agent_kind(agent or self.config.agent))
-        return (busy + self.offload_need() / available
-                + (self.call_cost() + offload / available) * extra)
-
-    def overloaded(self, agent: object = None) -> bool:
-        """No headroom for one more call of ``agent`` (the defence-in-depth check of
-        ``create``; a spec that is not a string is refused later, as bad)."""
-        projected = self.projected(self._created_in_window + 1,
-                                   agent if isinstance(agent, str) else None)
-        # While the complexity controller has calls degraded, only up to its step-up
-        # threshold (degrade.py, issue 32: degrade first, then refuse new calls).
-        return projected > self.complexity.admit_limit(self.config.refuse_busy)
-
-    def load_view(self) -> dict[str, Any]:
-        """``stats``' ``load`` object (docs/control-protocol.md)."""
-        return {**self.meter.report.to_json(), "busy": round(self.meter.busy, 4),
-                "sessions": len(self.calls),
-                "call_cost": round(self.call_cost(), 5),
-                "call_cpu": None if self.call_cpu.cost is None else round(self.call_cpu.cost, 6),
-                "idle_cpu": round(self.call_cpu.idle, 6),
-                "window_calls": self.window_calls, "window_unsettled": self.window_unsettled,
-                # Worker-thread work as a per-call cost by agent kind (offload.py): what
-                # one call of each kind costs, what the live calls cost together, and the
-                # kind a create without an agent gets (signaling/admission.py).
-                "offload_cpu": {k: round(v, 6) for k, v in self.offload.costs().items()},
-                "offload_calls": round(self.offload_need(), 6),
-                "agent_kind": agent_kind(self.config.agent),
-                "opus_complexity": self.complexity.complexity,
-                "opus_complexity_steps": list(self.complexity.steps),
-                "degraded": self.complexity.degraded,
-                "admit_limit": self.complexity.low if self.complexity.degraded else None,
-                "refuse_busy": self.config.refuse_busy, "windows": self.meter.windows,
-                "headroom_mode": self.config.headroom,
-                "windows_behind": self.meter.behind}
-
     @property
     def stun_tat(self) -> dict[Addr, float]:
         """The STUN budget's table: unknown client address -> GCRA theoretical arrival."""
@@ -668,7 +506,7 @@ class Transceiver:
         recording = self.recordings.pop(call.id, None)
         if recording is not None:
             recording.call_ended()  # its task writes the rest and finalises the file
-        self._churn_in_window += 1
+        self.load.ended()
         if isinstance(call, Session):
             self._session_ended(call)
         else:
@@ -776,10 +614,10 @@ class Transceiver:
             return _error(503, "draining", "this transceiver is draining")
         if len(self.calls) >= self.config.max_sessions:
             return _error(503, "full", f"{self.config.max_sessions} sessions is the limit")
-        if self.overloaded(req.get("agent")):  # before any SDP or DTLS work (issue 23)
+        if self.load.overloaded(req.get("agent")):  # before any SDP or DTLS work (issue 23)
             self.counters["sessions_refused_overloaded"] += 1
             return _error(503, "overloaded",
-                          f"no headroom for another call (busy {100 * self.meter.busy:.0f} %)")
+                          f"no headroom for another call (busy {100 * self.load.meter.busy:.0f} %)")
         sid = req.get("session_id")
         if not isinstance(sid, str) or not 0 < len(sid) <= MAX_SESSION_ID:
             return _error(400, "bad-request", "session_id must be a 1..128 character string")
@@ -832,7 +670,7 @@ class Transceiver:
             candidates=candidates,
             local_ufrag=ufrag, local_pwd=pwd, dtls=dtls, ssrc=ssrc, cname=cname,
             send=self.send, now=now, on_end=self._on_end, counters=self.counters,
-            pacer=self.pacer, opus_complexity=self.complexity.complexity, params=params,
+            pacer=self.pacer, opus_complexity=self.load.complexity.complexity, params=params,
             media=media,
             gate=self.dtls_setup.gate,
         )
@@ -842,8 +680,7 @@ class Transceiver:
         if tcp:
             self.tcp_candidates[sid] = tcp
         self.counters["sessions_created"] += 1
-        self._created_in_window += 1
-        self._churn_in_window += 1
+        self.load.created()
         self._nursery.start_soon(session.run)
         self._start_recording(session)
         session.mark_answer_sent(trio.current_time())
@@ -954,7 +791,7 @@ class Transceiver:
         return {"ok": True, "transceiver": self.config.id, "counters": dict(self.counters),
                 "sessions_by_state": by_state, "phones": phones,
                 "draining": self.draining,
-                "dtls_admission": admission, "load": self.load_view()}
+                "dtls_admission": admission, "load": self.load.view()}
 
     def _op_drain(self, req: dict[str, Any]) -> dict[str, Any]:
         self.drain()
@@ -974,11 +811,11 @@ class Transceiver:
         if len(self.calls) >= self.config.max_sessions:
             return _error(503, "full", f"{self.config.max_sessions} sessions is the limit")
         phone_req = req.get("phone")  # (its agent: what one more call of it would cost)
-        if self.overloaded(phone_req.get("agent") if isinstance(phone_req, dict)
+        if self.load.overloaded(phone_req.get("agent") if isinstance(phone_req, dict)
                            else req.get("agent")):
             self.counters["sessions_refused_overloaded"] += 1
             return _error(503, "overloaded",
-                          f"no headroom for another call (busy {100 * self.meter.busy:.0f} %)")
+                          f"no headroom for another call (busy {100 * self.load.meter.busy:.0f} %)")
         sid = req.get("session_id")
         if not isinstance(sid, str) or not 0 < len(sid) <= MAX_SESSION_ID:
             return _error(400, "bad-request", "session_id must be a 1..128 character string")
@@ -1016,15 +853,14 @@ class Transceiver:
                 params=params, send=self.send, now=now, on_end=self._on_end,
                 on_event=self._call_event, on_latched=self._phone_latched,
                 counters=self.counters, pacer=self.pacer,
-                opus_complexity=self.complexity.complexity, session_params=ctx_params,
+                opus_complexity=self.load.complexity.complexity, session_params=ctx_params,
                 media=media)
         except ValueError as exc:
             return _error(400, "bad-params", str(exc))
         self.calls[sid] = phone
         self._index_phone(phone)
         self.counters["phones_created"] += 1
-        self._created_in_window += 1
-        self._churn_in_window += 1
+        self.load.created()
         assert self._nursery is not None
         self._nursery.start_soon(phone.run)
         self._start_recording(phone)  # (a pending call: once answered)
@@ -1270,7 +1106,7 @@ async def serve_transceiver(
                 sessions.start_soon(tr.receive_loop)
                 sessions.start_soon(tr.pacer.run)
                 if config.measure_load:
-                    sessions.start_soon(tr.measure_loop)
+                    sessions.start_soon(tr.load.measure_loop)
                 if config.preload:
                     sessions.start_soon(tr.preload)
                 log.info("transceiver %d listening on %s", config.id, _fmt(udp))
