@@ -6,8 +6,8 @@ what ``create`` sets up beside the call (its agent warmed off the loop, its reco
 :class:`ControlOps` is a mixin of :class:`~.server.Transceiver`, whose ``handle_control``
 dispatches ``op`` to ``_op_<op>`` here. The ops read and fill the server's one call table
 and its indexes through the server's own methods (``_on_end``, ``_index_phone``, …); they
-never touch a socket, and nothing here is on the datagram path. Whether there is room for
-the call is load.py's.
+never touch a socket, and nothing here is on the datagram path. What a ``create`` answers
+in SDP is negotiate.py's (``accept_offer``); whether there is room for the call is load.py's.
 
 The shell state the ops use is declared on the mixin (the server sets it): ops.py cannot
 import server.py, which imports it (tests/test_import_cycles.py).
@@ -15,11 +15,9 @@ import server.py, which imports it (tests/test_import_cycles.py).
 
 from __future__ import annotations
 
-import base64
 import ipaddress
 import json
 import logging
-import secrets
 import time
 from collections import deque
 from pathlib import Path
@@ -33,18 +31,13 @@ from appliance.control import check_params
 from appliance.logs import loggable_url, redact
 from appliance.phone_params import PhoneParams
 from appliance.proto.errors import LocalProtocolError
-from appliance.proto.sdp import (
-    SdpError,
-    build_answer,
-    build_sdpfrag_answer,
-    parse_offer_untrusted,
-    parse_sdpfrag_untrusted,
-)
+from appliance.proto.sdp import SdpError, build_sdpfrag_answer, parse_sdpfrag_untrusted
 from appliance.proto.ufrag import UfragCodec
 
 from .admission import DtlsAdmission, DtlsSetup
 from .call import Addr
 from .load import TransceiverLoad
+from .negotiate import accept_offer, ice_pwd
 from .pacer import Pacer
 from .phone_session import DIGITS, PhoneSession
 from .recording import CallRecording, RecordingSettings
@@ -66,11 +59,6 @@ CALL_EVENTS_BYTES = 256 * 1024
 def error(status: int, code: str, detail: str) -> dict[str, Any]:
     """A control answer that refuses (docs/control-protocol.md: status, code, detail)."""
     return {"ok": False, "status": status, "code": code, "detail": detail}
-
-
-def _ice_pwd() -> str:
-    # RFC 8445 §5.3: >= 128 bits, ICE characters; base64 of 18 bytes is 24 of them.
-    return base64.b64encode(secrets.token_bytes(18)).decode()
 
 
 def _candidates(value: object) -> list[tuple[str, int]] | dict[str, Any]:
@@ -215,15 +203,10 @@ class ControlOps:
             return error(400, "bad-params", str(exc))
         media = self._recording_choice(sid, media)
         ufrag = self.codec.mint(cluster=self.config.cluster, transceiver=self.config.id)
-        pwd = _ice_pwd()
-        fingerprint = self.dtls_setup.fingerprint(time.time())
-        ssrc, cname = secrets.randbits(32), secrets.token_hex(8)
         try:
-            offer = parse_offer_untrusted(offer_text)
-            answer = build_answer(
-                offer, ice_ufrag=ufrag, ice_pwd=pwd, fingerprint=fingerprint,
-                candidates=candidates, ssrc=ssrc, cname=cname,
-                session_id=secrets.randbits(62), datachannel=True, tcp_candidates=tcp,
+            accepted = accept_offer(
+                offer_text, ufrag=ufrag, fingerprint=self.dtls_setup.fingerprint(time.time()),
+                candidates=candidates, tcp_candidates=tcp,
                 # actpass -> a=setup:active (we start DTLS, one round trip sooner), except
                 # while DTLS cookie mode is on: then the client starts it and admission.py
                 # bounds what it costs (docs/adr-dtls-active.md).
@@ -233,11 +216,12 @@ class ControlOps:
             return error(exc.status, exc.code, exc.detail)
         except LocalProtocolError as exc:
             return error(400, "bad-request", str(exc))
+        answer = accepted.answer
         dtls = self.dtls_setup.connection(answer)  # (admission.py)
         session = Session(
             session_id=sid, transceiver=self.config.id, agent=agent, answer=answer,
-            candidates=candidates,
-            local_ufrag=ufrag, local_pwd=pwd, dtls=dtls, ssrc=ssrc, cname=cname,
+            candidates=candidates, local_ufrag=ufrag, local_pwd=accepted.pwd, dtls=dtls,
+            ssrc=accepted.ssrc, cname=accepted.cname,
             send=self.send, now=now, on_end=self._on_end, counters=self.counters,
             pacer=self.pacer, opus_complexity=self.load.complexity.complexity, params=params,
             media=media,
@@ -310,7 +294,7 @@ class ControlOps:
         # RFC 8445 §9 / RFC 9725 §4.4.1: new credentials both ways; media keeps flowing on
         # the old pair until the client nominates with the new ones.
         ufrag = self.codec.mint(cluster=self.config.cluster, transceiver=self.config.id)
-        pwd = _ice_pwd()
+        pwd = ice_pwd()
         call.restart_ice(ufrag, pwd, frag.ice_ufrag, frag.ice_pwd)
         for old in [u for u, s in self.by_ufrag.items() if s is session]:
             del self.by_ufrag[old]

@@ -29,8 +29,9 @@ recording and teardown); the indexes that route datagrams to a call differ by le
 a nursery of their own; a call whose handler raises is ended (``internal-error``) and the
 others carry on. The control channel (docs/control-protocol.md) creates, patches, deletes
 and reports calls: :meth:`Transceiver.handle_control` dispatches each ``op`` here, and the
-operations are ops.py's (:class:`~.ops.ControlOps`, a mixin of :class:`Transceiver`), and
-whether there is room for one more call is load.py's (:class:`~.load.TransceiverLoad`). This module keeps what the datagram
+operations are ops.py's (:class:`~.ops.ControlOps`, a mixin of :class:`Transceiver`); what
+a WebRTC ``create`` answers in SDP is negotiate.py's (``accept_offer``), and whether there
+is room for one more call is load.py's (:class:`~.load.TransceiverLoad`). This module keeps what the datagram
 path touches: the socket, the dispatcher and the tables it routes by.
 
 Drain (issue 10, rolling upgrades): ``{"op": "drain"}`` (or :meth:`Transceiver.drain`)
