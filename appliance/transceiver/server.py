@@ -465,6 +465,8 @@ class Transceiver(ControlOps):
     # -- control operations --------------------------------------------------------------
 
     async def handle_control(self, req: dict[str, Any]) -> dict[str, Any]:
+        """One control request (docs/control-protocol.md): ``op`` -> ``_op_<op>`` (dots as
+        underscores) of ops.py, the sideband's ``realtime.*``, or the ``events`` poll."""
         op = req["op"]
         if op.startswith("realtime."):  # the sideband (appliance/realtime/sideband.py)
             return await sideband.handle_op(op, req, self._session_state)
