@@ -43,7 +43,8 @@ from appliance.proto.ufrag import load_secrets
 from appliance.recordings import parse_duration, parse_size
 
 from .opus import DEFAULT_COMPLEXITY
-from .server import TransceiverAddresses, TransceiverConfig, serve_transceiver
+from .server import TransceiverAddresses, serve_transceiver
+from .settings import TransceiverConfig
 
 DEFAULTS = {"id": 0, "cluster": 0, "agent": "echo", "max_sessions": 500, "listen": None,
             "control": None, "exit_when_drained": False, "drain_on_sigterm": False,

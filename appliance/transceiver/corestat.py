@@ -39,7 +39,7 @@ floor (:data:`LATE_FLOOR`: scheduling noise no call hears), and as a high percen
 late tick is not a trend).
 
 Everything here takes its inputs as arguments (texts, numbers) and returns numbers; the
-shell (server.py's meter tick) reads ``/proc/stat`` and the affinity mask.
+shell (load.py's meter tick) reads ``/proc/stat`` and the affinity mask.
 """
 
 from __future__ import annotations

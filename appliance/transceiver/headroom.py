@@ -25,7 +25,7 @@ docs/performance-history.md, "Overload"):
   "Passthrough") and with the agent kind; reported for operators, not used to decide.
 
 :class:`LoadMeter` is sans-IO (times and CPU seconds are passed in, from the shell's tick
-task in server.py): ``handle_tick(now, cpu, lag)`` every tick, read :attr:`busy`.
+task in load.py): ``handle_tick(now, cpu, lag)`` every tick, read :attr:`busy`.
 
 **Offload (issue 41 item 4).** ``cpu`` is the media loop thread's CPU; what the process's
 other threads used (``offload=``, cumulative seconds: an agent's model inference in
@@ -274,7 +274,7 @@ class CallCost:
     the window it happens in. Learned from windows that held setups, the cost of six echo
     calls came out ~3x the media's (0.045 against 0.015 a call; tests/reliability/
     test_hog_midrun.py), and admission ran out of room long before the calls were
-    degraded. So the shell (server.py) says per window how many calls ran through it
+    degraded. So the shell (load.py) says per window how many calls ran through it
     (connected at its start and its end) and how many sessions were *not* steady in it
     (created, ended, or still connecting at some point): a window with any of the latter
     teaches nothing, one with none is ``idle + cost x calls`` exactly. A window the loop
@@ -308,7 +308,7 @@ class CallCost:
 
 
 def read_core_stat(path: str = "/proc/stat") -> tuple[ProcStat | None, frozenset[int] | None]:
-    """The shell's part (the meter's tick in server.py, once per window): ``/proc/stat``
+    """The shell's part (the meter's tick in load.py, once per window): ``/proc/stat``
     parsed and this process's affinity set; (None, None) where either cannot be had (not
     Linux, a sandbox without /proc): the meter then assumes a core of its own."""
     try:

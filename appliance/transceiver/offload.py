@@ -10,7 +10,7 @@ the controller's urgent line with one call's worth projected beside it, the call
 degraded to complexity 3, and signaling admitted up to 50 % for the next five seconds of
 quiet — on a transceiver whose loop used 1.5 % of its core and was never late.
 
-Two things are separated now (server.py's meter tick reads both):
+Two things are separated now (load.py's meter tick reads both):
 
 * the **media loop** — the thread that receives, decrypts, decodes, encodes and paces: its
   own CPU (``time.thread_time()`` on that thread) and its lateness are the headroom meter's

@@ -10,7 +10,7 @@ configuration — and the relay's vouch rule for the call's sources (docs/adr-si
                                                             │   phone_session.PhoneSession
     relay look-up for an unknown source ─────────────────► vouches(params, latched, src)
 
-The session and its ops live in ``phone_session.py`` and ``server.py`` (``_op_phone_*``).
+The session and its ops live in ``phone_session.py`` and ``ops.py`` (``_op_phone_*``).
 """
 
 from __future__ import annotations

@@ -27,8 +27,12 @@ One table holds every call, WebRTC or phone (:attr:`Transceiver.calls`: each a
 recording and teardown); the indexes that route datagrams to a call differ by leg
 (``by_ufrag``/``by_client`` for ICE, ``phone_by_*`` for RTP from a trunk). Calls run in
 a nursery of their own; a call whose handler raises is ended (``internal-error``) and the
-others carry on. The control channel
-(docs/control-protocol.md) creates, patches, deletes and reports sessions.
+others carry on. The control channel (docs/control-protocol.md) creates, patches, deletes
+and reports calls: :meth:`Transceiver.handle_control` dispatches each ``op`` here, and the
+operations are ops.py's (:class:`~.ops.ControlOps`, a mixin of :class:`Transceiver`); what
+a WebRTC ``create`` answers in SDP is negotiate.py's (``accept_offer``), and whether there
+is room for one more call is load.py's (:class:`~.load.TransceiverLoad`). This module keeps what the datagram
+path touches: the socket, the dispatcher and the tables it routes by.
 
 Drain (issue 10, rolling upgrades): ``{"op": "drain"}`` (or :meth:`Transceiver.drain`)
 refuses new sessions (``503 draining``) and sets :attr:`Transceiver.drained` once no session
@@ -38,9 +42,6 @@ without it the transceiver keeps serving the control channel, refusing sessions.
 
 from __future__ import annotations
 
-import base64
-import ipaddress
-import json
 import logging
 import math
 import secrets
@@ -49,55 +50,35 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from time import perf_counter
 from typing import Any
 
 import trio
 
-from appliance import recordings
-from appliance.agents import AgentError, ResolvedAgent, agent_kind, resolve
-from appliance.config import HEADROOM_MODES
-from appliance.control import check_params, serve_control
-from appliance.logs import loggable_url, redact
+from appliance.control import serve_control
 from appliance.netio.sockets import udp_socket
-from appliance.phone_params import PhoneParams
-from appliance.proto.errors import LocalProtocolError
 from appliance.proto.proxy import STREAM, ProxyError, StreamAddr, parse_transport_untrusted
 from appliance.proto.proxy.vouch import is_local
 from appliance.proto.ratelimit import GcraTable
-from appliance.proto.sdp import (
-    SdpError,
-    build_answer,
-    build_sdpfrag_answer,
-    parse_offer_untrusted,
-    parse_sdpfrag_untrusted,
-)
 from appliance.proto.stun import StunError, peek_username_untrusted
 from appliance.proto.ufrag import UfragCodec
 from appliance.realtime import sideband
 
 from .admission import DtlsSetup
 from .call import Addr
-from .corestat import MIN_AVAILABLE, SHARED_BELOW, ProcStat
-from .degrade import ComplexityController
-from .headroom import LAG_SATURATED, TICK, CallCost, LoadMeter, read_core_stat
-from .offload import OffloadCost
-from .opus import DEFAULT_COMPLEXITY
+from .load import TransceiverLoad
+from .ops import Call, ControlOps, error
 from .pacer import Pacer
-from .phone_session import DIGITS, LEG_COUNTERS, PhoneSession
-from .recording import CallRecording, RecordingSettings
+from .phone_session import LEG_COUNTERS, PhoneSession
+from .recording import CallRecording
 from .session import EndedSession, Session, _fmt
-from .stages import MediaConfig
+from .settings import TransceiverConfig
 from .vouch import VouchResponder
 
 try:  # optional C extension (setup.py): sendmmsg batching, Linux only
     from appliance.netio import _mmsg
 except ImportError:  # pragma: no cover - not built (no compiler/headers) or not Linux
     _mmsg = None  # type: ignore[assignment]
-
-#: A call of any kind in the one table (both are :class:`~.shell.CallShell` call kinds)
-Call = Session | PhoneSession
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +99,6 @@ BUFSIZE = 65536 + 256
 SOCKET_BUFFER = 4 << 20
 RECENTLY_ENDED = 256  # ended sessions kept for list/get (end_reason, final stats)
 CALL_EVENTS = 4096  # call events kept for signaling's ``events`` long-poll
-CALL_EVENTS_WAIT = 30.0  # the longest an ``events`` poll may wait
-#: an ``events`` answer stops adding events past this much JSON (a line is at most 1 MiB)
-CALL_EVENTS_BYTES = 256 * 1024
-MAX_SESSION_ID = 128
 # Early drop (issue 9, ICE password-guessing storm): STUN from a client address that is no
 # session's known flow passes a per-address budget (GCRA: 10/s, burst 20) *before* its
 # USERNAME is decoded; known flows always pass. A browser's checks from a new address stay
@@ -147,57 +124,6 @@ COUNTER_NAMES = (
     # /metrics shows them at 0 before the first phone call rather than not at all
     *(f"phone_{name}" for name in LEG_COUNTERS), "phone_dtmf_in",
 )
-#: Defence in depth behind signaling's admission (issue 23, docs/operations.md
-#: "Admission"): a create is refused ``503 overloaded`` when the measured busy share
-#: (headroom.py) plus the creates since the last window, at this transceiver's cost per
-#: call, reaches this. Above signaling's admission limit (0.85), so that only a burst
-#: signaling could not see (another signaling, a stale report) reaches it.
-REFUSE_BUSY = 0.95
-MIN_CALL_COST = 0.002  # share of a core assumed per call before any is measured
-
-
-@dataclass(frozen=True, slots=True)
-class TransceiverConfig:
-    id: int
-    secrets: tuple[bytes, ...]
-    listen: Addr = ("127.0.0.1", 4000)
-    control: str | None = None  # Unix socket path or host:port; None: no control server
-    cluster: int = 0
-    agent: str = "echo"
-    #: agent specs resolved in a worker thread at start (``--preload``): the assistant's
-    #: speech models load before the first call asks for them, not inside its set-up
-    preload: tuple[str, ...] = ()
-    max_sessions: int = 500
-    exit_when_drained: bool = False  # serve_transceiver returns once drained and idle
-    opus_complexity: int = DEFAULT_COMPLEXITY  # encoder complexity of every PCM session
-    # DTLS versions a call's handshake may negotiate (--dtls-versions; docs/dtls13.md).
-    dtls_versions: frozenset[str] = frozenset({"1.2", "1.3"})
-    # DTLS 1.2 False Start (RFC 7918) as client: only the SCTP INIT goes with our Finished,
-    # a data channel half a round trip sooner (docs/sctp.md "Setup latency").
-    dtls_false_start: bool = True
-    # Queue what sessions send while a receive batch is handled and send it with one
-    # sendmmsg (module docstring); False, or the C extension not built: one sendto each.
-    batch_sends: bool = True
-    # Receive with one recvmmsg per RECV_MSGS datagrams (the same C extension); False, or
-    # not built: one recvfrom_into each.
-    batch_recv: bool = True
-    # Lower the Opus complexity of the calls step by step as headroom shrinks (degrade.py).
-    adaptive_complexity: bool = True
-    refuse_busy: float = REFUSE_BUSY  # see REFUSE_BUSY
-    # Run the headroom meter's tick task (the CLI does: `appliance transceiver` is a process
-    # of its own). Off by default in process: the meter reads the whole process's CPU, which
-    # in a test or benchmark includes its clients; tests feed Transceiver.handle_tick.
-    measure_load: bool = False
-    # What the headroom counts (--headroom, headroom.py): "core", what the CPUs it may run on
-    # have left (issue 32), or "own", its own CPU only (a core of its own: before issue 32).
-    headroom: str = "core"
-    # Recordings (recording.py, docs/recordings.md): where they go (None: no call can be
-    # recorded), whether calls are recorded unless they say otherwise (--record), the
-    # directory's quota in bytes and how long a recording is kept.
-    recordings_dir: str | None = None
-    record: bool = False
-    recording_quota: int = recordings.DEFAULT_QUOTA
-    recording_retention: float = recordings.DEFAULT_RETENTION
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,17 +135,9 @@ class TransceiverAddresses:
     transceiver: Transceiver | None = None  # for the CLI's drain-on-SIGTERM
 
 
-def _error(status: int, code: str, detail: str) -> dict[str, Any]:
-    return {"ok": False, "status": status, "code": code, "detail": detail}
-
-
-def _ice_pwd() -> str:
-    # RFC 8445 §5.3: >= 128 bits, ICE characters; base64 of 18 bytes is 24 of them.
-    return base64.b64encode(secrets.token_bytes(18)).decode()
-
-
-class Transceiver:
-    """Session tables, the datagram dispatcher and the control operations."""
+class Transceiver(ControlOps):
+    """The socket, the datagram dispatcher, the one call table and its indexes, and the
+    control dispatch (the operations are :class:`~.ops.ControlOps`'s)."""
 
     def __init__(self, config: TransceiverConfig, sock: socket.socket) -> None:
         self.config = config
@@ -253,25 +171,11 @@ class Transceiver:
         #: PROXY header bytes -> (client, public, payload offset) (dispatch)
         self._proxy_cache: dict[bytes, tuple[Addr, Addr, int]] = {}
         self._send_batch = _mmsg.send_batch if (_mmsg is not None and config.batch_sends) else None
-        # Headroom (issue 23): the meter's tick task (measure_loop) feeds both.
-        if config.headroom not in HEADROOM_MODES:
-            raise ValueError(f"headroom must be one of {HEADROOM_MODES}, not {config.headroom!r}")
-        self.meter = LoadMeter(own_only=config.headroom == "own")
-        self.complexity = ComplexityController(config.opus_complexity,
-                                               enabled=config.adaptive_complexity)
-        self._created_in_window = 0  # creates since the meter's last window
-        # What one running call costs, learned only from windows with no setup in them
-        # (headroom.CallCost, issue 32): per window, the sessions created or ended in it
-        # and those still connecting when it began (with the ones connecting at its end,
-        # each one was created in it or connecting at its start).
-        self.call_cpu = CallCost()
-        # What calls cost in worker threads (model inference), per agent kind (offload.py,
-        # issue 41 item 4): a per-call cost, not a window's busy.
-        self.offload = OffloadCost()
-        self._churn_in_window = 0  # sessions and phones created or ended since the last window
-        self._connecting_at_window_start = 0
-        self.window_calls = 0  # calls connected throughout the last window
-        self.window_unsettled = 0  # sessions created, ended or connecting in it
+        #: headroom, call costs, complexity and the refusal under load (load.py)
+        self.load = TransceiverLoad(
+            self.calls, self.counters, self.pacer, agent=config.agent,
+            headroom=config.headroom, opus_complexity=config.opus_complexity,
+            adaptive_complexity=config.adaptive_complexity, refuse_busy=config.refuse_busy)
         #: the live calls' recordings (recording.py), told when their call ends
         self.recordings: dict[str, CallRecording] = {}
         #: relay workers' "is this client yours?" (vouch.py; relay failover, issue 20)
@@ -428,149 +332,6 @@ class Transceiver:
             if full:
                 await trio.lowlevel.checkpoint()
 
-    # -- headroom (issue 23) ------------------------------------------------------------
-
-    async def measure_loop(self) -> None:
-        """The headroom meter's 20 ms tick (headroom.py): its own lateness is the loop lag."""
-        deadline = trio.current_time() + TICK
-        while True:
-            await trio.sleep_until(deadline)
-            now = trio.current_time()
-            # What the core has left (issue 32): /proc/stat once per window, not per tick.
-            # (Not at all with --headroom own: the meter would not use it.)
-            due = self.meter.window_due(now) and not self.meter.own_only
-            stat, cpus = read_core_stat() if due else (None, None)
-            # The media loop is this thread; the rest of the process's CPU is its worker
-            # threads' (offload.py: an agent's inference is its calls' cost, not the loop's).
-            loop = time.thread_time()
-            self.handle_tick(now, loop, now - deadline, stat, cpus,
-                             offload=max(0.0, time.process_time() - loop))
-            deadline += TICK
-            if deadline <= now:  # missed ticks are not made up in a burst
-                deadline = now + TICK
-
-    def handle_tick(self, now: float, cpu: float, lag: float, stat: ProcStat | None = None,
-                    cpus: frozenset[int] | None = None, *, offload: float | None = None) -> None:
-        """One meter tick (``cpu``: the media loop thread's CPU seconds, ``offload`` the
-        other threads'; at a window's edge ``/proc/stat`` and the affinity set, headroom.py);
-        tests drive it with made-up load."""
-        self.meter.add_lateness(self.pacer.take_lateness())
-        if not self.meter.handle_tick(now, cpu, lag, self.counters["datagrams_in"],
-                                      sent=self.counters["datagrams_out"], stat=stat,
-                                      affinity=cpus, offload=offload):
-            return
-        connecting = sum(1 for c in self.calls.values()
-                         if type(c) is Session and c.state != "connected")
-        self.window_unsettled = self._churn_in_window + self._connecting_at_window_start
-        self.window_calls = len(self.calls) - connecting
-        self._connecting_at_window_start = connecting
-        self._created_in_window = self._churn_in_window = 0
-        report = self.meter.report
-        self.call_cpu.handle_window(report.cpu, self.window_calls, self.window_unsettled,
-                                    behind=report.lag_mean_ms > LAG_SATURATED * 1000)
-        # The worker threads' CPU, charged to the steady calls that can have asked for it.
-        tasks: dict[str, int] = {}
-        for kind in self._task_kinds(connected_only=True):
-            tasks[kind] = tasks.get(kind, 0) + 1
-        self.offload.handle_window(self.meter.offload_s, report.window_s, tasks,
-                                   unsettled=self.window_unsettled)
-        ctl = self.complexity
-        # The first step is taken as soon as one more call would not fit under urgent, by
-        # signaling's own projection of this report (projected): so a report that leaves
-        # signaling no room (its limit, 0.85, is above urgent) already shows the calls
-        # degraded (issue 32 item 4).
-        ctl.handle_load(now, self.meter.busy, self.projected(1) - self.meter.busy)
-        while (ev := ctl.poll_event()) is not None:
-            self.counters["complexity_changes"] += 1
-            log.info("busy %.0f %%: Opus complexity %d -> %d for %d session(s)",
-                     100 * ev.busy, ev.previous, ev.complexity, len(self.calls))
-            for call in self.calls.values():
-                if call.pipeline is not None:
-                    call.pipeline.set_complexity(ev.complexity)
-
-    def _task_kinds(self, *, connected_only: bool = False) -> list[str]:
-        """The agent kind of each call whose agent runs as a task (offload.py: only those
-        can send work to a thread; ``echo`` is a frame handler on this loop)."""
-        def runs_task(agent: ResolvedAgent) -> bool:
-            return agent.on_frame is None and not agent.passthrough
-        # (a phone call counts from its creation: its agent may run before media flows)
-        return [agent_kind(c.agent.name) for c in self.calls.values()
-                if runs_task(c.agent) and not (connected_only and type(c) is Session
-                                               and c.state != "connected")]
-
-    def offload_need(self) -> float:
-        """What the live calls' worker-thread work costs by the learned per-call costs of
-        their kinds (offload.py), a share of a core."""
-        return self.offload.need(self._task_kinds())
-
-    def _calls_in_window(self) -> int:
-        """The calls the meter's last window can have measured."""
-        return len(self.calls) - self._created_in_window
-
-    def call_cost(self) -> float:
-        """One more call's share of what this transceiver has (busy units): the learned
-        own CPU of a running call (:class:`.headroom.CallCost`) divided by what a unit of own
-        CPU costs now (the meter's ``available``), as signaling's admission counts it; until
-        a steady window has taught the cost, busy per call (idle cost included: an over-
-        rather than an under-estimate)."""
-        cost = self.call_cpu.cost
-        if cost is not None:
-            return max(MIN_CALL_COST, cost / max(self.meter.report.available, MIN_AVAILABLE))
-        n = self._calls_in_window()
-        return max(MIN_CALL_COST, self.meter.busy / n) if n > 0 else MIN_CALL_COST
-
-    def projected(self, extra: int, agent: str | None = None) -> float:
-        """The busy share with ``extra`` calls more (of ``agent``'s kind; None: the
-        default agent), the way signaling's admission projects it from this report
-        (signaling/admission.py): once a call's cost is learned, the calls' whole need
-        counts (``idle + cost x calls`` over ``available``: under a hog they get less CPU
-        than they need, and ``busy`` alone would say they cost less), and the live calls'
-        worker-thread work at its learned per-call cost (offload.py), not as it bursts."""
-        busy = self.meter.busy
-        cost = self.call_cpu.cost
-        available = max(self.meter.report.available, MIN_AVAILABLE)
-        if cost is not None:
-            if available >= SHARED_BELOW:  # a core of its own (corestat.py): busy, plus
-                # what the calls that did not run through the last window cannot show yet
-                busy += cost * max(0, len(self.calls) - self.window_calls)
-            else:
-                busy = max(busy, (self.call_cpu.idle + cost * self._calls_in_window())
-                           / available)
-        offload = self.offload.cost(agent_kind(agent or self.config.agent))
-        return (busy + self.offload_need() / available
-                + (self.call_cost() + offload / available) * extra)
-
-    def overloaded(self, agent: object = None) -> bool:
-        """No headroom for one more call of ``agent`` (the defence-in-depth check of
-        ``create``; a spec that is not a string is refused later, as bad)."""
-        projected = self.projected(self._created_in_window + 1,
-                                   agent if isinstance(agent, str) else None)
-        # While the complexity controller has calls degraded, only up to its step-up
-        # threshold (degrade.py, issue 32: degrade first, then refuse new calls).
-        return projected > self.complexity.admit_limit(self.config.refuse_busy)
-
-    def load_view(self) -> dict[str, Any]:
-        """``stats``' ``load`` object (docs/control-protocol.md)."""
-        return {**self.meter.report.to_json(), "busy": round(self.meter.busy, 4),
-                "sessions": len(self.calls),
-                "call_cost": round(self.call_cost(), 5),
-                "call_cpu": None if self.call_cpu.cost is None else round(self.call_cpu.cost, 6),
-                "idle_cpu": round(self.call_cpu.idle, 6),
-                "window_calls": self.window_calls, "window_unsettled": self.window_unsettled,
-                # Worker-thread work as a per-call cost by agent kind (offload.py): what
-                # one call of each kind costs, what the live calls cost together, and the
-                # kind a create without an agent gets (signaling/admission.py).
-                "offload_cpu": {k: round(v, 6) for k, v in self.offload.costs().items()},
-                "offload_calls": round(self.offload_need(), 6),
-                "agent_kind": agent_kind(self.config.agent),
-                "opus_complexity": self.complexity.complexity,
-                "opus_complexity_steps": list(self.complexity.steps),
-                "degraded": self.complexity.degraded,
-                "admit_limit": self.complexity.low if self.complexity.degraded else None,
-                "refuse_busy": self.config.refuse_busy, "windows": self.meter.windows,
-                "headroom_mode": self.config.headroom,
-                "windows_behind": self.meter.behind}
-
     @property
     def stun_tat(self) -> dict[Addr, float]:
         """The STUN budget's table: unknown client address -> GCRA theoretical arrival."""
@@ -668,7 +429,7 @@ class Transceiver:
         recording = self.recordings.pop(call.id, None)
         if recording is not None:
             recording.call_ended()  # its task writes the rest and finalises the file
-        self._churn_in_window += 1
+        self.load.ended()
         if isinstance(call, Session):
             self._session_ended(call)
         else:
@@ -701,21 +462,11 @@ class Transceiver:
             log.info("drained: no session left")
             self.drained.set()
 
-    def _find(self, req: dict[str, Any]) -> Session | EndedSession | dict[str, Any]:
-        sid = req.get("session_id")
-        if not isinstance(sid, str):
-            return _error(400, "bad-request", "session_id must be a string")
-        session = self.calls.get(sid)
-        if type(session) is not Session:  # (a phone call has its phone.* ops)
-            for old in self.ended:
-                if old.id == sid:
-                    return old
-            return _error(404, "unknown-session", f"no session {sid!r} on this transceiver")
-        return session
-
     # -- control operations --------------------------------------------------------------
 
     async def handle_control(self, req: dict[str, Any]) -> dict[str, Any]:
+        """One control request (docs/control-protocol.md): ``op`` -> ``_op_<op>`` (dots as
+        underscores) of ops.py, the sideband's ``realtime.*``, or the ``events`` poll."""
         op = req["op"]
         if op.startswith("realtime."):  # the sideband (appliance/realtime/sideband.py)
             return await sideband.handle_op(op, req, self._session_state)
@@ -723,440 +474,13 @@ class Transceiver:
             return await self._events(req)
         handler = getattr(self, "_op_" + op.replace(".", "_"), None)
         if handler is None:
-            return _error(400, "unknown-op", f"unknown op {op!r}")
+            return error(400, "unknown-op", f"unknown op {op!r}")
         if op == "create":
             spec = req.get("agent") or self.config.agent
             if isinstance(spec, str):
                 await self.warm(spec)
         result: dict[str, Any] = handler(req)
         return result
-
-    async def warm(self, spec: str) -> None:
-        """Resolve an agent spec once in a worker thread, so the op's own ``resolve`` finds
-        its models loaded: the assistant's first resolve loads Whisper, Silero and the
-        turn model (~1 s), which inside the op stalled every call of this transceiver and
-        the new call's set-up (issue 38 item 8b). A spec that fails is left to the op,
-        which answers it 400."""
-        if spec in self._warmed:
-            return
-        try:
-            await trio.to_thread.run_sync(resolve, spec)
-        except AgentError:
-            return
-        if len(self._warmed) < 256:  # bounded: specs come from callers
-            self._warmed.add(spec)
-
-    async def preload(self) -> None:
-        """``--preload``: warm each spec at start, one after another, in a worker thread."""
-        for spec in self.config.preload:
-            started = time.perf_counter()
-            await self.warm(spec)
-            log.info("preloaded agent %s in %.2f s", spec, time.perf_counter() - started)
-
-    def _session_state(self, sid: str) -> str | None:
-        """A WebRTC or a phone session's state (the sideband attaches to either)."""
-        call = self.calls.get(sid)
-        if type(call) is PhoneSession:
-            return call.state
-        if any(old.get("id") == sid for old in self.ended_phones):
-            return "ended"
-        found = self._find({"session_id": sid})
-        return None if isinstance(found, dict) else found.state
-
-    def _op_create(self, req: dict[str, Any]) -> dict[str, Any]:
-        """A call of either leg kind: ``leg`` ``"webrtc"`` (the default: an SDP offer) or
-        ``"phone"`` (its leg options: :meth:`_create_phone`)."""
-        leg = req.get("leg", "webrtc")
-        if leg == "phone":
-            return self._create_phone(req)
-        if leg != "webrtc":
-            return _error(400, "bad-leg", "leg must be \"webrtc\" or \"phone\"")
-        now = trio.current_time()
-        if self.draining:
-            return _error(503, "draining", "this transceiver is draining")
-        if len(self.calls) >= self.config.max_sessions:
-            return _error(503, "full", f"{self.config.max_sessions} sessions is the limit")
-        if self.overloaded(req.get("agent")):  # before any SDP or DTLS work (issue 23)
-            self.counters["sessions_refused_overloaded"] += 1
-            return _error(503, "overloaded",
-                          f"no headroom for another call (busy {100 * self.meter.busy:.0f} %)")
-        sid = req.get("session_id")
-        if not isinstance(sid, str) or not 0 < len(sid) <= MAX_SESSION_ID:
-            return _error(400, "bad-request", "session_id must be a 1..128 character string")
-        if sid in self.calls:
-            return _error(409, "session-exists", f"session {sid!r} already exists")
-        offer_text = req.get("offer")
-        if not isinstance(offer_text, str):
-            return _error(400, "bad-request", "offer must be SDP text")
-        candidates = _candidates(req.get("candidates"))
-        if isinstance(candidates, dict):
-            return candidates
-        tcp = _candidates(req.get("tcp_candidates")) if req.get("tcp_candidates") else []
-        if isinstance(tcp, dict):
-            return tcp
-        agent_spec = req.get("agent")
-        if agent_spec is not None and not isinstance(agent_spec, str):
-            return _error(400, "bad-request", "agent must be a string or null")
-        try:
-            agent = resolve(agent_spec or self.config.agent)
-        except AgentError as exc:
-            return _error(400, "unknown-agent", str(exc))
-        try:
-            params = check_params(req.get("params"))  # per-call, for ctx.params
-            media = MediaConfig.from_params_untrusted(params)  # stages/config.py
-        except ValueError as exc:
-            return _error(400, "bad-params", str(exc))
-        media = self._recording_choice(sid, media)
-        ufrag = self.codec.mint(cluster=self.config.cluster, transceiver=self.config.id)
-        pwd = _ice_pwd()
-        fingerprint = self.dtls_setup.fingerprint(time.time())
-        ssrc, cname = secrets.randbits(32), secrets.token_hex(8)
-        try:
-            offer = parse_offer_untrusted(offer_text)
-            answer = build_answer(
-                offer, ice_ufrag=ufrag, ice_pwd=pwd, fingerprint=fingerprint,
-                candidates=candidates, ssrc=ssrc, cname=cname,
-                session_id=secrets.randbits(62), datachannel=True, tcp_candidates=tcp,
-                # actpass -> a=setup:active (we start DTLS, one round trip sooner), except
-                # while DTLS cookie mode is on: then the client starts it and admission.py
-                # bounds what it costs (docs/adr-dtls-active.md).
-                prefer_active=not self.admission.active(now),
-            )
-        except SdpError as exc:
-            return _error(exc.status, exc.code, exc.detail)
-        except LocalProtocolError as exc:
-            return _error(400, "bad-request", str(exc))
-        dtls = self.dtls_setup.connection(answer)  # (admission.py)
-        session = Session(
-            session_id=sid, transceiver=self.config.id, agent=agent, answer=answer,
-            candidates=candidates,
-            local_ufrag=ufrag, local_pwd=pwd, dtls=dtls, ssrc=ssrc, cname=cname,
-            send=self.send, now=now, on_end=self._on_end, counters=self.counters,
-            pacer=self.pacer, opus_complexity=self.complexity.complexity, params=params,
-            media=media,
-            gate=self.dtls_setup.gate,
-        )
-        assert self._nursery is not None
-        self.calls[sid] = session
-        self.by_ufrag[ufrag] = session
-        if tcp:
-            self.tcp_candidates[sid] = tcp
-        self.counters["sessions_created"] += 1
-        self._created_in_window += 1
-        self._churn_in_window += 1
-        self._nursery.start_soon(session.run)
-        self._start_recording(session)
-        session.mark_answer_sent(trio.current_time())
-        log.info("session %s created: agent %s ufrag %s", sid, loggable_url(agent.name),
-                 redact(ufrag))
-        return {"ok": True, "answer": answer.text, "ufrag": ufrag}
-
-    def _recording_choice(self, sid: str, media: MediaConfig) -> MediaConfig:
-        """The call's ``record``: its own choice, else the server's default; only where
-        there is a recordings directory and the id can name a file."""
-        want = self.config.record if media.record is None else media.record
-        if want and self.config.recordings_dir is None:
-            log.warning("session %s asked for a recording; this transceiver has no "
-                        "recordings directory (--recordings-dir): not recorded", sid)
-            want = False
-        elif want and not recordings.safe_id(sid):
-            log.warning("session %s: this id cannot name a recording file: not recorded",
-                        redact(sid))
-            want = False
-        return media if media.record is want else media.with_(record=want)
-
-    def _start_recording(self, call: Call) -> None:
-        """The call's recording, if its media config asked (``_recording_choice``): any
-        call kind, once it has a pipeline (a pending phone call: when it is answered)."""
-        pipeline = call.pipeline
-        if pipeline is None or not pipeline.config.record or pipeline.stages.recorder is None:
-            return
-        if call.id in self.recordings or call.id not in self.calls:
-            return  # already recording (a re-INVITE), or ended
-        assert self.config.recordings_dir is not None and self._nursery is not None
-        rec = CallRecording(
-            pipeline.stages.recorder, call.id,
-            RecordingSettings(Path(self.config.recordings_dir), self.config.recording_quota,
-                              self.config.recording_retention), self.counters)
-        pipeline.stages.recording = rec
-        self.recordings[call.id] = rec
-        self.counters["recordings_started"] += 1
-        self._nursery.start_soon(rec.run)
-
-    def _op_patch(self, req: dict[str, Any]) -> dict[str, Any]:
-        found = self._find(req)
-        if isinstance(found, dict):
-            return found
-        if isinstance(found, EndedSession) or found.state == "ended":
-            return _error(404, "unknown-session", f"session {found.id!r} has ended")
-        session = found
-        body = req.get("sdpfrag")
-        if not isinstance(body, str):
-            return _error(400, "bad-request", "sdpfrag must be text")
-        try:
-            frag = parse_sdpfrag_untrusted(body)
-        except SdpError as exc:
-            return _error(exc.status, exc.code, exc.detail)
-        call = session.call
-        remote = call.ice.remote_ufrag or ""
-        if not frag.is_ice_restart(remote):
-            return {"ok": True, "sdpfrag": ""}  # trickle: a lite agent needs no candidates
-        # RFC 8445 §9 / RFC 9725 §4.4.1: new credentials both ways; media keeps flowing on
-        # the old pair until the client nominates with the new ones.
-        ufrag = self.codec.mint(cluster=self.config.cluster, transceiver=self.config.id)
-        pwd = _ice_pwd()
-        call.restart_ice(ufrag, pwd, frag.ice_ufrag, frag.ice_pwd)
-        for old in [u for u, s in self.by_ufrag.items() if s is session]:
-            del self.by_ufrag[old]
-        self.by_ufrag[ufrag] = session
-        candidates = _candidates(req.get("candidates"))
-        if isinstance(candidates, dict):
-            candidates = session.candidates
-        text = build_sdpfrag_answer(ufrag, pwd, candidates, answer=call.answer,
-                                    tcp_candidates=self.tcp_candidates.get(session.id, ()))
-        log.info("session %s ICE restart, new ufrag %s", session.id, redact(ufrag))
-        return {"ok": True, "sdpfrag": text}
-
-    def _op_delete(self, req: dict[str, Any]) -> dict[str, Any]:
-        found = self._find(req)
-        if isinstance(found, dict):
-            return found
-        reason = req.get("reason")
-        found.end(reason if isinstance(reason, str) and reason else "deleted")
-        # An already-ended session keeps its own reason: tell signaling which one it is.
-        return {"ok": True, "end_reason": found.end_reason, "ended_at": found.ended_at}
-
-    def _op_list(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Every call, either kind (its session object's ``kind`` says which)."""
-        live = [c.describe() for c in self.calls.values()]
-        return {"ok": True, "sessions": live + [s.describe() for s in self.ended]
-                + list(self.ended_phones)}
-
-    def _op_get(self, req: dict[str, Any]) -> dict[str, Any]:
-        found = self._find(req)
-        if isinstance(found, dict):
-            phone = self._op_phone_get(req)  # a phone call is a call like any
-            return phone if phone.get("ok") else found
-        return {"ok": True, "session": found.describe()}
-
-    def _op_stats(self, req: dict[str, Any]) -> dict[str, Any]:
-        by_state = dict.fromkeys(("new", "connecting", "connected"), 0)
-        phones = 0
-        for c in self.calls.values():
-            if type(c) is Session:
-                by_state[c.state] = by_state.get(c.state, 0) + 1
-            else:
-                phones += 1
-        now = trio.current_time()
-        admission = {"cookie_mode": self.admission.active(now),
-                     "handshakes": self.admission.handshakes,
-                     "switched_on": self.admission.switched_on}
-        return {"ok": True, "transceiver": self.config.id, "counters": dict(self.counters),
-                "sessions_by_state": by_state, "phones": phones,
-                "draining": self.draining,
-                "dtls_admission": admission, "load": self.load_view()}
-
-    def _op_drain(self, req: dict[str, Any]) -> dict[str, Any]:
-        self.drain()
-        return {"ok": True, "sessions": sum(type(c) is Session for c in self.calls.values()),
-                "exit_when_drained": self.config.exit_when_drained}
-
-
-    # -- phone calls (phone_session.py; docs/control-protocol.md "Phone calls") ----------
-
-    def _create_phone(self, req: dict[str, Any]) -> dict[str, Any]:
-        """``create`` with ``leg: "phone"``, a phone call's media: answering (``phone`` = PhoneParams, media at once) or
-        pending our own offer (``phone`` absent; ``call_id`` and ``agent`` given; the
-        answer comes as ``phone.answered``)."""
-        now = trio.current_time()
-        if self.draining:
-            return _error(503, "draining", "this transceiver is draining")
-        if len(self.calls) >= self.config.max_sessions:
-            return _error(503, "full", f"{self.config.max_sessions} sessions is the limit")
-        phone_req = req.get("phone")  # (its agent: what one more call of it would cost)
-        if self.overloaded(phone_req.get("agent") if isinstance(phone_req, dict)
-                           else req.get("agent")):
-            self.counters["sessions_refused_overloaded"] += 1
-            return _error(503, "overloaded",
-                          f"no headroom for another call (busy {100 * self.meter.busy:.0f} %)")
-        sid = req.get("session_id")
-        if not isinstance(sid, str) or not 0 < len(sid) <= MAX_SESSION_ID:
-            return _error(400, "bad-request", "session_id must be a 1..128 character string")
-        if sid in self.calls:
-            return _error(409, "session-exists", f"session {sid!r} already exists")
-        params: PhoneParams | None = None
-        call_id: Any
-        agent_spec: Any
-        try:
-            if req.get("phone") is not None:
-                params = PhoneParams.from_json_untrusted(req.get("phone"))
-                call_id, agent_spec, session_cfg = params.call_id, params.agent, params.session
-            else:
-                call_id, agent_spec = req.get("call_id"), req.get("agent")
-                session_cfg = check_params(req.get("session"))
-                if not isinstance(call_id, str) or not 0 < len(call_id) <= MAX_SESSION_ID:
-                    raise ValueError("call_id must be a 1..128 character string")
-                if agent_spec is not None and not isinstance(agent_spec, str):
-                    raise ValueError("agent must be a string or null")
-            # ctx.params as a WebRTC Realtime call has them (realtime_http.py), so the
-            # Realtime agent and the stages read a phone call's session config the same way
-            ctx_params = {**check_params(req.get("params")),
-                          "realtime": {"session": session_cfg, "dcid": None, "call_id": call_id}}
-            media = MediaConfig.from_params_untrusted(ctx_params)
-        except ValueError as exc:
-            return _error(400, "bad-params", str(exc))
-        media = self._recording_choice(sid, media)  # recorded like a WebRTC call
-        try:
-            agent = resolve(agent_spec or self.config.agent)
-        except AgentError as exc:
-            return _error(400, "unknown-agent", str(exc))
-        try:
-            phone = PhoneSession(
-                session_id=sid, call_id=call_id, transceiver=self.config.id, agent=agent,
-                params=params, send=self.send, now=now, on_end=self._on_end,
-                on_event=self._call_event, on_latched=self._phone_latched,
-                counters=self.counters, pacer=self.pacer,
-                opus_complexity=self.complexity.complexity, session_params=ctx_params,
-                media=media)
-        except ValueError as exc:
-            return _error(400, "bad-params", str(exc))
-        self.calls[sid] = phone
-        self._index_phone(phone)
-        self.counters["phones_created"] += 1
-        self._created_in_window += 1
-        self._churn_in_window += 1
-        assert self._nursery is not None
-        self._nursery.start_soon(phone.run)
-        self._start_recording(phone)  # (a pending call: once answered)
-        log.info("phone %s created (%s): agent %s", sid,
-                 "pending an answer" if params is None else params.codec,
-                 loggable_url(agent.name))
-        return {"ok": True, "session_id": sid, "ssrc": phone.ssrc}
-
-    def _live_phone(self, req: dict[str, Any]) -> PhoneSession | dict[str, Any]:
-        sid = req.get("session_id")
-        if not isinstance(sid, str):
-            return _error(400, "bad-request", "session_id must be a string")
-        phone = self.calls.get(sid)
-        if type(phone) is not PhoneSession:
-            return _error(404, "unknown-session", f"no phone session {sid!r} on this transceiver")
-        return phone
-
-    def _op_phone_answered(self, req: dict[str, Any]) -> dict[str, Any]:
-        return self._phone_params_op(req, answered=True)
-
-    def _op_phone_update(self, req: dict[str, Any]) -> dict[str, Any]:
-        return self._phone_params_op(req, answered=False)
-
-    def _phone_params_op(self, req: dict[str, Any], *, answered: bool) -> dict[str, Any]:
-        phone = self._live_phone(req)
-        if isinstance(phone, dict):
-            return phone
-        try:
-            params = PhoneParams.from_json_untrusted(req.get("phone"))
-            self._unindex_phone(phone)
-            if answered:
-                phone.answered(params, trio.current_time())
-            else:
-                phone.update(params, trio.current_time())
-        except ValueError as exc:
-            return _error(400, "bad-params", str(exc))
-        finally:
-            if phone.state != "ended":
-                self._index_phone(phone)
-        self._start_recording(phone)  # its first pipeline, if it is to be recorded
-        return {"ok": True, "state": phone.state}
-
-    def _op_phone_dtmf(self, req: dict[str, Any]) -> dict[str, Any]:
-        """``{"digit": "5", "duration_ms": 100}``: a SIP INFO digit for the agent; with
-        ``"send": "123"`` instead, digits we send the far end (RFC 4733)."""
-        phone = self._live_phone(req)
-        if isinstance(phone, dict):
-            return phone
-        send = req.get("send")
-        if send is not None:
-            if not isinstance(send, str) or not 0 < len(send) <= 32:
-                return _error(400, "bad-request", "send must be 1..32 DTMF digits")
-            try:
-                phone.send_dtmf(trio.current_time(), send)
-            except ValueError as exc:
-                return _error(400, "bad-request", str(exc))
-            return {"ok": True}
-        digit, ms = req.get("digit"), req.get("duration_ms", 100)
-        if not isinstance(digit, str) or digit not in DIGITS:
-            return _error(400, "bad-request", "digit must be one of 0-9 * # A-D")
-        if isinstance(ms, bool) or not isinstance(ms, int) or not 0 <= ms <= 60_000:
-            ms = 100
-        phone.dtmf_from_signaling(digit, ms)
-        return {"ok": True}
-
-    def _op_phone_end(self, req: dict[str, Any]) -> dict[str, Any]:
-        sid = req.get("session_id")
-        phone = self._phone(sid)
-        if phone is None:
-            for old in self.ended_phones:
-                if old.get("id") == sid:
-                    return {"ok": True, "end_reason": old.get("end_reason")}
-            return _error(404, "unknown-session", f"no phone session {sid!r} on this transceiver")
-        reason = req.get("reason")
-        phone.end(reason if isinstance(reason, str) and reason else "deleted")
-        return {"ok": True, "end_reason": phone.end_reason}
-
-    def _op_phone_get(self, req: dict[str, Any]) -> dict[str, Any]:
-        sid = req.get("session_id")
-        phone = self._phone(sid)
-        if phone is not None:
-            return {"ok": True, "session": phone.describe()}
-        for old in self.ended_phones:
-            if old.get("id") == sid:
-                return {"ok": True, "session": dict(old)}
-        return _error(404, "unknown-session", f"no phone session {sid!r} on this transceiver")
-
-    def _op_phone_list(self, req: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": True, "epoch": self.epoch,
-                "sessions": [p.describe() for p in self.calls.values()
-                             if type(p) is PhoneSession]}
-
-    async def _events(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Signaling's long-poll, for every call: the events after ``after`` (of this
-        ``epoch``), waiting up to ``wait`` seconds for one. A different epoch (we
-        restarted) starts from 0. An ``ended`` event carries the call's ended session
-        object (``session``) while this transceiver still keeps it (the last
-        :data:`RECENTLY_ENDED` of each kind), so signaling needs no ``get`` or ``list``."""
-        after, wait = req.get("after", 0), req.get("wait", 0)
-        if req.get("epoch") != self.epoch:
-            after = 0
-        if isinstance(after, bool) or not isinstance(after, int):
-            after = 0
-        if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
-            wait = 0
-        if after > self.event_seq:
-            after = 0
-        if self.event_seq <= after and wait > 0:
-            with trio.move_on_after(min(float(wait), CALL_EVENTS_WAIT)):
-                await self._events_wake.wait()
-        ended: dict[str, dict[str, Any]] = {old.id: old.describe() for old in self.ended}
-        ended.update((str(old.get("id")), old) for old in self.ended_phones)
-        events: list[dict[str, Any]] = []
-        size, nxt = 0, after
-        for seq, ev in self.call_events:
-            if seq <= after:
-                continue
-            out = dict(ev, seq=seq)
-            if ev["type"] == "ended" and ev["call_id"] in ended:
-                out["session"] = ended[ev["call_id"]]
-            n = len(json.dumps(out))
-            if n > CALL_EVENTS_BYTES and "session" in out:
-                del out["session"]  # too big to carry: signaling keeps what it knew
-                n = len(json.dumps(out))
-            if events and (size + n > CALL_EVENTS_BYTES or len(events) >= 512):
-                break  # the rest in the next answer (``next`` is the last one sent)
-            events.append(out)
-            size, nxt = size + n, seq
-        if not events:
-            nxt = self.event_seq
-        return {"ok": True, "epoch": self.epoch, "next": nxt, "events": events,
-                "live": sorted(self.calls)}
 
     # -- call events, phone tables -------------------------------------------------------
 
@@ -1165,10 +489,6 @@ class Transceiver:
         self.call_events.append((self.event_seq, event))
         self._events_wake.set()
         self._events_wake = trio.Event()
-
-    def _phone(self, sid: object) -> PhoneSession | None:
-        call = self.calls.get(sid) if isinstance(sid, str) else None
-        return call if type(call) is PhoneSession else None
 
     def _phone_ended(self, phone: PhoneSession) -> None:
         self.counters["phones_ended"] += 1
@@ -1226,25 +546,6 @@ class Transceiver:
         phone.via_relay(public, relay)
         return True
 
-def _candidates(value: object) -> list[tuple[str, int]] | dict[str, Any]:
-    bad = _error(400, "bad-request", "candidates must be a non-empty list of [ip, port]")
-    if not isinstance(value, list) or not value:
-        return bad
-    out: list[tuple[str, int]] = []
-    for item in value:
-        if not isinstance(item, list | tuple) or len(item) != 2:
-            return bad
-        ip, port = item
-        if not isinstance(ip, str) or not isinstance(port, int) or not 0 < port < 65536:
-            return bad
-        try:
-            ipaddress.ip_address(ip)
-        except ValueError:
-            return bad
-        out.append((ip, port))
-    return out
-
-
 def _bind(listen: Addr) -> socket.socket:
     # No SO_REUSEPORT (one transceiver per port) and the system's IPV6_V6ONLY default.
     return udp_socket(listen, buffer=SOCKET_BUFFER, v6only=None)
@@ -1270,7 +571,7 @@ async def serve_transceiver(
                 sessions.start_soon(tr.receive_loop)
                 sessions.start_soon(tr.pacer.run)
                 if config.measure_load:
-                    sessions.start_soon(tr.measure_loop)
+                    sessions.start_soon(tr.load.measure_loop)
                 if config.preload:
                     sessions.start_soon(tr.preload)
                 log.info("transceiver %d listening on %s", config.id, _fmt(udp))

@@ -4,7 +4,7 @@ the complexity controller's steps reaching the live calls' encoders, and signali
 front of a real transceiver that reports full.
 
 The load is made up: the meter's tick task is off (``measure_load``, off in process) and the tests
-call :meth:`Transceiver.handle_tick` with CPU seconds of their choosing, so nothing depends
+call :meth:`TransceiverLoad.handle_tick` with CPU seconds of their choosing, so nothing depends
 on how fast this machine is or what else runs on it."""
 
 from __future__ import annotations
@@ -102,9 +102,9 @@ def complexity_of(encoder: object) -> int:
 def load_window(tr: Any, t: float, busy: float, *, lag: float = 0.0) -> float:
     """One meter window of 0.5 s at ``busy``, from made-up times; returns its end."""
     cpu = getattr(tr, "_test_cpu", 0.0)
-    tr.handle_tick(t, cpu, 0.0)
+    tr.load.handle_tick(t, cpu, 0.0)
     tr._test_cpu = cpu + busy * 0.5
-    tr.handle_tick(t + 0.5, tr._test_cpu, lag)
+    tr.load.handle_tick(t + 0.5, tr._test_cpu, lag)
     return t + 0.5
 
 
@@ -120,7 +120,7 @@ async def test_stats_reports_load_and_a_full_transceiver_refuses_creates(
     assert stats["load"]["opus_complexity"] == 5
     # One call at 30 % (idle included: an over-estimate): 0.3 + 0.3 fits under 0.95.
     assert (await create(control, "b"))["ok"]
-    tr.meter = LoadMeter()  # a fresh window series, then a full one
+    tr.load.meter = LoadMeter()  # a fresh window series, then a full one
     load_window(tr, 200.0, 0.96)
     r = await create(control, "c")
     assert (r["ok"], r["status"], r["code"]) == (False, 503, "overloaded")
@@ -153,24 +153,24 @@ async def test_complexity_steps_reach_the_live_calls_encoders(
     session = tr.calls["a"]
     assert session.encoder is not None
     t = 0.0
-    while tr.complexity.complexity == 5 and t < 10:
+    while tr.load.complexity.complexity == 5 and t < 10:
         t = load_window(tr, t, 0.8)  # past HIGH, for a dwell
-    assert tr.complexity.complexity == 3
+    assert tr.load.complexity.complexity == 3
     assert complexity_of(session.encoder) == 3  # libopus says so
     assert tr.counters["complexity_changes"] == 1
     for _ in range(4):
         t = load_window(tr, t, 0.55)  # between the thresholds: complexity 3 stays
-    assert tr.complexity.complexity == 3
+    assert tr.load.complexity.complexity == 3
     # Degraded and above the step-up threshold: no new call (issue 32, degrade.py).
     r = await create(control, "refused")
     assert (r["ok"], r["code"]) == (False, "overloaded")
     for _ in range(2):  # under LOW (not yet for DWELL_UP): still at 3, room again
         t = load_window(tr, t, 0.3)
-    assert tr.complexity.complexity == 3
+    assert tr.load.complexity.complexity == 3
     assert (await create(control, "b"))["ok"]  # a call made now starts at 3
     await trio.testing.wait_all_tasks_blocked()
     assert complexity_of(tr.calls["b"].encoder) == 3
-    while tr.complexity.complexity != 5 and t < 60:
+    while tr.load.complexity.complexity != 5 and t < 60:
         t = load_window(tr, t, 0.2)  # load fell: back up to the default
     assert complexity_of(session.encoder) == 5
     stats = await control_request(control, {"op": "stats"})
@@ -194,7 +194,7 @@ async def test_signaling_refuses_before_create_when_a_real_transceiver_reports_f
         assert tr.counters["sessions_refused_overloaded"] == 0  # it never got the create
         ok, detail = await state.ready()
         assert not ok and detail["full"] == ["0"]
-        tr.meter = LoadMeter()
+        tr.load.meter = LoadMeter()
         load_window(tr, 200.0, 0.1)
         await state.refresh()
         rec, answer = await state.create_session(
@@ -213,7 +213,7 @@ async def test_the_tick_task_measures_a_real_process(tmp_path: Path) -> None:
         addrs: TransceiverAddresses = await nursery.start(serve_transceiver, config)
         assert addrs.transceiver is not None and addrs.control is not None
         for _ in range(600):  # up to 30 s on a loaded machine; a window is 0.5 s
-            if addrs.transceiver.meter.windows >= 2:
+            if addrs.transceiver.load.meter.windows >= 2:
                 break
             await trio.sleep(0.05)
         stats = await control_request(addrs.control, {"op": "stats"})

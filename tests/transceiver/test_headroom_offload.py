@@ -187,8 +187,8 @@ class QuietHost:
                sent_per_s: int = 0) -> dict[str, Any]:
         """One meter window with the loop using ``loop`` of a core and the workers
         ``offload`` of the other; what ``stats`` says under ``load`` after."""
-        windows = tr.meter.windows
-        while tr.meter.windows == windows:
+        windows = tr.load.meter.windows
+        while tr.load.meter.windows == windows:
             self.t += TICK
             self.loop += loop * TICK
             self.offload += offload * TICK
@@ -199,14 +199,14 @@ class QuietHost:
             stat = parse_proc_stat_untrusted(
                 "".join(f"cpu{i} {int(self.busy[i])} 0 0 {int(self.idle[i])} 0 0 0 0 0 0\n"
                         for i in (0, 1))
-                + f"procs_running {1 + (offload > 0)}\n") if tr.meter.window_due(self.t) else None
+                + f"procs_running {1 + (offload > 0)}\n") if tr.load.meter.window_due(self.t) else None
             affinity = frozenset({0, 1}) if stat else None
             lag = 0.001  # the loop is on time throughout: nothing a caller hears
             if self.old_reading:
-                tr.handle_tick(self.t, self.loop + self.offload, lag, stat, affinity)
+                tr.load.handle_tick(self.t, self.loop + self.offload, lag, stat, affinity)
             else:
-                tr.handle_tick(self.t, self.loop, lag, stat, affinity, offload=self.offload)
-        return tr.load_view()
+                tr.load.handle_tick(self.t, self.loop, lag, stat, affinity, offload=self.offload)
+        return tr.load.view()
 
 
 async def _one_assistant_call(tr: Transceiver, host: QuietHost,
@@ -251,7 +251,7 @@ async def test_one_assistant_call_neither_degrades_nor_caps_a_transceiver_with_r
         assert load["opus_complexity"] == 5 and not load["degraded"], (phase, load)
         assert load["admit_limit"] is None and view["limit"] == LIMIT, (phase, view)
         assert adm.admits(0) and adm.admits(0, "echo") and adm.admits(0, KIND), (phase, view)
-        assert not tr.overloaded()
+        assert not tr.load.overloaded()
 
     adm = await _one_assistant_call(tr, host, each)
     assert tr.counters["complexity_changes"] == 0
@@ -312,17 +312,17 @@ async def test_a_real_whisper_decode_in_a_worker_is_offload_not_the_loops_cpu(
     await _create(tr, "caller")
     tr.calls["caller"].call.state = CallState.CONNECTED
     windows: list[tuple[float, float, int, bool, float | None]] = []
-    inner = tr.handle_tick
+    inner = tr.load.handle_tick
 
     def tick(*args: Any, **kwargs: Any) -> None:  # records each completed window
-        before = tr.meter.windows
+        before = tr.load.meter.windows
         inner(*args, **kwargs)
-        if tr.meter.windows != before:
-            windows.append((tr.meter.report.cpu * tr.meter.report.window_s,
-                            tr.meter.offload_s, tr.complexity.complexity,
-                            tr.complexity.degraded, tr.load_view()["admit_limit"]))
+        if tr.load.meter.windows != before:
+            windows.append((tr.load.meter.report.cpu * tr.load.meter.report.window_s,
+                            tr.load.meter.offload_s, tr.load.complexity.complexity,
+                            tr.load.complexity.degraded, tr.load.view()["admit_limit"]))
 
-    tr.handle_tick = tick  # type: ignore[method-assign]
+    tr.load.handle_tick = tick  # type: ignore[method-assign]
     engine = WhisperStt()
     speech = np.clip(espeak(0), -32768, 32767).astype("<i2").tobytes()
     pcm = resample(speech, 48_000, STT_RATE)  # a sentence, as the assistant hears a turn
@@ -335,7 +335,7 @@ async def test_a_real_whisper_decode_in_a_worker_is_offload_not_the_loops_cpu(
         return time.process_time() - t0
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(tr.measure_loop)
+        nursery.start_soon(tr.load.measure_loop)
         with trio.fail_after(60):
             while len(windows) < 2:  # noqa: ASYNC110 (windows end in the tick task)
                 await trio.sleep(0.01)  # a poll interval

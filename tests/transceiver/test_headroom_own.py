@@ -86,10 +86,10 @@ def test_a_transceiver_with_headroom_own_admits_on_a_hogged_core() -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             tr = Transceiver(TransceiverConfig(id=0, secrets=SECRETS, headroom=mode), sock)
-            assert tr.meter.own_only is (mode == "own")
-            hogged_windows(tr.meter)
-            assert tr.overloaded() is overloaded
-            assert tr.load_view()["headroom_mode"] == mode
+            assert tr.load.meter.own_only is (mode == "own")
+            hogged_windows(tr.load.meter)
+            assert tr.load.overloaded() is overloaded
+            assert tr.load.view()["headroom_mode"] == mode
         finally:
             sock.close()
 

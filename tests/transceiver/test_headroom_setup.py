@@ -7,7 +7,7 @@ per-call cost from windows that held the calls' ICE/DTLS handshakes, ~3x their m
 (0.045 against 0.015), and under a hog it ran out of room while the controller still read
 the calls as cheap and had not stepped down.
 
-The load is made up (no tick task; :meth:`Transceiver.handle_tick` with CPU seconds, tick
+The load is made up (no tick task; :meth:`TransceiverLoad.handle_tick` with CPU seconds, tick
 lags and ``/proc/stat`` texts of the tests' choosing), so nothing depends on this machine.
 Sessions are created through the control channel and marked connected by the test: their
 ICE/DTLS is not the subject here, only what the transceiver counts of it."""
@@ -105,8 +105,8 @@ class Host:
                sent_per_s: int = 0) -> dict[str, Any]:
         """One meter window (25 ticks of 20 ms) with the transceiver using ``own`` of the
         core and ``hogs`` busy loops the rest; what ``stats`` says under ``load`` after."""
-        windows = tr.meter.windows
-        while tr.meter.windows == windows:
+        windows = tr.load.meter.windows
+        while tr.load.meter.windows == windows:
             self.t += TICK
             self.cpu += own * TICK
             used = 1.0 if hogs else own
@@ -115,9 +115,9 @@ class Host:
             tr.counters["datagrams_out"] += round(sent_per_s * TICK)
             stat = parse_proc_stat_untrusted(
                 f"cpu0 {int(self.busy_ticks)} 0 0 {int(self.idle_ticks)} 0 0 0 0 0 0\n"
-                f"procs_running {hogs + 1}\n") if tr.meter.window_due(self.t) else None
-            tr.handle_tick(self.t, self.cpu, lag, stat, frozenset({0}) if stat else None)
-        return tr.load_view()
+                f"procs_running {hogs + 1}\n") if tr.load.meter.window_due(self.t) else None
+            tr.load.handle_tick(self.t, self.cpu, lag, stat, frozenset({0}) if stat else None)
+        return tr.load.view()
 
 
 async def test_setup_windows_do_not_teach_the_call_cost(running: Transceiver) -> None:
@@ -140,7 +140,7 @@ async def test_setup_windows_do_not_teach_the_call_cost(running: Transceiver) ->
     load = host.window(tr, 0.40)
     assert load["window_unsettled"] == 1 and load["call_cpu"] == learned
     # One more call now: the learned cost, not the setup-inflated busy per call.
-    assert tr.call_cost() == pytest.approx(learned / load["available"], rel=1e-3)
+    assert tr.load.call_cost() == pytest.approx(learned / load["available"], rel=1e-3)
 
 
 async def test_signaling_takes_the_cost_the_transceiver_learned(running: Transceiver) -> None:
@@ -182,7 +182,7 @@ async def test_no_report_that_leaves_signaling_no_room_shows_the_calls_undegrade
     full_at: int | None = None
     for w in range(60):
         hogs = min(32, ramp * (w + 1))
-        ladder = tr.complexity.steps.index(tr.complexity.complexity)
+        ladder = tr.load.complexity.steps.index(tr.load.complexity.complexity)
         need = 0.01 + 6 * need_per_call * (1 - 0.05 * ladder)  # cheaper per step down
         fair = 1.0 / (hogs + 1)
         own = min(need, fair)

@@ -14,7 +14,7 @@ import pytest
 
 from appliance.agents import AgentError
 from appliance.netio.sockets import udp_socket
-from appliance.transceiver import cli, server
+from appliance.transceiver import cli, ops
 from appliance.transceiver.server import Transceiver, TransceiverConfig
 
 
@@ -27,7 +27,7 @@ async def test_a_spec_is_resolved_once_off_the_event_loop(
         monkeypatch: pytest.MonkeyPatch) -> None:
     loop_thread = threading.get_ident()
     threads: list[tuple[str, int]] = []
-    real = server.resolve
+    real = ops.resolve
 
     def spy(spec: str | None) -> Any:
         threads.append((str(spec), threading.get_ident()))
@@ -35,7 +35,7 @@ async def test_a_spec_is_resolved_once_off_the_event_loop(
             raise AgentError("unknown agent")
         return real("echo")
 
-    monkeypatch.setattr(server, "resolve", spy)
+    monkeypatch.setattr(ops, "resolve", spy)
     tr = _transceiver(preload=("assistant?x=1",))
     try:
         await tr.preload()
