@@ -79,7 +79,9 @@ class MediaRefusal:
 class PhoneMediaListener(Protocol):
     """What media tells call control (sip_calls.py implements it)."""
 
-    def media_ended(self, call_id: str, reason: str) -> None: ...
+    def media_ended(self, call_id: str, reason: str) -> bool:
+        """The media ended the call (BYE it); False when the call is not one of ours."""
+        ...
 
     def dtmf(self, call_id: str, digit: str, duration_ms: int) -> None: ...
 
