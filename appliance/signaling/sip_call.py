@@ -35,7 +35,7 @@ import trio
 from ..proto.sdp.phone import PhoneRefusal, warning_header
 from ..proto.sip import SipEndpoint, SipUsageError
 from .phone_media import MediaAnswer, MediaRefusal
-from .webhooks import CALL_ENDED, end_report, report_stats, sip_report
+from .webhooks import CALL_ENDED, end_report, sip_report
 
 if TYPE_CHECKING:
     from .state import SignalingState
@@ -287,11 +287,9 @@ class SipCallControl(Generic[C]):
         sip_call_id, from_, to = call.sip_ids()
         report = end_report(started_at=call.started_at or call.created_at,
                             ended_at=call.ended_at or self.clock(), reason=reason,
-                            stats=report_stats(session),
-                            transcript=session.get("transcript") if session else None,
-                            turns=session.get("turns") if session else None)
-        report["hung_up_by"] = call.hung_up_by
-        report["sip"] = sip_report(direction=call.direction, sip_call_id=sip_call_id,
-                                   from_=from_, to=to, cause=call.media_reason or reason,
-                                   dtmf="".join(call.dtmf))
+                            session=session, by=call.hung_up_by,
+                            sip=sip_report(direction=call.direction, sip_call_id=sip_call_id,
+                                           from_=from_, to=to,
+                                           cause=call.media_reason or reason,
+                                           dtmf="".join(call.dtmf)))
         self.state.webhooks.emit(CALL_ENDED, call.ended_data(report))
