@@ -10,9 +10,11 @@ States and moves (h11's ``_state.py`` shape: one table per role, an illegal move
                  └───────────┴────────────┴──────────────► ended   (CANCEL, 480, BYE, hangup)
 
     outbound  dialing ─► ringing ─► answering ─► active ─► ended
-                 │  └───────────────────►│
-                 ├── ringing, answering ─┴─► failed                 (3xx-6xx, timeout, refusal)
-                 └── ringing, answering ───► ended                  (hung up before the answer)
+              dialing ─► answering                     (a 2xx with no provisional before it)
+              dialing, ringing, answering ─► failed    (3xx-6xx, no answer, media refused)
+              dialing, ringing, answering ─► ended     (hung up, or the callee left, first)
+
+    failed and ended have no move out.
 
 ``dialing`` (the INVITE is not settled, no provisional yet) and ``answering`` (a 2xx came,
 our media is being started) are the outbound's; ``accepting`` (the application accepted,
