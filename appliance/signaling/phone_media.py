@@ -51,6 +51,7 @@ from ..proto.sdp.sdes import (
     choose_crypto,
     generate_crypto,
 )
+from .placement import Refused
 from .registry import SessionRecord, new_etag
 
 if TYPE_CHECKING:
@@ -79,7 +80,9 @@ class MediaRefusal:
 class PhoneMediaListener(Protocol):
     """What media tells call control (sip_calls.py implements it)."""
 
-    def media_ended(self, call_id: str, reason: str) -> None: ...
+    def media_ended(self, call_id: str, reason: str) -> bool:
+        """The media ended the call (BYE it); False when the call is not one of ours."""
+        ...
 
     def dtmf(self, call_id: str, digit: str, duration_ms: int) -> None: ...
 
@@ -337,6 +340,11 @@ class RelayAnswerMedia:
         return MediaAnswer(answer_sdp.decode("utf-8", "replace"), plan)
 
 
+def _refusal_text(resp: dict[str, Any]) -> str:
+    """A transceiver's refusal, as a MediaRefusal's text."""
+    return str(resp.get("detail") or resp.get("code") or "refused")[:120]
+
+
 class TransceiverPhoneMedia:
     """Phone media on the transceivers: the answer from :class:`RelayAnswerMedia`, the call
     placed like a WebRTC call (``Placement`` order, ``Admission``, a create in flight
@@ -431,38 +439,28 @@ class TransceiverPhoneMedia:
         if not order:
             self._count("refused-no-transceiver")
             return MediaRefusal(503, "no transceiver can take the call")
-        last = "no transceiver answered"
-        for k in order:
-            if not st.admission.admits(k, agent):
-                continue
-            ep = st.health.transceivers[k]
-            req = {"op": "create", "leg": "phone", "session_id": call_id, **body}
-            try:
-                with st.placement.in_flight(k):
-                    resp = await ep.client.request(req)
-            except ControlError as exc:
-                ep.last_error = str(exc)
-                log.warning("transceiver %s did not answer create: %s", k, exc)
-                continue
-            if not resp.get("ok"):
-                last = str(resp.get("detail") or resp.get("code") or "refused")[:120]
-                if resp.get("status") == 503:
-                    continue
-                self._count("refused-by-transceiver")
-                return MediaRefusal(488 if resp.get("status") == 400 else 503, last)
-            st.placement.placed(k)
-            st.admission.placed(k)
-            self.where[call_id] = k
-            # in the one registry: GET /v1/sessions and the dashboard list it like any call
-            st.registry.add(SessionRecord(
-                id=call_id, transceiver=k, etag=new_etag(), created_at=st.clock(),
-                created_mono=trio.current_time(), agent=agent, kind="phone"))
-            self._count("placed")
-            st.call_events.placed(k)
-            log.info("phone call %s placed on transceiver %s", call_id, k)
-            return None
-        self._count("refused-no-transceiver")
-        return MediaRefusal(503, last)
+        req = {"op": "create", "leg": "phone", "session_id": call_id, **body}
+        got = await st.placement.place(order, admits=lambda k: st.admission.admits(k, agent),
+                                       peers=st.health.transceivers, build=lambda k: req)
+        if isinstance(got, Refused):
+            self._count("refused-no-transceiver")
+            answers = [r for r in got.tried if r is not None]
+            return MediaRefusal(503, _refusal_text(answers[-1]) if answers
+                                else "no transceiver answered")
+        k, resp = got.k, got.response
+        if not resp.get("ok"):
+            self._count("refused-by-transceiver")
+            return MediaRefusal(488 if resp.get("status") == 400 else 503, _refusal_text(resp))
+        st.admission.placed(k)
+        self.where[call_id] = k
+        # in the one registry: GET /v1/sessions and the dashboard list it like any call
+        st.registry.add(SessionRecord(
+            id=call_id, transceiver=k, etag=new_etag(), created_at=st.clock(),
+            created_mono=trio.current_time(), agent=agent, kind="phone"))
+        self._count("placed")
+        st.call_events.placed(k)
+        log.info("phone call %s placed on transceiver %s", call_id, k)
+        return None
 
     async def _params_op(self, call_id: str, op: str, params: PhoneParams
                          ) -> MediaRefusal | None:

@@ -73,7 +73,7 @@ from .rules import (
 )
 from .state import SignalingState
 from .tokens import ClientClaims, TokenError
-from .webhooks import CALL_ENDED, CALL_STARTED, end_report, recording_link, report_stats
+from .webhooks import CALL_ENDED, CALL_STARTED, end_report, recording_link
 
 EK_PREFIX = "ek_"
 SCOPE_CALLS = "realtime.calls"
@@ -335,12 +335,10 @@ class Realtime:
         now = self.state.clock()
         started = rec.created_at if rec is not None else now
         ended = rec.ended_at if rec is not None and rec.ended_at is not None else now
-        stats = report_stats(view)
         hooks.emit(CALL_ENDED, {**data, "report": end_report(
             started_at=started, ended_at=ended,
-            reason=rec.end_reason or "gone" if rec is not None else "gone", stats=stats,
-            recording=recording_link(call_id, view.get("media")),
-            transcript=view.get("transcript"), turns=view.get("turns"))})
+            reason=rec.end_reason or "gone" if rec is not None else "gone", session=view,
+            recording=recording_link(call_id, view.get("media")))})
         return True
 
     def remember_call(self, call_id: str, session: dict[str, Any]) -> None:

@@ -42,7 +42,8 @@ from ..realtime.sideband import CLOSED_ENDED, CLOSED_SLOW, LIVE, POINTS, handle_
 from ..realtime.ws_session import SEND_GRACE, SocketClosed
 from .realtime_http import Realtime, RealtimeProblem
 from .rules import authorize_header
-from .sip_calls import CALL_ID_RE, CallError, SipCalls
+from .sip_call import CallError
+from .sip_calls import CALL_ID_RE, SipCalls
 
 log = logging.getLogger("appliance.realtime.sideband")
 QUEUE_LIMIT = 2048  # events waiting for this socket before it is closed as a slow reader

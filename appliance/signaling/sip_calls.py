@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import logging
 import re
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import trio
 
@@ -41,14 +40,14 @@ from ..proto.sip import (
     IncomingCall,
     ReferProgress,
     ReInvite,
-    SipEndpoint,
     SipError,
     SipUsageError,
 )
 from .phone_media import MediaRefusal, PhoneMedia, RelayAnswerMedia, TransceiverPhoneMedia
+from .sip_call import DONE, PREFIX, CallError, CallRecord, CallState, Shell, SipCallControl, move
 from .sip_config import SipSettings
-from .sip_outbound import OutboundCall, SipOutbound
-from .webhooks import CALL_ENDED, CALL_STARTED, end_report, report_stats, sip_report
+from .sip_outbound import SipOutbound
+from .webhooks import CALL_STARTED
 
 if TYPE_CHECKING:
     from .state import SignalingState
@@ -56,53 +55,36 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CALL_INCOMING = "realtime.call.incoming"
-PREFIX = "rtc_"
 CALL_ID_RE = re.compile(r"rtc_sip_[0-9a-f]{24}")
 #: never forwarded in a webhook (OpenAI: "excluding SIP authorization headers")
 _SECRET_HEADERS = frozenset({"authorization", "proxy-authorization"})
-MAX_ENDED = 256  # ended calls kept for GET
 MAX_HEADERS = 64  # sip_headers entries in one webhook
 
 
-class CallError(Exception):
-    """What an HTTP route answers (status, OpenAI error code, message)."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
-
-
-class Shell(Protocol):
-    """The part of sip_server.SipService call control uses."""
-
-    endpoint: SipEndpoint
-    host: str
-
-    def drain(self) -> None: ...
-
-
 @dataclass
-class SipCall:
-    call_id: str  # rtc_sip_…
-    sip_id: str  # the endpoint's sip_…
+class SipCall(CallRecord):
+    """An incoming call (sip_call.py's record: ringing | accepting | answered | active |
+    ended)."""
+
+    direction: ClassVar[str] = "inbound"
     incoming: IncomingCall
-    created_at: float
-    state: str = "ringing"  # ringing | accepting | answered | active | ended
     agent: str | None = None
-    started_at: float | None = None
-    ended_at: float | None = None
-    end_reason: str | None = None
-    hung_up_by: str | None = None
-    media_reason: str | None = None  # why the media ended the call, when it did
-    dtmf: list[str] = field(default_factory=list)
     refer: list[dict[str, Any]] = field(default_factory=list)
 
     def view(self) -> dict[str, Any]:
         return {"id": self.call_id, "object": "realtime.call", "transport": "sip",
-                "status": self.state, "agent": self.agent, "created_at": self.created_at,
-                "started_at": self.started_at, "ended_at": self.ended_at,
-                "end_reason": self.end_reason, "dtmf": "".join(self.dtmf[-64:]),
-                "refer": self.refer[-8:]}
+                "status": self.state.value, "agent": self.agent,
+                "created_at": self.created_at, "started_at": self.started_at,
+                "ended_at": self.ended_at, "end_reason": self.end_reason,
+                "dtmf": "".join(self.dtmf[-64:]), "refer": self.refer[-8:]}
+
+    def sip_ids(self) -> tuple[str | None, str | None, str | None]:
+        invite = self.incoming.invite
+        return invite.get("Call-ID"), invite.get("From"), invite.get("To")
+
+    def ended_data(self, report: dict[str, Any]) -> dict[str, Any]:
+        return {"call_id": self.call_id, "transport": "sip", "agent": self.agent,
+                "model": None, "report": report}
 
 
 def sip_headers(call: IncomingCall) -> list[dict[str, str]]:
@@ -113,27 +95,28 @@ def sip_headers(call: IncomingCall) -> list[dict[str, str]]:
     return out[:MAX_HEADERS]
 
 
-class SipCalls:
-    """The phone calls of this signaling process and the operations on them."""
+class SipCalls(SipCallControl[SipCall]):
+    """The phone calls of this signaling process and the operations on them (the incoming
+    ones here; the ones we place in :attr:`outbound`)."""
+
+    #: the media may end a call once our 200 OK is out
+    MEDIA_LIVE = frozenset({CallState.ANSWERED, CallState.ACTIVE})
 
     def __init__(self, state: SignalingState, settings: SipSettings,
                  media: PhoneMedia | None = None,
                  clock: Callable[[], float] | None = None) -> None:
-        self.state = state
+        super().__init__(state, clock)
         self.settings = settings
-        self.clock = clock or state.clock
         if media is None:
             cfg = state.config
             media = RelayAnswerMedia(cfg.public_addresses[0], cfg.udp_port)
         self.media = media
         media.bind(self)
-        self.calls: dict[str, SipCall] = {}
-        self.ended: OrderedDict[str, SipCall] = OrderedDict()
-        self._shell: Shell | None = None
-        self._nursery: trio.Nursery | None = None
-        self.counters: dict[str, int] = {}
         #: the calls we place (sip_outbound.py); their events and media go there
         self.outbound: SipOutbound | None = None
+
+    def _media(self) -> PhoneMedia:
+        return self.media
 
     # -- wiring (sip_server.serve_sip) ------------------------------------------------------
 
@@ -145,15 +128,6 @@ class SipCalls:
     def running(self) -> Shell | None:
         """The shell once serve_sip runs (the metrics read its counters), else None."""
         return self._shell
-
-    @property
-    def shell(self) -> Shell:
-        if self._shell is None:
-            raise CallError(503, "sip_not_running", "the SIP listener is not running")
-        return self._shell
-
-    def _count(self, name: str) -> None:
-        self.counters[name] = self.counters.get(name, 0) + 1
 
     @property
     def has_webhooks(self) -> bool:
@@ -168,8 +142,8 @@ class SipCalls:
             self._incoming(ev)
         elif isinstance(ev, CallAcked):
             call = self._by_sip(ev.call_id)
-            if call is not None and call.state == "answered":
-                call.state = "active"
+            if call is not None and call.state == CallState.ANSWERED:
+                move(call, CallState.ACTIVE)
         elif isinstance(ev, CallCancelled):
             call = self._by_sip(ev.call_id)
             if call is not None:
@@ -212,7 +186,7 @@ class SipCalls:
                 self._count("rejected-488")
                 ep.reject(now, ev.call_id, plan.status, warning=warning_header(host, plan))
                 return
-        call = SipCall(PREFIX + ev.call_id, ev.call_id, ev, self.clock())
+        call = SipCall(PREFIX + ev.call_id, ev.call_id, self.clock(), ev)
         self.calls[call.call_id] = call
         ep.ringing(now, ev.call_id)
         if self.has_webhooks:
@@ -232,13 +206,7 @@ class SipCalls:
 
     # -- operations (sip_http.py) ----------------------------------------------------------
 
-    def get(self, call_id: str) -> SipCall:
-        call = self.calls.get(call_id) or self.ended.get(call_id)
-        if call is None:
-            raise CallError(404, "call_not_found", f"no SIP call {call_id}")
-        return call
-
-    def _live(self, call_id: str, *states: str) -> SipCall:
+    def _live(self, call_id: str, *states: CallState) -> SipCall:
         call = self.get(call_id)
         if call.state not in states:
             raise CallError(409, "invalid_call_state",
@@ -246,12 +214,12 @@ class SipCalls:
         return call
 
     async def accept(self, call_id: str, session: dict[str, Any], agent: str | None) -> None:
-        call = self._live(call_id, "ringing")
-        call.state = "accepting"
+        call = self._live(call_id, CallState.RINGING)
+        move(call, CallState.ACCEPTING)
         call.agent = agent or self.settings.agent or self.state.config.realtime_agent
         got = await self.media.create(call.call_id, call.incoming.offer_sdp,
                                       call.incoming.source, call.agent, session)
-        if call.state != "accepting":  # cancelled or timed out while media was set up
+        if call.state != CallState.ACCEPTING:  # cancelled or timed out while media was set up
             await self.media.end(call.call_id)
             raise CallError(409, "invalid_call_state", f"the call {call.state} while accepting")
         ep, now = self.shell.endpoint, trio.current_time()
@@ -261,7 +229,7 @@ class SipCalls:
             self.shell.drain()
             raise CallError(400 if got.status == 488 else 503, "media_refused", got.text)
         ep.accept(now, call.sip_id, got.sdp.encode())
-        call.state = "answered"
+        move(call, CallState.ANSWERED)
         call.started_at = self.clock()
         self.shell.drain()
         self.state.webhooks.emit(CALL_STARTED, {"call_id": call.call_id, "transport": "sip",
@@ -270,13 +238,13 @@ class SipCalls:
                                                 if isinstance(session.get("model"), str) else None})
 
     def reject(self, call_id: str, status: int = 603) -> None:
-        call = self._live(call_id, "ringing")
+        call = self._live(call_id, CallState.RINGING)
         call.hung_up_by = "api"
         self.shell.endpoint.reject(trio.current_time(), call.sip_id, status)
         self.shell.drain()
 
     def refer(self, call_id: str, target_uri: str) -> None:
-        call = self._live(call_id, "active")
+        call = self._live(call_id, CallState.ACTIVE)
         try:
             self.shell.endpoint.refer(trio.current_time(), call.sip_id, target_uri)
         except SipError:
@@ -285,29 +253,27 @@ class SipCalls:
         self.shell.drain()
 
     def hangup(self, call_id: str) -> None:
-        call = self._live(call_id, "ringing", "accepting", "answered", "active")
+        call = self._live(call_id, CallState.RINGING, CallState.ACCEPTING,
+                          CallState.ANSWERED, CallState.ACTIVE)
         call.hung_up_by = "api"
-        if call.state == "accepting":
+        if call.state == CallState.ACCEPTING:
             # media is being set up: answer the INVITE with a final refusal now
             self.shell.endpoint.reject(trio.current_time(), call.sip_id, 603)
+            self.shell.drain()
         else:
-            try:
-                self.shell.endpoint.hangup(trio.current_time(), call.sip_id)
-            except SipUsageError:
-                self._ended(call, "hangup", "api")  # the core already forgot it
-        self.shell.drain()
+            self._hangup_core(call)  # the core already forgot it: ended here, by the API
 
     def sideband_transceiver(self, call_id: str) -> int:
         """The transceiver to attach ``GET /v1/realtime?call_id=`` to (signaling/sideband.py):
         the one running this SIP call's (inbound or outbound) phone session and agent.
         :class:`CallError` 404 (no such SIP call), 410 (it ended), 409 (no agent yet:
         ringing and not accepted, or no transceivers behind this signaling)."""
-        call: SipCall | OutboundCall
+        call: CallRecord
         if self.outbound is not None and self.outbound.owns(call_id):
             call = self.outbound.get(call_id)
         else:
             call = self.get(call_id)
-        if call.state in ("ended", "failed"):
+        if call.state in DONE:
             raise CallError(410, "call_ended", f"call {call_id!r} has ended "
                             f"({call.end_reason or call.state})")
         k = self.media.transceiver_of(call_id) \
@@ -319,19 +285,10 @@ class SipCalls:
 
     # -- PhoneMediaListener --------------------------------------------------------------
 
-    def media_ended(self, call_id: str, reason: str) -> None:
+    def media_ended(self, call_id: str, reason: str) -> bool:
         if self.outbound is not None and self.outbound.media_ended(call_id, reason):
-            return
-        call = self.calls.get(call_id)
-        if call is None or call.state not in ("answered", "active"):
-            return
-        call.hung_up_by = "agent" if "agent" in reason else "server"
-        call.media_reason = reason
-        try:
-            self.shell.endpoint.hangup(trio.current_time(), call.sip_id)
-        except SipUsageError:
-            return
-        self.shell.drain()
+            return True
+        return super().media_ended(call_id, reason)
 
     def dtmf(self, call_id: str, digit: str, duration_ms: int) -> None:
         call = self.calls.get(call_id)
@@ -341,28 +298,13 @@ class SipCalls:
 
     # -- internals ------------------------------------------------------------------------
 
-    async def _reinvite(self, call: SipCall, offer: bytes) -> None:
-        got = await self.media.update(call.call_id, offer)
-        if call.state != "active":
-            return
-        ep, now = self.shell.endpoint, trio.current_time()
-        try:
-            if isinstance(got, MediaRefusal):
-                ep.reject_reinvite(now, call.sip_id, 488, warning=warning_header(
-                    self.shell.host, PhoneRefusal(got.text)))
-            else:
-                ep.answer_reinvite(now, call.sip_id, got.sdp.encode())
-        except SipUsageError:
-            return
-        self.shell.drain()
-
     def _refer_progress(self, ev: ReferProgress) -> None:
         call = self._by_sip(ev.call_id)
         if call is None:
             return
         if call.refer:
             call.refer[-1].update(status=ev.status, reason=ev.reason, final=ev.final)
-        if ev.final and 200 <= ev.status < 300 and call.state == "active":
+        if ev.final and 200 <= ev.status < 300 and call.state == CallState.ACTIVE:
             # RFC 5589 §6.1: the transfer succeeded; the transferor leaves the call
             call.hung_up_by = "api"
             try:
@@ -371,43 +313,12 @@ class SipCalls:
                 pass
 
     def _ended(self, call: SipCall, reason: str, by: str) -> None:
-        if call.state == "ended":
+        if call.state == CallState.ENDED:
             return
-        started = call.state in ("answered", "active")
-        call.state = "ended"
+        started = call.state in self.MEDIA_LIVE
+        move(call, CallState.ENDED)
         call.ended_at = self.clock()
         call.end_reason = reason
         call.hung_up_by = call.hung_up_by or by
-        self.calls.pop(call.call_id, None)
-        self.ended[call.call_id] = call
-        while len(self.ended) > MAX_ENDED:
-            self.ended.popitem(last=False)
-        if not started:
-            if self._nursery is not None:
-                self._nursery.start_soon(self.media.end, call.call_id)
-            return
-        if self._nursery is not None:  # the report waits for the media's session object
-            self._nursery.start_soon(self._end_and_report, call, reason)
-        else:
-            self._report(call, reason, None)
-
-    async def _end_and_report(self, call: SipCall, reason: str) -> None:
-        self._report(call, reason, await self.media.end(call.call_id))
-
-    def _report(self, call: SipCall, reason: str, session: dict[str, Any] | None) -> None:
-        """``realtime.call.ended`` for a call that was answered: the report a WebRTC call's
-        has (``stats`` and ``transcript`` from the media's session object, when media ran
-        on a transceiver) and the SIP side (webhooks.py ``sip_report``)."""
-        invite = call.incoming.invite
-        report = end_report(started_at=call.started_at or call.created_at,
-                            ended_at=call.ended_at or self.clock(), reason=reason,
-                            stats=report_stats(session),
-                            transcript=session.get("transcript") if session else None,
-                            turns=session.get("turns") if session else None)
-        report["hung_up_by"] = call.hung_up_by
-        report["sip"] = sip_report(
-            direction="inbound", sip_call_id=invite.get("Call-ID"), from_=invite.get("From"),
-            to=invite.get("To"), cause=call.media_reason or reason, dtmf="".join(call.dtmf))
-        self.state.webhooks.emit(CALL_ENDED, {"call_id": call.call_id, "transport": "sip",
-                                              "agent": call.agent, "model": None,
-                                              "report": report})
+        # an answered call's report waits for the media's session object
+        self._retire(call, reason if started else None)

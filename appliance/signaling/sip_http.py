@@ -35,8 +35,9 @@ from .phone_media import OutboundPhoneMedia, TransceiverPhoneMedia
 from .problems import Problem
 from .realtime_http import error_body
 from .rules import authorize_header, check_agent
-from .sip_calls import CALL_ID_RE, CallError, SipCalls
-from .sip_outbound import OutboundError, SipOutbound
+from .sip_call import CallError
+from .sip_calls import CALL_ID_RE, SipCalls
+from .sip_outbound import SipOutbound
 from .state import SignalingState
 
 EXTENSION = "appliance.sip"
@@ -84,7 +85,7 @@ def register(app: QuartTrio, state: SignalingState) -> SipCalls | None:
                     calls.outbound.hangup(call_id)
                 else:
                     calls.hangup(call_id)
-            except (CallError, OutboundError) as exc:
+            except CallError as exc:
                 raise Problem(exc.status, exc.code, exc.message) from None
 
         state.hang_up_phone = hang_up
@@ -129,7 +130,7 @@ def register(app: QuartTrio, state: SignalingState) -> SipCalls | None:
                     if calls.outbound is not None and calls.outbound.owns(call_id) \
                     else calls.get(call_id).view()
                 return Response(json.dumps(view), status=200, content_type="application/json")
-        except (CallError, OutboundError) as exc:
+        except CallError as exc:
             return _error(exc.status, exc.code, exc.message)
         except Problem as p:
             return _error(p.status, p.code, p.detail)
@@ -145,28 +146,28 @@ def register(app: QuartTrio, state: SignalingState) -> SipCalls | None:
         try:
             authorize()
             if calls is None or calls.outbound is None:
-                raise OutboundError(404, "sip_off", "SIP is off (--sip HOST:PORT)")
+                raise CallError(404, "sip_off", "SIP is off (--sip HOST:PORT)")
             body = await _json_body()
             to = body.get("to")
             if not isinstance(to, str) or not 0 < len(to) <= 256:
-                raise OutboundError(400, "invalid_value", "to must be a SIP/tel URI or a number")
+                raise CallError(400, "invalid_value", "to must be a SIP/tel URI or a number")
             trunk = body.get("trunk")
             if trunk is not None and not isinstance(trunk, str):
-                raise OutboundError(400, "invalid_value", "trunk must be a trunk's name")
+                raise CallError(400, "invalid_value", "trunk must be a trunk's name")
             agent = body.get("agent", request.args.get("agent") or None)
             if agent is not None and not isinstance(agent, str):
-                raise OutboundError(400, "invalid_value", "agent must be an agent spec")
+                raise CallError(400, "invalid_value", "agent must be an agent spec")
             agent = check_agent(agent)
             session = body.get("session", {"type": "realtime"})
             if not isinstance(session, dict) or session.get("type", "realtime") != "realtime":
-                raise OutboundError(400, "unsupported_session_type",
+                raise CallError(400, "unsupported_session_type",
                                     "session must be a Realtime session config (type realtime)")
             headers = body.get("headers", {})
             if not isinstance(headers, dict) or not all(
                     isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
-                raise OutboundError(400, "invalid_headers", "headers must map names to strings")
+                raise CallError(400, "invalid_headers", "headers must map names to strings")
             call = await calls.outbound.place(to, trunk, agent, session, headers)
-        except (CallError, OutboundError) as exc:
+        except CallError as exc:
             return _error(exc.status, exc.code, exc.message)
         except Problem as p:
             return _error(p.status, p.code, p.detail)

@@ -37,7 +37,7 @@ from .call_events import CallEvents
 from .geo import IngressChoice, IngressMap
 from .health import POLL_TIMEOUT, Endpoint, ProcessHealth
 from .ice_servers import TurnAdvert
-from .placement import Placement
+from .placement import Placement, Refused
 from .problems import Problem, from_control
 from .proxied import RealClients
 from .registry import LOST, SESSION_ID, SessionRecord, SessionRegistry, new_etag
@@ -273,69 +273,58 @@ class SignalingState:
             self.admission.refused += 1
             raise Problem(503, "overloaded", "every transceiver is at capacity: retry later",
                           {"Retry-After": str(self.admission.retry_after)})
-        last: Problem | None = None
-        for k in order:
-            if not self.admission.admits(k, agent):  # filled up while an earlier try was awaited
-                continue
-            ep = self.health.transceivers[k]
-            sid = id_prefix + secrets.token_urlsafe(12)
-            req: dict[str, Any] = {
-                "op": "create",
-                "session_id": sid,
-                "offer": offer,
-                "agent": agent,
-                "candidates": candidates,
-                **({} if self.config.tcp_port is None else
-                   {"tcp_candidates": [[h, self.config.tcp_port]
-                                       for h in dict.fromkeys(h for h, _ in candidates)]}),
-            }
+        tcp = {} if self.config.tcp_port is None else {
+            "tcp_candidates": [[h, self.config.tcp_port]
+                               for h in dict.fromkeys(h for h, _ in candidates)]}
+
+        def build(k: int) -> dict[str, Any]:
+            sid = id_prefix + secrets.token_urlsafe(12)  # each attempt its own id
+            req: dict[str, Any] = {"op": "create", "session_id": sid, "offer": offer,
+                                   "agent": agent, "candidates": candidates, **tcp}
             if params is not None:
                 try:
                     req["params"] = check_params(params(sid))
                 except ValueError as exc:
                     raise Problem(400, "bad-params", str(exc)) from None
-            try:
-                with self.placement.in_flight(k):
-                    resp = await ep.client.request(req)
-            except ControlError as exc:
-                log.warning("transceiver %s did not answer create: %s", k, exc)
-                ep.last_error = str(exc)
-                last = Problem(503, "no-transceiver", "no transceiver answered", {"Retry-After": "1"})
-                continue
-            if not resp.get("ok"):
-                problem = from_control(resp)
-                if problem.status == 503:  # draining, full or overloaded: try another
-                    problem.headers.setdefault("Retry-After", str(self.admission.retry_after))
-                    last = problem
-                    continue
-                raise problem
-            answer = resp.get("answer")
-            if not isinstance(answer, str) or not answer:
-                raise Problem(502, "bad-transceiver-answer", f"transceiver {k} returned no SDP answer")
-            self.placement.placed(k)
-            self.admission.placed(k)
-            rec = SessionRecord(
-                id=sid,
-                transceiver=k,
-                etag=new_etag(),
-                created_at=self.clock(),
-                created_mono=trio.current_time(),
-                owner=owner,
-                agent=agent,
-            )
-            self.registry.add(rec)
-            self.call_events.placed(k)
-            if ingress is not None and ingress.region is not None:
-                log.info("session %s created on transceiver %s, ingress %s (by %s)",
-                         sid, k, ingress.region, ingress.reason)
-            else:
-                log.info("session %s created on transceiver %s", sid, k)
-            return rec, answer
-        if last is None:  # every admitted one filled up meanwhile
-            self.admission.refused += 1
-            last = Problem(503, "overloaded", "every transceiver is at capacity: retry later",
-                           {"Retry-After": str(self.admission.retry_after)})
-        raise last
+            return req
+
+        got = await self.placement.place(order, admits=lambda k: self.admission.admits(k, agent),
+                                         peers=self.health.transceivers, build=build)
+        if isinstance(got, Refused):
+            if not got.tried:  # every admitted one filled up meanwhile
+                self.admission.refused += 1
+                raise Problem(503, "overloaded", "every transceiver is at capacity: retry later",
+                              {"Retry-After": str(self.admission.retry_after)})
+            last = got.tried[-1]
+            if last is None:
+                raise Problem(503, "no-transceiver", "no transceiver answered", {"Retry-After": "1"})
+            problem = from_control(last)  # draining, full or overloaded
+            problem.headers.setdefault("Retry-After", str(self.admission.retry_after))
+            raise problem
+        k, resp, sid = got.k, got.response, got.request["session_id"]
+        if not resp.get("ok"):
+            raise from_control(resp)
+        answer = resp.get("answer")
+        if not isinstance(answer, str) or not answer:
+            raise Problem(502, "bad-transceiver-answer", f"transceiver {k} returned no SDP answer")
+        self.admission.placed(k)
+        rec = SessionRecord(
+            id=sid,
+            transceiver=k,
+            etag=new_etag(),
+            created_at=self.clock(),
+            created_mono=trio.current_time(),
+            owner=owner,
+            agent=agent,
+        )
+        self.registry.add(rec)
+        self.call_events.placed(k)
+        if ingress is not None and ingress.region is not None:
+            log.info("session %s created on transceiver %s, ingress %s (by %s)",
+                     sid, k, ingress.region, ingress.reason)
+        else:
+            log.info("session %s created on transceiver %s", sid, k)
+        return rec, answer
 
     def _live_endpoint(self, rec: SessionRecord) -> Endpoint:
         if rec.ended:

@@ -172,22 +172,41 @@ def hung_up_by(reason: str) -> str:
 
 
 def end_report(*, started_at: float, ended_at: float, reason: str,
-               stats: dict[str, Any], recording: dict[str, Any] | None = None,
-               transcript: Any = None, turns: Any = None) -> dict[str, Any]:
-    """``recording``: :func:`recording_link`'s, or None when the call was not recorded.
-    ``transcript``: the session object's lines (``[{"who", "text", "at"}]``, the newest
-    50, session_info.py) when its agent reported any; ``turns``: its turn waterfalls
-    (``[{"turn", "speech_start_ms", …, "first_sent_ms"}]``, the newest 50, each mark in ms
-    after that turn's end was decided: session_info.py ``turn_line``) when its agent
-    reported any; anything else becomes None."""
+               stats: dict[str, Any] | None = None, session: Any = None,
+               recording: dict[str, Any] | None = None, transcript: Any = None,
+               turns: Any = None, by: str | None = None,
+               sip: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The end-of-call ``report`` of every surface (WebRTC, WebSocket, Live, inbound and
+    outbound SIP): the one builder, so each carries the same keys in the same order.
+
+    ``session``: the media's session object (session_info.py) when the call had one — a
+    WebRTC call's registry view, a phone call's as its media ended: ``stats``
+    (:func:`report_stats`), ``transcript`` and ``turns`` come from it unless given (a
+    WebSocket session passes its own ``stats`` and ``turns``). ``recording``:
+    :func:`recording_link`'s, or None when the call was not recorded. ``transcript``: the
+    lines (``[{"who", "text", "at"}]``, the newest 50) when its agent reported any;
+    ``turns``: its turn waterfalls (``[{"turn", "speech_start_ms", …, "first_sent_ms"}]``,
+    the newest 50, each mark in ms after that turn's end was decided: session_info.py
+    ``turn_line``) when its agent reported any; anything else becomes None. ``by``: who hung
+    up, when the caller knows (a SIP call's record does); else :func:`hung_up_by` of the
+    reason. ``sip``: :func:`sip_report`'s, for a phone call (the key is there only then)."""
+    if stats is None:
+        stats = report_stats(session)
+    if isinstance(session, dict):
+        transcript = session.get("transcript") if transcript is None else transcript
+        turns = session.get("turns") if turns is None else turns
     lines = [dict(t) for t in transcript if isinstance(t, dict)] if isinstance(
         transcript, list) else []
     waterfalls = [dict(t) for t in turns if isinstance(t, dict)] if isinstance(
         turns, list) else []
-    return {"started_at": started_at, "ended_at": ended_at,
-            "duration_seconds": round(max(0.0, ended_at - started_at), 3),
-            "end_reason": reason, "hung_up_by": hung_up_by(reason), "stats": stats,
-            "recording": recording, "transcript": lines or None, "turns": waterfalls or None}
+    report = {"started_at": started_at, "ended_at": ended_at,
+              "duration_seconds": round(max(0.0, ended_at - started_at), 3),
+              "end_reason": reason, "hung_up_by": by if by is not None else hung_up_by(reason),
+              "stats": stats, "recording": recording, "transcript": lines or None,
+              "turns": waterfalls or None}
+    if sip is not None:
+        report["sip"] = sip
+    return report
 
 
 #: the session object's fields an end-of-call report's ``stats`` carries (WebRTC and phone)

@@ -39,7 +39,8 @@ from appliance.signaling.phone_media import (
     OutboundPhoneMedia,
     RelayAnswerMedia,
 )
-from appliance.signaling.sip_outbound import OutboundError, SipOutbound, failure_code
+from appliance.signaling.sip_call import CallError
+from appliance.signaling.sip_outbound import SipOutbound, failure_code
 from appliance.signaling.sip_trunks import Trunk, TrunkError, load_trunks, parse_trunks
 
 TRUNK_ADDR = ("127.0.0.1", 5099)
@@ -325,10 +326,10 @@ async def test_busy_and_answer_and_unusable_answer(nursery: trio.Nursery,
 async def test_place_checks_its_input(nursery: trio.Nursery) -> None:
     ob, _, _, _ = await outbound(nursery)
     for args, code in [(("x y", None), "invalid_to"), (("1", "nope"), "trunk_not_found")]:
-        with pytest.raises(OutboundError) as e:
+        with pytest.raises(CallError) as e:
             await ob.place(args[0], args[1], None, {})
         assert e.value.code == code
-    with pytest.raises(OutboundError) as e:
+    with pytest.raises(CallError) as e:
         await ob.place("1", None, None, {}, {"Authorization": "x"})
     assert e.value.code == "invalid_headers"
     assert failure_code(486) == "busy" and failure_code(502) == "trunk_error"

@@ -35,6 +35,7 @@ from appliance.signaling.phone_media import TransceiverPhoneMedia
 from appliance.signaling.proxied import CLIENT_IS_LOCAL
 from appliance.signaling.realtime_http import Realtime, RealtimeProblem
 from appliance.signaling.sideband import attach
+from appliance.signaling.sip_call import CallState
 from appliance.signaling.sip_calls import SipCall, SipCalls
 from appliance.signaling.sip_config import SipSettings
 
@@ -59,7 +60,7 @@ def lookup_rig(tmp_path: Path) -> tuple[Realtime, SipCalls]:
 
 def sip_call(call_id: str, state: str) -> SipCall:
     incoming: Any = SimpleNamespace(offer_sdp=b"", source=("127.0.0.1", 5060))
-    return SipCall(call_id, "sip_x", incoming, 0.0, state=state, end_reason="hangup")
+    return SipCall(call_id, "sip_x", 0.0, incoming, state=CallState(state), end_reason="hangup")
 
 
 async def refusal(rt: Realtime, calls: SipCalls | None, call_id: str,
