@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,16 +42,6 @@ from reliability.support import eventually
 #: The issue's bound on audio lost per call and event.
 LIMIT = 0.25
 N_CALLS = 3
-
-
-@pytest.fixture
-def redis_proc() -> Iterator[RedisProc]:
-    r = RedisProc()
-    r.start()
-    try:
-        yield r
-    finally:
-        r.kill9()
 
 
 class Calls:

@@ -14,10 +14,8 @@ Measured: the longest gap between two echoes across each kill, printed (docs/tur
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import trio
 from proto.turn.turn_client import Client
 from reliability.failover import RedisProc, Up
@@ -35,16 +33,6 @@ from appliance.statedir import SECRET_NAME
 
 CHANNEL = 0x4001
 KILLS = 2
-
-
-@pytest.fixture
-def redis_proc() -> Iterator[RedisProc]:
-    r = RedisProc()
-    r.start()
-    try:
-        yield r
-    finally:
-        r.kill9()
 
 
 class TurnCall:
