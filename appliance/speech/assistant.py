@@ -120,7 +120,7 @@ from .listen import (
 from .llm import BuiltinResponder, ChatCompletions, LlmError, Message, Responder, sentences
 from .marks import Arrivals, TurnMarks
 from .stt import SttEngine, make_stt
-from .tts import TtsEngine, TtsError, make_tts
+from .tts import TtsEngine, TtsError, default_tts, make_tts
 from .vad import FRAME_MS, SpeechUnavailable, TurnConfig, TurnDetector, make_vad
 
 log = logging.getLogger(__name__)
@@ -215,7 +215,7 @@ class AssistantOptions:
             key_file=q.get("key_file") or env.get("APPLIANCE_LLM_KEY_FILE") or None,
             stt=q.get("stt") or env.get("APPLIANCE_STT_URL") or _DEFAULTS.stt,
             stt_model=q.get("stt_model") or env.get("APPLIANCE_STT_MODEL") or _DEFAULTS.stt_model,
-            tts=q.get("tts") or env.get("APPLIANCE_TTS_URL") or _DEFAULTS.tts,
+            tts=q.get("tts") or env.get("APPLIANCE_TTS_URL") or default_tts(),
             tts_model=q.get("tts_model") or env.get("APPLIANCE_TTS_MODEL") or _DEFAULTS.tts_model,
             voice=q.get("voice") or env.get("APPLIANCE_TTS_VOICE") or _DEFAULTS.voice,
             vad=vad, turn=turn, silence_ms=silence, speculate=speculate == "1",
@@ -289,7 +289,7 @@ def resolve_spec(spec: str) -> Any:
             preload()
         tts_preload = getattr(engines.tts, "preload", None)
         if tts_preload is not None:
-            tts_preload()  # piper: a worker process loads and warms its voice now
+            tts_preload()  # piper: the voice model loads and runs once now
         if engines.endpoint is not None:
             engines.endpoint.preload()
     except SpeechUnavailable as exc:

