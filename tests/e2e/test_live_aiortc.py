@@ -174,18 +174,33 @@ def watch(base: str, session_id: str, got: list[dict[str, Any]]) -> dict[str, An
     exists (as on ``live.transport.connected``): it watches one turn, then ends the call."""
     client = openai.OpenAI(api_key="unused-on-loopback", base_url=base + "/v1")
 
+    def one(sb: Any) -> dict[str, Any]:
+        raw: dict[str, Any] = json.loads(sb.recv_bytes())
+        sb.parse_event(json.dumps(raw))
+        got.append(raw)
+        return raw
+
     def until(sb: Any, kind: str) -> dict[str, Any]:
-        while True:
-            raw = json.loads(sb.recv_bytes())
-            sb.parse_event(json.dumps(raw))
-            got.append(raw)
-            if raw["type"] == kind:
-                return raw
+        while (raw := one(sb))["type"] != kind:
+            pass
+        return raw
+
+    def both(sb: Any, *kinds: str) -> dict[str, dict[str, Any]]:
+        """The first event of each kind, in whatever order they come: the input transcript
+        and the reply run at once (as OpenAI's input transcription and response do), and a
+        reply that opens from memory may be out before the caller's words are."""
+        seen: dict[str, dict[str, Any]] = {}
+        while len(seen) < len(kinds):
+            raw = one(sb)
+            if raw["type"] in kinds:
+                seen.setdefault(raw["type"], raw)
+        return seen
 
     with client.live.sideband.connect(session_id=session_id, graceful_close=True) as sb:
         out: dict[str, Any] = {"replay": until(sb, "session.started")}
-        out["heard"] = until(sb, "session.input_transcript.delta")
-        out["said"] = until(sb, "session.output_transcript.delta")  # after its audio
+        turn = both(sb, "session.input_transcript.delta", "session.output_transcript.delta")
+        out["heard"] = turn["session.input_transcript.delta"]
+        out["said"] = turn["session.output_transcript.delta"]  # after its audio
         sb.session.close(event_id="bye")
         out["closed"] = until(sb, "session.closed")
         out["rest"] = [e.type for e in sb]  # the call is over: closed with 1000
