@@ -242,7 +242,9 @@ def register_live_http(app: QuartTrio, rt: Realtime) -> None:
                 calls.hangup(call_id)
         except CallError as exc:
             code = "session_not_found" if exc.code == "call_not_found" else exc.code
-            message = exc.message.replace(call_id, session_id) if call_id else exc.message
+            # a 404 names the id the caller used; a 409 may name the other surface's route
+            message = exc.message.replace(call_id, session_id) \
+                if call_id and code == "session_not_found" else exc.message
             raise RealtimeProblem(exc.status, code, message) from None
         return Response("", status=200)
 

@@ -20,6 +20,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 from sip.support import SIPP, TIMEOUT, Phone, SippRun, run_sipp, start_phone, until_incoming, unwrap
+from sip.test_sipp_calls import until_status
 
 from appliance.signaling.live_http import (
     parse_accept_untrusted,
@@ -154,6 +155,36 @@ async def test_hangup_via_live_sends_bye(nursery: trio.Nursery, tmp_path: Path) 
         assert phone.receiver is not None
         ended = await phone.receiver.wait_for(CALL_ENDED)
     assert ended["data"]["report"]["hung_up_by"] == "api"
+
+
+@pytest.mark.interop
+@pytest.mark.skipif(SIPP is None, reason="sipp missing: `make sysdeps`")
+async def test_realtime_accept_wins_then_live_refers(nursery: trio.Nursery,
+                                                     tmp_path: Path) -> None:
+    """The other way round: a Realtime accept wins, a Live accept gets the 409; the other
+    operations are not tied to a surface, so the Live refer transfers the call."""
+    phone = await start_phone(nursery, tmp_path)
+    with trio.fail_after(TIMEOUT):
+        proc = await run_sipp(nursery, phone, "refer.xml", cwd=tmp_path)
+        rt, live = await both_webhooks(phone, proc)
+        client = phone.client()
+        sid, call_id = live.data.session_id, rt.data.call_id
+        await trio.to_thread.run_sync(lambda: client.realtime.calls.accept(
+            call_id, type="realtime", model="gpt-realtime"))
+        err = await trio.to_thread.run_sync(status_of, lambda: client.live.sessions.accept(
+            sid, session=SESSION))
+        assert err.status_code == 409
+        assert err.body["code"] == "call_accepted_on_other_surface"  # type: ignore[index]
+        assert call_id in err.body["message"]  # type: ignore[index]
+        await until_status(phone, call_id, "active")  # REFER needs the ACKed dialog
+        await trio.to_thread.run_sync(lambda: client.live.sessions.refer(
+            sid, target_uri="sip:desk@example.com"))
+        code, out = await proc.result()  # REFER, 202, NOTIFY 200, our BYE
+    assert code == 0, out
+    view = await trio.to_thread.run_sync(
+        lambda: client.get(f"/realtime/calls/{call_id}", cast_to=object))
+    assert view["accepted_via"] == "realtime" and view["refer"][-1]["target_uri"] == \
+        "sip:desk@example.com"
 
 
 async def test_bad_requests_are_4xx_naming_the_problem(nursery: trio.Nursery,
