@@ -23,6 +23,24 @@ agent for a full-rights caller.
 unknown field, WebRTC negotiates the codec; ``transport.type``; ``transport.sdp``), from the
 same validator as the WebSocket's ``session.start`` (appliance/live/config.py). Any other
 method but GET (the WebSocket's) is a 405 in the same shape.
+
+**SIP call control** (issue 42 item 6; the SDK's ``client.live.sessions.accept / reject /
+refer / hangup``), on the pending phone call a trunk's INVITE made — its ``session_id`` is
+the ``live_sip_…`` id of the ``live.transport.incoming`` webhook (sip_calls.py)::
+
+    POST /v1/live/sessions/{session_id}/accept  {"session": {"type": "live", "model", …}}
+    POST /v1/live/sessions/{session_id}/reject  {"status_code": 300..699}
+    POST /v1/live/sessions/{session_id}/refer   {"target_uri": "tel:+1…"}
+    POST /v1/live/sessions/{session_id}/hangup
+    200, empty body
+
+They are :class:`~.sip_calls.SipCalls`' own accept / reject / refer / hangup — the ones
+``/v1/realtime/calls/{rtc_sip_…}/…`` run (sip_http.py) — on the same record: the first
+accept on either surface wins and the other surface's gets 409
+``call_accepted_on_other_surface``. The answering agent is ``X-Agent`` (a full-rights
+caller's pick) or ``--live-agent``, run as a phone call's agent is (the Realtime call shell
+on the phone leg, the session's ``model`` and ``instructions`` handed to it): GPT-Live's
+event core and sideband do not run on phone calls yet (docs/live.md).
 """
 
 from __future__ import annotations
@@ -39,10 +57,14 @@ from ..live.schema import AnyJson, Const, LiveError, Obj, Str, required, validat
 from .live_ws import ROUTE, admit
 from .problems import Problem
 from .realtime_http import Realtime, RealtimeProblem, error_response, openai_errors
-from .rules import check_body_headers
+from .rules import authorize_header, check_agent, check_body_headers
+from .sip_call import CallError
+from .sip_calls import LIVE, SipCalls
+from .sip_http import EXTENSION as SIP_EXTENSION
 from .webhooks import LIVE_TRANSPORT_CONNECTED
 
 JSON = "application/json"
+MAX_SIP_BODY = 64 * 1024  # a SIP call-control body (sip_http.py's bound)
 SESSION_PREFIX = "live_"
 #: The request body (``LiveCreateParams``); ``session`` is resolve_untrusted's to check.
 CREATE = Obj({"session": required(AnyJson()),
@@ -75,6 +97,72 @@ def parse_create_untrusted(raw: bytes) -> tuple[dict[str, Any], str]:
         raise RealtimeProblem(400, "invalid_value", "transport.sdp must be an SDP offer",
                               "transport.sdp")
     return session, sdp
+
+
+#: MediaSessionConfig fields a SIP accept's ``session`` does not have (the SDK's
+#: ``session_accept_params.Session``): WebRTC's data channel and idle pausing
+_NOT_ON_SIP = ("client", "idle_timeout_s", "wake_policy")
+SIP_OPS = ("accept", "reject", "refer", "hangup")
+
+
+def parse_accept_untrusted(raw: bytes) -> dict[str, Any]:
+    """The ``session`` of a SIP accept (``{"session": {"type": "live", "model", …}}``),
+    checked by the WebRTC POST's validator (no ``audio.format``: SIP negotiates it), without
+    its ``type``. Raises :class:`RealtimeProblem` (400) naming the param."""
+    body = _json_object_untrusted(raw, "'session'")
+    session = body.get("session")
+    if not isinstance(session, dict):
+        raise RealtimeProblem(400, "missing_required_parameter",
+                              "session is required: {'type': 'live', 'model': …}", "session")
+    unknown = sorted(set(body) - {"session"})
+    if unknown:
+        raise RealtimeProblem(400, "unknown_parameter", f"Unknown parameter: '{unknown[0]}'.",
+                              unknown[0])
+    if session.get("type") != "live":
+        raise RealtimeProblem(400, "invalid_value", "session.type must be 'live' (a Realtime "
+                              "session is accepted at /v1/realtime/calls/{call_id}/accept)",
+                              "session.type")
+    config = {k: v for k, v in session.items() if k != "type"}
+    for key in _NOT_ON_SIP:
+        if key in config:
+            raise RealtimeProblem(400, "unknown_parameter", f"Unknown parameter: "
+                                  f"'session.{key}' (not a SIP session's).", f"session.{key}")
+    try:
+        resolve_untrusted(config, media=True)
+    except LiveError as exc:
+        raise _problem(exc) from None
+    return config
+
+
+def _json_object_untrusted(raw: bytes, what: str) -> dict[str, Any]:
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise RealtimeProblem(400, "invalid_json", f"The body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise RealtimeProblem(400, "invalid_type", f"The body must be a JSON object with {what}.")
+    return body
+
+
+def parse_reject_untrusted(raw: bytes) -> int:
+    """``status_code`` of a SIP reject: required (the SDK's ``SessionRejectParams``),
+    300..699."""
+    status = _json_object_untrusted(raw, "'status_code'").get("status_code")
+    if isinstance(status, bool) or not isinstance(status, int) or not 300 <= status <= 699:
+        raise RealtimeProblem(400, "invalid_value", "status_code is required: a SIP status "
+                              "300..699", "status_code")
+    return status
+
+
+def parse_refer_untrusted(raw: bytes) -> str:
+    """``target_uri`` of a SIP refer: a nonblank URI (the core checks it is SIP or tel)."""
+    target = _json_object_untrusted(raw, "'target_uri'").get("target_uri")
+    if not isinstance(target, str) or not target.strip() or len(target) > 1024:
+        raise RealtimeProblem(400, "invalid_value", "target_uri must be a nonblank SIP or tel "
+                              "URI", "target_uri")
+    return target
 
 
 def register_live_http(app: QuartTrio, rt: Realtime) -> None:
@@ -118,3 +206,51 @@ def register_live_http(app: QuartTrio, rt: Realtime) -> None:
                                               headers={"Allow": "POST, GET (WebSocket)"}))
 
     app.add_url_rule(ROUTE, "live_405", not_allowed, methods=["PUT", "PATCH", "DELETE"])
+
+    # -- SIP call control on a pending phone call (issue 42 item 6) ---------------------------
+
+    async def sip_op(session_id: str, op: str) -> Response:
+        authorize_header(state, request.headers.get("Authorization", ""), sessions=False)
+        raw = await request.get_data()
+        assert isinstance(raw, bytes)
+        if len(raw) > MAX_SIP_BODY:
+            raise RealtimeProblem(413, "body_too_large", "the body is larger than 64 kB")
+        calls = app.extensions.get(SIP_EXTENSION)
+        if not isinstance(calls, SipCalls):
+            raise RealtimeProblem(404, "session_not_found",
+                                  f"no SIP Live session {session_id[:64]!r} (SIP is off)")
+        call_id = ""
+        try:
+            call_id = calls.from_live(session_id)
+            if op == "accept":
+                config = parse_accept_untrusted(raw)
+                try:
+                    agent = check_agent(request.headers.get("X-Agent") or None)
+                except Problem as p:
+                    raise RealtimeProblem(p.status, p.code, p.detail, "agent") from None
+                # what a phone call's agent reads: the Realtime shape of the same fields
+                session = {"type": "realtime", "model": config["model"]}
+                if config.get("instructions"):
+                    session["instructions"] = config["instructions"]
+                await calls.accept(call_id, session, agent or state.config.live_agent,
+                                   surface=LIVE)
+            elif op == "reject":
+                calls.reject(call_id, parse_reject_untrusted(raw))
+            elif op == "refer":
+                calls.refer(call_id, parse_refer_untrusted(raw))
+            else:
+                calls.hangup(call_id)
+        except CallError as exc:
+            code = "session_not_found" if exc.code == "call_not_found" else exc.code
+            # a 404 names the id the caller used; a 409 may name the other surface's route
+            message = exc.message.replace(call_id, session_id) \
+                if call_id and code == "session_not_found" else exc.message
+            raise RealtimeProblem(exc.status, code, message) from None
+        return Response("", status=200)
+
+    for op in SIP_OPS:
+        async def sip_route(session_id: str, op: str = op) -> Response:
+            return await sip_op(session_id, op)
+
+        app.add_url_rule(f"{ROUTE}/<session_id>/{op}", f"live_sip_{op}",
+                         errors(sip_route), methods=["POST"])

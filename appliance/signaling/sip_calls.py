@@ -1,12 +1,16 @@
 """Call control for phone calls, shaped like OpenAI's Realtime SIP: a trunk's INVITE rings,
 ``realtime.call.incoming`` is POSTed to the webhook endpoints, and the application answers
-over HTTP (sip_http.py) with accept / reject, later refer / hangup.
+over HTTP (sip_http.py) with accept / reject, later refer / hangup. GPT-Live's surface is
+the same pending call under a second id: ``live.transport.incoming`` beside
+``realtime.call.incoming``, and ``POST /v1/live/sessions/{id}/accept|reject|refer|hangup``
+(live_http.py) on the same :class:`SipCall`; the first accept on either surface wins.
 
 ::
 
     trunk INVITE ─► SipEndpoint: 100 Trying ─► IncomingCall ─► SipCalls.on_event
                       offer unreadable: 400; unservable: 488 + Warning (no webhook)
                       180 Ringing; webhook realtime.call.incoming {call_id, sip_headers}
+                        and live.transport.incoming {session_id, type: "sip", sip_headers}
                       (no --webhook-url: --sip-agent answers at once; neither: 480)
     POST …/{call_id}/accept  ─► PhoneMedia.create ─► 200 OK + SDP ─► ACK ─► "active"
     POST …/{call_id}/reject  ─► 603 (or status_code)
@@ -15,7 +19,9 @@ over HTTP (sip_http.py) with accept / reject, later refer / hangup.
     nobody answers within answer_timeout ─► 480 (the core's ring timer)
 
 Call ids are ``rtc_`` + the SIP core's own id (``rtc_sip_<24 hex>``): never derived from
-the trunk's Call-ID. The endpoint is driven only from the trio thread; every operation here
+the trunk's Call-ID. The call's Live id is ``live_`` + the same core id (``live_sip_<24
+hex>``, :func:`live_id` / :meth:`SipCalls.from_live`): one record, two names, no second
+table to keep in step. The endpoint is driven only from the trio thread; every operation here
 is followed by the shell's ``drain()`` (house rule: poll_output after every mutation).
 """
 
@@ -31,7 +37,7 @@ import trio
 
 from ..proto.errors import ProtocolError
 from ..proto.sdp.parse import parse_offer_untrusted
-from ..proto.sdp.phone import PhoneRefusal, choose_phone_audio, warning_header
+from ..proto.sdp.phone import PhonePlan, PhoneRefusal, choose_phone_audio, warning_header
 from ..proto.sip import (
     CallAcked,
     CallCancelled,
@@ -56,6 +62,18 @@ log = logging.getLogger(__name__)
 
 CALL_INCOMING = "realtime.call.incoming"
 CALL_ID_RE = re.compile(r"rtc_sip_[0-9a-f]{24}")
+#: GPT-Live's (the SDK's ``LiveTransportIncomingWebhookEvent``): ``data`` is
+#: ``{session_id: "live_…", type: "sip", sip_headers, sip_media_security}``. The deprecated
+#: ``live.call.incoming`` (the same without ``type``) is for "existing subscriptions" only,
+#: and webhook endpoints here have no subscriptions (every endpoint gets every event):
+#: it is never sent.
+LIVE_INCOMING = "live.transport.incoming"
+LIVE_PREFIX = "live_"
+LIVE_ID_RE = re.compile(r"live_sip_[0-9a-f]{24}")
+#: the surfaces an incoming call can be accepted on (the first accept picks one)
+REALTIME, LIVE = "realtime", "live"
+_SURFACE_ROUTE = {REALTIME: "POST /v1/realtime/calls/{id}/accept",
+                  LIVE: "POST /v1/live/sessions/{id}/accept"}
 #: never forwarded in a webhook (OpenAI: "excluding SIP authorization headers")
 _SECRET_HEADERS = frozenset({"authorization", "proxy-authorization"})
 MAX_HEADERS = 64  # sip_headers entries in one webhook
@@ -70,9 +88,17 @@ class SipCall(CallRecord):
     incoming: IncomingCall
     agent: str | None = None
     refer: list[dict[str, Any]] = field(default_factory=list)
+    #: the surface whose accept won (``realtime`` | ``live``), None until one accepts
+    surface: str | None = None
+
+    @property
+    def live_id(self) -> str:
+        """The call's GPT-Live ``session_id`` (``live_sip_…``)."""
+        return LIVE_PREFIX + self.sip_id
 
     def view(self) -> dict[str, Any]:
         return {"id": self.call_id, "object": "realtime.call", "transport": "sip",
+                "live_session_id": self.live_id, "accepted_via": self.surface,
                 "status": self.state.value, "agent": self.agent,
                 "created_at": self.created_at, "started_at": self.started_at,
                 "ended_at": self.ended_at, "end_reason": self.end_reason,
@@ -93,6 +119,15 @@ def sip_headers(call: IncomingCall) -> list[dict[str, str]]:
     out = [{"name": k, "value": v} for k, v in call.sip_headers
            if k.lower() not in _SECRET_HEADERS]
     return out[:MAX_HEADERS]
+
+
+def media_security(plan: PhonePlan | PhoneRefusal | None) -> str | None:
+    """``sip_media_security`` of the Live webhook: ``srtp`` when the offer we will answer
+    is RTP/SAVP (SDES), ``rtp`` for plain RTP, None when there was no offer to judge (an
+    INVITE without SDP: the medium is settled by our offer later)."""
+    if not isinstance(plan, PhonePlan):
+        return None
+    return "srtp" if plan.secure else "rtp"
 
 
 class SipCalls(SipCallControl[SipCall]):
@@ -175,6 +210,7 @@ class SipCalls(SipCallControl[SipCall]):
     def _incoming(self, ev: IncomingCall) -> None:
         ep, now = self.shell.endpoint, trio.current_time()
         host = self.shell.host
+        plan: PhonePlan | PhoneRefusal | None = None
         if ev.offer_sdp.strip():
             try:
                 plan = choose_phone_audio(parse_offer_untrusted(ev.offer_sdp))
@@ -190,8 +226,16 @@ class SipCalls(SipCallControl[SipCall]):
         self.calls[call.call_id] = call
         ep.ringing(now, ev.call_id)
         if self.has_webhooks:
+            # both surfaces hear of the call; the first accept on either wins
+            headers = sip_headers(ev)
             self.state.webhooks.emit(CALL_INCOMING, {"call_id": call.call_id,
-                                                     "sip_headers": sip_headers(ev)})
+                                                     "sip_headers": headers})
+            live: dict[str, Any] = {"session_id": call.live_id, "type": "sip",
+                                    "sip_headers": headers}
+            security = media_security(plan)
+            if security is not None:
+                live["sip_media_security"] = security
+            self.state.webhooks.emit(LIVE_INCOMING, live)
         elif self.settings.agent is not None and self._nursery is not None:
             self._nursery.start_soon(self._auto_accept, call.call_id, self.settings.agent)
         else:
@@ -213,8 +257,26 @@ class SipCalls(SipCallControl[SipCall]):
                             f"the call is {call.state}; this needs {' or '.join(states)}")
         return call
 
-    async def accept(self, call_id: str, session: dict[str, Any], agent: str | None) -> None:
+    def from_live(self, session_id: str) -> str:
+        """The call id (``rtc_sip_…``) of a Live ``session_id`` (``live_sip_…``);
+        :class:`CallError` 404 for any other id."""
+        if not LIVE_ID_RE.fullmatch(session_id):
+            raise CallError(404, "session_not_found", f"no SIP Live session {session_id[:64]!r}")
+        return PREFIX + session_id[len(LIVE_PREFIX):]
+
+    async def accept(self, call_id: str, session: dict[str, Any], agent: str | None, *,
+                     surface: str = REALTIME) -> None:
+        """Answer a ringing call. ``surface``: the API the accept came through; the first
+        accept wins, another surface's gets 409 ``call_accepted_on_other_surface``."""
+        call = self.get(call_id)
+        if call.surface is not None and call.surface != surface:
+            route = _SURFACE_ROUTE[call.surface].format(
+                id=call.live_id if call.surface == LIVE else call.call_id)
+            raise CallError(409, "call_accepted_on_other_surface",
+                            f"the call was already accepted through the {call.surface} API "
+                            f"({route}); the first accept on either surface wins")
         call = self._live(call_id, CallState.RINGING)
+        call.surface = surface
         move(call, CallState.ACCEPTING)
         call.agent = agent or self.settings.agent or self.state.config.realtime_agent
         got = await self.media.create(call.call_id, call.incoming.offer_sdp,

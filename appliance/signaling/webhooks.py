@@ -21,7 +21,12 @@ here are the appliance's, named in the same family):
   ``sip`` (:func:`sip_report`: Call-ID, From, To, hangup cause);
 * ``live.transport.connected`` (GPT-Live's, the SDK's shape) — ``data``: ``session_id``,
   ``type`` (``webrtc``), once per WebRTC Live session, beside its ``realtime.call.started``
-  (live_http.py).
+  (live_http.py);
+* ``realtime.call.incoming`` and GPT-Live's ``live.transport.incoming`` — both for one
+  trunk INVITE, ``data`` ``{call_id, sip_headers}`` and ``{session_id, type: "sip",
+  sip_headers, sip_media_security}`` (sip_calls.py). Endpoints have no subscriptions (each
+  gets every event), so the deprecated ``live.call.incoming`` — OpenAI's for existing
+  subscriptions only — is not sent.
 
 Delivery (:class:`WebhookQueue`, sans-IO; :func:`deliver_forever`, the trio task): a bounded
 queue — a full queue drops the new event and counts it, it never blocks signaling — one
