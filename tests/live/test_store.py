@@ -3,7 +3,8 @@ SDK against the signaling server on loopback: a ``store: true`` WebSocket sessio
 ``client.live.sessions.download_recording`` is a 24 kHz stereo WAV whose left channel holds
 the input's energy where the caller spoke and whose right channel holds the answer's; a
 ``client.live.forks.connect`` fork starts with the stored conversation as its agent's
-context (tests/live/recall_agent.py keeps every request); an unknown or unstored id is a
+context (tests/live/recall_agent.py keeps every request; with the default assistant, the
+fork's first request to a local OpenAI-compatible LLM stand-in holds it); an unknown or unstored id is a
 404 naming it on the content, WebRTC fork and WebSocket fork routes."""
 
 from __future__ import annotations
@@ -179,3 +180,57 @@ def test_content_is_the_recording_at_24_khz(tmp_path: Path) -> None:
     assert exc.value.in_progress
     with pytest.raises(store.NotStored):
         store.content(tmp_path, "../etc")
+
+
+def talk_and_fork(url: str, say: str) -> str:
+    """A stored session with one answered turn, closed; returns its id."""
+    with client(url).live.connect() as conn:
+        rec = Recorder(conn)
+        conn.session.start(session={"model": "gpt-live-1", "store": True})
+        assert rec.next().type == "session.started"
+        turn(conn, 24_000)
+        rec.until(lambda e: e.type == "session.output_transcript.delta" and say in e.delta)
+        conn.session.close()
+        closed = first_of(rec, "session.closed")
+        assert list(conn) == []
+    sid: str = closed.session.id
+    with client(url).live.forks.connect(session_id=sid) as fork:
+        rec = Recorder(fork)
+        fork.session.start(session={})
+        assert rec.next().type == "session.started"
+        turn(fork, 24_000)
+        first_of(rec, "session.output_transcript.delta")
+        fork.session.close()
+        first_of(rec, "session.closed")
+    return sid
+
+
+def turn(conn: Any, rate: int) -> None:
+    pcm = bytes(rate // 5 * 2) + tone24(1.0) + bytes(rate * 3 // 2 * 2)
+    for i in range(0, len(pcm), FRAME):
+        conn.session.input_audio.append(audio=base64.b64encode(pcm[i : i + FRAME]).decode())
+
+
+async def test_a_forks_first_llm_request_holds_the_stored_history(
+        nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default assistant behind Live, its LLM and STT the local OpenAI-compatible
+    stand-in (tests/speech/fake_openai.py): the fork's first chat request carries what
+    the stored session's user said and what its assistant answered."""
+    from speech.fake_openai import KEY, fake_openai
+
+    async with fake_openai() as api:
+        monkeypatch.setenv("APPLIANCE_LLM_KEY", KEY)
+        monkeypatch.setenv("APPLIANCE_STT_URL", api.base_url)
+        monkeypatch.setenv("APPLIANCE_SPEECH_KEY", KEY)
+        api.transcripts.extend(["My locker is number 42."] * 2 + ["Which locker?"] * 2)
+        api.replies.extend(["Noted, locker 42.", "Number 42."])
+        spec = f"assistant?llm={api.base_url}&model=m1&stt={api.base_url}"
+        url, _ = await start_server(nursery, recordings_dir=tmp_path, live_agent=spec)
+        with trio.fail_after(TIMEOUT):
+            await trio.to_thread.run_sync(talk_and_fork, url, "locker 42")
+        stored, forked = api.chat_requests[0], api.chat_requests[-1]
+    assert len(api.chat_requests) == 2
+    assert "Noted, locker 42." not in json.dumps(stored["messages"])
+    said = json.dumps(forked["messages"])
+    assert "My locker is number 42." in said and "Noted, locker 42." in said
+    assert forked["messages"][-1]["role"] == "user"
