@@ -21,6 +21,11 @@ What only a Live call adds, here:
   every drain; a sideband's command runs through :meth:`LiveConnection.handle_sideband`
   (its ``session.close`` hangs the call up, as the channel's does).
 
+* a **stored** session (``store: true``): the transceiver records the call as any
+  (signaling asked for ``media.record``); at the end the shell keeps the conversation
+  beside the recording (store.py), in the directory signaling named
+  (``ctx.params["live"]["store_dir"]``).
+
 The agent spec is ``live[:SPEC]`` (plugin.py): SPEC is ``--live-agent``'s language.
 """
 
@@ -29,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -39,6 +45,7 @@ from ..realtime.interface import RealtimeAgent
 from ..realtime.sideband import LIVE, SidebandPoint, register, unregister
 from ..realtime.socket_protocol import EndSession
 from ..realtime.turns import can_judge, can_speculate
+from . import store
 from .connection import LiveConnection, Started, State
 
 log = logging.getLogger("appliance.live")
@@ -46,10 +53,20 @@ CLOSE_GRACE = 2.0  # seconds the last events get to reach the peer before the ha
 PARAMS_KEY = "live"
 
 
+def _live_params(ctx: AgentContext) -> dict[str, Any]:
+    params = ctx.params.get(PARAMS_KEY) if isinstance(ctx.params, dict) else None
+    return params if isinstance(params, dict) else {}
+
+
 def session_config(ctx: AgentContext) -> Any:
     """The ``session`` of the POST, as signaling passed it (``ctx.params["live"]``)."""
-    params = ctx.params.get(PARAMS_KEY) if isinstance(ctx.params, dict) else None
-    return params.get("session") if isinstance(params, dict) else None
+    return _live_params(ctx).get("session")
+
+
+def store_dir(ctx: AgentContext) -> Path | None:
+    """Where a stored session's conversation goes (signaling's recordings directory)."""
+    directory = _live_params(ctx).get("store_dir")
+    return Path(directory) if isinstance(directory, str) and directory else None
 
 
 class LiveCallShell(RealtimeShell):
@@ -73,11 +90,23 @@ class LiveCallShell(RealtimeShell):
         try:
             await super().run()
         finally:
+            await self._keep()
             if self.live.state is not State.CLOSED:
                 self.live.lost()  # the caller left: the session ends with the call
                 self._observe(None)  # the sidebands' session.closed (connection_lost)
             unregister(self.live_sideband)
             self.live_sideband.close()
+
+    async def _keep(self) -> None:
+        directory = store_dir(self.ctx)
+        if directory is None or not self.live.config.get("store"):
+            return
+        with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_GRACE):
+            try:
+                await trio.to_thread.run_sync(store.save, directory, self.live.stored())
+            except OSError as exc:
+                log.warning("live call %s: conversation not stored: %s",
+                            self.ctx.session_id, exc)
 
     def _drain(self, origin: str | None = None) -> None:
         super()._drain(origin)

@@ -5,8 +5,12 @@ updates, the resolved ``SessionResource`` and the Realtime session it runs as.
 ``error`` naming its ``param`` (the real service does the same; Realtime's config kept
 unknown fields). Beyond the shape, what the appliance cannot serve is refused at
 ``session.start`` with ``unsupported_value`` and the field: ``responses`` and ``decisions``
-delegation, and ``triggers`` (Decisions). ``store: true`` is accepted — the flag is echoed —
-but nothing is stored yet, and the session says so in an ``info`` event.
+delegation, and ``triggers`` (Decisions). ``store: true`` keeps the session (store.py).
+
+**Forks** (:func:`fork_untrusted`): a fork's ``session.start`` (or the ``session`` of a
+WebRTC ``POST …/{id}/fork``) is a ``ForkSessionConfig`` of overrides — ``audio.format``
+(WebSocket), ``client`` (WebRTC), ``store`` — applied to the stored session's config, whose
+conversation becomes the fork's ``input`` (:func:`history`); the model cannot change.
 
 **Immutable after start** (``session.update`` → ``immutable_field_update``): model,
 instructions, audio (format and voice), input, client, store and safety_identifier.
@@ -146,6 +150,16 @@ MEDIA_SESSION_CONFIG = Obj({
 })
 #: What a WebRTC session's resource does not show (``SessionResource`` has no such fields).
 MEDIA_ONLY = ("idle_timeout_s", "wake_policy")
+#: ``ForkSessionConfig`` (a WebSocket fork's ``session.start``) and
+#: ``MediaSessionForkConfig`` (a WebRTC fork's ``session``): the overrides a fork may give.
+#: ``delegation`` overrides only a Responses backend (not served): refused after the check.
+FORK_CONFIG = Obj({
+    "audio": optional(Obj({"format": optional(AUDIO_FORMAT)})),
+    "client": optional(CLIENT),
+    "delegation": optional(AnyJson()),
+    "store": optional(Bool()),
+})
+MEDIA_FORK_CONFIG = Obj({k: v for k, v in FORK_CONFIG.fields.items() if k != "audio"})
 SESSION_UPDATE = Obj({
     "delegation": optional(UPDATE_DELEGATION, nullable=True),
     "triggers": optional(Arr(AnyJson(), max_items=2)),
@@ -210,6 +224,63 @@ def resolve_untrusted(value: Any, *, media: bool = False) -> dict[str, Any]:
         if cfg.get(key) is None:
             cfg.pop(key, None)
     return cfg
+
+
+def history(items: Any) -> list[dict[str, Any]]:
+    """The conversation a stored session keeps (its Realtime items: what was said, as text)
+    as ``session.input`` items for a fork: user and assistant messages with their text or
+    transcript, system items as ``developer``; the newest that fit the ``input`` limits."""
+    out: list[dict[str, Any]] = []
+    for item in items if isinstance(items, list | tuple) else ():
+        if not isinstance(item, dict) or item.get("type") != "message":
+            continue  # tool calls and their outputs: the text around them says the result
+        role = item.get("role")
+        role = "developer" if role == "system" else role
+        if role not in ("developer", "user", "assistant"):
+            continue
+        text = " ".join(
+            t for part in item.get("content") or () if isinstance(part, dict)
+            for t in (part.get("text"), part.get("transcript")) if isinstance(t, str) and t)
+        if not text.strip():
+            continue  # unheard audio, a cancelled answer
+        part = "output_text" if role == "assistant" else "input_text"
+        out.append({"role": role, "content": [{"type": part, "text": text}]})
+    out = out[-MAX_INPUT_ITEMS:]
+    while out and sum(tokens(i["content"][0]["text"]) for i in out) > MAX_INPUT_TOKENS:
+        out.pop(0)
+    return out
+
+
+def fork_untrusted(stored: dict[str, Any], overrides: Any, *,
+                   media: bool = False) -> dict[str, Any]:
+    """The config a fork starts with, as a client would have given it: ``stored`` (a
+    stored session: its ``session`` config and its ``conversation``), the conversation as
+    ``input``, then the checked ``overrides``. Raises :class:`LiveError` naming the
+    param."""
+    patch = validate_untrusted(MEDIA_FORK_CONFIG if media else FORK_CONFIG, overrides,
+                               "session")
+    if "delegation" in patch:
+        raise _unsupported("A fork's delegation override configures a Responses backend: "
+                           "only client delegation is served.", "session.delegation")
+    if "client" in patch and not media:
+        raise LiveError("Invalid 'session.client': client overrides are only supported for "
+                        "WebRTC forks.", code="unknown_parameter", param="session.client")
+    given = {k: v for k, v in stored["session"].items()
+             if k not in (MEDIA_ONLY if not media else ())}
+    given["input"] = stored["conversation"]
+    audio = dict(given.get("audio") or {})
+    if media:
+        audio.pop("format", None)
+    elif "format" in (patch.get("audio") or {}):
+        audio["format"] = patch["audio"]["format"]
+    given["audio"] = audio
+    if "client" in patch:
+        given["client"] = patch["client"]
+    elif not media:
+        given.pop("client", None)
+    if "store" in patch:
+        given["store"] = patch["store"]
+    return given
 
 
 def apply_update_untrusted(current: dict[str, Any], value: Any) -> dict[str, Any]:

@@ -75,6 +75,14 @@ answer's audio as ``session.output_audio.delta`` in PCM16 24 kHz with its timeli
 ``allowed_client_events``; ``session.start`` and ``session.input_audio.append`` are not
 sideband commands, and an error it causes goes to the sidebands' stream only.
 
+**Stored sessions** (``store: true``; store.py keeps them): :meth:`stored` is what a fork
+needs — the config as given and the conversation as text (config.py :func:`history`); the
+shell's ``tap(direction, timeline_s, pcm48k)`` hears the caller's audio (before muting) and
+the answer's, each at its place on the timeline, for the WebSocket's recording (a WebRTC
+call is recorded by its transceiver's recorder tap). A **fork** (``fork=`` a stored
+session) takes a ``ForkSessionConfig`` at ``session.start``: config.py
+:func:`fork_untrusted` makes the config it starts with.
+
 States are a table (rule 19): a command before ``session.start``, a second
 ``session.start`` or anything after ``session.closed`` is an ``error`` event naming it.
 """
@@ -106,6 +114,8 @@ from .config import (
     DELEGATE_TOOL,
     MAX_SESSION_SECONDS,
     apply_update_untrusted,
+    fork_untrusted,
+    history,
     offers_delegation,
     realtime_items,
     realtime_session,
@@ -220,7 +230,8 @@ class LiveConnection:
                  max_seconds: int = MAX_SESSION_SECONDS, usage_every_ms: int = USAGE_EVERY_MS,
                  transcription_model: str = "whisper-1", judge: bool = False,
                  speculate: bool = False, media: bool = False,
-                 queued_seconds: Callable[[], float] = lambda: 0.0) -> None:
+                 queued_seconds: Callable[[], float] = lambda: 0.0,
+                 fork: dict[str, Any] | None = None) -> None:
         """``judge`` / ``speculate``: the shell answers the turn engine's pause work
         (appliance/realtime/turns.py), as the Realtime WebSocket's does. ``media``: a
         WebRTC call (``vad`` unused: the frames carry their flag; ``queued_seconds`` is the
@@ -244,6 +255,10 @@ class LiveConnection:
             pass  # session.created is the Realtime client's, not ours
         self.state = State.NEW
         self.config: dict[str, Any] = {}
+        self.fork = fork  # the stored session this one forks (its session.start: overrides)
+        self.given: dict[str, Any] = {}  # the config as the client gave it (for a fork)
+        #: the recording's ear: (``"in"`` | ``"out"``, timeline seconds, 48 kHz PCM16)
+        self.tap: Callable[[str, float, bytes], None] | None = None
         self.expires_at = 0
         self.muted = False
         self._events: deque[dict[str, Any]] = deque()
@@ -411,7 +426,10 @@ class LiveConnection:
         self.state = State.ACTIVE
 
     def _start(self, data: dict[str, Any], cid: str | None) -> None:
+        if self.fork is not None and not self.media:  # WebRTC: signaling merged it
+            data = {"session": fork_untrusted(self.fork, data["session"])}
         cfg = resolve_untrusted(data["session"], media=self.media)
+        self.given = dict(data["session"])
         self._delegating = offers_delegation(data["session"])
         if not self.media:
             fmt = cfg["audio"]["format"]
@@ -431,11 +449,6 @@ class LiveConnection:
         if self.media and wake is not None:
             self.gate = WakeGate(vad_threshold=wake.get("vad_threshold", 0.5),
                                  idle_timeout_s=cfg.get("idle_timeout_s"), now=self._t())
-        if cfg["store"]:
-            self._emit(events.info(self._ids("event"), "store_unavailable",
-                                   f"store: true is accepted but this appliance does not "
-                                   f"store sessions yet: no recording or fork of {self.id} "
-                                   "will exist (docs/live.md)."))
         self._actions.append(Started(self.id, cfg["model"], float(self._max_seconds)))
 
     def _permissions(self, channel: dict[str, Any]) -> None:
@@ -478,6 +491,8 @@ class LiveConnection:
             self._odd = raw[whole:]
             raw = raw[:whole]
         pcm = self._decode(raw)
+        if self.tap is not None and pcm:
+            self.tap("in", (self.input_ms + len(self._partial) / BYTES_PER_MS) / 1000, pcm)
         if self.observed():  # reflected before muting, in the sideband's format
             self._out(events.input_audio_reflected(base64.b64encode(
                 raw if self._unit == 4 else pcm48k_to_24k(pcm)).decode("ascii")),
@@ -668,6 +683,8 @@ class LiveConnection:
         PCM16 24 kHz with its span."""
         start = self.output_ms
         self.output_ms += len(pcm) / BYTES_PER_MS
+        if self.tap is not None:
+            self.tap("out", start / 1000, pcm)
         if self.observed():
             self._out(events.output_audio_delta(
                 base64.b64encode(pcm48k_to_24k(pcm)).decode("ascii"),
@@ -812,6 +829,12 @@ class LiveConnection:
             self._inner({"type": "response.create", "response": {"input": [], SAY: text}})
 
     # -- views -------------------------------------------------------------------------------
+
+    def stored(self) -> dict[str, Any]:
+        """What a stored session keeps for its forks: the config as given (its ``input``
+        is in the conversation) and the conversation so far, as ``session.input`` items."""
+        return {"id": self.id, "session": {k: v for k, v in self.given.items() if k != "input"},
+                "conversation": history(self.machine.conversation.public())}
 
     def resource(self) -> dict[str, Any]:
         return resource(self.config, session_id=self.id, expires_at=self.expires_at)

@@ -39,7 +39,7 @@ SERVER_EVENTS: dict[str, tuple[Support, str]] = {
                               "usage.seconds; no context_window"),
     "error": (Support.SUPPORTED, "OpenAI's codes; error.client_event_id and "
               "client_event_id name the command"),
-    "info": (Support.SUPPORTED, "store_unavailable, input_transcript_failed"),
+    "info": (Support.SUPPORTED, "input_transcript_failed"),
     "session.output_audio.fixture.playing": (Support.NEVER, "no fixtures"),
     "session.output_audio.fixture.played": (Support.NEVER, "no fixtures"),
     "session.delegation.created": (Support.SUPPORTED, "client delegation: when the agent's "

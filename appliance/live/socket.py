@@ -14,7 +14,16 @@ instead of the bare machine, with what only a Live session has:
   :class:`~appliance.realtime.sideband.SidebandPoint` of the ``live`` surface, registered
   in ``POINTS`` from ``session.started`` to the end (signaling attaches to it in process:
   appliance/signaling/sideband.py), fed the core's observer stream after every drain; a
-  sideband's command runs through :meth:`LiveConnection.handle_sideband`.
+  sideband's command runs through :meth:`LiveConnection.handle_sideband`;
+* a **stored** session (``store: true`` and a ``store_dir``: the recordings directory):
+  the caller's audio (L) and the answer's (R), each at its place on the session timeline
+  (the core's ``tap``), go through a :class:`~appliance.transceiver.stages.recorder.RecorderTap`
+  into the :class:`~appliance.transceiver.recording.CallRecording` every recorded call uses
+  (its stereo WAV, quota and retention); at the end the conversation is kept beside it
+  (store.py), before the socket is closed — so a client that saw the close can fetch the
+  content and fork;
+* a **fork** (``fork=`` a stored session, from ``GET /v1/live/sessions/{id}/fork``): its
+  ``session.start`` carries overrides (connection.py).
 
 Transport-free like its base: :meth:`run` takes ``receive()`` and ``send(text)``.
 """
@@ -22,9 +31,11 @@ Transport-free like its base: :meth:`run` takes ``receive()`` and ``send(text)``
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -35,13 +46,21 @@ from ..realtime.interface import RealtimeAgent
 from ..realtime.sideband import LIVE, SidebandPoint, register, unregister
 from ..realtime.turns import can_judge, can_speculate
 from ..realtime.ws_session import END_CLIENT, RealtimeSocketSession
+from ..transceiver.recording import CallRecording, RecordingSettings
+from ..transceiver.stages.recorder import RecorderTap
+from . import store
 from .config import MAX_SESSION_SECONDS
 from .connection import LiveConnection, Started, State
 
+log = logging.getLogger("appliance.live")
 PACE_LEAD = 0.3  # seconds of answer audio the client may hold ahead of playback
 END_LOST = "connection_lost"
 #: End reasons after which the route closes the socket with 1000 (session.closed was sent).
 CLOSED_NORMALLY = ("close_requested", "expired")
+#: The recording ring (both directions): a WebSocket client may send its audio faster than
+#: real time, so more than a call's ring (drained every 0.25 s either way).
+RING_SECONDS = 60.0
+SAVE_GRACE = 5.0  # s the conversation's write may take once the session has ended
 
 
 def new_session_id() -> str:
@@ -54,11 +73,15 @@ class LiveSocketSession(RealtimeSocketSession):
                  queue_limit: int | None = None, max_seconds: int = MAX_SESSION_SECONDS,
                  pace_lead: float | None = PACE_LEAD,
                  on_started: Callable[[Started], None] | None = None,
-                 on_turn: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_turn: Callable[[dict[str, Any]], None] | None = None,
+                 store_dir: Path | None = None, fork: dict[str, Any] | None = None) -> None:
         sid = session_id or new_session_id()
         self.live = LiveConnection(session_id=sid, ids=id_source(), wall_clock=time.time,
                                    vad=EnergyVad().update, max_seconds=max_seconds,
-                                   judge=can_judge(), speculate=can_speculate(agent))
+                                   judge=can_judge(), speculate=can_speculate(agent),
+                                   fork=fork)
+        self.store_dir = store_dir
+        self.recording: CallRecording | None = None
         super().__init__(agent, session_id=sid, queue_limit=queue_limit, protocol=self.live,
                          machine=self.live.machine, pace_lead=pace_lead, on_turn=on_turn)
         self.started: Started | None = None
@@ -75,6 +98,7 @@ class LiveSocketSession(RealtimeSocketSession):
         ``slow_reader``)."""
         try:
             reason = await super().run(receive, send)
+            await self._keep()
         finally:
             if self.live.state is not State.CLOSED:
                 self.live.lost()
@@ -87,9 +111,29 @@ class LiveSocketSession(RealtimeSocketSession):
         if isinstance(action, Started) and self._nursery is not None:
             self.started = action
             register(self.sideband)  # attachable once its id is known
+            if self.live.config.get("store") and self.store_dir is not None:
+                self._record(self._nursery, self.store_dir)
             self._nursery.start_soon(self._expire, action.expires_in)
             if self._on_started is not None:
                 self._on_started(action)
+
+    def _record(self, nursery: trio.Nursery, directory: Path) -> None:
+        tap = RecorderTap.for_seconds(RING_SECONDS)
+        tap.push("in", b"", 0.0)  # the axis starts at the timeline's 0
+        self.recording = CallRecording(tap, self.id, RecordingSettings(directory))
+        self.live.tap = lambda direction, at, pcm: tap.push(direction, pcm, at)
+        nursery.start_soon(self.recording.run)  # finalised when the session's nursery ends
+
+    async def _keep(self) -> None:
+        """A stored session's conversation, kept once it has ended (its recording is
+        final by now: it ran in the session's nursery)."""
+        if self.started is None or not self.live.config.get("store") or self.store_dir is None:
+            return
+        with trio.CancelScope(shield=True), trio.move_on_after(SAVE_GRACE):
+            try:
+                await trio.to_thread.run_sync(store.save, self.store_dir, self.live.stored())
+            except OSError as exc:
+                log.warning("live session %s: conversation not stored: %s", self.id, exc)
 
     def _drain(self) -> None:
         super()._drain()

@@ -19,6 +19,15 @@ loopback); GPT-Live has no ephemeral keys — "the browser's SDP offer goes thro
 trusted backend" — so an ``ek_`` or ``ct1.`` token is refused. ``X-Agent`` picks another
 agent for a full-rights caller.
 
+**Stored sessions** (issue 42 item 7; appliance/live/store.py): a ``store: true`` call is
+recorded by its transceiver (``media.record``) and its shell keeps the conversation in the
+recordings directory (``live.store_dir``). ``GET /v1/live/sessions/{id}/content`` is the
+recording as GPT-Live serves it (``audio/wav``, 24 kHz stereo, L input, R output) and
+``POST /v1/live/sessions/{id}/fork`` (``{"transport": {"type": "webrtc", "sdp"},
+"session"?: MediaSessionForkConfig}``) places a new call as the create does, its session
+the stored one's with the overrides and the stored conversation as ``input``. Both need
+the API token; an id with nothing stored is a 404 naming it.
+
 **Errors** are OpenAI's error object naming the ``param`` (``session.audio.format``: an
 unknown field, WebRTC negotiates the codec; ``transport.type``; ``transport.sdp``), from the
 same validator as the WebSocket's ``session.start`` (appliance/live/config.py). Any other
@@ -48,13 +57,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from ..live.config import resolve_untrusted
+from ..live import store
+from ..live.config import fork_untrusted, resolve_untrusted
 from ..live.plugin import agent_spec
-from ..live.schema import AnyJson, Const, LiveError, Obj, Str, required, validate_untrusted
-from .live_ws import ROUTE, admit
+from ..live.schema import (
+    AnyJson,
+    Const,
+    LiveError,
+    Obj,
+    Str,
+    optional,
+    required,
+    validate_untrusted,
+)
+from .live_ws import ROUTE, admit, stored_session
 from .problems import Problem
 from .realtime_http import Realtime, RealtimeProblem, error_response, openai_errors
 from .rules import authorize_header, check_agent, check_body_headers
@@ -72,13 +92,22 @@ CREATE = Obj({"session": required(AnyJson()),
                                          "sdp": required(Str())}))})
 
 
+#: The body of a WebRTC fork (``SessionForkParams``); ``session`` is fork_untrusted's.
+FORK = Obj({"session": optional(AnyJson()),
+            "transport": required(Obj({"type": required(Const("webrtc")),
+                                       "sdp": required(Str())}))})
+WAV = "audio/wav"
+
+
 def _problem(exc: LiveError) -> RealtimeProblem:
     return RealtimeProblem(400, exc.code, exc.message, exc.param)
 
 
-def parse_create_untrusted(raw: bytes) -> tuple[dict[str, Any], str]:
-    """The body of a create: (the checked session config as given, the SDP offer).
-    Raises :class:`RealtimeProblem` (400) naming the param."""
+def parse_create_untrusted(raw: bytes, fork: dict[str, Any] | None = None
+                           ) -> tuple[dict[str, Any], str]:
+    """The body of a create (or, with ``fork`` the stored session, of a fork): (the checked
+    session config as given, the SDP offer). Raises :class:`RealtimeProblem` (400) naming
+    the param."""
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError) as exc:
@@ -87,8 +116,9 @@ def parse_create_untrusted(raw: bytes) -> tuple[dict[str, Any], str]:
         raise RealtimeProblem(400, "invalid_type", "The body must be a JSON object with "
                               "'session' and 'transport'.")
     try:
-        checked = validate_untrusted(CREATE, body, "")
-        session = checked["session"]
+        checked = validate_untrusted(CREATE if fork is None else FORK, body, "")
+        session = (checked["session"] if fork is None else
+                   fork_untrusted(fork, checked.get("session", {}), media=True))
         resolve_untrusted(session, media=True)  # the transceiver resolves it again
     except LiveError as exc:
         raise _problem(exc) from None
@@ -172,8 +202,13 @@ def register_live_http(app: QuartTrio, rt: Realtime) -> None:
     @app.post(ROUTE)
     @errors
     async def create_live_session() -> Response:
+        return await _place(None)
+
+    async def _place(fork_of: str | None) -> Response:
+        """A create, or a fork of the stored session ``fork_of``: one call path."""
         spec = admit(state, request.headers.get("Authorization", ""),
                      request.headers.get("X-Agent") or None)
+        fork = None if fork_of is None else await stored_session(state, fork_of)
         try:
             check_body_headers(request.mimetype, request.content_length, JSON,
                                state.config.max_body)
@@ -184,10 +219,15 @@ def register_live_http(app: QuartTrio, rt: Realtime) -> None:
             raise
         raw = await request.get_data()
         assert isinstance(raw, bytes)
-        session, offer = parse_create_untrusted(raw)
+        session, offer = parse_create_untrusted(raw, fork)
+        directory = state.config.recordings_dir
+        stored = bool(session.get("store")) and directory is not None
 
         def params(session_id: str) -> dict[str, Any]:
-            return {"live": {"session": session}}
+            if not stored:
+                return {"live": {"session": session}}
+            return {"live": {"session": session, "store_dir": str(directory)},
+                    "media": {"record": True}}
 
         rec, answer = await state.create_session(offer, agent_spec(spec), None,
                                                  params=params, id_prefix=SESSION_PREFIX)
@@ -254,3 +294,26 @@ def register_live_http(app: QuartTrio, rt: Realtime) -> None:
 
         app.add_url_rule(f"{ROUTE}/<session_id>/{op}", f"live_sip_{op}",
                          errors(sip_route), methods=["POST"])
+
+    # -- stored sessions (issue 42 item 7) ---------------------------------------------------
+
+    @app.get("/v1/live/sessions/<session_id>/content")
+    @errors
+    async def live_content(session_id: str) -> Response:
+        """The recording of a stored session (``client.live.sessions.download_recording``)."""
+        admit(state, request.headers.get("Authorization", ""), None)
+        try:
+            wav = await trio.to_thread.run_sync(store.content, state.config.recordings_dir,
+                                                session_id)
+        except store.NotStored as exc:
+            raise RealtimeProblem(404, "recording_in_progress" if exc.in_progress
+                                  else "session_not_found", str(exc), "session_id") from None
+        resp = Response(wav, status=200, content_type=WAV)
+        resp.headers["Cache-Control"] = "no-store"
+        return resp
+
+    @app.post("/v1/live/sessions/<session_id>/fork")
+    @errors
+    async def fork_live_session(session_id: str) -> Response:
+        """A WebRTC fork (``client.live.sessions.fork``)."""
+        return await _place(session_id)

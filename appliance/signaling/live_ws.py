@@ -21,6 +21,14 @@ the caller may pick another with the ``X-Agent`` header, as on the Realtime rout
 ``connection_lost``. Each ends with a ``realtime.call.ended`` webhook (transport
 ``websocket``, the ``live_…`` id as ``call_id``) when it had started.
 
+**Stored sessions and forks** (issue 42 item 7; appliance/live/store.py): a session
+started with ``store: true`` is recorded into the recordings directory and keeps its
+conversation there. ``GET /v1/live/sessions/{id}/fork`` (the SDK's
+``client.live.forks.connect``) is a new session over a WebSocket whose ``session.start``
+carries a ``ForkSessionConfig`` of overrides: it starts with the stored session's config
+and its conversation as ``input``. Auth as the session routes; an id with nothing stored is
+a 404 before the upgrade.
+
 **The sideband** ``GET /v1/live/sessions/{id}/attach[?graceful_close=true]`` (the SDK's
 ``client.live.sideband.connect``): a backend's WebSocket attached to a running WebSocket or
 WebRTC Live session — the Realtime sideband's socket and ops (sideband.py
@@ -35,10 +43,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import trio
 from quart import Response, websocket
 from quart_trio import QuartTrio
 
 from ..agents.loader import AgentError
+from ..live import store
 from ..live.agent import live_factory
 from ..live.connection import Started
 from ..live.socket import CLOSED_NORMALLY, END_LOST, LiveSocketSession
@@ -55,6 +65,7 @@ from .webhooks import CALL_ENDED, CALL_STARTED, end_report
 log = logging.getLogger(__name__)
 ROUTE = "/v1/live/sessions"
 ATTACH_ROUTE = "/v1/live/sessions/<session_id>/attach"
+FORK_ROUTE = "/v1/live/sessions/<session_id>/fork"
 SUBPROTOCOL = "openai-live"
 EXTENSION = "appliance.live.sockets"
 CLOSE_NORMAL = 1000
@@ -68,8 +79,16 @@ def register_live_websocket(app: QuartTrio, rt: Realtime) -> None:
 
     @app.websocket(ROUTE)
     async def live_socket() -> Response | None:
+        return await _serve(None)
+
+    @app.websocket(FORK_ROUTE)
+    async def live_fork(session_id: str) -> Response | None:
+        return await _serve(session_id)
+
+    async def _serve(fork_of: str | None) -> Response | None:
         try:
             spec = _admit()
+            fork = None if fork_of is None else await stored_session(state, fork_of)
             agent = factories.get(spec)()
         except Problem as p:
             return error_response(p)
@@ -91,7 +110,8 @@ def register_live_websocket(app: QuartTrio, rt: Realtime) -> None:
             log.info("live socket %s started (model %s)", started.session_id, started.model)
 
         sess = LiveSocketSession(agent, on_started=on_started,
-                                 on_turn=state.registry.observe_turn)
+                                 on_turn=state.registry.observe_turn,
+                                 store_dir=state.config.recordings_dir, fork=fork)
         sockets[sess.id] = sess
         reason = END_LOST
         try:
@@ -136,6 +156,15 @@ def register_live_websocket(app: QuartTrio, rt: Realtime) -> None:
 
     def _admit() -> str:
         return admit(state, _authorization(), websocket.headers.get("X-Agent") or None)
+
+
+async def stored_session(state: SignalingState, session_id: str) -> dict[str, Any]:
+    """The stored session a fork starts from; a 404 naming it when there is none."""
+    try:
+        return await trio.to_thread.run_sync(store.load, state.config.recordings_dir,
+                                             session_id)
+    except store.NotStored as exc:
+        raise RealtimeProblem(404, "session_not_found", str(exc), "session_id") from None
 
 
 def admit(state: SignalingState, authorization: str, asked: str | None) -> str:

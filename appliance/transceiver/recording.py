@@ -116,12 +116,13 @@ class StereoAligner:
         return out
 
 
-def wav_header(data_bytes: int) -> bytes:
-    """RIFF/WAVE, PCM16, stereo, 48 kHz, ``data_bytes`` of samples."""
+def wav_header(data_bytes: int, rate: int = SAMPLE_RATE) -> bytes:
+    """RIFF/WAVE, PCM16, stereo, ``rate`` (48 kHz: what is recorded), ``data_bytes`` of
+    samples."""
     block = 2 * len(CHANNELS)
     return (b"RIFF" + struct.pack("<I", 36 + data_bytes) + b"WAVE"
-            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, len(CHANNELS), SAMPLE_RATE,
-                                    SAMPLE_RATE * block, block, 16)
+            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, len(CHANNELS), rate,
+                                    rate * block, block, 16)
             + b"data" + struct.pack("<I", data_bytes))
 
 

@@ -18,6 +18,7 @@ the channel is checked against the SDK's types (``ServerEvent``, with the data c
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import time
 import wave
@@ -260,3 +261,97 @@ def test_a_sideband_watches_a_live_webrtc_session_and_ends_it(up: str, tmp_path:
     assert out["channel_closed"]["client_event_id"] == "bye"
     assert out["rest"] == []
     assert not [e for e in out["channel"] if e["type"] == "session.input_audio.append"]
+
+
+# -- stored sessions and forks (issue 42 item 7) -----------------------------------------------
+
+
+async def stored_call(base: str, wav: Path) -> dict[str, Any]:
+    """A ``store: true`` WebRTC session: one turn heard and answered, closed; then its
+    content (once the transceiver has finalised it) and a WebRTC fork of it."""
+    client = openai.OpenAI(api_key="unused-on-loopback", base_url=base + "/v1")
+    out: dict[str, Any] = {}
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    player = MediaPlayer(str(wav))
+    assert player.audio is not None
+    pc.addTrack(player.audio)
+    channel = pc.createDataChannel("oai-events")
+    events = Events()
+    channel.on("message", lambda m: asyncio.ensure_future(events.add(m)))
+    await pc.setLocalDescription(await pc.createOffer())
+    made = await asyncio.to_thread(client.live.create,
+                                   session={"model": "gpt-live-1", "store": True},
+                                   transport={"type": "webrtc",
+                                              "sdp": pc.localDescription.sdp})
+    await pc.setRemoteDescription(RTCSessionDescription(made.transport.sdp, "answer"))
+    out["id"] = sid = made.session.id
+    try:
+        out["heard"] = await events.wait("session.input_transcript.delta", within=120)
+        await events.wait("session.output_transcript.delta", within=60)
+        await asyncio.sleep(1.5)  # the answer keeps playing: the scenario, not a sync
+        channel.send(json.dumps({"type": "session.close"}))
+        await events.wait("session.closed")
+    finally:
+        await pc.close()
+        player.audio.stop()
+    deadline = time.monotonic() + 20
+    while True:  # the transceiver finalises the WAV after the hang-up: an HTTP view polled
+        try:
+            out["wav"] = await asyncio.to_thread(
+                lambda: client.live.sessions.download_recording(sid).content)
+            fork = await asyncio.to_thread(fork_of, client, sid)
+            if fork is not None or time.monotonic() > deadline:
+                break
+        except openai.NotFoundError:
+            if time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.2)
+    out["fork"] = fork
+    return out
+
+
+def fork_of(client: Any, sid: str) -> dict[str, Any] | None:
+    """A WebRTC fork's ``session.started`` (None while the stored conversation is not
+    there yet: a 404)."""
+    async def run() -> dict[str, Any] | None:
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        pc.addTransceiver("audio", direction="sendrecv")
+        channel = pc.createDataChannel("oai-events")
+        events = Events()
+        channel.on("message", lambda m: asyncio.ensure_future(events.add(m)))
+        await pc.setLocalDescription(await pc.createOffer())
+        try:
+            try:
+                made = await asyncio.to_thread(
+                    client.live.sessions.fork, sid,
+                    transport={"type": "webrtc", "sdp": pc.localDescription.sdp})
+            except openai.NotFoundError:
+                return None
+            await pc.setRemoteDescription(RTCSessionDescription(made.transport.sdp,
+                                                                "answer"))
+            started = await events.wait("session.started", within=30)
+            channel.send(json.dumps({"type": "session.close"}))
+            await events.wait("session.closed")
+            return {"id": made.session.id, "started": started}
+        finally:
+            await pc.close()
+    return asyncio.run(run())
+
+
+def test_a_stored_live_webrtc_session_is_recorded_and_forked(up: str, tmp_path: Path) -> None:
+    wav = tmp_path / "mic.wav"
+    write_wav(wav)
+    out = in_fresh_thread(lambda: asyncio.run(stored_call(up, wav)), timeout=300)
+    with wave.open(io.BytesIO(out["wav"])) as w:
+        assert (w.getnchannels(), w.getframerate()) == (2, 24_000)
+        x = np.frombuffer(w.readframes(w.getnframes()), "<i2").reshape(-1, 2)
+    peak_l = [int(np.abs(x[i : i + 2400, 0]).max()) for i in range(0, len(x) - 2400, 2400)]
+    peak_r = [int(np.abs(x[i : i + 2400, 1]).max()) for i in range(0, len(x) - 2400, 2400)]
+    first_l = next(i for i, p in enumerate(peak_l) if p > 1000)  # the caller speaks first
+    first_r = next(i for i, p in enumerate(peak_r) if p > 1000)  # then the agent answers
+    assert first_l < first_r, (peak_l, peak_r)
+    fork = out["fork"]
+    assert fork is not None and fork["id"] != out["id"]
+    session = fork["started"]["session"]
+    texts = " ".join(i["content"][0]["text"] for i in session["input"])
+    assert "time" in texts.lower() and "It is " in texts, session["input"]

@@ -334,12 +334,35 @@ def test_a_failed_transcription_is_an_info_event() -> None:
     assert info["type"] == "info" and info["code"] == "input_transcript_failed"
 
 
-def test_store_is_accepted_and_said_to_be_unserved() -> None:
+def test_a_stored_session_keeps_its_config_and_conversation_and_is_tapped() -> None:
+    """``store: true`` (issue 42 item 7): no ``store_unavailable`` any more; ``stored()`` is
+    the config as given (its ``input`` is in the conversation) and the conversation as
+    ``session.input`` items; the tap hears the input (muted or not) and the answer at its
+    place on the timeline (48 kHz, the recording's axis)."""
     core = Core()
-    events = core.send(type="session.start", session={"model": "m", "store": True})
-    assert [e["type"] for e in events] == ["session.started", "info"]
-    assert events[0]["session"]["store"] is True
-    assert events[1]["code"] == "store_unavailable"
+    heard: list[tuple[str, float, int]] = []
+    core.c.tap = lambda d, at, pcm: heard.append((d, at, len(pcm)))
+    events = core.send(type="session.start", session={
+        "model": "m", "store": True, "instructions": "hi",
+        "input": [{"role": "user", "content": [{"text": "My name is Ada."}]}]})
+    assert [e["type"] for e in events] == ["session.started"]
+    start, _ = _turn(core)
+    core.c.handle_delta(start.request.response_id, TranscriptDelta("Hello Ada."))
+    core.c.handle_delta(start.request.response_id, AudioDelta(zeros(0.1, 48_000)))
+    core.c.handle_response_end(start.request.response_id)
+    ins = [h for h in heard if h[0] == "in"]
+    assert ins[0][1] == 0 and sum(n for _, _, n in ins) == 2 * 48_000 * 2.4
+    core.send(type="session.input_audio.mute")
+    core.audio(zeros(0.2))  # the recording hears what was sent, before muting
+    assert heard[-1][0] == "in" and heard[-1][1] >= 2.4
+    [out] = [h for h in heard if h[0] == "out"]
+    assert out[1] >= 1.4 and out[2] == 2 * 4800  # after the turn, 0.1 s
+    kept = core.c.stored()
+    assert kept["session"] == {"model": "m", "store": True, "instructions": "hi"}
+    assert kept["conversation"][0] == {"role": "user", "content": [
+        {"type": "input_text", "text": "My name is Ada."}]}
+    assert kept["conversation"][-1] == {"role": "assistant", "content": [
+        {"type": "output_text", "text": "Hello Ada."}]}
 
 
 def test_initial_input_seeds_the_conversation() -> None:
@@ -358,7 +381,7 @@ def test_every_event_type_served_is_sent_and_matches_the_sdk() -> None:
     from appliance.realtime.protocol import Support
 
     core = Core(usage_every_ms=1000, observed=True)  # + the sideband's reflected input
-    core.send(type="session.start", session={"model": "m", "store": True,  # + info
+    core.send(type="session.start", session={"model": "m", "store": True,
                                              "delegation": {"type": "client"}})
     core.send(type="session.update", session={"triggers": []})
     core.send(type="session.input_audio.mute")
@@ -373,6 +396,7 @@ def test_every_event_type_served_is_sent_and_matches_the_sdk() -> None:
     core.c.handle_delta(start.request.response_id, AudioDelta(zeros(0.1, 48_000)))
     core.c.handle_delta(start.request.response_id, FunctionCall("delegate", "{}"))  # client
     core.c.handle_response_end(start.request.response_id)
+    core.c.machine.handle_transcript_failed(tr.item_id, "no engine")  # + info
     core.send(type="session.input_audio.commit")
     core.send(type="session.close")
     sent = {e["type"] for e in core.events + core.observed}

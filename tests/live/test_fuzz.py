@@ -148,3 +148,21 @@ def test_the_sideband_entry_takes_any_message(batch: list[Any]) -> None:
             assert shape_errors(seen, sideband=True) == [], seen
         while core.poll_action() is not None:
             pass
+
+
+STORED = {"id": "live_x", "session": {"model": "m", "store": True},
+          "conversation": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]}
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(JSON, st.booleans())
+def test_a_forks_overrides_raise_only_live_errors(overrides: Any, media: bool) -> None:
+    """A fork's ``session.start`` (or WebRTC fork ``session``) overrides, any JSON: a
+    config that resolves, or a LiveError naming a param (issue 42 item 7)."""
+    param = "resolved"
+    try:
+        given_cfg = config.fork_untrusted(STORED, overrides, media=media)
+        config.resolve_untrusted(given_cfg, media=media)
+    except LiveError as exc:
+        param = exc.param or ""
+    assert param

@@ -128,10 +128,56 @@ _JSON = st.recursive(
 @settings(max_examples=300, deadline=None, database=None)
 @given(st.one_of(st.binary(max_size=64), _JSON.map(lambda v: json.dumps(v).encode())))
 def test_the_parser_takes_any_body(raw: bytes) -> None:
-    """parse_create_untrusted may raise only its RealtimeProblem, always a 400."""
-    status = 400
-    try:
-        parse_create_untrusted(raw)
-    except RealtimeProblem as p:
-        status = p.status
-    assert status == 400
+    """parse_create_untrusted may raise only its RealtimeProblem, always a 400 — for a
+    create and for a fork's body (issue 42 item 7)."""
+    for fork in (None, STORED):
+        status = 400
+        try:
+            parse_create_untrusted(raw, fork)
+        except RealtimeProblem as p:
+            status = p.status
+        assert status == 400
+
+
+#: A stored session (appliance/live/store.py): its config as given, its conversation.
+STORED: dict[str, Any] = {
+    "id": "live_stored1", "session": {"model": "gpt-live-1", "store": True,
+                                      "instructions": "be brief",
+                                      "audio": {"format": {"type": "audio/pcmu", "rate": 8000}}},
+    "conversation": [{"role": "user", "content": [{"type": "input_text", "text": "I am Ada"}]},
+                     {"role": "assistant",
+                      "content": [{"type": "output_text", "text": "Hello Ada"}]}]}
+
+
+async def test_a_webrtc_fork_places_a_call_primed_with_the_stored_conversation(
+        make_env: Any, tmp_path: Any) -> None:
+    """``POST /v1/live/sessions/{id}/fork`` (the SDK's ``client.live.sessions.fork``): the
+    call is placed as a create is, its session the stored one's (no audio.format on
+    WebRTC) with the stored conversation as ``input``, recorded (``media.record``) with
+    the conversation kept in the recordings directory; an unknown id is a 404."""
+    from openai.types.live.session_fork_response import SessionForkResponse
+
+    from appliance.live import store
+
+    env = await make_env(recordings_dir=tmp_path)
+    store.save(tmp_path, STORED)
+    c = env.client()
+    resp = await c.post(f"{ROUTE}/live_stored1/fork",
+                        json={"transport": {"type": "webrtc", "sdp": OFFER},
+                              "session": {"client": {"data_channel": {}}}})
+    assert resp.status_code == 201, await resp.get_data()
+    made = SessionForkResponse.model_validate(json.loads(await resp.get_data()))
+    assert made.session.id.startswith("live_") and made.session.id != "live_stored1"
+    [create] = creates(env)
+    params = create["params"]
+    session = params["live"]["session"]
+    assert session["input"] == STORED["conversation"] and session["instructions"] == "be brief"
+    assert "format" not in session.get("audio", {}) and session["client"] == {"data_channel": {}}
+    assert params["media"] == {"record": True} and params["live"]["store_dir"] == str(tmp_path)
+    err = await openai_error(await c.post(f"{ROUTE}/live_unknown/fork", json={
+        "transport": {"type": "webrtc", "sdp": OFFER}}), 404)
+    assert err["param"] == "session_id" and "live_unknown" in err["message"]
+    err = await openai_error(await c.post(f"{ROUTE}/live_stored1/fork", json={
+        "transport": {"type": "webrtc", "sdp": OFFER},
+        "session": {"audio": {"format": {"type": "audio/pcm", "rate": 24000}}}}), 400)
+    assert err["param"] == "session.audio"
