@@ -64,6 +64,16 @@ def start_up(tmp: str) -> tuple[subprocess.Popen[bytes], str]:
     raise SystemExit("appliance up did not become ready")
 
 
+def post_live(base: str, sdp: str) -> tuple[str, str]:
+    body = json.dumps({"session": {"model": "gpt-live-1"},
+                       "transport": {"type": "webrtc", "sdp": sdp}}).encode()
+    req = urllib.request.Request(base + "/v1/live/sessions", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        made = json.loads(r.read())
+    return made["session"]["id"], made["transport"]["sdp"]
+
+
 def post_offer(base: str, sdp: str) -> tuple[str, str]:
     req = urllib.request.Request(base + "/v1/realtime/calls", data=sdp.encode(),
                                  method="POST", headers={"Content-Type": "application/sdp"})
@@ -81,24 +91,32 @@ class Arrivals:
     def add(self, who: int, text: str | bytes) -> None:
         ev = json.loads(text)
         if ev.get("type") == "conversation.item.added":
-            self.at.setdefault(ev["item"]["id"], {})[who] = time.perf_counter()
-            self.changed.set()
+            key = ev["item"]["id"]
+        elif ev.get("type") in ("session.input_audio.muted", "session.input_audio.unmuted"):
+            key = ev.get("client_event_id") or ""
+        else:
+            return
+        self.at.setdefault(key, {})[who] = time.perf_counter()
+        self.changed.set()
 
 
-async def run(samples: int, observers: list[int]) -> dict[int, dict[str, list[float]]]:
+async def run(samples: int, observers: list[int], surfaces: list[str]
+              ) -> dict[tuple[str, int], dict[str, list[float]]]:
     tmp = tempfile.mkdtemp(prefix="sideband-bench-")
     proc, base = start_up(tmp)
-    results: dict[int, dict[str, list[float]]] = {}
+    results: dict[tuple[str, int], dict[str, list[float]]] = {}
     try:
         for n in observers:
-            results[n] = await one_call(base, samples, n)
+            for surface in surfaces:  # side by side, each observer count
+                results[surface, n] = await one_call(base, samples, n, surface)
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=20)
     return results
 
 
-async def one_call(base: str, samples: int, n: int) -> dict[str, list[float]]:
+async def one_call(base: str, samples: int, n: int, surface: str) -> dict[str, list[float]]:
+    live = surface == "live"
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     pc.addTransceiver("audio", direction="sendrecv")
     channel = pc.createDataChannel("oai-events")
@@ -106,13 +124,16 @@ async def one_call(base: str, samples: int, n: int) -> dict[str, list[float]]:
     opened = asyncio.Event()
     channel.on("message", lambda m: (arrivals.add(0, m), opened.set()))
     await pc.setLocalDescription(await pc.createOffer())
-    call_id, answer = await asyncio.to_thread(post_offer, base, pc.localDescription.sdp)
+    call_id, answer = await asyncio.to_thread(post_live if live else post_offer, base,
+                                              pc.localDescription.sdp)
     await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
     await asyncio.wait_for(opened.wait(), 30)
-    ws_url = base.replace("http", "ws", 1) + f"/v1/realtime?call_id={call_id}&role=observer"
+    ws = base.replace("http", "ws", 1)
+    ws_url = (f"{ws}/v1/live/sessions/{call_id}/attach" if live
+              else f"{ws}/v1/realtime?call_id={call_id}&role=observer")
     socks = [await websockets.connect(ws_url, max_queue=None) for _ in range(n)]
     for s in socks:
-        await s.recv()  # session.created
+        await s.recv()  # session.created (Realtime) / the session.started replay (Live)
 
     async def read(i: int, s: Any) -> None:
         async for m in s:
@@ -124,9 +145,14 @@ async def one_call(base: str, samples: int, n: int) -> dict[str, list[float]]:
         for k in range(samples + 5):
             item_id = f"item_bench{n}x{k}"
             t0 = time.perf_counter()
-            channel.send(json.dumps({"type": "conversation.item.create", "item": {
-                "id": item_id, "type": "message", "role": "user",
-                "content": [{"type": "input_text", "text": "x"}]}}))
+            if live:
+                channel.send(json.dumps({"type": "session.input_audio.mute" if k % 2 == 0
+                                         else "session.input_audio.unmute",
+                                         "event_id": item_id}))
+            else:
+                channel.send(json.dumps({"type": "conversation.item.create", "item": {
+                    "id": item_id, "type": "message", "role": "user",
+                    "content": [{"type": "input_text", "text": "x"}]}}))
             while len(arrivals.at.get(item_id, {})) < n + 1:
                 arrivals.changed.clear()
                 await asyncio.wait_for(arrivals.changed.wait(), 30)
@@ -136,7 +162,9 @@ async def one_call(base: str, samples: int, n: int) -> dict[str, list[float]]:
                 for i in range(1, n + 1):
                     out["sideband"].append(got[i] - t0)
                     out["extra"].append(got[i] - got[0])
-            channel.send(json.dumps({"type": "conversation.item.delete", "item_id": item_id}))
+            if not live:
+                channel.send(json.dumps({"type": "conversation.item.delete",
+                                         "item_id": item_id}))
             await asyncio.sleep(0.02)  # a call's pace, not a flood
     finally:
         for r in readers:
@@ -155,11 +183,16 @@ def pct(xs: list[float], q: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", type=int, default=100)
+    ap.add_argument("--surface", default="realtime,live",
+                    help="realtime, live or both (comma-separated; default both)")
     args = ap.parse_args()
-    results = asyncio.run(run(args.samples, [1, 10]))
-    for n, r in results.items():
+    surfaces = [x for x in args.surface.split(",") if x]
+    if not surfaces or set(surfaces) - {"realtime", "live"}:
+        raise SystemExit("--surface: realtime, live or both")
+    results = asyncio.run(run(args.samples, [1, 10], surfaces))
+    for (surface, n), r in results.items():
         oai50, sb50 = pct(r["oai"], 0.5), pct(r["sideband"], 0.5)
-        print(f"{n:2d} observer(s): oai-events p50 {oai50:.2f} ms p99 {pct(r['oai'], 0.99):.2f}"
+        print(f"{surface:8s} {n:2d} observer(s): oai-events p50 {oai50:.2f} ms p99 {pct(r['oai'], 0.99):.2f}"
               f" | sideband p50 {sb50:.2f} ms p99 {pct(r['sideband'], 0.99):.2f}"
               f" | ratio p50 {sb50 / oai50:.2f}x"
               f" | sideband after oai-events: median {statistics.median(r['extra']) * 1000:.2f}"
