@@ -494,12 +494,12 @@ class TransceiverPhoneMedia:
         if ep is None:
             return None
         try:
-            await ep.client.request({"op": "phone.end", "session_id": call_id,
+            await ep.client.request({"op": "delete", "session_id": call_id,
                                      "reason": "sip-ended"})
             # the ended session object (the transceiver keeps the recently ended ones)
-            resp = await ep.client.request({"op": "phone.get", "session_id": call_id})
+            resp = await ep.client.request({"op": "get", "session_id": call_id})
         except ControlError as exc:
-            log.info("phone.end of %s on transceiver %s failed: %s", call_id, k, exc)
+            log.info("delete of phone call %s on transceiver %s failed: %s", call_id, k, exc)
             return None
         session = resp.get("session") if resp.get("ok") else None
         return session if isinstance(session, dict) else None

@@ -1,6 +1,7 @@
 """The transceiver's control operations (docs/control-protocol.md "Transceiver
-operations"): ``create`` for either leg kind, ``patch`` (ICE restart), ``delete``, ``list``,
-``get``, ``stats``, ``drain``, the ``phone.*`` ops, signaling's ``events`` long-poll, and
+operations"): ``create`` for either leg kind, ``patch`` (ICE restart), ``delete``, ``list``
+and ``get`` (every call kind), ``stats``, ``drain``, the ``phone.*`` ops, signaling's
+``events`` long-poll, and
 what ``create`` sets up beside the call (its agent warmed off the loop, its recording).
 
 :class:`ControlOps` is a mixin of :class:`~.server.Transceiver`, whose ``handle_control``
@@ -20,6 +21,7 @@ import json
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +56,17 @@ MAX_SESSION_ID = 128
 CALL_EVENTS_WAIT = 30.0  # the longest an ``events`` poll may wait
 #: an ``events`` answer stops adding events past this much JSON (a line is at most 1 MiB)
 CALL_EVENTS_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """A recently ended call of either kind, as ``get``/``delete``/``patch`` find it: its
+    reason, when, and its final session object (``info``)."""
+
+    id: str
+    end_reason: Any
+    ended_at: Any
+    info: dict[str, Any]
 
 
 def error(status: int, code: str, detail: str) -> dict[str, Any]:
@@ -114,17 +127,22 @@ class ControlOps:
         def _index_phone(self, phone: PhoneSession) -> None: ...
         def _unindex_phone(self, phone: PhoneSession) -> None: ...
 
-    def _find(self, req: dict[str, Any]) -> Session | EndedSession | dict[str, Any]:
+    def _find(self, req: dict[str, Any]) -> Call | Kept | dict[str, Any]:
+        """The call ``session_id`` names, either kind: live, or one of the recently ended
+        (:class:`Kept`); else the error to answer."""
         sid = req.get("session_id")
         if not isinstance(sid, str):
             return error(400, "bad-request", "session_id must be a string")
-        session = self.calls.get(sid)
-        if type(session) is not Session:  # (a phone call has its phone.* ops)
-            for old in self.ended:
-                if old.id == sid:
-                    return old
-            return error(404, "unknown-session", f"no session {sid!r} on this transceiver")
-        return session
+        call = self.calls.get(sid)
+        if call is not None:
+            return call
+        for old in self.ended:
+            if old.id == sid:
+                return Kept(old.id, old.end_reason, old.ended_at, old.describe())
+        for info in self.ended_phones:
+            if info.get("id") == sid:
+                return Kept(sid, info.get("end_reason"), info.get("ended_at"), dict(info))
+        return error(404, "unknown-session", f"no session {sid!r} on this transceiver")
 
     async def warm(self, spec: str) -> None:
         """Resolve an agent spec once in a worker thread, so the op's own ``resolve`` finds
@@ -150,12 +168,9 @@ class ControlOps:
 
     def _session_state(self, sid: str) -> str | None:
         """A WebRTC or a phone session's state (the sideband attaches to either)."""
-        call = self.calls.get(sid)
-        if type(call) is PhoneSession:
-            return call.state
-        if any(old.get("id") == sid for old in self.ended_phones):
-            return "ended"
         found = self._find({"session_id": sid})
+        if isinstance(found, Kept):
+            return "ended"
         return None if isinstance(found, dict) else found.state
 
     def _op_create(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -277,8 +292,11 @@ class ControlOps:
         found = self._find(req)
         if isinstance(found, dict):
             return found
-        if isinstance(found, EndedSession) or found.state == "ended":
+        if isinstance(found, Kept) or found.state == "ended":
             return error(404, "unknown-session", f"session {found.id!r} has ended")
+        if not isinstance(found, Session):
+            return error(409, "not-webrtc", f"session {found.id!r} is a phone call: "
+                         "an sdpfrag (ICE restart) is a WebRTC call's")
         session = found
         body = req.get("sdpfrag")
         if not isinstance(body, str):
@@ -308,12 +326,14 @@ class ControlOps:
         return {"ok": True, "sdpfrag": text}
 
     def _op_delete(self, req: dict[str, Any]) -> dict[str, Any]:
+        """End a call of either kind; an already-ended one keeps its own reason and says
+        which (signaling keeps those, not ``reason``)."""
         found = self._find(req)
         if isinstance(found, dict):
             return found
-        reason = req.get("reason")
-        found.end(reason if isinstance(reason, str) and reason else "deleted")
-        # An already-ended session keeps its own reason: tell signaling which one it is.
+        if not isinstance(found, Kept):
+            reason = req.get("reason")
+            found.end(reason if isinstance(reason, str) and reason else "deleted")
         return {"ok": True, "end_reason": found.end_reason, "ended_at": found.ended_at}
 
     def _op_list(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -323,11 +343,13 @@ class ControlOps:
                 + list(self.ended_phones)}
 
     def _op_get(self, req: dict[str, Any]) -> dict[str, Any]:
+        """One call's session object, either kind (a phone call's has its ``phone``
+        member), live or recently ended."""
         found = self._find(req)
         if isinstance(found, dict):
-            phone = self._op_phone_get(req)  # a phone call is a call like any
-            return phone if phone.get("ok") else found
-        return {"ok": True, "session": found.describe()}
+            return found
+        return {"ok": True, "session": found.info if isinstance(found, Kept)
+                else found.describe()}
 
     def _op_stats(self, req: dict[str, Any]) -> dict[str, Any]:
         by_state = dict.fromkeys(("new", "connecting", "connected"), 0)
@@ -478,33 +500,6 @@ class ControlOps:
         phone.dtmf_from_signaling(digit, ms)
         return {"ok": True}
 
-    def _op_phone_end(self, req: dict[str, Any]) -> dict[str, Any]:
-        sid = req.get("session_id")
-        phone = self._phone(sid)
-        if phone is None:
-            for old in self.ended_phones:
-                if old.get("id") == sid:
-                    return {"ok": True, "end_reason": old.get("end_reason")}
-            return error(404, "unknown-session", f"no phone session {sid!r} on this transceiver")
-        reason = req.get("reason")
-        phone.end(reason if isinstance(reason, str) and reason else "deleted")
-        return {"ok": True, "end_reason": phone.end_reason}
-
-    def _op_phone_get(self, req: dict[str, Any]) -> dict[str, Any]:
-        sid = req.get("session_id")
-        phone = self._phone(sid)
-        if phone is not None:
-            return {"ok": True, "session": phone.describe()}
-        for old in self.ended_phones:
-            if old.get("id") == sid:
-                return {"ok": True, "session": dict(old)}
-        return error(404, "unknown-session", f"no phone session {sid!r} on this transceiver")
-
-    def _op_phone_list(self, req: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": True, "epoch": self.epoch,
-                "sessions": [p.describe() for p in self.calls.values()
-                             if type(p) is PhoneSession]}
-
     async def _events(self, req: dict[str, Any]) -> dict[str, Any]:
         """Signaling's long-poll, for every call: the events after ``after`` (of this
         ``epoch``), waiting up to ``wait`` seconds for one. A different epoch (we
@@ -545,7 +540,3 @@ class ControlOps:
             nxt = self.event_seq
         return {"ok": True, "epoch": self.epoch, "next": nxt, "events": events,
                 "live": sorted(self.calls)}
-
-    def _phone(self, sid: object) -> PhoneSession | None:
-        call = self.calls.get(sid) if isinstance(sid, str) else None
-        return call if type(call) is PhoneSession else None
