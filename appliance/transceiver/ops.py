@@ -1,8 +1,8 @@
 """The transceiver's control operations (docs/control-protocol.md "Transceiver
-operations"): ``create`` for either leg kind, ``patch`` (ICE restart), ``delete``, ``list``
-and ``get`` (every call kind), ``stats``, ``drain``, the ``phone.*`` ops, signaling's
-``events`` long-poll, and
-what ``create`` sets up beside the call (its agent warmed off the loop, its recording).
+operations"): ``create`` for either leg kind, ``patch`` (a WebRTC call's ICE restart
+or a phone call's new leg options), ``delete``, ``list`` and ``get`` (every call kind),
+``stats``, ``drain``, ``phone.dtmf``, signaling's ``events`` long-poll, and what
+``create`` sets up beside the call (its agent warmed off the loop, its recording).
 
 :class:`ControlOps` is a mixin of :class:`~.server.Transceiver`, whose ``handle_control``
 dispatches ``op`` to ``_op_<op>`` here. The ops read and fill the server's one call table
@@ -289,14 +289,25 @@ class ControlOps:
         self._nursery.start_soon(rec.run)
 
     def _op_patch(self, req: dict[str, Any]) -> dict[str, Any]:
+        """A live call's new media, by its kind: a WebRTC call's ``sdpfrag`` (trickle or
+        an ICE restart, below), a phone call's leg options (``phone``, :meth:`_patch_phone`).
+        The other kind's field is refused (409, naming the call's kind)."""
         found = self._find(req)
         if isinstance(found, dict):
             return found
         if isinstance(found, Kept) or found.state == "ended":
             return error(404, "unknown-session", f"session {found.id!r} has ended")
-        if not isinstance(found, Session):
-            return error(409, "not-webrtc", f"session {found.id!r} is a phone call: "
-                         "an sdpfrag (ICE restart) is a WebRTC call's")
+        if "sdpfrag" in req and "phone" in req:
+            return error(400, "bad-request", "patch takes sdpfrag (a WebRTC call) or phone "
+                         "(a phone call's leg options), not both")
+        if isinstance(found, PhoneSession):
+            if "sdpfrag" in req:
+                return error(409, "not-webrtc", f"session {found.id!r} is a phone call: "
+                             "an sdpfrag (ICE) is a WebRTC call's; send phone leg options")
+            return self._patch_phone(found, req)
+        if "phone" in req or "answered" in req:
+            return error(409, "not-phone", f"session {found.id!r} is a WebRTC call: phone "
+                         "leg options are a phone call's; send an sdpfrag")
         session = found
         body = req.get("sdpfrag")
         if not isinstance(body, str):
@@ -378,7 +389,7 @@ class ControlOps:
     def _create_phone(self, req: dict[str, Any]) -> dict[str, Any]:
         """``create`` with ``leg: "phone"``, a phone call's media: answering (``phone`` = PhoneParams, media at once) or
         pending our own offer (``phone`` absent; ``call_id`` and ``agent`` given; the
-        answer comes as ``phone.answered``)."""
+        answer comes as a ``patch`` with ``answered: true``)."""
         now = trio.current_time()
         if self.draining:
             return error(503, "draining", "this transceiver is draining")
@@ -443,25 +454,14 @@ class ControlOps:
                  loggable_url(agent.name))
         return {"ok": True, "session_id": sid, "ssrc": phone.ssrc}
 
-    def _live_phone(self, req: dict[str, Any]) -> PhoneSession | dict[str, Any]:
-        sid = req.get("session_id")
-        if not isinstance(sid, str):
-            return error(400, "bad-request", "session_id must be a string")
-        phone = self.calls.get(sid)
-        if type(phone) is not PhoneSession:
-            return error(404, "unknown-session", f"no phone session {sid!r} on this transceiver")
-        return phone
-
-    def _op_phone_answered(self, req: dict[str, Any]) -> dict[str, Any]:
-        return self._phone_params_op(req, answered=True)
-
-    def _op_phone_update(self, req: dict[str, Any]) -> dict[str, Any]:
-        return self._phone_params_op(req, answered=False)
-
-    def _phone_params_op(self, req: dict[str, Any], *, answered: bool) -> dict[str, Any]:
-        phone = self._live_phone(req)
-        if isinstance(phone, dict):
-            return phone
+    def _patch_phone(self, phone: PhoneSession, req: dict[str, Any]) -> dict[str, Any]:
+        """``patch`` of a phone call: ``phone`` (PhoneParams) is the far end's new media.
+        ``answered: true``: its answer to our offer, which starts a pending call's media
+        (400 unless pending); else (the default) a re-INVITE: a direction change (hold)
+        keeps the leg, a new address, codec or key makes a new one."""
+        answered = req.get("answered", False)
+        if not isinstance(answered, bool):
+            return error(400, "bad-request", "answered must be true or false")
         try:
             params = PhoneParams.from_json_untrusted(req.get("phone"))
             self._unindex_phone(phone)
@@ -476,6 +476,15 @@ class ControlOps:
                 self._index_phone(phone)
         self._start_recording(phone)  # its first pipeline, if it is to be recorded
         return {"ok": True, "state": phone.state}
+
+    def _live_phone(self, req: dict[str, Any]) -> PhoneSession | dict[str, Any]:
+        sid = req.get("session_id")
+        if not isinstance(sid, str):
+            return error(400, "bad-request", "session_id must be a string")
+        phone = self.calls.get(sid)
+        if type(phone) is not PhoneSession:
+            return error(404, "unknown-session", f"no phone session {sid!r} on this transceiver")
+        return phone
 
     def _op_phone_dtmf(self, req: dict[str, Any]) -> dict[str, Any]:
         """``{"digit": "5", "duration_ms": 100}``: a SIP INFO digit for the agent; with

@@ -94,9 +94,10 @@ async def test_update_dtmf_and_end_go_to_the_transceiver_that_has_the_call() -> 
     await media.end(cid)
     await media.end(cid)  # idempotent: nothing more is sent
     ops = [(r["op"], r.get("phone", {}).get("direction"), r.get("digit")) for r in t.got]
-    assert ops == [("create", "sendrecv", None), ("phone.update", "recvonly", None),
+    assert ops == [("create", "sendrecv", None), ("patch", "recvonly", None),
                    ("phone.dtmf", None, "9"), ("delete", None, None),
                    ("get", None, None)]  # the ended session object, for the report
+    assert t.got[1]["answered"] is False  # a re-INVITE's leg options, not an answer
     assert media.where == {}
 
 
@@ -181,7 +182,7 @@ async def test_an_outbound_call_places_a_pending_session_then_answered_gives_it_
     got = await media.answered(cid, ANSWER)
     assert isinstance(got, MediaAnswer) and got.plan.codec.name.upper() == "PCMA"
     op = t.got[-1]
-    assert op["op"] == "phone.answered" and op["session_id"] == cid
+    assert (op["op"], op["answered"], op["session_id"]) == ("patch", True, cid)
     params = PhoneParams.from_json_untrusted(op["phone"])
     assert params.remote == ("203.0.113.9", 41000)
     await media.end(cid)

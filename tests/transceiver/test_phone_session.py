@@ -228,10 +228,15 @@ async def test_a_pending_call_starts_media_when_answered(rig: Rig) -> None:
     assert resp["ok"], resp
     assert rig.tr.calls[sid].state == "new"
     await rig.send_rtp(tone_packets(1)[0])  # nothing to take it yet: dropped
-    bad = await rig.op(op="phone.update", session_id="nope", phone=params(rig))
+    bad = await rig.op(op="patch", session_id="nope", phone=params(rig))
     assert bad["status"] == 404
-    assert (await rig.op(op="phone.answered", session_id=sid, phone=params(rig)))["ok"]
-    assert (await rig.op(op="phone.answered", session_id=sid, phone=params(rig)))["status"] == 400
+    assert (await rig.op(op="patch", session_id=sid, phone=params(rig), answered=True))["ok"]
+    twice = await rig.op(op="patch", session_id=sid, phone=params(rig), answered=True)
+    assert twice["status"] == 400  # answered only once: it is no longer pending
+    notbool = await rig.op(op="patch", session_id=sid, phone=params(rig), answered="yes")
+    assert (notbool["status"], notbool["code"]) == (400, "bad-request")
+    noparams = await rig.op(op="patch", session_id=sid)
+    assert (noparams["status"], noparams["code"]) == (400, "bad-params")
     with trio.fail_after(TIMEOUT):
         for pkt in tone_packets(5):
             await rig.send_rtp(pkt)
@@ -239,14 +244,14 @@ async def test_a_pending_call_starts_media_when_answered(rig: Rig) -> None:
     assert rtp_header_fields_untrusted(payload)[0] == 0
     # a re-INVITE to hold: direction only, same leg; we stop sending
     leg = rig.tr.calls[sid].leg
-    held = await rig.op(op="phone.update", session_id=sid, phone=params(rig, direction="recvonly"))
+    held = await rig.op(op="patch", session_id=sid, phone=params(rig, direction="recvonly"))
     assert held["ok"] and rig.tr.calls[sid].leg is leg and leg is not None
     assert not leg.can_send()
     # RFC 2543 hold (c=0.0.0.0) is a direction change too: the leg and its latch stay
-    old_hold = await rig.op(op="phone.update", session_id=sid, phone=params(
+    old_hold = await rig.op(op="patch", session_id=sid, phone=params(
         rig, direction="inactive", remote=["0.0.0.0", rig.trunk[1]]))
     assert old_hold["ok"] and rig.tr.calls[sid].leg is leg and leg.latched == rig.trunk
-    unhold = await rig.op(op="phone.update", session_id=sid, phone=params(rig))
+    unhold = await rig.op(op="patch", session_id=sid, phone=params(rig))
     assert unhold["ok"] and rig.tr.calls[sid].leg is leg and leg.can_send()
 
 
@@ -266,11 +271,12 @@ async def test_bad_params_are_refused_clearly(rig: Rig) -> None:
 
 async def test_the_old_phone_ops_are_unknown_and_the_generic_ones_answer(rig: Rig) -> None:
     """Issue 39 item 1, one set of control ops: ``phone.end``/``phone.get``/``phone.list``
-    are gone (400 unknown-op like any unknown op); ``delete``/``get``/``list`` answer for a
-    phone call, and for an id nobody has, 404."""
+    and ``phone.answered``/``phone.update`` (now ``patch`` with leg options) are gone (400
+    unknown-op like any unknown op); ``delete``/``get``/``list`` answer for a phone call,
+    and for an id nobody has, 404."""
     sid = "rtc_sip_" + "g" * 24
     assert (await rig.op(op="create", leg="phone", session_id=sid, phone=params(rig)))["ok"]
-    for op in ("phone.end", "phone.get", "phone.list"):
+    for op in ("phone.end", "phone.get", "phone.list", "phone.answered", "phone.update"):
         resp = await rig.op(op=op, session_id=sid, reason="x")
         assert (resp["ok"], resp["status"], resp["code"]) == (False, 400, "unknown-op"), op
         assert op in resp["detail"]
