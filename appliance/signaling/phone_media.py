@@ -510,10 +510,10 @@ class TransceiverPhoneMedia:
         if ep is None:
             return
         try:
-            await ep.client.request({"op": "phone.dtmf", "session_id": call_id,
+            await ep.client.request({"op": "dtmf", "session_id": call_id,
                                      "digit": digit, "duration_ms": duration_ms})
         except ControlError as exc:
-            log.info("phone.dtmf of %s failed: %s", call_id, exc)
+            log.info("dtmf of phone call %s failed: %s", call_id, exc)
 
     # -- events from the transceivers ---------------------------------------------------------
 

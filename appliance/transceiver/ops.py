@@ -1,7 +1,7 @@
 """The transceiver's control operations (docs/control-protocol.md "Transceiver
 operations"): ``create`` for either leg kind, ``patch`` (a WebRTC call's ICE restart
 or a phone call's new leg options), ``delete``, ``list`` and ``get`` (every call kind),
-``stats``, ``drain``, ``phone.dtmf``, signaling's ``events`` long-poll, and what
+``stats``, ``drain``, ``dtmf`` (a phone call's), signaling's ``events`` long-poll, and what
 ``create`` sets up beside the call (its agent warmed off the loop, its recording).
 
 :class:`ControlOps` is a mixin of :class:`~.server.Transceiver`, whose ``handle_control``
@@ -477,21 +477,18 @@ class ControlOps:
         self._start_recording(phone)  # its first pipeline, if it is to be recorded
         return {"ok": True, "state": phone.state}
 
-    def _live_phone(self, req: dict[str, Any]) -> PhoneSession | dict[str, Any]:
-        sid = req.get("session_id")
-        if not isinstance(sid, str):
-            return error(400, "bad-request", "session_id must be a string")
-        phone = self.calls.get(sid)
-        if type(phone) is not PhoneSession:
-            return error(404, "unknown-session", f"no phone session {sid!r} on this transceiver")
-        return phone
-
-    def _op_phone_dtmf(self, req: dict[str, Any]) -> dict[str, Any]:
-        """``{"digit": "5", "duration_ms": 100}``: a SIP INFO digit for the agent; with
-        ``"send": "123"`` instead, digits we send the far end (RFC 4733)."""
-        phone = self._live_phone(req)
+    def _op_dtmf(self, req: dict[str, Any]) -> dict[str, Any]:
+        """A call's DTMF: ``{"digit": "5", "duration_ms": 100}``, a SIP INFO digit for the
+        agent; with ``"send": "123"`` instead, digits we send the far end (RFC 4733). Only a
+        phone call has a leg that carries digits: a WebRTC call answers 409."""
+        phone = self._find(req)
         if isinstance(phone, dict):
             return phone
+        if isinstance(phone, Kept) or phone.state == "ended":
+            return error(404, "unknown-session", f"session {phone.id!r} has ended")
+        if not isinstance(phone, PhoneSession):
+            return error(409, "no-dtmf-leg", f"session {phone.id!r} is a WebRTC call: it has "
+                         "no DTMF leg (only a phone call sends or receives digits)")
         send = req.get("send")
         if send is not None:
             if not isinstance(send, str) or not 0 < len(send) <= 32:

@@ -244,7 +244,7 @@ class PhoneSession(CallShell):
         self._drain()
 
     def dtmf_from_signaling(self, digit: str, duration_ms: int) -> None:
-        """A digit from SIP INFO (signaling's ``phone.dtmf``): to the agent, like RFC 4733."""
+        """A digit from SIP INFO (signaling's ``dtmf`` op): to the agent, like RFC 4733."""
         self.dtmf_digits += 1
         self._counters["phone_dtmf_in"] = self._counters.get("phone_dtmf_in", 0) + 1
         self.host.push_event({"type": "dtmf", "digit": digit, "duration_ms": duration_ms,

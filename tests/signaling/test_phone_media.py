@@ -95,7 +95,7 @@ async def test_update_dtmf_and_end_go_to_the_transceiver_that_has_the_call() -> 
     await media.end(cid)  # idempotent: nothing more is sent
     ops = [(r["op"], r.get("phone", {}).get("direction"), r.get("digit")) for r in t.got]
     assert ops == [("create", "sendrecv", None), ("patch", "recvonly", None),
-                   ("phone.dtmf", None, "9"), ("delete", None, None),
+                   ("dtmf", None, "9"), ("delete", None, None),
                    ("get", None, None)]  # the ended session object, for the report
     assert t.got[1]["answered"] is False  # a re-INVITE's leg options, not an answer
     assert media.where == {}

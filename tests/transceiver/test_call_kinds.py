@@ -260,10 +260,11 @@ async def test_every_call_kinds_end_reaches_a_waiting_events_poll(caller: Caller
     assert session["end_reason"] == "bye" and session["packets_in"] > 0
 
 
-async def test_a_patch_for_the_other_call_kind_is_refused(caller: Caller) -> None:
+async def test_a_patch_or_dtmf_for_the_other_call_kind_is_refused(caller: Caller) -> None:
     """One ``patch`` for every call kind (issue 39 item 1), dispatched on the call's kind: a
     WebRTC call takes an sdpfrag, a phone call its leg options; the other kind's field is
-    a 409 naming the call's kind, and the call carries on untouched."""
+    a 409 naming the call's kind, and the call carries on untouched. ``dtmf`` likewise: a
+    WebRTC call has no DTMF leg (409)."""
     await caller.start()
     phone = caller._phone("echo")
     frag = "a=ice-ufrag:abcd\r\na=ice-pwd:" + "p" * 24 + "\r\n"
@@ -279,6 +280,14 @@ async def test_a_patch_for_the_other_call_kind_is_refused(caller: Caller) -> Non
     both = await caller.tr.handle_control({"op": "patch", "session_id": caller.sid,
                                            "phone": phone, "sdpfrag": frag})
     assert (both["status"], both["code"]) == (400, "bad-request") and "not both" in both["detail"]
+    # DTMF is a call-level op; only a phone call has a leg that carries digits
+    dtmf = await caller.tr.handle_control({"op": "dtmf", "session_id": caller.sid,
+                                           "digit": "5", "duration_ms": 100})
+    if caller.kind == "webrtc":
+        assert (dtmf["status"], dtmf["code"]) == (409, "no-dtmf-leg"), dtmf
+        assert "no DTMF leg" in dtmf["detail"]
+    else:
+        assert dtmf == {"ok": True}
     assert caller.tr.calls[caller.sid].state != "ended"
     await caller.end()
     gone = await caller.tr.handle_control({"op": "patch", "session_id": caller.sid, **wrong})

@@ -184,7 +184,7 @@ async def test_rfc4733_digits_reach_the_agent_and_signaling(rig: Rig) -> None:
     assert events[-1] == {"type": "dtmf", "digit": "7", "duration_ms": 100, "source": "rfc4733"}
     assert polled and polled[0]["type"] == "dtmf" and polled[0]["digit"] == "7"
     # SIP INFO digits come from signaling and reach the agent the same way
-    assert (await rig.op(op="phone.dtmf", session_id=sid, digit="#", duration_ms=250))["ok"]
+    assert (await rig.op(op="dtmf", session_id=sid, digit="#", duration_ms=250))["ok"]
     async with aclosing(phone.ctx.events()) as stream:
         async for ev in stream:
             assert ev == {"type": "dtmf", "digit": "#", "duration_ms": 250, "source": "sip-info"}
@@ -271,12 +271,14 @@ async def test_bad_params_are_refused_clearly(rig: Rig) -> None:
 
 async def test_the_old_phone_ops_are_unknown_and_the_generic_ones_answer(rig: Rig) -> None:
     """Issue 39 item 1, one set of control ops: ``phone.end``/``phone.get``/``phone.list``
-    and ``phone.answered``/``phone.update`` (now ``patch`` with leg options) are gone (400
+    and ``phone.answered``/``phone.update`` (now ``patch`` with leg options) and
+    ``phone.dtmf`` (now ``dtmf``) are gone (400
     unknown-op like any unknown op); ``delete``/``get``/``list`` answer for a phone call,
     and for an id nobody has, 404."""
     sid = "rtc_sip_" + "g" * 24
     assert (await rig.op(op="create", leg="phone", session_id=sid, phone=params(rig)))["ok"]
-    for op in ("phone.end", "phone.get", "phone.list", "phone.answered", "phone.update"):
+    for op in ("phone.end", "phone.get", "phone.list", "phone.answered", "phone.update",
+               "phone.dtmf"):
         resp = await rig.op(op=op, session_id=sid, reason="x")
         assert (resp["ok"], resp["status"], resp["code"]) == (False, 400, "unknown-op"), op
         assert op in resp["detail"]
