@@ -419,13 +419,12 @@ class TransceiverPhoneMedia:
         return got
 
     async def answered(self, call_id: str, answer_sdp: bytes) -> MediaAnswer | MediaRefusal:
-        """The callee's answer: checked against our offer, then ``phone.answered`` gives the
-        pending session its leg (the caller hangs up with BYE on a refusal)."""
+        """The callee's answer: checked against our offer, then a ``patch`` (``answered``)
+        gives the pending session its leg (the caller hangs up with BYE on a refusal)."""
         got = await self.sdp.answered(call_id, answer_sdp)
         if isinstance(got, MediaRefusal):
             return got
-        refused = await self._params_op(call_id, "phone.answered",
-                                        self.sdp.calls[call_id].params())
+        refused = await self._patch(call_id, self.sdp.calls[call_id].params(), answered=True)
         return refused if refused is not None else got
 
     async def _place(self, call_id: str, body: dict[str, Any]) -> MediaRefusal | None:
@@ -462,15 +461,17 @@ class TransceiverPhoneMedia:
         log.info("phone call %s placed on transceiver %s", call_id, k)
         return None
 
-    async def _params_op(self, call_id: str, op: str, params: PhoneParams
-                         ) -> MediaRefusal | None:
+    async def _patch(self, call_id: str, params: PhoneParams, *, answered: bool
+                     ) -> MediaRefusal | None:
+        """``patch`` the placed call with its phone leg options: the far end's answer to
+        our offer (``answered``) or a re-INVITE's new media."""
         k = self.where.get(call_id)
         ep = self.state.health.transceivers.get(k) if k is not None else None
         if ep is None:
             return MediaRefusal(488, "no media for this call")
         try:
-            resp = await ep.client.request({"op": op, "session_id": call_id,
-                                            "phone": params.to_json()})
+            resp = await ep.client.request({"op": "patch", "session_id": call_id,
+                                            "phone": params.to_json(), "answered": answered})
         except ControlError as exc:
             return MediaRefusal(503, f"transceiver {k} did not answer: {exc}"[:120])
         if not resp.get("ok"):
@@ -481,8 +482,7 @@ class TransceiverPhoneMedia:
         got = await self.sdp.update(call_id, offer_sdp)
         if isinstance(got, MediaRefusal):
             return got
-        refused = await self._params_op(call_id, "phone.update",
-                                        self.sdp.calls[call_id].params())
+        refused = await self._patch(call_id, self.sdp.calls[call_id].params(), answered=False)
         return refused if refused is not None else got
 
     async def end(self, call_id: str) -> dict[str, Any] | None:
@@ -494,12 +494,12 @@ class TransceiverPhoneMedia:
         if ep is None:
             return None
         try:
-            await ep.client.request({"op": "phone.end", "session_id": call_id,
+            await ep.client.request({"op": "delete", "session_id": call_id,
                                      "reason": "sip-ended"})
             # the ended session object (the transceiver keeps the recently ended ones)
-            resp = await ep.client.request({"op": "phone.get", "session_id": call_id})
+            resp = await ep.client.request({"op": "get", "session_id": call_id})
         except ControlError as exc:
-            log.info("phone.end of %s on transceiver %s failed: %s", call_id, k, exc)
+            log.info("delete of phone call %s on transceiver %s failed: %s", call_id, k, exc)
             return None
         session = resp.get("session") if resp.get("ok") else None
         return session if isinstance(session, dict) else None
@@ -510,10 +510,10 @@ class TransceiverPhoneMedia:
         if ep is None:
             return
         try:
-            await ep.client.request({"op": "phone.dtmf", "session_id": call_id,
+            await ep.client.request({"op": "dtmf", "session_id": call_id,
                                      "digit": digit, "duration_ms": duration_ms})
         except ControlError as exc:
-            log.info("phone.dtmf of %s failed: %s", call_id, exc)
+            log.info("dtmf of phone call %s failed: %s", call_id, exc)
 
     # -- events from the transceivers ---------------------------------------------------------
 

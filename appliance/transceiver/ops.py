@@ -1,7 +1,8 @@
 """The transceiver's control operations (docs/control-protocol.md "Transceiver
-operations"): ``create`` for either leg kind, ``patch`` (ICE restart), ``delete``, ``list``,
-``get``, ``stats``, ``drain``, the ``phone.*`` ops, signaling's ``events`` long-poll, and
-what ``create`` sets up beside the call (its agent warmed off the loop, its recording).
+operations"): ``create`` for either leg kind, ``patch`` (a WebRTC call's ICE restart
+or a phone call's new leg options), ``delete``, ``list`` and ``get`` (every call kind),
+``stats``, ``drain``, ``dtmf`` (a phone call's), signaling's ``events`` long-poll, and what
+``create`` sets up beside the call (its agent warmed off the loop, its recording).
 
 :class:`ControlOps` is a mixin of :class:`~.server.Transceiver`, whose ``handle_control``
 dispatches ``op`` to ``_op_<op>`` here. The ops read and fill the server's one call table
@@ -20,6 +21,7 @@ import json
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +56,17 @@ MAX_SESSION_ID = 128
 CALL_EVENTS_WAIT = 30.0  # the longest an ``events`` poll may wait
 #: an ``events`` answer stops adding events past this much JSON (a line is at most 1 MiB)
 CALL_EVENTS_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """A recently ended call of either kind, as ``get``/``delete``/``patch`` find it: its
+    reason, when, and its final session object (``info``)."""
+
+    id: str
+    end_reason: Any
+    ended_at: Any
+    info: dict[str, Any]
 
 
 def error(status: int, code: str, detail: str) -> dict[str, Any]:
@@ -114,17 +127,22 @@ class ControlOps:
         def _index_phone(self, phone: PhoneSession) -> None: ...
         def _unindex_phone(self, phone: PhoneSession) -> None: ...
 
-    def _find(self, req: dict[str, Any]) -> Session | EndedSession | dict[str, Any]:
+    def _find(self, req: dict[str, Any]) -> Call | Kept | dict[str, Any]:
+        """The call ``session_id`` names, either kind: live, or one of the recently ended
+        (:class:`Kept`); else the error to answer."""
         sid = req.get("session_id")
         if not isinstance(sid, str):
             return error(400, "bad-request", "session_id must be a string")
-        session = self.calls.get(sid)
-        if type(session) is not Session:  # (a phone call has its phone.* ops)
-            for old in self.ended:
-                if old.id == sid:
-                    return old
-            return error(404, "unknown-session", f"no session {sid!r} on this transceiver")
-        return session
+        call = self.calls.get(sid)
+        if call is not None:
+            return call
+        for old in self.ended:
+            if old.id == sid:
+                return Kept(old.id, old.end_reason, old.ended_at, old.describe())
+        for info in self.ended_phones:
+            if info.get("id") == sid:
+                return Kept(sid, info.get("end_reason"), info.get("ended_at"), dict(info))
+        return error(404, "unknown-session", f"no session {sid!r} on this transceiver")
 
     async def warm(self, spec: str) -> None:
         """Resolve an agent spec once in a worker thread, so the op's own ``resolve`` finds
@@ -150,12 +168,9 @@ class ControlOps:
 
     def _session_state(self, sid: str) -> str | None:
         """A WebRTC or a phone session's state (the sideband attaches to either)."""
-        call = self.calls.get(sid)
-        if type(call) is PhoneSession:
-            return call.state
-        if any(old.get("id") == sid for old in self.ended_phones):
-            return "ended"
         found = self._find({"session_id": sid})
+        if isinstance(found, Kept):
+            return "ended"
         return None if isinstance(found, dict) else found.state
 
     def _op_create(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -274,11 +289,25 @@ class ControlOps:
         self._nursery.start_soon(rec.run)
 
     def _op_patch(self, req: dict[str, Any]) -> dict[str, Any]:
+        """A live call's new media, by its kind: a WebRTC call's ``sdpfrag`` (trickle or
+        an ICE restart, below), a phone call's leg options (``phone``, :meth:`_patch_phone`).
+        The other kind's field is refused (409, naming the call's kind)."""
         found = self._find(req)
         if isinstance(found, dict):
             return found
-        if isinstance(found, EndedSession) or found.state == "ended":
+        if isinstance(found, Kept) or found.state == "ended":
             return error(404, "unknown-session", f"session {found.id!r} has ended")
+        if "sdpfrag" in req and "phone" in req:
+            return error(400, "bad-request", "patch takes sdpfrag (a WebRTC call) or phone "
+                         "(a phone call's leg options), not both")
+        if isinstance(found, PhoneSession):
+            if "sdpfrag" in req:
+                return error(409, "not-webrtc", f"session {found.id!r} is a phone call: "
+                             "an sdpfrag (ICE) is a WebRTC call's; send phone leg options")
+            return self._patch_phone(found, req)
+        if "phone" in req or "answered" in req:
+            return error(409, "not-phone", f"session {found.id!r} is a WebRTC call: phone "
+                         "leg options are a phone call's; send an sdpfrag")
         session = found
         body = req.get("sdpfrag")
         if not isinstance(body, str):
@@ -308,12 +337,14 @@ class ControlOps:
         return {"ok": True, "sdpfrag": text}
 
     def _op_delete(self, req: dict[str, Any]) -> dict[str, Any]:
+        """End a call of either kind; an already-ended one keeps its own reason and says
+        which (signaling keeps those, not ``reason``)."""
         found = self._find(req)
         if isinstance(found, dict):
             return found
-        reason = req.get("reason")
-        found.end(reason if isinstance(reason, str) and reason else "deleted")
-        # An already-ended session keeps its own reason: tell signaling which one it is.
+        if not isinstance(found, Kept):
+            reason = req.get("reason")
+            found.end(reason if isinstance(reason, str) and reason else "deleted")
         return {"ok": True, "end_reason": found.end_reason, "ended_at": found.ended_at}
 
     def _op_list(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -323,11 +354,13 @@ class ControlOps:
                 + list(self.ended_phones)}
 
     def _op_get(self, req: dict[str, Any]) -> dict[str, Any]:
+        """One call's session object, either kind (a phone call's has its ``phone``
+        member), live or recently ended."""
         found = self._find(req)
         if isinstance(found, dict):
-            phone = self._op_phone_get(req)  # a phone call is a call like any
-            return phone if phone.get("ok") else found
-        return {"ok": True, "session": found.describe()}
+            return found
+        return {"ok": True, "session": found.info if isinstance(found, Kept)
+                else found.describe()}
 
     def _op_stats(self, req: dict[str, Any]) -> dict[str, Any]:
         by_state = dict.fromkeys(("new", "connecting", "connected"), 0)
@@ -356,7 +389,7 @@ class ControlOps:
     def _create_phone(self, req: dict[str, Any]) -> dict[str, Any]:
         """``create`` with ``leg: "phone"``, a phone call's media: answering (``phone`` = PhoneParams, media at once) or
         pending our own offer (``phone`` absent; ``call_id`` and ``agent`` given; the
-        answer comes as ``phone.answered``)."""
+        answer comes as a ``patch`` with ``answered: true``)."""
         now = trio.current_time()
         if self.draining:
             return error(503, "draining", "this transceiver is draining")
@@ -421,25 +454,14 @@ class ControlOps:
                  loggable_url(agent.name))
         return {"ok": True, "session_id": sid, "ssrc": phone.ssrc}
 
-    def _live_phone(self, req: dict[str, Any]) -> PhoneSession | dict[str, Any]:
-        sid = req.get("session_id")
-        if not isinstance(sid, str):
-            return error(400, "bad-request", "session_id must be a string")
-        phone = self.calls.get(sid)
-        if type(phone) is not PhoneSession:
-            return error(404, "unknown-session", f"no phone session {sid!r} on this transceiver")
-        return phone
-
-    def _op_phone_answered(self, req: dict[str, Any]) -> dict[str, Any]:
-        return self._phone_params_op(req, answered=True)
-
-    def _op_phone_update(self, req: dict[str, Any]) -> dict[str, Any]:
-        return self._phone_params_op(req, answered=False)
-
-    def _phone_params_op(self, req: dict[str, Any], *, answered: bool) -> dict[str, Any]:
-        phone = self._live_phone(req)
-        if isinstance(phone, dict):
-            return phone
+    def _patch_phone(self, phone: PhoneSession, req: dict[str, Any]) -> dict[str, Any]:
+        """``patch`` of a phone call: ``phone`` (PhoneParams) is the far end's new media.
+        ``answered: true``: its answer to our offer, which starts a pending call's media
+        (400 unless pending); else (the default) a re-INVITE: a direction change (hold)
+        keeps the leg, a new address, codec or key makes a new one."""
+        answered = req.get("answered", False)
+        if not isinstance(answered, bool):
+            return error(400, "bad-request", "answered must be true or false")
         try:
             params = PhoneParams.from_json_untrusted(req.get("phone"))
             self._unindex_phone(phone)
@@ -455,12 +477,18 @@ class ControlOps:
         self._start_recording(phone)  # its first pipeline, if it is to be recorded
         return {"ok": True, "state": phone.state}
 
-    def _op_phone_dtmf(self, req: dict[str, Any]) -> dict[str, Any]:
-        """``{"digit": "5", "duration_ms": 100}``: a SIP INFO digit for the agent; with
-        ``"send": "123"`` instead, digits we send the far end (RFC 4733)."""
-        phone = self._live_phone(req)
+    def _op_dtmf(self, req: dict[str, Any]) -> dict[str, Any]:
+        """A call's DTMF: ``{"digit": "5", "duration_ms": 100}``, a SIP INFO digit for the
+        agent; with ``"send": "123"`` instead, digits we send the far end (RFC 4733). Only a
+        phone call has a leg that carries digits: a WebRTC call answers 409."""
+        phone = self._find(req)
         if isinstance(phone, dict):
             return phone
+        if isinstance(phone, Kept) or phone.state == "ended":
+            return error(404, "unknown-session", f"session {phone.id!r} has ended")
+        if not isinstance(phone, PhoneSession):
+            return error(409, "no-dtmf-leg", f"session {phone.id!r} is a WebRTC call: it has "
+                         "no DTMF leg (only a phone call sends or receives digits)")
         send = req.get("send")
         if send is not None:
             if not isinstance(send, str) or not 0 < len(send) <= 32:
@@ -477,33 +505,6 @@ class ControlOps:
             ms = 100
         phone.dtmf_from_signaling(digit, ms)
         return {"ok": True}
-
-    def _op_phone_end(self, req: dict[str, Any]) -> dict[str, Any]:
-        sid = req.get("session_id")
-        phone = self._phone(sid)
-        if phone is None:
-            for old in self.ended_phones:
-                if old.get("id") == sid:
-                    return {"ok": True, "end_reason": old.get("end_reason")}
-            return error(404, "unknown-session", f"no phone session {sid!r} on this transceiver")
-        reason = req.get("reason")
-        phone.end(reason if isinstance(reason, str) and reason else "deleted")
-        return {"ok": True, "end_reason": phone.end_reason}
-
-    def _op_phone_get(self, req: dict[str, Any]) -> dict[str, Any]:
-        sid = req.get("session_id")
-        phone = self._phone(sid)
-        if phone is not None:
-            return {"ok": True, "session": phone.describe()}
-        for old in self.ended_phones:
-            if old.get("id") == sid:
-                return {"ok": True, "session": dict(old)}
-        return error(404, "unknown-session", f"no phone session {sid!r} on this transceiver")
-
-    def _op_phone_list(self, req: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": True, "epoch": self.epoch,
-                "sessions": [p.describe() for p in self.calls.values()
-                             if type(p) is PhoneSession]}
 
     async def _events(self, req: dict[str, Any]) -> dict[str, Any]:
         """Signaling's long-poll, for every call: the events after ``after`` (of this
@@ -545,7 +546,3 @@ class ControlOps:
             nxt = self.event_seq
         return {"ok": True, "epoch": self.epoch, "next": nxt, "events": events,
                 "live": sorted(self.calls)}
-
-    def _phone(self, sid: object) -> PhoneSession | None:
-        call = self.calls.get(sid) if isinstance(sid, str) else None
-        return call if type(call) is PhoneSession else None

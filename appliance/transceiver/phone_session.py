@@ -20,9 +20,10 @@ latching, DTMF both ways, the PROXY headers for the relay, the leg counters.
 
 A session is created **answering** (``create``, leg ``phone``, with :class:`PhoneParams`:
 media starts at once) or **pending** (a phone ``create`` without params: our own offer went out in
-an outbound INVITE; nothing runs until ``phone.answered`` brings the far end's answer as
-params). ``phone.update`` (a re-INVITE) changes the direction in place; a new remote, codec
-or key makes a new leg (the leg's latch never moves for plain RTP: docs/adr-sip-media.md).
+an outbound INVITE; nothing runs until a ``patch`` with ``answered: true`` brings the far
+end's answer as params). A ``patch`` without it (a re-INVITE) changes the direction in
+place; a new remote, codec or key makes a new leg (the leg's latch never moves for plain
+RTP: docs/adr-sip-media.md).
 
 Sending needs a relay: our RTP goes to the relay internal address the call's last datagram
 (or the relay's vouch query) came from, with the PROXY header naming the leg's destination
@@ -204,14 +205,16 @@ class PhoneSession(CallShell):
         self._poke_timer(leg.poll_timeout())
 
     def answered(self, params: PhoneParams, now: float) -> None:
-        """``phone.answered``: the far end's answer to our offer (a pending session)."""
+        """``patch`` with ``answered: true``: the far end's answer to our offer (a pending
+        session)."""
         if not self.pending:
             raise ValueError("this phone session is not waiting for an answer")
         self._start_leg(params, now)
         self._drain()
 
     def update(self, params: PhoneParams, now: float) -> None:
-        """``phone.update`` (a re-INVITE): the direction in place, anything else a new leg."""
+        """``patch`` (a re-INVITE's leg options): the direction in place, anything else a
+        new leg."""
         if self._ended:
             raise ValueError("this phone session has ended")
         old = self.params
@@ -241,7 +244,7 @@ class PhoneSession(CallShell):
         self._drain()
 
     def dtmf_from_signaling(self, digit: str, duration_ms: int) -> None:
-        """A digit from SIP INFO (signaling's ``phone.dtmf``): to the agent, like RFC 4733."""
+        """A digit from SIP INFO (signaling's ``dtmf`` op): to the agent, like RFC 4733."""
         self.dtmf_digits += 1
         self._counters["phone_dtmf_in"] = self._counters.get("phone_dtmf_in", 0) + 1
         self.host.push_event({"type": "dtmf", "digit": digit, "duration_ms": duration_ms,

@@ -94,15 +94,16 @@ async def test_update_dtmf_and_end_go_to_the_transceiver_that_has_the_call() -> 
     await media.end(cid)
     await media.end(cid)  # idempotent: nothing more is sent
     ops = [(r["op"], r.get("phone", {}).get("direction"), r.get("digit")) for r in t.got]
-    assert ops == [("create", "sendrecv", None), ("phone.update", "recvonly", None),
-                   ("phone.dtmf", None, "9"), ("phone.end", None, None),
-                   ("phone.get", None, None)]  # the ended session object, for the report
+    assert ops == [("create", "sendrecv", None), ("patch", "recvonly", None),
+                   ("dtmf", None, "9"), ("delete", None, None),
+                   ("get", None, None)]  # the ended session object, for the report
+    assert t.got[1]["answered"] is False  # a re-INVITE's leg options, not an answer
     assert media.where == {}
 
 
 async def test_end_returns_the_ended_session_object_even_after_the_media_ended_first() -> None:
     """The end-of-call report's stats and transcript come from the transceiver's ended
-    session object: end() fetches it with phone.get, also when the media ended the call
+    session object: end() fetches it with get, also when the media ended the call
     (an ``ended`` event came first and the call is no longer placed)."""
     session = {"id": "x", "transcript": [{"who": "agent", "text": "hi", "at": 1.0}],
                "phone": {"leg": {"rtp_in": 7}}}
@@ -113,7 +114,7 @@ async def test_end_returns_the_ended_session_object_even_after_the_media_ended_f
     media.handle_events(0, [{"type": "ended", "call_id": cid, "reason": "rtp-timeout"}])
     assert listener.ended == [(cid, "rtp-timeout")] and media.where == {}
     assert await media.end(cid) == session
-    assert [r["op"] for r in t.got] == ["create", "phone.end", "phone.get"]
+    assert [r["op"] for r in t.got] == ["create", "delete", "get"]
     assert await media.end(cid) is None  # once: nothing is left to ask
 
 
@@ -181,11 +182,11 @@ async def test_an_outbound_call_places_a_pending_session_then_answered_gives_it_
     got = await media.answered(cid, ANSWER)
     assert isinstance(got, MediaAnswer) and got.plan.codec.name.upper() == "PCMA"
     op = t.got[-1]
-    assert op["op"] == "phone.answered" and op["session_id"] == cid
+    assert (op["op"], op["answered"], op["session_id"]) == ("patch", True, cid)
     params = PhoneParams.from_json_untrusted(op["phone"])
     assert params.remote == ("203.0.113.9", 41000)
     await media.end(cid)
-    assert [r["op"] for r in t.got[-2:]] == ["phone.end", "phone.get"] and media.where == {}
+    assert [r["op"] for r in t.got[-2:]] == ["delete", "get"] and media.where == {}
 
 
 async def test_an_outbound_answer_we_cannot_serve_never_reaches_the_transceiver() -> None:

@@ -1,7 +1,7 @@
 """Per-call features, written once and run for every call kind (issue 39 item 3): a WebRTC
 call (ICE + DTLS-SRTP, the test's client from ``support.py``), an inbound phone call
 (``create`` with ``leg: "phone"`` and the trunk's params) and an outbound one (pending,
-then ``phone.answered``). Each runs on a real transceiver and its UDP socket, the test
+then a ``patch`` with the answer's leg options). Each runs on a real transceiver and its UDP socket, the test
 playing the relay (PROXY v2 headers).
 
 These features were once written twice, in two shells, and the phone copy lacked them:
@@ -122,7 +122,8 @@ class Caller:
                                  agent=agent)
             self.ssrc = resp["ssrc"]
             assert self.tr.calls[self.sid].pipeline is None  # nothing runs while pending
-            await self.op(op="phone.answered", session_id=self.sid, phone=self._phone(agent))
+            await self.op(op="patch", session_id=self.sid, phone=self._phone(agent),
+                          answered=True)  # the far end's answer: its leg options
 
     # -- media --------------------------------------------------------------------------
 
@@ -180,8 +181,7 @@ class Caller:
             await trio.lowlevel.checkpoint()
 
     async def end(self, reason: str = "bye") -> None:
-        await self.op(op="delete" if self.kind == "webrtc" else "phone.end",
-                      session_id=self.sid, reason=reason)
+        await self.op(op="delete", session_id=self.sid, reason=reason)  # any kind
 
 
 @pytest.fixture(params=KINDS)
@@ -258,6 +258,40 @@ async def test_every_call_kinds_end_reaches_a_waiting_events_poll(caller: Caller
     session = ended["session"]
     assert session["id"] == caller.sid and session["state"] == "ended"
     assert session["end_reason"] == "bye" and session["packets_in"] > 0
+
+
+async def test_a_patch_or_dtmf_for_the_other_call_kind_is_refused(caller: Caller) -> None:
+    """One ``patch`` for every call kind (issue 39 item 1), dispatched on the call's kind: a
+    WebRTC call takes an sdpfrag, a phone call its leg options; the other kind's field is
+    a 409 naming the call's kind, and the call carries on untouched. ``dtmf`` likewise: a
+    WebRTC call has no DTMF leg (409)."""
+    await caller.start()
+    phone = caller._phone("echo")
+    frag = "a=ice-ufrag:abcd\r\na=ice-pwd:" + "p" * 24 + "\r\n"
+    if caller.kind == "webrtc":
+        wrong = {"phone": phone}
+        want = ("not-phone", "is a WebRTC call")
+    else:
+        wrong = {"sdpfrag": frag}
+        want = ("not-webrtc", "is a phone call")
+    resp = await caller.tr.handle_control({"op": "patch", "session_id": caller.sid, **wrong})
+    assert (resp["ok"], resp["status"], resp["code"]) == (False, 409, want[0]), resp
+    assert want[1] in resp["detail"]
+    both = await caller.tr.handle_control({"op": "patch", "session_id": caller.sid,
+                                           "phone": phone, "sdpfrag": frag})
+    assert (both["status"], both["code"]) == (400, "bad-request") and "not both" in both["detail"]
+    # DTMF is a call-level op; only a phone call has a leg that carries digits
+    dtmf = await caller.tr.handle_control({"op": "dtmf", "session_id": caller.sid,
+                                           "digit": "5", "duration_ms": 100})
+    if caller.kind == "webrtc":
+        assert (dtmf["status"], dtmf["code"]) == (409, "no-dtmf-leg"), dtmf
+        assert "no DTMF leg" in dtmf["detail"]
+    else:
+        assert dtmf == {"ok": True}
+    assert caller.tr.calls[caller.sid].state != "ended"
+    await caller.end()
+    gone = await caller.tr.handle_control({"op": "patch", "session_id": caller.sid, **wrong})
+    assert (gone["status"], gone["code"]) == (404, "unknown-session")
 
 
 async def test_every_call_kinds_agent_gets_stats(caller: Caller) -> None:

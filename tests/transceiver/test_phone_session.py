@@ -2,7 +2,8 @@
 UDP socket and control ops: a fake relay (a loopback socket sending PROXY v2 datagrams, and
 the vouch query a relay worker sends) stands in for the relay, the trunk's RTP is built
 here. The echo agent must send the caller's tone back (FFT), RFC 4733 digits must reach the
-agent and the ``events`` long-poll, and ``phone.end`` / the media timeout end it.
+agent and the ``events`` long-poll, and ``delete`` (the one op for every call kind) / the
+media timeout end it.
 """
 
 from __future__ import annotations
@@ -128,13 +129,21 @@ async def test_the_echo_agent_answers_a_tone_over_plain_rtp(rig: Rig) -> None:
                     assert ssrc == resp["ssrc"]
                     got.append(payload[off:end])
     assert abs(peak_hz(b"".join(got[5:])) - 1000) < 30  # the tone came back
-    view = (await rig.op(op="phone.get", session_id=sid))["session"]
+    view = (await rig.op(op="get", session_id=sid))["session"]  # the one get, any kind
     assert view["phone"]["latched"] == f"{rig.trunk[0]}:{rig.trunk[1]}"
     assert view["codec"] == "PCMU/8000" and view["packets_in"] >= 40
     # a stray source gets nothing and cannot take the call over
     await rig.send_rtp(packets[0], src=("127.0.0.1", rig.trunk[1] + 1))
-    ended = await rig.op(op="phone.end", session_id=sid, reason="bye")
-    assert ended == {"ok": True, "end_reason": "bye"}
+    ended = await rig.op(op="delete", session_id=sid, reason="bye")
+    assert ended["ok"] and ended["end_reason"] == "bye" and ended["ended_at"] > 0, ended
+    # ended, it is kept like a WebRTC call: get, list and a second delete answer for it
+    kept = (await rig.op(op="get", session_id=sid))["session"]
+    assert (kept["kind"], kept["state"], kept["end_reason"]) == ("phone", "ended", "bye")
+    assert kept["phone"]["latched"] == view["phone"]["latched"]
+    again = await rig.op(op="delete", session_id=sid, reason="later")
+    assert (again["end_reason"], again["ended_at"]) == ("bye", kept["ended_at"])
+    listed = (await rig.op(op="list"))["sessions"]
+    assert [(s["kind"], s["state"]) for s in listed if s["id"] == sid] == [("phone", "ended")]
     ev = await rig.op(op="events", after=0, wait=0, epoch=rig.tr.epoch)
     assert [e["type"] for e in ev["events"]] == ["ended"] and ev["live"] == []
     assert ev["events"][0]["call_id"] == sid and ev["events"][0]["reason"] == "bye"
@@ -175,7 +184,7 @@ async def test_rfc4733_digits_reach_the_agent_and_signaling(rig: Rig) -> None:
     assert events[-1] == {"type": "dtmf", "digit": "7", "duration_ms": 100, "source": "rfc4733"}
     assert polled and polled[0]["type"] == "dtmf" and polled[0]["digit"] == "7"
     # SIP INFO digits come from signaling and reach the agent the same way
-    assert (await rig.op(op="phone.dtmf", session_id=sid, digit="#", duration_ms=250))["ok"]
+    assert (await rig.op(op="dtmf", session_id=sid, digit="#", duration_ms=250))["ok"]
     async with aclosing(phone.ctx.events()) as stream:
         async for ev in stream:
             assert ev == {"type": "dtmf", "digit": "#", "duration_ms": 250, "source": "sip-info"}
@@ -219,10 +228,15 @@ async def test_a_pending_call_starts_media_when_answered(rig: Rig) -> None:
     assert resp["ok"], resp
     assert rig.tr.calls[sid].state == "new"
     await rig.send_rtp(tone_packets(1)[0])  # nothing to take it yet: dropped
-    bad = await rig.op(op="phone.update", session_id="nope", phone=params(rig))
+    bad = await rig.op(op="patch", session_id="nope", phone=params(rig))
     assert bad["status"] == 404
-    assert (await rig.op(op="phone.answered", session_id=sid, phone=params(rig)))["ok"]
-    assert (await rig.op(op="phone.answered", session_id=sid, phone=params(rig)))["status"] == 400
+    assert (await rig.op(op="patch", session_id=sid, phone=params(rig), answered=True))["ok"]
+    twice = await rig.op(op="patch", session_id=sid, phone=params(rig), answered=True)
+    assert twice["status"] == 400  # answered only once: it is no longer pending
+    notbool = await rig.op(op="patch", session_id=sid, phone=params(rig), answered="yes")
+    assert (notbool["status"], notbool["code"]) == (400, "bad-request")
+    noparams = await rig.op(op="patch", session_id=sid)
+    assert (noparams["status"], noparams["code"]) == (400, "bad-params")
     with trio.fail_after(TIMEOUT):
         for pkt in tone_packets(5):
             await rig.send_rtp(pkt)
@@ -230,14 +244,14 @@ async def test_a_pending_call_starts_media_when_answered(rig: Rig) -> None:
     assert rtp_header_fields_untrusted(payload)[0] == 0
     # a re-INVITE to hold: direction only, same leg; we stop sending
     leg = rig.tr.calls[sid].leg
-    held = await rig.op(op="phone.update", session_id=sid, phone=params(rig, direction="recvonly"))
+    held = await rig.op(op="patch", session_id=sid, phone=params(rig, direction="recvonly"))
     assert held["ok"] and rig.tr.calls[sid].leg is leg and leg is not None
     assert not leg.can_send()
     # RFC 2543 hold (c=0.0.0.0) is a direction change too: the leg and its latch stay
-    old_hold = await rig.op(op="phone.update", session_id=sid, phone=params(
+    old_hold = await rig.op(op="patch", session_id=sid, phone=params(
         rig, direction="inactive", remote=["0.0.0.0", rig.trunk[1]]))
     assert old_hold["ok"] and rig.tr.calls[sid].leg is leg and leg.latched == rig.trunk
-    unhold = await rig.op(op="phone.update", session_id=sid, phone=params(rig))
+    unhold = await rig.op(op="patch", session_id=sid, phone=params(rig))
     assert unhold["ok"] and rig.tr.calls[sid].leg is leg and leg.can_send()
 
 
@@ -253,6 +267,29 @@ async def test_bad_params_are_refused_clearly(rig: Rig) -> None:
     assert (await rig.op(op="phone.nope"))["code"] == "unknown-op"
     # one create for every leg kind: the old phone-only op is gone
     assert (await rig.op(op="phone.create", phone=params(rig)))["code"] == "unknown-op"
+
+
+async def test_the_old_phone_ops_are_unknown_and_the_generic_ones_answer(rig: Rig) -> None:
+    """Issue 39 item 1, one set of control ops: ``phone.end``/``phone.get``/``phone.list``
+    and ``phone.answered``/``phone.update`` (now ``patch`` with leg options) and
+    ``phone.dtmf`` (now ``dtmf``) are gone (400
+    unknown-op like any unknown op); ``delete``/``get``/``list`` answer for a phone call,
+    and for an id nobody has, 404."""
+    sid = "rtc_sip_" + "g" * 24
+    assert (await rig.op(op="create", leg="phone", session_id=sid, phone=params(rig)))["ok"]
+    for op in ("phone.end", "phone.get", "phone.list", "phone.answered", "phone.update",
+               "phone.dtmf"):
+        resp = await rig.op(op=op, session_id=sid, reason="x")
+        assert (resp["ok"], resp["status"], resp["code"]) == (False, 400, "unknown-op"), op
+        assert op in resp["detail"]
+    assert rig.tr.calls[sid].state != "ended"  # none of them did anything
+    view = (await rig.op(op="get", session_id=sid))["session"]
+    assert view["id"] == sid and view["phone"]["call_id"] == params(rig)["call_id"]
+    listed = (await rig.op(op="list"))["sessions"]
+    assert [(s["kind"], s["state"]) for s in listed if s["id"] == sid] == [("phone", view["state"])]
+    for op in ("get", "delete"):
+        assert (await rig.op(op=op, session_id="nope"))["code"] == "unknown-session"
+    assert (await rig.op(op="delete", session_id=sid))["end_reason"] == "deleted"
 
 
 async def test_media_timeout_ends_the_call(nursery: trio.Nursery,
