@@ -173,6 +173,25 @@ class ControlOps:
             return "ended"
         return None if isinstance(found, dict) else found.state
 
+    def _refuse_create(self, req: dict[str, Any], agent: object) -> dict[str, Any] | None:
+        """Why a ``create`` of either leg kind is refused before any work, or None: this
+        transceiver draining or full, no headroom for one more call of ``agent`` (issue
+        23), a bad or taken ``session_id``."""
+        if self.draining:
+            return error(503, "draining", "this transceiver is draining")
+        if len(self.calls) >= self.config.max_sessions:
+            return error(503, "full", f"{self.config.max_sessions} sessions is the limit")
+        if self.load.overloaded(agent):
+            self.counters["sessions_refused_overloaded"] += 1
+            return error(503, "overloaded",
+                         f"no headroom for another call (busy {100 * self.load.meter.busy:.0f} %)")
+        sid = req.get("session_id")
+        if not isinstance(sid, str) or not 0 < len(sid) <= MAX_SESSION_ID:
+            return error(400, "bad-request", "session_id must be a 1..128 character string")
+        if sid in self.calls:
+            return error(409, "session-exists", f"session {sid!r} already exists")
+        return None
+
     def _op_create(self, req: dict[str, Any]) -> dict[str, Any]:
         """A call of either leg kind: ``leg`` ``"webrtc"`` (the default: an SDP offer) or
         ``"phone"`` (its leg options: :meth:`_create_phone`)."""
@@ -182,19 +201,10 @@ class ControlOps:
         if leg != "webrtc":
             return error(400, "bad-leg", "leg must be \"webrtc\" or \"phone\"")
         now = trio.current_time()
-        if self.draining:
-            return error(503, "draining", "this transceiver is draining")
-        if len(self.calls) >= self.config.max_sessions:
-            return error(503, "full", f"{self.config.max_sessions} sessions is the limit")
-        if self.load.overloaded(req.get("agent")):  # before any SDP or DTLS work (issue 23)
-            self.counters["sessions_refused_overloaded"] += 1
-            return error(503, "overloaded",
-                          f"no headroom for another call (busy {100 * self.load.meter.busy:.0f} %)")
-        sid = req.get("session_id")
-        if not isinstance(sid, str) or not 0 < len(sid) <= MAX_SESSION_ID:
-            return error(400, "bad-request", "session_id must be a 1..128 character string")
-        if sid in self.calls:
-            return error(409, "session-exists", f"session {sid!r} already exists")
+        refused = self._refuse_create(req, req.get("agent"))  # before any SDP or DTLS work
+        if refused is not None:
+            return refused
+        sid = req["session_id"]
         offer_text = req.get("offer")
         if not isinstance(offer_text, str):
             return error(400, "bad-request", "offer must be SDP text")
@@ -381,7 +391,7 @@ class ControlOps:
 
     def _op_drain(self, req: dict[str, Any]) -> dict[str, Any]:
         self.drain()
-        return {"ok": True, "sessions": sum(type(c) is Session for c in self.calls.values()),
+        return {"ok": True, "sessions": len(self.calls),  # every call kind: drained waits for all
                 "exit_when_drained": self.config.exit_when_drained}
 
     # -- phone calls (phone_session.py; docs/control-protocol.md "Phone calls") ----------
@@ -391,21 +401,12 @@ class ControlOps:
         pending our own offer (``phone`` absent; ``call_id`` and ``agent`` given; the
         answer comes as a ``patch`` with ``answered: true``)."""
         now = trio.current_time()
-        if self.draining:
-            return error(503, "draining", "this transceiver is draining")
-        if len(self.calls) >= self.config.max_sessions:
-            return error(503, "full", f"{self.config.max_sessions} sessions is the limit")
         phone_req = req.get("phone")  # (its agent: what one more call of it would cost)
-        if self.load.overloaded(phone_req.get("agent") if isinstance(phone_req, dict)
-                           else req.get("agent")):
-            self.counters["sessions_refused_overloaded"] += 1
-            return error(503, "overloaded",
-                          f"no headroom for another call (busy {100 * self.load.meter.busy:.0f} %)")
-        sid = req.get("session_id")
-        if not isinstance(sid, str) or not 0 < len(sid) <= MAX_SESSION_ID:
-            return error(400, "bad-request", "session_id must be a 1..128 character string")
-        if sid in self.calls:
-            return error(409, "session-exists", f"session {sid!r} already exists")
+        refused = self._refuse_create(req, phone_req.get("agent") if isinstance(phone_req, dict)
+                                      else req.get("agent"))
+        if refused is not None:
+            return refused
+        sid = req["session_id"]
         params: PhoneParams | None = None
         call_id: Any
         agent_spec: Any
