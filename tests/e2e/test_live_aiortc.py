@@ -30,9 +30,8 @@ from typing import Any
 import numpy as np
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
-from aiortc.contrib.media import MediaPlayer
 from e2e.procs import Proc, free_tcp_port, free_udp_port
-from e2e.test_realtime_aiortc import Events
+from e2e.test_realtime_aiortc import Events, oai_caller
 from e2e.test_up_http import http_json, in_fresh_thread
 from live.live_shapes import shape_errors
 from speech.speech_support import espeak_pcm48, have_espeak, silence
@@ -81,13 +80,7 @@ def create(base: str, offer: str) -> Any:
 
 
 async def live_call(base: str, wav: Path) -> dict[str, Any]:
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    player = MediaPlayer(str(wav))
-    assert player.audio is not None
-    pc.addTrack(player.audio)
-    channel = pc.createDataChannel("oai-events")
-    events = Events()
-    channel.on("message", lambda m: asyncio.ensure_future(events.add(m)))
+    pc, player, channel, events = oai_caller(wav)
     loop = asyncio.get_running_loop()
     heard: list[tuple[float, float]] = []  # (time, peak) of each received frame
 
@@ -210,13 +203,7 @@ def watch(base: str, session_id: str, got: list[dict[str, Any]]) -> dict[str, An
 
 
 async def watched_call(base: str, wav: Path) -> dict[str, Any]:
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    player = MediaPlayer(str(wav))
-    assert player.audio is not None
-    pc.addTrack(player.audio)
-    channel = pc.createDataChannel("oai-events")
-    events = Events()
-    channel.on("message", lambda m: asyncio.ensure_future(events.add(m)))
+    pc, player, channel, events = oai_caller(wav)
     await pc.setLocalDescription(await pc.createOffer())
     client = openai.OpenAI(api_key="unused-on-loopback", base_url=base + "/v1")
     made = await asyncio.to_thread(client.live.create, session={"model": "gpt-live-1"},
@@ -271,13 +258,7 @@ async def stored_call(base: str, wav: Path) -> dict[str, Any]:
     content (once the transceiver has finalised it) and a WebRTC fork of it."""
     client = openai.OpenAI(api_key="unused-on-loopback", base_url=base + "/v1")
     out: dict[str, Any] = {}
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    player = MediaPlayer(str(wav))
-    assert player.audio is not None
-    pc.addTrack(player.audio)
-    channel = pc.createDataChannel("oai-events")
-    events = Events()
-    channel.on("message", lambda m: asyncio.ensure_future(events.add(m)))
+    pc, player, channel, events = oai_caller(wav)
     await pc.setLocalDescription(await pc.createOffer())
     made = await asyncio.to_thread(client.live.create,
                                    session={"model": "gpt-live-1", "store": True},

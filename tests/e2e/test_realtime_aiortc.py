@@ -102,7 +102,9 @@ class Events:
         return found()[n - 1]
 
 
-async def realtime_call(base: str, wav: Path) -> dict[str, Any]:
+def oai_caller(wav: Path) -> tuple[RTCPeerConnection, MediaPlayer, Any, Events]:
+    """An aiortc caller as a browser places one: ``wav`` as its microphone track and the
+    ``oai-events`` channel read into :class:`Events`, before the offer is made."""
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     player = MediaPlayer(str(wav))
     assert player.audio is not None
@@ -110,6 +112,11 @@ async def realtime_call(base: str, wav: Path) -> dict[str, Any]:
     channel = pc.createDataChannel("oai-events")
     events = Events()
     channel.on("message", lambda m: asyncio.ensure_future(events.add(m)))
+    return pc, player, channel, events
+
+
+async def realtime_call(base: str, wav: Path) -> dict[str, Any]:
+    pc, player, channel, events = oai_caller(wav)
     loop = asyncio.get_running_loop()
     heard: list[tuple[float, float]] = []  # (time, peak) of each received frame
 
