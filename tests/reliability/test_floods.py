@@ -274,6 +274,8 @@ async def test_client_hello_flood_from_authenticated_ports_switches_cookies_on(
     await eventually(lambda: all(c.received >= 5 for c in calls), 15, "media on every call")
     auth = tmp_path / "auth.json"
     auth.write_text(json.dumps(await _attacker_sessions(stack, 0, 48)))
+    ports = (stack.public[1], stack.taddrs[0][1])  # the relay's public, the transceiver's
+    kernel_before = sum(_kernel_drops(p) for p in ports)
     result = await _flood("--target", f"{stack.public[0]}:{stack.public[1]}", "--auth", str(auth),
                           "--kinds", "dtls-hello", "--duration", str(SECONDS), "--sockets", "96")
     mid = await stack.ctl(0, op="stats")
@@ -283,9 +285,10 @@ async def test_client_hello_flood_from_authenticated_ports_switches_cookies_on(
     stats = await stack.ctl(0, op="stats")
     c = stats["counters"]
     relay = await stack.relay_stats()
+    kernel = sum(_kernel_drops(p) for p in ports) - kernel_before
     print("client hello flood", result, "loss up", up, "down", down, "admission",
           mid["dtls_admission"], stats["dtls_admission"], "transceiver", c, "relay drops",
-          relay["counters"]["drops"])
+          relay["counters"]["drops"], "kernel drops", kernel)
     assert result["authenticated"] == 96 and result["rate"] > 5_000
     assert mid["dtls_admission"]["cookie_mode"] and stats["dtls_admission"]["switched_on"] >= 1
     # At most max_handshakes (32) handshakes were started for the 48 attacker sessions (+ the
@@ -295,4 +298,12 @@ async def test_client_hello_flood_from_authenticated_ports_switches_cookies_on(
     await eventually(lambda: late.received >= 5, 15, "media on the call made in cookie mode")
     assert all(x.failed is None for x in [*calls, late])
     assert down < 0.01, down
+    if up >= 0.01 and kernel > 0:
+        # The loss is datagrams the kernel dropped before the relay or the transceiver could
+        # read them: a full receive buffer (8 MiB, ~100 ms of this flood) while the process
+        # did not run. On this 2-core box the flooder, the relay, the transceiver and
+        # another test worker share the cores; the full suite once starved them at 84 k/s
+        # (1.8 % up), where alone they keep 0.0 % at 181-197 k/s (docs/reliability.md).
+        _loss_target(up, f"{kernel} datagrams dropped by the kernel: the processes were "
+                         "starved of CPU, not out of capacity")
     assert up < 0.01, up
