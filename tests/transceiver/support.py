@@ -168,3 +168,19 @@ async def events_agent(ctx: AgentContext) -> None:
         async for event in ctx.events():
             seen.append(event)
         nursery.cancel_scope.cancel()
+
+
+async def reporting_agent(ctx: AgentContext) -> None:
+    """An agent (spec ``transceiver.support:reporting_agent``) that echoes what it hears and,
+    at its first frame, reports a turn as the assistant does: ``transcript.user.final``,
+    ``transcript.agent`` and its ``turn.metrics`` waterfall."""
+    reported = False
+    async for frame in ctx.frames():
+        ctx.send_nowait(frame.pcm)
+        if not reported:
+            reported = True
+            await ctx.send_event({"type": "transcript.user.final", "text": "what time is it"})
+            await ctx.send_event({"type": "transcript.agent", "text": "It is noon."})
+            await ctx.send_event({"type": "turn.metrics", "turn": 1, "speech_start_ms": -900.0,
+                                  "speech_end_ms": -300.0, "transcript_ms": 2.0,
+                                  "first_audio_ms": 40.0})

@@ -323,6 +323,33 @@ async def test_every_call_kinds_agent_gets_stats(caller: Caller) -> None:
     assert AGENT_EVENTS[caller.sid][-1] == {"type": "session.ended", "reason": "bye"}
 
 
+async def test_every_call_kinds_session_object_has_its_transcript_turns_levels_and_stages(
+        caller: Caller) -> None:
+    """The session object (``get``; the dashboard's call detail and the end-of-call report
+    read it) carries what the agent reported hearing and saying, each turn's waterfall,
+    the level meters of both directions and the PCM stages, on any leg."""
+    await caller.start(agent="transceiver.support:reporting_agent")
+    await caller.talk(40)
+    view: dict[str, Any] = {}
+    with trio.fail_after(HANG):
+        while not (view.get("transcript") and view.get("turns")
+                   and ((view.get("media") or {}).get("levels") or {}).get("out")):
+            await caller.talk(1)  # media flows while the agent's events and the meters land
+            view = (await caller.op(op="get", session_id=caller.sid))["session"]
+    assert [(t["who"], t["text"]) for t in view["transcript"]] == [
+        ("user", "what time is it"), ("agent", "It is noon.")]
+    [turn] = view["turns"]
+    assert turn["turn"] == 1 and turn["speech_end_ms"] == -300.0
+    media = view["media"]
+    assert "level-in" in media["in"] and "level-out" in media["out"]
+    for way in ("in", "out"):  # the tone, heard and echoed: far above silence
+        assert media["levels"][way]["rms_dbfs"] > -40, media["levels"]
+    assert media["stage_failures"] == 0
+    await caller.end()
+    ended = (await caller.op(op="get", session_id=caller.sid))["session"]
+    assert ended["state"] == "ended" and ended["transcript"] == view["transcript"]
+
+
 async def test_every_call_kinds_opus_fec_follows_the_reported_loss(
         caller: Caller, monkeypatch: pytest.MonkeyPatch) -> None:
     """A report block about our stream saying 25 % lost sets the Opus encoder's expected
