@@ -373,13 +373,14 @@ class ControlOps:
                 else found.describe()}
 
     def _op_stats(self, req: dict[str, Any]) -> dict[str, Any]:
+        # Every call kind by its session object's state (a phone call is new until its
+        # leg runs, then connected): the appliance_sessions gauge and admission's per-call
+        # cost count all the calls this transceiver carries. ``phones``: the phone ones.
         by_state = dict.fromkeys(("new", "connecting", "connected"), 0)
         phones = 0
         for c in self.calls.values():
-            if type(c) is Session:
-                by_state[c.state] = by_state.get(c.state, 0) + 1
-            else:
-                phones += 1
+            by_state[c.state] = by_state.get(c.state, 0) + 1
+            phones += type(c) is not Session
         now = trio.current_time()
         admission = {"cookie_mode": self.admission.active(now),
                      "handshakes": self.admission.handshakes,

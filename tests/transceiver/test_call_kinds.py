@@ -323,11 +323,12 @@ async def test_every_call_kinds_agent_gets_stats(caller: Caller) -> None:
     assert AGENT_EVENTS[caller.sid][-1] == {"type": "session.ended", "reason": "bye"}
 
 
-async def test_every_call_kinds_session_object_has_its_transcript_turns_levels_and_stages(
+async def test_every_call_kinds_session_object_and_metrics(
         caller: Caller) -> None:
     """The session object (``get``; the dashboard's call detail and the end-of-call report
     read it) carries what the agent reported hearing and saying, each turn's waterfall,
-    the level meters of both directions and the PCM stages, on any leg."""
+    the level meters of both directions and the PCM stages, on any leg; and the metrics
+    count the call whatever its leg (phone calls were left out of ``sessions_by_state``)."""
     await caller.start(agent="transceiver.support:reporting_agent")
     await caller.talk(40)
     view: dict[str, Any] = {}
@@ -345,6 +346,11 @@ async def test_every_call_kinds_session_object_has_its_transcript_turns_levels_a
     for way in ("in", "out"):  # the tone, heard and echoed: far above silence
         assert media["levels"][way]["rms_dbfs"] > -40, media["levels"]
     assert media["stage_failures"] == 0
+    # Metrics: the transceiver's stats (appliance_sessions{state}, admission's per-call
+    # cost) count the call as connected, whatever its leg.
+    stats = await caller.op(op="stats")
+    assert stats["sessions_by_state"]["connected"] == 1, stats["sessions_by_state"]
+    assert stats["phones"] == (caller.kind != "webrtc")
     await caller.end()
     ended = (await caller.op(op="get", session_id=caller.sid))["session"]
     assert ended["state"] == "ended" and ended["transcript"] == view["transcript"]
