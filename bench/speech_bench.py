@@ -327,7 +327,6 @@ async def tts_conversation() -> None:
         from_memory = engine.remembers(split_clauses(text, engine.first_words)[0])
         first, _, _ = await tts_sentence(engine, text)
         (hit if from_memory else miss).append(first * 1000)
-    engine.close()
     print(f"  piper first_words=2 with clips, the built-in responder's {len(said)} sentences "
           f"to the {len(PHRASES)} phrases: {len(hit)} opened from memory, first audio p50 "
           f"{pct(hit, 50):.0f} / p90 {pct(hit, 90):.0f} ms; {len(miss)} from the model, p50 "
@@ -360,9 +359,6 @@ async def tts_section(rounds: int) -> None:
         print(f"  {label:21s} first audio p50 {r['p50']:4.0f} ms  p90 {r['p90']:4.0f} ms  "
               f"max {r['max']:4.0f} ms   RTF {r['rtf']:.3f}   CPU {r['cpu']:.3f} s per s of "
               f"speech ({r['audio']:.0f} s spoken)")
-    for engine in engines[1:]:
-        assert isinstance(engine, PiperTts)
-        engine.close()
     if len(engines) > 1:
         await tts_conversation()
     if len(engines) > 1:
@@ -371,7 +367,6 @@ async def tts_section(rounds: int) -> None:
             r = await tts_concurrent(pool, rounds)
             print(f"  two calls at once, piper workers={workers}: first audio p50 "
                   f"{r['p50']:4.0f} ms  p90 {r['p90']:4.0f} ms ({r['n']:.0f} sentences)")
-            pool.close()
 
 
 #: Phrases whose first word is short and soft: the words a turn's onset clipping loses.

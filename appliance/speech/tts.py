@@ -286,10 +286,6 @@ class PiperTts:
         """Load the model and run it once now (from any thread), not in the first call."""
         self.voice.load()
 
-    def close(self) -> None:
-        """Nothing to stop: the model is memory of this process (kept for callers that
-        closed the old worker pool)."""
-
     def remembers(self, clause: str) -> bool:
         """Whether ``clause`` would play from memory (benchmarks, tests)."""
         return clause in self._clips
