@@ -591,6 +591,8 @@ async def up(
             sip=cfg.sip,
             admission_limit=cfg.admission_limit,
             recordings_dir=cfg.state_dir / RECORDINGS_DIR,
+            recording_quota=cfg.recording_quota,
+            recording_retention=cfg.recording_retention,
             turn=turn_advert(cfg, secret),
         )
         generated = ensure_api_token(sig_cfg)

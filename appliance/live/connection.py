@@ -622,6 +622,16 @@ class LiveConnection:
         if self.state is State.ACTIVE:
             self._closed(reason, None)
 
+    def storage_failed(self, reason: str) -> None:
+        """A stored session's recording stopped before the session ended (``quota``, or
+        ``disk: …``): ``error`` ``session_storage_failed`` to the client and the sidebands.
+        The session goes on; what was written before stays (GPT-Live's SDK names the code)."""
+        if self.state is State.ACTIVE:
+            self._emit(events.error(self._ids("event"), LiveError(
+                f"The session's recording stopped ({reason}); the session goes on, "
+                "what was recorded before is kept.",
+                code="session_storage_failed", type="server_error")))
+
     def lost(self) -> None:
         """The socket went away: the session ends as ``connection_lost``, with nothing
         sent to the primary side (there is nowhere to send it); an attached sideband gets

@@ -15,11 +15,14 @@ instead of the bare machine, with what only a Live session has:
   in ``POINTS`` from ``session.started`` to the end (signaling attaches to it in process:
   appliance/signaling/sideband.py), fed the core's observer stream after every drain; a
   sideband's command runs through :meth:`LiveConnection.handle_sideband`;
-* a **stored** session (``store: true`` and a ``store_dir``: the recordings directory):
+* a **stored** session (``store: true`` and ``store``: the recordings directory with
+  ``--recording-quota`` and ``--recording-retention``):
   the caller's audio (L) and the answer's (R), each at its place on the session timeline
   (the core's ``tap``), go through a :class:`~appliance.transceiver.stages.recorder.RecorderTap`
   into the :class:`~appliance.transceiver.recording.CallRecording` every recorded call uses
-  (its stereo WAV, quota and retention); at the end the conversation is kept beside it
+  (its stereo WAV, quota and retention; a recording that stops early — the quota, a full
+  disk — is told to the client as ``error`` ``session_storage_failed``, and the session goes
+  on); at the end the conversation is kept beside it
   (store.py), before the socket is closed — so a client that saw the close can fetch the
   content and fork;
 * a **fork** (``fork=`` a stored session, from ``GET /v1/live/sessions/{id}/fork``): its
@@ -35,7 +38,6 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import trio
@@ -74,13 +76,14 @@ class LiveSocketSession(RealtimeSocketSession):
                  pace_lead: float | None = PACE_LEAD,
                  on_started: Callable[[Started], None] | None = None,
                  on_turn: Callable[[dict[str, Any]], None] | None = None,
-                 store_dir: Path | None = None, fork: dict[str, Any] | None = None) -> None:
+                 store: RecordingSettings | None = None,
+                 fork: dict[str, Any] | None = None) -> None:
         sid = session_id or new_session_id()
         self.live = LiveConnection(session_id=sid, ids=id_source(), wall_clock=time.time,
                                    vad=EnergyVad().update, max_seconds=max_seconds,
                                    judge=can_judge(), speculate=can_speculate(agent),
                                    fork=fork)
-        self.store_dir = store_dir
+        self.store = store  # the recordings directory, its quota and retention
         self.recording: CallRecording | None = None
         super().__init__(agent, session_id=sid, queue_limit=queue_limit, protocol=self.live,
                          machine=self.live.machine, pace_lead=pace_lead, on_turn=on_turn)
@@ -111,27 +114,32 @@ class LiveSocketSession(RealtimeSocketSession):
         if isinstance(action, Started) and self._nursery is not None:
             self.started = action
             register(self.sideband)  # attachable once its id is known
-            if self.live.config.get("store") and self.store_dir is not None:
-                self._record(self._nursery, self.store_dir)
+            if self.live.config.get("store") and self.store is not None:
+                self._record(self._nursery, self.store)
             self._nursery.start_soon(self._expire, action.expires_in)
             if self._on_started is not None:
                 self._on_started(action)
 
-    def _record(self, nursery: trio.Nursery, directory: Path) -> None:
+    def _record(self, nursery: trio.Nursery, settings: RecordingSettings) -> None:
         tap = RecorderTap.for_seconds(RING_SECONDS)
         tap.push("in", b"", 0.0)  # the axis starts at the timeline's 0
-        self.recording = CallRecording(tap, self.id, RecordingSettings(directory))
+        self.recording = CallRecording(tap, self.id, settings, on_stop=self._storage_failed)
         self.live.tap = lambda direction, at, pcm: tap.push(direction, pcm, at)
         nursery.start_soon(self.recording.run)  # finalised when the session's nursery ends
+
+    def _storage_failed(self, reason: str) -> None:
+        self.live.storage_failed(reason)
+        self._drain()
 
     async def _keep(self) -> None:
         """A stored session's conversation, kept once it has ended (its recording is
         final by now: it ran in the session's nursery)."""
-        if self.started is None or not self.live.config.get("store") or self.store_dir is None:
+        if self.started is None or not self.live.config.get("store") or self.store is None:
             return
         with trio.CancelScope(shield=True), trio.move_on_after(SAVE_GRACE):
             try:
-                await trio.to_thread.run_sync(store.save, self.store_dir, self.live.stored())
+                await trio.to_thread.run_sync(store.save, self.store.directory,
+                                              self.live.stored())
             except OSError as exc:
                 log.warning("live session %s: conversation not stored: %s", self.id, exc)
 

@@ -53,13 +53,14 @@ from ..live.agent import live_factory
 from ..live.connection import Started
 from ..live.socket import CLOSED_NORMALLY, END_LOST, LiveSocketSession
 from ..realtime.ws_session import CLOSE_SLOW_READER, END_SLOW_READER
+from ..transceiver.recording import RecordingSettings
 from .problems import Problem
 from .realtime_http import Realtime, RealtimeProblem, error_response
 from .realtime_ws import AgentFactories, close_socket, token_from_subprotocols
 from .rules import authorize_header, check_agent
 from .sideband import END_CLIENT as END_SIDEBAND_CLIENT
 from .sideband import SidebandSocket, attach_live, close_code, local_session
-from .state import SignalingState
+from .state import SignalingConfig, SignalingState
 from .webhooks import CALL_ENDED, CALL_STARTED, end_report
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ def register_live_websocket(app: QuartTrio, rt: Realtime) -> None:
 
         sess = LiveSocketSession(agent, on_started=on_started,
                                  on_turn=state.registry.observe_turn,
-                                 store_dir=state.config.recordings_dir, fork=fork)
+                                 store=recording_settings(state.config), fork=fork)
         sockets[sess.id] = sess
         reason = END_LOST
         try:
@@ -156,6 +157,15 @@ def register_live_websocket(app: QuartTrio, rt: Realtime) -> None:
 
     def _admit() -> str:
         return admit(state, _authorization(), websocket.headers.get("X-Agent") or None)
+
+
+def recording_settings(config: SignalingConfig) -> RecordingSettings | None:
+    """Where a stored WebSocket session's recording goes, with the quota and retention the
+    transceivers' recordings have (``up``'s --recording-quota / --recording-retention)."""
+    if config.recordings_dir is None:
+        return None
+    return RecordingSettings(config.recordings_dir, config.recording_quota,
+                             config.recording_retention)
 
 
 async def stored_session(state: SignalingState, session_id: str) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from typing import Any
 
 import trio
 
+from .. import recordings
 from ..control import ControlError, check_params
 from .admission import LIMIT, PRIOR_COST, Admission
 from .call_events import CallEvents
@@ -91,6 +92,10 @@ class SignalingConfig:
     #: where the transceivers write call recordings (appliance up: <state dir>/recordings;
     #: None: GET …/recording answers 404), served by realtime_http.py
     recordings_dir: Path | None = None
+    #: the quota and retention of the recordings signaling writes itself (a stored GPT-Live
+    #: WebSocket session), the transceivers' --recording-quota / --recording-retention
+    recording_quota: int = recordings.DEFAULT_QUOTA
+    recording_retention: float = recordings.DEFAULT_RETENTION
     sip: SipSettings | None = None  # --sip: phone calls (sip_server.py); None: off
     #: the relays' TURN servers and the secret to mint their credentials with
     #: (ice_servers.py); None: no TURN advertised (--no-turn, or no secret known)

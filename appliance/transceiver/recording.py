@@ -33,6 +33,7 @@ import logging
 import os
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -197,8 +198,12 @@ class CallRecording:
     :meth:`call_ended`, then finalises. Never raises out of :meth:`run` (but Cancelled)."""
 
     def __init__(self, tap: RecorderTap, call_id: str, settings: RecordingSettings,
-                 counters: dict[str, int] | None = None, *, interval: float = INTERVAL) -> None:
+                 counters: dict[str, int] | None = None, *, interval: float = INTERVAL,
+                 on_stop: Callable[[str], None] | None = None) -> None:
         self.tap = tap
+        #: told the reason when the recording stops before the call ends (quota, disk): a
+        #: GPT-Live session's ``session_storage_failed``
+        self.on_stop = on_stop
         self.call_id = call_id
         self.settings = settings
         self.counters = counters if counters is not None else {}
@@ -266,6 +271,8 @@ class CallRecording:
         log.warning("session %s: recording stopped (%s: %s); the call goes on",
                     self.call_id, self.reason, exc)
         self.tap.drain()  # what is buffered will not be written
+        if self.on_stop is not None:
+            self.on_stop(self.reason)
 
     async def _finish(self) -> None:
         if self.state == "recording":

@@ -117,6 +117,52 @@ async def test_a_stored_session_is_recorded_and_forked(nursery: trio.Nursery,
     assert first.instructions == "Be brief."
 
 
+def quota_session(url: str) -> list[Any]:
+    """A stored session: a turn, until the recording is told stopped and the answer was
+    heard whole (in either order), then a second turn whose answer is heard whole, then
+    close."""
+    def heard(rec: Recorder) -> int:
+        return sum(len(base64.b64decode(e.delta)) for e in rec.events
+                   if e.type == "session.output_audio.delta")
+
+    def speak(conn: Any) -> None:
+        pcm = bytes(9600) + tone24(1.0) + bytes(72_000)
+        for i in range(0, len(pcm), FRAME):
+            conn.session.input_audio.append(audio=base64.b64encode(pcm[i : i + FRAME]).decode())
+
+    with client(url).live.connect(extra_headers=HEADERS) as conn:
+        rec = Recorder(conn)
+        conn.session.start(session={"model": "gpt-live-1", "store": True})
+        assert rec.next().type == "session.started"
+        speak(conn)
+        rec.until(lambda e: heard(rec) >= 24_000 and any(x.type == "error" for x in rec.events))
+        speak(conn)  # after the failure: the session still hears and answers
+        rec.until(lambda e: heard(rec) >= 48_000)  # two 0.5 s answers, 24 kHz PCM16
+        conn.session.close()
+        first_of(rec, "session.closed")
+    return rec.events
+
+
+async def test_a_recording_stopped_by_the_quota_is_told_and_the_session_goes_on(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    """Signaling's recordings keep up's --recording-quota: a quota smaller than the first
+    half second of the stereo recording stops it, the client is told with ``error``
+    ``session_storage_failed`` (the SDK's code) while the session goes on — its answer is
+    heard whole after it and it closes as asked — and what was kept is still served."""
+    url, _ = await start_server(nursery, recordings_dir=tmp_path, recording_quota=100_000)
+    with trio.fail_after(TIMEOUT):
+        events = await trio.to_thread.run_sync(quota_session, url)
+    failed = [e for e in events if e.type == "error"]
+    assert [(e.error.code, e.error.type) for e in failed] == [
+        ("session_storage_failed", "server_error")]
+    assert "quota" in failed[0].error.message
+    assert events[-1].type == "session.closed" and events[-1].reason == "close_requested"
+    download = client(url).live.sessions.download_recording
+    got = await trio.to_thread.run_sync(download, events[-1].session.id)
+    with wave.open(io.BytesIO(got.content)) as w:
+        assert w.getnframes() < 100_000 // 4  # what was written before the quota, no more
+
+
 def not_found(url: str) -> dict[str, Any]:
     c = client(url)
     out: dict[str, Any] = {}
