@@ -21,6 +21,16 @@ What only a Live call adds, here:
   every drain; a sideband's command runs through :meth:`LiveConnection.handle_sideband`
   (its ``session.close`` hangs the call up, as the channel's does).
 
+* a **SIP call** accepted on the Live surface (``POST /v1/live/sessions/{live_sip_…}/accept``,
+  signaling/live_http.py): the phone session runs this shell as its agent (the ``transport``
+  of its identity is ``sip``). There is no ``oai-events`` channel, so the events go to the
+  sidebands only, from the start; the session's id is the call's Live id
+  (``ctx.params["live"]["session_id"]``, the transceiver's session id staying the
+  ``rtc_sip_…`` one its point is registered under); the caller's digits (the phone
+  session's ``dtmf`` events) become ``transport.dtmf.received``, a sideband's
+  ``transport.dtmf.send`` the phone leg's RFC 4733 events (the ``dtmf.send`` op of
+  transceiver/phone_session.py); ``session.close`` hangs up (BYE) and a caller's BYE ends
+  the session as ``remote_hangup``;
 * a **stored** session (``store: true``): the transceiver records the call as any
   (signaling asked for ``media.record``); at the end the shell keeps the conversation
   beside the recording (store.py), in the directory signaling named
@@ -46,7 +56,7 @@ from ..realtime.sideband import LIVE, SidebandPoint, register, unregister
 from ..realtime.socket_protocol import EndSession
 from ..realtime.turns import can_judge, can_speculate
 from . import store
-from .connection import LiveConnection, Started, State
+from .connection import LiveConnection, SendDtmf, Started, State
 
 log = logging.getLogger("appliance.live")
 CLOSE_GRACE = 2.0  # seconds the last events get to reach the peer before the hang-up
@@ -69,12 +79,22 @@ def store_dir(ctx: AgentContext) -> Path | None:
     return Path(directory) if isinstance(directory, str) and directory else None
 
 
+def live_session_id(ctx: AgentContext) -> str:
+    """The session's Live id: signaling's (a SIP call's ``live_sip_…``), else the call's."""
+    sid = _live_params(ctx).get("session_id")
+    return sid if isinstance(sid, str) and sid.startswith("live_") else ctx.session_id
+
+
+def is_phone(ctx: AgentContext) -> bool:
+    return ctx.identity.info.get("transport") == "sip"
+
+
 class LiveCallShell(RealtimeShell):
     def __init__(self, ctx: AgentContext, agent: RealtimeAgent) -> None:
         self.live = LiveConnection(
-            session_id=ctx.session_id, ids=id_source(), wall_clock=time.time, media=True,
-            queued_seconds=lambda: ctx.queued_seconds,
-            judge=can_judge(), speculate=can_speculate(agent))
+            session_id=live_session_id(ctx), ids=id_source(), wall_clock=time.time,
+            media=True, queued_seconds=lambda: ctx.queued_seconds,
+            judge=can_judge(), speculate=can_speculate(agent), phone=is_phone(ctx))
         super().__init__(ctx, agent, protocol=self.live, machine=self.live.machine,
                          sideband=False)
         self.live.start(session_config(ctx))  # LiveError: signaling let a bad config by
@@ -92,7 +112,8 @@ class LiveCallShell(RealtimeShell):
         finally:
             await self._keep()
             if self.live.state is not State.CLOSED:
-                self.live.lost()  # the caller left: the session ends with the call
+                # the caller left: the session ends with the call
+                self.live.lost("remote_hangup" if self.live.phone else "connection_lost")
                 self._observe(None)  # the sidebands' session.closed (connection_lost)
             unregister(self.live_sideband)
             self.live_sideband.close()
@@ -122,6 +143,14 @@ class LiveCallShell(RealtimeShell):
         self.live.handle_sideband(text)
         self._drain(origin)
 
+    async def _event_loop(self) -> None:
+        """Transceiver events: a phone call's digits are the core's (transport.dtmf.*)."""
+        async for event in self.ctx.events():
+            digit = event.get("digit")
+            if event.get("type") == "dtmf" and isinstance(digit, str):
+                self.live.handle_dtmf(digit.upper())
+                self._drain()
+
     def tasks(self, nursery: trio.Nursery) -> None:
         self._drain()  # Started: the expiry timer, now that there is a nursery
 
@@ -131,6 +160,10 @@ class LiveCallShell(RealtimeShell):
         if isinstance(action, Started):
             self.started = action
             self._nursery.start_soon(self._expire, action.expires_in)
+        elif isinstance(action, SendDtmf):
+            # the phone leg's RFC 4733 events (transceiver/phone_session.py dtmf.send)
+            self._nursery.start_soon(self.ctx.send_event,
+                                     {"type": "dtmf.send", "digits": action.key})
         elif isinstance(action, EndSession) and not self._ending:
             self._ending = True
             self._nursery.start_soon(self._end, action.reason)

@@ -75,6 +75,13 @@ answer's audio as ``session.output_audio.delta`` in PCM16 24 kHz with its timeli
 ``allowed_client_events``; ``session.start`` and ``session.input_audio.append`` are not
 sideband commands, and an error it causes goes to the sidebands' stream only.
 
+**A SIP call** (``phone=True``, with ``media``: a Live-accepted phone call; there is no
+primary channel, so its events reach the sidebands only): the caller's keypresses
+(:meth:`handle_dtmf`) are ``transport.dtmf.received``, and a sideband's
+``transport.dtmf.send`` (the sideband-only command, protocol.py ``SIDEBAND_FIELDS``) is a
+:class:`SendDtmf` action for the shell — the phone leg's RFC 4733 events — acknowledged
+with ``transport.dtmf.sent``; on any other session it is an ``error`` naming it.
+
 **Stored sessions** (``store: true``; store.py keeps them): :meth:`stored` is what a fork
 needs — the config as given and the conversation as text (config.py :func:`history`); the
 shell's ``tap(direction, timeline_s, pcm48k)`` hears the caller's audio (before muting) and
@@ -124,7 +131,12 @@ from .config import (
     tokens,
 )
 from .idle import Paused, WakeGate
-from .protocol import MAX_APPEND_TOKENS, ClientEvent, parse_client_event_untrusted
+from .protocol import (
+    DTMF_KEYS,
+    MAX_APPEND_TOKENS,
+    ClientEvent,
+    parse_client_event_untrusted,
+)
 from .schema import LiveError
 
 FRAME_BYTES = 1920  # 20 ms of 48 kHz PCM16: the machine's frame
@@ -202,6 +214,13 @@ class Started:
 
 
 @dataclass(frozen=True, slots=True)
+class SendDtmf:
+    """A sideband pressed ``key`` on a SIP call: the shell plays it on the phone leg."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
 class LiveEvent:
     """``poll_output()``: one server event, the JSON object ``poll_event()`` returns."""
 
@@ -231,15 +250,17 @@ class LiveConnection:
                  transcription_model: str = "whisper-1", judge: bool = False,
                  speculate: bool = False, media: bool = False,
                  queued_seconds: Callable[[], float] = lambda: 0.0,
-                 fork: dict[str, Any] | None = None) -> None:
+                 fork: dict[str, Any] | None = None, phone: bool = False) -> None:
         """``judge`` / ``speculate``: the shell answers the turn engine's pause work
         (appliance/realtime/turns.py), as the Realtime WebSocket's does. ``media``: a
         WebRTC call (``vad`` unused: the frames carry their flag; ``queued_seconds`` is the
-        output queue's, for the machine's barge-in)."""
+        output queue's, for the machine's barge-in); ``phone``: that call is a SIP one (DTMF
+        both ways)."""
         if not media and vad is None:
             raise ValueError("a WebSocket session needs a vad")
         self.id = session_id
         self.media = media
+        self.phone = phone and media
         self._ids = ids
         self._clock = wall_clock
         self._vad = vad or (lambda _: False)
@@ -380,7 +401,7 @@ class LiveConnection:
         as the client's would be, never raises; its errors go to the sidebands only."""
         self._from_sideband = True
         try:
-            ev = parse_client_event_untrusted(data)
+            ev = parse_client_event_untrusted(data, sideband=True)
             if ev.type in NOT_SIDEBAND:
                 raise LiveError(NOT_SIDEBAND[ev.type], code="unsupported_event",
                                 param="type", client_event_id=ev.event_id)
@@ -614,6 +635,23 @@ class LiveConnection:
     def _commentary_append(self, data: dict[str, Any], cid: str | None) -> None:
         self._append("session.commentary.append", data, cid)
 
+    # -- SIP: DTMF both ways ---------------------------------------------------------------------
+
+    def handle_dtmf(self, key: str) -> None:
+        """The caller pressed ``key`` (RFC 4733 or SIP INFO): the sidebands hear it. Only
+        while the session is active, and only the SDK's keys (the phone leg's decoder
+        gives nothing else, but the shell's events are not this core's to trust)."""
+        if self.state is State.ACTIVE and key in DTMF_KEYS:
+            self._pump()
+            self._out(events.dtmf_received(self._ids("event"), key), primary=False)
+
+    def _dtmf_send(self, data: dict[str, Any], cid: str | None) -> None:
+        if not self.phone:
+            raise LiveError("transport.dtmf.send is supported only for SIP calls.",
+                            code="unsupported_event", param="type")
+        self._actions.append(SendDtmf(data["event"]))
+        self._out(events.dtmf_sent(self._ids("event"), data["event"], cid), primary=False)
+
     # -- user operations -----------------------------------------------------------------------
 
     def close(self, reason: str) -> None:
@@ -632,15 +670,15 @@ class LiveConnection:
                 "what was recorded before is kept.",
                 code="session_storage_failed", type="server_error")))
 
-    def lost(self) -> None:
-        """The socket went away: the session ends as ``connection_lost``, with nothing
-        sent to the primary side (there is nowhere to send it); an attached sideband gets
-        ``session.closed``."""
+    def lost(self, reason: str = "connection_lost") -> None:
+        """The socket went away (a SIP call: the caller hung up, ``remote_hangup``): the
+        session ends with nothing sent to the primary side (there is nowhere to send it);
+        an attached sideband gets ``session.closed``."""
         if self.state is State.ACTIVE and self.observed():
             self._pump()
             self._flush()
             self._out(events.session_closed(
-                self._ids("event"), "connection_lost", self.resource(),
+                self._ids("event"), reason, self.resource(),
                 events.usage(self._seconds(), **self._breakdown())), primary=False)
         self.state = State.CLOSED
 
@@ -872,4 +910,5 @@ _HANDLERS: dict[str, str] = {
     "session.instructions.append": "_instructions",
     "session.thinking.append": "_thinking",
     "session.commentary.append": "_commentary_append",
+    "transport.dtmf.send": "_dtmf_send",
 }

@@ -51,12 +51,18 @@ SERVER_EVENTS: dict[str, tuple[Support, str]] = {
     "decision.item.deleted": (Support.NEVER, "no Decision API"),
     "session.input_audio.append": (Support.SUPPORTED, "sideband only: the caller's audio "
                                    "reflected, PCM16 24 kHz, before muting"),
-    "transport.dtmf.received": (Support.NEVER, "sideband of a SIP session (none yet)"),
-    "transport.dtmf.send": (Support.NEVER, "sideband of a SIP session (none yet)"),
-    "transport.dtmf.sent": (Support.NEVER, "sideband of a SIP session (none yet)"),
-    "transport.ringing": (Support.NEVER, "sideband of an outbound SIP leg (none yet)"),
-    "transport.answered": (Support.NEVER, "sideband of an outbound SIP leg (none yet)"),
-    "transport.failed": (Support.NEVER, "sideband of an outbound SIP leg (none yet)"),
+    "transport.dtmf.received": (Support.SUPPORTED, "sideband of a SIP session: each RFC "
+                                "4733 (or SIP INFO) digit the caller pressed"),
+    "transport.dtmf.send": (Support.NEVER, "legacy notification: transport.dtmf.sent "
+                            "confirms a sideband's transport.dtmf.send"),
+    "transport.dtmf.sent": (Support.SUPPORTED, "sideband of a SIP session: the digit "
+                            "went out on the phone leg as RFC 4733 events"),
+    "transport.ringing": (Support.NEVER, "outbound SIP legs are the Realtime surface's "
+                          "(no outbound Live SIP)"),
+    "transport.answered": (Support.NEVER, "outbound SIP legs are the Realtime surface's "
+                           "(no outbound Live SIP)"),
+    "transport.failed": (Support.NEVER, "outbound SIP legs are the Realtime surface's "
+                         "(no outbound Live SIP)"),
 }
 
 #: Beyond the primary union: the WebRTC data channel's (and the sideband's) extras, in the
@@ -170,6 +176,18 @@ def delegation_created(event_id: str, delegation_id: str, offset_ms: int,
     return {"type": "session.delegation.created", "event_id": event_id,
             "offset_ms": offset_ms,
             "delegation": {"id": delegation_id, "type": "delegation", "target": target}}
+
+
+def dtmf_received(event_id: str, key: str) -> dict[str, Any]:
+    """A caller's keypress on a SIP session (sideband only)."""
+    return {"type": "transport.dtmf.received", "event_id": event_id, "event": key}
+
+
+def dtmf_sent(event_id: str, key: str, client_event_id: str | None = None
+              ) -> dict[str, Any]:
+    """A sideband's ``transport.dtmf.send`` went out on the phone leg (sideband only)."""
+    return _answer({"type": "transport.dtmf.sent", "event_id": event_id, "event": key},
+                   client_event_id)
 
 
 def error(event_id: str, exc: LiveError) -> dict[str, Any]:

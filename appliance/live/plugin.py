@@ -2,8 +2,8 @@
 ``live`` and ``live:SPEC`` run a GPT-Live WebRTC session (call.py) with the agent SPEC names
 in ``--live-agent``'s language (``assistant[?options]``, ``realtime``,
 ``realtime:<module:attr|file.py:attr>``; ``live`` alone: the default, ``assistant``).
-Signaling's ``POST /v1/live/sessions`` places its calls with this spec
-(appliance/signaling/live_http.py).
+Signaling's ``POST /v1/live/sessions`` places its calls with this spec, and a SIP call's
+Live accept answers with it (appliance/signaling/live_http.py).
 
 agents/ names none of this: importing this module registers the family, and the processes
 that run agents import it through appliance/plugins.py. The shell and the agent load with

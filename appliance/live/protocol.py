@@ -56,7 +56,14 @@ EVENT_FIELDS: Mapping[str, Mapping[str, Field]] = {
     "response.create": {},
 }
 
-_SPECS: dict[str, Obj] = {k: Obj(v) for k, v in EVENT_FIELDS.items()}
+#: The sideband's own command (``ConnectClientEvent``, not the primary union): one DTMF
+#: keypress on a SIP call's phone leg. Parsed only for a sideband (``sideband=True``).
+DTMF_KEYS = tuple("0123456789ABCD*#")  # RFC 4733 events 0-15, as the SDK names them
+SIDEBAND_FIELDS: Mapping[str, Mapping[str, Field]] = {
+    "transport.dtmf.send": {"event": required(Str(choices=DTMF_KEYS))},
+}
+
+_SPECS: dict[str, Obj] = {k: Obj(v) for k, v in {**EVENT_FIELDS, **SIDEBAND_FIELDS}.items()}
 
 #: Every client event of the primary WebSocket: (support, note) — docs/live.md's table.
 CLIENT_EVENTS: dict[str, tuple[Support, str]] = {
@@ -109,8 +116,10 @@ class ClientEvent:
     data: dict[str, Any]
 
 
-def parse_client_event_untrusted(data: str | bytes) -> ClientEvent:
-    """One WebSocket message -> :class:`ClientEvent`; raises only :class:`LiveError`."""
+def parse_client_event_untrusted(data: str | bytes, *, sideband: bool = False
+                                 ) -> ClientEvent:
+    """One WebSocket message -> :class:`ClientEvent`; raises only :class:`LiveError`.
+    ``sideband``: a sideband's command, which may also be :data:`SIDEBAND_FIELDS`'."""
     try:
         obj = loads_untrusted(data, limit=MAX_EVENT_BYTES)
     except EventError as exc:
@@ -129,6 +138,8 @@ def parse_client_event_untrusted(data: str | bytes) -> ClientEvent:
                         code="missing_required_parameter", param="type",
                         client_event_id=event_id)
     fields = EVENT_FIELDS.get(kind)
+    if fields is None and sideband:
+        fields = SIDEBAND_FIELDS.get(kind)
     if fields is None:
         supported = ", ".join(f"'{k}'" for k in EVENT_FIELDS)
         raise LiveError(f"Invalid value: '{kind[:64]}'. Supported values are: {supported}.",

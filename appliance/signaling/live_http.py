@@ -47,9 +47,11 @@ They are :class:`~.sip_calls.SipCalls`' own accept / reject / refer / hangup —
 ``/v1/realtime/calls/{rtc_sip_…}/…`` run (sip_http.py) — on the same record: the first
 accept on either surface wins and the other surface's gets 409
 ``call_accepted_on_other_surface``. The answering agent is ``X-Agent`` (a full-rights
-caller's pick) or ``--live-agent``, run as a phone call's agent is (the Realtime call shell
-on the phone leg, the session's ``model`` and ``instructions`` handed to it): GPT-Live's
-event core and sideband do not run on phone calls yet (docs/live.md).
+caller's pick) or ``--live-agent``, behind GPT-Live's event core as a WebRTC session's is
+(agent spec ``live:<agent>``, the checked ``session`` and the ``live_sip_…`` id as
+``ctx.params["live"]``: appliance/live/call.py) on the phone leg, so the session has a
+sideband (``GET /v1/live/sessions/{live_sip_…}/attach``, sideband.py) with the caller's
+DTMF and ``transport.dtmf.send``.
 """
 
 from __future__ import annotations
@@ -268,12 +270,17 @@ def register_live_http(app: QuartTrio, rt: Realtime) -> None:
                     agent = check_agent(request.headers.get("X-Agent") or None)
                 except Problem as p:
                     raise RealtimeProblem(p.status, p.code, p.detail, "agent") from None
-                # what a phone call's agent reads: the Realtime shape of the same fields
+                # The Live event core runs the call (live/call.py, as a WebRTC session's
+                # does): its session is ctx.params["live"], under the call's Live id; the
+                # Realtime shape of the same fields is what the phone session's own
+                # stages read (ctx.params["realtime"]).
                 session = {"type": "realtime", "model": config["model"]}
                 if config.get("instructions"):
                     session["instructions"] = config["instructions"]
-                await calls.accept(call_id, session, agent or state.config.live_agent,
-                                   surface=LIVE)
+                await calls.accept(call_id, session,
+                                   agent_spec(agent or state.config.live_agent),
+                                   surface=LIVE, params={"live": {
+                                       "session": config, "session_id": session_id}})
             elif op == "reject":
                 calls.reject(call_id, parse_reject_untrusted(raw))
             elif op == "refer":

@@ -60,6 +60,7 @@ from .realtime_ws import AgentFactories, close_socket, token_from_subprotocols
 from .rules import authorize_header, check_agent
 from .sideband import END_CLIENT as END_SIDEBAND_CLIENT
 from .sideband import SidebandSocket, attach_live, close_code, local_session
+from .sip_http import EXTENSION as SIP_EXTENSION
 from .state import SignalingConfig, SignalingState
 from .webhooks import CALL_ENDED, CALL_STARTED, end_report
 
@@ -134,7 +135,7 @@ def register_live_websocket(app: QuartTrio, rt: Realtime) -> None:
     async def live_sideband(session_id: str) -> Response | None:
         try:
             att = await attach_live(rt, session_id, _authorization(), websocket.args,
-                                    local_session)
+                                    local_session, app.extensions.get(SIP_EXTENSION))
         except Problem as p:
             return error_response(p)
         protocols = list(websocket.requested_subprotocols)

@@ -95,9 +95,11 @@ class PhoneMedia(Protocol):
         """The SIP service is running: background tasks (event polls) go in ``nursery``."""
 
     async def create(self, call_id: str, offer_sdp: bytes, trunk_signaling_addr: Addr,
-                     agent_spec: str, session_config: Mapping[str, Any]
+                     agent_spec: str, session_config: Mapping[str, Any], *,
+                     params: Mapping[str, Any] | None = None
                      ) -> MediaAnswer | MediaRefusal:
-        """Set up the call's media and agent; the SDP answer for the trunk."""
+        """Set up the call's media and agent; the SDP answer for the trunk. ``params``: the
+        agent's ``ctx.params`` beside the session (a Live-accepted call's ``live``)."""
         ...
 
     async def update(self, call_id: str, offer_sdp: bytes) -> MediaAnswer | MediaRefusal:
@@ -248,8 +250,10 @@ class RelayAnswerMedia:
         return MediaAnswer(sdp, plan), remote, local
 
     async def create(self, call_id: str, offer_sdp: bytes, trunk_signaling_addr: Addr,
-                     agent_spec: str, session_config: Mapping[str, Any]
+                     agent_spec: str, session_config: Mapping[str, Any], *,
+                     params: Mapping[str, Any] | None = None
                      ) -> MediaAnswer | MediaRefusal:
+        # (no transceiver behind this one: nothing runs an agent, ``params`` has no reader)
         if len(self.calls) >= self.max_calls and call_id not in self.calls:
             return MediaRefusal(503, "too many phone calls")
         got = self._answer(None, offer_sdp)
@@ -387,14 +391,17 @@ class TransceiverPhoneMedia:
         return out
 
     async def create(self, call_id: str, offer_sdp: bytes, trunk_signaling_addr: Addr,
-                     agent_spec: str, session_config: Mapping[str, Any]
+                     agent_spec: str, session_config: Mapping[str, Any], *,
+                     params: Mapping[str, Any] | None = None
                      ) -> MediaAnswer | MediaRefusal:
         got = await self.sdp.create(call_id, offer_sdp, trunk_signaling_addr, agent_spec,
                                     session_config)
         if isinstance(got, MediaRefusal):
             return got
-        params = self.sdp.calls[call_id].params().to_json()
-        placed = await self._place(call_id, {"phone": params})
+        body: dict[str, Any] = {"phone": self.sdp.calls[call_id].params().to_json()}
+        if params:
+            body["params"] = dict(params)  # the transceiver's ctx.params (ops.py)
+        placed = await self._place(call_id, body)
         if isinstance(placed, MediaRefusal):
             await self.sdp.end(call_id)
             return placed

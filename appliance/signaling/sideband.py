@@ -20,7 +20,8 @@ stops answering, with 1011. Closing the socket detaches it; the call goes on.
 **GPT-Live's sideband** (``GET /v1/live/sessions/{id}/attach``: live_ws.py's route,
 :func:`attach_live`) is the same socket over the same ops, asking for the ``live``
 surface: a WebRTC Live session's point is on its call's transceiver (the registry names
-it), a WebSocket one's is in this process (its shell runs here: :class:`LocalLink` answers
+it), a Live-accepted SIP call's (``live_sip_X``) on its phone session's transceiver under
+``rtc_sip_X`` (sip_calls.py: one record, two ids), a WebSocket one's is in this process (its shell runs here: :class:`LocalLink` answers
 the ops in process instead of over a control connection). The first event is the session's
 replay (``session.started``), the rest its observer stream.
 """
@@ -43,7 +44,7 @@ from ..realtime.ws_session import SEND_GRACE, SocketClosed
 from .realtime_http import Realtime, RealtimeProblem
 from .rules import authorize_header
 from .sip_call import CallError
-from .sip_calls import CALL_ID_RE, SipCalls
+from .sip_calls import CALL_ID_RE, LIVE_ID_RE, SipCalls
 
 log = logging.getLogger("appliance.realtime.sideband")
 QUEUE_LIMIT = 2048  # events waiting for this socket before it is closed as a slow reader
@@ -155,10 +156,12 @@ MAX_SESSION_ID = 128
 
 
 async def attach_live(rt: Realtime, session_id: str, authorization: str, args: Any,
-                      local: Callable[[str], bool]) -> Attached:
+                      local: Callable[[str], bool], sip: SipCalls | None = None) -> Attached:
     """Attach to the GPT-Live session ``session_id`` or raise a :class:`RealtimeProblem`
     (before the upgrade). ``local(id)``: a WebSocket session of this process that has
-    started; any other is a WebRTC session of the registry, on its transceiver."""
+    started; a ``live_sip_…`` id is a Live-accepted phone call of ``sip``'s (its point is
+    on the transceiver of its phone session, under the call's ``rtc_sip_…`` id); any other
+    is a WebRTC session of the registry, on its transceiver."""
     authorize_header(rt.state, authorization, sessions=False)  # the API token, as /v1
     graceful = args.get("graceful_close")
     if graceful is not None and graceful not in ("true", "false"):
@@ -170,8 +173,24 @@ async def attach_live(rt: Realtime, session_id: str, authorization: str, args: A
     link: Link
     poll: Link
     address = ""
+    target = session_id  # the session id the transceiver knows
     if local(session_id):
         link = poll = LocalLink(local)
+    elif sip is not None and LIVE_ID_RE.fullmatch(session_id):  # a phone call (SIP)
+        try:
+            target = sip.from_live(session_id)
+            k = sip.sideband_transceiver(target)
+        except CallError as exc:  # 404 unknown, 409 ringing, 410 ended: named by our id
+            code = {"call_not_found": "session_not_found",
+                    "call_ended": "session_closed"}.get(exc.code, exc.code)
+            raise RealtimeProblem(exc.status, code, exc.message.replace(target, session_id),
+                                  "session_id") from None
+        ep = rt.state.health.transceivers.get(k)
+        if ep is None:
+            raise RealtimeProblem(410, "session_closed", f"session {session_id!r} has "
+                                  "ended (transceiver lost)", "session_id")
+        link, address = ep.client, ep.address
+        poll = ControlClient(address, timeout=POLL_WAIT + 10.0)
     else:
         rec = rt.state.registry.get(session_id)
         if rec is None or not session_id.startswith("live_"):
@@ -187,7 +206,7 @@ async def attach_live(rt: Realtime, session_id: str, authorization: str, args: A
         # (realtime/sideband.py ATTACH_WAIT) without holding up the shared one
         poll = ControlClient(address, timeout=POLL_WAIT + 10.0)
     try:
-        resp = await poll.request({"op": "realtime.attach", "session_id": session_id,
+        resp = await poll.request({"op": "realtime.attach", "session_id": target,
                                    "surface": LIVE})
     except ControlError:
         await poll.aclose()

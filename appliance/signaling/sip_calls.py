@@ -265,9 +265,10 @@ class SipCalls(SipCallControl[SipCall]):
         return PREFIX + session_id[len(LIVE_PREFIX):]
 
     async def accept(self, call_id: str, session: dict[str, Any], agent: str | None, *,
-                     surface: str = REALTIME) -> None:
+                     surface: str = REALTIME, params: dict[str, Any] | None = None) -> None:
         """Answer a ringing call. ``surface``: the API the accept came through; the first
-        accept wins, another surface's gets 409 ``call_accepted_on_other_surface``."""
+        accept wins, another surface's gets 409 ``call_accepted_on_other_surface``.
+        ``params``: more of the agent's ``ctx.params`` (a Live accept's ``live``)."""
         call = self.get(call_id)
         if call.surface is not None and call.surface != surface:
             route = _SURFACE_ROUTE[call.surface].format(
@@ -280,7 +281,7 @@ class SipCalls(SipCallControl[SipCall]):
         move(call, CallState.ACCEPTING)
         call.agent = agent or self.settings.agent or self.state.config.realtime_agent
         got = await self.media.create(call.call_id, call.incoming.offer_sdp,
-                                      call.incoming.source, call.agent, session)
+                                      call.incoming.source, call.agent, session, params=params)
         if call.state != CallState.ACCEPTING:  # cancelled or timed out while media was set up
             await self.media.end(call.call_id)
             raise CallError(409, "invalid_call_state", f"the call {call.state} while accepting")

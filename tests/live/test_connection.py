@@ -400,5 +400,12 @@ def test_every_event_type_served_is_sent_and_matches_the_sdk() -> None:
     core.send(type="session.input_audio.commit")
     core.send(type="session.close")
     sent = {e["type"] for e in core.events + core.observed}
+    # a SIP call's own (transport.dtmf.*: the sideband of a phone session)
+    phone = Core(observed=True, media=True, phone=True)
+    phone.c.start({"model": "m"})
+    phone.c.handle_dtmf("5")
+    phone.c.handle_sideband(json.dumps({"type": "transport.dtmf.send", "event": "5"}))
+    phone.drain()
+    sent |= {e["type"] for e in phone.observed}
     served = {k for k, (support, _) in SERVER_EVENTS.items() if support is Support.SUPPORTED}
     assert sent == served

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from appliance.live import config
 from appliance.live.connection import LiveConnection
-from appliance.live.protocol import EVENT_FIELDS, parse_client_event_untrusted
+from appliance.live.protocol import EVENT_FIELDS, SIDEBAND_FIELDS, parse_client_event_untrusted
 from appliance.live.schema import LiveError
 
 pytest.importorskip("openai.types.live")
@@ -25,9 +25,10 @@ from live.live_shapes import shape_errors  # noqa: E402
 NAMES = sorted({*config.SESSION_CONFIG.fields, *config.AUDIO.fields, "format", "output",
                 "voice", "type", "rate", "data_channel", "allowed_client_events",
                 "allowed_server_events", "acknowledgement_delay_ms", "role", "content",
-                "text", "id", "status", "responses", "decisions", "delegation_id", "audio", "session", "event_id", "item", "item_id"})
+                "text", "id", "status", "responses", "decisions", "delegation_id", "audio", "session", "event_id", "item", "item_id",
+                "event"})
 WORDS = ["client", "responses", "audio/pcm", "audio/pcmu", "developer", "user", "assistant",
-         "input_text", "output_text", "marin", "all", "message", "gpt-live-1", ""]
+         "input_text", "output_text", "marin", "all", "message", "gpt-live-1", "", "7", "#"]
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40),
                     st.sampled_from([16000, 24000, 8000, 0, -1]),
                     st.floats(allow_nan=False, allow_infinity=False),
@@ -39,7 +40,8 @@ JSON = st.recursive(SCALARS, lambda inner: st.one_of(
 
 @st.composite
 def events(draw: st.DrawFn) -> dict[str, Any]:
-    kind = draw(st.sampled_from([*EVENT_FIELDS, "session.input_audio.commit", 7]))
+    kind = draw(st.sampled_from([*EVENT_FIELDS, *SIDEBAND_FIELDS,
+                                 "session.input_audio.commit", 7]))
     body: dict[str, Any] = draw(st.dictionaries(st.sampled_from(NAMES), JSON, max_size=4))
     if kind == "session.start" and draw(st.booleans()):
         body["session"] = {"model": "m", **draw(st.dictionaries(
@@ -131,15 +133,21 @@ def test_the_webrtc_core_takes_any_config_and_event(session: dict[str, Any],
 @settings(max_examples=300, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.one_of(events(), st.binary(max_size=64)), min_size=1,
-                max_size=6))
-def test_the_sideband_entry_takes_any_message(batch: list[Any]) -> None:
+                max_size=6), st.booleans())
+def test_the_sideband_entry_takes_any_message(batch: list[Any], phone: bool) -> None:
     """``handle_sideband`` (a sideband's commands) never raises; what it answers, on either
-    stream, the SDK's types accept, and the primary side never sees its errors."""
+    stream, the SDK's types accept, and the primary side never sees its errors — on a
+    WebSocket session and on a SIP call's (``phone``: ``transport.dtmf.send`` is served)."""
     n = iter(range(10**6))
     core = LiveConnection(session_id="live_f", ids=lambda p: f"{p}_{next(n)}",
-                          wall_clock=lambda: 0.0, vad=lambda frame: False)
+                          wall_clock=lambda: 0.0, vad=lambda frame: False, media=phone,
+                          phone=phone)
     core.observed = lambda: True
-    core.handle_input(json.dumps({"type": "session.start", "session": {"model": "m"}}))
+    if phone:
+        core.start({"model": "m"})
+        core.handle_open()
+    else:
+        core.handle_input(json.dumps({"type": "session.start", "session": {"model": "m"}}))
     for message in batch:
         core.handle_sideband(message if isinstance(message, bytes) else json.dumps(message))
         while (out := core.poll_event()) is not None:

@@ -231,3 +231,82 @@ async def test_a_live_attach_waits_for_a_session_still_connecting(
     finally:
         sb.unregister(point)
         assert "live_p" not in sb.POINTS
+
+
+# -- a SIP call (phone=True): DTMF both ways --------------------------------------------------
+
+
+def phone_core(**kw: Any) -> Core:
+    core = Core(observed=True, media=True, phone=True, **kw)
+    core.c.start({"model": "gpt-live-1", "instructions": "You answer the phone."})
+    core.c.handle_open()  # a phone call has no channel to wait for (realtime/agent.py)
+    core.drain()
+    return core
+
+
+def test_a_callers_digits_reach_the_sideband_alone() -> None:
+    core = phone_core()
+    core.c.handle_dtmf("7")
+    core.c.handle_dtmf("#")
+    core.c.handle_dtmf("x")  # not a DTMF key: nothing (the shell's events are not trusted)
+    core.drain()
+    got = [e for e in core.observed if e["type"] == "transport.dtmf.received"]
+    assert [e["event"] for e in got] == ["7", "#"]
+    assert all(e["event_id"].startswith("event_") for e in got)
+    assert not core.of("transport.dtmf.received")  # sideband only, never the primary side
+    core.c.close("expired")
+    core.drain()
+    core.c.handle_dtmf("1")  # after the session: nothing
+    core.drain()
+    assert [e["event"] for e in core.observed if e["type"] == "transport.dtmf.received"] == \
+        ["7", "#"]
+
+
+def test_a_sidebands_dtmf_send_is_an_action_and_acknowledged() -> None:
+    from appliance.live.connection import SendDtmf
+
+    core = phone_core()
+    core.c.handle_sideband(json.dumps({"type": "transport.dtmf.send", "event": "9",
+                                       "event_id": "d1"}))
+    core.drain()
+    assert core.take(SendDtmf) == [SendDtmf("9")]
+    [sent] = [e for e in core.observed if e["type"] == "transport.dtmf.sent"]
+    assert sent["event"] == "9" and sent["client_event_id"] == "d1"
+    # a key the SDK does not have: an error naming the field, to the sideband, no action
+    core.c.handle_sideband(json.dumps({"type": "transport.dtmf.send", "event": "99",
+                                       "event_id": "d2"}))
+    core.drain()
+    err = core.observed[-1]
+    assert err["type"] == "error" and err["error"]["param"] == "event"
+    assert err["error"]["client_event_id"] == "d2" and core.take(SendDtmf) == []
+    assert not core.of("error")  # the primary side never hears a sideband's mistake
+
+
+@pytest.mark.parametrize("kw", [{}, {"media": True}], ids=["websocket", "webrtc"])
+def test_dtmf_send_is_refused_on_a_session_that_is_not_a_phone_call(kw: dict[str, Any]) -> None:
+    from appliance.live.connection import SendDtmf
+
+    core = Core(observed=True, **kw)
+    if kw:
+        core.c.start({"model": "gpt-live-1"})
+        core.c.handle_open()
+    else:
+        core.start()
+    core.c.handle_sideband(json.dumps({"type": "transport.dtmf.send", "event": "1",
+                                       "event_id": "d"}))
+    core.drain()
+    err = core.observed[-1]
+    assert err["type"] == "error" and err["error"]["code"] == "unsupported_event"
+    assert "SIP" in err["error"]["message"] and core.take(SendDtmf) == []
+    # and the primary client cannot send it at all: not a ClientEvent of its union
+    core.c.handle_input(json.dumps({"type": "transport.dtmf.send", "event": "1"}))
+    core.drain()
+    assert core.events[-1]["error"]["code"] == "unknown_event"
+
+
+def test_a_callers_hangup_ends_the_session_as_remote_hangup() -> None:
+    core = phone_core()
+    core.c.lost("remote_hangup")
+    core.drain()
+    closed = core.observed[-1]
+    assert closed["type"] == "session.closed" and closed["reason"] == "remote_hangup"

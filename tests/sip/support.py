@@ -239,15 +239,31 @@ async def start_phone_stack(nursery: trio.Nursery, tmp_path: Path, *, agent: str
 
 def write_tone_pcap(path: Path, *, freq: float = 1000.0, seconds: float = 3.0,
                     src: tuple[str, int] = ("127.0.0.1", 4000),
-                    dst: tuple[str, int] = ("127.0.0.1", 5000)) -> int:
+                    dst: tuple[str, int] = ("127.0.0.1", 5000),
+                    dtmf: tuple[str, float] | None = None) -> int:
     """A classic pcap (Ethernet) of PCMU RTP, a ``freq`` tone in 20 ms packets, for SIPp's
-    ``play_pcap_audio`` (which rewrites the addresses). Returns the packet count."""
+    ``play_pcap_audio`` (which rewrites the addresses). Returns the packet count.
+    ``dtmf=(digit, every)``: every ``every`` seconds, 100 ms of the tone are that digit's
+    RFC 4733 events instead (payload type 101, the scenarios' telephone-event), the end
+    packet sent three times (§2.5.1.4)."""
     import struct
 
     import numpy as np
 
     from appliance.audio import g711
     from appliance.proto.rtp import rtp_header
+    from appliance.proto.rtp.dtmf import TelephoneEvent, event_for
+
+    def events(i: int) -> bytes | None:
+        """Packet ``i``'s telephone-event payload (its timestamp is the press's start)."""
+        if dtmf is None:
+            return None
+        every = int(dtmf[1] * 50)
+        k = i % every
+        if i < every or k > 6:
+            return None
+        steps = min(k, 4) + 1  # 20 ms a step; the last three packets repeat the end
+        return bytes(TelephoneEvent(event_for(dtmf[0]), k >= 4, 10, 160 * steps))
 
     n = int(seconds * 50)
     t = np.arange(n * 160) / 8000
@@ -256,7 +272,12 @@ def write_tone_pcap(path: Path, *, freq: float = 1000.0, seconds: float = 3.0,
     out = [struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1)]
     for i in range(n):
         frame48 = np.repeat(pcm[i * 160:(i + 1) * 160], 6).astype("<i2").tobytes()
-        rtp = rtp_header(0, 100 + i, 160 * i, 0x1234ABCD, i == 0) + enc.encode(frame48)
+        ev = events(i)
+        if ev is not None:
+            start = i - i % int(dtmf[1] * 50) if dtmf is not None else i
+            rtp = rtp_header(101, 100 + i, 160 * start, 0x1234ABCD, i == start) + ev
+        else:
+            rtp = rtp_header(0, 100 + i, 160 * i, 0x1234ABCD, i == 0) + enc.encode(frame48)
         udp = struct.pack("!HHHH", src[1], dst[1], 8 + len(rtp), 0) + rtp
         ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), i, 0, 64, 17, 0,
                          socket.inet_aton(src[0]), socket.inet_aton(dst[0])) + udp

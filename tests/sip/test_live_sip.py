@@ -11,6 +11,8 @@ message, ``-timeout_error``) or the webhook receiver getting a delivery.
 from __future__ import annotations
 
 import json
+import os
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +21,25 @@ import pytest
 import trio
 from hypothesis import given
 from hypothesis import strategies as st
-from sip.support import SIPP, TIMEOUT, Phone, SippRun, run_sipp, start_phone, until_incoming, unwrap
+from sip.support import (
+    SIPP,
+    TIMEOUT,
+    LoopbackSniffer,
+    Phone,
+    SippRun,
+    free_media_ports,
+    run_sipp,
+    start_phone,
+    start_phone_stack,
+    until_incoming,
+    unwrap,
+    write_tone_pcap,
+)
 from sip.test_sipp_calls import until_status
 
+from appliance.live.plugin import agent_spec
+from appliance.proto.rtp import rtp_header_fields_untrusted
+from appliance.proto.rtp.dtmf import TelephoneEvent, event_for
 from appliance.signaling.live_http import (
     parse_accept_untrusted,
     parse_refer_untrusted,
@@ -114,7 +132,8 @@ async def test_accept_via_live_wins_and_realtime_accept_gets_409(nursery: trio.N
         ended = await phone.receiver.wait_for(CALL_ENDED)
     started = await phone.receiver.wait_for(CALL_STARTED)
     assert started["data"]["call_id"] == call_id and started["data"]["model"] == "gpt-live-1"
-    assert started["data"]["agent"] == phone.state.config.live_agent  # --live-agent answers
+    # --live-agent answers, behind the Live event core (appliance/live/plugin.py)
+    assert started["data"]["agent"] == agent_spec(phone.state.config.live_agent)
     assert ended["data"]["call_id"] == call_id
     view = await trio.to_thread.run_sync(
         lambda: client.get(f"/realtime/calls/{call_id}", cast_to=object))
@@ -185,6 +204,140 @@ async def test_realtime_accept_wins_then_live_refers(nursery: trio.Nursery,
         lambda: client.get(f"/realtime/calls/{call_id}", cast_to=object))
     assert view["accepted_via"] == "realtime" and view["refer"][-1]["target_uri"] == \
         "sip:desk@example.com"
+
+
+# -- the Live event core on the phone call: its sideband, DTMF both ways, its end --------------
+
+VOICED = f"realtime:{Path(__file__).parent / 'voiced_agent.py'}:VoicedAgent"
+CALLER_KEY, OUR_KEY = "7", "9"
+
+
+def watched_call(phone: Phone, sid: str) -> dict[str, Any]:
+    """The application's backend, with the official SDK only: accept the call on the Live
+    surface, attach a sideband by its ``live_sip_…`` id, hear the caller's keypress, speak
+    a commentary, press a key on the phone leg (threaded SDK: run in a worker thread while
+    the appliance runs in the test's nursery). The sideband stays open: :func:`hang_up`."""
+    from live.test_sideband import Reader
+
+    c = phone.client()
+    c.live.sessions.accept(sid, session=SESSION, extra_headers={"X-Agent": VOICED})
+    out: dict[str, Any] = {"stack": ExitStack()}
+    sb = out["stack"].enter_context(c.live.sideband.connect(session_id=sid,
+                                                             graceful_close=True))
+    out["sb"] = sb
+    out["side"] = side = Reader(sb, sideband=True)  # each frame checked: ConnectServerEvent
+    out["replay"] = side.until("session.started")
+    side.until("session.input_audio.append")  # the caller's RTP, reflected
+    out["dtmf"] = side.until("transport.dtmf.received")  # SIPp's RFC 4733 digit
+    sb.session.commentary.append(content="One moment please.", delegation_id=None,
+                                 event_id="c1")
+    side.until("session.commentary.appended", client_event_id="c1")
+    out["said"] = side.until("session.output_transcript.delta")
+    if not side.of("session.output_audio.delta"):  # (either may come first)
+        side.until("session.output_audio.delta")
+    out["audio"] = side.of("session.output_audio.delta")
+    sb.transport.dtmf.send(event=OUR_KEY, event_id="d1")
+    out["sent"] = side.until("transport.dtmf.sent", client_event_id="d1")
+    return out
+
+
+def hang_up(out: dict[str, Any]) -> None:
+    """``session.close`` on the sideband: ``session.closed``, then the socket's end."""
+    with out["stack"]:
+        out["sb"].session.close(event_id="bye")
+        out["closed"] = out["side"].until("session.closed")
+        out["after"] = list(out["sb"])  # closed with 1000 once session.closed is out
+        out["events"] = out["side"].raw
+
+
+def telephone_events(sniff: LoopbackSniffer, payload_type: int) -> list[TelephoneEvent]:
+    rtp = [rtp_header_fields_untrusted(p) + (p,) for p in sniff.payloads]
+    return [TelephoneEvent.parse_untrusted(p[off:end]) for pt, *_, off, end, p in rtp
+            if pt == payload_type]
+
+
+@pytest.mark.interop
+@pytest.mark.skipif(SIPP is None, reason="sipp missing: `make sysdeps`")
+@pytest.mark.skipif(os.geteuid() != 0, reason="capturing on lo needs root (AF_PACKET)")
+async def test_a_live_sideband_on_a_phone_call_hears_and_sends_dtmf_and_hangs_up(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    """SIPp is the phone (RTP from a pcap: silence, and the caller's key every second as
+    RFC 4733 events); the backend accepts with ``client.live.sessions.accept`` and attaches
+    ``client.live.sideband.connect`` to the ``live_sip_…`` id: the replayed
+    ``session.started`` (the accept's instructions), the reflected caller audio, the key as
+    ``transport.dtmf.received``, a commentary's transcript and timestamped audio, its
+    ``transport.dtmf.send`` on SIPp's RTP as telephone-events, and ``session.close`` ending
+    the call with the BYE SIPp's scenario waits for."""
+    stack = await start_phone_stack(nursery, tmp_path, agent="realtime", webhooks=True)
+    write_tone_pcap(tmp_path / "tone.pcap", freq=0.0, seconds=40.0, dtmf=(CALLER_KEY, 1.0))
+    mp = free_media_ports()
+    sniff = LoopbackSniffer(mp, stack.relay_public[1])
+    nursery.start_soon(sniff.run)
+    with trio.fail_after(TIMEOUT * 3):
+        run = await run_sipp(nursery, stack.phone, "pcap_callee_bye.xml", cwd=tmp_path,
+                             media_port=mp)
+        rt, live = await both_webhooks(stack.phone, run)
+        sid, call_id = live.data.session_id, rt.data.call_id
+        out = await trio.to_thread.run_sync(watched_call, stack.phone, sid)
+        # the key the sideband pressed reaches SIPp's media port, to its end packet
+        while not any(e.end for e in telephone_events(sniff, 101)):
+            await sniff.changed.wait()
+        await trio.to_thread.run_sync(hang_up, out)
+        code, text = await run.result()  # 200, ACK, RTP, then our BYE (session.close)
+        assert code == 0, text
+    replay = out["replay"]["session"]
+    assert replay["id"] == sid and replay["status"] == "active"
+    assert replay["instructions"] == SESSION["instructions"]  # the accept's session
+    assert out["dtmf"]["event"] == CALLER_KEY
+    assert out["said"]["delta"] == "One moment please."
+    spans = [(e["start_ms"], e["end_ms"]) for e in out["audio"]]  # 24 kHz, on the timeline
+    assert all(end > start for start, end in spans) and sum(e - s for s, e in spans) >= 250
+    assert out["sent"]["event"] == OUR_KEY
+    closed = out["closed"]
+    assert closed["reason"] == "close_requested" and closed["client_event_id"] == "bye"
+    assert out["after"] == []
+    kinds = [e["type"] for e in out["events"]]
+    assert kinds[0] == "session.started" and "error" not in kinds, kinds
+    pressed = telephone_events(sniff, 101)
+    assert {e.event for e in pressed} == {event_for(OUR_KEY)}  # our key, nothing else
+    assert max(e.duration for e in pressed) == 800  # 100 ms at 8 kHz: the whole press
+    view = await trio.to_thread.run_sync(
+        lambda: stack.phone.client().get(f"/realtime/calls/{call_id}", cast_to=object))
+    assert view["status"] == "ended" and view["accepted_via"] == "live"
+    assert view["dtmf"].startswith(CALLER_KEY)  # the call record heard the same key
+    ended = stack.transceiver.ended_phones[-1]
+    assert ended["id"] == call_id and ended["phone"]["leg"]["rtp_in"] > 0
+
+
+async def test_a_live_sideband_of_a_phone_call_is_refused_until_answered_and_after(
+        tmp_path: Path) -> None:
+    """The look-up before the upgrade (signaling/sideband.py ``attach_live``), by the
+    ``live_sip_…`` id: unknown 404, ringing 409, ended 410, each naming the Live id."""
+    from sip.test_sip_sideband import lookup_rig, sip_call
+
+    from appliance.signaling.proxied import CLIENT_IS_LOCAL
+    from appliance.signaling.sideband import attach_live
+
+    rt, calls = lookup_rig(tmp_path)
+    ringing, ended = (f"rtc_sip_{c * 24}" for c in "ab")
+    calls.calls[ringing] = sip_call(ringing, "ringing")
+    calls.ended[ended] = sip_call(ended, "ended")
+
+    async def refusal(session_id: str) -> tuple[int, str, str]:
+        local = CLIENT_IS_LOCAL.set(True)
+        try:
+            with pytest.raises(RealtimeProblem) as got:
+                await attach_live(rt, session_id, "", {}, lambda _: False, calls)
+        finally:
+            CLIENT_IS_LOCAL.reset(local)
+        return got.value.status, got.value.code, str(got.value.detail)
+
+    status, code, text = await refusal(f"live_sip_{'0' * 24}")
+    assert (status, code) == (404, "session_not_found") and f"live_sip_{'0' * 24}" in text
+    status, code, text = await refusal(f"live_sip_{'a' * 24}")
+    assert (status, code) == (409, "call_not_answered") and "rtc_sip_" not in text
+    status, code, _ = await refusal(f"live_sip_{'b' * 24}")
+    assert (status, code) == (410, "session_closed")
 
 
 async def test_bad_requests_are_4xx_naming_the_problem(nursery: trio.Nursery,
