@@ -33,6 +33,14 @@ What maps onto what (Live has no items, responses or VAD events; the machine has
                                      acknowledgement_delay_ms of timeline an automatic
                                      spoken acknowledgement — unless a commentary or
                                      thinking append comes first (it cancels them all)
+                                     Responses delegation: AskBackend (the shell runs
+                                     it: backend.py) with the voice conversation and
+                                     the task; session.delegation.created (target
+                                     responses, the backend's response_id) at its first
+                                     event
+    handle_backend_event / _end   -> response.event {event, delegation_id}; function calls
+                                     wait for response.item.create + response.create;
+                                     the final text is spoken (a queued commentary)
     transcription.delta (item)    -> session.input_transcript.delta, the turn's span
     output_audio_transcript.delta -> session.output_transcript.delta, held until the
                                      sentence's audio is out so its end_ms is known
@@ -327,6 +335,8 @@ class LiveConnection:
         self.opened = not media
         self._allowed_client: frozenset[str] | None = None  # None: all
         self._allowed_server: frozenset[str] | None = None
+        #: ``response.event`` selectors' ``response_event``: the nested types let through
+        self._allowed_nested: frozenset[str] | None = None
         self.gate: WakeGate | None = None
         self._asleep: deque[tuple[bytes, bool]] = deque()
         self._track_ms = 0  # the track's frames as they arrived: the wake gate's clock
@@ -354,7 +364,8 @@ class LiveConnection:
             return None
         while self._events:
             event = self._events.popleft()
-            if self._allowed_server is None or event["type"] in self._allowed_server:
+            if self._allowed_server is None or (
+                    event["type"] in self._allowed_server and self._nested_allowed(event)):
                 return event
         return None
 
@@ -377,6 +388,12 @@ class LiveConnection:
         """What a sideband attaching now gets first: ``session.started`` with the session
         as it stands (GPT-Live's "short replay")."""
         return events.session_started(self._ids("event"), self.resource())
+
+    def _nested_allowed(self, event: dict[str, Any]) -> bool:
+        """A ``response.event`` passes a data channel's selectors by its nested type."""
+        if event["type"] != "response.event" or self._allowed_nested is None:
+            return True
+        return event["event"].get("type") in self._allowed_nested
 
     def _out(self, event: dict[str, Any], *, primary: bool = True,
              observers: bool = True) -> None:
@@ -500,6 +517,9 @@ class LiveConnection:
             self._allowed_client = frozenset(client)
         if server != "all":
             self._allowed_server = frozenset(s["type"] for s in server)
+            nested = [s.get("response_event") for s in server if s["type"] == "response.event"]
+            if nested and None not in nested:
+                self._allowed_nested = frozenset(n for n in nested if n is not None)
 
         def show(allowed: frozenset[str] | None) -> str:
             return "all" if allowed is None else ", ".join(sorted(allowed)) or "none"

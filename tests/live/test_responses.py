@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from live.test_connection import Core, _turn
 
 from appliance.live.config import DELEGATE_TOOL
-from appliance.live.connection import ACKNOWLEDGEMENT, SAY, AskBackend
+from appliance.live.connection import ACKNOWLEDGEMENT, SAY, AskBackend, LiveConnection
 from appliance.live.responses import (
     ChatSynth,
     Outcome,
@@ -403,3 +403,28 @@ def test_updates_merge_the_backend_settings_and_check_them() -> None:
     [err] = core.send(type="session.update", session={"delegation": {
         "type": "responses", "responses": {"tools": [{"type": "web_search"}]}}})
     assert err["error"]["param"] == "session.delegation.responses.tools[0].type"
+
+
+def test_a_data_channel_selects_response_events_by_their_nested_type() -> None:
+    """``allowed_server_events: [{type: "response.event", response_event: …}]`` (WebRTC):
+    only the nested types listed reach the channel."""
+    n = itertools.count()
+    c = LiveConnection(session_id="live_rtc1", ids=lambda p: f"{p}_{next(n)}",
+                       wall_clock=lambda: 1.0, media=True, backend=True)
+    c.start({"model": "gpt-live-1", "delegation": {"type": "responses", "responses": {
+        "model": "m"}}, "client": {"data_channel": {"allowed_server_events": [
+            {"type": "response.event", "response_event": "response.output_text.delta"}]}}})
+    c.handle_open()
+    c.handle_input(json.dumps({"type": "response.create"}))
+    asks = []
+    while (out := c.poll_output()) is not None:
+        if isinstance(out, AskBackend):
+            asks.append(out)
+    [ask] = asks
+    for ev in synthesise([delta(content="Hi.")]):
+        c.handle_backend_event(ask.delegation_id, ev)
+    got = []
+    while (event := c.poll_event()) is not None:
+        got.append(event)
+    assert [(e["type"], e["event"]["type"]) for e in got] == [
+        ("response.event", "response.output_text.delta")]
