@@ -7,8 +7,8 @@ the session's core. The translation is responses.py's; this file only moves byte
 
 * ``POST {llm}/responses`` with ``stream: true``: the backend's Responses events, as sent;
 * a backend that answers that with **404 or 405** has no Responses API (Ollama, llama.cpp,
-  older vLLM): this :class:`Backend` remembers it and asks ``POST {llm}/chat/completions``
-  (streaming) instead, from then on; :class:`~appliance.live.responses.ChatSynth` makes the
+  older vLLM): this :class:`Backend` (one per session) remembers it and asks
+  ``POST {llm}/chat/completions`` (streaming) instead, for the rest of the session; :class:`~appliance.live.responses.ChatSynth` makes the
   Responses events its chunks stand for.
 
 HTTP is httpx, as the assistant's (appliance/speech/llm.py); the bytes go through

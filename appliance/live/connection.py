@@ -645,6 +645,11 @@ class LiveConnection:
     def _append(self, kind: str, data: dict[str, Any], cid: str | None) -> None:
         content: str = data["content"]
         delegation = data["delegation_id"]
+        if delegation is not None and self.config["delegation"]["type"] == "responses":
+            # GPT-Live's rule: the backend answers a Responses delegation, not the client.
+            raise LiveError("A delegation_id is not accepted under Responses delegation: "
+                            "its result comes from the backend (use null).",
+                            param="delegation_id")
         if delegation is not None and delegation not in self._delegations:
             raise LiveError(f"Unknown delegation_id '{delegation[:64]}': no delegation of "
                             "this session has that id.", param="delegation_id")

@@ -348,6 +348,8 @@ def test_a_delegation_asks_the_backend_and_its_answer_is_spoken() -> None:
     assert wrapped[-1]["event"]["response"]["output"] == []  # the snapshot rule
     assert out.index(announced) < out.index(wrapped[0])
     assert spoken(core) == [ACKNOWLEDGEMENT, "It shipped on Monday."]
+    [err] = core.send(type="session.commentary.append", content="x", delegation_id=did)
+    assert err["error"]["param"] == "delegation_id"  # the backend answers, not the client
 
 
 def delegate_events(core: Core) -> None:
