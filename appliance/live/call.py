@@ -31,6 +31,9 @@ What only a Live call adds, here:
   ``transport.dtmf.send`` the phone leg's RFC 4733 events (the ``dtmf.send`` op of
   transceiver/phone_session.py); ``session.close`` hangs up (BYE) and a caller's BYE ends
   the session as ``remote_hangup``;
+* **Responses delegation**: the core's ``AskBackend`` runs in the call's nursery
+  (backend.py: the transceiver's ``--llm``), its stream fed back into the core;
+
 * a **stored** session (``store: true``): the transceiver records the call as any
   (signaling asked for ``media.record``); at the end the shell keeps the conversation
   beside the recording (store.py), in the directory signaling named
@@ -56,6 +59,7 @@ from ..realtime.sideband import LIVE, SidebandPoint, register, unregister
 from ..realtime.socket_protocol import EndSession
 from ..realtime.turns import can_judge, can_speculate
 from . import store
+from .backend import Backend, start_request
 from .connection import LiveConnection, SendDtmf, Started, State
 
 log = logging.getLogger("appliance.live")
@@ -91,10 +95,12 @@ def is_phone(ctx: AgentContext) -> bool:
 
 class LiveCallShell(RealtimeShell):
     def __init__(self, ctx: AgentContext, agent: RealtimeAgent) -> None:
+        self.backend = Backend.from_env()  # Responses delegation's LLM (--llm), if any
         self.live = LiveConnection(
             session_id=live_session_id(ctx), ids=id_source(), wall_clock=time.time,
             media=True, queued_seconds=lambda: ctx.queued_seconds,
-            judge=can_judge(), speculate=can_speculate(agent), phone=is_phone(ctx))
+            judge=can_judge(), speculate=can_speculate(agent), phone=is_phone(ctx),
+            backend=self.backend is not None)
         super().__init__(ctx, agent, protocol=self.live, machine=self.live.machine,
                          sideband=False)
         self.live.start(session_config(ctx))  # LiveError: signaling let a bad config by
@@ -156,6 +162,8 @@ class LiveCallShell(RealtimeShell):
 
     def handle_action(self, action: object) -> None:
         if self._nursery is None:
+            return
+        if start_request(self._nursery, self.backend, self.live, action, self._drain):
             return
         if isinstance(action, Started):
             self.started = action

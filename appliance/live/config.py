@@ -4,8 +4,9 @@ updates, the resolved ``SessionResource`` and the Realtime session it runs as.
 **Strict.** Every field is checked against :data:`SESSION_CONFIG` and an unknown one is an
 ``error`` naming its ``param`` (the real service does the same; Realtime's config kept
 unknown fields). Beyond the shape, what the appliance cannot serve is refused at
-``session.start`` with ``unsupported_value`` and the field: ``responses`` and ``decisions``
-delegation, and ``triggers`` (Decisions). ``store: true`` keeps the session (store.py).
+``session.start`` with ``unsupported_value`` and the field: ``decisions`` delegation,
+``triggers`` (Decisions) and a Responses backend's hosted tools (responses.py checks the
+``responses`` config: function tools only). ``store: true`` keeps the session (store.py).
 
 **Forks** (:func:`fork_untrusted`): a fork's ``session.start`` (or the ``session`` of a
 WebRTC ``POST …/{id}/fork``) is a ``ForkSessionConfig`` of overrides — ``audio.format``
@@ -15,7 +16,8 @@ conversation becomes the fork's ``input`` (:func:`history`); the model cannot ch
 **Immutable after start** (``session.update`` → ``immutable_field_update``): model,
 instructions, audio (format and voice), input, client, store and safety_identifier.
 ``session.update`` takes only ``delegation`` (of the session's type: ``client``, whose one
-setting is ``acknowledgement_delay_ms``) and ``triggers`` (an empty list only).
+setting is ``acknowledgement_delay_ms``, or ``responses``, whose ``responses`` fields are
+merged) and ``triggers`` (an empty list only).
 
 **What acts on what** (the inner Realtime session, :func:`realtime_session`):
 ``instructions`` is the agent's system prompt, ``audio.output.voice`` its voice (the
@@ -31,6 +33,7 @@ import math
 import re
 from typing import Any
 
+from .responses import check_config_untrusted
 from .schema import (
     AnyJson,
     Arr,
@@ -90,8 +93,8 @@ CLIENT = Obj({"data_channel": required(Obj({
                           max_items=256)))),
 }))})
 _ACK = optional(Int(lo=0, hi=60_000))
-#: ``responses`` and ``decisions`` are refused after the shape check: their configs are
-#: not validated field by field (the refusal is the answer either way).
+#: ``decisions`` is refused after the shape check (its config is not validated field by
+#: field: the refusal is the answer either way); ``responses`` is checked by responses.py.
 DELEGATION = Tagged("type", {
     "client": Obj({"type": required(Const("client")), "acknowledgement_delay_ms": _ACK}),
     "responses": Obj({"type": required(Const("responses")), "responses": required(AnyJson()),
@@ -152,7 +155,8 @@ MEDIA_SESSION_CONFIG = Obj({
 MEDIA_ONLY = ("idle_timeout_s", "wake_policy")
 #: ``ForkSessionConfig`` (a WebSocket fork's ``session.start``) and
 #: ``MediaSessionForkConfig`` (a WebRTC fork's ``session``): the overrides a fork may give.
-#: ``delegation`` overrides only a Responses backend (not served): refused after the check.
+#: ``delegation`` overrides only a Responses backend's settings (not served for forks yet):
+#: refused after the check.
 FORK_CONFIG = Obj({
     "audio": optional(Obj({"format": optional(AUDIO_FORMAT)})),
     "client": optional(CLIENT),
@@ -171,24 +175,32 @@ def _unsupported(message: str, param: str) -> LiveError:
                      code="unsupported_value", param=param)
 
 
-def _served(config: dict[str, Any], where: str) -> None:
-    """Refuse what passed the shape check but is not served (delegation other than
-    ``client``, Decisions triggers)."""
+def _served(config: dict[str, Any], where: str, *, update: bool = False) -> None:
+    """Refuse what passed the shape check but is not served (Decisions delegation and
+    triggers, a Responses backend's hosted tools); a Responses config is checked in full
+    here (responses.py) and replaced by its checked copy."""
     delegation = config.get("delegation")
-    if isinstance(delegation, dict) and delegation["type"] != "client":
-        kind = delegation["type"]
-        what = ("Responses delegation runs a Responses backend"
-                if kind == "responses" else "Decisions delegation needs the Decision API")
-        raise _unsupported(f"{what}: only client delegation is served.",
-                           f"{where}delegation.type")
+    if isinstance(delegation, dict) and delegation["type"] == "decisions":
+        raise _unsupported("Decisions delegation needs the Decision API: client and "
+                           "responses delegation are served.", f"{where}delegation.type")
+    if isinstance(delegation, dict) and "responses" in delegation:
+        delegation["responses"] = check_config_untrusted(
+            delegation["responses"], f"{where}delegation.responses", update=update)
     if config.get("triggers"):
         raise _unsupported("Decisions triggers need the Decision API.", f"{where}triggers")
 
 
-def resolve_untrusted(value: Any, *, media: bool = False) -> dict[str, Any]:
+#: Responses delegation asked of an appliance with no LLM configured.
+NO_BACKEND = ("Responses delegation needs an OpenAI-compatible LLM behind the appliance: "
+              "start it with --llm URL (its …/v1 base; --llm-key-file for its key). "
+              "Without one, use client delegation.")
+
+
+def resolve_untrusted(value: Any, *, media: bool = False, backend: bool = True) -> dict[str, Any]:
     """A ``session.start`` config (``media``: the ``session`` of a WebRTC
     ``POST /v1/live/sessions``), checked, with the server's defaults filled in (what
-    ``session.started`` shows). Raises :class:`LiveError`."""
+    ``session.started`` shows). ``backend``: an LLM is configured, so Responses delegation
+    is served. Raises :class:`LiveError`."""
     spec = MEDIA_SESSION_CONFIG if media else SESSION_CONFIG
     cfg: dict[str, Any] = validate_untrusted(spec, value, "session")
     if "idle_timeout_s" in cfg and "wake_policy" not in cfg:
@@ -212,6 +224,9 @@ def resolve_untrusted(value: Any, *, media: bool = False) -> dict[str, Any]:
                         f"{MAX_INPUT_TOKENS} tokens.", code="string_above_max_length",
                         param="session.input")
     _served(cfg, "session.")
+    delegation = cfg.get("delegation")
+    if isinstance(delegation, dict) and delegation["type"] == "responses" and not backend:
+        raise LiveError(NO_BACKEND, code="unsupported_value", param="session.delegation.type")
     audio = cfg.get("audio") or {}
     output = audio.get("output") or {}
     voice = {"voice": output.get("voice") or DEFAULT_VOICE}
@@ -260,8 +275,9 @@ def fork_untrusted(stored: dict[str, Any], overrides: Any, *,
     patch = validate_untrusted(MEDIA_FORK_CONFIG if media else FORK_CONFIG, overrides,
                                "session")
     if "delegation" in patch:
-        raise _unsupported("A fork's delegation override configures a Responses backend: "
-                           "only client delegation is served.", "session.delegation")
+        raise _unsupported("A fork's delegation override (a Responses backend's settings) "
+                           "is not served: the fork keeps the stored session's delegation.",
+                           "session.delegation")
     if "client" in patch and not media:
         raise LiveError("Invalid 'session.client': client overrides are only supported for "
                         "WebRTC forks.", code="unknown_parameter", param="session.client")
@@ -293,7 +309,7 @@ def apply_update_untrusted(current: dict[str, Any], value: Any) -> dict[str, Any
                                 "started: it is immutable. Start a new session to change it.",
                                 code="immutable_field_update", param=f"session.{key}")
     patch = validate_untrusted(SESSION_UPDATE, value, "session")
-    _served(patch, "session.")
+    _served(patch, "session.", update=True)
     out = dict(current)
     delegation = patch.get("delegation")
     if delegation is not None:
@@ -302,7 +318,11 @@ def apply_update_untrusted(current: dict[str, Any], value: Any) -> dict[str, Any
             raise LiveError(f"Cannot change the delegation type from '{kind}' to "
                             f"'{delegation['type']}': it is fixed at session start.",
                             code="immutable_field_update", param="session.delegation.type")
-        out["delegation"] = {**current["delegation"], **delegation}
+        merged = {**current["delegation"], **delegation}
+        if "responses" in delegation:  # a sparse update of the backend's settings
+            merged["responses"] = {**current["delegation"]["responses"],
+                                   **delegation["responses"]}
+        out["delegation"] = merged
     if "triggers" in patch:  # only [] passes _served: no triggers
         out.pop("triggers", None)
     return out
@@ -343,7 +363,7 @@ def offers_delegation(session: Any) -> bool:
     """Whether a (checked) ``session.start`` / POST config asked for client delegation by
     name, so its agent gets the delegate tool."""
     delegation = session.get("delegation") if isinstance(session, dict) else None
-    return isinstance(delegation, dict) and delegation.get("type") == "client"
+    return isinstance(delegation, dict) and delegation.get("type") in ("client", "responses")
 
 
 def realtime_session(config: dict[str, Any], transcription_model: str, *,

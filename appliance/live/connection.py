@@ -33,6 +33,14 @@ What maps onto what (Live has no items, responses or VAD events; the machine has
                                      acknowledgement_delay_ms of timeline an automatic
                                      spoken acknowledgement — unless a commentary or
                                      thinking append comes first (it cancels them all)
+                                     Responses delegation: AskBackend (the shell runs
+                                     it: backend.py) with the voice conversation and
+                                     the task; session.delegation.created (target
+                                     responses, the backend's response_id) at its first
+                                     event
+    handle_backend_event / _end   -> response.event {event, delegation_id}; function calls
+                                     wait for response.item.create + response.create;
+                                     the final text is spoken (a queued commentary)
     transcription.delta (item)    -> session.input_transcript.delta, the turn's span
     output_audio_transcript.delta -> session.output_transcript.delta, held until the
                                      sentence's audio is out so its end_ms is known
@@ -137,6 +145,7 @@ from .protocol import (
     ClientEvent,
     parse_client_event_untrusted,
 )
+from .responses import Outcome, context, message, request_body, snapshot
 from .schema import LiveError
 
 FRAME_BYTES = 1920  # 20 ms of 48 kHz PCM16: the machine's frame
@@ -158,6 +167,14 @@ ACKNOWLEDGEMENT = "Okay, checking now."
 DELEGATED = ("Delegated to the application ({id}). Its result will come back as context; "
              "do not guess it.")
 MAX_DELEGATIONS = 1024  # delegation ids kept for delegation_id checks (oldest forgotten)
+MAX_BACKEND_ITEMS = 256  # the Responses backend's conversation items of one delegation
+MAX_QUEUED = 16  # Responses delegations waiting for the backend
+MAX_TASK = 2000  # characters of the delegate call's task passed to the backend
+#: The backend's task, as the developer message that ends its context.
+TASK = "The voice agent delegated this task to you: {task}"
+#: The delegate call's answer under Responses delegation.
+DELEGATED_BACKEND = ("Delegated to the backend ({id}). Its answer will be spoken to the user "
+                     "when it comes; do not guess it.")
 REFLECT_FRAMES = 5  # WebRTC: the caller's 20 ms frames per reflected input piece (100 ms)
 MAX_OBSERVED = 4096  # events kept for the sideband between two drains (oldest go)
 #: Not sideband commands (ConnectClientEvent has neither): why, for the error.
@@ -221,6 +238,28 @@ class SendDtmf:
 
 
 @dataclass(frozen=True, slots=True)
+class AskBackend:
+    """Responses delegation: the shell sends ``body`` to the backend (``POST
+    {llm}/responses``, or chat completions) and feeds its stream back with
+    :meth:`LiveConnection.handle_backend_event`, then ``handle_backend_end``."""
+
+    delegation_id: str | None
+    body: dict[str, Any]
+
+
+@dataclass(slots=True)
+class _Run:
+    """The backend response in flight: its delegation, the command that asked for it,
+    whether ``session.delegation.created`` went out, and what it has come to."""
+
+    delegation_id: str | None
+    client_event_id: str | None
+    offset_ms: int
+    announced: bool
+    outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
 class LiveEvent:
     """``poll_output()``: one server event, the JSON object ``poll_event()`` returns."""
 
@@ -250,12 +289,14 @@ class LiveConnection:
                  transcription_model: str = "whisper-1", judge: bool = False,
                  speculate: bool = False, media: bool = False,
                  queued_seconds: Callable[[], float] = lambda: 0.0,
-                 fork: dict[str, Any] | None = None, phone: bool = False) -> None:
+                 fork: dict[str, Any] | None = None, phone: bool = False,
+                 backend: bool = False) -> None:
         """``judge`` / ``speculate``: the shell answers the turn engine's pause work
         (appliance/realtime/turns.py), as the Realtime WebSocket's does. ``media``: a
         WebRTC call (``vad`` unused: the frames carry their flag; ``queued_seconds`` is the
         output queue's, for the machine's barge-in); ``phone``: that call is a SIP one (DTMF
-        both ways)."""
+        both ways). ``backend``: an OpenAI-compatible LLM is configured, so Responses
+        delegation can be served (:class:`AskBackend`)."""
         if not media and vad is None:
             raise ValueError("a WebSocket session needs a vad")
         self.id = session_id
@@ -304,10 +345,20 @@ class LiveConnection:
         self._delegations: OrderedDict[str, None] = OrderedDict()
         self._acks: dict[str, int] = {}  # delegation id -> the timeline ms it falls due
         self._delegating = False  # the agent was given the delegate tool
+        # Responses delegation: the backend, its conversation, the response in flight, the
+        # delegation waiting for tool results, the delegations waiting for the backend
+        self._backend = backend
+        self._backend_items: list[dict[str, Any]] = []
+        self._run: _Run | None = None
+        self._waiting: str | None = None
+        self._awaiting_tools = False
+        self._queued: deque[tuple[str, str, int]] = deque()  # (id, task, offset_ms)
         # WebRTC: the channel, its permissions, the wake gate and what it holds back
         self.opened = not media
         self._allowed_client: frozenset[str] | None = None  # None: all
         self._allowed_server: frozenset[str] | None = None
+        #: ``response.event`` selectors' ``response_event``: the nested types let through
+        self._allowed_nested: frozenset[str] | None = None
         self.gate: WakeGate | None = None
         self._asleep: deque[tuple[bytes, bool]] = deque()
         self._track_ms = 0  # the track's frames as they arrived: the wake gate's clock
@@ -335,7 +386,8 @@ class LiveConnection:
             return None
         while self._events:
             event = self._events.popleft()
-            if self._allowed_server is None or event["type"] in self._allowed_server:
+            if self._allowed_server is None or (
+                    event["type"] in self._allowed_server and self._nested_allowed(event)):
                 return event
         return None
 
@@ -358,6 +410,12 @@ class LiveConnection:
         """What a sideband attaching now gets first: ``session.started`` with the session
         as it stands (GPT-Live's "short replay")."""
         return events.session_started(self._ids("event"), self.resource())
+
+    def _nested_allowed(self, event: dict[str, Any]) -> bool:
+        """A ``response.event`` passes a data channel's selectors by its nested type."""
+        if event["type"] != "response.event" or self._allowed_nested is None:
+            return True
+        return event["event"].get("type") in self._allowed_nested
 
     def _out(self, event: dict[str, Any], *, primary: bool = True,
              observers: bool = True) -> None:
@@ -449,7 +507,7 @@ class LiveConnection:
     def _start(self, data: dict[str, Any], cid: str | None) -> None:
         if self.fork is not None and not self.media:  # WebRTC: signaling merged it
             data = {"session": fork_untrusted(self.fork, data["session"])}
-        cfg = resolve_untrusted(data["session"], media=self.media)
+        cfg = resolve_untrusted(data["session"], media=self.media, backend=self._backend)
         self.given = dict(data["session"])
         self._delegating = offers_delegation(data["session"])
         if not self.media:
@@ -481,6 +539,9 @@ class LiveConnection:
             self._allowed_client = frozenset(client)
         if server != "all":
             self._allowed_server = frozenset(s["type"] for s in server)
+            nested = [s.get("response_event") for s in server if s["type"] == "response.event"]
+            if nested and None not in nested:
+                self._allowed_nested = frozenset(n for n in nested if n is not None)
 
         def show(allowed: frozenset[str] | None) -> str:
             return "all" if allowed is None else ", ".join(sorted(allowed)) or "none"
@@ -606,6 +667,11 @@ class LiveConnection:
     def _append(self, kind: str, data: dict[str, Any], cid: str | None) -> None:
         content: str = data["content"]
         delegation = data["delegation_id"]
+        if delegation is not None and self.config["delegation"]["type"] == "responses":
+            # GPT-Live's rule: the backend answers a Responses delegation, not the client.
+            raise LiveError("A delegation_id is not accepted under Responses delegation: "
+                            "its result comes from the backend (use null).",
+                            param="delegation_id")
         if delegation is not None and delegation not in self._delegations:
             raise LiveError(f"Unknown delegation_id '{delegation[:64]}': no delegation of "
                             "this session has that id.", param="delegation_id")
@@ -651,6 +717,121 @@ class LiveConnection:
                             code="unsupported_event", param="type")
         self._actions.append(SendDtmf(data["event"]))
         self._out(events.dtmf_sent(self._ids("event"), data["event"], cid), primary=False)
+
+    # -- Responses delegation ------------------------------------------------------------------
+
+    def _responses_only(self, kind: str) -> None:
+        if self.config["delegation"]["type"] != "responses":
+            raise LiveError(f"{kind} requires Responses delegation.",
+                            code="unsupported_event", param="type")
+
+    def _response_item_create(self, data: dict[str, Any], cid: str | None) -> None:
+        """An input item for the backend's conversation (a function call's output, a
+        message); the next ``response.create`` sends it. No acknowledgement, as in
+        GPT-Live."""
+        self._responses_only("response.item.create")
+        item = data["item"]
+        if not isinstance(item, dict) or not isinstance(item.get("type", "message"), str):
+            raise LiveError("Invalid 'item': expected a Responses input item (an object "
+                            "with a type).", code="invalid_type", param="item")
+        if item.get("type") == "function_call_output" and not (
+                isinstance(item.get("call_id"), str)
+                and isinstance(item.get("output"), str | list)):
+            raise LiveError("Invalid 'item': a function_call_output needs call_id and "
+                            "output.", param="item")
+        if len(self._backend_items) >= MAX_BACKEND_ITEMS:
+            raise LiveError(f"The backend conversation holds {MAX_BACKEND_ITEMS} items: "
+                            "send response.create first.", code="array_above_max_length",
+                            param="item")
+        self._backend_items.append(item)
+
+    def _response_create(self, data: dict[str, Any], cid: str | None) -> None:
+        """Continue the delegation waiting for tool results, or ask the backend with no
+        delegation (its answer is spoken all the same)."""
+        self._responses_only("response.create")
+        if self._run is not None:
+            raise LiveError("The backend is already answering: wait for its "
+                            "response.completed.",
+                            code="conversation_already_has_active_response", param="type")
+        did, self._waiting = self._waiting, None
+        self._awaiting_tools = False
+        self._ask(did, cid, self.input_ms, announced=True)
+
+    def _queue_backend(self, delegation_id: str, task: str) -> None:
+        if len(self._queued) >= MAX_QUEUED:
+            self._queued.popleft()  # the oldest is dropped: bounded under any LLM
+        self._queued.append((delegation_id, task, self.input_ms))
+        self._next_backend()
+
+    def _next_backend(self) -> None:
+        """Start the next queued delegation once the backend is free (no response in
+        flight, none waiting for the client's tool results)."""
+        if self._run is not None or self._awaiting_tools or not self._queued:
+            return
+        did, task, offset = self._queued.popleft()
+        self._backend_items.append(message("developer", TASK.format(task=task)))
+        self._ask(did, None, offset, announced=False)
+
+    def _ask(self, did: str | None, cid: str | None, offset: int, *, announced: bool) -> None:
+        voice = context(history(self.machine.conversation.public()))
+        body = request_body(self.config["delegation"]["responses"],
+                            [*voice, *self._backend_items])
+        self._run = _Run(did, cid, offset, announced, Outcome())
+        self._actions.append(AskBackend(did, body))
+
+    def handle_backend_event(self, delegation_id: str | None, event: dict[str, Any]) -> None:
+        """One event of the backend's stream (the shell parsed it): wrapped as
+        ``response.event``; the first names the delegation (``session.delegation.created``
+        with the backend's ``response_id``)."""
+        run = self._run
+        if run is None or run.delegation_id != delegation_id or self.state is not State.ACTIVE:
+            return  # a response that was given up (the session ended)
+        self._pump()
+        run.outcome.handle_event(event)
+        self._announce(run)
+        self._out(events.response_event(self._ids("event"), snapshot(event), delegation_id,
+                                        run.client_event_id))
+
+    def _announce(self, run: _Run) -> None:
+        if run.announced or run.delegation_id is None:
+            return
+        run.announced = True
+        self._out(events.delegation_created(self._ids("event"), run.delegation_id,
+                                            run.offset_ms, target="responses",
+                                            response_id=run.outcome.response_id))
+
+    def handle_backend_end(self, delegation_id: str | None, error: str | None = None) -> None:
+        """The backend's stream ended (``error``: it failed: the HTTP status, an
+        unreadable stream). Function calls wait for the client's outputs and
+        ``response.create``; a final text is spoken, and stays in the voice conversation."""
+        run = self._run
+        if run is None or run.delegation_id != delegation_id:
+            return
+        self._run = None
+        if self.state is not State.ACTIVE:
+            return
+        self._pump()
+        outcome = run.outcome
+        if error is not None and outcome.status is None:
+            self._announce(run)
+            self._out(events.response_event(self._ids("event"), {
+                "type": "error", "code": "backend_error", "message": error[:500],
+                "param": None, "sequence_number": 0}, delegation_id, run.client_event_id))
+        calls = outcome.calls() if error is None and outcome.status == "completed" else []
+        if calls:
+            # The backend's output joins its conversation; the client runs the calls.
+            room = MAX_BACKEND_ITEMS - len(self._backend_items)
+            self._backend_items.extend(outcome.items[:max(room, 0)])
+            self._waiting, self._awaiting_tools = delegation_id, True
+            return
+        self._backend_items.clear()
+        text = outcome.text()
+        if text:
+            if delegation_id is not None:
+                self._acks.pop(delegation_id, None)  # the answer itself is on its way
+            self._commentary.append(text)
+            self._say_next()
+        self._next_backend()
 
     # -- user operations -----------------------------------------------------------------------
 
@@ -790,7 +971,7 @@ class LiveConnection:
         elif kind in ("response.output_audio_transcript.delta", "response.output_text.delta"):
             self._hold(e["delta"])
         elif kind == "response.function_call_arguments.done" and e["name"] == DELEGATE_TOOL:
-            self._delegate(e["item_id"], e["call_id"])
+            self._delegate(e["item_id"], e["call_id"], e.get("arguments") or "")
         elif kind == "response.done":
             if e["response"]["status"] == "cancelled":  # cut: the rest was never heard
                 self.output_ms = min(self.output_ms, float(self.input_ms))
@@ -804,19 +985,22 @@ class LiveConnection:
                 primary=not self._from_sideband)
         # Items, responses, content parts, VAD events, rate limits: not Live's.
 
-    def _delegate(self, item_id: str, call_id: str) -> None:
-        """The agent called its delegate tool: a client delegation (its id is the call's
-        item id, ``item_…`` as GPT-Live's are)."""
+    def _delegate(self, item_id: str, call_id: str, arguments: str) -> None:
+        """The agent called its delegate tool: a delegation (its id is the call's item id,
+        ``item_…`` as GPT-Live's are) — to the client, or to the Responses backend."""
         if not self._delegating:
             return  # a tool the session never offered: not a delegation
         self._delegations[item_id] = None
         while len(self._delegations) > MAX_DELEGATIONS:
             self._delegations.popitem(last=False)
-        self._out(events.delegation_created(self._ids("event"), item_id,
-                                                      self.input_ms))
+        backend = self.config["delegation"]["type"] == "responses"
+        if backend:
+            self._queue_backend(item_id, _task(arguments))
+        else:
+            self._out(events.delegation_created(self._ids("event"), item_id, self.input_ms))
         self._inner({"type": "conversation.item.create", "item": {
             "type": "function_call_output", "call_id": call_id,
-            "output": DELEGATED.format(id=item_id)}})
+            "output": (DELEGATED_BACKEND if backend else DELEGATED).format(id=item_id)}})
         delay = self.config["delegation"].get("acknowledgement_delay_ms", 0)
         self._acks[item_id] = self.input_ms + delay
         self._acknowledge()
@@ -911,4 +1095,16 @@ _HANDLERS: dict[str, str] = {
     "session.thinking.append": "_thinking",
     "session.commentary.append": "_commentary_append",
     "transport.dtmf.send": "_dtmf_send",
+    "response.item.create": "_response_item_create",
+    "response.create": "_response_create",
 }
+
+
+def _task(arguments: str) -> str:
+    """The delegate call's ``task`` (the LLM's JSON; anything else is passed as text)."""
+    try:
+        task = json.loads(arguments).get("task")
+    except (ValueError, AttributeError, RecursionError):
+        task = None
+    text = task if isinstance(task, str) and task.strip() else arguments
+    return text[:MAX_TASK] or "(no task given: see the conversation)"

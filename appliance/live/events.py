@@ -42,10 +42,13 @@ SERVER_EVENTS: dict[str, tuple[Support, str]] = {
     "info": (Support.SUPPORTED, "input_transcript_failed"),
     "session.output_audio.fixture.playing": (Support.NEVER, "no fixtures"),
     "session.output_audio.fixture.played": (Support.NEVER, "no fixtures"),
-    "session.delegation.created": (Support.SUPPORTED, "client delegation: when the agent's "
-                                   "LLM calls its delegate tool (an agent with tools, e.g. "
-                                   "--llm); offset_ms on the timeline, no task text"),
-    "response.event": (Support.NEVER, "no Responses delegation"),
+    "session.delegation.created": (Support.SUPPORTED, "when the agent's LLM calls its "
+                                   "delegate tool (an agent with tools, e.g. --llm); "
+                                   "offset_ms on the timeline, no task text; responses: "
+                                   "target responses and the backend's response_id"),
+    "response.event": (Support.SUPPORTED, "Responses delegation: the backend's stream "
+                       "(/responses, or synthesised from chat completions), with "
+                       "delegation_id"),
     "decision.event": (Support.NEVER, "no Decision API"),
     "decision.item.created": (Support.NEVER, "no Decision API"),
     "decision.item.deleted": (Support.NEVER, "no Decision API"),
@@ -171,11 +174,23 @@ def input_audio_reflected(b64: str) -> dict[str, Any]:
 
 
 def delegation_created(event_id: str, delegation_id: str, offset_ms: int,
-                       target: str = "client") -> dict[str, Any]:
-    """The agent delegated work: metadata only (GPT-Live sends no task text)."""
+                       target: str = "client",
+                       response_id: str | None = None) -> dict[str, Any]:
+    """The agent delegated work: metadata only (GPT-Live sends no task text); a Responses
+    delegation names its backend response."""
+    delegation = {"id": delegation_id, "type": "delegation", "target": target}
+    if response_id is not None:
+        delegation["response_id"] = response_id
     return {"type": "session.delegation.created", "event_id": event_id,
-            "offset_ms": offset_ms,
-            "delegation": {"id": delegation_id, "type": "delegation", "target": target}}
+            "offset_ms": offset_ms, "delegation": delegation}
+
+
+def response_event(event_id: str, event: dict[str, Any], delegation_id: str | None,
+                   client_event_id: str | None = None) -> dict[str, Any]:
+    """One event of the Responses backend's stream, wrapped (``delegation_id`` null for a
+    response the client asked for with no delegation waiting)."""
+    return _answer({"type": "response.event", "event_id": event_id, "event": event,
+                    "delegation_id": delegation_id}, client_event_id)
 
 
 def dtmf_received(event_id: str, key: str) -> dict[str, Any]:

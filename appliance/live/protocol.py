@@ -89,8 +89,12 @@ CLIENT_EVENTS: dict[str, tuple[Support, str]] = {
     "decision.create": (Support.ERROR, "not served: the Decision API"),
     "decision.item.create": (Support.ERROR, "not served: the Decision API"),
     "decision.item.delete": (Support.ERROR, "not served: the Decision API"),
-    "response.item.create": (Support.ERROR, "requires Responses delegation (not served)"),
-    "response.create": (Support.ERROR, "requires Responses delegation (not served)"),
+    "response.item.create": (Support.SUPPORTED, "Responses delegation: an input item "
+                             "(function_call_output, a message) for the backend; otherwise "
+                             "-> error"),
+    "response.create": (Support.SUPPORTED, "Responses delegation: continues the delegation "
+                        "waiting for tool results (or asks the backend) -> response.event; "
+                        "otherwise -> error"),
 }
 
 #: Why a type is refused after its shape passed (the ``error`` message).
@@ -102,8 +106,6 @@ UNSUPPORTED: dict[str, str] = {
     "(docs/live.md).",
     "decision.item.delete": "The Decision API is not served by this appliance "
     "(docs/live.md).",
-    "response.item.create": "response.item.create requires Responses delegation.",
-    "response.create": "response.create requires Responses delegation.",
 }
 
 

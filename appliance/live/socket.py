@@ -25,6 +25,8 @@ instead of the bare machine, with what only a Live session has:
   on); at the end the conversation is kept beside it
   (store.py), before the socket is closed — so a client that saw the close can fetch the
   content and fork;
+* **Responses delegation**: the core's ``AskBackend`` runs in the session's nursery
+  (backend.py: the assistant's ``--llm``), its stream fed back into the core;
 * a **fork** (``fork=`` a stored session, from ``GET /v1/live/sessions/{id}/fork``): its
   ``session.start`` carries overrides (connection.py).
 
@@ -51,6 +53,7 @@ from ..realtime.ws_session import END_CLIENT, RealtimeSocketSession
 from ..transceiver.recording import CallRecording, RecordingSettings
 from ..transceiver.stages.recorder import RecorderTap
 from . import store
+from .backend import Backend, start_request
 from .config import MAX_SESSION_SECONDS
 from .connection import LiveConnection, Started, State
 
@@ -79,10 +82,11 @@ class LiveSocketSession(RealtimeSocketSession):
                  store: RecordingSettings | None = None,
                  fork: dict[str, Any] | None = None) -> None:
         sid = session_id or new_session_id()
+        self.backend = Backend.from_env()  # Responses delegation's LLM (--llm), if any
         self.live = LiveConnection(session_id=sid, ids=id_source(), wall_clock=time.time,
                                    vad=EnergyVad().update, max_seconds=max_seconds,
                                    judge=can_judge(), speculate=can_speculate(agent),
-                                   fork=fork)
+                                   fork=fork, backend=self.backend is not None)
         self.store = store  # the recordings directory, its quota and retention
         self.recording: CallRecording | None = None
         super().__init__(agent, session_id=sid, queue_limit=queue_limit, protocol=self.live,
@@ -111,6 +115,8 @@ class LiveSocketSession(RealtimeSocketSession):
         return END_LOST if reason == END_CLIENT else reason
 
     def handle_action(self, action: object) -> None:
+        if start_request(self._nursery, self.backend, self.live, action, self._drain):
+            return
         if isinstance(action, Started) and self._nursery is not None:
             self.started = action
             register(self.sideband)  # attachable once its id is known

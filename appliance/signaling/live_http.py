@@ -64,6 +64,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from ..live import store
+from ..live.backend import Backend
 from ..live.config import fork_untrusted, resolve_untrusted
 from ..live.plugin import agent_spec
 from ..live.schema import (
@@ -121,7 +122,8 @@ def parse_create_untrusted(raw: bytes, fork: dict[str, Any] | None = None
         checked = validate_untrusted(CREATE if fork is None else FORK, body, "")
         session = (checked["session"] if fork is None else
                    fork_untrusted(fork, checked.get("session", {}), media=True))
-        resolve_untrusted(session, media=True)  # the transceiver resolves it again
+        # the transceiver resolves it again; a Responses delegation needs its --llm
+        resolve_untrusted(session, media=True, backend=Backend.from_env() is not None)
     except LiveError as exc:
         raise _problem(exc) from None
     sdp: str = checked["transport"]["sdp"]
@@ -160,7 +162,7 @@ def parse_accept_untrusted(raw: bytes) -> dict[str, Any]:
             raise RealtimeProblem(400, "unknown_parameter", f"Unknown parameter: "
                                   f"'session.{key}' (not a SIP session's).", f"session.{key}")
     try:
-        resolve_untrusted(config, media=True)
+        resolve_untrusted(config, media=True, backend=Backend.from_env() is not None)
     except LiveError as exc:
         raise _problem(exc) from None
     return config

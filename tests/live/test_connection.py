@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from live.live_shapes import shape_errors
 
-from appliance.live.connection import SAY, LiveConnection, LiveEvent, Started, State
+from appliance.live.connection import SAY, AskBackend, LiveConnection, LiveEvent, Started, State
 from appliance.realtime.interface import AudioDelta, FunctionCall, TextDelta, TranscriptDelta
 from appliance.realtime.machine import CancelResponse, StartResponse, Transcribe
 from appliance.realtime.socket_protocol import EndSession
@@ -407,5 +407,15 @@ def test_every_event_type_served_is_sent_and_matches_the_sdk() -> None:
     phone.c.handle_sideband(json.dumps({"type": "transport.dtmf.send", "event": "5"}))
     phone.drain()
     sent |= {e["type"] for e in phone.observed}
+    # Responses delegation: a backend response asked for (the backend's part by hand).
+    backed = Core(backend=True)
+    backed.start(delegation={"type": "responses", "responses": {"model": "m"}})
+    backed.send(type="response.create")
+    [ask] = backed.take(AskBackend)
+    backed.c.handle_backend_event(ask.delegation_id, {
+        "type": "response.output_text.delta", "sequence_number": 0, "item_id": "msg_1",
+        "output_index": 0, "content_index": 0, "delta": "x", "logprobs": []})
+    backed.c.handle_backend_end(ask.delegation_id)
+    sent |= {e["type"] for e in backed.drain()}
     served = {k for k, (support, _) in SERVER_EVENTS.items() if support is Support.SUPPORTED}
     assert sent == served

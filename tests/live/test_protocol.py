@@ -62,8 +62,7 @@ def test_every_served_event_parses_as_the_sdk_sends_it() -> None:
     ({"type": "input_audio_buffer.append", "audio": ""}, "unknown_event", "type"),
     ({"event_id": "e"}, "missing_required_parameter", "type"),
     ({"type": "session.close", "event_id": 7}, "invalid_type", "event_id"),
-    ({"type": "response.create"}, "unsupported_event", "type"),
-    ({"type": "response.item.create", "item": {}}, "unsupported_event", "type"),
+    ({"type": "response.item.create"}, "missing_required_parameter", "item"),
     ({"type": "session.output_audio.fixture.play", "audio": ""}, "unsupported_event", "type"),
     ({"type": "decision.create"}, "missing_required_parameter", "event_id"),
     ({"type": "decision.create", "event_id": "d"}, "unsupported_event", "type"),
@@ -77,10 +76,13 @@ def test_refusals_name_the_code_and_param(event: dict[str, Any], code: str,
         assert err.client_event_id == event["event_id"]
 
 
-def test_response_create_says_it_needs_responses_delegation() -> None:
-    err = refused(json.dumps({"type": "response.create", "event_id": "r"}))
-    assert err.message == "response.create requires Responses delegation."
-    assert err.client_event_id == "r"
+def test_response_commands_parse_for_the_core_to_judge() -> None:
+    """Served under Responses delegation, so the parser lets them by; the core refuses them
+    in any other session (tests/live/test_responses.py)."""
+    ev = parse_client_event_untrusted(json.dumps({"type": "response.item.create", "item": {
+        "type": "function_call_output", "call_id": "c", "output": "x"}, "event_id": "i"}))
+    assert (ev.type, ev.event_id, ev.data["item"]["call_id"]) == ("response.item.create", "i",
+                                                                  "c")
 
 
 def test_an_unknown_type_lists_the_supported_ones() -> None:
@@ -133,8 +135,20 @@ def test_defaults_are_resolved() -> None:
     ({"model": "m", "input": [{"role": "assistant", "content": [
         {"type": "input_text", "text": "a"}]}]}, "invalid_value",
      "session.input[0].content[0].type"),
-    ({"model": "m", "delegation": {"type": "responses", "responses": {"model": "x"}}},
-     "unsupported_value", "session.delegation.type"),
+    ({"model": "m", "delegation": {"type": "responses", "responses": {
+        "model": "x", "tools": [{"type": "function", "name": "f"}, {"type": "web_search"}]}}},
+     "unsupported_value", "session.delegation.responses.tools[1].type"),
+    ({"model": "m", "delegation": {"type": "responses", "responses": {
+        "model": "x", "tool_choice": {"type": "file_search"}}}},
+     "unsupported_value", "session.delegation.responses.tool_choice.type"),
+    ({"model": "m", "delegation": {"type": "responses", "responses": {
+        "model": "x", "tools": [{"type": "function", "name": "f", "x": 1}]}}},
+     "unknown_parameter", "session.delegation.responses.tools[0].x"),
+    ({"model": "m", "delegation": {"type": "responses", "responses": {
+        "model": "x", "max_output_tokens": 8}}},
+     "integer_below_min_value", "session.delegation.responses.max_output_tokens"),
+    ({"model": "m", "delegation": {"type": "responses", "responses": {}}},
+     "missing_required_parameter", "session.delegation.responses.model"),
     ({"model": "m", "delegation": {"type": "decisions", "decisions": {}}},
      "unsupported_value", "session.delegation.type"),
     ({"model": "m", "delegation": {"type": "client", "extra": 1}}, "unknown_parameter",

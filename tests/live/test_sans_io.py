@@ -2,7 +2,8 @@
 the state machine import no I/O or clock library, not even through what they import (the
 Realtime machine under it included); only the shell (socket.py) and the agent wrapper
 (agent.py, which reaches the agents' loader) may, and store.py (the stored sessions' files,
-with the recording's writer)."""
+with the recording's writer) and backend.py (Responses delegation's HTTP; responses.py,
+its translation, is core)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ import pytest
 from proto.test_sans_io import FORBIDDEN, _imports
 
 LIVE = Path(__file__).resolve().parents[2] / "appliance" / "live"
-SHELLS = {"socket.py", "agent.py", "call.py", "plugin.py", "store.py"}  # store: file I/O
+# store: file I/O; backend: Responses delegation's HTTP (responses.py is its core)
+SHELLS = {"socket.py", "agent.py", "call.py", "plugin.py", "store.py", "backend.py"}
 CORE = [p for p in sorted(LIVE.glob("*.py")) if p.name not in SHELLS]
 
 
 def test_the_core_modules_are_there() -> None:
-    assert {"schema.py", "protocol.py", "config.py", "events.py", "connection.py"} <= {
+    assert {"schema.py", "protocol.py", "config.py", "events.py", "connection.py",
+            "responses.py"} <= {
         p.name for p in CORE}
 
 

@@ -181,3 +181,24 @@ async def test_a_webrtc_fork_places_a_call_primed_with_the_stored_conversation(
         "transport": {"type": "webrtc", "sdp": OFFER},
         "session": {"audio": {"format": {"type": "audio/pcm", "rate": 24000}}}}), 400)
     assert err["param"] == "session.audio"
+
+
+def test_responses_delegation_needs_the_llm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A WebRTC session with Responses delegation is refused at the POST when no ``--llm``
+    is configured (the transceiver would have nowhere to send the work), and accepted
+    when one is; a hosted tool is refused either way, naming it."""
+    session = {"delegation": {"type": "responses", "responses": {"model": "m"}}}
+    raw = json.dumps(body(**session)).encode()
+    monkeypatch.delenv("APPLIANCE_LLM_URL", raising=False)
+    with pytest.raises(RealtimeProblem) as info:
+        parse_create_untrusted(raw)
+    assert info.value.status == 400 and info.value.param == "session.delegation.type"
+    assert "--llm" in info.value.detail
+    monkeypatch.setenv("APPLIANCE_LLM_URL", "http://127.0.0.1:9/v1")
+    checked, _ = parse_create_untrusted(raw)
+    assert checked["delegation"]["type"] == "responses"
+    hosted = body(delegation={"type": "responses", "responses": {
+        "model": "m", "tools": [{"type": "file_search"}]}})
+    with pytest.raises(RealtimeProblem) as info:
+        parse_create_untrusted(json.dumps(hosted).encode())
+    assert info.value.param == "session.delegation.responses.tools[0].type"

@@ -15,6 +15,14 @@ with the SDK's client: the format is OpenAI's, not ours.
   arguments in pieces) and ``finish_reason: "tool_calls"``. With :attr:`FakeOpenAI.release`
   set, the stream pauses before the reply's last chunk until the test sets it, and notes
   the client's disconnect (``http.disconnect``) while paused.
+* ``POST /v1/responses`` with ``stream: true`` (the Responses API, for GPT-Live's Responses
+  delegation): ``event:`` / ``data:`` pairs as OpenAI sends them, each event validated by the
+  SDK's ``ResponseStreamEvent`` union — ``response.created``, the queued reply as a message
+  item (``output_text.delta`` pieces) or the queued tool calls as ``function_call`` items
+  (``function_call_arguments.delta`` pieces), ``response.completed`` with usage. With
+  :attr:`FakeOpenAI.has_responses` False it answers 404, as a chat-completions-only server
+  (Ollama, llama.cpp) does; the chat stream then also sends a ``usage`` chunk when asked
+  (``stream_options.include_usage``).
 
 A missing or wrong ``Authorization: Bearer`` gets OpenAI's 401 error body.
 """
@@ -37,6 +45,8 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 from openai.types.audio import Transcription
 from openai.types.chat import ChatCompletionChunk
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
 
 KEY = "sk-test-not-a-real-key"
 
@@ -57,6 +67,8 @@ class FakeOpenAI:
     uploads: list[Upload] = field(default_factory=list)
     speech_requests: list[dict[str, Any]] = field(default_factory=list)
     chat_requests: list[dict[str, Any]] = field(default_factory=list)
+    responses_requests: list[dict[str, Any]] = field(default_factory=list)
+    has_responses: bool = True  # False: /v1/responses is a 404 (a chat-only server)
     base_url: str = ""
     # Set by a test: the chat stream stops before its last content chunk, sets ``held`` and
     # waits for ``release`` (or the client's disconnect, which sets ``disconnected``).
@@ -92,6 +104,8 @@ class FakeOpenAI:
             await self._speech(send, json.loads(body))
         elif path == "/v1/chat/completions":
             await self._chat(send, receive, json.loads(body))
+        elif path == "/v1/responses" and self.has_responses:
+            await self._responses(send, json.loads(body))
         else:
             await self._json(send, 404, {"error": {"message": "not found", "type": "invalid_request_error", "param": None, "code": None}})
 
@@ -191,7 +205,80 @@ class FakeOpenAI:
                          "finish_reason": "tool_calls" if calls else "stop"}]})
         await send({"type": "http.response.body", "more_body": True,
                     "body": f"data: {last.model_dump_json(exclude_none=True)}\n\n".encode()})
+        if (req.get("stream_options") or {}).get("include_usage"):
+            usage = ChatCompletionChunk.model_validate({
+                "id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": created,
+                "model": req.get("model", "?"), "choices": [],
+                "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}})
+            await send({"type": "http.response.body", "more_body": True, "body":
+                        f"data: {usage.model_dump_json(exclude_none=True)}\n\n".encode()})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+    async def _responses(self, send: Any, req: dict[str, Any]) -> None:
+        self.responses_requests.append(req)
+        calls = self.tool_calls.pop(0) if self.tool_calls else None
+        reply = "" if calls else (self.replies.pop(0) if self.replies else "OK.")
+        events: list[dict[str, Any]] = []
+        response = {"id": f"resp_fake{len(self.responses_requests)}", "object": "response",
+                    "created_at": int(time.time()), "model": req["model"],
+                    "status": "in_progress", "output": [],
+                    "instructions": req.get("instructions"), "tools": req.get("tools", []),
+                    "tool_choice": req.get("tool_choice", "auto"),
+                    "parallel_tool_calls": req.get("parallel_tool_calls", True)}
+
+        def add(kind: str, **fields: Any) -> None:
+            events.append({"type": kind, "sequence_number": len(events), **fields})
+
+        add("response.created", response=dict(response))
+        output: list[dict[str, Any]] = []
+        if reply:
+            item: dict[str, Any] = {"id": "msg_fake", "type": "message", "role": "assistant",
+                                    "status": "in_progress", "content": []}
+            add("response.output_item.added", output_index=0, item=dict(item))
+            part = {"type": "output_text", "text": "", "annotations": []}
+            add("response.content_part.added", item_id="msg_fake", output_index=0,
+                content_index=0, part=part)
+            for i in range(0, len(reply), 7):
+                add("response.output_text.delta", item_id="msg_fake", output_index=0,
+                    content_index=0, delta=reply[i : i + 7], logprobs=[])
+            add("response.output_text.done", item_id="msg_fake", output_index=0,
+                content_index=0, text=reply, logprobs=[])
+            part = {**part, "text": reply}
+            add("response.content_part.done", item_id="msg_fake", output_index=0,
+                content_index=0, part=part)
+            item.update(status="completed", content=[part])
+            add("response.output_item.done", output_index=0, item=item)
+            output.append(item)
+        for n, call in enumerate(calls or ()):
+            item = {"id": f"fc_fake{n}", "type": "function_call", "call_id": f"call_fake{n}",
+                    "name": call["name"], "arguments": "", "status": "in_progress"}
+            add("response.output_item.added", output_index=n, item=dict(item))
+            args = call["arguments"]
+            for i in range(0, len(args), 5):
+                add("response.function_call_arguments.delta", item_id=item["id"],
+                    output_index=n, delta=args[i : i + 5])
+            add("response.function_call_arguments.done", item_id=item["id"], output_index=n,
+                arguments=args)
+            item.update(status="completed", arguments=args)
+            add("response.output_item.done", output_index=n, item=item)
+            output.append(item)
+        add("response.completed", response={**response, "status": "completed", "output": output,
+                                            "usage": {"input_tokens": 12, "output_tokens": 5,
+                                                      "total_tokens": 17,
+                                                      "input_tokens_details": {"cached_tokens": 0,
+                                                                               "cache_write_tokens": 0},
+                                                      "output_tokens_details": {
+                                                          "reasoning_tokens": 0}}})
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        for event in events:
+            model = _STREAM_EVENT.validate_python(event)  # OpenAI's shape, or the test fails
+            data = f"event: {event['type']}\ndata: {model.model_dump_json(exclude_none=True)}\n\n"
+            await send({"type": "http.response.body", "body": data.encode(), "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+
+_STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 
 
 @asynccontextmanager
