@@ -133,6 +133,17 @@ def framing_seeds() -> dict[str, bytes]:
     }
 
 
+def sse_seeds() -> dict[str, bytes]:
+    # First byte: the read size; then an event stream as OpenAI-compatible servers send it.
+    chat = (b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n'
+            b'data: {"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c1"}]}}]}\n\n'
+            b"data: [DONE]\n\n")
+    responses = (b'event: response.created\r\ndata: {"type":"response.created",\r\n'
+                 b'data: "sequence_number":0}\r\n\r\n: keep-alive\r\nid: 3\rretry: 9\r\r')
+    return {"chat": bytes([4]) + chat, "responses-crlf": bytes([0]) + responses,
+            "unterminated": bytes([7]) + b"data: tail", "not-utf8": bytes([1]) + b"data: \xff\n\n"}
+
+
 def rtp_seeds() -> dict[str, bytes]:
     block = ReportBlock(1, 2, 3, 4, 5, 6, 7)
     return {
@@ -634,6 +645,7 @@ SEEDS = {
     "realtime": realtime_seeds,
     "live": live_seeds,
     "framing": framing_seeds,
+    "sse": sse_seeds,
     "vouch": vouch_seeds,
     "sip": sip_seeds,
     "sip_stream": sip_stream_seeds,

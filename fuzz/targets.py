@@ -95,6 +95,7 @@ from appliance.proto.sip import Decision, EndpointConfig, SipEndpoint, StreamFra
 from appliance.proto.sip import SipError as SipParseError
 from appliance.proto.sip import parse_untrusted as parse_sip_untrusted
 from appliance.proto.sip.ua import IncomingCall
+from appliance.proto.sse import SseDecoder, SseError
 from appliance.proto.stun import (
     MAX_AMPLIFICATION,
     AttrType,
@@ -273,6 +274,31 @@ def framing(data: bytes) -> None:
         pos += 2 + n
     assert failed == bad and got == want
     assert b"".join(encode_frame(f) for f in got) == stream[:pos]
+
+
+# --- Server-Sent Events (an LLM's stream) -----------------------------------------------------
+
+
+def sse(data: bytes) -> None:
+    """``sse.SseDecoder`` on a stream cut at points the first byte picks: only SseError
+    escapes, and the events are those of the same bytes read whole."""
+    def read(pieces: list[bytes]) -> list[tuple[str, str]] | None:
+        decoder, out = SseDecoder(), []
+        try:
+            for piece in pieces:
+                decoder.handle_input(piece)
+                while (ev := decoder.poll_event()) is not None:
+                    out.append(ev)
+            decoder.handle_eof()
+        except SseError:
+            return None
+        while (ev := decoder.poll_event()) is not None:
+            out.append(ev)
+        return out
+
+    step = 1 + (data[0] % 13 if data else 0)
+    stream = data[1:]
+    assert read([stream[i : i + step] for i in range(0, len(stream), step)]) == read([stream])
 
 
 # --- RTP / RTCP -------------------------------------------------------------------------
@@ -1033,6 +1059,7 @@ TARGETS: dict[str, Target] = {
     "realtime": realtime,
     "live": live,
     "framing": framing,
+    "sse": sse,
     "vouch": vouch,
     "sip": sip,
     "sip_stream": sip_stream,

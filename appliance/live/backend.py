@@ -12,7 +12,7 @@ the session's core. The translation is responses.py's; this file only moves byte
   Responses events its chunks stand for.
 
 HTTP is httpx, as the assistant's (appliance/speech/llm.py); the bytes go through
-responses.py's :class:`~appliance.live.responses.SseDecoder`. The key is never logged.
+the one Server-Sent Events decoder (appliance/proto/sse.py). The key is never logged.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from typing import Any
 
 import trio
 
+from ..proto.sse import SseDecoder, SseError
 from .connection import AskBackend, LiveConnection
 from .responses import (
     ChatSynth,
     ResponsesError,
-    SseDecoder,
     chat_body,
     chunk_untrusted,
     event_untrusted,
@@ -138,11 +138,14 @@ async def _check(resp: Any) -> None:
 
 async def _read(resp: Any, on_data: Callable[[str], None]) -> None:
     decoder = SseDecoder()
-    async for piece in resp.aiter_bytes():
-        decoder.handle_input(piece)
-        while (ev := decoder.poll_event()) is not None:
-            on_data(ev[1])
-    decoder.handle_eof()
+    try:
+        async for piece in resp.aiter_bytes():
+            decoder.handle_input(piece)
+            while (ev := decoder.poll_event()) is not None:
+                on_data(ev[1])
+        decoder.handle_eof()
+    except SseError as exc:
+        raise ResponsesError(str(exc)) from None
     while (ev := decoder.poll_event()) is not None:
         on_data(ev[1])
 

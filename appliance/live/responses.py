@@ -11,8 +11,6 @@ What lives here::
     request_body(cfg, input)              the ``POST /responses`` body (stream: true)
     chat_body(body)                       the same request for a chat-completions-only
                                           backend (``POST /chat/completions``)
-    SseDecoder                            Server-Sent Events from network bytes
-                                          (handle_input / handle_eof / poll_event)
     event_untrusted(data)                 one SSE ``data`` as a JSON object with a type
     chunk_untrusted(data)                 one chat-completions chunk as a JSON object
     ChatSynth                             chat-completion chunks in, the Responses stream
@@ -25,7 +23,9 @@ What lives here::
     snapshot(event)                       a lifecycle event as ``response.event`` carries
                                           it: no input, instructions, tools or output
 
-Every parser of network bytes here (:class:`SseDecoder`, :func:`event_untrusted`,
+The stream's bytes are Server-Sent Events, read by appliance/proto/sse.py (the one SSE
+decoder, which the assistant's chat client reads with too). Every parser of network bytes
+here (:func:`event_untrusted`,
 :func:`chunk_untrusted`, :meth:`ChatSynth.handle_chunk`) raises only :class:`ResponsesError` (STYLE.md rule 5;
 fuzzed in tests/live/test_responses.py).
 
@@ -56,8 +56,6 @@ from .schema import (
 )
 
 MAX_TOOLS = 128
-MAX_LINE = 1 << 20  # one SSE line (a whole JSON event: OpenAI sends each on one line)
-MAX_EVENT = 4 << 20  # one SSE event's data
 MAX_TEXT = 1 << 20  # the text and arguments a synthesised response may collect
 MAX_ITEMS = 64  # output items of one response
 
@@ -226,80 +224,6 @@ def chat_body(body: dict[str, Any]) -> dict[str, Any]:
     if effort is not None:
         out["reasoning_effort"] = effort
     return out
-
-
-# -- Server-Sent Events ------------------------------------------------------------------------
-
-
-class SseDecoder:
-    """The WHATWG event-stream format, sans-IO: ``handle_input(bytes)``, then
-    ``poll_event()`` until None (``(event name, data)``); ``handle_eof()`` at the end.
-    Lines end in CRLF, LF or CR; ``data:`` lines join with LF; a blank line dispatches;
-    comments (``:``), ``id`` and ``retry`` are skipped. Bounded by :data:`MAX_LINE` and
-    :data:`MAX_EVENT`; raises only :class:`ResponsesError`."""
-
-    def __init__(self) -> None:
-        self._buf = b""
-        self._cr = False  # the last chunk ended in CR: a LF at the next one's start is its
-        self._name = ""
-        self._data: list[str] = []
-        self._size = 0
-        self._ready: list[tuple[str, str]] = []
-
-    def handle_input(self, data: bytes) -> None:
-        if self._cr and data.startswith(b"\n"):
-            data = data[1:]
-        self._cr = False
-        buf = self._buf + data
-        start = 0
-        while True:
-            lf, cr = buf.find(b"\n", start), buf.find(b"\r", start)
-            ends = [i for i in (lf, cr) if i >= 0]
-            if not ends:
-                break
-            end = min(ends)
-            self._line(buf[start:end])
-            if buf[end:end + 1] == b"\r":
-                if end + 1 == len(buf):
-                    self._cr = True
-                elif buf[end + 1 : end + 2] == b"\n":
-                    end += 1
-            start = end + 1
-        self._buf = buf[start:]
-        if len(self._buf) > MAX_LINE:
-            raise ResponsesError("event stream line over 1 MiB")
-
-    def handle_eof(self) -> None:
-        """The stream ended: a last unterminated line counts; an undispatched event
-        does not (the format's rule)."""
-        if self._buf:
-            self._line(self._buf)
-            self._buf = b""
-
-    def poll_event(self) -> tuple[str, str] | None:
-        return self._ready.pop(0) if self._ready else None
-
-    def _line(self, raw: bytes) -> None:
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ResponsesError("event stream is not UTF-8") from None
-        if not line:
-            if self._data:
-                self._ready.append((self._name or "message", "\n".join(self._data)))
-            self._name, self._data, self._size = "", [], 0
-            return
-        if line.startswith(":"):
-            return
-        name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if name == "data":
-            self._size += len(value) + 1
-            if self._size > MAX_EVENT:
-                raise ResponsesError("event stream event over 4 MiB")
-            self._data.append(value)
-        elif name == "event":
-            self._name = value
 
 
 def event_untrusted(data: str) -> dict[str, Any]:

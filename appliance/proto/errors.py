@@ -17,6 +17,7 @@
         ├── rtp.RtpError
         ├── sdp.SdpError            (hint: HTTP status to answer with)
         ├── sip.SipError            (hint: SIP status to answer with, 400/413/414/505/513)
+        ├── sse.SseError            (an LLM's event stream)
         └── ufrag.UfragError        (hint: drop reason for counters)
 
 Every ``*_untrusted`` parser raises only its module's subclass of ``RemoteProtocolError``;

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 import trio
 
+from ..proto.sse import SseDecoder, SseError
 from .stt import _httpx
 
 Message = dict[str, Any]  # a chat-completions message (role, content, tool_calls, ...)
@@ -111,25 +112,29 @@ class ChatCompletions:
                     detail = (await resp.aread())[:200]
                     raise LlmError(f"chat endpoint answered {resp.status_code}: {detail!r}")
                 done = False
-                lines = resp.aiter_lines()
+                pieces = resp.aiter_bytes()
+                decoder = SseDecoder()
                 try:
-                    async for line in lines:
-                        if done or not line.startswith("data:"):
-                            continue  # comments, event:, id:, blank separators
-                        data = line[5:].strip()
-                        if data == "[DONE]":
-                            done = True
-                            continue
+                    async for piece in pieces:
                         try:
-                            event = json.loads(data)
-                        except json.JSONDecodeError as exc:
-                            raise LlmError("chat stream sent a line that is not JSON") from exc
-                        _tool_deltas(event, calls)
-                        text = _delta_text(event)
-                        if text:
-                            yield text
+                            decoder.handle_input(piece)
+                        except SseError as exc:
+                            raise LlmError(f"chat stream: {exc}") from None
+                        while not done and (ev := decoder.poll_event()) is not None:
+                            data = ev[1].strip()
+                            if data == "[DONE]":
+                                done = True
+                                continue
+                            try:
+                                event = json.loads(data)
+                            except (ValueError, RecursionError) as exc:
+                                raise LlmError("chat stream sent data that is not JSON") from exc
+                            _tool_deltas(event, calls)
+                            text = _delta_text(event)
+                            if text:
+                                yield text
                 finally:
-                    await _unwind(resp, lines)
+                    await _unwind(resp, pieces)
         except httpx.HTTPError as exc:
             raise LlmError(f"chat request to {self.url} failed: {exc!r}") from exc
         for index in sorted(calls):
@@ -139,7 +144,7 @@ class ChatCompletions:
                                call["arguments"] or "{}")
 
 
-async def _unwind(resp: Any, lines: AsyncIterator[str]) -> None:
+async def _unwind(resp: Any, pieces: AsyncIterator[bytes]) -> None:
     """End a response read part-way (closed at a ``yield``: barge-in, an error). Closing
     only the outer generator would leave httpx's and httpcore's nested generators suspended,
     finalised later by the garbage collector (trio warns); closing the response and reading
@@ -151,7 +156,7 @@ async def _unwind(resp: Any, lines: AsyncIterator[str]) -> None:
         finally:
             while True:
                 try:
-                    await lines.__anext__()
+                    await pieces.__anext__()
                 except (Exception, trio.Cancelled):  # the end, the read error, the deadline
                     break
 

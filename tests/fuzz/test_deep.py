@@ -66,6 +66,7 @@ EXAMPLES = {
     "realtime": 500,
     "live": 400,
     "framing": 2000,
+    "sse": 2000,
     "vouch": 2000,
     "sip": 1000,
     "sip_stream": 1000,

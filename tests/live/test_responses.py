@@ -1,7 +1,7 @@
 """GPT-Live's Responses delegation (issue 42 item 3), sans-IO: the translation
 (appliance/live/responses.py — the config check, the request and its chat-completions form,
-the SSE decoder, the Responses events synthesised from a chat stream, checked against the
-SDK's ``ResponseStreamEvent`` union), the decoder and chunk parsers fuzzed with hypothesis,
+the Responses events synthesised from a chat stream, checked against the
+SDK's ``ResponseStreamEvent`` union), the chunk parsers fuzzed with hypothesis,
 and the core's delegations (connection.py) with the backend's part played by hand."""
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from appliance.live.responses import (
     ChatSynth,
     Outcome,
     ResponsesError,
-    SseDecoder,
     chat_body,
     check_config_untrusted,
     chunk_untrusted,
@@ -56,60 +55,6 @@ TOOL = {"type": "function", "name": "get_order", "description": "An order by id.
 CONFIG = {"model": "m1", "instructions": "Answer briefly.", "tools": [TOOL],
           "tool_choice": "auto", "parallel_tool_calls": False, "max_output_tokens": 200,
           "reasoning": {"effort": "low"}}
-
-
-def decode(*pieces: bytes) -> list[tuple[str, str]]:
-    d = SseDecoder()
-    out = []
-    for piece in pieces:
-        d.handle_input(piece)
-        while (ev := d.poll_event()) is not None:
-            out.append(ev)
-    d.handle_eof()
-    while (ev := d.poll_event()) is not None:
-        out.append(ev)
-    return out
-
-
-# -- the SSE decoder ---------------------------------------------------------------------------
-
-STREAM = (b": keep-alive\r\nevent: response.created\r\ndata: {\"a\":\r\ndata: 1}\r\n\r\n"
-          b"id: 7\nretry: 10\ndata: [DONE]\n\ndata:x\rdata: y\r\r")
-
-
-def test_the_decoder_reads_every_line_ending_comment_and_multiline_data() -> None:
-    assert decode(STREAM) == [("response.created", '{"a":\n1}'), ("message", "[DONE]"),
-                              ("message", "x\ny")]
-
-
-def test_byte_at_a_time_is_the_same_stream() -> None:
-    """A CRLF split between two reads is one line end, not two (a blank line would
-    dispatch an event early)."""
-    assert decode(*(STREAM[i : i + 1] for i in range(len(STREAM)))) == decode(STREAM)
-
-
-def test_an_overlong_line_and_bad_utf8_are_the_decoders_error() -> None:
-    with pytest.raises(ResponsesError):
-        decode(b"data: " + b"x" * (1 << 20))
-    with pytest.raises(ResponsesError):
-        decode(b"data: \xff\n\n")
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=512), st.integers(1, 17))
-def test_fuzz_the_decoder_raises_only_its_error(data: bytes, step: int) -> None:
-    """Whole and in pieces: the same events, or ResponsesError, never anything else."""
-    try:
-        whole = decode(data)
-    except ResponsesError:
-        whole = None
-    try:
-        pieces = decode(*(data[i : i + step] for i in range(0, len(data), step)))
-    except ResponsesError:
-        pieces = None
-    assert (whole is None) == (pieces is None)
-    if whole is not None:
-        assert whole == pieces
 
 
 JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
