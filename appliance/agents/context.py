@@ -22,7 +22,7 @@ samples, 1920 bytes). Timing model:
   (barge-in), including the unsent rest of a ``send`` that is waiting for room.
 
 Events are JSON-able dicts with a ``"type"``: the transceiver sends ``session.started``,
-``stats`` and ``session.ended`` to :meth:`AgentContext.events`; an agent may send any event
+``stats``, ``recording.stopped`` and ``session.ended`` to :meth:`AgentContext.events`; an agent may send any event
 with :meth:`AgentContext.send_event`; ``{"type": "session.end", "reason": ...}`` ends the
 call. At most one ``stats`` event waits unread: a newer one replaces it (a snapshot is
 superseded, and an agent that never reads events must not make the session grow). The

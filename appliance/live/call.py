@@ -150,11 +150,15 @@ class LiveCallShell(RealtimeShell):
         self._drain(origin)
 
     async def _event_loop(self) -> None:
-        """Transceiver events: a phone call's digits are the core's (transport.dtmf.*)."""
+        """Transceiver events: a phone call's digits are the core's (transport.dtmf.*); a
+        recording that stopped early (the quota, a full disk) is ``session_storage_failed``."""
         async for event in self.ctx.events():
             digit = event.get("digit")
             if event.get("type") == "dtmf" and isinstance(digit, str):
                 self.live.handle_dtmf(digit.upper())
+                self._drain()
+            elif event.get("type") == "recording.stopped" and self.live.config.get("store"):
+                self.live.storage_failed(str(event.get("reason")))
                 self._drain()
 
     def tasks(self, nursery: trio.Nursery) -> None:

@@ -292,7 +292,11 @@ class ControlOps:
         rec = CallRecording(
             pipeline.stages.recorder, call.id,
             RecordingSettings(Path(self.config.recordings_dir), self.config.recording_quota,
-                              self.config.recording_retention), self.counters)
+                              self.config.recording_retention), self.counters,
+            # the call's agent hears it (a GPT-Live session tells its client:
+            # session_storage_failed)
+            on_stop=lambda reason: call.host.push_event(
+                {"type": "recording.stopped", "reason": reason}))
         pipeline.stages.recording = rec
         self.recordings[call.id] = rec
         self.counters["recordings_started"] += 1

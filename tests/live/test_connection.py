@@ -419,3 +419,21 @@ def test_every_event_type_served_is_sent_and_matches_the_sdk() -> None:
     sent |= {e["type"] for e in backed.drain()}
     served = {k for k, (support, _) in SERVER_EVENTS.items() if support is Support.SUPPORTED}
     assert sent == served
+
+
+def test_a_stopped_recording_is_session_storage_failed_for_client_and_sidebands() -> None:
+    """The shells call ``storage_failed`` when a stored session's recording stops early:
+    one ``error`` to the client and the sidebands, the session still active; nothing
+    before ``session.start`` or after the close."""
+    core = Core(observed=True)
+    core.c.storage_failed("quota")
+    assert core.drain() == []  # not started: nothing to tell
+    core.start(store=True)
+    core.c.storage_failed("quota")
+    [err] = core.drain()
+    assert err["type"] == "error" and err["error"]["code"] == "session_storage_failed"
+    assert err["error"]["type"] == "server_error" and "quota" in err["error"]["message"]
+    assert err in core.observed and core.c.state is State.ACTIVE
+    core.send(type="session.close")
+    core.c.storage_failed("disk: No space left on device")
+    assert [e["type"] for e in core.drain()] == []

@@ -13,6 +13,7 @@ them; a kind that loses one fails here.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import socket
 import wave
@@ -321,6 +322,27 @@ async def test_every_call_kinds_agent_gets_stats(caller: Caller) -> None:
         while AGENT_EVENTS[caller.sid][-1]["type"] == "stats":  # noqa: ASYNC110
             await trio.sleep(0.01)  # a poll interval: the agent's task reads the event
     assert AGENT_EVENTS[caller.sid][-1] == {"type": "session.ended", "reason": "bye"}
+
+
+async def test_every_call_kinds_agent_hears_its_recording_stop(caller: Caller) -> None:
+    """docs/agent-protocol.md: a recording that stops early (here the quota: the header and
+    five frames) is the agent's ``recording.stopped`` event (a GPT-Live session tells its
+    client ``session_storage_failed``), and the call goes on."""
+    caller.tr.config = dataclasses.replace(caller.tr.config,
+                                           recording_quota=44 + 4 * 960 * 5)
+    AGENT_EVENTS.pop(caller.sid, None)  # (another kind's run)
+    await caller.start(agent=EVENTS_AGENT)
+    with trio.fail_after(HANG):
+        while not any(e["type"] == "recording.stopped"  # noqa: ASYNC110
+                      for e in AGENT_EVENTS.get(caller.sid, ())):
+            await caller.talk(5)  # media keeps coming while the writer fills the quota
+    assert [e for e in AGENT_EVENTS[caller.sid] if e["type"] == "recording.stopped"] == [
+        {"type": "recording.stopped", "reason": "quota"}]
+    echoed = caller.echoed
+    await caller.talk(25)
+    assert caller.echoed > echoed  # the call went on
+    assert caller.tr.calls[caller.sid].describe()["media"]["recording"]["state"] == "stopped"
+    await caller.end()
 
 
 async def test_every_call_kinds_session_object_and_metrics(
