@@ -11,8 +11,9 @@ the session's core. The translation is responses.py's; this file only moves byte
   ``POST {llm}/chat/completions`` (streaming) instead, for the rest of the session; :class:`~appliance.live.responses.ChatSynth` makes the
   Responses events its chunks stand for.
 
-HTTP is httpx, as the assistant's (appliance/speech/llm.py); the bytes go through
-the one Server-Sent Events decoder (appliance/proto/sse.py). The key is never logged.
+The request is the assistant's own (appliance/speech/llm.py ``post_sse``: httpx, the
+key as a Bearer token, the one Server-Sent Events decoder of appliance/proto/sse.py);
+the key is never logged.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
-from ..proto.sse import SseDecoder, SseError
+from ..speech.llm import LlmError, post_sse
 from .connection import AskBackend, LiveConnection
 from .responses import (
     ChatSynth,
@@ -70,9 +72,6 @@ class Backend:
             log.warning("live: no Responses backend: %s", exc)
             return None
 
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
     async def run(self, body: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> None:
         """One response: every Responses stream event to ``emit``, in order. Raises
         :class:`ResponsesError` (unreachable, an error status, an unreadable stream)."""
@@ -82,19 +81,27 @@ class Backend:
         try:
             async with httpx.AsyncClient(timeout=TIMEOUT) as client:
                 if not self.chat_only:
-                    async with client.stream("POST", f"{self.base_url}/responses",
-                                             headers=self._headers(), json=body) as resp:
-                        if resp.status_code not in NO_API:
-                            await _check(resp)
-                            await _read(resp, lambda data: emit(event_untrusted(data)))
-                            return
+                    try:
+                        await self._responses(client, body, emit)
+                        return
+                    except LlmError as exc:
+                        if exc.status not in NO_API:
+                            raise
                     self.chat_only = True
                     log.info("live: %s has no /responses: chat completions from now on",
                              self.base_url)
                 await self._chat(client, body, emit)
+        except LlmError as exc:
+            raise ResponsesError(str(exc)) from None
         except httpx.HTTPError as exc:
             raise ResponsesError(f"backend request failed: {type(exc).__name__}") from exc
 
+    async def _responses(self, client: Any, body: dict[str, Any],
+                         emit: Callable[[dict[str, Any]], None]) -> None:
+        async with aclosing(post_sse(client, f"{self.base_url}/responses", body,
+                                     api_key=self.api_key, what="backend")) as events:
+            async for data in events:
+                emit(event_untrusted(data))
 
     async def _chat(self, client: Any, body: dict[str, Any],
                     emit: Callable[[dict[str, Any]], None]) -> None:
@@ -105,20 +112,17 @@ class Backend:
         synth = ChatSynth(body, _ids, int(time.time()))
         synth.start()
         _drain(synth, emit)
-
-        def chunk(data: str) -> None:
-            if data.strip() != "[DONE]":
-                synth.handle_chunk(chunk_untrusted(data))
-            _drain(synth, emit)
-
         try:
-            async with client.stream("POST", f"{self.base_url}/chat/completions",
-                                     headers=self._headers(), json=chat_body(body)) as resp:
-                await _check(resp)
-                await _read(resp, chunk)
-        except (ResponsesError, _httpx().HTTPError) as exc:
-            synth.fail(str(exc) if isinstance(exc, ResponsesError) else
-                       f"backend request failed: {type(exc).__name__}")
+            async with aclosing(post_sse(client, f"{self.base_url}/chat/completions",
+                                         chat_body(body), api_key=self.api_key,
+                                         what="backend")) as events:
+                async for data in events:
+                    if data.strip() != "[DONE]":
+                        synth.handle_chunk(chunk_untrusted(data))
+                    _drain(synth, emit)
+        except (ResponsesError, LlmError, _httpx().HTTPError) as exc:
+            synth.fail(f"backend request failed: {type(exc).__name__}"
+                       if isinstance(exc, _httpx().HTTPError) else str(exc))
             _drain(synth, emit)
             raise
         synth.finish()
@@ -128,26 +132,6 @@ class Backend:
 def _drain(synth: ChatSynth, emit: Callable[[dict[str, Any]], None]) -> None:
     while (event := synth.poll_event()) is not None:
         emit(event)
-
-
-async def _check(resp: Any) -> None:
-    if resp.status_code != 200:
-        detail = (await resp.aread())[:200]
-        raise ResponsesError(f"backend answered {resp.status_code}: {detail!r}")
-
-
-async def _read(resp: Any, on_data: Callable[[str], None]) -> None:
-    decoder = SseDecoder()
-    try:
-        async for piece in resp.aiter_bytes():
-            decoder.handle_input(piece)
-            while (ev := decoder.poll_event()) is not None:
-                on_data(ev[1])
-        decoder.handle_eof()
-    except SseError as exc:
-        raise ResponsesError(str(exc)) from None
-    while (ev := decoder.poll_event()) is not None:
-        on_data(ev[1])
 
 
 async def serve_request(backend: Backend, live: LiveConnection, action: AskBackend,

@@ -40,7 +40,12 @@ Message = dict[str, Any]  # a chat-completions message (role, content, tool_call
 
 
 class LlmError(RuntimeError):
-    """The chat endpoint failed (unreachable, an error status, an unreadable stream)."""
+    """The chat endpoint failed (unreachable, an error status, an unreadable stream);
+    ``status`` is the HTTP status when the endpoint answered with one other than 200."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +100,6 @@ class ChatCompletions:
         Closing it early (``aclose``, as ``aclosing`` does) closes the HTTP response: the
         server sees the client go."""
         httpx = _httpx()
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         body: dict[str, Any] = {
             "model": self.model, "stream": True,
             "messages": [{"role": "system", "content": system or self.system}, *history],
@@ -107,34 +111,19 @@ class ChatCompletions:
         calls: dict[int, dict[str, str]] = {}
         try:
             async with httpx.AsyncClient(timeout=self.timeout) as client, \
-                    client.stream("POST", self.url, headers=headers, json=body) as resp:
-                if resp.status_code != 200:
-                    detail = (await resp.aread())[:200]
-                    raise LlmError(f"chat endpoint answered {resp.status_code}: {detail!r}")
-                done = False
-                pieces = resp.aiter_bytes()
-                decoder = SseDecoder()
-                try:
-                    async for piece in pieces:
-                        try:
-                            decoder.handle_input(piece)
-                        except SseError as exc:
-                            raise LlmError(f"chat stream: {exc}") from None
-                        while not done and (ev := decoder.poll_event()) is not None:
-                            data = ev[1].strip()
-                            if data == "[DONE]":
-                                done = True
-                                continue
-                            try:
-                                event = json.loads(data)
-                            except (ValueError, RecursionError) as exc:
-                                raise LlmError("chat stream sent data that is not JSON") from exc
-                            _tool_deltas(event, calls)
-                            text = _delta_text(event)
-                            if text:
-                                yield text
-                finally:
-                    await _unwind(resp, pieces)
+                    aclosing(post_sse(client, self.url, body, api_key=self._api_key,
+                                      what="chat endpoint")) as events:
+                async for data in events:
+                    if data.strip() == "[DONE]":
+                        break
+                    try:
+                        event = json.loads(data)
+                    except (ValueError, RecursionError) as exc:
+                        raise LlmError("chat stream sent data that is not JSON") from exc
+                    _tool_deltas(event, calls)
+                    text = _delta_text(event)
+                    if text:
+                        yield text
         except httpx.HTTPError as exc:
             raise LlmError(f"chat request to {self.url} failed: {exc!r}") from exc
         for index in sorted(calls):
@@ -142,6 +131,38 @@ class ChatCompletions:
             if call["name"]:
                 yield ToolCall(call["id"] or f"call_{index}", call["name"],
                                call["arguments"] or "{}")
+
+
+async def post_sse(client: Any, url: str, body: dict[str, Any], *, api_key: str | None,
+                   what: str) -> AsyncGenerator[str, None]:
+    """The one streaming request to an OpenAI-compatible endpoint (the assistant's chat
+    completions; GPT-Live's Responses delegation, appliance/live/backend.py, on both its
+    endpoints): ``POST url`` with ``body`` as JSON and the key as a Bearer token, then each
+    Server-Sent Event's ``data`` as it arrives (appliance/proto/sse.py decodes). Raises
+    :class:`LlmError` (with ``status``) for an answer other than 200 and for a stream that
+    is not Server-Sent Events; httpx's own errors pass through. Closed early (``aclosing``),
+    the response is closed and every generator of httpx's chain unwound (:func:`_unwind`)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with client.stream("POST", url, headers=headers, json=body) as resp:
+        if resp.status_code != 200:
+            detail = (await resp.aread())[:200]
+            raise LlmError(f"{what} answered {resp.status_code}: {detail!r}",
+                           status=resp.status_code)
+        pieces = resp.aiter_bytes()
+        decoder = SseDecoder()
+        try:
+            try:
+                async for piece in pieces:
+                    decoder.handle_input(piece)
+                    while (ev := decoder.poll_event()) is not None:
+                        yield ev[1]
+                decoder.handle_eof()
+            except SseError as exc:
+                raise LlmError(f"{what} stream: {exc}") from None
+            while (ev := decoder.poll_event()) is not None:
+                yield ev[1]
+        finally:
+            await _unwind(resp, pieces)
 
 
 async def _unwind(resp: Any, pieces: AsyncIterator[bytes]) -> None:
