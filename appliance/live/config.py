@@ -155,12 +155,15 @@ MEDIA_SESSION_CONFIG = Obj({
 MEDIA_ONLY = ("idle_timeout_s", "wake_policy")
 #: ``ForkSessionConfig`` (a WebSocket fork's ``session.start``) and
 #: ``MediaSessionForkConfig`` (a WebRTC fork's ``session``): the overrides a fork may give.
-#: ``delegation`` overrides only a Responses backend's settings (not served for forks yet):
-#: refused after the check.
+#: ``delegation`` overrides only a Responses backend's settings, and only of a stored
+#: session that used Responses delegation (the type cannot change): a sparse update, as
+#: ``session.update``'s.
 FORK_CONFIG = Obj({
     "audio": optional(Obj({"format": optional(AUDIO_FORMAT)})),
     "client": optional(CLIENT),
-    "delegation": optional(AnyJson()),
+    "delegation": optional(Obj({"type": required(Const("responses")),
+                                "responses": optional(AnyJson()),
+                                "acknowledgement_delay_ms": _ACK})),
     "store": optional(Bool()),
 })
 MEDIA_FORK_CONFIG = Obj({k: v for k, v in FORK_CONFIG.fields.items() if k != "audio"})
@@ -274,10 +277,7 @@ def fork_untrusted(stored: dict[str, Any], overrides: Any, *,
     param."""
     patch = validate_untrusted(MEDIA_FORK_CONFIG if media else FORK_CONFIG, overrides,
                                "session")
-    if "delegation" in patch:
-        raise _unsupported("A fork's delegation override (a Responses backend's settings) "
-                           "is not served: the fork keeps the stored session's delegation.",
-                           "session.delegation")
+    _served(patch, "session.", update=True)
     if "client" in patch and not media:
         raise LiveError("Invalid 'session.client': client overrides are only supported for "
                         "WebRTC forks.", code="unknown_parameter", param="session.client")
@@ -296,7 +296,24 @@ def fork_untrusted(stored: dict[str, Any], overrides: Any, *,
         given.pop("client", None)
     if "store" in patch:
         given["store"] = patch["store"]
+    if "delegation" in patch:
+        given["delegation"] = _merge_delegation(given.get("delegation") or {"type": "client"},
+                                                patch["delegation"])
     return given
+
+
+def _merge_delegation(current: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """A delegation update (``session.update``, a fork's override) over ``current``: the
+    type is fixed; a Responses backend's settings are updated sparsely."""
+    kind = current["type"]
+    if patch["type"] != kind:
+        raise LiveError(f"Cannot change the delegation type from '{kind}' to "
+                        f"'{patch['type']}': it is fixed at session start.",
+                        code="immutable_field_update", param="session.delegation.type")
+    merged = {**current, **patch}
+    if "responses" in patch:  # a sparse update of the backend's settings
+        merged["responses"] = {**current["responses"], **patch["responses"]}
+    return merged
 
 
 def apply_update_untrusted(current: dict[str, Any], value: Any) -> dict[str, Any]:
@@ -313,16 +330,7 @@ def apply_update_untrusted(current: dict[str, Any], value: Any) -> dict[str, Any
     out = dict(current)
     delegation = patch.get("delegation")
     if delegation is not None:
-        kind = current["delegation"]["type"]
-        if delegation["type"] != kind:
-            raise LiveError(f"Cannot change the delegation type from '{kind}' to "
-                            f"'{delegation['type']}': it is fixed at session start.",
-                            code="immutable_field_update", param="session.delegation.type")
-        merged = {**current["delegation"], **delegation}
-        if "responses" in delegation:  # a sparse update of the backend's settings
-            merged["responses"] = {**current["delegation"]["responses"],
-                                   **delegation["responses"]}
-        out["delegation"] = merged
+        out["delegation"] = _merge_delegation(current["delegation"], delegation)
     if "triggers" in patch:  # only [] passes _served: no triggers
         out.pop("triggers", None)
     return out

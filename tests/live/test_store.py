@@ -24,7 +24,7 @@ from live.recall_agent import SEEN
 from live.test_sdk import FRAME, TIMEOUT, Recorder, client, first_of, start_server
 
 from appliance.live import store
-from appliance.live.config import fork_untrusted, history
+from appliance.live.config import fork_untrusted, history, resolve_untrusted
 from appliance.live.schema import LiveError
 
 openai = pytest.importorskip("openai")
@@ -203,9 +203,38 @@ def test_a_fork_config_takes_only_a_forks_overrides() -> None:
     assert "format" not in fork_untrusted(kept, {}, media=True)["audio"]
     for bad, param in (({"model": "n"}, "session.model"),
                        ({"client": {"data_channel": {}}}, "session.client"),
-                       ({"delegation": {"type": "responses"}}, "session.delegation")):
+                       ({"delegation": {"type": "client"}}, "session.delegation.type"),
+                       ({"delegation": {"type": "responses"}}, "session.delegation.type")):
         with pytest.raises(LiveError) as exc:
-            fork_untrusted(kept, bad)
+            fork_untrusted({**kept, "session": {**kept["session"],
+                                                "delegation": {"type": "client"}}}, bad)
+        assert exc.value.param == param
+
+
+def test_a_fork_of_a_responses_session_updates_its_backends_settings() -> None:
+    """``ForkSessionConfig.delegation``: a sparse update of the stored Responses settings,
+    checked like ``session.update``'s (hosted tools refused); the type cannot change."""
+    tool = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
+    kept = {"id": "live_x", "conversation": [], "session": {
+        "model": "m", "delegation": {"type": "responses", "acknowledgement_delay_ms": 0,
+                                     "responses": {"model": "small", "instructions": "be brief",
+                                                   "tools": [tool]}}}}
+    forked = fork_untrusted(kept, {"delegation": {
+        "type": "responses", "acknowledgement_delay_ms": 250,
+        "responses": {"model": "large"}}})
+    assert forked["delegation"] == {
+        "type": "responses", "acknowledgement_delay_ms": 250,
+        "responses": {"model": "large", "instructions": "be brief", "tools": [tool]}}
+    assert kept["session"]["delegation"]["responses"]["model"] == "small"  # not mutated
+    assert resolve_untrusted(forked)["delegation"]["responses"]["model"] == "large"
+    for bad, param in (
+            ({"type": "client"}, "session.delegation.type"),
+            ({"type": "responses", "responses": {"tools": [{"type": "web_search"}]}},
+             "session.delegation.responses.tools[0].type"),
+            ({"type": "responses", "responses": {"models": "x"}},
+             "session.delegation.responses.models")):
+        with pytest.raises(LiveError) as exc:
+            fork_untrusted(kept, {"delegation": bad})
         assert exc.value.param == param
 
 
