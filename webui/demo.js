@@ -166,7 +166,8 @@ async function start() {
   if (run) teardown(run, false);
   const r = { pc: null, stream: null, sessionUrl: null, sessionId: null, iceServers: null, agent: "", cleanups: [], connected: false,
     t0: performance.now(), setupMs: null, micMs: null, answerMs: null, answeredAt: null, serverTimeline: null,
-    turns: null, stopping: false };
+    turns: null, stopping: false,
+    restart: { attempts: 0, recovered: 0, running: false, pending: false, timer: null, startedAt: null, recoveredAt: null, lostAt: null, lostMs: null, last: null } };
   run = r;
   clearMessage();
   lastStats = null;
@@ -244,6 +245,7 @@ async function start() {
   });
   r.pc = pc;
   r.cleanups.push(() => pc.close());
+  r.cleanups.push(() => clearTimeout(r.restart.timer));
   for (const track of r.stream.getAudioTracks()) pc.addTrack(track, r.stream);
   // A data channel beside the audio (RFC 8831): created before the offer, so the offer
   // carries the application m= section; channels the agent opens arrive in ondatachannel.
@@ -441,9 +443,23 @@ function onConnectionState(r) {
   if (cs === "connected") {
     r.connected = true;
     if (r.setupMs === null) showSetup(r);
+    if (r.restart && r.restart.pending) {
+      r.restart.pending = false;
+      r.restart.recovered += 1;
+      r.restart.recoveredAt = performance.now();
+      r.restart.lostMs = r.restart.lostAt === null ? null : Math.round(r.restart.recoveredAt - r.restart.lostAt);
+      r.restart.last = { lostAt: r.restart.lostAt, startedAt: r.restart.startedAt, recoveredAt: r.restart.recoveredAt };
+      r.restart.lostAt = null;
+    }
     if (state !== "ended") setState("connected", "talk now");
   } else if (cs === "disconnected" && r.connected) {
+    if (r.restart.lostAt === null) r.restart.lostAt = performance.now();
     setState("connected", "connection interrupted, waiting for it to recover");
+    scheduleIceRestart(r, RESTART_AFTER_DISCONNECT_MS);
+  } else if (cs === "failed" && r.connected && r.restart.attempts < MAX_ICE_RESTARTS) {
+    if (r.restart.lostAt === null) r.restart.lostAt = performance.now();
+    setState("connected", "connection lost, finding a new path (ICE restart)");
+    scheduleIceRestart(r, 0);
   } else if (cs === "failed" || cs === "closed") {
     if (r.connected) {
       // It worked and then stopped: ended on the server (e.g. End on the dashboard), or lost.
@@ -457,6 +473,103 @@ function onConnectionState(r) {
       connectionFailed(r, candidateAddresses(r.pc.remoteDescription ? r.pc.remoteDescription.sdp : ""));
     }
   }
+}
+
+/**
+ * ICE restart (RFC 8445 §2.4, WHIP's PATCH, RFC 9725 §4.4.1): when the media path of a call
+ * that was connected goes away — the network changed, or the connection it used died (TURN
+ * over TCP or TLS ends with the relay worker that held it: docs/turn.md) — the page makes
+ * an offer with new ICE credentials, PATCHes its ICE lines to the session, and sets the
+ * server's new credentials and candidates as the answer. DTLS and SRTP carry on over the
+ * new path: only ICE restarts. "disconnected" waits RESTART_AFTER_DISCONNECT_MS (consent
+ * checks may recover it alone); "failed" restarts at once; after MAX_ICE_RESTARTS the call
+ * is lost as before.
+ */
+const RESTART_AFTER_DISCONNECT_MS = Number(params.get("restart_after_ms")) || 1000;
+const MAX_ICE_RESTARTS = 3;
+
+function scheduleIceRestart(r, delayMs) {
+  if (r.restart.timer !== null || r.restart.running) return;
+  r.restart.timer = setTimeout(() => {
+    r.restart.timer = null;
+    const cs = r.pc ? r.pc.connectionState : "closed";
+    if (r === run && (cs === "disconnected" || cs === "failed")) restartIce(r);
+  }, delayMs);
+}
+
+async function restartIce(r) {
+  if (r.restart.running || !r.sessionUrl || r.restart.attempts >= MAX_ICE_RESTARTS) return;
+  r.restart.running = true;
+  r.restart.attempts += 1;
+  r.restart.pending = true;
+  r.restart.startedAt = performance.now();
+  const pc = r.pc;
+  try {
+    pc.restartIce();
+    await pc.setLocalDescription(await pc.createOffer({ iceRestart: true }));
+    await gathered(pc, GATHER_MAX_MS);
+    if (r !== run) return;
+    const resp = await api(r.sessionUrl, {
+      method: "PATCH",
+      headers: { "Content-Type": "application/trickle-ice-sdpfrag", "If-Match": "*" },
+      body: iceFragment(pc.localDescription.sdp),
+    });
+    if (resp.status !== 200) throw await httpError(resp, "The server refused the ICE restart");
+    const frag = await resp.text();
+    if (r !== run) return;
+    await pc.setRemoteDescription({ type: "answer", sdp: restartedAnswer(pc.remoteDescription.sdp, frag) });
+    restartNote(r, `ICE restart ${r.restart.attempts}: checking the new path`);
+  } catch (e) {
+    r.restart.pending = false;
+    restartNote(r, `ICE restart ${r.restart.attempts} failed: ${e && e.message ? e.message : e}`);
+    if (r === run && pc.signalingState === "have-local-offer") {
+      try { await pc.setLocalDescription({ type: "rollback" }); } catch (_) { /* closed */ }
+    }
+  } finally {
+    r.restart.running = false;
+  }
+  const cs = pc.connectionState;
+  if (r === run && (cs === "failed" || cs === "disconnected")) scheduleIceRestart(r, RESTART_AFTER_DISCONNECT_MS);
+}
+
+function restartNote(r, text) {
+  console.info(text);
+  if (r === run && state === "connected") setState("connected", text);
+}
+
+/** The ICE lines of an offer as a trickle-ice-sdpfrag (RFC 8840 §9): credentials, the
+ * BUNDLE group, the first m= section's line, mid and candidates. */
+function iceFragment(sdp) {
+  const lines = sdp.split(/\r?\n/);
+  const first = (prefix) => lines.find((l) => l.startsWith(prefix));
+  const m0 = lines.findIndex((l) => l.startsWith("m="));
+  const end = lines.findIndex((l, i) => i > m0 && l.startsWith("m="));
+  const media = lines.slice(m0, end < 0 ? lines.length : end);
+  const out = [first("a=ice-ufrag:"), first("a=ice-pwd:"), first("a=group:BUNDLE"), lines[m0],
+    media.find((l) => l.startsWith("a=mid:")), ...media.filter((l) => l.startsWith("a=candidate:")),
+    "a=end-of-candidates"];
+  return out.filter(Boolean).join("\r\n") + "\r\n";
+}
+
+/** The call's answer with the ICE restart's credentials and candidates (the PATCH's 200
+ * body) in place of the old ones; candidates go in the first (the bundled) m= section. */
+function restartedAnswer(sdp, frag) {
+  const pick = (re) => { const m = re.exec(frag); return m ? m[1].trim() : null; };
+  const ufrag = pick(/^a=ice-ufrag:(.+)$/m), pwd = pick(/^a=ice-pwd:(.+)$/m);
+  if (!ufrag || !pwd) throw new Error("the server's ICE restart answer has no ICE credentials");
+  const candidates = frag.split(/\r?\n/).filter((l) => l.startsWith("a=candidate:"));
+  const out = [];
+  let sections = 0, placed = false;
+  const place = () => { if (!placed) out.push(...candidates, "a=end-of-candidates"); placed = true; };
+  for (const line of sdp.split(/\r\n/)) {
+    if (line === "" || line.startsWith("a=candidate:") || line === "a=end-of-candidates") continue;
+    if (line.startsWith("m=") && ++sections === 2) place();
+    if (line.startsWith("a=ice-ufrag:")) out.push(`a=ice-ufrag:${ufrag}`);
+    else if (line.startsWith("a=ice-pwd:")) out.push(`a=ice-pwd:${pwd}`);
+    else out.push(line);
+  }
+  place();
+  return out.join("\r\n") + "\r\n";
 }
 
 function connectionFailed(r, target) {
@@ -620,6 +733,14 @@ window.applianceDemo = {
    * candidates were allowed (?relay=1). */
   get iceServers() { return run && run.iceServers ? run.iceServers.map((s) => ({ urls: s.urls })) : []; },
   get relayOnly() { return FORCE_RELAY; },
+  /** ICE restarts of this call (the path went away and the page found a new one). */
+  get iceRestarts() {
+    const x = run ? run.restart : null;
+    return x ? { attempts: x.attempts, recovered: x.recovered, pending: x.pending,
+      // the restart itself (offer, PATCH, checks), and from the path going to it being back
+      tookMs: x.recoveredAt !== null && x.startedAt !== null ? Math.round(x.recoveredAt - x.startedAt) : null,
+      lostMs: x.lostMs, last: x.last ? { ...x.last } : null } : null;
+  },
   get setupMs() { return run ? run.setupMs : null; },
   get serverTimeline() { return run ? run.serverTimeline : null; },
   /** The session object's `turns`: each turn's waterfall, as the Turns panel draws it. */

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,152 @@ def test_chromium_relay_only_call_through_our_turn(tmp_path: Path, transport: st
                 assert _metric(page, "turn_peer_sends_total") == 0  # never left the host
                 if tls:  # the split gave Chromium's turns: connection to TURN/TLS
                     assert _metric(page, "tcp_turn_tls_total") >= 1
+                ctx.close()
+            finally:
+                browser.close()
+    finally:
+        rc = proc.stop()
+    assert rc == 0, "".join(proc.stderr)[-3000:]
+
+
+# -- a relay-worker kill mid-call through TURN over TCP or TLS ---------------------------------
+
+#: Every 10 ms, on the page's clock: audio packets received so far (the caller's view).
+SAMPLER = """(() => {
+  const pc = window.__pcs[window.__pcs.length - 1];
+  window.__rx = [];
+  window.__sampler = setInterval(async () => {
+    const t = performance.now();
+    (await pc.getStats()).forEach((s) => {
+      if (s.type === "inbound-rtp" && s.kind === "audio") window.__rx.push([t, s.packetsReceived]);
+    });
+  }, 10);
+})()"""
+#: The longest time between two samples that saw new packets (ms), from the sampler's log.
+LONGEST_GAP = """(() => {
+  clearInterval(window.__sampler);
+  let gap = 0, from = null, lastT = null, lastN = null;
+  for (const [t, n] of window.__rx) {
+    if (lastN === null || n > lastN) {
+      if (lastT !== null && t - lastT > gap) { gap = t - lastT; from = lastT; }
+      lastT = t; lastN = n;
+    }
+  }
+  return {gap, from};
+})()"""
+INBOUND = """async () => {
+  const pc = window.__pcs[window.__pcs.length - 1];
+  let n = 0, energy = 0;
+  (await pc.getStats()).forEach((s) => {
+    if (s.type === "inbound-rtp" && s.kind === "audio") { n = s.packetsReceived; energy = s.totalAudioEnergy; }
+  });
+  return {n, energy, restarts: window.applianceDemo.iceRestarts, state: window.applianceDemo.state,
+          cs: pc.connectionState};
+}"""
+
+
+def _worker_pid(state: Path) -> int:
+    import trio
+
+    from appliance.control import control_request
+
+    async def ask() -> dict[str, Any]:
+        with trio.fail_after(5):
+            return await control_request(str(state / "control" / "relay-0.sock"), {"op": "stats"})
+    return int(trio.run(ask)["pid"])
+
+
+@pytest.mark.parametrize("transport", ["tcp", "tls"])
+def test_a_relay_worker_kill_mid_call_is_survived_by_an_ice_restart(
+        tmp_path: Path, transport: str) -> None:
+    """TURN over TCP or TLS: the client's connection to the TURN server ends with the relay
+    worker that accepted it (its TLS keys live in that process: docs/turn.md), and the
+    allocation with it. The demo page sees the path go (``disconnected`` / ``failed``),
+    restarts ICE (a new offer's credentials PATCHed to the session, WHIP's ICE restart),
+    Chromium allocates again from the warm standby that took the worker's place, and the
+    echo comes back over a new relay candidate of the same transport: the same call, the
+    same DTLS. Printed: how long the echo was gone and how long the restart took."""
+    import os
+    import signal
+    import time
+
+    tls = ["--tls", "self-signed", "--https-on-media-port"] if transport == "tls" else []
+    port = free_udp_port()
+    state = Path(tempfile.mkdtemp(prefix="tk-"))  # short: the control sockets' paths
+    proc = Proc(["up", "--http", "127.0.0.1:0", "--udp", f"127.0.0.1:{port}",
+                 "--public-address", "127.0.0.1", "--state-dir", str(state),
+                 "--transceivers", "1", *tls],
+                "appliance ready", timeout=60)
+    try:
+        base = re.search(r"web UI (\S+)/ ", proc.ready)
+        assert base, proc.ready
+        tone = write_tone_wav(tmp_path / "tone.wav")
+        with sync_playwright() as p:
+            browser = p.chromium.launch(
+                executable_path=chromium_executable(), headless=True,
+                args=[*BASE_ARGS, "--use-fake-device-for-media-stream",
+                      f"--use-file-for-fake-audio-capture={tone}",
+                      "--use-fake-ui-for-media-stream",
+                      *(["--ignore-certificate-errors"] if tls else [])])
+            try:
+                ctx = browser.new_context(permissions=["microphone"],
+                                          ignore_https_errors=bool(tls))
+                ctx.add_init_script(ONE_TRANSPORT % json.dumps(KEEP_TURN[transport]))
+                page = ctx.new_page()
+                page.set_default_timeout(20_000)
+                page.goto(base.group(1) + "/demo?relay=1&restart_after_ms=200")
+                page.get_by_role("button", name="Start", exact=True).click()
+                page.wait_for_function("applianceDemo.state === 'connected'", timeout=40_000)
+                before: dict[str, Any] = {}
+                for _ in range(300):
+                    before = page.evaluate(SELECTED_PAIR)
+                    inbound = before["inbound"] or {}
+                    if before["local"] and inbound.get("packetsReceived", 0) > 25 \
+                            and inbound.get("totalAudioEnergy", 0) > 0.01:
+                        break
+                    page.wait_for_timeout(100)  # a poll interval; the loop checks the state
+                else:
+                    pytest.fail(f"no echoed audio: {before}\n{''.join(proc.stderr)[-3000:]}")
+                assert before["local"]["relayProtocol"] == transport, before
+                deadline = time.monotonic() + 60
+                while "standby pid" not in "".join(proc.stderr) or \
+                        " warm" not in "".join(proc.stderr):  # the successor is ready
+                    assert time.monotonic() < deadline, "no warm relay standby"
+                    page.wait_for_timeout(100)
+                pid = _worker_pid(state)
+                page.evaluate(SAMPLER)
+                page.wait_for_timeout(300)  # the sampler's log before the kill
+                got = page.evaluate(INBOUND)
+                page_killed = page.evaluate("performance.now()")
+                os.kill(pid, signal.SIGKILL)
+                killed = time.monotonic()
+                resumed_with = None
+                while time.monotonic() - killed < 45:  # a poll of the page's stats
+                    now = page.evaluate(INBOUND)
+                    if now["restarts"]["recovered"] >= 1 and now["n"] > got["n"] + 50:
+                        resumed_with = now
+                        break
+                    page.wait_for_timeout(50)
+                longest = page.evaluate(LONGEST_GAP)
+                gap = longest["gap"]
+                timeline = page.evaluate("applianceDemo.iceRestarts.last")
+                assert resumed_with is not None, (
+                    f"the echo did not come back: {page.evaluate(INBOUND)}\n"
+                    f"{''.join(proc.stderr)[-3000:]}")
+                after = page.evaluate(SELECTED_PAIR)
+                restarts = resumed_with["restarts"]
+                print(f"TURN/{transport} relay-worker kill: echo gone {gap:.0f} ms; path lost "
+                      f"to back {restarts['lostMs']} ms, of it the ICE restart "
+                      f"{restarts['tookMs']} ms ({restarts['attempts']} attempt(s)); "
+                      f"after the kill (ms): last echo {longest['from'] - page_killed:.0f}, "
+                      + ", ".join(f"{k} {v - page_killed:.0f}" for k, v in (timeline or {}).items())
+                      + f", echo back {longest['from'] + gap - page_killed:.0f}")
+                assert resumed_with["state"] == "connected", resumed_with
+                assert _worker_pid(state) != pid  # a new worker holds the port
+                assert after["dtls"] == "connected"
+                assert after["local"]["type"] == "relay"
+                assert after["local"]["relayProtocol"] == transport
+                assert after["remote"]["port"] == port
                 ctx.close()
             finally:
                 browser.close()
