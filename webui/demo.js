@@ -506,8 +506,9 @@ async function restartIce(r) {
   const pc = r.pc;
   try {
     pc.restartIce();
+    // No wait for gathering: the server is ICE-lite and needs only the new credentials, and
+    // the browser gathers (allocates again) while the PATCH is on its way.
     await pc.setLocalDescription(await pc.createOffer({ iceRestart: true }));
-    await gathered(pc, GATHER_MAX_MS);
     if (r !== run) return;
     const resp = await api(r.sessionUrl, {
       method: "PATCH",

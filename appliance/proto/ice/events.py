@@ -41,8 +41,9 @@ class CheckReceived:
 
 @dataclass(frozen=True, slots=True)
 class Nominated:
-    """The selected pair is now ``addr``: first nomination, NAT rebinding, or the first
-    nomination after an ICE restart. Media goes to ``addr`` from now on."""
+    """The selected pair is now ``addr``: first nomination, NAT rebinding, the first
+    nomination after an ICE restart, or — before that nomination — the first address to
+    pass a check with the restart's new credentials. Media goes to ``addr`` from now on."""
 
     addr: Addr
 

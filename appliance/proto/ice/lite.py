@@ -210,6 +210,9 @@ class IceLiteAgent:
         self._consent_at: float | None = None
         # After a restart the next nomination is reported even if the address is unchanged.
         self._renominate = False
+        # After a restart, until the first check with the new credentials: that check's
+        # address takes media at once (handle_input).
+        self._provisional = False
         self._seen: dict[Addr, bool] = {}
         self._transmits: deque[tuple[bytes, Addr]] = deque()
         self._events: deque[IceEvent] = deque()
@@ -261,6 +264,8 @@ class IceLiteAgent:
         _check_credentials(local_ufrag, local_pwd)
         self._set_credentials(local_ufrag, local_pwd, remote_ufrag, remote_pwd)
         self._renominate = True
+        # The first check with the new credentials may move media before the nomination.
+        self._provisional = self.selected is not None
         self._seen.clear()
 
     def close(self) -> None:
@@ -361,10 +366,24 @@ class IceLiteAgent:
             # credentials. Consent restarts with this very check.
             self.selected = addr
             self._consent_at = now
-            self._renominate = False
+            self._renominate = self._provisional = False
             self.nominations += 1
             self._events.append(Nominated(addr))
             self._fire(_Input.NOMINATE)
+        elif self._provisional:
+            # §9: after an ICE restart, the first check with the new credentials. A client
+            # restarts because it lost its pair (a network change; a TURN/TCP or TLS
+            # connection that ended with a relay worker: docs/turn.md), so media moves to
+            # this address now — it has just proved itself both ways with credentials only
+            # the client holds — not at the nomination a ping interval later (Chromium:
+            # 50-100 ms). The nomination is still reported (and may move media again).
+            # Once per restart: later checks, from anywhere, cannot move it.
+            self._provisional = False
+            if addr != self.selected:
+                self.selected = addr
+                self._consent_at = now
+                self._events.append(Nominated(addr))
+            self._fire(_Input.CHECK)
         else:
             self._fire(_Input.CHECK)
 

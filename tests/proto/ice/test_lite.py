@@ -455,12 +455,49 @@ def test_verified_addresses_survive_restart_and_are_capped() -> None:
     for _ in range(5):
         a.handle_input(1.0, check()[1], CLIENT)
     assert a.unknown_ufrag == 5 and a.rate_limited == 0
+    # The first check with the new credentials comes from the selected address: it stays.
+    a.handle_input(1.5, check(username="srv2:cli2", password="new-password-0123456789")[1],
+                   CLIENT)
     # A flood of verified addresses cannot push the selected one out of the trusted set.
     for i in range(40):
         addr = (f"198.51.100.{i + 10}", 9)
         a.handle_input(2.0 + i, check(username="srv2:cli2",
                                          password="new-password-0123456789")[1], addr)
     assert len(a._verified) <= 8 and CLIENT in a._verified
+    assert a.selected == CLIENT
+
+
+def test_after_a_restart_the_first_new_check_takes_media_before_the_nomination() -> None:
+    """A client restarts ICE because it lost its pair (docs/turn.md): the first check with
+    the new credentials moves media to its address at once (reported as ``Nominated``);
+    the nomination that follows is reported too; no other check moves it before that."""
+    moved, other = ("198.51.100.7", 4000), ("198.51.100.8", 4001)
+    a = agent()
+    a.handle_input(0.0, check(use_candidate=True)[1], CLIENT)
+    drain(a)
+    a.restart("newU", "new-password-0123456789", "cli2", "client-password-2")
+    new = {"username": "newU:cli2", "password": "new-password-0123456789"}
+    a.handle_input(1.0, check(**new)[1], moved)
+    assert drain(a)[1] == [CheckReceived(moved, False), Nominated(moved)]
+    assert a.selected == moved and a.nominations == 1 and a.poll_timeout() == 31.0
+    a.handle_input(1.1, check(**new)[1], other)  # once per restart
+    assert drain(a)[1] == [CheckReceived(other, False)] and a.selected == moved
+    a.handle_input(1.2, check(use_candidate=True, **new)[1], moved)
+    assert drain(a)[1] == [CheckReceived(moved, True), Nominated(moved)]
+    assert a.nominations == 2
+    # No restart, no early move: a new address's plain check is only a check.
+    a.handle_input(2.0, check(**new)[1], other)
+    assert drain(a)[1] == [] and a.selected == moved
+
+
+def test_a_restart_before_any_nomination_moves_nothing_early() -> None:
+    a = agent()
+    a.handle_input(0.0, check()[1], CLIENT)
+    drain(a)
+    a.restart("newU", "new-password-0123456789", "cli2", "client-password-2")
+    a.handle_input(1.0, check(username="newU:cli2", password="new-password-0123456789")[1],
+                   CLIENT)
+    assert drain(a)[1] == [CheckReceived(CLIENT, False)] and a.selected is None
 
 
 def test_cost_limit_arguments_checked() -> None:
