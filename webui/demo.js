@@ -167,7 +167,7 @@ async function start() {
   const r = { pc: null, stream: null, sessionUrl: null, sessionId: null, iceServers: null, agent: "", cleanups: [], connected: false,
     t0: performance.now(), setupMs: null, micMs: null, answerMs: null, answeredAt: null, serverTimeline: null,
     turns: null, stopping: false,
-    restart: { attempts: 0, recovered: 0, running: false, pending: false, timer: null, startedAt: null, recoveredAt: null, lostAt: null, lostMs: null, last: null } };
+    restart: { attempts: 0, episode: 0, recovered: 0, running: false, pending: false, timer: null, startedAt: null, recoveredAt: null, lostAt: null, lostMs: null, last: null } };
   run = r;
   clearMessage();
   lastStats = null;
@@ -450,25 +450,20 @@ function onConnectionState(r) {
       r.restart.lostMs = r.restart.lostAt === null ? null : Math.round(r.restart.recoveredAt - r.restart.lostAt);
       r.restart.last = { lostAt: r.restart.lostAt, startedAt: r.restart.startedAt, recoveredAt: r.restart.recoveredAt };
       r.restart.lostAt = null;
+      r.restart.episode = 0; // the next loss gets its own MAX_ICE_RESTARTS
     }
     if (state !== "ended") setState("connected", "talk now");
   } else if (cs === "disconnected" && r.connected) {
     if (r.restart.lostAt === null) r.restart.lostAt = performance.now();
     setState("connected", "connection interrupted, waiting for it to recover");
     scheduleIceRestart(r, RESTART_AFTER_DISCONNECT_MS);
-  } else if (cs === "failed" && r.connected && r.restart.attempts < MAX_ICE_RESTARTS) {
+  } else if (cs === "failed" && r.connected && r.restart.episode < MAX_ICE_RESTARTS) {
     if (r.restart.lostAt === null) r.restart.lostAt = performance.now();
     setState("connected", "connection lost, finding a new path (ICE restart)");
     scheduleIceRestart(r, 0);
   } else if (cs === "failed" || cs === "closed") {
     if (r.connected) {
-      // It worked and then stopped: ended on the server (e.g. End on the dashboard), or lost.
-      checkEnded(r).then((ended) => {
-        if (!ended && r === run) {
-          fail(r, "connection-lost", "The connection was lost",
-            "Media stopped reaching this browser. The network may have changed, or the server went away.");
-        }
-      });
+      connectionLost(r);
     } else {
       connectionFailed(r, candidateAddresses(r.pc.remoteDescription ? r.pc.remoteDescription.sdp : ""));
     }
@@ -493,14 +488,17 @@ function scheduleIceRestart(r, delayMs) {
   r.restart.timer = setTimeout(() => {
     r.restart.timer = null;
     const cs = r.pc ? r.pc.connectionState : "closed";
-    if (r === run && (cs === "disconnected" || cs === "failed")) restartIce(r);
+    if (r !== run || (cs !== "disconnected" && cs !== "failed")) return;
+    if (r.restart.episode >= MAX_ICE_RESTARTS || !r.sessionUrl) connectionLost(r);
+    else restartIce(r);
   }, delayMs);
 }
 
 async function restartIce(r) {
-  if (r.restart.running || !r.sessionUrl || r.restart.attempts >= MAX_ICE_RESTARTS) return;
+  if (r.restart.running) return;
   r.restart.running = true;
   r.restart.attempts += 1;
+  r.restart.episode += 1;
   r.restart.pending = true;
   r.restart.startedAt = performance.now();
   const pc = r.pc;
@@ -522,6 +520,8 @@ async function restartIce(r) {
     restartNote(r, `ICE restart ${r.restart.attempts}: checking the new path`);
   } catch (e) {
     r.restart.pending = false;
+    // The session is gone (ended on the server): nothing to restart.
+    if (e instanceof HttpError && (e.status === 404 || e.status === 409 || e.status === 410)) r.restart.episode = MAX_ICE_RESTARTS;
     restartNote(r, `ICE restart ${r.restart.attempts} failed: ${e && e.message ? e.message : e}`);
     if (r === run && pc.signalingState === "have-local-offer") {
       try { await pc.setLocalDescription({ type: "rollback" }); } catch (_) { /* closed */ }
@@ -571,6 +571,17 @@ function restartedAnswer(sdp, frag) {
   }
   place();
   return out.join("\r\n") + "\r\n";
+}
+
+/** It worked and then stopped for good: ended on the server (e.g. End on the dashboard),
+ * or lost (and the ICE restarts did not bring it back). */
+function connectionLost(r) {
+  checkEnded(r).then((ended) => {
+    if (!ended && r === run) {
+      fail(r, "connection-lost", "The connection was lost",
+        "Media stopped reaching this browser and restarting ICE did not bring it back. The network may have changed, or the server went away.");
+    }
+  });
 }
 
 function connectionFailed(r, target) {
