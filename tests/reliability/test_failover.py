@@ -117,9 +117,14 @@ class Calls:
         assert not over, (what, "over", over, "bounds", bounds, "media gaps", media,
                           "sender stalls", stalls, "arrival", gaps, "quiet", self.quiet)
         # Arrival gaps also include this test process's own stalls as a receiver (a loaded
-        # box): a looser sanity bound only.
-        assert all(gaps[name] <= 2 * bounds[name] for name in gaps), (
-            what, "arrival gaps", gaps, "media", media, "bounds", bounds)
+        # box): a looser sanity bound only, beyond the longest stall this process had as a
+        # sender in the window (measured from its own send times: a stalled process neither
+        # sends nor reads; a make test-stress run saw 1.27 s of it during a SIGHUP roll,
+        # with no audio lost on any call).
+        own = max([0.0] + [max(0.0, longest_gap(c.tx, start, end) - 0.02) for c in self.media]
+                  + [stalls[name] for name in clocked])
+        assert all(gaps[name] <= 2 * bounds[name] + own for name in gaps), (
+            what, "arrival gaps", gaps, "media", media, "bounds", bounds, "own stall", own)
         return media
 
 
