@@ -2,7 +2,8 @@
 helper of the ``openai`` SDK's ``resources/live/`` that does not need a browser, and the
 negative cases of the spec's §5.2 (../shared/research/gpt-live.md), each event checked
 against the SDK's own types (tests/live/live_shapes.py through ``Reader``) and parsed by the
-SDK. The WebRTC helpers (``client.live.create``, ``client.live.sessions.fork``, the
+SDK; a call from baresip, a real softphone, is accepted, watched and ended through the
+same surface. The WebRTC helpers (``client.live.create``, ``client.live.sessions.fork``, the
 sideband and content of a WebRTC session) run against ``appliance up`` with aiortc as the
 browser in tests/e2e/test_live_aiortc.py; the same helpers against an in-process server,
 with more edge cases, in tests/live/ and tests/sip/test_live_sip.py.
@@ -30,10 +31,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from e2e.procs import Proc, free_tcp_port, free_udp_port
 from live.test_sideband import Reader
 from ports import BOTH, free_port
-from sip.support import SCENARIOS, SECRET, SIPP, TIMEOUT, free_media_ports, unwrap
+from sip.support import (
+    BARESIP,
+    SCENARIOS,
+    SECRET,
+    SIPP,
+    TIMEOUT,
+    Baresip,
+    free_media_ports,
+    unwrap,
+    write_tone_wav,
+)
 
 openai = pytest.importorskip("openai")
 pytestmark = [pytest.mark.interop, pytest.mark.slow,
@@ -67,16 +79,17 @@ class Hooks(http.server.ThreadingHTTPServer):
 
         super().__init__(("127.0.0.1", 0), Handler)
 
-    def wait_for(self, kind: str, after: int) -> Any:
+    def wait_for(self, kind: str, after: int, within: float = TIMEOUT) -> Any:
         """The first ``kind`` webhook delivered after the first ``after`` ones, unwrapped
-        (its signature checked) by the SDK."""
+        (its signature checked) by the SDK; None if none came ``within`` seconds."""
         with self.changed:
             def found() -> tuple[dict[str, str], bytes] | None:
                 for headers, body in self.got[after:]:
                     if json.loads(body)["type"] == kind:
                         return headers, body
                 return None
-            assert self.changed.wait_for(lambda: found() is not None, TIMEOUT), kind
+            if not self.changed.wait_for(lambda: found() is not None, within):
+                return None
             headers, body = found()  # type: ignore[misc]
         return unwrap(body, headers)
 
@@ -220,10 +233,9 @@ def sipp_result(run: subprocess.Popen[bytes]) -> tuple[int, str]:
 
 def incoming(up: Up, before: int, run: subprocess.Popen[bytes]) -> Any:
     """The call's ``live.transport.incoming`` (beside ``realtime.call.incoming``)."""
-    try:
-        return up.hooks.wait_for("live.transport.incoming", before)
-    except AssertionError:
-        raise AssertionError(f"no webhook; SIPp: {sipp_result(run)}") from None
+    ev = up.hooks.wait_for("live.transport.incoming", before)
+    assert ev is not None, f"no webhook; SIPp: {sipp_result(run)}"
+    return ev
 
 
 def test_the_sip_helpers(up: Up, tmp_path: Path) -> None:
@@ -256,7 +268,7 @@ def test_the_sip_helpers(up: Up, tmp_path: Path) -> None:
     before = len(up.hooks.got)
     run = up.sipp("refer.xml", tmp_path)
     sid = incoming(up, before, run).data.session_id
-    call_id = up.hooks.wait_for("realtime.call.incoming", before).data.call_id
+    call_id = up.hooks.wait_for("realtime.call.incoming", before).data.call_id  # type: ignore[union-attr]
     sessions.accept(sid, session=PHONE, extra_headers={"X-Agent": "realtime"})
     deadline = time.monotonic() + TIMEOUT
     while c.get(f"/realtime/calls/{call_id}", cast_to=object)["status"] != "active":
@@ -268,3 +280,51 @@ def test_the_sip_helpers(up: Up, tmp_path: Path) -> None:
     with pytest.raises(openai.APIStatusError) as err:
         sessions.accept("live_sip_nothingHere", session=PHONE)
     assert err.value.status_code == 404
+
+
+@pytest.mark.skipif(BARESIP is None, reason="baresip missing: `make sysdeps`")
+async def test_a_softphone_call_accepted_watched_and_ended_by_the_sideband(
+        up: Up, tmp_path: Path, nursery: trio.Nursery) -> None:
+    """baresip, a real softphone, calls ``up``: the Live webhook, ``live.sessions.accept``,
+    a sideband that hears the caller (its reflected input audio) and the key it presses
+    (``transport.dtmf.received``, RFC 4733), then ``session.close`` on the sideband ends
+    the call for everyone (``session.closed``; signaling's ``realtime.call.ended``)."""
+    tone = tmp_path / "tone.wav"
+    write_tone_wav(tone, freq=700.0, seconds=30.0)
+    phone = Baresip(tmp_path / "baresip", tone)
+    c = up.client()
+    before = len(up.hooks.got)
+    try:
+        await phone.start(nursery)
+        with trio.fail_after(TIMEOUT):
+            ev = None
+            while ev is None:  # the cons socket may not be up yet: redial is harmless
+                await phone.keys(f"/dial sip:agent@127.0.0.1:{up.sip}\n")
+                ev = await trio.to_thread.run_sync(
+                    up.hooks.wait_for, "live.transport.incoming", before, 2.0)
+            sid = ev.data.session_id
+            await trio.to_thread.run_sync(lambda: c.live.sessions.accept(
+                sid, session=PHONE, extra_headers={"X-Agent": "realtime"}))
+            manager = c.live.sideband.connect(session_id=sid, graceful_close=True)
+            sb = await trio.to_thread.run_sync(manager.__enter__)
+            try:
+                side = Reader(sb, sideband=True)
+                await trio.to_thread.run_sync(side.until, "session.started")
+                await trio.to_thread.run_sync(side.until, "session.input_audio.append")
+                # a key's RFC 4733 end goes out when the next key is pressed: "5" is heard
+                await phone.keys("56")
+                dtmf = await trio.to_thread.run_sync(side.until, "transport.dtmf.received")
+                await trio.to_thread.run_sync(lambda: sb.session.close(event_id="bye"))
+                closed = await trio.to_thread.run_sync(side.until, "session.closed")
+            finally:
+                await trio.to_thread.run_sync(manager.__exit__, None, None, None)
+            ended = await trio.to_thread.run_sync(up.hooks.wait_for, "realtime.call.ended",
+                                                  before)
+    except BaseException:
+        print(phone.text)
+        raise
+    finally:
+        await phone.stop()
+    assert dtmf["event"] == "5"
+    assert closed["client_event_id"] == "bye"
+    assert ended is not None and ended.data.call_id
