@@ -15,6 +15,7 @@ import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -81,15 +82,44 @@ SERIAL_FILES = frozenset({
 })
 
 
+def _serial(parts: tuple[str, ...]) -> bool:
+    """Whether the test file at ``parts`` (relative to tests/) belongs to the serial worker."""
+    return (len(parts) > 1 and parts[0] in SERIAL_DIRS) or "/".join(parts) in SERIAL_FILES
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tests_dir = Path(__file__).resolve().parent
     gone = sorted(f for f in SERIAL_FILES if not (tests_dir / f).exists())
     if gone:  # a renamed heavy test must not drift into the parallel worker unnoticed
         raise pytest.UsageError(f"tests/conftest.py SERIAL_FILES names missing files: {gone}")
-    for item in items:
-        parts = item.path.resolve().relative_to(tests_dir).parts
-        if (len(parts) > 1 and parts[0] in SERIAL_DIRS) or "/".join(parts) in SERIAL_FILES:
+    for item in items:  # the mark says so (-m xdist_group); the scheduler below acts on it
+        if _serial(item.path.resolve().relative_to(tests_dir).parts):
             item.add_marker(pytest.mark.xdist_group("serial"))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup``, with the serial group decided here, from each test's path.
+
+    xdist's own loadgroup reads the ``xdist_group`` mark on the workers and appends
+    ``@serial`` to the node id by assigning ``item._nodeid``; pytest 9.2 keeps the id
+    elsewhere (``Node._id``), so with pytest 9.2 and xdist 3.8 no id got the suffix, the
+    group was silently ignored, and the heavy tests ran on both workers at once (two
+    ``appliance up`` competing for the cores, picking ports at the same moment: a clean-clone
+    ``make test-stress`` failed on a relay port two ups shared through SO_REUSEPORT). The
+    same rule as the mark, on the node id the controller sees, holds with any pytest."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SerialGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            parts = tuple(path.split("/"))
+            if parts[:1] == ("tests",):
+                parts = parts[1:]
+            return "serial" if _serial(parts) else nodeid
+
+    return SerialGroup(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)
