@@ -449,9 +449,9 @@ function onConnectionState(r) {
       r.restart.recoveredAt = performance.now();
       r.restart.lostMs = r.restart.lostAt === null ? null : Math.round(r.restart.recoveredAt - r.restart.lostAt);
       r.restart.last = { lostAt: r.restart.lostAt, startedAt: r.restart.startedAt, recoveredAt: r.restart.recoveredAt };
-      r.restart.lostAt = null;
       r.restart.episode = 0; // the next loss gets its own MAX_ICE_RESTARTS
     }
+    r.restart.lostAt = null; // (also when consent brought it back without a restart)
     if (state !== "ended") setState("connected", "talk now");
   } else if (cs === "disconnected" && r.connected) {
     if (r.restart.lostAt === null) r.restart.lostAt = performance.now();

@@ -374,9 +374,10 @@ class IceLiteAgent:
             # §9: after an ICE restart, the first check with the new credentials. A client
             # restarts because it lost its pair (a network change; a TURN/TCP or TLS
             # connection that ended with a relay worker: docs/turn.md), so media moves to
-            # this address now — it has just proved itself both ways with credentials only
-            # the client holds — not at the nomination a ping interval later (Chromium:
-            # 50-100 ms). The nomination is still reported (and may move media again).
+            # this address now — the client reached us from it with credentials only it
+            # holds, and our answer goes back the same way — not at the nomination a ping
+            # interval later (Chromium: ~60 ms). The nomination is still reported (and may
+            # move media again). Nomination itself needs no more than these credentials.
             # Once per restart: later checks, from anywhere, cannot move it.
             self._provisional = False
             if addr != self.selected:
