@@ -35,6 +35,7 @@ from e2e.procs import Proc, free_tcp_port, free_udp_port
 from e2e.test_realtime_aiortc import Events, oai_caller
 from e2e.test_up_http import http_json, in_fresh_thread
 from live.live_shapes import shape_errors
+from sdk_clients import sdk
 from speech.speech_support import espeak_pcm48, have_espeak, silence
 
 openai = pytest.importorskip("openai")
@@ -71,7 +72,7 @@ def write_wav(path: Path) -> None:
 
 
 def create(base: str, offer: str) -> Any:
-    client = openai.OpenAI(api_key="unused-on-loopback", base_url=base + "/v1")
+    client = sdk(base + "/v1")
     return client.live.create(
         session={"model": "gpt-live-1", "wake_policy": {"type": "speech"},
                  "client": {"data_channel": {
@@ -167,7 +168,7 @@ def test_a_live_webrtc_session_through_up(up: str, tmp_path: Path) -> None:
 def watch(base: str, session_id: str, got: list[dict[str, Any]]) -> dict[str, Any]:
     """A backend's sideband through the SDK's own helper, attached as soon as the session
     exists (as on ``live.transport.connected``): it watches one turn, then ends the call."""
-    client = openai.OpenAI(api_key="unused-on-loopback", base_url=base + "/v1")
+    client = sdk(base + "/v1")
 
     def one(sb: Any) -> dict[str, Any]:
         raw: dict[str, Any] = json.loads(sb.recv_bytes())
@@ -206,7 +207,7 @@ def watch(base: str, session_id: str, got: list[dict[str, Any]]) -> dict[str, An
 async def watched_call(base: str, wav: Path) -> dict[str, Any]:
     pc, player, channel, events = oai_caller(wav)
     await pc.setLocalDescription(await pc.createOffer())
-    client = openai.OpenAI(api_key="unused-on-loopback", base_url=base + "/v1")
+    client = sdk(base + "/v1")
     made = await asyncio.to_thread(client.live.create, session={"model": "gpt-live-1"},
                                    transport={"type": "webrtc",
                                               "sdp": pc.localDescription.sdp})
@@ -263,7 +264,7 @@ def test_a_sideband_watches_a_live_webrtc_session_and_ends_it(up: str, tmp_path:
 async def stored_call(base: str, wav: Path) -> dict[str, Any]:
     """A ``store: true`` WebRTC session: one turn heard and answered, closed; then its
     content (once the transceiver has finalised it) and a WebRTC fork of it."""
-    client = openai.OpenAI(api_key="unused-on-loopback", base_url=base + "/v1")
+    client = sdk(base + "/v1")
     out: dict[str, Any] = {}
     pc, player, channel, events = oai_caller(wav)
     await pc.setLocalDescription(await pc.createOffer())

@@ -34,6 +34,7 @@ from e2e.test_realtime_aiortc import Events, oai_caller
 from e2e.test_up_http import in_fresh_thread
 from live.live_shapes import shape_errors
 from live.test_sdk_responses import TOOL
+from sdk_clients import sdk
 
 openai = pytest.importorskip("openai")
 pytestmark = [pytest.mark.interop, pytest.mark.slow]
@@ -77,7 +78,7 @@ def completed(e: dict[str, Any]) -> bool:
 async def delegated_call(base: str, wav: Path) -> dict[str, Any]:
     pc, player, channel, events = oai_caller(wav)
     await pc.setLocalDescription(await pc.createOffer())
-    client = openai.OpenAI(api_key="unused-on-loopback", base_url=base + "/v1", max_retries=0)
+    client = sdk(base + "/v1", max_retries=0)
     made = await asyncio.to_thread(lambda: client.live.create(
         session=SESSION, transport={"type": "webrtc", "sdp": pc.localDescription.sdp},
         extra_headers={"X-Agent": AGENT}))

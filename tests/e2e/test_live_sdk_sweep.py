@@ -35,6 +35,7 @@ import trio
 from e2e.procs import Proc, free_tcp_port, free_udp_port
 from live.test_sideband import Reader
 from ports import BOTH, free_port
+from sdk_clients import sdk
 from sip.support import (
     BARESIP,
     SCENARIOS,
@@ -103,7 +104,7 @@ class Up:
     sipps: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def client(self) -> Any:
-        return openai.OpenAI(api_key="unused-on-loopback", base_url=self.base + "/v1",
+        return sdk(self.base + "/v1",
                              max_retries=0, timeout=TIMEOUT)
 
     def sipp(self, scenario: str, cwd: Path) -> subprocess.Popen[bytes]:

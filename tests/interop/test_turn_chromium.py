@@ -24,6 +24,8 @@ from __future__ import annotations
 import json
 import re
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,50 @@ def _metric(page: Page, name: str) -> float:
     text = page.evaluate("async () => (await fetch('/metrics')).text()")
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith(f"appliance_relay_{name}"))
+
+
+@contextmanager
+def relay_only_demo(base: str, transport: str, tmp_path: Path, query: str = ""
+                    ) -> Iterator[Page]:
+    """Headless Chromium on the demo page with ``?relay=1`` (``query`` appended), only
+    ``transport``'s TURN URL kept (ONE_TRANSPORT), a tone as the microphone; Start clicked
+    and the call connected."""
+    tls = transport == "tls"
+    tone = write_tone_wav(tmp_path / "tone.wav")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=chromium_executable(), headless=True,
+            args=[*BASE_ARGS, "--use-fake-device-for-media-stream",
+                  f"--use-file-for-fake-audio-capture={tone}",
+                  "--use-fake-ui-for-media-stream",
+                  # the self-signed certificate, for the page and for turns:
+                  *(["--ignore-certificate-errors"] if tls else [])])
+        try:
+            print(f"chromium {browser.version}")
+            ctx = browser.new_context(permissions=["microphone"], ignore_https_errors=tls)
+            ctx.add_init_script(ONE_TRANSPORT % json.dumps(KEEP_TURN[transport]))
+            page = ctx.new_page()
+            page.set_default_timeout(20_000)
+            page.goto(base + "/demo?relay=1" + query)
+            page.get_by_role("button", name="Start", exact=True).click()
+            page.wait_for_function("applianceDemo.state === 'connected'", timeout=40_000)
+            yield page
+            ctx.close()
+        finally:
+            browser.close()
+
+
+def echoed(page: Page, proc: Proc) -> dict[str, Any]:
+    """The selected pair once the echo is heard (> 25 packets with energy)."""
+    st: dict[str, Any] = {}
+    for _ in range(300):
+        st = page.evaluate(SELECTED_PAIR)
+        inbound = st["inbound"] or {}
+        if st["local"] and inbound.get("packetsReceived", 0) > 25 \
+                and inbound.get("totalAudioEnergy", 0) > 0.01:
+            return st
+        page.wait_for_timeout(100)  # a poll interval; the loop checks the state
+    pytest.fail(f"no echoed audio: {st}\n{''.join(proc.stderr)[-3000:]}")
 
 
 @pytest.mark.parametrize("transport", ["udp", "tcp", "tls"])
@@ -62,56 +108,26 @@ def test_chromium_relay_only_call_through_our_turn(tmp_path: Path, transport: st
         turn = re.search(r"TURN: (turns?:127\.0\.0\.1:\d+\S*)", out)
         assert base and turn, out
         assert port >= 1024
-        tone = write_tone_wav(tmp_path / "tone.wav")
-        with sync_playwright() as p:
-            browser = p.chromium.launch(
-                executable_path=chromium_executable(), headless=True,
-                args=[*BASE_ARGS, "--use-fake-device-for-media-stream",
-                      f"--use-file-for-fake-audio-capture={tone}",
-                      "--use-fake-ui-for-media-stream",
-                      # the self-signed certificate, for the page and for turns:
-                      *(["--ignore-certificate-errors"] if tls else [])])
-            try:
-                print(f"chromium {browser.version}")
-                ctx = browser.new_context(permissions=["microphone"],
-                                          ignore_https_errors=bool(tls))
-                ctx.add_init_script(ONE_TRANSPORT % json.dumps(KEEP_TURN[transport]))
-                page = ctx.new_page()
-                page.set_default_timeout(20_000)
-                page.goto(base.group(1) + "/demo?relay=1")
-                page.get_by_role("button", name="Start", exact=True).click()
-                page.wait_for_function("applianceDemo.state === 'connected'", timeout=40_000)
-                st: dict[str, Any] = {}
-                for _ in range(200):
-                    st = page.evaluate(SELECTED_PAIR)
-                    inbound = st["inbound"]
-                    if inbound and inbound.get("packetsReceived", 0) > 25 \
-                            and inbound.get("totalAudioEnergy", 0) > 0.01:
-                        break
-                    page.wait_for_timeout(100)  # a poll interval; the loop checks the state
-                else:
-                    pytest.fail(f"no echoed audio: {st}\n{''.join(proc.stderr)[-3000:]}")
-                print(f"selected pair: {st['local']} -> {st['remote']}")
-                # What the page asked for: signaling's servers, relayed candidates only.
-                (config,) = page.evaluate("window.__configs")
-                assert config["iceTransportPolicy"] == "relay"
-                (server,) = config["iceServers"]
-                assert any(re.match(KEEP_TURN[transport], u) for u in server["urls"]), server
-                assert re.fullmatch(r"\d+:[\w-]+", server["username"]) and server["credential"]
-                assert st["dtls"] == "connected"
-                assert st["local"]["type"] == "relay"
-                assert st["local"]["relayProtocol"] == transport
-                assert st["remote"]["port"] == port  # our media port, reached through TURN
-                relayed_in = _metric(page, "turn_relayed_in_total")
-                relayed_out = _metric(page, "turn_relayed_out_total")
-                print(f"relay: turn_relayed_in {relayed_in}, turn_relayed_out {relayed_out}")
-                assert relayed_in > 25 and relayed_out > 25
-                assert _metric(page, "turn_peer_sends_total") == 0  # never left the host
-                if tls:  # the split gave Chromium's turns: connection to TURN/TLS
-                    assert _metric(page, "tcp_turn_tls_total") >= 1
-                ctx.close()
-            finally:
-                browser.close()
+        with relay_only_demo(base.group(1), transport, tmp_path) as page:
+            st = echoed(page, proc)
+            print(f"selected pair: {st['local']} -> {st['remote']}")
+            # What the page asked for: signaling's servers, relayed candidates only.
+            (config,) = page.evaluate("window.__configs")
+            assert config["iceTransportPolicy"] == "relay"
+            (server,) = config["iceServers"]
+            assert any(re.match(KEEP_TURN[transport], u) for u in server["urls"]), server
+            assert re.fullmatch(r"\d+:[\w-]+", server["username"]) and server["credential"]
+            assert st["dtls"] == "connected"
+            assert st["local"]["type"] == "relay"
+            assert st["local"]["relayProtocol"] == transport
+            assert st["remote"]["port"] == port  # our media port, reached through TURN
+            relayed_in = _metric(page, "turn_relayed_in_total")
+            relayed_out = _metric(page, "turn_relayed_out_total")
+            print(f"relay: turn_relayed_in {relayed_in}, turn_relayed_out {relayed_out}")
+            assert relayed_in > 25 and relayed_out > 25
+            assert _metric(page, "turn_peer_sends_total") == 0  # never left the host
+            if tls:  # the split gave Chromium's turns: connection to TURN/TLS
+                assert _metric(page, "tcp_turn_tls_total") >= 1
     finally:
         rc = proc.stop()
     assert rc == 0, "".join(proc.stderr)[-3000:]
@@ -188,76 +204,49 @@ def test_a_relay_worker_kill_mid_call_is_survived_by_an_ice_restart(
     try:
         base = re.search(r"web UI (\S+)/ ", proc.ready)
         assert base, proc.ready
-        tone = write_tone_wav(tmp_path / "tone.wav")
-        with sync_playwright() as p:
-            browser = p.chromium.launch(
-                executable_path=chromium_executable(), headless=True,
-                args=[*BASE_ARGS, "--use-fake-device-for-media-stream",
-                      f"--use-file-for-fake-audio-capture={tone}",
-                      "--use-fake-ui-for-media-stream",
-                      *(["--ignore-certificate-errors"] if tls else [])])
-            try:
-                ctx = browser.new_context(permissions=["microphone"],
-                                          ignore_https_errors=bool(tls))
-                ctx.add_init_script(ONE_TRANSPORT % json.dumps(KEEP_TURN[transport]))
-                page = ctx.new_page()
-                page.set_default_timeout(20_000)
-                page.goto(base.group(1) + "/demo?relay=1&restart_after_ms=200")
-                page.get_by_role("button", name="Start", exact=True).click()
-                page.wait_for_function("applianceDemo.state === 'connected'", timeout=40_000)
-                before: dict[str, Any] = {}
-                for _ in range(300):
-                    before = page.evaluate(SELECTED_PAIR)
-                    inbound = before["inbound"] or {}
-                    if before["local"] and inbound.get("packetsReceived", 0) > 25 \
-                            and inbound.get("totalAudioEnergy", 0) > 0.01:
-                        break
-                    page.wait_for_timeout(100)  # a poll interval; the loop checks the state
-                else:
-                    pytest.fail(f"no echoed audio: {before}\n{''.join(proc.stderr)[-3000:]}")
-                assert before["local"]["relayProtocol"] == transport, before
-                deadline = time.monotonic() + 60
-                while "standby pid" not in "".join(proc.stderr) or \
-                        " warm" not in "".join(proc.stderr):  # the successor is ready
-                    assert time.monotonic() < deadline, "no warm relay standby"
-                    page.wait_for_timeout(100)
-                pid = _worker_pid(state)
-                page.evaluate(SAMPLER)
-                page.wait_for_timeout(300)  # the sampler's log before the kill
-                got = page.evaluate(INBOUND)
-                page_killed = page.evaluate("performance.now()")
-                os.kill(pid, signal.SIGKILL)
-                killed = time.monotonic()
-                resumed_with = None
-                while time.monotonic() - killed < 45:  # a poll of the page's stats
-                    now = page.evaluate(INBOUND)
-                    if now["restarts"]["recovered"] >= 1 and now["n"] > got["n"] + 50:
-                        resumed_with = now
-                        break
-                    page.wait_for_timeout(50)
-                longest = page.evaluate(LONGEST_GAP)
-                gap = longest["gap"]
-                timeline = page.evaluate("applianceDemo.iceRestarts.last")
-                assert resumed_with is not None, (
-                    f"the echo did not come back: {page.evaluate(INBOUND)}\n"
-                    f"{''.join(proc.stderr)[-3000:]}")
-                after = page.evaluate(SELECTED_PAIR)
-                restarts = resumed_with["restarts"]
-                print(f"TURN/{transport} relay-worker kill: echo gone {gap:.0f} ms; path lost "
-                      f"to back {restarts['lostMs']} ms, of it the ICE restart "
-                      f"{restarts['tookMs']} ms ({restarts['attempts']} attempt(s)); "
-                      f"after the kill (ms): last echo {longest['from'] - page_killed:.0f}, "
-                      + ", ".join(f"{k} {v - page_killed:.0f}" for k, v in (timeline or {}).items())
-                      + f", echo back {longest['from'] + gap - page_killed:.0f}")
-                assert resumed_with["state"] == "connected", resumed_with
-                assert _worker_pid(state) != pid  # a new worker holds the port
-                assert after["dtls"] == "connected"
-                assert after["local"]["type"] == "relay"
-                assert after["local"]["relayProtocol"] == transport
-                assert after["remote"]["port"] == port
-                ctx.close()
-            finally:
-                browser.close()
+        with relay_only_demo(base.group(1), transport, tmp_path,
+                             "&restart_after_ms=200") as page:
+            before = echoed(page, proc)
+            assert before["local"]["relayProtocol"] == transport, before
+            deadline = time.monotonic() + 60
+            while "standby pid" not in "".join(proc.stderr) or \
+                    " warm" not in "".join(proc.stderr):  # the successor is ready
+                assert time.monotonic() < deadline, "no warm relay standby"
+                page.wait_for_timeout(100)
+            pid = _worker_pid(state)
+            page.evaluate(SAMPLER)
+            page.wait_for_timeout(300)  # the sampler's log before the kill
+            got = page.evaluate(INBOUND)
+            page_killed = page.evaluate("performance.now()")
+            os.kill(pid, signal.SIGKILL)
+            killed = time.monotonic()
+            resumed_with = None
+            while time.monotonic() - killed < 45:  # a poll of the page's stats
+                now = page.evaluate(INBOUND)
+                if now["restarts"]["recovered"] >= 1 and now["n"] > got["n"] + 50:
+                    resumed_with = now
+                    break
+                page.wait_for_timeout(50)
+            longest = page.evaluate(LONGEST_GAP)
+            gap = longest["gap"]
+            timeline = page.evaluate("applianceDemo.iceRestarts.last")
+            assert resumed_with is not None, (
+                f"the echo did not come back: {page.evaluate(INBOUND)}\n"
+                f"{''.join(proc.stderr)[-3000:]}")
+            after = page.evaluate(SELECTED_PAIR)
+            restarts = resumed_with["restarts"]
+            print(f"TURN/{transport} relay-worker kill: echo gone {gap:.0f} ms; path lost "
+                  f"to back {restarts['lostMs']} ms, of it the ICE restart "
+                  f"{restarts['tookMs']} ms ({restarts['attempts']} attempt(s)); "
+                  f"after the kill (ms): last echo {longest['from'] - page_killed:.0f}, "
+                  + ", ".join(f"{k} {v - page_killed:.0f}" for k, v in (timeline or {}).items())
+                  + f", echo back {longest['from'] + gap - page_killed:.0f}")
+            assert resumed_with["state"] == "connected", resumed_with
+            assert _worker_pid(state) != pid  # a new worker holds the port
+            assert after["dtls"] == "connected"
+            assert after["local"]["type"] == "relay"
+            assert after["local"]["relayProtocol"] == transport
+            assert after["remote"]["port"] == port
     finally:
         rc = proc.stop()
     assert rc == 0, "".join(proc.stderr)[-3000:]

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import trio
+from sdk_clients import sdk
 from speech.speech_support import espeak_pcm48, have_espeak, silence
 
 from appliance.realtime.audio import pcm48k_to_24k
@@ -45,7 +46,7 @@ async def start_server(nursery: trio.Nursery, **overrides: Any) -> tuple[str, Si
 
 def client(url: str, api_key: str = "unused-on-loopback") -> Any:
     """Only the base URL changes: the SDK derives ws://…/v1/live/sessions from it."""
-    return openai.OpenAI(api_key=api_key, base_url=url + "/v1")
+    return sdk(url + "/v1", api_key=api_key)
 
 
 class Recorder:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 from e2e.procs import Proc, free_tcp_port, free_udp_port
+from sdk_clients import sdk
 from speech.speech_support import espeak_pcm48, have_espeak, silence
 
 from appliance.realtime.audio import pcm48k_to_24k
@@ -21,7 +22,7 @@ pytestmark = [pytest.mark.slow,
 
 
 def ask_the_time(base: str) -> tuple[str, str, int]:
-    client = openai.OpenAI(api_key="unused-on-loopback", base_url=base + "/v1")
+    client = sdk(base + "/v1")
     pcm = pcm48k_to_24k(silence(0.3) + espeak_pcm48("what time is it") + silence(1.5))
     heard, said, audio = "", "", 0
     with client.live.connect() as conn:

@@ -23,6 +23,7 @@ import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from browser.helpers import running_appliance_up
 from e2e.test_up_http import http_json, in_fresh_thread
+from sdk_clients import async_sdk
 
 openai = pytest.importorskip("openai")
 websockets = pytest.importorskip("websockets")
@@ -228,7 +229,7 @@ async def observer_and_refusals(base: str) -> dict[str, Any]:
     ws = ws_base(base)
     out["unknown"] = await refused(f"{ws}/v1/realtime?call_id=rtc_nope")
     browser = Browser()
-    client = openai.AsyncOpenAI(api_key="unused-on-loopback", base_url=base + "/v1",
+    client = async_sdk(base + "/v1",
                                 websocket_base_url=ws + "/v1")
     try:
         call_id = await browser.call(base)

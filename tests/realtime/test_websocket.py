@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
+from sdk_clients import sdk
 
 from appliance.signaling import SignalingConfig, SignalingState, serve_signaling
 
@@ -55,7 +56,7 @@ def collect_until(conn: Any, done: Callable[[Any], bool]) -> list[Any]:
 
 
 def client(url: str, **kw: Any) -> Any:
-    return openai.OpenAI(api_key=kw.pop("api_key", "unused-on-loopback"), base_url=url + "/v1",
+    return sdk(url + "/v1", api_key=kw.pop("api_key", "unused-on-loopback"),
                          websocket_base_url=url.replace("http", "ws", 1) + "/v1", **kw)
 
 

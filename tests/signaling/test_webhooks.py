@@ -16,6 +16,7 @@ import pytest
 import trio
 from hypothesis import given
 from hypothesis import strategies as st
+from sdk_clients import sdk
 from signaling.fakes import OFFER
 
 from appliance.signaling import serve_signaling
@@ -251,7 +252,7 @@ async def test_delivery_retries_with_the_same_webhook_id(nursery: trio.Nursery) 
 def sdk_calls(url: str, token: str) -> dict[str, Any]:
     import urllib.request
 
-    client = openai.OpenAI(api_key=token, base_url=url + "/v1")
+    client = sdk(url + "/v1", api_key=token)
     raw = client.realtime.calls.with_raw_response.create(sdp=OFFER)
     call_id = raw.headers["location"].rsplit("/", 1)[1]
 
@@ -297,7 +298,7 @@ async def test_sdk_calls_create_and_hangup_with_webhooks(make_env: Any,
 
 
 def sdk_live_create(url: str, token: str) -> str:
-    client = openai.OpenAI(base_url=url + "/v1", api_key=token)
+    client = sdk(url + "/v1", api_key=token)
     made = client.live.create(session={"model": "gpt-live-1"},
                               transport={"type": "webrtc", "sdp": OFFER})
     return made.session.id

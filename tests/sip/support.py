@@ -19,6 +19,7 @@ from typing import Any
 import openai
 import trio
 from ports import free_port as _free_port
+from sdk_clients import sdk
 
 from appliance.signaling import SignalingConfig, SignalingState, serve_signaling
 from appliance.signaling.sip_calls import CALL_INCOMING
@@ -96,7 +97,7 @@ class Phone:
     receiver: Receiver | None
 
     def client(self) -> openai.OpenAI:
-        return openai.OpenAI(api_key="unused-on-loopback", base_url=self.base_url + "/v1",
+        return sdk(self.base_url + "/v1",
                              max_retries=0, timeout=TIMEOUT)
 
 

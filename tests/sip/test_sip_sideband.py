@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import trio
+from sdk_clients import async_sdk
 from sip.support import (
     SIPP,
     TIMEOUT,
@@ -108,7 +109,7 @@ async def refused(url: str, **kw: Any) -> tuple[int, dict[str, Any]]:
 async def backend(base: str, call_id: str) -> dict[str, Any]:
     """The application's server: accept, attach by call id, drive a turn, hang up."""
     ws = base.replace("http", "ws", 1)
-    client = openai.AsyncOpenAI(api_key="unused-on-loopback", base_url=base + "/v1",
+    client = async_sdk(base + "/v1",
                                 websocket_base_url=ws + "/v1", max_retries=0)
     out: dict[str, Any] = {"events": []}
     events: list[dict[str, Any]] = out["events"]

@@ -9,9 +9,9 @@ from __future__ import annotations
 from contextlib import aclosing
 
 import numpy as np
-import openai
 import pytest
 import trio
+from sdk_clients import sdk
 from speech.fake_openai import KEY, fake_openai
 
 from appliance.speech.audio import band_energy_ratio, read_wav
@@ -27,7 +27,7 @@ async def test_the_fake_speaks_openai_as_the_sdk_reads_it() -> None:
         srv.replies.append("Hi. How can I help?")
 
         def with_sdk() -> tuple[str, str, int]:
-            client = openai.OpenAI(base_url=srv.base_url, api_key=KEY, max_retries=0)
+            client = sdk(srv.base_url, api_key=KEY, max_retries=0)
             from appliance.speech.audio import wav_bytes
             t = client.audio.transcriptions.create(
                 model="whisper-1", file=("a.wav", wav_bytes(bytes(3200), 16_000), "audio/wav"))
