@@ -141,7 +141,7 @@ async def serve_request(backend: Backend, live: LiveConnection, action: AskBacke
     did = action.delegation_id
 
     def emit(event: dict[str, Any]) -> None:
-        live.handle_backend_event(did, event)
+        live.handle_backend_event(did, event, action.stream)
         drain()
 
     error = None
@@ -150,7 +150,7 @@ async def serve_request(backend: Backend, live: LiveConnection, action: AskBacke
     except ResponsesError as exc:
         error = str(exc)
         log.warning("live session %s: Responses backend failed: %s", live.id, error)
-    live.handle_backend_end(did, error)
+    live.handle_backend_end(did, error, action.stream)
     drain()
 
 

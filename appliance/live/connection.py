@@ -145,7 +145,7 @@ from .protocol import (
     ClientEvent,
     parse_client_event_untrusted,
 )
-from .responses import Outcome, context, message, request_body, snapshot
+from .responses import TERMINAL, Outcome, context, message, request_body, snapshot
 from .schema import LiveError
 
 FRAME_BYTES = 1920  # 20 ms of 48 kHz PCM16: the machine's frame
@@ -241,10 +241,13 @@ class SendDtmf:
 class AskBackend:
     """Responses delegation: the shell sends ``body`` to the backend (``POST
     {llm}/responses``, or chat completions) and feeds its stream back with
-    :meth:`LiveConnection.handle_backend_event`, then ``handle_backend_end``."""
+    :meth:`LiveConnection.handle_backend_event`, then ``handle_backend_end``, each with
+    ``stream`` (which request's stream it is: a delegation's tool round trip asks again
+    under the same delegation id)."""
 
     delegation_id: str | None
     body: dict[str, Any]
+    stream: int = 0
 
 
 @dataclass(slots=True)
@@ -257,6 +260,7 @@ class _Run:
     offset_ms: int
     announced: bool
     outcome: Outcome
+    stream: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +354,7 @@ class LiveConnection:
         self._backend = backend
         self._backend_items: list[dict[str, Any]] = []
         self._run: _Run | None = None
+        self._streams = 0  # AskBackend requests made (each run's stream number)
         self._waiting: str | None = None
         self._awaiting_tools = False
         self._queued: deque[tuple[str, str, int]] = deque()  # (id, task, offset_ms)
@@ -776,21 +781,37 @@ class LiveConnection:
         voice = context(history(self.machine.conversation.public()))
         body = request_body(self.config["delegation"]["responses"],
                             [*voice, *self._backend_items])
-        self._run = _Run(did, cid, offset, announced, Outcome())
-        self._actions.append(AskBackend(did, body))
+        self._streams += 1
+        self._run = _Run(did, cid, offset, announced, Outcome(), self._streams)
+        self._actions.append(AskBackend(did, body, self._streams))
 
-    def handle_backend_event(self, delegation_id: str | None, event: dict[str, Any]) -> None:
+    def _current(self, delegation_id: str | None, stream: int | None) -> _Run | None:
+        """The run a shell's callback is about (``stream``: the AskBackend's), or None
+        for a stream already ended or given up."""
+        run = self._run
+        if run is None or run.delegation_id != delegation_id or (
+                stream is not None and stream != run.stream):
+            return None
+        return run
+
+    def handle_backend_event(self, delegation_id: str | None, event: dict[str, Any],
+                             stream: int | None = None) -> None:
         """One event of the backend's stream (the shell parsed it): wrapped as
         ``response.event``; the first names the delegation (``session.delegation.created``
-        with the backend's ``response_id``)."""
-        run = self._run
-        if run is None or run.delegation_id != delegation_id or self.state is not State.ACTIVE:
+        with the backend's ``response_id``). A terminal event (``response.completed``,
+        ``failed``, ``incomplete``) ends the response at once: a client that answers the
+        completed event's function call with ``response.create`` must find the backend
+        free, not wait for the HTTP stream to close behind it."""
+        run = self._current(delegation_id, stream)
+        if run is None or self.state is not State.ACTIVE:
             return  # a response that was given up (the session ended)
         self._pump()
         run.outcome.handle_event(event)
         self._announce(run)
         self._out(events.response_event(self._ids("event"), snapshot(event), delegation_id,
                                         run.client_event_id))
+        if event.get("type") in TERMINAL:
+            self._end_run(run, None)
 
     def _announce(self, run: _Run) -> None:
         if run.announced or run.delegation_id is None:
@@ -800,13 +821,18 @@ class LiveConnection:
                                             run.offset_ms, target="responses",
                                             response_id=run.outcome.response_id))
 
-    def handle_backend_end(self, delegation_id: str | None, error: str | None = None) -> None:
+    def handle_backend_end(self, delegation_id: str | None, error: str | None = None,
+                           stream: int | None = None) -> None:
         """The backend's stream ended (``error``: it failed: the HTTP status, an
-        unreadable stream). Function calls wait for the client's outputs and
-        ``response.create``; a final text is spoken, and stays in the voice conversation."""
-        run = self._run
-        if run is None or run.delegation_id != delegation_id:
-            return
+        unreadable stream); nothing to do if its terminal event already ended it."""
+        run = self._current(delegation_id, stream)
+        if run is not None:
+            self._end_run(run, error)
+
+    def _end_run(self, run: _Run, error: str | None) -> None:
+        """Function calls wait for the client's outputs and ``response.create``; a final
+        text is spoken, and stays in the voice conversation."""
+        delegation_id = run.delegation_id
         self._run = None
         if self.state is not State.ACTIVE:
             return

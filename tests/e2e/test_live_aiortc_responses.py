@@ -65,7 +65,9 @@ async def until(events: Events, pred: Callable[[dict[str, Any]], bool], what: st
         async with asyncio.timeout(60), events.cond:
             await events.cond.wait_for(lambda: found() is not None)
     except TimeoutError:
-        raise AssertionError(f"no {what}: got {[e['type'] for e in events.got]}") from None
+        errors = [e for e in events.got if e["type"] == "error"]
+        raise AssertionError(f"no {what}: got {[e['type'] for e in events.got]}; "
+                             f"errors {errors}") from None
     i = found()
     assert i is not None
     return i, events.got[i]

@@ -330,6 +330,36 @@ def test_function_calls_wait_for_the_clients_outputs_and_response_create() -> No
     assert spoken(core)[-1] == "Order 42 shipped."
 
 
+def test_the_completed_event_frees_the_backend_before_its_stream_closes() -> None:
+    """A client answers the function call as soon as it reads ``response.completed``; the
+    shell's end of that HTTP stream may come later (a loaded box: the WebRTC test saw
+    ``conversation_already_has_active_response`` 6 runs in 10 beside a CPU hog). The
+    terminal event ends the response; the stream's late end is for a finished stream and
+    does not end the next one, asked under the same delegation."""
+    core = responses_core()
+    delegate_events(core)
+    [ask] = core.take(AskBackend)
+    did = ask.delegation_id
+    for ev in synthesise([delta(tool_calls=[{"index": 0, "id": "call_x", "function": {
+            "name": "get_order", "arguments": '{"id":"42"}'}}])]):
+        core.c.handle_backend_event(did, ev, ask.stream)
+    core.drain()
+    core.send(type="response.item.create", event_id="i", item={
+        "type": "function_call_output", "call_id": "call_x", "output": "shipped"})
+    assert core.send(type="response.create", event_id="go") == []  # not busy
+    [again] = core.take(AskBackend)
+    assert again.delegation_id == did and again.stream != ask.stream
+    core.c.handle_backend_end(did, None, ask.stream)  # the first stream's late end
+    assert core.drain() == []
+    [busy] = core.send(type="response.create", event_id="twice")  # the second still runs
+    assert busy["error"]["code"] == "conversation_already_has_active_response"
+    for ev in synthesise([delta(content="Order 42 shipped.")]):
+        core.c.handle_backend_event(did, ev, again.stream)
+    core.c.handle_backend_end(did, None, again.stream)
+    core.drain()
+    assert spoken(core)[-1] == "Order 42 shipped."
+
+
 def test_a_failed_backend_ends_the_stream_with_an_error_event() -> None:
     core = responses_core()
     delegate_events(core)
