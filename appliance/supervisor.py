@@ -516,7 +516,9 @@ def child_specs(cfg: UpConfig, secret: Path, control_dir: Path) -> tuple[list[Ch
         control = str(control_dir / f"relay-{w}.sock")
         relayed = relayed_media_port(cfg)
         listen = [cfg.udp] + ([(cfg.udp[0], relayed)] if relayed else [])
-        argv = relay_argv(relay_cmd, listen=listen, transceivers=routes,
+        # Its index names the worker everywhere a worker's state is kept apart (the TURN
+        # allocations' file or Redis keys that its successor, and only it, reads back).
+        argv = relay_argv(relay_cmd, worker_index=w, listen=listen, transceivers=routes,
                           secret_file=str(secret), control=control, redis=cfg.redis,
                           log_level=cfg.log_level, log_format=cfg.log_format,
                           tcp=[cfg.udp] if cfg.ice_tcp else [],

@@ -20,6 +20,7 @@ Where things are::
      │                      reseed.py) and Redis (RedisFlowCache, with --redis)
      ├─ RedisFlowCache      writer task, with --redis (redis_cache.py)
      ├─ serve_turn_store    TURN allocations to Redis or the state file (turn_store.py)
+     ├─ serve_turn_lookups  allocations of clients moved here, from any worker's records
      └─ serve_control       {"op": "stats"} (control.py)
 
     core.RelayCore          every decision, no I/O; transport.py: the Transport/ReturnSink
@@ -73,7 +74,14 @@ from .tcp import TcpLimits, TcpListener, tcp_listener
 from .tls import TurnTls
 from .transport import ReturnSink, UdpSink
 from .turn import RelaySockets, TurnGate, TurnSettings, own_media_map, raise_fd_limit
-from .turn_store import FileTurnStore, RedisTurnStore, TurnStore, restore, serve_turn_store
+from .turn_store import (
+    FileTurnStore,
+    RedisTurnStore,
+    TurnStore,
+    restore,
+    serve_turn_lookups,
+    serve_turn_store,
+)
 
 __all__ = [
     "COALESCE_BELOW", "DENSE", "IO_ENV", "IO_MODES", "MAX_DATAGRAM", "SOCKET_BUFFER",
@@ -334,6 +342,7 @@ async def serve_relay(
                 # are back before its clients' next datagrams are read (turn_store.py).
                 await restore(gate, store)
                 nursery.start_soon(serve_turn_store, gate, store)
+                nursery.start_soon(serve_turn_lookups, gate, store)  # moved clients
             nursery.start_soon(partial(hot_loop, drains, core.counters, wake=wake,
                                        coalesce=config.coalesce))
             nursery.start_soon(_housekeeping, core, config.flow_timeout)

@@ -63,12 +63,15 @@ from ..proto.ratelimit import Gcra
 from ..proto.turn import (
     AllocationCreated,
     AllocationEnded,
+    AllocationMissing,
     PeerData,
     RelayPorts,
     Transmit,
     TurnConfig,
     TurnCounters,
+    TurnError,
     TurnServer,
+    parse_record_untrusted,
 )
 from ..proto.turn.server import Network
 from .core import TURN_HOP, Address, Flow, RelayCore, Relayed
@@ -158,6 +161,8 @@ class RelaySockets:
         self.counters = counters
         self.read = read
         self.socks: dict[Address, socket.socket] = {}
+        #: relayed addresses held without a socket (adopt)
+        self.adopted: set[Address] = set()
         self.scopes: dict[Address, trio.CancelScope] = {}
         self.nursery: trio.Nursery | None = None
         #: the gate's peer-data entry, set by TurnGate
@@ -167,41 +172,83 @@ class RelaySockets:
         ip = self.ips.get(4 if family == 1 else 6)
         if ip is None:
             return None
-        for _ in range(16 if even else 1):  # EVEN-PORT: the kernel's ports are random
-            sock = self._bind(ip)
-            if sock is None:
+        held: list[socket.socket] = []
+        try:
+            # EVEN-PORT: the kernel's ports are random; one more try if it gave an adopted one
+            for _ in range(16 if even else 2):
+                sock = self._bind(ip)
+                if sock is None:
+                    return None
+                port = int(sock.getsockname()[1])
+                relayed = (str(ipaddress.ip_address(ip)), port)
+                if relayed in self.adopted:
+                    # An identity of ours whose old socket just closed: ours from now on,
+                    # never another allocation's (and the port is not a candidate).
+                    self._install(relayed, sock)
+                    self.adopted.discard(relayed)
+                    continue
+                if not even or port % 2 == 0:
+                    break
+                held.append(sock)
+            else:
+                self.counters.drop("turn-no-even-port")
                 return None
-            port = int(sock.getsockname()[1])
-            if not even or port % 2 == 0:
-                break
-            sock.close()
-        else:
-            self.counters.drop("turn-no-even-port")
-            return None
-        relayed = (str(ipaddress.ip_address(ip)), port)
+        finally:
+            for other in held:
+                other.close()
+        self._install(relayed, sock)
+        return relayed
+
+    def _install(self, relayed: Address, sock: socket.socket) -> None:
         self.socks[relayed] = sock
         if self.read and self.nursery is not None:
             scope = trio.CancelScope()
             self.scopes[relayed] = scope
             self.nursery.start_soon(self._reader, relayed, sock, scope)
-        return relayed
 
     def claim(self, relayed: Address) -> bool:
         """Bind exactly ``relayed`` again (an allocation re-created after a worker restart:
         the dead worker's socket was closed by the kernel); False if it is taken."""
-        if relayed in self.socks:
+        if relayed in self.socks or relayed in self.adopted:
             return False
+        return self._claim(relayed)
+
+    def adopt(self, relayed: Address) -> bool:
+        """Hold ``relayed`` without its socket: a client the ``SO_REUSEPORT`` hash moved
+        here whose allocation's socket is still held by the worker it left (alive). Our own
+        media address is reached in-process, so the address is only an identity; a peer
+        beyond it is not reached (``turn-peer-no-socket``) until :meth:`reclaim` gets the
+        socket. No allocation of this worker is given the address meanwhile."""
+        if relayed in self.socks or relayed in self.adopted:
+            return False
+        ip = self.ips.get(4 if ":" not in relayed[0] else 6)
+        if ip is None or str(ipaddress.ip_address(ip)) != relayed[0]:
+            return False  # not an address this worker hands out
+        self.adopted.add(relayed)
+        return True
+
+    def reclaim(self) -> int:
+        """Try to bind every adopted address (its old holder let go of it, at its stale
+        copy's expiry): each one bound is a full relayed socket again. How many were.
+        Called now and then (turn_store.py), so the address cannot be handed to another
+        allocation by another worker for long after its old socket closed."""
+        n = 0
+        for relayed in list(self.adopted):
+            self.adopted.discard(relayed)
+            if self._claim(relayed):
+                n += 1
+            else:
+                self.adopted.add(relayed)
+        return n
+
+    def _claim(self, relayed: Address) -> bool:
         ip = self.ips.get(4 if ":" not in relayed[0] else 6)
         if ip is None or str(ipaddress.ip_address(ip)) != relayed[0]:
             return False  # not an address this worker hands out
         sock = self._bind(ip, relayed[1], count=False)
         if sock is None:
             return False
-        self.socks[relayed] = sock
-        if self.read and self.nursery is not None:
-            scope = trio.CancelScope()
-            self.scopes[relayed] = scope
-            self.nursery.start_soon(self._reader, relayed, sock, scope)
+        self._install(relayed, sock)
         return True
 
     def _bind(self, ip: str, port: int = 0, *, count: bool = True) -> socket.socket | None:
@@ -227,6 +274,7 @@ class RelaySockets:
         return sock
 
     def close(self, relayed: Address) -> None:
+        self.adopted.discard(relayed)
         scope = self.scopes.pop(relayed, None)
         if scope is not None:
             scope.cancel()
@@ -237,6 +285,7 @@ class RelaySockets:
     def send(self, relayed: Address, peer: Address, data: memoryview) -> None:
         sock = self.socks.get(relayed)
         if sock is None:
+            self.counters.drop("turn-peer-no-socket")  # adopted: only an identity here
             return
         try:
             sock.sendto(data, peer)
@@ -299,6 +348,10 @@ class TurnGate:
         #: TURN STUN from clients without an allocation spends the worker-wide budget of
         #: STUN from unknown addresses before it is parsed (stun-overload), like ICE's
         self._unknown: Gcra = core._unknown_stun
+        #: 5-tuples whose allocation this worker lacks (AllocationMissing): looked up in
+        #: the cache by turn_store.serve_turn_lookups, woken by ``wanted``
+        self.missing: dict[tuple[Address, Address], None] = {}
+        self.wanted = trio.Event()
         if isinstance(ports, RelaySockets):
             ports.deliver = self.from_peer
         core.attach_turn(self)
@@ -371,6 +424,9 @@ class TurnGate:
                 close(out.relayed)
         elif isinstance(out, AllocationCreated):
             log.debug("relay: TURN allocation %s", out.relayed)
+        elif isinstance(out, AllocationMissing):
+            self.missing[(out.client, out.local)] = None
+            self.wanted.set()
 
     # -- transceiver -> client (fastpath's internal drain) ---------------------------------
 
@@ -447,6 +503,37 @@ class TurnGate:
             n += self.server.import_allocation(now, record)
         while (out := self.server.poll_output()) is not None:
             self._event(out)
+        return n
+
+    def adopt(self, now: float, keys: Sequence[tuple[Address, Address]],
+              records: Sequence[bytes]) -> int:
+        """The cache's answer to a lookup of ``keys`` (5-tuples this worker lacked): the
+        records of those 5-tuples, written by any worker, are imported as moved
+        allocations — the freshest record of a 5-tuple wins (the worker a client left
+        keeps its copy until it expires) — and every key's lookup ends. How many were
+        imported. A record is parsed here only to pick; the server checks it again."""
+        wanted = set(keys)
+        best: dict[tuple[Address, Address], tuple[float, bytes]] = {}
+        for record in records:
+            try:
+                rec = parse_record_untrusted(record)
+            except TurnError:
+                self.core.counters.drop("turn-import-corrupt")
+                continue
+            key = (rec.client, rec.local)
+            if key in wanted and (key not in best or rec.expires > best[key][0]):
+                best[key] = (rec.expires, record)
+        srv = self.server
+        n = 0
+        for _, record in best.values():
+            n += srv.import_allocation(now, record, moved=True)
+        for client, local in keys:
+            srv.looked_up(now, client, local)
+        while (out := srv.poll_output()) is not None:
+            if type(out) is not Transmit:
+                self._event(out)
+        if n:
+            log.info("relay: %d TURN allocations of clients moved here taken over", n)
         return n
 
     # -- time -------------------------------------------------------------------------------

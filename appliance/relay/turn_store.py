@@ -35,13 +35,32 @@ Not carried: TCP and TLS allocations (their connection dies with the process), a
 written less than a tick before the kill (a ChannelBind then is repeated by the client when
 its channel is not answered, as RFC 8656 §12 has it refreshed anyway).
 
-With several workers the ``SO_REUSEPORT`` hash may move a client to another surviving
-worker instead of the successor; its allocation is then on the successor and the client's
-data is dropped until it re-allocates (``--relay-workers 1``, the default, has no such case).
+**A client moved to another worker.** With several workers a kill reshuffles the
+``SO_REUSEPORT`` group (the last socket takes the dead one's slot, the successor joins at
+the end): a TURN client's datagrams can land on a worker — alive all along, or the
+successor — that never had its allocation. That worker's server asks
+(:class:`~appliance.proto.turn.server.AllocationMissing`, once per 5-tuple in flight), and
+:func:`serve_turn_lookups` finds the record by client 5-tuple in every worker's records of
+the cluster and imports it as *moved*: when the worker the client left is alive and still
+holds the relayed socket, the address is adopted as an identity only
+(:meth:`.turn.RelaySockets.adopt`), enough for our own media address (routed in-process);
+the socket is taken over once its old holder lets it go (its copy expires unrefreshed)::
+
+    ChannelData from an unknown 5-tuple ─► TurnServer: AllocationMissing (data dropped,
+    requests unanswered meanwhile) ─► serve_turn_lookups ─► store.find(5-tuples)
+      file: every turn-c<cluster>-w*.jsonl, indexed by the record's client and local
+      Redis: …:turn:at:<client>|<local> ─► the key of the record's latest writer ─► record
+    ─► TurnGate.adopt ─► import_allocation(moved=True) ─► the next ChannelData is relayed
+
+A 5-tuple found nowhere is not asked about again for a second (``absent_for``), and at most
+``max_lookups`` are in flight, so a flood of ChannelData from made-up sources costs one
+bounded lookup per :data:`LOOKUP_GAP`, not one per datagram.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import logging
 import math
 import os
@@ -51,16 +70,25 @@ from typing import Any, Protocol
 import trio
 
 from .core import Address
-from .turn import TurnGate
+from .turn import RelaySockets, TurnGate
 
 log = logging.getLogger("appliance.relay.server")
 
-__all__ = ["WRITE_TICK", "FileTurnStore", "RedisTurnStore", "TurnStore", "serve_turn_store"]
+__all__ = [
+    "LOOKUP_GAP", "WRITE_TICK", "FileTurnStore", "RedisTurnStore", "TurnStore",
+    "serve_turn_lookups", "serve_turn_store",
+]
 
 #: How often changed allocations are written (one file rewrite / pipeline per tick).
 WRITE_TICK = 0.05
 #: Records read back at start, at most (a store holds one worker's allocations).
 MAX_LOAD = 100_000
+#: Lookups of moved clients: at least this long between two (each reads every worker's
+#: records), and adopted relayed addresses re-tried for their socket every RECLAIM_TICKS.
+LOOKUP_GAP = 0.02
+RECLAIM_TICKS = 20
+
+Key = tuple[Address, Address]  # a client's 5-tuple: (client, local)
 
 
 class TurnStore(Protocol):
@@ -68,17 +96,83 @@ class TurnStore(Protocol):
 
     async def write(self, changes: Sequence[tuple[Address, bytes | None, float]]) -> None: ...
 
+    async def find(self, keys: Sequence[Key]) -> list[bytes]:
+        """Records, written by any worker of the cluster, whose client 5-tuple is one of
+        ``keys`` (more than one per key when a moved client's old worker kept its copy)."""
+        ...
+
 
 def _name(relayed: Address) -> str:
     return f"{relayed[0]}:{relayed[1]}"
+
+
+def _canonical(addr: Address) -> Address:
+    try:
+        return (str(ipaddress.ip_address(addr[0])), int(addr[1]))
+    except ValueError:
+        return addr
+
+
+def _key_text(client: Address, local: Address) -> bytes:
+    """A 5-tuple as :func:`~appliance.proto.turn.encode_record` spells it, fields ``c`` and
+    ``l`` (canonical IPs): how a record is found without parsing it."""
+    c, lo = _canonical(client), _canonical(local)
+    return json.dumps({"c": list(c), "l": list(lo)}, separators=(",", ":"))[1:-1].encode()
+
+
+def _record_key(line: bytes) -> bytes | None:
+    """The ``"c":…,"l":…`` text of a record line (``{"v":1,"c":[…],"l":[…],"r":…``)."""
+    start = line.find(b'"c":')
+    end = line.find(b',"r":', start)
+    return None if start < 0 or end < 0 else line[start:end]
 
 
 class FileTurnStore:
     """The embedded cache: one file per (cluster, worker index), one record per line."""
 
     def __init__(self, directory: str, cluster: int, worker: int) -> None:
+        self.directory = directory
+        self.cluster = cluster
         self.path = os.path.join(directory, f"turn-c{cluster}-w{worker}.jsonl")
         self.records: dict[Address, bytes] = {}
+        #: path -> ((mtime_ns, size), {5-tuple text: [record lines]}): a file is indexed
+        #: again only when it changed
+        self._index: dict[str, tuple[tuple[int, int], dict[bytes, list[bytes]]]] = {}
+
+    async def find(self, keys: Sequence[Key]) -> list[bytes]:
+        wanted = {_key_text(c, lo) for c, lo in keys}
+        prefix = f"turn-c{self.cluster}-w"
+
+        def read() -> list[bytes]:
+            found: list[bytes] = []
+            seen = set()
+            for name in os.listdir(self.directory):
+                if not (name.startswith(prefix) and name.endswith(".jsonl")):
+                    continue
+                path = os.path.join(self.directory, name)
+                seen.add(path)
+                try:
+                    st = os.stat(path)
+                    stamp = (st.st_mtime_ns, st.st_size)
+                    cached = self._index.get(path)
+                    if cached is None or cached[0] != stamp:
+                        index: dict[bytes, list[bytes]] = {}
+                        with open(path, "rb") as f:
+                            for _, raw in zip(range(MAX_LOAD), f, strict=False):
+                                line = raw.rstrip(b"\n")
+                                k = _record_key(line)
+                                if k is not None:
+                                    index.setdefault(k, []).append(line)
+                        cached = self._index[path] = (stamp, index)
+                except FileNotFoundError:
+                    continue
+                for k in wanted:
+                    found.extend(cached[1].get(k, ()))
+            for path in set(self._index) - seen:
+                del self._index[path]
+            return found
+
+        return await trio.to_thread.run_sync(read)
 
     async def load(self) -> list[bytes]:
         def read() -> list[bytes]:
@@ -115,6 +209,20 @@ class RedisTurnStore:
     def __init__(self, client: Any, cluster: int, worker: int) -> None:
         self.client = client
         self.prefix = f"appliance:relay:c{cluster}:turn:w{worker}:"
+        #: + the 5-tuple text: the key of the record its latest writer wrote (a pointer,
+        #: not a copy: a deleted allocation's pointer leads nowhere)
+        self.at = f"appliance:relay:c{cluster}:turn:at:"
+
+    async def find(self, keys: Sequence[Key]) -> list[bytes]:
+        names = [self.at + _key_text(c, lo).decode() for c, lo in keys]
+
+        def read() -> list[bytes]:
+            pointers = [p for p in self.client.mget(names) if isinstance(p, bytes)]
+            if not pointers:
+                return []
+            return [v for v in self.client.mget(pointers) if isinstance(v, bytes)]
+
+        return await trio.to_thread.run_sync(read, abandon_on_cancel=True)
 
     async def load(self) -> list[bytes]:
         def read() -> list[bytes]:
@@ -136,7 +244,11 @@ class RedisTurnStore:
                 if record is None:
                     pipe.delete(key)
                 else:
-                    pipe.set(key, record, ex=max(1, math.ceil(expires - now)))
+                    ttl = max(1, math.ceil(expires - now))
+                    pipe.set(key, record, ex=ttl)
+                    at = _record_key(record)
+                    if at is not None:
+                        pipe.set(self.at + at.decode(), key, ex=ttl)
             pipe.execute()
 
         await trio.to_thread.run_sync(write, abandon_on_cancel=True)
@@ -161,8 +273,13 @@ async def serve_turn_store(gate: TurnGate, store: TurnStore) -> None:
     counted (``turn-store-error``) and its changes tried again with the next ones."""
     pending: dict[Address, tuple[Address, bytes | None, float]] = {}
     warned = False
+    ticks = 0
     while True:
         await trio.sleep(WRITE_TICK)
+        ticks += 1
+        if ticks % RECLAIM_TICKS == 0 and isinstance(gate.ports, RelaySockets) \
+                and gate.ports.adopted:
+            gate.ports.reclaim()
         for change in gate.server.poll_changes():
             pending[change[0]] = change
         if not pending:
@@ -179,3 +296,26 @@ async def serve_turn_store(gate: TurnGate, store: TurnStore) -> None:
         warned = False
         pending.clear()
 
+
+
+async def serve_turn_lookups(gate: TurnGate, store: TurnStore) -> None:
+    """Answer the gate's :class:`~appliance.proto.turn.server.AllocationMissing` (a client
+    the ``SO_REUSEPORT`` hash moved here): find its record in the cluster's store and
+    import it (:meth:`TurnGate.adopt`), until cancelled. Every 5-tuple asked about gets its
+    answer, found or not (a failed read counts ``turn-store-error`` and answers "not
+    found"); lookups are at least :data:`LOOKUP_GAP` apart, each taking every 5-tuple
+    missed since the last."""
+    gate.server.look_up_misses = True
+    while True:
+        await gate.wanted.wait()
+        gate.wanted = trio.Event()
+        keys = list(gate.missing)
+        gate.missing.clear()
+        try:
+            records = await store.find(keys)
+        except Exception as exc:  # redis.RedisError, OSError: the clients stay unserved
+            gate.core.counters.drop("turn-store-error")
+            log.warning("relay: moved TURN clients could not be looked up (%s)", exc)
+            records = []
+        gate.adopt(trio.current_time(), keys, records)
+        await trio.sleep(LOOKUP_GAP)

@@ -83,15 +83,16 @@ def test_up_builds_its_relay_workers_with_the_same_builder(tmp_path: Path,
     assert len(relays) == 2
     # The relay's own module (issue 20: a quarter of the full CLI's start-up time).
     command = [sys.executable, "-m", "appliance.relay.cli"]
-    for spec in relays:
+    for w, spec in enumerate(relays):
         assert spec.standby  # a warm standby per worker
         assert spec.argv[: len(command)] == command
         _, config = _parse(spec.argv[len(command) :])
+        assert config.worker == w  # its own TURN allocations' file / keys, its own relay id
         assert config.listen == (("0.0.0.0", 3478),) and config.tcp == config.listen
         assert config.control == spec.control and config.redis_url == cfg.redis
         assert sorted(config.transceivers) == list(range(len(transceivers)))
     assert relays[0].argv == relay_argv(
-        command, listen=[cfg.udp], secret_file=str(secret_file),
+        command, worker_index=0, listen=[cfg.udp], secret_file=str(secret_file),
         control=relays[0].control, redis=cfg.redis, log_level=cfg.log_level,
         log_format=cfg.log_format, tcp=[cfg.udp],  # ICE-TCP on the UDP port by default
         # TURN on by default, relaying to the public address (the default route's; off on

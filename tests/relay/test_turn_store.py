@@ -1,7 +1,10 @@
 """The relay side of TURN allocations surviving a worker kill (relay/turn_store.py), with
 real sockets and files but no relay: the embedded cache's file round trip, the relayed
 port claimed back exactly (and refused when taken), a corrupt file line dropped and
-counted by the gate's restore. The kill itself: tests/reliability/test_turn_failover.py."""
+counted by the gate's restore; a moved client's record found by its 5-tuple in any worker's
+records (file and Redis), adopted as an identity while its old worker holds the socket,
+and the socket taken back once that worker lets go. The kill itself:
+tests/reliability/test_turn_failover.py."""
 
 from __future__ import annotations
 
@@ -10,9 +13,18 @@ from pathlib import Path
 
 import trio
 
+from appliance.proto.turn import AllocationRecord, encode_record
 from appliance.relay.counters import Counters
 from appliance.relay.turn import RelaySockets
-from appliance.relay.turn_store import FileTurnStore, serve_turn_store
+from appliance.relay.turn_store import (
+    FileTurnStore,
+    RedisTurnStore,
+    TurnStore,
+    serve_turn_lookups,
+    serve_turn_store,
+)
+
+LOCAL = ("127.0.0.1", 3478)
 
 
 async def test_the_state_file_holds_what_is_live_and_only_that(tmp_path: Path) -> None:
@@ -98,3 +110,128 @@ def test_restore_drops_and_counts_a_corrupt_line() -> None:
     assert gate.restore(0.0, [b"{not json", b"", b'{"v":1}']) == 0
     assert core.counters.drops == {"turn-import-corrupt": 3}
     assert gate.server.allocations == {} and socks.socks == {}
+
+
+def _record(client: tuple[str, int], relayed: tuple[str, int], expires: float) -> bytes:
+    return encode_record(AllocationRecord(
+        client=client, local=LOCAL, relayed=relayed, family=1, username="9999999999:u",
+        tid=bytes(12), expires=expires, permissions=(("127.0.0.1", expires),),
+        channels=((0x4001, LOCAL, expires),)))
+
+
+async def _finds_by_five_tuple(w0: TurnStore, w1: TurnStore, reader: TurnStore) -> None:
+    a, b = ("127.0.0.5", 50000), ("127.0.0.6", 50000)
+    stale, fresh = _record(a, ("127.0.0.1", 40000), 1e10), _record(a, ("127.0.0.1", 40000),
+                                                                   2e10)
+    await w0.write([(("127.0.0.1", 40000), stale, 600.0),
+                    (("127.0.0.1", 40002), _record(b, ("127.0.0.1", 40002), 1e10), 600.0)])
+    await w1.write([(("127.0.0.1", 40000), fresh, 600.0)])  # a took it over (moved)
+    found = await reader.find([(a, LOCAL)])
+    assert fresh in found and all(r in (stale, fresh) for r in found)
+    assert await reader.find([(b, LOCAL)]) == [_record(b, ("127.0.0.1", 40002), 1e10)]
+    assert await reader.find([(("127.0.0.5", 50001), LOCAL)]) == []  # another port: nothing
+    await w0.write([(("127.0.0.1", 40002), None, 0.0)])  # b's allocation ended
+    assert await reader.find([(b, LOCAL)]) == []
+
+
+async def test_a_moved_clients_record_is_found_in_any_workers_file(tmp_path: Path) -> None:
+    await _finds_by_five_tuple(FileTurnStore(str(tmp_path), 0, 0),
+                               FileTurnStore(str(tmp_path), 0, 1),
+                               FileTurnStore(str(tmp_path), 0, 2))
+    # Another cluster's files are not read.
+    assert await FileTurnStore(str(tmp_path), 1, 0).find(
+        [(("127.0.0.5", 50000), LOCAL)]) == []
+
+
+async def test_a_moved_clients_record_is_found_in_redis(redis_url: str) -> None:
+    import redis
+
+    db = redis.Redis.from_url(redis_url)
+    try:
+        await _finds_by_five_tuple(RedisTurnStore(db, 0, 0), RedisTurnStore(db, 0, 1),
+                                   RedisTurnStore(db, 0, 2))
+    finally:
+        db.close()
+
+
+async def test_an_address_another_worker_holds_is_adopted_then_taken_back() -> None:
+    """Adopted: never handed to a new allocation here; the socket is ours once the other
+    worker's copy lets it go (reclaim), and until then a peer beyond our own media address
+    cannot be sent to (counted)."""
+    c = Counters()
+    socks = RelaySockets(["127.0.0.1"], c, read=False)
+    other = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # the worker the client left
+    other.bind(("127.0.0.1", 0))
+    held = ("127.0.0.1", other.getsockname()[1])
+    try:
+        assert not socks.claim(held)
+        assert socks.adopt(held) and not socks.adopt(held) and held not in socks.socks
+        assert not socks.adopt(("127.0.0.2", 1))  # not an address we hand out
+        socks.send(held, ("127.0.0.1", 9), memoryview(b"x"))
+        assert c.drops == {"turn-peer-no-socket": 1}
+        assert socks.reclaim() == 0 and held in socks.adopted  # still held over there
+    finally:
+        other.close()
+    assert socks.reclaim() == 1 and held in socks.socks and not socks.adopted
+    socks.close_all()
+
+
+class _FakeStore:
+    def __init__(self, records: list[bytes]) -> None:
+        self.records = records
+        self.asked: list[list[tuple[tuple[str, int], tuple[str, int]]]] = []
+
+    async def load(self) -> list[bytes]:
+        return []
+
+    async def write(self, changes: object) -> None:
+        pass
+
+    async def find(self, keys: list[tuple[tuple[str, int], tuple[str, int]]]) -> list[bytes]:
+        self.asked.append(list(keys))
+        return self.records
+
+
+async def test_a_moved_client_is_served_after_one_lookup(nursery: trio.Nursery) -> None:
+    """Through the gate: ChannelData from a 5-tuple this worker never saw asks the store
+    once; the freshest record found is imported as moved (the port is held elsewhere, so
+    adopted) and the client's next ChannelData reaches our own media address."""
+    import time
+
+    from relay.support import SECRET
+
+    from appliance.proto.turn import encode_channel_data
+    from appliance.relay.core import CoreConfig, RelayCore
+    from appliance.relay.transport import Transport
+    from appliance.relay.turn import TurnGate, TurnSettings
+
+    core = RelayCore(CoreConfig(secrets=(SECRET,)))
+    socks = RelaySockets(["127.0.0.1"], core.counters, read=False)
+    gate = TurnGate(core, TurnSettings(secrets=(SECRET,), media=(LOCAL,)), {LOCAL: LOCAL},
+                    socks, unix_offset=time.time() - trio.current_time())
+    other = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    other.bind(("127.0.0.1", 0))
+    relayed = ("127.0.0.1", other.getsockname()[1])
+    client = ("127.0.0.5", 50000)
+    now = time.time()
+    store = _FakeStore([_record(client, relayed, now + 300), _record(client, relayed, now + 60),
+                        b"{corrupt"])
+    nursery.start_soon(serve_turn_lookups, gate, store)
+    await trio.testing.wait_all_tasks_blocked()
+    cd = encode_channel_data(0x4001, b"\x80" + bytes(11))  # an RTP-looking payload
+    try:
+        for _ in range(3):
+            assert gate.handle(trio.current_time(), client, cd, LOCAL, Transport.UDP) is None
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.asked == [[(client, LOCAL)]]  # once, for three datagrams
+        alloc = gate.server.allocations[(client, LOCAL)]
+        assert alloc.relayed == relayed and relayed in socks.adopted
+        assert alloc.expires > trio.current_time() + 200  # the freshest record won
+        assert core.counters.drops["turn-import-corrupt"] == 1
+        core.counters.drops.clear()
+        gate.handle(trio.current_time(), client, cd, LOCAL, Transport.UDP)
+        assert core.counters.drops.get("turn-lookup-pending") is None
+        assert core.counters.extra.get("turn_relayed_in") == 1, core.counters.as_dict()
+    finally:
+        other.close()
+        socks.close_all()

@@ -50,6 +50,8 @@ from appliance.client.http import request
 from appliance.client.peer import ClientPeer, Connected, Failed, RtpReceived
 from appliance.control import ControlError, control_request
 from appliance.proto.dtls import Certificate
+from appliance.proto.stun import Method
+from appliance.proto.turn import encode_channel_data, parse_channel_data_untrusted
 
 RATE = 48_000
 _ips = itertools.count(2)
@@ -206,6 +208,9 @@ class MediaCall:
     own_clock: bool = True
     failed: str | None = None
     opened_at: float = 0.0
+    #: through a TURN allocation (our own media address its channel's peer): every datagram
+    #: goes out as ChannelData to the relay, and ChannelData in is the media address's
+    turn: TurnTunnel | None = None
 
     @property
     def rx_times(self) -> list[float]:
@@ -225,6 +230,11 @@ class MediaCall:
                 now = trio.current_time()
                 offset = now - time.time()
                 for data, addr, at in read_ready(sock, buf, now, offset, self.stamped):
+                    if self.turn is not None:
+                        unwrapped = self.turn.unwrap(data)
+                        if unwrapped is None:
+                            continue  # a STUN answer of the TURN server's
+                        data, addr = unwrapped
                     peer.handle_datagram(at, data, addr)
                 peer.handle_timeout(now)
                 if next_media is not None and now >= next_media and not peer.closed:
@@ -243,8 +253,9 @@ class MediaCall:
                     elif isinstance(ev, Failed):
                         self.failed = ev.reason
                 while (out := peer.poll_transmit()) is not None:
+                    data, dest = out if self.turn is None else self.turn.wrap(*out)
                     with contextlib.suppress(OSError):
-                        sock.sendto(out[0], out[1])
+                        sock.sendto(data, dest)
                 await trio.lowlevel.checkpoint()
         finally:
             sock.close()
@@ -267,6 +278,83 @@ async def open_media_call(nursery: trio.Nursery, up: Up, name: str,
                      own_clock=agent != "passthrough")
     nursery.start_soon(call.run, frames)
     return call
+
+
+@dataclass
+class TurnTunnel:
+    """A client's datagrams to our own media address ``media`` through its TURN allocation
+    on ``server``, on channel ``channel`` (bound to ``media``)."""
+
+    server: tuple[str, int]
+    media: tuple[str, int]
+    channel: int = 0x4001
+    #: datagrams that came back as something else than ChannelData (STUN answers)
+    other: list[bytes] = field(default_factory=list)
+
+    def wrap(self, data: bytes, dest: tuple[str, int]) -> tuple[bytes, tuple[str, int]]:
+        assert dest == self.media, dest
+        return encode_channel_data(self.channel, data), self.server
+
+    def unwrap(self, data: bytes) -> tuple[bytes, tuple[str, int]] | None:
+        if not data or data[0] >> 6 != 1:
+            self.other.append(data)
+            return None
+        number, length = parse_channel_data_untrusted(data)
+        assert number == self.channel
+        return data[4 : 4 + length], self.media
+
+
+async def open_turn_media_call(nursery: trio.Nursery, up: Up, name: str,
+                               frames: list[bytes]) -> tuple[MediaCall, list[Method]]:
+    """A :class:`MediaCall` whose every datagram goes through a TURN/UDP allocation of the
+    relay, to our own media address (what a browser with ``iceTransportPolicy: "relay"``
+    does): Allocate and ChannelBind first (with the REST credential signaling would mint),
+    then ICE, DTLS and SRTP inside ChannelData. Returns the call and the TURN requests it
+    sent (a test checks that no new Allocate followed)."""
+    from proto.turn.turn_client import Client
+
+    from appliance.proto.stun import AttrType, Class, Message
+    from appliance.proto.turn import derive_turn_secret, mint_rest_credential
+    from appliance.proto.ufrag import load_secrets
+    from appliance.statedir import SECRET_NAME
+
+    routing = load_secrets((up.state / SECRET_NAME).read_bytes())[0]
+    cred = mint_rest_credential(derive_turn_secret(routing), name, int(time.time()) + 3600)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind((next_client_ip(), 0))
+    server = ("127.0.0.1", up.udp)
+    tunnel = TurnTunnel(server, server)
+    client = Client(addr=sock.getsockname(), local=server, username=cred.username,
+                    password=cred.password)
+    asked: list[Method] = []
+    tsock = trio.socket.from_stdlib_socket(sock)
+
+    async def ask(method: Method, attrs: tuple[tuple[AttrType, object], ...]) -> None:
+        for _ in range(2):  # one 401 round, as a client does
+            asked.append(method)
+            await tsock.sendto(client.request(method, attrs), server)  # type: ignore[arg-type]
+            with trio.fail_after(5):
+                data = await tsock.recv(65536)
+            msg = client.learn(data)
+            if msg.msg_class == Class.SUCCESS:
+                return
+        raise AssertionError(Message.parse_untrusted(data).error_code)
+
+    await ask(Method.ALLOCATE, ((AttrType.REQUESTED_TRANSPORT, 17),))
+    await ask(Method.CHANNEL_BIND, ((AttrType.CHANNEL_NUMBER, tunnel.channel),
+                                    (AttrType.XOR_PEER_ADDRESS, server)))
+    peer = ClientPeer(Certificate.generate(time.time()))
+    opened = trio.current_time()
+    resp = await request("POST", up.base + "/v1/sessions", body=peer.offer().encode(),
+                         headers={"Content-Type": "application/sdp"})
+    assert resp.status == 201, (resp.status, resp.body[:300])
+    peer.accept_answer(resp.body.decode(), trio.current_time())
+    assert peer.remote == server, peer.remote
+    sock.setblocking(False)
+    call = MediaCall(name, peer, sock, enable_rx_timestamps(sock), opened_at=opened,
+                     turn=tunnel)
+    nursery.start_soon(call.run, frames)
+    return call, asked
 
 
 # -- aiortc ------------------------------------------------------------------------------------

@@ -9,6 +9,13 @@ flow resumes — echoes of packets sent after the successor was up — with no n
 re-bound its relayed port). With the embedded cache (the state file) and with Redis.
 
 Measured: the longest gap between two echoes across each kill, printed (docs/turn.md).
+
+With **two** relay workers a kill reshuffles the ``SO_REUSEPORT`` group: every TURN client
+lands on the *other* worker than before (the successor joins the group at its end), which
+never had its allocation. Full WebRTC calls (our ``ClientPeer``: ICE, DTLS, SRTP to the echo
+agent) ride TURN/UDP allocations to our own media address, as a relay-only browser does;
+after the kill each one must carry on with no new Allocate: the worker it landed on finds
+the allocation by its 5-tuple in the other workers' records and takes it over.
 """
 
 from __future__ import annotations
@@ -18,7 +25,13 @@ from pathlib import Path
 
 import trio
 from proto.turn.turn_client import Client
-from reliability.failover import RedisProc, Up
+from reliability.failover import (
+    RedisProc,
+    Up,
+    longest_gap,
+    open_turn_media_call,
+    opus_frames,
+)
 from reliability.support import eventually
 
 from appliance.proto.stun import AttrType, Class, Message, Method
@@ -123,7 +136,7 @@ def _turn_keys(url: str) -> int:
 
     db = redis.Redis.from_url(url, socket_timeout=2)
     try:
-        return len(list(db.scan_iter("appliance:relay:*:turn:*")))
+        return len(list(db.scan_iter("appliance:relay:*:turn:w*")))  # not the pointers
     finally:
         db.close()
 
@@ -149,8 +162,12 @@ async def _survives_kills(tmp_path: Path, nursery: trio.Nursery, redis: str | No
                 await eventually(lambda: _turn_keys(redis) == 1, 5,
                                  "the allocation in Redis")
             killed, back = await up.kill_worker(0)
-            await eventually(lambda b=back: call.echoed_after(b), 10,  # type: ignore[misc]
-                             f"echoes after kill {kill + 1}")
+            try:
+                await eventually(lambda b=back: call.echoed_after(b), 10,  # type: ignore[misc]
+                                 f"echoes after kill {kill + 1}")
+            except AssertionError:  # what the successor counted, for the reader of a red run
+                print("worker 0:", await up.worker_stats(0))
+                raise
             # From just before this kill (not before the last one's end: kills come fast).
             gap = call.longest_gap(max(killed - 0.2, measured), trio.current_time())
             measured = trio.current_time()
@@ -181,3 +198,71 @@ async def test_turn_udp_call_survives_worker_kills_embedded_cache(
 async def test_turn_udp_call_survives_worker_kills_with_redis(
         tmp_path: Path, nursery: trio.Nursery, redis_proc: RedisProc) -> None:
     await _survives_kills(tmp_path, nursery, redis_proc.url)
+
+
+async def _moved_clients_carry_on(tmp_path: Path, nursery: trio.Nursery,
+                                  redis: str | None) -> None:
+    up = await Up.start(tmp_path, workers=2, redis=redis)
+    try:
+        await up.standbys_ready()
+        frames = opus_frames()
+        calls = []
+
+        async def created(w: int) -> int:
+            stats = await up.worker_stats(w)
+            assert stats is not None
+            return int(stats["counters"].get("turn_allocations_created", 0))
+
+        # Until both workers hold allocations (the hash decides; six almost always do).
+        while len(calls) < 6 or min([await created(0), await created(1)]) == 0:
+            assert len(calls) < 16, "every client hashed to one worker"
+            calls.append(await open_turn_media_call(nursery, up, f"moved-{len(calls)}",
+                                                    frames))
+        for call, _ in calls:
+            await eventually(lambda c=call: len(c.rx) > 10, 20,  # type: ignore[misc]
+                             f"{call.name}'s echo through TURN")
+        created_1 = await created(1)  # worker 1 lives through the kill
+        asked = [list(a) for _, a in calls]
+        killed, back = await up.kill_worker(0)
+        try:
+            for call, _ in calls:
+                await eventually(lambda c=call: c.rx_times[-1] > back, 10,  # type: ignore[misc]
+                                 f"{call.name}'s echo after the kill")
+        except AssertionError:  # what each worker counted, for the reader of a red run
+            for w in range(2):
+                print(f"worker {w}:", await up.worker_stats(w))
+            raise
+        end = trio.current_time()
+        gaps = [longest_gap(call.rx_times, killed - 0.2, end) for call, _ in calls]
+        print(f"TURN/UDP, 2 relay workers ({'redis' if redis else 'embedded'}): longest echo "
+              f"gap per call {[round(g * 1000) for g in gaps]} ms (worker back after "
+              f"{(back - killed) * 1000:.0f} ms)")
+        after = await up.counters()
+        assert [list(a) for _, a in calls] == asked  # no call allocated again
+        for call, _ in calls:
+            assert call.failed is None and call.turn is not None, call.failed
+            errors = [Message.parse_untrusted(d) for d in call.turn.other]
+            assert not any(m.msg_class == Class.ERROR for m in errors), errors
+        # Worker 1's clients now land on worker 0's successor: taken over from worker 1's
+        # records, their address adopted (worker 1, alive, holds the sockets). Worker 0's
+        # land on worker 1 (looked up there too, unless the successor had them back first).
+        print("counters after the kill:", {k: v for k, v in after.items()
+                                           if k.startswith("turn") or k == "drops"})
+        assert after.get("turn_lookups", 0) >= 1, after
+        assert after.get("turn_allocations_adopted", 0) >= 1, after
+        # Nothing allocated anew: worker 1 made no more, worker 0's successor made none.
+        assert after.get("turn_allocations_created", 0) == created_1, (created_1, after)
+        assert all(g < 2.0 for g in gaps), gaps
+    finally:
+        nursery.cancel_scope.cancel()
+        up.stop()
+
+
+async def test_turn_clients_moved_to_another_worker_by_a_kill_carry_on(
+        tmp_path: Path, nursery: trio.Nursery) -> None:
+    await _moved_clients_carry_on(tmp_path, nursery, None)
+
+
+async def test_turn_clients_moved_to_another_worker_carry_on_with_redis(
+        tmp_path: Path, nursery: trio.Nursery, redis_proc: RedisProc) -> None:
+    await _moved_clients_carry_on(tmp_path, nursery, redis_proc.url)

@@ -44,6 +44,7 @@ from .errors import TurnError
 from .server import (
     AllocationCreated,
     AllocationEnded,
+    AllocationMissing,
     PeerData,
     ReclaimPorts,
     RelayPorts,
@@ -62,6 +63,7 @@ __all__ = [
     "AllocationCreated",
     "AllocationRecord",
     "AllocationEnded",
+    "AllocationMissing",
     "NonceCodec",
     "PeerData",
     "ReclaimPorts",

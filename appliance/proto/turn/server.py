@@ -29,6 +29,8 @@ Verbs (docs/style.md rule 18)::
     poll_timeout() / handle_timeout(now)                     allocation expiry
     poll_changes() / import_allocation(now, record)          UDP allocations to and from
                                                              the flow cache (.snapshot)
+    looked_up(now, client, local)                            a lookup asked by
+                                                             AllocationMissing is over
 
 ``now`` is any monotonic clock in seconds; ``unix_offset`` turns it into Unix time for the
 REST credentials' expiry and the nonces. The relayed addresses come from the shell through an
@@ -40,7 +42,10 @@ What is answered, and to whom (the server's whole attack surface)::
     input                                         action
     ChannelData / Send indication without an      drop, counted (turn-no-allocation,
       allocation, channel, permission, or to a     turn-channel-unbound, turn-no-permission,
-      peer we do not relay to                      turn-peer-forbidden)
+      peer we do not relay to                      turn-peer-forbidden); with no allocation
+                                                   and look_up_misses, first an
+                                                   AllocationMissing (one per 5-tuple in
+                                                   flight, at most max_lookups)
     request without MESSAGE-INTEGRITY             401 + REALM + NONCE    ┐ unauthenticated:
     request with a stale or foreign NONCE         438 + REALM + NONCE    │ each costs a token
     malformed auth attributes                     400                    │ of the source IP's
@@ -196,7 +201,23 @@ class AllocationEnded:
     reason: str
 
 
-Output: TypeAlias = Transmit | PeerData | AllocationCreated | AllocationEnded
+@dataclass(frozen=True, slots=True)
+class AllocationMissing:
+    """A UDP client sent what needs an allocation (ChannelData, a Send indication, an
+    authenticated Refresh, CreatePermission or ChannelBind) and this server has none for
+    its 5-tuple — with :attr:`TurnServer.look_up_misses`, the shell's cue to look for it in
+    the flow cache: another relay worker made it and the ``SO_REUSEPORT`` hash moved the
+    client here. The shell imports what it finds (``import_allocation(..., moved=True)``)
+    and then calls :meth:`TurnServer.looked_up`. Until then the client's datagrams are
+    dropped (``turn-lookup-pending``) and its requests left unanswered (it retransmits),
+    not refused with 437 (which would end its allocation in its own eyes)."""
+
+    client: Addr
+    local: Addr
+
+
+Output: TypeAlias = (Transmit | PeerData | AllocationCreated | AllocationEnded
+                     | AllocationMissing)
 
 
 class RelayPorts(Protocol):
@@ -209,9 +230,16 @@ class RelayPorts(Protocol):
 
 class ReclaimPorts(RelayPorts, Protocol):
     """Ports that can also take back one exact relayed address (``claim``: True when it is
-    now ours), for allocations imported from the cache after a worker restart."""
+    now ours), for allocations imported from the cache after a worker restart, or hold it as
+    an identity (``adopt``)."""
 
     def claim(self, relayed: Addr) -> bool: ...
+
+    def adopt(self, relayed: Addr) -> bool:
+        """Take ``relayed`` as an identity without its socket (another live worker holds
+        it: a moved client's allocation, ``import_allocation(moved=True)``); the shell
+        hands it to no other allocation and takes the socket when it is free."""
+        ...
 
 
 # --- configuration ------------------------------------------------------------------------
@@ -244,6 +272,12 @@ class TurnConfig:
     max_sources: int = 65_536
     #: an answer to an unauthenticated request is at most len(request) + this
     amplification: int = 32
+    #: cache lookups for missing allocations (AllocationMissing) in flight at most; one not
+    #: answered within lookup_wait is given up; a 5-tuple found in no cache is not asked
+    #: about again for absent_for seconds
+    max_lookups: int = 1024
+    lookup_wait: float = 2.0
+    absent_for: float = 1.0
     #: offer PASSWORD-ALGORITHMS (SHA-256, MD5) with the nonce cookie when the 401 fits
     offer_sha256: bool = True
 
@@ -370,10 +404,15 @@ class TurnServer:
         self._heap: list[tuple[float, int, Allocation]] = []
         self._seq = 0
         self._transmits: deque[Transmit | PeerData] = deque()
-        self._events: deque[AllocationCreated | AllocationEnded] = deque()
+        self._events: deque[AllocationCreated | AllocationEnded | AllocationMissing] = deque()
         #: UDP allocations changed (made, refreshed, permissions, channels) or ended since
         #: the last poll_changes, by relayed address: what the shell writes to its cache
         self._changed: dict[Addr, Allocation | None] = {}
+        #: AllocationMissing is emitted only when a shell answers it (it has a cache)
+        self.look_up_misses = False
+        #: 5-tuples asked about (-> when), and found in no cache (-> until when)
+        self._lookups: dict[tuple[Addr, Addr], float] = {}
+        self._absent: dict[tuple[Addr, Addr], float] = {}
         # (class, method) -> handler: every request and indication a client may send.
         self._handlers = {
             (Class.REQUEST, Method.ALLOCATE): self._allocate,
@@ -393,7 +432,7 @@ class TurnServer:
             return
         top = data[0] >> 6
         if top == 1:
-            self._channel_data(now, data, addr, local)
+            self._channel_data(now, data, addr, local, stream)
         elif top == 0:
             self._stun(now, data, addr, local, stream)
         else:
@@ -500,12 +539,20 @@ class TurnServer:
         self._changed.clear()
         return out
 
-    def import_allocation(self, now: float, data: bytes | bytearray | memoryview) -> bool:
+    def import_allocation(self, now: float, data: bytes | bytearray | memoryview, *,
+                          moved: bool = False) -> bool:
         """Re-create the allocation of a cache record (written by a worker that died), so the
         client's next ChannelData or Send is relayed with no new Allocate. The record is
         untrusted: a corrupt one, one past its expiry, one beyond this server's caps or
         whose 5-tuple or relayed address is taken is dropped and counted (``turn-import-*``),
-        never raised. The relayed address must be :meth:`ReclaimPorts.claim`-ed back."""
+        never raised. The relayed address must be :meth:`ReclaimPorts.claim`-ed back.
+
+        ``moved``: the record answers an :class:`AllocationMissing` — its client is sending
+        to this worker now, and the worker that made the allocation may still be alive and
+        hold the relayed socket. If the address cannot be claimed it is
+        :meth:`ReclaimPorts.adopt`-ed instead: an identity, which is all an allocation
+        whose peer is our own media address needs (data to it is routed in-process);
+        data to a peer beyond it needs the socket (the shell drops and counts it)."""
         c = self.counters
         try:
             rec = parse_record_untrusted(data)
@@ -542,9 +589,12 @@ class TurnServer:
             c.drop("turn-import-quota")
             return False
         claim = getattr(self.ports, "claim", None)
+        adopt = getattr(self.ports, "adopt", None)
         if claim is None or not claim(rec.relayed):
-            c.drop("turn-import-port-taken")  # another allocation has it now
-            return False
+            if not moved or adopt is None or not adopt(rec.relayed):
+                c.drop("turn-import-port-taken")  # another allocation has it now
+                return False
+            c.add("turn_allocations_adopted")
         alloc = Allocation(rec.client, rec.local, rec.relayed, rec.family, rec.username,
                            rec.tid, expires, False)
         for peer_ip, t in rec.permissions:
@@ -560,14 +610,61 @@ class TurnServer:
         self._per_source[rec.client[0]] = self._per_source.get(rec.client[0], 0) + 1
         self._schedule(alloc)
         self._mark(alloc)  # this worker is its keeper now: written under its own name
+        self._lookups.pop(key, None)
+        self._absent.pop(key, None)
         c.add("turn_allocations_imported")
         self._events.append(AllocationCreated(rec.relayed, rec.client, rec.local))
+        return True
+
+    def looked_up(self, now: float, client: Addr, local: Addr) -> None:
+        """The shell's lookup for an :class:`AllocationMissing` is over (what it found, if
+        anything, was imported first): a 5-tuple still without an allocation is treated as
+        having none for ``absent_for`` seconds (its requests get 437, as they would have)."""
+        key = (client, local)
+        if self._lookups.pop(key, None) is not None and key not in self.allocations:
+            self._set_absent(key, now)
+
+    def _set_absent(self, key: tuple[Addr, Addr], now: float) -> None:
+        absent = self._absent
+        absent.pop(key, None)
+        while len(absent) >= self.config.max_lookups:  # bounded: the oldest go first
+            del absent[next(iter(absent))]
+        absent[key] = now + self.config.absent_for
+
+    def _missing(self, now: float, addr: Addr, local: Addr, stream: bool) -> bool:
+        """No allocation for this 5-tuple: True while a cache lookup for it is in flight
+        (asked now, or earlier) — the caller drops the input unanswered — else False, and
+        the caller does what it always did (drop and count, or 437)."""
+        if stream or not self.look_up_misses:
+            return False  # a TCP/TLS allocation never moves: it dies with its connection
+        key = (addr, local)
+        cfg = self.config
+        asked = self._lookups.get(key)
+        if asked is not None:
+            if now - asked < cfg.lookup_wait:
+                self.counters.drop("turn-lookup-pending")
+                return True
+            del self._lookups[key]  # the shell never answered: given up
+            self._set_absent(key, now)
+            return False
+        until = self._absent.get(key)
+        if until is not None:
+            if until > now:
+                return False
+            del self._absent[key]
+        if len(self._lookups) >= cfg.max_lookups:
+            self.counters.drop("turn-lookup-overflow")
+            return False
+        self._lookups[key] = now
+        self._events.append(AllocationMissing(addr, local))
+        self.counters.add("turn_lookups")
+        self.counters.drop("turn-lookup-pending")
         return True
 
     # -- client -> peer data ---------------------------------------------------------------
 
     def _channel_data(self, now: float, data: bytes | bytearray | memoryview, addr: Addr,
-                      local: Addr) -> None:
+                      local: Addr, stream: bool) -> None:
         # RFC 8656 §12.6: a bound channel's data goes to its peer, if the permission holds.
         try:
             number, length = parse_channel_data_untrusted(data)
@@ -576,7 +673,8 @@ class TurnServer:
             return
         alloc = self.allocations.get((addr, local))
         if alloc is None:
-            self.counters.drop("turn-no-allocation")
+            if not self._missing(now, addr, local, stream):
+                self.counters.drop("turn-no-allocation")
             return
         ch = alloc.channels.get(number)
         if ch is None or ch.expires <= now:
@@ -590,12 +688,13 @@ class TurnServer:
             PeerData(alloc.relayed, ch.peer, memoryview(data)[4 : 4 + length], 4))
 
     def _send(self, now: float, msg: Message, data: bytes | bytearray | memoryview,
-              addr: Addr, local: Addr) -> None:
+              addr: Addr, local: Addr, stream: bool) -> None:
         # RFC 8656 §11.2: XOR-PEER-ADDRESS and DATA, a permission for the peer's IP; anything
         # else is silently discarded (indications are never answered).
         alloc = self.allocations.get((addr, local))
         if alloc is None:
-            self.counters.drop("turn-no-allocation")
+            if not self._missing(now, addr, local, stream):
+                self.counters.drop("turn-no-allocation")
             return
         peer = _address(msg.get(AttrType.XOR_PEER_ADDRESS))
         span = find_attribute(data, AttrType.DATA)
@@ -624,7 +723,7 @@ class TurnServer:
             self.counters.drop("turn-malformed")
             return
         if msg.msg_class == Class.INDICATION and msg.method == Method.SEND:
-            self._send(now, msg, data, addr, local)
+            self._send(now, msg, data, addr, local, stream)
             return
         handler = self._handlers.get((msg.msg_class, msg.method))
         if handler is None:
@@ -766,12 +865,14 @@ class TurnServer:
             integrity=auth.integrity)
         self._transmits.append(Transmit(addr, resp, local))
 
-    def _own_allocation(self, msg: Message, auth: Auth, addr: Addr,
-                        local: Addr) -> Allocation | None:
-        """The 5-tuple's allocation, made with this username (RFC 8656 §5: 437, 441)."""
+    def _own_allocation(self, now: float, msg: Message, auth: Auth, addr: Addr,
+                        local: Addr, stream: bool) -> Allocation | None:
+        """The 5-tuple's allocation, made with this username (RFC 8656 §5: 437, 441; no
+        answer while a cache lookup for it is in flight: AllocationMissing)."""
         alloc = self.allocations.get((addr, local))
         if alloc is None:
-            self._answer(msg, auth, addr, local, code=437)
+            if not self._missing(now, addr, local, stream):
+                self._answer(msg, auth, addr, local, code=437)
             return None
         if alloc.username != auth.username:
             self._answer(msg, auth, addr, local, code=441)
@@ -890,7 +991,7 @@ class TurnServer:
 
     def _refresh(self, now: float, msg: Message, auth: Auth, addr: Addr, local: Addr,
                  stream: bool) -> None:
-        alloc = self._own_allocation(msg, auth, addr, local)
+        alloc = self._own_allocation(now, msg, auth, addr, local, stream)
         if alloc is None:
             return
         family = msg.get(AttrType.REQUESTED_ADDRESS_FAMILY)
@@ -947,7 +1048,7 @@ class TurnServer:
 
     def _create_permission(self, now: float, msg: Message, auth: Auth, addr: Addr,
                            local: Addr, stream: bool) -> None:
-        alloc = self._own_allocation(msg, auth, addr, local)
+        alloc = self._own_allocation(now, msg, auth, addr, local, stream)
         if alloc is None:
             return
         peers = [p for p in (_address(v) for v in msg.get_all(AttrType.XOR_PEER_ADDRESS))
@@ -973,7 +1074,7 @@ class TurnServer:
 
     def _channel_bind(self, now: float, msg: Message, auth: Auth, addr: Addr, local: Addr,
                       stream: bool) -> None:
-        alloc = self._own_allocation(msg, auth, addr, local)
+        alloc = self._own_allocation(now, msg, auth, addr, local, stream)
         if alloc is None:
             return
         number = msg.get(AttrType.CHANNEL_NUMBER)

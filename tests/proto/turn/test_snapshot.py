@@ -30,7 +30,7 @@ from appliance.proto.turn import (
     encode_channel_data,
     parse_record_untrusted,
 )
-from appliance.proto.turn.server import TurnServer
+from appliance.proto.turn.server import AllocationMissing, TurnServer
 
 
 def _bound() -> tuple[TurnServer, Client, tuple[str, int], bytes]:
@@ -168,3 +168,109 @@ def test_mutated_real_records_never_raise(data: st.DataObject) -> None:
     obj[key] = data.draw(_json)
     srv, _ = server()
     srv.import_allocation(NOW, json.dumps(obj).encode())
+
+
+# -- a client moved to another live worker (AllocationMissing, import moved=True) ------------
+
+
+class _HeldPorts:
+    """Ports of a worker whose relayed addresses are all held by another live worker:
+    ``claim`` always fails, ``adopt`` records the identity (RelaySockets.adopt)."""
+
+    def __init__(self) -> None:
+        self.adopted: list[tuple[str, int]] = []
+
+    def bind(self, family: int, client: tuple[str, int], even: bool = False) -> None:
+        return None
+
+    def claim(self, relayed: tuple[str, int]) -> bool:
+        return False
+
+    def adopt(self, relayed: tuple[str, int]) -> bool:
+        self.adopted.append(relayed)
+        return True
+
+
+def _missing(out: list[object]) -> list[AllocationMissing]:
+    return [o for o in out if isinstance(o, AllocationMissing)]
+
+
+def test_a_moved_clients_channel_data_asks_once_and_flows_after_the_import() -> None:
+    """The SO_REUSEPORT reshuffle: the client's next ChannelData reaches a worker that never
+    had its allocation. That worker asks once (not per datagram), drops the data while it
+    waits, imports the record as moved — the relayed socket still held by the client's old
+    worker, so the address is adopted — and relays the next ChannelData."""
+    _, c, relayed, record = _bound()
+    ports = _HeldPorts()
+    srv2 = TurnServer(server()[0].config, ports, unix_offset=UNIX - NOW)
+    srv2.look_up_misses = True
+    cd = encode_channel_data(0x4001, b"media")
+    srv2.handle_input(NOW, cd, c.addr, c.local)
+    assert _missing(drain(srv2)) == [AllocationMissing(c.addr, c.local)]
+    for _ in range(5):  # more media while the lookup is in flight: no second question
+        srv2.handle_input(NOW + 0.01, cd, c.addr, c.local)
+        assert drain(srv2) == []
+    assert srv2.counters.drops["turn-lookup-pending"] == 6
+    assert "turn-no-allocation" not in srv2.counters.drops
+    # A restart's import (not moved) refuses a taken port; a moved one adopts it.
+    assert not srv2.import_allocation(NOW + 0.02, record)
+    assert srv2.counters.drops["turn-import-port-taken"] == 1
+    assert srv2.import_allocation(NOW + 0.02, record, moved=True)
+    srv2.looked_up(NOW + 0.02, c.addr, c.local)
+    assert ports.adopted == [relayed]
+    assert srv2.counters.counts["turn_allocations_adopted"] == 1
+    out = drain(srv2)
+    assert not peer_data(out) and not _missing(out)
+    srv2.handle_input(NOW + 0.03, cd, c.addr, c.local)
+    (pd,) = peer_data(drain(srv2))
+    assert pd.relayed == relayed and pd.peer == OWN and bytes(pd.data) == b"media"
+    # This worker keeps it now: written under its own name at the next poll.
+    assert [r for r, rec, _ in srv2.poll_changes() if rec is not None] == [relayed]
+
+
+def test_a_request_waits_for_the_lookup_then_gets_437_if_nothing_was_found() -> None:
+    """A Refresh from a moved client is not refused with 437 while the lookup is in flight
+    (437 would end the allocation in the client's eyes): it is left unanswered and the
+    client retransmits. Found nowhere: 437, and no new question for ``absent_for``."""
+    srv, _ = server()
+    srv.look_up_misses = True
+    c = Client()
+    # Authenticate first (a server with no allocation still answers the 401 round).
+    refresh = exchange(srv, c, Method.REFRESH, ((AttrType.LIFETIME, 600),))
+    assert refresh is None  # unanswered: the lookup is in flight
+    assert srv.counters.counts["turn_lookups"] == 1
+    srv.looked_up(NOW, c.addr, c.local)
+    again = exchange(srv, c, Method.REFRESH, ((AttrType.LIFETIME, 600),), now=NOW + 0.5)
+    assert again is not None and again.error_code is not None and again.error_code[0] == 437
+    assert srv.counters.counts["turn_lookups"] == 1  # absent: not asked about again
+    later = exchange(srv, c, Method.REFRESH, ((AttrType.LIFETIME, 600),),
+                     now=NOW + 0.5 + srv.config.absent_for)
+    assert later is None and srv.counters.counts["turn_lookups"] == 2
+
+
+def test_an_unanswered_lookup_is_given_up_and_lookups_are_bounded() -> None:
+    """A shell that never answers costs nothing lasting: after ``lookup_wait`` the 5-tuple
+    is treated as found nowhere. A flood of made-up sources holds at most ``max_lookups``
+    questions in flight; the rest are dropped and counted as before."""
+    srv, _ = server(max_lookups=4)
+    srv.look_up_misses = True
+    cd = encode_channel_data(0x4001, b"x")
+    for port in range(10):
+        srv.handle_input(NOW, cd, ("198.51.100.9", 40000 + port), ("192.0.2.1", 3478))
+    assert len(_missing(drain(srv))) == 4
+    assert srv.counters.drops["turn-lookup-overflow"] == 6
+    assert srv.counters.drops["turn-no-allocation"] == 6
+    srv.handle_input(NOW + srv.config.lookup_wait, cd, ("198.51.100.9", 40000),
+                     ("192.0.2.1", 3478))
+    assert srv.counters.drops["turn-no-allocation"] == 7  # given up: absent now
+    assert drain(srv) == []
+
+
+def test_no_question_without_a_shell_that_answers_nor_for_stream_clients() -> None:
+    srv, _ = server()
+    c = Client()
+    srv.handle_input(NOW, encode_channel_data(0x4001, b"x"), c.addr, c.local)
+    assert drain(srv) == [] and srv.counters.drops["turn-no-allocation"] == 1
+    srv.look_up_misses = True
+    srv.handle_input(NOW, encode_channel_data(0x4001, b"x"), c.addr, c.local, stream=True)
+    assert drain(srv) == [] and srv.counters.drops["turn-no-allocation"] == 2
