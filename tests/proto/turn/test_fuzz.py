@@ -12,6 +12,7 @@ from proto.turn.turn_client import NOW, OWN, SERVER, Client, allocate, server
 
 from appliance.proto.stun import AttrType, Class, Message, Method, StunError
 from appliance.proto.turn import (
+    AllocationMissing,
     StreamFramer,
     Transmit,
     TurnError,
@@ -81,6 +82,7 @@ def test_server_survives_authenticated_sequences(steps: list[tuple[
     interleaved with ChannelData and peer data: never raises, unsigned answers never exceed
     request + 32, quotas and caps hold."""
     srv, _ = server(max_allocations=2, max_per_source=2, max_permissions=2, max_channels=1)
+    srv.look_up_misses = True  # a shell with a cache: misses are asked about, then answered
     clients = [Client(addr=("198.51.100.1", 1000 + i)) for i in range(3)]
     for c in clients:
         allocate(srv, c)  # learn a nonce (and maybe allocate)
@@ -95,12 +97,18 @@ def test_server_survives_authenticated_sequences(steps: list[tuple[
         srv.handle_input(now, raw, c.addr, SERVER)
         for relayed in list(srv.by_relayed):
             srv.from_peer(now, relayed, OWN, junk)
+        missing = []
         while (out := srv.poll_output()) is not None:
             if isinstance(out, Transmit) and out.data[:1] == b"\x01":
                 msg = Message.parse_untrusted(out.data)
                 if not msg.has(AttrType.MESSAGE_INTEGRITY) and \
                         not msg.has(AttrType.MESSAGE_INTEGRITY_SHA256):
                     assert len(out.data) <= len(raw) + 32
+            elif isinstance(out, AllocationMissing):
+                missing.append(out)
+        if junk[:1] != b"\x00":  # found nowhere (else: left in flight until given up)
+            for m in missing:
+                srv.looked_up(now, m.client, m.local)
         assert len(srv.allocations) <= 2
         for alloc in srv.allocations.values():
             assert len(alloc.permissions) <= 2 and len(alloc.channels) <= 1
