@@ -2,11 +2,14 @@
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
-# Two xdist workers: every test that starts appliances, Chromium, SIP peers or netns hosts
-# runs in one of them, one at a time; the other takes the unit tests (tests/conftest.py,
-# SERIAL_DIRS). The appliances under test count only their own CPU as load (`--headroom
-# own`, tests/conftest.py), so the unit worker's busy core does not read as lost headroom.
-# 921 s -> 487 s of pytest on the 2-core box (issue 33). `PYTEST_ARGS=` runs one process.
+# Two xdist workers: every test that needs a core to itself — Chromium, netns hosts, worker
+# kills and gap or loss bounds, floods, benches, latency, load — runs in one of them, one at
+# a time; the other takes the unit tests and the functional tests that start appliances or
+# SIP peers (tests/conftest.py, SERIAL_DIRS, SHARED_FILES). The appliances under test count
+# only their own CPU as load (`--headroom own`, tests/conftest.py), so the other worker's
+# busy core does not read as lost headroom. 921 s -> 487 s of pytest on the 2-core box
+# (issue 33); grown to 1149 s of serial lane by issue 41, split again to ~810 s against
+# ~740 s. `PYTEST_ARGS=` runs one process.
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
 .PHONY: up test test-stress flakes lint typecheck unit sysdeps realtime-client venv install install-test bench fuzz screenshots clean
