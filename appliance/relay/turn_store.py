@@ -52,9 +52,10 @@ the socket is taken over once its old holder lets it go (its copy expires unrefr
       Redis: …:turn:at:<client>|<local> ─► the key of the record's latest writer ─► record
     ─► TurnGate.adopt ─► import_allocation(moved=True) ─► the next ChannelData is relayed
 
-A 5-tuple found nowhere is not asked about again for a second (``absent_for``), and at most
-``max_lookups`` are in flight, so a flood of ChannelData from made-up sources costs one
-bounded lookup per :data:`LOOKUP_GAP`, not one per datagram.
+A 5-tuple found nowhere is not asked about again for a second (``absent_for``), at most
+``max_lookups`` are in flight and new ones start at ``lookup_rate`` (TurnConfig), so a flood
+of ChannelData from made-up sources costs a bounded, rate-limited lookup per
+:data:`LOOKUP_GAP`, not one per datagram.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 import trio
 from proto.turn.turn_client import Client
 from reliability.failover import (
@@ -190,14 +191,19 @@ async def _survives_kills(tmp_path: Path, nursery: trio.Nursery, redis: str | No
         up.stop()
 
 
-async def test_turn_udp_call_survives_worker_kills_embedded_cache(
-        tmp_path: Path, nursery: trio.Nursery) -> None:
-    await _survives_kills(tmp_path, nursery, None)
+@pytest.fixture(params=["embedded", "redis"])
+def store(request: pytest.FixtureRequest) -> str | None:
+    """Where the allocations are kept: the embedded cache (the state file; None) or the URL
+    of a redis-server of the test's own."""
+    if request.param == "redis":
+        proc: RedisProc = request.getfixturevalue("redis_proc")
+        return proc.url
+    return None
 
 
-async def test_turn_udp_call_survives_worker_kills_with_redis(
-        tmp_path: Path, nursery: trio.Nursery, redis_proc: RedisProc) -> None:
-    await _survives_kills(tmp_path, nursery, redis_proc.url)
+async def test_turn_udp_call_survives_worker_kills(
+        tmp_path: Path, nursery: trio.Nursery, store: str | None) -> None:
+    await _survives_kills(tmp_path, nursery, store)
 
 
 async def _moved_clients_carry_on(tmp_path: Path, nursery: trio.Nursery,
@@ -259,10 +265,5 @@ async def _moved_clients_carry_on(tmp_path: Path, nursery: trio.Nursery,
 
 
 async def test_turn_clients_moved_to_another_worker_by_a_kill_carry_on(
-        tmp_path: Path, nursery: trio.Nursery) -> None:
-    await _moved_clients_carry_on(tmp_path, nursery, None)
-
-
-async def test_turn_clients_moved_to_another_worker_carry_on_with_redis(
-        tmp_path: Path, nursery: trio.Nursery, redis_proc: RedisProc) -> None:
-    await _moved_clients_carry_on(tmp_path, nursery, redis_proc.url)
+        tmp_path: Path, nursery: trio.Nursery, store: str | None) -> None:
+    await _moved_clients_carry_on(tmp_path, nursery, store)

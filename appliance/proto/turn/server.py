@@ -82,7 +82,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
 
-from appliance.proto.ratelimit import TokenBuckets
+from appliance.proto.ratelimit import Gcra, TokenBuckets
 from appliance.proto.stun import (
     Addr,
     AttrType,
@@ -278,6 +278,10 @@ class TurnConfig:
     max_lookups: int = 1024
     lookup_wait: float = 2.0
     absent_for: float = 1.0
+    #: new lookups per second and burst: every client of a killed worker at once fits the
+    #: burst; ChannelData from made-up sources costs at most the rate (turn-lookup-rate)
+    lookup_rate: float = 500.0
+    lookup_burst: float = 2000.0
     #: offer PASSWORD-ALGORITHMS (SHA-256, MD5) with the nonce cookie when the 401 fits
     offer_sha256: bool = True
 
@@ -413,6 +417,7 @@ class TurnServer:
         #: 5-tuples asked about (-> when), and found in no cache (-> until when)
         self._lookups: dict[tuple[Addr, Addr], float] = {}
         self._absent: dict[tuple[Addr, Addr], float] = {}
+        self._lookup_budget = Gcra(config.lookup_rate, config.lookup_burst)
         # (class, method) -> handler: every request and indication a client may send.
         self._handlers = {
             (Class.REQUEST, Method.ALLOCATE): self._allocate,
@@ -654,6 +659,9 @@ class TurnServer:
             del self._absent[key]
         if len(self._lookups) >= cfg.max_lookups:
             self.counters.drop("turn-lookup-overflow")
+            return False
+        if not self._lookup_budget.allow(now):
+            self.counters.drop("turn-lookup-rate")
             return False
         self._lookups[key] = now
         self._events.append(AllocationMissing(addr, local))

@@ -274,3 +274,17 @@ def test_no_question_without_a_shell_that_answers_nor_for_stream_clients() -> No
     srv.look_up_misses = True
     srv.handle_input(NOW, encode_channel_data(0x4001, b"x"), c.addr, c.local, stream=True)
     assert drain(srv) == [] and srv.counters.drops["turn-no-allocation"] == 2
+
+
+def test_new_lookups_are_rate_limited() -> None:
+    """Beyond the burst, a flood of new 5-tuples is asked about at the rate, not per datagram
+    (each lookup reads every worker's records)."""
+    srv, _ = server(lookup_rate=10.0, lookup_burst=3.0)
+    srv.look_up_misses = True
+    cd = encode_channel_data(0x4001, b"x")
+    for port in range(5):
+        srv.handle_input(NOW, cd, ("198.51.100.9", 40000 + port), ("192.0.2.1", 3478))
+    assert len(_missing(drain(srv))) == 3
+    assert srv.counters.drops["turn-lookup-rate"] == 2
+    srv.handle_input(NOW + 0.1, cd, ("198.51.100.9", 41000), ("192.0.2.1", 3478))
+    assert len(_missing(drain(srv))) == 1  # a tenth of a second later: one more
