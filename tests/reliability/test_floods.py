@@ -37,6 +37,12 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
         s.close()
 
 
+#: The relay's drop reasons for flood datagrams that passed the kernel filter (besides
+#: ``ufrag-*`` and ``turn-*``).
+FLOOD_REASONS = frozenset({"stun-overload", "stun-malformed", "no-flow", "vouch-pending",
+                           "rate-limited", "oversize"})
+
+
 async def _flood(*argv: str) -> dict[str, Any]:
     proc = await trio.run_process([sys.executable, str(FLOOD), *argv], capture_stdout=True,
                                   stderr=subprocess.STDOUT)
@@ -162,17 +168,27 @@ async def test_relay_floods_leave_calls_untouched(
     turn = sum(v for k, v in drops.items() if k.startswith("turn-"))
     early = unknown + drops.get("oversize", 0) + kernel + turn + drops.get("rate-limited", 0)
     assert early >= 0.5 * n_no_flow
+    # What passes the filter is shared out as it was sent (the flooder interleaves the kinds)
+    # — unless the host is too busy for the relay to read it all: then the public socket's
+    # buffer overflows and the kernel drops a share of every kind alike (stress runs:
+    # 200-220 k of ~500 k). So each kind's own reason is checked against its share of what
+    # the relay read, not of what was sent.
+    passing = {k: sent[k] for k in ("stun-random", "stun-forged", "dtls-hello") if k in sent}
+    read = sum(v for k, v in drops.items() if k in FLOOD_REASONS or k.startswith(
+        ("ufrag-", "turn-"))) - turn
+
+    def share(*kinds: str) -> float:
+        return read * sum(passing.get(k, 0) for k in kinds) / max(1, sum(passing.values()))
+
     if "dtls-hello" in sent:  # a DTLS first byte passes the filter: the relay drops it,
         # asked about ("vouch-pending") or, from a source past its budget, before it is
-        # asked about ("rate-limited", core.py _lookup: a stress run counted 96174
-        # vouch-pending + 71578 rate-limited of 213376 hellos, the kernel's buffer having
-        # overflowed with 200 k more; rate-limited also holds STUN past the same budget)
-        assert unknown + drops.get("rate-limited", 0) >= 0.5 * sent["dtls-hello"], drops
+        # asked about ("rate-limited", core.py _lookup; it also holds STUN past the budget)
+        assert unknown + drops.get("rate-limited", 0) >= 0.5 * share("dtls-hello"), drops
     if "stun-random" in sent:
         # Past the worker's rate for STUN from unknown addresses, dropped unparsed.
         ufrag_drops = sum(v for k, v in drops.items() if k.startswith("ufrag-"))
         ufrag_drops += drops.get("stun-overload", 0)
-        assert ufrag_drops >= 0.5 * (sent["stun-random"] + sent["stun-forged"])
+        assert ufrag_drops >= 0.5 * share("stun-random", "stun-forged"), drops
         assert drops.get("ufrag-bad-mac", 0) > 0 and drops.get("ufrag-malformed", 0) > 0
     assert down < 0.01, down
     if kinds == "oversize":
