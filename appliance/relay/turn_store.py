@@ -307,6 +307,7 @@ async def serve_turn_lookups(gate: TurnGate, store: TurnStore) -> None:
     found"); lookups are at least :data:`LOOKUP_GAP` apart, each taking every 5-tuple
     missed since the last."""
     gate.server.look_up_misses = True
+    warned = False
     while True:
         await gate.wanted.wait()
         gate.wanted = trio.Event()
@@ -316,7 +317,11 @@ async def serve_turn_lookups(gate: TurnGate, store: TurnStore) -> None:
             records = await store.find(keys)
         except Exception as exc:  # redis.RedisError, OSError: the clients stay unserved
             gate.core.counters.drop("turn-store-error")
-            log.warning("relay: moved TURN clients could not be looked up (%s)", exc)
+            if not warned:  # once per outage, not once per lookup
+                warned = True
+                log.warning("relay: moved TURN clients could not be looked up (%s)", exc)
             records = []
+        else:
+            warned = False
         gate.adopt(trio.current_time(), keys, records)
         await trio.sleep(LOOKUP_GAP)
