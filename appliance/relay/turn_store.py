@@ -60,7 +60,6 @@ of ChannelData from made-up sources costs a bounded, rate-limited lookup per
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import math
@@ -71,7 +70,7 @@ from typing import Any, Protocol
 import trio
 
 from .core import Address
-from .turn import RelaySockets, TurnGate
+from .turn import RelaySockets, TurnGate, _canonical
 
 log = logging.getLogger("appliance.relay.server")
 
@@ -105,13 +104,6 @@ class TurnStore(Protocol):
 
 def _name(relayed: Address) -> str:
     return f"{relayed[0]}:{relayed[1]}"
-
-
-def _canonical(addr: Address) -> Address:
-    try:
-        return (str(ipaddress.ip_address(addr[0])), int(addr[1]))
-    except ValueError:
-        return addr
 
 
 def _key_text(client: Address, local: Address) -> bytes:
