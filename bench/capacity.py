@@ -534,12 +534,15 @@ _HEADROOM: dict[str, tuple[str, Callable[[list[float]], float]]] = {
     "appliance_transceiver_opus_complexity": ("complexity", min),
     "appliance_transceiver_room_calls": ("room", sum),
     "appliance_transceiver_call_cost_ratio": ("call_cost", max),
+    "appliance_transceiver_frame_late_p90_seconds": ("late", max),
+    "appliance_transceiver_available_cores": ("avail", min),
 }
 
 
 def read_headroom(url: str) -> dict[str, float]:
     """The transceivers' headroom gauges from signaling's /metrics: the busiest one's busy,
-    CPU, lag and call cost, the lowest Opus complexity, the room left in all of them."""
+    CPU, lag, frame lateness (p90) and call cost, the lowest Opus complexity and available
+    cores, the room left in all of them."""
     seen: dict[str, list[float]] = {}
     try:
         with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
@@ -672,6 +675,10 @@ def _headroom_text(st: Step) -> str:
         parts.append(f"busy {100 * h['busy']:.0f}%")
     if "lag" in h:
         parts.append(f"lag {1000 * h['lag']:.1f}ms")
+    if "late" in h:
+        parts.append(f"late90 {1000 * h['late']:.1f}ms")
+    if "avail" in h:
+        parts.append(f"avail {h['avail']:.2f}")
     if "complexity" in h:
         parts.append(f"cx {h['complexity']:.0f}")
     if s.get("refused"):

@@ -2,7 +2,7 @@
 plays a noisy room — a wavering fan and clatter (bursts of broadband noise every ~0.9 s,
 all synthesized here) with one espeak-ng phrase in each 10 s loop — calls ``appliance up``
 on ``POST /v1/realtime/calls`` with the browser's own audio processing off (a phone or a
-cheap softphone does none). The same call twice: with the session's
+cheap softphone does none). The same call twice, side by side in two pages: with the session's
 ``audio.input.noise_reduction`` null, the server VAD starts a "turn" at the clatter
 (``speech_started`` with no one speaking); with ``far_field`` the RNNoise stage takes the
 clatter out before the VAD, and the false starts are fewer, while the phrase still starts
@@ -109,7 +109,8 @@ def wait_for(page: Page, expr: str, timeout: float = 30.0) -> Any:
     return value
 
 
-def starts_of_a_call(page: Page, base: str, noise_reduction: str | None) -> dict[str, Any]:
+def start_call(page: Page, base: str, noise_reduction: str | None) -> dict[str, Any]:
+    """Place the call on ``page``; its POST's answer (``location``)."""
     page.goto(base + "/readyz")  # the appliance's origin: a secure context, no CORS
     session = {"type": "realtime", "audio": {"input": {
         "noise_reduction": {"type": noise_reduction} if noise_reduction else None,
@@ -118,14 +119,17 @@ def starts_of_a_call(page: Page, base: str, noise_reduction: str | None) -> dict
     out = page.evaluate(CALL, {"session": session})
     assert out["status"] == 201, out
     wait_for(page, "window.__events.some((e) => e.type === 'session.created')")
-    t0 = page.evaluate("performance.now()")
-    page.wait_for_timeout(LISTEN * 1000)  # the scenario's length: two loops of the room
+    return out
+
+
+def starts_of_a_call(page: Page, location: str, t0: float) -> dict[str, Any]:
+    """What the call on ``page`` heard in the LISTEN s from ``t0`` (its clock), then ended."""
     events: list[dict[str, Any]] = page.evaluate("window.__events")
     status, view = page.evaluate("""async (loc) => {
-        const r = await fetch(loc); return [r.status, await r.text()]; }""", out["location"])
+        const r = await fetch(loc); return [r.status, await r.text()]; }""", location)
     assert status == 200, view
     page.evaluate("window.__pc.close()")
-    page.evaluate("(loc) => fetch(loc, {method: 'DELETE'})", out["location"])
+    page.evaluate("(loc) => fetch(loc, {method: 'DELETE'})", location)
     starts = [e for e in events if e["type"] == "input_audio_buffer.speech_started"
               and t0 <= e["__t"] <= t0 + LISTEN * 1000]
     return {"starts": len(starts), "media": json.loads(view)["media"]["media"],
@@ -133,8 +137,14 @@ def starts_of_a_call(page: Page, base: str, noise_reduction: str | None) -> dict
 
 
 def test_noise_reduction_cuts_the_vads_false_starts(up: str, page: Page) -> None:
-    raw = starts_of_a_call(page, up, None)
-    clean = starts_of_a_call(page, up, "far_field")
+    # The two calls run side by side, each in its own page hearing the same looped room
+    # (the counts are of what each call's VAD did; the scenario's length is waited once).
+    other = page.context.new_page()
+    calls = [(page, start_call(page, up, None)), (other, start_call(other, up, "far_field"))]
+    t0 = [pg.evaluate("performance.now()") for pg, _ in calls]
+    page.wait_for_timeout(LISTEN * 1000)  # the scenario's length: two loops of the room
+    raw, clean = (starts_of_a_call(pg, out["location"], t)
+                  for (pg, out), t in zip(calls, t0, strict=True))
     print(f"speech_started in {LISTEN:.0f} s (2 phrases): without noise reduction "
           f"{raw['starts']}, with far_field {clean['starts']}")
     assert "denoise" not in raw["media"]["in"]
