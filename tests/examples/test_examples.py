@@ -97,7 +97,9 @@ def test_echo_is_at_most_20_lines() -> None:
 async def test_echo(relay_sock: socket.socket, tmp_path: Path) -> None:
     async with call(spec("echo.py:echo"), relay_sock, tmp_path) as c:
         await c.talk(sine(440, 50))
-        await c.silence(0.1)
+        # Until the echo of the tone is back (on a busy box it trails the last frame sent
+        # by more than a frame time); 3 s is a hang guard.
+        await c.silence(3, until=lambda: len(c.arrivals()) >= 45)
         packets = c.arrivals()
         assert len(packets) >= 45
         assert dominant_hz(decode_all(packets[5:45])) == pytest.approx(440, abs=5)
@@ -153,7 +155,7 @@ async def test_ws_agent_echoes_at_16k_and_its_death_ends_the_call(
     async with call(url, relay_sock, tmp_path) as c:
         await c.silence(0.1)
         await c.talk(sine(440, 50))
-        await c.silence(0.2)
+        await c.silence(3, until=lambda: len(c.arrivals()) >= 40)  # (as in test_echo)
         packets = c.arrivals()
         assert len(packets) >= 40
         pcm = decode_all(packets[5:40])
