@@ -43,10 +43,11 @@ first pattern listed), each appliance server is offered F x what fitted at each 
 and every (placement, server, ramp, F) row is judged (:func:`judge_overload`): every admitted
 call < 1 % loss (its worst session) and no delay growth (p99 RTT − the fit step's p99 ≤
 ``--max-growth`` ms), at least 85 % of the calls that fit admitted, refusals 503 with p99
-latency < 50 ms and ``Retry-After``. The load generator does not see response headers, so
-``Retry-After`` is checked by probes: once the ramp is over, the script POSTs a few offers
-that are not SDP; admission decides before the offer is read, so a saturated appliance
-answers 503 (checked for ``Retry-After``) and one with room answers 4xx (no call made).
+latency < 50 ms and ``Retry-After``. The load generator keeps each refused call's
+``Retry-After`` (every one must have it); and once the ramp is over, the script POSTs a few
+offers that are not SDP: admission decides before the offer is read, so a saturated
+appliance answers 503 (checked for ``Retry-After`` too) and one with room answers 4xx (no
+call made).
 aiortc has no admission and gets no overload rows.
 
 On a small machine the load generator competes with the server for CPU: its own CPU share is
@@ -328,11 +329,15 @@ def judge_overload(row: dict[str, Any], c: Criteria) -> list[str]:
         p99 = row["refused_p99_ms"]
         if p99 is None or p99 >= c.refused_p99_ms:
             why.append(f"503 p99 {'-' if p99 is None else f'{p99:.0f}'} ms")
-        probes = row["probes"]
-        refused = [pr for pr in probes if pr["status"] == 503]
-        if not refused:
+        # Every refused call's own 503 (the load generator keeps its Retry-After), and the
+        # probes' where they were refused; a load generator that does not say, and no
+        # probe refused, leaves it unchecked.
+        with_ra = row.get("refused_with_retry_after")
+        refused = [pr for pr in row["probes"] if pr["status"] == 503]
+        if with_ra is None and not refused:
             why.append("Retry-After unchecked (no probe refused)")
-        elif any(not pr["retry_after"] for pr in refused):
+        elif ((with_ra is not None and with_ra < row["refused"])
+              or any(not pr["retry_after"] for pr in refused)):
             why.append("503 without Retry-After")
     if row["loadgen_cpu"] > c.loadgen_limit:
         why.append("LG")
@@ -359,7 +364,8 @@ def overload_row(summary: dict[str, Any], *, fits: int, fit_rtt_p99: float | Non
         else p99 - fit_rtt_p99,
         "refused_p50_ms": summary.get("refused_p50_ms"),
         "refused_p99_ms": summary.get("refused_p99_ms"),
-        "refused_codes": summary.get("refused_codes"), "probes": probes,
+        "refused_codes": summary.get("refused_codes"),
+        "refused_with_retry_after": summary.get("refused_with_retry_after"), "probes": probes,
         "loadgen_cpu": loadgen_cpu,
     }
 
@@ -536,6 +542,7 @@ _HEADROOM: dict[str, tuple[str, Callable[[list[float]], float]]] = {
     "appliance_transceiver_call_cost_ratio": ("call_cost", max),
     "appliance_transceiver_frame_late_p90_seconds": ("late", max),
     "appliance_transceiver_available_cores": ("avail", min),
+    "appliance_transceiver_receive_backlog_max_seconds": ("backlog", max),
 }
 
 
@@ -679,6 +686,8 @@ def _headroom_text(st: Step) -> str:
         parts.append(f"late90 {1000 * h['late']:.1f}ms")
     if "avail" in h:
         parts.append(f"avail {h['avail']:.2f}")
+    if h.get("backlog"):
+        parts.append(f"backlog {1000 * h['backlog']:.0f}ms")
     if "complexity" in h:
         parts.append(f"cx {h['complexity']:.0f}")
     if s.get("refused"):
@@ -720,7 +729,9 @@ def print_overload(rows: list[dict[str, Any]]) -> None:
     for o in rows:
         worst = None if o["loss_worst_session"] is None else 100 * o["loss_worst_session"]
         refused = [p for p in o["probes"] if p["status"] == 503]
-        ra = f"{sum(1 for p in refused if p['retry_after'])}/{len(refused)}"
+        with_ra = o.get("refused_with_retry_after")
+        ra = (f"{sum(1 for p in refused if p['retry_after'])}/{len(refused)}" if with_ra is None
+              else f"{with_ra}/{o['refused']}")
         print(f"{o['placement']:<9} {o['server']:<12} {o['ramp']:>6g} {o['factor']:>4g} "
               f"{o['fits']:>5} {o['offered']:>8} {o['admitted']:>9} {o['refused']:>8} "
               f"{_f(worst, '{:.2f}'):>8} {_f(o['rtt_p99_growth_vs_fit_ms']):>8} "

@@ -97,7 +97,12 @@ def read_ready(sock: socket.socket, buf: bytearray, now: float, offset: float, s
 
 
 class CallFailed(Exception):
-    """The call could not be set up; the message says which step failed."""
+    """The call could not be set up; the message says which step failed. A refused POST
+    also carries its ``Retry-After`` (None: none was sent, or it failed otherwise)."""
+
+    def __init__(self, message: str, *, retry_after: str | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 @dataclass
@@ -292,7 +297,8 @@ async def open_call(
     except HttpError as exc:
         raise CallFailed(f"signaling unreachable: {exc}") from exc
     if resp.status != 201:
-        raise CallFailed(f"POST /v1/sessions → {resp.status}: {resp.body[:300]!r}")
+        raise CallFailed(f"POST /v1/sessions → {resp.status}: {resp.body[:300]!r}",
+                         retry_after=resp.header("retry-after"))
     location = resp.header("location") or ""
     session_url = location if location.startswith("http") else base_url.rstrip("/") + location
     answer = resp.body.decode()

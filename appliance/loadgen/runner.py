@@ -170,6 +170,7 @@ class LoadGenerator:
             if refused:  # admission (issue 23): how fast the busy signal came
                 res.refused = trio.current_time() - posted
                 res.refused_code = refused.group(1) or "503"
+                res.refused_retry_after = exc.retry_after
         except Exception as exc:  # one broken session must not end the run
             res.failure = f"{type(exc).__name__}: {exc}"
         finally:

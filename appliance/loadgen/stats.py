@@ -64,6 +64,7 @@ class SessionResult:
     turn_taking: bool = False  # --pattern turns: the server talks in turns, not 50 packets/s
     refused: float | None = None  # POST → its 503 (admission refused the call), seconds
     refused_code: str | None = None  # the 503's problem code ("overloaded", ...)
+    refused_retry_after: str | None = None  # the 503's Retry-After header, as sent
 
     @property
     def loss(self) -> float | None:
@@ -129,6 +130,8 @@ class Report:
             "refused": sum(1 for s in self.sessions if s.refused is not None),
             "refused_codes": dict(Counter(s.refused_code for s in self.sessions
                                           if s.refused is not None)),
+            "refused_with_retry_after": sum(1 for s in self.sessions if s.refused is not None
+                                            and s.refused_retry_after),
             "refused_p50_ms": _ms(percentile(
                 [s.refused for s in self.sessions if s.refused is not None], 50)),
             "refused_p99_ms": _ms(percentile(

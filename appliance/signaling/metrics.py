@@ -199,6 +199,9 @@ _LOAD_GAUGES = {
     "late_p90_ms": ("appliance_transceiver_frame_late_p90_seconds",
                     "90th percentile of the transceiver's tick/paced-frame lateness "
                     "(windows that sent media).", 1e-3),
+    "backlog_max_ms": ("appliance_transceiver_receive_backlog_max_seconds",
+                       "Longest the transceiver's receive loop was seen behind its socket "
+                       "in the last window (0: it kept draining it).", 1e-3),
     "cpu": ("appliance_transceiver_cpu_ratio",
             "Share of its core the transceiver used over the last window.", 1.0),
     "lag_max_ms": ("appliance_transceiver_loop_lag_max_seconds",

@@ -55,6 +55,17 @@ reason to refuse a call, one that makes our frames late is. On a core of its own
 because signaling divides its learned per-call cost (own CPU) by it to project one more
 call (signaling/admission.py); ``core_available`` is the raw /proc/stat figure. Without
 ``/proc/stat`` (another OS, a sandbox) ``available`` stays 1.0.
+
+**Backlog (issue 41 item 1).** The receive loop yields to the rest of the loop every 2 ms
+of work however many datagrams wait (server.py ``YIELD_AFTER``), so its 20 ms tick and the
+pacer fire on time while a standing queue builds in the socket in front of them: with the
+whole ``appliance up`` on one core (``bench/capacity.py`` placement b), 44 calls at
+Opus complexity 0 ran with every tick's lateness p90 at 4.4 ms and a round trip of 730 ms
+p50, 6.9 % lost. So each tick also passes how long the receive loop has been behind
+(``backlog``: since the wake-up that began the batch run that has not yet found the socket
+empty; 0 once it has), and the tick's lateness sample is the larger of the two. A loop that
+keeps up drains its socket at every wake-up and adds nothing; one that is behind adds the
+age of its backlog, which is the wait of the datagrams it has not read yet.
 """
 
 from __future__ import annotations
@@ -118,6 +129,7 @@ class LoadReport:
     late_p90_ms: float | None = None  # the decided percentile of tick/pacer lateness
     late: float = 0.0  # the delay signal as a busy share (0 unless sending and late)
     offload: float = 0.0  # the last window's CPU share of the process's other threads
+    backlog_max_ms: float = 0.0  # the oldest receive backlog a tick found (issue 41 item 1)
 
     def to_json(self) -> dict[str, float | None]:
         def r(v: float | None, n: int) -> float | None:
@@ -129,14 +141,16 @@ class LoadReport:
                 "core_available": round(self.core_available, 4),
                 "core_idle": r(self.core_idle, 4), "core_steal": r(self.core_steal, 4),
                 "cpus": self.cpus, "late_p90_ms": r(self.late_p90_ms, 3),
-                "late": round(self.late, 4), "offload": round(self.offload, 4)}
+                "late": round(self.late, 4), "offload": round(self.offload, 4),
+                "backlog_max_ms": round(self.backlog_max_ms, 3)}
 
 
 class LoadMeter:
     """CPU share per window, smoothed; tick lag beside it; with issue 32's inputs, what the
     core had left and the delay signal (module docstring)."""
 
-    __slots__ = ("_avail", "_cpu0", "_lag_max", "_lag_n", "_lag_sum", "_late", "_offload0",
+    __slots__ = ("_avail", "_backlog_max", "_cpu0", "_lag_max", "_lag_n", "_lag_sum", "_late",
+                 "_offload0",
                  "_own", "_packets0", "_runnable", "_sent0", "_stat", "_t0", "behind", "busy",
                  "offload_s", "own_only", "report", "windows")
 
@@ -151,6 +165,7 @@ class LoadMeter:
         self._packets0 = 0
         self._sent0: int | None = None
         self._lag_max = 0.0
+        self._backlog_max = 0.0  # this window's oldest receive backlog seen by a tick
         self._lag_sum = 0.0
         self._lag_n = 0
         self._late: list[float] = []  # this window's lateness samples (ticks, pacer)
@@ -176,12 +191,15 @@ class LoadMeter:
 
     def handle_tick(self, now: float, cpu: float, lag: float, packets: int = 0, *,
                     sent: int | None = None, stat: ProcStat | None = None,
-                    affinity: frozenset[int] | None = None, offload: float | None = None) -> bool:
+                    affinity: frozenset[int] | None = None, offload: float | None = None,
+                    backlog: float = 0.0) -> bool:
         """One tick at ``now`` (seconds), the media loop thread's CPU seconds ``cpu``, the
         tick ``lag`` seconds late, ``packets`` received so far, ``sent`` datagrams sent so
         far, ``offload`` CPU seconds of the process's other threads so far (module
         docstring); at a window's edge (:meth:`window_due`) the shell's ``/proc/stat`` read
-        and affinity set. True when a window just completed."""
+        and affinity set; ``backlog``: how long the receive loop has been behind its socket
+        (seconds, 0 when it last drained it: module docstring, "Backlog"). True when a
+        window just completed."""
         if math.isnan(self._t0):
             self._t0, self._cpu0, self._packets0, self._sent0 = now, cpu, packets, sent
             self._offload0 = offload
@@ -193,7 +211,12 @@ class LoadMeter:
         self._lag_max = max(self._lag_max, lag)
         self._lag_sum += lag
         self._lag_n += 1
-        self._late.append(lag)
+        backlog = max(0.0, backlog)
+        self._backlog_max = max(self._backlog_max, backlog)
+        # One sample per tick: how late it fired, or how old a backlog it found, whichever
+        # is more (a loop that yields between batches fires its ticks on time while the
+        # datagrams behind them wait).
+        self._late.append(max(lag, backlog))
         span = now - self._t0
         if span < WINDOW:
             return False
@@ -245,10 +268,10 @@ class LoadMeter:
             core_steal=None if sample is None else sample.steal,
             cpus=None if sample is None else sample.cpus,
             late_p90_ms=None if late_p90 is None else late_p90 * 1000, late=late,
-            offload=self.offload_s / span)
+            offload=self.offload_s / span, backlog_max_ms=self._backlog_max * 1000)
         self._t0, self._cpu0, self._packets0, self._sent0 = now, cpu, packets, sent
         self._offload0 = offload
-        self._lag_max = self._lag_sum = 0.0
+        self._lag_max = self._lag_sum = self._backlog_max = 0.0
         self._lag_n = 0
         self._late.clear()
         return True

@@ -54,6 +54,10 @@ class TransceiverLoad:
         self.refuse_busy = refuse_busy
         # Headroom (issue 23): the meter's tick task (measure_loop) feeds both.
         self.meter = LoadMeter(own_only=headroom == "own")
+        #: When the receive loop (server.py) woke to a socket it has not found empty since;
+        #: None while it keeps up (it drained the socket). The meter's tick samples its age
+        #: (headroom.py, "Backlog").
+        self.behind_since: float | None = None
         self.complexity = ComplexityController(opus_complexity, enabled=adaptive_complexity)
         self._created_in_window = 0  # creates since the meter's last window
         # What one running call costs, learned only from windows with no setup in them
@@ -103,9 +107,11 @@ class TransceiverLoad:
         other threads'; at a window's edge ``/proc/stat`` and the affinity set, headroom.py);
         tests drive it with made-up load."""
         self.meter.add_lateness(self.pacer.take_lateness())
+        behind = self.behind_since
         if not self.meter.handle_tick(now, cpu, lag, self.counters["datagrams_in"],
                                       sent=self.counters["datagrams_out"], stat=stat,
-                                      affinity=cpus, offload=offload):
+                                      affinity=cpus, offload=offload,
+                                      backlog=0.0 if behind is None else now - behind):
             return
         connecting = sum(1 for c in self.calls.values()
                          if type(c) is Session and c.state != "connected")

@@ -135,6 +135,16 @@ class TransceiverAddresses:
     transceiver: Transceiver | None = None  # for the CLI's drain-on-SIGTERM
 
 
+def _pending(sock: socket.socket) -> bool:
+    """Is a datagram waiting in ``sock`` (non-blocking)? Asked only when a receive batch
+    stopped at its bound without finding the socket empty (TransceiverLoad.behind_since)."""
+    try:
+        sock.recv(1, socket.MSG_PEEK)
+    except OSError:  # BlockingIOError: nothing waits (or an error report, read by this)
+        return False
+    return True
+
+
 class Transceiver(ControlOps):
     """The socket, the datagram dispatcher, the one call table and its indexes, and the
     control dispatch (the operations are :class:`~.ops.ControlOps`'s)."""
@@ -235,9 +245,12 @@ class Transceiver(ControlOps):
         counters = self.counters
         dispatch = self.dispatch
         batching = self._send_batch is not None
+        load = self.load
         while True:
             await trio.lowlevel.wait_readable(sock)
             now = trio.current_time()
+            if load.behind_since is None:  # (see TransceiverLoad.behind_since)
+                load.behind_since = now
             n_in = bytes_in = 0
             if batching:
                 self._queued = []
@@ -250,6 +263,7 @@ class Transceiver(ControlOps):
                         n, relay = sock.recvfrom_into(buf)
                     except BlockingIOError:
                         full = False
+                        load.behind_since = None
                         break
                     except OSError:
                         continue  # e.g. ICMP port unreachable reported on a later recv
@@ -271,6 +285,8 @@ class Transceiver(ControlOps):
                 counters["datagrams_in"] += n_in
                 counters["bytes_in"] += bytes_in
             if full:
+                if load.behind_since is not None and not _pending(sock):
+                    load.behind_since = None  # the batch ended as the socket ran dry
                 # A full batch: let the session tasks (pacers, agents) run before more.
                 await trio.lowlevel.checkpoint()
 
@@ -286,12 +302,15 @@ class Transceiver(ControlOps):
         dispatch = self.dispatch
         recv = partial(_mmsg.recv_batch, sock.fileno(), buf, BUFSIZE, 0, BUFSIZE, RECV_MSGS)
         batching = self._send_batch is not None
+        load = self.load
         got: list[tuple[int, tuple[str, int]]] = []
         pos = 0  # got[pos:] are read and not yet handled
         while True:
             if pos >= len(got):
                 await trio.lowlevel.wait_readable(sock)
             now = trio.current_time()
+            if load.behind_since is None:  # (see TransceiverLoad.behind_since)
+                load.behind_since = now
             n_in = bytes_in = 0
             t = perf_counter()
             if batching:
@@ -310,6 +329,7 @@ class Transceiver(ControlOps):
                             continue
                         if not got:
                             full = False
+                            load.behind_since = None
                             break
                     n, relay = got[pos]
                     off = pos * BUFSIZE
@@ -330,6 +350,9 @@ class Transceiver(ControlOps):
                 counters["datagrams_in"] += n_in
                 counters["bytes_in"] += bytes_in
             if full:
+                if (load.behind_since is not None and pos >= len(got)
+                        and not _pending(sock)):
+                    load.behind_since = None  # the batch ended as the socket ran dry
                 await trio.lowlevel.checkpoint()
 
     @property

@@ -72,6 +72,11 @@ def test_a_row_that_meets_every_criterion_passes() -> None:
      "Retry-After unchecked (no probe refused)"),
     (_summary(), {"probes": [*REFUSED, {"status": 503, "retry_after": None, "ms": 4.0}]},
      "503 without Retry-After"),
+    # The load generator's own refusals: each must have had it, and when they say, no
+    # probe needs to have been refused (the appliance had room again after the ramp).
+    (_summary(refused_with_retry_after=29), {}, "503 without Retry-After"),
+    (_summary(refused_with_retry_after=29),
+     {"probes": [{"status": 400, "retry_after": None, "ms": 3.0}]}, "503 without Retry-After"),
     (_summary(), {"lg": 0.95}, "LG"),
     (_summary(), {"fit_passed": False}, "the fit step (N = 20) failed"),
 ])
@@ -86,6 +91,12 @@ def test_85_percent_of_what_fits_is_the_admission_floor() -> None:
     short = _row(_summary(requested=50, refused=34, completed=16))
     assert cap.judge_overload(ok, CRIT) == []
     assert cap.judge_overload(short, CRIT) == ["admitted 16 < 17"]
+
+
+def test_the_load_generators_refusals_check_retry_after_without_a_refused_probe() -> None:
+    row = _row(_summary(refused_with_retry_after=30),
+               probes=[{"status": 400, "retry_after": None, "ms": 3.0}])
+    assert cap.judge_overload(row, CRIT) == []
 
 
 def test_no_refusals_needs_no_probe() -> None:

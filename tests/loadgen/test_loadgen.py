@@ -181,6 +181,9 @@ async def test_503_is_counted_as_refused_with_its_code_and_latency(stream: ToneS
     assert summary["refused"] == 3 and summary["failed"] == 3
     assert summary["refused_codes"] == {"overloaded": 3}
     assert summary["refused_p99_ms"] is not None and summary["refused_p99_ms"] >= 0
+    # Each refusal keeps its Retry-After (bench/capacity.py checks every one).
+    assert summary["refused_with_retry_after"] == 3
+    assert {s.refused_retry_after for s in report.sessions} == {"2"}
 
 
 async def test_silent_ice_is_a_failure_with_a_timeout(stream: ToneStream) -> None:

@@ -169,15 +169,18 @@ def test_lateness_floor_percentile_and_minimum() -> None:
 
 
 def run_window(m: LoadMeter, t: float, cpu: float, own: float, text: str, *, lag: float,
-               sent: int, sent_more: int, cpus: frozenset[int] = frozenset({0})) -> float:
+               sent: int, sent_more: int, cpus: frozenset[int] = frozenset({0}),
+               behind_since: float | None = None) -> float:
     """One 0.5 s window of 25 ticks: ``own`` of a core, every tick ``lag`` late, the
-    window's edge with ``text`` as /proc/stat; returns the CPU seconds at its end."""
+    window's edge with ``text`` as /proc/stat; ``behind_since``: the receive loop has not
+    found its socket empty since then; returns the CPU seconds at its end."""
     for i in range(1, 26):
         now = t + i * 0.02
         edge = m.window_due(now)
         m.handle_tick(now, cpu + own * i * 0.02, lag, sent=sent + sent_more * i // 25,
                       stat=parse_proc_stat_untrusted(text) if edge else None,
-                      affinity=cpus if edge else None)
+                      affinity=cpus if edge else None,
+                      backlog=0.0 if behind_since is None else now - behind_since)
     return cpu + own * 0.5
 
 
@@ -221,6 +224,36 @@ def test_meter_on_a_core_shared_with_a_hog_counts_it_as_far_as_frames_are_late()
     assert late.report.available == pytest.approx(0.3 / 0.525, abs=0.01)
     saturated = window(0.045)
     assert saturated.busy == 1.0
+
+
+def test_meter_counts_a_receive_backlog_its_on_time_ticks_do_not_show() -> None:
+    """Issue 41 item 1: the whole ``appliance up`` on one core, the transceiver using 80 %
+    of it and the relay and signaling the rest, nothing idle. Its ticks fire on time (the
+    receive loop yields every 2 ms of work), so as far as lateness went the neighbours'
+    share was no harm and busy read 0.8 while the calls' datagrams queued in the socket. A
+    receive loop that has not found its socket empty for the whole window is behind by
+    more than a frame time: the core is full."""
+    def window(behind_since: float | None) -> LoadMeter:
+        m = LoadMeter()
+        m.handle_tick(0.0, 0.0, 0.0, sent=0, stat=parse_proc_stat_untrusted(STAT_0),
+                      affinity=frozenset({0}))
+        run_window(m, 0.0, 0.0, 0.8, stat((50, 0, 0), (0, 50, 0), running=2), lag=0.002,
+                   sent=0, sent_more=1000, behind_since=behind_since)
+        return m
+
+    keeping_up = window(None)
+    assert keeping_up.report.late == 0.0 and keeping_up.report.backlog_max_ms == 0.0
+    assert keeping_up.busy == pytest.approx(0.8, abs=0.01)
+    behind = window(-0.1)  # behind since before the window began
+    assert behind.report.backlog_max_ms == pytest.approx(600.0)
+    assert behind.report.late == 1.0 and behind.busy == 1.0
+    # A backlog under the floor (a batch of setups, a burst) is noise a jitter buffer takes.
+    brief = LoadMeter()
+    brief.handle_tick(0.0, 0.0, 0.0, sent=0)
+    for i in range(1, 26):
+        brief.handle_tick(i * 0.02, i * 0.02 * 0.5, 0.0, sent=40 * i,
+                          backlog=0.004 if i % 2 else 0.0)
+    assert brief.report.late == 0.0 and brief.report.backlog_max_ms == pytest.approx(4.0)
 
 
 def test_steal_counts_whether_or_not_frames_are_late() -> None:
