@@ -159,7 +159,11 @@ def test_recorded_call_has_the_caller_left_and_the_echo_right(up: tuple[str, Pat
     corr = [float(np.dot(el[max(0, -k) : len(el) - max(0, k)], er[max(0, k) : len(er) - max(0, -k)]))
             for k in lags]
     lag_ms = 10 * lags[int(np.argmax(corr))]
-    assert 0 <= lag_ms <= 120, lag_ms
+    # A frame is laid right after its direction's previous one while that is within the
+    # aligner's tolerance of its own clock position (recording.py), so a loop that handed
+    # the tap a burst (a busy box) may lay the echo a frame ahead of its true place: a stress
+    # run measured -10 ms. A frame either way, not a burst period.
+    assert -20 <= lag_ms <= 120, lag_ms
     meta = json.loads((directory / f"{sid}.json").read_text())
     assert meta["complete"] is True and meta["stopped"] is None
     assert meta["duration_seconds"] == pytest.approx(len(pcm) / RATE, abs=0.01)
