@@ -150,9 +150,8 @@ class LoadMeter:
     core had left and the delay signal (module docstring)."""
 
     __slots__ = ("_avail", "_backlog_max", "_cpu0", "_lag_max", "_lag_n", "_lag_sum", "_late",
-                 "_offload0",
-                 "_own", "_packets0", "_runnable", "_sent0", "_stat", "_t0", "behind", "busy",
-                 "offload_s", "own_only", "report", "windows")
+                 "_offload0", "_own", "_packets0", "_runnable", "_sent0", "_stat", "_t0",
+                 "behind", "busy", "offload_s", "own_only", "report", "windows")
 
     def __init__(self, *, own_only: bool = False) -> None:
         #: ``--headroom own`` (:data:`HEADROOM_MODES`): busy is the own CPU share alone
