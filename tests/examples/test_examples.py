@@ -110,15 +110,19 @@ async def test_tone_answers_while_you_speak(relay_sock: socket.socket, tmp_path:
     async with call(spec("tone.py:tone"), relay_sock, tmp_path) as c:
         await c.silence(0.2)
         assert not c.arrivals()  # silence gets no answer
-        spoke = c.now()
         await c.talk(sine(300, 50))  # 1 s of "speech"
-        stopped = c.now()
+        assert c.arrivals()  # the tone answers while you speak ...
+        # ... and goes on to the end of the speech (on a busy box it trails the last frame
+        # sent; 3 s is a hang guard), then over the VAD's 200 ms hangover, and stops: the
+        # caller's silence goes on well past that, and the count of answers is bounded by
+        # the frames the VAD called speech, not by a window on this (possibly busy) clock.
+        await c.silence(3, until=lambda: len(c.arrivals()) >= 45)
         await c.silence(0.6)
-        during = c.arrivals(spoke, stopped + 0.1)
-        assert len(during) >= 40
-        assert dominant_hz(decode_all(during[5:])) == pytest.approx(660, abs=5)
-        # The VAD holds "speech" 200 ms after you stop; then the tone stops at once.
-        assert not c.arrivals(stopped + 0.3)
+        answers = c.arrivals()
+        assert dominant_hz(decode_all(answers[5:45])) == pytest.approx(660, abs=5)
+        # 50 frames of speech + the 10-frame hangover (61 on a quiet box: the VAD calls
+        # one more frame as the tone's onset); a few more for concealed late packets.
+        assert 45 <= len(answers) <= 50 + 10 + 5, len(answers)
 
 
 async def test_parrot_turn_taking_and_barge_in(
