@@ -81,7 +81,30 @@ so an assistant call costs what its decodes cost averaged over its calls, and on
 burst is not a full core. (The pending calls are counted at the placed call's kind: a burst
 of POSTs is usually one agent.)
 
-No I/O: health.py feeds reports in, state.py asks before each create.
+**Our other processes on the same CPUs are a per-call cost too (issue 41 item 1).** On a
+small VM where the whole ``appliance up`` shares one core, each call also costs the relay
+worker that forwards its packets and the signaling/supervisor process (~0.8 % of the core
+a call, against the transceiver's own ~2 %: bench/capacity.py placement b). ``available``
+shows what they took *so far*; it cannot show what the calls being placed will make them
+take, so a burst of 25/s was priced at the transceiver's cost alone and admitted twice
+what fit. :class:`Neighbours` learns each of the appliance's own co-located processes' CPU
+per running call, from polls with no placement or ended call since the one before, over its
+idle share (health.py samples ``/proc/PID/stat`` and the affinity of the processes the
+supervisor started: our processes only, so a hog's load is never taken for a call's — the
+trap of issue 23, where a neighbour's load was counted as ours). The part of it that lands
+on ``k``'s CPUs (a process's CPU spread evenly over its affinity set) is ``neigh``, and
+each call still to show in a report shrinks what ``k`` has by it::
+
+    m     = placed since the report + creates in flight + unsettled sessions + extra
+    pool  = own + idle of k's CPUs          (core_idle; at least available)
+    avail = min(available, pool - neigh * m)
+    next  = now * available / avail + (cost + offload) * (pending + extra) / avail
+
+With ``neigh`` 0 (no co-located process of ours, or none sampled: a transceiver on its own
+core or host) this is the projection above. On two CPUs the pool stays over a core and the
+neighbours' calls cost nothing until it does not.
+
+No I/O: health.py feeds reports and samples in, state.py asks before each create.
 """
 
 from __future__ import annotations
@@ -108,6 +131,11 @@ MIN_AVAILABLE = 0.01  # transceiver/corestat.py's floor of available cores
 SHARED_BELOW = 0.95  # transceiver/corestat.py's: under it the core counts as shared
 MAX_OFFLOAD = 2.0  # transceiver/offload.py's MAX_COST: a per-call offload above is bogus
 MAX_KINDS = 32  # offload costs kept per transceiver (transceiver/offload.py's MAX_KINDS)
+MAX_NEIGHBOUR = 0.05  # a co-located process's CPU per call above this is a setup burst's
+MIN_SAMPLE_S = 0.5  # neighbour samples closer than this are too coarse (10 ms CPU ticks)
+MAX_NEIGHBOURS = 64  # co-located processes followed at most
+MAX_ROOM = 1 << 16  # room() searches no further
+NEIGHBOUR_FULL_WEIGHT = 8  # running calls from which a neighbour sample gets LEARN's weight
 
 
 @dataclass
@@ -128,6 +156,70 @@ class _Node:
     offload: dict[str, float] = field(default_factory=dict)
     offload_calls: float = 0.0
     agent_kind: str | None = None
+    # Co-located processes (module docstring): k's CPUs (None: not on this host, or not
+    # known) and own + idle of them in cores (None: not reported).
+    cpus: frozenset[int] | None = None
+    pool: float | None = None
+
+
+@dataclass
+class _Process:
+    cpu_s: float  # CPU seconds used, ever, at ``at``
+    at: float
+    cpus: frozenset[int]
+    idle: float | None = None  # CPU share with no call anywhere (None: not learned yet)
+    per_call: float | None = None  # CPU share per running call over idle (learned)
+
+
+class Neighbours:
+    """The appliance's own co-located processes (relay workers, signaling and the
+    supervisor): each one's CPU per running call, learned from settled polls, and the part
+    of it that lands on a set of CPUs (module docstring)."""
+
+    def __init__(self) -> None:
+        self._procs: dict[str, _Process] = {}
+        self._last: tuple[int, int] | None = None  # (calls, placed) at the last sample
+
+    def sample(self, now: float, procs: Mapping[str, tuple[float, frozenset[int]]],
+               calls: int, placed: int) -> None:
+        """``procs``: name -> (CPU seconds used so far, affinity) of each co-located
+        process now (a name carries the pid, so a restarted process starts afresh);
+        ``calls``: running calls, all transceivers; ``placed``: placements ever."""
+        settled = self._last == (calls, placed)
+        self._last = (calls, placed)
+        for name in [n for n in self._procs if n not in procs]:
+            del self._procs[name]  # gone (restarted under a new pid)
+        for name, (cpu_s, cpus) in procs.items():
+            proc = self._procs.get(name)
+            if proc is None or cpu_s < proc.cpu_s or not cpus:
+                if len(self._procs) < MAX_NEIGHBOURS or proc is not None:
+                    self._procs[name] = _Process(cpu_s, now, frozenset(cpus))
+                continue
+            elapsed = now - proc.at
+            if elapsed < MIN_SAMPLE_S:
+                continue
+            share = (cpu_s - proc.cpu_s) / elapsed
+            proc.cpu_s, proc.at, proc.cpus = cpu_s, now, frozenset(cpus)
+            if not settled:
+                continue  # setups or hang-ups in it: not what a running call costs
+            if calls == 0:
+                proc.idle = share if proc.idle is None else LEARN * share + (
+                    1 - LEARN) * proc.idle
+            elif calls >= MIN_SESSIONS:
+                sample = min(max((share - (proc.idle or 0.0)) / calls, 0.0), MAX_NEIGHBOUR)
+                if proc.per_call is None:
+                    proc.per_call = sample
+                else:  # a few calls say little (10 ms CPU ticks, a relay's idle share):
+                    # weighed by how many ran, up to NEIGHBOUR_FULL_WEIGHT
+                    weight = LEARN * min(1.0, calls / NEIGHBOUR_FULL_WEIGHT)
+                    proc.per_call = weight * sample + (1 - weight) * proc.per_call
+
+    def per_call(self, cpus: frozenset[int] | None) -> float:
+        """What one more call costs these processes on ``cpus``, in cores (0: unknown)."""
+        if not cpus:
+            return 0.0
+        return sum(p.per_call * len(p.cpus & cpus) / len(p.cpus)
+                   for p in self._procs.values() if p.per_call is not None)
 
 
 class Admission:
@@ -144,6 +236,7 @@ class Admission:
         self._placing = placing  # Placement.placing: creates sent and not answered
         self._nodes = {k: _Node(cost=prior_cost) for k in transceivers}
         self.refused = 0  # POSTs refused because no transceiver had room
+        self.neighbours = Neighbours()
 
     def _node(self, k: int) -> _Node:
         node = self._nodes.get(k)
@@ -177,6 +270,8 @@ class Admission:
         limit = _num(load.get("admit_limit"))
         node.admit_limit = None if limit is None else min(max(limit, 0.0), 1.0)
         node.offload, node.offload_calls, node.agent_kind = _offload(load)
+        own, idle = _num(load.get("own")), _num(load.get("core_idle"))
+        node.pool = None if own is None or idle is None else max(own, 0.0) + max(idle, 0.0)
         cpu = _num(load.get("cpu"))
         lag = _num(load.get("lag_mean_ms")) or 0.0
         by_state = stats.get("sessions_by_state")
@@ -204,6 +299,19 @@ class Admission:
     def forget(self, k: int) -> None:
         """``k`` went down or came back: its reports say nothing about the new process."""
         self._nodes[k] = _Node(cost=self.prior_cost)
+
+    def sampled(self, now: float, procs: Mapping[str, tuple[float, frozenset[int]]],
+                cpus: Mapping[int, frozenset[int]]) -> None:
+        """The co-located processes' CPU and affinity (:class:`Neighbours`), and each
+        transceiver's affinity (one that is not in ``cpus`` is not on this host)."""
+        for k, node in self._nodes.items():
+            node.cpus = frozenset(cpus[k]) if k in cpus else None
+        self.neighbours.sample(now, procs, sum(n.sessions for n in self._nodes.values()),
+                               sum(n.placed for n in self._nodes.values()))
+
+    def neighbour_cost(self, k: int) -> float:
+        """What one more call on ``k`` costs our other processes on ``k``'s CPUs, cores."""
+        return self.neighbours.per_call(self._node(k).cpus)
 
     # -- decisions -------------------------------------------------------------------------
 
@@ -235,7 +343,16 @@ class Admission:
         else:  # shared: its calls may get less than they need, and busy says less
             now = max(node.busy, (node.idle + node.cost * node.sessions) / node.available)
         now += node.offload_calls / node.available
-        return now + share * (self.pending(k) + extra)
+        added = self.pending(k) + extra
+        neigh = self.neighbour_cost(k)
+        if neigh <= 0:
+            return now + share * added
+        # Each call still to show shrinks what k has by our other processes' share of it.
+        unsettled = node.sessions - (node.steady if node.steady is not None else node.sessions)
+        pool = node.available if node.pool is None else max(node.pool, node.available)
+        avail = min(node.available, max(pool - neigh * (added + unsettled), MIN_AVAILABLE))
+        return (now * node.available
+                + (node.cost + self.offload_cost(k, agent)) * added) / avail
 
     def limit_of(self, k: int) -> float:
         """The busy share ``k`` is admitted up to: :attr:`limit`, or less while ``k``'s
@@ -249,9 +366,18 @@ class Admission:
     def room(self, k: int) -> int:
         """How many more calls ``k`` would be given now."""
         node = self._node(k)
-        free = self.limit_of(k) - self.projected(k, 0)
-        share = (node.cost + self.offload_cost(k)) / node.available
-        return max(0, math.floor(free / share + 1e-9))
+        limit = self.limit_of(k)
+        if self.neighbour_cost(k) <= 0:  # linear in the calls added
+            free = limit - self.projected(k, 0)
+            share = (node.cost + self.offload_cost(k)) / node.available
+            return max(0, math.floor(free / share + 1e-9))
+        lo, hi = 0, 1  # projected() grows with extra: the most that still fit
+        while hi < MAX_ROOM and self.projected(k, hi) <= limit + 1e-9:
+            lo, hi = hi, hi * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.projected(k, mid) <= limit + 1e-9 else (lo, mid)
+        return lo
 
     def view(self, k: int) -> dict[str, Any]:
         """For the health view (the dashboard), /readyz and /metrics: the figures admission
@@ -265,6 +391,7 @@ class Admission:
                 "available": round(node.available, 4), "degraded": node.admit_limit is not None,
                 "offload_calls": round(node.offload_calls, 5),
                 "offload_cost": round(self.offload_cost(k), 5),
+                "neighbour_cost": round(self.neighbour_cost(k), 5),
                 "reports": node.reports}
 
 

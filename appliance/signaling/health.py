@@ -27,12 +27,30 @@ POLL_TIMEOUT = 1.0  # a stats/list poll that takes longer counts as a failure
 LOST_AFTER = 3  # consecutive failed polls before a standalone signaling gives up on a peer
 
 
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def process_cpu(pid: int) -> tuple[float, frozenset[int]] | None:
+    """CPU seconds a process (all its threads) has used, from ``/proc/PID/stat``, and its
+    affinity; None when it is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+        fields = raw[raw.rindex(b")") + 2:].split()  # after "pid (comm) ": state is [0]
+        cpu_s = (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
+        return cpu_s, frozenset(os.sched_getaffinity(pid))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class StatsObserver(Protocol):
     """Who learns from the transceivers' ``stats`` answers (admission.py)."""
 
     def asked(self, k: int) -> int: ...
     def report(self, k: int, stats: dict[str, Any], mark: int) -> None: ...
     def forget(self, k: int) -> None: ...
+    def sampled(self, now: float, procs: Mapping[str, tuple[float, frozenset[int]]],
+                cpus: Mapping[int, frozenset[int]]) -> None: ...
 
 
 @dataclass
@@ -174,6 +192,33 @@ class ProcessHealth:
         async with trio.open_nursery() as nursery:
             for ep in self.endpoints():
                 nursery.start_soon(one, ep)
+        if self.managed and self.observer is not None:
+            self.observer.sampled(trio.current_time(), *self.colocated())
+
+    def colocated(self) -> tuple[dict[str, tuple[float, frozenset[int]]],
+                                 dict[int, frozenset[int]]]:
+        """Under the supervisor, what admission needs to count our other processes' CPU
+        as a per-call cost (admission.py, :class:`~.admission.Neighbours`): CPU seconds and
+        affinity of this process (signaling and the supervisor) and of each relay worker,
+        keyed by role and pid; and each transceiver's affinity. The pids are the
+        supervisor's, so only processes of this appliance on this host are counted."""
+        times = os.times()
+        procs = {f"signaling {os.getpid()}": (times.user + times.system,
+                                              frozenset(os.sched_getaffinity(0)))}
+        for ep in self.relays.values():
+            pid = ep.process.get("pid")
+            sample = process_cpu(pid) if isinstance(pid, int) and ep.up else None
+            if sample is not None:
+                procs[f"relay {ep.key} {pid}"] = sample
+        cpus: dict[int, frozenset[int]] = {}
+        for k, ep in self.transceivers.items():
+            pid = ep.process.get("pid")
+            if isinstance(pid, int) and ep.up:
+                try:
+                    cpus[k] = frozenset(os.sched_getaffinity(pid))
+                except OSError:
+                    pass  # gone between the supervisor's word and now
+        return procs, cpus
 
     async def ready(self) -> tuple[bool, dict[str, Any]]:
         """Ready when at least one transceiver and one relay worker answer ``stats`` now."""

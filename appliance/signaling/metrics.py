@@ -24,7 +24,8 @@ Families:
   ``appliance_transceiver_busy_ratio`` (smoothed CPU share of its core, what admission
   uses), ``…_cpu_ratio`` (the last window's), ``…_loop_lag_max_seconds``,
   ``…_opus_complexity``, and signaling's ``…_headroom_ratio``, ``…_room_calls``,
-  ``…_call_cost_ratio``; ``appliance_admission_refused_total`` (POSTs answered 503
+  ``…_call_cost_ratio``, ``…_neighbour_cost_ratio``; ``appliance_admission_refused_total``
+  (POSTs answered 503
   ``overloaded``);
 * phone calls (``--sip``; docs/sip.md "Metrics"): ``appliance_sip_endpoint_total{event}``
   (the SIP core's refusals and drops: ``malformed``, ``refused-source``, ``dropped-source``,
@@ -231,6 +232,10 @@ def _render_load(fams: _Families, state: SignalingState) -> None:
         fams.add("appliance_transceiver_call_cost_ratio", "gauge",
                  "Share of a core one call costs, learned from the transceiver's reports.",
                  labels, adm["call_cost"])
+        fams.add("appliance_transceiver_neighbour_cost_ratio", "gauge",
+                 "Share of a core one call costs the appliance's other processes on the "
+                 "transceiver's CPUs (relay, signaling), learned.", labels,
+                 adm["neighbour_cost"])
     fams.add("appliance_admission_refused_total", "counter",
              "POST /v1/sessions refused 503 overloaded: no transceiver had headroom.", {},
              state.admission.refused)
