@@ -11,7 +11,23 @@ relay routes to it and turns their audio into 20 ms PCM frames for agents.
 
 from __future__ import annotations
 
-from .server import TransceiverAddresses, serve_transceiver
-from .settings import TransceiverConfig
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .server import TransceiverAddresses, serve_transceiver
+    from .settings import TransceiverConfig
 
 __all__ = ["TransceiverAddresses", "TransceiverConfig", "serve_transceiver"]
+
+
+def __getattr__(name: str) -> Any:
+    """The server on first use, not on import of the package: signaling imports small
+    pieces of it (``recording.wav_header``) and paid 0.35 s of start-up for the hot loop
+    it never runs."""
+    if name in ("TransceiverAddresses", "serve_transceiver"):
+        from . import server
+        return getattr(server, name)
+    if name == "TransceiverConfig":
+        from .settings import TransceiverConfig
+        return TransceiverConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
