@@ -93,14 +93,20 @@ idle share (health.py samples ``/proc/PID/stat`` and the affinity of the process
 supervisor started: our processes only, so a hog's load is never taken for a call's — the
 trap of issue 23, where a neighbour's load was counted as ours). The part of it that lands
 on ``k``'s CPUs (a process's CPU spread evenly over its affinity set) is ``neigh``, and
-each call still to show in a report shrinks what ``k`` has by it::
+each call still to show in a report shrinks what ``k`` has by it. And what they use *now* is not
+``k``'s to take: ``available`` counts a fair share of CPU that other runnable tasks hold
+(corestat.py, for a hog), which on placement b is mostly our own relay, busy with the very
+calls being measured (at 49 calls: available 0.88 where own + idle was 0.72, so busy read
+0.65 with the core 85 % used, and the 5/s ramp kept admitting at +31 ms p99). So::
 
+    pool  = own + idle of k's CPUs                           (core_idle)
+    have  = available - min(available - pool, ours_now)      (0 if pool >= available)
     m     = placed since the report + creates in flight + unsettled sessions + extra
-    pool  = own + idle of k's CPUs          (core_idle; at least available)
-    avail = min(available, pool - neigh * m)
-    next  = now * available / avail + (cost + offload) * (pending + extra) / avail
+    avail = min(have, max(pool, have) - neigh * m)
+    next  = (max(now * available, own) + (cost + offload) * (pending + extra)) / avail
 
-With ``neigh`` 0 (no co-located process of ours, or none sampled: a transceiver on its own
+``ours_now``: the co-located processes' CPU over the last sample, the part on ``k``'s CPUs.
+With neither (no co-located process of ours, or none sampled: a transceiver on its own
 core or host) this is the projection above. On two CPUs the pool stays over a core and the
 neighbours' calls cost nothing until it does not.
 
@@ -160,6 +166,7 @@ class _Node:
     # known) and own + idle of them in cores (None: not reported).
     cpus: frozenset[int] | None = None
     pool: float | None = None
+    own: float = 0.0  # its own CPU share (smoothed), as reported
 
 
 @dataclass
@@ -167,6 +174,7 @@ class _Process:
     cpu_s: float  # CPU seconds used, ever, at ``at``
     at: float
     cpus: frozenset[int]
+    share: float = 0.0  # CPU share over the last sample
     idle: float | None = None  # CPU share with no call anywhere (None: not learned yet)
     per_call: float | None = None  # CPU share per running call over idle (learned)
 
@@ -199,7 +207,7 @@ class Neighbours:
             if elapsed < MIN_SAMPLE_S:
                 continue
             share = (cpu_s - proc.cpu_s) / elapsed
-            proc.cpu_s, proc.at, proc.cpus = cpu_s, now, frozenset(cpus)
+            proc.cpu_s, proc.at, proc.cpus, proc.share = cpu_s, now, frozenset(cpus), share
             if not settled:
                 continue  # setups or hang-ups in it: not what a running call costs
             if calls == 0:
@@ -220,6 +228,12 @@ class Neighbours:
             return 0.0
         return sum(p.per_call * len(p.cpus & cpus) / len(p.cpus)
                    for p in self._procs.values() if p.per_call is not None)
+
+    def now_on(self, cpus: frozenset[int] | None) -> float:
+        """What these processes used of ``cpus`` over their last samples, in cores."""
+        if not cpus:
+            return 0.0
+        return sum(p.share * len(p.cpus & cpus) / len(p.cpus) for p in self._procs.values())
 
 
 class Admission:
@@ -271,7 +285,8 @@ class Admission:
         node.admit_limit = None if limit is None else min(max(limit, 0.0), 1.0)
         node.offload, node.offload_calls, node.agent_kind = _offload(load)
         own, idle = _num(load.get("own")), _num(load.get("core_idle"))
-        node.pool = None if own is None or idle is None else max(own, 0.0) + max(idle, 0.0)
+        node.own = 0.0 if own is None else min(max(own, 0.0), 1.0)
+        node.pool = None if own is None or idle is None else node.own + max(idle, 0.0)
         cpu = _num(load.get("cpu"))
         lag = _num(load.get("lag_mean_ms")) or 0.0
         by_state = stats.get("sessions_by_state")
@@ -344,15 +359,24 @@ class Admission:
             now = max(node.busy, (node.idle + node.cost * node.sessions) / node.available)
         now += node.offload_calls / node.available
         added = self.pending(k) + extra
-        neigh = self.neighbour_cost(k)
-        if neigh <= 0:
+        neigh, have = self.neighbour_cost(k), self._have(k)
+        if neigh <= 0 and have >= node.available:
             return now + share * added
-        # Each call still to show shrinks what k has by our other processes' share of it.
+        # What our other processes hold is not k's to take, and each call still to show
+        # shrinks what k has by their share of it (module docstring).
         unsettled = node.sessions - (node.steady if node.steady is not None else node.sessions)
-        pool = node.available if node.pool is None else max(node.pool, node.available)
-        avail = min(node.available, max(pool - neigh * (added + unsettled), MIN_AVAILABLE))
-        return (now * node.available
+        pool = have if node.pool is None else max(node.pool, have)
+        avail = min(have, max(pool - neigh * (added + unsettled), MIN_AVAILABLE))
+        return (max(now * node.available, node.own)
                 + (node.cost + self.offload_cost(k, agent)) * added) / avail
+
+    def _have(self, k: int) -> float:
+        """``available`` less the fair share our co-located processes hold (docstring)."""
+        node = self._node(k)
+        if node.pool is None or node.pool >= node.available:
+            return node.available
+        taken = min(node.available - node.pool, self.neighbours.now_on(node.cpus))
+        return max(node.available - taken, MIN_AVAILABLE)
 
     def limit_of(self, k: int) -> float:
         """The busy share ``k`` is admitted up to: :attr:`limit`, or less while ``k``'s
@@ -367,7 +391,7 @@ class Admission:
         """How many more calls ``k`` would be given now."""
         node = self._node(k)
         limit = self.limit_of(k)
-        if self.neighbour_cost(k) <= 0:  # linear in the calls added
+        if self.neighbour_cost(k) <= 0 and self._have(k) >= node.available:  # linear
             free = limit - self.projected(k, 0)
             share = (node.cost + self.offload_cost(k)) / node.available
             return max(0, math.floor(free / share + 1e-9))
