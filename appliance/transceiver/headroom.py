@@ -300,8 +300,11 @@ class CallCost:
     (connected at its start and its end) and how many sessions were *not* steady in it
     (created, ended, or still connecting at some point): a window with any of the latter
     teaches nothing, one with none is ``idle + cost x calls`` exactly. A window the loop
-    was behind in (mean tick lag past :data:`LAG_SATURATED`) measures the saturation, not
-    the calls, and teaches nothing either.
+    was behind in (mean tick lag past :data:`LAG_SATURATED`), or whose frames were late
+    (the delay signal above its floor, a receive backlog included, issue 41 item 1: with
+    datagrams waiting the tick still fires on time, and the window shows the CPU the calls
+    *got*), measures the saturation, not the calls, and teaches nothing either (load.py
+    passes both as ``behind``).
 
     Sans-IO: :meth:`handle_window` with each window's figures."""
 

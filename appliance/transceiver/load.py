@@ -120,8 +120,11 @@ class TransceiverLoad:
         self._connecting_at_window_start = connecting
         self._created_in_window = self._churn_in_window = 0
         report = self.meter.report
+        # A window the loop was behind in, or whose frames were late (the delay signal: a
+        # receive backlog included), measured the CPU the calls got, not what they need.
         self.call_cpu.handle_window(report.cpu, self.window_calls, self.window_unsettled,
-                                    behind=report.lag_mean_ms > LAG_SATURATED * 1000)
+                                    behind=report.lag_mean_ms > LAG_SATURATED * 1000
+                                    or report.late > 0)
         # The worker threads' CPU, charged to the steady calls that can have asked for it.
         tasks: dict[str, int] = {}
         for kind in self._task_kinds(connected_only=True):

@@ -143,6 +143,33 @@ async def test_setup_windows_do_not_teach_the_call_cost(running: Transceiver) ->
     assert tr.load.call_cost() == pytest.approx(learned / load["available"], rel=1e-3)
 
 
+async def test_a_window_whose_frames_were_late_teaches_nothing(running: Transceiver) -> None:
+    """Issue 41 item 1: with datagrams waiting in the socket the tick can fire on time
+    (the receive loop yields every 2 ms of work), so a window's mean lag stays under 5 ms
+    while the calls get less CPU than they need; learned from, that window would price the
+    next burst at what the calls got (bench/capacity.py placement b: rows with a receive
+    backlog of 13-1035 ms)."""
+    tr, host = running, Host()
+    host.window(tr, 0.01)
+    host.window(tr, 0.01)
+    for i in range(6):
+        await create(tr, f"c{i}")
+    host.window(tr, 0.30)
+    connect(tr, *(f"c{i}" for i in range(6)))
+    host.window(tr, 0.25)
+    learned = host.window(tr, 0.10, sent_per_s=300)["call_cpu"]
+    assert learned == pytest.approx((0.10 - 0.01) / 6, abs=1e-5)
+    # Datagrams wait 200 ms in the socket: the calls get half the CPU they need.
+    tr.load.behind_since = host.t - 0.2
+    load = host.window(tr, 0.05, sent_per_s=300)
+    assert load["late"] > 0 and load["lag_mean_ms"] < 5
+    assert load["call_cpu"] == learned
+    tr.load.behind_since = None  # caught up: steady windows teach again
+    host.window(tr, 0.13, sent_per_s=300)  # (this one's lateness samples were the backlog's)
+    load = host.window(tr, 0.13, sent_per_s=300)
+    assert load["late"] == 0 and load["call_cpu"] > learned
+
+
 async def test_signaling_takes_the_cost_the_transceiver_learned(running: Transceiver) -> None:
     tr, host = running, Host()
     adm = Admission([0], {0: 0}, prior_cost=0.0125)
