@@ -82,9 +82,6 @@ SHARED_FILES = frozenset({
     "e2e/test_live_aiortc_responses.py", "e2e/test_datachannels_aiortc.py",
     "interop/test_turn_signaled.py", "interop/test_sipp.py",
     "security/test_redaction.py",
-    # 20 calls held for 30 s: load, but judged on failed calls and RSS/fd growth only, no
-    # timing bound; the serial lane was the suite's wall time (809 s against 680 s, stress 21)
-    "security/test_soak_short.py",
     "sip/test_phone_report_metrics.py", "sip/test_sipp_calls.py", "sip/test_live_sip.py",
     "sip/test_sip_sideband.py", "sip/test_outbound_sipp.py", "sip/test_outbound_unit.py",
     "sip/test_sip_shell.py", "sip/test_call_states.py",
