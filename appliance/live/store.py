@@ -94,8 +94,12 @@ def content(directory: Path | None, session_id: str) -> bytes:
         if part.exists():
             raise NotStored(f"The recording of session '{session_id}' is still being "
                             "written.", in_progress=True) from None
-        raise NotStored(f"No recording of session '{session_id}': it did not run with "
-                        "store: true, or its recording passed the retention period.") from None
+        try:  # finished between the two looks: the writer renames part to final
+            raw = final.read_bytes()
+        except FileNotFoundError:
+            raise NotStored(f"No recording of session '{session_id}': it did not run with "
+                            "store: true, or its recording passed the retention period."
+                            ) from None
     return to_content(raw)
 
 

@@ -547,10 +547,13 @@ def register(app: QuartTrio, state: SignalingState) -> None:
                                       f"the recording of call {call_id!r} is still being "
                                       "written: it is complete once the call has ended",
                                       "call_id") from None
-            raise RealtimeProblem(404, "recording_not_found",
-                                  f"no recording of call {call_id!r} (the call was not "
-                                  "recorded, or its recording passed the retention period)",
-                                  "call_id") from None
+            try:  # finished between the two looks: the writer renames part to final
+                f = await trio.open_file(final, "rb")
+            except FileNotFoundError:
+                raise RealtimeProblem(404, "recording_not_found",
+                                      f"no recording of call {call_id!r} (the call was not "
+                                      "recorded, or its recording passed the retention "
+                                      "period)", "call_id") from None
         size = os.fstat(f.fileno()).st_size
 
         async def body() -> Any:

@@ -257,6 +257,27 @@ def test_content_is_the_recording_at_24_khz(tmp_path: Path) -> None:
         store.content(tmp_path, "../etc")
 
 
+def test_a_recording_finished_between_the_two_looks_is_served(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (as the realtime route's, tests/signaling/test_recording_route.py): no
+    final file, then the writer's rename, then no part: "not stored" for a recording that
+    existed."""
+    from appliance.transceiver.recording import wav_header
+    stereo = bytes(4 * 480)
+    part = tmp_path / "live_race.wav.part"
+    part.write_bytes(wav_header(len(stereo)) + stereo)
+    exists = Path.exists
+
+    def finished_meanwhile(self: Path) -> bool:
+        if self == part:
+            part.replace(tmp_path / "live_race.wav")  # the writer's rename, just now
+        return exists(self)
+
+    monkeypatch.setattr(Path, "exists", finished_meanwhile)
+    with wave.open(io.BytesIO(store.content(tmp_path, "live_race"))) as w:
+        assert w.getframerate() == 24_000
+
+
 def talk_and_fork(url: str, say: str) -> str:
     """A stored session with one answered turn, closed; returns its id."""
     with client(url).live.connect() as conn:

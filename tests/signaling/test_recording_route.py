@@ -58,3 +58,30 @@ async def test_no_recordings_directory_means_no_recordings(make_env: Any) -> Non
     c = env.app.test_client()
     assert await error_code(await c.get("/v1/realtime/calls/rtc_x/recording"),
                             404) == "recording_not_found"
+
+
+async def test_a_recording_finished_between_the_routes_two_looks_is_served(
+        make_env: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """Regression (a clean-clone .ci/run, tests/e2e/test_recording_up.py): the route found
+    no final file, the writer renamed ``.part`` to it, and then the route found no part
+    either: 404 ``recording_not_found`` for a recording that existed."""
+    import trio
+
+    rec_dir = tmp_path / "recordings"
+    rec_dir.mkdir()
+    env = await make_env(http=("0.0.0.0", 8443), api_token="the-api-token",
+                         recordings_dir=rec_dir)
+    body = wav_header(8) + bytes(range(8))
+    part = rec_dir / "rtc_race.wav.part"
+    part.write_bytes(body)
+    exists = trio.Path.exists
+
+    async def finished_meanwhile(self: trio.Path) -> bool:
+        if Path(self) == part:
+            part.replace(rec_dir / "rtc_race.wav")  # the writer's rename, just now
+        return await exists(self)
+
+    monkeypatch.setattr(trio.Path, "exists", finished_meanwhile)
+    resp = await env.app.test_client().get("/v1/realtime/calls/rtc_race/recording",
+                                           headers=API)
+    assert resp.status_code == 200 and await resp.get_data() == body
