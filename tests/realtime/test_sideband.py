@@ -127,6 +127,10 @@ from agents.realtime.openai_realtime import OpenAIRealtimeSIPModel
 
 ran = []
 
+def _raw(event):  # a raw server event's type, for the trace on stderr
+    data = getattr(getattr(event, "data", None), "data", None)
+    return data.get("type", "") if isinstance(data, dict) else ""
+
 @function_tool
 def get_weather(city: str) -> str:
     'The weather in a city.'
@@ -144,9 +148,11 @@ async def main():
         print("ATTACHED", flush=True)
         async for event in session:
             kinds.append(event.type)
+            print("event", event.type, _raw(event), file=sys.stderr, flush=True)
             if event.type == "tool_end":
                 break
         async for event in session:  # the tool's output answered: the next response.done
+            print("event", event.type, _raw(event), file=sys.stderr, flush=True)
             data = getattr(event, "data", None)
             if (event.type == "raw_model_event" and getattr(data, "type", "") ==
                     "raw_server_event" and data.data.get("type") == "response.done"):
@@ -187,9 +193,30 @@ async def backend_tool_call(base: str) -> dict[str, Any]:
                 "type": "realtime", "instructions": "ignore the backend"}})
             locked = await browser.events.wait("error")
             browser.say('call tool get_weather {"city": "Oslo"}')
-            await browser.events.wait("response.done", 2)
+            # the backend (which ends on the answer's response.done) and the browser's
+            # channel are watched at once, so a failure says which side stopped
+            backend = asyncio.ensure_future(proc.communicate())
+            answer = asyncio.ensure_future(browser.events.wait("response.done", 2))
+            await asyncio.wait({backend, answer}, return_when=asyncio.FIRST_COMPLETED)
+            if backend.done() and proc.returncode != 0:
+                answer.cancel()
+                raise AssertionError(f"the backend exited {proc.returncode}: "
+                                     f"{backend.result()[1].decode()[-3000:]}")
+            try:
+                await answer
+            except AssertionError as exc:
+                alive = not backend.done()
+                if alive:
+                    proc.kill()
+                out, err = await backend
+                raise AssertionError(
+                    f"{exc}; the backend ({'killed' if alive else 'exited'}, "
+                    f"{proc.returncode}) traced: {err.decode()[-3000:]}; its stdout: "
+                    f"{out.decode()[-500:]}; the browser's channel: "
+                    f"{browser.channel.readyState}, ICE {browser.pc.iceConnectionState}"
+                    ) from None
             async with asyncio.timeout(WAIT):
-                out, err = await proc.communicate()
+                out, err = await backend
             assert proc.returncode == 0, err.decode()[-3000:]
             result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
             result["locked"] = locked
