@@ -12,6 +12,7 @@ Layout (docs/recordings.md)::
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -43,6 +44,33 @@ def paths(directory: Path, call_id: str) -> tuple[Path, Path, Path]:
         raise ValueError(f"{call_id!r} cannot name a recording")
     return (directory / f"{call_id}{SUFFIX}", directory / f"{call_id}{PART}",
             directory / f"{call_id}{META}")
+
+
+class Unfinished(LookupError):
+    """No complete recording to serve: ``in_progress`` when its part is still being
+    written, else none was made (or retention removed it)."""
+
+    def __init__(self, in_progress: bool) -> None:
+        super().__init__("in progress" if in_progress else "no recording")
+        self.in_progress = in_progress
+
+
+def open_finished(directory: Path, call_id: str) -> io.BufferedReader:
+    """The complete recording of ``call_id`` (already :func:`safe_id`), opened for reading,
+    or :class:`Unfinished`. The writer renames the part to the final name, so a missing
+    final file and then a missing part means it finished between the two looks: the
+    final name is looked at again (the realtime route and the Live store both serve
+    recordings through this)."""
+    final, part, _ = paths(directory, call_id)
+    try:
+        return open(final, "rb")
+    except FileNotFoundError:
+        if part.exists():
+            raise Unfinished(True) from None
+    try:
+        return open(final, "rb")
+    except FileNotFoundError:
+        raise Unfinished(False) from None
 
 
 def usage(directory: Path) -> int:

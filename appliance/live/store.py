@@ -87,19 +87,16 @@ def content(directory: Path | None, session_id: str) -> bytes:
     R = output. Raises :class:`NotStored`."""
     if directory is None or not valid_id(session_id):
         raise NotStored(f"No recording of session '{session_id}'.")
-    final, part, _ = recordings.paths(directory, session_id)
     try:
-        raw = final.read_bytes()
-    except FileNotFoundError:
-        if part.exists():
+        with recordings.open_finished(directory, session_id) as f:
+            raw = f.read()
+    except recordings.Unfinished as exc:
+        if exc.in_progress:
             raise NotStored(f"The recording of session '{session_id}' is still being "
                             "written.", in_progress=True) from None
-        try:  # finished between the two looks: the writer renames part to final
-            raw = final.read_bytes()
-        except FileNotFoundError:
-            raise NotStored(f"No recording of session '{session_id}': it did not run with "
-                            "store: true, or its recording passed the retention period."
-                            ) from None
+        raise NotStored(f"No recording of session '{session_id}': it did not run with "
+                        "store: true, or its recording passed the retention period."
+                        ) from None
     return to_content(raw)
 
 

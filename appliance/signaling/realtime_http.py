@@ -538,22 +538,19 @@ def register(app: QuartTrio, state: SignalingState) -> None:
         if directory is None or not recordings.safe_id(call_id):
             raise RealtimeProblem(404, "recording_not_found",
                                   f"no recording of call {call_id!r}", "call_id")
-        final, part, _ = recordings.paths(directory, call_id)
         try:
-            f = await trio.open_file(final, "rb")
-        except FileNotFoundError:
-            if await trio.Path(part).exists():
+            raw = await trio.to_thread.run_sync(recordings.open_finished, directory, call_id)
+        except recordings.Unfinished as exc:
+            if exc.in_progress:
                 raise RealtimeProblem(404, "recording_in_progress",
                                       f"the recording of call {call_id!r} is still being "
                                       "written: it is complete once the call has ended",
                                       "call_id") from None
-            try:  # finished between the two looks: the writer renames part to final
-                f = await trio.open_file(final, "rb")
-            except FileNotFoundError:
-                raise RealtimeProblem(404, "recording_not_found",
-                                      f"no recording of call {call_id!r} (the call was not "
-                                      "recorded, or its recording passed the retention "
-                                      "period)", "call_id") from None
+            raise RealtimeProblem(404, "recording_not_found",
+                                  f"no recording of call {call_id!r} (the call was not "
+                                  "recorded, or its recording passed the retention "
+                                  "period)", "call_id") from None
+        f = trio.wrap_file(raw)
         size = os.fstat(f.fileno()).st_size
 
         async def body() -> Any:

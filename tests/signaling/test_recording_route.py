@@ -65,8 +65,6 @@ async def test_a_recording_finished_between_the_routes_two_looks_is_served(
     """Regression (a clean-clone .ci/run, tests/e2e/test_recording_up.py): the route found
     no final file, the writer renamed ``.part`` to it, and then the route found no part
     either: 404 ``recording_not_found`` for a recording that existed."""
-    import trio
-
     rec_dir = tmp_path / "recordings"
     rec_dir.mkdir()
     env = await make_env(http=("0.0.0.0", 8443), api_token="the-api-token",
@@ -74,14 +72,14 @@ async def test_a_recording_finished_between_the_routes_two_looks_is_served(
     body = wav_header(8) + bytes(range(8))
     part = rec_dir / "rtc_race.wav.part"
     part.write_bytes(body)
-    exists = trio.Path.exists
+    exists = Path.exists
 
-    async def finished_meanwhile(self: trio.Path) -> bool:
-        if Path(self) == part:
+    def finished_meanwhile(self: Path) -> bool:
+        if self == part:
             part.replace(rec_dir / "rtc_race.wav")  # the writer's rename, just now
-        return await exists(self)
+        return exists(self)
 
-    monkeypatch.setattr(trio.Path, "exists", finished_meanwhile)
+    monkeypatch.setattr(Path, "exists", finished_meanwhile)
     resp = await env.app.test_client().get("/v1/realtime/calls/rtc_race/recording",
                                            headers=API)
     assert resp.status_code == 200 and await resp.get_data() == body
