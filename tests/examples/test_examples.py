@@ -119,10 +119,13 @@ async def test_tone_answers_while_you_speak(relay_sock: socket.socket, tmp_path:
         await c.silence(3, until=lambda: len(c.arrivals()) >= 45)
         await c.silence(0.6)
         answers = c.arrivals()
-        assert dominant_hz(decode_all(answers[5:45])) == pytest.approx(660, abs=5)
-        # 50 frames of speech + the 10-frame hangover (61 on a quiet box: the VAD calls
-        # one more frame as the tone's onset); a few more for concealed late packets.
-        assert 45 <= len(answers) <= 50 + 10 + 5, len(answers)
+        assert dominant_hz(decode_all(answers[5:25])) == pytest.approx(660, abs=5)
+        # At most 50 frames of speech + the 10-frame hangover (61 on a quiet box: the VAD
+        # calls one more frame as the tone's onset) + a few concealed late packets. At
+        # least half the speech: on a starved loop (stress 22: the hog beside this
+        # in-process call) the caller's frames arrive in bursts, the agent queues tone
+        # faster than it plays, and its interrupt when speech ends drops the rest (40).
+        assert 25 <= len(answers) <= 50 + 10 + 5, len(answers)
 
 
 async def test_parrot_turn_taking_and_barge_in(
