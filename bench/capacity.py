@@ -204,9 +204,11 @@ def appliance_up_available() -> bool:
 
 @contextmanager
 def start_appliance(mode: str, extra: list[str] | None = None, *,
-                    transceivers: int | None = 1) -> Iterator[Server]:
+                    transceivers: int | None = 1, keep_log: Path | None = None
+                    ) -> Iterator[Server]:
     """``python -m appliance up`` on loopback with its own state directory
-    (``transceivers=None``: up's default count)."""
+    (``transceivers=None``: up's default count); ``keep_log``: a directory its log is
+    copied into when it stops (the state directory is removed)."""
     http = free_port()
     state = tempfile.mkdtemp(prefix="capacity-")
     # --udp port 0: `up` picks one free for UDP and TCP alike (ICE-TCP shares the number).
@@ -225,6 +227,10 @@ def start_appliance(mode: str, extra: list[str] | None = None, *,
     finally:
         _stop(proc)
         log.close()
+        if keep_log is not None:
+            keep_log.mkdir(parents=True, exist_ok=True)
+            shutil.copy(Path(state) / "appliance.log",
+                        keep_log / f"{mode}-{time.strftime('%H%M%S')}.log")
         shutil.rmtree(state, ignore_errors=True)
 
 
@@ -763,7 +769,10 @@ def _server(name: str, args: argparse.Namespace, plan: Affinity
     extra = getattr(args, f"up_args_{mode}").split()
     if complexity:
         extra += ["--opus-complexity", complexity]
-    return start_appliance(name, extra, transceivers=plan.transceivers)
+    if args.keep_logs is not None:
+        extra += ["--log-level", "debug"]  # admission's every decision (admission.py)
+    return start_appliance(name, extra, transceivers=plan.transceivers,
+                           keep_log=args.keep_logs)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -804,6 +813,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "to read the 503's Retry-After (default 3)")
     p.add_argument("--fits", type=int, default=None, metavar="N",
                    help="skip the ladder, take N as what fits (baseline N=1 still measured)")
+    p.add_argument("--keep-logs", type=Path, default=None, metavar="DIR",
+                   help="run `up` at --log-level debug and keep its log in DIR: each "
+                   "admission decision with the figures it was made on")
     p.add_argument("--quick", action="store_true",
                    help="validation: N 2-4, one bisection, 2 s steady (figures mean nothing)")
     args = p.parse_args(argv)

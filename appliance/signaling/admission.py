@@ -115,12 +115,15 @@ No I/O: health.py feeds reports and samples in, state.py asks before each create
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..agents.registry import agent_kind
+
+log = logging.getLogger(__name__)
 
 LIMIT = 0.85  # busy share of a core up to which calls are admitted
 #: Share of a core one call is assumed to cost until a transceiver reports calls: a PCM
@@ -385,7 +388,17 @@ class Admission:
         return self.limit if node.admit_limit is None else min(self.limit, node.admit_limit)
 
     def admits(self, k: int, agent: str | None = None) -> bool:
-        return self.projected(k, 1, agent) <= self.limit_of(k)
+        projected, limit = self.projected(k, 1, agent), self.limit_of(k)
+        if log.isEnabledFor(logging.DEBUG):  # what each decision saw (bench/capacity.py)
+            node = self._node(k)
+            log.debug("admit %s k=%d next=%.4f limit=%.3f cost=%.5f offload=%.5f "
+                      "pending=%d sessions=%d steady=%s busy=%.4f available=%.3f have=%.3f "
+                      "pool=%s own=%.3f neigh=%.5f reports=%d", projected <= limit, k,
+                      projected, limit, node.cost, self.offload_cost(k, agent),
+                      self.pending(k), node.sessions, node.steady, node.busy, node.available,
+                      self._have(k), None if node.pool is None else round(node.pool, 3),
+                      node.own, self.neighbour_cost(k), node.reports)
+        return projected <= limit
 
     def room(self, k: int) -> int:
         """How many more calls ``k`` would be given now."""
