@@ -772,7 +772,7 @@ def _server(name: str, args: argparse.Namespace, plan: Affinity
     if args.keep_logs is not None:
         extra += ["--log-level", "debug"]  # admission's every decision (admission.py)
     return start_appliance(name, extra, transceivers=plan.transceivers,
-                           keep_log=args.keep_logs)
+                           keep_log=None if args.keep_logs is None else Path(args.keep_logs))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -813,7 +813,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "to read the 503's Retry-After (default 3)")
     p.add_argument("--fits", type=int, default=None, metavar="N",
                    help="skip the ladder, take N as what fits (baseline N=1 still measured)")
-    p.add_argument("--keep-logs", type=Path, default=None, metavar="DIR",
+    p.add_argument("--keep-logs", default=None, metavar="DIR",
                    help="run `up` at --log-level debug and keep its log in DIR: each "
                    "admission decision with the figures it was made on")
     p.add_argument("--quick", action="store_true",
