@@ -297,7 +297,12 @@ async def test_client_hello_flood_from_authenticated_ports_switches_cookies_on(
     those 96 ports: the first handshakes start, then the transceiver demands a cookie from
     every new one (HelloVerifyRequest, nothing committed), the calls carry on, and a call
     set up while cookie mode is on completes through the cookie exchange."""
-    await stack.start_transceiver(0)
+    # --headroom own: the transceiver's own check admits the 48 sessions by its own CPU,
+    # not by what the box has left. With the whole core counted, a box loaded beside this
+    # test (stress 23: the hog and the other xdist worker) left it half a core, each
+    # session priced at twice the cost, and the ~35th create got 503 at busy 7 %: the
+    # transceiver right, this test's premise (the attacker holds 48 sessions) unmet.
+    await stack.start_transceiver(0, "--headroom", "own")
     await stack.start_relay()
     payload = opus_frame()
     calls = [await open_call(nursery, stack, 0, f"call-{i}", payload) for i in range(N_CALLS)]
