@@ -453,6 +453,7 @@ class Run:
     plan: Affinity
     pattern: str
     args: argparse.Namespace
+    rest_complexity: float | None = None  # the transceivers' Opus complexity before any load
 
     def loadgen_args(self) -> list[str]:
         if self.pattern == "conversational":
@@ -484,8 +485,31 @@ def probe(url: str) -> dict[str, Any]:
             "ms": round(1000 * (time.monotonic() - t), 1)}
 
 
+def wait_rested(run: Run, limit: float = 60.0) -> float:
+    """Wait (up to ``limit`` s) until the transceivers encode at the complexity they had
+    before any load; returns the seconds waited. The complexity controller steps back up
+    one step per 5 s of low load (transceiver/degrade.py) and admits only up to 0.5 while
+    degraded, so a step started right after one that degraded the calls would be judged on
+    that step's hysteresis (refusals under 85 % of the fit), not on its own offer."""
+    if not run.server.name.startswith("appliance"):
+        return 0.0
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        cx = read_headroom(run.server.url).get("complexity")
+        if cx is not None:
+            if run.rest_complexity is None:
+                run.rest_complexity = cx  # the first read comes before the first step's load
+            if cx >= run.rest_complexity:
+                break
+        time.sleep(0.5)
+    return time.monotonic() - t0
+
+
 def measure(run: Run, n: int, *, rate: float, steady: float, probes: int = 0) -> Step:
     server = run.server
+    rested = wait_rested(run)
+    if rested > 1.0:
+        print(f"  (waited {rested:.0f} s for the calls' complexity to recover)", flush=True)
     apply_affinity(server, run.plan)
     steady = run.steady(steady)
     ramp = n / rate
