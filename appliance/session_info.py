@@ -27,7 +27,8 @@ crosses a process boundary.
                       "recorder": null | {"buffered": 0, "max_frames": 6000, "dropped": 0,
                                           "frames_in": 0, "frames_out": 0},
                       "recording": null | {"state": "recording|done|stopped", "reason": null,
-                                           "seconds": 1.5, "bytes": 288000, "dropped": 0},
+                                           "seconds": 1.5, "bytes": 288000, "dropped": 0,
+                                           "skipped": 0},
                       "stages": {"denoise": {…}, "aec": {…}}, "stage_failures": 0,
                       "failed": {"name": "ExceptionType"},
                       "unavailable": {"noise_reduction": "needs …"}}}

@@ -15,7 +15,12 @@ buffer may hand the tap several inbound frames at one instant, so a frame is lai
 direction's *cursor* (right after the previous one) while that is within :data:`TOLERANCE`
 of its own ``sample``, and at its ``sample`` when it is later than that (a real gap: the
 agent silent, the caller's packets lost): contiguous audio stays contiguous, a gap becomes
-silence, and neither direction drifts from the other by more than the tolerance. Audio is
+silence. A frame is never laid more than the tolerance *after* its ``sample`` either: a
+stall longer than the tolerance looks like a gap at its first frame, and the burst behind
+it would otherwise push its direction ahead for the rest of the call, so the run is moved
+back into the silence before it (and where there is none, e.g. a sender's clock running
+fast, the frame is left out and counted, ``skipped``). So neither direction drifts from its
+own clock by more than the tolerance. Audio is
 committed to the file only up to ``newest sample seen - TOLERANCE``: nothing can be laid
 before that any more, so the file is written front to back and never rewritten.
 
@@ -69,19 +74,37 @@ class StereoAligner:
     def __init__(self, tolerance: int = TOLERANCE) -> None:
         self.tolerance = tolerance
         self.cursor: dict[str, int | None] = {"in": None, "out": None}
+        #: where each direction's current contiguous run starts, and how far back it may
+        #: move: the end of that direction's previous run (the silence between them)
+        self._run: dict[str, tuple[int, int]] = {}
         self.written = 0  # samples (per channel) handed out by take()
         self.newest = 0  # one past the newest sample any frame said it covers
         self._buf = np.zeros((4 * SAMPLE_RATE, 2), np.int16)
         self._end = 0  # samples laid in _buf (relative to written)
         self.late = 0  # frames (or parts) that fell before what was already taken
+        self.skipped = 0  # frames left out to keep a direction within the tolerance
 
     def add(self, frame: TapFrame) -> None:
         x = np.frombuffer(frame.pcm, "<i2")
         n = len(x)
-        cursor = self.cursor[frame.direction]
-        pos = frame.sample if cursor is None or frame.sample > cursor + self.tolerance else cursor
-        self.cursor[frame.direction] = pos + n
+        d = frame.direction
+        cursor = self.cursor[d]
         self.newest = max(self.newest, frame.sample + n)
+        if cursor is None or frame.sample > cursor + self.tolerance:
+            pos = frame.sample  # a gap: silence since the cursor
+            self._run[d] = (pos, self.written if cursor is None else cursor)
+        else:
+            pos = cursor
+        if pos > frame.sample + self.tolerance:
+            # Laid at its cursor, this frame would sit later than the instant it passed
+            # the tap: the run it continues was put too late, at a "gap" that was a stall
+            # (the loop handing over a burst longer than the tolerance). Move the run back
+            # into the silence before it; if there is none left, leave the frame out.
+            pos = self._pull_back(d, pos, frame.sample)
+            if pos > frame.sample + self.tolerance:
+                self.skipped += 1
+                return
+        self.cursor[d] = pos + n
         if pos < self.written:  # only after a forced take(): keep what is still ahead
             self.late += 1
             x = x[self.written - pos :]
@@ -90,8 +113,24 @@ class StereoAligner:
                 return
         rel = pos - self.written
         self._reserve(rel + len(x))
-        self._buf[rel : rel + len(x), CHANNELS.index(frame.direction)] = x
+        self._buf[rel : rel + len(x), CHANNELS.index(d)] = x
         self._end = max(self._end, rel + len(x))
+
+    def _pull_back(self, direction: str, pos: int, sample: int) -> int:
+        """Move ``direction``'s current run (uncommitted, ending at ``pos``) up to
+        ``pos - sample`` earlier, into the silence before it; the new ``pos``."""
+        start, floor = self._run.get(direction, (pos, pos))
+        shift = min(pos - sample, start - max(floor, self.written))
+        if shift <= 0:
+            return pos
+        a, b = start - self.written, pos - self.written
+        c = CHANNELS.index(direction)
+        self._buf[a - shift : b - shift, c] = self._buf[a:b, c]
+        self._buf[b - shift : b, c] = 0
+        self._run[direction] = (start - shift, floor)
+        self.cursor[direction] = pos - shift
+        self._end = max(0, *(e - self.written for e in self.cursor.values() if e is not None))
+        return pos - shift
 
     def _reserve(self, n: int) -> None:
         if n > len(self._buf):
@@ -224,7 +263,8 @@ class CallRecording:
     def stats(self) -> dict[str, Any]:
         return {"state": self.state, "reason": self.reason,
                 "seconds": round(self.wav.data_bytes / (4 * SAMPLE_RATE), 2),
-                "bytes": self.wav.data_bytes, "dropped": self.tap.dropped}
+                "bytes": self.wav.data_bytes, "dropped": self.tap.dropped,
+                "skipped": self.aligner.skipped}
 
     async def run(self) -> None:
         try:
@@ -296,7 +336,8 @@ class CallRecording:
                 "started_at": round(self.started_at, 3), "ended_at": round(time.time(), 3),
                 "duration_seconds": round(self.wav.data_bytes / (4 * SAMPLE_RATE), 3),
                 "bytes": _WAV_HEADER + self.wav.data_bytes, "complete": self.state == "done",
-                "stopped": self.reason, "dropped_frames": self.tap.dropped}
+                "stopped": self.reason, "dropped_frames": self.tap.dropped,
+                "skipped_frames": self.aligner.skipped}
         try:
             self.meta.write_text(json.dumps(meta))
         except OSError as exc:  # a full disk: the WAV is there, its metadata is not

@@ -95,6 +95,62 @@ def test_aligner_follows_a_direction_that_jumps_ahead() -> None:
     assert (out[11 * N :, 0] == 6).all() and (out[11 * N :, 1] == 9).all()
 
 
+def test_aligner_pulls_back_the_burst_after_a_stall_longer_than_the_tolerance() -> None:
+    """The loop stalls 300 ms (15 frames): frames 5..19 reach the tap at frame 19's instant.
+    Frame 5 looks like a gap, but the burst behind it shows the run was put too late: it
+    is moved back into that silence, so frames 20.. land within the tolerance of their own
+    place instead of 280 ms late for the rest of the call (CI, 2026-12-06: the echo's
+    recorded lag -200 ms). Nothing is lost."""
+    al = StereoAligner()
+    for i in range(40):
+        at = 19 if 5 <= i <= 19 else i
+        al.add(TapFrame("in", at * 0.02, at * N, frame(100 + i)))
+    out = stereo(al.take(final=True))[:, 0]
+    slots = {int(v): k for k, v in enumerate(out[::N]) if v}
+    assert sorted(slots) == [100 + i for i in range(40)] and al.skipped == 0
+    for i in range(20, 40):
+        assert slots[100 + i] - i <= TOLERANCE // N, (i, slots[100 + i])
+    assert all(slots[100 + i] == i for i in range(5))
+
+
+def test_aligner_pulls_back_across_take_boundaries_and_keeps_both_channels() -> None:
+    """The same stall in the out direction only (the agent's frames 5..19 reach the tap
+    together at frame 19's instant), the in direction steady, and takes between the ticks:
+    the left channel is untouched, the right lands within the tolerance."""
+    al = StereoAligner()
+    chunks = []
+    for t in range(40):
+        al.add(TapFrame("in", t * 0.02, t * N, frame(1)))
+        for i in ([] if 5 <= t < 19 else range(5, 20) if t == 19 else [t]):
+            al.add(TapFrame("out", t * 0.02, t * N, frame(200 + i)))
+        if t % 3 == 0:
+            chunks.append(al.take())
+    chunks.append(al.take(final=True))
+    out = stereo(b"".join(chunks))
+    assert len(out) >= 40 * N and (out[: 40 * N, 0] == 1).all()
+    right = out[:, 1]
+    slots = {int(v): k for k, v in enumerate(right[::N]) if v}
+    assert all(slots[200 + i] - i <= TOLERANCE // N for i in range(20, 40) if 200 + i in slots)
+    assert len(slots) + al.skipped == 40 and al.late == 0
+
+
+def test_aligner_leaves_out_frames_of_a_sender_running_fast() -> None:
+    """A direction that delivers 11 frames per 10 frame times with no silence to give back
+    (its clock fast): a frame is left out whenever the run would sit past the tolerance,
+    so it never drifts more than that; the count says how many."""
+    al = StereoAligner()
+    for i in range(220):
+        sample = i * N * 10 // 11
+        al.add(TapFrame("in", sample / SAMPLE_RATE, sample, frame(1 + i)))
+    assert al.skipped > 0
+    out = stereo(al.take(final=True))[:, 0]
+    laid = [int(v) for v in out[::N] if v]
+    assert len(laid) == 220 - al.skipped
+    for slot, v in enumerate(out[::N]):
+        if v:
+            assert slot * N - (int(v) - 1) * N * 10 // 11 <= TOLERANCE
+
+
 # -- the recording task ----------------------------------------------------------------------
 
 
