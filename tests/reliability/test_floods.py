@@ -324,7 +324,9 @@ async def test_client_hello_flood_from_authenticated_ports_switches_cookies_on(
     print("client hello flood", result, "loss up", up, "down", down, "admission",
           mid["dtls_admission"], stats["dtls_admission"], "transceiver", c, "relay drops",
           relay["counters"]["drops"], "kernel drops", kernel)
-    assert result["authenticated"] == 96 and result["rate"] > 5_000
+    # A storm far over the budget tested (32 handshakes), counted, not timed: the niced
+    # flooder's rate is the box's spare CPU (stress 27: 2,532/s, 8,192 sent in 3.2 s).
+    assert result["authenticated"] == 96 and result["sent"]["dtls-hello"] > 50 * 32, result
     assert mid["dtls_admission"]["cookie_mode"] and stats["dtls_admission"]["switched_on"] >= 1
     # At most max_handshakes (32) handshakes were started for the 48 attacker sessions (+ the
     # late call's); every other ClientHello got a cookie demand.
