@@ -90,6 +90,14 @@ def parse_headroom(value: object) -> str:
     return mode
 
 
+#: The busy share of a transceiver's core up to which signaling places calls on it
+#: (signaling/admission.py). 0.75 rather than 0.85 since 2026-12-06 (docs/performance.md,
+#: "A lower admission limit"): on placements a and b the calls' p99 grew past the bench's
+#: 20 ms while busy was still under 0.85. At 0.75, 16 of 18 overload rows passed, where 12
+#: of 18 did at 0.85, and every row still admitted at least 57 calls of a fit of 56.
+ADMISSION_LIMIT = 0.75
+
+
 def parse_admission_limit(value: object) -> float:
     """``--admission-limit``: the busy share of a transceiver's core up to which signaling
     places calls on it (signaling/admission.py), 0 < x <= 1."""

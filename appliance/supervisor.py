@@ -63,6 +63,7 @@ from . import plugins  # noqa: F401  (registers realtime/ and speech/: appliance
 from .agents import resolve as resolve_agent
 from .children import ChildSpec, StartupError, Supervisor, exception_leaves
 from .config import (
+    ADMISSION_LIMIT,
     HEADROOM_MODES,
     ConfigError,
     format_dtls_versions,
@@ -133,7 +134,7 @@ DEFAULTS: dict[str, Any] = {
     "opus_complexity": None,  # None: the transceivers' own default
     "fixed_opus_complexity": False,
     "headroom": None,  # None: the transceivers' own default (core)
-    "admission_limit": 0.85,
+    "admission_limit": ADMISSION_LIMIT,
     "dtls_versions": None,  # None: the transceivers' own default (1.2,1.3)
     "redis": None,
     "state_dir": None,
@@ -254,7 +255,7 @@ class UpConfig:
     opus_complexity: int | None = None  # passed to every transceiver when set
     fixed_opus_complexity: bool = False  # no step-down under load (transceiver/degrade.py)
     headroom: str | None = None  # --headroom of every transceiver when set (core | own)
-    admission_limit: float = 0.85  # signaling/admission.py
+    admission_limit: float = ADMISSION_LIMIT  # signaling/admission.py
     dtls_versions: frozenset[str] | None = None  # passed to every transceiver when set
     #: ICE-TCP (RFC 6544): the relays listen on TCP at the UDP address's port too, and
     #: answers list a TCP passive candidate (at public_tcp_port when a load balancer maps it)
@@ -354,7 +355,8 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
         fixed_opus_complexity=bool(getattr(args, "fixed_opus_complexity", False)),
         headroom=None if getattr(args, "headroom", None) is None
         else parse_headroom(args.headroom),
-        admission_limit=parse_admission_limit(getattr(args, "admission_limit", None) or 0.85),
+        admission_limit=parse_admission_limit(getattr(args, "admission_limit", None)
+                                              or ADMISSION_LIMIT),
         dtls_versions=None if getattr(args, "dtls_versions", None) is None
         else parse_dtls_versions(args.dtls_versions),
     )
@@ -723,7 +725,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--help)")
     parser.add_argument("--admission-limit", metavar="SHARE", default=None,
                         help="signaling places calls on a transceiver while its measured "
-                             "busy share stays at or under SHARE of its core (default 0.85; "
+                             f"busy share stays at or under SHARE of its core (default {ADMISSION_LIMIT}; "
                              "else 503 overloaded)")
     parser.add_argument("--fixed-opus-complexity", action="store_true", default=None,
                         help="the transceivers keep --opus-complexity under load (default: "

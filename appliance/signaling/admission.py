@@ -13,7 +13,7 @@ window(s), and the sessions it held. From those the cost of one call is *learned
     cost  = (busy - idle) / sessions                (EWMA over reports, clamped)
     now   = max(busy, idle + cost * sessions)       (a report's calls, set up or not)
     next  = now + cost * (placed since the report + creates in flight + 1)
-    admit = next <= limit                           (limit: 0.85 of the core by default)
+    admit = next <= limit                           (limit: 0.75 of the core by default)
 
 The two counts in ``next`` are what makes a burst right: 100 POSTs at once all arrive
 before the next report, and before any of their calls has started to use the CPU. Counted
@@ -37,8 +37,9 @@ windows that held none (transceiver/headroom.py ``CallCost``) and reports it: ``
 ``call_cpu`` (own CPU share per running call, null until a steady window with calls) and
 ``idle_cpu``. Signaling takes those as ``cost`` and ``idle``. One learner, so the
 transceiver's complexity controller projects one more call exactly as this module does
-(server.py ``projected``) and takes its first step under 0.80, below this limit: a report
-that leaves signaling no room already shows the calls degraded. A transceiver that reports
+(server.py ``projected``) and takes its first step under 0.80: with a limit at or above
+that, a report that leaves signaling no room already shows the calls degraded (the default
+limit, 0.75, is under it: refusal first). A transceiver that reports
 no ``call_cpu`` (an older version) is learned from here as before: ``cpu`` over the
 connected sessions, in windows where most are connected.
 
@@ -122,10 +123,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..agents.registry import agent_kind
+from ..config import ADMISSION_LIMIT
 
 log = logging.getLogger(__name__)
 
-LIMIT = 0.85  # busy share of a core up to which calls are admitted
+LIMIT = ADMISSION_LIMIT  # busy share of a core up to which calls are admitted (0.75)
 #: Share of a core one call is assumed to cost until a transceiver reports calls: a PCM
 #: echo call at complexity 5 is ~250 µs x 50 packets/s = 1.25 % (docs/performance.md).
 PRIOR_COST = 0.0125

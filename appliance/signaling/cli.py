@@ -19,6 +19,7 @@ import trio
 
 from .. import plugins  # noqa: F401  (registers realtime/ and speech/: appliance/plugins.py)
 from ..config import (
+    ADMISSION_LIMIT,
     ConfigError,
     format_hostport,
     load_config,
@@ -66,7 +67,7 @@ DEFAULTS: dict[str, Any] = {
     "public_tcp_port": None,
     "relayed_media_port": None,
     "relay_https": None,
-    "admission_limit": 0.85,
+    "admission_limit": ADMISSION_LIMIT,
     "transceiver_control": [],
     "relay_control": [],
     "public_address": [],
@@ -144,7 +145,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admission-limit", metavar="SHARE", default=None,
                         help="place calls on a transceiver only while its measured busy "
                         "share, calls placed since its last report counted, stays at or "
-                        "under SHARE of its core (default 0.85; else 503 overloaded; "
+                        f"under SHARE of its core (default {ADMISSION_LIMIT}; else 503 overloaded; "
                         "docs/operations.md, \"Admission\")")
     parser.add_argument("--webui-dir", metavar="DIR", default=None,
                         help="static web UI directory served at / and /demo")

@@ -23,10 +23,12 @@ The rules (a table would be larger than the two comparisons):
 * after any change, nothing else changes for ``dwell`` seconds (minimum dwell): the meter
   needs about a second to see the effect of a step (headroom.py, ``WINDOW`` and ``ALPHA``);
 * except the *first* step down: at the configured complexity, ``busy + call >= urgent``
-  (0.80, under signaling's admission limit of 0.85; ``call`` is what one more call would
+  (0.80; ``call`` is what one more call would
   add, the shell's per-call share — on a core shared with a hog one call is a large share
-  of what is left) takes it at once, without a dwell. So a load report that leaves no room
-  for one more call shows the calls already degraded: the
+  of what is left) takes it at once, without a dwell. So, with signaling's admission limit
+  at or above urgent (``--admission-limit``; the default 0.75 is under it and refuses
+  first), a load report that leaves no room for one more call shows the calls already
+  degraded: the
   complexity controller acts before admission refuses (issue 32, below), even when a
   neighbour fills the core within one window.
 
@@ -42,7 +44,7 @@ meter's ``busy`` counts what the core has left, headroom.py) is handled in this 
    ``admit_limit``; signaling's admission and the transceiver's own check both use it):
    a transceiver whose calls already pay in quality for the load takes no call that
    would keep it from stepping back up. Without degradation the usual limits stand
-   (signaling 0.85, the transceiver's own 0.95).
+   (signaling 0.75, the transceiver's own 0.95).
 
 So under a growing outside load the first reaction is a cheaper encoder, the next is a
 ``503`` for new calls, and the calls in progress keep their audio.
@@ -62,7 +64,8 @@ HIGH = 0.70
 #: ...and at or below which it steps back up.
 LOW = 0.50
 #: Busy share at or above which the first step down is taken without a dwell: under
-#: signaling's admission limit (admission.LIMIT, 0.85), so degradation comes first.
+#: an ``--admission-limit`` at or above it, so degradation comes first there (the default
+#: limit, 0.75, is under it: refusal first, and this step meets load from elsewhere).
 URGENT = 0.80
 DWELL = 2.0  # seconds at a step before stepping down again (and after any change)
 DWELL_UP = 5.0  # seconds of low load before stepping back up: slow to take quality back

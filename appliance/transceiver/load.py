@@ -133,9 +133,10 @@ class TransceiverLoad:
                                    unsettled=self.window_unsettled)
         ctl = self.complexity
         # The first step is taken as soon as one more call would not fit under urgent, by
-        # signaling's own projection of this report (projected): so a report that leaves
-        # signaling no room (its limit, 0.85, is above urgent) already shows the calls
-        # degraded (issue 32 item 4).
+        # signaling's own projection of this report (projected): so, with an admission
+        # limit at or above urgent, a report that leaves signaling no room already shows
+        # the calls degraded (issue 32 item 4); under it (the default 0.75) refusal comes
+        # first, and the step meets load from elsewhere.
         ctl.handle_load(now, self.meter.busy, self.projected(1) - self.meter.busy)
         while (ev := ctl.poll_event()) is not None:
             self.counters["complexity_changes"] += 1

@@ -16,7 +16,7 @@ from .opus import DEFAULT_COMPLEXITY
 #: Defence in depth behind signaling's admission (issue 23, docs/operations.md
 #: "Admission"): a create is refused ``503 overloaded`` when the measured busy share
 #: (headroom.py) plus the creates since the last window, at this transceiver's cost per
-#: call, reaches this. Above signaling's admission limit (0.85), so that only a burst
+#: call, reaches this. Above signaling's admission limit (0.75), so that only a burst
 #: signaling could not see (another signaling, a stale report) reaches it.
 REFUSE_BUSY = 0.95
 

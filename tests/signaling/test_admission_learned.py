@@ -25,7 +25,7 @@ def load(busy: float, sessions: int, *, cpu: float, call_cpu: float | None,
 
 
 def test_a_setup_window_does_not_teach_the_cost_of_a_call() -> None:
-    adm = Admission([0], {0: 0}, prior_cost=0.0125)
+    adm = Admission([0], {0: 0}, limit=0.85, prior_cost=0.0125)
     # Six calls, four connected, their handshakes in the window: 0.28 of the core. The old
     # rule would learn (0.28 - 0.01) / 4 = 6.75 % a call; the transceiver has no cost yet.
     adm.report(0, load(0.28, 6, cpu=0.28, call_cpu=None, unsettled=2), adm.asked(0))
@@ -44,7 +44,7 @@ def test_a_setup_window_does_not_teach_the_cost_of_a_call() -> None:
 
 def test_the_projection_divides_the_learned_cost_by_what_is_available() -> None:
     """Under a hog (``available`` 0.2): the calls' whole need counts, over what is left."""
-    adm = Admission([0], {0: 0})
+    adm = Admission([0], {0: 0}, limit=0.85)
     adm.report(0, load(0.55, 6, cpu=0.05, call_cpu=0.015, available=0.2), adm.asked(0))
     # now = max(0.55, (0.01 + 0.09) / 0.2 = 0.5); one call 0.075: (0.85 - 0.55) / 0.075 = 4
     assert adm.projected(0, 0) == pytest.approx(0.55)

@@ -269,9 +269,10 @@ async def test_one_assistant_call_neither_degrades_nor_caps_a_transceiver_with_r
     assert adm.offload_cost(0, "echo") == 0.0
     assert adm.projected(0, 1, KIND) - adm.projected(0, 1, "echo") == pytest.approx(
         learned, abs=1e-4)
-    # 2 s after the call ended: the headroom of a transceiver that serves nothing.
+    # 2 s after the call ended: the headroom of a transceiver that serves nothing (all of
+    # signaling's limit but an idle loop's few per cent).
     after = [view for phase, _, view in seen if phase == "after"]
-    assert after[-1]["headroom"] > 0.8 and not after[-1]["degraded"]
+    assert after[-1]["headroom"] > LIMIT - 0.05 and not after[-1]["degraded"]
 
 
 async def test_the_same_call_read_as_process_cpu_degrades_it(running: Transceiver) -> None:
