@@ -52,14 +52,18 @@ learned from ``cpu``, the transceiver's own use), so in the projection each call
 ``cost / available``::
 
     now   = max(busy, (idle + cost * sessions) / available)    if available < 0.95
-          = busy + cost * (sessions - steady)                  on a core of its own
+          = max(busy, window_busy) + cost * (sessions - steady) on a core of its own
     next  = now + cost / available * (placed since the report + creates in flight + 1)
 
 ``steady``: the report's ``window_calls``, the calls that ran through its whole window. On
-a core of its own busy is what those cost, and the linear model overstates it: per-call CPU
-falls as calls are added (transceiver/corestat.py ``SHARED_BELOW``); only the calls busy
-cannot show yet are counted at the learned cost. A report without ``window_calls`` (an
-older transceiver) is judged by the model.
+a core of its own what those cost is measured, and the linear model overstates it: per-call
+CPU falls as calls are added (transceiver/corestat.py ``SHARED_BELOW``); only the calls the
+window cannot show yet are counted at the learned cost. What they cost is the window's own
+busy (``window_busy``), not only the smoothed ``busy``: that weighs the last window half
+and the ones before the rest, so in a 25/s ramp it showed the calls that joined a window
+ago at half their cost (bench/capacity.py placement a: 0.49 at 48 calls, 43 of them
+steady, whose steady figure was 0.78; the 48th admitted on a projection of 0.57). A report
+without ``window_calls`` (an older transceiver) is judged by the model.
     admit = next <= min(limit, admit_limit)
 
 ``admit_limit`` is there while the transceiver's complexity controller has its calls
@@ -156,6 +160,7 @@ class _Node:
     admit_limit: float | None = None  # reported while its calls are degraded
     sessions: int = 0  # live sessions in the last report
     steady: int | None = None  # of which ran through its whole window (None: not reported)
+    window_busy: float = 0.0  # busy over that window alone, unsmoothed (0: not reported)
     idle: float = IDLE
     cost: float = PRIOR_COST
     learned: bool = False  # cost comes from a report, not the prior
@@ -282,6 +287,8 @@ class Admission:
         node.busy, node.sessions = min(max(busy, 0.0), 1.0), int(max(sessions, 0))
         steady = _num(load.get("window_calls"))
         node.steady = None if steady is None else min(int(max(steady, 0)), node.sessions)
+        window_busy = _num(load.get("window_busy"))
+        node.window_busy = 0.0 if window_busy is None else min(max(window_busy, 0.0), 1.0)
         node.placed_at_report = min(max(mark, node.placed_at_report), node.placed)
         node.reports += 1
         available = _num(load.get("available"))
@@ -357,9 +364,10 @@ class Admission:
         # one call's share of what k has: its media loop's, and its worker threads' work
         share = (node.cost + self.offload_cost(k, agent)) / node.available
         if node.available >= SHARED_BELOW and node.steady is not None:
-            # A core of its own: busy is what the calls that ran through the window cost;
-            # the rest (new, still connecting) may not show in it yet.
-            now = node.busy + share * (node.sessions - node.steady)
+            # A core of its own: the last window's busy is what the calls that ran through
+            # it cost (the smoothed busy trails a ramp); the rest (new, still connecting)
+            # may not show in it yet.
+            now = max(node.busy, node.window_busy) + share * (node.sessions - node.steady)
         else:  # shared: its calls may get less than they need, and busy says less
             now = max(node.busy, (node.idle + node.cost * node.sessions) / node.available)
         now += node.offload_calls / node.available

@@ -130,6 +130,9 @@ class LoadReport:
     late: float = 0.0  # the delay signal as a busy share (0 unless sending and late)
     offload: float = 0.0  # the last window's CPU share of the process's other threads
     backlog_max_ms: float = 0.0  # the oldest receive backlog a tick found (issue 41 item 1)
+    #: the last window's decided share, unsmoothed: ``busy`` shows a call that started
+    #: one window ago at half its cost (EWMA), this at its whole (issue 41 item 1)
+    window_busy: float = 0.0
 
     def to_json(self) -> dict[str, float | None]:
         def r(v: float | None, n: int) -> float | None:
@@ -142,7 +145,8 @@ class LoadReport:
                 "core_idle": r(self.core_idle, 4), "core_steal": r(self.core_steal, 4),
                 "cpus": self.cpus, "late_p90_ms": r(self.late_p90_ms, 3),
                 "late": round(self.late, 4), "offload": round(self.offload, 4),
-                "backlog_max_ms": round(self.backlog_max_ms, 3)}
+                "backlog_max_ms": round(self.backlog_max_ms, 3),
+                "window_busy": round(self.window_busy, 4)}
 
 
 class LoadMeter:
@@ -267,7 +271,8 @@ class LoadMeter:
             core_steal=None if sample is None else sample.steal,
             cpus=None if sample is None else sample.cpus,
             late_p90_ms=None if late_p90 is None else late_p90 * 1000, late=late,
-            offload=self.offload_s / span, backlog_max_ms=self._backlog_max * 1000)
+            offload=self.offload_s / span, backlog_max_ms=self._backlog_max * 1000,
+            window_busy=decided)
         self._t0, self._cpu0, self._packets0, self._sent0 = now, cpu, packets, sent
         self._offload0 = offload
         self._lag_max = self._lag_sum = self._backlog_max = 0.0

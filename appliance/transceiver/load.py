@@ -188,9 +188,13 @@ class TransceiverLoad:
         cost = self.call_cpu.cost
         available = max(self.meter.report.available, MIN_AVAILABLE)
         if cost is not None:
-            if available >= SHARED_BELOW:  # a core of its own (corestat.py): busy, plus
-                # what the calls that did not run through the last window cannot show yet
-                busy += cost * max(0, len(self.calls) - self.window_calls)
+            if available >= SHARED_BELOW:  # a core of its own (corestat.py): what the
+                # calls that ran through the last window cost in it (busy, smoothed, shows
+                # the newest of them at half their cost: a ramp trailed), plus what the
+                # calls it knew that did not run through it cannot show yet (those
+                # created since: ``extra``, overloaded())
+                busy = (max(busy, self.meter.report.window_busy)
+                        + cost * max(0, self._calls_in_window() - self.window_calls))
             else:
                 busy = max(busy, (self.call_cpu.idle + cost * self._calls_in_window())
                            / available)

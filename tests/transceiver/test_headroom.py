@@ -53,6 +53,7 @@ def test_busy_is_cpu_per_wall_second_smoothed_over_windows() -> None:
         m.handle_tick(10.5 + i / 50, 5.2 + i * 0.016, 0.0, packets=500)
     assert m.windows == 2
     assert m.busy == pytest.approx(0.6)
+    assert m.report.window_busy == pytest.approx(0.8)  # the last window alone (issue 41)
 
 
 def test_tick_lag_is_reported_and_flagged_but_is_not_busy() -> None:

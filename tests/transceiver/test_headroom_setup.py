@@ -170,6 +170,42 @@ async def test_a_window_whose_frames_were_late_teaches_nothing(running: Transcei
     assert load["late"] == 0 and load["call_cpu"] > learned
 
 
+async def test_a_ramp_counts_at_the_last_windows_busy_not_the_smoothed(
+        running: Transceiver) -> None:
+    """Issue 41 item 1 (bench/capacity.py placement a, a 25/s ramp): the smoothed busy
+    weighs the last window half, so the calls that joined a window ago showed at half their
+    cost (0.49 at 48 calls, 43 of them through the window, whose steady figure was 0.78),
+    and the 48th was admitted on a projection of 0.57. Both projections, the transceiver's
+    and signaling's, count the last window's own busy."""
+    tr, host = running, Host()
+    adm = Admission([0], {0: 0}, limit=0.75)
+    host.window(tr, 0.01)
+    host.window(tr, 0.01)
+    for i in range(6):
+        await create(tr, f"c{i}")
+    host.window(tr, 0.30)
+    connect(tr, *(f"c{i}" for i in range(6)))
+    host.window(tr, 0.25)
+    adm.report(0, {"load": host.window(tr, 0.10)}, adm.asked(0))
+    cost = tr.load.call_cpu.cost
+    assert cost == pytest.approx(0.015, abs=1e-5)
+    for i in range(37):  # the ramp: 37 more, all through by the window's end
+        await create(tr, f"r{i}")
+        adm.placed(0)
+    connect(tr, *(f"r{i}" for i in range(37)))
+    load = host.window(tr, 0.70)
+    assert load["busy"] < 0.45  # smoothed: the 0.70 window weighs half
+    assert (load["window_busy"], load["window_calls"]) == (pytest.approx(0.70), 43)
+    adm.report(0, {"load": load}, adm.asked(0))
+    for i in range(5):  # five more placed since, not yet in any window
+        await create(tr, f"s{i}")
+        adm.placed(0)
+    want = 0.70 + 6 * cost  # the window's 43, then 5 + 1 at the learned cost
+    assert tr.load.projected(5 + 1) == pytest.approx(want, abs=1e-3)  # as overloaded()
+    assert adm.projected(0, 1) == pytest.approx(want, abs=1e-3)
+    assert not adm.admits(0)  # at the smoothed busy: 0.40 + 6 x 0.015 = 0.49, admitted
+
+
 async def test_signaling_takes_the_cost_the_transceiver_learned(running: Transceiver) -> None:
     tr, host = running, Host()
     adm = Admission([0], {0: 0}, prior_cost=0.0125)
