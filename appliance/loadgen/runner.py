@@ -29,6 +29,14 @@ duty cycle of a conversation against an echo (caller 40 % of ``cycle``, then sil
 turn bookkeeping (no decode per returned packet), and the echo of the silent part is still
 50 packets/s, so loss is counted as for ``continuous``.
 
+**Send times**: a packet's RTT starts when it left (the clock read right after the send),
+not at the pacer tick that sent it. With a slot's sessions served one after another, the
+last of a slot of 20 left a few ms after the tick on a quiet box, and tens of ms after it
+on a box whose every CPU was busy (bench/capacity.py placement c: the load generator
+beside a hog, its ticks up to 100 ms late): those ms were the load generator's own wait,
+counted as the server's (issue 41 item 1). The arrival side already excludes it (kernel
+receive timestamps, :func:`~appliance.client.call.read_ready`).
+
 A session's *first* packet leaves the moment it connects, not on the pacer's next tick: a
 browser with an open microphone has a frame ready when DTLS completes, and waiting 0-20 ms
 for the tick was pure measurement artefact in POST → first echo. From then on the pacer
@@ -247,7 +255,11 @@ class LoadGenerator:
                 live.talk_end = now
         payload = self.stream.payload(frame, live.res.index, c)
         live.call.send_rtp(payload, (live.ts0 + c * TS_STEP) & 0xFFFFFFFF, marker=c == 0)
-        live.sent_at[c % _RING] = now
+        # When it left, not the tick's ``now``: a slot's sessions are served one after
+        # another, and a starved load generator is preempted between them (module
+        # docstring, "Send times"); ``now`` keeps the cadence.
+        sent = trio.current_time()
+        live.sent_at[c % _RING] = sent
         # One packet per tick at most: a late pacer drops ticks, it does not burst.
         live.next_due = max(live.next_due + PTIME, now - PTIME / 2)
         live.counter = c + 1
@@ -257,7 +269,7 @@ class LoadGenerator:
             if frame == gap_at:
                 live.detector.arm()
             elif frame == 0:
-                live.detector.onset_sent(now)
+                live.detector.onset_sent(sent)
 
     def _receive(self, live: _Live) -> None:
         res = live.res

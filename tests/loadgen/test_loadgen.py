@@ -103,6 +103,36 @@ async def test_passthrough_echo_is_measured_with_tags(stream: ToneStream) -> Non
     assert summary["rtt_method"] == "tag"
 
 
+async def test_the_round_trip_starts_when_the_packet_left_not_at_the_tick(
+        stream: ToneStream, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 41 item 1: the pacer serves a slot's sessions one after another, and a starved
+    load generator is preempted between them; that wait is its own, not the server's. Every
+    send here first blocks the loop for STALL (as a preemption would), so a round trip
+    timed from the tick is never under STALL; timed from when the packet left, the
+    passthrough echo on loopback comes back well inside it at least once per session."""
+    import time
+
+    from appliance.client.call import Call
+
+    stall = 0.02
+    send_rtp = Call.send_rtp
+
+    def late_send(self: Call, payload: bytes, timestamp: int, *, marker: bool = False) -> None:
+        time.sleep(stall)
+        send_rtp(self, payload, timestamp, marker=marker)
+
+    monkeypatch.setattr(Call, "send_rtp", late_send)
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_passthrough)
+        report = await run_load(LoadConfig(url, sessions=2, rate=20, duration=0.6),
+                                stream=stream)
+        nursery.cancel_scope.cancel()
+    assert report.summary()["failed"] == 0
+    for s in report.sessions:
+        assert s.rtt_method == "tag" and len(s.rtts) >= 5, s
+        assert min(s.rtts) < stall, sorted(s.rtts)[:5]
+
+
 async def test_turns_against_an_echo_hear_it_while_talking() -> None:
     """pattern="turns": talk 0.4 s then listen 0.6 s. A passthrough echo answers while the
     caller talks, and only its round-trip tail comes back after the caller stops."""
