@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import math
 import socket
-import struct
-import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -40,29 +38,10 @@ from appliance.proto.srtp import SrtpProfile
 
 from .http import HttpError, request
 from .peer import ChannelEvent, ClientPeer, Connected, Failed, RtcpReceived, RtpReceived
+from .stamps import ANCILLARY, enable_rx_timestamps, kernel_stamp
 
 #: A sender waits while more than this is queued on its channel (W3C bufferedAmount).
 HIGH_WATER = 1024 * 1024
-
-# Python 3.11's socket module lacks the constant; 35 is SO_TIMESTAMPNS (= SCM_TIMESTAMPNS) on
-# Linux for x86, ARM and most other architectures.
-_SO_TIMESTAMPNS: int | None = getattr(socket, "SO_TIMESTAMPNS",
-                                      35 if sys.platform.startswith("linux") else None)
-_TIMESPEC = struct.Struct("@qq")  # struct timespec (64-bit Linux)
-_ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size)
-
-
-def enable_rx_timestamps(sock: socket.socket) -> bool:
-    """Ask the kernel to stamp each datagram with its arrival time (``SO_TIMESTAMPNS``);
-    False where the platform has no such option (then arrival = when the reader woke)."""
-    if _SO_TIMESTAMPNS is None:
-        return False
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-    except OSError:
-        return False
-    return True
-
 
 def read_ready(sock: socket.socket, buf: bytearray, now: float, offset: float, stamped: bool,
                not_before: float = -math.inf) -> list[tuple[bytes, tuple[str, int], float]]:
@@ -79,7 +58,7 @@ def read_ready(sock: socket.socket, buf: bytearray, now: float, offset: float, s
     while True:
         try:
             if stamped:
-                n, anc, _flags, addr = sock.recvmsg_into([buf], _ANCILLARY)
+                n, anc, _flags, addr = sock.recvmsg_into([buf], ANCILLARY)
             else:
                 n, addr = sock.recvfrom_into(buf)
                 anc = []
@@ -87,22 +66,23 @@ def read_ready(sock: socket.socket, buf: bytearray, now: float, offset: float, s
             break
         except OSError:
             break  # e.g. ICMP port unreachable surfaced as ECONNREFUSED
-        at = now
-        for level, kind, data in anc:
-            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= 16:
-                sec, nsec = _TIMESPEC.unpack_from(data)
-                at = min(now, max(floor, sec + nsec * 1e-9 + offset))
+        stamp = kernel_stamp(anc)
+        at = now if stamp is None else min(now, max(floor, stamp + offset))
         out.append((bytes(buf[:n]), (addr[0], addr[1]), at))
     return out
 
 
 class CallFailed(Exception):
     """The call could not be set up; the message says which step failed. A refused POST
-    also carries its ``Retry-After`` (None: none was sent, or it failed otherwise)."""
+    also carries its ``Retry-After`` (None: none was sent, or it failed otherwise) and
+    ``answered_in``: seconds from the request leaving to the answer arriving, on the
+    kernel's stamps where it has them (:class:`~.http.Response`; None if unknown)."""
 
-    def __init__(self, message: str, *, retry_after: str | None = None) -> None:
+    def __init__(self, message: str, *, retry_after: str | None = None,
+                 answered_in: float | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.answered_in = answered_in
 
 
 @dataclass
@@ -298,7 +278,9 @@ async def open_call(
         raise CallFailed(f"signaling unreachable: {exc}") from exc
     if resp.status != 201:
         raise CallFailed(f"POST /v1/sessions → {resp.status}: {resp.body[:300]!r}",
-                         retry_after=resp.header("retry-after"))
+                         retry_after=resp.header("retry-after"),
+                         answered_in=None if resp.sent_at is None or resp.answered_at is None
+                         else resp.answered_at - resp.sent_at)
     location = resp.header("location") or ""
     session_url = location if location.startswith("http") else base_url.rstrip("/") + location
     answer = resp.body.decode()

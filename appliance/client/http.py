@@ -10,10 +10,13 @@ from __future__ import annotations
 import ipaddress
 import socket
 import ssl
+import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import trio
+
+from .stamps import ANCILLARY, enable_rx_timestamps, kernel_stamp
 
 MAX_RESPONSE = 1 << 20
 
@@ -27,6 +30,12 @@ class Response:
     status: int
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
+    #: On trio's clock: when the request's last byte was handed to the kernel, and when the
+    #: answer's first bytes arrived (the kernel's stamp over plain HTTP; over HTTPS, when
+    #: they were read). ``answered_at - sent_at`` is the server's time to answer on the
+    #: caller's clock, without this client's own waits (a load generator busy elsewhere).
+    sent_at: float | None = None
+    answered_at: float | None = None
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
@@ -46,8 +55,13 @@ async def request(
     host = parts.hostname or "127.0.0.1"
     port = parts.port or (443 if parts.scheme == "https" else 80)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    sent_at: float | None = None
+    answered_at: float | None = None
     try:
         stream: trio.abc.Stream = await _open_tcp(host, port)
+        plain = (stream if parts.scheme == "http" and isinstance(stream, trio.SocketStream)
+                 else None)
+        stamped = plain is not None and enable_rx_timestamps(plain.socket)
         if parts.scheme == "https":
             ctx = ssl.create_default_context()
             if not verify_tls:
@@ -71,15 +85,23 @@ async def request(
                 send_error: Exception | None = exc
             else:
                 send_error = None
+            sent_at = trio.current_time()
             while not _complete(raw):
                 try:
-                    chunk = await stream.receive_some(65536)
-                except trio.BrokenResourceError:
+                    if stamped and plain is not None:
+                        chunk, stamp = await _receive_stamped(plain.socket)
+                    else:
+                        chunk, stamp = bytes(await stream.receive_some(65536)), None
+                except (trio.BrokenResourceError, ConnectionError):
                     if send_error is None:
                         raise
                     break
                 if not chunk:
                     break
+                if answered_at is None:
+                    now = trio.current_time()
+                    answered_at = now if stamp is None else min(
+                        now, max(sent_at, stamp + now - time.time()))
                 raw += chunk
                 if len(raw) > MAX_RESPONSE:
                     raise HttpError("response too large")
@@ -87,7 +109,16 @@ async def request(
                 raise send_error
     except (OSError, trio.BrokenResourceError) as exc:
         raise HttpError(f"{method} {url} failed: {exc!r}") from exc
-    return _parse(bytes(raw))
+    response = _parse(bytes(raw))
+    response.sent_at, response.answered_at = sent_at, answered_at
+    return response
+
+
+async def _receive_stamped(sock: trio.socket.SocketType) -> tuple[bytes, float | None]:
+    """One read of a TCP socket with kernel receive stamps on: the bytes and the stamp
+    (wall clock) of the segment they came in, if the kernel gave one."""
+    data, ancillary, _flags, _addr = await sock.recvmsg(65536, ANCILLARY)
+    return data, kernel_stamp(ancillary)
 
 
 async def _open_tcp(host: str, port: int) -> trio.SocketStream:

@@ -35,7 +35,9 @@ last of a slot of 20 left a few ms after the tick on a quiet box, and tens of ms
 on a box whose every CPU was busy (bench/capacity.py placement c: the load generator
 beside a hog, its ticks up to 100 ms late): those ms were the load generator's own wait,
 counted as the server's (issue 41 item 1). The arrival side already excludes it (kernel
-receive timestamps, :func:`~appliance.client.call.read_ready`).
+receive timestamps, :func:`~appliance.client.call.read_ready`). A refusal's latency is timed
+the same way: from the POST's last byte leaving to the 503's arrival on the kernel's stamp
+(:class:`~appliance.client.http.Response`), not to when this loop got round to reading it.
 
 A session's *first* packet leaves the moment it connects, not on the pacer's next tick: a
 browser with an open microphone has a frame ready when DTLS completes, and waiting 0-20 ms
@@ -175,8 +177,10 @@ class LoadGenerator:
         except CallFailed as exc:
             res.failure = str(exc)
             refused = _REFUSED.match(res.failure)
-            if refused:  # admission (issue 23): how fast the busy signal came
-                res.refused = trio.current_time() - posted
+            if refused:  # admission (issue 23): how fast the busy signal came, from the
+                # POST leaving to the 503 arriving (kernel stamps: not this loop's waits)
+                res.refused = (exc.answered_in if exc.answered_in is not None
+                               else trio.current_time() - posted)
                 res.refused_code = refused.group(1) or "503"
                 res.refused_retry_after = exc.retry_after
         except Exception as exc:  # one broken session must not end the run

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import socket
+import time
 from functools import partial
 
+import pytest
 import trio
 
+from appliance.client import http
 from appliance.client.http import request
 
 
@@ -46,3 +50,41 @@ async def test_content_length_response_does_not_wait_for_close(nursery: trio.Nur
     with trio.fail_after(5):
         resp = await request("GET", f"http://127.0.0.1:{port}/")
     assert (resp.status, resp.body) == (201, b"ok")
+
+
+def _answer_one_503(listener: socket.socket) -> None:
+    """A blocking server in a worker thread: it answers while the client's loop is busy."""
+    conn, _ = listener.accept()
+    with conn:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += conn.recv(4096)
+        conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 2\r\n"
+                     b"Content-Length: 0\r\nConnection: close\r\n\r\n")
+
+
+async def test_the_answer_is_timed_when_it_arrived_not_when_it_was_read(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 41 item 1: a load generator busy with other calls' handshakes reads a 503 late;
+    its latency is the server's from the request leaving to the answer arriving (the
+    kernel's stamp), not the client's wait. The read here first blocks the loop STALL."""
+    stall = 0.5
+    read = http._receive_stamped
+
+    async def late(sock: trio.socket.SocketType) -> tuple[bytes, float | None]:
+        time.sleep(stall)  # noqa: ASYNC251 (the loop busy elsewhere; the server answers)
+        return await read(sock)
+
+    monkeypatch.setattr(http, "_receive_stamped", late)
+    listener = socket.create_server(("127.0.0.1", 0))
+    with listener:
+        port = listener.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(trio.to_thread.run_sync, _answer_one_503, listener))
+            t0 = trio.current_time()
+            resp = await request("POST", f"http://127.0.0.1:{port}/v1/sessions", body=b"v=0")
+            took = trio.current_time() - t0
+    assert resp.status == 503 and resp.header("retry-after") == "2"
+    assert resp.sent_at is not None and resp.answered_at is not None
+    assert took >= stall
+    assert 0 <= resp.answered_at - resp.sent_at < stall
