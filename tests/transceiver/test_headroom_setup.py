@@ -120,6 +120,17 @@ class Host:
         return tr.load.view()
 
 
+async def six_connected(tr: Transceiver, host: Host) -> None:
+    """Two idle windows, then six calls created (their handshakes: a window at 0.30 of the
+    core) and connected."""
+    host.window(tr, 0.01)
+    host.window(tr, 0.01)
+    for i in range(6):
+        await create(tr, f"c{i}")
+    host.window(tr, 0.30)
+    connect(tr, *(f"c{i}" for i in range(6)))
+
+
 async def test_setup_windows_do_not_teach_the_call_cost(running: Transceiver) -> None:
     tr, host = running, Host()
     host.window(tr, 0.01)
@@ -150,12 +161,7 @@ async def test_a_window_whose_frames_were_late_teaches_nothing(running: Transcei
     next burst at what the calls got (bench/capacity.py placement b: rows with a receive
     backlog of 13-1035 ms)."""
     tr, host = running, Host()
-    host.window(tr, 0.01)
-    host.window(tr, 0.01)
-    for i in range(6):
-        await create(tr, f"c{i}")
-    host.window(tr, 0.30)
-    connect(tr, *(f"c{i}" for i in range(6)))
+    await six_connected(tr, host)
     host.window(tr, 0.25)
     learned = host.window(tr, 0.10, sent_per_s=300)["call_cpu"]
     assert learned == pytest.approx((0.10 - 0.01) / 6, abs=1e-5)
@@ -179,12 +185,7 @@ async def test_a_ramp_counts_at_the_last_windows_busy_not_the_smoothed(
     and signaling's, count the last window's own busy."""
     tr, host = running, Host()
     adm = Admission([0], {0: 0}, limit=0.75)
-    host.window(tr, 0.01)
-    host.window(tr, 0.01)
-    for i in range(6):
-        await create(tr, f"c{i}")
-    host.window(tr, 0.30)
-    connect(tr, *(f"c{i}" for i in range(6)))
+    await six_connected(tr, host)
     host.window(tr, 0.25)
     adm.report(0, {"load": host.window(tr, 0.10)}, adm.asked(0))
     cost = tr.load.call_cpu.cost
@@ -234,12 +235,7 @@ async def test_no_report_that_leaves_signaling_no_room_shows_the_calls_undegrade
     default 0.75 refuses first: docs/operations.md.)"""
     tr, host = running, Host()
     adm = Admission([0], {0: 0}, limit=0.85)
-    host.window(tr, 0.01)
-    host.window(tr, 0.01)
-    for i in range(6):
-        await create(tr, f"c{i}")
-    host.window(tr, 0.30)
-    connect(tr, *(f"c{i}" for i in range(6)))
+    await six_connected(tr, host)
     for _ in range(3):
         adm.report(0, {"load": host.window(tr, 0.10, sent_per_s=300)}, adm.asked(0))
     assert adm.view(0)["call_cost_learned"] and adm.room(0) > 0
