@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from functools import partial
 
@@ -52,8 +53,9 @@ async def test_content_length_response_does_not_wait_for_close(nursery: trio.Nur
     assert (resp.status, resp.body) == (201, b"ok")
 
 
-def _answer_one_503(listener: socket.socket) -> None:
+def _answer_one_503(listener: socket.socket, running: threading.Event) -> None:
     """A blocking server in a worker thread: it answers while the client's loop is busy."""
+    running.set()
     conn, _ = listener.accept()
     with conn:
         head = b""
@@ -79,8 +81,12 @@ async def test_the_answer_is_timed_when_it_arrived_not_when_it_was_read(
     listener = socket.create_server(("127.0.0.1", 0))
     with listener:
         port = listener.getsockname()[1]
+        running = threading.Event()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(partial(trio.to_thread.run_sync, _answer_one_503, listener))
+            nursery.start_soon(partial(trio.to_thread.run_sync, _answer_one_503, listener,
+                                       running))
+            # The server's thread must be up before the loop blocks (else it starts after).
+            await trio.to_thread.run_sync(running.wait)
             t0 = trio.current_time()
             resp = await request("POST", f"http://127.0.0.1:{port}/v1/sessions", body=b"v=0")
             took = trio.current_time() - t0
