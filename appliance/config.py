@@ -92,7 +92,7 @@ def parse_headroom(value: object) -> str:
 
 #: The busy share of a transceiver's core up to which signaling places calls on it
 #: (signaling/admission.py). 0.75 rather than 0.85 since 2026-12-06 (docs/performance.md,
-#: "A lower admission limit"): on placements a and b the calls' p99 grew past the bench's
+#: "At fits measured in the same run"): on placements a and b the calls' p99 grew past the bench's
 #: 20 ms while busy was still under 0.85. At 0.75, 16 of 18 overload rows passed, where 12
 #: of 18 did at 0.85, and every row still admitted at least 57 calls of a fit of 56 (an
 #: hour later, at 0.75: 13 of 18; the bursts at 25/s are still open).

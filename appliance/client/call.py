@@ -38,7 +38,7 @@ from appliance.proto.srtp import SrtpProfile
 
 from .http import HttpError, request
 from .peer import ChannelEvent, ClientPeer, Connected, Failed, RtcpReceived, RtpReceived
-from .stamps import ANCILLARY, enable_rx_timestamps, kernel_stamp
+from .stamps import ANCILLARY, arrival, enable_rx_timestamps, kernel_stamp
 
 #: A sender waits while more than this is queued on its channel (W3C bufferedAmount).
 HIGH_WATER = 1024 * 1024
@@ -66,8 +66,7 @@ def read_ready(sock: socket.socket, buf: bytearray, now: float, offset: float, s
             break
         except OSError:
             break  # e.g. ICMP port unreachable surfaced as ECONNREFUSED
-        stamp = kernel_stamp(anc)
-        at = now if stamp is None else min(now, max(floor, stamp + offset))
+        at = arrival(kernel_stamp(anc), now, offset, floor)
         out.append((bytes(buf[:n]), (addr[0], addr[1]), at))
     return out
 

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import trio
 
-from .stamps import ANCILLARY, enable_rx_timestamps, kernel_stamp
+from .stamps import ANCILLARY, arrival, enable_rx_timestamps, kernel_stamp
 
 MAX_RESPONSE = 1 << 20
 
@@ -100,8 +100,7 @@ async def request(
                     break
                 if answered_at is None:
                     now = trio.current_time()
-                    answered_at = now if stamp is None else min(
-                        now, max(sent_at, stamp + now - time.time()))
+                    answered_at = arrival(stamp, now, now - time.time(), sent_at)
                 raw += chunk
                 if len(raw) > MAX_RESPONSE:
                     raise HttpError("response too large")

@@ -43,3 +43,10 @@ def kernel_stamp(ancillary: Iterable[tuple[int, int, bytes]]) -> float | None:
             sec, nsec = _TIMESPEC.unpack_from(data)
             return float(sec + nsec * 1e-9)
     return None
+
+
+def arrival(stamp: float | None, now: float, offset: float, floor: float) -> float:
+    """A kernel ``stamp`` (wall clock; None: none) as an arrival on trio's clock, ``offset``
+    being trio's clock minus the wall clock at ``now``: clamped to ``[floor, now]`` so a
+    wall-clock step cannot move it backwards or into the future (``now`` without a stamp)."""
+    return now if stamp is None else min(now, max(floor, stamp + offset))
