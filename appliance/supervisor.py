@@ -77,6 +77,7 @@ from .config import (
     resolve,
 )
 from .logs import add_logging_flags, configure
+from .priority import MEDIA_NICE, add_nice_flag, parse_nice, raise_priority
 from .proto.turn.credentials import derive_turn_secret, parse_turn_secrets, turn_urls
 from .proto.ufrag import load_secrets
 from .recordings import (
@@ -133,6 +134,7 @@ DEFAULTS: dict[str, Any] = {
     "live_agent": DEFAULT_LIVE_AGENT,
     "opus_complexity": None,  # None: the transceivers' own default
     "fixed_opus_complexity": False,
+    "nice": MEDIA_NICE,
     "headroom": None,  # None: the transceivers' own default (core)
     "admission_limit": ADMISSION_LIMIT,
     "dtls_versions": None,  # None: the transceivers' own default (1.2,1.3)
@@ -285,6 +287,9 @@ class UpConfig:
     recording_quota: int = DEFAULT_QUOTA
     recording_retention: float = DEFAULT_RETENTION
     child_command: list[str] = field(default_factory=lambda: [sys.executable, "-m", "appliance"])
+    #: --nice of this process and every child (appliance/priority.py); 0 here (a library
+    #: caller's process is its own business), MEDIA_NICE from the command line
+    nice: int = 0
     backoff_initial: float = 0.5
     stop_grace: float = 2.0
 
@@ -359,6 +364,7 @@ def build_up_config(args: argparse.Namespace) -> UpConfig:
                                               or ADMISSION_LIMIT),
         dtls_versions=None if getattr(args, "dtls_versions", None) is None
         else parse_dtls_versions(args.dtls_versions),
+        nice=0 if getattr(args, "nice", None) is None else parse_nice(args.nice),
     )
     cfg.record = bool(getattr(args, "record", False))
     cfg.recording_quota = parse_size(getattr(args, "recording_quota", None) or "1G")
@@ -504,6 +510,7 @@ def child_specs(cfg: UpConfig, secret: Path, control_dir: Path) -> tuple[list[Ch
                 "--recording-quota", str(cfg.recording_quota),
                 "--recording-retention", repr(cfg.recording_retention),
                 *(["--record"] if cfg.record else []),
+                "--nice", str(cfg.nice),  # always: 0 must not become their default
                 *logging_flags]
         transceivers.append(ChildSpec("transceiver", str(k), argv, control))
     routes = {k: ("127.0.0.1", port) for k, port in enumerate(ports)}
@@ -523,7 +530,7 @@ def child_specs(cfg: UpConfig, secret: Path, control_dir: Path) -> tuple[list[Ch
         argv = relay_argv(relay_cmd, worker_index=w, listen=listen, transceivers=routes,
                           secret_file=str(secret), control=control, redis=cfg.redis,
                           log_level=cfg.log_level, log_format=cfg.log_format,
-                          tcp=[cfg.udp] if cfg.ice_tcp else [],
+                          nice=cfg.nice, tcp=[cfg.udp] if cfg.ice_tcp else [],
                           tcp_https=_https_backend(cfg) if cfg.https_on_media_port else None,
                           turn=cfg.turn, turn_secret_file=cfg.turn_secret_file,
                           media_addresses=turn_media(cfg) if cfg.turn else (),
@@ -763,6 +770,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_webhook_arguments(parser)
     add_sip_arguments(parser)
     add_tls_arguments(parser)
+    add_nice_flag(parser)
     add_logging_flags(parser)
 
 
@@ -775,6 +783,9 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError, OSError) as exc:
         print(f"appliance up: {exc}", file=sys.stderr)
         return 2
+    # Signaling and the supervisor too: on a shared core their share against our own
+    # media processes stays what it was, and the host's other work comes after all of us.
+    raise_priority(cfg.nice, "appliance up")
 
     async def main() -> None:
         await up(cfg)

@@ -43,6 +43,7 @@ def relay_argv(
     io: str | None = None,
     coalesce_us: float | None = None,
     pin: bool = False,
+    nice: int | None = None,
     log_level: str | None = None,
     log_format: str | None = None,
     tcp: Sequence[Address] = (),
@@ -94,6 +95,7 @@ def relay_argv(
     opt("--coalesce-us", coalesce_us)
     if pin:
         argv.append("--pin")
+    opt("--nice", nice)
     for addr in tcp:
         argv += ["--tcp", format_hostport(addr)]
     opt("--tcp-max-connections", tcp_max_connections)

@@ -39,6 +39,7 @@ from ..children import ChildSpec, Supervisor, exception_leaves, serve_fork_templ
 from ..config import ConfigError, format_hostport, load_config, parse_hostport, resolve
 from ..control import serve_control
 from ..heap import settle_heap
+from ..priority import MEDIA_NICE, add_nice_flag, parse_nice, raise_priority
 from ..proto.turn.credentials import derive_turn_secret, parse_turn_secrets
 from ..proto.ufrag import load_secrets
 from .argv import relay_argv
@@ -67,6 +68,7 @@ DEFAULTS: dict[str, Any] = {
     "max_flows": 100_000,
     "new_flow_rate": 20.0,
     "pin": False,
+    "nice": MEDIA_NICE,
     "transceiver_pattern": None,
     "transceiver_count": None,
     "resolve_interval": 5.0,
@@ -228,6 +230,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # fork a worker for each "go" on the control socket that is its stdin, binding nothing
     # itself (issues 20 and 32: fast failover, every time).
     a("--standby", action="store_true", help=argparse.SUPPRESS)
+    add_nice_flag(parser)
     logs.add_logging_flags(parser)
 
 
@@ -483,6 +486,7 @@ def _child_argv(args: argparse.Namespace, config: RelayConfig, index: int,
         redis=config.redis_url, transceiver_pattern=config.transceiver_pattern,
         transceiver_count=config.transceiver_count, resolve_interval=config.resolve_interval,
         io=config.io, coalesce_us=config.coalesce * 1e6, pin=bool(args.pin),
+        nice=parse_nice(args.nice),
         log_level=args.log_level, log_format=args.log_format,
         tcp=config.tcp if tcp is None else tcp,
         tcp_max_connections=config.tcp_limits.max_connections,
@@ -571,7 +575,7 @@ class _Workers:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def _standby(config: RelayConfig, pin: bool) -> int:
+def _standby(config: RelayConfig, pin: bool, nice: int) -> int:
     """Serve as the supervisor's fork template (:func:`appliance.children.serve_fork_template`):
     every ``go`` forks a worker that runs :func:`_worker` from here, with everything it
     imports imported (the Redis client's module too, when configured) and the
@@ -580,11 +584,13 @@ def _standby(config: RelayConfig, pin: bool) -> int:
     if config.redis_url is not None:
         import redis  # noqa: F401 - imported now, not in each fork
     settle_heap()  # the start-up objects out of the collector's reach (and shared by forks)
-    return serve_fork_template(lambda: _worker(config, pin), STANDBY_LINE)
+    return serve_fork_template(lambda: _worker(config, pin, nice), STANDBY_LINE)
 
 
-def _worker(config: RelayConfig, pin: bool) -> int:
-    """One worker process: its own trio loop until SIGINT/SIGTERM; 1 if a bind failed."""
+def _worker(config: RelayConfig, pin: bool, nice: int) -> int:
+    """One worker process: its own trio loop until SIGINT/SIGTERM; 1 if a bind failed.
+    Its priority first (every life: a forked one is in a new session, so a new autogroup)."""
+    raise_priority(nice, f"relay worker {config.worker}")
     rc = 0
     try:
         trio.run(_run_worker, config, pin)
@@ -611,7 +617,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         resolve(args, load_config(args.config), "relay", DEFAULTS)
         config = build_config(args)
-    except (ConfigError, UsageError) as exc:
+        nice = parse_nice(args.nice)
+    except (ConfigError, UsageError, ValueError) as exc:
         print(f"appliance relay: {exc}", file=sys.stderr)
         return 2
     logs.configure(level=args.log_level, fmt=args.log_format, role="relay")
@@ -620,9 +627,9 @@ def run(args: argparse.Namespace) -> int:
         print("appliance relay: --workers must be >= 1", file=sys.stderr)
         return 2
     if args.standby:
-        return _standby(config, bool(args.pin))
+        return _standby(config, bool(args.pin), nice)
     if workers == 1 or args.worker_index is not None:
-        return _worker(config, bool(args.pin))
+        return _worker(config, bool(args.pin), nice)
     rc = 0
     try:
         trio.run(_Workers(args, config, workers).run)

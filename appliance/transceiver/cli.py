@@ -39,6 +39,7 @@ from appliance.config import (
     resolve,
 )
 from appliance.logs import add_logging_flags, configure
+from appliance.priority import MEDIA_NICE, add_nice_flag, parse_nice, raise_priority
 from appliance.proto.ufrag import load_secrets
 from appliance.recordings import parse_duration, parse_size
 
@@ -51,7 +52,7 @@ DEFAULTS = {"id": 0, "cluster": 0, "agent": "echo", "max_sessions": 500, "listen
             "drain_grace": 3600.0, "opus_complexity": DEFAULT_COMPLEXITY,
             "fixed_opus_complexity": False, "headroom": "core",
             "dtls_versions": DEFAULT_DTLS_VERSIONS, "recordings_dir": None, "record": False,
-            "recording_quota": "1G", "recording_retention": "7d"}
+            "recording_quota": "1G", "recording_retention": "7d", "nice": MEDIA_NICE}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -118,6 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "default 7d)")
     parser.add_argument("--config", default=None, metavar="FILE",
                         help="TOML config file ([transceiver] table and shared keys)")
+    add_nice_flag(parser)
     add_logging_flags(parser)
 
 
@@ -187,6 +189,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"appliance transceiver: {exc}", file=sys.stderr)
         return 2
     configure(level=args.log_level, fmt=args.log_format, role=f"transceiver{args.id}")
+    try:
+        nice = parse_nice(args.nice)
+    except ValueError as exc:
+        print(f"appliance transceiver: {exc}", file=sys.stderr)
+        return 2
     if not args.secret_file:
         print("appliance transceiver: --secret-file is required", file=sys.stderr)
         return 2
@@ -211,6 +218,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     drain_on_sigterm = bool(args.drain_on_sigterm)
+    # Once the configuration holds, before trio's threads start (they inherit it).
+    raise_priority(nice, f"transceiver {args.id}")
 
     async def main() -> None:
         # SIGTERM/SIGINT: cancel everything; sessions end with "shutdown" (close_notify sent).

@@ -220,12 +220,14 @@ def test_role_command_lines_parse(tmp_path: Path) -> None:
     assert config.cluster == 0 and not config.transceivers
     assert config.transceiver_pattern and config.transceiver_count is None
     assert config.redis_url == "redis://redis.appliance.svc.cluster.local:6379/0"
+    assert args.nice == "0"  # non-root, no CAP_SYS_NICE: the pod's CPU request weighs it
 
     tx = command_line(containers(one("StatefulSet", "transceiver"))[0])
     assert tx[:2] == ["appliance", "transceiver"]
     argv = [("3" if a == "${HOSTNAME##*-}" else a) for a in tx[2:]]
     args = parse(transceiver_cli.add_arguments, argv)
     assert args.id == 3
+    assert args.nice == "0"
 
 
 def test_transceiver_drains_on_sigterm_within_the_grace_period() -> None:

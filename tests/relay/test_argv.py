@@ -13,6 +13,7 @@ import pytest
 from relay.support import SECRET
 
 from appliance.config import resolve
+from appliance.priority import MEDIA_NICE
 from appliance.relay import cli
 from appliance.relay.argv import relay_argv
 from appliance.relay.server import RelayConfig
@@ -94,7 +95,8 @@ def test_up_builds_its_relay_workers_with_the_same_builder(tmp_path: Path,
     assert relays[0].argv == relay_argv(
         command, worker_index=0, listen=[cfg.udp], secret_file=str(secret_file),
         control=relays[0].control, redis=cfg.redis, log_level=cfg.log_level,
-        log_format=cfg.log_format, tcp=[cfg.udp],  # ICE-TCP on the UDP port by default
+        log_format=cfg.log_format, nice=MEDIA_NICE,  # appliance/priority.py
+        tcp=[cfg.udp],  # ICE-TCP on the UDP port by default
         # TURN on by default, relaying to the public address (the default route's; off on
         # a host without one of the --udp address's family)
         turn=bool(turn_media(cfg)), media_addresses=turn_media(cfg),

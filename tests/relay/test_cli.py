@@ -182,7 +182,9 @@ def test_a_port_in_use_is_one_line_naming_it(
                 s.bind(("127.0.0.1", 0))
                 free = s.getsockname()[1]
             argv = ["--listen", f"127.0.0.1:{free}", "--tcp", f"127.0.0.1:{port}"]
-        argv = ["--secret-file", str(secret_file), "--transceiver", "0=127.0.0.1:9", *argv]
+        # --nice 0: in-process, the worker would raise this test process's priority
+        argv = ["--secret-file", str(secret_file), "--transceiver", "0=127.0.0.1:9",
+                "--nice", "0", *argv]
         assert cli.run(_parse(argv)) == 1
     err = capsys.readouterr().err
     what = "cannot bind UDP" if kind == "udp" else "cannot listen on TCP"
