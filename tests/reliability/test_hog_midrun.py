@@ -79,8 +79,11 @@ def start_hogs(cpu: int, n: int) -> list[subprocess.Popen[bytes]]:
 async def test_a_hog_mid_run_degrades_first_then_refuses_and_calls_keep_flowing(
         stack: Stack) -> None:
     cpu = max(os.sched_getaffinity(0))
-    # What the core has left is the subject here (tests/conftest.py sets `own` for the rest).
-    await stack.start_transceiver(0, "--opus-complexity", "10", "--headroom", "core")
+    # What the core has left is the subject here (tests/conftest.py sets `own` for the rest),
+    # against a neighbour at the same priority: at the default --nice -11 the hogs would
+    # take only what the calls leave (appliance/priority.py), and nothing would degrade.
+    await stack.start_transceiver(0, "--opus-complexity", "10", "--headroom", "core",
+                                  "--nice", "0")
     await stack.start_relay()
     os.sched_setaffinity(stack.transceivers[0].popen.pid, {cpu})
     payload = opus_frame()
