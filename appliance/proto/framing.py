@@ -23,6 +23,12 @@ the stream, in any split; :meth:`Deframer.poll_output` returns the complete fram
 each a bare ``bytes`` (immutable, and the only kind of output, so no wrapper object per
 frame on the relay's TCP path), then None.
 Deliberately omitted: RFC 4571's RTCP multiplexing rules (they are ICE's business above us).
+
+:func:`frame_spans_untrusted` is the same rule for a reader that *peeks* at the stream and
+takes only whole frames out of the kernel (the relay, so that a worker killed between two
+reads leaves every connection at a frame boundary for its successor: relay/keeper.py): it
+says where the whole frames in a buffer are, how many bytes they occupy, and how many bytes
+the next, incomplete frame needs in all.
 """
 
 from __future__ import annotations
@@ -44,6 +50,35 @@ def encode_frame(payload: bytes | bytearray | memoryview) -> bytes:
     if n > MAX_FRAME:
         raise ValueError(f"an RFC 4571 frame holds at most {MAX_FRAME} bytes, not {n}")
     return n.to_bytes(2, "big") + bytes(payload)
+
+
+#: ``(payload offset, payload length)`` of each whole frame, the bytes they occupy, and the
+#: size (prefix included) of the incomplete frame after them, 0 when there is none.
+Spans = tuple[list[tuple[int, int]], int, int]
+
+
+def frame_spans_untrusted(buf: bytes | bytearray | memoryview,
+                          max_frame: int = MAX_FRAME) -> Spans:
+    """The whole RFC 4571 frames at the start of ``buf`` (module docstring): ``(spans, end,
+    want)`` — ``spans`` the ``(offset, length)`` of each frame's payload, ``end`` the bytes
+    those frames occupy, ``want`` how many bytes from ``end`` on the next frame occupies
+    (2 while its prefix is incomplete; 0 when ``buf`` ends at a frame boundary). Raises only
+    :class:`FramingError` (``frame-too-long``: a frame announces more than ``max_frame``,
+    checked as soon as its prefix is in, like :class:`Deframer`)."""
+    n = len(buf)
+    spans: list[tuple[int, int]] = []
+    pos = 0
+    while True:
+        if n - pos < 2:
+            return spans, pos, 0 if pos == n else 2
+        need = (buf[pos] << 8) | buf[pos + 1]
+        if need > max_frame:
+            raise FramingError(f"frame of {need} bytes over the cap of {max_frame}",
+                               hint="frame-too-long")
+        if n - pos - 2 < need:
+            return spans, pos, 2 + need
+        spans.append((pos + 2, need))
+        pos += 2 + need
 
 
 class Deframer:

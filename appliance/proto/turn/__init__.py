@@ -24,6 +24,7 @@ from .channel import (
     StreamFramer,
     channel_data_header,
     encode_channel_data,
+    message_spans_untrusted,
     parse_channel_data_untrusted,
 )
 from .credentials import (
@@ -82,6 +83,7 @@ __all__ = [
     "encode_channel_data",
     "ice_server",
     "is_turn",
+    "message_spans_untrusted",
     "mint_rest_credential",
     "parse_channel_data_untrusted",
     "parse_record_untrusted",

@@ -27,7 +27,10 @@ ChannelData is TURN's 4-byte alternative to a Send/Data indication once a channe
   stream carries STUN messages (whose length field counts everything after the 20-byte header,
   always a multiple of 4) and ChannelData messages back to back, told apart by the first two
   bits: ``00`` STUN, ``01`` ChannelData (RFC 8656 §12; RFC 6062 §4.1 reuses the same framing
-  for its control connection). :class:`StreamFramer` splits such a stream into messages.
+  for its control connection). :class:`StreamFramer` splits such a stream into messages;
+  :func:`message_spans_untrusted` is the same rule for a reader that peeks and takes only
+  whole messages out of the kernel (the relay: a killed worker leaves its TURN/TCP
+  connections at a message boundary for its successor, relay/keeper.py).
   RFC 4571 framing (ICE-TCP) is a different thing (:mod:`appliance.proto.framing`).
 
 Deliberately omitted: RFC 6062 TCP *allocations* (Connect, ConnectionBind, data
@@ -46,6 +49,7 @@ __all__ = [
     "StreamFramer",
     "channel_data_header",
     "encode_channel_data",
+    "message_spans_untrusted",
     "parse_channel_data_untrusted",
 ]
 
@@ -89,6 +93,55 @@ def encode_channel_data(
     return out
 
 
+def _message_size(buf: bytes | bytearray | memoryview, pos: int, max_message: int) -> int:
+    """Bytes the message at ``buf[pos:]`` occupies on a stream (its padding included), or
+    -1 while its 4-byte header is incomplete. Raises only :class:`TurnError` (the hints of
+    :class:`StreamFramer`), as soon as the bytes in show the stream is broken."""
+    if len(buf) - pos < 4:
+        if len(buf) > pos and buf[pos] & 0x80:
+            raise TurnError("TURN stream broken: not-turn", hint="not-turn")
+        return -1
+    top = buf[pos] >> 6
+    length = (buf[pos + 2] << 8) | buf[pos + 3]
+    if top == 0:  # STUN: 20-byte header + length (a multiple of 4, RFC 8489 §5)
+        if length & 3:
+            raise TurnError("TURN stream broken: stun-length", hint="stun-length")
+        total = 20 + length
+    elif top == 1:  # ChannelData: 4-byte header + data, padded to 4 on a stream
+        total = 4 + length + (-length & 3)
+    else:
+        raise TurnError("TURN stream broken: not-turn", hint="not-turn")
+    if total > max_message + 3:
+        raise TurnError("TURN stream broken: frame-too-long", hint="frame-too-long")
+    return total
+
+
+def message_spans_untrusted(buf: bytes | bytearray | memoryview,
+                            max_message: int = STREAM_MAX) -> tuple[list[tuple[int, int]],
+                                                                     int, int]:
+    """The whole messages at the start of a TURN stream's bytes ``buf``: ``(spans, end,
+    want)`` — ``spans`` the ``(offset, length)`` of each (a ChannelData message without its
+    padding, as :class:`StreamFramer` delivers it), ``end`` the bytes they occupy, padding
+    included, ``want`` how many bytes from ``end`` on the next message occupies (4 while its
+    header is incomplete; 0 when ``buf`` ends at a boundary). Raises only
+    :class:`TurnError`, with :class:`StreamFramer`'s hints."""
+    n = len(buf)
+    spans: list[tuple[int, int]] = []
+    pos = 0
+    while pos < n:
+        total = _message_size(buf, pos, max_message)
+        if total < 0:
+            return spans, pos, 4
+        if n - pos < total:
+            return spans, pos, total
+        if buf[pos] >> 6 == 1:
+            spans.append((pos, 4 + ((buf[pos + 2] << 8) | buf[pos + 3])))
+        else:
+            spans.append((pos, total))
+        pos += total
+    return spans, pos, 0
+
+
 class StreamFramer:
     """Bytes of a TURN-over-TCP/TLS stream in, whole messages out (RFC 8656 §12.5).
 
@@ -127,24 +180,10 @@ class StreamFramer:
     def _need(self) -> int:
         """Bytes the next message occupies on the stream (its padding included), or -1 when
         its header is not complete yet; checks the cap as soon as the length is known."""
-        buf = self._buf
-        if len(buf) < 4:
-            if buf and buf[0] & 0x80:
-                self._fail("not-turn")
-            return -1
-        top = buf[0] >> 6
-        length = (buf[2] << 8) | buf[3]
-        if top == 0:  # STUN: 20-byte header + length (a multiple of 4, RFC 8489 §5)
-            total = 20 + length
-            if length & 3:
-                self._fail("stun-length")
-        elif top == 1:  # ChannelData: 4-byte header + data, padded to 4 on a stream
-            total = 4 + length + (-length & 3)
-        else:
-            self._fail("not-turn")
-        if total > self.max_message + 3:
-            self._fail("frame-too-long")
-        return total
+        try:
+            return _message_size(self._buf, 0, self.max_message)
+        except TurnError as exc:
+            self._fail(exc.hint)
 
     def _fail(self, reason: str) -> NoReturn:
         self._failed = reason

@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.proto.framing import MAX_FRAME, Deframer, FramingError, encode_frame
+from appliance.proto.framing import (
+    MAX_FRAME,
+    Deframer,
+    FramingError,
+    encode_frame,
+    frame_spans_untrusted,
+)
 
 
 def test_encode_known_bytes() -> None:
@@ -83,3 +89,54 @@ def test_fuzz_only_framing_error(data: bytes, cap: int) -> None:
                 pass
     except FramingError:
         pass
+
+
+# -- frame_spans_untrusted: the peeking reader's view (relay/tcp.py, relay/keeper.py) -----
+
+
+def test_spans_of_whole_frames_and_the_next_ones_size() -> None:
+    stream = encode_frame(b"ab") + encode_frame(b"") + encode_frame(b"xyz")[:3]
+    spans, end, want = frame_spans_untrusted(stream)
+    assert [stream[o : o + n] for o, n in spans] == [b"ab", b""]
+    assert end == 6 and want == 5  # the third frame: 2-byte prefix + 3 bytes
+    assert frame_spans_untrusted(stream[:7]) == (spans, 6, 2)  # half a prefix
+    assert frame_spans_untrusted(stream[:6]) == (spans, 6, 0)  # at a boundary
+    assert frame_spans_untrusted(b"") == ([], 0, 0)
+
+
+def test_spans_refuse_a_frame_over_the_cap_from_its_prefix() -> None:
+    with pytest.raises(FramingError) as info:
+        frame_spans_untrusted(encode_frame(b"ok") + b"\x00\x51", 80)
+    assert info.value.hint == "frame-too-long"
+
+
+@given(st.lists(st.binary(max_size=80), max_size=12), st.integers(0, 1200))
+def test_spans_agree_with_the_deframer_on_every_prefix(frames: list[bytes], cut: int) -> None:
+    """The peeking reader takes exactly the frames the Deframer would have delivered from
+    the same bytes, and says how many more bytes the next one needs."""
+    stream = b"".join(encode_frame(f) for f in frames)
+    prefix = stream[: cut % (len(stream) + 1)]
+    spans, end, want = frame_spans_untrusted(prefix, 80)
+    d = Deframer(80)
+    d.handle_input(prefix)
+    expect = []
+    while (f := d.poll_output()) is not None:
+        expect.append(f)
+    assert [prefix[o : o + n] for o, n in spans] == expect
+    assert end == len(prefix) - d.buffered - (2 if d._need >= 0 else 0)
+    if end < len(prefix):
+        assert want > len(prefix) - end
+    else:
+        assert want == 0
+    if want > 2:  # the prefix is in: that many bytes make the frame whole
+        assert frame_spans_untrusted(stream[: end + want], 80)[1] == end + want
+
+
+@given(st.binary(max_size=400), st.integers(1, 300))
+def test_fuzz_spans_only_framing_error(data: bytes, cap: int) -> None:
+    for prefix in (data, *(data[:i] for i in range(0, len(data), 13))):
+        try:
+            spans, end, want = frame_spans_untrusted(prefix, cap)
+        except FramingError:
+            continue
+        assert end <= len(prefix) and all(o + n <= end for o, n in spans)

@@ -13,6 +13,7 @@ from appliance.proto.turn import (
     channel_data_header,
     encode_channel_data,
     is_turn,
+    message_spans_untrusted,
     parse_channel_data_untrusted,
 )
 
@@ -106,3 +107,16 @@ def test_stream_framer_breaks_on_bad_input(data: bytes, hint: str) -> None:
     assert f.buffered == 0
     with pytest.raises(TurnError):  # the stream stays broken
         f.handle_input(STUN)
+
+
+def test_message_spans_of_a_stream_and_the_next_messages_size() -> None:
+    msgs = [STUN, encode_channel_data(0x4000, b"abcde"), encode_channel_data(0x4001, b"")]
+    stream = _stream(*msgs)
+    spans, end, want = message_spans_untrusted(stream)
+    assert [stream[o : o + n] for o, n in spans] == msgs and end == len(stream) and want == 0
+    cut = len(_stream(msgs[0])) + 6  # into the padded ChannelData (4 + 5 + 3 bytes)
+    assert message_spans_untrusted(stream[:cut]) == (spans[:1], cut - 6, 12)
+    assert message_spans_untrusted(stream[: cut - 4]) == (spans[:1], cut - 6, 4)
+    with pytest.raises(TurnError) as info:
+        message_spans_untrusted(stream + b"\x80")
+    assert info.value.hint == "not-turn"

@@ -17,6 +17,7 @@ from appliance.proto.turn import (
     Transmit,
     TurnError,
     encode_channel_data,
+    message_spans_untrusted,
     parse_channel_data_untrusted,
     parse_rest_username_untrusted,
 )
@@ -38,6 +39,32 @@ def test_parsers_raise_only_their_error(data: bytes) -> None:
             parse_rest_username_untrusted(chunk.decode("latin-1"))
         except TurnError:
             pass
+
+
+@given(st.binary(max_size=400))
+def test_message_spans_agree_with_the_stream_framer(data: bytes) -> None:
+    """The peeking reader (relay/tcp.py) takes, from any bytes and any prefix of them,
+    exactly the messages the StreamFramer delivers before it breaks, and only TurnError
+    escapes."""
+    for n in (len(data), *range(0, len(data), 11)):
+        chunk = data[:n]
+        f = StreamFramer(256)
+        expect: list[bytes] = []
+        broke = False
+        try:
+            f.handle_input(chunk)
+            while (m := f.poll_output()) is not None:
+                expect.append(m)
+        except TurnError:
+            broke = True
+        try:
+            spans, end, want = message_spans_untrusted(chunk, 256)
+        except TurnError:
+            assert broke
+            continue
+        assert not broke
+        assert [chunk[o : o + k] for o, k in spans] == expect
+        assert end == n - f.buffered and (want == 0) == (end == n)
 
 
 @given(st.binary(max_size=400), st.integers(1, 17))
