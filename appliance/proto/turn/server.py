@@ -319,8 +319,8 @@ class Allocation:
     """One allocation: the 5-tuple (``client`` + ``local``, and the transport) it belongs
     to, its relayed address and what it may reach. Mutable; owned by the server."""
 
-    __slots__ = ("by_peer", "channels", "client", "expires", "family", "local", "permissions",
-                 "relayed", "stream", "tid", "username")
+    __slots__ = ("by_peer", "channels", "client", "expires", "family", "kept", "local",
+                 "permissions", "relayed", "stream", "tid", "username")
 
     def __init__(self, client: Addr, local: Addr, relayed: Addr, family: int, username: str,
                  tid: bytes, expires: float, stream: bool) -> None:
@@ -335,6 +335,9 @@ class Allocation:
         self.expires = expires
         #: TCP/TLS client: ChannelData to it is padded to 4 bytes (§12.5)
         self.stream = stream
+        #: a TCP allocation whose connection a keeper holds a copy of (:meth:`TurnServer.keep`):
+        #: its changes are reported by poll_kept_changes, so its record follows the connection
+        self.kept = False
         #: peer IP (canonical text) -> expiry
         self.permissions: dict[str, float] = {}
         self.channels: dict[int, Channel] = {}
@@ -377,6 +380,11 @@ class TurnCounters:
         self.drops[reason] = self.drops.get(reason, 0) + n
 
 
+def _canonical_addr(addr: Addr) -> Addr | None:
+    ip = _canonical_ip(addr[0])
+    return None if ip is None else (str(ip), addr[1])
+
+
 def _canonical_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
         return ipaddress.ip_address(text)
@@ -412,6 +420,9 @@ class TurnServer:
         #: UDP allocations changed (made, refreshed, permissions, channels) or ended since
         #: the last poll_changes, by relayed address: what the shell writes to its cache
         self._changed: dict[Addr, Allocation | None] = {}
+        #: kept TCP allocations changed or ended since the last poll_kept_changes, by
+        #: 5-tuple: what the shell sends its keeper with the connection's record
+        self._kept_changed: dict[tuple[Addr, Addr], Allocation | None] = {}
         #: AllocationMissing is emitted only when a shell answers it (it has a cache)
         self.look_up_misses = False
         #: 5-tuples asked about (-> when), and found in no cache (-> until when)
@@ -516,8 +527,35 @@ class TurnServer:
     # -- surviving a worker restart (.snapshot) ---------------------------------------------
 
     def _mark(self, alloc: Allocation) -> None:
-        if not alloc.stream:  # a TCP/TLS allocation dies with its connection: never cached
+        if not alloc.stream:
             self._changed[alloc.relayed] = alloc
+        elif alloc.kept:  # its record travels with its connection, not through the cache
+            self._kept_changed[(alloc.client, alloc.local)] = alloc
+
+    def keep(self, addr: Addr, local: Addr) -> bytes | None:
+        """The TCP connection from ``addr`` to ``local`` is handed to a keeper (a copy of it
+        outlives this process): its allocation's record, Unix times, and from now on its
+        changes through :meth:`poll_kept_changes`. None without an allocation."""
+        alloc = self.allocations.get((addr, local))
+        if alloc is None or not alloc.stream:
+            return None
+        alloc.kept = True
+        self._kept_changed.pop((addr, local), None)
+        return self.export_allocation(alloc)
+
+    def poll_kept_changes(self) -> list[tuple[Addr, Addr, bytes | None]]:
+        """Kept TCP allocations changed (Refresh, permissions, channels) or ended since the
+        last call: ``(client, local, record or None when it ended)``."""
+        if not self._kept_changed:
+            return []
+        out: list[tuple[Addr, Addr, bytes | None]] = []
+        for (client, local), alloc in self._kept_changed.items():
+            if alloc is None or self.allocations.get((client, local)) is not alloc:
+                out.append((client, local, None))
+            else:
+                out.append((client, local, self.export_allocation(alloc)))
+        self._kept_changed.clear()
+        return out
 
     def export_allocation(self, alloc: Allocation) -> bytes:
         """``alloc`` as a cache record (:mod:`.snapshot`): no secret, no key, Unix times."""
@@ -528,7 +566,8 @@ class TurnServer:
             expires=alloc.expires + off,
             permissions=tuple((ip, t + off) for ip, t in alloc.permissions.items()),
             channels=tuple((ch.number, ch.peer, ch.expires + off)
-                           for ch in alloc.channels.values())))
+                           for ch in alloc.channels.values()),
+            stream=alloc.stream))
 
     def poll_changes(self) -> list[tuple[Addr, bytes | None, float]]:
         """The UDP allocations changed or ended since the last call, as ``(relayed, record
@@ -545,7 +584,7 @@ class TurnServer:
         return out
 
     def import_allocation(self, now: float, data: bytes | bytearray | memoryview, *,
-                          moved: bool = False) -> bool:
+                          moved: bool = False, client: Addr | None = None) -> bool:
         """Re-create the allocation of a cache record (written by a worker that died), so the
         client's next ChannelData or Send is relayed with no new Allocate. The record is
         untrusted: a corrupt one, one past its expiry, one beyond this server's caps or
@@ -557,12 +596,21 @@ class TurnServer:
         hold the relayed socket. If the address cannot be claimed it is
         :meth:`ReclaimPorts.adopt`-ed instead: an identity, which is all an allocation
         whose peer is our own media address needs (data to it is routed in-process);
-        data to a peer beyond it needs the socket (the shell drops and counts it)."""
+        data to a peer beyond it needs the socket (the shell drops and counts it).
+
+        ``client``: the record came with a TCP connection the shell adopted (its keeper's
+        copy, after a kill): the connection's client address, which a TCP record must name
+        (the allocation is keyed by it, and kept). A TCP record without one, or a UDP
+        record with one, is dropped (``turn-import-stream``)."""
         c = self.counters
         try:
             rec = parse_record_untrusted(data)
         except TurnError:
             c.drop("turn-import-corrupt")
+            return False
+        if rec.stream != (client is not None) or (
+                client is not None and _canonical_addr(client) != rec.client):
+            c.drop("turn-import-stream")
             return False
         off = self.unix_offset
         expires = rec.expires - off
@@ -584,7 +632,7 @@ class TurnServer:
         if not all(self._peer_allowed(peer, rec.family) for _, peer, _ in rec.channels):
             c.drop("turn-import-forbidden")
             return False
-        key = (rec.client, rec.local)
+        key = (rec.client if client is None else client, rec.local)
         if key in self.allocations or rec.relayed in self.by_relayed:
             c.drop("turn-import-exists")
             return False
@@ -600,8 +648,9 @@ class TurnServer:
                 c.drop("turn-import-port-taken")  # another allocation has it now
                 return False
             c.add("turn_allocations_adopted")
-        alloc = Allocation(rec.client, rec.local, rec.relayed, rec.family, rec.username,
-                           rec.tid, expires, False)
+        alloc = Allocation(rec.client if client is None else client, rec.local, rec.relayed,
+                           rec.family, rec.username, rec.tid, expires, rec.stream)
+        alloc.kept = rec.stream
         for peer_ip, t in rec.permissions:
             alloc.permissions[peer_ip] = t - off
         for number, peer, t in rec.channels:
@@ -618,7 +667,7 @@ class TurnServer:
         self._lookups.pop(key, None)
         self._absent.pop(key, None)
         c.add("turn_allocations_imported")
-        self._events.append(AllocationCreated(rec.relayed, rec.client, rec.local))
+        self._events.append(AllocationCreated(rec.relayed, alloc.client, rec.local))
         return True
 
     def looked_up(self, now: float, client: Addr, local: Addr) -> None:
@@ -993,6 +1042,8 @@ class TurnServer:
         self.counters.add(f"turn_allocations_{reason}")
         if not alloc.stream:
             self._changed[alloc.relayed] = None
+        elif alloc.kept:
+            self._kept_changed[key] = None
         self._events.append(AllocationEnded(alloc.relayed, alloc.client, reason))
 
     # -- Refresh (§8.2) -----------------------------------------------------------------------

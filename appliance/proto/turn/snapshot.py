@@ -1,5 +1,5 @@
-"""An allocation's state as bytes, so a TURN/UDP allocation outlives the relay worker that
-made it (issue 40 item 2: "a worker kill keeps TURN calls alive").
+"""An allocation's state as bytes, so a TURN allocation outlives the relay worker that made
+it (issue 40 item 2: "a worker kill keeps TURN calls alive").
 
 The relay writes each UDP allocation to its flow cache (Redis, or the worker's own state
 file) when it is made and whenever it changes (Refresh, CreatePermission, ChannelBind), and
@@ -18,12 +18,19 @@ A record is compact JSON (version 1)::
      "t": "00112233445566778899aabb",   transaction id of its Allocate (retransmissions)
      "e": 1700000600.0,                 expiry, Unix time
      "p": {"192.0.2.1": 1700000300.0},  permissions: peer IP -> expiry (Unix)
-     "ch": [[16384, "192.0.2.1", 3478, 1700000600.0]]}   channels: number, peer, expiry
+     "ch": [[16384, "192.0.2.1", 3478, 1700000600.0]],   channels: number, peer, expiry
+     "s": 1}                            only on a TURN/TCP allocation (absent: UDP)
+
+A TURN/TCP allocation lives as long as its connection (RFC 8656 §3.1). Its record is not
+written to the cache but travels *with the connection*: the relay's keeper holds a copy of
+the connection's descriptor and this record (relay/keeper.py), and the worker that adopts
+the connection after a kill re-creates the allocation from it
+(:meth:`~appliance.proto.turn.TurnServer.import_allocation` with the connection's client).
 
 What is deliberately *not* in it: the shared secret or any key derived from it (the next
 request is authenticated afresh: the key is re-derived from the REST secret and the
-username), and TCP/TLS allocations (they live as long as their connection, which dies with
-the process: RFC 8656 §3.1).
+username), and TURN/TLS allocations (their connection's TLS keys live in OpenSSL, so the
+connection dies with the process that terminated it).
 
 Times are Unix time so that a record means the same in any process; the server converts
 with its ``unix_offset``. A record is untrusted input (the cache is shared, and may be
@@ -54,7 +61,8 @@ MAX_ENTRIES = 256
 
 @dataclass(frozen=True, slots=True)
 class AllocationRecord:
-    """One UDP allocation, as written to the cache (times in Unix seconds)."""
+    """One allocation, as written to the cache or kept with its TCP connection (times in
+    Unix seconds)."""
 
     client: Addr
     local: Addr
@@ -65,16 +73,21 @@ class AllocationRecord:
     expires: float
     permissions: tuple[tuple[str, float], ...]
     channels: tuple[tuple[int, Addr, float], ...]
+    #: a TURN/TCP allocation (its client reaches us over a TCP connection)
+    stream: bool = False
 
 
 def encode_record(rec: AllocationRecord) -> bytes:
-    return json.dumps({
+    obj = {
         "v": RECORD_VERSION,
         "c": list(rec.client), "l": list(rec.local), "r": list(rec.relayed),
         "f": rec.family, "u": rec.username, "t": rec.tid.hex(), "e": rec.expires,
         "p": dict(rec.permissions),
         "ch": [[n, p[0], p[1], t] for n, p, t in rec.channels],
-    }, separators=(",", ":")).encode()
+    }
+    if rec.stream:
+        obj["s"] = 1
+    return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def _bad(what: str) -> TurnError:
@@ -146,8 +159,11 @@ def parse_record_untrusted(data: bytes | bytearray | memoryview) -> AllocationRe
     if len({n for n, _, _ in channels}) != len(channels) or \
             len({p for _, p, _ in channels}) != len(channels):
         raise _bad("a channel number or peer twice")
+    stream = obj.get("s", 0)
+    if type(stream) is not int or stream not in (0, 1):
+        raise _bad("stream flag")
     return AllocationRecord(
         client=_addr(obj.get("c"), "client"), local=_addr(obj.get("l"), "local"),
         relayed=relayed, family=family, username=username, tid=tid,
         expires=_time(obj.get("e"), "expiry"), permissions=permissions,
-        channels=tuple(channels))
+        channels=tuple(channels), stream=stream == 1)

@@ -136,6 +136,69 @@ def test_stream_allocations_are_never_cached() -> None:
                      c.addr, c.local, stream=True)
     drain(srv)
     assert len(srv.allocations) == 1 and srv.poll_changes() == []
+    assert srv.poll_kept_changes() == []  # not kept: nobody holds its connection
+
+
+class _Tcp(tuple[str, int]):
+    """A client address of another type than the record's plain tuple (the shell's
+    StreamAddr): the imported allocation must be keyed by the object the shell gives."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Tcp and tuple.__eq__(self, other)
+
+    def __hash__(self) -> int:
+        return hash(("tcp", *self))
+
+
+def _stream_allocation() -> tuple[TurnServer, Client, _Tcp]:
+    srv, _ = server()
+    c = Client()
+    tcp = _Tcp(c.addr)
+    for auth in (False, True):
+        srv.handle_input(NOW, c.request(Method.ALLOCATE, ((AttrType.REQUESTED_TRANSPORT, 17),),
+                                        auth=auth), tcp, c.local, stream=True)
+        c.learn(transmits(drain(srv))[0].data)
+    return srv, c, tcp
+
+
+def test_a_kept_tcp_allocation_follows_its_connection_to_a_new_server() -> None:
+    """Issue 40 item 2, TURN/TCP: the connection is handed to the keeper with its
+    allocation's record (keep), changes follow (poll_kept_changes), and the worker that
+    adopts the connection after a kill re-creates the allocation under the connection's
+    client object, kept, padded on the stream; a TCP record without a connection, or a UDP
+    record with one, is refused."""
+    srv, c, tcp = _stream_allocation()
+    record = srv.keep(tcp, c.local)
+    assert record is not None and json.loads(record)["s"] == 1
+    assert srv.keep(c.addr, c.local) is None  # the plain tuple is another (UDP) client
+    srv.handle_input(NOW, c.request(Method.CHANNEL_BIND, (
+        (AttrType.CHANNEL_NUMBER, 0x4001), (AttrType.XOR_PEER_ADDRESS, OWN))), tcp, c.local,
+        stream=True)
+    (answer,) = transmits(drain(srv))
+    assert answer.dest is tcp and c.learn(answer.data).error_code is None
+    ((who, local, changed),) = srv.poll_kept_changes()
+    assert who == tcp and local == c.local and changed is not None
+    assert srv.poll_changes() == []  # never through the cache
+    srv2, ports2 = server()
+    assert not srv2.import_allocation(NOW, changed)  # no connection: refused
+    assert srv2.counters.drops == {"turn-import-stream": 1} and not ports2.bound
+    srv3, _ = server()
+    assert srv3.import_allocation(NOW + 1, changed, client=tcp)
+    (alloc,) = srv3.allocations.values()
+    assert alloc.client is tcp and alloc.stream and alloc.kept
+    drain(srv3)
+    srv3.from_peer(NOW + 1, alloc.relayed, OWN, b"abcde")
+    (tx,) = transmits(drain(srv3))
+    assert tx.dest is tcp and tx.data == encode_channel_data(0x4001, b"abcde", pad=True)
+    srv3.close(NOW + 2, tcp, c.local)  # the connection ended: so does the record
+    drain(srv3)
+    assert srv3.poll_kept_changes() == [(tcp, c.local, None)]
+    _, _, _, udp_record = _bound()
+    srv4, _ = server()
+    assert not srv4.import_allocation(NOW, udp_record, client=tcp)
+    assert srv4.counters.drops == {"turn-import-stream": 1}
 
 
 _json = st.recursive(
