@@ -103,7 +103,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..proto.mux import Kind, first_byte_kind
-from ..proto.proxy import TLV_RELAY_ID, encode_tlv
+from ..proto.proxy import TLV_RELAY_ID, StreamAddr, encode_tlv
 from ..proto.ratelimit import NEVER, Gcra, GcraRule, GcraTable, TokenBuckets
 from ..proto.stun import MAX_AMPLIFICATION, StunError, peek_username_untrusted, reflexive_response
 from ..proto.turn.demux import TURN_FIRST, TURN_TYPE
@@ -803,7 +803,10 @@ class RelayCore:
         # by the worker that had the flow before (possibly itself recovered it a moment
         # earlier, so never refreshed it); rewriting gives it a full flow_timeout from now
         # and makes this worker its keeper, so the next restart still finds it.
-        flow = self._install(now, client, route, public, upstream, b"")
+        # A TCP client (a connection adopted after a worker kill, relay/keeper.py) keeps
+        # its transport: STREAM headers, and its return traffic framed onto the connection.
+        transport = Transport.TCP if type(client) is StreamAddr else Transport.UDP
+        flow = self._install(now, client, route, public, upstream, b"", transport)
         flow.answered = True  # established on the worker that wrote it
         self.counters.flows_recovered += 1
         held = self._held.pop(client, None)

@@ -182,3 +182,26 @@ def test_a_stun_check_that_makes_the_flow_discards_the_hold() -> None:
     assert isinstance(res, Flow)
     assert core.poll_released() == []
     assert core.counters.held_released == 0
+
+
+def test_an_adopted_tcp_clients_flow_is_vouched_for_as_a_tcp_flow() -> None:
+    """Issue 40 item 2: an ICE-TCP connection adopted from the keeper after a worker kill
+    has no flow in the successor; its first frame makes the worker ask. The question names
+    the client as a TCP one (STREAM family, parsed back as a StreamAddr, so the transceiver
+    finds its TCP flow, not a UDP one of the same ip:port), and the flow the answer installs
+    is a TCP flow: STREAM header, its returns framed onto the connection (the TCP sink)."""
+    from appliance.proto.proxy import STREAM, StreamAddr, parse_transport_untrusted
+    from appliance.relay.core import Transport
+
+    core, v = setup()
+    tcp = StreamAddr(CLIENT)
+    assert core.handle_datagram(0.0, tcp, RTP, PUBLIC, transport=Transport.TCP) is None
+    out = v.queries(0.0, core.poll_lookups(0.0))
+    q = parse_untrusted(out[0][0], [KEY])
+    assert type(q.client) is StreamAddr and q.client == tcp
+    flow = v.handle_datagram(0.01, answer(q), T[1])
+    assert isinstance(flow, Flow) and flow.client == tcp and flow.transport is Transport.TCP
+    assert parse_transport_untrusted(flow.header)[3] == STREAM
+    (released,) = core.poll_released()
+    assert released == (flow, bytes(RTP))
+    assert core.flows.get(CLIENT) is None  # the UDP client of the same ip:port is another

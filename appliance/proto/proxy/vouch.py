@@ -20,6 +20,12 @@ would (source = client, destination = the public relay address); one TLV carries
         nonce (8: the relay's, echoed in the answer: no replay, no unsolicited answer)
         mac (16: HMAC-SHA256 over every byte before it, key derived from a routing secret)
 
+A client that reaches the relay over TCP (ICE-TCP, a :class:`~appliance.proto.proxy.StreamAddr`:
+a connection the relay's keeper handed to the worker that took over after a kill) is named
+with the STREAM family byte (``0x11``/``0x21``) as its relayed datagrams are, and parsed
+back as a ``StreamAddr``, so the transceiver finds the TCP flow, not a UDP one from the
+same ``ip:port``.
+
 No payload follows. Omitted on purpose: negative answers (silence is one: the relay's
 look-up simply expires), batching (one client per datagram keeps the parser trivial; a
 restart costs one small datagram per flow and transceiver).
@@ -35,7 +41,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import RemoteProtocolError
-from . import FAM_UDP4, FAM_UDP6, SIGNATURE, Address, ProxyError, encode_header
+from . import (
+    FAM_TCP4,
+    FAM_TCP6,
+    FAM_UDP4,
+    FAM_UDP6,
+    SIGNATURE,
+    STREAM,
+    Address,
+    ProxyError,
+    StreamAddr,
+    encode_header,
+    transport_of,
+)
 from . import parse_untrusted as _parse_proxy
 
 __all__ = ["TLV_VOUCH", "VER_CMD_LOCAL", "Kind", "Vouch", "VouchError", "derive_key",
@@ -88,7 +106,8 @@ def encode(msg: Vouch, key: bytes) -> bytes:
         raise ValueError("nonce must be 8 bytes and transceiver 0..65535")
     tlv = struct.pack("!BH", TLV_VOUCH, VALUE_LEN) + _BODY.pack(
         int(msg.kind), msg.transceiver, msg.nonce)
-    proxy = bytearray(encode_header(msg.client, msg.public, tlv + bytes(MAC_LEN)))
+    proxy = bytearray(encode_header(msg.client, msg.public, tlv + bytes(MAC_LEN),
+                                    transport_of(msg.client)))
     proxy[12] = VER_CMD_LOCAL
     body = len(proxy) - MAC_LEN
     proxy[body:] = _mac(key, memoryview(proxy)[:body])
@@ -110,9 +129,9 @@ def parse_untrusted(buf: bytes | bytearray | memoryview, keys: Sequence[bytes]) 
     if buf[12] != VER_CMD_LOCAL:
         raise VouchError("not a LOCAL header", hint="command")
     fam = buf[13]
-    if fam == FAM_UDP4:
+    if fam in (FAM_UDP4, FAM_TCP4):
         want, addr_len = LEN_V4, 12
-    elif fam == FAM_UDP6:
+    elif fam in (FAM_UDP6, FAM_TCP6):
         want, addr_len = LEN_V6, 36
     else:
         raise VouchError(f"unsupported family 0x{fam:02x}", hint="family")
@@ -139,4 +158,6 @@ def parse_untrusted(buf: bytes | bytearray | memoryview, keys: Sequence[bytes]) 
         client, public, _ = _parse_proxy(head)
     except ProxyError as exc:  # pragma: no cover - the length and family were checked
         raise VouchError(str(exc), hint="address") from None
+    if fam & 0x0F == STREAM:
+        client = StreamAddr(client)
     return Vouch(kind, client, public, ident, nonce)

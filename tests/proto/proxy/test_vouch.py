@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.proto.proxy import ProxyError
+from appliance.proto.proxy import ProxyError, StreamAddr
 from appliance.proto.proxy import parse_untrusted as parse_proxy
 from appliance.proto.proxy.vouch import (
     LEN_V4,
@@ -27,10 +27,17 @@ Q4 = Vouch(Kind.QUERY, ("198.51.100.7", 50000), ("203.0.113.1", 3478), 3, b"nonc
 V6 = Vouch(Kind.VOUCH, ("2001:db8::7", 1), ("2001:db8::1", 3478), 65535, b"nonce-02")
 
 
-@pytest.mark.parametrize("msg", [Q4, V6])
+T4 = Vouch(Kind.QUERY, StreamAddr(("198.51.100.7", 50000)), ("203.0.113.1", 3478), 3,
+           b"nonce-03")
+T6 = Vouch(Kind.VOUCH, StreamAddr(("2001:db8::7", 1)), ("2001:db8::1", 3478), 7, b"nonce-04")
+
+
+@pytest.mark.parametrize("msg", [Q4, V6, T4, T6])
 def test_round_trip(msg: Vouch) -> None:
+    """A TCP client (StreamAddr) comes back as one, never equal to the UDP client."""
     data = encode(msg, KEY)
-    assert len(data) == (LEN_V4 if msg is Q4 else LEN_V6)
+    assert len(data) == (LEN_V4 if msg in (Q4, T4) else LEN_V6)
+    assert type(parse_untrusted(data, [KEY]).client) is type(msg.client)
     assert is_local(data)
     assert parse_untrusted(data, [OTHER, KEY]) == msg  # any of the relay's secrets
 
