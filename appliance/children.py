@@ -23,7 +23,9 @@ port) both run their children through :class:`Supervisor` (DESIGN.md "Processes"
   watched, signalled and waited for through that pidfd (:class:`_ForkedProcess`), its exit
   status reported by the template, and stopped like any other life when the nursery is
   cancelled. The template runs no trio loop (it would not survive a fork); each forked
-  life starts its own.
+  life starts its own. A role may give the template more to serve on its selector
+  (:class:`TemplateSource`: the relay's keeper of TCP connections, relay/keeper.py); the
+  fork closes every descriptor of theirs before the worker runs.
 
 An optional *observer* (signaling's state, for ``up``) is told when a child starts, becomes
 ready and exits, so a dead transceiver's sessions are reported ended at once.
@@ -122,12 +124,29 @@ STANDBY_FLAG = "--standby"
 _GO = b"go"
 
 
-def serve_fork_template(run: Callable[[], int], warm_line: str) -> int:
+class TemplateSource(Protocol):
+    """Something a fork template serves beside its control socket, on its selector (no trio
+    there): the relay's keeper of TCP connections (relay/keeper.py)."""
+
+    def register(self, sel: selectors.BaseSelector) -> None:
+        """Register its descriptors on ``sel``, each key's ``data`` a callable taking the
+        ready events mask; it may register and unregister more from those callables."""
+        ...
+
+    def close_in_fork(self) -> None:
+        """In a fork, before the worker runs: close every descriptor it holds (the worker
+        must not keep the template's copies open)."""
+        ...
+
+
+def serve_fork_template(run: Callable[[], int], warm_line: str,
+                        sources: Sequence[TemplateSource] = ()) -> int:
     """The template side, called by a standby once its imports are done and before any
     trio loop has started (a process that ran trio must not fork: its loop, threads and
     wake-up fds would be half copied). Forks ``run`` (the worker: it starts its own trio
     loop, binds with ``SO_REUSEPORT`` as any worker does) for each ``go``; reaps the
-    workers and reports their exit; returns 0 at EOF (the supervisor stopped wanting it).
+    workers and reports their exit; serves ``sources`` (:class:`TemplateSource`) on the
+    same selector; returns 0 at EOF (the supervisor stopped wanting it).
     Workers outlive their template: the supervisor watches and stops them by pidfd."""
     try:
         ctl = socket.socket(fileno=0)
@@ -139,11 +158,15 @@ def serve_fork_template(run: Callable[[], int], warm_line: str) -> int:
         return 2
     sel = selectors.DefaultSelector()
     sel.register(ctl, selectors.EVENT_READ)
+    for source in sources:
+        source.register(sel)
     live: dict[int, int] = {}  # pidfd -> pid of a worker not yet reaped
     print(warm_line, flush=True)
     while True:
-        for key, _ in sel.select():
-            if key.fileobj is ctl:
+        for key, mask in sel.select():
+            if key.data is not None:  # a source's
+                key.data(mask)
+            elif key.fileobj is ctl:
                 try:
                     msg, fds, _, _ = socket.recv_fds(ctl, 64, 1)
                 except OSError:
@@ -161,7 +184,7 @@ def serve_fork_template(run: Callable[[], int], warm_line: str) -> int:
                 sys.stderr.flush()
                 pid = os.fork()
                 if pid == 0:
-                    _forked_worker(run, out, ctl, sel, live)  # never returns
+                    _forked_worker(run, out, ctl, sel, live, sources)  # never returns
                 os.close(out)
                 pidfd = os.pidfd_open(pid)
                 live[pidfd] = pid
@@ -183,13 +206,17 @@ def serve_fork_template(run: Callable[[], int], warm_line: str) -> int:
 
 
 def _forked_worker(run: Callable[[], int], out: int, ctl: socket.socket,
-                   sel: selectors.BaseSelector, live: dict[int, int]) -> None:
+                   sel: selectors.BaseSelector, live: dict[int, int],
+                   sources: Sequence[TemplateSource] = ()) -> None:
     """In the fork: a process of its own (own session, stdout the supervisor's new pipe,
-    nothing of the template's control channel), then the worker; never returns."""
+    nothing of the template's control channel nor of its sources), then the worker; never
+    returns."""
     code = 1
     try:
         os.setsid()  # its own process group, as a child the supervisor started would be
         sel.close()
+        for source in sources:
+            source.close_in_fork()
         ctl.close()  # fd 0
         for fd in live:
             os.close(fd)
