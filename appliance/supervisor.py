@@ -537,10 +537,11 @@ def child_specs(cfg: UpConfig, secret: Path, control_dir: Path) -> tuple[list[Ch
                           turn_relay_ips=list(dict.fromkeys(a for a, _ in turn_media(cfg)))
                           if cfg.turn else (),
                           turn_peers=cfg.turn_peers,
-                          # without Redis, TURN allocations outlive a worker kill in a file
-                          # here (relay/turn_store.py); the state directory is private
-                          turn_state_dir=str(cfg.state_dir / "relay")
-                          if cfg.turn and not cfg.redis else None,
+                          # the state directory's private corner for every life of worker
+                          # w: without Redis, TURN allocations outlive a worker kill in a
+                          # file here (relay/turn_store.py), and the keeper of its TCP
+                          # connections is named from it (relay/keeper.py)
+                          turn_state_dir=str(cfg.state_dir / "relay"),
                           tcp_proxy_from=cfg.tcp_proxy_from,
                           # TURN over TLS wherever the media port serves TLS (issue 40 item
                           # 3), with the same certificate as HTTPS (relay/tls.py splits).
@@ -569,12 +570,11 @@ async def up(
 ) -> None:
     """Run everything until cancelled; started with (base URL, supervisor, signaling state)."""
     secret = ensure_secret(cfg.state_dir)
-    if cfg.turn and not cfg.redis:
-        # The relays' embedded TURN cache (relay/turn_store.py): a private directory,
-        # emptied at start — a previous run's allocations have no sessions to serve.
-        turn_state = ensure_state_dir(cfg.state_dir / "relay")
-        for stale in turn_state.glob("turn-*.jsonl"):
-            stale.unlink(missing_ok=True)
+    # The relays' private directory (relay/turn_store.py, relay/keeper.py), its embedded
+    # TURN cache emptied at start — a previous run's allocations have no sessions to serve.
+    turn_state = ensure_state_dir(cfg.state_dir / "relay")
+    for stale in turn_state.glob("turn-*.jsonl"):
+        stale.unlink(missing_ok=True)
     if cfg.udp[1] == 0:  # "any port": pick one now so every relay worker shares the same
         cfg.udp = (cfg.udp[0], _free_port_pair(cfg.udp[0], tcp=cfg.ice_tcp))
     if cfg.https_on_media_port and cfg.relay_https is None:  # the relays need it up front

@@ -119,7 +119,6 @@ def relay_argv(
         opt("--turn-allocations-per-ip", turn_allocations_per_ip)
         opt("--turn-allocations-per-user", turn_allocations_per_user)
         opt("--turn-max-lifetime", turn_max_lifetime)
-        opt("--turn-state-dir", turn_state_dir)
         if turn_tls is not None:  # file names only: the key never rides on a command line
             opt("--turn-tls-cert", turn_tls.cert)
             opt("--turn-tls-key", turn_tls.key)
@@ -127,6 +126,9 @@ def relay_argv(
                 argv += ["--turn-tls-name", name]
             for name in turn_tls.https_names:
                 argv += ["--tcp-https-name", name]
+    # The worker index's private directory: TURN's embedded cache and the keeper's name
+    # (relay/keeper.py), so with or without TURN.
+    opt("--turn-state-dir", turn_state_dir)
     opt("--log-level", log_level)
     opt("--log-format", log_format)
     return argv

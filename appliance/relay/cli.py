@@ -46,11 +46,12 @@ from .argv import relay_argv
 from .control import merged_stats, unknown_op
 from .core import Address
 from .io import IO_ENV, IO_MODES, select_io
+from .keeper import Keeper, keeper_name
 from .resolver import pattern_address
 from .server import RelayConfig, serve_relay
 from .tcp import TcpLimits
 from .tls import TurnTls
-from .turn import TurnSettings
+from .turn import TurnSettings, raise_fd_limit
 
 log = logging.getLogger("appliance.relay")
 
@@ -210,9 +211,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--turn-max-lifetime", type=int, metavar="S",
       help="longest allocation lifetime a client may ask for, seconds (default 3600)")
     a("--turn-state-dir", metavar="DIR",
-      help="without --redis: keep this worker's TURN allocations in a file here, so the "
-           "worker that replaces a killed one re-creates them (a private directory; "
-           "`appliance up` and --workers M give their own)")
+      help="a private directory for what outlives this worker index's lives: without "
+           "--redis, its TURN allocations in a file here (the worker that replaces a killed "
+           "one re-creates them), and the name of the keeper of its TCP connections in its "
+           "warm standby (docs/turn.md 'A worker kill'). `appliance up` and --workers M "
+           "give their own")
     a("--turn-tls-cert", metavar="PEM",
       help="TURN over TLS on the --tcp listeners (needs --turn): this certificate chain "
            "(the operator's --tls-cert or signaling's self-signed one); a TLS connection "
@@ -583,8 +586,14 @@ def _standby(config: RelayConfig, pin: bool, nice: int) -> int:
     runs in this process, so forking it is safe; returns when the supervisor lets go."""
     if config.redis_url is not None:
         import redis  # noqa: F401 - imported now, not in each fork
+    sources = []
+    if config.turn_state_dir is not None and config.tcp:
+        # The keeper of the workers' TCP connections (keeper.py): one descriptor each.
+        raise_fd_limit(config.tcp_limits.max_connections)
+        sources.append(Keeper(keeper_name(config.turn_state_dir, config.cluster,
+                                          config.worker)))
     settle_heap()  # the start-up objects out of the collector's reach (and shared by forks)
-    return serve_fork_template(lambda: _worker(config, pin, nice), STANDBY_LINE)
+    return serve_fork_template(lambda: _worker(config, pin, nice), STANDBY_LINE, sources)
 
 
 def _worker(config: RelayConfig, pin: bool, nice: int) -> int:

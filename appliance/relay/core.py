@@ -164,6 +164,10 @@ class TurnHandler(Protocol):
 
     def closed(self, now: float, client: Address, public: Address) -> None: ...
 
+    def keep(self, client: Address, public: Address) -> bytes | None: ...
+
+    def adopt_stream(self, now: float, record: bytes, client: Address) -> bool: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Route:

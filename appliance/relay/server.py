@@ -21,6 +21,8 @@ Where things are::
      ├─ RedisFlowCache      writer task, with --redis (redis_cache.py)
      ├─ serve_turn_store    TURN allocations to Redis or the state file (turn_store.py)
      ├─ serve_turn_lookups  allocations of clients moved here, from any worker's records
+     ├─ KeeperLink.run      TCP connections handed to the keeper in the fork template, and
+     │                      a dead predecessor's taken over (keeper.py)
      └─ serve_control       {"op": "stats"} (control.py)
 
     core.RelayCore          every decision, no I/O; transport.py: the Transport/ReturnSink
@@ -36,6 +38,7 @@ and reported by ``stats``.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
 import time
@@ -67,6 +70,7 @@ from .fastpath import (
 )
 from .filter import MAX_DATAGRAM, attach_public_filter
 from .io import IO_ENV, IO_MODES, IoAdapter, adapter, mmsg_available, select_io
+from .keeper import KeeperLink, Kept, keeper_name
 from .redis_cache import RedisFlowCache, open_client
 from .reseed import FlowVouching, Lookups
 from .resolver import Resolver, pattern_address, resolve_at_start
@@ -133,8 +137,9 @@ class RelayConfig:
     turn: TurnSettings | None = None
     #: TURN over TLS on the ICE-TCP listeners and the TLS split's names (tls.py), or None
     turn_tls: TurnTls | None = None
-    #: the embedded cache of TURN allocations (turn_store.py) when there is no Redis: a
-    #: private directory the supervisor gives every life of this worker index, or None
+    #: a private directory the supervisor gives every life of this worker index, or None:
+    #: the embedded cache of TURN allocations (turn_store.py) when there is no Redis, and
+    #: the name of the keeper of its TCP connections in its fork template (keeper.py)
     turn_state_dir: str | None = None
 
 
@@ -254,6 +259,44 @@ def build_drains(
     return drains
 
 
+def _canonical(addr: Address) -> Address:
+    return (str(ipaddress.ip_address(addr[0].split("%", 1)[0])), addr[1])
+
+
+def _keeper_link(config: RelayConfig, core: RelayCore, listeners: Sequence[TcpListener],
+                 gate: TurnGate | None) -> KeeperLink | None:
+    """The worker's link to the keeper of its TCP connections (keeper.py): with a private
+    directory (a supervisor's worker, which has a fork template) and TCP listeners."""
+    if config.turn_state_dir is None or not listeners:
+        return None
+    by_public = {_canonical(t.public): t for t in listeners}
+
+    def adopt(sock: socket.socket, kept: Kept, ident: int) -> bool:
+        listener = by_public.get(kept.listener)
+        return listener is not None and listener.adopt(sock, kept, ident)
+
+    def poll() -> None:
+        if gate is None:
+            return
+        for client, local, record in gate.poll_kept():
+            listener = by_public.get(_canonical(local))
+            if listener is not None:
+                listener.kept_changed(client, record)
+
+    link = KeeperLink(keeper_name(config.turn_state_dir, config.cluster, config.worker),
+                      core.counters, adopt, poll)
+    for listener in listeners:
+        listener.keeper = link
+    return link
+
+
+async def _serve_keeper_link(link: KeeperLink, listeners: Sequence[TcpListener]) -> None:
+    """The keeper link, once every listener runs: adopted connections join their tasks."""
+    for listener in listeners:
+        await listener.started.wait()
+    await link.run()
+
+
 async def _housekeeping(core: RelayCore, flow_timeout: float) -> None:
     tick = min(1.0, flow_timeout / 4)
     while True:
@@ -328,6 +371,7 @@ async def serve_relay(
         buffers["internal"] = socket_buffers(isock)
         handle = RelayHandle(public, sockname(isock), core, config.worker, buffers, io,
                              tuple(t.public for t in listeners))
+        link = _keeper_link(config, core, listeners, gate)
         store: TurnStore | None = None
         if gate is not None:
             if cache is not None:
@@ -350,6 +394,8 @@ async def serve_relay(
                 nursery.start_soon(_housekeeping_turn, gate)
             for listener in listeners:
                 nursery.start_soon(listener.serve)
+            if link is not None:
+                nursery.start_soon(_serve_keeper_link, link, listeners)
             if resolver.needed:
                 nursery.start_soon(resolver.run)
             if cache is not None or vouching is not None:

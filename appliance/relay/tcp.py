@@ -68,9 +68,24 @@ HTTPS splice's header), and the bytes after it are the connection's first. No he
 one, or one naming no client (``UNKNOWN``/``LOCAL``: health checks) is closed and counted
 (``tcp-proxy-*``); connections from elsewhere are never asked for one.
 
-Reads: one ``recv_into`` (up to 64 kB) per readability, its frames handed to the drain as
-one batch. That is a trio wake-up per TCP segment burst rather than the UDP path's batched
-epoll loop — ICE-TCP is the fallback path, measured in docs/performance.md.
+A worker kill (issue 40 item 2, :mod:`.keeper`): an established ICE-TCP or TURN/TCP
+connection is handed to the keeper in the worker's fork template (a copy of its descriptor
+and a record; TURN/TCP's allocation snapshot follows its changes), dropped when it ends;
+after a SIGKILL the successor :meth:`TcpListener.adopt`-s it and carries on. So closing a
+connection is ``shutdown`` then ``close`` (the keeper's copy would keep it open), and bytes
+only peeked at are discarded first (a close with unread bytes is a reset, not a FIN).
+TURN/TLS connections are never kept (their keys live in OpenSSL here).
+
+Reads: one ``recv_into(MSG_PEEK)`` (up to 64 kB) per readability; the whole frames in it
+(:func:`~appliance.proto.framing.frame_spans_untrusted`, for TURN
+:func:`~appliance.proto.turn.message_spans_untrusted`) are handed to the drain as one batch
+and only then taken out of the kernel (``recv(n, MSG_TRUNC)``: discarded, not copied), so a
+worker killed between two reads leaves the stream at a frame boundary for its successor;
+while only part of a frame is in, ``SO_RCVLOWAT`` is the frame's size, so the task is not
+woken for every segment of it. A front proxy's header is peeked and taken the same way.
+That is a trio wake-up per TCP segment burst rather than the UDP path's batched epoll loop
+— ICE-TCP is the fallback path, measured in docs/performance.md. TURN/TLS reads whole
+(ciphertext) and frames with :class:`~appliance.proto.turn.StreamFramer`.
 """
 
 from __future__ import annotations
@@ -88,17 +103,18 @@ from ..netio.sockets import bind_error, family_of, format_addr, sockname
 from ..netio.splice import splice
 from ..proto.dtls import DtlsError
 from ..proto.dtls.tlspeek import MAX_HELLO_BYTES, peek_client_hello_untrusted
-from ..proto.framing import Deframer, FramingError
+from ..proto.framing import FramingError, frame_spans_untrusted
 from ..proto.mux import Kind, first_byte_kind
 from ..proto.proxy import STREAM, ProxyError, StreamAddr, encode_header
 from ..proto.proxy.stream import parse_stream_header_untrusted
 from ..proto.stun import StunError, peek_username_untrusted
 from ..proto.stun.message import COOKIE_BYTES
-from ..proto.turn import StreamFramer, TurnError
+from ..proto.turn import StreamFramer, TurnError, message_spans_untrusted
 from ..proto.ufrag import UfragError
 from .core import IS_STUN, Address, RelayCore
 from .fastpath import HEADROOM, PUBLIC_SLOT, Drain, Outbox, make_drain
 from .filter import MAX_DATAGRAM
+from .keeper import KeeperLink, Kept, kept_record
 from .tls import Route, TlsSession, TurnTls, route
 from .transport import Out, Transport
 
@@ -159,14 +175,17 @@ def tcp_listener(addr: Address, *, reuseport: bool = True) -> socket.socket:
 class TcpConnection:
     """One accepted client connection: its socket, write backlog and state."""
 
-    __slots__ = ("backlog", "blocked", "client", "closed", "flowed", "head", "reached", "sock",
-                 "tls", "turn", "wake")
+    __slots__ = ("backlog", "blocked", "client", "closed", "flowed", "kept", "lowat", "reached",
+                 "sock", "tls", "turn", "wake")
 
     def __init__(self, sock: socket.socket, client: StreamAddr) -> None:
         self.sock = sock
         self.client = client
-        #: bytes read before the reader started (what followed a front proxy's header)
-        self.head = b""
+        #: its id at the keeper (relay/keeper.py) once handed over, else None
+        self.kept: int | None = None
+        #: the socket's SO_RCVLOWAT: the bytes the next frame needs while only part of it
+        #: is in (peeking, the reader would otherwise wake for every segment), else 1
+        self.lowat = 1
         #: the address the client reached: ours, or a front proxy's (its header says)
         self.reached: Address | None = None
         #: framed bytes the kernel has not taken yet (bounded by TcpLimits.write_buffer)
@@ -262,6 +281,52 @@ def push(conn: TcpConnection) -> None:
         conn.wake.set()
 
 
+_SCRATCH = bytearray(READ_SIZE)  # never written: MSG_TRUNC discards on TCP
+
+
+def _close_socket(sock: socket.socket) -> None:
+    """Close an accepted connection so that its client sees the end: the bytes it sent
+    that were only peeked at are discarded first (Linux answers a close with unread bytes
+    with a reset, not a FIN), and it is shut down before the close, for the keeper may
+    hold a copy of it (relay/keeper.py) that would otherwise keep it open."""
+    try:
+        for _ in range(16):
+            if sock.recv_into(_SCRATCH, READ_SIZE, socket.MSG_TRUNC | socket.MSG_DONTWAIT) <= 0:
+                break
+    except OSError:
+        pass  # nothing (more) to read, or not connected
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # not connected any more
+    sock.close()
+
+
+def _take(conn: TcpConnection, rbuf: bytearray, n: int, want: int) -> None:
+    """Take the ``n`` bytes just peeked out of the kernel, without copying them (on TCP,
+    ``MSG_TRUNC`` discards), and make the socket readable again only once ``want`` bytes
+    are in (``SO_RCVLOWAT``: the rest of a frame whose start is in; 0: any byte), so
+    waiting for the rest of a frame does not spin."""
+    sock = conn.sock
+    while n > 0:
+        try:
+            got = sock.recv_into(rbuf, n, socket.MSG_TRUNC)
+        except (BlockingIOError, InterruptedError):  # pragma: no cover - they were peeked
+            break
+        except OSError:
+            return
+        if got <= 0:
+            break
+        n -= got
+    lowat = max(1, want)
+    if lowat != conn.lowat:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, lowat)
+        except OSError:
+            return
+        conn.lowat = lowat
+
+
 class TcpListener:
     """One ``--tcp`` address: accepts, reads frames into the drain, writes frames back."""
 
@@ -285,6 +350,11 @@ class TcpListener:
         self.proxied_pending = 0
         self.buf = bytearray(PUBLIC_SLOT * TCP_BATCH)
         self._batch: list[tuple[int, Address]] = []
+        #: the worker's link to its keeper (relay/keeper.py), set by the shell, or None
+        self.keeper: KeeperLink | None = None
+        self._nursery: trio.Nursery | None = None
+        #: set once :meth:`serve` runs (adopted connections need its nursery)
+        self.started = trio.Event()
         self.drain: Drain = make_drain(
             core, recv=self._take, buf=self.buf, slot=PUBLIC_SLOT, count=TCP_BATCH,
             internal=internal, public=self.public, reply=self.sink, transport=Transport.TCP)
@@ -301,6 +371,8 @@ class TcpListener:
         limits = self.limits
         counters = self.core.counters
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery  # adopted connections run here too
+            self.started.set()
             while True:
                 await trio.lowlevel.wait_readable(self.sock)
                 try:
@@ -361,7 +433,7 @@ class TcpListener:
     def _discard(self, conn: TcpConnection, reason: str | None) -> None:
         """Close an accepted connection that never entered the tables (counted as closed,
         so accepted - closed stays the open count)."""
-        conn.sock.close()
+        _close_socket(conn.sock)
         if reason:
             self.core.counters.drop(reason)
         self.core.counters.tcp_closed += 1
@@ -373,7 +445,7 @@ class TcpListener:
         it are the connection's first. No header, a bad one or one naming no client (a
         health check): closed and counted."""
         deadline = trio.current_time() + self.limits.first_frame_timeout
-        buf = bytearray()
+        rbuf = bytearray(READ_SIZE)
         got = None
         try:  # (cancelled meanwhile: the socket is closed below, never left open)
             while got is None:
@@ -382,30 +454,32 @@ class TcpListener:
                 if trio.current_time() >= deadline:
                     self._discard(conn, "tcp-proxy-timeout")
                     return
-                try:
-                    chunk = conn.sock.recv(READ_SIZE - len(buf))
+                try:  # peeked: only the header is taken, the stream stays whole
+                    n = conn.sock.recv_into(rbuf, READ_SIZE, socket.MSG_PEEK)
                 except (BlockingIOError, InterruptedError):
                     continue
                 except OSError:
                     self._discard(conn, None)
                     return
-                if not chunk:
+                if not n:
                     self._discard(conn, None)
                     return
-                buf += chunk
                 try:
-                    got = parse_stream_header_untrusted(buf)
+                    got = parse_stream_header_untrusted(memoryview(rbuf)[:n])
                 except ProxyError as exc:
                     self._discard(conn, f"tcp-proxy-{exc.hint}")
                     return
+                if got is None:
+                    _take(conn, rbuf, 0, n + 1)  # wake when more is in, not before
+                else:
+                    _take(conn, rbuf, got[2], 0)
         finally:
             self.proxied_pending -= 1
             if got is None:
-                conn.sock.close()
-        src, dst, end = got
+                _close_socket(conn.sock)
+        src, dst, _ = got
         conn.client = StreamAddr(src)
         conn.reached = dst
-        conn.head = bytes(buf[end:])
         if self._admit(conn):
             self.core.counters.tcp_proxied += 1
             await self._connection(conn)
@@ -436,7 +510,10 @@ class TcpListener:
         if conn.turn and self.core.turn is not None:
             self.core.turn.closed(trio.current_time(), client, self.public)
         self.core.counters.tcp_closed += 1
-        conn.sock.close()
+        kept, conn.kept = conn.kept, None
+        _close_socket(conn.sock)
+        if kept is not None and self.keeper is not None:
+            self.keeper.drop(kept)
 
     async def _writer(self, conn: TcpConnection) -> None:
         """Drains the backlog when the kernel could not take it at once."""
@@ -458,82 +535,207 @@ class TcpListener:
             conn.blocked = False
 
     async def _reader(self, conn: TcpConnection) -> None:
+        """An ICE-TCP connection's frames into the drain (module docstring), or, by its
+        first bytes, TURN over TCP or a TLS connection. Reads *peek*, and only whole
+        frames are taken out of the kernel (:func:`_take`): a worker killed between two
+        reads leaves the stream at a frame boundary for the worker that adopts it."""
         limits = self.limits
+        deadline = trio.current_time() + limits.first_frame_timeout
+        if conn.turn:  # adopted: a TURN/TCP connection with its allocation
+            await self._turn_tcp_reader(conn, deadline)
+            return
         core = self.core
         counters = core.counters
         drop = counters.drop
         sock = conn.sock
         client = conn.client
-        deframer = Deframer(limits.max_frame)
         rbuf = bytearray(READ_SIZE)
         rmv = memoryview(rbuf)
         buf = self.buf
         slot = PUBLIC_SLOT
-        deadline = trio.current_time() + limits.first_frame_timeout
         drain = self.drain
+        fresh = not conn.flowed  # nothing taken from the kernel yet: the first bytes decide
         while not conn.closed:
-            if conn.head:  # what followed a front proxy's header
-                n = len(conn.head)
-                rbuf[:n] = conn.head
-                conn.head = b""
-            else:
-                if not conn.flowed:
-                    when = deadline
-                else:
-                    when = trio.current_time() + limits.idle_timeout
-                with trio.move_on_at(when):
-                    await trio.lowlevel.wait_readable(sock)
-                if trio.current_time() >= when:
-                    drop("tcp-idle" if conn.flowed else "tcp-first-timeout")
-                    return
-                try:
-                    n = sock.recv_into(rbuf)
-                except (BlockingIOError, InterruptedError):
-                    continue
-                except OSError:
-                    return  # reset by the peer
-                if n == 0:
-                    return  # the client closed (or half-closed: nothing more will come)
-            if (self.https is not None or self.tls is not None) and not conn.flowed \
-                    and rbuf[0] == TLS_HANDSHAKE and deframer.buffered == 0:
-                await self._tls_split(conn, bytes(rmv[:n]), deadline)
-                return
-            if core.turn is not None and not conn.flowed and deframer.buffered == 0 \
-                    and n >= 8 and rbuf[0] < 0x40 and rbuf[4:8] == COOKIE_BYTES:
-                conn.turn = True  # a STUN message, not an RFC 4571 frame: TURN over TCP
-                await self._turn_reader(conn, bytes(rmv[:n]), deadline)
+            when = deadline if not conn.flowed else trio.current_time() + limits.idle_timeout
+            with trio.move_on_at(when):
+                await trio.lowlevel.wait_readable(sock)
+            if trio.current_time() >= when:
+                drop("tcp-idle" if conn.flowed else "tcp-first-timeout")
                 return
             try:
-                deframer.handle_input(rmv[:n])
+                n = sock.recv_into(rbuf, READ_SIZE, socket.MSG_PEEK)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                return  # reset by the peer
+            if n == 0:
+                return  # the client closed (or half-closed: nothing more will come)
+            if fresh:
+                if (self.https is not None or self.tls is not None) \
+                        and rbuf[0] == TLS_HANDSHAKE:
+                    head = bytes(rmv[:n])
+                    _take(conn, rbuf, n, 0)
+                    await self._tls_split(conn, head, deadline)
+                    return
+                if core.turn is not None and rbuf[0] < 0x40:
+                    if n < 8:  # a TURN client's first message is at least 28 bytes
+                        _take(conn, rbuf, 0, 8)
+                        continue
+                    if rbuf[4:8] == COOKIE_BYTES:
+                        # A STUN message, not an RFC 4571 frame: TURN over TCP.
+                        conn.turn = True
+                        _take(conn, rbuf, 0, 0)
+                        await self._turn_tcp_reader(conn, deadline)
+                        return
+            try:
+                spans, end, want = frame_spans_untrusted(rmv[:n], limits.max_frame)
+            except FramingError:
+                drop("tcp-frame-too-long")
+                return
+            flowed = was = conn.flowed
+            try:
                 batch = self._batch
-                while (frame := deframer.poll_output()) is not None:
-                    size = len(frame)
-                    if not conn.flowed:
-                        if not self._first_frame_ok(frame):
+                for off, size in spans:
+                    if not flowed:
+                        if not self._first_frame_ok(bytes(rmv[off : off + size])):
                             drop("tcp-first-frame")
                             return
-                    elif not size or not RELAYED[frame[0]]:
+                    elif not size or not RELAYED[rbuf[off]]:
                         drop("tcp-junk")
                         continue
                     at = len(batch) * slot + HEADROOM
-                    buf[at : at + size] = frame
+                    buf[at : at + size] = rmv[off : off + size]
                     batch.append((size, client))
                     if len(batch) == TCP_BATCH:
                         drain(trio.current_time())
                         batch = self._batch
-                        conn.flowed = conn.flowed or client in core.flows
-            except FramingError:
-                drop("tcp-frame-too-long")
-                return
+                        flowed = flowed or client in core.flows
             finally:
                 if self._batch:
                     drain(trio.current_time())
-            if not conn.flowed and client in core.flows:
+            _take(conn, rbuf, end, want)
+            fresh = fresh and not end
+            if not was and client in core.flows:
                 conn.flowed = True
                 counters.tcp_established += 1
+                self._keep(conn)
+
+    async def _turn_tcp_reader(self, conn: TcpConnection, deadline: float) -> None:
+        """A TURN-over-TCP connection (module docstring): its messages into the drain,
+        peeking and taking only whole messages out of the kernel, like :meth:`_reader`."""
+        limits = self.limits
+        core = self.core
+        turn = core.turn
+        assert turn is not None
+        drop = core.counters.drop
+        sock = conn.sock
+        client = conn.client
+        rbuf = bytearray(READ_SIZE)
+        rmv = memoryview(rbuf)
+        buf = self.buf
+        slot = PUBLIC_SLOT
+        drain = self.drain
+        while not conn.closed:
+            when = (trio.current_time() + limits.idle_timeout) if conn.flowed else deadline
+            with trio.move_on_at(when):
+                await trio.lowlevel.wait_readable(sock)
+            if conn.closed:
+                return
+            if trio.current_time() >= when:
+                drop("tcp-idle" if conn.flowed else "tcp-first-timeout")
+                return
+            try:
+                n = sock.recv_into(rbuf, READ_SIZE, socket.MSG_PEEK)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                return
+            if n == 0:
+                return
+            try:
+                spans, end, want = message_spans_untrusted(rmv[:n], limits.max_frame)
+            except TurnError as exc:
+                drop(f"tcp-turn-{exc.hint}")
+                return
+            try:
+                batch = self._batch
+                for off, size in spans:
+                    at = len(batch) * slot + HEADROOM
+                    buf[at : at + size] = rmv[off : off + size]
+                    batch.append((size, client))
+                    if len(batch) == TCP_BATCH:
+                        drain(trio.current_time())
+                        batch = self._batch
+            finally:
+                if self._batch:
+                    drain(trio.current_time())
+            _take(conn, rbuf, end, want)
+            if not conn.flowed and turn.has_allocation(client, self.public):
+                conn.flowed = True
+                core.counters.tcp_established += 1
+                self._keep(conn)
+
+    # -- the keeper (relay/keeper.py) ---------------------------------------------------------
+
+    def _keep(self, conn: TcpConnection) -> None:
+        """Hand an established connection to the keeper: ICE-TCP once it has a flow,
+        TURN/TCP once it has an allocation (its record goes with it). Never TLS."""
+        keeper = self.keeper
+        if keeper is None or conn.tls is not None or conn.kept is not None:
+            return
+        allocation = None
+        if conn.turn:
+            turn = self.core.turn
+            allocation = None if turn is None else turn.keep(conn.client, self.public)
+            if allocation is None:
+                return
+        conn.kept = keeper.keep(conn.sock, kept_record(
+            "turn" if conn.turn else "ice", conn.client, self.public, allocation))
+
+    def kept_changed(self, client: Address, record: bytes | None) -> None:
+        """A kept TURN/TCP connection's allocation changed (or ended): the keeper's record
+        follows."""
+        conn = self.sink.conns.get(client)
+        if conn is not None and conn.kept is not None and self.keeper is not None:
+            self.keeper.update(conn.kept, kept_record("turn", client, self.public, record))
+
+    def adopt(self, sock: socket.socket, kept: Kept, ident: int) -> bool:
+        """Take over a connection the keeper pushed (its worker died): back in the tables,
+        its reader and writer running, already flowed. An ICE-TCP flow is re-learnt from
+        its next frame (the transceivers vouch for it, reseed.py); a TURN/TCP allocation is
+        re-created from the record. False (the caller closes it): no room, a duplicate, or
+        an allocation that cannot be re-created."""
+        nursery = self._nursery
+        client = kept.client
+        if nursery is None or client in self.sink.conns or \
+                self.per_ip.get(client[0], 0) >= self.limits.max_per_ip or \
+                len(self.sink.conns) >= self.limits.max_connections:
+            return False
+        try:
+            sock.setblocking(False)
+            # The dead worker may have left its low-water mark on the shared socket.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+        except OSError:
+            return False
+        conn = TcpConnection(sock, client)
+        conn.flowed = True
+        conn.kept = ident
+        if kept.kind == "turn":
+            turn = self.core.turn
+            if turn is None or kept.allocation is None or \
+                    not turn.adopt_stream(trio.current_time(), kept.allocation, client):
+                return False
+            conn.turn = True
+        self.sink.conns[client] = conn
+        self.per_ip[client[0]] = self.per_ip.get(client[0], 0) + 1
+        self.core.counters.tcp_accepted += 1
+        nursery.start_soon(self._connection, conn)
+        return True
 
     async def _turn_reader(self, conn: TcpConnection, head: bytes, deadline: float) -> None:
-        """A TURN-over-TCP connection (module docstring) from its first bytes on."""
+        """A TURN-over-TLS connection from its first bytes on: the ciphertext is read whole
+        (it is never kept: its keys live in OpenSSL here), decrypted, and the plaintext is
+        the TURN-over-TCP stream."""
         limits = self.limits
         core = self.core
         turn = core.turn

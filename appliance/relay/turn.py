@@ -493,6 +493,24 @@ class TurnGate:
             if type(out) is not Transmit:
                 self._event(out)
 
+    def keep(self, client: Address, public: Address) -> bytes | None:
+        """A TURN/TCP connection goes to the keeper (relay/keeper.py): its allocation's
+        record, which then follows its changes (:meth:`poll_kept`)."""
+        return self.server.keep(client, public)
+
+    def poll_kept(self) -> list[tuple[Address, Address, bytes | None]]:
+        return self.server.poll_kept_changes()
+
+    def adopt_stream(self, now: float, record: bytes, client: Address) -> bool:
+        """A TURN/TCP connection adopted from the keeper after a worker kill: re-create its
+        allocation from the record that came with it (the relayed port is claimed back);
+        False when it cannot be (counted ``turn-import-*``)."""
+        ok = self.server.import_allocation(now, record, client=client)
+        while (out := self.server.poll_output()) is not None:
+            if type(out) is not Transmit:
+                self._event(out)
+        return ok
+
     # -- a worker restart (turn_store.py) -------------------------------------------------
 
     def restore(self, now: float, records: Sequence[bytes]) -> int:

@@ -31,8 +31,9 @@ state directory; ``appliance relay --workers M``: its temporary directory), rewr
 atomically (``os.replace``) by a worker thread, never on the hot path. Records read back are
 untrusted (the file or Redis may hold anything): a bad one is dropped and counted.
 
-Not carried: TCP and TLS allocations (their connection dies with the process), and records
-written less than a tick before the kill (a ChannelBind then is repeated by the client when
+Not here: TCP allocations (their record travels with their connection to the keeper in the
+fork template, relay/keeper.py), TLS ones (their connection dies with the process), and
+records written less than a tick before the kill (a ChannelBind then is repeated by the client when
 its channel is not answered, as RFC 8656 §12 has it refreshed anyway).
 
 **A client moved to another worker.** With several workers a kill reshuffles the

@@ -101,6 +101,9 @@ def test_up_builds_its_relay_workers_with_the_same_builder(tmp_path: Path,
         # a host without one of the --udp address's family)
         turn=bool(turn_media(cfg)), media_addresses=turn_media(cfg),
         turn_relay_ips=[a for a, _ in turn_media(cfg)],
+        # the relays' private directory, with Redis too: the keeper of each worker's TCP
+        # connections is named from it (relay/keeper.py)
+        turn_state_dir=str(cfg.state_dir / "relay"),
         transceivers={int(t.key): ("127.0.0.1", int(t.argv[t.argv.index("--listen") + 1]
                                                     .rsplit(":", 1)[1]))
                       for t in transceivers})

@@ -8,7 +8,8 @@
   ``Link``) and the server's stateless nonces: all signaling needs, without the relay.
 * ``channel``     — ChannelData codec and :class:`StreamFramer` (TURN over TCP/TLS, §12.5).
 * ``snapshot``    — an allocation as a cache record (no secret, no key), so a TURN/UDP
-  allocation outlives the relay worker that made it; its parser is untrusted-input safe.
+  allocation (through the cache) or a TURN/TCP one (with its connection, relay/keeper.py)
+  outlives the relay worker that made it; its parser is untrusted-input safe.
 * ``demux``       — which datagrams on the media port are TURN's (pure tables).
 * ``errors``      — :class:`TurnError` (ChannelData, stream framing, REST usernames).
 

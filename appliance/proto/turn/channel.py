@@ -183,7 +183,7 @@ class StreamFramer:
         try:
             return _message_size(self._buf, 0, self.max_message)
         except TurnError as exc:
-            self._fail(exc.hint)
+            self._fail(str(exc.hint))
 
     def _fail(self, reason: str) -> NoReturn:
         self._failed = reason

@@ -1,0 +1,227 @@
+"""Issue 40 item 2: ICE-TCP and TURN/TCP connections survive a SIGKILL of the relay worker
+that accepted them (relay/keeper.py), with no reconnect.
+
+A real ``appliance up`` (one relay worker with its warm standby, ``--turn-peer 127.0.0.0/8``)
+and, on loopback:
+
+* an ICE-TCP call — our ``ClientPeer`` (ICE, DTLS, SRTP) to the echo agent, its datagrams
+  as RFC 4571 frames on one TCP connection to the media port (RFC 6544);
+* a TURN/TCP client — an allocation over one TCP connection (RFC 8656 §12.5), ChannelData
+  every 20 ms to an echo peer on loopback through the relayed socket;
+* a third, ICE-TCP connection that the worker closes just before the kill (it sends a frame
+  longer than the relay takes): its client must see the end although the keeper held a
+  copy of it, and the successor must not be handed it.
+
+SIGKILL of the worker, twice; after each the **same** two connections carry echoes again
+(the client sockets are never replaced, nothing is re-Allocated, no error answer), the
+longest gap between two echoes across the kill is at most 250 ms (the bound the UDP calls
+have, docs/reliability.md), and the successor took over exactly those two connections.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import trio
+from proto.turn.turn_client import Client
+from reliability.failover import Up
+from reliability.support import eventually, opus_frame
+from reliability.tcp_support import TcpCall
+
+from appliance.client.http import request
+from appliance.client.peer import ClientPeer
+from appliance.proto.dtls import Certificate
+from appliance.proto.stun import AttrType, Class, Message, Method
+from appliance.proto.turn import (
+    StreamFramer,
+    derive_turn_secret,
+    encode_channel_data,
+    mint_rest_credential,
+    parse_channel_data_untrusted,
+)
+from appliance.proto.ufrag import load_secrets
+from appliance.statedir import SECRET_NAME
+
+CHANNEL = 0x4001
+KILLS = 2
+BOUND = 0.25  # the media gap a worker kill may cost (docs/reliability.md)
+
+
+async def _ice_tcp_call(nursery: trio.Nursery, up: Up, name: str) -> TcpCall:
+    """An ICE-TCP call through ``POST /v1/sessions`` (the echo agent)."""
+    peer = ClientPeer(Certificate.generate(time.time()))
+    resp = await request("POST", up.base + "/v1/sessions", body=peer.offer().encode(),
+                         headers={"Content-Type": "application/sdp"})
+    assert resp.status == 201, (resp.status, resp.body[:300])
+    answer = resp.body.decode()
+    assert "tcptype passive" in answer
+    peer.accept_answer(answer, trio.current_time())
+    sock = socket.create_connection(("127.0.0.1", up.udp))
+    sock.setblocking(False)
+    call = TcpCall(name, 0, peer, sock)
+    nursery.start_soon(call.run, opus_frame())
+    return call
+
+
+class TurnTcpCall:
+    """A TURN client on one TCP connection relaying numbered packets to an echo peer."""
+
+    def __init__(self, stream: trio.SocketStream, peer: trio.socket.SocketType,
+                 client: Client) -> None:
+        self.stream = stream
+        self.peer = peer
+        self.client = client
+        self.framer = StreamFramer()
+        self.seq = 0
+        self.sent: dict[int, float] = {}
+        self.rx: list[tuple[float, int]] = []
+        self.stun: list[Message] = []
+        self.requests: list[Method] = []
+        self.closed = False
+
+    async def _message(self) -> bytes:
+        while (msg := self.framer.poll_output()) is None:
+            data = await self.stream.receive_some(65536)
+            if not data:
+                self.closed = True
+                raise EOFError("the relay closed the TURN connection")
+            self.framer.handle_input(data)
+        return msg
+
+    async def ask(self, method: Method, attrs: tuple[tuple[AttrType, object], ...]) -> None:
+        for _ in range(2):  # one 401 round, as a client does
+            self.requests.append(method)
+            await self.stream.send_all(self.client.request(method, attrs))  # type: ignore[arg-type]
+            with trio.fail_after(5):
+                msg = self.client.learn(await self._message())
+            if msg.msg_class == Class.SUCCESS:
+                return
+        raise AssertionError(msg.error_code)
+
+    async def echo(self) -> None:
+        while True:
+            data, src = await self.peer.recvfrom(65536)
+            await self.peer.sendto(data, src)
+
+    async def send(self) -> None:
+        while not self.closed:
+            self.seq += 1
+            self.sent[self.seq] = trio.current_time()
+            await self.stream.send_all(encode_channel_data(
+                CHANNEL, self.seq.to_bytes(4, "big") + bytes(156), pad=True))
+            await trio.sleep(0.02)  # pacing (50 packets/s, like audio), not a wait
+
+    async def receive(self) -> None:
+        try:
+            while True:
+                data = await self._message()
+                if data[0] >> 6 == 1:
+                    number, length = parse_channel_data_untrusted(data)
+                    assert number == CHANNEL and length == 160
+                    self.rx.append((trio.current_time(), int.from_bytes(data[4:8], "big")))
+                else:
+                    self.stun.append(Message.parse_untrusted(data))
+        except EOFError:
+            return
+
+    @property
+    def rx_times(self) -> list[float]:
+        return [t for t, _ in self.rx]
+
+    def echoed_after(self, t: float) -> bool:
+        return any(self.sent[seq] > t for _, seq in self.rx[-50:])
+
+
+async def _turn_tcp_call(nursery: trio.Nursery, up: Up) -> TurnTcpCall:
+    routing = load_secrets((up.state / SECRET_NAME).read_bytes())[0]
+    cred = mint_rest_credential(derive_turn_secret(routing), "tcp-failover",
+                                int(time.time()) + 3600)
+    peer = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
+    await peer.bind(("127.0.0.1", 0))
+    stream = await trio.open_tcp_stream("127.0.0.1", up.udp)
+    name = stream.socket.getsockname()
+    client = Client(addr=(name[0], name[1]), local=("127.0.0.1", up.udp),
+                    username=cred.username, password=cred.password)
+    call = TurnTcpCall(stream, peer, client)
+    nursery.start_soon(call.echo)
+    await call.ask(Method.ALLOCATE, ((AttrType.REQUESTED_TRANSPORT, 17),))
+    pname = peer.getsockname()
+    await call.ask(Method.CHANNEL_BIND, ((AttrType.CHANNEL_NUMBER, CHANNEL),
+                                         (AttrType.XOR_PEER_ADDRESS, (pname[0], pname[1]))))
+    nursery.start_soon(call.receive)
+    nursery.start_soon(call.send)
+    return call
+
+
+def _gap(times: list[float], start: float, end: float) -> float:
+    inside = [t for t in times if start <= t <= end]
+    return max((b - a for a, b in zip(inside, inside[1:], strict=False)), default=end - start)
+
+
+async def test_tcp_connections_survive_worker_kills_and_a_closed_one_stays_closed(
+        tmp_path: object, nursery: trio.Nursery) -> None:
+    up = await Up.start(tmp_path, workers=1, extra=("--turn-peer", "127.0.0.0/8"))  # type: ignore[arg-type]
+    try:
+        await up.standbys_ready()
+        ice = await _ice_tcp_call(nursery, up, "ice-tcp")
+        turn = await _turn_tcp_call(nursery, up)
+        doomed = await _ice_tcp_call(nursery, up, "closed-by-the-worker")
+        start = trio.current_time()
+        for call in (ice, doomed):
+            await eventually(lambda c=call: bool(c.rx_after(start)), 20,  # type: ignore[misc]
+                             f"{call.sid}'s echo over ICE-TCP")
+        await eventually(lambda: turn.echoed_after(start), 10, "echoes through TURN/TCP")
+
+        async def held() -> int:
+            """Connections the live worker has at its keeper (its own and adopted ones)."""
+            c = await up.counters()
+            return int(c.get("tcp_kept", 0)) + int(c.get("tcp_adopted", 0))
+
+        async def all_kept(n: int) -> None:
+            with trio.fail_after(10):
+                while await held() < n:  # noqa: ASYNC110 - another process's counters
+                    await trio.sleep(0.01)
+
+        await all_kept(3)
+        # The worker closes one connection (a frame longer than it takes); its client sees
+        # the end although the keeper held a copy, and the kill right after does not hand
+        # it to the successor (the keeper applied the dead worker's drop first).
+        doomed.sock.send(b"\xff\xff")
+        await eventually(lambda: doomed.failed == "relay closed the connection", 5,
+                         "the closed connection's end at its client")
+        asked = list(turn.requests)
+        measured = start
+        for kill in range(KILLS):
+            killed, back = await up.kill_worker(0)
+            try:
+                # A stretch of echoes after the successor is up: the gap is measured across.
+                await eventually(lambda b=back: len(ice.rx_after(b)) >= 10, 10,  # type: ignore[misc]
+                                 f"ICE-TCP echoes after kill {kill + 1}")
+                await eventually(lambda b=back: len([t for t in turn.rx_times if t > b]) >= 10,  # type: ignore[misc]
+                                 10, f"TURN/TCP echoes after kill {kill + 1}")
+            except AssertionError:  # what the successor counted, for the reader of a red run
+                print("worker 0:", await up.worker_stats(0))
+                raise
+            end = trio.current_time()
+            gaps = (_gap(ice.rx_times, max(killed - 0.2, measured), end),
+                    _gap(turn.rx_times, max(killed - 0.2, measured), end))
+            measured = end
+            counters = await up.counters()
+            print(f"SIGKILL {kill + 1}: longest echo gap ICE-TCP {gaps[0] * 1000:.0f} ms, "
+                  f"TURN/TCP {gaps[1] * 1000:.0f} ms (worker back after "
+                  f"{(back - killed) * 1000:.0f} ms); adopted {counters.get('tcp_adopted')}, "
+                  f"drops {counters['drops']}")
+            # Exactly the two live connections were taken over, the same ones: neither
+            # client saw its connection end, nor allocated again.
+            assert counters.get("tcp_adopted") == 2, counters
+            assert "keeper-adopt-failed" not in counters["drops"], counters
+            assert counters.get("turn_allocations_created", 0) == 0, counters
+            assert ice.failed is None and not turn.closed
+            assert all(g <= BOUND for g in gaps), gaps
+            await up.standbys_ready()
+        assert turn.requests == asked  # no request after the kills: no re-Allocate
+        assert not any(m.msg_class == Class.ERROR for m in turn.stun), turn.stun
+    finally:
+        nursery.cancel_scope.cancel()
+        up.stop()
