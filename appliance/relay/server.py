@@ -371,6 +371,8 @@ async def serve_relay(
         buffers["internal"] = socket_buffers(isock)
         handle = RelayHandle(public, sockname(isock), core, config.worker, buffers, io,
                              tuple(t.public for t in listeners))
+        for listener in listeners:
+            listener.wake = wake
         link = _keeper_link(config, core, listeners, gate)
         store: TurnStore | None = None
         if gate is not None:

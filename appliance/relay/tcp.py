@@ -94,6 +94,7 @@ import ipaddress
 import logging
 import socket
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -355,9 +356,18 @@ class TcpListener:
         self._nursery: trio.Nursery | None = None
         #: set once :meth:`serve` runs (adopted connections need its nursery)
         self.started = trio.Event()
+        #: the hot loop's ``wake`` (server.py): what a drain queued for other tasks (a
+        #: look-up: an adopted connection's flow is asked for) must not wait for the hot
+        #: loop's next wake-up, which a worker with only TCP traffic may not have for long
+        self.wake: Callable[[], None] | None = None
         self.drain: Drain = make_drain(
             core, recv=self._take, buf=self.buf, slot=PUBLIC_SLOT, count=TCP_BATCH,
             internal=internal, public=self.public, reply=self.sink, transport=Transport.TCP)
+
+    def _drain_now(self) -> None:
+        self.drain(trio.current_time())
+        if self.wake is not None:
+            self.wake()
 
     def _take(self) -> list[tuple[int, Address]]:
         batch, self._batch = self._batch, []
@@ -553,7 +563,6 @@ class TcpListener:
         rmv = memoryview(rbuf)
         buf = self.buf
         slot = PUBLIC_SLOT
-        drain = self.drain
         fresh = not conn.flowed  # nothing taken from the kernel yet: the first bytes decide
         while not conn.closed:
             when = deadline if not conn.flowed else trio.current_time() + limits.idle_timeout
@@ -607,12 +616,12 @@ class TcpListener:
                     buf[at : at + size] = rmv[off : off + size]
                     batch.append((size, client))
                     if len(batch) == TCP_BATCH:
-                        drain(trio.current_time())
+                        self._drain_now()
                         batch = self._batch
                         flowed = flowed or client in core.flows
             finally:
                 if self._batch:
-                    drain(trio.current_time())
+                    self._drain_now()
             _take(conn, rbuf, end, want)
             fresh = fresh and not end
             if not was and client in core.flows:
@@ -634,7 +643,6 @@ class TcpListener:
         rmv = memoryview(rbuf)
         buf = self.buf
         slot = PUBLIC_SLOT
-        drain = self.drain
         while not conn.closed:
             when = (trio.current_time() + limits.idle_timeout) if conn.flowed else deadline
             with trio.move_on_at(when):
@@ -664,11 +672,11 @@ class TcpListener:
                     buf[at : at + size] = rmv[off : off + size]
                     batch.append((size, client))
                     if len(batch) == TCP_BATCH:
-                        drain(trio.current_time())
+                        self._drain_now()
                         batch = self._batch
             finally:
                 if self._batch:
-                    drain(trio.current_time())
+                    self._drain_now()
             _take(conn, rbuf, end, want)
             if not conn.flowed and turn.has_allocation(client, self.public):
                 conn.flowed = True
@@ -747,7 +755,6 @@ class TcpListener:
         rbuf = bytearray(READ_SIZE)
         buf = self.buf
         slot = PUBLIC_SLOT
-        drain = self.drain
         data: bytes | memoryview = head
         while True:
             if conn.tls is not None:
@@ -766,14 +773,14 @@ class TcpListener:
                     buf[at : at + len(msg)] = msg
                     batch.append((len(msg), client))
                     if len(batch) == TCP_BATCH:
-                        drain(trio.current_time())
+                        self._drain_now()
                         batch = self._batch
             except TurnError as exc:
                 drop(f"tcp-turn-{exc.hint}")
                 return
             finally:
                 if self._batch:
-                    drain(trio.current_time())
+                    self._drain_now()
             if not conn.flowed and turn.has_allocation(client, self.public):
                 conn.flowed = True
                 core.counters.tcp_established += 1

@@ -162,6 +162,7 @@ def _gap(times: list[float], start: float, end: float) -> float:
 async def test_tcp_connections_survive_worker_kills_and_a_closed_one_stays_closed(
         tmp_path: object, nursery: trio.Nursery) -> None:
     up = await Up.start(tmp_path, workers=1, extra=("--turn-peer", "127.0.0.0/8"))  # type: ignore[arg-type]
+    turn: TurnTcpCall | None = None
     try:
         await up.standbys_ready()
         ice = await _ice_tcp_call(nursery, up, "ice-tcp")
@@ -223,5 +224,8 @@ async def test_tcp_connections_survive_worker_kills_and_a_closed_one_stays_close
         assert turn.requests == asked  # no request after the kills: no re-Allocate
         assert not any(m.msg_class == Class.ERROR for m in turn.stun), turn.stun
     finally:
-        nursery.cancel_scope.cancel()
+        nursery.cancel_scope.cancel()  # the calls' tasks, before their sockets close
+        if turn is not None:
+            turn.peer.close()
+            turn.stream.socket.close()
         up.stop()
