@@ -118,6 +118,18 @@ OPS = frozenset({"hello", "keep", "drop", "adopt"})
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
+def _receive_nowait(sock: socket.socket) -> tuple[bytes, list[int], int] | None:
+    """One message with its descriptors, without blocking, for both ends: None when none
+    is pending, an empty message at EOF (a broken link reads as one)."""
+    try:
+        msg, fds, flags, _ = socket.recv_fds(sock, MAX_MESSAGE + 1, 1, socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return b"", [], 0
+    return msg, fds, flags
+
+
 class KeeperError(Exception):
     """A keeper message or kept record that does not parse; ``hint`` is the reason."""
 
@@ -332,13 +344,10 @@ class Keeper:
         """Apply every message ``conn`` has pending; at its EOF, its connections become
         orphans — after every other worker's pending messages were applied (``top``)."""
         while conn in self.workers:
-            try:
-                msg, fds, flags, _ = socket.recv_fds(conn, MAX_MESSAGE + 1, 1,
-                                                     socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
+            got = _receive_nowait(conn)
+            if got is None:
                 return
-            except OSError:
-                msg, fds, flags = b"", [], 0
+            msg, fds, flags = got
             if not msg:
                 _close_fds(fds)
                 if top:
@@ -558,13 +567,10 @@ class KeeperLink:
     def _receive(self) -> None:
         sock = self.sock
         while sock is not None and sock is self.sock:
-            try:
-                data, fds, flags, _ = socket.recv_fds(sock, MAX_MESSAGE + 1, 1,
-                                                      socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
+            got = _receive_nowait(sock)
+            if got is None:
                 return
-            except OSError:
-                data, fds, flags = b"", [], 0
+            data, fds, flags = got
             if not data:
                 _close_fds(fds)
                 log.warning("relay: the keeper went away (its standby exited); reconnecting")

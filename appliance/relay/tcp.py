@@ -544,6 +544,20 @@ class TcpListener:
                 del conn.backlog[:n]
             conn.blocked = False
 
+    async def _readable(self, conn: TcpConnection, deadline: float) -> bool:
+        """Wait until ``conn`` has bytes (or its end) to read: False when it closed
+        meanwhile or stayed silent too long (before its first frame until ``deadline``,
+        after it ``idle_timeout``; counted ``tcp-first-timeout`` / ``tcp-idle``)."""
+        when = (trio.current_time() + self.limits.idle_timeout) if conn.flowed else deadline
+        with trio.move_on_at(when):
+            await trio.lowlevel.wait_readable(conn.sock)
+        if conn.closed:
+            return False
+        if trio.current_time() >= when:
+            self.core.counters.drop("tcp-idle" if conn.flowed else "tcp-first-timeout")
+            return False
+        return True
+
     async def _reader(self, conn: TcpConnection) -> None:
         """An ICE-TCP connection's frames into the drain (module docstring), or, by its
         first bytes, TURN over TCP or a TLS connection. Reads *peek*, and only whole
@@ -565,11 +579,7 @@ class TcpListener:
         slot = PUBLIC_SLOT
         fresh = not conn.flowed  # nothing taken from the kernel yet: the first bytes decide
         while not conn.closed:
-            when = deadline if not conn.flowed else trio.current_time() + limits.idle_timeout
-            with trio.move_on_at(when):
-                await trio.lowlevel.wait_readable(sock)
-            if trio.current_time() >= when:
-                drop("tcp-idle" if conn.flowed else "tcp-first-timeout")
+            if not await self._readable(conn, deadline):
                 return
             try:
                 n = sock.recv_into(rbuf, READ_SIZE, socket.MSG_PEEK)
@@ -644,13 +654,7 @@ class TcpListener:
         buf = self.buf
         slot = PUBLIC_SLOT
         while not conn.closed:
-            when = (trio.current_time() + limits.idle_timeout) if conn.flowed else deadline
-            with trio.move_on_at(when):
-                await trio.lowlevel.wait_readable(sock)
-            if conn.closed:
-                return
-            if trio.current_time() >= when:
-                drop("tcp-idle" if conn.flowed else "tcp-first-timeout")
+            if not await self._readable(conn, deadline):
                 return
             try:
                 n = sock.recv_into(rbuf, READ_SIZE, socket.MSG_PEEK)
@@ -784,13 +788,7 @@ class TcpListener:
             if not conn.flowed and turn.has_allocation(client, self.public):
                 conn.flowed = True
                 core.counters.tcp_established += 1
-            when = (trio.current_time() + limits.idle_timeout) if conn.flowed else deadline
-            with trio.move_on_at(when):
-                await trio.lowlevel.wait_readable(sock)
-            if conn.closed:
-                return
-            if trio.current_time() >= when:
-                drop("tcp-idle" if conn.flowed else "tcp-first-timeout")
+            if not await self._readable(conn, deadline):
                 return
             try:
                 n = sock.recv_into(rbuf)
