@@ -35,11 +35,15 @@ import argparse
 import errno
 import logging
 import os
+from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
 
 #: The default ``--nice`` of the media processes (PipeWire's and PulseAudio's level).
 MEDIA_NICE = -11
+#: A host-wide default under the flag and over the config file (:func:`nice_from_environment`;
+#: the test suite's conftest sets 0, so its tests' processes compete as they always did).
+NICE_ENV = "APPLIANCE_NICE"
 NICE_MIN, NICE_MAX = -20, 19
 AUTOGROUP = "/proc/self/autogroup"
 TASKS = "/proc/self/task"
@@ -112,6 +116,15 @@ def raise_priority(nice: int, role: str) -> bool:
     log.warning("%s runs at its inherited priority: %s; its calls wait behind other work "
                 "on this host (docs/operations.md \"CPU priority\")", role, why)
     return False
+
+
+def nice_from_environment(args: argparse.Namespace,
+                          environ: Mapping[str, str] | None = None) -> None:
+    """``APPLIANCE_NICE``: the default of ``--nice`` under the flag and over the config
+    file (called before the config is resolved, as the other environment defaults are)."""
+    env = os.environ if environ is None else environ
+    if getattr(args, "nice", None) is None and env.get(NICE_ENV):
+        args.nice = env[NICE_ENV]
 
 
 def add_nice_flag(parser: argparse.ArgumentParser) -> None:

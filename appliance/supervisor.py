@@ -77,7 +77,13 @@ from .config import (
     resolve,
 )
 from .logs import add_logging_flags, configure
-from .priority import MEDIA_NICE, add_nice_flag, parse_nice, raise_priority
+from .priority import (
+    MEDIA_NICE,
+    add_nice_flag,
+    nice_from_environment,
+    parse_nice,
+    raise_priority,
+)
 from .proto.turn.credentials import derive_turn_secret, parse_turn_secrets, turn_urls
 from .proto.ufrag import load_secrets
 from .recordings import (
@@ -776,6 +782,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     configure(level=args.log_level, fmt=args.log_format, role="up")
+    nice_from_environment(args)
     try:
         resolve(args, load_config(args.config), "up", DEFAULTS)
         cfg = build_up_config(args)

@@ -15,7 +15,7 @@ import pytest
 from relay.support import SECRET
 
 from appliance.config import resolve
-from appliance.priority import MEDIA_NICE, parse_nice
+from appliance.priority import MEDIA_NICE, NICE_ENV, nice_from_environment, parse_nice
 from appliance.relay import cli as relay_cli
 from appliance.supervisor import DEFAULTS as UP_DEFAULTS
 from appliance.supervisor import add_arguments as up_arguments
@@ -155,3 +155,23 @@ def test_a_bad_nice_stops_the_relay_with_its_reason(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "--nice must be in -20..19, not -30" in out.stderr
+
+
+def test_the_environment_sets_the_default_under_the_flag_and_over_the_config() -> None:
+    """``APPLIANCE_NICE`` (what the suite's conftest sets to 0): a host-wide default."""
+    env = {NICE_ENV: "0"}
+
+    def resolved(*argv: str, config: dict[str, object] | None = None) -> int:
+        p = argparse.ArgumentParser()
+        relay_cli.add_arguments(p)
+        args = p.parse_args(list(argv))
+        nice_from_environment(args, env)
+        resolve(args, config or {}, "relay", relay_cli.DEFAULTS)
+        return parse_nice(args.nice)
+
+    assert resolved() == 0
+    assert resolved("--nice", "-3") == -3  # the flag wins
+    assert resolved(config={"relay": {"nice": -7}}) == 0  # over the config file
+    env.clear()
+    assert resolved(config={"relay": {"nice": -7}}) == -7
+    assert resolved() == MEDIA_NICE

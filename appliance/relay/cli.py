@@ -39,7 +39,13 @@ from ..children import ChildSpec, Supervisor, exception_leaves, serve_fork_templ
 from ..config import ConfigError, format_hostport, load_config, parse_hostport, resolve
 from ..control import serve_control
 from ..heap import settle_heap
-from ..priority import MEDIA_NICE, add_nice_flag, parse_nice, raise_priority
+from ..priority import (
+    MEDIA_NICE,
+    add_nice_flag,
+    nice_from_environment,
+    parse_nice,
+    raise_priority,
+)
 from ..proto.turn.credentials import derive_turn_secret, parse_turn_secrets
 from ..proto.ufrag import load_secrets
 from .argv import relay_argv
@@ -623,6 +629,7 @@ async def _roll_on_sighup(workers: _Workers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    nice_from_environment(args)
     try:
         resolve(args, load_config(args.config), "relay", DEFAULTS)
         config = build_config(args)

@@ -39,7 +39,13 @@ from appliance.config import (
     resolve,
 )
 from appliance.logs import add_logging_flags, configure
-from appliance.priority import MEDIA_NICE, add_nice_flag, parse_nice, raise_priority
+from appliance.priority import (
+    MEDIA_NICE,
+    add_nice_flag,
+    nice_from_environment,
+    parse_nice,
+    raise_priority,
+)
 from appliance.proto.ufrag import load_secrets
 from appliance.recordings import parse_duration, parse_size
 
@@ -179,6 +185,7 @@ def apply_environment(args: argparse.Namespace,
         args.headroom = env[HEADROOM_ENV]
     if getattr(args, "preload", None) is None and env.get(PRELOAD_ENV):
         args.preload = env[PRELOAD_ENV]
+    nice_from_environment(args, env)
 
 
 def run(args: argparse.Namespace) -> int:
