@@ -4,8 +4,8 @@ A call's audio is due every 20 ms; a batch job on the same host is not. The kern
 scheduler does not know that: on a 2-CPU host beside one CPU-bound process
 (``bench/capacity.py`` placement c), 120 echo calls at 15/s had a round trip of 68-88 ms
 p99 and admission took 81-97 of them; with the appliance's processes at nice -10 the same
-run admitted all 120 at 19-29 ms p99 (2026-12-06, docs/performance.md "c and the CPU
-priority"). Audio servers on Linux do the same: PipeWire and PulseAudio run at nice -11.
+run admitted all 120 at 19-29 ms p99 (2026-12-06, docs/performance.md "CPU priority
+beside a hog"). Audio servers on Linux do the same: PipeWire and PulseAudio run at nice -11.
 
 So ``appliance up``, ``appliance transceiver`` and ``appliance relay`` (every worker life,
 forked ones included) start by raising their own priority to ``--nice`` (default
