@@ -41,8 +41,8 @@ def late():
 u = threading.Thread(target=late); u.start(); u.join()
 seen["early"] = os.getpriority(os.PRIO_PROCESS, seen["early_tid"]); done.set(); t.join()
 seen["main"] = os.getpriority(os.PRIO_PROCESS, 0)
-try:
-    seen["autogroup"] = open("/proc/self/autogroup").read().split()[-1]
+try:  # empty in init's own session (the root autogroup): "root"
+    seen["autogroup"] = (open("/proc/self/autogroup").read().split() or ["root"])[-1]
 except OSError:
     seen["autogroup"] = None
 print(json.dumps({"why": why, **seen}))
@@ -61,8 +61,10 @@ def _probe(nice: int, *, session: bool, drop: bool = False) -> dict[str, object]
 
 
 def _own_autogroup_nice() -> str | None:
+    """The nice of this process's autogroup; "root" for init's session (a service manager's
+    child that never called setsid, as a CI runner may be), whose file reads empty."""
     try:
-        return Path("/proc/self/autogroup").read_text().split()[-1]
+        return (Path("/proc/self/autogroup").read_text().split() or ["root"])[-1]
     except OSError:
         return None
 
