@@ -64,7 +64,18 @@ and the ones before the rest, so in a 25/s ramp it showed the calls that joined 
 ago at half their cost (bench/capacity.py placement a: 0.49 at 48 calls, 43 of them
 steady, whose steady figure was 0.78; the 48th admitted on a projection of 0.57). A report
 without ``window_calls`` (an older transceiver) is judged by the model.
+
     admit = next <= min(limit, admit_limit)
+
+Not all of that window's busy is what its calls cost: those that joined in it were set up
+in it, and a setup (the ``create``, ICE checks, the DTLS handshake) costs several times a
+second of its media, once. The transceiver measures it where it is spent (the media loop's
+CPU on ``create`` and on every datagram of a session not yet connected) and reports that
+part of the window's busy as ``window_setup``, which is taken off (issue 41 item 1: in a
+25/s ramp on one core, placement b, the 55th call was refused on a projection of 0.81 at
+the end of the ramp, and the next report, with no setup in its window, projected 0.72)::
+
+    now   = max(busy, window_busy - window_setup) + cost * (sessions - steady)
 
 ``admit_limit`` is there while the transceiver's complexity controller has its calls
 degraded (transceiver/degrade.py): load that grew after admission is met by a cheaper
@@ -161,6 +172,7 @@ class _Node:
     sessions: int = 0  # live sessions in the last report
     steady: int | None = None  # of which ran through its whole window (None: not reported)
     window_busy: float = 0.0  # busy over that window alone, unsmoothed (0: not reported)
+    window_setup: float = 0.0  # ... of which its calls' setups (0: not reported)
     idle: float = IDLE
     cost: float = PRIOR_COST
     learned: bool = False  # cost comes from a report, not the prior
@@ -289,6 +301,9 @@ class Admission:
         node.steady = None if steady is None else min(int(max(steady, 0)), node.sessions)
         window_busy = _num(load.get("window_busy"))
         node.window_busy = 0.0 if window_busy is None else min(max(window_busy, 0.0), 1.0)
+        window_setup = _num(load.get("window_setup"))
+        node.window_setup = (0.0 if window_setup is None
+                             else min(max(window_setup, 0.0), node.window_busy))
         node.placed_at_report = min(max(mark, node.placed_at_report), node.placed)
         node.reports += 1
         available = _num(load.get("available"))
@@ -367,7 +382,8 @@ class Admission:
             # A core of its own: the last window's busy is what the calls that ran through
             # it cost (the smoothed busy trails a ramp); the rest (new, still connecting)
             # may not show in it yet.
-            now = max(node.busy, node.window_busy) + share * (node.sessions - node.steady)
+            now = (max(node.busy, node.window_busy - node.window_setup)
+                   + share * (node.sessions - node.steady))
         else:  # shared: its calls may get less than they need, and busy says less
             now = max(node.busy, (node.idle + node.cost * node.sessions) / node.available)
         now += node.offload_calls / node.available

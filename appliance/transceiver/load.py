@@ -9,7 +9,8 @@ and :mod:`.corestat` (what the core has left). :class:`TransceiverLoad` joins th
 one call table the server keeps (it reads the table; it never changes it): the server tells
 it when a call is created or ends (:meth:`~TransceiverLoad.created`,
 :meth:`~TransceiverLoad.ended`), and the control ops ask :meth:`~TransceiverLoad.overloaded`
-before any SDP or DTLS work. Nothing here is on the datagram path.
+before any SDP or DTLS work. Nothing here is on the datagram path but
+:meth:`~TransceiverLoad.add_setup`, for the datagrams of calls still being set up.
 """
 
 from __future__ import annotations
@@ -72,6 +73,12 @@ class TransceiverLoad:
         self._connecting_at_window_start = 0
         self.window_calls = 0  # calls connected throughout the last window
         self.window_unsettled = 0  # sessions created, ended or connecting in it
+        # The media loop's CPU spent setting calls up (their ``create`` and every datagram
+        # of a session not yet connected: ICE checks, the DTLS handshake), measured where
+        # it is spent (:meth:`add_setup`), and the part of the last window's busy it was
+        # (issue 41 item 1): a 25/s ramp's handshakes are not what its calls will cost.
+        self._setup_s = 0.0
+        self.window_setup = 0.0
 
     def created(self) -> None:
         """A call of either kind joined the table."""
@@ -81,6 +88,10 @@ class TransceiverLoad:
     def ended(self) -> None:
         """A call of either kind left the table."""
         self._churn_in_window += 1
+
+    def add_setup(self, cpu_s: float) -> None:
+        """``cpu_s`` seconds of the media loop's CPU went to setting a call up."""
+        self._setup_s += max(0.0, cpu_s)
 
     async def measure_loop(self) -> None:
         """The headroom meter's 20 ms tick (headroom.py): its own lateness is the loop lag."""
@@ -120,6 +131,11 @@ class TransceiverLoad:
         self._connecting_at_window_start = connecting
         self._created_in_window = self._churn_in_window = 0
         report = self.meter.report
+        # The setups' part of the window's busy: their share of its own CPU (busy is own CPU
+        # over what was available, or the delay signal; either way in proportion).
+        setup = min(self._setup_s / report.window_s, report.cpu) if report.window_s > 0 else 0.0
+        self.window_setup = report.window_busy * setup / report.cpu if report.cpu > 0 else 0.0
+        self._setup_s = 0.0
         # A window the loop was behind in, or whose frames were late (the delay signal: a
         # receive backlog included), measured the CPU the calls got, not what they need.
         self.call_cpu.handle_window(report.cpu, self.window_calls, self.window_unsettled,
@@ -193,7 +209,9 @@ class TransceiverLoad:
                 # the newest of them at half their cost: a ramp trailed), plus what the
                 # calls it knew that did not run through it cannot show yet (those
                 # created since: ``extra``, overloaded())
-                busy = (max(busy, self.meter.report.window_busy)
+                # The window's setups (a ramp's handshakes) are not what its calls cost
+                # once running; they are spent and do not recur (window_setup).
+                busy = (max(busy, self.meter.report.window_busy - self.window_setup)
                         + cost * max(0, self._calls_in_window() - self.window_calls))
             else:
                 busy = max(busy, (self.call_cpu.idle + cost * self._calls_in_window())
@@ -219,6 +237,7 @@ class TransceiverLoad:
                 "call_cpu": None if self.call_cpu.cost is None else round(self.call_cpu.cost, 6),
                 "idle_cpu": round(self.call_cpu.idle, 6),
                 "window_calls": self.window_calls, "window_unsettled": self.window_unsettled,
+                "window_setup": round(self.window_setup, 4),
                 # Worker-thread work as a per-call cost by agent kind (offload.py): what
                 # one call of each kind costs, what the live calls cost together, and the
                 # kind a create without an agent gets (signaling/admission.py).

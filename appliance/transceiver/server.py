@@ -50,7 +50,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
-from time import perf_counter
+from time import perf_counter, thread_time
 from typing import Any
 
 import trio
@@ -65,7 +65,7 @@ from appliance.proto.ufrag import UfragCodec
 from appliance.realtime import sideband
 
 from .admission import DtlsSetup
-from .call import Addr
+from .call import Addr, Source
 from .load import TransceiverLoad
 from .ops import Call, ControlOps, error
 from .pacer import Pacer
@@ -395,10 +395,13 @@ class Transceiver(ControlOps):
             session = self._route_stun(payload, client)
             if session is None:
                 return
-            try:
-                session.handle_input(now, bytes(payload), (client, public, relay))
-            except Exception:
-                self._failed(session)
+            if session.state == "connected":  # consent checks
+                try:
+                    session.handle_input(now, bytes(payload), (client, public, relay))
+                except Exception:
+                    self._failed(session)
+            else:
+                self._setting_up(session, now, payload, (client, public, relay))
             if client in session.flows and session.state != "ended":
                 self.by_client[client] = session
             return
@@ -415,10 +418,24 @@ class Transceiver(ControlOps):
                 log.exception("phone %s: handler failed; ending it", phone.id)
                 phone.end("internal-error")
             return
+        if session.state != "connected":
+            self._setting_up(session, now, payload, (client, public, relay))
+            return
         try:
             session.handle_input(now, bytes(payload), (client, public, relay))
         except Exception:
             self._failed(session)
+
+    def _setting_up(self, session: Session, now: float, payload: memoryview,
+                    source: Source) -> None:
+        """A datagram of a session not yet connected (ICE, the DTLS handshake): its CPU is
+        setup, counted apart from what the calls cost running (load.py ``add_setup``)."""
+        t0 = thread_time()
+        try:
+            session.handle_input(now, bytes(payload), source)
+        except Exception:
+            self._failed(session)
+        self.load.add_setup(thread_time() - t0)
 
     def _route_stun(self, payload: memoryview, client: Addr) -> Session | None:
         try:
@@ -502,6 +519,12 @@ class Transceiver(ControlOps):
             spec = req.get("agent") or self.config.agent
             if isinstance(spec, str):
                 await self.warm(spec)
+            t0 = thread_time()  # the offer, the answer, the keys: setup (load.py)
+            try:
+                created: dict[str, Any] = handler(req)
+            finally:
+                self.load.add_setup(thread_time() - t0)
+            return created
         result: dict[str, Any] = handler(req)
         return result
 

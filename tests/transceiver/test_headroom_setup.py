@@ -25,7 +25,9 @@ from transceiver.support import make_offer
 
 from appliance.control import control_request
 from appliance.proto.dtls import Certificate
+from appliance.proto.proxy import encode_header
 from appliance.signaling.admission import Admission
+from appliance.transceiver import server
 from appliance.transceiver.call import CallState
 from appliance.transceiver.corestat import parse_proc_stat_untrusted
 from appliance.transceiver.headroom import IDLE, LEARN, TICK, CallCost
@@ -68,8 +70,28 @@ def test_windows_with_setup_or_churn_teach_nothing() -> None:
 # -- the transceiver's window accounting -----------------------------------------------------
 
 
+class ThreadClock:
+    """server.py's ``thread_time``, made up: each read is ``step`` CPU seconds after the one
+    before (0: setup measures nothing, so the made-up windows are all there is)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.step = 0.0
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+
 @pytest.fixture
-async def running(tmp_path: Path) -> AsyncIterator[Transceiver]:
+def clock(monkeypatch: pytest.MonkeyPatch) -> ThreadClock:
+    c = ThreadClock()
+    monkeypatch.setattr(server, "thread_time", c)
+    return c
+
+
+@pytest.fixture
+async def running(tmp_path: Path, clock: ThreadClock) -> AsyncIterator[Transceiver]:
     config = TransceiverConfig(id=0, secrets=SECRETS, listen=("127.0.0.1", 0),
                                control=str(tmp_path / "t0.sock"), opus_complexity=10)
     async with trio.open_nursery() as nursery:
@@ -174,6 +196,63 @@ async def test_a_window_whose_frames_were_late_teaches_nothing(running: Transcei
     host.window(tr, 0.13, sent_per_s=300)  # (this one's lateness samples were the backlog's)
     load = host.window(tr, 0.13, sent_per_s=300)
     assert load["late"] == 0 and load["call_cpu"] > learned
+
+
+async def test_setup_is_measured_where_it_is_spent(running: Transceiver,
+                                                   clock: ThreadClock) -> None:
+    """Issue 41 item 1: the media loop's CPU on ``create`` and on each datagram of a call
+    not yet connected is setup, reported as its part of the window's busy; a connected
+    call's datagrams are not."""
+    tr, host = running, Host()
+    host.window(tr, 0.01)
+    clock.step = 0.004  # 4 ms of CPU per measured piece of work
+    await create(tr, "c0")
+    client, public, relay = ("203.0.113.7", 5000), ("198.51.100.1", 3478), ("10.0.0.2", 4000)
+    tr.by_client[client] = tr.calls["c0"]
+    record = memoryview(encode_header(client, public, b"") + bytes([22, 0xFE, 0xFD]) + bytes(40))
+    for _ in range(3):  # a DTLS flight's records, before the handshake is done
+        tr.dispatch(trio.current_time(), record, relay)
+    load = host.window(tr, 0.20)
+    assert tr.calls["c0"].state != "ended"
+    setup = 4 * 0.004 / load["window_s"]  # the create and three datagrams, over the window
+    assert load["window_setup"] == pytest.approx(load["window_busy"] * setup / load["cpu"],
+                                                 abs=1e-4)
+    assert 0.028 < load["window_setup"] < 0.033  # 16 ms of a ~0.5 s window's 0.20 busy
+    connect(tr, "c0")
+    for _ in range(3):
+        tr.dispatch(trio.current_time(), record, relay)
+    assert host.window(tr, 0.20)["window_setup"] == 0
+
+
+async def test_a_ramps_setups_are_not_what_its_calls_cost(running: Transceiver) -> None:
+    """Issue 41 item 1 (bench/capacity.py placement b, a 25/s ramp on one core): the window
+    the ramp ended in held the last calls' handshakes, so its busy priced every call at what
+    it cost while being set up, and the ramp was refused a call short of 85 % of the fit.
+    Both projections, the transceiver's and signaling's, take the setups off."""
+    tr, host = running, Host()
+    adm = Admission([0], {0: 0}, limit=0.75)
+    await six_connected(tr, host)
+    host.window(tr, 0.25)
+    adm.report(0, {"load": host.window(tr, 0.10)}, adm.asked(0))
+    cost = tr.load.call_cpu.cost
+    assert cost is not None
+    for i in range(37):
+        await create(tr, f"r{i}")
+        adm.placed(0)
+    connect(tr, *(f"r{i}" for i in range(37)))
+    tr.load.add_setup(0.05)  # the 37 setups: 50 ms of CPU, ~0.10 of a ~0.5 s window
+    load = host.window(tr, 0.74)
+    assert load["window_setup"] == pytest.approx(
+        load["window_busy"] * 0.05 / load["window_s"] / load["cpu"], abs=1e-4)
+    adm.report(0, {"load": load}, adm.asked(0))
+    want = load["window_busy"] - load["window_setup"] + cost  # the 43, and one more
+    assert tr.load.projected(1) == pytest.approx(want, abs=1e-3)
+    assert adm.projected(0, 1) == pytest.approx(want, abs=1e-3)
+    assert adm.admits(0)  # at the window's whole busy, 0.74 + 0.015 > 0.75: refused
+    # An older transceiver that does not say what its setups cost is judged as before.
+    old = Admission([0], {0: 0}, limit=0.75)
+    old.report(0, {"load": {**load, "window_setup": None}}, old.asked(0))
+    assert not old.admits(0)
 
 
 async def test_a_ramp_counts_at_the_last_windows_busy_not_the_smoothed(
