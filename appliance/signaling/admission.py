@@ -55,9 +55,10 @@ learned from ``cpu``, the transceiver's own use), so in the projection each call
           = max(busy, window_busy) + cost * (sessions - steady) on a core of its own
     next  = now + cost / available * (placed since the report + creates in flight + 1)
 
-``steady``: the report's ``window_calls``, the calls that ran through its whole window. On
-a core of its own what those cost is measured, and the linear model overstates it: per-call
-CPU falls as calls are added (transceiver/corestat.py ``SHARED_BELOW``); only the calls the
+``steady``: the report's ``window_calls``, the calls connected at its end (those that
+connected during it are made whole by ``window_joined``, below). On a core of its own what
+those cost is measured, and the linear model overstates it: per-call CPU falls as calls are
+added (transceiver/corestat.py ``SHARED_BELOW``); only the calls the
 window cannot show yet are counted at the learned cost. What they cost is the window's own
 busy (``window_busy``), not only the smoothed ``busy``: that weighs the last window half
 and the ones before the rest, so in a 25/s ramp it showed the calls that joined a window
@@ -73,9 +74,13 @@ second of its media, once. The transceiver measures it where it is spent (the me
 CPU on ``create`` and on every datagram of a session not yet connected) and reports that
 part of the window's busy as ``window_setup``, which is taken off (issue 41 item 1: in a
 25/s ramp on one core, placement b, the 55th call was refused on a projection of 0.81 at
-the end of the ramp, and the next report, with no setup in its window, projected 0.72)::
+the end of the ramp, and the next report, with no setup in its window, projected 0.72).
+And the calls that connected in the window count among its ``steady`` though they ran
+through part of it only: what their media did not show yet (the share of the window before
+each connected, at the learned cost) is ``window_joined``, and is added::
 
-    now   = max(busy, window_busy - window_setup) + cost * (sessions - steady)
+    now   = max(busy, window_busy - window_setup + window_joined)
+            + cost * (sessions - steady)
 
 ``admit_limit`` is there while the transceiver's complexity controller has its calls
 degraded (transceiver/degrade.py): load that grew after admission is met by a cheaper
@@ -173,6 +178,7 @@ class _Node:
     steady: int | None = None  # of which ran through its whole window (None: not reported)
     window_busy: float = 0.0  # busy over that window alone, unsmoothed (0: not reported)
     window_setup: float = 0.0  # ... of which its calls' setups (0: not reported)
+    window_joined: float = 0.0  # ... and what its calls that joined in it did not show yet
     idle: float = IDLE
     cost: float = PRIOR_COST
     learned: bool = False  # cost comes from a report, not the prior
@@ -304,6 +310,8 @@ class Admission:
         window_setup = _num(load.get("window_setup"))
         node.window_setup = (0.0 if window_setup is None
                              else min(max(window_setup, 0.0), node.window_busy))
+        window_joined = _num(load.get("window_joined"))
+        node.window_joined = 0.0 if window_joined is None else min(max(window_joined, 0.0), 1.0)
         node.placed_at_report = min(max(mark, node.placed_at_report), node.placed)
         node.reports += 1
         available = _num(load.get("available"))
@@ -382,8 +390,8 @@ class Admission:
             # A core of its own: the last window's busy is what the calls that ran through
             # it cost (the smoothed busy trails a ramp); the rest (new, still connecting)
             # may not show in it yet.
-            now = (max(node.busy, node.window_busy - node.window_setup)
-                   + share * (node.sessions - node.steady))
+            settled = node.window_busy - node.window_setup + node.window_joined
+            now = max(node.busy, settled) + share * (node.sessions - node.steady)
         else:  # shared: its calls may get less than they need, and busy says less
             now = max(node.busy, (node.idle + node.cost * node.sessions) / node.available)
         now += node.offload_calls / node.available

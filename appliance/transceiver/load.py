@@ -71,7 +71,7 @@ class TransceiverLoad:
         self.offload = OffloadCost()
         self._churn_in_window = 0  # sessions and phones created or ended since the last window
         self._connecting_at_window_start = 0
-        self.window_calls = 0  # calls connected throughout the last window
+        self.window_calls = 0  # calls connected at the last window's end
         self.window_unsettled = 0  # sessions created, ended or connecting in it
         # The media loop's CPU spent setting calls up (their ``create`` and every datagram
         # of a session not yet connected: ICE checks, the DTLS handshake), measured where
@@ -79,6 +79,11 @@ class TransceiverLoad:
         # (issue 41 item 1): a 25/s ramp's handshakes are not what its calls will cost.
         self._setup_s = 0.0
         self.window_setup = 0.0
+        # ... and the other side of the same window: the calls that connected in it ran
+        # through part of it only (they count as ``window_calls`` all the same), so their
+        # media shows in its busy in part; what did not show, at the learned cost.
+        self._joined: dict[str, float] = {}  # session id -> when it connected, this window
+        self.window_joined = 0.0
 
     def created(self) -> None:
         """A call of either kind joined the table."""
@@ -92,6 +97,10 @@ class TransceiverLoad:
     def add_setup(self, cpu_s: float) -> None:
         """``cpu_s`` seconds of the media loop's CPU went to setting a call up."""
         self._setup_s += max(0.0, cpu_s)
+
+    def joined(self, session_id: str, now: float) -> None:
+        """A call connected at ``now`` (its setup is over: its media starts)."""
+        self._joined[session_id] = now
 
     async def measure_loop(self) -> None:
         """The headroom meter's 20 ms tick (headroom.py): its own lateness is the loop lag."""
@@ -136,6 +145,16 @@ class TransceiverLoad:
         setup = min(self._setup_s / report.window_s, report.cpu) if report.window_s > 0 else 0.0
         self.window_setup = report.window_busy * setup / report.cpu if report.cpu > 0 else 0.0
         self._setup_s = 0.0
+        # The share of the window each call that connected in it (and is still here) was
+        # not yet running, at what a running call costs in busy units.
+        start = now - report.window_s
+        missing = sum(min(max((t - start) / report.window_s, 0.0), 1.0)
+                      for sid, t in self._joined.items() if sid in self.calls
+                      ) if report.window_s > 0 else 0.0
+        cost = self.call_cpu.cost
+        self.window_joined = (0.0 if cost is None else
+                              missing * cost / max(report.available, MIN_AVAILABLE))
+        self._joined.clear()
         # A window the loop was behind in, or whose frames were late (the delay signal: a
         # receive backlog included), measured the CPU the calls got, not what they need.
         self.call_cpu.handle_window(report.cpu, self.window_calls, self.window_unsettled,
@@ -171,6 +190,12 @@ class TransceiverLoad:
         return [agent_kind(c.agent.name) for c in self.calls.values()
                 if runs_task(c.agent) and not (connected_only and type(c) is Session
                                                and c.state != "connected")]
+
+    def window_settled(self) -> float:
+        """The last window's busy as its calls will cost running: its setups taken off,
+        and the part of the window the calls that connected in it had not run yet added
+        (signaling/admission.py counts the same from ``stats``)."""
+        return max(0.0, self.meter.report.window_busy - self.window_setup + self.window_joined)
 
     def offload_need(self) -> float:
         """What the live calls' worker-thread work costs by the learned per-call costs of
@@ -210,8 +235,8 @@ class TransceiverLoad:
                 # calls it knew that did not run through it cannot show yet (those
                 # created since: ``extra``, overloaded())
                 # The window's setups (a ramp's handshakes) are not what its calls cost
-                # once running; they are spent and do not recur (window_setup).
-                busy = (max(busy, self.meter.report.window_busy - self.window_setup)
+                # once running: they are spent and do not recur (window_settled).
+                busy = (max(busy, self.window_settled())
                         + cost * max(0, self._calls_in_window() - self.window_calls))
             else:
                 busy = max(busy, (self.call_cpu.idle + cost * self._calls_in_window())
@@ -238,6 +263,7 @@ class TransceiverLoad:
                 "idle_cpu": round(self.call_cpu.idle, 6),
                 "window_calls": self.window_calls, "window_unsettled": self.window_unsettled,
                 "window_setup": round(self.window_setup, 4),
+                "window_joined": round(self.window_joined, 4),
                 # Worker-thread work as a per-call cost by agent kind (offload.py): what
                 # one call of each kind costs, what the live calls cost together, and the
                 # kind a create without an agent gets (signaling/admission.py).

@@ -436,6 +436,8 @@ class Transceiver(ControlOps):
         except Exception:
             self._failed(session)
         self.load.add_setup(thread_time() - t0)
+        if session.state == "connected":  # this datagram finished the handshake
+            self.load.joined(session.id, now)
 
     def _route_stun(self, payload: memoryview, client: Addr) -> Session | None:
         try:

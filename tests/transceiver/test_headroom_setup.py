@@ -198,30 +198,49 @@ async def test_a_window_whose_frames_were_late_teaches_nothing(running: Transcei
     assert load["late"] == 0 and load["call_cpu"] > learned
 
 
-async def test_setup_is_measured_where_it_is_spent(running: Transceiver,
-                                                   clock: ThreadClock) -> None:
+async def test_setup_is_measured_where_it_is_spent(
+        running: Transceiver, clock: ThreadClock, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 41 item 1: the media loop's CPU on ``create`` and on each datagram of a call
     not yet connected is setup, reported as its part of the window's busy; a connected
-    call's datagrams are not."""
+    call's datagrams are not. The datagram that completes the handshake starts the call's
+    media: the part of the window before it is what the window's busy did not show."""
     tr, host = running, Host()
-    host.window(tr, 0.01)
+    await six_connected(tr, host)
+    host.window(tr, 0.25)
+    host.window(tr, 0.10)
+    cost = tr.load.call_cpu.cost
+    assert cost is not None
     clock.step = 0.004  # 4 ms of CPU per measured piece of work
-    await create(tr, "c0")
+    await create(tr, "n0")
+    session = tr.calls["n0"]
     client, public, relay = ("203.0.113.7", 5000), ("198.51.100.1", 3478), ("10.0.0.2", 4000)
-    tr.by_client[client] = tr.calls["c0"]
+    tr.by_client[client] = session
     record = memoryview(encode_header(client, public, b"") + bytes([22, 0xFE, 0xFD]) + bytes(40))
     for _ in range(3):  # a DTLS flight's records, before the handshake is done
-        tr.dispatch(trio.current_time(), record, relay)
+        tr.dispatch(host.t, record, relay)
+    assert session.state == "new"
+    handle = session.handle_input
+
+    def last_flight(now: float, data: bytes, source: Any) -> None:
+        handle(now, data, source)
+        session.call.state = CallState.CONNECTED  # (as the handshake's end sets it)
+
+    monkeypatch.setattr(session, "handle_input", last_flight)
+    joined_at = host.t + 0.3  # 0.3 s into the next window
+    tr.dispatch(joined_at, record, relay)
+    assert session.state == "connected"
     load = host.window(tr, 0.20)
-    assert tr.calls["c0"].state != "ended"
-    setup = 4 * 0.004 / load["window_s"]  # the create and three datagrams, over the window
+    setup = 5 * 0.004 / load["window_s"]  # the create and four datagrams, over the window
     assert load["window_setup"] == pytest.approx(load["window_busy"] * setup / load["cpu"],
                                                  abs=1e-4)
-    assert 0.028 < load["window_setup"] < 0.033  # 16 ms of a ~0.5 s window's 0.20 busy
-    connect(tr, "c0")
-    for _ in range(3):
-        tr.dispatch(trio.current_time(), record, relay)
-    assert host.window(tr, 0.20)["window_setup"] == 0
+    assert 0.036 < load["window_setup"] < 0.041  # 20 ms of a ~0.5 s window's 0.20 busy
+    before = 0.3 / load["window_s"]  # of the window, before it connected
+    assert load["window_joined"] == pytest.approx(before * cost / load["available"], abs=1e-4)
+    assert load["window_calls"] == 7
+    for _ in range(3):  # connected: its datagrams are media, not setup
+        tr.dispatch(host.t, record, relay)
+    load = host.window(tr, 0.20)
+    assert (load["window_setup"], load["window_joined"]) == (0, 0)
 
 
 async def test_a_ramps_setups_are_not_what_its_calls_cost(running: Transceiver) -> None:
@@ -241,17 +260,23 @@ async def test_a_ramps_setups_are_not_what_its_calls_cost(running: Transceiver) 
         adm.placed(0)
     connect(tr, *(f"r{i}" for i in range(37)))
     tr.load.add_setup(0.05)  # the 37 setups: 50 ms of CPU, ~0.10 of a ~0.5 s window
+    for i in range(10):  # ten of them connected half-way through it
+        tr.load.joined(f"r{i}", host.t + 0.25)
     load = host.window(tr, 0.74)
     assert load["window_setup"] == pytest.approx(
         load["window_busy"] * 0.05 / load["window_s"] / load["cpu"], abs=1e-4)
+    assert load["window_joined"] == pytest.approx(
+        10 * 0.25 / load["window_s"] * cost / load["available"], abs=1e-4)
     adm.report(0, {"load": load}, adm.asked(0))
-    want = load["window_busy"] - load["window_setup"] + cost  # the 43, and one more
+    # the 43 as they will cost running, and one more
+    want = load["window_busy"] - load["window_setup"] + load["window_joined"] + cost
     assert tr.load.projected(1) == pytest.approx(want, abs=1e-3)
     assert adm.projected(0, 1) == pytest.approx(want, abs=1e-3)
     assert adm.admits(0)  # at the window's whole busy, 0.74 + 0.015 > 0.75: refused
     # An older transceiver that does not say what its setups cost is judged as before.
     old = Admission([0], {0: 0}, limit=0.75)
-    old.report(0, {"load": {**load, "window_setup": None}}, old.asked(0))
+    old.report(0, {"load": {**load, "window_setup": None, "window_joined": None}},
+               old.asked(0))
     assert not old.admits(0)
 
 
