@@ -29,7 +29,7 @@ import socket
 import ssl
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -54,7 +54,7 @@ from .core import Address
 from .io import IO_ENV, IO_MODES, select_io
 from .keeper import Keeper, keeper_name
 from .resolver import pattern_address
-from .server import RelayConfig, serve_relay
+from .server import RelayConfig, RelayHandle, serve_relay
 from .tcp import TcpLimits
 from .tls import TurnTls
 from .turn import TurnSettings, raise_fd_limit
@@ -458,10 +458,15 @@ def _pin(index: int) -> None:
     log.info("relay worker %d pinned to CPU %d", index, cpu)
 
 
-async def _stop_on_signals(scope: trio.CancelScope) -> None:
+async def _stop_on_signals(scope: trio.CancelScope,
+                           leave: Callable[[], None] | None = None) -> None:
+    """SIGINT/SIGTERM: ``leave`` (a worker's: a roll's successor takes its TCP connections),
+    then cancel ``scope``."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
             log.info("relay: %s, stopping", signal.Signals(signum).name)
+            if leave is not None:
+                leave()
             scope.cancel()
             return
 
@@ -469,9 +474,21 @@ async def _stop_on_signals(scope: trio.CancelScope) -> None:
 async def _run_worker(config: RelayConfig, pin: bool) -> None:
     if pin:
         _pin(config.worker)
+    started: list[RelayHandle] = []
+
+    def leave() -> None:
+        # Before the cancellation reaches the connections' tasks: if this stop is a
+        # rolling restart's (the successor said hello), the established TCP connections
+        # are handed to it, else they close as before (handover.py).
+        for handle in started:
+            if handle.leave():
+                log.info("relay worker %d: stopping for a successor: TCP connections "
+                         "go to it", config.worker)
+
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_stop_on_signals, nursery.cancel_scope)
+        nursery.start_soon(_stop_on_signals, nursery.cancel_scope, leave)
         handle = await nursery.start(serve_relay, config)
+        started.append(handle)
         public = ",".join(format_hostport(a) for a in handle.public)
         tcp = ",".join(format_hostport(a) for a in handle.tcp)
         print(f"{READY_PREFIX}{public} internal {format_hostport(handle.internal)}"

@@ -58,12 +58,17 @@ parsed as untrusted anyway (:func:`parse_message_untrusted`, :func:`parse_kept_u
 only :class:`KeeperError` escapes; fuzzed). No private directory (a lone worker), no keeper:
 today's behaviour, a kill closes its connections.
 
-A graceful stop (SIGTERM) closes the worker's connections as before: a rolling restart
-(SIGHUP) replaces the standby too (it runs the old code) and starts the successor fresh, not
-forked, so there is no keeper to hand them to; the client restarts ICE (docs/turn.md).
+A graceful stop (SIGTERM) closes the worker's connections as before — unless it is a
+rolling restart's (SIGHUP). A roll replaces the standby too (it runs the old code) and
+starts the successor fresh, not forked, so there is no keeper during the step; instead the
+worker being replaced hands its established connections straight to its successor, which
+said hello before its ready line (:mod:`.handover`, :meth:`KeeperLink.take_handed`: the
+same ``adopt`` messages, the successor's own ids, and kept at its keeper once its new
+template is up).
 
 Counters (the worker's): ``tcp_kept`` (connections handed to the keeper), ``tcp_adopted``
-(connections taken over from it), ``keeper_connects``; drops ``keeper-unavailable`` (a
+(connections taken over from it), ``tcp_taken_over`` (from a roll's predecessor,
+:mod:`.handover`), ``keeper_connects``; drops ``keeper-unavailable`` (a
 streak of failed connects to the keeper: its template is not up yet, or there is none),
 ``keeper-adopt-failed`` (a pushed connection that could not be taken over: closed, the
 client restarts ICE), ``keeper-send-failed`` (the link broke mid-message: reconnected, and
@@ -578,8 +583,16 @@ class KeeperLink:
                 return
             self._adopt(data, fds, flags)
 
-    def _adopt(self, data: bytes, fds: list[int], flags: int) -> None:
+    def take_handed(self, data: bytes, fds: list[int], flags: int) -> None:
+        """An ``adopt`` from the worker this one replaces in a rolling restart
+        (:mod:`.handover`): taken over as the keeper's pushes are, but kept under an id of
+        our own, and handed to our keeper (the new fork template's, once it is up) as if
+        we had accepted it. Counted ``tcp_taken_over`` / ``handover-adopt-failed``."""
+        self._adopt(data, fds, flags, handed=True)
+
+    def _adopt(self, data: bytes, fds: list[int], flags: int, *, handed: bool = False) -> None:
         c = self.counters
+        failed = "handover-adopt-failed" if handed else "keeper-adopt-failed"
         try:
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
                 raise KeeperError("truncated", "too-long")
@@ -589,20 +602,25 @@ class KeeperLink:
             kept = parse_kept_untrusted(msg.record)
         except KeeperError:
             _close_fds(fds)
-            c.drop("keeper-adopt-failed")
+            c.drop(failed)
             return
         try:
             sock = socket.socket(fileno=fds[0])
         except OSError:
             _close_fds(fds)
-            c.drop("keeper-adopt-failed")
+            c.drop(failed)
             return
         assert msg.record is not None
-        self.kept[msg.ident] = (sock, msg.record)  # ours now (the keeper says so)
-        if sock.type != socket.SOCK_STREAM or not self.adopt(sock, kept, msg.ident):
-            c.drop("keeper-adopt-failed")
-            self.kept.pop(msg.ident, None)
-            self.outbox[msg.ident] = "drop"
+        ident = msg.ident  # the keeper's id: ours now (the keeper says so)
+        if handed:  # a predecessor's: our keeper has never heard of it
+            self._ids += 1
+            ident = self._ids
+        self.kept[ident] = (sock, msg.record)
+        if sock.type != socket.SOCK_STREAM or not self.adopt(sock, kept, ident):
+            c.drop(failed)
+            self.kept.pop(ident, None)
+            if not handed:
+                self.outbox[ident] = "drop"
             try:  # the client sees it end (and restarts ICE), the keeper's copy included
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
@@ -610,7 +628,12 @@ class KeeperLink:
             sock.close()
             self._flush()
             return
-        c.add("tcp_adopted")
+        if handed:
+            self.outbox[ident] = "keep"
+            c.add("tcp_taken_over")
+            self._flush()
+        else:
+            c.add("tcp_adopted")
 
     async def run(self) -> None:
         """Keep the link up, receive what the keeper pushes, send what waits; until

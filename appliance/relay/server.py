@@ -23,6 +23,8 @@ Where things are::
      ├─ serve_turn_lookups  allocations of clients moved here, from any worker's records
      ├─ KeeperLink.run      TCP connections handed to the keeper in the fork template, and
      │                      a dead predecessor's taken over (keeper.py)
+     ├─ Handover.run        a rolling restart: the predecessor's TCP connections taken
+     │                      over, and ours handed to a successor when we stop (handover.py)
      └─ serve_control       {"op": "stats"} (control.py)
 
     core.RelayCore          every decision, no I/O; transport.py: the Transport/ReturnSink
@@ -69,12 +71,13 @@ from .fastpath import (
     make_drain,
 )
 from .filter import MAX_DATAGRAM, attach_public_filter
+from .handover import HANDOVER_WAIT, Handover, handover_name
 from .io import IO_ENV, IO_MODES, IoAdapter, adapter, mmsg_available, select_io
 from .keeper import KeeperLink, Kept, keeper_name
 from .redis_cache import RedisFlowCache, open_client
 from .reseed import FlowVouching, Lookups
 from .resolver import Resolver, pattern_address, resolve_at_start
-from .tcp import TcpLimits, TcpListener, tcp_listener
+from .tcp import TcpLimits, TcpListener, close_socket, tcp_listener
 from .tls import TurnTls
 from .transport import ReturnSink, UdpSink
 from .turn import RelaySockets, TurnGate, TurnSettings, own_media_map, raise_fd_limit
@@ -154,6 +157,14 @@ class RelayHandle:
     sockets: Mapping[str, Any] = field(default_factory=dict)
     io: str = "python"
     tcp: tuple[Address, ...] = ()  # the ICE-TCP listeners' bound addresses
+    #: the roll's hand-over (handover.py), with a keeper link, else None
+    handover: Handover | None = None
+
+    def leave(self) -> bool:
+        """A graceful stop begins (call it before cancelling :func:`serve_relay`): True when
+        it is a roll's — a successor said hello — and the established TCP connections go
+        to that successor instead of closing (handover.py); False, they close as before."""
+        return self.handover is not None and self.handover.leave()
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -297,6 +308,13 @@ async def _serve_keeper_link(link: KeeperLink, listeners: Sequence[TcpListener])
     await link.run()
 
 
+async def _serve_handover(handover: Handover, listeners: Sequence[TcpListener]) -> None:
+    """The roll's hand-over, once every listener runs: handed connections join their tasks."""
+    for listener in listeners:
+        await listener.started.wait()
+    await handover.run()
+
+
 async def _housekeeping(core: RelayCore, flow_timeout: float) -> None:
     tick = min(1.0, flow_timeout / 4)
     while True:
@@ -327,6 +345,7 @@ async def serve_relay(
     socks: list[socket.socket] = []
     relayed: RelaySockets | None = None
     gate: TurnGate | None = None
+    handover: Handover | None = None
     try:
         for addr in config.listen:
             socks.append(_public_socket(addr, turn=config.turn is not None))
@@ -369,11 +388,17 @@ async def serve_relay(
         buffers: dict[str, Any] = {format_addr(a): socket_buffers(s)
                                    for a, s in zip(public, pubs, strict=True)}
         buffers["internal"] = socket_buffers(isock)
-        handle = RelayHandle(public, sockname(isock), core, config.worker, buffers, io,
-                             tuple(t.public for t in listeners))
         for listener in listeners:
             listener.wake = wake
         link = _keeper_link(config, core, listeners, gate)
+        if link is not None:
+            assert config.turn_state_dir is not None  # a keeper link has a private directory
+            handover = Handover(handover_name(config.turn_state_dir, config.cluster,
+                                              config.worker), core.counters, link, close_socket)
+            for listener in listeners:
+                listener.handover = handover
+        handle = RelayHandle(public, sockname(isock), core, config.worker, buffers, io,
+                             tuple(t.public for t in listeners), handover)
         store: TurnStore | None = None
         if gate is not None:
             if cache is not None:
@@ -398,6 +423,11 @@ async def serve_relay(
                 nursery.start_soon(listener.serve)
             if link is not None:
                 nursery.start_soon(_serve_keeper_link, link, listeners)
+            if handover is not None:
+                # Before the ready line: a live predecessor (a roll) learns of us now, before
+                # the supervisor stops it.
+                handover.open()
+                nursery.start_soon(_serve_handover, handover, listeners)
             if resolver.needed:
                 nursery.start_soon(resolver.run)
             if cache is not None or vouching is not None:
@@ -423,7 +453,11 @@ async def serve_relay(
         for sock in socks:
             sock.close()
         if relayed is not None:
-            relayed.close_all()
+            relayed.close_all()  # first: a successor binds the TURN/TCP relayed ports again
+        if handover is not None:
+            with trio.move_on_after(HANDOVER_WAIT, shield=True):
+                await handover.send_released()  # a roll's stop: our TCP connections go on
+            handover.close()  # the rest close (their clients see the end)
         if cache is not None:
             await cache.close()
 

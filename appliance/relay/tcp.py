@@ -74,7 +74,11 @@ and a record; TURN/TCP's allocation snapshot follows its changes), dropped when 
 after a SIGKILL the successor :meth:`TcpListener.adopt`-s it and carries on. So closing a
 connection is ``shutdown`` then ``close`` (the keeper's copy would keep it open), and bytes
 only peeked at are discarded first (a close with unread bytes is a reset, not a FIN).
-TURN/TLS connections are never kept (their keys live in OpenSSL here).
+TURN/TLS connections are never kept (their keys live in OpenSSL here). A rolling restart
+(SIGHUP, :mod:`.handover`): when the stop is a roll's, a kept connection whose task the stop
+cancels is *released* (:meth:`TcpListener._release`: out of the tables, its unsent bytes and
+a fresh record to the hand-over, our descriptor closed later without a shutdown) and the
+successor adopts it as after a kill; one that ends by itself still closes.
 
 Reads: one ``recv_into(MSG_PEEK)`` (up to 64 kB) per readability; the whole frames in it
 (:func:`~appliance.proto.framing.frame_spans_untrusted`, for TURN
@@ -96,7 +100,7 @@ import socket
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -118,6 +122,9 @@ from .filter import MAX_DATAGRAM
 from .keeper import KeeperLink, Kept, kept_record
 from .tls import Route, TlsSession, TurnTls, route
 from .transport import Out, Transport
+
+if TYPE_CHECKING:
+    from .handover import Handover
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +292,7 @@ def push(conn: TcpConnection) -> None:
 _SCRATCH = bytearray(READ_SIZE)  # never written: MSG_TRUNC discards on TCP
 
 
-def _close_socket(sock: socket.socket) -> None:
+def close_socket(sock: socket.socket) -> None:
     """Close an accepted connection so that its client sees the end: the bytes it sent
     that were only peeked at are discarded first (Linux answers a close with unread bytes
     with a reset, not a FIN), and it is shut down before the close, for the keeper may
@@ -353,6 +360,9 @@ class TcpListener:
         self._batch: list[tuple[int, Address]] = []
         #: the worker's link to its keeper (relay/keeper.py), set by the shell, or None
         self.keeper: KeeperLink | None = None
+        #: the roll's hand-over (relay/handover.py), set by the shell, or None: while it is
+        #: leaving, a kept connection whose task the stop ends is released to it, not closed
+        self.handover: Handover | None = None
         self._nursery: trio.Nursery | None = None
         #: set once :meth:`serve` runs (adopted connections need its nursery)
         self.started = trio.Event()
@@ -443,7 +453,7 @@ class TcpListener:
     def _discard(self, conn: TcpConnection, reason: str | None) -> None:
         """Close an accepted connection that never entered the tables (counted as closed,
         so accepted - closed stays the open count)."""
-        _close_socket(conn.sock)
+        close_socket(conn.sock)
         if reason:
             self.core.counters.drop(reason)
         self.core.counters.tcp_closed += 1
@@ -486,7 +496,7 @@ class TcpListener:
         finally:
             self.proxied_pending -= 1
             if got is None:
-                _close_socket(conn.sock)
+                close_socket(conn.sock)
         src, dst, _ = got
         conn.client = StreamAddr(src)
         conn.reached = dst
@@ -495,15 +505,43 @@ class TcpListener:
             await self._connection(conn)
 
     async def _connection(self, conn: TcpConnection) -> None:
+        ended = False  # by itself (its peer, its input, its timeouts), not by a stop
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._writer, conn)
                 await self._reader(conn)
+                ended = True
                 nursery.cancel_scope.cancel()
         finally:
-            self._close(conn)
+            if ended or not self._release(conn):
+                self._close(conn)
 
-    def _close(self, conn: TcpConnection) -> None:
+    def _release(self, conn: TcpConnection) -> bool:
+        """A stop for a roll (relay/handover.py) ends a kept connection's task: it goes to
+        the successor with its record — made now, so a TURN/TCP allocation's latest state
+        travels — and its unsent bytes, our descriptor later closed without a shutdown.
+        False (it is closed as before): no hand-over under way, not kept, or broken."""
+        handover = self.handover
+        if handover is None or not handover.leaving or conn.kept is None or conn.closed \
+                or conn.tls is not None:
+            return False
+        allocation = None
+        if conn.turn:
+            turn = self.core.turn
+            allocation = None if turn is None else turn.keep(conn.client, self.public)
+            if allocation is None:
+                return False
+        self._untable(conn)
+        kept, conn.kept = conn.kept, None
+        if self.keeper is not None:
+            self.keeper.drop(kept)  # a keeper still linked closes its copy (no shutdown)
+        handover.release(conn.sock, kept_record("turn" if conn.turn else "ice", conn.client,
+                                                self.public, allocation), bytes(conn.backlog))
+        conn.backlog.clear()
+        return True
+
+    def _untable(self, conn: TcpConnection) -> None:
+        """``conn`` out of the listener's tables (it ends here, or is handed over)."""
         conn.closed = True
         client = conn.client
         if self.sink.conns.get(client) is conn:
@@ -517,11 +555,15 @@ class TcpListener:
         flow = self.core.flows.get(client)
         if flow is not None and flow.upstream is None:
             del self.core.flows[client]  # the flow ends with its connection
+
+    def _close(self, conn: TcpConnection) -> None:
+        self._untable(conn)
+        client = conn.client
         if conn.turn and self.core.turn is not None:
             self.core.turn.closed(trio.current_time(), client, self.public)
         self.core.counters.tcp_closed += 1
         kept, conn.kept = conn.kept, None
-        _close_socket(conn.sock)
+        close_socket(conn.sock)
         if kept is not None and self.keeper is not None:
             self.keeper.drop(kept)
 

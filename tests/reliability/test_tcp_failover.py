@@ -1,5 +1,6 @@
 """Issue 40 item 2: ICE-TCP and TURN/TCP connections survive a SIGKILL of the relay worker
-that accepted them (relay/keeper.py), with no reconnect.
+that accepted them (relay/keeper.py), and a rolling restart (SIGHUP: relay/handover.py),
+with no reconnect; a full shutdown still closes them.
 
 A real ``appliance up`` (one relay worker with its warm standby, ``--turn-peer 127.0.0.0/8``)
 and, on loopback:
@@ -16,13 +17,20 @@ SIGKILL of the worker, twice; after each the **same** two connections carry echo
 (the client sockets are never replaced, nothing is re-Allocated, no error answer), the
 longest gap between two echoes across the kill is at most 250 ms (the bound the UDP calls
 have, docs/reliability.md), and the successor took over exactly those two connections.
+
+SIGHUP, twice, with one and with two workers: the same, each worker replaced handing its
+connections straight to its successor; then a kill of each worker holding them (the
+successor kept them at its new template's keeper). SIGTERM to ``up``: both connections
+end at their clients, ``up`` exits 0 within its grace, nothing was handed over.
 """
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 
+import pytest
 import trio
 from proto.turn.turn_client import Client
 from reliability.failover import Up
@@ -45,6 +53,7 @@ from appliance.statedir import SECRET_NAME
 
 CHANNEL = 0x4001
 KILLS = 2
+ROLLS = 2
 BOUND = 0.25  # the media gap a worker kill may cost (docs/reliability.md)
 
 
@@ -108,8 +117,12 @@ class TurnTcpCall:
         while not self.closed:
             self.seq += 1
             self.sent[self.seq] = trio.current_time()
-            await self.stream.send_all(encode_channel_data(
-                CHANNEL, self.seq.to_bytes(4, "big") + bytes(156), pad=True))
+            try:
+                await self.stream.send_all(encode_channel_data(
+                    CHANNEL, self.seq.to_bytes(4, "big") + bytes(156), pad=True))
+            except trio.BrokenResourceError:  # the relay closed it (reset: bytes in flight)
+                self.closed = True
+                return
             await trio.sleep(0.02)  # pacing (50 packets/s, like audio), not a wait
 
     async def receive(self) -> None:
@@ -122,7 +135,8 @@ class TurnTcpCall:
                     self.rx.append((trio.current_time(), int.from_bytes(data[4:8], "big")))
                 else:
                     self.stun.append(Message.parse_untrusted(data))
-        except EOFError:
+        except (EOFError, trio.BrokenResourceError):
+            self.closed = True
             return
 
     @property
@@ -225,6 +239,171 @@ async def test_tcp_connections_survive_worker_kills_and_a_closed_one_stays_close
         assert not any(m.msg_class == Class.ERROR for m in turn.stun), turn.stun
     finally:
         nursery.cancel_scope.cancel()  # the calls' tasks, before their sockets close
+        if turn is not None:
+            turn.peer.close()
+            turn.stream.socket.close()
+        up.stop()
+
+
+class EndedTcpCall(TcpCall):
+    """A :class:`TcpCall` whose connection may end with a reset (the relay closes it while
+    the client's bytes are in flight): counted as its end, not raised into the nursery."""
+
+    async def run(self, payload: bytes) -> None:
+        try:
+            await super().run(payload)
+        except ConnectionResetError:
+            self.failed = "relay reset the connection"
+
+
+async def _kept_calls(nursery: trio.Nursery, up: Up,
+                      ice_call: type[TcpCall] = TcpCall) -> tuple[TcpCall, TurnTcpCall, float]:
+    """An ICE-TCP call and a TURN/TCP client, both echoing and both at the keeper (or, with
+    no template up yet, queued for it: established). Returns them and when they started."""
+    peer = ClientPeer(Certificate.generate(time.time()))
+    resp = await request("POST", up.base + "/v1/sessions", body=peer.offer().encode(),
+                         headers={"Content-Type": "application/sdp"})
+    assert resp.status == 201, (resp.status, resp.body[:300])
+    peer.accept_answer(resp.body.decode(), trio.current_time())
+    sock = socket.create_connection(("127.0.0.1", up.udp))
+    sock.setblocking(False)
+    ice = ice_call("ice-tcp", 0, peer, sock)
+    nursery.start_soon(ice.run, opus_frame())
+    turn = await _turn_tcp_call(nursery, up)
+    start = trio.current_time()
+    await eventually(lambda: bool(ice.rx_after(start)), 20, "the echo over ICE-TCP")
+    await eventually(lambda: turn.echoed_after(start), 10, "echoes through TURN/TCP")
+    with trio.fail_after(10):  # both established (kept): what a stop hands over or closes
+        while await _established(up) < 2:  # noqa: ASYNC110 - another process's counters
+            await trio.sleep(0.01)
+    return ice, turn, start
+
+
+async def _established(up: Up) -> int:
+    c = await up.counters()
+    return int(c.get("tcp_established", 0)) + int(c.get("tcp_adopted", 0)) + \
+        int(c.get("tcp_taken_over", 0))
+
+
+async def _echoes_after(ice: TcpCall, turn: TurnTcpCall, t: float, what: str) -> None:
+    """A stretch of echoes on both connections after ``t``: a gap is measured across."""
+    await eventually(lambda: len(ice.rx_after(t)) >= 10, 10, f"ICE-TCP echoes after {what}")
+    await eventually(lambda: len([x for x in turn.rx_times if x > t]) >= 10, 10,
+                     f"TURN/TCP echoes after {what}")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_tcp_connections_survive_rolling_restarts(
+        tmp_path: object, nursery: trio.Nursery, workers: int) -> None:
+    """Issue 40: a rolling restart (SIGHUP) closed every ICE-TCP and TURN/TCP connection —
+    the worker being replaced shut them down as it stopped (its keeper, in the template the
+    roll stops first, could not help), so their clients had to reconnect or restart ICE.
+    Now each worker being replaced hands its established connections straight to its
+    successor (relay/handover.py): across two rolls the same connections carry echoes
+    again, nothing is re-Allocated, the longest echo gap stays within the kill's bound; and
+    the successor kept them at its new template's keeper, so a kill after the rolls is
+    survived too."""
+    up = await Up.start(tmp_path, workers=workers, extra=("--turn-peer", "127.0.0.0/8"))  # type: ignore[arg-type]
+    turn: TurnTcpCall | None = None
+    try:
+        ice, turn, start = await _kept_calls(nursery, up)
+        asked = list(turn.requests)
+        measured = start
+        for roll in range(ROLLS):
+            began, done = await up.roll()
+            try:
+                await _echoes_after(ice, turn, done, f"roll {roll + 1}")
+            except AssertionError:
+                print("workers:", [await up.worker_stats(w) for w in range(workers)])
+                raise
+            end = trio.current_time()
+            gaps = (_gap(ice.rx_times, max(began, measured), end),
+                    _gap(turn.rx_times, max(began, measured), end))
+            measured = end
+            counters = await up.counters()
+            print(f"SIGHUP {roll + 1}, {workers} worker(s): longest echo gap ICE-TCP "
+                  f"{gaps[0] * 1000:.0f} ms, TURN/TCP {gaps[1] * 1000:.0f} ms (roll took "
+                  f"{(done - began) * 1000:.0f} ms); taken over "
+                  f"{counters.get('tcp_taken_over')}, drops {counters['drops']}")
+            # Exactly the two live connections were handed over, the same ones: neither
+            # client saw its connection end, nor allocated again.
+            assert counters.get("tcp_taken_over") == 2, counters
+            assert not any(r.startswith("handover-") for r in counters["drops"]), counters
+            assert counters.get("turn_allocations_created", 0) == 0, counters
+            assert ice.failed is None and not turn.closed
+            assert all(g <= BOUND for g in gaps), gaps
+        # The successors handed their connections to their new keepers: a kill of each
+        # worker holding some is survived as before.
+        await up.standbys_ready()
+        holders = []
+        for w in range(workers):
+            stats = await up.worker_stats(w)
+            assert stats is not None
+            if stats["counters"].get("tcp_taken_over"):
+                holders.append(w)
+                with trio.fail_after(10):
+                    while not ((await up.worker_stats(w)) or {}).get(  # noqa: ASYNC110
+                            "counters", {}).get("keeper_connects"):
+                        await trio.sleep(0.01)  # another process's counters
+        for w in holders:
+            killed, back = await up.kill_worker(w)
+            await _echoes_after(ice, turn, back, f"the kill of worker {w}")
+            print(f"SIGKILL of worker {w} after the rolls: longest echo gap ICE-TCP "
+                  f"{_gap(ice.rx_times, killed, trio.current_time()) * 1000:.0f} ms, TURN/TCP "
+                  f"{_gap(turn.rx_times, killed, trio.current_time()) * 1000:.0f} ms")
+        counters = await up.counters()
+        assert counters.get("tcp_adopted") == 2, counters
+        assert ice.failed is None and not turn.closed
+        assert turn.requests == asked  # no request after the rolls: no re-Allocate
+        assert not any(m.msg_class == Class.ERROR for m in turn.stun), turn.stun
+    finally:
+        nursery.cancel_scope.cancel()  # the calls' tasks, before their sockets close
+        if turn is not None:
+            turn.peer.close()
+            turn.stream.socket.close()
+        up.stop()
+
+
+async def _relay_ends(sock: socket.socket) -> None:
+    """Read ``sock`` (a descriptor of a client's connection) until the relay's end of it
+    arrives: EOF, or a reset (it closed with the client's bytes unread)."""
+    stream = trio.socket.from_stdlib_socket(sock)
+    with trio.fail_after(10):
+        try:
+            while await stream.recv(65536):
+                pass
+        except ConnectionResetError:
+            pass
+
+
+async def test_a_full_shutdown_still_closes_the_tcp_connections(
+        tmp_path: object, nursery: trio.Nursery) -> None:
+    """The hand-over must not keep anything alive past the relay: SIGTERM to ``up`` stops
+    each worker with no successor, so its established ICE-TCP and TURN/TCP connections are
+    shut down as before, the template's copies with it; both clients see the relay end
+    their connection, ``up`` exits 0 within its grace, and no worker handed anything over.
+    (The ICE-TCP client's own end is watched through a second descriptor: the call stops
+    by itself when the transceiver's DTLS close_notify arrives first, and closes its own.)"""
+    up = await Up.start(tmp_path, workers=1, extra=("--turn-peer", "127.0.0.0/8"))  # type: ignore[arg-type]
+    turn: TurnTcpCall | None = None
+    try:
+        await up.standbys_ready()  # the keeper holds a copy of each: it must go too
+        ice, turn, _ = await _kept_calls(nursery, up, EndedTcpCall)
+        t = turn
+        watch = ice.sock.dup()
+        try:
+            up.proc.popen.send_signal(signal.SIGTERM)
+            await _relay_ends(watch)
+        finally:
+            watch.close()
+        await eventually(lambda: t.closed, 10, "the TURN/TCP connection's end at its client")
+        await eventually(lambda: up.proc.popen.poll() is not None, 10, "up's exit")
+        assert up.proc.popen.returncode == 0
+        log = up.proc.log.read_text(errors="replace")
+        assert "handed to the successor" not in log
+        assert "ignored SIGTERM" not in log
+    finally:
+        nursery.cancel_scope.cancel()
         if turn is not None:
             turn.peer.close()
             turn.stream.socket.close()
