@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import socket
 import stat
@@ -358,6 +359,25 @@ def test_an_agent_that_cannot_load_fails_up_at_start(tmp_path: Path, agent: str,
     assert "transceiver" not in r.stdout + r.stderr  # no child was started
 
 
+def _bind_where_udp_is_free(sock: socket.socket) -> int:
+    """Bind a TCP ``sock`` on a port whose UDP twin is free, below the kernel's ephemeral
+    range: there no other test's port 0 lands (stress 37: the TCP port the kernel gave
+    this test was another test's UDP port at that moment, and `up` named UDP)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.Random().sample(range(max(1024, low - 8192), low), 256):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return port
+    raise AssertionError("no port below the ephemeral range is free for TCP and UDP")
+
+
 @pytest.mark.parametrize("kind", ["udp", "tcp"])
 def test_a_media_port_in_use_fails_up_at_once_naming_it(
     tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
@@ -367,10 +387,12 @@ def test_a_media_port_in_use_fails_up_at_once_naming_it(
     relay worker's traceback three times over; --no-ice-tcp leaves TCP unchecked."""
     sock_kind = socket.SOCK_DGRAM if kind == "udp" else socket.SOCK_STREAM
     with socket.socket(socket.AF_INET, sock_kind) as busy:
-        busy.bind(("127.0.0.1", 0))
         if kind == "tcp":
+            port = _bind_where_udp_is_free(busy)
             busy.listen(1)
-        port = busy.getsockname()[1]
+        else:
+            busy.bind(("127.0.0.1", 0))
+            port = busy.getsockname()[1]
         argv = ["--state-dir", str(tmp_path / "s"), "--http", "127.0.0.1:0",
                 "--udp", f"127.0.0.1:{port}"]
         assert main(argv) == 2
