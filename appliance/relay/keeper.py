@@ -499,6 +499,14 @@ class KeeperLink:
             self.outbox[ident] = "update"
         self._flush()
 
+    def follow(self) -> None:
+        """A kept connection's request may have changed its record (a TURN/TCP ChannelBind,
+        CreatePermission, Refresh): the changes go to the keeper now, before the client
+        reads the answer and uses what it made, not at the next tick (a kill in between
+        would give the successor a record without it)."""
+        if self.poll is not None:
+            self.poll()
+
     def drop(self, ident: int) -> None:
         if self.kept.pop(ident, None) is None:
             return
@@ -640,9 +648,14 @@ class KeeperLink:
         cancelled."""
         try:
             while True:
-                if self.sock is None and not self._connect():
-                    await trio.sleep(TICK)
-                    continue
+                if self.sock is None:
+                    # The kept records follow their allocations while there is no keeper
+                    # too: what it is told first on (re)connecting is their latest state.
+                    if self.poll is not None:
+                        self.poll()
+                    if not self._connect():
+                        await trio.sleep(TICK)
+                        continue
                 sock = self.sock
                 assert sock is not None
                 with trio.move_on_after(TICK):

@@ -728,6 +728,8 @@ class TcpListener:
                 conn.flowed = True
                 core.counters.tcp_established += 1
                 self._keep(conn)
+            elif conn.kept is not None and self.keeper is not None:
+                self.keeper.follow()  # what its requests changed, before it is used
 
     # -- the keeper (relay/keeper.py) ---------------------------------------------------------
 
