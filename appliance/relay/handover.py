@@ -87,6 +87,7 @@ from .keeper import (
     _close_fds,
     _receive_nowait,
     _same_uid,
+    accept_same_uid,
     encode_message,
     keeper_name,
     parse_message_untrusted,
@@ -212,17 +213,7 @@ class Handover:
 
     def _accept(self) -> None:
         assert self.listener is not None
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                return
-            if not _same_uid(conn):
-                conn.close()
-                continue
-            conn.setblocking(False)
+        while (conn := accept_same_uid(self.listener)) is not None:
             self.successors = [s for s in self.successors if self._alive(s) is not None]
             self.successors.append((conn, False))
 

@@ -326,17 +326,7 @@ class Keeper:
 
     def _accept(self, mask: int) -> None:
         assert self.listener is not None and self.sel is not None
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                return
-            if not _same_uid(conn):
-                conn.close()
-                continue
-            conn.setblocking(False)
+        while (conn := accept_same_uid(self.listener)) is not None:
             self.workers[conn] = {}
             self.sel.register(conn, selectors.EVENT_READ,
                               functools.partial(self._readable, conn))
@@ -432,6 +422,20 @@ class Keeper:
             self._next_id -= 1
             self.orphans.popleft()
             table[ident] = (fd, record)
+
+
+def accept_same_uid(listener: socket.socket) -> socket.socket | None:
+    """The next connection on a non-blocking unix ``listener`` from a process of our own
+    uid (others are closed), non-blocking; None when there is none now."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:  # BlockingIOError: none now; anything else: none either
+            return None
+        if _same_uid(conn):
+            conn.setblocking(False)
+            return conn
+        conn.close()
 
 
 def _send_waiting(sock: socket.socket, data: bytes, fds: list[int]) -> None:
