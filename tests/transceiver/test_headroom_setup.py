@@ -153,6 +153,17 @@ async def six_connected(tr: Transceiver, host: Host) -> None:
     connect(tr, *(f"c{i}" for i in range(6)))
 
 
+async def six_steady(tr: Transceiver, host: Host, adm: Admission) -> float:
+    """:func:`six_connected`, a window they connected in, then a steady one reported to
+    ``adm``: the cost of a running call, learned."""
+    await six_connected(tr, host)
+    host.window(tr, 0.25)
+    adm.report(0, {"load": host.window(tr, 0.10)}, adm.asked(0))
+    cost = tr.load.call_cpu.cost
+    assert cost is not None
+    return cost
+
+
 async def test_setup_windows_do_not_teach_the_call_cost(running: Transceiver) -> None:
     tr, host = running, Host()
     host.window(tr, 0.01)
@@ -250,11 +261,7 @@ async def test_a_ramps_setups_are_not_what_its_calls_cost(running: Transceiver) 
     Both projections, the transceiver's and signaling's, take the setups off."""
     tr, host = running, Host()
     adm = Admission([0], {0: 0}, limit=0.75)
-    await six_connected(tr, host)
-    host.window(tr, 0.25)
-    adm.report(0, {"load": host.window(tr, 0.10)}, adm.asked(0))
-    cost = tr.load.call_cpu.cost
-    assert cost is not None
+    cost = await six_steady(tr, host, adm)
     for i in range(37):
         await create(tr, f"r{i}")
         adm.placed(0)
@@ -289,10 +296,7 @@ async def test_a_ramp_counts_at_the_last_windows_busy_not_the_smoothed(
     and signaling's, count the last window's own busy."""
     tr, host = running, Host()
     adm = Admission([0], {0: 0}, limit=0.75)
-    await six_connected(tr, host)
-    host.window(tr, 0.25)
-    adm.report(0, {"load": host.window(tr, 0.10)}, adm.asked(0))
-    cost = tr.load.call_cpu.cost
+    cost = await six_steady(tr, host, adm)
     assert cost == pytest.approx(0.015, abs=1e-5)
     for i in range(37):  # the ramp: 37 more, all through by the window's end
         await create(tr, f"r{i}")
