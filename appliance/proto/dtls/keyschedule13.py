@@ -77,9 +77,11 @@ def hkdf_expand(hash_name: str, prk: bytes, info: bytes, length: int) -> bytes:
     return bytes(out[:length])
 
 
-def expand_label(hash_name: str, secret: bytes, label: bytes, context: bytes, length: int) -> bytes:
-    """RFC 8446 §7.1 HKDF-Expand-Label with the DTLS 1.3 prefix (RFC 9147 §5.9)."""
-    full = LABEL_PREFIX + label
+def expand_label(hash_name: str, secret: bytes, label: bytes, context: bytes, length: int,
+                 prefix: bytes = LABEL_PREFIX) -> bytes:
+    """RFC 8446 §7.1 HKDF-Expand-Label with the DTLS 1.3 prefix (RFC 9147 §5.9), or TLS
+    1.3's ``"tls13 "`` (proto/dtls/tlsrecord.py)."""
+    full = prefix + label
     info = length.to_bytes(2, "big") + bytes((len(full),)) + full + bytes((len(context),)) + context
     return hkdf_expand(hash_name, secret, info, length)
 

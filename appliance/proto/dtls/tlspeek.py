@@ -43,10 +43,12 @@ MAX_HELLO_BYTES = 5 + (1 << 14)
 
 @dataclass(frozen=True, slots=True)
 class HelloPeek:
-    """What a splitter needs: the SNI host name (lower-cased ASCII) and ALPN offers."""
+    """What a splitter needs: the SNI host name (lower-cased ASCII) and ALPN offers; and
+    the hello's random, which names the connection in OpenSSL's key log (relay/tls.py)."""
 
     server_name: str | None
     alpn: tuple[bytes, ...]
+    random: bytes = b""
 
 
 def peek_client_hello_untrusted(head: bytes | memoryview) -> HelloPeek | None:
@@ -84,4 +86,4 @@ def peek_client_hello_untrusted(head: bytes | memoryview) -> HelloPeek | None:
             except UnicodeDecodeError:
                 raise DtlsError("non-ASCII host_name") from None
     alpn = parse_alpn_untrusted(alpn_raw) if alpn_raw is not None else ()
-    return HelloPeek(server_name, alpn)
+    return HelloPeek(server_name, alpn, hello.random)
