@@ -95,8 +95,11 @@ from typing import Any
 
 import trio
 
+from ..proto.dtls import DtlsError
+from ..proto.dtls.tlsrecord import SessionKeys
 from ..proto.proxy import StreamAddr
 from .counters import Counters
+from .tlsboard import TlsBoard
 from .transport import Address
 
 log = logging.getLogger("appliance.relay.server")
@@ -120,6 +123,9 @@ TICK = 0.05
 #: rest orphaned (they are pushed again at the next hello).
 SEND_WAIT = 1.0
 OPS = frozenset({"hello", "keep", "drop", "adopt"})
+#: Descriptors one message carries at most: a connection's, and a TURN/TLS connection's
+#: board (relay/tlsboard.py).
+MAX_FDS = 2
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -127,7 +133,7 @@ def _receive_nowait(sock: socket.socket) -> tuple[bytes, list[int], int] | None:
     """One message with its descriptors, without blocking, for both ends: None when none
     is pending, an empty message at EOF (a broken link reads as one)."""
     try:
-        msg, fds, flags, _ = socket.recv_fds(sock, MAX_MESSAGE + 1, 1, socket.MSG_DONTWAIT)
+        msg, fds, flags, _ = socket.recv_fds(sock, MAX_MESSAGE + 1, MAX_FDS, socket.MSG_DONTWAIT)
     except (BlockingIOError, InterruptedError):
         return None
     except OSError:
@@ -197,24 +203,60 @@ def parse_message_untrusted(data: bytes | bytearray | memoryview) -> Message:
 
 
 @dataclass(frozen=True, slots=True)
+class KeptTls:
+    """A kept TURN/TLS connection's record state: its keys, and where its sequence numbers
+    are — its slot on the worker's board (relay/tlsboard.py, whose descriptor travels with
+    it), or, handed over by a roll, the numbers themselves (read gen, seq, write gen, seq)."""
+
+    keys: SessionKeys
+    slot: int | None = None
+    state: tuple[int, int, int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Kept:
     """A kept connection's record, as the worker that adopts it needs it."""
 
-    kind: str  # "ice" (RFC 4571 frames) or "turn" (TURN over TCP)
+    kind: str  # "ice" (RFC 4571 frames) or "turn" (TURN over TCP or TLS)
     client: StreamAddr  # the client (a front proxy's header's, if any)
     listener: Address  # the public TCP address it reached (which listener takes it)
     #: TURN: the allocation's snapshot record (proto/turn/snapshot.py), None without one
     allocation: bytes | None = None
+    #: TURN over TLS: its records' state, None for TCP
+    tls: KeptTls | None = None
 
 
 def kept_record(kind: str, client: Address, listener: Address,
-                allocation: bytes | None = None) -> dict[str, Any]:
+                allocation: bytes | None = None,
+                tls: dict[str, Any] | None = None) -> dict[str, Any]:
     """The record of a connection handed to the keeper (:class:`Kept`, as JSON)."""
     rec: dict[str, Any] = {"t": kind, "c": [client[0], client[1]],
                            "l": [listener[0], listener[1]]}
     if allocation is not None:
         rec["a"] = allocation.decode()
+    if tls is not None:
+        rec["tls"] = tls
     return rec
+
+
+def _kept_tls(obj: object) -> KeptTls:
+    if not isinstance(obj, dict):
+        raise KeeperError("bad TLS state", "record")
+    try:
+        keys = SessionKeys.from_record_untrusted(obj.get("k"))
+    except DtlsError:
+        raise KeeperError("bad TLS keys", "record") from None
+    slot, state = obj.get("b"), obj.get("st")
+    if (slot is None) == (state is None):
+        raise KeeperError("TLS state: a slot or the numbers", "record")
+    if slot is not None and (type(slot) is not int or not 0 <= slot < 1 << 24):
+        raise KeeperError("bad TLS slot", "record")
+    if state is not None:
+        if not (isinstance(state, list) and len(state) == 4
+                and all(type(v) is int and 0 <= v < 1 << 64 for v in state)):
+            raise KeeperError("bad TLS state", "record")
+        state = (state[0], state[1], state[2], state[3])
+    return KeptTls(keys, slot, state)
 
 
 def _addr(value: object, what: str) -> Address:
@@ -241,9 +283,13 @@ def parse_kept_untrusted(record: object) -> Kept:
     if allocation is not None and (kind != "turn" or not isinstance(allocation, str)
                                    or len(allocation) > MAX_MESSAGE):
         raise KeeperError("bad allocation", "record")
+    tls = record.get("tls")
+    if tls is not None and kind != "turn":
+        raise KeeperError("TLS state of a non-TURN connection", "record")
     return Kept(str(kind), StreamAddr(_addr(record.get("c"), "client")),
                 _addr(record.get("l"), "listener"),
-                None if allocation is None else allocation.encode("utf-8", "replace"))
+                None if allocation is None else allocation.encode("utf-8", "replace"),
+                None if tls is None else _kept_tls(tls))
 
 
 def _same_uid(sock: socket.socket) -> bool:
@@ -275,12 +321,13 @@ class Keeper:
         self.max_kept = max_kept
         self.listener: socket.socket | None = None
         self.sel: selectors.BaseSelector | None = None
-        #: each connected worker -> its kept connections: id -> (our fd copy, record)
-        self.workers: dict[socket.socket, dict[int, tuple[int, dict[str, Any]]]] = {}
+        #: each connected worker -> its kept connections: id -> (our fd copies, record);
+        #: the connection's, and for TURN/TLS its worker's board (relay/tlsboard.py)
+        self.workers: dict[socket.socket, dict[int, tuple[list[int], dict[str, Any]]]] = {}
         #: the worker that said hello last: orphans go to it
         self.live: socket.socket | None = None
         #: connections of dead workers, not pushed yet
-        self.orphans: collections.deque[tuple[int, dict[str, Any]]] = collections.deque()
+        self.orphans: collections.deque[tuple[list[int], dict[str, Any]]] = collections.deque()
         self._next_id = -1
         self.kept = 0
 
@@ -306,8 +353,8 @@ class Keeper:
             self.listener.close()
         for conn, table in self.workers.items():
             conn.close()
-            _close_fds([fd for fd, _ in table.values()])
-        _close_fds([fd for fd, _ in self.orphans])
+            _close_fds([fd for fds, _ in table.values() for fd in fds])
+        _close_fds([fd for fds, _ in self.orphans for fd in fds])
         self.workers.clear()
         self.orphans.clear()
 
@@ -362,7 +409,7 @@ class Keeper:
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
                 raise KeeperError("truncated", "too-long")
             msg = parse_message_untrusted(data)
-            if msg.op == "adopt" or (msg.op == "keep" and len(fds) > 1) or (
+            if msg.op == "adopt" or (msg.op == "keep" and len(fds) > 2) or (
                     msg.op != "keep" and fds):
                 raise KeeperError("unexpected", "op")
         except KeeperError:
@@ -376,7 +423,7 @@ class Keeper:
         elif msg.op == "drop":
             entry = table.pop(msg.ident, None)
             if entry is not None:
-                _close_fds([entry[0]])
+                _close_fds(entry[0])
                 self.kept -= 1
         else:  # keep: a new connection (with its fd), or an update of a kept one's record
             assert msg.record is not None
@@ -386,13 +433,13 @@ class Keeper:
                     table[msg.ident] = (old[0], msg.record)
                 return
             if old is not None:  # the same id again: the newer copy wins
-                _close_fds([old[0]])
+                _close_fds(old[0])
                 self.kept -= 1
             if self.kept >= self.max_kept:
                 _close_fds(fds)
                 table.pop(msg.ident, None)
                 return
-            table[msg.ident] = (fds[0], msg.record)
+            table[msg.ident] = (list(fds), msg.record)
             self.kept += 1
 
     def _orphan(self, conn: socket.socket) -> None:
@@ -413,15 +460,15 @@ class Keeper:
             return
         table = self.workers[live]
         while self.orphans:
-            fd, record = self.orphans[0]
+            fds, record = self.orphans[0]
             ident = self._next_id
             try:
-                _send_waiting(live, encode_message(Message("adopt", ident, record)), [fd])
+                _send_waiting(live, encode_message(Message("adopt", ident, record)), fds)
             except (OSError, ValueError):
                 return  # gone or stuck: they stay orphans (its EOF, or the next hello)
             self._next_id -= 1
             self.orphans.popleft()
-            table[ident] = (fd, record)
+            table[ident] = (fds, record)
 
 
 def accept_same_uid(listener: socket.socket) -> socket.socket | None:
@@ -467,7 +514,7 @@ class KeeperLink:
     and dropped. ``poll`` is called every tick (the TURN gate's kept-allocation changes)."""
 
     def __init__(self, name: bytes, counters: Counters,
-                 adopt: Callable[[socket.socket, Kept, int], bool],
+                 adopt: Callable[[socket.socket, Kept, int, TlsBoard | None], bool],
                  poll: Callable[[], None] | None = None) -> None:
         self.name = name
         self.counters = counters
@@ -482,6 +529,9 @@ class KeeperLink:
         self._failing = False
         #: set once the link has said hello (tests wait on it)
         self.connected = trio.Event()
+        #: the board TURN/TLS connections publish their sequence numbers on
+        #: (relay/tlsboard.py; its descriptor goes with each of them), set by the shell
+        self.board: TlsBoard | None = None
 
     # -- the listeners' calls ---------------------------------------------------------------
 
@@ -493,6 +543,16 @@ class KeeperLink:
         self.counters.add("tcp_kept")
         self._flush()
         return ident
+
+    def rekeep(self, ident: int, record: dict[str, Any]) -> None:
+        """An adopted connection kept again under its id with a new record and descriptors
+        (a TURN/TLS connection's board is now ours): the keeper replaces its copies."""
+        entry = self.kept.get(ident)
+        if entry is None:
+            return
+        self.kept[ident] = (entry[0], record)
+        self.outbox[ident] = "keep"
+        self._flush()
 
     def update(self, ident: int, record: dict[str, Any]) -> None:
         entry = self.kept.get(ident)
@@ -538,6 +598,11 @@ class KeeperLink:
                         del self.outbox[ident]
                         continue
                     fds = [fileno]
+                    if "tls" in entry[1]:
+                        if self.board is None:  # pragma: no cover - kept only with one
+                            del self.outbox[ident]
+                            continue
+                        fds.append(self.board.fd)
             try:
                 socket.send_fds(sock, [encode_message(msg)], fds, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
@@ -609,26 +674,42 @@ class KeeperLink:
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
                 raise KeeperError("truncated", "too-long")
             msg = parse_message_untrusted(data)
-            if msg.op != "adopt" or len(fds) != 1:
-                raise KeeperError("not an adopt with one descriptor", "op")
+            if msg.op != "adopt" or not fds:
+                raise KeeperError("not an adopt with a descriptor", "op")
             kept = parse_kept_untrusted(msg.record)
+            # TURN/TLS from the keeper: the dead worker's board too; else just the socket
+            if len(fds) != (2 if kept.tls is not None and kept.tls.slot is not None else 1):
+                raise KeeperError("descriptors", "op")
         except KeeperError:
             _close_fds(fds)
             c.drop(failed)
             return
+        board = TlsBoard.attach(fds[1]) if len(fds) == 2 else None
         try:
             sock = socket.socket(fileno=fds[0])
         except OSError:
-            _close_fds(fds)
+            _close_fds(fds[:1])
+            if board is not None:
+                board.close()
             c.drop(failed)
             return
+        try:
+            self._adopt_socket(sock, msg, kept, board, handed)
+        finally:
+            if board is not None:
+                board.close()
+
+    def _adopt_socket(self, sock: socket.socket, msg: Message, kept: Kept,
+                      board: TlsBoard | None, handed: bool) -> None:
+        c = self.counters
+        failed = "handover-adopt-failed" if handed else "keeper-adopt-failed"
         assert msg.record is not None
         ident = msg.ident  # the keeper's id: ours now (the keeper says so)
         if handed:  # a predecessor's: our keeper has never heard of it
             self._ids += 1
             ident = self._ids
         self.kept[ident] = (sock, msg.record)
-        if sock.type != socket.SOCK_STREAM or not self.adopt(sock, kept, ident):
+        if sock.type != socket.SOCK_STREAM or not self.adopt(sock, kept, ident, board):
             c.drop(failed)
             self.kept.pop(ident, None)
             if not handed:
@@ -641,7 +722,8 @@ class KeeperLink:
             self._flush()
             return
         if handed:
-            self.outbox[ident] = "keep"
+            if ident in self.kept:  # (a TURN/TLS one with no room on our board is not)
+                self.outbox[ident] = "keep"
             c.add("tcp_taken_over")
             self._flush()
         else:

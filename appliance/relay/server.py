@@ -79,6 +79,7 @@ from .reseed import FlowVouching, Lookups
 from .resolver import Resolver, pattern_address, resolve_at_start
 from .tcp import TcpLimits, TcpListener, close_socket, tcp_listener
 from .tls import TurnTls
+from .tlsboard import TlsBoard
 from .transport import ReturnSink, UdpSink
 from .turn import RelaySockets, TurnGate, TurnSettings, own_media_map, raise_fd_limit
 from .turn_store import (
@@ -282,9 +283,9 @@ def _keeper_link(config: RelayConfig, core: RelayCore, listeners: Sequence[TcpLi
         return None
     by_public = {_canonical(t.public): t for t in listeners}
 
-    def adopt(sock: socket.socket, kept: Kept, ident: int) -> bool:
+    def adopt(sock: socket.socket, kept: Kept, ident: int, board: TlsBoard | None) -> bool:
         listener = by_public.get(kept.listener)
-        return listener is not None and listener.adopt(sock, kept, ident)
+        return listener is not None and listener.adopt(sock, kept, ident, board)
 
     def poll() -> None:
         if gate is None:
@@ -296,6 +297,10 @@ def _keeper_link(config: RelayConfig, core: RelayCore, listeners: Sequence[TcpLi
 
     link = KeeperLink(keeper_name(config.turn_state_dir, config.cluster, config.worker),
                       core.counters, adopt, poll)
+    if any(t.tls_server is not None for t in listeners):
+        # TURN/TLS connections' sequence numbers (tlsboard.py): a slot per connection the
+        # listeners may hold, lazily backed (a page is touched only when its slot is used).
+        link.board = TlsBoard.create(sum(t.limits.max_connections for t in listeners))
     for listener in listeners:
         listener.keeper = link
     return link

@@ -107,7 +107,8 @@ import trio
 from ..netio.sockets import bind_error, family_of, format_addr, sockname
 from ..netio.splice import splice
 from ..proto.dtls import DtlsError
-from ..proto.dtls.tlspeek import MAX_HELLO_BYTES, peek_client_hello_untrusted
+from ..proto.dtls.tlspeek import MAX_HELLO_BYTES, HelloPeek, peek_client_hello_untrusted
+from ..proto.dtls.tlsrecord import RecordLayer, record_spans_untrusted
 from ..proto.framing import FramingError, frame_spans_untrusted
 from ..proto.mux import Kind, first_byte_kind
 from ..proto.proxy import STREAM, ProxyError, StreamAddr, encode_header
@@ -120,7 +121,8 @@ from .core import IS_STUN, Address, RelayCore
 from .fastpath import HEADROOM, PUBLIC_SLOT, Drain, Outbox, make_drain
 from .filter import MAX_DATAGRAM
 from .keeper import KeeperLink, Kept, kept_record
-from .tls import Route, TlsSession, TurnTls, route
+from .tls import Route, TlsLink, TlsServer, TurnTls, route
+from .tlsboard import READ, WRITE, TlsBoard, resolve, stream_offsets
 from .transport import Out, Transport
 
 if TYPE_CHECKING:
@@ -206,8 +208,8 @@ class TcpConnection:
         self.closed = False
         #: a TURN-over-TCP client (module docstring): no RFC 4571 prefix on what we write
         self.turn = False
-        #: TURN over TLS: the session that encrypts what we write and decrypts what we read
-        self.tls: TlsSession | None = None
+        #: TURN over TLS, once its handshake is done: its records (relay/tls.py)
+        self.tls: TlsLink | None = None
 
 
 class TcpSink:
@@ -245,8 +247,8 @@ class TcpSink:
                 touched.append(conn)
             if conn.tls is not None:  # TURN/TLS: the TURN-over-TCP stream, encrypted
                 try:
-                    backlog += conn.tls.send(bytes(header) + buf[p : p + n])
-                except ssl.SSLError:
+                    conn.tls.seal_into(backlog, bytes(header) + buf[p : p + n])
+                except DtlsError:  # its sequence numbers ran out
                     drop("tcp-tls-write")
                     continue
             else:
@@ -265,9 +267,13 @@ class TcpSink:
 
 
 def queue(conn: TcpConnection, data: bytes) -> None:
-    """Bytes of our own (TLS handshake flights, alerts) onto the connection, in order."""
+    """Bytes of our own (TLS handshake flights, alerts; after the handshake the record
+    layer's own records) onto the connection, in order."""
     if data and not conn.closed:
-        conn.backlog += data
+        if conn.tls is not None:
+            conn.tls.append(conn.backlog, data)
+        else:
+            conn.backlog += data
         if not conn.blocked:
             push(conn)
 
@@ -284,6 +290,8 @@ def push(conn: TcpConnection) -> None:
         conn.wake.set()
         return
     del conn.backlog[:n]
+    if conn.tls is not None:
+        conn.tls.wrote(n)
     if conn.backlog:
         conn.blocked = True
         conn.wake.set()
@@ -344,7 +352,7 @@ class TcpListener:
         self.core = core
         #: TURN/TLS (relay/tls.py): the split's names and the server context, or None
         self.tls = tls
-        self.tls_context = None if tls is None else tls.context()
+        self.tls_server = None if tls is None else TlsServer(tls)
         #: where TLS connections go in shared-port mode (module docstring), or None
         self.https = https
         self.sock = sock
@@ -523,22 +531,43 @@ class TcpListener:
         False (it is closed as before): no hand-over under way, not kept, or broken."""
         handover = self.handover
         if handover is None or not handover.leaving or conn.kept is None or conn.closed \
-                or conn.tls is not None:
+                or (conn.tls is not None and not conn.tls.resumable):
             return False
+        record = self._record(conn, handed=True)
+        if record is None:
+            return False
+        self._untable(conn)
+        kept, conn.kept = conn.kept, None
+        if self.keeper is not None:
+            self.keeper.drop(kept)  # a keeper still linked closes its copy (no shutdown)
+        if conn.tls is not None:
+            conn.tls.detach()
+        handover.release(conn.sock, record, bytes(conn.backlog))
+        conn.backlog.clear()
+        return True
+
+    def _record(self, conn: TcpConnection, *, handed: bool = False) -> dict[str, Any] | None:
+        """The keeper's record of ``conn`` (relay/keeper.py :func:`~.keeper.kept_record`):
+        TURN with its allocation's snapshot (None: it has none), TURN/TLS with its keys and
+        its slot on the board — or, ``handed`` to a roll's successor, its record state as
+        of now (its reader is stopped, its backlog is written out before the hand-over)."""
         allocation = None
         if conn.turn:
             turn = self.core.turn
             allocation = None if turn is None else turn.keep(conn.client, self.public)
             if allocation is None:
-                return False
-        self._untable(conn)
-        kept, conn.kept = conn.kept, None
-        if self.keeper is not None:
-            self.keeper.drop(kept)  # a keeper still linked closes its copy (no shutdown)
-        handover.release(conn.sock, kept_record("turn" if conn.turn else "ice", conn.client,
-                                                self.public, allocation), bytes(conn.backlog))
-        conn.backlog.clear()
-        return True
+                return None
+        tls: dict[str, Any] | None = None
+        if conn.tls is not None:
+            tls = {"k": conn.tls.layer.keys.to_record()}
+            if handed:
+                tls["st"] = list(conn.tls.layer.state)
+            elif conn.tls.board is not None:
+                tls["b"] = conn.tls.slot
+            else:
+                return None
+        return kept_record("turn" if conn.turn else "ice", conn.client, self.public,
+                           allocation, tls)
 
     def _untable(self, conn: TcpConnection) -> None:
         """``conn`` out of the listener's tables (it ends here, or is handed over)."""
@@ -566,6 +595,8 @@ class TcpListener:
         close_socket(conn.sock)
         if kept is not None and self.keeper is not None:
             self.keeper.drop(kept)
+        if conn.tls is not None:
+            conn.tls.detach()
 
     async def _writer(self, conn: TcpConnection) -> None:
         """Drains the backlog when the kernel could not take it at once."""
@@ -584,6 +615,8 @@ class TcpListener:
                     conn.closed = True
                     break
                 del conn.backlog[:n]
+                if conn.tls is not None:
+                    conn.tls.wrote(n)
             conn.blocked = False
 
     async def _readable(self, conn: TcpConnection, deadline: float) -> bool:
@@ -607,6 +640,9 @@ class TcpListener:
         reads leaves the stream at a frame boundary for the worker that adopts it."""
         limits = self.limits
         deadline = trio.current_time() + limits.first_frame_timeout
+        if conn.tls is not None:  # adopted: a TURN/TLS connection with its allocation
+            await self._tls_reader(conn, deadline)
+            return
         if conn.turn:  # adopted: a TURN/TCP connection with its allocation
             await self._turn_tcp_reader(conn, deadline)
             return
@@ -735,32 +771,37 @@ class TcpListener:
 
     def _keep(self, conn: TcpConnection) -> None:
         """Hand an established connection to the keeper: ICE-TCP once it has a flow,
-        TURN/TCP once it has an allocation (its record goes with it). Never TLS."""
+        TURN/TCP and TURN/TLS once it has an allocation (its record goes with it; TLS's
+        keys too, and its sequence numbers on the board, relay/tlsboard.py)."""
         keeper = self.keeper
-        if keeper is None or conn.tls is not None or conn.kept is not None:
+        if keeper is None or conn.kept is not None:
             return
-        allocation = None
-        if conn.turn:
-            turn = self.core.turn
-            allocation = None if turn is None else turn.keep(conn.client, self.public)
-            if allocation is None:
-                return
-        conn.kept = keeper.keep(conn.sock, kept_record(
-            "turn" if conn.turn else "ice", conn.client, self.public, allocation))
+        if conn.tls is not None and (keeper.board is None or not conn.tls.attach(keeper.board)):
+            return  # no board, or a full one: it dies with this worker, as before
+        record = self._record(conn)
+        if record is not None:
+            conn.kept = keeper.keep(conn.sock, record)
 
     def kept_changed(self, client: Address, record: bytes | None) -> None:
-        """A kept TURN/TCP connection's allocation changed (or ended): the keeper's record
-        follows."""
+        """A kept TURN/TCP or TURN/TLS connection's allocation changed (or ended): the
+        keeper's record follows."""
         conn = self.sink.conns.get(client)
         if conn is not None and conn.kept is not None and self.keeper is not None:
-            self.keeper.update(conn.kept, kept_record("turn", client, self.public, record))
+            tls = None
+            if conn.tls is not None:
+                tls = {"k": conn.tls.layer.keys.to_record(), "b": conn.tls.slot}
+            self.keeper.update(conn.kept, kept_record("turn", client, self.public, record, tls))
 
-    def adopt(self, sock: socket.socket, kept: Kept, ident: int) -> bool:
+    def adopt(self, sock: socket.socket, kept: Kept, ident: int,
+              board: TlsBoard | None = None) -> bool:
         """Take over a connection the keeper pushed (its worker died): back in the tables,
         its reader and writer running, already flowed. An ICE-TCP flow is re-learnt from
         its next frame (the transceivers vouch for it, reseed.py); a TURN/TCP allocation is
-        re-created from the record. False (the caller closes it): no room, a duplicate, or
-        an allocation that cannot be re-created."""
+        re-created from the record; a TURN/TLS connection's records carry on from its keys
+        and the state on the dead worker's ``board`` that matches the kernel's count of the
+        stream (or, handed over by a roll, the state in its record). False (the caller
+        closes it): no room, a duplicate, an allocation that cannot be re-created, a TLS
+        stream cut inside a record (counted ``tcp-tls-resume``)."""
         nursery = self._nursery
         client = kept.client
         if nursery is None or client in self.sink.conns or \
@@ -776,6 +817,12 @@ class TcpListener:
         conn = TcpConnection(sock, client)
         conn.flowed = True
         conn.kept = ident
+        if kept.tls is not None:
+            link = self._resume_tls(sock, kept, board)
+            if link is None:
+                self.core.counters.drop("tcp-tls-resume")
+                return False
+            conn.tls = link
         if kept.kind == "turn":
             turn = self.core.turn
             if turn is None or kept.allocation is None or \
@@ -785,65 +832,177 @@ class TcpListener:
         self.sink.conns[client] = conn
         self.per_ip[client[0]] = self.per_ip.get(client[0], 0) + 1
         self.core.counters.tcp_accepted += 1
+        if conn.tls is not None and self.keeper is not None:
+            # Kept again under its id, now with a slot on our own board (or let go).
+            keeper = self.keeper
+            record = None
+            if keeper.board is not None and conn.tls.attach(keeper.board):
+                record = self._record(conn)
+            if record is None:
+                keeper.drop(ident)
+                conn.kept = None
+            else:
+                keeper.rekeep(ident, record)
         nursery.start_soon(self._connection, conn)
         return True
 
-    async def _turn_reader(self, conn: TcpConnection, head: bytes, deadline: float) -> None:
-        """A TURN-over-TLS connection from its first bytes on: the ciphertext is read whole
-        (it is never kept: its keys live in OpenSSL here), decrypted, and the plaintext is
-        the TURN-over-TCP stream."""
-        limits = self.limits
+    def _resume_tls(self, sock: socket.socket, kept: Kept,
+                    board: TlsBoard | None) -> TlsLink | None:
+        """The record state an adopted TURN/TLS connection carries on with (:meth:`adopt`)."""
+        tls = kept.tls
+        assert tls is not None
+        try:
+            read, written = stream_offsets(sock)
+        except OSError:
+            return None
+        if tls.state is not None:  # a roll's: exact as of the hand-over
+            rgen, rseq, wgen, wseq = tls.state
+        else:
+            if board is None or tls.slot is None:
+                return None
+            try:
+                r = resolve(board.read(tls.slot, READ), read)
+                w = resolve(board.read(tls.slot, WRITE), written)
+            except ValueError:
+                return None
+            if r is None or w is None:
+                return None
+            (rgen, rseq), (wgen, wseq) = r, w
+        try:
+            layer = RecordLayer(tls.keys, rgen, rseq, wgen, wseq)
+        except DtlsError:
+            return None
+        return TlsLink(layer, StreamFramer(self.limits.max_frame), read, written)
+
+    async def _tls_handshake(self, conn: TcpConnection, hello: HelloPeek, head: bytes,
+                             deadline: float) -> None:
+        """A TURN-over-TLS connection from its ClientHello on: OpenSSL does the handshake
+        (whole records fed one at a time, peeked and taken like TURN/TCP's messages, so it
+        ends exactly at the handshake's last record); then our record layer takes the
+        connection over (relay/tls.py :class:`~.tls.TlsServer`) and :meth:`_tls_reader`
+        reads it."""
+        assert self.tls_server is not None
+        drop = self.core.counters.drop
+        session = self.tls_server.session(hello)
+        sock = conn.sock
+        rbuf = bytearray(READ_SIZE)
+        rmv = memoryview(rbuf)
+        data: bytes | memoryview = head
+        while True:
+            try:
+                session.receive(data)
+            except ssl.SSLError:
+                queue(conn, session.pending())  # the alert, best effort
+                drop("tcp-tls-handshake")
+                return
+            queue(conn, session.pending())
+            if session.established:
+                break
+            while True:
+                if not await self._readable(conn, deadline):
+                    return
+                try:
+                    n = sock.recv_into(rbuf, READ_SIZE, socket.MSG_PEEK)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    return
+                if n == 0:
+                    return
+                try:
+                    spans, _, want = record_spans_untrusted(rmv[:n])
+                except DtlsError:
+                    drop("tcp-tls-handshake")
+                    return
+                if spans:
+                    break
+                _take(conn, rbuf, 0, want)
+            off, size = spans[0]  # one record at a time: the handshake may end in it
+            data = bytes(rmv[off : off + size])
+            _take(conn, rbuf, off + size, 0)
+        took = session.take_over()
+        if took is None:
+            drop("tcp-tls-keys")
+            return
+        layer, leftover = took
+        try:
+            read, written = stream_offsets(sock)
+        except OSError:
+            return
+        # Queued and not yet sent (the handshake's tail): the stream offset after it.
+        conn.tls = TlsLink(layer, StreamFramer(self.limits.max_frame), read, written,
+                           len(conn.backlog))
+        if leftover:  # pragma: no cover - records are fed one at a time
+            drop("tcp-tls-handshake")
+            return
+        await self._tls_reader(conn, deadline)
+
+    async def _tls_reader(self, conn: TcpConnection, deadline: float) -> None:
+        """A TURN-over-TLS connection's records (ours, proto/dtls/tlsrecord.py): peeked,
+        opened, their plaintext — the TURN-over-TCP stream — framed into the drain, and
+        only then taken out of the kernel, whole records at a time, with the read state
+        published around the take (relay/tls.py :class:`~.tls.TlsLink`), so that a worker
+        killed between two reads leaves its successor a stream it can carry on."""
+        tls = conn.tls
+        assert tls is not None
         core = self.core
         turn = core.turn
         assert turn is not None
         drop = core.counters.drop
         sock = conn.sock
         client = conn.client
-        framer = StreamFramer(limits.max_frame)
+        layer = tls.layer
+        framer = tls.framer
         rbuf = bytearray(READ_SIZE)
+        rmv = memoryview(rbuf)
         buf = self.buf
         slot = PUBLIC_SLOT
-        data: bytes | memoryview = head
-        while True:
-            if conn.tls is not None:
-                try:
-                    data = conn.tls.receive(data)
-                except ssl.SSLError:
-                    queue(conn, conn.tls.pending())  # the alert, best effort
-                    drop("tcp-tls-handshake")
-                    return
-                queue(conn, conn.tls.pending())
-            try:
-                framer.handle_input(data)
-                batch = self._batch
-                while (msg := framer.poll_output()) is not None:
-                    at = len(batch) * slot + HEADROOM
-                    buf[at : at + len(msg)] = msg
-                    batch.append((len(msg), client))
-                    if len(batch) == TCP_BATCH:
-                        self._drain_now()
-                        batch = self._batch
-            except TurnError as exc:
-                drop(f"tcp-turn-{exc.hint}")
-                return
-            finally:
-                if self._batch:
-                    self._drain_now()
-            if not conn.flowed and turn.has_allocation(client, self.public):
-                conn.flowed = True
-                core.counters.tcp_established += 1
+        while not conn.closed:
             if not await self._readable(conn, deadline):
                 return
             try:
-                n = sock.recv_into(rbuf)
+                n = sock.recv_into(rbuf, READ_SIZE, socket.MSG_PEEK)
             except (BlockingIOError, InterruptedError):
-                data = b""
                 continue
             except OSError:
                 return
             if n == 0:
                 return
-            data = memoryview(rbuf)[:n]
+            try:
+                spans, end, want = record_spans_untrusted(rmv[:n])
+                batch = self._batch
+                try:
+                    for off, size in spans:
+                        framer.handle_input(layer.open(rmv[off : off + size]))
+                        while (msg := framer.poll_output()) is not None:
+                            at = len(batch) * slot + HEADROOM
+                            buf[at : at + len(msg)] = msg
+                            batch.append((len(msg), client))
+                            if len(batch) == TCP_BATCH:
+                                self._drain_now()
+                                batch = self._batch
+                        if layer.closed:
+                            return  # close_notify: the end of the stream
+                finally:
+                    if self._batch:
+                        self._drain_now()
+                    queue(conn, layer.pending())  # a KeyUpdate's answer
+            except DtlsError as exc:
+                queue(conn, layer.alert(int(exc.hint)))
+                drop("tcp-tls-record")
+                return
+            except TurnError as exc:
+                drop(f"tcp-turn-{exc.hint}")
+                return
+            tls.taking(end)
+            _take(conn, rbuf, end, want)
+            tls.took(end)
+            if not conn.flowed and turn.has_allocation(client, self.public):
+                conn.flowed = True
+                core.counters.tcp_established += 1
+                self._keep(conn)
+            elif conn.kept is not None and self.keeper is not None:
+                self.keeper.follow()  # what its requests changed, before it is used
 
     async def _tls_split(self, conn: TcpConnection, head: bytes, deadline: float) -> None:
         """A connection that starts with a TLS record: read its ClientHello whole, then
@@ -881,11 +1040,9 @@ class TcpListener:
         if where is Route.HTTPS:
             await self._splice(conn, head)
         elif where is Route.TURN:
-            assert self.tls_context is not None
             conn.turn = True
-            conn.tls = TlsSession(self.tls_context)
             self.core.counters.tcp_turn_tls += 1
-            await self._turn_reader(conn, head, deadline)
+            await self._tls_handshake(conn, peek, head, deadline)
         else:
             drop("tcp-tls-alpn")
 

@@ -25,11 +25,23 @@ self-signed one.
 
 from __future__ import annotations
 
+import collections
 import enum
+import os
 import ssl
 from dataclasses import dataclass
 
 from ..proto.dtls.tlspeek import HelloPeek
+from ..proto.dtls.tlsrecord import (
+    TLS12,
+    TLS12_CIPHERS,
+    KeyLog,
+    RecordLayer,
+    server_random_untrusted,
+    session_keys,
+)
+from ..proto.turn import StreamFramer
+from .tlsboard import READ, WRITE, State, TlsBoard
 
 #: RFC 7443 §3: the ALPN protocol ID of TURN (and STUN) over (D)TLS.
 STUN_TURN = b"stun.turn"
@@ -59,8 +71,13 @@ class TurnTls:
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.load_cert_chain(self.cert, self.key)
         ctx.set_alpn_protocols([STUN_TURN.decode()])
-        # No session tickets: a TURN connection is long-lived and resumption buys nothing.
-        ctx.options |= ssl.OP_NO_TICKET
+        # No session tickets: a TURN connection is long-lived and resumption buys nothing;
+        # and no records of OpenSSL's after the handshake (a TLS 1.3 ticket would be one),
+        # nor renegotiation: from then on the records are ours (TlsServer).
+        ctx.options |= ssl.OP_NO_TICKET | ssl.OP_NO_RENEGOTIATION
+        ctx.num_tickets = 0
+        # TLS 1.2: the AEAD suites our record layer speaks (TLS 1.3's three all are).
+        ctx.set_ciphers(TLS12_CIPHERS)
         return ctx
 
 
@@ -82,47 +99,189 @@ def route(peek: HelloPeek, tls: TurnTls | None, https: bool) -> Route:
     return Route.REFUSE
 
 
+class TlsServer:
+    """A listener's TURN/TLS server side: the context, and OpenSSL's key log read back (a
+    memfd the context appends to) so that each finished handshake's keys are known and its
+    records can be done by :class:`~appliance.proto.dtls.tlsrecord.RecordLayer` from then
+    on — whose state, unlike OpenSSL's, a successor can take over (tcp.py, keeper.py).
+    The key log is memory of this process, like OpenSSL's own; it is never written to disk
+    or logged, and it is emptied as it is read."""
+
+    def __init__(self, tls: TurnTls) -> None:
+        self.context = tls.context()
+        self._fd = os.memfd_create("appliance-turn-tls-keylog")  # close-on-exec
+        try:
+            self.context.keylog_filename = f"/proc/self/fd/{self._fd}"
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self.log = KeyLog()
+        self._off = 0
+
+    def session(self, hello: HelloPeek) -> TlsSession:
+        return TlsSession(self, hello.random)
+
+    def keys(self, client_random: bytes) -> dict[str, bytes]:
+        """The key log's lines for the hello with this random (taken: read once)."""
+        while True:
+            data = os.pread(self._fd, 1 << 16, self._off)
+            if not data:
+                break
+            self._off += len(data)
+            self.log.feed(data)
+        if self._off > 1 << 20:  # read whole (OpenSSL writes only inside our handshakes)
+            os.ftruncate(self._fd, 0)
+            self._off = 0
+        return self.log.take(client_random)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
 class TlsSession:
-    """One TURN/TLS connection's TLS state: ciphertext in, plaintext out, and back."""
+    """One TURN/TLS connection's handshake, by OpenSSL over memory BIOs; then
+    :meth:`take_over` hands its records to our own record layer."""
 
-    __slots__ = ("established", "incoming", "obj", "outgoing")
+    __slots__ = ("_first", "_random", "_server", "established", "incoming", "obj", "outgoing")
 
-    def __init__(self, ctx: ssl.SSLContext) -> None:
+    def __init__(self, server: TlsServer, client_random: bytes) -> None:
+        self._server = server
+        self._random = client_random
         self.incoming = ssl.MemoryBIO()
         self.outgoing = ssl.MemoryBIO()
-        self.obj = ctx.wrap_bio(self.incoming, self.outgoing, server_side=True)
+        self.obj = server.context.wrap_bio(self.incoming, self.outgoing, server_side=True)
         self.established = False
+        self._first = b""  # the start of our first flight: TLS 1.2's ServerHello random
 
-    def receive(self, data: bytes | memoryview) -> bytes:
-        """Feed ciphertext; returns the plaintext it completes (may be empty). The handshake
-        runs here too. Raises :class:`ssl.SSLError` when the peer broke TLS;
-        :meth:`pending` then holds any alert to send."""
+    def receive(self, data: bytes | memoryview) -> None:
+        """Feed ciphertext of the handshake. Raises :class:`ssl.SSLError` when the peer broke
+        TLS; :meth:`pending` then holds any alert to send."""
         if data:
             self.incoming.write(data)
         if not self.established:
             try:
                 self.obj.do_handshake()
             except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
-                return b""
+                return
             self.established = True
-        out = bytearray()
-        while True:
-            try:
-                chunk = self.obj.read(65536)
-            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
-                break
-            except ssl.SSLZeroReturnError:
-                break  # close_notify: the reader sees EOF next
-            if not chunk:
-                break
-            out += chunk
-        return bytes(out)
-
-    def send(self, plaintext: bytes | memoryview) -> bytes:
-        """Encrypt; returns the records to write (with anything the handshake left)."""
-        self.obj.write(plaintext)
-        return self.outgoing.read()
 
     def pending(self) -> bytes:
-        """Ciphertext TLS wants sent now (handshake flights, alerts, tickets)."""
-        return self.outgoing.read()
+        """Ciphertext TLS wants sent now (handshake flights, alerts)."""
+        out = self.outgoing.read()
+        if out and not self._first:
+            self._first = out[:64]
+        return out
+
+    def take_over(self) -> tuple[RecordLayer, bytes] | None:
+        """Once established (and :meth:`pending` sent): the record layer that carries on
+        the connection, and any ciphertext OpenSSL was given but did not read (records
+        after the handshake's last). None: the keys are not in the key log, or the suite
+        is not one the layer speaks (the context allows only those)."""
+        version = self.obj.version() or ""
+        cipher = self.obj.cipher()
+        keys = session_keys(self._server.keys(self._random), version,
+                            cipher[0] if cipher else "", self._random,
+                            server_random_untrusted(self._first))
+        if keys is None:
+            return None
+        # TLS 1.2: each side's Finished was its first record under these keys (seq 0);
+        # TLS 1.3: the application keys start at 0 (no tickets are sent: num_tickets = 0).
+        first = 1 if keys.version == TLS12 else 0
+        leftover = self.incoming.read()
+        self.obj = None  # type: ignore[assignment]  # OpenSSL's part is over
+        return RecordLayer(keys, 0, first, 0, first), leftover
+
+
+class TlsLink:
+    """A TURN/TLS connection's records in the relay's shell (tcp.py): its
+    :class:`~appliance.proto.dtls.tlsrecord.RecordLayer`, the framer of the TURN stream
+    inside, and — when the connection is kept — its entry on the worker's board
+    (relay/tlsboard.py), kept in step with what the kernel has of the stream: the read
+    state is published around each take of whole records out of the socket (at a point
+    where no TURN message is half read; elsewhere it is not, and a kill there closes the
+    connection), the write state as records are queued and as the kernel takes them."""
+
+    __slots__ = ("board", "framer", "layer", "marks", "queued", "rcommit", "roff", "sent",
+                 "slot", "wcommit")
+
+    def __init__(self, layer: RecordLayer, framer: StreamFramer, read: int, written: int,
+                 queued: int = 0) -> None:
+        self.layer = layer
+        self.framer = framer
+        #: the stream offsets: bytes taken out of the socket, handed to it, and queued for it
+        self.roff = read
+        self.sent = written
+        self.queued = written + queued
+        rgen, rseq, wgen, wseq = layer.state
+        self.rcommit: State = (rgen, rseq, read)
+        self.wcommit: State = (wgen, wseq, self.queued)
+        #: (write generation, write sequence, stream offset) after each queued write
+        self.marks: collections.deque[State] = collections.deque()
+        self.board: TlsBoard | None = None
+        self.slot = -1
+
+    def attach(self, board: TlsBoard) -> bool:
+        """Publish on ``board`` from now on; False: it is full."""
+        slot = board.alloc()
+        if slot is None:
+            return False
+        self.board, self.slot = board, slot
+        board.write(slot, READ, self.rcommit, self.rcommit)
+        self._publish_write()
+        return True
+
+    def detach(self) -> None:
+        if self.board is not None:
+            self.board.free(self.slot)
+            self.board, self.slot = None, -1
+
+    # writing
+
+    def seal_into(self, backlog: bytearray, plaintext: bytes | bytearray | memoryview) -> None:
+        self.append(backlog, self.layer.seal(plaintext))
+
+    def append(self, backlog: bytearray, records: bytes) -> None:
+        """Records the layer made (sequence numbers taken) onto the connection's backlog."""
+        if not records:
+            return
+        backlog += records
+        self.queued += len(records)
+        self.marks.append((self.layer.wgen, self.layer.wseq, self.queued))
+        self._publish_write()
+
+    def wrote(self, n: int) -> None:
+        """The kernel took ``n`` more bytes of the backlog."""
+        self.sent += n
+        marks = self.marks
+        if marks and marks[0][2] <= self.sent:
+            while marks and marks[0][2] <= self.sent:
+                self.wcommit = marks.popleft()
+            self._publish_write()
+
+    def _publish_write(self) -> None:
+        if self.board is not None:
+            self.board.write(self.slot, WRITE, self.wcommit,
+                             self.marks[-1] if self.marks else self.wcommit)
+
+    # reading
+
+    def taking(self, n: int) -> None:
+        """About to take ``n`` bytes of whole records (opened, their messages handed on)."""
+        if self.board is not None:
+            pending = self.rcommit
+            if not self.framer.buffered:
+                pending = (self.layer.rgen, self.layer.rseq, self.roff + n)
+            self.board.write(self.slot, READ, self.rcommit, pending)
+
+    def took(self, n: int) -> None:
+        self.roff += n
+        if not self.framer.buffered:
+            self.rcommit = (self.layer.rgen, self.layer.rseq, self.roff)
+            if self.board is not None:
+                self.board.write(self.slot, READ, self.rcommit, self.rcommit)
+
+    @property
+    def resumable(self) -> bool:
+        """Whether a successor could carry on now: no message half read, nothing of ours
+        half handed to the kernel beyond the backlog (a roll writes that out first)."""
+        return not self.framer.buffered

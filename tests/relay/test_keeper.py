@@ -169,13 +169,13 @@ def test_orphans_wait_for_a_worker_and_a_fork_closes_every_copy(
         "turn", ("198.51.100.7", 1), ("127.0.0.1", 3478), b'{"v":1}')))], [])
     socket.send_fds(a, [b"junk"], [s1.fileno()])
     spin(sel)
-    (fd, rec), = k.workers[next(iter(k.workers))].values()
+    (_fds, rec), = k.workers[next(iter(k.workers))].values()
     assert rec["t"] == "turn" and k.kept == 1
     s1.close()
     a.close()
     spin(sel)
     assert len(k.orphans) == 1  # held: nobody to give it to (its only descriptor left)
-    copies = [fd for fd, _ in k.orphans]
+    copies = [fd for fds, _ in k.orphans for fd in fds]
     k.close_in_fork()
     for fd in copies:
         with pytest.raises(OSError, match="Bad file descriptor"):

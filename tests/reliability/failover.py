@@ -91,7 +91,8 @@ class Up:
             argv += ["--redis", redis]
         argv += list(extra)
         proc = await spawn(argv, tmp / "up.log", "appliance ready", within)
-        up = cls(proc, f"http://127.0.0.1:{http}", udp, state, workers)
+        scheme = "https" if "--tls" in extra else "http"  # (self-signed: verify_tls=False)
+        up = cls(proc, f"{scheme}://127.0.0.1:{http}", udp, state, workers)
         # `up` is ready when every worker is; the standbys start right after.
         return up
 

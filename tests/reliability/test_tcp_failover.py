@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import ssl
 import time
 
 import pytest
@@ -55,13 +56,15 @@ CHANNEL = 0x4001
 KILLS = 2
 ROLLS = 2
 BOUND = 0.25  # the media gap a worker kill may cost (docs/reliability.md)
+#: TURN over TLS on the media port's TCP listener (the self-signed certificate)
+TLS = ("--tls", "self-signed", "--https-on-media-port")
 
 
 async def _ice_tcp_call(nursery: trio.Nursery, up: Up, name: str) -> TcpCall:
     """An ICE-TCP call through ``POST /v1/sessions`` (the echo agent)."""
     peer = ClientPeer(Certificate.generate(time.time()))
     resp = await request("POST", up.base + "/v1/sessions", body=peer.offer().encode(),
-                         headers={"Content-Type": "application/sdp"})
+                         headers={"Content-Type": "application/sdp"}, verify_tls=False)
     assert resp.status == 201, (resp.status, resp.body[:300])
     answer = resp.body.decode()
     assert "tcptype passive" in answer
@@ -74,10 +77,11 @@ async def _ice_tcp_call(nursery: trio.Nursery, up: Up, name: str) -> TcpCall:
 
 
 class TurnTcpCall:
-    """A TURN client on one TCP connection relaying numbered packets to an echo peer."""
+    """A TURN client on one TCP (or TLS) connection relaying numbered packets to an echo
+    peer."""
 
-    def __init__(self, stream: trio.SocketStream, peer: trio.socket.SocketType,
-                 client: Client) -> None:
+    def __init__(self, stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
+                 peer: trio.socket.SocketType, client: Client) -> None:
         self.stream = stream
         self.peer = peer
         self.client = client
@@ -89,9 +93,18 @@ class TurnTcpCall:
         self.requests: list[Method] = []
         self.closed = False
 
+    def close(self) -> None:
+        self.peer.close()
+        tcp = self.stream.transport_stream if isinstance(self.stream, trio.SSLStream) \
+            else self.stream
+        tcp.socket.close()
+
     async def _message(self) -> bytes:
         while (msg := self.framer.poll_output()) is None:
-            data = await self.stream.receive_some(65536)
+            try:
+                data = await self.stream.receive_some(65536)
+            except trio.BrokenResourceError:  # TLS: the end without close_notify
+                data = b""
             if not data:
                 self.closed = True
                 raise EOFError("the relay closed the TURN connection")
@@ -147,16 +160,27 @@ class TurnTcpCall:
         return any(self.sent[seq] > t for _, seq in self.rx[-50:])
 
 
-async def _turn_tcp_call(nursery: trio.Nursery, up: Up) -> TurnTcpCall:
+async def _turn_tcp_call(nursery: trio.Nursery, up: Up, *, tls: bool = False) -> TurnTcpCall:
+    """A TURN/TCP client, or with ``tls`` a TURN/TLS one (``turns:``: TLS 1.3 with ALPN
+    ``stun.turn``, the self-signed certificate not checked), echoing through its channel."""
     routing = load_secrets((up.state / SECRET_NAME).read_bytes())[0]
     cred = mint_rest_credential(derive_turn_secret(routing), "tcp-failover",
                                 int(time.time()) + 3600)
     peer = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
     await peer.bind(("127.0.0.1", 0))
-    stream = await trio.open_tcp_stream("127.0.0.1", up.udp)
-    name = stream.socket.getsockname()
+    tcp = await trio.open_tcp_stream("127.0.0.1", up.udp)
+    name = tcp.socket.getsockname()
     client = Client(addr=(name[0], name[1]), local=("127.0.0.1", up.udp),
                     username=cred.username, password=cred.password)
+    stream: trio.SocketStream | trio.SSLStream[trio.SocketStream] = tcp
+    if tls:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        ctx.set_alpn_protocols(["stun.turn"])
+        stream = trio.SSLStream(tcp, ctx, https_compatible=True)
+        with trio.fail_after(10):
+            await stream.do_handshake()
     call = TurnTcpCall(stream, peer, client)
     nursery.start_soon(call.echo)
     await call.ask(Method.ALLOCATE, ((AttrType.REQUESTED_TRANSPORT, 17),))
@@ -175,18 +199,21 @@ def _gap(times: list[float], start: float, end: float) -> float:
 
 async def test_tcp_connections_survive_worker_kills_and_a_closed_one_stays_closed(
         tmp_path: object, nursery: trio.Nursery) -> None:
-    up = await Up.start(tmp_path, workers=1, extra=("--turn-peer", "127.0.0.0/8"))  # type: ignore[arg-type]
-    turn: TurnTcpCall | None = None
+    up = await Up.start(tmp_path, workers=1, extra=("--turn-peer", "127.0.0.0/8", *TLS))  # type: ignore[arg-type]
+    turn = tls = None
     try:
         await up.standbys_ready()
         ice = await _ice_tcp_call(nursery, up, "ice-tcp")
         turn = await _turn_tcp_call(nursery, up)
+        tls = await _turn_tcp_call(nursery, up, tls=True)
         doomed = await _ice_tcp_call(nursery, up, "closed-by-the-worker")
         start = trio.current_time()
         for call in (ice, doomed):
             await eventually(lambda c=call: bool(c.rx_after(start)), 20,  # type: ignore[misc]
                              f"{call.sid}'s echo over ICE-TCP")
-        await eventually(lambda: turn.echoed_after(start), 10, "echoes through TURN/TCP")
+        for t, what in ((turn, "TCP"), (tls, "TLS")):
+            await eventually(lambda t=t: t.echoed_after(start), 10,  # type: ignore[misc]
+                             f"echoes through TURN/{what}")
 
         async def held() -> int:
             """Connections the live worker has at its keeper (its own and adopted ones)."""
@@ -198,14 +225,14 @@ async def test_tcp_connections_survive_worker_kills_and_a_closed_one_stays_close
                 while await held() < n:  # noqa: ASYNC110 - another process's counters
                     await trio.sleep(0.01)
 
-        await all_kept(3)
+        await all_kept(4)
         # The worker closes one connection (a frame longer than it takes); its client sees
         # the end although the keeper held a copy, and the kill right after does not hand
         # it to the successor (the keeper applied the dead worker's drop first).
         doomed.sock.send(b"\xff\xff")
         await eventually(lambda: doomed.failed == "relay closed the connection", 5,
                          "the closed connection's end at its client")
-        asked = list(turn.requests)
+        asked = list(turn.requests), list(tls.requests)
         measured = start
         for kill in range(KILLS):
             killed, back = await up.kill_worker(0)
@@ -213,35 +240,41 @@ async def test_tcp_connections_survive_worker_kills_and_a_closed_one_stays_close
                 # A stretch of echoes after the successor is up: the gap is measured across.
                 await eventually(lambda b=back: len(ice.rx_after(b)) >= 10, 10,  # type: ignore[misc]
                                  f"ICE-TCP echoes after kill {kill + 1}")
-                await eventually(lambda b=back: len([t for t in turn.rx_times if t > b]) >= 10,  # type: ignore[misc]
-                                 10, f"TURN/TCP echoes after kill {kill + 1}")
+                for t, what in ((turn, "TCP"), (tls, "TLS")):
+                    await eventually(lambda b=back, t=t: len([x for x in t.rx_times  # type: ignore[misc]
+                                                             if x > b]) >= 10,
+                                     10, f"TURN/{what} echoes after kill {kill + 1}")
             except AssertionError:  # what the successor counted, for the reader of a red run
                 print("worker 0:", await up.worker_stats(0))
                 raise
             end = trio.current_time()
             gaps = (_gap(ice.rx_times, max(killed - 0.2, measured), end),
-                    _gap(turn.rx_times, max(killed - 0.2, measured), end))
+                    _gap(turn.rx_times, max(killed - 0.2, measured), end),
+                    _gap(tls.rx_times, max(killed - 0.2, measured), end))
             measured = end
             counters = await up.counters()
             print(f"SIGKILL {kill + 1}: longest echo gap ICE-TCP {gaps[0] * 1000:.0f} ms, "
-                  f"TURN/TCP {gaps[1] * 1000:.0f} ms (worker back after "
+                  f"TURN/TCP {gaps[1] * 1000:.0f} ms, TURN/TLS {gaps[2] * 1000:.0f} ms "
+                  f"(worker back after "
                   f"{(back - killed) * 1000:.0f} ms); adopted {counters.get('tcp_adopted')}, "
                   f"drops {counters['drops']}")
-            # Exactly the two live connections were taken over, the same ones: neither
+            # Exactly the three live connections were taken over, the same ones: no
             # client saw its connection end, nor allocated again.
-            assert counters.get("tcp_adopted") == 2, counters
+            assert counters.get("tcp_adopted") == 3, counters
             assert "keeper-adopt-failed" not in counters["drops"], counters
             assert counters.get("turn_allocations_created", 0) == 0, counters
-            assert ice.failed is None and not turn.closed
+            assert ice.failed is None and not turn.closed and not tls.closed
             assert all(g <= BOUND for g in gaps), gaps
             await up.standbys_ready()
-        assert turn.requests == asked  # no request after the kills: no re-Allocate
-        assert not any(m.msg_class == Class.ERROR for m in turn.stun), turn.stun
+        # no request after the kills: no re-Allocate
+        assert (turn.requests, tls.requests) == asked
+        for t in (turn, tls):
+            assert not any(m.msg_class == Class.ERROR for m in t.stun), t.stun
     finally:
         nursery.cancel_scope.cancel()  # the calls' tasks, before their sockets close
-        if turn is not None:
-            turn.peer.close()
-            turn.stream.socket.close()
+        for t in (turn, tls):
+            if t is not None:
+                t.close()
         up.stop()
 
 
@@ -256,13 +289,14 @@ class EndedTcpCall(TcpCall):
             self.failed = "relay reset the connection"
 
 
-async def _kept_calls(nursery: trio.Nursery, up: Up,
-                      ice_call: type[TcpCall] = TcpCall) -> tuple[TcpCall, TurnTcpCall, float]:
-    """An ICE-TCP call and a TURN/TCP client, both echoing and both at the keeper (or, with
-    no template up yet, queued for it: established). Returns them and when they started."""
+async def _kept_calls(nursery: trio.Nursery, up: Up, ice_call: type[TcpCall] = TcpCall
+                      ) -> tuple[TcpCall, TurnTcpCall, TurnTcpCall, float]:
+    """An ICE-TCP call, a TURN/TCP and a TURN/TLS client, all echoing and all at the keeper
+    (or, with no template up yet, queued for it: established). Returns them and when they
+    started."""
     peer = ClientPeer(Certificate.generate(time.time()))
     resp = await request("POST", up.base + "/v1/sessions", body=peer.offer().encode(),
-                         headers={"Content-Type": "application/sdp"})
+                         headers={"Content-Type": "application/sdp"}, verify_tls=False)
     assert resp.status == 201, (resp.status, resp.body[:300])
     peer.accept_answer(resp.body.decode(), trio.current_time())
     sock = socket.create_connection(("127.0.0.1", up.udp))
@@ -270,13 +304,15 @@ async def _kept_calls(nursery: trio.Nursery, up: Up,
     ice = ice_call("ice-tcp", 0, peer, sock)
     nursery.start_soon(ice.run, opus_frame())
     turn = await _turn_tcp_call(nursery, up)
+    tls = await _turn_tcp_call(nursery, up, tls=True)
     start = trio.current_time()
     await eventually(lambda: bool(ice.rx_after(start)), 20, "the echo over ICE-TCP")
     await eventually(lambda: turn.echoed_after(start), 10, "echoes through TURN/TCP")
-    with trio.fail_after(10):  # both established (kept): what a stop hands over or closes
-        while await _established(up) < 2:  # noqa: ASYNC110 - another process's counters
+    await eventually(lambda: tls.echoed_after(start), 10, "echoes through TURN/TLS")
+    with trio.fail_after(10):  # all established (kept): what a stop hands over or closes
+        while await _established(up) < 3:  # noqa: ASYNC110 - another process's counters
             await trio.sleep(0.01)
-    return ice, turn, start
+    return ice, turn, tls, start
 
 
 async def _established(up: Up) -> int:
@@ -285,11 +321,13 @@ async def _established(up: Up) -> int:
         int(c.get("tcp_taken_over", 0))
 
 
-async def _echoes_after(ice: TcpCall, turn: TurnTcpCall, t: float, what: str) -> None:
-    """A stretch of echoes on both connections after ``t``: a gap is measured across."""
+async def _echoes_after(ice: TcpCall, turns: tuple[TurnTcpCall, ...], t: float,
+                        what: str) -> None:
+    """A stretch of echoes on every connection after ``t``: a gap is measured across."""
     await eventually(lambda: len(ice.rx_after(t)) >= 10, 10, f"ICE-TCP echoes after {what}")
-    await eventually(lambda: len([x for x in turn.rx_times if x > t]) >= 10, 10,
-                     f"TURN/TCP echoes after {what}")
+    for turn in turns:
+        await eventually(lambda turn=turn: len([x for x in turn.rx_times if x > t]) >= 10,  # type: ignore[misc]
+                         10, f"TURN echoes after {what}")
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -303,34 +341,36 @@ async def test_tcp_connections_survive_rolling_restarts(
     again, nothing is re-Allocated, the longest echo gap stays within the kill's bound; and
     the successor kept them at its new template's keeper, so a kill after the rolls is
     survived too."""
-    up = await Up.start(tmp_path, workers=workers, extra=("--turn-peer", "127.0.0.0/8"))  # type: ignore[arg-type]
-    turn: TurnTcpCall | None = None
+    up = await Up.start(tmp_path, workers=workers, extra=("--turn-peer", "127.0.0.0/8", *TLS))  # type: ignore[arg-type]
+    turn = tls = None
     try:
-        ice, turn, start = await _kept_calls(nursery, up)
-        asked = list(turn.requests)
+        ice, turn, tls, start = await _kept_calls(nursery, up)
+        asked = list(turn.requests), list(tls.requests)
         measured = start
         for roll in range(ROLLS):
             began, done = await up.roll()
             try:
-                await _echoes_after(ice, turn, done, f"roll {roll + 1}")
+                await _echoes_after(ice, (turn, tls), done, f"roll {roll + 1}")
             except AssertionError:
                 print("workers:", [await up.worker_stats(w) for w in range(workers)])
                 raise
             end = trio.current_time()
             gaps = (_gap(ice.rx_times, max(began, measured), end),
-                    _gap(turn.rx_times, max(began, measured), end))
+                    _gap(turn.rx_times, max(began, measured), end),
+                    _gap(tls.rx_times, max(began, measured), end))
             measured = end
             counters = await up.counters()
             print(f"SIGHUP {roll + 1}, {workers} worker(s): longest echo gap ICE-TCP "
-                  f"{gaps[0] * 1000:.0f} ms, TURN/TCP {gaps[1] * 1000:.0f} ms (roll took "
+                  f"{gaps[0] * 1000:.0f} ms, TURN/TCP {gaps[1] * 1000:.0f} ms, TURN/TLS "
+                  f"{gaps[2] * 1000:.0f} ms (roll took "
                   f"{(done - began) * 1000:.0f} ms); taken over "
                   f"{counters.get('tcp_taken_over')}, drops {counters['drops']}")
-            # Exactly the two live connections were handed over, the same ones: neither
+            # Exactly the three live connections were handed over, the same ones: no
             # client saw its connection end, nor allocated again.
-            assert counters.get("tcp_taken_over") == 2, counters
+            assert counters.get("tcp_taken_over") == 3, counters
             assert not any(r.startswith("handover-") for r in counters["drops"]), counters
             assert counters.get("turn_allocations_created", 0) == 0, counters
-            assert ice.failed is None and not turn.closed
+            assert ice.failed is None and not turn.closed and not tls.closed
             assert all(g <= BOUND for g in gaps), gaps
         # The successors handed their connections to their new keepers: a kill of each
         # worker holding some is survived as before.
@@ -347,20 +387,24 @@ async def test_tcp_connections_survive_rolling_restarts(
                         await trio.sleep(0.01)  # another process's counters
         for w in holders:
             killed, back = await up.kill_worker(w)
-            await _echoes_after(ice, turn, back, f"the kill of worker {w}")
+            await _echoes_after(ice, (turn, tls), back, f"the kill of worker {w}")
+            now = trio.current_time()
             print(f"SIGKILL of worker {w} after the rolls: longest echo gap ICE-TCP "
-                  f"{_gap(ice.rx_times, killed, trio.current_time()) * 1000:.0f} ms, TURN/TCP "
-                  f"{_gap(turn.rx_times, killed, trio.current_time()) * 1000:.0f} ms")
+                  f"{_gap(ice.rx_times, killed, now) * 1000:.0f} ms, TURN/TCP "
+                  f"{_gap(turn.rx_times, killed, now) * 1000:.0f} ms, TURN/TLS "
+                  f"{_gap(tls.rx_times, killed, now) * 1000:.0f} ms")
         counters = await up.counters()
-        assert counters.get("tcp_adopted") == 2, counters
-        assert ice.failed is None and not turn.closed
-        assert turn.requests == asked  # no request after the rolls: no re-Allocate
-        assert not any(m.msg_class == Class.ERROR for m in turn.stun), turn.stun
+        assert counters.get("tcp_adopted") == 3, counters
+        assert ice.failed is None and not turn.closed and not tls.closed
+        # no request after the rolls: no re-Allocate
+        assert (turn.requests, tls.requests) == asked
+        for t in (turn, tls):
+            assert not any(m.msg_class == Class.ERROR for m in t.stun), t.stun
     finally:
         nursery.cancel_scope.cancel()  # the calls' tasks, before their sockets close
-        if turn is not None:
-            turn.peer.close()
-            turn.stream.socket.close()
+        for t in (turn, tls):
+            if t is not None:
+                t.close()
         up.stop()
 
 
@@ -384,12 +428,12 @@ async def test_a_full_shutdown_still_closes_the_tcp_connections(
     their connection, ``up`` exits 0 within its grace, and no worker handed anything over.
     (The ICE-TCP client's own end is watched through a second descriptor: the call stops
     by itself when the transceiver's DTLS close_notify arrives first, and closes its own.)"""
-    up = await Up.start(tmp_path, workers=1, extra=("--turn-peer", "127.0.0.0/8"))  # type: ignore[arg-type]
-    turn: TurnTcpCall | None = None
+    up = await Up.start(tmp_path, workers=1, extra=("--turn-peer", "127.0.0.0/8", *TLS))  # type: ignore[arg-type]
+    turn = tls = None
     try:
         await up.standbys_ready()  # the keeper holds a copy of each: it must go too
-        ice, turn, _ = await _kept_calls(nursery, up, EndedTcpCall)
-        t = turn
+        ice, turn, tls, _ = await _kept_calls(nursery, up, EndedTcpCall)
+        t, t2 = turn, tls
         watch = ice.sock.dup()
         try:
             up.proc.popen.send_signal(signal.SIGTERM)
@@ -397,6 +441,7 @@ async def test_a_full_shutdown_still_closes_the_tcp_connections(
         finally:
             watch.close()
         await eventually(lambda: t.closed, 10, "the TURN/TCP connection's end at its client")
+        await eventually(lambda: t2.closed, 10, "the TURN/TLS connection's end at its client")
         await eventually(lambda: up.proc.popen.poll() is not None, 10, "up's exit")
         assert up.proc.popen.returncode == 0
         log = up.proc.log.read_text(errors="replace")
@@ -404,7 +449,7 @@ async def test_a_full_shutdown_still_closes_the_tcp_connections(
         assert "ignored SIGTERM" not in log
     finally:
         nursery.cancel_scope.cancel()
-        if turn is not None:
-            turn.peer.close()
-            turn.stream.socket.close()
+        for t in (turn, tls):
+            if t is not None:
+                t.close()
         up.stop()

@@ -38,8 +38,9 @@ def client_hello(server_name: str | None, alpn: list[str] | None,
 def test_peek_reads_what_openssl_sent(name: str | None, alpn: list[str] | None,
                                       version: ssl.TLSVersion) -> None:
     hello = client_hello(name, alpn, version)
+    # The random: bytes 11-42 of the record (header 5, handshake header 4, version 2).
     want = HelloPeek(None if name is None else name.lower(),
-                     tuple(a.encode() for a in alpn or ()))
+                     tuple(a.encode() for a in alpn or ()), hello[11:43])
     assert peek_client_hello_untrusted(hello) == want
     # Every proper prefix asks for more bytes, never guesses (a slow or split first read).
     for cut in range(len(hello)):
