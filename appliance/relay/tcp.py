@@ -121,7 +121,7 @@ from .core import IS_STUN, Address, RelayCore
 from .fastpath import HEADROOM, PUBLIC_SLOT, Drain, Outbox, make_drain
 from .filter import MAX_DATAGRAM
 from .keeper import KeeperLink, Kept, kept_record
-from .tls import Route, TlsLink, TlsServer, TurnTls, route
+from .tls import Route, TlsLink, TlsServer, TlsSession, TurnTls, route
 from .tlsboard import READ, WRITE, TlsBoard, resolve, stream_offsets
 from .transport import Out, Transport
 
@@ -881,9 +881,38 @@ class TcpListener:
         ends exactly at the handshake's last record); then our record layer takes the
         connection over (relay/tls.py :class:`~.tls.TlsServer`) and :meth:`_tls_reader`
         reads it."""
-        assert self.tls_server is not None
+        server = self.tls_server
+        assert server is not None
         drop = self.core.counters.drop
-        session = self.tls_server.session(hello)
+        session = server.session(hello)
+        if session is None:
+            drop("tcp-tls-random")  # another handshake has this hello's random
+            return
+        try:
+            took = await self._tls_handshake_flights(conn, session, head, deadline)
+        finally:
+            server.done(session)
+        if took is None:
+            return
+        layer, leftover = took
+        try:
+            read, written = stream_offsets(conn.sock)
+        except OSError:
+            return
+        # Queued and not yet sent (the handshake's tail): the stream offset after it.
+        conn.tls = TlsLink(layer, StreamFramer(self.limits.max_frame), read, written,
+                           len(conn.backlog))
+        if leftover:  # pragma: no cover - records are fed one at a time
+            drop("tcp-tls-handshake")
+            return
+        await self._tls_reader(conn, deadline)
+
+    async def _tls_handshake_flights(self, conn: TcpConnection, session: TlsSession,
+                                     head: bytes, deadline: float
+                                     ) -> tuple[RecordLayer, bytes] | None:
+        """:meth:`_tls_handshake`'s OpenSSL part: the record layer it hands over, or None
+        (the connection failed, ended, or timed out: counted)."""
+        drop = self.core.counters.drop
         sock = conn.sock
         rbuf = bytearray(READ_SIZE)
         rmv = memoryview(rbuf)
@@ -894,26 +923,26 @@ class TcpListener:
             except ssl.SSLError:
                 queue(conn, session.pending())  # the alert, best effort
                 drop("tcp-tls-handshake")
-                return
+                return None
             queue(conn, session.pending())
             if session.established:
                 break
             while True:
                 if not await self._readable(conn, deadline):
-                    return
+                    return None
                 try:
                     n = sock.recv_into(rbuf, READ_SIZE, socket.MSG_PEEK)
                 except (BlockingIOError, InterruptedError):
                     continue
                 except OSError:
-                    return
+                    return None
                 if n == 0:
-                    return
+                    return None
                 try:
                     spans, _, want = record_spans_untrusted(rmv[:n])
                 except DtlsError:
                     drop("tcp-tls-handshake")
-                    return
+                    return None
                 if spans:
                     break
                 _take(conn, rbuf, 0, want)
@@ -923,19 +952,7 @@ class TcpListener:
         took = session.take_over()
         if took is None:
             drop("tcp-tls-keys")
-            return
-        layer, leftover = took
-        try:
-            read, written = stream_offsets(sock)
-        except OSError:
-            return
-        # Queued and not yet sent (the handshake's tail): the stream offset after it.
-        conn.tls = TlsLink(layer, StreamFramer(self.limits.max_frame), read, written,
-                           len(conn.backlog))
-        if leftover:  # pragma: no cover - records are fed one at a time
-            drop("tcp-tls-handshake")
-            return
-        await self._tls_reader(conn, deadline)
+        return took
 
     async def _tls_reader(self, conn: TcpConnection, deadline: float) -> None:
         """A TURN-over-TLS connection's records (ours, proto/dtls/tlsrecord.py): peeked,

@@ -115,11 +115,28 @@ class TlsServer:
         except BaseException:
             os.close(self._fd)
             raise
-        self.log = KeyLog()
+        # Entries live from a hello's ServerHello to its take-over or end (:meth:`done`):
+        # at most one per connection in a handshake; the bound is a backstop.
+        self.log = KeyLog(limit=65536)
         self._off = 0
+        #: the client randoms of the handshakes under way: the key log names a connection
+        #: by it, so a second hello with the same random (a replay, or an attacker copying
+        #: one off the wire) is refused while the first is in its handshake
+        self.inflight: set[bytes] = set()
 
-    def session(self, hello: HelloPeek) -> TlsSession:
+    def session(self, hello: HelloPeek) -> TlsSession | None:
+        """The handshake of a connection with this hello; None: its random is already in
+        a handshake here (or missing). Call :meth:`done` when it ends, taken over or not."""
+        if len(hello.random) != 32 or hello.random in self.inflight:
+            return None
+        self.inflight.add(hello.random)
         return TlsSession(self, hello.random)
+
+    def done(self, session: TlsSession) -> None:
+        """A handshake ended (taken over, failed, or its connection gone): its key log
+        entries go, whatever is left of them."""
+        self.inflight.discard(session.random)
+        self.keys(session.random)
 
     def keys(self, client_random: bytes) -> dict[str, bytes]:
         """The key log's lines for the hello with this random (taken: read once)."""
@@ -142,11 +159,11 @@ class TlsSession:
     """One TURN/TLS connection's handshake, by OpenSSL over memory BIOs; then
     :meth:`take_over` hands its records to our own record layer."""
 
-    __slots__ = ("_first", "_random", "_server", "established", "incoming", "obj", "outgoing")
+    __slots__ = ("_first", "_server", "established", "incoming", "obj", "outgoing", "random")
 
     def __init__(self, server: TlsServer, client_random: bytes) -> None:
         self._server = server
-        self._random = client_random
+        self.random = client_random
         self.incoming = ssl.MemoryBIO()
         self.outgoing = ssl.MemoryBIO()
         self.obj = server.context.wrap_bio(self.incoming, self.outgoing, server_side=True)
@@ -179,8 +196,8 @@ class TlsSession:
         is not one the layer speaks (the context allows only those)."""
         version = self.obj.version() or ""
         cipher = self.obj.cipher()
-        keys = session_keys(self._server.keys(self._random), version,
-                            cipher[0] if cipher else "", self._random,
+        keys = session_keys(self._server.keys(self.random), version,
+                            cipher[0] if cipher else "", self.random,
                             server_random_untrusted(self._first))
         if keys is None:
             return None

@@ -106,29 +106,72 @@ def _allocate() -> bytes:
             + b"\x00\x19\x00\x04\x11\x00\x00\x00")
 
 
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_3, ssl.TLSVersion.TLSv1_2],
+                         ids=["tls1.3", "tls1.2"])
 @pytest.mark.parametrize(("alpn", "sni"), [(["stun.turn"], None), ([], None),
                                            (["h2"], "turn.example.com")],
                          ids=["alpn", "no-alpn", "sni"])
 async def test_turn_over_tls_is_terminated_here(
         nursery: trio.Nursery, start_relay: StartRelay, tmp_path: Path,
-        alpn: list[str], sni: str | None) -> None:
+        alpn: list[str], sni: str | None, version: ssl.TLSVersion) -> None:
+    """OpenSSL does the handshake; the records after it are the relay's own (relay/tls.py):
+    the client's ``ssl`` reads them, several each way, in TLS 1.3 and 1.2."""
     relay, backend, _ = await _relay(start_relay, nursery, tmp_path)
     stream = await trio.open_tcp_stream(*relay.tcp[0])
-    tls = trio.SSLStream(stream, _client_context(alpn), server_hostname=sni)
+    ctx = _client_context(alpn)
+    ctx.maximum_version = version
+    tls = trio.SSLStream(stream, ctx, server_hostname=sni)
     async with tls:
         with trio.fail_after(10):
             await tls.do_handshake()
             # RFC 7443 §3: the server selects stun.turn when the client offers it.
             assert tls.selected_alpn_protocol() == ("stun.turn" if alpn == ["stun.turn"]
                                                     else None)
-            await tls.send_all(_allocate())
-            answer = await tls.receive_some(65536)
+            answers = []
+            for _ in range(3):
+                await tls.send_all(_allocate())
+                answers.append(await tls.receive_some(65536))
     # An Allocate error response (0x0113): the 401 challenge of RFC 8656 §7.2 / 8489 §9.2.
-    assert answer[:2] == b"\x01\x13" and answer[4:8] == COOKIE_BYTES
+    for answer in answers:
+        assert answer[:2] == b"\x01\x13" and answer[4:8] == COOKIE_BYTES
     counters = relay.stats()["counters"]
     assert counters["tcp_turn_tls"] == 1 and counters["tcp_https"] == 0
-    assert counters["turn_challenges"] >= 1
+    assert counters["turn_challenges"] >= 3
+    assert "tcp-tls-record" not in counters["drops"]
     assert backend.got == []
+
+
+async def test_a_tampered_record_is_answered_with_an_alert_and_closed(
+        nursery: trio.Nursery, start_relay: StartRelay, tmp_path: Path) -> None:
+    """A record that does not authenticate after the handshake (our record layer's check,
+    proto/dtls/tlsrecord.py): the relay sends bad_record_mac, closes and counts it."""
+    relay, backend, _ = await _relay(start_relay, nursery, tmp_path)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = _client_context(["stun.turn"]).wrap_bio(incoming, outgoing)
+    stream = await trio.open_tcp_stream(*relay.tcp[0])
+    async with stream:
+        with trio.fail_after(10):
+            while True:
+                try:
+                    client.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    await stream.send_all(outgoing.read())
+                    incoming.write(await stream.receive_some(65536))
+            await stream.send_all(outgoing.read())
+            client.write(_allocate())
+            record = bytearray(outgoing.read())
+            record[-1] ^= 1  # the tag's last bit
+            await stream.send_all(bytes(record))
+            rest = b""
+            with contextlib.suppress(trio.BrokenResourceError):
+                while chunk := await stream.receive_some(65536):
+                    rest += chunk
+        incoming.write(rest)
+        with pytest.raises(ssl.SSLError, match="BAD_RECORD_MAC"):
+            client.read(100)
+    await eventually(lambda: "tcp-tls-record" in relay.stats()["counters"]["drops"])
+    assert relay.stats()["counters"].get("turn_challenges", 0) == 0 and backend.got == []
 
 
 async def test_https_is_spliced_with_the_client_named(
@@ -211,3 +254,39 @@ async def test_a_failed_handshake_is_counted(
                 pass
         await eventually(lambda: "tcp-tls-handshake" in relay.stats()["counters"]["drops"])
     assert relay.stats()["counters"]["tcp_turn_tls"] == 1 and backend.got == []
+
+
+async def test_a_second_hello_with_the_same_random_is_refused(
+        nursery: trio.Nursery, start_relay: StartRelay, tmp_path: Path) -> None:
+    """OpenSSL's key log names a handshake by its ClientHello's random (relay/tls.py): a
+    hello copied off the wire, sent while the first is in its handshake, is closed and
+    counted (``tcp-tls-random``); the first handshake goes on and completes."""
+    relay, backend, _ = await _relay(start_relay, nursery, tmp_path)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = _client_context(["stun.turn"]).wrap_bio(incoming, outgoing)
+    with pytest.raises(ssl.SSLWantReadError):
+        client.do_handshake()
+    hello = outgoing.read()
+    first = await trio.open_tcp_stream(*relay.tcp[0])
+    copy = await trio.open_tcp_stream(*relay.tcp[0])
+    async with first, copy:
+        with trio.fail_after(10):
+            await first.send_all(hello)
+            incoming.write(await first.receive_some(65536))  # its flight: in its handshake
+            await copy.send_all(hello)
+            with contextlib.suppress(trio.BrokenResourceError):
+                assert await copy.receive_some(65536) == b""
+            while True:
+                try:
+                    client.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    await first.send_all(outgoing.read())
+                    incoming.write(await first.receive_some(65536))
+            await first.send_all(outgoing.read())
+            client.write(_allocate())
+            await first.send_all(outgoing.read())
+            incoming.write(await first.receive_some(65536))
+        assert client.read(100)[:2] == b"\x01\x13"  # the 401 through the relay's records
+    assert relay.stats()["counters"]["drops"].get("tcp-tls-random") == 1
+    assert backend.got == []
