@@ -380,7 +380,9 @@ class RecordLayer:
     def alert(self, description: int) -> bytes:
         """A fatal alert (a close_notify when ``description`` is 0) as a record."""
         level = 1 if description == AlertDescription.close_notify else 2
-        return bytes(self._out) + self._seal(ALERT, bytes((level, description)))
+        # what waits goes first and is taken, as in seal(): else pending() would send it again
+        out, self._out = bytes(self._out), bytearray()
+        return out + self._seal(ALERT, bytes((level, description)))
 
     def _seal(self, ctype: int, data: bytes | memoryview) -> bytes:
         if self._w13 is not None:
