@@ -200,6 +200,10 @@ class RecordLayer:
 
     def __init__(self, keys: SessionKeys, rgen: int = 0, rseq: int = 0, wgen: int = 0,
                  wseq: int = 0) -> None:
+        if min(rgen, rseq, wgen, wseq) < 0 or max(rseq, wseq) >= 1 << 64:
+            # a damaged hand-over record: refused here, not as an OverflowError from the
+            # nonce at the first open() (which promises DtlsError only)
+            raise DtlsError("TLS record state out of range")
         self.keys = keys
         self._suite = s = SUITES[keys.suite]
         self.rgen, self.rseq, self.wgen, self.wseq = rgen, rseq, wgen, wseq
