@@ -739,3 +739,53 @@ def test_fuzz_keys_from_record(obj: object) -> None:
         return
     assert SessionKeys.from_record_untrusted(keys.to_record()) == keys
     ours(keys).seal(b"usable")
+
+
+# --- regressions ---------------------------------------------------------------------------
+
+
+def test_alert_takes_the_pending_key_update_answer() -> None:
+    """Bug: ``alert()`` sent the waiting KeyUpdate answer ahead of the alert but left it
+    queued, so a shell that answered a peer's close_notify with ``alert(0)`` and then
+    flushed ``pending()`` (its usual end of a read) sent the answer a second time, under
+    a write key already moved on and after the close_notify. Scenario: the client sends
+    KeyUpdate(update_requested), then we close."""
+    keys = FIXED["TLS_AES_128_GCM_SHA256"]
+    peer, layer = mirror(keys), ours(keys)
+    assert open_all(layer, key_update(peer, requested=True)) == b""
+    sent = layer.alert(AlertDescription.close_notify)
+    assert layer.pending() == b"" and layer.seal(b"") == b""
+    assert open_all(peer, sent) == b""  # the answer, then the close_notify
+    assert peer.rgen == 1 and peer.closed
+
+
+@pytest.mark.parametrize("suite", sorted(FIXED))
+@pytest.mark.parametrize("state", [(0, -1, 0, 0), (0, 0, 0, -1), (-1, 0, 0, 0), (0, 0, -1, 0),
+                                   (0, 1 << 64, 0, 0), (0, 0, 0, 1 << 64)])
+def test_a_state_out_of_range_is_refused_when_built(suite: str,
+                                                    state: tuple[int, int, int, int]) -> None:
+    """Bug: a negative sequence number (a damaged hand-over record) built a layer whose
+    ``open()`` raised OverflowError, not the DtlsError it promises, and whose ``seal()``
+    did too. Now the constructor refuses the state, as it refused a generation past 64."""
+    with pytest.raises(DtlsError):
+        RecordLayer(FIXED[suite], *state)
+
+
+@given(st.sampled_from(sorted(FIXED)), st.tuples(*[st.integers(-3, 1 << 66)] * 4),
+       st.binary(max_size=64))
+def test_fuzz_any_state_raises_only_dtls_error(suite: str, state: tuple[int, int, int, int],
+                                               body: bytes) -> None:
+    try:
+        layer = RecordLayer(FIXED[suite], *state)
+    except DtlsError:
+        return
+    for record in (b"\x17\x03\x03" + len(body).to_bytes(2, "big") + body,
+                   mirror(FIXED[suite]).seal(b"x")):
+        try:
+            layer.open(record)
+        except DtlsError:
+            pass
+    try:
+        layer.seal(b"x")
+    except DtlsError:
+        pass
