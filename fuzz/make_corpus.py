@@ -20,8 +20,10 @@ from targets import (  # noqa: E402
     NOW,
     PWD,
     TARGETS,
+    TLS_KEYS,
     _certificate,
     join_datagrams,
+    tls_layer,
 )
 
 from appliance.proto.dtls import DtlsConnection, Role  # noqa: E402
@@ -308,6 +310,39 @@ def dtls13_parser_seeds() -> dict[str, bytes]:
     client, server = _pair13_flights(frozenset({"1.3"}))
     out = {f"server-{i}": b"\0" + d for i, d in enumerate(server)}
     out.update({f"client-{i}": b"\0" + d for i, d in enumerate(client)})
+    return out
+
+
+
+def tls_record_seeds() -> dict[str, bytes]:
+    """Records the peer's side of the target's fixed keys seals: data (one 2^14-byte split
+    included), TLS 1.3 KeyUpdates (requested and not), close_notify and a fatal alert; a key
+    log and the keys' JSON records."""
+    import json
+
+    from appliance.proto.dtls.tlsrecord import HANDSHAKE, KEY_UPDATE, TLS13
+
+    out: dict[str, bytes] = {}
+    for keys in TLS_KEYS:
+        name = "tls13" if keys.version == TLS13 else "tls12-" + keys.suite.split("-")[2].lower()
+        peer = tls_layer(keys, peer=True)
+        out[f"{name}-data"] = peer.seal(b"\x00\x03\x00\x08" + bytes(8)) + peer.seal(b"z" * 17_000)
+        peer = tls_layer(keys, peer=True)
+        stream = peer.seal(b"hello")
+        if keys.version == TLS13:
+            # RecordLayer sends only the update_not_requested answer: a client's KeyUpdate
+            # is sealed through the same (private) path.
+            for requested in (1, 0):
+                stream += peer._seal(HANDSHAKE, bytes((KEY_UPDATE, 0, 0, 1, requested)))
+                peer._key_update_write()
+                stream += peer.seal(b"after update")
+        out[f"{name}-close"] = stream + peer.alert(0)
+        out[f"{name}-fatal"] = tls_layer(keys, peer=True).alert(20)
+        out[f"{name}-keys"] = json.dumps(keys.to_record()).encode()
+    out["keylog"] = b"".join(
+        f"{label} {(bytes([i]) * 32).hex()} {bytes(range(48)).hex()}\n".encode()
+        for i, label in enumerate(("CLIENT_RANDOM", "CLIENT_TRAFFIC_SECRET_0",
+                                   "SERVER_TRAFFIC_SECRET_0")))
     return out
 
 
@@ -639,6 +674,7 @@ SEEDS = {
     "dtls13_server": dtls13_server_seeds,
     "dtls13_client": dtls13_client_seeds,
     "dtls13_handshake": dtls13_handshake_seeds,
+    "tls_records": tls_record_seeds,
     "ice": ice_seeds,
     "relay": relay_seeds,
     "sctp": sctp_seeds,

@@ -46,6 +46,7 @@ TARGET_NAMES = (
     "rtp",
     "sdp",
     "dtls_parsers",
+    "tls_records",
     "dtls_server",
     "dtls_client",
     "dtls_handshake",

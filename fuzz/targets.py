@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import json
 import struct
 from collections.abc import Callable
 
@@ -60,6 +61,13 @@ from appliance.proto.dtls.record13 import (
     split_inner_plaintext_untrusted,
 )
 from appliance.proto.dtls.tlspeek import peek_client_hello_untrusted
+from appliance.proto.dtls.tlsrecord import (
+    TLS13,
+    KeyLog,
+    RecordLayer,
+    SessionKeys,
+    record_spans_untrusted,
+)
 from appliance.proto.errors import LocalProtocolError
 from appliance.proto.framing import Deframer, FramingError, encode_frame
 from appliance.proto.ice import IceLiteAgent
@@ -456,6 +464,69 @@ def dtls_client(data: bytes) -> None:
     while client.poll_transmit() is not None:
         pass
     _drive(client, split_datagrams(data))
+
+
+
+# --- TLS records after OpenSSL's handshake (proto/dtls/tlsrecord.py) ---------------------
+
+#: Fixed keys of the ``tls_records`` target: a TLS 1.3 suite, a TLS 1.2 AES-GCM suite (its
+#: explicit nonce) and a TLS 1.2 ChaCha20 one. The seeds are records sealed by the peer's
+#: side of these keys (``tls_layer(keys, peer=True)``), so they authenticate here.
+TLS_KEYS = (
+    SessionKeys("TLS_AES_128_GCM_SHA256", bytes(range(32)), bytes(range(32, 64))),
+    SessionKeys("ECDHE-ECDSA-AES256-GCM-SHA384", bytes(range(36)), bytes(range(36, 72))),
+    SessionKeys("ECDHE-ECDSA-CHACHA20-POLY1305", bytes(range(44)), bytes(range(44, 88))),
+)
+
+
+def tls_layer(keys: SessionKeys, *, peer: bool = False) -> RecordLayer:
+    """The server's record layer right after the handshake (TLS 1.2: the Finished records
+    were seq 0), or the client's (``peer``: read and write keys swapped)."""
+    if peer:
+        keys = SessionKeys(keys.suite, keys.write, keys.read)
+    return RecordLayer(keys, *((0, 0, 0, 0) if keys.version == TLS13 else (0, 1, 0, 1)))
+
+
+def tls_records(data: bytes) -> None:
+    """A TURN/TLS connection's bytes after the handshake (relay/tls.py): the record
+    splitter (its spans back to back, ``want`` the next record's size), each span opened by
+    a layer of every suite in :data:`TLS_KEYS` (a KeyUpdate in them moves the state; a
+    successor must accept any state the layer reaches), the key log reader (bounded), and
+    the keys' JSON record. Only DtlsError escapes."""
+    try:
+        spans, end, want = record_spans_untrusted(data)
+    except DtlsError:
+        spans = []
+    else:
+        at = 0
+        for off, n in spans:
+            assert off == at and n == 5 + int.from_bytes(data[off + 3 : off + 5], "big")
+            at += n
+        assert end == at and (want > len(data) - end if want else len(data) - end < 5)
+    for keys in TLS_KEYS:
+        layer = tls_layer(keys)
+        for off, n in spans:
+            try:
+                layer.open(data[off : off + n])
+            except DtlsError:
+                pass
+        successor = RecordLayer(keys, *layer.state)
+        assert successor.state == layer.state
+        layer.seal(layer.pending() + b"x")
+    log = KeyLog(limit=2)
+    for i in range(0, len(data), 7):
+        log.feed(data[i : i + 7])
+        assert len(log.entries) <= 2
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError):
+        return
+    try:
+        keys = SessionKeys.from_record_untrusted(obj)
+    except DtlsError:
+        return
+    assert SessionKeys.from_record_untrusted(keys.to_record()) == keys
+    tls_layer(keys).seal(b"usable")
 
 
 # --- ICE-lite ---------------------------------------------------------------------------
@@ -1053,6 +1124,7 @@ TARGETS: dict[str, Target] = {
     "dtls13_server": dtls13_server,
     "dtls13_client": dtls13_client,
     "dtls13_handshake": dtls13_handshake,
+    "tls_records": tls_records,
     "ice": ice,
     "relay": relay,
     "sctp": sctp,

@@ -61,6 +61,7 @@ EXAMPLES = {
     "dtls13_server": 300,
     "dtls13_client": 300,
     "dtls13_handshake": 100,
+    "tls_records": 2000,
     "ice": 1000,
     "relay": 1000,
     "sctp": 300,

@@ -200,6 +200,10 @@ class RecordLayer:
 
     def __init__(self, keys: SessionKeys, rgen: int = 0, rseq: int = 0, wgen: int = 0,
                  wseq: int = 0) -> None:
+        if min(rgen, rseq, wgen, wseq) < 0 or max(rseq, wseq) >= 1 << 64:
+            # a damaged hand-over record: refused here, not as an OverflowError from the
+            # nonce at the first open() (which promises DtlsError only)
+            raise DtlsError("TLS record state out of range")
         self.keys = keys
         self._suite = s = SUITES[keys.suite]
         self.rgen, self.rseq, self.wgen, self.wseq = rgen, rseq, wgen, wseq
@@ -380,7 +384,9 @@ class RecordLayer:
     def alert(self, description: int) -> bytes:
         """A fatal alert (a close_notify when ``description`` is 0) as a record."""
         level = 1 if description == AlertDescription.close_notify else 2
-        return bytes(self._out) + self._seal(ALERT, bytes((level, description)))
+        # what waits goes first and is taken, as in seal(): else pending() would send it again
+        out, self._out = bytes(self._out), bytearray()
+        return out + self._seal(ALERT, bytes((level, description)))
 
     def _seal(self, ctype: int, data: bytes | memoryview) -> bytes:
         if self._w13 is not None:
