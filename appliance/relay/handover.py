@@ -41,9 +41,11 @@ What makes it exact, and what closes as before:
   and closed as before (FIN) — and so is every connection left over when the successor
   goes away mid-hand-over (a send fails) or the hand-over runs out of time
   (:data:`HANDOVER_WAIT`, under the supervisor's 2 s stop grace).
-* **Only kept connections**: established ones (ICE-TCP with a flow, TURN/TCP with an
-  allocation; never TURN/TLS, whose keys are in OpenSSL here), and only those whose task the
-  stop ends: one that ends by itself meanwhile (its peer gone, bad input, idle) closes.
+* **Only kept connections**: established ones (ICE-TCP with a flow, TURN/TCP and TURN/TLS
+  with an allocation — TLS with its keys and record sequence numbers in its record, unless
+  a TURN message is half read across its records: that one closes), and only those whose
+  task the stop ends: one that ends by itself meanwhile (its peer gone, bad input, idle)
+  closes.
 * **At a frame boundary, both ways.** Reads take only whole frames out of the kernel
   (relay/tcp.py), and a stop cancels a reader only between two reads; what the worker had
   framed but the kernel had not taken — the rest of a frame half written when the stop

@@ -32,8 +32,13 @@ What makes the hand-over exact:
   it, TURN/TCP once it has an allocation (the record then carries the allocation's snapshot,
   :mod:`appliance.proto.turn.snapshot`, updated as it changes) — and **dropped when it
   ends**. Closing one in the worker is now ``shutdown(SHUT_RDWR)`` before ``close()``:
-  the keeper's copy would otherwise keep it open. TURN over TLS is never kept: its keys
-  live in OpenSSL in the dead process.
+  the keeper's copy would otherwise keep it open. TURN over TLS too: after OpenSSL's
+  handshake the relay does the records itself (relay/tls.py), its record carries the
+  session's keys, and a second descriptor goes with it — the worker's **board**
+  (relay/tlsboard.py), where its read and write sequence numbers are kept in step with
+  the stream; the successor reads them there and checks them against the kernel's count
+  of the stream (a record half written or read: the connection is closed, never fed a
+  wrong record).
 * **Streams stay at a frame boundary in the kernel.** The worker peeks (``MSG_PEEK``) and
   takes only whole RFC 4571 frames / TURN messages out of the socket
   (:func:`appliance.proto.framing.frame_spans_untrusted`,

@@ -54,8 +54,9 @@ TURN over TLS and the TLS split (issue 40 item 4; relay/tls.py): with TURN/TLS c
 (``--turn-tls-cert/--turn-tls-key``) or an HTTPS backend, a connection whose first byte is
 0x16 is held (within ``first_frame_timeout``) until its whole ClientHello is in, and the
 hello's ALPN and SNI (:mod:`appliance.proto.dtls.tlspeek`) choose: HTTPS is spliced as
-above; TURN is terminated here over memory BIOs (:class:`~.tls.TlsSession`) and its
-plaintext is the TURN-over-TCP stream above, its return messages encrypted onto the same
+above; TURN is terminated here — the handshake by OpenSSL over memory BIOs
+(:class:`~.tls.TlsSession`), the records after it by our own layer — and its plaintext is
+the TURN-over-TCP stream above, its return messages encrypted onto the same
 back-pressured backlog; a malformed hello is closed and counted (``tcp-tls-hello``), as is
 one asking for an ALPN protocol we do not speak (``tcp-tls-alpn``) and a failed handshake
 (``tcp-tls-handshake``).
@@ -74,7 +75,8 @@ and a record; TURN/TCP's allocation snapshot follows its changes), dropped when 
 after a SIGKILL the successor :meth:`TcpListener.adopt`-s it and carries on. So closing a
 connection is ``shutdown`` then ``close`` (the keeper's copy would keep it open), and bytes
 only peeked at are discarded first (a close with unread bytes is a reset, not a FIN).
-TURN/TLS connections are never kept (their keys live in OpenSSL here). A rolling restart
+TURN/TLS connections are kept too, with their keys and a slot on the worker's board of
+record sequence numbers (relay/tls.py ``TlsLink``, relay/tlsboard.py). A rolling restart
 (SIGHUP, :mod:`.handover`): when the stop is a roll's, a kept connection whose task the stop
 cancels is *released* (:meth:`TcpListener._release`: out of the tables, its unsent bytes and
 a fresh record to the hand-over, our descriptor closed later without a shutdown) and the
@@ -88,8 +90,11 @@ worker killed between two reads leaves the stream at a frame boundary for its su
 while only part of a frame is in, ``SO_RCVLOWAT`` is the frame's size, so the task is not
 woken for every segment of it. A front proxy's header is peeked and taken the same way.
 That is a trio wake-up per TCP segment burst rather than the UDP path's batched epoll loop
-— ICE-TCP is the fallback path, measured in docs/performance.md. TURN/TLS reads whole
-(ciphertext) and frames with :class:`~appliance.proto.turn.StreamFramer`.
+— ICE-TCP is the fallback path, measured in docs/performance.md. TURN/TLS peeks and takes
+whole TLS records the same way (:func:`~appliance.proto.dtls.tlsrecord.record_spans_untrusted`),
+OpenSSL's handshake records one at a time, then records our own layer opens
+(:class:`~appliance.proto.dtls.tlsrecord.RecordLayer`), their plaintext framed by
+:class:`~appliance.proto.turn.StreamFramer`.
 """
 
 from __future__ import annotations

@@ -14,12 +14,16 @@ terminating TLS (:func:`~appliance.proto.dtls.tlspeek.peek_client_hello_untruste
 5. ALPN offering only protocols we do not speak → closed and counted (``tcp-tls-alpn``).
 
 HTTPS connections are spliced, bytes as they are, to signaling (tcp.py); TURN connections
-are terminated here with the standard library's ``ssl`` over memory BIOs
-(:class:`TlsSession`), so the relay's shell keeps the socket and its non-blocking,
+are terminated here: the handshake with the standard library's ``ssl`` over memory BIOs
+(:class:`TlsSession`), the records after it by our own layer
+(:mod:`appliance.proto.dtls.tlsrecord`, keys from OpenSSL's key log: :class:`TlsServer`),
+whose state a successor can take over after a worker kill or a roll (:class:`TlsLink`,
+relay/keeper.py). The relay's shell keeps the socket and its non-blocking,
 back-pressured writes: what TLS decrypts is the TURN-over-TCP stream (STUN messages and
 ChannelData back to back, RFC 8656 §12.5) and goes through the same TURN path as TURN/TCP.
-TLS 1.2 and 1.3 (RFC 8656 §3.1: TLS 1.2 or later); ALPN ``stun.turn`` is selected when
-offered. The certificate is the operator's (``--tls-cert/--tls-key``) or signaling's
+TLS 1.2 and 1.3 (RFC 8656 §3.1: TLS 1.2 or later; 1.2 with the AEAD suites only — ECDHE or
+DHE with AES-GCM or ChaCha20-Poly1305, what our record layer speaks); ALPN ``stun.turn`` is
+selected when offered. The certificate is the operator's (``--tls-cert/--tls-key``) or signaling's
 self-signed one.
 """
 

@@ -29,8 +29,8 @@ the connection after a kill re-creates the allocation from it
 
 What is deliberately *not* in it: the shared secret or any key derived from it (the next
 request is authenticated afresh: the key is re-derived from the REST secret and the
-username), and TURN/TLS allocations (their connection's TLS keys live in OpenSSL, so the
-connection dies with the process that terminated it).
+username). A TURN/TLS allocation's record travels with its connection like TURN/TCP's; the
+connection's TLS keys are beside it in the keeper's record, not in this one (relay/tcp.py).
 
 Times are Unix time so that a record means the same in any process; the server converts
 with its ``unix_offset``. A record is untrusted input (the cache is shared, and may be
