@@ -285,6 +285,8 @@ def queue(conn: TcpConnection, data: bytes) -> None:
 
 def push(conn: TcpConnection) -> None:
     """Send what the kernel takes now; leave the rest to the connection's writer task."""
+    if conn.tls is not None:
+        conn.tls.sending()
     try:
         n = conn.sock.send(conn.backlog)
     except BlockingIOError:
@@ -611,6 +613,8 @@ class TcpListener:
             conn.wake = trio.Event()
             while conn.backlog and not conn.closed:
                 await trio.lowlevel.wait_writable(sock)
+                if conn.tls is not None:
+                    conn.tls.sending()
                 try:
                     n = sock.send(conn.backlog)
                 except BlockingIOError:

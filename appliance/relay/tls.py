@@ -220,7 +220,9 @@ class TlsLink:
     (relay/tlsboard.py), kept in step with what the kernel has of the stream: the read
     state is published around each take of whole records out of the socket (at a point
     where no TURN message is half read; elsewhere it is not, and a kill there closes the
-    connection), the write state as records are queued and as the kernel takes them."""
+    connection), the write state before each hand-over of the backlog to the kernel and
+    after one the kernel took only part of. Two stores per batch of records, none per
+    record."""
 
     __slots__ = ("board", "framer", "layer", "marks", "queued", "rcommit", "roff", "sent",
                  "slot", "wcommit")
@@ -262,21 +264,28 @@ class TlsLink:
         self.append(backlog, self.layer.seal(plaintext))
 
     def append(self, backlog: bytearray, records: bytes) -> None:
-        """Records the layer made (sequence numbers taken) onto the connection's backlog."""
+        """Records the layer made (sequence numbers taken) onto the connection's backlog
+        (published by :meth:`sending`, before they are handed to the kernel)."""
         if not records:
             return
         backlog += records
         self.queued += len(records)
         self.marks.append((self.layer.wgen, self.layer.wseq, self.queued))
-        self._publish_write()
+
+    def sending(self) -> None:
+        """The backlog is about to be handed to the kernel: the board says what holds if it
+        goes in whole (pending) and what holds if none of it does (committed)."""
+        if self.marks:
+            self._publish_write()
 
     def wrote(self, n: int) -> None:
-        """The kernel took ``n`` more bytes of the backlog."""
+        """The kernel took ``n`` more bytes of the backlog. Published only when some of it
+        is left: when all went in, the board's pending state already is the one."""
         self.sent += n
         marks = self.marks
-        if marks and marks[0][2] <= self.sent:
-            while marks and marks[0][2] <= self.sent:
-                self.wcommit = marks.popleft()
+        while marks and marks[0][2] <= self.sent:
+            self.wcommit = marks.popleft()
+        if marks:
             self._publish_write()
 
     def _publish_write(self) -> None:
@@ -295,11 +304,11 @@ class TlsLink:
             self.board.write(self.slot, READ, self.rcommit, pending)
 
     def took(self, n: int) -> None:
+        """Taken. Not published: the board's pending state (from :meth:`taking`) is the one
+        now, and the next :meth:`taking` makes it the committed one."""
         self.roff += n
         if not self.framer.buffered:
             self.rcommit = (self.layer.rgen, self.layer.rseq, self.roff)
-            if self.board is not None:
-                self.board.write(self.slot, READ, self.rcommit, self.rcommit)
 
     @property
     def resumable(self) -> bool:

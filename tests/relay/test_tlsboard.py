@@ -161,6 +161,7 @@ def test_a_successor_carries_the_writes_on_wherever_the_worker_died(
         assert late is not None and late.wseq == link.layer.wseq - 3
         # All of it sent, and the worker dies before it could record the send: the pending
         # state is the one.
+        link.sending()  # as push() does before each send
         server.sendall(backlog)
         written = len(backlog)
         assert stream_offsets(server)[1] == written
@@ -174,11 +175,29 @@ def test_a_successor_carries_the_writes_on_wherever_the_worker_died(
         server.sendall(record)
         client_reads(len(record))
         assert got == [b"msg0", b"msg1", b"msg2", b"from the successor"]
-        # Half a record in the kernel (a kill mid-write): the successor knows it cannot go on.
-        link.seal_into(backlog, b"x" * 100)
-        server.sendall(backlog[:50])
-        assert stream_offsets(server)[1] == written + len(record) + 50
+        # The successor's record went out on the stream too: the link's view follows it
+        # (the test stands in for the successor's own link from here on).
+        link.layer, link.sent, link.queued = after, written + len(record), written + len(record)
+        link.wcommit = (after.wgen, after.wseq, link.sent)
+        # Two records queued, the kernel takes the first only (its window full): published
+        # after the partial send, a kill then is carried on from between the two.
+        link.seal_into(backlog, b"first")
+        one = len(backlog)
+        link.seal_into(backlog, b"second")
+        link.sending()
+        server.sendall(backlog[:one])
+        link.wrote(one)
+        del backlog[:one]
+        between = successor(board, link, server)
+        assert between is not None and between.wseq == link.layer.wseq - 1
+        client_reads(one)
+        # Half of the second in the kernel (a kill mid-write): the successor knows it
+        # cannot go on.
+        link.sending()
+        server.sendall(backlog[:10])
+        assert stream_offsets(server)[1] == link.sent + 10
         assert successor(board, link, server) is None
+        assert got[-1] == b"first"
     finally:
         board.close()
 
