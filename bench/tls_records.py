@@ -12,9 +12,9 @@ without syscalls:
   and the incoming BIO's write + ``SSLObject.read`` (a record in), as the relay did before;
 * ``ours``: ``RecordLayer.seal`` and ``RecordLayer.open`` (a record's span found first, as
   the reader does);
-* ``ours + board``: the same through the shell's ``TlsLink`` with a board: the write state
-  published before the send (one record a send here: the worst case), the read state
-  before the take (what a kept connection pays).
+* ``ours + board``: the same with a kept connection's board (relay/board.py): the chunk
+  and write state published before the send (one record a send here: the worst case),
+  the read state before the take (``TlsLink``).
 
 for TLS 1.3 (AES-256-GCM, what Python's client picks) and TLS 1.2 (ECDHE-ECDSA-AES128-GCM).
 Ratios are against ``openssl`` in the same run (the host's speed drifts by the hour).
@@ -44,8 +44,8 @@ from appliance.proto.dtls.tlsrecord import (  # noqa: E402
     session_keys,
 )
 from appliance.proto.turn import StreamFramer  # noqa: E402
+from appliance.relay.board import Board, Outgoing  # noqa: E402
 from appliance.relay.tls import TlsLink  # noqa: E402
-from appliance.relay.tlsboard import TlsBoard  # noqa: E402
 
 
 def _pump(a: ssl.MemoryBIO, b: ssl.MemoryBIO) -> None:
@@ -148,16 +148,20 @@ def measure(name: str, version: ssl.TLSVersion, cert: str, key: str, n: int,
 
     ours = (per_record(ours_out, n), per_record(ours_in, n))
 
-    board = TlsBoard.create(16)
-    link = TlsLink(RecordLayer(keys, 0, first, 0, first), StreamFramer(), 0, 0)
-    link.attach(board)
+    board = Board.create(16)
+    link = TlsLink(RecordLayer(keys, 0, first, 0, first), StreamFramer(), 0)
+    link.attach(board, 0)
+    out = Outgoing(board, 0, 0, 0, 0, first)
     backlog = bytearray()
 
     def board_out(k: int) -> None:
+        lay = link.layer
         for _ in range(k):
-            link.seal_into(backlog, payload)
-            link.sending()  # as push() does before its send
-            link.wrote(len(backlog))
+            records = lay.seal(payload)
+            backlog.extend(records)
+            out.appended(len(records), lay.wgen, lay.wseq)
+            out.chunk(backlog)  # as push() does before its send
+            out.wrote(len(backlog))
             backlog.clear()
 
     def board_in(k: int) -> None:

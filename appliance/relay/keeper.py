@@ -33,19 +33,23 @@ What makes the hand-over exact:
   :mod:`appliance.proto.turn.snapshot`, updated as it changes) — and **dropped when it
   ends**. Closing one in the worker is now ``shutdown(SHUT_RDWR)`` before ``close()``:
   the keeper's copy would otherwise keep it open. TURN over TLS too: after OpenSSL's
-  handshake the relay does the records itself (relay/tls.py), its record carries the
-  session's keys, and a second descriptor goes with it — the worker's **board**
-  (relay/tlsboard.py), where its read and write sequence numbers are kept in step with
-  the stream; the successor reads them there and checks them against the kernel's count
-  of the stream (a record half written or read: the connection is closed, never fed a
-  wrong record).
-* **Streams stay at a frame boundary in the kernel.** The worker peeks (``MSG_PEEK``) and
-  takes only whole RFC 4571 frames / TURN messages out of the socket
-  (:func:`appliance.proto.framing.frame_spans_untrusted`,
+  handshake the relay does the records itself (relay/tls.py), and its record carries the
+  session's keys.
+* **A second descriptor goes with it: the worker's board** (relay/board.py), a memfd with
+  a slot per kept connection, for what changes too often to send and must be exact at the
+  kill: before each send, the bytes it hands the kernel (and TLS's write state after
+  them); for TLS, the read state around each take. The successor checks the slot against
+  the kernel's count of the stream, writes first what the dead worker had half handed
+  the kernel — **a frame cut in two by the kill is finished** — and carries TLS on with
+  the right sequence numbers; when the slot cannot account for the kernel's count (a TURN
+  message half read across TLS records) the connection is closed (``tcp-resume``), never
+  fed a wrong frame or record. A connection kept without a slot (the board full) is
+  carried on as before, and a kill that cuts one of its frames breaks its stream.
+* **Streams stay at a frame boundary in the kernel, reading.** The worker peeks
+  (``MSG_PEEK``) and takes only whole RFC 4571 frames / TURN messages / TLS records out of
+  the socket (:func:`appliance.proto.framing.frame_spans_untrusted`,
   :func:`appliance.proto.turn.message_spans_untrusted`), so a kill between two reads leaves
-  nothing half-read for the successor (relay/tcp.py). Not solved: a kill while a frame is
-  half *written* (the client's receive window full, the rest in the dead worker's backlog)
-  corrupts that one stream; the client's framing breaks and it restarts ICE.
+  nothing half-read for the successor (relay/tcp.py).
 * **A dead worker's last drops count.** Before the keeper acts on a worker's EOF or on a
   hello it drains every other worker connection's pending messages, so a connection the
   dead worker closed just before it died is not handed over.
@@ -103,8 +107,8 @@ import trio
 from ..proto.dtls import DtlsError
 from ..proto.dtls.tlsrecord import SessionKeys
 from ..proto.proxy import StreamAddr
+from .board import Board
 from .counters import Counters
-from .tlsboard import TlsBoard
 from .transport import Address
 
 log = logging.getLogger("appliance.relay.server")
@@ -128,8 +132,8 @@ TICK = 0.05
 #: rest orphaned (they are pushed again at the next hello).
 SEND_WAIT = 1.0
 OPS = frozenset({"hello", "keep", "drop", "adopt"})
-#: Descriptors one message carries at most: a connection's, and a TURN/TLS connection's
-#: board (relay/tlsboard.py).
+#: Descriptors one message carries at most: a connection's, and its worker's board
+#: (relay/board.py).
 MAX_FDS = 2
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -209,12 +213,11 @@ def parse_message_untrusted(data: bytes | bytearray | memoryview) -> Message:
 
 @dataclass(frozen=True, slots=True)
 class KeptTls:
-    """A kept TURN/TLS connection's record state: its keys, and where its sequence numbers
-    are — its slot on the worker's board (relay/tlsboard.py, whose descriptor travels with
-    it), or, handed over by a roll, the numbers themselves (read gen, seq, write gen, seq)."""
+    """A kept TURN/TLS connection's record state: its keys, and — handed over by a roll —
+    the numbers themselves (read gen, seq, write gen, seq); kept at a keeper, they are on
+    the board at the connection's slot instead (:attr:`Kept.slot`)."""
 
     keys: SessionKeys
-    slot: int | None = None
     state: tuple[int, int, int, int] | None = None
 
 
@@ -229,11 +232,14 @@ class Kept:
     allocation: bytes | None = None
     #: TURN over TLS: its records' state, None for TCP
     tls: KeptTls | None = None
+    #: its slot on its worker's board (relay/board.py, whose descriptor travels with it),
+    #: or None (handed over by a roll; or kept without one)
+    slot: int | None = None
 
 
 def kept_record(kind: str, client: Address, listener: Address,
-                allocation: bytes | None = None,
-                tls: dict[str, Any] | None = None) -> dict[str, Any]:
+                allocation: bytes | None = None, tls: dict[str, Any] | None = None,
+                slot: int | None = None) -> dict[str, Any]:
     """The record of a connection handed to the keeper (:class:`Kept`, as JSON)."""
     rec: dict[str, Any] = {"t": kind, "c": [client[0], client[1]],
                            "l": [listener[0], listener[1]]}
@@ -241,27 +247,27 @@ def kept_record(kind: str, client: Address, listener: Address,
         rec["a"] = allocation.decode()
     if tls is not None:
         rec["tls"] = tls
+    if slot is not None:
+        rec["b"] = slot
     return rec
 
 
-def _kept_tls(obj: object) -> KeptTls:
+def _kept_tls(obj: object, slot: int | None) -> KeptTls:
     if not isinstance(obj, dict):
         raise KeeperError("bad TLS state", "record")
     try:
         keys = SessionKeys.from_record_untrusted(obj.get("k"))
     except DtlsError:
         raise KeeperError("bad TLS keys", "record") from None
-    slot, state = obj.get("b"), obj.get("st")
+    state = obj.get("st")
     if (slot is None) == (state is None):
         raise KeeperError("TLS state: a slot or the numbers", "record")
-    if slot is not None and (type(slot) is not int or not 0 <= slot < 1 << 24):
-        raise KeeperError("bad TLS slot", "record")
     if state is not None:
         if not (isinstance(state, list) and len(state) == 4
                 and all(type(v) is int and 0 <= v < 1 << 64 for v in state)):
             raise KeeperError("bad TLS state", "record")
         state = (state[0], state[1], state[2], state[3])
-    return KeptTls(keys, slot, state)
+    return KeptTls(keys, state)
 
 
 def _addr(value: object, what: str) -> Address:
@@ -291,10 +297,13 @@ def parse_kept_untrusted(record: object) -> Kept:
     tls = record.get("tls")
     if tls is not None and kind != "turn":
         raise KeeperError("TLS state of a non-TURN connection", "record")
+    slot = record.get("b")
+    if slot is not None and (type(slot) is not int or not 0 <= slot < 1 << 24):
+        raise KeeperError("bad board slot", "record")
     return Kept(str(kind), StreamAddr(_addr(record.get("c"), "client")),
                 _addr(record.get("l"), "listener"),
                 None if allocation is None else allocation.encode("utf-8", "replace"),
-                None if tls is None else _kept_tls(tls))
+                None if tls is None else _kept_tls(tls, slot), slot)
 
 
 def _same_uid(sock: socket.socket) -> bool:
@@ -327,7 +336,7 @@ class Keeper:
         self.listener: socket.socket | None = None
         self.sel: selectors.BaseSelector | None = None
         #: each connected worker -> its kept connections: id -> (our fd copies, record);
-        #: the connection's, and for TURN/TLS its worker's board (relay/tlsboard.py)
+        #: the connection's, and its worker's board when it has a slot (relay/board.py)
         self.workers: dict[socket.socket, dict[int, tuple[list[int], dict[str, Any]]]] = {}
         #: the worker that said hello last: orphans go to it
         self.live: socket.socket | None = None
@@ -519,7 +528,7 @@ class KeeperLink:
     and dropped. ``poll`` is called every tick (the TURN gate's kept-allocation changes)."""
 
     def __init__(self, name: bytes, counters: Counters,
-                 adopt: Callable[[socket.socket, Kept, int, TlsBoard | None], bool],
+                 adopt: Callable[[socket.socket, Kept, int, Board | None], bool],
                  poll: Callable[[], None] | None = None) -> None:
         self.name = name
         self.counters = counters
@@ -534,9 +543,9 @@ class KeeperLink:
         self._failing = False
         #: set once the link has said hello (tests wait on it)
         self.connected = trio.Event()
-        #: the board TURN/TLS connections publish their sequence numbers on
-        #: (relay/tlsboard.py; its descriptor goes with each of them), set by the shell
-        self.board: TlsBoard | None = None
+        #: the board kept connections publish what a successor needs exactly on
+        #: (relay/board.py; its descriptor goes with each of them), set by the shell
+        self.board: Board | None = None
 
     # -- the listeners' calls ---------------------------------------------------------------
 
@@ -551,7 +560,7 @@ class KeeperLink:
 
     def rekeep(self, ident: int, record: dict[str, Any]) -> None:
         """An adopted connection kept again under its id with a new record and descriptors
-        (a TURN/TLS connection's board is now ours): the keeper replaces its copies."""
+        (its slot is on our board now): the keeper replaces its copies."""
         entry = self.kept.get(ident)
         if entry is None:
             return
@@ -603,8 +612,8 @@ class KeeperLink:
                         del self.outbox[ident]
                         continue
                     fds = [fileno]
-                    if "tls" in entry[1]:
-                        if self.board is None:  # pragma: no cover - kept only with one
+                    if "b" in entry[1]:  # its slot's board goes with it
+                        if self.board is None:  # pragma: no cover - a slot needs one
                             del self.outbox[ident]
                             continue
                         fds.append(self.board.fd)
@@ -682,14 +691,14 @@ class KeeperLink:
             if msg.op != "adopt" or not fds:
                 raise KeeperError("not an adopt with a descriptor", "op")
             kept = parse_kept_untrusted(msg.record)
-            # TURN/TLS from the keeper: the dead worker's board too; else just the socket
-            if len(fds) != (2 if kept.tls is not None and kept.tls.slot is not None else 1):
+            # with a slot: the dead worker's board too; else just the socket
+            if len(fds) != (1 if kept.slot is None else 2):
                 raise KeeperError("descriptors", "op")
         except KeeperError:
             _close_fds(fds)
             c.drop(failed)
             return
-        board = TlsBoard.attach(fds[1]) if len(fds) == 2 else None
+        board = Board.attach(fds[1]) if len(fds) == 2 else None
         try:
             sock = socket.socket(fileno=fds[0])
         except OSError:
@@ -705,7 +714,7 @@ class KeeperLink:
                 board.close()
 
     def _adopt_socket(self, sock: socket.socket, msg: Message, kept: Kept,
-                      board: TlsBoard | None, handed: bool) -> None:
+                      board: Board | None, handed: bool) -> None:
         c = self.counters
         failed = "handover-adopt-failed" if handed else "keeper-adopt-failed"
         assert msg.record is not None

@@ -54,6 +54,7 @@ import trio
 from ..control import serve_control
 from ..netio.sockets import SOCKET_BUFFER, format_addr, socket_buffers, sockname, udp_socket
 from ..proto.proxy import TLV_RELAY_ID, encode_tlv
+from .board import Board
 from .control import worker_handler
 from .core import Address, CoreConfig, RelayCore, Transport
 from .fastpath import (
@@ -79,7 +80,6 @@ from .reseed import FlowVouching, Lookups
 from .resolver import Resolver, pattern_address, resolve_at_start
 from .tcp import TcpLimits, TcpListener, close_socket, tcp_listener
 from .tls import TurnTls
-from .tlsboard import TlsBoard
 from .transport import ReturnSink, UdpSink
 from .turn import RelaySockets, TurnGate, TurnSettings, own_media_map, raise_fd_limit
 from .turn_store import (
@@ -283,7 +283,7 @@ def _keeper_link(config: RelayConfig, core: RelayCore, listeners: Sequence[TcpLi
         return None
     by_public = {_canonical(t.public): t for t in listeners}
 
-    def adopt(sock: socket.socket, kept: Kept, ident: int, board: TlsBoard | None) -> bool:
+    def adopt(sock: socket.socket, kept: Kept, ident: int, board: Board | None) -> bool:
         listener = by_public.get(kept.listener)
         return listener is not None and listener.adopt(sock, kept, ident, board)
 
@@ -297,10 +297,9 @@ def _keeper_link(config: RelayConfig, core: RelayCore, listeners: Sequence[TcpLi
 
     link = KeeperLink(keeper_name(config.turn_state_dir, config.cluster, config.worker),
                       core.counters, adopt, poll)
-    if any(t.tls_server is not None for t in listeners):
-        # TURN/TLS connections' sequence numbers (tlsboard.py): a slot per connection the
-        # listeners may hold, lazily backed (a page is touched only when its slot is used).
-        link.board = TlsBoard.create(sum(t.limits.max_connections for t in listeners))
+    # What a successor needs exactly of each kept connection (board.py): a slot per
+    # connection the listeners may hold, sparse (a slot's pages exist once it is used).
+    link.board = Board.create(sum(t.limits.max_connections for t in listeners))
     for listener in listeners:
         listener.keeper = link
     return link

@@ -122,12 +122,12 @@ from ..proto.stun import StunError, peek_username_untrusted
 from ..proto.stun.message import COOKIE_BYTES
 from ..proto.turn import StreamFramer, TurnError, message_spans_untrusted
 from ..proto.ufrag import UfragError
+from .board import Board, Outgoing, resolve, resume_out, stream_offsets
 from .core import IS_STUN, Address, RelayCore
 from .fastpath import HEADROOM, PUBLIC_SLOT, Drain, Outbox, make_drain
 from .filter import MAX_DATAGRAM
 from .keeper import KeeperLink, Kept, kept_record
 from .tls import Route, TlsLink, TlsServer, TlsSession, TurnTls, route
-from .tlsboard import READ, WRITE, TlsBoard, resolve, stream_offsets
 from .transport import Out, Transport
 
 if TYPE_CHECKING:
@@ -190,8 +190,8 @@ def tcp_listener(addr: Address, *, reuseport: bool = True) -> socket.socket:
 class TcpConnection:
     """One accepted client connection: its socket, write backlog and state."""
 
-    __slots__ = ("backlog", "blocked", "client", "closed", "flowed", "kept", "lowat", "reached",
-                 "sock", "tls", "turn", "wake")
+    __slots__ = ("backlog", "blocked", "client", "closed", "flowed", "kept", "lowat", "out",
+                 "reached", "sock", "tls", "turn", "wake")
 
     def __init__(self, sock: socket.socket, client: StreamAddr) -> None:
         self.sock = sock
@@ -215,6 +215,9 @@ class TcpConnection:
         self.turn = False
         #: TURN over TLS, once its handshake is done: its records (relay/tls.py)
         self.tls: TlsLink | None = None
+        #: kept with a slot on the worker's board: its backlog as the board sees it
+        #: (relay/board.py "Writes"), else None
+        self.out: Outgoing | None = None
 
 
 class TcpSink:
@@ -251,11 +254,15 @@ class TcpSink:
             if not backlog:
                 touched.append(conn)
             if conn.tls is not None:  # TURN/TLS: the TURN-over-TCP stream, encrypted
+                layer = conn.tls.layer
                 try:
-                    conn.tls.seal_into(backlog, bytes(header) + buf[p : p + n])
+                    records = layer.seal(bytes(header) + buf[p : p + n])
                 except DtlsError:  # its sequence numbers ran out
                     drop("tcp-tls-write")
                     continue
+                backlog += records
+                if conn.out is not None:
+                    conn.out.appended(len(records), layer.wgen, layer.wseq)
             else:
                 if not conn.turn:
                     backlog += size.to_bytes(2, "big")  # RFC 4571 §2 length prefix
@@ -263,6 +270,8 @@ class TcpSink:
                     backlog += header
                 if n:
                     backlog += memoryview(buf)[p : p + n]
+                if conn.out is not None:
+                    conn.out.appended(size + (0 if conn.turn else 2))
             sent += 1
             nbytes += size
         for conn in touched:
@@ -275,20 +284,18 @@ def queue(conn: TcpConnection, data: bytes) -> None:
     """Bytes of our own (TLS handshake flights, alerts; after the handshake the record
     layer's own records) onto the connection, in order."""
     if data and not conn.closed:
-        if conn.tls is not None:
-            conn.tls.append(conn.backlog, data)
-        else:
-            conn.backlog += data
+        conn.backlog += data
+        if conn.out is not None:
+            layer = None if conn.tls is None else conn.tls.layer
+            conn.out.appended(len(data), *((layer.wgen, layer.wseq) if layer else (0, 0)))
         if not conn.blocked:
             push(conn)
 
 
 def push(conn: TcpConnection) -> None:
     """Send what the kernel takes now; leave the rest to the connection's writer task."""
-    if conn.tls is not None:
-        conn.tls.sending()
     try:
-        n = conn.sock.send(conn.backlog)
+        n = send_backlog(conn)
     except BlockingIOError:
         n = 0
     except OSError:
@@ -297,11 +304,21 @@ def push(conn: TcpConnection) -> None:
         conn.wake.set()
         return
     del conn.backlog[:n]
-    if conn.tls is not None:
-        conn.tls.wrote(n)
+    if conn.out is not None:
+        conn.out.wrote(n)
     if conn.backlog:
         conn.blocked = True
         conn.wake.set()
+
+
+def send_backlog(conn: TcpConnection) -> int:
+    """One non-blocking ``send`` of the backlog — of a kept connection's, the chunk its
+    board entry names first (relay/board.py "Writes"). Raises what ``send`` raises."""
+    backlog = conn.backlog
+    if conn.out is None:
+        return conn.sock.send(backlog)
+    n = conn.out.chunk(backlog)
+    return conn.sock.send(backlog if n == len(backlog) else backlog[:n])
 
 
 _SCRATCH = bytearray(READ_SIZE)  # never written: MSG_TRUNC discards on TCP
@@ -547,34 +564,62 @@ class TcpListener:
         kept, conn.kept = conn.kept, None
         if self.keeper is not None:
             self.keeper.drop(kept)  # a keeper still linked closes its copy (no shutdown)
-        if conn.tls is not None:
-            conn.tls.detach()
+        self._unboard(conn)
         handover.release(conn.sock, record, bytes(conn.backlog))
         conn.backlog.clear()
         return True
 
-    def _record(self, conn: TcpConnection, *, handed: bool = False) -> dict[str, Any] | None:
+    def _record(self, conn: TcpConnection, *, handed: bool = False,
+                allocation: bytes | None = None) -> dict[str, Any] | None:
         """The keeper's record of ``conn`` (relay/keeper.py :func:`~.keeper.kept_record`):
-        TURN with its allocation's snapshot (None: it has none), TURN/TLS with its keys and
-        its slot on the board — or, ``handed`` to a roll's successor, its record state as
-        of now (its reader is stopped, its backlog is written out before the hand-over)."""
-        allocation = None
-        if conn.turn:
+        its slot on the board (relay/board.py) if it has one; TURN with its allocation's
+        snapshot (``allocation``, else the gate's; None: it has none); TURN/TLS with its
+        keys. ``handed`` to a roll's successor: no slot (our board is not the successor's)
+        and TLS's record state as of now (its reader is stopped, its backlog is written
+        out before the hand-over). None: it cannot be kept (TLS with no slot)."""
+        if conn.turn and allocation is None:
             turn = self.core.turn
             allocation = None if turn is None else turn.keep(conn.client, self.public)
             if allocation is None:
                 return None
+        slot = None if handed or conn.out is None else conn.out.slot
         tls: dict[str, Any] | None = None
         if conn.tls is not None:
             tls = {"k": conn.tls.layer.keys.to_record()}
             if handed:
                 tls["st"] = list(conn.tls.layer.state)
-            elif conn.tls.board is not None:
-                tls["b"] = conn.tls.slot
-            else:
+            elif slot is None:
                 return None
         return kept_record("turn" if conn.turn else "ice", conn.client, self.public,
-                           allocation, tls)
+                           allocation, tls, slot)
+
+    def _board(self, conn: TcpConnection, written: int | None = None) -> bool:
+        """Give ``conn`` a slot on the keeper's board (relay/board.py): its writes, and a
+        TLS connection's reads, published there from now on. ``written``: the kernel's
+        count of the bytes written, if known. False: no board, a full one, or no count."""
+        board = None if self.keeper is None else self.keeper.board
+        if board is None or conn.out is not None:
+            return conn.out is not None
+        try:
+            read, sent = stream_offsets(conn.sock) if written is None else (0, written)
+        except OSError:
+            return False
+        slot = board.alloc()
+        if slot is None:
+            return False
+        layer = None if conn.tls is None else conn.tls.layer
+        conn.out = Outgoing(board, slot, sent, sent + len(conn.backlog),
+                            *((layer.wgen, layer.wseq) if layer else (0, 0)))
+        if conn.tls is not None:
+            conn.tls.attach(board, slot)
+        return True
+
+    def _unboard(self, conn: TcpConnection) -> None:
+        if conn.out is not None:
+            conn.out.release()
+            conn.out = None
+        if conn.tls is not None:
+            conn.tls.detach()
 
     def _untable(self, conn: TcpConnection) -> None:
         """``conn`` out of the listener's tables (it ends here, or is handed over)."""
@@ -602,8 +647,7 @@ class TcpListener:
         close_socket(conn.sock)
         if kept is not None and self.keeper is not None:
             self.keeper.drop(kept)
-        if conn.tls is not None:
-            conn.tls.detach()
+        self._unboard(conn)
 
     async def _writer(self, conn: TcpConnection) -> None:
         """Drains the backlog when the kernel could not take it at once."""
@@ -613,10 +657,8 @@ class TcpListener:
             conn.wake = trio.Event()
             while conn.backlog and not conn.closed:
                 await trio.lowlevel.wait_writable(sock)
-                if conn.tls is not None:
-                    conn.tls.sending()
                 try:
-                    n = sock.send(conn.backlog)
+                    n = send_backlog(conn)
                 except BlockingIOError:
                     continue
                 except OSError:
@@ -624,8 +666,8 @@ class TcpListener:
                     conn.closed = True
                     break
                 del conn.backlog[:n]
-                if conn.tls is not None:
-                    conn.tls.wrote(n)
+                if conn.out is not None:
+                    conn.out.wrote(n)
             conn.blocked = False
 
     async def _readable(self, conn: TcpConnection, deadline: float) -> bool:
@@ -781,12 +823,13 @@ class TcpListener:
     def _keep(self, conn: TcpConnection) -> None:
         """Hand an established connection to the keeper: ICE-TCP once it has a flow,
         TURN/TCP and TURN/TLS once it has an allocation (its record goes with it; TLS's
-        keys too, and its sequence numbers on the board, relay/tlsboard.py)."""
+        keys too), with a slot on the board for what a successor needs exactly
+        (relay/board.py). Without a slot (no board, a full one) a TCP connection is kept
+        as before — a kill that cuts a frame in two breaks its stream — and a TLS one not."""
         keeper = self.keeper
         if keeper is None or conn.kept is not None:
             return
-        if conn.tls is not None and (keeper.board is None or not conn.tls.attach(keeper.board)):
-            return  # no board, or a full one: it dies with this worker, as before
+        self._board(conn)
         record = self._record(conn)
         if record is not None:
             conn.kept = keeper.keep(conn.sock, record)
@@ -796,21 +839,22 @@ class TcpListener:
         keeper's record follows."""
         conn = self.sink.conns.get(client)
         if conn is not None and conn.kept is not None and self.keeper is not None:
-            tls = None
-            if conn.tls is not None:
-                tls = {"k": conn.tls.layer.keys.to_record(), "b": conn.tls.slot}
-            self.keeper.update(conn.kept, kept_record("turn", client, self.public, record, tls))
+            rec = self._record(conn, allocation=record)
+            if rec is not None:
+                self.keeper.update(conn.kept, rec)
 
     def adopt(self, sock: socket.socket, kept: Kept, ident: int,
-              board: TlsBoard | None = None) -> bool:
-        """Take over a connection the keeper pushed (its worker died): back in the tables,
-        its reader and writer running, already flowed. An ICE-TCP flow is re-learnt from
-        its next frame (the transceivers vouch for it, reseed.py); a TURN/TCP allocation is
-        re-created from the record; a TURN/TLS connection's records carry on from its keys
-        and the state on the dead worker's ``board`` that matches the kernel's count of the
-        stream (or, handed over by a roll, the state in its record). False (the caller
-        closes it): no room, a duplicate, an allocation that cannot be re-created, a TLS
-        stream cut inside a record (counted ``tcp-tls-resume``)."""
+              board: Board | None = None) -> bool:
+        """Take over a connection the keeper pushed (its worker died) or a roll's
+        predecessor handed over: back in the tables, its reader and writer running, already
+        flowed. What the dead worker had half handed the kernel is finished first, and a
+        TURN/TLS connection's records carry on with the state its ``board`` entries give
+        for the kernel's count of the stream (relay/board.py; a roll's record carries the
+        state itself). An ICE-TCP flow is re-learnt from its next frame (the transceivers
+        vouch for it, reseed.py); a TURN allocation is re-created from the record. Then it
+        is kept again, with a slot on our own board. False (the caller closes it): no room,
+        a duplicate, an allocation that cannot be re-created, a stream the board cannot
+        carry on (cut inside a frame or record: ``tcp-resume``)."""
         nursery = self._nursery
         client = kept.client
         if nursery is None or client in self.sink.conns or \
@@ -821,15 +865,27 @@ class TcpListener:
             sock.setblocking(False)
             # The dead worker may have left its low-water mark on the shared socket.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+            read, written = stream_offsets(sock)
         except OSError:
             return False
         conn = TcpConnection(sock, client)
         conn.flowed = True
         conn.kept = ident
+        wstate = (0, 0)
+        if kept.slot is not None:  # what a kill left half in the kernel, finished first
+            try:
+                out = None if board is None else resume_out(board.read_out(kept.slot), written)
+            except ValueError:
+                out = None
+            if out is None:
+                self.core.counters.drop("tcp-resume")
+                return False
+            wstate = out[0], out[1]
+            conn.backlog += out[2]
         if kept.tls is not None:
-            link = self._resume_tls(sock, kept, board)
+            link = self._resume_tls(kept, board, read, wstate)
             if link is None:
-                self.core.counters.drop("tcp-tls-resume")
+                self.core.counters.drop("tcp-resume")
                 return False
             conn.tls = link
         if kept.kind == "turn":
@@ -841,47 +897,44 @@ class TcpListener:
         self.sink.conns[client] = conn
         self.per_ip[client[0]] = self.per_ip.get(client[0], 0) + 1
         self.core.counters.tcp_accepted += 1
-        if conn.tls is not None and self.keeper is not None:
-            # Kept again under its id, now with a slot on our own board (or let go).
-            keeper = self.keeper
-            record = None
-            if keeper.board is not None and conn.tls.attach(keeper.board):
-                record = self._record(conn)
+        if self.keeper is not None:
+            # Kept again under its id, with a slot on our own board (or let go: TLS needs one).
+            self._board(conn, written)
+            record = self._record(conn)
             if record is None:
-                keeper.drop(ident)
+                self.keeper.drop(ident)
                 conn.kept = None
             else:
-                keeper.rekeep(ident, record)
+                self.keeper.rekeep(ident, record)
+        if conn.backlog:
+            push(conn)
         nursery.start_soon(self._connection, conn)
         return True
 
-    def _resume_tls(self, sock: socket.socket, kept: Kept,
-                    board: TlsBoard | None) -> TlsLink | None:
-        """The record state an adopted TURN/TLS connection carries on with (:meth:`adopt`)."""
+    def _resume_tls(self, kept: Kept, board: Board | None, read: int,
+                    wstate: tuple[int, int]) -> TlsLink | None:
+        """The record layer an adopted TURN/TLS connection carries on with (:meth:`adopt`):
+        its read state from the board entry the kernel's count agrees with, its write state
+        from the write entry (``wstate``) — or both from a roll's record."""
         tls = kept.tls
         assert tls is not None
-        try:
-            read, written = stream_offsets(sock)
-        except OSError:
-            return None
         if tls.state is not None:  # a roll's: exact as of the hand-over
             rgen, rseq, wgen, wseq = tls.state
         else:
-            if board is None or tls.slot is None:
+            if board is None or kept.slot is None:
                 return None
             try:
-                r = resolve(board.read(tls.slot, READ), read)
-                w = resolve(board.read(tls.slot, WRITE), written)
+                r = resolve(board.read_read(kept.slot), read)
             except ValueError:
                 return None
-            if r is None or w is None:
+            if r is None:
                 return None
-            (rgen, rseq), (wgen, wseq) = r, w
+            (rgen, rseq), (wgen, wseq) = r, wstate
         try:
             layer = RecordLayer(tls.keys, rgen, rseq, wgen, wseq)
         except DtlsError:
             return None
-        return TlsLink(layer, StreamFramer(self.limits.max_frame), read, written)
+        return TlsLink(layer, StreamFramer(self.limits.max_frame), read)
 
     async def _tls_handshake(self, conn: TcpConnection, hello: HelloPeek, head: bytes,
                              deadline: float) -> None:
@@ -905,12 +958,10 @@ class TcpListener:
             return
         layer, leftover = took
         try:
-            read, written = stream_offsets(conn.sock)
+            read, _ = stream_offsets(conn.sock)
         except OSError:
             return
-        # Queued and not yet sent (the handshake's tail): the stream offset after it.
-        conn.tls = TlsLink(layer, StreamFramer(self.limits.max_frame), read, written,
-                           len(conn.backlog))
+        conn.tls = TlsLink(layer, StreamFramer(self.limits.max_frame), read)
         if leftover:  # pragma: no cover - records are fed one at a time
             drop("tcp-tls-handshake")
             return

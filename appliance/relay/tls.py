@@ -29,7 +29,6 @@ self-signed one.
 
 from __future__ import annotations
 
-import collections
 import enum
 import os
 import ssl
@@ -45,7 +44,7 @@ from ..proto.dtls.tlsrecord import (
     session_keys,
 )
 from ..proto.turn import StreamFramer
-from .tlsboard import READ, WRITE, State, TlsBoard
+from .board import Board, State
 
 #: RFC 7443 §3: the ALPN protocol ID of TURN (and STUN) over (D)TLS.
 STUN_TURN = b"stun.turn"
@@ -216,84 +215,30 @@ class TlsSession:
 class TlsLink:
     """A TURN/TLS connection's records in the relay's shell (tcp.py): its
     :class:`~appliance.proto.dtls.tlsrecord.RecordLayer`, the framer of the TURN stream
-    inside, and — when the connection is kept — its entry on the worker's board
-    (relay/tlsboard.py), kept in step with what the kernel has of the stream: the read
-    state is published around each take of whole records out of the socket (at a point
-    where no TURN message is half read; elsewhere it is not, and a kill there closes the
-    connection), the write state before each hand-over of the backlog to the kernel and
-    after one the kernel took only part of. Two stores per batch of records, none per
-    record."""
+    inside, and — when the connection is kept — its read state on the worker's board
+    (relay/board.py "Reads"), published before each take of whole records out of the
+    socket: the state before the take and, when no TURN message is left half read, the
+    state after it. (Its write state travels with the bytes it is in: board.py's
+    :class:`~.board.Outgoing`.)"""
 
-    __slots__ = ("board", "framer", "layer", "marks", "queued", "rcommit", "roff", "sent",
-                 "slot", "wcommit")
+    __slots__ = ("board", "framer", "layer", "rcommit", "roff", "slot")
 
-    def __init__(self, layer: RecordLayer, framer: StreamFramer, read: int, written: int,
-                 queued: int = 0) -> None:
+    def __init__(self, layer: RecordLayer, framer: StreamFramer, read: int) -> None:
         self.layer = layer
         self.framer = framer
-        #: the stream offsets: bytes taken out of the socket, handed to it, and queued for it
+        #: the stream offset of the bytes taken out of the socket so far
         self.roff = read
-        self.sent = written
-        self.queued = written + queued
-        rgen, rseq, wgen, wseq = layer.state
-        self.rcommit: State = (rgen, rseq, read)
-        self.wcommit: State = (wgen, wseq, self.queued)
-        #: (write generation, write sequence, stream offset) after each queued write
-        self.marks: collections.deque[State] = collections.deque()
-        self.board: TlsBoard | None = None
+        self.rcommit: State = (layer.rgen, layer.rseq, read)
+        self.board: Board | None = None
         self.slot = -1
 
-    def attach(self, board: TlsBoard) -> bool:
-        """Publish on ``board`` from now on; False: it is full."""
-        slot = board.alloc()
-        if slot is None:
-            return False
+    def attach(self, board: Board, slot: int) -> None:
+        """Publish the read state on ``board`` from now on (the connection's slot)."""
         self.board, self.slot = board, slot
-        board.write(slot, READ, self.rcommit, self.rcommit)
-        self._publish_write()
-        return True
+        board.write_read(slot, self.rcommit, self.rcommit)
 
     def detach(self) -> None:
-        if self.board is not None:
-            self.board.free(self.slot)
-            self.board, self.slot = None, -1
-
-    # writing
-
-    def seal_into(self, backlog: bytearray, plaintext: bytes | bytearray | memoryview) -> None:
-        self.append(backlog, self.layer.seal(plaintext))
-
-    def append(self, backlog: bytearray, records: bytes) -> None:
-        """Records the layer made (sequence numbers taken) onto the connection's backlog
-        (published by :meth:`sending`, before they are handed to the kernel)."""
-        if not records:
-            return
-        backlog += records
-        self.queued += len(records)
-        self.marks.append((self.layer.wgen, self.layer.wseq, self.queued))
-
-    def sending(self) -> None:
-        """The backlog is about to be handed to the kernel: the board says what holds if it
-        goes in whole (pending) and what holds if none of it does (committed)."""
-        if self.marks:
-            self._publish_write()
-
-    def wrote(self, n: int) -> None:
-        """The kernel took ``n`` more bytes of the backlog. Published only when some of it
-        is left: when all went in, the board's pending state already is the one."""
-        self.sent += n
-        marks = self.marks
-        while marks and marks[0][2] <= self.sent:
-            self.wcommit = marks.popleft()
-        if marks:
-            self._publish_write()
-
-    def _publish_write(self) -> None:
-        if self.board is not None:
-            self.board.write(self.slot, WRITE, self.wcommit,
-                             self.marks[-1] if self.marks else self.wcommit)
-
-    # reading
+        self.board, self.slot = None, -1
 
     def taking(self, n: int) -> None:
         """About to take ``n`` bytes of whole records (opened, their messages handed on)."""
@@ -301,7 +246,7 @@ class TlsLink:
             pending = self.rcommit
             if not self.framer.buffered:
                 pending = (self.layer.rgen, self.layer.rseq, self.roff + n)
-            self.board.write(self.slot, READ, self.rcommit, pending)
+            self.board.write_read(self.slot, self.rcommit, pending)
 
     def took(self, n: int) -> None:
         """Taken. Not published: the board's pending state (from :meth:`taking`) is the one
@@ -312,6 +257,6 @@ class TlsLink:
 
     @property
     def resumable(self) -> bool:
-        """Whether a successor could carry on now: no message half read, nothing of ours
-        half handed to the kernel beyond the backlog (a roll writes that out first)."""
+        """Whether a successor could carry on now: no TURN message half read (a roll writes
+        the backlog out first)."""
         return not self.framer.buffered

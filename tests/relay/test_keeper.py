@@ -30,7 +30,7 @@ from appliance.relay.keeper import (
 )
 
 TLS_KEYS = SessionKeys("TLS_AES_128_GCM_SHA256", bytes(32), bytes(range(32)))
-TLS_STATE = {"k": TLS_KEYS.to_record(), "b": 3}
+TLS_STATE = {"k": TLS_KEYS.to_record()}
 
 
 @pytest.fixture
@@ -91,15 +91,16 @@ def adopted(w: socket.socket) -> list[tuple[Message, socket.socket]]:
 
 def test_a_turn_tls_connection_travels_with_its_board(
         keeper: tuple[Keeper, selectors.BaseSelector], listener: socket.socket) -> None:
-    """A kept TURN/TLS connection comes with a second descriptor, its worker's board
-    (relay/tlsboard.py): both go to the next worker, the record with its keys and slot.
-    A keep with more descriptors than that is refused (closed, not kept)."""
+    """A kept connection with a slot on its worker's board (relay/board.py) comes with a
+    second descriptor, the board: both go to the next worker, the record with its slot (a
+    TURN/TLS one's with its keys). A keep with more descriptors than that is refused
+    (closed, not kept)."""
     k, sel = keeper
     a = worker(k)
     c1, s1 = tcp_pair(listener)
     board = os.memfd_create("board")
     os.ftruncate(board, 256)
-    rec = kept_record("turn", ("198.51.100.7", 9), ("127.0.0.1", 3478), b"{}", TLS_STATE)
+    rec = kept_record("turn", ("198.51.100.7", 9), ("127.0.0.1", 3478), b"{}", TLS_STATE, 3)
     socket.send_fds(a, [encode_message(Message("keep", 1, rec))], [s1.fileno(), board])
     socket.send_fds(a, [encode_message(Message("keep", 2, rec))], [s1.fileno(), board, board])
     spin(sel)
@@ -114,7 +115,7 @@ def test_a_turn_tls_connection_travels_with_its_board(
     data, fds, _, _ = socket.recv_fds(b, MAX_MESSAGE, 4)
     assert len(fds) == 2
     kept = parse_kept_untrusted(parse_message_untrusted(data).record)
-    assert kept.tls is not None and kept.tls.slot == 3 and kept.tls.state is None
+    assert kept.tls is not None and kept.slot == 3 and kept.tls.state is None
     assert kept.tls.keys == TLS_KEYS
     assert os.fstat(fds[1]).st_size == 256  # the board itself
     conn = socket.socket(fileno=fds[0])
@@ -261,7 +262,7 @@ def test_messages_and_records_raise_only_keeper_error(data: bytes) -> None:
             pass
 
 
-@given(st.dictionaries(st.sampled_from(["t", "c", "l", "a", "tls"]), _json))
+@given(st.dictionaries(st.sampled_from(["t", "c", "l", "a", "tls", "b"]), _json))
 def test_mutated_records_raise_only_keeper_error(rec: dict[str, object]) -> None:
     base = kept_record("turn", ("198.51.100.7", 1), ("127.0.0.1", 3478), b"{}")
     try:
@@ -271,31 +272,34 @@ def test_mutated_records_raise_only_keeper_error(rec: dict[str, object]) -> None
     assert kept.kind in ("ice", "turn")
 
 
-@given(st.dictionaries(st.sampled_from(["k", "b", "st"]), _json),
-       st.dictionaries(st.sampled_from(["s", "r", "w"]), _json))
+@given(st.dictionaries(st.sampled_from(["k", "st"]), _json),
+       st.dictionaries(st.sampled_from(["s", "r", "w"]), _json),
+       st.none() | st.integers())
 def test_mutated_tls_states_raise_only_keeper_error(tls: dict[str, object],
-                                                    keys: dict[str, object]) -> None:
+                                                    keys: dict[str, object],
+                                                    slot: int | None) -> None:
     state: dict[str, object] = {**TLS_STATE, **tls}
     if isinstance(state.get("k"), dict):
         state["k"] = {**state["k"], **keys}  # type: ignore[dict-item]
     try:
         kept = parse_kept_untrusted(kept_record("turn", ("198.51.100.7", 1),
-                                                ("127.0.0.1", 3478), b"{}", state))
+                                                ("127.0.0.1", 3478), b"{}", state, slot))
     except KeeperError:
         return
-    assert kept.tls is not None and (kept.tls.slot is None) != (kept.tls.state is None)
+    assert kept.tls is not None and (kept.slot is None) != (kept.tls.state is None)
 
 
 def test_tls_states_round_trip_and_a_roll_carries_the_numbers() -> None:
     rolled = {"k": TLS_KEYS.to_record(), "st": [1, 2, 0, 7]}
     kept = parse_kept_untrusted(kept_record("turn", ("198.51.100.7", 1), ("127.0.0.1", 3478),
                                             b"{}", rolled))
-    assert kept.tls is not None and kept.tls.state == (1, 2, 0, 7) and kept.tls.slot is None
-    for bad in ({"k": TLS_KEYS.to_record()}, {**rolled, "b": 1}, {**rolled, "st": [1, 2, 3]},
-                {"k": {**TLS_KEYS.to_record(), "r": "00"}, "b": 1}):
+    assert kept.tls is not None and kept.tls.state == (1, 2, 0, 7) and kept.slot is None
+    for bad, slot in (({"k": TLS_KEYS.to_record()}, None), (rolled, 1),
+                      ({**rolled, "st": [1, 2, 3]}, None),
+                      ({"k": {**TLS_KEYS.to_record(), "r": "00"}}, 1)):
         with pytest.raises(KeeperError):
             parse_kept_untrusted(kept_record("turn", ("198.51.100.7", 1), ("127.0.0.1", 3478),
-                                             b"{}", bad))
+                                             b"{}", bad, slot))
     with pytest.raises(KeeperError, match="non-TURN"):
         parse_kept_untrusted(kept_record("ice", ("198.51.100.7", 1), ("127.0.0.1", 3478),
                                          None, rolled))
