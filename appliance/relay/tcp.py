@@ -881,7 +881,9 @@ class TcpListener:
                 self.core.counters.drop("tcp-resume")
                 return False
             wstate = out[0], out[1]
-            conn.backlog += out[2]
+            if out[2]:  # a frame (or chunk of them) the kill cut: finished first
+                conn.backlog += out[2]
+                self.core.counters.add("tcp_frames_finished")
         if kept.tls is not None:
             link = self._resume_tls(kept, board, read, wstate)
             if link is None:

@@ -56,6 +56,7 @@ CHANNEL = 0x4001
 KILLS = 2
 ROLLS = 2
 BOUND = 0.25  # the media gap a worker kill may cost (docs/reliability.md)
+BURST = 1200  # the payload of the packets that fill a client's window
 #: TURN over TLS on the media port's TCP listener (the self-signed certificate)
 TLS = ("--tls", "self-signed", "--https-on-media-port")
 
@@ -92,6 +93,9 @@ class TurnTcpCall:
         self.stun: list[Message] = []
         self.requests: list[Method] = []
         self.closed = False
+        #: while set and not yet fired, the client reads nothing (its window fills)
+        self.hold: trio.Event | None = None
+        self.sending = trio.Lock()  # the paced sender's and a test's bursts take turns
 
     def close(self) -> None:
         self.peer.close()
@@ -101,6 +105,8 @@ class TurnTcpCall:
 
     async def _message(self) -> bytes:
         while (msg := self.framer.poll_output()) is None:
+            if self.hold is not None:
+                await self.hold.wait()
             try:
                 data = await self.stream.receive_some(65536)
             except trio.BrokenResourceError:  # TLS: the end without close_notify
@@ -131,8 +137,9 @@ class TurnTcpCall:
             self.seq += 1
             self.sent[self.seq] = trio.current_time()
             try:
-                await self.stream.send_all(encode_channel_data(
-                    CHANNEL, self.seq.to_bytes(4, "big") + bytes(156), pad=True))
+                async with self.sending:
+                    await self.stream.send_all(encode_channel_data(
+                        CHANNEL, self.seq.to_bytes(4, "big") + bytes(156), pad=True))
             except trio.BrokenResourceError:  # the relay closed it (reset: bytes in flight)
                 self.closed = True
                 return
@@ -144,8 +151,12 @@ class TurnTcpCall:
                 data = await self._message()
                 if data[0] >> 6 == 1:
                     number, length = parse_channel_data_untrusted(data)
-                    assert number == CHANNEL and length == 160
-                    self.rx.append((trio.current_time(), int.from_bytes(data[4:8], "big")))
+                    assert number == CHANNEL and length in (160, BURST), (number, length)
+                    if length == 160:  # (a burst's echo is counted by its bytes only)
+                        self.rx.append((trio.current_time(),
+                                        int.from_bytes(data[4:8], "big")))
+                    else:
+                        assert data[4:] == bytes(BURST), "a burst echo damaged"
                 else:
                     self.stun.append(Message.parse_untrusted(data))
         except (EOFError, trio.BrokenResourceError):
@@ -160,7 +171,8 @@ class TurnTcpCall:
         return any(self.sent[seq] > t for _, seq in self.rx[-50:])
 
 
-async def _turn_tcp_call(nursery: trio.Nursery, up: Up, *, tls: bool = False) -> TurnTcpCall:
+async def _turn_tcp_call(nursery: trio.Nursery, up: Up, *, tls: bool = False,
+                         rcvbuf: int = 0) -> TurnTcpCall:
     """A TURN/TCP client, or with ``tls`` a TURN/TLS one (``turns:``: TLS 1.3 with ALPN
     ``stun.turn``, the self-signed certificate not checked), echoing through its channel."""
     routing = load_secrets((up.state / SECRET_NAME).read_bytes())[0]
@@ -168,7 +180,13 @@ async def _turn_tcp_call(nursery: trio.Nursery, up: Up, *, tls: bool = False) ->
                                 int(time.time()) + 3600)
     peer = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
     await peer.bind(("127.0.0.1", 0))
-    tcp = await trio.open_tcp_stream("127.0.0.1", up.udp)
+    if rcvbuf:  # a small receive window, set before the handshake fixes its scale
+        raw = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM)
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        await raw.connect(("127.0.0.1", up.udp))
+        tcp = trio.SocketStream(raw)
+    else:
+        tcp = await trio.open_tcp_stream("127.0.0.1", up.udp)
     name = tcp.socket.getsockname()
     client = Client(addr=(name[0], name[1]), local=("127.0.0.1", up.udp),
                     username=cred.username, password=cred.password)
@@ -447,6 +465,58 @@ async def test_a_full_shutdown_still_closes_the_tcp_connections(
         log = up.proc.log.read_text(errors="replace")
         assert "handed to the successor" not in log
         assert "ignored SIGTERM" not in log
+    finally:
+        nursery.cancel_scope.cancel()
+        for t in (turn, tls):
+            if t is not None:
+                t.close()
+        up.stop()
+
+
+async def test_a_frame_cut_in_two_by_a_kill_is_finished_by_the_successor(
+        tmp_path: object, nursery: trio.Nursery) -> None:
+    """A kill while a frame is half in the kernel — the client's receive window full, the
+    rest of the frame in the dead worker's backlog — used to break the stream (the client's
+    framing lost its place). Now every kept connection's worker publishes on its board
+    (relay/board.py) the chunk of whole frames each send hands the kernel, and the
+    successor writes what the kernel did not get of it before anything else: the client,
+    reading again, finds every message whole and the echoes carrying on.
+
+    A TURN/TCP client with a small receive window stops reading and bursts 1 200-byte
+    packets through its channel, so the relay's backlog to it fills (``tcp-write-full``);
+    then SIGKILL; then it reads on."""
+    up = await Up.start(tmp_path, workers=1, extra=("--turn-peer", "127.0.0.0/8"))  # type: ignore[arg-type]
+    turn = tls = None
+    try:
+        await up.standbys_ready()
+        turn = await _turn_tcp_call(nursery, up, rcvbuf=4096)
+        start = trio.current_time()
+        await eventually(lambda: turn.echoed_after(start), 10, "echoes through TURN/TCP")
+        with trio.fail_after(10):
+            while not (await up.counters()).get("tcp_kept"):  # noqa: ASYNC110
+                await trio.sleep(0.01)  # another process's counters
+        turn.hold = trio.Event()
+        burst = encode_channel_data(CHANNEL, bytes(BURST), pad=True)
+        drops: dict[str, int] = {}
+        with trio.fail_after(20):
+            while not drops.get("tcp-write-full"):  # the relay's backlog is full
+                async with turn.sending:
+                    for _ in range(50):
+                        await turn.stream.send_all(burst)
+                drops = (await up.counters())["drops"]
+        killed, back = await up.kill_worker(0)
+        turn.hold.set()  # reads on: every message must parse (a TurnError fails the test)
+        turn.hold = None
+        await eventually(lambda: bool([t for t in turn.rx_times if t > back + 0.2]), 10,
+                         "echoes after the kill")
+        counters = await up.counters()
+        print(f"a kill with the backlog full: adopted {counters.get('tcp_adopted')}, "
+              f"frames finished {counters.get('tcp_frames_finished', 0)}, "
+              f"drops {counters['drops']}")
+        assert counters.get("tcp_adopted") == 1, counters
+        assert "tcp-resume" not in counters["drops"], counters
+        assert not turn.closed
+        assert not any(m.msg_class == Class.ERROR for m in turn.stun), turn.stun
     finally:
         nursery.cancel_scope.cancel()
         for t in (turn, tls):
