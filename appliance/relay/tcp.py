@@ -75,8 +75,11 @@ and a record; TURN/TCP's allocation snapshot follows its changes), dropped when 
 after a SIGKILL the successor :meth:`TcpListener.adopt`-s it and carries on. So closing a
 connection is ``shutdown`` then ``close`` (the keeper's copy would keep it open), and bytes
 only peeked at are discarded first (a close with unread bytes is a reset, not a FIN).
-TURN/TLS connections are kept too, with their keys and a slot on the worker's board of
-record sequence numbers (relay/tls.py ``TlsLink``, relay/tlsboard.py). A rolling restart
+TURN/TLS connections are kept too, with their keys. Each kept connection has a slot on
+the worker's board (relay/board.py): before each send the chunk of whole frames it may hand
+the kernel is published there (the send is cut to it: :func:`send_backlog`), so a successor
+finishes a frame the kill cut in two, and a TLS connection's sequence numbers with it
+(reads: relay/tls.py ``TlsLink``). A rolling restart
 (SIGHUP, :mod:`.handover`): when the stop is a roll's, a kept connection whose task the stop
 cancels is *released* (:meth:`TcpListener._release`: out of the tables, its unsent bytes and
 a fresh record to the hand-over, our descriptor closed later without a shutdown) and the

@@ -188,7 +188,7 @@ def test_a_relay_worker_kill_mid_call_is_survived(tmp_path: Path, transport: str
     the connection is kept by the worker's standby and adopted by its successor with its
     allocation (relay/keeper.py) — over TLS too: the relay does the records itself after
     OpenSSL's handshake, with its keys in the keeper's record and its sequence numbers on
-    a board the successor reads (relay/tls.py, relay/tlsboard.py). Chromium notices
+    a board the successor reads (relay/tls.py, relay/board.py). Chromium notices
     nothing: no ICE restart (the demo page would restart ICE if the path went; before the
     TLS records were ours, it did), the echo carries on over the same relay candidate.
 

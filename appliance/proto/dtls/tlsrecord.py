@@ -5,7 +5,7 @@ only; from the first application record on, the connection's records are protect
 checked here, with the session's keys read from OpenSSL's key log (relay/tls.py). Why: the
 state a TLS connection needs to go on — its keys, and the read and write **sequence
 numbers** — then lives in plain values the relay can hand to the keeper in its fork
-template and to a successor (relay/keeper.py, relay/tlsboard.py), so a TURN/TLS connection
+template and to a successor (relay/keeper.py, relay/board.py), so a TURN/TLS connection
 outlives a SIGKILL of the worker that terminated it, as TURN/TCP does. OpenSSL's state
 cannot be carried out of a process (and kTLS, which would hold it in the socket, is not in
 every kernel).
