@@ -27,19 +27,21 @@ it cannot be:
   it is lost like a datagram (a TLS record's sequence number with it, which the client
   never saw, so the successor's next record has the number the client expects).
 * **Reads** (TLS only: ICE-TCP and TURN/TCP take whole frames out of the kernel, relay/tcp.py,
-  so they need nothing here). Around each take of whole records the worker publishes the
-  read state before it (*committed*) and after it (*pending*), each with its stream offset;
-  the successor picks the one whose offset the kernel agrees with (:func:`resolve`) — or
-  none, when a TURN message was half read across records (the take left it neither before
-  nor after a clean point): then the connection is closed, never fed a wrong record.
+  so they need nothing here). Before each take of whole records the worker publishes the
+  read state before it (*committed*) and after it (*pending*), each with its stream offset
+  and the part of a TURN message the records left half read (a client may split one over
+  two records: its first half is out of the kernel, only the board has it); the successor
+  picks the one whose offset the kernel agrees with (:func:`resolve`) and starts its framer
+  with that part.
 
 An entry is written into the inactive half of its place and then switched to by one
 byte, so a store cut short by the kill leaves the previous entry whole.
 
-Layout of slot ``i`` at ``i * SLOT``: the read entry at 0 (a selector byte, two halves of
-six little-endian u64: committed gen, seq, offset; pending gen, seq, offset, at +8 and
-+64); the write entry's selector byte at 128 and its halves at 256 and 4384 (gen, seq,
-base offset, length as u64, then up to :data:`CHUNK` bytes).
+Layout of slot ``i`` at ``i * SLOT``: the write entry's selector byte at 0 and its halves
+at 64 and 4192 (gen, seq, base offset, length as little-endian u64, then up to
+:data:`CHUNK` bytes); the read entry's selector at 8320 and its halves at 8328 and 12616
+(committed gen, seq, offset, pending gen, seq, offset, the two partial lengths as u64,
+then the committed and the pending partial message, :data:`PARTIAL` bytes each).
 """
 
 from __future__ import annotations
@@ -53,12 +55,16 @@ import struct
 import termios
 
 CHUNK = 4096
-SLOT = 12288  # three pages: a slot of a connection that never writes much touches one or two
-_READ_HALF = struct.Struct("<6Q")
-_READ_HALVES = (8, 64)
-_WRITE_SEL = 128
+#: the most of a TURN message a TLS reader may hold half read (StreamFramer: a message of
+#: at most MAX_DATAGRAM bytes and its padding, less one byte)
+PARTIAL = 2112
+_WRITE_SEL = 0
 _WRITE_HEAD = struct.Struct("<4Q")
-_WRITE_HALVES = (256, 256 + _WRITE_HEAD.size + CHUNK)
+_WRITE_HALVES = (64, 64 + _WRITE_HEAD.size + CHUNK)
+_READ_SEL = _WRITE_HALVES[1] + _WRITE_HEAD.size + CHUNK
+_READ_HEAD = struct.Struct("<8Q")
+_READ_HALVES = (_READ_SEL + 8, _READ_SEL + 8 + _READ_HEAD.size + 2 * PARTIAL)
+SLOT = 17408  # sparse: a connection that never writes much touches the first two pages
 #: a write entry's base offset meaning "cannot be carried on" (a frame longer than a chunk
 #: sent whole, or bytes of unknown framing queued when the connection was kept)
 NOT_RESUMABLE = (1 << 64) - 1
@@ -67,6 +73,8 @@ _TCP_INFO_LEN = 136
 _ACKED = struct.Struct("=QQ")
 
 State = tuple[int, int, int]  # (key generation, sequence number, stream offset)
+#: a read state: (key generation, sequence number, stream offset, the half-read message)
+ReadState = tuple[int, int, int, bytes]
 
 
 def stream_offsets(sock: socket.socket) -> tuple[int, int]:
@@ -125,11 +133,11 @@ class Board:
             return None
         slot = self._free.pop()
         base = slot * SLOT
-        self.mm[base] = 0
+        self.mm[base + _READ_SEL] = 0
         self.mm[base + _WRITE_SEL] = 0
         self._sel.pop(slot * 2, None)
         self._sel.pop(slot * 2 + 1, None)
-        _READ_HALF.pack_into(self.mm, base + _READ_HALVES[0], 0, 0, 0, 0, 0, 0)
+        _READ_HEAD.pack_into(self.mm, base + _READ_HALVES[0], 0, 0, 0, 0, 0, 0, 0, 0)
         _WRITE_HEAD.pack_into(self.mm, base + _WRITE_HALVES[0], 0, 0, NOT_RESUMABLE, 0)
         return slot
 
@@ -143,19 +151,29 @@ class Board:
 
     # reads (TLS)
 
-    def write_read(self, slot: int, committed: State, pending: State) -> None:
-        base = slot * SLOT
-        half = self._switch(slot * 2)
-        _READ_HALF.pack_into(self.mm, base + _READ_HALVES[half], *committed, *pending)
-        self.mm[base] = half  # one byte: the switch a kill cannot cut in two
+    def write_read(self, slot: int, committed: ReadState, pending: ReadState) -> None:
+        c, p = committed[3], pending[3]
+        if len(c) > PARTIAL or len(p) > PARTIAL:
+            raise ValueError("partial message too long")
+        at = slot * SLOT + _READ_HALVES[self._switch(slot * 2)]
+        _READ_HEAD.pack_into(self.mm, at, *committed[:3], *pending[:3], len(c), len(p))
+        at += _READ_HEAD.size
+        self.mm[at : at + len(c)] = c
+        self.mm[at + PARTIAL : at + PARTIAL + len(p)] = p
+        self.mm[slot * SLOT + _READ_SEL] = self._sel[slot * 2]  # the switch: one byte
 
-    def read_read(self, slot: int) -> tuple[State, State]:
+    def read_read(self, slot: int) -> tuple[ReadState, ReadState]:
         base = self._base(slot)
-        half = self.mm[base]
+        half = self.mm[base + _READ_SEL]
         if half > 1:
             raise ValueError("not a board slot")
-        v = _READ_HALF.unpack_from(self.mm, base + _READ_HALVES[half])
-        return (v[0], v[1], v[2]), (v[3], v[4], v[5])
+        at = base + _READ_HALVES[half]
+        v = _READ_HEAD.unpack_from(self.mm, at)
+        if v[6] > PARTIAL or v[7] > PARTIAL:
+            raise ValueError("not a board slot")
+        at += _READ_HEAD.size
+        return ((v[0], v[1], v[2], bytes(self.mm[at : at + v[6]])),
+                (v[3], v[4], v[5], bytes(self.mm[at + PARTIAL : at + PARTIAL + v[7]])))
 
     # writes
 
@@ -191,14 +209,13 @@ class Board:
         return slot * SLOT
 
 
-def resolve(entry: tuple[State, State], offset: int) -> tuple[int, int] | None:
-    """(generation, sequence) of the read entry's state whose stream offset is the kernel's
-    ``offset``, or None when neither is (module docstring)."""
-    committed, pending = entry
-    if committed[2] == offset:
-        return committed[0], committed[1]
-    if pending[2] == offset:
-        return pending[0], pending[1]
+def resolve(entry: tuple[ReadState, ReadState], offset: int
+            ) -> tuple[int, int, bytes] | None:
+    """(generation, sequence, half-read message) of the read entry's state whose stream
+    offset is the kernel's ``offset``, or None when neither is (module docstring)."""
+    for gen, seq, at, partial in entry:
+        if at == offset:
+            return gen, seq, partial
     return None
 
 

@@ -42,9 +42,8 @@ What makes it exact, and what closes as before:
   goes away mid-hand-over (a send fails) or the hand-over runs out of time
   (:data:`HANDOVER_WAIT`, under the supervisor's 2 s stop grace).
 * **Only kept connections**: established ones (ICE-TCP with a flow, TURN/TCP and TURN/TLS
-  with an allocation — TLS with its keys and record sequence numbers in its record, unless
-  a TURN message is half read across its records: that one closes), and only those whose
-  task the stop ends: one that ends by itself meanwhile (its peer gone, bad input, idle)
+  with an allocation — TLS with its keys, record sequence numbers and any TURN message
+  half read across its records in its record), and only those whose task the stop ends: one that ends by itself meanwhile (its peer gone, bad input, idle)
   closes.
 * **At a frame boundary, both ways.** Reads take only whole frames out of the kernel
   (relay/tcp.py), and a stop cancels a reader only between two reads; what the worker had

@@ -38,12 +38,12 @@ What makes the hand-over exact:
 * **A second descriptor goes with it: the worker's board** (relay/board.py), a memfd with
   a slot per kept connection, for what changes too often to send and must be exact at the
   kill: before each send, the bytes it hands the kernel (and TLS's write state after
-  them); for TLS, the read state around each take. The successor checks the slot against
-  the kernel's count of the stream, writes first what the dead worker had half handed
-  the kernel — **a frame cut in two by the kill is finished** — and carries TLS on with
-  the right sequence numbers; when the slot cannot account for the kernel's count (a TURN
-  message half read across TLS records) the connection is closed (``tcp-resume``), never
-  fed a wrong frame or record. A connection kept without a slot (the board full) is
+  them); for TLS, the read state around each take, with any TURN message left half read
+  across records. The successor checks the slot against the kernel's count of the stream,
+  writes first what the dead worker had half handed the kernel — **a frame cut in two by
+  the kill is finished** — and carries TLS on with the right sequence numbers and the
+  half-read message; when the slot cannot account for the kernel's count (not expected)
+  the connection is closed (``tcp-resume``), never fed a wrong frame or record. A connection kept without a slot (the board full) is
   carried on as before, and a kill that cuts one of its frames breaks its stream.
 * **Streams stay at a frame boundary in the kernel, reading.** The worker peeks
   (``MSG_PEEK``) and takes only whole RFC 4571 frames / TURN messages / TLS records out of
@@ -219,6 +219,8 @@ class KeptTls:
 
     keys: SessionKeys
     state: tuple[int, int, int, int] | None = None
+    #: handed over by a roll: the TURN message its reader had half read (else b"")
+    partial: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +269,14 @@ def _kept_tls(obj: object, slot: int | None) -> KeptTls:
                 and all(type(v) is int and 0 <= v < 1 << 64 for v in state)):
             raise KeeperError("bad TLS state", "record")
         state = (state[0], state[1], state[2], state[3])
-    return KeptTls(keys, state)
+    partial = obj.get("p", "")
+    if not isinstance(partial, str) or len(partial) > 2 * 4096 or (partial and state is None):
+        raise KeeperError("bad TLS partial message", "record")
+    try:
+        held = bytes.fromhex(partial)
+    except ValueError:
+        raise KeeperError("bad TLS partial message", "record") from None
+    return KeptTls(keys, state, held)
 
 
 def _addr(value: object, what: str) -> Address:

@@ -557,8 +557,7 @@ class TcpListener:
         travels — and its unsent bytes, our descriptor later closed without a shutdown.
         False (it is closed as before): no hand-over under way, not kept, or broken."""
         handover = self.handover
-        if handover is None or not handover.leaving or conn.kept is None or conn.closed \
-                or (conn.tls is not None and not conn.tls.resumable):
+        if handover is None or not handover.leaving or conn.kept is None or conn.closed:
             return False
         record = self._record(conn, handed=True)
         if record is None:
@@ -591,6 +590,9 @@ class TcpListener:
             tls = {"k": conn.tls.layer.keys.to_record()}
             if handed:
                 tls["st"] = list(conn.tls.layer.state)
+                held = conn.tls.framer.held
+                if held:  # a TURN message its reader had half read
+                    tls["p"] = held.hex()
             elif slot is None:
                 return None
         return kept_record("turn" if conn.turn else "ice", conn.client, self.public,
@@ -857,7 +859,7 @@ class TcpListener:
         vouch for it, reseed.py); a TURN allocation is re-created from the record. Then it
         is kept again, with a slot on our own board. False (the caller closes it): no room,
         a duplicate, an allocation that cannot be re-created, a stream the board cannot
-        carry on (cut inside a frame or record: ``tcp-resume``)."""
+        account for (``tcp-resume``: not expected)."""
         nursery = self._nursery
         client = kept.client
         if nursery is None or client in self.sink.conns or \
@@ -925,6 +927,7 @@ class TcpListener:
         assert tls is not None
         if tls.state is not None:  # a roll's: exact as of the hand-over
             rgen, rseq, wgen, wseq = tls.state
+            held = tls.partial
         else:
             if board is None or kept.slot is None:
                 return None
@@ -934,12 +937,19 @@ class TcpListener:
                 return None
             if r is None:
                 return None
-            (rgen, rseq), (wgen, wseq) = r, wstate
+            (rgen, rseq, held), (wgen, wseq) = r, wstate
         try:
             layer = RecordLayer(tls.keys, rgen, rseq, wgen, wseq)
         except DtlsError:
             return None
-        return TlsLink(layer, StreamFramer(self.limits.max_frame), read)
+        framer = StreamFramer(self.limits.max_frame)
+        try:
+            framer.handle_input(held)  # the TURN message the dead worker had half read
+        except TurnError:
+            return None
+        if framer.poll_output() is not None:  # a whole message was never half read
+            return None
+        return TlsLink(layer, framer, read)
 
     async def _tls_handshake(self, conn: TcpConnection, hello: HelloPeek, head: bytes,
                              deadline: float) -> None:

@@ -44,7 +44,7 @@ from ..proto.dtls.tlsrecord import (
     session_keys,
 )
 from ..proto.turn import StreamFramer
-from .board import Board, State
+from .board import NOT_RESUMABLE, PARTIAL, Board, ReadState
 
 #: RFC 7443 §3: the ALPN protocol ID of TURN (and STUN) over (D)TLS.
 STUN_TURN = b"stun.turn"
@@ -217,8 +217,8 @@ class TlsLink:
     :class:`~appliance.proto.dtls.tlsrecord.RecordLayer`, the framer of the TURN stream
     inside, and — when the connection is kept — its read state on the worker's board
     (relay/board.py "Reads"), published before each take of whole records out of the
-    socket: the state before the take and, when no TURN message is left half read, the
-    state after it. (Its write state travels with the bytes it is in: board.py's
+    socket: the state before the take and after it, each with the part of a TURN message
+    it leaves half read. (Its write state travels with the bytes it is in: board.py's
     :class:`~.board.Outgoing`.)"""
 
     __slots__ = ("board", "framer", "layer", "rcommit", "roff", "slot")
@@ -228,13 +228,16 @@ class TlsLink:
         self.framer = framer
         #: the stream offset of the bytes taken out of the socket so far
         self.roff = read
-        self.rcommit: State = (layer.rgen, layer.rseq, read)
+        self.rcommit: ReadState = (layer.rgen, layer.rseq, read, framer.held)
         self.board: Board | None = None
         self.slot = -1
 
     def attach(self, board: Board, slot: int) -> None:
         """Publish the read state on ``board`` from now on (the connection's slot)."""
         self.board, self.slot = board, slot
+        self.rcommit = (self.layer.rgen, self.layer.rseq, self.roff, self.framer.held)
+        if len(self.rcommit[3]) > PARTIAL:  # (a framer allowed longer messages than ours)
+            self.rcommit = (0, 0, NOT_RESUMABLE, b"")
         board.write_read(slot, self.rcommit, self.rcommit)
 
     def detach(self) -> None:
@@ -243,20 +246,17 @@ class TlsLink:
     def taking(self, n: int) -> None:
         """About to take ``n`` bytes of whole records (opened, their messages handed on)."""
         if self.board is not None:
+            held = self.framer.held
             pending = self.rcommit
-            if not self.framer.buffered:
-                pending = (self.layer.rgen, self.layer.rseq, self.roff + n)
+            if len(held) <= PARTIAL:
+                pending = (self.layer.rgen, self.layer.rseq, self.roff + n, held)
             self.board.write_read(self.slot, self.rcommit, pending)
 
     def took(self, n: int) -> None:
         """Taken. Not published: the board's pending state (from :meth:`taking`) is the one
         now, and the next :meth:`taking` makes it the committed one."""
         self.roff += n
-        if not self.framer.buffered:
-            self.rcommit = (self.layer.rgen, self.layer.rseq, self.roff)
-
-    @property
-    def resumable(self) -> bool:
-        """Whether a successor could carry on now: no TURN message half read (a roll writes
-        the backlog out first)."""
-        return not self.framer.buffered
+        if self.board is not None:
+            held = self.framer.held
+            self.rcommit = (self.layer.rgen, self.layer.rseq, self.roff, held) \
+                if len(held) <= PARTIAL else (0, 0, NOT_RESUMABLE, b"")

@@ -23,6 +23,8 @@ from appliance.proto.turn import StreamFramer
 from appliance.relay.board import (
     CHUNK,
     NOT_RESUMABLE,
+    PARTIAL,
+    SLOT,
     Board,
     Outgoing,
     resolve,
@@ -107,23 +109,25 @@ def test_stream_offsets_count_what_the_application_read_and_wrote(pair: Pair) ->
 def test_entries_are_switched_to_whole_and_read_through_another_mapping(board: Board) -> None:
     slot = board.alloc()
     assert slot is not None
-    board.write_read(slot, (1, 2, 50), (1, 3, 80))
+    board.write_read(slot, (1, 2, 50, b""), (1, 3, 80, b"half"))
     board.write_out(slot, 0, 7, 100, b"frame")
     view = view_of(board)
-    assert view.read_read(slot) == ((1, 2, 50), (1, 3, 80))
+    assert view.read_read(slot) == ((1, 2, 50, b""), (1, 3, 80, b"half"))
     assert view.read_out(slot) == (0, 7, 100, b"frame")
     # A store cut short by a kill lands in the half not in use: the reader still sees the
     # last whole entry, until the switch byte names the new half.
-    base = slot * 12288
-    for sel, halves in ((base, (8, 64)), (base + 128, (256, 4384))):
+    base = slot * SLOT
+    for sel, halves in ((base + 8320, (8328, 12616)), (base, (64, 4192))):
         other = base + halves[1 - board.mm[sel]]
         board.mm[other : other + 24] = b"\xff" * 24
-    assert view.read_read(slot) == ((1, 2, 50), (1, 3, 80))
+    assert view.read_read(slot) == ((1, 2, 50, b""), (1, 3, 80, b"half"))
     assert view.read_out(slot) == (0, 7, 100, b"frame")
     board.write_out(slot, 0, 8, 105, b"next")
     assert view.read_out(slot) == (0, 8, 105, b"next")
     with pytest.raises(ValueError, match="chunk too long"):
         board.write_out(slot, 0, 0, 0, bytes(CHUNK + 1))
+    with pytest.raises(ValueError, match="partial message too long"):
+        board.write_read(slot, (0, 0, 0, b""), (0, 0, 0, bytes(PARTIAL + 1)))
     view.close()
     # Slots are reused reset; a full board says so.
     assert [board.alloc() for _ in range(7)] == [1, 2, 3, 4, 5, 6, 7]
@@ -131,14 +135,14 @@ def test_entries_are_switched_to_whole_and_read_through_another_mapping(board: B
     board.free(slot)
     assert board.alloc() == slot
     assert board.read_out(slot)[2] == NOT_RESUMABLE
-    assert board.read_read(slot) == ((0, 0, 0), (0, 0, 0))
+    assert board.read_read(slot) == ((0, 0, 0, b""), (0, 0, 0, b""))
 
 
 def test_resolve_and_resume_pick_what_the_kernel_agrees_with() -> None:
-    entry = ((0, 5, 100), (0, 7, 180))
-    assert resolve(entry, 100) == (0, 5)
-    assert resolve(entry, 180) == (0, 7)
-    assert resolve(entry, 140) is None  # a message half read: no state is right
+    entry = ((0, 5, 100, b""), (0, 7, 180, b"\x00\x01"))
+    assert resolve(entry, 100) == (0, 5, b"")
+    assert resolve(entry, 180) == (0, 7, b"\x00\x01")
+    assert resolve(entry, 140) is None  # the kernel agrees with neither
     out = (0, 9, 1000, b"abcdef")
     assert resume_out(out, 1000) == (0, 9, b"abcdef")  # none of it went in
     assert resume_out(out, 1002) == (0, 9, b"cdef")  # a frame cut in two: finish it
@@ -278,12 +282,15 @@ def test_tls_reads_carry_on_wherever_the_worker_died(pair: Pair, board: Board) -
     link = TlsLink(layer, framer, 0)
     link.attach(board, slot)
 
-    def successor() -> RecordLayer | None:
+    def successor_state() -> tuple[int, int, bytes] | None:
         view = view_of(board)
         try:
-            r = resolve(view.read_read(slot), stream_offsets(server)[0])
+            return resolve(view.read_read(slot), stream_offsets(server)[0])
         finally:
             view.close()
+
+    def successor() -> RecordLayer | None:
+        r = successor_state()
         return None if r is None else RecordLayer(layer.keys, r[0], r[1])
 
     # A TURN message per record (a Binding request header with no attributes)...
@@ -307,7 +314,7 @@ def test_tls_reads_carry_on_wherever_the_worker_died(pair: Pair, board: Board) -
     link.took(end)
     assert after.open(peer.seal(msgs[0])) == msgs[0]  # it reads the client's next
     link.layer = RecordLayer(layer.keys, 0, 4)  # (the one after it)
-    link.rcommit = (0, 4, end)
+    link.rcommit = (0, 4, end, b"")
 
     def read_one(record: bytes) -> bytes | None:
         """As the reader does: open, frame (every whole message out), take."""
@@ -320,14 +327,21 @@ def test_tls_reads_carry_on_wherever_the_worker_died(pair: Pair, board: Board) -
         link.took(len(record))
         return msg
 
-    # A TURN message split over two records, the first taken: no successor could finish
-    # it (its first half is gone from the kernel), and the board says so.
+    # A TURN message split over two records, the first taken: its first half is gone from
+    # the kernel, and the board holds it; a successor's framer starts with it and the
+    # second record completes the message.
     big = bytes((0, 1, 0, 8)) + bytes.fromhex("2112a442") + bytes(12) + bytes(8)
     first, second = peer.seal(big[:10]), peer.seal(big[10:])
-    assert read_one(first) is None and not link.resumable
-    assert successor() is None
-    # Its second half completes it: a successor could carry on again.
-    assert read_one(second) == big and link.resumable
+    assert read_one(first) is None
+    got = successor_state()
+    assert got is not None and got[1] == 5 and got[2] == big[:10]
+    resumed = RecordLayer(layer.keys, got[0], got[1])
+    framer2 = StreamFramer()
+    framer2.handle_input(got[2])
+    framer2.handle_input(resumed.open(second))
+    assert framer2.poll_output() == big
+    # The worker itself reads it on too.
+    assert read_one(second) == big
     late = successor()
     assert late is not None and late.rseq == 6
     assert late.open(peer.seal(msgs[1])) == msgs[1]

@@ -272,7 +272,7 @@ def test_mutated_records_raise_only_keeper_error(rec: dict[str, object]) -> None
     assert kept.kind in ("ice", "turn")
 
 
-@given(st.dictionaries(st.sampled_from(["k", "st"]), _json),
+@given(st.dictionaries(st.sampled_from(["k", "st", "p"]), _json),
        st.dictionaries(st.sampled_from(["s", "r", "w"]), _json),
        st.none() | st.integers())
 def test_mutated_tls_states_raise_only_keeper_error(tls: dict[str, object],
@@ -294,9 +294,14 @@ def test_tls_states_round_trip_and_a_roll_carries_the_numbers() -> None:
     kept = parse_kept_untrusted(kept_record("turn", ("198.51.100.7", 1), ("127.0.0.1", 3478),
                                             b"{}", rolled))
     assert kept.tls is not None and kept.tls.state == (1, 2, 0, 7) and kept.slot is None
+    assert kept.tls.partial == b""
+    half = parse_kept_untrusted(kept_record("turn", ("198.51.100.7", 1), ("127.0.0.1", 3478),
+                                            b"{}", {**rolled, "p": "0001"}))
+    assert half.tls is not None and half.tls.partial == b"\x00\x01"  # a message half read
     for bad, slot in (({"k": TLS_KEYS.to_record()}, None), (rolled, 1),
                       ({**rolled, "st": [1, 2, 3]}, None),
-                      ({"k": {**TLS_KEYS.to_record(), "r": "00"}}, 1)):
+                      ({"k": {**TLS_KEYS.to_record(), "r": "00"}}, 1),
+                      ({"k": TLS_KEYS.to_record(), "p": "00"}, 1), ({**rolled, "p": "0g"}, None)):
         with pytest.raises(KeeperError):
             parse_kept_untrusted(kept_record("turn", ("198.51.100.7", 1), ("127.0.0.1", 3478),
                                              b"{}", bad, slot))

@@ -344,8 +344,9 @@ async def _echoes_after(ice: TcpCall, turns: tuple[TurnTcpCall, ...], t: float,
     """A stretch of echoes on every connection after ``t``: a gap is measured across."""
     await eventually(lambda: len(ice.rx_after(t)) >= 10, 10, f"ICE-TCP echoes after {what}")
     for turn in turns:
+        kind = "TLS" if isinstance(turn.stream, trio.SSLStream) else "TCP"
         await eventually(lambda turn=turn: len([x for x in turn.rx_times if x > t]) >= 10,  # type: ignore[misc]
-                         10, f"TURN echoes after {what}")
+                         10, f"TURN/{kind} echoes after {what} (closed: {turn.closed})")
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -405,7 +406,11 @@ async def test_tcp_connections_survive_rolling_restarts(
                         await trio.sleep(0.01)  # another process's counters
         for w in holders:
             killed, back = await up.kill_worker(w)
-            await _echoes_after(ice, (turn, tls), back, f"the kill of worker {w}")
+            try:
+                await _echoes_after(ice, (turn, tls), back, f"the kill of worker {w}")
+            except AssertionError:  # what the workers counted, for the reader of a red run
+                print("workers:", [await up.worker_stats(x) for x in range(workers)])
+                raise
             now = trio.current_time()
             print(f"SIGKILL of worker {w} after the rolls: longest echo gap ICE-TCP "
                   f"{_gap(ice.rx_times, killed, now) * 1000:.0f} ms, TURN/TCP "

@@ -167,6 +167,12 @@ class StreamFramer:
     def buffered(self) -> int:
         return len(self._buf)
 
+    @property
+    def held(self) -> bytes:
+        """The bytes of a message not complete yet (a successor that takes the stream over
+        feeds them to its own framer first: relay/board.py)."""
+        return bytes(self._buf)
+
     def handle_input(self, data: bytes | bytearray | memoryview) -> None:
         """Bytes read from the stream, in order. Raises only :class:`TurnError`."""
         self._fail_again()
