@@ -816,12 +816,20 @@ class TcpListener:
                 if self._batch:
                     self._drain_now()
             _take(conn, rbuf, end, want)
-            if not conn.flowed and turn.has_allocation(client, self.public):
-                conn.flowed = True
-                core.counters.tcp_established += 1
-                self._keep(conn)
-            elif conn.kept is not None and self.keeper is not None:
-                self.keeper.follow()  # what its requests changed, before it is used
+            self._turn_read(conn)
+
+    def _turn_read(self, conn: TcpConnection) -> None:
+        """After a TURN/TCP or TURN/TLS connection's messages went to the gate: kept once it
+        has an allocation; once kept, what its requests changed goes to the keeper now,
+        before the client reads the answer and uses what it made."""
+        turn = self.core.turn
+        if not conn.flowed and turn is not None and turn.has_allocation(conn.client,
+                                                                        self.public):
+            conn.flowed = True
+            self.core.counters.tcp_established += 1
+            self._keep(conn)
+        elif conn.kept is not None and self.keeper is not None:
+            self.keeper.follow()
 
     # -- the keeper (relay/keeper.py) ---------------------------------------------------------
 
@@ -1089,12 +1097,7 @@ class TcpListener:
             tls.taking(end)
             _take(conn, rbuf, end, want)
             tls.took(end)
-            if not conn.flowed and turn.has_allocation(client, self.public):
-                conn.flowed = True
-                core.counters.tcp_established += 1
-                self._keep(conn)
-            elif conn.kept is not None and self.keeper is not None:
-                self.keeper.follow()  # what its requests changed, before it is used
+            self._turn_read(conn)
 
     async def _tls_split(self, conn: TcpConnection, head: bytes, deadline: float) -> None:
         """A connection that starts with a TLS record: read its ClientHello whole, then

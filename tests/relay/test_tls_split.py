@@ -100,6 +100,19 @@ def _client_context(alpn: list[str]) -> ssl.SSLContext:
     return ctx
 
 
+async def _handshake(client: ssl.SSLObject, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO,
+                     stream: trio.SocketStream) -> None:
+    """Finish a memory-BIO client's handshake over ``stream`` (its last flight sent)."""
+    while True:
+        try:
+            client.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            await stream.send_all(outgoing.read())
+            incoming.write(await stream.receive_some(65536))
+    await stream.send_all(outgoing.read())
+
+
 def _allocate() -> bytes:
     """RFC 8656 §7.1: an Allocate request with REQUESTED-TRANSPORT UDP and nothing else."""
     return (b"\x00\x03\x00\x08" + COOKIE_BYTES + os.urandom(12)
@@ -151,14 +164,7 @@ async def test_a_tampered_record_is_answered_with_an_alert_and_closed(
     stream = await trio.open_tcp_stream(*relay.tcp[0])
     async with stream:
         with trio.fail_after(10):
-            while True:
-                try:
-                    client.do_handshake()
-                    break
-                except ssl.SSLWantReadError:
-                    await stream.send_all(outgoing.read())
-                    incoming.write(await stream.receive_some(65536))
-            await stream.send_all(outgoing.read())
+            await _handshake(client, incoming, outgoing, stream)
             client.write(_allocate())
             record = bytearray(outgoing.read())
             record[-1] ^= 1  # the tag's last bit
@@ -276,14 +282,7 @@ async def test_a_second_hello_with_the_same_random_is_refused(
             await copy.send_all(hello)
             with contextlib.suppress(trio.BrokenResourceError):
                 assert await copy.receive_some(65536) == b""
-            while True:
-                try:
-                    client.do_handshake()
-                    break
-                except ssl.SSLWantReadError:
-                    await first.send_all(outgoing.read())
-                    incoming.write(await first.receive_some(65536))
-            await first.send_all(outgoing.read())
+            await _handshake(client, incoming, outgoing, first)
             client.write(_allocate())
             await first.send_all(outgoing.read())
             incoming.write(await first.receive_some(65536))
