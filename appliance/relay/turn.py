@@ -352,6 +352,15 @@ class TurnGate:
         #: the cache by turn_store.serve_turn_lookups, woken by ``wanted``
         self.missing: dict[tuple[Address, Address], None] = {}
         self.wanted = trio.Event()
+        #: write-ahead (turn_store.serve_turn_store sets it when it runs): the answer to a
+        #: request that changed a UDP allocation is held until the change is written, so
+        #: a kill never loses what a client was told it has (a channel bound a moment
+        #: before would otherwise be gone, its audio dropped until the binding's refresh)
+        self.saving = False
+        #: answers held for the store: (answer, client, the public address it came to)
+        self.held: list[tuple[bytes, Address, Address]] = []
+        #: set when an answer is held: the store writes now, not at its next tick
+        self.save_now = trio.Event()
         if isinstance(ports, RelaySockets):
             ports.deliver = self.from_peer
         core.attach_turn(self)
@@ -378,7 +387,37 @@ class TurnGate:
                     self._send(out)
             else:
                 self._event(out)
+        if isinstance(result, bytes) and self.saving and transport is Transport.UDP and \
+                srv.unsaved(client, public):
+            self.held.append((result, client, public))
+            self.save_now.set()
+            return None
         return result
+
+    def release(self, n: int) -> None:
+        """The store wrote (or failed to write: service comes first) what the first ``n``
+        held answers' requests changed: they go to their clients now."""
+        held, self.held = self.held[:n], self.held[n:]
+        touched: list[ReturnSink] = []
+        for data, client, public in held:
+            sink = self.sinks.get((Transport.UDP, public))
+            if sink is None:
+                self.core.counters.drop("turn-no-sink")
+                continue
+            sink.pending.append((data, 0, 0, client))
+            touched.append(sink)
+        self._flush(touched)
+
+    def _flush(self, touched: list[ReturnSink]) -> None:
+        c = self.core.counters
+        for sink in touched:
+            if sink.pending:
+                sent, nbytes, failed = sink.flush(_EMPTY, sink.pending)
+                sink.pending.clear()
+                c.packets_out += sent
+                c.bytes_out += nbytes
+                if failed:
+                    c.drop("send-failed", failed)
 
     def _to_peer(self, now: float, out: PeerData) -> Relayed | bytes | None:
         public = self.own.get(out.peer)
@@ -471,15 +510,7 @@ class TurnGate:
                     touched.append(sink)
             else:
                 self._event(out)
-        c = self.core.counters
-        for sink in touched:
-            if sink.pending:
-                sent, nbytes, failed = sink.flush(_EMPTY, sink.pending)
-                sink.pending.clear()
-                c.packets_out += sent
-                c.bytes_out += nbytes
-                if failed:
-                    c.drop("send-failed", failed)
+        self._flush(touched)
 
     # -- TCP connections (relay/tcp.py) ------------------------------------------------------
 

@@ -31,10 +31,17 @@ state directory; ``appliance relay --workers M``: its temporary directory), rewr
 atomically (``os.replace``) by a worker thread, never on the hot path. Records read back are
 untrusted (the file or Redis may hold anything): a bad one is dropped and counted.
 
-Not here: TCP allocations (their record travels with their connection to the keeper in the
-fork template, relay/keeper.py), TLS ones (their connection dies with the process), and
-records written less than a tick before the kill (a ChannelBind then is repeated by the client when
-its channel is not answered, as RFC 8656 §12 has it refreshed anyway).
+**Write-ahead.** The answer to a request that changed a UDP allocation (Allocate, Refresh,
+CreatePermission, ChannelBind) is held (:attr:`~.turn.TurnGate.held`) until the store has
+written the change — at once, not at the next tick — so a kill never takes away what a
+client was told it has (a channel bound a moment before the kill would otherwise be gone,
+its ChannelData dropped until the binding's refresh, minutes later). It costs the answer
+one write (a file rewrite in a thread, or a Redis round trip: ~1 ms); a failed write
+releases the answers anyway (counted ``turn-store-error``). Changes that answer nobody
+(expiries) are written every tick.
+
+Not here: TCP and TLS allocations (their record travels with their connection to the keeper
+in the fork template, relay/keeper.py).
 
 **A client moved to another worker.** With several workers a kill reshuffles the
 ``SO_REUSEPORT`` group (the last socket takes the dead one's slot, the successor joins at
@@ -263,32 +270,44 @@ async def restore(gate: TurnGate, store: TurnStore) -> int:
 
 
 async def serve_turn_store(gate: TurnGate, store: TurnStore) -> None:
-    """Write the allocations that changed, every tick, until cancelled. A failed write is
-    counted (``turn-store-error``) and its changes tried again with the next ones."""
+    """Write the allocations that changed, until cancelled: at once when a client's answer
+    waits for it (write-ahead: :attr:`TurnGate.held`, released once written), else every
+    tick (expiries, data-driven changes). A failed write is counted (``turn-store-error``),
+    its changes tried again with the next ones, and the answers waiting for it released
+    anyway (the call matters more than surviving a kill in that moment)."""
     pending: dict[Address, tuple[Address, bytes | None, float]] = {}
     warned = False
-    ticks = 0
-    while True:
-        await trio.sleep(WRITE_TICK)
-        ticks += 1
-        if ticks % RECLAIM_TICKS == 0 and isinstance(gate.ports, RelaySockets) \
-                and gate.ports.adopted:
-            gate.ports.reclaim()
-        for change in gate.server.poll_changes():
-            pending[change[0]] = change
-        if not pending:
-            continue
-        batch = list(pending.values())
-        try:
-            await store.write(batch)
-        except Exception as exc:  # redis.RedisError, OSError: keep relaying
-            gate.core.counters.drop("turn-store-error", len(batch))
-            if not warned:
-                warned = True
-                log.warning("relay: TURN allocations could not be written (%s)", exc)
-            continue
-        warned = False
-        pending.clear()
+    gate.saving = True
+    reclaim_at = trio.current_time() + WRITE_TICK * RECLAIM_TICKS
+    try:
+        while True:
+            with trio.move_on_after(WRITE_TICK):
+                await gate.save_now.wait()
+            gate.save_now = trio.Event()
+            if trio.current_time() >= reclaim_at:
+                reclaim_at = trio.current_time() + WRITE_TICK * RECLAIM_TICKS
+                if isinstance(gate.ports, RelaySockets) and gate.ports.adopted:
+                    gate.ports.reclaim()
+            waiting = len(gate.held)  # their changes are in this poll
+            for change in gate.server.poll_changes():
+                pending[change[0]] = change
+            if pending:
+                batch = list(pending.values())
+                try:
+                    await store.write(batch)
+                except Exception as exc:  # redis.RedisError, OSError: keep relaying
+                    gate.core.counters.drop("turn-store-error", len(batch))
+                    if not warned:
+                        warned = True
+                        log.warning("relay: TURN allocations could not be written (%s)", exc)
+                else:
+                    warned = False
+                    pending.clear()
+            if waiting:
+                gate.release(waiting)
+    finally:
+        gate.saving = False
+        gate.release(len(gate.held))  # nothing will write them: answered as they are
 
 
 

@@ -75,12 +75,19 @@ class _Failing:
 
 
 class _Gate:
-    """The two things serve_turn_store uses of a TurnGate."""
+    """What serve_turn_store uses of a TurnGate (no answers held)."""
 
     def __init__(self, changes: list[tuple[tuple[str, int], bytes | None, float]]) -> None:
         self.changes = changes
         self.core = type("Core", (), {"counters": Counters()})()
         self.server = self
+        self.ports = None
+        self.saving = False
+        self.held: list[object] = []
+        self.save_now = trio.Event()
+
+    def release(self, n: int) -> None:
+        assert n == 0
 
     def poll_changes(self) -> list[tuple[tuple[str, int], bytes | None, float]]:
         out, self.changes = self.changes, []
@@ -235,3 +242,81 @@ async def test_a_moved_client_is_served_after_one_lookup(nursery: trio.Nursery) 
     finally:
         other.close()
         socks.close_all()
+
+
+class _Gated:
+    """A store whose writes wait for the test's word."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[tuple[tuple[str, int], bytes | None, float]]] = []
+        self.proceed = trio.Event()
+
+    async def load(self) -> list[bytes]:
+        return []
+
+    async def write(self, changes: list[tuple[tuple[str, int], bytes | None, float]]) -> None:
+        self.batches.append(list(changes))
+        await self.proceed.wait()
+        self.proceed = trio.Event()
+
+
+async def test_an_answer_that_changed_an_allocation_waits_until_it_is_written(
+        nursery: trio.Nursery) -> None:
+    """Write-ahead: the success of an Allocate or a ChannelBind over UDP leaves only once
+    the store has the allocation as it made it — so a kill right after the client learns it
+    has a channel cannot take the channel away (before, a change waited up to a tick for
+    the store, and a kill meanwhile lost it: the client's ChannelData dropped until its
+    binding's refresh, minutes later). A 401 changes nothing and is answered at once."""
+    from proto.turn.turn_client import NOW, SECRET, UNIX, Client, relayed_of
+
+    from appliance.proto.stun import AttrType, Class, Method
+    from appliance.proto.turn import parse_record_untrusted
+    from appliance.relay.core import CoreConfig, RelayCore
+    from appliance.relay.transport import Transport, UdpSink
+    from appliance.relay.turn import TurnGate, TurnSettings
+
+    media = ("203.0.113.1", 3478)
+    core = RelayCore(CoreConfig(secrets=(b"routing-secret-0123456789abcdef",)))
+    sent: list[tuple[object, int, int, tuple[str, int]]] = []
+
+    def send(buf: object, pending: list[tuple[object, int, int, tuple[str, int]]]
+             ) -> tuple[int, int, int]:
+        sent.extend(pending)
+        return len(pending), 0, 0
+
+    core.sinks[(Transport.UDP, LOCAL)] = UdpSink(LOCAL, send)
+    from proto.turn.turn_client import FakePorts
+    gate = TurnGate(core, TurnSettings(secrets=(SECRET,)), {media: LOCAL}, FakePorts(),
+                    unix_offset=UNIX - NOW)
+    store = _Gated()
+    nursery.start_soon(serve_turn_store, gate, store)
+    await trio.testing.wait_all_tasks_blocked()
+    c = Client(addr=("198.51.100.7", 50000), local=LOCAL)
+
+    async def ask(method: Method, attrs: tuple[tuple[AttrType, object], ...]) -> object:
+        challenge = core.handle_datagram(NOW, c.addr, c.request(method, attrs), LOCAL)  # type: ignore[arg-type]
+        if isinstance(challenge, bytes):  # a 401: answered at once, nothing changed
+            assert c.learn(challenge).msg_class == Class.ERROR
+            assert core.handle_datagram(NOW, c.addr, c.request(method, attrs), LOCAL) is None  # type: ignore[arg-type]
+        else:
+            assert challenge is None
+        assert gate.held and not sent  # held: the store has not written it yet
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.batches and not sent  # being written
+        store.proceed.set()
+        await trio.testing.wait_all_tasks_blocked()
+        ((answer, _, _, dest),) = sent
+        sent.clear()
+        assert dest == c.addr and not gate.held
+        msg = c.learn(answer)  # type: ignore[arg-type]
+        assert msg.msg_class == Class.SUCCESS
+        return msg
+
+    relayed = relayed_of(await ask(Method.ALLOCATE, ((AttrType.REQUESTED_TRANSPORT, 17),)))  # type: ignore[arg-type]
+    ((key, record, _),) = store.batches[-1]
+    assert key == relayed and record is not None
+    await ask(Method.CHANNEL_BIND, ((AttrType.CHANNEL_NUMBER, 0x4001),
+                                   (AttrType.XOR_PEER_ADDRESS, media)))
+    ((_, record, _),) = store.batches[-1]
+    assert record is not None
+    assert [ch[0] for ch in parse_record_untrusted(record).channels] == [0x4001]

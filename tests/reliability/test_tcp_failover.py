@@ -140,7 +140,8 @@ class TurnTcpCall:
                 async with self.sending:
                     await self.stream.send_all(encode_channel_data(
                         CHANNEL, self.seq.to_bytes(4, "big") + bytes(156), pad=True))
-            except trio.BrokenResourceError:  # the relay closed it (reset: bytes in flight)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):  # the relay closed
+                # it (reset: bytes in flight), or the test's teardown did
                 self.closed = True
                 return
             await trio.sleep(0.02)  # pacing (50 packets/s, like audio), not a wait
@@ -159,8 +160,8 @@ class TurnTcpCall:
                         assert data[4:] == bytes(BURST), "a burst echo damaged"
                 else:
                     self.stun.append(Message.parse_untrusted(data))
-        except (EOFError, trio.BrokenResourceError):
-            self.closed = True
+        except (EOFError, trio.BrokenResourceError, trio.ClosedResourceError):
+            self.closed = True  # (closed: the test's teardown, racing its cancellation)
             return
 
     @property

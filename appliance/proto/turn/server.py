@@ -569,6 +569,14 @@ class TurnServer:
                            for ch in alloc.channels.values()),
             stream=alloc.stream))
 
+    def unsaved(self, addr: Addr, local: Addr) -> bool:
+        """Whether the UDP allocation of ``addr`` at ``local`` changed since the last
+        :meth:`poll_changes` (the shell holds its answer until the change is written:
+        relay/turn_store.py)."""
+        alloc = self.allocations.get((addr, local))
+        return alloc is not None and not alloc.stream and \
+            self._changed.get(alloc.relayed) is alloc
+
     def poll_changes(self) -> list[tuple[Addr, bytes | None, float]]:
         """The UDP allocations changed or ended since the last call, as ``(relayed, record
         or None when it ended, seconds it has left)``: the shell writes or deletes them."""
