@@ -353,6 +353,10 @@ class Keeper:
         self.orphans: collections.deque[tuple[list[int], dict[str, Any]]] = collections.deque()
         self._next_id = -1
         self.kept = 0
+        #: (st_dev, st_ino) of each worker's board -> the one descriptor of it we hold, and
+        #: how many kept connections use it (:meth:`_hold`)
+        self.boards: dict[tuple[int, int], int] = {}
+        self.board_refs: dict[int, int] = {}
 
     # TemplateSource
 
@@ -376,10 +380,13 @@ class Keeper:
             self.listener.close()
         for conn, table in self.workers.items():
             conn.close()
-            _close_fds([fd for fds, _ in table.values() for fd in fds])
-        _close_fds([fd for fds, _ in self.orphans for fd in fds])
+            _close_fds([fds[0] for fds, _ in table.values()])
+        _close_fds([fds[0] for fds, _ in self.orphans])
+        _close_fds(list(self.boards.values()))  # each board once, however many use it
         self.workers.clear()
         self.orphans.clear()
+        self.boards.clear()
+        self.board_refs.clear()
 
     def close(self) -> None:
         """Stop serving (tests; the template simply exits)."""
@@ -446,7 +453,7 @@ class Keeper:
         elif msg.op == "drop":
             entry = table.pop(msg.ident, None)
             if entry is not None:
-                _close_fds(entry[0])
+                self._release(entry[0])
                 self.kept -= 1
         else:  # keep: a new connection (with its fd), or an update of a kept one's record
             assert msg.record is not None
@@ -456,14 +463,48 @@ class Keeper:
                     table[msg.ident] = (old[0], msg.record)
                 return
             if old is not None:  # the same id again: the newer copy wins
-                _close_fds(old[0])
+                self._release(old[0])
                 self.kept -= 1
             if self.kept >= self.max_kept:
                 _close_fds(fds)
                 table.pop(msg.ident, None)
                 return
-            table[msg.ident] = (list(fds), msg.record)
+            table[msg.ident] = (self._hold(fds), msg.record)
             self.kept += 1
+
+    def _hold(self, fds: list[int]) -> list[int]:
+        """A kept connection's descriptors as held: its socket's, and its worker's board's
+        — one descriptor per board however many connections use it (each message brings
+        its own copy: the extra ones are closed), so a keeper of N connections holds N + 1
+        descriptors, not 2N."""
+        if len(fds) < 2:
+            return list(fds)
+        try:
+            st = os.fstat(fds[1])
+        except OSError:
+            _close_fds(fds[1:])
+            return fds[:1]
+        key = (st.st_dev, st.st_ino)
+        held = self.boards.get(key)
+        if held is None:
+            held = self.boards[key] = fds[1]
+        else:
+            _close_fds(fds[1:])
+        self.board_refs[held] = self.board_refs.get(held, 0) + 1
+        return [fds[0], held]
+
+    def _release(self, fds: list[int]) -> None:
+        """A kept connection's descriptors let go of (:meth:`_hold`'s other half)."""
+        _close_fds(fds[:1])
+        if len(fds) > 1:
+            board = fds[1]
+            left = self.board_refs.get(board, 1) - 1
+            if left > 0:
+                self.board_refs[board] = left
+            else:
+                self.board_refs.pop(board, None)
+                self.boards = {k: v for k, v in self.boards.items() if v != board}
+                _close_fds([board])
 
     def _orphan(self, conn: socket.socket) -> None:
         table = self.workers.pop(conn)

@@ -102,6 +102,7 @@ OpenSSL's handshake records one at a time, then records our own layer opens
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import socket
@@ -325,6 +326,7 @@ def send_backlog(conn: TcpConnection) -> int:
 
 
 _SCRATCH = bytearray(READ_SIZE)  # never written: MSG_TRUNC discards on TCP
+_ASK_GATE = object()  # TcpListener._record: the allocation's record is the gate's, now
 
 
 def close_socket(sock: socket.socket) -> None:
@@ -572,18 +574,22 @@ class TcpListener:
         return True
 
     def _record(self, conn: TcpConnection, *, handed: bool = False,
-                allocation: bytes | None = None) -> dict[str, Any] | None:
+                allocation: bytes | None | object = _ASK_GATE) -> dict[str, Any] | None:
         """The keeper's record of ``conn`` (relay/keeper.py :func:`~.keeper.kept_record`):
         its slot on the board (relay/board.py) if it has one; TURN with its allocation's
-        snapshot (``allocation``, else the gate's; None: it has none); TURN/TLS with its
-        keys. ``handed`` to a roll's successor: no slot (our board is not the successor's)
-        and TLS's record state as of now (its reader is stopped, its backlog is written
-        out before the hand-over). None: it cannot be kept (TLS with no slot)."""
-        if conn.turn and allocation is None:
+        snapshot (``allocation`` when the gate just gave it — None: it ended —, else the
+        gate's now: None, it has none, and it is not kept); TURN/TLS with its keys.
+        ``handed`` to a roll's successor: no slot (our board is not the successor's) and
+        TLS's record state as of now (its reader is stopped, its backlog is written out
+        before the hand-over). None: it cannot be kept (TLS with no slot)."""
+        if not conn.turn:
+            allocation = None
+        elif allocation is _ASK_GATE:
             turn = self.core.turn
             allocation = None if turn is None else turn.keep(conn.client, self.public)
             if allocation is None:
                 return None
+        assert allocation is None or isinstance(allocation, bytes)
         slot = None if handed or conn.out is None else conn.out.slot
         tls: dict[str, Any] | None = None
         if conn.tls is not None:
@@ -1088,7 +1094,8 @@ class TcpListener:
                         self._drain_now()
                     queue(conn, layer.pending())  # a KeyUpdate's answer
             except DtlsError as exc:
-                queue(conn, layer.alert(int(exc.hint)))
+                with contextlib.suppress(DtlsError):  # (its sequence numbers ran out)
+                    queue(conn, layer.alert(int(exc.hint)))
                 drop("tcp-tls-record")
                 return
             except TurnError as exc:

@@ -103,8 +103,18 @@ def test_a_turn_tls_connection_travels_with_its_board(
     rec = kept_record("turn", ("198.51.100.7", 9), ("127.0.0.1", 3478), b"{}", TLS_STATE, 3)
     socket.send_fds(a, [encode_message(Message("keep", 1, rec))], [s1.fileno(), board])
     socket.send_fds(a, [encode_message(Message("keep", 2, rec))], [s1.fileno(), board, board])
+    # Two more on the same board, one dropped: the keeper holds one copy of the board,
+    # counted by its users, not one per connection.
+    c3, s3 = tcp_pair(listener)
+    socket.send_fds(a, [encode_message(Message("keep", 3, rec))], [s3.fileno(), board])
     spin(sel)
-    assert k.kept == 1
+    assert k.kept == 2 and len(k.boards) == 1 and list(k.board_refs.values()) == [2]
+    socket.send_fds(a, [encode_message(Message("drop", 3))], [])
+    s3.close()
+    spin(sel)
+    assert k.kept == 1 and list(k.board_refs.values()) == [1]
+    c3.settimeout(5)
+    assert c3.recv(10) == b""  # its last copy went
     s1.close()
     os.close(board)
     a.close()
@@ -125,6 +135,7 @@ def test_a_turn_tls_connection_travels_with_its_board(
     conn.close()
     os.close(fds[1])
     c1.close()
+    c3.close()
     b.close()
 
 
