@@ -211,6 +211,23 @@ async def _turn_tcp_call(nursery: trio.Nursery, up: Up, *, tls: bool = False,
     return call
 
 
+def _nothing_asked_again(turns: tuple[TurnTcpCall, TurnTcpCall],
+                         asked: tuple[list[Method], list[Method]]) -> None:
+    """The TURN clients sent no request since ``asked`` (no re-Allocate) and got no error."""
+    assert (turns[0].requests, turns[1].requests) == asked
+    for t in turns:
+        assert not any(m.msg_class == Class.ERROR for m in t.stun), t.stun
+
+
+def _end(nursery: trio.Nursery, up: Up, *calls: TurnTcpCall | None) -> None:
+    """A test's end: the calls' tasks cancelled before their sockets close, ``up`` stopped."""
+    nursery.cancel_scope.cancel()
+    for t in calls:
+        if t is not None:
+            t.close()
+    up.stop()
+
+
 def _gap(times: list[float], start: float, end: float) -> float:
     inside = [t for t in times if start <= t <= end]
     return max((b - a for a, b in zip(inside, inside[1:], strict=False)), default=end - start)
@@ -285,16 +302,9 @@ async def test_tcp_connections_survive_worker_kills_and_a_closed_one_stays_close
             assert ice.failed is None and not turn.closed and not tls.closed
             assert all(g <= BOUND for g in gaps), gaps
             await up.standbys_ready()
-        # no request after the kills: no re-Allocate
-        assert (turn.requests, tls.requests) == asked
-        for t in (turn, tls):
-            assert not any(m.msg_class == Class.ERROR for m in t.stun), t.stun
+        _nothing_asked_again((turn, tls), asked)  # after the kills
     finally:
-        nursery.cancel_scope.cancel()  # the calls' tasks, before their sockets close
-        for t in (turn, tls):
-            if t is not None:
-                t.close()
-        up.stop()
+        _end(nursery, up, turn, tls)
 
 
 class EndedTcpCall(TcpCall):
@@ -420,16 +430,9 @@ async def test_tcp_connections_survive_rolling_restarts(
         counters = await up.counters()
         assert counters.get("tcp_adopted") == 3, counters
         assert ice.failed is None and not turn.closed and not tls.closed
-        # no request after the rolls: no re-Allocate
-        assert (turn.requests, tls.requests) == asked
-        for t in (turn, tls):
-            assert not any(m.msg_class == Class.ERROR for m in t.stun), t.stun
+        _nothing_asked_again((turn, tls), asked)  # after the rolls
     finally:
-        nursery.cancel_scope.cancel()  # the calls' tasks, before their sockets close
-        for t in (turn, tls):
-            if t is not None:
-                t.close()
-        up.stop()
+        _end(nursery, up, turn, tls)
 
 
 async def _relay_ends(sock: socket.socket) -> None:
@@ -472,11 +475,7 @@ async def test_a_full_shutdown_still_closes_the_tcp_connections(
         assert "handed to the successor" not in log
         assert "ignored SIGTERM" not in log
     finally:
-        nursery.cancel_scope.cancel()
-        for t in (turn, tls):
-            if t is not None:
-                t.close()
-        up.stop()
+        _end(nursery, up, turn, tls)
 
 
 async def test_a_frame_cut_in_two_by_a_kill_is_finished_by_the_successor(
@@ -492,7 +491,7 @@ async def test_a_frame_cut_in_two_by_a_kill_is_finished_by_the_successor(
     packets through its channel, so the relay's backlog to it fills (``tcp-write-full``);
     then SIGKILL; then it reads on."""
     up = await Up.start(tmp_path, workers=1, extra=("--turn-peer", "127.0.0.0/8"))  # type: ignore[arg-type]
-    turn = tls = None
+    turn = None
     try:
         await up.standbys_ready()
         turn = await _turn_tcp_call(nursery, up, rcvbuf=4096)
@@ -524,8 +523,4 @@ async def test_a_frame_cut_in_two_by_a_kill_is_finished_by_the_successor(
         assert not turn.closed
         assert not any(m.msg_class == Class.ERROR for m in turn.stun), turn.stun
     finally:
-        nursery.cancel_scope.cancel()
-        for t in (turn, tls):
-            if t is not None:
-                t.close()
-        up.stop()
+        _end(nursery, up, turn)
