@@ -578,7 +578,7 @@ class KeeperLink:
     and dropped. ``poll`` is called every tick (the TURN gate's kept-allocation changes)."""
 
     def __init__(self, name: bytes, counters: Counters,
-                 adopt: Callable[[socket.socket, Kept, int, Board | None], bool],
+                 adopt: Callable[[socket.socket, Kept, int, Board | None], bool | None],
                  poll: Callable[[], None] | None = None) -> None:
         self.name = name
         self.counters = counters
@@ -773,7 +773,17 @@ class KeeperLink:
             self._ids += 1
             ident = self._ids
         self.kept[ident] = (sock, msg.record)
-        if sock.type != socket.SOCK_STREAM or not self.adopt(sock, kept, ident, board):
+        taken = self.adopt(sock, kept, ident, board) if sock.type == socket.SOCK_STREAM \
+            else False
+        if taken is None:  # ours already: this copy is a duplicate; the connection lives on
+            c.drop("keeper-duplicate")
+            self.kept.pop(ident, None)
+            if not handed:
+                self.outbox[ident] = "drop"  # the keeper's copy goes, ours stays kept
+            sock.close()  # (no shutdown: that would end the connection we hold)
+            self._flush()
+            return
+        if not taken:
             c.drop(failed)
             self.kept.pop(ident, None)
             if not handed:

@@ -283,9 +283,10 @@ def _keeper_link(config: RelayConfig, core: RelayCore, listeners: Sequence[TcpLi
         return None
     by_public = {_canonical(t.public): t for t in listeners}
 
-    def adopt(sock: socket.socket, kept: Kept, ident: int, board: Board | None) -> bool:
+    def adopt(sock: socket.socket, kept: Kept, ident: int, board: Board | None
+              ) -> bool | None:
         listener = by_public.get(kept.listener)
-        return listener is not None and listener.adopt(sock, kept, ident, board)
+        return False if listener is None else listener.adopt(sock, kept, ident, board)
 
     def poll() -> None:
         if gate is None:

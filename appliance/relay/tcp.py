@@ -863,7 +863,7 @@ class TcpListener:
                 self.keeper.update(conn.kept, rec)
 
     def adopt(self, sock: socket.socket, kept: Kept, ident: int,
-              board: Board | None = None) -> bool:
+              board: Board | None = None) -> bool | None:
         """Take over a connection the keeper pushed (its worker died) or a roll's
         predecessor handed over: back in the tables, its reader and writer running, already
         flowed. What the dead worker had half handed the kernel is finished first, and a
@@ -872,12 +872,16 @@ class TcpListener:
         state itself). An ICE-TCP flow is re-learnt from its next frame (the transceivers
         vouch for it, reseed.py); a TURN allocation is re-created from the record. Then it
         is kept again, with a slot on our own board. False (the caller closes it): no room,
-        a duplicate, an allocation that cannot be re-created, a stream the board cannot
-        account for (``tcp-resume``: not expected)."""
+        an allocation that cannot be re-created, a stream the board cannot account for
+        (``tcp-resume``: not expected). None: a connection we hold already (the caller
+        lets its copy go, without a shutdown)."""
         nursery = self._nursery
         client = kept.client
-        if nursery is None or client in self.sink.conns or \
-                self.per_ip.get(client[0], 0) >= self.limits.max_per_ip or \
+        if client in self.sink.conns:
+            # We hold this connection already (a 4-tuple names one live connection): the
+            # copy pushed is a duplicate, to be let go — never shut down under us.
+            return None
+        if nursery is None or self.per_ip.get(client[0], 0) >= self.limits.max_per_ip or \
                 len(self.sink.conns) >= self.limits.max_connections:
             return False
         try:

@@ -9,6 +9,7 @@ tests/relay/test_keeper.py; the whole path, tests/reliability/test_tcp_failover.
 
 from __future__ import annotations
 
+import json
 import selectors
 import socket
 from pathlib import Path
@@ -96,3 +97,62 @@ async def test_follow_sends_a_change_at_once(tmp_path: Path) -> None:
         sel.close()
         ours.close()
         theirs.close()
+
+
+async def test_a_pushed_copy_of_a_connection_we_hold_is_let_go_not_shut_down(
+        tmp_path: Path) -> None:
+    """The keeper pushes a connection the worker already holds (the listener's ``adopt``
+    answers None: its 4-tuple is in the table): the pushed copy is closed *without* a
+    shutdown and the keeper told to drop its own — a shutdown would end the very connection
+    the worker serves (it did: test_tcp_failover's roll with two workers lost its ICE-TCP
+    call to a ``keeper-adopt-failed`` once in ~30 runs)."""
+    name = keeper_name(str(tmp_path), 0, 0)
+    sel = selectors.DefaultSelector()
+    keeper = Keeper(name)
+    keeper.register(sel)
+    counters = Counters()
+    asked: list[int] = []
+
+    def adopt(sock: socket.socket, kept: object, ident: int, board: object) -> bool | None:
+        asked.append(ident)
+        return None  # ours already
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        served, _ = listener.accept()
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    link = KeeperLink(name, counters, adopt)  # type: ignore[arg-type]
+    try:
+        # A dead worker's copy of the connection, an orphan at the keeper.
+        dead.connect(name)
+        rec = kept_record("ice", ("127.0.0.1", client.getsockname()[1]), LISTENER)
+        socket.send_fds(dead, [b'{"op":"hello"}'], [])
+        socket.send_fds(dead, [b'{"op":"keep","id":1,"rec":%s}' % json.dumps(rec).encode()],
+                        [served.fileno()])
+        spin(sel)
+        dead.close()
+        spin(sel)
+        assert len(keeper.orphans) == 1
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(link.run)
+            await link.connected.wait()
+            spin(sel)  # the hello: the orphan is pushed to the link
+            with trio.fail_after(5):
+                while not asked:  # noqa: ASYNC110 - the keeper's push, read on the link's tick
+                    await trio.sleep(0.01)
+            spin(sel)  # the link's drop
+            nursery.cancel_scope.cancel()
+        assert counters.drops == {"keeper-duplicate": 1}, counters.drops
+        assert keeper.kept == 0  # the keeper let its copy go too
+        # The connection lives: both ways.
+        served.sendall(b"still here")
+        client.settimeout(5)
+        assert client.recv(100) == b"still here"
+        client.sendall(b"and back")
+        served.settimeout(5)
+        assert served.recv(100) == b"and back"
+    finally:
+        keeper.close()
+        sel.close()
+        client.close()
+        served.close()
